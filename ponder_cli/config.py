@@ -1,0 +1,88 @@
+"""The one frozen configuration that flows through training and lives in every checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from . import PonderError
+
+
+@dataclass(frozen=True)
+class PonderConfig:
+    # model
+    hidden: int = 64  # size of the recurrent state h_n
+    hidden_cnn: int = 64  # size of the image embedding
+    hidden_lin: int = 64  # hidden layer of the step MLP
+    kernel_size: int = 5
+    max_steps: int = 20
+    cnn_dropout: float = 0.5  # Dropout2d after conv2, as in the reference
+    mlp_dropout: float = 0.2
+    # loss
+    lambda_p: float = 0.2  # parameter of the geometric prior on the halting step
+    beta: float = 0.01  # weight of KL(p || p_G)
+    # optimisation
+    epochs: int = 20
+    batch_size: int = 128
+    lr: float = 1e-3
+    grad_clip: float = 0.5
+    patience: int = 5  # early stopping, in epochs without a better validation accuracy
+    lr_patience: int = 2  # ReduceLROnPlateau, in epochs
+    lr_factor: float = 0.1
+    # data
+    train_rotation: float = 22.5  # training images rotated uniformly within +-this many degrees
+    val_size: int = 5000
+    train_size: int = 0  # 0: every training image not held out for validation
+    seed: int = 1234
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("hidden", "hidden_cnn", "hidden_lin", "kernel_size", "max_steps",
+                     "epochs", "batch_size", "val_size"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name.replace('_', '-')} must be > 0 (got {getattr(self, name)})")
+        for name in ("patience", "lr_patience", "train_size"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name.replace('_', '-')} must be >= 0 (got {getattr(self, name)})")
+        for name in ("lambda_p", "beta", "lr", "grad_clip", "train_rotation", "lr_factor",
+                     "cnn_dropout", "mlp_dropout"):
+            if not math.isfinite(getattr(self, name)):
+                problems.append(f"{name.replace('_', '-')} must be a finite number")
+        if not 0 < self.lambda_p <= 1:
+            problems.append(f"lambda-p must be in (0, 1] (got {self.lambda_p})")
+        if self.beta < 0:
+            problems.append(f"beta must be >= 0 (got {self.beta})")
+        if self.lr <= 0:
+            problems.append(f"lr must be > 0 (got {self.lr})")
+        if self.grad_clip < 0:
+            problems.append(f"grad-clip must be >= 0, 0 disables clipping (got {self.grad_clip})")
+        if self.train_rotation < 0:
+            problems.append(f"train-rotation must be >= 0 degrees (got {self.train_rotation})")
+        if not 0 < self.lr_factor < 1:
+            problems.append(f"lr-factor must be in (0, 1) (got {self.lr_factor})")
+        for name in ("cnn_dropout", "mlp_dropout"):
+            if not 0 <= getattr(self, name) < 1:
+                problems.append(f"{name.replace('_', '-')} must be in [0, 1)")
+        if self.kernel_size > 12:  # two valid convolutions and two 2x poolings of a 28x28 image
+            problems.append(f"kernel-size must be <= 12 for 28x28 images (got {self.kernel_size})")
+        if problems:
+            raise PonderError("; ".join(problems))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "PonderConfig":
+        """Rebuild from a checkpoint's plain dict; unknown keys mean another version wrote it."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise PonderError(f"unknown config keys {unknown}")
+        return cls(**values)
+
+    def replace(self, **changes) -> "PonderConfig":
+        return dataclasses.replace(self, **changes)
+
+    # The options that shape the weights: resuming must not change these.
+    ARCHITECTURE = ("hidden", "hidden_cnn", "hidden_lin", "kernel_size", "max_steps")

@@ -1,0 +1,154 @@
+"""PonderNet for MNIST: a CNN embeds the image once, an MLP steps a hidden state, two heads read it.
+
+Knows nothing of data loading, training or the CLI.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import PonderConfig
+
+N_CLASSES = 10
+IMAGE_SIZE = 28
+
+
+class PonderOutput(NamedTuple):
+    logits: torch.Tensor  # (steps, B, classes): y_n at every step
+    lambda_logits: torch.Tensor  # (steps, B): pre-sigmoid conditional halting probability
+
+
+class ImageEncoder(nn.Module):
+    """Two conv/pool blocks and a linear layer, as in the reference CNN."""
+
+    def __init__(self, cfg: PonderConfig, image_size: int = IMAGE_SIZE):
+        super().__init__()
+        k = cfg.kernel_size
+        self.conv1 = nn.Conv2d(1, 10, kernel_size=k)
+        self.conv2 = nn.Conv2d(10, 20, kernel_size=k)
+        self.conv2_drop = nn.Dropout2d(cfg.cnn_dropout)
+        side = ((image_size - (k - 1)) // 2 - (k - 1)) // 2
+        self.fc = nn.Linear(20 * side * side, cfg.hidden_cnn)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 1, 28, 28) -> (B, hidden_cnn)
+        x = F.relu(F.max_pool2d(self.conv1(x), 2))
+        x = F.relu(F.max_pool2d(self.conv2_drop(self.conv2(x)), 2))
+        return F.relu(self.fc(x.flatten(1)))
+
+
+class StepMLP(nn.Module):
+    """h_n = relu(W2 dropout(relu(W1 [e, h_{n-1}]))).
+
+    W1 is split into its embedding and state columns so that the embedding's share, constant
+    across steps, is computed once per image instead of once per step.
+    """
+
+    def __init__(self, cfg: PonderConfig):
+        super().__init__()
+        self.from_embedding = nn.Linear(cfg.hidden_cnn, cfg.hidden_lin)
+        self.from_state = nn.Linear(cfg.hidden, cfg.hidden_lin, bias=False)
+        self.to_state = nn.Linear(cfg.hidden_lin, cfg.hidden)
+        self.dropout = cfg.mlp_dropout
+        self._init_like_concatenated_linear(cfg)
+
+    def _init_like_concatenated_linear(self, cfg: PonderConfig) -> None:
+        # nn.Linear scales its init by 1/sqrt(fan_in); keep the fan-in of the unsplit layer.
+        bound = 1 / math.sqrt(cfg.hidden_cnn + cfg.hidden)
+        for weight in (self.from_embedding.weight, self.from_state.weight, self.from_embedding.bias):
+            nn.init.uniform_(weight, -bound, bound)
+
+    def embedding_part(self, embedding: torch.Tensor) -> torch.Tensor:  # (B, E) -> (B, L)
+        return self.from_embedding(embedding)
+
+    def forward(self, embedding_part: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
+        pre = embedding_part if h is None else embedding_part + self.from_state(h)  # h_0 = 0
+        pre = F.dropout(F.relu(pre), self.dropout, self.training)
+        return F.relu(self.to_state(pre))  # (B, hidden)
+
+
+class PonderNet(nn.Module):
+    def __init__(self, cfg: PonderConfig):
+        super().__init__()
+        self.max_steps = cfg.max_steps
+        self.encoder = ImageEncoder(cfg)
+        self.step_mlp = StepMLP(cfg)
+        self.output_head = nn.Linear(cfg.hidden, N_CLASSES)
+        self.halting_head = nn.Linear(cfg.hidden, 1)
+
+    def forward(self, x: torch.Tensor) -> PonderOutput:
+        """Run every step for every image (training and loss computation)."""
+        embedding_part = self.step_mlp.embedding_part(self.encoder(x))  # (B, L), once per image
+        h = None
+        states = []
+        for _ in range(self.max_steps):
+            h = self.step_mlp(embedding_part, h)
+            states.append(h)
+        states = torch.stack(states)  # (steps, B, hidden)
+        # Heads run once on all steps together: one large matmul beats `steps` small ones.
+        return PonderOutput(self.output_head(states), self.halting_head(states).squeeze(-1))
+
+    @torch.no_grad()
+    def infer(self, x: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sampled halting with real early exit: each step computes only the images still running.
+
+        uniforms (steps, B) are the coin flips: image b halts at the first step n where
+        uniforms[n, b] < lambda_n. Drawing them up front makes the result identical to running
+        every step (`forward` + `sample_halting_steps`) for the same uniforms.
+        Returns the logits at the halting step (B, classes) and the 1-based halting step (B,).
+        """
+        batch = x.shape[0]
+        embedding_part = self.step_mlp.embedding_part(self.encoder(x))  # (B, L)
+        logits = embedding_part.new_empty(batch, N_CLASSES)
+        steps = torch.full((batch,), self.max_steps, dtype=torch.long, device=x.device)
+        active = torch.arange(batch, device=x.device)  # rows of the batch still running
+        h = None
+        for n in range(self.max_steps):
+            h = self.step_mlp(embedding_part, h)  # (A, hidden)
+            if n == self.max_steps - 1:
+                halts = torch.ones(h.shape[0], dtype=torch.bool, device=x.device)
+            else:
+                lam = torch.sigmoid(self.halting_head(h).squeeze(-1).float())
+                halts = uniforms[n, active] < lam
+            halted = active[halts]
+            logits[halted] = self.output_head(h[halts]).to(logits.dtype)
+            steps[halted] = n + 1
+            running = ~halts
+            # Compacting needs the count of survivors on the host: one sync per step, which
+            # buys skipping all work on halted images.
+            if not bool(running.any()):
+                break
+            active, embedding_part, h = active[running], embedding_part[running], h[running]
+        return logits, steps
+
+
+def halting_log_probs(lambda_logits: torch.Tensor) -> torch.Tensor:
+    """log p_n = log lambda_n + sum_{k<n} log(1 - lambda_k), with lambda forced to 1 at the last step.
+
+    Computed in log space and float32 so it stays finite even where p_n underflows:
+    log(1 - sigmoid(z)) = logsigmoid(-z) never takes the log of 0.
+    """
+    z = lambda_logits.float()  # (steps, B)
+    log_lambda = F.logsigmoid(z)
+    log_lambda = torch.cat([log_lambda[:-1], torch.zeros_like(log_lambda[-1:])])  # lambda_N = 1
+    log_continue = F.logsigmoid(-z)
+    log_survive = torch.cat([torch.zeros_like(z[:1]), torch.cumsum(log_continue[:-1], dim=0)])
+    return log_lambda + log_survive  # (steps, B)
+
+
+def sample_halting_steps(lambda_logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """1-based step at which each image halts: the first n with uniforms[n] < lambda_n."""
+    lam = torch.sigmoid(lambda_logits.float())  # (steps, B)
+    fires = uniforms < lam
+    fires[-1] = True  # lambda_N = 1
+    return fires.to(torch.uint8).argmax(dim=0) + 1  # argmax returns the first maximum; (B,)
+
+
+def logits_at(logits: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """Pick y_n at each image's 1-based halting step: (steps, B, C), (B,) -> (B, C)."""
+    index = (steps - 1).view(1, -1, 1).expand(1, -1, logits.shape[-1])
+    return logits.gather(0, index).squeeze(0)

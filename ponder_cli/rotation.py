@@ -1,0 +1,52 @@
+"""Batched rotation on the device, pixel-identical to torchvision's RandomRotation.
+
+torchvision rotates one angle per call; training needs a different angle per image, so this
+builds the same sampling grid as torchvision's tensor `rotate` (nearest, zero fill, no expand,
+counter-clockwise positive) for a whole batch at once and runs one `grid_sample`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _inverse_rotation_matrices(angles: torch.Tensor) -> torch.Tensor:
+    """(B,) degrees -> (B, 2, 3): output pixel -> input pixel, about the image centre.
+
+    Mirrors torchvision's `_get_inverse_affine_matrix(center=0, angle=-angle, shear=0, scale=1)`
+    in float64 before the cast, so the float32 matrices agree bit for bit.
+    """
+    rot = torch.deg2rad(-angles.to(torch.float64))
+    cos, sin = torch.cos(rot), torch.sin(rot)
+    zeros = torch.zeros_like(rot)
+    # torchvision's [d, -b, 0, -c, a, 0] with a = d = cos, b = -sin, c = sin
+    matrix = torch.stack([cos, sin, zeros, -sin, cos, zeros], dim=1)
+    return matrix.view(-1, 2, 3).to(torch.float32)
+
+
+def _pixel_grid(height: int, width: int, device) -> torch.Tensor:
+    """(1, H*W, 3) homogeneous pixel-centre coordinates relative to the image centre."""
+    base = torch.empty(1, height, width, 3, dtype=torch.float32, device=device)
+    base[..., 0].copy_(torch.linspace(-width * 0.5 + 0.5, width * 0.5 - 0.5, steps=width, device=device))
+    base[..., 1].copy_(torch.linspace(-height * 0.5 + 0.5, height * 0.5 - 0.5, steps=height, device=device).unsqueeze(-1))
+    base[..., 2].fill_(1)
+    return base.view(1, height * width, 3)
+
+
+def rotate(images: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Rotate each image counter-clockwise by its angle in degrees: (B, C, H, W) float, (B,)."""
+    batch, _, height, width = images.shape
+    theta = _inverse_rotation_matrices(angles.to(images.device))  # (B, 2, 3)
+    scale = torch.tensor([0.5 * width, 0.5 * height], dtype=torch.float32, device=images.device)
+    rescaled = theta.transpose(1, 2) / scale  # (B, 3, 2)
+    base = _pixel_grid(height, width, images.device).expand(batch, -1, -1)  # (B, H*W, 3)
+    grid = torch.bmm(base, rescaled).view(batch, height, width, 2)
+    return F.grid_sample(images, grid, mode="nearest", padding_mode="zeros", align_corners=False)
+
+
+def uniform_angles(count: int, max_angle: float, *, generator: torch.Generator | None = None,
+                   device=None) -> torch.Tensor:
+    """(count,) angles drawn uniformly from [-max_angle, max_angle] degrees."""
+    u = torch.rand(count, generator=generator, device=device)
+    return (2 * u - 1) * max_angle

@@ -1,0 +1,40 @@
+"""Device choice and mixed precision, shared by training and evaluation."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from . import PonderError
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' picks CUDA when present; an explicit device that is not usable is an error."""
+    name = name.strip().lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise PonderError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this PyTorch has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise PonderError(f"--device {name} requested but CUDA is not available ({why}); use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise PonderError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    elif device.type != "cpu":
+        raise PonderError(f"unsupported device {name!r}; use auto, cpu, cuda or cuda:N")
+    return device
+
+
+def amp_dtype(device: torch.device) -> torch.dtype:
+    """fp16 on CUDA (with a GradScaler), bf16 on CPU (no scaler needed, same code path)."""
+    return torch.float16 if device.type == "cuda" else torch.bfloat16
+
+
+def autocast(device: torch.device, enabled: bool):
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=amp_dtype(device))

@@ -1,0 +1,182 @@
+"""The hand-written training loop: Adam, optional AMP, clipping, plateau LR, early stopping."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tqdm import tqdm
+
+from . import PonderError
+from .checkpoint import BEST, LAST, save_checkpoint
+from .config import PonderConfig
+from .data import ImageSet, prepare_batch
+from .evaluate import evaluate
+from .losses import geometric_log_prior, ponder_loss
+from .model import PonderNet, logits_at, sample_halting_steps
+from .rotation import uniform_angles
+from .runtime import autocast
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    epoch: int
+    train_loss: float
+    train_reconstruction: float
+    train_regularisation: float
+    train_accuracy: float
+    train_steps: float
+    val_accuracy: float
+    val_steps: float
+    lr: float
+    seconds: float
+    improved: bool
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    best_accuracy: float
+    best_epoch: int
+    last_epoch: int
+    stopped_early: bool
+    history: list[EpochStats] = field(default_factory=list)
+
+    @property
+    def best_path(self) -> Path:
+        return self.out_dir / BEST
+
+    @property
+    def last_path(self) -> Path:
+        return self.out_dir / LAST
+
+
+def train_one_epoch(model: PonderNet, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                    data: ImageSet, cfg: PonderConfig, log_prior: torch.Tensor, *, amp: bool,
+                    desc: str = "train", progress: bool = True) -> dict:
+    """One pass over the shuffled training set; metrics stay on the device until the end."""
+    model.train()
+    device = data.images.device
+    count = len(data)
+    order = torch.randperm(count, device=device)
+    # loss, reconstruction, regularisation (each times batch size), correct, halting steps
+    totals = torch.zeros(5, dtype=torch.float64, device=device)
+    batches = range(0, count, cfg.batch_size)
+    for start in tqdm(batches, desc=desc, unit="batch", leave=False, file=sys.stderr,
+                      disable=not progress, dynamic_ncols=True):
+        index = order[start:start + cfg.batch_size]
+        batch = index.shape[0]
+        angles = uniform_angles(batch, cfg.train_rotation, device=device) if cfg.train_rotation > 0 else None
+        x = prepare_batch(data.images[index], angles)  # (B, 1, 28, 28)
+        targets = data.labels[index]
+        with autocast(device, amp):
+            out = model(x)
+        loss = ponder_loss(out, targets, log_prior, cfg.beta)  # float32 outside autocast
+        optimizer.zero_grad(set_to_none=True)
+        # scale -> backward -> unscale_ -> clip -> step -> update (GradScaler is a no-op unless fp16)
+        scaler.scale(loss.total).backward()
+        scaler.unscale_(optimizer)
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        with torch.no_grad():
+            uniforms = torch.rand(cfg.max_steps, batch, device=device)  # (steps, B)
+            steps = sample_halting_steps(out.lambda_logits, uniforms)
+            correct = (logits_at(out.logits, steps).argmax(dim=1) == targets).sum()
+            totals += torch.stack([loss.total * batch, loss.reconstruction * batch,
+                                   loss.regularisation * batch, correct, steps.sum()]).double()
+    values = (totals / count).tolist()  # the one host read of the epoch
+    return dict(zip(("loss", "reconstruction", "regularisation", "accuracy", "steps"), values))
+
+
+def _rng_state(device: torch.device) -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: torch.device,
+          out_dir: Path, amp: bool = False, resume: dict | None = None,
+          on_epoch: Callable[[EpochStats], None] | None = None, progress: bool = True) -> TrainResult:
+    """Train, validating once per epoch; write last.pt every epoch and best.pt on improvement.
+
+    resume is a loaded checkpoint (see checkpoint.load_checkpoint) whose config equals cfg up to
+    the number of epochs; training continues at the epoch after the one it holds.
+    """
+    out_dir = Path(out_dir)
+    torch.manual_seed(cfg.seed)
+    model = PonderNet(cfg).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        optimizer, mode="max", factor=cfg.lr_factor, patience=cfg.lr_patience)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp and device.type == "cuda")
+    log_prior = geometric_log_prior(cfg.lambda_p, cfg.max_steps, device)
+
+    result = TrainResult(out_dir=out_dir, best_accuracy=-1.0, best_epoch=0, last_epoch=0, stopped_early=False)
+    epochs_without_improvement = 0
+    if resume is not None:
+        model.load_state_dict(resume["model"])
+        optimizer.load_state_dict(resume["optimizer"])
+        scheduler.load_state_dict(resume["scheduler"])
+        scaler.load_state_dict(resume["scaler"])
+        _set_rng_state(resume["rng"], device)
+        result.best_accuracy = resume["best_accuracy"]
+        result.best_epoch = resume["best_epoch"]
+        result.last_epoch = resume["epoch"]
+        result.history = [EpochStats(**h) for h in resume.get("history", [])]
+        epochs_without_improvement = resume["epochs_without_improvement"]
+        if cfg.patience and epochs_without_improvement >= cfg.patience:
+            raise PonderError(f"this run already stopped early after epoch {resume['epoch']} "
+                              f"(no better validation accuracy for {cfg.patience} epochs); "
+                              "raise --patience to go on")
+
+    for epoch in range(result.last_epoch + 1, cfg.epochs + 1):
+        started = time.perf_counter()
+        stats = train_one_epoch(model, optimizer, scaler, train_set, cfg, log_prior, amp=amp,
+                                desc=f"epoch {epoch}/{cfg.epochs}", progress=progress)
+        val = evaluate(model, val_set, cfg, max_angle=cfg.train_rotation, seed=cfg.seed, amp=amp)
+        lr = optimizer.param_groups[0]["lr"]
+        scheduler.step(val.accuracy)
+        # A model whose training loss went non-finite never becomes "best".
+        improved = math.isfinite(stats["loss"]) and val.accuracy > result.best_accuracy
+        if improved:
+            result.best_accuracy, result.best_epoch = val.accuracy, epoch
+            epochs_without_improvement = 0
+        else:
+            epochs_without_improvement += 1
+        record = EpochStats(
+            epoch=epoch, train_loss=stats["loss"], train_reconstruction=stats["reconstruction"],
+            train_regularisation=stats["regularisation"], train_accuracy=stats["accuracy"],
+            train_steps=stats["steps"], val_accuracy=val.accuracy, val_steps=val.mean_steps, lr=lr,
+            seconds=time.perf_counter() - started, improved=improved)
+        result.history.append(record)
+        result.last_epoch = epoch
+        payload = {
+            "config": cfg.to_dict(), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "epoch": epoch,
+            "best_accuracy": result.best_accuracy, "best_epoch": result.best_epoch,
+            "epochs_without_improvement": epochs_without_improvement,
+            "history": [asdict(h) for h in result.history], "rng": _rng_state(device),
+        }
+        save_checkpoint(payload, out_dir / LAST)
+        if improved:
+            save_checkpoint(payload, out_dir / BEST)
+        if on_epoch is not None:
+            on_epoch(record)
+        if cfg.patience and epochs_without_improvement >= cfg.patience:
+            result.stopped_early = True
+            break
+    return result

@@ -1,0 +1,86 @@
+import math
+
+import torch
+
+from ponder_cli.losses import geometric_log_prior, kl_to_prior, ponder_loss, reconstruction_loss
+from ponder_cli.model import PonderOutput, halting_log_probs
+
+
+def test_halting_distribution_by_hand():
+    # lambda_1 = sigmoid(0) = 1/2, lambda_2 = sigmoid(ln 3) = 3/4, lambda_3 forced to 1:
+    # p = (1/2, 1/2 * 3/4, 1/2 * 1/4 * 1) = (0.5, 0.375, 0.125)
+    z = torch.tensor([[0.0], [math.log(3)], [-5.0]])
+    p = halting_log_probs(z).exp()[:, 0]
+    assert torch.allclose(p, torch.tensor([0.5, 0.375, 0.125]), atol=1e-7)
+
+
+def test_p_sums_to_one_per_sample():
+    z = torch.randn(20, 64) * 4
+    assert torch.allclose(halting_log_probs(z).exp().sum(0), torch.ones(64), atol=1e-5)
+
+
+def test_geometric_prior_is_normalised_truncated_geometric():
+    # lambda_p = 0.5, 3 steps: (1/2, 1/4, 1/8) / (7/8) = (4/7, 2/7, 1/7)
+    prior = geometric_log_prior(0.5, 3).exp()
+    assert torch.allclose(prior, torch.tensor([4 / 7, 2 / 7, 1 / 7]), atol=1e-7)
+    # lambda_p = 0.2, 20 steps: lambda (1 - lambda)^(k-1) / (1 - 0.8^20)
+    prior = geometric_log_prior(0.2, 20).exp()
+    expected = torch.tensor([0.2 * 0.8 ** k for k in range(20)]) / (1 - 0.8 ** 20)
+    assert torch.allclose(prior, expected, atol=1e-7)
+    assert geometric_log_prior(1.0, 4).isfinite().all()  # all mass on step 1, log 0 clamped
+
+
+def test_losses_by_hand():
+    # Two steps, one image, two classes, target 0.
+    # Step 1: lambda = 1/2, logits (0, 0): CE = ln 2.  Step 2: p = 1/2, logits (ln 3, 0): CE = ln(4/3).
+    out = PonderOutput(
+        logits=torch.tensor([[[0.0, 0.0]], [[math.log(3), 0.0]]]),
+        lambda_logits=torch.tensor([[0.0], [7.0]]),
+    )
+    target = torch.tensor([0])
+    log_prior = geometric_log_prior(0.5, 2)  # (2/3, 1/3)
+    parts = ponder_loss(out, target, log_prior, beta=0.1)
+    rec = 0.5 * math.log(2) + 0.5 * math.log(4 / 3)  # 0.5 ln(8/3) = 0.490415
+    kl = 0.5 * math.log(0.5 / (2 / 3)) + 0.5 * math.log(0.5 / (1 / 3))  # 0.5 ln(9/8) = 0.058892
+    assert math.isclose(parts.reconstruction.item(), rec, rel_tol=1e-6)
+    assert math.isclose(parts.regularisation.item(), kl, rel_tol=1e-5)
+    assert math.isclose(parts.total.item(), rec + 0.1 * kl, rel_tol=1e-6)
+
+
+def test_reconstruction_weights_each_sample_by_its_own_p():
+    # Image A is right at step 1 and wrong at step 2; image B the opposite. Each puts all its
+    # halting mass on the step where it is right, so the per-sample expected loss is small.
+    right, wrong = [10.0, -10.0], [-10.0, 10.0]
+    logits = torch.tensor([[right, wrong], [wrong, right]])  # (steps=2, B=2, classes=2)
+    targets = torch.tensor([0, 0])
+    p = torch.tensor([[1.0, 0.0], [0.0, 1.0]])  # (steps, B)
+    ours = reconstruction_loss(logits, targets, p).item()
+    assert ours < 1e-8
+    # The reference's flaw: p_n times a batch-mean CE, which is 10 at both steps here.
+    ce_mean = torch.stack([torch.nn.functional.cross_entropy(logits[n], targets) for n in range(2)])
+    flawed = (p.mean(1) * ce_mean).sum().item()
+    assert math.isclose(flawed, 10.0, rel_tol=1e-4)
+
+
+def test_kl_finite_when_p_underflows_to_zero():
+    z = torch.full((20, 4), -200.0)  # lambda ~ e^-200: p_n underflows to 0 for n < 20
+    z[0, 1] = 200.0  # lambda_1 ~ 1: every later p_n is 0
+    log_p = halting_log_probs(z)
+    p = log_p.exp()
+    assert (p == 0).any()
+    kl = kl_to_prior(p, log_p, geometric_log_prior(0.2, 20))
+    assert torch.isfinite(kl)
+    z.requires_grad_(True)
+    out = PonderOutput(torch.zeros(20, 4, 10), z)
+    loss = ponder_loss(out, torch.zeros(4, dtype=torch.long), geometric_log_prior(0.2, 20), 0.01).total
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(z.grad).all()
+
+
+def test_kl_is_zero_when_p_equals_prior():
+    lambda_p, steps = 0.3, 6
+    # A constant lambda_n = lambda_p gives the untruncated geometric with the tail on the last step;
+    # compare against that distribution directly.
+    z = torch.full((steps, 1), math.log(lambda_p / (1 - lambda_p)))
+    log_p = halting_log_probs(z)
+    assert torch.allclose(kl_to_prior(log_p.exp(), log_p, log_p[:, 0]), torch.tensor(0.0), atol=1e-7)

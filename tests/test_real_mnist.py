@@ -1,0 +1,33 @@
+"""Training on real MNIST from $PONDER_DATA_DIR (CI points it at ../shared/datasets)."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from ponder_cli.config import PonderConfig
+from ponder_cli.data import load_mnist, train_val_split
+from ponder_cli.evaluate import evaluate
+from ponder_cli.train import train
+
+DATA_DIR = os.environ.get("PONDER_DATA_DIR")
+pytestmark = pytest.mark.skipif(
+    not DATA_DIR or not (Path(DATA_DIR) / "MNIST" / "raw" / "train-images-idx3-ubyte").exists(),
+    reason="real MNIST not found under $PONDER_DATA_DIR")
+
+
+def test_short_run_on_a_subset_is_well_above_chance(tmp_path):
+    cfg = PonderConfig(epochs=3, train_size=10_000, val_size=2000)
+    full = load_mnist(DATA_DIR, train=True, download=False)
+    assert len(full) == 60_000
+    train_set, val_set = train_val_split(full, val_size=cfg.val_size, train_size=cfg.train_size, seed=cfg.seed)
+    result = train(cfg, train_set, val_set, device=torch.device("cpu"), out_dir=tmp_path, progress=False)
+    assert result.best_accuracy > 0.85, [(h.epoch, h.val_accuracy) for h in result.history]
+    test = load_mnist(DATA_DIR, train=False, download=False)
+    from ponder_cli.checkpoint import load_model
+    model, cfg, _ = load_model(tmp_path / "best.pt", "cpu")
+    upright = evaluate(model, test, cfg, max_angle=0, seed=1)
+    rotated = evaluate(model, test, cfg, max_angle=90, seed=1)
+    assert upright.images == 10_000 and upright.accuracy > 0.85
+    assert rotated.accuracy < upright.accuracy  # far outside the +-22.5 degrees seen in training

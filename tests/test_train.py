@@ -1,0 +1,58 @@
+import math
+
+import torch
+
+from ponder_cli.checkpoint import load_checkpoint
+from ponder_cli.config import PonderConfig
+from ponder_cli.data import load_mnist, train_val_split
+from ponder_cli.train import train
+
+CFG = PonderConfig(epochs=2, max_steps=4, batch_size=64, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16)
+
+
+def _data(tiny_mnist, cfg=CFG):
+    return train_val_split(load_mnist(tiny_mnist, train=True, download=False),
+                           val_size=cfg.val_size, train_size=cfg.train_size, seed=cfg.seed)
+
+
+def test_training_learns_the_synthetic_digits(tiny_mnist, tmp_path):
+    train_set, val_set = _data(tiny_mnist)
+    cfg = CFG.replace(epochs=4, lr=3e-3, train_rotation=0.0)
+    result = train(cfg, train_set, val_set, device=torch.device("cpu"), out_dir=tmp_path, progress=False)
+    assert result.last_epoch == 4 and len(result.history) == 4
+    assert result.best_accuracy > 0.5  # chance is 0.1
+    assert result.history[-1].train_loss < result.history[0].train_loss
+    assert all(1 <= h.val_steps <= 4 for h in result.history)
+
+
+def test_bf16_autocast_on_cpu_trains_with_finite_float32_loss(tiny_mnist, tmp_path):
+    train_set, val_set = _data(tiny_mnist)
+    result = train(CFG.replace(epochs=1), train_set, val_set, device=torch.device("cpu"), out_dir=tmp_path,
+                   amp=True, progress=False)
+    stats = result.history[0]
+    assert math.isfinite(stats.train_loss) and math.isfinite(stats.train_regularisation)
+    assert 0 <= stats.val_accuracy <= 1
+
+
+def test_resume_equals_training_straight_through(tiny_mnist, tmp_path):
+    train_set, val_set = _data(tiny_mnist)
+    cpu = torch.device("cpu")
+    straight = train(CFG, train_set, val_set, device=cpu, out_dir=tmp_path / "a", progress=False)
+    train(CFG.replace(epochs=1), train_set, val_set, device=cpu, out_dir=tmp_path / "b", progress=False)
+    resumed = train(CFG, train_set, val_set, device=cpu, out_dir=tmp_path / "b", progress=False,
+                    resume=load_checkpoint(tmp_path / "b" / "last.pt"))
+    assert [h.epoch for h in resumed.history] == [1, 2]
+    assert resumed.history[-1].val_accuracy == straight.history[-1].val_accuracy
+    assert resumed.history[-1].train_loss == straight.history[-1].train_loss
+    a = load_checkpoint(tmp_path / "a" / "last.pt")["model"]
+    b = load_checkpoint(tmp_path / "b" / "last.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_early_stopping_and_best_checkpoint(tiny_mnist, tmp_path):
+    train_set, val_set = _data(tiny_mnist)
+    cfg = CFG.replace(epochs=6, patience=1, lr=1e-9)  # nothing improves after epoch 1
+    result = train(cfg, train_set, val_set, device=torch.device("cpu"), out_dir=tmp_path, progress=False)
+    assert result.stopped_early and result.last_epoch < 6
+    assert load_checkpoint(tmp_path / "best.pt")["epoch"] == result.best_epoch
+    assert load_checkpoint(tmp_path / "last.pt")["epoch"] == result.last_epoch
