@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -43,13 +45,16 @@ def load_checkpoint(path: Path | str, map_location="cpu") -> dict:
     if path.is_dir():
         raise PonderError(f"checkpoint {path} is a directory, not a file")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # torch warns about odd pickle protocols before failing
+            warnings.simplefilter("ignore")
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        if "weights_only" in str(exc) or "Unsupported global" in str(exc):
-            raise PonderError(f"checkpoint {path} refused: it contains pickled code or objects, "
+        # weights_only refuses any pickled global (a class or function to call) before running it
+        found = re.search(r"GLOBAL\s+([\w.]+)", str(exc), flags=re.IGNORECASE)
+        if found:
+            raise PonderError(f"checkpoint {path} refused: it contains pickled code ({found.group(1)}), "
                               "not just tensors and plain values") from None
-        raise PonderError(f"checkpoint {path} is not a readable checkpoint ({first or 'corrupt'})") from None
+        raise PonderError(f"checkpoint {path} is not a readable checkpoint (corrupt data)") from None
     except Exception as exc:  # truncated, empty, not a torch file at all
         reason = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise PonderError(f"checkpoint {path} is not a readable checkpoint ({reason})") from None

@@ -87,6 +87,8 @@ def main(version: bool = typer.Option(False, "--version", callback=_version, is_
 
 DataDirOption = typer.Option(None, "--data-dir", help="Where MNIST lives or is downloaded to "
                              "(MNIST/raw/ inside it). [default: $PONDER_DATA_DIR, else ~/.cache/ponder_cli]")
+DownloadOption = typer.Option(True, "--download/--no-download",
+                              help="Download MNIST into --data-dir when it is not there.")
 DeviceOption = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N.")
 AmpOption = typer.Option(None, "--amp/--no-amp", help="Mixed precision: fp16 on CUDA, bf16 on CPU. "
                          "[default: on for CUDA, off for CPU]")
@@ -164,6 +166,7 @@ def train(
     train_size: Optional[int] = typer.Option(None, help=_help("Training images used (0: all not held out).", "train_size"), show_default=False),
     seed: Optional[int] = typer.Option(None, help=_help("Seed of the split, initialisation and sampling.", "seed"), show_default=False),
     data_dir: Optional[Path] = DataDirOption,
+    download: bool = DownloadOption,
     out: Optional[Path] = typer.Option(None, "--out", help="Directory for best.pt and last.pt. [default: checkpoints/, or the resumed checkpoint's directory]", show_default=False),
     device: str = DeviceOption,
     amp: Optional[bool] = AmpOption,
@@ -199,9 +202,9 @@ def train(
             out_dir = out if out is not None else Path("checkpoints")
         dev = resolve_device(device)
         use_amp = _amp_for(dev, amp)
-        _check_writable(out_dir)
-        full = load_mnist(_data_dir(data_dir), train=True)
+        full = load_mnist(_data_dir(data_dir), train=True, download=download)
         train_set, val_set = train_val_split(full, val_size=cfg.val_size, train_size=cfg.train_size, seed=cfg.seed)
+        _check_writable(out_dir)  # only once everything else is known to be fine: nothing written before
         train_set, val_set = train_set.to(dev), val_set.to(dev)
         typer.echo(f"training on {len(train_set)} images, validating on {len(val_set)}, device {dev}"
                   f"{', amp ' + str(torch.float16 if dev.type == 'cuda' else torch.bfloat16).split('.')[-1] if use_amp else ''}"
@@ -212,7 +215,9 @@ def train(
                 f"epoch {stats.epoch:>2}/{cfg.epochs}  loss {stats.train_loss:.4f}  "
                 f"acc {stats.train_accuracy:.4f}  steps {stats.train_steps:.2f}  |  "
                 f"val acc {stats.val_accuracy:.4f}  steps {stats.val_steps:.2f}  |  "
-                f"lr {stats.lr:.0e}  {stats.seconds:.1f}s{'  *' if stats.improved else ''}", err=True)
+                f"lr {stats.lr:.0e}  {stats.seconds:.1f}s{'  *' if stats.improved else ''}"
+                f"{f'  ({stats.skipped_batches} non-finite batches skipped)' if stats.skipped_batches else ''}",
+                err=True)
 
         started = time.perf_counter()
         try:
@@ -248,7 +253,7 @@ RESULT_COLUMNS = [
 ]
 
 
-def _load_for_eval(checkpoint: Optional[Path], device: str, data_dir: Optional[Path], limit: int):
+def _load_for_eval(checkpoint: Optional[Path], device: str, data_dir: Optional[Path], download: bool, limit: int):
     from .checkpoint import load_model
     from .data import load_mnist
     from .runtime import resolve_device
@@ -256,7 +261,7 @@ def _load_for_eval(checkpoint: Optional[Path], device: str, data_dir: Optional[P
     path = _checkpoint_path(checkpoint)
     dev = resolve_device(device)
     model, cfg, _ = load_model(path, dev)
-    test = load_mnist(_data_dir(data_dir), train=False)
+    test = load_mnist(_data_dir(data_dir), train=False, download=download)
     if limit:
         test = test.subset(slice(0, limit))
     return path, dev, model, cfg, test.to(dev)
@@ -270,6 +275,7 @@ def eval_command(
     limit: int = typer.Option(0, "--limit", min=0, help="Evaluate only the first N test images (0: all)."),
     batch_size: int = EvalBatchOption,
     data_dir: Optional[Path] = DataDirOption,
+    download: bool = DownloadOption,
     device: str = DeviceOption,
     amp: Optional[bool] = AmpOption,
     fmt: OutputFormat = FormatOption,
@@ -279,7 +285,7 @@ def eval_command(
         from .evaluate import evaluate
 
         _check_angle(rotation, "--rotation")
-        path, dev, model, cfg, test = _load_for_eval(checkpoint, device, data_dir, limit)
+        path, dev, model, cfg, test = _load_for_eval(checkpoint, device, data_dir, download, limit)
         result = evaluate(model, test, cfg, max_angle=rotation, seed=cfg.seed if seed is None else seed,
                           batch_size=batch_size, with_loss=True, amp=_amp_for(dev, amp))
     row = {"checkpoint": str(path), "rotation": rotation, **result.as_dict()}
@@ -297,6 +303,7 @@ def extrapolate(
     limit: int = typer.Option(0, "--limit", min=0, help="Evaluate only the first N test images (0: all)."),
     batch_size: int = EvalBatchOption,
     data_dir: Optional[Path] = DataDirOption,
+    download: bool = DownloadOption,
     device: str = DeviceOption,
     amp: Optional[bool] = AmpOption,
     fmt: OutputFormat = FormatOption,
@@ -308,7 +315,7 @@ def extrapolate(
         if not angles:
             raise PonderError("--angles needs at least one angle")
         angles = [_parse_angle(text, "--angles") for text in angles]
-        path, dev, model, cfg, test = _load_for_eval(checkpoint, device, data_dir, limit)
+        path, dev, model, cfg, test = _load_for_eval(checkpoint, device, data_dir, download, limit)
         rows = []
         for angle in angles:
             result = evaluate(model, test, cfg, max_angle=angle, seed=cfg.seed if seed is None else seed,

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import shutil
+import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,33 +45,69 @@ class ImageSet:
         return ImageSet(self.images[index], self.labels[index])
 
 
-def load_mnist(data_dir: Path | str, *, train: bool, download: bool = True) -> ImageSet:
-    """The whole training (60k) or test (10k) set, loaded once; downloaded when absent."""
-    from torchvision.datasets import MNIST  # heavy import, only when data is needed
+_IDX_UBYTE = 0x08
 
+
+def read_idx(path: Path) -> torch.Tensor:
+    """One IDX file of unsigned bytes (MNIST's format) as a uint8 tensor, with its header checked."""
+    data = Path(path).read_bytes()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != _IDX_UBYTE or not 1 <= data[3] <= 4:
+        raise PonderError(f"{path} is not an IDX file of unsigned bytes (bad magic number)")
+    ndim = data[3]
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        raise PonderError(f"{path} is truncated (incomplete header)")
+    dims = struct.unpack(f">{ndim}I", data[4:header])
+    expected = math.prod(dims)
+    if len(data) - header != expected:
+        raise PonderError(f"{path} is truncated or padded: {len(data) - header} bytes of data for shape "
+                          f"{'x'.join(map(str, dims))} ({expected} expected)")
+    return torch.frombuffer(bytearray(data[header:]), dtype=torch.uint8).view(*dims)
+
+
+def _download(root: Path, train: bool) -> None:
+    from torchvision.datasets import MNIST  # slow to import: only when a download is needed
+
+    # torchvision reports download progress on stdout, which belongs to results.
+    with contextlib.redirect_stdout(sys.stderr):
+        MNIST(str(root), train=train, download=True)
+
+
+def load_mnist(data_dir: Path | str, *, train: bool, download: bool = True) -> ImageSet:
+    """The whole training (60k) or test (10k) set from torchvision's layout, downloaded when absent."""
     root = Path(data_dir).expanduser()
     raw = root / "MNIST" / "raw"
+    prefix = "train" if train else "t10k"
+    image_file, label_file = raw / f"{prefix}-images-idx3-ubyte", raw / f"{prefix}-labels-idx1-ubyte"
     if root.exists() and not root.is_dir():
         raise PonderError(f"data directory {root} is not a directory")
+    if not (image_file.is_file() and label_file.is_file()):
+        reason = "not found"
+        if download:
+            created = None if raw.exists() else raw  # the topmost directory a download would create
+            while created is not None and not created.parent.exists():
+                created = created.parent
+            try:
+                _download(root, train)
+            except Exception as exc:  # offline, unwritable directory, server down
+                if created is not None:  # leave no half-made directory behind
+                    shutil.rmtree(created, ignore_errors=True)
+                detail = " ".join(str(exc).split()).rsplit("got: ", 1)[-1][:120] or type(exc).__name__
+                reason = f"not found and could not be downloaded ({detail})"
+        if not (image_file.is_file() and label_file.is_file()):
+            raise PonderError(f"MNIST {reason} in {raw}; put the four IDX files {', '.join(RAW_FILES)} "
+                              "there (uncompressed), or point --data-dir / PONDER_DATA_DIR at the "
+                              "directory that holds MNIST/raw")
     try:
-        try:
-            dataset = MNIST(str(root), train=train, download=False)
-        except RuntimeError:
-            if not download:
-                raise
-            # torchvision reports download progress on stdout, which belongs to results.
-            with contextlib.redirect_stdout(sys.stderr):
-                dataset = MNIST(str(root), train=train, download=True)
-    except Exception as exc:  # offline, unreadable, truncated or wrong-magic files
-        reason = " ".join(str(exc).split()) or type(exc).__name__
-        raise PonderError(
-            f"cannot load MNIST from {raw} ({reason}); put the four IDX files "
-            f"{', '.join(RAW_FILES)} there, or point --data-dir / PONDER_DATA_DIR at their parent's parent"
-        ) from None
-    images, labels = dataset.data, dataset.targets
-    if images.dtype != torch.uint8 or images.dim() != 3 or tuple(images.shape[1:]) != (28, 28) \
-            or labels.shape != images.shape[:1]:
-        raise PonderError(f"MNIST files in {raw} do not hold N x 28 x 28 images with N labels")
+        images, labels = read_idx(image_file), read_idx(label_file)
+    except OSError as exc:
+        raise PonderError(f"cannot read MNIST in {raw}: {exc.strerror or exc}") from None
+    if images.dim() != 3 or tuple(images.shape[1:]) != (28, 28) or labels.dim() != 1 \
+            or labels.shape[0] != images.shape[0]:
+        raise PonderError(f"MNIST files in {raw} do not hold N 28x28 images and N labels "
+                          f"(images {tuple(images.shape)}, labels {tuple(labels.shape)})")
+    if labels.numel() and int(labels.max()) > 9:
+        raise PonderError(f"{label_file} holds labels outside 0-9")
     return ImageSet(images, labels.long())
 
 

@@ -36,6 +36,7 @@ class EpochStats:
     lr: float
     seconds: float
     improved: bool
+    skipped_batches: int = 0  # batches skipped for a non-finite loss or gradient
 
 
 @dataclass
@@ -64,8 +65,10 @@ def train_one_epoch(model: PonderNet, optimizer: torch.optim.Optimizer, scaler: 
     device = data.images.device
     count = len(data)
     order = torch.randperm(count, device=device)
-    # loss, reconstruction, regularisation (each times batch size), correct, halting steps
-    totals = torch.zeros(5, dtype=torch.float64, device=device)
+    # loss, reconstruction, regularisation (each times batch size), correct, halting steps,
+    # images in batches that were used, batches skipped for a non-finite loss or gradient
+    totals = torch.zeros(7, dtype=torch.float64, device=device)
+    params = list(model.parameters())
     batches = range(0, count, cfg.batch_size)
     for start in tqdm(batches, desc=desc, unit="batch", leave=False, file=sys.stderr,
                       disable=not progress, dynamic_ncols=True):
@@ -82,17 +85,32 @@ def train_one_epoch(model: PonderNet, optimizer: torch.optim.Optimizer, scaler: 
         scaler.scale(loss.total).backward()
         scaler.unscale_(optimizer)
         if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        scaler.step(optimizer)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        else:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        finite = torch.isfinite(loss.total) & torch.isfinite(grad_norm)
+        if scaler.is_enabled():
+            scaler.step(optimizer)  # GradScaler itself skips steps whose gradients are not finite
+        elif finite.item():
+            # Skip a non-finite batch rather than poison the weights. Free on the CPU; on CUDA
+            # without AMP it is the loop's one sync, the same one GradScaler makes with AMP.
+            optimizer.step()
         scaler.update()
         with torch.no_grad():
             uniforms = torch.rand(cfg.max_steps, batch, device=device)  # (steps, B)
             steps = sample_halting_steps(out.lambda_logits, uniforms)
             correct = (logits_at(out.logits, steps).argmax(dim=1) == targets).sum()
-            totals += torch.stack([loss.total * batch, loss.reconstruction * batch,
-                                   loss.regularisation * batch, correct, steps.sum()]).double()
-    values = (totals / count).tolist()  # the one host read of the epoch
-    return dict(zip(("loss", "reconstruction", "regularisation", "accuracy", "steps"), values))
+            values = torch.stack([loss.total * batch, loss.reconstruction * batch, loss.regularisation * batch,
+                                  correct, steps.sum(), torch.tensor(batch, device=device)]).double()
+            totals[:6] += torch.where(finite, values, torch.zeros_like(values))
+            totals[6] += (~finite).double()
+    values = totals.tolist()  # the one host read of the epoch
+    used = max(values[5], 1.0)
+    stats = {key: value / used for key, value in
+             zip(("loss", "reconstruction", "regularisation", "accuracy", "steps"), values[:5])}
+    stats["skipped_batches"] = int(values[6])
+    stats["batches"] = len(batches)
+    return stats
 
 
 def _rng_state(device: torch.device) -> dict:
@@ -147,11 +165,15 @@ def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: 
         started = time.perf_counter()
         stats = train_one_epoch(model, optimizer, scaler, train_set, cfg, log_prior, amp=amp,
                                 desc=f"epoch {epoch}/{cfg.epochs}", progress=progress)
+        if stats["skipped_batches"] == stats["batches"]:
+            raise PonderError(f"epoch {epoch}: every batch had a non-finite loss or gradient; training "
+                              f"stopped, {out_dir / LAST} still holds the last good epoch (try a lower --lr)")
         val = evaluate(model, val_set, cfg, max_angle=cfg.train_rotation, seed=cfg.seed, amp=amp)
         lr = optimizer.param_groups[0]["lr"]
         scheduler.step(val.accuracy)
-        # A model whose training loss went non-finite never becomes "best".
-        improved = math.isfinite(stats["loss"]) and val.accuracy > result.best_accuracy
+        # A model with non-finite weights or training loss never becomes "best".
+        weights_finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+        improved = weights_finite and math.isfinite(stats["loss"]) and val.accuracy > result.best_accuracy
         if improved:
             result.best_accuracy, result.best_epoch = val.accuracy, epoch
             epochs_without_improvement = 0
@@ -161,7 +183,8 @@ def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: 
             epoch=epoch, train_loss=stats["loss"], train_reconstruction=stats["reconstruction"],
             train_regularisation=stats["regularisation"], train_accuracy=stats["accuracy"],
             train_steps=stats["steps"], val_accuracy=val.accuracy, val_steps=val.mean_steps, lr=lr,
-            seconds=time.perf_counter() - started, improved=improved)
+            seconds=time.perf_counter() - started, improved=improved,
+            skipped_batches=stats["skipped_batches"])
         result.history.append(record)
         result.last_epoch = epoch
         payload = {

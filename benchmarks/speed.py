@@ -1,0 +1,182 @@
+"""Speed and memory of training and evaluation in the reference configuration.
+
+    python benchmarks/speed.py --device cpu               # real MNIST from $PONDER_DATA_DIR
+    python benchmarks/speed.py --device cpu --synthetic   # generated images, no data needed
+
+Prints training images/s and seconds per epoch (55,000 images at +-22.5 degrees, batch 128,
+20 steps, plus the 5,000-image validation pass), peak memory, evaluation images/s with real
+early exit and with all 20 steps forced (and checks they agree), a four-angle extrapolation,
+and the same figures for a reference-style step function that recomputes the CNN at every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ponder_cli.config import PonderConfig  # noqa: E402
+from ponder_cli.data import ImageSet, default_data_dir, load_mnist, prepare_batch, train_val_split  # noqa: E402
+from ponder_cli.evaluate import evaluate, evaluation_draws  # noqa: E402
+from ponder_cli.losses import geometric_log_prior, ponder_loss  # noqa: E402
+from ponder_cli.model import PonderNet, PonderOutput  # noqa: E402
+from ponder_cli.rotation import uniform_angles  # noqa: E402
+from ponder_cli.runtime import resolve_device  # noqa: E402
+from ponder_cli.train import train_one_epoch  # noqa: E402
+
+
+def synthetic_mnist(count: int, seed: int) -> ImageSet:
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 10, (count,), generator=g)
+    images = (torch.rand(count, 28, 28, generator=g) * 60).to(torch.uint8)
+    rows = (4 + 2 * labels).tolist()
+    for i, row in enumerate(rows):  # a class-dependent bar so that the model learns something
+        images[i, row:row + 2, 6:22] = 255
+    return ImageSet(images, labels)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device, repeat: int = 1):
+    """Best of `repeat` wall times (seconds) and the last result."""
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        sync(device)
+        start = time.perf_counter()
+        result = fn()
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def reference_style_forward(model: PonderNet, x: torch.Tensor) -> PonderOutput:
+    """The reference notebook's step function: the CNN runs again at every step."""
+    h, states = None, []
+    for _ in range(model.max_steps):
+        h = model.step_mlp(model.step_mlp.embedding_part(model.encoder(x)), h)
+        states.append(h)
+    states = torch.stack(states)
+    return PonderOutput(model.output_head(states), model.halting_head(states).squeeze(-1))
+
+
+@torch.inference_mode()
+def reference_style_infer(model: PonderNet, x: torch.Tensor, uniforms: torch.Tensor, early_exit: bool) -> torch.Tensor:
+    """Reference-style evaluation (CNN every step), with or without compacting halted images."""
+    steps = torch.full((x.shape[0],), model.max_steps, dtype=torch.long, device=x.device)
+    halted = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+    active = torch.arange(x.shape[0], device=x.device)
+    h = None
+    for n in range(model.max_steps - 1):
+        h = model.step_mlp(model.step_mlp.embedding_part(model.encoder(x[active])), h)
+        fires = uniforms[n, active] < torch.sigmoid(model.halting_head(h).squeeze(-1).float())
+        newly = fires & ~halted[active]
+        steps[active[newly]] = n + 1
+        halted[active[newly]] = True
+        if early_exit:
+            if bool(halted.all()):
+                break
+            active, h = active[~fires], h[~fires]
+    return steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--synthetic", action="store_true", help="generated images instead of MNIST")
+    parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument("--train-batches", type=int, default=0,
+                        help="time only this many training batches and scale up (0: a whole epoch)")
+    args = parser.parse_args()
+
+    device = resolve_device(args.device)
+    cfg = PonderConfig()  # the reference configuration
+    if args.synthetic:
+        full, test = synthetic_mnist(60_000, 0), synthetic_mnist(10_000, 1)
+        source = "synthetic"
+    else:
+        data_dir = args.data_dir or default_data_dir()
+        full, test = load_mnist(data_dir, train=True), load_mnist(data_dir, train=False)
+        source = f"MNIST from {data_dir}"
+    train_set, val_set = train_val_split(full, val_size=cfg.val_size, train_size=cfg.train_size, seed=cfg.seed)
+    train_set, val_set, test = train_set.to(device), val_set.to(device), test.to(device)
+    print(f"device {device}, {torch.get_num_threads()} CPU threads, torch {torch.__version__}, data: {source}")
+
+    torch.manual_seed(cfg.seed)
+    model = PonderNet(cfg).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    scaler = torch.amp.GradScaler(device.type, enabled=False)
+    log_prior = geometric_log_prior(cfg.lambda_p, cfg.max_steps, device)
+
+    # --- training: one epoch of the reference configuration, then the validation pass
+    epoch_set = train_set if not args.train_batches else train_set.subset(slice(0, args.train_batches * cfg.batch_size))
+    train_s, _ = timed(lambda: train_one_epoch(model, optimizer, scaler, epoch_set, cfg, log_prior,
+                                               amp=False, progress=False), device)
+    train_s *= len(train_set) / len(epoch_set)
+    val_s, val = timed(lambda: evaluate(model, val_set, cfg, max_angle=cfg.train_rotation, seed=cfg.seed), device)
+    print("\ntraining (55,000 images at +-22.5 deg, batch 128, 20 steps)")
+    print(f"  train images/s          {len(train_set) / train_s:10.0f}")
+    print(f"  seconds per epoch       {train_s + val_s:10.2f}   (train {train_s:.2f} + validation {val_s:.2f})")
+    print(f"  20 epochs, estimated    {20 * (train_s + val_s) / 60:10.2f} min")
+
+    # --- the step function: ours (CNN once per image) against the reference's (CNN every step)
+    x = prepare_batch(train_set.images[:cfg.batch_size], uniform_angles(cfg.batch_size, 22.5, device=device))
+    y = train_set.labels[:cfg.batch_size]
+
+    def train_step(forward):
+        out = forward(x)
+        loss = ponder_loss(out, y, log_prior, cfg.beta).total
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        return loss
+
+    model.train()
+    ours_step, _ = timed(lambda: train_step(model), device, repeat=10)
+    ref_step, _ = timed(lambda: train_step(lambda t: reference_style_forward(model, t)), device, repeat=3)
+    print(f"  forward+backward, one batch: ours {ours_step * 1e3:.1f} ms, reference-style "
+          f"{ref_step * 1e3:.1f} ms ({ref_step / ours_step:.1f}x)")
+
+    # --- evaluation on the 10,000 test images: real early exit against all 20 steps forced
+    print("\nevaluation (10,000 test images, +-22.5 deg, sampled halting)")
+    early_s, early = timed(lambda: evaluate(model, test, cfg, max_angle=22.5, seed=1), device, repeat=3)
+    forced_s, forced = timed(lambda: evaluate(model, test, cfg, max_angle=22.5, seed=1, early_exit=False), device, repeat=3)
+    same = early == forced
+    print(f"  mean ponder steps       {early.mean_steps:10.2f} of {cfg.max_steps}")
+    print(f"  early exit images/s     {len(test) / early_s:10.0f}   ({early_s:.3f} s)")
+    print(f"  all steps forced        {len(test) / forced_s:10.0f}   ({forced_s:.3f} s)")
+    print(f"  speed-up                {forced_s / early_s:10.2f}x   identical results: {same}")
+
+    model.eval()
+    angles, uniforms = evaluation_draws(len(test), cfg.max_steps, 22.5, 1, device)
+    xs = [prepare_batch(test.images[i:i + 1000], angles[i:i + 1000]) for i in range(0, len(test), 1000)]
+    ref_early_s, ref_steps = timed(lambda: [reference_style_infer(model, xb, uniforms[:, i * 1000:(i + 1) * 1000], True)
+                                            for i, xb in enumerate(xs)], device)
+    ref_forced_s, _ = timed(lambda: [reference_style_infer(model, xb, uniforms[:, i * 1000:(i + 1) * 1000], False)
+                                     for i, xb in enumerate(xs)], device)
+    print(f"  reference-style step (CNN every step): early exit {ref_early_s:.3f} s, forced {ref_forced_s:.3f} s "
+          f"({ref_forced_s / ref_early_s:.2f}x); ours with early exit is {ref_forced_s / early_s:.1f}x faster "
+          "than the reference-style forced run")
+
+    four_s, _ = timed(lambda: [evaluate(model, test, cfg, max_angle=a, seed=1) for a in (22.5, 45, 67.5, 90)], device)
+    print(f"  extrapolate, four angles {four_s:9.2f} s")
+
+    print("\nmemory")
+    print(f"  peak RSS                {peak_rss_mb():10.0f} MB")
+    if device.type == "cuda":
+        print(f"  peak CUDA allocated     {torch.cuda.max_memory_allocated(device) / 2**20:10.0f} MB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,330 @@
+"""Bad input, crashes, interrupts, non-finite losses, untrusted checkpoints, determinism."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from ponder_cli import PonderError, train as train_module
+from ponder_cli.checkpoint import load_checkpoint, load_model, save_checkpoint
+from ponder_cli.cli import app
+from ponder_cli.config import PonderConfig
+from ponder_cli.data import load_mnist, train_val_split
+from ponder_cli.losses import geometric_log_prior, ponder_loss
+from ponder_cli.model import PonderNet, PonderOutput
+from ponder_cli.train import train
+from conftest import write_idx
+
+runner = CliRunner()
+TINY = ["--val-size", "100", "--max-steps", "3", "--batch-size", "64"]
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_error_line(result) -> str:
+    assert result.exit_code != 0, result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("Error")]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_mnist, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ck")
+    assert invoke("train", "--epochs", 1, *TINY, "--data-dir", tiny_mnist, "--out", out, "--no-progress").exit_code == 0
+    return out / "best.pt"
+
+
+@pytest.fixture(scope="module")
+def bad_data(tmp_path_factory):
+    """Data directories whose IDX files are truncated or have the wrong magic number."""
+    root = tmp_path_factory.mktemp("bad")
+    for name, damage in (("truncated", lambda b: b[:-100]), ("magic", lambda b: b"\x00\x00\x09\x03" + b[4:])):
+        raw = root / name / "MNIST" / "raw"
+        raw.mkdir(parents=True)
+        images = torch.zeros(50, 28, 28, dtype=torch.uint8)
+        write_idx(raw / "train-images-idx3-ubyte", images)
+        write_idx(raw / "train-labels-idx1-ubyte", torch.zeros(50, dtype=torch.uint8))
+        for prefix in ("train", "t10k"):
+            for kind in ("images-idx3", "labels-idx1"):
+                path = raw / f"{prefix}-{kind}-ubyte"
+                if not path.exists():
+                    path.write_bytes((raw / f"train-{kind}-ubyte").read_bytes())
+        image_file = raw / "train-images-idx3-ubyte"
+        image_file.write_bytes(damage(image_file.read_bytes()))
+    (root / "a_file").write_text("not a directory")
+    return root
+
+
+TRAIN_ERRORS = [
+    (["--epochs", "0"], "epochs must be > 0"),
+    (["--batch-size", "0"], "batch-size must be > 0"),
+    (["--max-steps", "-1"], "max-steps must be > 0"),
+    (["--lambda-p", "0"], "lambda-p must be in (0, 1]"),
+    (["--lambda-p", "1.5"], "lambda-p must be in (0, 1]"),
+    (["--beta", "-0.1"], "beta must be >= 0"),
+    (["--lr", "0"], "lr must be > 0"),
+    (["--lr", "nan"], "lr must be a finite number"),
+    (["--device", "cuda"], "CUDA is not available"),
+    (["--device", "tpu"], "unknown device 'tpu'"),
+    (["--device", "meta"], "unsupported device 'meta'"),
+]
+
+
+@pytest.mark.parametrize("args,fragment", TRAIN_ERRORS, ids=[" ".join(a) for a, _ in TRAIN_ERRORS])
+def test_bad_train_options(args, fragment, tiny_mnist, tmp_path):
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    out = tmp_path / "out"
+    line = one_error_line(invoke("train", *args, "--data-dir", tiny_mnist, "--out", out))
+    assert fragment in line
+    assert not out.exists()  # nothing written
+
+
+@pytest.mark.parametrize("case,fragment", [
+    ("missing", "MNIST not found"), ("truncated", "truncated"), ("magic", "bad magic number"),
+    ("a_file", "not a directory"),
+])
+def test_bad_data_directories(case, fragment, bad_data, tmp_path):
+    out = tmp_path / "out"
+    line = one_error_line(invoke("train", "--no-download", "--data-dir", bad_data / case, "--out", out))
+    assert fragment in line
+    assert not out.exists()
+
+
+def test_unwritable_out(tiny_mnist, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    line = one_error_line(invoke("train", "--epochs", 1, *TINY, "--data-dir", tiny_mnist, "--out", blocker / "sub"))
+    assert "cannot write checkpoints" in line and str(blocker / "sub") in line
+
+
+EVAL_ERRORS = [
+    (["--angles", "nan"], "finite"), (["--angles", "inf"], "finite"), (["--angles", "-inf"], "finite"),
+    (["--angles", "abc"], "'abc' is not a number"), (["--angles", "200"], "between 0 and 180"),
+    (["--angles", "--format", "json"], "'--angles'"), (["--format", "xml"], "'xml'"),
+]
+
+
+@pytest.mark.parametrize("args,fragment", EVAL_ERRORS, ids=[" ".join(a) for a, _ in EVAL_ERRORS])
+def test_bad_extrapolate_options(args, fragment, checkpoint, tiny_mnist):
+    line = one_error_line(invoke("extrapolate", checkpoint, *args, "--data-dir", tiny_mnist))
+    assert fragment in line
+
+
+@pytest.mark.parametrize("content,fragment", [
+    (None, "is a directory"), (b"", "not a readable checkpoint"), (b"\x80\x04garbage", "not a readable"),
+])
+def test_bad_checkpoint_files(content, fragment, tmp_path, tiny_mnist):
+    path = tmp_path / "ck.pt"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    line = one_error_line(invoke("eval", path, "--data-dir", tiny_mnist))
+    assert fragment in line and str(path) in line
+
+
+def test_truncated_real_checkpoint(checkpoint, tmp_path, tiny_mnist):
+    data = checkpoint.read_bytes()
+    path = tmp_path / "cut.pt"
+    path.write_bytes(data[: len(data) // 2])
+    assert "not a readable checkpoint" in one_error_line(invoke("eval", path, "--data-dir", tiny_mnist))
+
+
+@pytest.mark.parametrize("mutate,fragment", [
+    (lambda c: c.pop("model"), "missing model"),
+    (lambda c: c["config"].update(max_steps=0), "incompatible config"),
+    (lambda c: c["config"].update(colour="red"), "incompatible config"),
+    (lambda c: c["config"].update(hidden=32), "weights do not match"),
+    (lambda c: c.update(version=99), "format version 99"),
+])
+def test_inconsistent_checkpoints(mutate, fragment, checkpoint, tmp_path):
+    ckpt = torch.load(checkpoint, weights_only=True)
+    mutate(ckpt)
+    path = tmp_path / "odd.pt"
+    torch.save(ckpt, path)
+    with pytest.raises(PonderError, match=fragment) as err:
+        load_model(path, "cpu")
+    assert str(path) in str(err.value)
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_checkpoint_with_code_is_refused_from_the_cli(tmp_path, tiny_mnist):
+    marker = tmp_path / "ran"
+    path = tmp_path / "evil.pt"
+    torch.save({"format": "ponder_cli", "version": 1, "model": _Payload(marker)}, path)
+    line = one_error_line(invoke("extrapolate", path, "--angles", 10, "--data-dir", tiny_mnist))
+    assert "refused" in line
+    assert not marker.exists()
+
+
+# --- resume -------------------------------------------------------------------------------------
+
+def test_resume_with_contradicting_options_is_refused(checkpoint, tiny_mnist, tmp_path):
+    last = checkpoint.parent / "last.pt"
+    line = one_error_line(invoke("train", "--resume", last, "--max-steps", 7, "--data-dir", tiny_mnist))
+    assert "--max-steps 7 (checkpoint: 3)" in line
+
+
+def test_resume_from_the_cli_continues_at_the_next_epoch(checkpoint, tiny_mnist, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "last.pt").write_bytes((checkpoint.parent / "last.pt").read_bytes())
+    result = invoke("train", "--resume", out / "last.pt", "--epochs", 2, "--data-dir", tiny_mnist, "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "resuming after epoch 1" in result.stderr and "epoch  2/2" in result.stderr
+    assert "epoch  1/2" not in result.stderr
+    assert load_checkpoint(out / "last.pt")["epoch"] == 2
+
+
+# --- numerical faults ---------------------------------------------------------------------------
+
+CFG = PonderConfig(epochs=2, max_steps=3, batch_size=64, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16)
+
+
+def _data(tiny_mnist):
+    return train_val_split(load_mnist(tiny_mnist, train=True, download=False), val_size=100, train_size=0, seed=1)
+
+
+def _poison(monkeypatch, every: int):
+    """Make every `every`-th training loss NaN."""
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        parts = ponder_loss(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] % every == 0:
+            return parts._replace(total=parts.total * float("nan"))
+        return parts
+
+    monkeypatch.setattr(train_module, "ponder_loss", poisoned)
+
+
+def test_non_finite_batches_are_skipped_and_counted(monkeypatch, tiny_mnist, tmp_path):
+    _poison(monkeypatch, every=3)  # 600 images / 64 = 10 batches per epoch: 3 poisoned in each
+    result = train(CFG, *_data(tiny_mnist), device=torch.device("cpu"), out_dir=tmp_path, progress=False)
+    assert [h.skipped_batches for h in result.history] == [3, 3]
+    assert all(torch.isfinite(p).all() for p in load_checkpoint(tmp_path / "best.pt")["model"].values())
+    assert all(torch.isfinite(torch.tensor(h.train_loss)) for h in result.history)
+
+
+def test_a_whole_non_finite_epoch_stops_training(monkeypatch, tiny_mnist, tmp_path):
+    train(CFG.replace(epochs=1), *_data(tiny_mnist), device=torch.device("cpu"), out_dir=tmp_path, progress=False)
+    before = (tmp_path / "best.pt").read_bytes()
+    _poison(monkeypatch, every=1)
+    with pytest.raises(PonderError, match="epoch 2: every batch had a non-finite loss"):
+        train(CFG, *_data(tiny_mnist), device=torch.device("cpu"), out_dir=tmp_path, progress=False,
+              resume=load_checkpoint(tmp_path / "last.pt"))
+    assert (tmp_path / "best.pt").read_bytes() == before
+    assert load_checkpoint(tmp_path / "last.pt")["epoch"] == 1
+
+
+def test_losses_finite_with_float16_underflow():
+    # fp16 logits as autocast produces them; lambda ~ 1 at step 1 makes every later p_n underflow.
+    lambda_logits = torch.full((20, 8), -30.0, dtype=torch.float16)
+    lambda_logits[0, :4] = 60.0
+    logits = (torch.randn(20, 8, 10) * 50).to(torch.float16).requires_grad_(True)
+    lambda_logits.requires_grad_(True)
+    parts = ponder_loss(PonderOutput(logits, lambda_logits), torch.arange(8) % 10,
+                        geometric_log_prior(0.2, 20), beta=0.01)
+    parts.total.backward()
+    assert parts.total.dtype == torch.float32
+    assert all(torch.isfinite(t) for t in parts)
+    assert torch.isfinite(logits.grad).all() and torch.isfinite(lambda_logits.grad).all()
+
+
+def test_best_is_not_overwritten_by_a_worse_model(tiny_mnist, tmp_path):
+    cfg = CFG.replace(epochs=1)
+    train_set, val_set = _data(tiny_mnist)
+    first = train(cfg.replace(lr=3e-3), train_set, val_set, device=torch.device("cpu"), out_dir=tmp_path, progress=False)
+    payload = load_checkpoint(tmp_path / "last.pt")
+    payload["best_accuracy"] = 2.0  # no model can beat this
+    save_checkpoint({k: v for k, v in payload.items() if k not in ("format", "version")}, tmp_path / "last.pt")
+    best_before = (tmp_path / "best.pt").read_bytes()
+    result = train(cfg.replace(epochs=2, lr=3e-3), train_set, val_set, device=torch.device("cpu"), out_dir=tmp_path,
+                   progress=False, resume=load_checkpoint(tmp_path / "last.pt"))
+    assert not result.history[-1].improved and first.history[0].improved
+    assert (tmp_path / "best.pt").read_bytes() == best_before
+
+
+# --- determinism --------------------------------------------------------------------------------
+
+def test_same_seed_same_training_and_evaluation(tiny_mnist, tmp_path):
+    runs = [train(CFG, *_data(tiny_mnist), device=torch.device("cpu"), out_dir=tmp_path / str(i), progress=False)
+            for i in range(2)]
+    assert runs[0].history[-1].train_loss == runs[1].history[-1].train_loss
+    assert [h.val_accuracy for h in runs[0].history] == [h.val_accuracy for h in runs[1].history]
+    a = [invoke("eval", tmp_path / str(i) / "best.pt", "--rotation", 30, "-f", "json", "--data-dir", tiny_mnist).stdout
+         for i in range(2)]
+    assert a[0] == a[1] and '"accuracy"' in a[0]
+
+
+# --- crashes and interrupts ---------------------------------------------------------------------
+
+def _start_training(tiny_mnist: Path, out: Path) -> subprocess.Popen:
+    code = "import sys; from ponder_cli.cli import app; app(sys.argv[1:], prog_name='ponder')"
+    args = [sys.executable, "-c", code, "train", "--epochs", "500", "--val-size", "100", "--max-steps", "2",
+            "--batch-size", "100", "--data-dir", str(tiny_mnist), "--out", str(out), "--no-progress",
+            "--patience", "0"]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+
+
+def test_sigkill_never_leaves_a_broken_checkpoint(tiny_mnist, tmp_path):
+    rng = random.Random(0)
+    out = tmp_path / "run"
+    for _ in range(4):
+        proc = _start_training(tiny_mnist, out)
+        try:
+            _wait_for(out / "last.pt", proc)
+            time.sleep(rng.uniform(0.0, 0.6))  # an epoch here takes ~0.1 s: kills land anywhere
+        finally:
+            proc.kill()
+            proc.communicate()
+        for name in ("last.pt", "best.pt"):
+            model, cfg, ckpt = load_model(out / name, "cpu")
+            assert cfg.max_steps == 2 and ckpt["epoch"] >= 1
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_ctrl_c_exits_130_with_a_resume_hint(tiny_mnist, tmp_path):
+    out = tmp_path / "run"
+    proc = _start_training(tiny_mnist, out)
+    try:
+        _wait_for(out / "last.pt", proc)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert f"ponder train --resume {out / 'last.pt'}" in stderr
+    assert "Traceback" not in stderr
+    epoch = load_checkpoint(out / "last.pt")["epoch"]
+    assert epoch >= 1 and f"epoch {epoch:>2}/500" in stderr
