@@ -1,0 +1,89 @@
+"""Evaluation: early exit against forced full steps, and device-side accumulation against a
+straightforward per-image computation."""
+
+import math
+
+import torch
+
+from ponder_cli import train as train_module
+from ponder_cli.config import PonderConfig
+from ponder_cli.data import ImageSet, prepare_batch
+from ponder_cli.evaluate import evaluate, evaluation_draws
+from ponder_cli.losses import geometric_log_prior, ponder_loss
+from ponder_cli.model import PonderNet, logits_at, sample_halting_steps
+from ponder_cli.train import train_one_epoch
+from conftest import synthetic_digits
+
+CFG = PonderConfig(max_steps=8, hidden=16, hidden_cnn=16, hidden_lin=16, batch_size=50)
+
+
+def _model_and_data(count=300):
+    torch.manual_seed(0)
+    model = PonderNet(CFG)
+    with torch.no_grad():
+        model.halting_head.bias.fill_(-1.5)  # halting spread over many steps
+    return model, ImageSet(*synthetic_digits(count, seed=3))
+
+
+def test_early_exit_and_forced_steps_agree_exactly():
+    model, data = _model_and_data()
+    for batch_size in (64, 300):
+        early = evaluate(model, data, CFG, max_angle=45, seed=9, batch_size=batch_size)
+        forced = evaluate(model, data, CFG, max_angle=45, seed=9, batch_size=batch_size, early_exit=False)
+        assert early == forced
+        assert 1.5 < early.mean_steps < 7 and early.std_steps > 0.5
+    # the draws do not depend on batching: any batch size gives the same numbers
+    assert evaluate(model, data, CFG, max_angle=45, seed=9, batch_size=7) == early
+    assert evaluate(model, data, CFG, max_angle=45, seed=10, batch_size=64) != early
+
+
+def test_evaluate_equals_a_per_image_computation():
+    model, data = _model_and_data()
+    model.eval()
+    angles, uniforms = evaluation_draws(len(data), CFG.max_steps, 30.0, 4, "cpu")
+    steps_list, correct = [], 0
+    with torch.no_grad():
+        for i in range(len(data)):  # one image at a time, plain Python sums
+            out = model(prepare_batch(data.images[i:i + 1], angles[i:i + 1]))
+            step = int(sample_halting_steps(out.lambda_logits, uniforms[:, i:i + 1])[0])
+            correct += int(logits_at(out.logits, torch.tensor([step])).argmax() == data.labels[i])
+            steps_list.append(step)
+    mean = sum(steps_list) / len(steps_list)
+    std = math.sqrt(sum((s - mean) ** 2 for s in steps_list) / len(steps_list))
+    result = evaluate(model, data, CFG, max_angle=30.0, seed=4, batch_size=64)
+    assert result.images == len(data)
+    assert result.accuracy == correct / len(data)
+    assert math.isclose(result.mean_steps, mean, rel_tol=1e-12)
+    assert math.isclose(result.std_steps, std, rel_tol=1e-9)
+
+
+def test_eval_loss_equals_batch_weighted_mean_of_batch_losses():
+    model, data = _model_and_data(130)
+    model.eval()
+    log_prior = geometric_log_prior(CFG.lambda_p, CFG.max_steps)
+    with torch.no_grad():
+        full = ponder_loss(model(prepare_batch(data.images)), data.labels, log_prior, CFG.beta).total.item()
+    result = evaluate(model, data, CFG, max_angle=0, seed=1, batch_size=50, with_loss=True)
+    assert math.isclose(result.loss, full, rel_tol=1e-5)  # batches of 50, 50, 30 re-weighted exactly
+
+
+def test_training_metrics_accumulated_on_device_equal_per_batch_values(monkeypatch):
+    model, data = _model_and_data(230)  # batches of 50, 50, 50, 50, 30
+    recorded = []
+
+    def recording(out, targets, *args, **kwargs):
+        parts = ponder_loss(out, targets, *args, **kwargs)
+        recorded.append((parts.total.item(), parts.regularisation.item(), targets.shape[0]))
+        return parts
+
+    monkeypatch.setattr(train_module, "ponder_loss", recording)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    stats = train_one_epoch(model, optimizer, scaler, data, CFG, geometric_log_prior(0.2, 8), amp=False, progress=False)
+    assert [n for *_, n in recorded] == [50, 50, 50, 50, 30]
+    expected_loss = sum(loss * n for loss, _, n in recorded) / 230
+    expected_reg = sum(reg * n for _, reg, n in recorded) / 230
+    assert math.isclose(stats["loss"], expected_loss, rel_tol=1e-6)
+    assert math.isclose(stats["regularisation"], expected_reg, rel_tol=1e-6)
+    assert stats["skipped_batches"] == 0 and stats["batches"] == 5
+    assert 0 <= stats["accuracy"] <= 1 and 1 <= stats["steps"] <= CFG.max_steps
