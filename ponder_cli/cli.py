@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from enum import Enum
 from pathlib import Path
 from typing import List, Optional
 
@@ -246,11 +247,35 @@ def train(
 
 # eval and extrapolate -------------------------------------------------------------------------
 
+class Protocol(str, Enum):
+    uniform = "uniform"
+    band = "band"
+    fixed = "fixed"
+
+
+class Halting(str, Enum):
+    sample = "sample"
+    median = "median"
+    expected = "expected"
+
+
 RESULT_COLUMNS = [
     Column("rotation", "rotation (±deg)", "g"), Column("accuracy", "accuracy", ".4f"),
-    Column("mean_steps", "mean steps", ".2f"), Column("std_steps", "std steps", ".2f"),
-    Column("images", "images"),
+    Column("mean_steps", "mean steps", ".2f"), Column("std_steps", "std", ".2f"),
+    Column("steps_correct", "steps ✓", ".2f"), Column("steps_wrong", "steps ✗", ".2f"),
+    Column("halting_spark", "halting steps 1→max", "s"), Column("images", "images"),
 ]
+ProtocolOption = typer.Option(Protocol.uniform, "--protocol", case_sensitive=False,
+                              help="uniform: within ±angle (reference); band: |rotation| between the previous "
+                                   "angle and this one; fixed: exactly ±angle.")
+HaltingOption = typer.Option(Halting.sample, "--halting", case_sensitive=False,
+                             help="sample: Bernoulli(λ_n) coin per step (paper); median: first step where the "
+                                  "cumulative halting probability reaches 0.5; expected: p-weighted average "
+                                  "of all steps' outputs, steps = Σ n·p_n.")
+DetailOption = typer.Option(False, "--detail", help="Also show, per halting step, how many images halted there "
+                            "and the accuracy if every image stopped there (runs all steps).")
+PlotOption = typer.Option(None, "--plot", help="Write a PNG of accuracy and ponder steps against angle and the "
+                          "halting-step distributions (needs matplotlib: pip install -e '.[plot]').")
 
 
 def _load_for_eval(checkpoint: Optional[Path], device: str, data_dir: Optional[Path], download: bool, limit: int):
@@ -267,10 +292,74 @@ def _load_for_eval(checkpoint: Optional[Path], device: str, data_dir: Optional[P
     return path, dev, model, cfg, test.to(dev)
 
 
+def _evaluate_buckets(model, cfg, test, angles: list[float], *, protocol: Protocol, halting: Halting,
+                      seed: int, batch_size: int, amp: bool, detail: bool, with_loss: bool):
+    """One evaluation per angle; returns the rows and Spearman's rho of |angle| and steps."""
+    import torch
+
+    from .evaluate import evaluate, spearman
+
+    rows, samples = [], []
+    for angle in angles:
+        lower = max((a for a in angles if a < angle), default=0.0)  # the band protocol's inner edge
+        result = evaluate(model, test, cfg, max_angle=angle, lower=lower, seed=seed, batch_size=batch_size,
+                          protocol=protocol.value, halting=halting.value, detail=detail, with_loss=with_loss, amp=amp)
+        row = {"rotation": angle, "protocol": protocol.value, "halting": halting.value, **result.as_dict()}
+        if not with_loss:
+            for key in ("loss", "reconstruction", "regularisation"):
+                row.pop(key)
+        rows.append(row)
+        samples.append(result.samples)
+    rho = spearman(torch.cat([s.abs_angles for s in samples]), torch.cat([s.steps for s in samples]))
+    return rows, rho
+
+
+def _report(rows: list[dict], rho, fmt: OutputFormat, *, path: Path, cfg, protocol: Protocol, halting: Halting,
+            title: str, single: bool, detail: bool, plot: Optional[Path], extra_columns=()) -> None:
+    from .render import sparkline
+
+    images = sum(row["images"] for row in rows)
+    meta = {"checkpoint": str(path), "train_rotation": cfg.train_rotation, "protocol": protocol.value,
+            "halting": halting.value,
+            "spearman": {"rho": rho, "images": images, "between": "|rotation angle| and ponder steps"}}
+    if fmt is OutputFormat.table:
+        for row in rows:
+            row["halting_spark"] = sparkline(row["histogram"])
+    elif fmt is OutputFormat.csv:
+        for row in rows:
+            row["spearman_rho"] = rho
+    rho_text = "undefined (constant steps)" if rho is None else f"{rho:+.3f}"
+    render(rows, RESULT_COLUMNS + list(extra_columns), fmt, single=single, title=title,
+           meta=meta if fmt is OutputFormat.json else None,
+           caption=f"trained within ±{cfg.train_rotation:g}° · protocol {protocol.value} · halting {halting.value}"
+                   f"\nSpearman ρ(|angle|, steps) = {rho_text} over {images} images")
+    if detail and fmt is OutputFormat.table:
+        columns = [Column("step", "step")]
+        detail_rows = [{"step": k + 1} for k in range(len(rows[0]["histogram"]))]
+        for i, row in enumerate(rows):
+            for k, detail_row in enumerate(detail_rows):
+                detail_row[f"n{i}"] = row["histogram"][k]
+                detail_row[f"a{i}"] = row["accuracy_at_step"][k]
+            spec = "d" if halting is not Halting.expected else ".1f"
+            columns += [Column(f"n{i}", f"±{row['rotation']:g}° halted", spec),
+                        Column(f"a{i}", f"±{row['rotation']:g}° acc if stop", ".4f")]
+        render(detail_rows, columns, fmt, title="Per halting step")
+    if plot is not None:
+        from .plot import plot_buckets
+
+        written = plot_buckets({path.stem if path.stem != "best" else str(path): rows}, plot,
+                               title=f"{path} · protocol {protocol.value} · halting {halting.value}")
+        typer.echo(f"plot written to {written}", err=True)
+
+
 @app.command("eval")
 def eval_command(
     checkpoint: Optional[Path] = CheckpointArgument,
     rotation: float = typer.Option(0.0, "--rotation", help="Rotate test images uniformly within +-this many degrees."),
+    protocol: Protocol = ProtocolOption,
+    halting: Halting = HaltingOption,
+    detail: bool = DetailOption,
+    plot: Optional[Path] = PlotOption,
     seed: Optional[int] = EvalSeedOption,
     limit: int = typer.Option(0, "--limit", min=0, help="Evaluate only the first N test images (0: all)."),
     batch_size: int = EvalBatchOption,
@@ -280,25 +369,32 @@ def eval_command(
     amp: Optional[bool] = AmpOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:
-    """Accuracy, mean ponder steps and loss on the MNIST test set."""
+    """Accuracy, ponder steps and loss on the MNIST test set."""
     with user_errors():
-        from .evaluate import evaluate
-
         _check_angle(rotation, "--rotation")
+        if plot is not None:
+            from .plot import require_matplotlib
+            require_matplotlib()
         path, dev, model, cfg, test = _load_for_eval(checkpoint, device, data_dir, download, limit)
-        result = evaluate(model, test, cfg, max_angle=rotation, seed=cfg.seed if seed is None else seed,
-                          batch_size=batch_size, with_loss=True, amp=_amp_for(dev, amp))
-    row = {"checkpoint": str(path), "rotation": rotation, **result.as_dict()}
-    render([row], RESULT_COLUMNS + [Column("loss", "loss", ".4f")], fmt, single=True,
-           title=f"PonderNet on the MNIST test set ({path})")
+        rows, rho = _evaluate_buckets(model, cfg, test, [rotation], protocol=protocol, halting=halting,
+                                      seed=cfg.seed if seed is None else seed, batch_size=batch_size,
+                                      amp=_amp_for(dev, amp), detail=detail, with_loss=True)
+        rows[0]["checkpoint"] = str(path)
+        _report(rows, rho, fmt, path=path, cfg=cfg, protocol=protocol, halting=halting, single=True,
+                detail=detail, plot=plot, title=f"PonderNet on the MNIST test set ({path})",
+                extra_columns=[Column("loss", "loss", ".4f")])
 
 
 @app.command(cls=GreedyAnglesCommand)
 def extrapolate(
     checkpoint: Optional[Path] = CheckpointArgument,
     angles: List[str] = typer.Option(["22.5", "45", "67.5", "90"], "--angles",
-                                       help="Rotation buckets in degrees: test images rotated uniformly within "
-                                            "+-angle. Several values after one flag: --angles 22.5 45 67.5 90."),
+                                     help="Rotation buckets in degrees: test images rotated uniformly within "
+                                          "+-angle. Several values after one flag: --angles 22.5 45 67.5 90."),
+    protocol: Protocol = ProtocolOption,
+    halting: Halting = HaltingOption,
+    detail: bool = DetailOption,
+    plot: Optional[Path] = PlotOption,
     seed: Optional[int] = EvalSeedOption,
     limit: int = typer.Option(0, "--limit", min=0, help="Evaluate only the first N test images (0: all)."),
     batch_size: int = EvalBatchOption,
@@ -308,21 +404,20 @@ def extrapolate(
     amp: Optional[bool] = AmpOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:
-    """Accuracy and ponder steps on the test set rotated within +-angle, per angle bucket."""
+    """Accuracy and ponder steps on the test set rotated within ±angle, per angle bucket."""
     with user_errors():
-        from .evaluate import evaluate
-
         if not angles:
             raise PonderError("--angles needs at least one angle")
-        angles = [_parse_angle(text, "--angles") for text in angles]
+        parsed = [_parse_angle(text, "--angles") for text in angles]
+        if plot is not None:
+            from .plot import require_matplotlib
+            require_matplotlib()
         path, dev, model, cfg, test = _load_for_eval(checkpoint, device, data_dir, download, limit)
-        rows = []
-        for angle in angles:
-            result = evaluate(model, test, cfg, max_angle=angle, seed=cfg.seed if seed is None else seed,
-                              batch_size=batch_size, amp=_amp_for(dev, amp))
-            rows.append({"rotation": angle, **result.as_dict()})
-    render(rows, RESULT_COLUMNS, fmt, title=f"PonderNet extrapolation ({path})",
-           caption=f"trained within ±{cfg.train_rotation:g}°; halting sampled from Bernoulli(λ_n)")
+        rows, rho = _evaluate_buckets(model, cfg, test, parsed, protocol=protocol, halting=halting,
+                                      seed=cfg.seed if seed is None else seed, batch_size=batch_size,
+                                      amp=_amp_for(dev, amp), detail=detail, with_loss=False)
+        _report(rows, rho, fmt, path=path, cfg=cfg, protocol=protocol, halting=halting, single=False,
+                detail=detail, plot=plot, title=f"PonderNet extrapolation ({path})")
 
 
 def run() -> None:

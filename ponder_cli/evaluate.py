@@ -1,18 +1,29 @@
-"""Evaluation: accuracy and ponder steps under sampled halting, with seeded rotations."""
+"""Evaluation: accuracy and ponder steps per rotation bucket, seeded, under three halting rules."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
 
 from .config import PonderConfig
 from .data import ImageSet, prepare_batch
 from .losses import geometric_log_prior, ponder_loss
-from .model import PonderNet, logits_at, sample_halting_steps
-from .rotation import uniform_angles
+from .model import (PonderNet, expected_prediction, halting_log_probs, logits_at,
+                    median_halting_steps, sample_halting_steps)
+from .rotation import protocol_angles
 from .runtime import autocast
+
+HALTING_RULES = ("sample", "median", "expected")
+
+
+@dataclass(frozen=True)
+class EvalSamples:
+    """Per-image values, kept for statistics across buckets (CPU tensors)."""
+    abs_angles: torch.Tensor  # (N,) |rotation| in degrees
+    steps: torch.Tensor  # (N,) float64 ponder steps (fractional for the expected rule)
+    correct: torch.Tensor  # (N,) bool
 
 
 @dataclass(frozen=True)
@@ -21,65 +32,130 @@ class EvalResult:
     accuracy: float
     mean_steps: float
     std_steps: float
+    steps_correct: float | None  # mean steps on correctly classified images (None: there are none)
+    steps_wrong: float | None
+    histogram: tuple  # images halting at step 1..max_steps (expected halting mass for "expected")
+    accuracy_at_step: tuple | None = None  # accuracy if every image stopped at step k (detail)
     loss: float | None = None
     reconstruction: float | None = None
     regularisation: float | None = None
+    samples: EvalSamples | None = field(default=None, compare=False, repr=False)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {f.name: (list(v) if isinstance(v, tuple) else v)
+                for f in fields(self) if f.name != "samples" for v in [getattr(self, f.name)]}
 
 
-def evaluation_draws(count: int, max_steps: int, max_angle: float, seed: int, device) -> tuple[torch.Tensor | None, torch.Tensor]:
+def evaluation_draws(count: int, max_steps: int, angle: float, seed: int, device, *,
+                     protocol: str = "uniform", lower: float = 0.0) -> tuple[torch.Tensor | None, torch.Tensor]:
     """All random numbers of one evaluation, drawn up front from one seeded CPU generator.
 
-    The same seed gives the same rotations and coin flips on any device and for any batch size
-    or early-exit setting. Returns angles (N,) or None, and halting uniforms (steps, N).
+    The same seed gives the same rotations and coin flips on any device and for any batch size,
+    halting rule or early-exit setting. Returns angles (N,), or None when no image is rotated,
+    and halting uniforms (steps, N).
     """
     generator = torch.Generator().manual_seed(seed)
-    angles = uniform_angles(count, max_angle, generator=generator) if max_angle > 0 else None
+    angles = protocol_angles(count, angle, protocol, lower=lower, generator=generator)
     uniforms = torch.rand(max_steps, count, generator=generator)
-    return (None if angles is None else angles.to(device)), uniforms.to(device)
+    rotated = bool(angles.abs().max() > 0) if count else False
+    return (angles.to(device) if rotated else None), uniforms.to(device)
 
 
 @torch.inference_mode()
 def evaluate(model: PonderNet, data: ImageSet, cfg: PonderConfig, *, max_angle: float = 0.0,
-             seed: int = 0, batch_size: int = 1000, early_exit: bool = True,
-             with_loss: bool = False, amp: bool = False) -> EvalResult:
-    """Halting sampled from Bernoulli(lambda_n) per step; the prediction is y at the halting step.
+             seed: int = 0, batch_size: int = 1000, protocol: str = "uniform", lower: float = 0.0,
+             halting: str = "sample", early_exit: bool = True, with_loss: bool = False,
+             detail: bool = False, amp: bool = False) -> EvalResult:
+    """Evaluate one rotation bucket.
 
-    early_exit computes each step only for images that have not halted; with_loss needs every
-    step of every image and therefore runs the full forward pass (same predictions and steps).
+    halting: "sample" draws Bernoulli(lambda_n) at each step (the paper); "median" halts where
+    the cumulative halting probability reaches 1/2; "expected" runs every step and predicts with
+    the p-weighted average of the step outputs, counting sum_n n p_n steps.
+    early_exit computes each step only for images still running; the loss, the per-step accuracy
+    of `detail` and the expected rule need every step of every image, so they run the full
+    forward pass (with identical predictions and steps).
     """
+    if halting not in HALTING_RULES:
+        raise ValueError(f"unknown halting rule {halting!r}")
     was_training = model.training
     model.eval()
     device = data.images.device
-    count = len(data)
-    angles, uniforms = evaluation_draws(count, model.max_steps, max_angle, seed, device)
+    count, max_steps = len(data), model.max_steps
+    angles, uniforms = evaluation_draws(count, max_steps, max_angle, seed, device, protocol=protocol, lower=lower)
+    full_forward = with_loss or detail or halting == "expected" or not early_exit
     log_prior = geometric_log_prior(cfg.lambda_p, cfg.max_steps, device)
-    # correct, steps, steps^2, then batch-size-weighted loss, reconstruction, regularisation
-    totals = torch.zeros(6, dtype=torch.float64, device=device)
+    # correct, steps, steps^2, steps of correct images, then batch-size-weighted loss parts
+    totals = torch.zeros(7, dtype=torch.float64, device=device)
+    histogram = torch.zeros(max_steps, dtype=torch.float64, device=device)
+    correct_at_step = torch.zeros(max_steps, dtype=torch.float64, device=device)
+    all_steps, all_correct = [], []
     for start in range(0, count, batch_size):
         end = min(start + batch_size, count)
         x = prepare_batch(data.images[start:end], None if angles is None else angles[start:end])
         targets = data.labels[start:end]
         with autocast(device, amp):
-            if early_exit and not with_loss:
-                logits, steps = model.infer(x, uniforms[:, start:end])
+            if not full_forward:
+                logits, steps = model.infer(x, uniforms[:, start:end], halting)
             else:
                 out = model(x)
-                steps = sample_halting_steps(out.lambda_logits, uniforms[:, start:end])
+        if full_forward:
+            if halting == "expected":
+                logits, steps = expected_prediction(out)  # class probabilities, sum_n n p_n
+                histogram += halting_log_probs(out.lambda_logits).exp().double().sum(dim=1)
+            else:
+                steps = (sample_halting_steps(out.lambda_logits, uniforms[:, start:end]) if halting == "sample"
+                         else median_halting_steps(out.lambda_logits))
                 logits = logits_at(out.logits, steps)
-        correct = (logits.argmax(dim=1) == targets).sum()
+            if detail:
+                correct_at_step += (out.logits.argmax(dim=-1) == targets).sum(dim=1).double()
+            if with_loss:
+                parts = ponder_loss(out, targets, log_prior, cfg.beta)
+                totals[4:] += torch.stack(list(parts)).double() * (end - start)
+        if halting != "expected":
+            # index_add_ rather than bincount, which needs its output size from the host on CUDA
+            histogram.index_add_(0, steps - 1, torch.ones_like(steps, dtype=torch.float64))
+        correct = logits.argmax(dim=1) == targets
         steps = steps.double()
-        totals[:3] += torch.stack([correct.double(), steps.sum(), steps.square().sum()])
-        if with_loss:
-            parts = ponder_loss(out, targets, log_prior, cfg.beta)
-            totals[3:] += torch.stack(list(parts)).double() * (end - start)
+        totals[:4] += torch.stack([correct.sum().double(), steps.sum(), steps.square().sum(), (steps * correct).sum()])
+        all_steps.append(steps)
+        all_correct.append(correct)
     model.train(was_training)
-    values = (totals / max(count, 1)).tolist()  # the one host read of the evaluation
-    mean_steps = values[1]
-    std_steps = math.sqrt(max(values[2] - mean_steps ** 2, 0.0))
+
+    values = totals.tolist()  # the host reads of the evaluation, once at the end
+    n = max(count, 1)
+    n_correct, steps_sum = values[0], values[1]
+    mean_steps = steps_sum / n
+    abs_angles = angles.abs().cpu() if angles is not None else torch.zeros(count)
+    samples = EvalSamples(abs_angles, torch.cat(all_steps).cpu() if all_steps else torch.zeros(0),
+                          torch.cat(all_correct).cpu() if all_correct else torch.zeros(0, dtype=torch.bool))
+    hist = histogram.tolist()
     return EvalResult(
-        images=count, accuracy=values[0], mean_steps=mean_steps, std_steps=std_steps,
-        **({"loss": values[3], "reconstruction": values[4], "regularisation": values[5]} if with_loss else {}),
+        images=count, accuracy=n_correct / n, mean_steps=mean_steps,
+        std_steps=math.sqrt(max(values[2] / n - mean_steps ** 2, 0.0)),
+        steps_correct=values[3] / n_correct if n_correct else None,
+        steps_wrong=(steps_sum - values[3]) / (count - n_correct) if count - n_correct else None,
+        histogram=tuple(int(round(h)) for h in hist) if halting != "expected" else tuple(hist),
+        accuracy_at_step=tuple(c / n for c in correct_at_step.tolist()) if detail else None,
+        **({"loss": values[4] / n, "reconstruction": values[5] / n, "regularisation": values[6] / n}
+           if with_loss else {}),
+        samples=samples,
     )
+
+
+def _average_ranks(values: torch.Tensor) -> torch.Tensor:
+    """1-based ranks, ties sharing their average rank (as Spearman's rho needs)."""
+    sorted_values, order = torch.sort(values.double())
+    _, inverse, counts = torch.unique_consecutive(sorted_values, return_inverse=True, return_counts=True)
+    ends = torch.cumsum(counts, 0).double()
+    average = ends - (counts.double() - 1) / 2
+    ranks = torch.empty_like(sorted_values)
+    ranks[order] = average[inverse]
+    return ranks
+
+
+def spearman(x: torch.Tensor, y: torch.Tensor) -> float | None:
+    """Spearman's rank correlation; None when either variable is constant."""
+    rx, ry = _average_ranks(x), _average_ranks(y)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    denominator = math.sqrt(float((rx * rx).sum()) * float((ry * ry).sum()))
+    return float((rx * ry).sum()) / denominator if denominator > 0 else None

@@ -110,27 +110,34 @@ class PonderNet(nn.Module):
         return PonderOutput(self.output_head(states), self.halting_head(states).squeeze(-1))
 
     @torch.no_grad()
-    def infer(self, x: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sampled halting with real early exit: each step computes only the images still running.
+    def infer(self, x: torch.Tensor, uniforms: torch.Tensor | None = None,
+              rule: str = "sample") -> tuple[torch.Tensor, torch.Tensor]:
+        """Halting with real early exit: each step computes only the images still running.
 
-        uniforms (steps, B) are the coin flips: image b halts at the first step n where
-        uniforms[n, b] < lambda_n. Drawing them up front makes the result identical to running
-        every step (`forward` + `sample_halting_steps`) for the same uniforms.
+        rule "sample": image b halts at the first step n where uniforms[n, b] < lambda_n
+        (uniforms (steps, B) are the coin flips, drawn up front so that the result is identical
+        to running every step and calling `sample_halting_steps`). rule "median": it halts at the
+        first step where its cumulative halting probability reaches 1/2 (`median_halting_steps`).
         Returns the logits at the halting step (B, classes) and the 1-based halting step (B,).
         """
+        if rule not in ("sample", "median"):
+            raise ValueError(f"early exit supports the sample and median rules, not {rule!r}")
         batch = x.shape[0]
         embedding_part = self.step_mlp.embedding_part(self.encoder(x))  # (B, L)
         logits = embedding_part.new_empty(batch, N_CLASSES)
         steps = torch.full((batch,), self.max_steps, dtype=torch.long, device=x.device)
         active = torch.arange(batch, device=x.device)  # rows of the batch still running
+        log_survival = torch.zeros(batch, device=x.device)  # median rule: log prod_k (1 - lambda_k)
         h = None
         for n in range(self.max_steps):
             h = self.step_mlp(embedding_part, h)  # (A, hidden)
             if n == self.max_steps - 1:
                 halts = torch.ones(h.shape[0], dtype=torch.bool, device=x.device)
+            elif rule == "sample":
+                halts = uniforms[n, active] < torch.sigmoid(self.halting_head(h).squeeze(-1).float())
             else:
-                lam = torch.sigmoid(self.halting_head(h).squeeze(-1).float())
-                halts = uniforms[n, active] < lam
+                log_survival = log_survival + F.logsigmoid(-self.halting_head(h).squeeze(-1).float())
+                halts = log_survival <= _LOG_HALF
             halted = active[halts]
             logits[halted] = self.output_head(h[halts]).to(logits.dtype)
             steps[halted] = n + 1
@@ -140,7 +147,12 @@ class PonderNet(nn.Module):
             if not bool(running.any()):
                 break
             active, embedding_part, h = active[running], embedding_part[running], h[running]
+            if rule == "median":
+                log_survival = log_survival[running]
         return logits, steps
+
+
+_LOG_HALF = math.log(0.5)
 
 
 def halting_log_probs(lambda_logits: torch.Tensor) -> torch.Tensor:
@@ -169,3 +181,21 @@ def logits_at(logits: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """Pick y_n at each image's 1-based halting step: (steps, B, C), (B,) -> (B, C)."""
     index = (steps - 1).view(1, -1, 1).expand(1, -1, logits.shape[-1])
     return logits.gather(0, index).squeeze(0)
+
+
+def median_halting_steps(lambda_logits: torch.Tensor) -> torch.Tensor:
+    """1-based first step where the cumulative halting probability 1 - prod_{k<=n}(1 - lambda_k)
+    reaches 1/2: a deterministic halting rule. (steps, B) -> (B,)"""
+    log_survival = torch.cumsum(F.logsigmoid(-lambda_logits.float()), dim=0)  # (steps, B)
+    fires = log_survival <= _LOG_HALF
+    fires[-1] = True
+    return fires.to(torch.uint8).argmax(dim=0) + 1
+
+
+def expected_prediction(out: PonderOutput) -> tuple[torch.Tensor, torch.Tensor]:
+    """The p-weighted average of every step's class probabilities (B, classes) and the expected
+    number of steps sum_n n p_n (B,): the 'expected' halting rule, which runs every step."""
+    p = halting_log_probs(out.lambda_logits).exp()  # (steps, B)
+    probs = torch.softmax(out.logits.float(), dim=-1)  # (steps, B, classes)
+    n = torch.arange(1, p.shape[0] + 1, device=p.device, dtype=p.dtype)[:, None]
+    return (p[..., None] * probs).sum(dim=0), (n * p).sum(dim=0)

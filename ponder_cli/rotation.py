@@ -50,3 +50,25 @@ def uniform_angles(count: int, max_angle: float, *, generator: torch.Generator |
     """(count,) angles drawn uniformly from [-max_angle, max_angle] degrees."""
     u = torch.rand(count, generator=generator, device=device)
     return (2 * u - 1) * max_angle
+
+
+PROTOCOLS = ("uniform", "band", "fixed")
+
+
+def protocol_angles(count: int, angle: float, protocol: str = "uniform", *, lower: float = 0.0,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+    """(count,) test rotations in degrees for one bucket.
+
+    uniform: uniformly within +-angle (the reference protocol); band: |rotation| uniform between
+    the previous bucket's angle `lower` and `angle`, random sign, so buckets do not overlap;
+    fixed: exactly +-angle, random sign.
+    """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}")
+    u = torch.rand(count, generator=generator)
+    sign = torch.randint(0, 2, (count,), generator=generator) * 2.0 - 1.0
+    if protocol == "uniform":
+        return (2 * u - 1) * angle
+    if protocol == "band":
+        return sign * (lower + u * (angle - lower))
+    return sign * angle

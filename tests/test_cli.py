@@ -73,14 +73,17 @@ def test_extrapolate_greedy_angles_json(trained, tiny_mnist):
     result = invoke("extrapolate", out / "best.pt", "--angles", 10, 20, "--format", "json",
                     "--data-dir", tiny_mnist)
     assert result.exit_code == 0, result.output
-    rows = json.loads(result.stdout)
+    data = json.loads(result.stdout)
+    rows = data["buckets"]
+    assert data["protocol"] == "uniform" and data["halting"] == "sample"
+    assert data["spearman"]["images"] == 400
     assert [r["rotation"] for r in rows] == [10.0, 20.0]
     for r in rows:
         assert r["images"] == 200 and 0 <= r["accuracy"] <= 1 and 1 <= r["mean_steps"] <= 5
     # Same checkpoint and seed: the same numbers, flag repeated or not.
     again = invoke("extrapolate", out / "best.pt", "--angles", 10, "--angles", 20, "--format", "json",
                    "--data-dir", tiny_mnist)
-    assert json.loads(again.stdout) == rows
+    assert json.loads(again.stdout) == data
 
 
 def test_extrapolate_csv_and_table(trained, tiny_mnist):

@@ -1,0 +1,61 @@
+"""Plots of evaluation results (matplotlib, an optional extra). Knows nothing of torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import PonderError
+
+INSTALL_HINT = "--plot needs matplotlib: pip install -e '.[plot]' (or pip install matplotlib)"
+
+
+def require_matplotlib() -> None:
+    """Fail before any work is done when plotting was asked for but cannot happen."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise PonderError(INSTALL_HINT) from None
+
+
+def plot_buckets(series: dict[str, list[dict]], path: Path | str, *, title: str = "") -> Path:
+    """Accuracy and mean ponder steps (error bars: one standard deviation) against the rotation
+    angle, one line per series, and the halting-step distribution of every bucket."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401  (integer ticks for halting steps)
+
+    fig, (ax_acc, ax_steps, ax_hist) = plt.subplots(1, 3, figsize=(16, 4.8))
+    styles = ["-", "--", ":", "-."]
+    for i, (name, rows) in enumerate(series.items()):
+        angles = [row["rotation"] for row in rows]
+        ax_acc.plot(angles, [row["accuracy"] for row in rows], marker="o", label=name)
+        ax_steps.errorbar(angles, [row["mean_steps"] for row in rows], yerr=[row["std_steps"] for row in rows],
+                          marker="o", capsize=4, label=name)
+        cmap = plt.get_cmap("viridis")
+        for j, row in enumerate(rows):
+            total = sum(row["histogram"]) or 1
+            share = [count / total for count in row["histogram"]]
+            ax_hist.plot(range(1, len(share) + 1), share, styles[i % len(styles)], marker=".",
+                         color=cmap(j / max(len(rows) - 1, 1)),
+                         label=f"±{row['rotation']:g}°" + (f" {name}" if len(series) > 1 else ""))
+    ax_acc.set(xlabel="test rotation (± degrees)", ylabel="accuracy", title="Accuracy")
+    ax_steps.set(xlabel="test rotation (± degrees)", ylabel="ponder steps", title="Mean ponder steps (± 1 sd)")
+    ax_hist.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax_hist.set(xlabel="halting step", ylabel="share of images", title="Halting-step distribution")
+    for ax in (ax_acc, ax_steps, ax_hist):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise PonderError(f"cannot write plot {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+    return path

@@ -1,0 +1,186 @@
+"""Rotation protocols, halting rules, per-bucket statistics, Spearman's rho, plots."""
+
+import builtins
+import csv
+import io
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from ponder_cli import PonderError
+from ponder_cli.cli import app
+from ponder_cli.config import PonderConfig
+from ponder_cli.data import ImageSet
+from ponder_cli.evaluate import evaluate, spearman
+from ponder_cli.model import PonderNet, halting_log_probs, median_halting_steps
+from ponder_cli.plot import require_matplotlib
+from ponder_cli.render import sparkline
+from ponder_cli.rotation import protocol_angles
+from conftest import synthetic_digits
+
+CFG = PonderConfig(max_steps=6, hidden=16, hidden_cnn=16, hidden_lin=16)
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def model_and_data():
+    torch.manual_seed(0)
+    model = PonderNet(CFG).eval()
+    with torch.no_grad():
+        model.halting_head.bias.fill_(-1.0)
+    return model, ImageSet(*synthetic_digits(240, seed=5))
+
+
+def test_protocol_angles_lie_in_their_bucket():
+    g = torch.Generator().manual_seed(0)
+    uniform = protocol_angles(5000, 45.0, "uniform", generator=g)
+    band = protocol_angles(5000, 45.0, "band", lower=22.5, generator=g)
+    fixed = protocol_angles(5000, 45.0, "fixed", lower=22.5, generator=g)
+    assert uniform.abs().max() <= 45 and uniform.min() < -40 and uniform.max() > 40
+    assert band.abs().min() >= 22.5 and band.abs().max() <= 45
+    assert (band < 0).any() and (band > 0).any()
+    assert set(fixed.tolist()) == {-45.0, 45.0}
+    with pytest.raises(ValueError):
+        protocol_angles(3, 10.0, "spiral")
+
+
+def test_median_rule_by_hand():
+    # lambda = 0.2, 0.2, 0.5, ...: cumulative 0.2, 0.36, 0.68 -> halts at step 3
+    # lambda = 0.6: cumulative 0.6 at step 1 -> halts at step 1; never reaching 1/2 -> last step
+    lam = torch.tensor([[0.2, 0.6, 0.01], [0.2, 0.1, 0.01], [0.5, 0.1, 0.01], [0.1, 0.1, 0.01]])
+    assert median_halting_steps(torch.logit(lam)).tolist() == [3, 1, 4]
+
+
+def test_median_is_deterministic_and_early_exit_agrees(model_and_data):
+    model, data = model_and_data
+    a = evaluate(model, data, CFG, seed=1, halting="median")
+    b = evaluate(model, data, CFG, seed=2, halting="median")
+    forced = evaluate(model, data, CFG, seed=3, halting="median", early_exit=False)
+    assert a == b == forced
+    assert torch.equal(a.samples.steps, b.samples.steps)
+
+
+def test_expected_steps_equal_sum_of_n_p_n(model_and_data):
+    model, data = model_and_data
+    result = evaluate(model, data, CFG, seed=1, halting="expected", batch_size=100)
+    with torch.no_grad():
+        from ponder_cli.data import prepare_batch
+        out = model(prepare_batch(data.images))
+        p = halting_log_probs(out.lambda_logits).exp().double()  # (steps, N)
+        expected = (torch.arange(1, 7, dtype=torch.float64)[:, None] * p).sum(0)
+        probs = (p[..., None] * torch.softmax(out.logits.double(), -1)).sum(0)
+    assert torch.allclose(result.samples.steps, expected, atol=1e-5)
+    assert math.isclose(result.mean_steps, expected.mean().item(), rel_tol=1e-5)
+    assert result.accuracy == (probs.argmax(1) == data.labels).double().mean().item()
+    assert math.isclose(sum(result.histogram), len(data), rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("halting", ["sample", "median"])
+def test_histogram_and_conditional_steps(model_and_data, halting):
+    model, data = model_and_data
+    r = evaluate(model, data, CFG, max_angle=30, seed=4, halting=halting, detail=True)
+    assert sum(r.histogram) == r.images == 240 and len(r.histogram) == 6
+    assert all(isinstance(h, int) for h in r.histogram)
+    steps = r.samples.steps
+    assert r.histogram == tuple(int((steps == k).sum()) for k in range(1, 7))
+    correct = r.samples.correct
+    assert math.isclose(r.steps_correct, steps[correct].mean().item())
+    assert math.isclose(r.steps_wrong, steps[~correct].mean().item())
+    assert len(r.accuracy_at_step) == 6 and all(0 <= a <= 1 for a in r.accuracy_at_step)
+    assert r.samples.abs_angles.max() <= 30
+
+
+def test_accuracy_at_step_by_direct_computation(model_and_data):
+    model, data = model_and_data
+    r = evaluate(model, data, CFG, seed=4, detail=True, batch_size=64)
+    from ponder_cli.data import prepare_batch
+    with torch.no_grad():
+        logits = model(prepare_batch(data.images)).logits  # (steps, N, classes)
+    direct = (logits.argmax(-1) == data.labels).double().mean(1)
+    assert torch.allclose(torch.tensor(r.accuracy_at_step, dtype=torch.float64), direct)
+
+
+def test_spearman_by_hand():
+    assert math.isclose(spearman(torch.tensor([1., 2, 3, 4]), torch.tensor([1., 3, 2, 4])), 0.8)
+    # ties share their average rank: x ranks (1, 2.5, 2.5, 4) -> rho = 4.5 / sqrt(4.5 * 5)
+    assert math.isclose(spearman(torch.tensor([1., 2, 2, 3]), torch.tensor([1., 2, 3, 4])), 4.5 / math.sqrt(22.5))
+    assert math.isclose(spearman(torch.tensor([3., 2, 1]), torch.tensor([10., 20, 30])), -1.0)
+    assert spearman(torch.tensor([1., 2, 3]), torch.tensor([5., 5, 5])) is None
+
+
+def test_sparkline():
+    # bar index round(v / max * 7) into ▁▂▃▄▅▆▇█; empty bins are blank
+    assert sparkline([0, 1, 2, 4, 8]) == " ▂▃▅█"
+    assert sparkline([]) == ""
+
+
+# --- CLI ----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_mnist, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ck")
+    result = runner.invoke(app, ["train", "--epochs", "1", "--val-size", "100", "--max-steps", "5",
+                                 "--data-dir", str(tiny_mnist), "--out", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    return out / "best.pt"
+
+
+def test_extrapolate_json_with_protocol_halting_and_detail(checkpoint, tiny_mnist):
+    result = runner.invoke(app, ["extrapolate", str(checkpoint), "--angles", "30", "60", "--protocol", "band",
+                                 "--halting", "median", "--detail", "-f", "json", "--data-dir", str(tiny_mnist)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["protocol"] == "band" and data["halting"] == "median"
+    assert data["checkpoint"] == str(checkpoint) and data["train_rotation"] == 22.5
+    assert data["spearman"]["images"] == 400
+    rho = data["spearman"]["rho"]
+    assert rho is None or -1 <= rho <= 1
+    for row in data["buckets"]:
+        assert sum(row["histogram"]) == 200 and len(row["histogram"]) == 5
+        assert len(row["accuracy_at_step"]) == 5
+        assert {"steps_correct", "steps_wrong", "mean_steps", "std_steps"} <= set(row)
+
+
+def test_extrapolate_csv_carries_lists_and_rho(checkpoint, tiny_mnist):
+    result = runner.invoke(app, ["extrapolate", str(checkpoint), "--angles", "45", "-f", "csv",
+                                 "--halting", "expected", "--data-dir", str(tiny_mnist)])
+    row = next(csv.DictReader(io.StringIO(result.stdout)))
+    assert math.isclose(sum(json.loads(row["histogram"])), 200, rel_tol=1e-6)
+    assert row["halting"] == "expected" and "spearman_rho" in row
+
+
+def test_table_shows_trend_and_detail(checkpoint, tiny_mnist):
+    result = runner.invoke(app, ["eval", str(checkpoint), "--rotation", "40", "--detail", "--data-dir", str(tiny_mnist)])
+    assert result.exit_code == 0, result.output
+    assert "Spearman ρ(|angle|, steps)" in result.stdout and "Per halting step" in result.stdout
+    assert "±40° acc if stop" in result.stdout
+
+
+def test_plot_is_a_png(checkpoint, tiny_mnist, tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "plot.png"
+    result = runner.invoke(app, ["extrapolate", str(checkpoint), "--angles", "20", "40", "--plot", str(png),
+                                 "--data-dir", str(tiny_mnist)])
+    assert result.exit_code == 0, result.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert f"plot written to {png}" in result.stderr
+
+
+def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, checkpoint, tiny_mnist, tmp_path):
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.split(".")[0] == "matplotlib":
+            raise ImportError("no matplotlib")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    with pytest.raises(PonderError, match=r"pip install -e '\.\[plot\]'"):
+        require_matplotlib()
+    result = runner.invoke(app, ["extrapolate", str(checkpoint), "--plot", str(tmp_path / "p.png"),
+                                 "--data-dir", str(tiny_mnist)])
+    assert result.exit_code == 1 and "Error: --plot needs matplotlib" in result.stderr
+    assert not (tmp_path / "p.png").exists()
