@@ -34,10 +34,11 @@ def _is_number(token: str) -> bool:
         return False
 
 
-def expand_greedy_options(args: list[str], names: tuple[str, ...]) -> list[str]:
+def expand_greedy_options(args: list[str], names: tuple[str, ...], numbers_only: bool = False) -> list[str]:
     """`--angles 22.5 45` -> `--angles 22.5 --angles 45`, so one flag can take several values.
 
-    Values run until the next option (a token starting with '-' that is not a number) or '--'.
+    Values run until the next option (a token starting with '-' that is not a number) or '--';
+    with numbers_only also until the first token that is not a number (a positional argument).
     """
     expanded: list[str] = []
     i = 0
@@ -47,7 +48,8 @@ def expand_greedy_options(args: list[str], names: tuple[str, ...]) -> list[str]:
         i += 1
         if token in names:
             values = []
-            while i < len(args) and args[i] != "--" and (not args[i].startswith("-") or _is_number(args[i])):
+            while i < len(args) and args[i] != "--" and (not args[i].startswith("-") or _is_number(args[i])) \
+                    and (not numbers_only or _is_number(args[i])):
                 values.append(args[i])
                 i += 1
             if not values:
@@ -58,8 +60,14 @@ def expand_greedy_options(args: list[str], names: tuple[str, ...]) -> list[str]:
 
 
 class GreedyAnglesCommand(TyperCommand):
+    numbers_only = False
+
     def parse_args(self, ctx, args):
-        return super().parse_args(ctx, expand_greedy_options(list(args), ("--angles",)))
+        return super().parse_args(ctx, expand_greedy_options(list(args), ("--angles",), self.numbers_only))
+
+
+class GreedyAnglesAfterCheckpointsCommand(GreedyAnglesCommand):
+    numbers_only = True  # `compare --angles 45 90 a.pt b.pt`: the checkpoints end the angle list
 
 
 @contextlib.contextmanager
@@ -151,14 +159,24 @@ def _help(text: str, name: str) -> str:
     return f"{text} [default: {getattr(DEFAULTS, name)}]"
 
 
+class Method(str, Enum):
+    pondernet = "pondernet"
+    act = "act"
+    plain = "plain"
+
+
 @app.command()
 def train(
+    method: Optional[Method] = typer.Option(None, "--method", case_sensitive=False, show_default=False,
+                                            help="pondernet; act (Adaptive Computation Time, Graves 2016); plain (one "
+                                                 "step, no pondering: sets --max-steps 1). [default: pondernet]"),
     epochs: Optional[int] = typer.Option(None, help=_help("Training epochs.", "epochs"), show_default=False),
     batch_size: Optional[int] = typer.Option(None, help=_help("Images per batch.", "batch_size"), show_default=False),
     lr: Optional[float] = typer.Option(None, help=_help("Adam learning rate.", "lr"), show_default=False),
     max_steps: Optional[int] = typer.Option(None, help=_help("Maximum ponder steps.", "max_steps"), show_default=False),
     lambda_p: Optional[float] = typer.Option(None, help=_help("Geometric prior parameter, in (0, 1].", "lambda_p"), show_default=False),
     beta: Optional[float] = typer.Option(None, help=_help("Weight of the KL regularisation.", "beta"), show_default=False),
+    tau: Optional[float] = typer.Option(None, help=_help("ACT: weight of the ponder cost N + R.", "tau"), show_default=False),
     grad_clip: Optional[float] = typer.Option(None, help=_help("Gradient-norm clip (0: off).", "grad_clip"), show_default=False),
     patience: Optional[int] = typer.Option(None, help=_help("Early stopping: epochs without a better validation accuracy (0: off).", "patience"), show_default=False),
     lr_patience: Optional[int] = typer.Option(None, help=_help("Epochs without improvement before the LR is cut.", "lr_patience"), show_default=False),
@@ -176,7 +194,7 @@ def train(
 ) -> None:
     """Train PonderNet on MNIST; writes best.pt and last.pt under --out."""
     given = {k: v for k, v in dict(
-        epochs=epochs, batch_size=batch_size, lr=lr, max_steps=max_steps, lambda_p=lambda_p, beta=beta,
+        method=None if method is None else method.value, tau=tau, epochs=epochs, batch_size=batch_size, lr=lr, max_steps=max_steps, lambda_p=lambda_p, beta=beta,
         grad_clip=grad_clip, patience=patience, lr_patience=lr_patience, train_rotation=train_rotation,
         val_size=val_size, train_size=train_size, seed=seed).items() if v is not None}
     with user_errors():
@@ -199,6 +217,8 @@ def train(
             cfg = saved.replace(**{k: given[k] for k in ("epochs", "patience") if k in given})
             out_dir = out if out is not None else resume.parent
         else:
+            if given.get("method") == "plain":
+                given.setdefault("max_steps", 1)
             cfg = PonderConfig(**given)
             out_dir = out if out is not None else Path("checkpoints")
         dev = resolve_device(device)
@@ -207,7 +227,7 @@ def train(
         train_set, val_set = train_val_split(full, val_size=cfg.val_size, train_size=cfg.train_size, seed=cfg.seed)
         _check_writable(out_dir)  # only once everything else is known to be fine: nothing written before
         train_set, val_set = train_set.to(dev), val_set.to(dev)
-        typer.echo(f"training on {len(train_set)} images, validating on {len(val_set)}, device {dev}"
+        typer.echo(f"training {cfg.method} on {len(train_set)} images, validating on {len(val_set)}, device {dev}"
                   f"{', amp ' + str(torch.float16 if dev.type == 'cuda' else torch.bfloat16).split('.')[-1] if use_amp else ''}"
                   f"{', resuming after epoch ' + str(resume_ckpt['epoch']) if resume_ckpt else ''}", err=True)
 
@@ -298,13 +318,15 @@ def _evaluate_buckets(model, cfg, test, angles: list[float], *, protocol: Protoc
     import torch
 
     from .evaluate import evaluate, spearman
+    from .methods import halting_name
 
     rows, samples = [], []
     for angle in angles:
         lower = max((a for a in angles if a < angle), default=0.0)  # the band protocol's inner edge
         result = evaluate(model, test, cfg, max_angle=angle, lower=lower, seed=seed, batch_size=batch_size,
                           protocol=protocol.value, halting=halting.value, detail=detail, with_loss=with_loss, amp=amp)
-        row = {"rotation": angle, "protocol": protocol.value, "halting": halting.value, **result.as_dict()}
+        row = {"rotation": angle, "protocol": protocol.value, "halting": halting_name(cfg, halting.value),
+               **result.as_dict()}
         if not with_loss:
             for key in ("loss", "reconstruction", "regularisation"):
                 row.pop(key)
@@ -319,8 +341,9 @@ def _report(rows: list[dict], rho, fmt: OutputFormat, *, path: Path, cfg, protoc
     from .render import sparkline
 
     images = sum(row["images"] for row in rows)
-    meta = {"checkpoint": str(path), "train_rotation": cfg.train_rotation, "protocol": protocol.value,
-            "halting": halting.value,
+    halting_used = rows[0]["halting"]
+    meta = {"checkpoint": str(path), "method": cfg.method, "train_rotation": cfg.train_rotation,
+            "protocol": protocol.value, "halting": halting_used,
             "spearman": {"rho": rho, "images": images, "between": "|rotation angle| and ponder steps"}}
     if fmt is OutputFormat.table:
         for row in rows:
@@ -331,7 +354,8 @@ def _report(rows: list[dict], rho, fmt: OutputFormat, *, path: Path, cfg, protoc
     rho_text = "undefined (constant steps)" if rho is None else f"{rho:+.3f}"
     render(rows, RESULT_COLUMNS + list(extra_columns), fmt, single=single, title=title,
            meta=meta if fmt is OutputFormat.json else None,
-           caption=f"trained within ±{cfg.train_rotation:g}° · protocol {protocol.value} · halting {halting.value}"
+           caption=f"{cfg.method} trained within ±{cfg.train_rotation:g}° · protocol {protocol.value} · "
+                   f"halting {halting_used}"
                    f"\nSpearman ρ(|angle|, steps) = {rho_text} over {images} images")
     if detail and fmt is OutputFormat.table:
         columns = [Column("step", "step")]
@@ -340,7 +364,7 @@ def _report(rows: list[dict], rho, fmt: OutputFormat, *, path: Path, cfg, protoc
             for k, detail_row in enumerate(detail_rows):
                 detail_row[f"n{i}"] = row["histogram"][k]
                 detail_row[f"a{i}"] = row["accuracy_at_step"][k]
-            spec = "d" if halting is not Halting.expected else ".1f"
+            spec = ".1f" if halting_used == "expected" else "d"
             columns += [Column(f"n{i}", f"±{row['rotation']:g}° halted", spec),
                         Column(f"a{i}", f"±{row['rotation']:g}° acc if stop", ".4f")]
         render(detail_rows, columns, fmt, title="Per halting step")
@@ -348,7 +372,7 @@ def _report(rows: list[dict], rho, fmt: OutputFormat, *, path: Path, cfg, protoc
         from .plot import plot_buckets
 
         written = plot_buckets({path.stem if path.stem != "best" else str(path): rows}, plot,
-                               title=f"{path} · protocol {protocol.value} · halting {halting.value}")
+                               title=f"{path} · protocol {protocol.value} · halting {halting_used}")
         typer.echo(f"plot written to {written}", err=True)
 
 
@@ -418,6 +442,99 @@ def extrapolate(
                                       amp=_amp_for(dev, amp), detail=detail, with_loss=False)
         _report(rows, rho, fmt, path=path, cfg=cfg, protocol=protocol, halting=halting, single=False,
                 detail=detail, plot=plot, title=f"PonderNet extrapolation ({path})")
+
+
+# compare ----------------------------------------------------------------------------------------
+
+def _group_label(cfg, others) -> str:
+    """The method, plus whatever else sets this group apart from the other groups of that method."""
+    differing = sorted({k for other in others for k, v in other.to_dict().items()
+                        if k != "seed" and cfg.to_dict()[k] != v})
+    return cfg.method + (f" ({', '.join(f'{k}={getattr(cfg, k)}' for k in differing)})" if differing else "")
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+@app.command(cls=GreedyAnglesAfterCheckpointsCommand)
+def compare(
+    checkpoints: List[Path] = typer.Argument(..., help="Checkpoints to compare: one or more per method; several "
+                                                      "of one method (e.g. other seeds) give mean ± std."),
+    angles: List[str] = typer.Option(["22.5", "45", "67.5", "90"], "--angles",
+                                     help="Rotation buckets in degrees. Several values after one flag."),
+    protocol: Protocol = ProtocolOption,
+    halting: Halting = HaltingOption,
+    plot: Optional[Path] = PlotOption,
+    seed: int = typer.Option(1234, "--seed", help="Seed of the test rotations and halting coin flips (the same for "
+                                                  "every checkpoint, so all see the same images)."),
+    limit: int = typer.Option(0, "--limit", min=0, help="Evaluate only the first N test images (0: all)."),
+    batch_size: int = EvalBatchOption,
+    data_dir: Optional[Path] = DataDirOption,
+    download: bool = DownloadOption,
+    device: str = DeviceOption,
+    amp: Optional[bool] = AmpOption,
+    fmt: OutputFormat = FormatOption,
+) -> None:
+    """Methods side by side on the same rotation buckets: accuracy and ponder steps, mean ± std over seeds."""
+    with user_errors():
+        from .checkpoint import load_model
+        from .data import load_mnist
+        from .runtime import resolve_device
+
+        parsed = [_parse_angle(text, "--angles") for text in angles]
+        if plot is not None:
+            from .plot import require_matplotlib
+            require_matplotlib()
+        dev = resolve_device(device)
+        models = [(path, *load_model(path, dev)[:2]) for path in checkpoints]  # fail on any bad file first
+        test = load_mnist(_data_dir(data_dir), train=False, download=download)
+        if limit:
+            test = test.subset(slice(0, limit))
+        test = test.to(dev)
+        groups: dict[tuple, list] = {}
+        for path, model, cfg in models:
+            key = tuple(sorted((k, v) for k, v in cfg.to_dict().items() if k != "seed"))
+            groups.setdefault(key, []).append((path, model, cfg))
+        rows, series = [], {}
+        configs = [members[0][2] for members in groups.values()]
+        for members in groups.values():
+            cfg = members[0][2]
+            label = _group_label(cfg, [c for c in configs if c.method == cfg.method and c is not cfg])
+            per_model = [_evaluate_buckets(model, cfg_m, test, parsed, protocol=protocol, halting=halting, seed=seed,
+                                           batch_size=batch_size, amp=_amp_for(dev, amp), detail=False,
+                                           with_loss=False)[0] for _, model, cfg_m in members]
+            series[label] = []
+            for b, angle in enumerate(parsed):
+                accuracy, accuracy_std = _mean_std([r[b]["accuracy"] for r in per_model])
+                steps, steps_std = _mean_std([r[b]["mean_steps"] for r in per_model])
+                row = {"method": cfg.method, "label": label, "rotation": angle, "seeds": len(members),
+                       "accuracy": accuracy, "accuracy_std": accuracy_std, "mean_steps": steps,
+                       "mean_steps_std": steps_std, "halting": per_model[0][b]["halting"],
+                       "protocol": protocol.value, "images": per_model[0][b]["images"],
+                       "checkpoints": [str(p) for p, _, _ in members]}
+                rows.append(row)
+                series[label].append({**row, "std_steps": steps_std,
+                                      "histogram": [sum(r[b]["histogram"][k] for r in per_model)
+                                                    for k in range(len(per_model[0][b]["histogram"]))]})
+    if fmt is OutputFormat.table:
+        for row in rows:
+            row["accuracy_text"] = f"{row['accuracy']:.4f} ± {row['accuracy_std']:.4f}"
+            row["steps_text"] = f"{row['mean_steps']:.2f} ± {row['mean_steps_std']:.2f}"
+    columns = [Column("label", "method", "s"), Column("seeds", "seeds"), Column("rotation", "rotation (±deg)", "g"),
+               Column("accuracy_text", "accuracy (mean ± sd over seeds)", "s"),
+               Column("steps_text", "mean steps (mean ± sd)", "s"), Column("halting", "halting", "s")]
+    render(rows, columns, fmt, title="Methods compared",
+           caption=f"protocol {protocol.value} · {rows[0]['images']} test images per bucket · seed {seed}")
+    if plot is not None:
+        from .plot import plot_buckets
+
+        written = plot_buckets(series, plot, title=f"methods compared · protocol {protocol.value} · "
+                                                   "error bars: sd of mean steps over seeds")
+        typer.echo(f"plot written to {written}", err=True)
 
 
 def run() -> None:

@@ -9,8 +9,13 @@ from dataclasses import dataclass
 from . import PonderError
 
 
+METHODS = ("pondernet", "act", "plain")
+
+
 @dataclass(frozen=True)
 class PonderConfig:
+    # pondernet (Banino et al. 2021), act (Graves 2016) or plain (one step: no pondering)
+    method: str = "pondernet"
     # model
     hidden: int = 64  # size of the recurrent state h_n
     hidden_cnn: int = 64  # size of the image embedding
@@ -22,6 +27,8 @@ class PonderConfig:
     # loss
     lambda_p: float = 0.2  # parameter of the geometric prior on the halting step
     beta: float = 0.01  # weight of KL(p || p_G)
+    tau: float = 0.01  # ACT: weight of the ponder cost N + R
+    act_epsilon: float = 0.01  # ACT: halt once the halting units sum to 1 - epsilon
     # optimisation
     epochs: int = 20
     batch_size: int = 128
@@ -38,6 +45,10 @@ class PonderConfig:
 
     def __post_init__(self) -> None:
         problems = []
+        if self.method not in METHODS:
+            problems.append(f"method must be one of {', '.join(METHODS)} (got {self.method!r})")
+        if self.method == "plain" and self.max_steps != 1:
+            problems.append(f"method plain runs exactly one step: leave out --max-steps or use 1 (got {self.max_steps})")
         for name in ("hidden", "hidden_cnn", "hidden_lin", "kernel_size", "max_steps",
                      "epochs", "batch_size", "val_size"):
             if getattr(self, name) <= 0:
@@ -45,7 +56,7 @@ class PonderConfig:
         for name in ("patience", "lr_patience", "train_size"):
             if getattr(self, name) < 0:
                 problems.append(f"{name.replace('_', '-')} must be >= 0 (got {getattr(self, name)})")
-        for name in ("lambda_p", "beta", "lr", "grad_clip", "train_rotation", "lr_factor",
+        for name in ("lambda_p", "beta", "tau", "act_epsilon", "lr", "grad_clip", "train_rotation", "lr_factor",
                      "cnn_dropout", "mlp_dropout"):
             if not math.isfinite(getattr(self, name)):
                 problems.append(f"{name.replace('_', '-')} must be a finite number")
@@ -53,6 +64,10 @@ class PonderConfig:
             problems.append(f"lambda-p must be in (0, 1] (got {self.lambda_p})")
         if self.beta < 0:
             problems.append(f"beta must be >= 0 (got {self.beta})")
+        if self.tau < 0:
+            problems.append(f"tau must be >= 0 (got {self.tau})")
+        if not 0 < self.act_epsilon < 1:
+            problems.append(f"act-epsilon must be in (0, 1) (got {self.act_epsilon})")
         if self.lr <= 0:
             problems.append(f"lr must be > 0 (got {self.lr})")
         if self.grad_clip < 0:

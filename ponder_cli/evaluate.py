@@ -9,9 +9,9 @@ import torch
 
 from .config import PonderConfig
 from .data import ImageSet, prepare_batch
-from .losses import geometric_log_prior, ponder_loss
-from .model import (PonderNet, expected_prediction, halting_log_probs, logits_at,
-                    median_halting_steps, sample_halting_steps)
+from .losses import geometric_log_prior
+from .methods import needs_all_steps, predict_early_exit, predict_from_all_steps, training_loss
+from .model import PonderNet, halting_log_probs
 from .rotation import protocol_angles
 from .runtime import autocast
 
@@ -82,7 +82,8 @@ def evaluate(model: PonderNet, data: ImageSet, cfg: PonderConfig, *, max_angle: 
     device = data.images.device
     count, max_steps = len(data), model.max_steps
     angles, uniforms = evaluation_draws(count, max_steps, max_angle, seed, device, protocol=protocol, lower=lower)
-    full_forward = with_loss or detail or halting == "expected" or not early_exit
+    full_forward = with_loss or detail or needs_all_steps(cfg, halting) or not early_exit
+    expected = halting == "expected" and cfg.method != "act"
     log_prior = geometric_log_prior(cfg.lambda_p, cfg.max_steps, device)
     # correct, steps, steps^2, steps of correct images, then batch-size-weighted loss parts
     totals = torch.zeros(7, dtype=torch.float64, device=device)
@@ -95,23 +96,19 @@ def evaluate(model: PonderNet, data: ImageSet, cfg: PonderConfig, *, max_angle: 
         targets = data.labels[start:end]
         with autocast(device, amp):
             if not full_forward:
-                logits, steps = model.infer(x, uniforms[:, start:end], halting)
+                logits, steps = predict_early_exit(cfg, model, x, uniforms[:, start:end], halting)
             else:
                 out = model(x)
         if full_forward:
-            if halting == "expected":
-                logits, steps = expected_prediction(out)  # class probabilities, sum_n n p_n
+            logits, steps = predict_from_all_steps(cfg, out, uniforms[:, start:end], halting)
+            if expected:  # steps are sum_n n p_n: the histogram collects the halting mass p_n
                 histogram += halting_log_probs(out.lambda_logits).exp().double().sum(dim=1)
-            else:
-                steps = (sample_halting_steps(out.lambda_logits, uniforms[:, start:end]) if halting == "sample"
-                         else median_halting_steps(out.lambda_logits))
-                logits = logits_at(out.logits, steps)
             if detail:
                 correct_at_step += (out.logits.argmax(dim=-1) == targets).sum(dim=1).double()
             if with_loss:
-                parts = ponder_loss(out, targets, log_prior, cfg.beta)
+                parts = training_loss(cfg, out, targets, log_prior)
                 totals[4:] += torch.stack(list(parts)).double() * (end - start)
-        if halting != "expected":
+        if not expected:
             # index_add_ rather than bincount, which needs its output size from the host on CUDA
             histogram.index_add_(0, steps - 1, torch.ones_like(steps, dtype=torch.float64))
         correct = logits.argmax(dim=1) == targets
@@ -134,7 +131,7 @@ def evaluate(model: PonderNet, data: ImageSet, cfg: PonderConfig, *, max_angle: 
         std_steps=math.sqrt(max(values[2] / n - mean_steps ** 2, 0.0)),
         steps_correct=values[3] / n_correct if n_correct else None,
         steps_wrong=(steps_sum - values[3]) / (count - n_correct) if count - n_correct else None,
-        histogram=tuple(int(round(h)) for h in hist) if halting != "expected" else tuple(hist),
+        histogram=tuple(hist) if expected else tuple(int(round(h)) for h in hist),
         accuracy_at_step=tuple(c / n for c in correct_at_step.tolist()) if detail else None,
         **({"loss": values[4] / n, "reconstruction": values[5] / n, "regularisation": values[6] / n}
            if with_loss else {}),

@@ -94,6 +94,9 @@ class PonderNet(nn.Module):
         self.step_mlp = StepMLP(cfg)
         self.output_head = nn.Linear(cfg.hidden, N_CLASSES)
         self.halting_head = nn.Linear(cfg.hidden, 1)
+        if cfg.method == "act":
+            # Graves: a positive halting bias makes early training ponder little
+            nn.init.constant_(self.halting_head.bias, 1.0)
         self.encoder.to(memory_format=torch.channels_last)
 
     def forward(self, x: torch.Tensor) -> PonderOutput:

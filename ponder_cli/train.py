@@ -17,8 +17,9 @@ from .checkpoint import BEST, LAST, save_checkpoint
 from .config import PonderConfig
 from .data import ImageSet, prepare_batch
 from .evaluate import evaluate
-from .losses import geometric_log_prior, ponder_loss
-from .model import PonderNet, logits_at, sample_halting_steps
+from .losses import geometric_log_prior
+from .methods import predict_from_all_steps, training_loss
+from .model import PonderNet
 from .rotation import uniform_angles
 from .runtime import autocast
 
@@ -79,7 +80,7 @@ def train_one_epoch(model: PonderNet, optimizer: torch.optim.Optimizer, scaler: 
         targets = data.labels[index]
         with autocast(device, amp):
             out = model(x)
-        loss = ponder_loss(out, targets, log_prior, cfg.beta)  # float32 outside autocast
+        loss = training_loss(cfg, out, targets, log_prior)  # float32 outside autocast
         optimizer.zero_grad(set_to_none=True)
         # scale -> backward -> unscale_ -> clip -> step -> update (GradScaler is a no-op unless fp16)
         scaler.scale(loss.total).backward()
@@ -98,8 +99,8 @@ def train_one_epoch(model: PonderNet, optimizer: torch.optim.Optimizer, scaler: 
         scaler.update()
         with torch.no_grad():
             uniforms = torch.rand(cfg.max_steps, batch, device=device)  # (steps, B)
-            steps = sample_halting_steps(out.lambda_logits, uniforms)
-            correct = (logits_at(out.logits, steps).argmax(dim=1) == targets).sum()
+            scores, steps = predict_from_all_steps(cfg, out, uniforms, "sample")
+            correct = (scores.argmax(dim=1) == targets).sum()
             values = torch.stack([loss.total * batch, loss.reconstruction * batch, loss.regularisation * batch,
                                   correct, steps.sum(), torch.tensor(batch, device=device)]).double()
             totals[:6] += torch.where(finite, values, torch.zeros_like(values))

@@ -10,6 +10,7 @@ from ponder_cli.config import PonderConfig
 from ponder_cli.data import ImageSet, prepare_batch
 from ponder_cli.evaluate import evaluate, evaluation_draws
 from ponder_cli.losses import geometric_log_prior, ponder_loss
+from ponder_cli.methods import training_loss
 from ponder_cli.model import PonderNet, logits_at, sample_halting_steps
 from ponder_cli.train import train_one_epoch
 from conftest import synthetic_digits
@@ -71,12 +72,12 @@ def test_training_metrics_accumulated_on_device_equal_per_batch_values(monkeypat
     model, data = _model_and_data(230)  # batches of 50, 50, 50, 50, 30
     recorded = []
 
-    def recording(out, targets, *args, **kwargs):
-        parts = ponder_loss(out, targets, *args, **kwargs)
+    def recording(cfg, out, targets, *args, **kwargs):
+        parts = training_loss(cfg, out, targets, *args, **kwargs)
         recorded.append((parts.total.item(), parts.regularisation.item(), targets.shape[0]))
         return parts
 
-    monkeypatch.setattr(train_module, "ponder_loss", recording)
+    monkeypatch.setattr(train_module, "training_loss", recording)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     stats = train_one_epoch(model, optimizer, scaler, data, CFG, geometric_log_prior(0.2, 8), amp=False, progress=False)

@@ -19,6 +19,7 @@ from ponder_cli.cli import app
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
 from ponder_cli.losses import geometric_log_prior, ponder_loss
+from ponder_cli.methods import training_loss
 from ponder_cli.model import PonderNet, PonderOutput
 from ponder_cli.train import train
 from conftest import write_idx
@@ -211,13 +212,13 @@ def _poison(monkeypatch, every: int):
     calls = {"n": 0}
 
     def poisoned(*args, **kwargs):
-        parts = ponder_loss(*args, **kwargs)
+        parts = training_loss(*args, **kwargs)
         calls["n"] += 1
         if calls["n"] % every == 0:
             return parts._replace(total=parts.total * float("nan"))
         return parts
 
-    monkeypatch.setattr(train_module, "ponder_loss", poisoned)
+    monkeypatch.setattr(train_module, "training_loss", poisoned)
 
 
 def test_non_finite_batches_are_skipped_and_counted(monkeypatch, tiny_mnist, tmp_path):
