@@ -27,11 +27,13 @@ def main() -> None:
         print("| protocol | " + " | ".join(f"±{a}°" for a in args.angles) + " | steps ✓ / ✗ (all buckets) | Spearman ρ |")
         print("|---" * (len(args.angles) + 3) + "|")
         for protocol in args.protocols:
-            out = subprocess.run(
+            done = subprocess.run(
                 [sys.executable, "-m", "ponder_cli", "extrapolate", args.checkpoint, "--angles", *args.angles,
                  "--protocol", protocol, "--halting", rule, "--format", "json"],
-                check=True, capture_output=True, text=True).stdout
-            data = json.loads(out)
+                capture_output=True, text=True)
+            if done.returncode:
+                sys.exit(done.stderr.strip().splitlines()[-1])
+            data = json.loads(done.stdout)
             cells = [f"{b['accuracy']:.4f} / {b['mean_steps']:.2f}" for b in data["buckets"]]
             n = sum(b["images"] for b in data["buckets"])
             right = sum(b["accuracy"] * b["images"] for b in data["buckets"])

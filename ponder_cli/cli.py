@@ -107,6 +107,7 @@ CheckpointArgument = typer.Argument(None, help=f"Checkpoint to load. [default: {
                                     show_default=False)
 EvalSeedOption = typer.Option(None, "--seed", help="Seed of the test rotations and halting coin flips. "
                               "[default: the checkpoint's training seed]")
+LimitOption = typer.Option(0, "--limit", min=0, help="Evaluate only the first N test images (0: all).")
 EvalBatchOption = typer.Option(1000, "--batch-size", min=1, help="Images per evaluation batch.")
 
 
@@ -144,6 +145,13 @@ def _parse_angle(text: str, what: str) -> float:
     except ValueError:
         raise PonderError(f"{what}: {text!r} is not a number of degrees") from None
     return _check_angle(angle, what)
+
+
+def _check_plot(plot: Optional[Path]) -> None:
+    """Refuse --plot before any work when matplotlib is missing."""
+    if plot is not None:
+        from .plot import require_matplotlib
+        require_matplotlib()
 
 
 def _checkpoint_path(checkpoint: Optional[Path]) -> Path:
@@ -351,7 +359,7 @@ def _report(rows: list[dict], rho, fmt: OutputFormat, *, path: Path, cfg, protoc
     elif fmt is OutputFormat.csv:
         for row in rows:
             row["spearman_rho"] = rho
-    rho_text = "undefined (constant steps)" if rho is None else f"{rho:+.3f}"
+    rho_text = "undefined (angle or steps constant)" if rho is None else f"{rho:+.3f}"
     render(rows, RESULT_COLUMNS + list(extra_columns), fmt, single=single, title=title,
            meta=meta if fmt is OutputFormat.json else None,
            caption=f"{cfg.method} trained within ±{cfg.train_rotation:g}° · protocol {protocol.value} · "
@@ -385,7 +393,7 @@ def eval_command(
     detail: bool = DetailOption,
     plot: Optional[Path] = PlotOption,
     seed: Optional[int] = EvalSeedOption,
-    limit: int = typer.Option(0, "--limit", min=0, help="Evaluate only the first N test images (0: all)."),
+    limit: int = LimitOption,
     batch_size: int = EvalBatchOption,
     data_dir: Optional[Path] = DataDirOption,
     download: bool = DownloadOption,
@@ -396,9 +404,7 @@ def eval_command(
     """Accuracy, ponder steps and loss on the MNIST test set."""
     with user_errors():
         _check_angle(rotation, "--rotation")
-        if plot is not None:
-            from .plot import require_matplotlib
-            require_matplotlib()
+        _check_plot(plot)
         path, dev, model, cfg, test = _load_for_eval(checkpoint, device, data_dir, download, limit)
         rows, rho = _evaluate_buckets(model, cfg, test, [rotation], protocol=protocol, halting=halting,
                                       seed=cfg.seed if seed is None else seed, batch_size=batch_size,
@@ -420,7 +426,7 @@ def extrapolate(
     detail: bool = DetailOption,
     plot: Optional[Path] = PlotOption,
     seed: Optional[int] = EvalSeedOption,
-    limit: int = typer.Option(0, "--limit", min=0, help="Evaluate only the first N test images (0: all)."),
+    limit: int = LimitOption,
     batch_size: int = EvalBatchOption,
     data_dir: Optional[Path] = DataDirOption,
     download: bool = DownloadOption,
@@ -433,9 +439,7 @@ def extrapolate(
         if not angles:
             raise PonderError("--angles needs at least one angle")
         parsed = [_parse_angle(text, "--angles") for text in angles]
-        if plot is not None:
-            from .plot import require_matplotlib
-            require_matplotlib()
+        _check_plot(plot)
         path, dev, model, cfg, test = _load_for_eval(checkpoint, device, data_dir, download, limit)
         rows, rho = _evaluate_buckets(model, cfg, test, parsed, protocol=protocol, halting=halting,
                                       seed=cfg.seed if seed is None else seed, batch_size=batch_size,
@@ -471,7 +475,7 @@ def compare(
     plot: Optional[Path] = PlotOption,
     seed: int = typer.Option(1234, "--seed", help="Seed of the test rotations and halting coin flips (the same for "
                                                   "every checkpoint, so all see the same images)."),
-    limit: int = typer.Option(0, "--limit", min=0, help="Evaluate only the first N test images (0: all)."),
+    limit: int = LimitOption,
     batch_size: int = EvalBatchOption,
     data_dir: Optional[Path] = DataDirOption,
     download: bool = DownloadOption,
@@ -486,9 +490,7 @@ def compare(
         from .runtime import resolve_device
 
         parsed = [_parse_angle(text, "--angles") for text in angles]
-        if plot is not None:
-            from .plot import require_matplotlib
-            require_matplotlib()
+        _check_plot(plot)
         dev = resolve_device(device)
         models = [(path, *load_model(path, dev)[:2]) for path in checkpoints]  # fail on any bad file first
         test = load_mnist(_data_dir(data_dir), train=False, download=download)
