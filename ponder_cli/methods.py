@@ -13,8 +13,8 @@ from .model import (PonderNet, PonderOutput, expected_prediction, logits_at, med
 
 
 def halting_name(cfg: PonderConfig, rule: str) -> str:
-    """The halting rule that applies: ACT halts by its own deterministic rule."""
-    return "act" if cfg.method == "act" else rule
+    """The halting rule that applies: ACT halts by its own deterministic rule; plain never ponders."""
+    return {"act": "act", "plain": "one step"}.get(cfg.method, rule)
 
 
 def training_loss(cfg: PonderConfig, out: PonderOutput, targets: torch.Tensor, log_prior: torch.Tensor) -> LossParts:
