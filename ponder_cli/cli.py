@@ -208,7 +208,7 @@ def train(
     with user_errors():
         import torch
 
-        from .checkpoint import config_of, load_checkpoint
+        from .checkpoint import LAST, config_of, load_checkpoint
         from .data import load_mnist, train_val_split
         from .runtime import resolve_device
         from .train import train as run_training
@@ -253,7 +253,7 @@ def train(
             result = run_training(cfg, train_set, val_set, device=dev, out_dir=out_dir, amp=use_amp,
                                   resume=resume_ckpt, on_epoch=report, progress=progress)
         except KeyboardInterrupt:
-            last = out_dir / "last.pt"
+            last = out_dir / LAST
             hint = f"resume with: ponder train --resume {last}" if last.exists() else "no epoch had completed"
             typer.echo(f"Interrupted; {hint}", err=True)
             raise typer.Exit(130) from None
@@ -322,25 +322,20 @@ def _load_for_eval(checkpoint: Optional[Path], device: str, data_dir: Optional[P
 
 def _evaluate_buckets(model, cfg, test, angles: list[float], *, protocol: Protocol, halting: Halting,
                       seed: int, batch_size: int, amp: bool, detail: bool, with_loss: bool):
-    """One evaluation per angle; returns the rows and Spearman's rho of |angle| and steps."""
-    import torch
-
-    from .evaluate import evaluate, spearman
+    """Rows for the output, one per angle bucket, and Spearman's rho of |angle| and steps."""
+    from .evaluate import evaluate_buckets
     from .methods import halting_name
 
-    rows, samples = [], []
-    for angle in angles:
-        lower = max((a for a in angles if a < angle), default=0.0)  # the band protocol's inner edge
-        result = evaluate(model, test, cfg, max_angle=angle, lower=lower, seed=seed, batch_size=batch_size,
-                          protocol=protocol.value, halting=halting.value, detail=detail, with_loss=with_loss, amp=amp)
+    results, rho = evaluate_buckets(model, test, cfg, angles, protocol=protocol.value, halting=halting.value,
+                                    seed=seed, batch_size=batch_size, detail=detail, with_loss=with_loss, amp=amp)
+    rows = []
+    for angle, result in zip(angles, results):
         row = {"rotation": angle, "protocol": protocol.value, "halting": halting_name(cfg, halting.value),
                **result.as_dict()}
         if not with_loss:
             for key in ("loss", "reconstruction", "regularisation"):
                 row.pop(key)
         rows.append(row)
-        samples.append(result.samples)
-    rho = spearman(torch.cat([s.abs_angles for s in samples]), torch.cat([s.steps for s in samples]))
     return rows, rho
 
 

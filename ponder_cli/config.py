@@ -98,6 +98,3 @@ class PonderConfig:
 
     def replace(self, **changes) -> "PonderConfig":
         return dataclasses.replace(self, **changes)
-
-    # The options that shape the weights: resuming must not change these.
-    ARCHITECTURE = ("hidden", "hidden_cnn", "hidden_lin", "kernel_size", "max_steps")

@@ -139,6 +139,18 @@ def evaluate(model: PonderNet, data: ImageSet, cfg: PonderConfig, *, max_angle: 
     )
 
 
+def evaluate_buckets(model: PonderNet, data: ImageSet, cfg: PonderConfig, angles: list[float], *,
+                     protocol: str = "uniform", **options) -> tuple[list[EvalResult], float | None]:
+    """One evaluation per rotation bucket, and Spearman's rho between every evaluated image's
+    |rotation| and its ponder steps. The band protocol's inner edge is the next smaller angle."""
+    results = []
+    for angle in angles:
+        lower = max((a for a in angles if a < angle), default=0.0)
+        results.append(evaluate(model, data, cfg, max_angle=angle, lower=lower, protocol=protocol, **options))
+    rho = spearman(torch.cat([r.samples.abs_angles for r in results]), torch.cat([r.samples.steps for r in results]))
+    return results, rho
+
+
 def _average_ranks(values: torch.Tensor) -> torch.Tensor:
     """1-based ranks, ties sharing their average rank (as Spearman's rho needs)."""
     sorted_values, order = torch.sort(values.double())

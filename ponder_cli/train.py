@@ -53,10 +53,6 @@ class TrainResult:
     def best_path(self) -> Path:
         return self.out_dir / BEST
 
-    @property
-    def last_path(self) -> Path:
-        return self.out_dir / LAST
-
 
 def train_one_epoch(model: PonderNet, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                     data: ImageSet, cfg: PonderConfig, log_prior: torch.Tensor, *, amp: bool,
