@@ -69,7 +69,7 @@ def reference_style_forward(model: PonderNet, x: torch.Tensor) -> PonderOutput:
         h = model.step_mlp(model.step_mlp.embedding_part(model.encoder(x)), h)
         states.append(h)
     states = torch.stack(states)
-    return PonderOutput(model.output_head(states), model.halting_head(states).squeeze(-1))
+    return PonderOutput(*model.heads(states))
 
 
 @torch.inference_mode()
@@ -81,7 +81,7 @@ def reference_style_infer(model: PonderNet, x: torch.Tensor, uniforms: torch.Ten
     h = None
     for n in range(model.max_steps - 1):
         h = model.step_mlp(model.step_mlp.embedding_part(model.encoder(x[active])), h)
-        fires = uniforms[n, active] < torch.sigmoid(model.halting_head(h).squeeze(-1).float())
+        fires = uniforms[n, active] < torch.sigmoid(model.heads(h)[1].float())
         newly = fires & ~halted[active]
         steps[active[newly]] = n + 1
         halted[active[newly]] = True

@@ -69,8 +69,9 @@ def act_infer(model: PonderNet, x: torch.Tensor, epsilon: float) -> tuple[torch.
     h = None
     for n in range(model.max_steps):
         h = model.step_mlp(embedding_part, h)
-        y = model.output_head(h).float()
-        unit = torch.sigmoid(model.halting_head(h).squeeze(-1).float())
+        y, lambda_logits = model.heads(h)
+        y = y.float()
+        unit = torch.sigmoid(lambda_logits.float())
         reached = cumulative + unit >= 1 - epsilon
         if n == model.max_steps - 1:
             reached = torch.ones_like(reached)

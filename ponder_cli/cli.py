@@ -167,6 +167,11 @@ def _help(text: str, name: str) -> str:
     return f"{text} [default: {getattr(DEFAULTS, name)}]"
 
 
+class HaltingInput(str, Enum):
+    state = "state"
+    state_confidence = "state+confidence"
+
+
 class Method(str, Enum):
     pondernet = "pondernet"
     act = "act"
@@ -185,6 +190,10 @@ def train(
     lambda_p: Optional[float] = typer.Option(None, help=_help("Geometric prior parameter, in (0, 1].", "lambda_p"), show_default=False),
     beta: Optional[float] = typer.Option(None, help=_help("Weight of the KL regularisation.", "beta"), show_default=False),
     tau: Optional[float] = typer.Option(None, help=_help("ACT: weight of the ponder cost N + R.", "tau"), show_default=False),
+    halting_input: Optional[HaltingInput] = typer.Option(
+        None, "--halting-input", case_sensitive=False, show_default=False,
+        help="What the halting head sees: the state, or the state and the step's top class probability. "
+             "[default: state]"),
     grad_clip: Optional[float] = typer.Option(None, help=_help("Gradient-norm clip (0: off).", "grad_clip"), show_default=False),
     patience: Optional[int] = typer.Option(None, help=_help("Early stopping: epochs without a better validation accuracy (0: off).", "patience"), show_default=False),
     lr_patience: Optional[int] = typer.Option(None, help=_help("Epochs without improvement before the LR is cut.", "lr_patience"), show_default=False),
@@ -202,7 +211,8 @@ def train(
 ) -> None:
     """Train PonderNet on MNIST; writes best.pt and last.pt under --out."""
     given = {k: v for k, v in dict(
-        method=None if method is None else method.value, tau=tau, epochs=epochs, batch_size=batch_size, lr=lr, max_steps=max_steps, lambda_p=lambda_p, beta=beta,
+        method=None if method is None else method.value, tau=tau,
+        halting_input=None if halting_input is None else halting_input.value, epochs=epochs, batch_size=batch_size, lr=lr, max_steps=max_steps, lambda_p=lambda_p, beta=beta,
         grad_clip=grad_clip, patience=patience, lr_patience=lr_patience, train_rotation=train_rotation,
         val_size=val_size, train_size=train_size, seed=seed).items() if v is not None}
     with user_errors():

@@ -10,6 +10,7 @@ from . import PonderError
 
 
 METHODS = ("pondernet", "act", "plain")
+HALTING_INPUTS = ("state", "state+confidence")
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class PonderConfig:
     hidden_lin: int = 64  # hidden layer of the step MLP
     kernel_size: int = 5
     max_steps: int = 20
+    halting_input: str = "state"  # what the halting head sees: "state" or "state+confidence"
     cnn_dropout: float = 0.5  # Dropout2d after conv2, as in the reference
     mlp_dropout: float = 0.2
     # loss
@@ -47,6 +49,8 @@ class PonderConfig:
         problems = []
         if self.method not in METHODS:
             problems.append(f"method must be one of {', '.join(METHODS)} (got {self.method!r})")
+        if self.halting_input not in HALTING_INPUTS:
+            problems.append(f"halting-input must be one of {', '.join(HALTING_INPUTS)} (got {self.halting_input!r})")
         if self.method == "plain" and self.max_steps != 1:
             problems.append(f"method plain runs exactly one step: leave out --max-steps or use 1 (got {self.max_steps})")
         for name in ("hidden", "hidden_cnn", "hidden_lin", "kernel_size", "max_steps",

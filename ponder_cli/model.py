@@ -93,7 +93,9 @@ class PonderNet(nn.Module):
         self.encoder = ImageEncoder(cfg)
         self.step_mlp = StepMLP(cfg)
         self.output_head = nn.Linear(cfg.hidden, N_CLASSES)
-        self.halting_head = nn.Linear(cfg.hidden, 1)
+        # "state+confidence" also shows the halting head the step's top class probability
+        self.confidence_input = cfg.halting_input == "state+confidence"
+        self.halting_head = nn.Linear(cfg.hidden + self.confidence_input, 1)
         if cfg.method == "act":
             # Graves: a positive halting bias makes early training ponder little
             nn.init.constant_(self.halting_head.bias, 1.0)
@@ -110,7 +112,15 @@ class PonderNet(nn.Module):
             states.append(h)
         states = torch.stack(states)  # (steps, B, hidden)
         # Heads run once on all steps together: one large matmul beats `steps` small ones.
-        return PonderOutput(self.output_head(states), self.halting_head(states).squeeze(-1))
+        return PonderOutput(*self.heads(states))
+
+    def heads(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Class logits (..., classes) and halting logits (...) from states (..., hidden)."""
+        logits = self.output_head(h)
+        if self.confidence_input:
+            confidence = torch.softmax(logits.float(), dim=-1).amax(dim=-1, keepdim=True).to(h.dtype)
+            h = torch.cat([h, confidence], dim=-1)
+        return logits, self.halting_head(h).squeeze(-1)
 
     @torch.no_grad()
     def infer(self, x: torch.Tensor, uniforms: torch.Tensor | None = None,
@@ -134,15 +144,16 @@ class PonderNet(nn.Module):
         h = None
         for n in range(self.max_steps):
             h = self.step_mlp(embedding_part, h)  # (A, hidden)
+            step_logits, lambda_logits = self.heads(h)
             if n == self.max_steps - 1:
                 halts = torch.ones(h.shape[0], dtype=torch.bool, device=x.device)
             elif rule == "sample":
-                halts = uniforms[n, active] < torch.sigmoid(self.halting_head(h).squeeze(-1).float())
+                halts = uniforms[n, active] < torch.sigmoid(lambda_logits.float())
             else:
-                log_survival = log_survival + F.logsigmoid(-self.halting_head(h).squeeze(-1).float())
+                log_survival = log_survival + F.logsigmoid(-lambda_logits.float())
                 halts = log_survival <= _LOG_HALF
             halted = active[halts]
-            logits[halted] = self.output_head(h[halts]).to(logits.dtype)
+            logits[halted] = step_logits[halts].to(logits.dtype)
             steps[halted] = n + 1
             running = ~halts
             # Compacting needs the count of survivors on the host: one sync per step, which

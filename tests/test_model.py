@@ -51,3 +51,20 @@ def test_early_exit_matches_running_every_step():
     assert torch.equal(steps, full_steps)
     assert len(set(steps.tolist())) > 2
     assert torch.allclose(logits, logits_at(out.logits, full_steps), atol=1e-5)
+
+
+def test_confidence_input_feeds_the_top_class_probability_to_the_halting_head():
+    torch.manual_seed(0)
+    cfg = PonderConfig(max_steps=4, hidden=16, hidden_cnn=16, hidden_lin=16, halting_input="state+confidence")
+    model = PonderNet(cfg).eval()
+    assert model.halting_head.in_features == 17
+    h = torch.randn(5, 16)
+    logits, lam = model.heads(h)
+    top = torch.softmax(logits, -1).max(-1).values
+    w, b = model.halting_head.weight[0], model.halting_head.bias
+    assert torch.allclose(lam, h @ w[:16] + top * w[16] + b, atol=1e-6)
+    x = torch.randn(32, 1, 28, 28) * torch.linspace(0, 3, 32).view(-1, 1, 1, 1)
+    uniforms = torch.rand(4, 32, generator=torch.Generator().manual_seed(2))
+    _, steps = model.infer(x, uniforms)
+    with torch.no_grad():
+        assert torch.equal(steps, sample_halting_steps(model(x).lambda_logits, uniforms))
