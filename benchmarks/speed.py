@@ -22,23 +22,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ponder_cli.config import PonderConfig  # noqa: E402
-from ponder_cli.data import ImageSet, default_data_dir, load_mnist, prepare_batch, train_val_split  # noqa: E402
+from ponder_cli.data import default_data_dir, load_mnist, prepare_batch, synthetic_digits, train_val_split  # noqa: E402
 from ponder_cli.evaluate import evaluate, evaluation_draws  # noqa: E402
 from ponder_cli.losses import geometric_log_prior, ponder_loss  # noqa: E402
 from ponder_cli.model import PonderNet, PonderOutput  # noqa: E402
 from ponder_cli.rotation import uniform_angles  # noqa: E402
 from ponder_cli.runtime import resolve_device  # noqa: E402
 from ponder_cli.train import train_one_epoch  # noqa: E402
-
-
-def synthetic_mnist(count: int, seed: int) -> ImageSet:
-    g = torch.Generator().manual_seed(seed)
-    labels = torch.randint(0, 10, (count,), generator=g)
-    images = (torch.rand(count, 28, 28, generator=g) * 60).to(torch.uint8)
-    rows = (4 + 2 * labels).tolist()
-    for i, row in enumerate(rows):  # a class-dependent bar so that the model learns something
-        images[i, row:row + 2, 6:22] = 255
-    return ImageSet(images, labels)
 
 
 def sync(device: torch.device) -> None:
@@ -104,7 +94,7 @@ def main() -> None:
     device = resolve_device(args.device)
     cfg = PonderConfig()  # the reference configuration
     if args.synthetic:
-        full, test = synthetic_mnist(60_000, 0), synthetic_mnist(10_000, 1)
+        full, test = synthetic_digits(60_000, 0), synthetic_digits(10_000, 1)
         source = "synthetic"
     else:
         data_dir = args.data_dir or default_data_dir()

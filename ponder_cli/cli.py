@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import time
 from enum import Enum
 from pathlib import Path
@@ -216,11 +217,9 @@ def train(
         grad_clip=grad_clip, patience=patience, lr_patience=lr_patience, train_rotation=train_rotation,
         val_size=val_size, train_size=train_size, seed=seed).items() if v is not None}
     with user_errors():
-        import torch
-
         from .checkpoint import LAST, config_of, load_checkpoint
         from .data import load_mnist, train_val_split
-        from .runtime import resolve_device
+        from .runtime import amp_dtype, resolve_device
         from .train import train as run_training
 
         resume_ckpt = None
@@ -246,7 +245,7 @@ def train(
         _check_writable(out_dir)  # only once everything else is known to be fine: nothing written before
         train_set, val_set = train_set.to(dev), val_set.to(dev)
         typer.echo(f"training {cfg.method} on {len(train_set)} images, validating on {len(val_set)}, device {dev}"
-                  f"{', amp ' + str(torch.float16 if dev.type == 'cuda' else torch.bfloat16).split('.')[-1] if use_amp else ''}"
+                  f"{', amp ' + str(amp_dtype(dev)).removeprefix('torch.') if use_amp else ''}"
                   f"{', resuming after epoch ' + str(resume_ckpt['epoch']) if resume_ckpt else ''}", err=True)
 
         def report(stats) -> None:
@@ -312,22 +311,28 @@ HaltingOption = typer.Option(Halting.sample, "--halting", case_sensitive=False,
                                   "of all steps' outputs, steps = Σ n·p_n.")
 DetailOption = typer.Option(False, "--detail", help="Also show, per halting step, how many images halted there "
                             "and the accuracy if every image stopped there (runs all steps).")
+AnglesOption = typer.Option(["22.5", "45", "67.5", "90"], "--angles",
+                            help="Rotation buckets in degrees (see --protocol). Several values after one flag: "
+                                 "--angles 22.5 45 67.5 90.")
 PlotOption = typer.Option(None, "--plot", help="Write a PNG of accuracy and ponder steps against angle and the "
                           "halting-step distributions (needs matplotlib: pip install -e '.[plot]').")
 
 
+def _load_test_set(data_dir: Optional[Path], download: bool, limit: int, dev):
+    from .data import load_mnist
+
+    test = load_mnist(_data_dir(data_dir), train=False, download=download)
+    return (test.subset(slice(0, limit)) if limit else test).to(dev)
+
+
 def _load_for_eval(checkpoint: Optional[Path], device: str, data_dir: Optional[Path], download: bool, limit: int):
     from .checkpoint import load_model
-    from .data import load_mnist
     from .runtime import resolve_device
 
     path = _checkpoint_path(checkpoint)
     dev = resolve_device(device)
     model, cfg, _ = load_model(path, dev)
-    test = load_mnist(_data_dir(data_dir), train=False, download=download)
-    if limit:
-        test = test.subset(slice(0, limit))
-    return path, dev, model, cfg, test.to(dev)
+    return path, dev, model, cfg, _load_test_set(data_dir, download, limit, dev)
 
 
 def _evaluate_buckets(model, cfg, test, angles: list[float], *, protocol: Protocol, halting: Halting,
@@ -423,9 +428,7 @@ def eval_command(
 @app.command(cls=GreedyAnglesCommand)
 def extrapolate(
     checkpoint: Optional[Path] = CheckpointArgument,
-    angles: List[str] = typer.Option(["22.5", "45", "67.5", "90"], "--angles",
-                                     help="Rotation buckets in degrees: test images rotated uniformly within "
-                                          "+-angle. Several values after one flag: --angles 22.5 45 67.5 90."),
+    angles: List[str] = AnglesOption,
     protocol: Protocol = ProtocolOption,
     halting: Halting = HaltingOption,
     detail: bool = DetailOption,
@@ -441,8 +444,6 @@ def extrapolate(
 ) -> None:
     """Accuracy and ponder steps on the test set rotated within ±angle, per angle bucket."""
     with user_errors():
-        if not angles:
-            raise PonderError("--angles needs at least one angle")
         parsed = [_parse_angle(text, "--angles") for text in angles]
         _check_plot(plot)
         path, dev, model, cfg, test = _load_for_eval(checkpoint, device, data_dir, download, limit)
@@ -463,18 +464,15 @@ def _group_label(cfg, others) -> str:
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, 0.0
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    """Mean and sample standard deviation over seeds (0 for a single seed)."""
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
 @app.command(cls=GreedyAnglesAfterCheckpointsCommand)
 def compare(
     checkpoints: List[Path] = typer.Argument(..., help="Checkpoints to compare: one or more per method; several "
                                                       "of one method (e.g. other seeds) give mean ± std."),
-    angles: List[str] = typer.Option(["22.5", "45", "67.5", "90"], "--angles",
-                                     help="Rotation buckets in degrees. Several values after one flag."),
+    angles: List[str] = AnglesOption,
     protocol: Protocol = ProtocolOption,
     halting: Halting = HaltingOption,
     plot: Optional[Path] = PlotOption,
@@ -491,17 +489,13 @@ def compare(
     """Methods side by side on the same rotation buckets: accuracy and ponder steps, mean ± std over seeds."""
     with user_errors():
         from .checkpoint import load_model
-        from .data import load_mnist
         from .runtime import resolve_device
 
         parsed = [_parse_angle(text, "--angles") for text in angles]
         _check_plot(plot)
         dev = resolve_device(device)
         models = [(path, *load_model(path, dev)[:2]) for path in checkpoints]  # fail on any bad file first
-        test = load_mnist(_data_dir(data_dir), train=False, download=download)
-        if limit:
-            test = test.subset(slice(0, limit))
-        test = test.to(dev)
+        test = _load_test_set(data_dir, download, limit, dev)
         groups: dict[tuple, list] = {}
         for path, model, cfg in models:
             key = tuple(sorted((k, v) for k, v in cfg.to_dict().items() if k != "seed"))

@@ -10,7 +10,7 @@ import torch
 from .config import PonderConfig
 from .data import ImageSet, prepare_batch
 from .losses import geometric_log_prior
-from .methods import needs_all_steps, predict_early_exit, predict_from_all_steps, training_loss
+from .methods import predict_early_exit, predict_from_all_steps, training_loss, uses_expected_rule
 from .model import PonderNet, halting_log_probs
 from .rotation import protocol_angles
 from .runtime import autocast
@@ -82,14 +82,13 @@ def evaluate(model: PonderNet, data: ImageSet, cfg: PonderConfig, *, max_angle: 
     device = data.images.device
     count, max_steps = len(data), model.max_steps
     angles, uniforms = evaluation_draws(count, max_steps, max_angle, seed, device, protocol=protocol, lower=lower)
-    full_forward = with_loss or detail or needs_all_steps(cfg, halting) or not early_exit
-    expected = halting == "expected" and cfg.method != "act"
+    expected = uses_expected_rule(cfg, halting)
+    full_forward = with_loss or detail or expected or not early_exit
     log_prior = geometric_log_prior(cfg.lambda_p, cfg.max_steps, device)
-    # correct, steps, steps^2, steps of correct images, then batch-size-weighted loss parts
-    totals = torch.zeros(7, dtype=torch.float64, device=device)
-    histogram = torch.zeros(max_steps, dtype=torch.float64, device=device)
+    loss_totals = torch.zeros(3, dtype=torch.float64, device=device)  # batch-size-weighted loss parts
+    halting_mass = torch.zeros(max_steps, dtype=torch.float64, device=device)  # expected rule: sum of p_n
     correct_at_step = torch.zeros(max_steps, dtype=torch.float64, device=device)
-    all_steps, all_correct = [], []
+    all_steps, all_correct = [], []  # per image, kept on the device until the end
     for start in range(0, count, batch_size):
         end = min(start + batch_size, count)
         x = prepare_batch(data.images[start:end], None if angles is None else angles[start:end])
@@ -102,40 +101,33 @@ def evaluate(model: PonderNet, data: ImageSet, cfg: PonderConfig, *, max_angle: 
         if full_forward:
             logits, steps = predict_from_all_steps(cfg, out, uniforms[:, start:end], halting)
             if expected:  # steps are sum_n n p_n: the histogram collects the halting mass p_n
-                histogram += halting_log_probs(out.lambda_logits).exp().double().sum(dim=1)
+                halting_mass += halting_log_probs(out.lambda_logits).exp().double().sum(dim=1)
             if detail:
                 correct_at_step += (out.logits.argmax(dim=-1) == targets).sum(dim=1).double()
             if with_loss:
                 parts = training_loss(cfg, out, targets, log_prior)
-                totals[4:] += torch.stack(list(parts)).double() * (end - start)
-        if not expected:
-            # index_add_ rather than bincount, which needs its output size from the host on CUDA
-            histogram.index_add_(0, steps - 1, torch.ones_like(steps, dtype=torch.float64))
-        correct = logits.argmax(dim=1) == targets
-        steps = steps.double()
-        totals[:4] += torch.stack([correct.sum().double(), steps.sum(), steps.square().sum(), (steps * correct).sum()])
-        all_steps.append(steps)
-        all_correct.append(correct)
+                loss_totals += torch.stack(list(parts)).double() * (end - start)
+        all_steps.append(steps.double())
+        all_correct.append(logits.argmax(dim=1) == targets)
     model.train(was_training)
 
-    values = totals.tolist()  # the host reads of the evaluation, once at the end
-    n = max(count, 1)
-    n_correct, steps_sum = values[0], values[1]
-    mean_steps = steps_sum / n
-    abs_angles = angles.abs().cpu() if angles is not None else torch.zeros(count)
-    samples = EvalSamples(abs_angles, torch.cat(all_steps).cpu() if all_steps else torch.zeros(0),
-                          torch.cat(all_correct).cpu() if all_correct else torch.zeros(0, dtype=torch.bool))
-    hist = histogram.tolist()
+    # Every statistic derives from the per-image values, read from the device once, here.
+    steps, correct = torch.cat(all_steps).cpu(), torch.cat(all_correct).cpu()  # (N,)
+    n_correct = int(correct.sum())
+    if expected:
+        histogram = tuple(halting_mass.tolist())
+    else:
+        histogram = tuple(torch.bincount(steps.long() - 1, minlength=max_steps).tolist())
+    losses = (loss_totals / count).tolist()
     return EvalResult(
-        images=count, accuracy=n_correct / n, mean_steps=mean_steps,
-        std_steps=math.sqrt(max(values[2] / n - mean_steps ** 2, 0.0)),
-        steps_correct=values[3] / n_correct if n_correct else None,
-        steps_wrong=(steps_sum - values[3]) / (count - n_correct) if count - n_correct else None,
-        histogram=tuple(hist) if expected else tuple(int(round(h)) for h in hist),
-        accuracy_at_step=tuple(c / n for c in correct_at_step.tolist()) if detail else None,
-        **({"loss": values[4] / n, "reconstruction": values[5] / n, "regularisation": values[6] / n}
-           if with_loss else {}),
-        samples=samples,
+        images=count, accuracy=n_correct / count, mean_steps=float(steps.mean()),
+        std_steps=float(steps.std(correction=0)),
+        steps_correct=float(steps[correct].mean()) if n_correct else None,
+        steps_wrong=float(steps[~correct].mean()) if n_correct < count else None,
+        histogram=histogram,
+        accuracy_at_step=tuple((correct_at_step / count).tolist()) if detail else None,
+        **(dict(zip(("loss", "reconstruction", "regularisation"), losses)) if with_loss else {}),
+        samples=EvalSamples(angles.abs().cpu() if angles is not None else torch.zeros(count), steps, correct),
     )
 
 

@@ -43,5 +43,6 @@ def predict_early_exit(cfg: PonderConfig, model: PonderNet, x: torch.Tensor, uni
     return model.infer(x, uniforms, rule)
 
 
-def needs_all_steps(cfg: PonderConfig, rule: str) -> bool:
+def uses_expected_rule(cfg: PonderConfig, rule: str) -> bool:
+    """The expected rule applies (and needs every step); ACT ignores the rule it is given."""
     return cfg.method != "act" and rule == "expected"

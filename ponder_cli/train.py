@@ -98,8 +98,9 @@ def train_one_epoch(model: PonderNet, optimizer: torch.optim.Optimizer, scaler: 
             scores, steps = predict_from_all_steps(cfg, out, uniforms, "sample")
             correct = (scores.argmax(dim=1) == targets).sum()
             values = torch.stack([loss.total * batch, loss.reconstruction * batch, loss.regularisation * batch,
-                                  correct, steps.sum(), torch.tensor(batch, device=device)]).double()
-            totals[:6] += torch.where(finite, values, torch.zeros_like(values))
+                                  correct, steps.sum()]).double()
+            totals[:5] += torch.where(finite, values, torch.zeros_like(values))
+            totals[5] += finite.double() * batch
             totals[6] += (~finite).double()
     values = totals.tolist()  # the one host read of the epoch
     used = max(values[5], 1.0)

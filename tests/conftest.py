@@ -4,16 +4,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from ponder_cli.data import synthetic_digits as generated_digits
+
 
 def synthetic_digits(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Learnable stand-ins for MNIST: label k draws a bright bar at a k-dependent place, plus noise."""
-    g = torch.Generator().manual_seed(seed)
-    labels = torch.randint(0, 10, (count,), generator=g)
-    images = (torch.rand(count, 28, 28, generator=g) * 40).to(torch.uint8)
-    for i, k in enumerate(labels.tolist()):
-        row = 4 + 2 * k
-        images[i, row:row + 2, 6:22] = 255
-    return images, labels
+    """(images, labels) of ponder_cli's generated stand-in digits."""
+    data = generated_digits(count, seed)
+    return data.images, data.labels
 
 
 def write_idx(path: Path, data: torch.Tensor) -> None:
