@@ -25,6 +25,7 @@ from ponder_cli.config import PonderConfig  # noqa: E402
 from ponder_cli.data import default_data_dir, load_mnist, prepare_batch, synthetic_digits, train_val_split  # noqa: E402
 from ponder_cli.evaluate import evaluate, evaluation_draws  # noqa: E402
 from ponder_cli.losses import geometric_log_prior, ponder_loss  # noqa: E402
+from ponder_cli.methods import build_model, get_method  # noqa: E402
 from ponder_cli.model import PonderNet, PonderOutput  # noqa: E402
 from ponder_cli.rotation import uniform_angles  # noqa: E402
 from ponder_cli.runtime import resolve_device  # noqa: E402
@@ -56,7 +57,7 @@ def reference_style_forward(model: PonderNet, x: torch.Tensor) -> PonderOutput:
     """The reference notebook's step function: the CNN runs again at every step."""
     h, states = None, []
     for _ in range(model.max_steps):
-        h = model.step_mlp(model.step_mlp.embedding_part(model.encoder(x)), h)
+        h = model.step.mlp(model.step.mlp.from_embedding(model.step.encoder(x)), h)
         states.append(h)
     states = torch.stack(states)
     return PonderOutput(*model.heads(states))
@@ -70,7 +71,7 @@ def reference_style_infer(model: PonderNet, x: torch.Tensor, uniforms: torch.Ten
     active = torch.arange(x.shape[0], device=x.device)
     h = None
     for n in range(model.max_steps - 1):
-        h = model.step_mlp(model.step_mlp.embedding_part(model.encoder(x[active])), h)
+        h = model.step.mlp(model.step.mlp.from_embedding(model.step.encoder(x[active])), h)
         fires = uniforms[n, active] < torch.sigmoid(model.heads(h)[1].float())
         newly = fires & ~halted[active]
         steps[active[newly]] = n + 1
@@ -105,14 +106,15 @@ def main() -> None:
     print(f"device {device}, {torch.get_num_threads()} CPU threads, torch {torch.__version__}, data: {source}")
 
     torch.manual_seed(cfg.seed)
-    model = PonderNet(cfg).to(device)
+    model = build_model(cfg).to(device)
+    method = get_method(cfg)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     scaler = torch.amp.GradScaler(device.type, enabled=False)
     log_prior = geometric_log_prior(cfg.lambda_p, cfg.max_steps, device)
 
     # --- training: one epoch of the reference configuration, then the validation pass
     epoch_set = train_set if not args.train_batches else train_set.subset(slice(0, args.train_batches * cfg.batch_size))
-    train_s, _ = timed(lambda: train_one_epoch(model, optimizer, scaler, epoch_set, cfg, log_prior,
+    train_s, _ = timed(lambda: train_one_epoch(model, method, optimizer, scaler, epoch_set, cfg,
                                                amp=False, progress=False), device)
     train_s *= len(train_set) / len(epoch_set)
     val_s, val = timed(lambda: evaluate(model, val_set, cfg, max_angle=cfg.train_rotation, seed=cfg.seed), device)
@@ -127,7 +129,7 @@ def main() -> None:
 
     def train_step(forward):
         out = forward(x)
-        loss = ponder_loss(out, y, log_prior, cfg.beta).total
+        loss = ponder_loss(out.logits, out.lambda_logits, y, log_prior, cfg.beta).total
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         return loss

@@ -1,4 +1,9 @@
-"""Checkpoints: plain dicts of tensors and Python values, written atomically, loaded safely."""
+"""Checkpoints: a named training state, written atomically as a plain dict, loaded safely.
+
+A checkpoint holds tensors and plain Python values only (loaded with weights_only=True, so a
+file carrying pickled code is refused, never run), and every key is checked on load: a missing
+or malformed one is one line naming it.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +12,110 @@ import pickle
 import re
 import tempfile
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from . import PonderError
 from .config import PonderConfig
-from .model import PonderNet
 
 FORMAT = "ponder_cli"
-VERSION = 1
-REQUIRED_KEYS = ("format", "version", "config", "model", "epoch")
+# 2: the step function became a module of its own (weights under "step."); 1 is read and upgraded
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 BEST, LAST = "best.pt", "last.pt"
+_V1_PREFIXES = {"encoder.": "step.encoder.", "step_mlp.": "step.mlp."}
 
 
-def save_checkpoint(payload: dict, path: Path) -> None:
+@dataclass
+class TrainingState:
+    """Everything a run needs to be evaluated (config, model, epoch) or resumed (the rest)."""
+    config: PonderConfig
+    model: dict  # state_dict of the model
+    epoch: int  # the last completed epoch
+    optimizer: dict | None = None
+    scheduler: dict | None = None
+    scaler: dict | None = None
+    best_accuracy: float = -1.0
+    best_epoch: int = 0
+    epochs_without_improvement: int = 0
+    history: list = field(default_factory=list)  # one dict per epoch (train.EpochStats fields)
+    rng: dict | None = None  # {"torch": ByteTensor, "cuda": [ByteTensor, ...]}
+
+    RESUME_KEYS = ("optimizer", "scheduler", "scaler", "rng")
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "config": self.config.to_dict(), "model": self.model,
+                "epoch": self.epoch, "optimizer": self.optimizer, "scheduler": self.scheduler,
+                "scaler": self.scaler, "best_accuracy": self.best_accuracy, "best_epoch": self.best_epoch,
+                "epochs_without_improvement": self.epochs_without_improvement, "history": self.history,
+                "rng": self.rng}
+
+    @classmethod
+    def from_dict(cls, payload: Any, path: Path | str = "checkpoint") -> "TrainingState":
+        """Check every key of a loaded dict; a problem is one PonderError naming the key."""
+        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+            raise PonderError(f"{path} is not a ponder_cli checkpoint")
+        version = payload.get("version")
+        if version not in READABLE_VERSIONS:
+            raise PonderError(f"checkpoint {path} has format version {version!r}; "
+                              f"this ponder_cli reads versions {', '.join(map(str, READABLE_VERSIONS))}")
+        missing = [key for key in ("config", "model", "epoch") if key not in payload]
+        if missing:
+            raise PonderError(f"checkpoint {path} is missing {', '.join(missing)}")
+
+        def bad(key: str, expected: str) -> PonderError:
+            return PonderError(f"checkpoint {path} has a malformed {key!r} (expected {expected}, "
+                               f"got {type(payload[key]).__name__})")
+
+        if not isinstance(payload["config"], dict):
+            raise bad("config", "a dict")
+        try:
+            config = PonderConfig.from_dict(payload["config"])
+        except (PonderError, TypeError) as exc:
+            raise PonderError(f"checkpoint {path} has an incompatible config: {exc}") from None
+        model = payload["model"]
+        if not isinstance(model, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                  for k, v in model.items()):
+            raise bad("model", "a dict of tensors")
+        if version == 1:
+            model = {_upgrade_v1_key(k): v for k, v in model.items()}
+        values: dict[str, Any] = {"config": config, "model": model}
+        for key, kind, expected in (("epoch", int, "an integer"), ("best_epoch", int, "an integer"),
+                                    ("epochs_without_improvement", int, "an integer"),
+                                    ("best_accuracy", (int, float), "a number"), ("history", list, "a list"),
+                                    ("optimizer", dict, "a dict"), ("scheduler", dict, "a dict"),
+                                    ("scaler", dict, "a dict"), ("rng", dict, "a dict")):
+            if payload.get(key) is None and key != "epoch":
+                continue  # optional: absent from checkpoints that were never meant to be resumed
+            if isinstance(payload[key], bool) or not isinstance(payload[key], kind):
+                raise bad(key, expected)
+            values[key] = payload[key]
+        if values["epoch"] < 0:
+            raise PonderError(f"checkpoint {path} has a malformed 'epoch' ({values['epoch']})")
+        if "rng" in values and not isinstance(values["rng"].get("torch"), torch.Tensor):
+            raise PonderError(f"checkpoint {path} has a malformed 'rng' (no torch generator state)")
+        if not all(isinstance(h, dict) for h in values.get("history", [])):
+            raise bad("history", "a list of dicts")
+        return cls(**values)
+
+    def require_resumable(self, path: Path | str) -> None:
+        missing = [key for key in self.RESUME_KEYS if getattr(self, key) is None]
+        if missing:
+            raise PonderError(f"checkpoint {path} cannot be resumed: it has no {', '.join(missing)} state "
+                              "(only checkpoints written by `ponder train` can)")
+
+
+def _upgrade_v1_key(key: str) -> str:
+    for old, new in _V1_PREFIXES.items():
+        if key.startswith(old):
+            return new + key[len(old):]
+    return key
+
+
+def save_checkpoint(state: TrainingState, path: Path) -> None:
     """Temp file in the same directory, flushed and fsynced, then os.replace: never a torn file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -31,7 +125,7 @@ def save_checkpoint(payload: dict, path: Path) -> None:
     os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600 files; a checkpoint is an ordinary file
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save({"format": FORMAT, "version": VERSION, **payload}, f)
+            torch.save(state.to_dict(), f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -40,7 +134,7 @@ def save_checkpoint(payload: dict, path: Path) -> None:
         raise
 
 
-def load_checkpoint(path: Path | str, map_location="cpu") -> dict:
+def load_checkpoint(path: Path | str, map_location="cpu") -> TrainingState:
     """Load with weights_only=True: a file carrying pickled code is refused, never executed."""
     path = Path(path)
     if not path.exists():
@@ -50,7 +144,7 @@ def load_checkpoint(path: Path | str, map_location="cpu") -> dict:
     try:
         with warnings.catch_warnings():  # torch warns about odd pickle protocols before failing
             warnings.simplefilter("ignore")
-            ckpt = torch.load(path, map_location=map_location, weights_only=True)
+            payload = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         # weights_only refuses any pickled global (a class or function to call) before running it
         found = re.search(r"GLOBAL\s+([\w.]+)", str(exc), flags=re.IGNORECASE)
@@ -61,32 +155,18 @@ def load_checkpoint(path: Path | str, map_location="cpu") -> dict:
     except Exception as exc:  # truncated, empty, not a torch file at all
         reason = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise PonderError(f"checkpoint {path} is not a readable checkpoint ({reason})") from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
-        raise PonderError(f"{path} is not a ponder_cli checkpoint")
-    if ckpt.get("version") != VERSION:
-        raise PonderError(f"checkpoint {path} has format version {ckpt.get('version')!r}; "
-                          f"this ponder_cli reads version {VERSION}")
-    missing = [key for key in REQUIRED_KEYS if key not in ckpt]
-    if missing:
-        raise PonderError(f"checkpoint {path} is missing {', '.join(missing)}")
-    return ckpt
+    return TrainingState.from_dict(payload, path)
 
 
-def config_of(ckpt: dict, path: Path | str = "checkpoint") -> PonderConfig:
-    try:
-        return PonderConfig.from_dict(ckpt["config"])
-    except (PonderError, TypeError, AttributeError) as exc:
-        raise PonderError(f"checkpoint {path} has an incompatible config: {exc}") from None
-
-
-def load_model(path: Path | str, device) -> tuple[PonderNet, PonderConfig, dict]:
+def load_model(path: Path | str, device) -> tuple[torch.nn.Module, PonderConfig, TrainingState]:
     """Rebuild the model from the config stored in the checkpoint itself."""
-    ckpt = load_checkpoint(path)
-    cfg = config_of(ckpt, path)
-    model = PonderNet(cfg)
+    from .methods import build_model
+
+    state = load_checkpoint(path)
+    model = build_model(state.config)
     try:
-        model.load_state_dict(ckpt["model"])
+        model.load_state_dict(state.model)
     except (RuntimeError, TypeError, AttributeError) as exc:
         reason = " ".join(str(exc).split())[:200]
         raise PonderError(f"checkpoint {path}: weights do not match its config ({reason})") from None
-    return model.to(device).eval(), cfg, ckpt
+    return model.to(device).eval(), state.config, state

@@ -7,10 +7,7 @@ import math
 from dataclasses import dataclass
 
 from . import PonderError
-
-
-METHODS = ("pondernet", "act", "plain")
-HALTING_INPUTS = ("state", "state+confidence")
+from .registry import HALTING_INPUTS, METHODS, STEPS, method_class
 
 
 @dataclass(frozen=True)
@@ -18,6 +15,7 @@ class PonderConfig:
     # pondernet (Banino et al. 2021), act (Graves 2016) or plain (one step: no pondering)
     method: str = "pondernet"
     # model
+    step: str = "mlp"  # the step function (registry.STEPS)
     hidden: int = 64  # size of the recurrent state h_n
     hidden_cnn: int = 64  # size of the image embedding
     hidden_lin: int = 64  # hidden layer of the step MLP
@@ -47,12 +45,10 @@ class PonderConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        if self.method not in METHODS:
-            problems.append(f"method must be one of {', '.join(METHODS)} (got {self.method!r})")
-        if self.halting_input not in HALTING_INPUTS:
-            problems.append(f"halting-input must be one of {', '.join(HALTING_INPUTS)} (got {self.halting_input!r})")
-        if self.method == "plain" and self.max_steps != 1:
-            problems.append(f"method plain runs exactly one step: leave out --max-steps or use 1 (got {self.max_steps})")
+        for name, choices in (("method", METHODS), ("step", STEPS), ("halting_input", HALTING_INPUTS)):
+            if getattr(self, name) not in choices:
+                problems.append(f"{name.replace('_', '-')} must be one of {', '.join(choices)} "
+                                f"(got {getattr(self, name)!r})")
         for name in ("hidden", "hidden_cnn", "hidden_lin", "kernel_size", "max_steps",
                      "epochs", "batch_size", "val_size"):
             if getattr(self, name) <= 0:
@@ -85,8 +81,23 @@ class PonderConfig:
                 problems.append(f"{name.replace('_', '-')} must be in [0, 1)")
         if self.kernel_size > 12:  # two valid convolutions and two 2x poolings of a 28x28 image
             problems.append(f"kernel-size must be <= 12 for 28x28 images (got {self.kernel_size})")
+        if self.method in METHODS and not problems:
+            problems += method_class(self.method).config_problems(self)
         if problems:
             raise PonderError("; ".join(problems))
+
+    @classmethod
+    def from_options(cls, **given) -> "PonderConfig":
+        """A config from the options the user gave; the rest are the defaults, or what the chosen
+        method implies (plain: one step)."""
+        method = given.get("method", cls.default("method"))
+        implied = method_class(method).implied if method in METHODS else {}
+        return cls(**{**implied, **given})
+
+    @classmethod
+    def default(cls, name: str):
+        """A field's default value, without building (and validating) a config."""
+        return {f.name: f.default for f in dataclasses.fields(cls)}[name]
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -9,13 +9,11 @@ import torch
 
 from .config import PonderConfig
 from .data import ImageSet, prepare_batch
-from .losses import geometric_log_prior
-from .methods import predict_early_exit, predict_from_all_steps, training_loss, uses_expected_rule
-from .model import PonderNet, halting_log_probs
+from .halting import halting_log_probs
+from .methods import get_method
+from .registry import HALTING_RULES
 from .rotation import protocol_angles
 from .runtime import autocast
-
-HALTING_RULES = ("sample", "median", "expected")
 
 
 @dataclass(frozen=True)
@@ -62,7 +60,7 @@ def evaluation_draws(count: int, max_steps: int, angle: float, seed: int, device
 
 
 @torch.inference_mode()
-def evaluate(model: PonderNet, data: ImageSet, cfg: PonderConfig, *, max_angle: float = 0.0,
+def evaluate(model: torch.nn.Module, data: ImageSet, cfg: PonderConfig, *, max_angle: float = 0.0,
              seed: int = 0, batch_size: int = 1000, protocol: str = "uniform", lower: float = 0.0,
              halting: str = "sample", early_exit: bool = True, with_loss: bool = False,
              detail: bool = False, amp: bool = False) -> EvalResult:
@@ -82,9 +80,9 @@ def evaluate(model: PonderNet, data: ImageSet, cfg: PonderConfig, *, max_angle: 
     device = data.images.device
     count, max_steps = len(data), model.max_steps
     angles, uniforms = evaluation_draws(count, max_steps, max_angle, seed, device, protocol=protocol, lower=lower)
-    expected = uses_expected_rule(cfg, halting)
+    method = get_method(cfg)
+    expected = method.needs_all_steps(halting)  # steps are then sum_n n p_n, not whole steps
     full_forward = with_loss or detail or expected or not early_exit
-    log_prior = geometric_log_prior(cfg.lambda_p, cfg.max_steps, device)
     loss_totals = torch.zeros(3, dtype=torch.float64, device=device)  # batch-size-weighted loss parts
     halting_mass = torch.zeros(max_steps, dtype=torch.float64, device=device)  # expected rule: sum of p_n
     correct_at_step = torch.zeros(max_steps, dtype=torch.float64, device=device)
@@ -95,17 +93,17 @@ def evaluate(model: PonderNet, data: ImageSet, cfg: PonderConfig, *, max_angle: 
         targets = data.labels[start:end]
         with autocast(device, amp):
             if not full_forward:
-                logits, steps = predict_early_exit(cfg, model, x, uniforms[:, start:end], halting)
+                logits, steps = model.infer(x, method.early_exit(halting, uniforms[:, start:end]))
             else:
                 out = model(x)
         if full_forward:
-            logits, steps = predict_from_all_steps(cfg, out, uniforms[:, start:end], halting)
+            logits, steps = method.predict(out.logits, out.lambda_logits, uniforms[:, start:end], halting)
             if expected:  # steps are sum_n n p_n: the histogram collects the halting mass p_n
                 halting_mass += halting_log_probs(out.lambda_logits).exp().double().sum(dim=1)
             if detail:
                 correct_at_step += (out.logits.argmax(dim=-1) == targets).sum(dim=1).double()
             if with_loss:
-                parts = training_loss(cfg, out, targets, log_prior)
+                parts = method.loss(out.logits, out.lambda_logits, targets)
                 loss_totals += torch.stack(list(parts)).double() * (end - start)
         all_steps.append(steps.double())
         all_correct.append(logits.argmax(dim=1) == targets)
@@ -131,7 +129,7 @@ def evaluate(model: PonderNet, data: ImageSet, cfg: PonderConfig, *, max_angle: 
     )
 
 
-def evaluate_buckets(model: PonderNet, data: ImageSet, cfg: PonderConfig, angles: list[float], *,
+def evaluate_buckets(model: torch.nn.Module, data: ImageSet, cfg: PonderConfig, angles: list[float], *,
                      protocol: str = "uniform", **options) -> tuple[list[EvalResult], float | None]:
     """One evaluation per rotation bucket, and Spearman's rho between every evaluated image's
     |rotation| and its ponder steps. The band protocol's inner edge is the next smaller angle."""

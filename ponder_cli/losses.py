@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .model import PonderOutput, halting_log_probs
+from .halting import halting_log_probs
 
 # The prior's log is clamped here so that lambda_p = 1 (all mass on step 1) stays finite.
 _MIN_LOG_PRIOR = math.log(torch.finfo(torch.float32).tiny)
@@ -62,10 +62,11 @@ def kl_to_prior(p: torch.Tensor, log_p: torch.Tensor, log_prior: torch.Tensor) -
     return (p * (log_p - log_prior[:, None])).sum(dim=0).mean()
 
 
-def ponder_loss(out: PonderOutput, targets: torch.Tensor, log_prior: torch.Tensor, beta: float) -> LossParts:
+def ponder_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor,
+                log_prior: torch.Tensor, beta: float) -> LossParts:
     """Always in float32, also when the forward pass ran under autocast."""
-    log_p = halting_log_probs(out.lambda_logits)  # (steps, B), float32
+    log_p = halting_log_probs(lambda_logits)  # (steps, B), float32
     p = log_p.exp()
-    reconstruction = reconstruction_loss(out.logits, targets, p)
+    reconstruction = reconstruction_loss(logits, targets, p)
     regularisation = kl_to_prior(p, log_p, log_prior)
     return LossParts(reconstruction + beta * regularisation, reconstruction, regularisation)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from . import PonderError
@@ -15,6 +16,34 @@ def require_matplotlib() -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise PonderError(INSTALL_HINT) from None
+
+
+def check_destination(path: Path | str) -> Path:
+    """Refuse --plot before any work: matplotlib missing, a format it cannot write, or a folder
+    that cannot be written. A path with no extension gets .png; the path returned is the one
+    that will be written."""
+    require_matplotlib()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    path = Path(path)
+    if not path.suffix:
+        path = path.with_suffix(".png")
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:
+        raise PonderError(f"--plot {path}: matplotlib cannot write {path.suffix} files; "
+                          f"use one of {', '.join('.' + f for f in sorted(formats))}")
+    folder = path.parent
+    if path.is_dir():
+        raise PonderError(f"--plot {path} is a directory")
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise PonderError(f"--plot {path}: cannot write to {folder}" +
+                          (" (no such directory)" if not folder.exists() else ""))
+    return path
+
+
+def plot_report(report, path: Path | str) -> Path:
+    """The figure of a reports.Report: one line per series (checkpoint or method)."""
+    return plot_buckets(report.plot_series, path, title=report.title)
 
 
 def plot_buckets(series: dict[str, list[dict]], path: Path | str, *, title: str = "") -> Path:

@@ -13,13 +13,11 @@ import torch
 from tqdm import tqdm
 
 from . import PonderError
-from .checkpoint import BEST, LAST, save_checkpoint
+from .checkpoint import BEST, LAST, TrainingState, save_checkpoint
 from .config import PonderConfig
 from .data import ImageSet, prepare_batch
 from .evaluate import evaluate
-from .losses import geometric_log_prior
-from .methods import predict_from_all_steps, training_loss
-from .model import PonderNet
+from .methods import Method, build_model, get_method
 from .rotation import uniform_angles
 from .runtime import autocast
 
@@ -54,8 +52,8 @@ class TrainResult:
         return self.out_dir / BEST
 
 
-def train_one_epoch(model: PonderNet, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                    data: ImageSet, cfg: PonderConfig, log_prior: torch.Tensor, *, amp: bool,
+def train_one_epoch(model: torch.nn.Module, method: Method, optimizer: torch.optim.Optimizer,
+                    scaler: torch.amp.GradScaler, data: ImageSet, cfg: PonderConfig, *, amp: bool,
                     desc: str = "train", progress: bool = True) -> dict:
     """One pass over the shuffled training set; metrics stay on the device until the end."""
     model.train()
@@ -76,7 +74,7 @@ def train_one_epoch(model: PonderNet, optimizer: torch.optim.Optimizer, scaler: 
         targets = data.labels[index]
         with autocast(device, amp):
             out = model(x)
-        loss = training_loss(cfg, out, targets, log_prior)  # float32 outside autocast
+        loss = method.loss(out.logits, out.lambda_logits, targets)  # float32 outside autocast
         optimizer.zero_grad(set_to_none=True)
         # scale -> backward -> unscale_ -> clip -> step -> update (GradScaler is a no-op unless fp16)
         scaler.scale(loss.total).backward()
@@ -95,7 +93,7 @@ def train_one_epoch(model: PonderNet, optimizer: torch.optim.Optimizer, scaler: 
         scaler.update()
         with torch.no_grad():
             uniforms = torch.rand(cfg.max_steps, batch, device=device)  # (steps, B)
-            scores, steps = predict_from_all_steps(cfg, out, uniforms, "sample")
+            scores, steps = method.predict(out.logits, out.lambda_logits, uniforms, "sample")
             correct = (scores.argmax(dim=1) == targets).sum()
             values = torch.stack([loss.total * batch, loss.reconstruction * batch, loss.regularisation * batch,
                                   correct, steps.sum()]).double()
@@ -125,43 +123,48 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
 
 
 def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: torch.device,
-          out_dir: Path, amp: bool = False, resume: dict | None = None,
+          out_dir: Path, amp: bool = False, resume: TrainingState | None = None,
           on_epoch: Callable[[EpochStats], None] | None = None, progress: bool = True) -> TrainResult:
     """Train, validating once per epoch; write last.pt every epoch and best.pt on improvement.
 
-    resume is a loaded checkpoint (see checkpoint.load_checkpoint) whose config equals cfg up to
-    the number of epochs; training continues at the epoch after the one it holds.
+    resume is a loaded checkpoint whose config equals cfg up to the number of epochs and the
+    patience (see runs.plan_training); training continues at the epoch after the one it holds.
     """
     out_dir = Path(out_dir)
     torch.manual_seed(cfg.seed)
-    model = PonderNet(cfg).to(device)
+    method = get_method(cfg)
+    model = build_model(cfg).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
         optimizer, mode="max", factor=cfg.lr_factor, patience=cfg.lr_patience)
     scaler = torch.amp.GradScaler(device.type, enabled=amp and device.type == "cuda")
-    log_prior = geometric_log_prior(cfg.lambda_p, cfg.max_steps, device)
 
     result = TrainResult(out_dir=out_dir, best_accuracy=-1.0, best_epoch=0, last_epoch=0, stopped_early=False)
     epochs_without_improvement = 0
     if resume is not None:
-        model.load_state_dict(resume["model"])
-        optimizer.load_state_dict(resume["optimizer"])
-        scheduler.load_state_dict(resume["scheduler"])
-        scaler.load_state_dict(resume["scaler"])
-        _set_rng_state(resume["rng"], device)
-        result.best_accuracy = resume["best_accuracy"]
-        result.best_epoch = resume["best_epoch"]
-        result.last_epoch = resume["epoch"]
-        result.history = [EpochStats(**h) for h in resume.get("history", [])]
-        epochs_without_improvement = resume["epochs_without_improvement"]
+        resume.require_resumable(out_dir)
+        try:
+            model.load_state_dict(resume.model)
+            optimizer.load_state_dict(resume.optimizer)
+            scheduler.load_state_dict(resume.scheduler)
+            scaler.load_state_dict(resume.scaler)
+            _set_rng_state(resume.rng, device)
+            result.history = [EpochStats(**h) for h in resume.history]
+        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+            reason = " ".join(str(exc).split())[:200]
+            raise PonderError(f"cannot resume: the checkpoint's training state does not fit ({reason})") from None
+        result.best_accuracy = resume.best_accuracy
+        result.best_epoch = resume.best_epoch
+        result.last_epoch = resume.epoch
+        epochs_without_improvement = resume.epochs_without_improvement
         if cfg.patience and epochs_without_improvement >= cfg.patience:
-            raise PonderError(f"this run already stopped early after epoch {resume['epoch']} "
+            raise PonderError(f"this run already stopped early after epoch {resume.epoch} "
                               f"(no better validation accuracy for {cfg.patience} epochs); "
                               "raise --patience to go on")
 
     for epoch in range(result.last_epoch + 1, cfg.epochs + 1):
         started = time.perf_counter()
-        stats = train_one_epoch(model, optimizer, scaler, train_set, cfg, log_prior, amp=amp,
+        stats = train_one_epoch(model, method, optimizer, scaler, train_set, cfg, amp=amp,
                                 desc=f"epoch {epoch}/{cfg.epochs}", progress=progress)
         if stats["skipped_batches"] == stats["batches"]:
             raise PonderError(f"epoch {epoch}: every batch had a non-finite loss or gradient; training "
@@ -185,16 +188,14 @@ def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: 
             skipped_batches=stats["skipped_batches"])
         result.history.append(record)
         result.last_epoch = epoch
-        payload = {
-            "config": cfg.to_dict(), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "epoch": epoch,
-            "best_accuracy": result.best_accuracy, "best_epoch": result.best_epoch,
-            "epochs_without_improvement": epochs_without_improvement,
-            "history": [asdict(h) for h in result.history], "rng": _rng_state(device),
-        }
-        save_checkpoint(payload, out_dir / LAST)
+        state = TrainingState(
+            config=cfg, model=model.state_dict(), epoch=epoch, optimizer=optimizer.state_dict(),
+            scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), best_accuracy=result.best_accuracy,
+            best_epoch=result.best_epoch, epochs_without_improvement=epochs_without_improvement,
+            history=[asdict(h) for h in result.history], rng=_rng_state(device))
+        save_checkpoint(state, out_dir / LAST)
         if improved:
-            save_checkpoint(payload, out_dir / BEST)
+            save_checkpoint(state, out_dir / BEST)
         if on_epoch is not None:
             on_epoch(record)
         if cfg.patience and epochs_without_improvement >= cfg.patience:

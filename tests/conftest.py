@@ -1,35 +1,114 @@
+"""Shared test plumbing: tiny generated MNIST, the CLI runner, the one-error-line check, trained
+tiny checkpoints of every method, and a checkpoint payload that would run code if unpickled.
+
+Tests use these as fixtures; nothing imports from this file.
+"""
+
+import os
 import struct
 from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
-from ponder_cli.data import synthetic_digits as generated_digits
-
-
-def synthetic_digits(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(images, labels) of ponder_cli's generated stand-in digits."""
-    data = generated_digits(count, seed)
-    return data.images, data.labels
+from ponder_cli.cli import app
+from ponder_cli.data import synthetic_digits
 
 
-def write_idx(path: Path, data: torch.Tensor) -> None:
+def _write_idx(path: Path, data: torch.Tensor) -> None:
     kind = 0x08  # unsigned byte
     header = struct.pack(">HBB", 0, kind, data.dim()) + struct.pack(f">{data.dim()}I", *data.shape)
     path.write_bytes(header + data.to(torch.uint8).contiguous().numpy().tobytes())
 
 
-def write_mnist(root: Path, n_train: int = 700, n_test: int = 200, seed: int = 0) -> Path:
+def _write_mnist(root: Path, n_train: int = 700, n_test: int = 200, seed: int = 0) -> Path:
     """A tiny MNIST in torchvision's layout: root/MNIST/raw/<four IDX files>."""
     raw = root / "MNIST" / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     for prefix, count, offset in (("train", n_train, 0), ("t10k", n_test, 1)):
-        images, labels = synthetic_digits(count, seed + offset)
-        write_idx(raw / f"{prefix}-images-idx3-ubyte", images)
-        write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
+        data = synthetic_digits(count, seed + offset)
+        _write_idx(raw / f"{prefix}-images-idx3-ubyte", data.images)
+        _write_idx(raw / f"{prefix}-labels-idx1-ubyte", data.labels)
     return root
 
 
 @pytest.fixture(scope="session")
+def write_idx():
+    """write_idx(path, uint8 tensor): one IDX file of unsigned bytes."""
+    return _write_idx
+
+
+@pytest.fixture(scope="session")
 def tiny_mnist(tmp_path_factory) -> Path:
-    return write_mnist(tmp_path_factory.mktemp("data"))
+    """700 training and 200 test generated digits (`data.synthetic_digits`, seeds 0 and 1)."""
+    return _write_mnist(tmp_path_factory.mktemp("data"))
+
+
+def _invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="session")
+def ponder():
+    """ponder(*args): run the CLI in-process; returns click's Result (stdout, stderr apart)."""
+    return _invoke
+
+
+def _one_error_line(result) -> str:
+    assert result.exit_code != 0, result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("Error")]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="session")
+def one_error_line():
+    """one_error_line(result): asserts a clean failure (non-zero exit, no traceback, exactly
+    one `Error:` line on stderr) and returns that line."""
+    return _one_error_line
+
+
+TINY = ["--val-size", "100", "--batch-size", "64", "--no-progress"]
+
+
+@pytest.fixture(scope="session")
+def runs(tiny_mnist, tmp_path_factory) -> Path:
+    """Tiny trained runs, one folder each: pn1 and pn2 (pondernet, 5 steps, seeds 1 and 2), act
+    (5 steps) and plain; 2 epochs without training rotation."""
+    root = tmp_path_factory.mktemp("runs")
+    common = ["--epochs", "2", *TINY, "--data-dir", tiny_mnist, "--train-rotation", "0", "--lr", "3e-3"]
+    specs = {"pn1": ["--max-steps", "5", "--seed", "1"], "pn2": ["--max-steps", "5", "--seed", "2"],
+             "act": ["--method", "act", "--max-steps", "5"], "plain": ["--method", "plain"]}
+    for name, args in specs.items():
+        result = _invoke("train", *args, *common, "--out", root / name)
+        assert result.exit_code == 0, result.output
+    return root
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tiny_mnist, tmp_path_factory) -> Path:
+    """best.pt of a one-epoch pondernet run (5 steps, default ±22.5° training rotation); its
+    folder also holds last.pt."""
+    out = tmp_path_factory.mktemp("ck")
+    result = _invoke("train", "--epochs", 1, "--max-steps", 5, *TINY, "--data-dir", tiny_mnist, "--out", out)
+    assert result.exit_code == 0, result.output
+    return out / "best.pt"
+
+
+class _RunsCodeWhenUnpickled:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture
+def evil_checkpoint(tmp_path):
+    """(path, marker): a file shaped like a checkpoint whose unpickling would create `marker`."""
+    marker, path = tmp_path / "ran", tmp_path / "evil.pt"
+    torch.save({"format": "ponder_cli", "version": 2, "model": _RunsCodeWhenUnpickled(marker)}, path)
+    return path, marker

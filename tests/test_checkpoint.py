@@ -1,40 +1,51 @@
-import pickle
-
 import pytest
 import torch
 
 from ponder_cli import PonderError
-from ponder_cli.checkpoint import load_checkpoint, load_model, save_checkpoint
+from ponder_cli.checkpoint import TrainingState, load_checkpoint, load_model, save_checkpoint
 from ponder_cli.config import PonderConfig
-from ponder_cli.model import PonderNet
+from ponder_cli.methods import build_model
 
 
-def _payload(cfg=PonderConfig(max_steps=3)):
-    return {"config": cfg.to_dict(), "model": PonderNet(cfg).state_dict(), "epoch": 1}
+def _state(cfg=PonderConfig(max_steps=3), **extra) -> TrainingState:
+    return TrainingState(config=cfg, model=build_model(cfg).state_dict(), epoch=1, **extra)
 
 
 def test_round_trip_rebuilds_the_model_from_its_config(tmp_path):
     cfg = PonderConfig(max_steps=3, hidden=8)
     torch.manual_seed(0)
-    save_checkpoint(_payload(cfg), tmp_path / "best.pt")
-    model, loaded_cfg, ckpt = load_model(tmp_path / "best.pt", "cpu")
-    assert loaded_cfg == cfg and ckpt["epoch"] == 1 and ckpt["version"] == 1
+    state = _state(cfg)
+    save_checkpoint(state, tmp_path / "best.pt")
+    model, loaded_cfg, loaded = load_model(tmp_path / "best.pt", "cpu")
+    assert loaded_cfg == cfg and loaded.epoch == 1 and loaded.optimizer is None
     assert model.max_steps == 3
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.model.items())
+    assert torch.load(tmp_path / "best.pt", weights_only=True)["version"] == 2
     assert [p.name for p in tmp_path.iterdir()] == ["best.pt"]  # no temp file left behind
 
 
-class _Payload:
-    def __init__(self, target):
-        self.target = target
+def test_version_1_checkpoints_are_upgraded(tmp_path):
+    """Version 1 kept the step function's weights under encoder. and step_mlp."""
+    cfg = PonderConfig(max_steps=3)
+    state = _state(cfg)
+    old_names = {k.replace("step.encoder.", "encoder.").replace("step.mlp.", "step_mlp."): v
+                 for k, v in state.model.items()}
+    payload = {**state.to_dict(), "version": 1, "model": old_names}
+    payload["config"].pop("step")  # version 1 had no step function to choose
+    torch.save(payload, tmp_path / "v1.pt")
+    model, loaded_cfg, _ = load_model(tmp_path / "v1.pt", "cpu")
+    assert loaded_cfg == cfg
+    assert torch.equal(model.step.encoder.conv1.weight, state.model["step.encoder.conv1.weight"])
 
-    def __reduce__(self):
-        return (open, (str(self.target), "w"))
+
+def test_shipped_models_load():
+    for path in ("checkpoints/best.pt", "checkpoints/interpolation/best.pt"):
+        model, cfg, state = load_model(path, "cpu")
+        assert cfg.step == "mlp" and cfg.method == "pondernet" and state.epoch > 0
 
 
-def test_pickled_code_is_refused_and_never_runs(tmp_path):
-    marker = tmp_path / "pwned"
-    path = tmp_path / "evil.pt"
-    torch.save({"format": "ponder_cli", "version": 1, "evil": _Payload(marker)}, path)
+def test_pickled_code_is_refused_and_never_runs(evil_checkpoint):
+    path, marker = evil_checkpoint
     with pytest.raises(PonderError, match="refused"):
         load_checkpoint(path)
     assert not marker.exists()
@@ -57,3 +68,31 @@ def test_not_ours_and_missing(tmp_path):
         load_checkpoint(tmp_path / "missing.pt")
     with pytest.raises(PonderError, match="directory"):
         load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("key,value,fragment", [
+    ("epoch", "one", "malformed 'epoch' (expected an integer, got str)"),
+    ("epoch", True, "malformed 'epoch'"),
+    ("epoch", -3, "malformed 'epoch' (-3)"),
+    ("model", [1, 2], "malformed 'model' (expected a dict of tensors"),
+    ("model", {"w": "not a tensor"}, "malformed 'model'"),
+    ("optimizer", "adam", "malformed 'optimizer' (expected a dict"),
+    ("best_accuracy", "high", "malformed 'best_accuracy' (expected a number"),
+    ("history", [1], "malformed 'history' (expected a list of dicts"),
+    ("rng", {"cuda": []}, "malformed 'rng'"),
+    ("config", "pondernet", "malformed 'config'"),
+])
+def test_every_malformed_key_is_one_line(key, value, fragment, tmp_path):
+    payload = {**_state().to_dict(), key: value}
+    path = tmp_path / "odd.pt"
+    torch.save(payload, path)
+    with pytest.raises(PonderError) as err:
+        load_checkpoint(path)
+    assert fragment in str(err.value) and str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_checkpoint_without_training_state_cannot_be_resumed(tmp_path):
+    save_checkpoint(_state(), tmp_path / "weights-only.pt")
+    state = load_checkpoint(tmp_path / "weights-only.pt")
+    with pytest.raises(PonderError, match="cannot be resumed: it has no optimizer, scheduler, scaler, rng state"):
+        state.require_resumable(tmp_path / "weights-only.pt")

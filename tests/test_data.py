@@ -2,8 +2,7 @@ import pytest
 import torch
 
 from ponder_cli import PonderError
-from ponder_cli.data import ImageSet, load_mnist, train_val_split
-from conftest import synthetic_digits
+from ponder_cli.data import ImageSet, load_mnist, synthetic_digits, train_val_split
 
 
 def test_load_tiny_idx(tiny_mnist):
@@ -11,8 +10,8 @@ def test_load_tiny_idx(tiny_mnist):
     test = load_mnist(tiny_mnist, train=False, download=False)
     assert train.images.shape == (700, 28, 28) and train.images.dtype == torch.uint8
     assert test.labels.shape == (200,) and test.labels.dtype == torch.int64
-    expected, labels = synthetic_digits(700, seed=0)
-    assert torch.equal(train.images, expected) and torch.equal(train.labels, labels)
+    expected = synthetic_digits(700, seed=0)
+    assert torch.equal(train.images, expected.images) and torch.equal(train.labels, expected.labels)
 
 
 def test_missing_data_is_one_clear_error(tmp_path):

@@ -5,25 +5,23 @@ import math
 
 import torch
 
-from ponder_cli import train as train_module
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import ImageSet, prepare_batch
+from ponder_cli.data import prepare_batch, synthetic_digits
 from ponder_cli.evaluate import evaluate, evaluation_draws
+from ponder_cli.halting import logits_at, sample_halting_steps
 from ponder_cli.losses import geometric_log_prior, ponder_loss
-from ponder_cli.methods import training_loss
-from ponder_cli.model import PonderNet, logits_at, sample_halting_steps
+from ponder_cli.methods import build_model, get_method
 from ponder_cli.train import train_one_epoch
-from conftest import synthetic_digits
 
 CFG = PonderConfig(max_steps=8, hidden=16, hidden_cnn=16, hidden_lin=16, batch_size=50)
 
 
 def _model_and_data(count=300):
     torch.manual_seed(0)
-    model = PonderNet(CFG)
+    model = build_model(CFG)
     with torch.no_grad():
         model.halting_head.bias.fill_(-1.5)  # halting spread over many steps
-    return model, ImageSet(*synthetic_digits(count, seed=3))
+    return model, synthetic_digits(count, seed=3)
 
 
 def test_early_exit_and_forced_steps_agree_exactly():
@@ -63,24 +61,27 @@ def test_eval_loss_equals_batch_weighted_mean_of_batch_losses():
     model.eval()
     log_prior = geometric_log_prior(CFG.lambda_p, CFG.max_steps)
     with torch.no_grad():
-        full = ponder_loss(model(prepare_batch(data.images)), data.labels, log_prior, CFG.beta).total.item()
+        out = model(prepare_batch(data.images))
+        full = ponder_loss(out.logits, out.lambda_logits, data.labels, log_prior, CFG.beta).total.item()
     result = evaluate(model, data, CFG, max_angle=0, seed=1, batch_size=50, with_loss=True)
     assert math.isclose(result.loss, full, rel_tol=1e-5)  # batches of 50, 50, 30 re-weighted exactly
 
 
 def test_training_metrics_accumulated_on_device_equal_per_batch_values(monkeypatch):
     model, data = _model_and_data(230)  # batches of 50, 50, 50, 50, 30
+    method = get_method(CFG)
     recorded = []
+    loss = method.loss
 
-    def recording(cfg, out, targets, *args, **kwargs):
-        parts = training_loss(cfg, out, targets, *args, **kwargs)
+    def recording(logits, lambda_logits, targets):
+        parts = loss(logits, lambda_logits, targets)
         recorded.append((parts.total.item(), parts.regularisation.item(), targets.shape[0]))
         return parts
 
-    monkeypatch.setattr(train_module, "training_loss", recording)
+    monkeypatch.setattr(method, "loss", recording)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    stats = train_one_epoch(model, optimizer, scaler, data, CFG, geometric_log_prior(0.2, 8), amp=False, progress=False)
+    stats = train_one_epoch(model, method, optimizer, scaler, data, CFG, amp=False, progress=False)
     assert [n for *_, n in recorded] == [50, 50, 50, 50, 30]
     expected_loss = sum(loss * n for loss, _, n in recorded) / 230
     expected_reg = sum(reg * n for _, reg, n in recorded) / 230

@@ -8,30 +8,27 @@ import math
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from ponder_cli import PonderError
-from ponder_cli.cli import app
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import ImageSet
+from ponder_cli.data import synthetic_digits
 from ponder_cli.evaluate import evaluate, spearman
-from ponder_cli.model import PonderNet, halting_log_probs, median_halting_steps
+from ponder_cli.halting import halting_log_probs, median_halting_steps
+from ponder_cli.methods import build_model
 from ponder_cli.plot import require_matplotlib
 from ponder_cli.render import sparkline
 from ponder_cli.rotation import protocol_angles
-from conftest import synthetic_digits
 
 CFG = PonderConfig(max_steps=6, hidden=16, hidden_cnn=16, hidden_lin=16)
-runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
 def model_and_data():
     torch.manual_seed(0)
-    model = PonderNet(CFG).eval()
+    model = build_model(CFG).eval()
     with torch.no_grad():
         model.halting_head.bias.fill_(-1.0)
-    return model, ImageSet(*synthetic_digits(240, seed=5))
+    return model, synthetic_digits(240, seed=5)
 
 
 def test_protocol_angles_lie_in_their_bucket():
@@ -111,30 +108,33 @@ def test_spearman_by_hand():
     assert spearman(torch.tensor([1., 2, 3]), torch.tensor([5., 5, 5])) is None
 
 
+def test_spearman_equals_scipy():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    g = torch.Generator().manual_seed(0)
+    angles = (torch.rand(3000, generator=g) * 90).round()  # many ties, as |angle| buckets have
+    steps = (angles / 30 + torch.rand(3000, generator=g) * 4).floor() + 1  # ties and a trend
+    expected = scipy_stats.spearmanr(angles.numpy(), steps.numpy()).statistic
+    assert math.isclose(spearman(angles, steps), expected, rel_tol=1e-12)
+
+
 def test_sparkline():
     # bar index round(v / max * 7) into ▁▂▃▄▅▆▇█; empty bins are blank
     assert sparkline([0, 1, 2, 4, 8]) == " ▂▃▅█"
     assert sparkline([]) == ""
+    # merged into at most `width` bins of (nearly) equal size: (1+1), (2+0), (0+4) -> 2, 2, 4
+    assert sparkline([1, 1, 2, 0, 0, 4], width=3) == "▅▅█"
+    assert len(sparkline(list(range(100)), width=20)) == 20
 
 
 # --- CLI ----------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def checkpoint(tiny_mnist, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ck")
-    result = runner.invoke(app, ["train", "--epochs", "1", "--val-size", "100", "--max-steps", "5",
-                                 "--data-dir", str(tiny_mnist), "--out", str(out), "--no-progress"])
-    assert result.exit_code == 0, result.output
-    return out / "best.pt"
-
-
-def test_extrapolate_json_with_protocol_halting_and_detail(checkpoint, tiny_mnist):
-    result = runner.invoke(app, ["extrapolate", str(checkpoint), "--angles", "30", "60", "--protocol", "band",
-                                 "--halting", "median", "--detail", "-f", "json", "--data-dir", str(tiny_mnist)])
+def test_extrapolate_json_with_protocol_halting_and_detail(checkpoint, tiny_mnist, ponder):
+    result = ponder("extrapolate", checkpoint, "--angles", "30", "60", "--protocol", "band",
+                    "--halting", "median", "--detail", "-f", "json", "--data-dir", tiny_mnist)
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["protocol"] == "band" and data["halting"] == "median"
-    assert data["checkpoint"] == str(checkpoint) and data["train_rotation"] == 22.5
+    assert data["checkpoints"] == [str(checkpoint)] and data["train_rotation"] == 22.5
     assert data["spearman"]["images"] == 400
     rho = data["spearman"]["rho"]
     assert rho is None or -1 <= rho <= 1
@@ -144,32 +144,32 @@ def test_extrapolate_json_with_protocol_halting_and_detail(checkpoint, tiny_mnis
         assert {"steps_correct", "steps_wrong", "mean_steps", "std_steps"} <= set(row)
 
 
-def test_extrapolate_csv_carries_lists_and_rho(checkpoint, tiny_mnist):
-    result = runner.invoke(app, ["extrapolate", str(checkpoint), "--angles", "45", "-f", "csv",
-                                 "--halting", "expected", "--data-dir", str(tiny_mnist)])
+def test_extrapolate_csv_carries_lists_and_metadata(checkpoint, tiny_mnist, ponder):
+    result = ponder("extrapolate", checkpoint, "--angles", "45", "-f", "csv", "--halting", "expected",
+                    "--data-dir", tiny_mnist)
     row = next(csv.DictReader(io.StringIO(result.stdout)))
     assert math.isclose(sum(json.loads(row["histogram"])), 200, rel_tol=1e-6)
-    assert row["halting"] == "expected" and "spearman_rho" in row
+    assert row["halting"] == "expected" and row["checkpoint"] == str(checkpoint)
+    assert row["method"] == "pondernet" and row["step"] == "mlp" and row["command"] == "extrapolate"
 
 
-def test_table_shows_trend_and_detail(checkpoint, tiny_mnist):
-    result = runner.invoke(app, ["eval", str(checkpoint), "--rotation", "40", "--detail", "--data-dir", str(tiny_mnist)])
+def test_table_shows_trend_and_detail(checkpoint, tiny_mnist, ponder):
+    result = ponder("eval", checkpoint, "--rotation", "40", "--detail", "--data-dir", tiny_mnist)
     assert result.exit_code == 0, result.output
     assert "Spearman ρ(|angle|, steps)" in result.stdout and "Per halting step" in result.stdout
     assert "±40° acc if stop" in result.stdout
 
 
-def test_plot_is_a_png(checkpoint, tiny_mnist, tmp_path):
+def test_plot_is_a_png(checkpoint, tiny_mnist, tmp_path, ponder):
     pytest.importorskip("matplotlib")
     png = tmp_path / "plot.png"
-    result = runner.invoke(app, ["extrapolate", str(checkpoint), "--angles", "20", "40", "--plot", str(png),
-                                 "--data-dir", str(tiny_mnist)])
+    result = ponder("extrapolate", checkpoint, "--angles", "20", "40", "--plot", png, "--data-dir", tiny_mnist)
     assert result.exit_code == 0, result.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert f"plot written to {png}" in result.stderr
 
 
-def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, checkpoint, tiny_mnist, tmp_path):
+def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, checkpoint, tiny_mnist, tmp_path, ponder):
     real_import = builtins.__import__
 
     def no_matplotlib(name, *args, **kwargs):
@@ -180,7 +180,6 @@ def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, checkpoint, tiny_
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     with pytest.raises(PonderError, match=r"pip install -e '\.\[plot\]'"):
         require_matplotlib()
-    result = runner.invoke(app, ["extrapolate", str(checkpoint), "--plot", str(tmp_path / "p.png"),
-                                 "--data-dir", str(tiny_mnist)])
+    result = ponder("extrapolate", checkpoint, "--plot", tmp_path / "p.png", "--data-dir", tiny_mnist)
     assert result.exit_code == 1 and "Error: --plot needs matplotlib" in result.stderr
     assert not (tmp_path / "p.png").exists()

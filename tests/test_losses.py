@@ -3,7 +3,7 @@ import math
 import torch
 
 from ponder_cli.losses import geometric_log_prior, kl_to_prior, ponder_loss, reconstruction_loss
-from ponder_cli.model import PonderOutput, halting_log_probs
+from ponder_cli.halting import halting_log_probs
 
 
 def test_halting_distribution_by_hand():
@@ -33,13 +33,11 @@ def test_geometric_prior_is_normalised_truncated_geometric():
 def test_losses_by_hand():
     # Two steps, one image, two classes, target 0.
     # Step 1: lambda = 1/2, logits (0, 0): CE = ln 2.  Step 2: p = 1/2, logits (ln 3, 0): CE = ln(4/3).
-    out = PonderOutput(
-        logits=torch.tensor([[[0.0, 0.0]], [[math.log(3), 0.0]]]),
-        lambda_logits=torch.tensor([[0.0], [7.0]]),
-    )
+    logits = torch.tensor([[[0.0, 0.0]], [[math.log(3), 0.0]]])
+    lambda_logits = torch.tensor([[0.0], [7.0]])
     target = torch.tensor([0])
     log_prior = geometric_log_prior(0.5, 2)  # (2/3, 1/3)
-    parts = ponder_loss(out, target, log_prior, beta=0.1)
+    parts = ponder_loss(logits, lambda_logits, target, log_prior, beta=0.1)
     rec = 0.5 * math.log(2) + 0.5 * math.log(4 / 3)  # 0.5 ln(8/3) = 0.490415
     kl = 0.5 * math.log(0.5 / (2 / 3)) + 0.5 * math.log(0.5 / (1 / 3))  # 0.5 ln(9/8) = 0.058892
     assert math.isclose(parts.reconstruction.item(), rec, rel_tol=1e-6)
@@ -71,8 +69,7 @@ def test_kl_finite_when_p_underflows_to_zero():
     kl = kl_to_prior(p, log_p, geometric_log_prior(0.2, 20))
     assert torch.isfinite(kl)
     z.requires_grad_(True)
-    out = PonderOutput(torch.zeros(20, 4, 10), z)
-    loss = ponder_loss(out, torch.zeros(4, dtype=torch.long), geometric_log_prior(0.2, 20), 0.01).total
+    loss = ponder_loss(torch.zeros(20, 4, 10), z, torch.zeros(4, dtype=torch.long), geometric_log_prior(0.2, 20), 0.01).total
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(z.grad).all()
 

@@ -5,19 +5,14 @@ import math
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from ponder_cli.act import act_halting, act_infer, act_loss, act_prediction
+from ponder_cli import PonderError
 from ponder_cli.checkpoint import load_checkpoint
-from ponder_cli.cli import app, expand_greedy_options
 from ponder_cli.config import PonderConfig
-from ponder_cli.model import PonderNet, PonderOutput
-
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
+from ponder_cli.halting import ActExit, act_halting, act_prediction
+from ponder_cli.methods import build_model, get_method
+from ponder_cli.methods.act import act_loss
+from ponder_cli.registry import METHODS
 
 
 def test_act_halting_by_hand():
@@ -50,7 +45,7 @@ def test_act_loss_by_hand():
     # p = (0.1, 0.3, 0.6, 0): mean-field logits = 0.1 * (0, 0) + 0.3 * (2, 0) + 0.6 * (1, 0) = (1.2, 0)
     h = torch.tensor([[0.1], [0.3], [0.5], [0.5]])
     logits = torch.tensor([[[0.0, 0.0]], [[2.0, 0.0]], [[1.0, 0.0]], [[9.0, 0.0]]])
-    parts = act_loss(PonderOutput(logits, torch.logit(h)), torch.tensor([0]), tau=0.5, epsilon=0.1)
+    parts = act_loss(logits, torch.logit(h), torch.tensor([0]), tau=0.5, epsilon=0.1)
     task = math.log(1 + math.exp(-1.2))  # CE of logits (1.2, 0) for class 0
     assert math.isclose(parts.reconstruction.item(), task, rel_tol=1e-5)
     assert math.isclose(parts.regularisation.item(), 3 + 0.6, rel_tol=1e-6)  # N + R
@@ -60,83 +55,103 @@ def test_act_loss_by_hand():
 def test_act_early_exit_matches_all_steps():
     cfg = PonderConfig(method="act", max_steps=8, hidden=16, hidden_cnn=16, hidden_lin=16)
     torch.manual_seed(0)
-    model = PonderNet(cfg).eval()
+    model = build_model(cfg).eval()
     assert model.halting_head.bias.item() == 1.0  # Graves' positive initial halting bias
     with torch.no_grad():
         model.halting_head.bias.fill_(-1.0)
         model.halting_head.weight.mul_(10)
     x = torch.randn(200, 1, 28, 28) * torch.linspace(0, 4, 200).view(-1, 1, 1, 1)  # images of varied contrast
-    logits, steps = act_infer(model, x, cfg.act_epsilon)
+    logits, steps = model.infer(x, ActExit(200, cfg.act_epsilon, x.device))
     with torch.no_grad():
-        full_logits, full_steps = act_prediction(model(x), cfg.act_epsilon)
+        out = model(x)
+        full_logits, full_steps = act_prediction(out.logits, out.lambda_logits, cfg.act_epsilon)
     assert torch.equal(steps, full_steps) and len(set(steps.tolist())) > 1
     assert torch.allclose(logits, full_logits, atol=1e-5)
 
 
 def test_plain_needs_one_step():
-    with pytest.raises(Exception, match="plain runs exactly one step"):
+    with pytest.raises(PonderError, match="plain runs exactly one step"):
         PonderConfig(method="plain", max_steps=5)
-    with pytest.raises(Exception, match="method must be one of"):
+    with pytest.raises(PonderError, match="method must be one of pondernet, act, plain"):
         PonderConfig(method="ut")
+    assert PonderConfig.from_options(method="plain").max_steps == 1
+    assert PonderConfig.from_options(method="act").max_steps == 20
 
 
-def test_compare_greedy_angles_stop_at_checkpoints():
-    assert expand_greedy_options(["--angles", "45", "90", "a.pt", "b.pt"], ("--angles",), numbers_only=True) == \
-        ["--angles", "45", "--angles", "90", "a.pt", "b.pt"]
+@pytest.mark.parametrize("name", list(METHODS))
+def test_every_method_predicts_the_same_with_early_exit(name):
+    """The one early-exit loop, driven by each method's own rule, equals its prediction from a
+    forward pass over every step."""
+    cfg = PonderConfig.from_options(method=name, max_steps=1 if name == "plain" else 6,
+                                    hidden=16, hidden_cnn=16, hidden_lin=16)
+    torch.manual_seed(0)
+    model, method = build_model(cfg).eval(), get_method(cfg)
+    with torch.no_grad():
+        model.halting_head.bias.fill_(-1.0)
+    x = torch.randn(100, 1, 28, 28) * torch.linspace(0, 3, 100).view(-1, 1, 1, 1)
+    uniforms = torch.rand(cfg.max_steps, 100, generator=torch.Generator().manual_seed(3))
+    for rule in ("sample", "median"):
+        early, early_steps = model.infer(x, method.early_exit(rule, uniforms))
+        with torch.no_grad():
+            out = model(x)
+        full, full_steps = method.predict(out.logits, out.lambda_logits, uniforms, rule)
+        assert torch.equal(early_steps, full_steps)
+        assert torch.equal(early.argmax(1), full.argmax(1))
 
 
-@pytest.fixture(scope="module")
-def runs(tiny_mnist, tmp_path_factory):
-    root = tmp_path_factory.mktemp("methods")
-    common = ["--epochs", "2", "--val-size", "100", "--batch-size", "64", "--data-dir", tiny_mnist, "--no-progress",
-              "--train-rotation", "0", "--lr", "3e-3"]
-    specs = {"pn1": ["--max-steps", "5", "--seed", "1"], "pn2": ["--max-steps", "5", "--seed", "2"],
-             "act": ["--method", "act", "--max-steps", "5"], "plain": ["--method", "plain"]}
-    for name, args in specs.items():
-        result = invoke("train", *args, *common, "--out", root / name)
-        assert result.exit_code == 0, result.output
-    return root
-
-
-def test_methods_are_stored_and_read_back(runs, tiny_mnist):
-    assert load_checkpoint(runs / "act" / "best.pt")["config"]["method"] == "act"
-    plain = load_checkpoint(runs / "plain" / "best.pt")["config"]
-    assert plain["method"] == "plain" and plain["max_steps"] == 1
-    act = json.loads(invoke("eval", runs / "act" / "best.pt", "-f", "json", "--data-dir", tiny_mnist).stdout)
-    assert act["method"] == "act" and act["halting"] == "act" and 1 <= act["mean_steps"] <= 5
+def test_methods_are_stored_and_read_back(runs, tiny_mnist, ponder):
+    assert load_checkpoint(runs / "act" / "best.pt").config.method == "act"
+    plain = load_checkpoint(runs / "plain" / "best.pt").config
+    assert plain.method == "plain" and plain.max_steps == 1
+    report = json.loads(ponder("eval", runs / "act" / "best.pt", "-f", "json", "--data-dir", tiny_mnist).stdout)
+    act = report["buckets"][0]
+    assert report["method"] == "act" and report["halting"] == "act" and 1 <= act["mean_steps"] <= 5
     assert act["accuracy"] > 0.3 and act["loss"] > 0
-    one = json.loads(invoke("extrapolate", runs / "plain" / "best.pt", "--angles", 10, "-f", "json",
+    one = json.loads(ponder("extrapolate", runs / "plain" / "best.pt", "--angles", 10, "-f", "json",
                             "--data-dir", tiny_mnist).stdout)["buckets"][0]
     assert one["mean_steps"] == 1.0 and one["std_steps"] == 0.0 and one["histogram"] == [200]
 
 
-def test_plain_rejects_more_steps(tiny_mnist, tmp_path):
-    result = invoke("train", "--method", "plain", "--max-steps", "5", "--data-dir", tiny_mnist, "--out", tmp_path / "x")
+def test_plain_rejects_more_steps(tiny_mnist, tmp_path, ponder):
+    result = ponder("train", "--method", "plain", "--max-steps", "5", "--data-dir", tiny_mnist, "--out", tmp_path / "x")
     assert result.exit_code == 1 and "plain runs exactly one step" in result.stderr
     assert not (tmp_path / "x").exists()
 
 
-def test_compare_groups_seeds_and_methods(runs, tiny_mnist):
-    result = invoke("compare", "--angles", 15, 45, runs / "pn1" / "best.pt", runs / "pn2" / "best.pt",
+def test_compare_groups_seeds_and_methods(runs, tiny_mnist, ponder):
+    result = ponder("compare", "--angles", 15, 45, runs / "pn1" / "best.pt", runs / "pn2" / "best.pt",
                     runs / "act" / "best.pt", runs / "plain" / "best.pt", "-f", "json", "--data-dir", tiny_mnist)
     assert result.exit_code == 0, result.output
-    rows = json.loads(result.stdout)
+    report = json.loads(result.stdout)
+    rows = report["buckets"]
+    assert report["command"] == "compare" and report["method"] is None and report["step"] == "mlp"
     assert [(r["method"], r["rotation"], r["seeds"]) for r in rows] == [
         ("pondernet", 15.0, 2), ("pondernet", 45.0, 2), ("act", 15.0, 1), ("act", 45.0, 1),
         ("plain", 15.0, 1), ("plain", 45.0, 1)]
     # mean and sample sd over the two seeds, checked against extrapolate on each checkpoint
-    singles = [json.loads(invoke("extrapolate", runs / n / "best.pt", "--angles", 15, 45, "--seed", 1234, "-f",
+    singles = [json.loads(ponder("extrapolate", runs / n / "best.pt", "--angles", 15, 45, "--seed", 1234, "-f",
                                  "json", "--data-dir", tiny_mnist).stdout)["buckets"][0]["accuracy"]
                for n in ("pn1", "pn2")]
     assert math.isclose(rows[0]["accuracy"], sum(singles) / 2)
-    assert math.isclose(rows[0]["accuracy_std"], abs(singles[0] - singles[1]) / math.sqrt(2))
+    assert math.isclose(rows[0]["accuracy_sd"], abs(singles[0] - singles[1]) / math.sqrt(2))
     assert rows[4]["mean_steps"] == 1.0 and rows[2]["halting"] == "act"
+    assert rows[2]["accuracy_sd"] is None and "±" not in rows[2]["accuracy_text"]  # one seed: no spread
 
 
-def test_compare_table_and_plot(runs, tiny_mnist, tmp_path):
+def test_compare_counts_a_model_given_twice_once(runs, tiny_mnist, ponder, tmp_path):
+    copy = tmp_path / "copy.pt"
+    copy.write_bytes((runs / "pn1" / "best.pt").read_bytes())
+    result = ponder("compare", runs / "pn1" / "best.pt", runs / "pn1" / "best.pt", copy, "--angles", 10, "-f", "json",
+                    "--data-dir", tiny_mnist)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["buckets"][0]["seeds"] == 1
+    assert "the same model as" in result.stderr
+
+
+def test_compare_table_and_plot(runs, tiny_mnist, tmp_path, ponder):
     pytest.importorskip("matplotlib")
     png = tmp_path / "cmp.png"
-    result = invoke("compare", runs / "pn1" / "best.pt", runs / "act" / "best.pt", "--angles", 30,
+    result = ponder("compare", runs / "pn1" / "best.pt", runs / "act" / "best.pt", "--angles", 30,
                     "--plot", png, "--data-dir", tiny_mnist)
     assert result.exit_code == 0, result.output
     assert "Methods compared" in result.stdout and "act" in result.stdout and "±" in result.stdout

@@ -1,12 +1,14 @@
 import torch
 
 from ponder_cli.config import PonderConfig
-from ponder_cli.model import PonderNet, logits_at, sample_halting_steps
+from ponder_cli.halting import SampleExit, logits_at, sample_halting_steps
+from ponder_cli.methods import build_model
+from ponder_cli.model import PonderNet
 
 
-def small_model(max_steps=6, seed=0):
+def small_model(max_steps=6, seed=0, **changes):
     torch.manual_seed(seed)
-    return PonderNet(PonderConfig(max_steps=max_steps, hidden=16, hidden_cnn=16, hidden_lin=16)).eval()
+    return build_model(PonderConfig(max_steps=max_steps, hidden=16, hidden_cnn=16, hidden_lin=16, **changes)).eval()
 
 
 def test_forward_shapes():
@@ -16,13 +18,21 @@ def test_forward_shapes():
 
 
 def test_split_first_layer_equals_linear_on_concatenation():
-    model = small_model()
-    mlp = model.step_mlp
+    mlp = small_model().step.mlp
     e, h = torch.randn(3, 16), torch.randn(3, 16)
     weight = torch.cat([mlp.from_embedding.weight, mlp.from_state.weight], dim=1)
     concatenated = torch.relu(torch.nn.functional.linear(torch.cat([e, h], 1), weight, mlp.from_embedding.bias))
     expected = torch.relu(mlp.to_state(concatenated))
-    assert torch.allclose(mlp(mlp.embedding_part(e), h), expected, atol=1e-6)
+    assert torch.allclose(mlp(mlp.from_embedding(e), h), expected, atol=1e-6)
+
+
+def test_mlp_step_dropout_masks_differ_per_step_and_vanish_in_eval():
+    model = small_model().train()
+    context, _ = model.step.start(torch.randn(4, 1, 28, 28), 6)
+    masks = context[1]  # (B, steps, L), scaled by 1 / (1 - p)
+    assert masks.shape == (4, 6, 16) and set(masks.unique().tolist()) <= {0.0, 1 / 0.8}
+    assert not torch.equal(masks[:, 0], masks[:, 1])
+    assert model.eval().step.start(torch.randn(4, 1, 28, 28), 6)[0][1] is None
 
 
 def test_sample_halting_takes_first_firing_step():
@@ -44,7 +54,7 @@ def test_early_exit_matches_running_every_step():
         model.halting_head.bias.fill_(-1.0)  # spread halting over several steps
     x = torch.randn(64, 1, 28, 28)
     uniforms = torch.rand(8, 64, generator=torch.Generator().manual_seed(1))
-    logits, steps = model.infer(x, uniforms)
+    logits, steps = model.infer(x, SampleExit(uniforms))
     with torch.no_grad():
         out = model(x)
     full_steps = sample_halting_steps(out.lambda_logits, uniforms)
@@ -54,9 +64,7 @@ def test_early_exit_matches_running_every_step():
 
 
 def test_confidence_input_feeds_the_top_class_probability_to_the_halting_head():
-    torch.manual_seed(0)
-    cfg = PonderConfig(max_steps=4, hidden=16, hidden_cnn=16, hidden_lin=16, halting_input="state+confidence")
-    model = PonderNet(cfg).eval()
+    model = small_model(max_steps=4, halting_input="state+confidence")
     assert model.halting_head.in_features == 17
     h = torch.randn(5, 16)
     logits, lam = model.heads(h)
@@ -65,6 +73,39 @@ def test_confidence_input_feeds_the_top_class_probability_to_the_halting_head():
     assert torch.allclose(lam, h @ w[:16] + top * w[16] + b, atol=1e-6)
     x = torch.randn(32, 1, 28, 28) * torch.linspace(0, 3, 32).view(-1, 1, 1, 1)
     uniforms = torch.rand(4, 32, generator=torch.Generator().manual_seed(2))
-    _, steps = model.infer(x, uniforms)
+    _, steps = model.infer(x, SampleExit(uniforms))
     with torch.no_grad():
         assert torch.equal(steps, sample_halting_steps(model(x).lambda_logits, uniforms))
+
+
+def test_a_new_step_function_plugs_in_through_the_registry(monkeypatch):
+    """The seam: a step function defined here, registered by one line, drives the same loop,
+    early exit included, with halting extras reaching the halting head."""
+    from ponder_cli import registry
+    from ponder_cli.steps import StepFunction
+
+    class CountingStep(StepFunction):
+        readout_size, halting_extra_size = 3, 1
+
+        def __init__(self, cfg):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.ones(()))
+
+        def start(self, x, steps):
+            return (x.flatten(1).mean(1, keepdim=True),), (torch.zeros(x.shape[0], 3),)
+
+        def forward(self, context, state, n):
+            h = state[0] + self.scale * context[0]  # (B, 3)
+            return (h,), h, torch.full((h.shape[0], 1), float(n))
+
+    monkeypatch.setitem(registry.STEPS, "counting", f"{__name__}:CountingStep")
+    globals()["CountingStep"] = CountingStep
+    cfg = PonderConfig(step="counting", max_steps=5)
+    model = PonderNet(cfg).eval()
+    assert model.halting_head.in_features == 4
+    x = torch.randn(10, 1, 28, 28)
+    out = model(x)
+    assert out.logits.shape == (5, 10, 10)
+    uniforms = torch.rand(5, 10, generator=torch.Generator().manual_seed(0))
+    _, steps = model.infer(x, SampleExit(uniforms))
+    assert torch.equal(steps, sample_halting_steps(out.lambda_logits, uniforms))

@@ -11,45 +11,25 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from ponder_cli import PonderError, train as train_module
+from ponder_cli import PonderError
 from ponder_cli.checkpoint import load_checkpoint, load_model, save_checkpoint
-from ponder_cli.cli import app
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
 from ponder_cli.losses import geometric_log_prior, ponder_loss
-from ponder_cli.methods import training_loss
-from ponder_cli.model import PonderNet, PonderOutput
+from ponder_cli.methods.pondernet import PonderNetMethod
 from ponder_cli.train import train
-from conftest import write_idx
 
-runner = CliRunner()
 TINY = ["--val-size", "100", "--max-steps", "3", "--batch-size", "64"]
 
 
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_error_line(result) -> str:
-    assert result.exit_code != 0, result.output
-    assert "Traceback" not in result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit)
-    lines = [line for line in result.stderr.splitlines() if line.startswith("Error")]
-    assert len(lines) == 1, result.stderr
-    return lines[0]
+@pytest.fixture
+def invoke(ponder):
+    return ponder
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tiny_mnist, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ck")
-    assert invoke("train", "--epochs", 1, *TINY, "--data-dir", tiny_mnist, "--out", out, "--no-progress").exit_code == 0
-    return out / "best.pt"
-
-
-@pytest.fixture(scope="module")
-def bad_data(tmp_path_factory):
+def bad_data(tmp_path_factory, write_idx):
     """Data directories whose IDX files are truncated or have the wrong magic number."""
     root = tmp_path_factory.mktemp("bad")
     for name, damage in (("truncated", lambda b: b[:-100]), ("magic", lambda b: b"\x00\x00\x09\x03" + b[4:])):
@@ -85,7 +65,7 @@ TRAIN_ERRORS = [
 
 
 @pytest.mark.parametrize("args,fragment", TRAIN_ERRORS, ids=[" ".join(a) for a, _ in TRAIN_ERRORS])
-def test_bad_train_options(args, fragment, tiny_mnist, tmp_path):
+def test_bad_train_options(args, fragment, tiny_mnist, tmp_path, invoke, one_error_line):
     if "cuda" in args and torch.cuda.is_available():
         pytest.skip("CUDA is available here")
     out = tmp_path / "out"
@@ -98,14 +78,14 @@ def test_bad_train_options(args, fragment, tiny_mnist, tmp_path):
     ("missing", "MNIST not found"), ("truncated", "truncated"), ("magic", "bad magic number"),
     ("a_file", "not a directory"),
 ])
-def test_bad_data_directories(case, fragment, bad_data, tmp_path):
+def test_bad_data_directories(case, fragment, bad_data, tmp_path, invoke, one_error_line):
     out = tmp_path / "out"
     line = one_error_line(invoke("train", "--no-download", "--data-dir", bad_data / case, "--out", out))
     assert fragment in line
     assert not out.exists()
 
 
-def test_unwritable_out(tiny_mnist, tmp_path):
+def test_unwritable_out(tiny_mnist, tmp_path, invoke, one_error_line):
     blocker = tmp_path / "file"
     blocker.write_text("")
     line = one_error_line(invoke("train", "--epochs", 1, *TINY, "--data-dir", tiny_mnist, "--out", blocker / "sub"))
@@ -120,7 +100,7 @@ EVAL_ERRORS = [
 
 
 @pytest.mark.parametrize("args,fragment", EVAL_ERRORS, ids=[" ".join(a) for a, _ in EVAL_ERRORS])
-def test_bad_extrapolate_options(args, fragment, checkpoint, tiny_mnist):
+def test_bad_extrapolate_options(args, fragment, checkpoint, tiny_mnist, invoke, one_error_line):
     line = one_error_line(invoke("extrapolate", checkpoint, *args, "--data-dir", tiny_mnist))
     assert fragment in line
 
@@ -128,7 +108,7 @@ def test_bad_extrapolate_options(args, fragment, checkpoint, tiny_mnist):
 @pytest.mark.parametrize("content,fragment", [
     (None, "is a directory"), (b"", "not a readable checkpoint"), (b"\x80\x04garbage", "not a readable"),
 ])
-def test_bad_checkpoint_files(content, fragment, tmp_path, tiny_mnist):
+def test_bad_checkpoint_files(content, fragment, tmp_path, tiny_mnist, invoke, one_error_line):
     path = tmp_path / "ck.pt"
     if content is None:
         path.mkdir()
@@ -138,7 +118,7 @@ def test_bad_checkpoint_files(content, fragment, tmp_path, tiny_mnist):
     assert fragment in line and str(path) in line
 
 
-def test_truncated_real_checkpoint(checkpoint, tmp_path, tiny_mnist):
+def test_truncated_real_checkpoint(checkpoint, tmp_path, tiny_mnist, invoke, one_error_line):
     data = checkpoint.read_bytes()
     path = tmp_path / "cut.pt"
     path.write_bytes(data[: len(data) // 2])
@@ -162,18 +142,8 @@ def test_inconsistent_checkpoints(mutate, fragment, checkpoint, tmp_path):
     assert str(path) in str(err.value)
 
 
-class _Payload:
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
-def test_checkpoint_with_code_is_refused_from_the_cli(tmp_path, tiny_mnist):
-    marker = tmp_path / "ran"
-    path = tmp_path / "evil.pt"
-    torch.save({"format": "ponder_cli", "version": 1, "model": _Payload(marker)}, path)
+def test_checkpoint_with_code_is_refused_from_the_cli(evil_checkpoint, tiny_mnist, invoke, one_error_line):
+    path, marker = evil_checkpoint
     line = one_error_line(invoke("extrapolate", path, "--angles", 10, "--data-dir", tiny_mnist))
     assert "refused" in line
     assert not marker.exists()
@@ -181,13 +151,13 @@ def test_checkpoint_with_code_is_refused_from_the_cli(tmp_path, tiny_mnist):
 
 # --- resume -------------------------------------------------------------------------------------
 
-def test_resume_with_contradicting_options_is_refused(checkpoint, tiny_mnist, tmp_path):
+def test_resume_with_contradicting_options_is_refused(checkpoint, tiny_mnist, tmp_path, invoke, one_error_line):
     last = checkpoint.parent / "last.pt"
     line = one_error_line(invoke("train", "--resume", last, "--max-steps", 7, "--data-dir", tiny_mnist))
-    assert "--max-steps 7 (checkpoint: 3)" in line
+    assert "--max-steps 7 (checkpoint: 5)" in line
 
 
-def test_resume_from_the_cli_continues_at_the_next_epoch(checkpoint, tiny_mnist, tmp_path):
+def test_resume_from_the_cli_continues_at_the_next_epoch(checkpoint, tiny_mnist, tmp_path, invoke):
     out = tmp_path / "run"
     out.mkdir()
     (out / "last.pt").write_bytes((checkpoint.parent / "last.pt").read_bytes())
@@ -195,7 +165,7 @@ def test_resume_from_the_cli_continues_at_the_next_epoch(checkpoint, tiny_mnist,
     assert result.exit_code == 0, result.output
     assert "resuming after epoch 1" in result.stderr and "epoch  2/2" in result.stderr
     assert "epoch  1/2" not in result.stderr
-    assert load_checkpoint(out / "last.pt")["epoch"] == 2
+    assert load_checkpoint(out / "last.pt").epoch == 2
 
 
 # --- numerical faults ---------------------------------------------------------------------------
@@ -210,22 +180,23 @@ def _data(tiny_mnist):
 def _poison(monkeypatch, every: int):
     """Make every `every`-th training loss NaN."""
     calls = {"n": 0}
+    loss = PonderNetMethod.loss
 
-    def poisoned(*args, **kwargs):
-        parts = training_loss(*args, **kwargs)
+    def poisoned(self, *args, **kwargs):
+        parts = loss(self, *args, **kwargs)
         calls["n"] += 1
         if calls["n"] % every == 0:
             return parts._replace(total=parts.total * float("nan"))
         return parts
 
-    monkeypatch.setattr(train_module, "training_loss", poisoned)
+    monkeypatch.setattr(PonderNetMethod, "loss", poisoned)
 
 
 def test_non_finite_batches_are_skipped_and_counted(monkeypatch, tiny_mnist, tmp_path):
     _poison(monkeypatch, every=3)  # 600 images / 64 = 10 batches per epoch: 3 poisoned in each
     result = train(CFG, *_data(tiny_mnist), device=torch.device("cpu"), out_dir=tmp_path, progress=False)
     assert [h.skipped_batches for h in result.history] == [3, 3]
-    assert all(torch.isfinite(p).all() for p in load_checkpoint(tmp_path / "best.pt")["model"].values())
+    assert all(torch.isfinite(p).all() for p in load_checkpoint(tmp_path / "best.pt").model.values())
     assert all(torch.isfinite(torch.tensor(h.train_loss)) for h in result.history)
 
 
@@ -237,7 +208,7 @@ def test_a_whole_non_finite_epoch_stops_training(monkeypatch, tiny_mnist, tmp_pa
         train(CFG, *_data(tiny_mnist), device=torch.device("cpu"), out_dir=tmp_path, progress=False,
               resume=load_checkpoint(tmp_path / "last.pt"))
     assert (tmp_path / "best.pt").read_bytes() == before
-    assert load_checkpoint(tmp_path / "last.pt")["epoch"] == 1
+    assert load_checkpoint(tmp_path / "last.pt").epoch == 1
 
 
 def test_losses_finite_with_float16_underflow():
@@ -246,8 +217,7 @@ def test_losses_finite_with_float16_underflow():
     lambda_logits[0, :4] = 60.0
     logits = (torch.randn(20, 8, 10) * 50).to(torch.float16).requires_grad_(True)
     lambda_logits.requires_grad_(True)
-    parts = ponder_loss(PonderOutput(logits, lambda_logits), torch.arange(8) % 10,
-                        geometric_log_prior(0.2, 20), beta=0.01)
+    parts = ponder_loss(logits, lambda_logits, torch.arange(8) % 10, geometric_log_prior(0.2, 20), beta=0.01)
     parts.total.backward()
     assert parts.total.dtype == torch.float32
     assert all(torch.isfinite(t) for t in parts)
@@ -258,9 +228,9 @@ def test_best_is_not_overwritten_by_a_worse_model(tiny_mnist, tmp_path):
     cfg = CFG.replace(epochs=1)
     train_set, val_set = _data(tiny_mnist)
     first = train(cfg.replace(lr=3e-3), train_set, val_set, device=torch.device("cpu"), out_dir=tmp_path, progress=False)
-    payload = load_checkpoint(tmp_path / "last.pt")
-    payload["best_accuracy"] = 2.0  # no model can beat this
-    save_checkpoint({k: v for k, v in payload.items() if k not in ("format", "version")}, tmp_path / "last.pt")
+    state = load_checkpoint(tmp_path / "last.pt")
+    state.best_accuracy = 2.0  # no model can beat this
+    save_checkpoint(state, tmp_path / "last.pt")
     best_before = (tmp_path / "best.pt").read_bytes()
     result = train(cfg.replace(epochs=2, lr=3e-3), train_set, val_set, device=torch.device("cpu"), out_dir=tmp_path,
                    progress=False, resume=load_checkpoint(tmp_path / "last.pt"))
@@ -270,15 +240,17 @@ def test_best_is_not_overwritten_by_a_worse_model(tiny_mnist, tmp_path):
 
 # --- determinism --------------------------------------------------------------------------------
 
-def test_same_seed_same_training_and_evaluation(tiny_mnist, tmp_path):
+def test_same_seed_same_training_and_evaluation(tiny_mnist, tmp_path, invoke):
     runs = [train(CFG, *_data(tiny_mnist), device=torch.device("cpu"), out_dir=tmp_path / str(i), progress=False)
             for i in range(2)]
     assert runs[0].history[-1].train_loss == runs[1].history[-1].train_loss
     assert [h.val_accuracy for h in runs[0].history] == [h.val_accuracy for h in runs[1].history]
     a = [json.loads(invoke("eval", tmp_path / str(i) / "best.pt", "--rotation", 30, "-f", "json",
                            "--data-dir", tiny_mnist).stdout) for i in range(2)]
-    assert a[0].pop("checkpoint") != a[1].pop("checkpoint")
-    assert a[0] == a[1] and 0 <= a[0]["accuracy"] <= 1
+    assert a[0].pop("checkpoints") != a[1].pop("checkpoints")
+    for report in a:
+        report["buckets"][0].pop("checkpoint")
+    assert a[0] == a[1] and 0 <= a[0]["buckets"][0]["accuracy"] <= 1
 
 
 # --- crashes and interrupts ---------------------------------------------------------------------
@@ -311,8 +283,8 @@ def test_sigkill_never_leaves_a_broken_checkpoint(tiny_mnist, tmp_path):
             proc.kill()
             proc.communicate()
         for name in ("last.pt", "best.pt"):
-            model, cfg, ckpt = load_model(out / name, "cpu")
-            assert cfg.max_steps == 2 and ckpt["epoch"] >= 1
+            model, cfg, state = load_model(out / name, "cpu")
+            assert cfg.max_steps == 2 and state.epoch >= 1
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
@@ -329,5 +301,5 @@ def test_ctrl_c_exits_130_with_a_resume_hint(tiny_mnist, tmp_path):
     assert proc.returncode == 130, stderr
     assert f"ponder train --resume {out / 'last.pt'}" in stderr
     assert "Traceback" not in stderr
-    epoch = load_checkpoint(out / "last.pt")["epoch"]
+    epoch = load_checkpoint(out / "last.pt").epoch
     assert epoch >= 1 and f"epoch {epoch:>2}/500" in stderr

@@ -3,21 +3,20 @@ import torch
 import torchvision.transforms as T
 import torchvision.transforms.functional as TF
 
-from ponder_cli.data import MNIST_MEAN, MNIST_STD, prepare_batch
+from ponder_cli.data import MNIST_MEAN, MNIST_STD, prepare_batch, synthetic_digits
 from ponder_cli.rotation import rotate, uniform_angles
-from conftest import synthetic_digits
 
 
 @pytest.mark.parametrize("angle", [0.0, 5.0, -12.25, 22.5, 45.0, -67.5, 90.0, 133.3, 180.0])
 def test_rotation_matches_torchvision_pixel_for_pixel(angle):
-    images, _ = synthetic_digits(4, seed=1)
+    images = synthetic_digits(4, seed=1).images
     ours = rotate(images.unsqueeze(1).float(), torch.full((4,), angle)).to(torch.uint8)
     theirs = TF.rotate(images.unsqueeze(1), angle, interpolation=T.InterpolationMode.NEAREST, fill=0)
     assert torch.equal(ours, theirs)
 
 
 def test_per_image_angles_match_random_rotation():
-    images, _ = synthetic_digits(16, seed=2)
+    images = synthetic_digits(16, seed=2).images
     transform = T.RandomRotation(degrees=45)
     angles, expected = [], []
     for i, img in enumerate(images):
@@ -46,7 +45,7 @@ def test_uniform_angles_range_and_seeding():
 
 
 def test_prepare_batch_normalises_like_to_tensor_normalize():
-    images, _ = synthetic_digits(3, seed=4)
+    images = synthetic_digits(3, seed=4).images
     reference = T.Normalize((MNIST_MEAN,), (MNIST_STD,))(images.unsqueeze(1).float() / 255)
     assert torch.allclose(prepare_batch(images), reference, atol=1e-6)
     assert prepare_batch(images, torch.zeros(3)).shape == (3, 1, 28, 28)

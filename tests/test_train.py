@@ -44,8 +44,8 @@ def test_resume_equals_training_straight_through(tiny_mnist, tmp_path):
     assert [h.epoch for h in resumed.history] == [1, 2]
     assert resumed.history[-1].val_accuracy == straight.history[-1].val_accuracy
     assert resumed.history[-1].train_loss == straight.history[-1].train_loss
-    a = load_checkpoint(tmp_path / "a" / "last.pt")["model"]
-    b = load_checkpoint(tmp_path / "b" / "last.pt")["model"]
+    a = load_checkpoint(tmp_path / "a" / "last.pt").model
+    b = load_checkpoint(tmp_path / "b" / "last.pt").model
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -54,5 +54,5 @@ def test_early_stopping_and_best_checkpoint(tiny_mnist, tmp_path):
     cfg = CFG.replace(epochs=6, patience=1, lr=1e-9)  # nothing improves after epoch 1
     result = train(cfg, train_set, val_set, device=torch.device("cpu"), out_dir=tmp_path, progress=False)
     assert result.stopped_early and result.last_epoch < 6
-    assert load_checkpoint(tmp_path / "best.pt")["epoch"] == result.best_epoch
-    assert load_checkpoint(tmp_path / "last.pt")["epoch"] == result.last_epoch
+    assert load_checkpoint(tmp_path / "best.pt").epoch == result.best_epoch
+    assert load_checkpoint(tmp_path / "last.pt").epoch == result.last_epoch

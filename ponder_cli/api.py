@@ -1,0 +1,198 @@
+"""One library function per command: load what it needs, run it, return a reports.Report.
+
+The CLI parses options, calls one of these and renders the report; everything here is usable
+(and tested) without the CLI.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from . import PonderError
+from .reports import Report, comparison_report, evaluation_report, group_by_configuration, training_report
+
+MAX_ANGLE = 180.0
+
+
+def check_angle(angle: float, what: str) -> float:
+    if not math.isfinite(angle):
+        raise PonderError(f"{what} must be a finite number of degrees (got {angle})")
+    if not 0 <= angle <= MAX_ANGLE:
+        raise PonderError(f"{what} must be between 0 and {MAX_ANGLE:g} degrees: images are rotated within "
+                          f"+-angle (got {angle:g})")
+    return angle
+
+
+def parse_angles(texts: list[str], what: str = "--angles") -> list[float]:
+    angles = []
+    for text in texts:
+        try:
+            angle = float(text)
+        except ValueError:
+            raise PonderError(f"{what}: {text!r} is not a number of degrees") from None
+        angles.append(check_angle(angle, what))
+    if not angles:
+        raise PonderError(f"{what} needs at least one angle")
+    return angles
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """How to evaluate: shared by eval, extrapolate and compare."""
+    protocol: str = "uniform"
+    halting: str = "sample"
+    seed: Optional[int] = None  # None: the checkpoint's training seed (compare: the default seed)
+    limit: int = 0  # first N test images (0: all)
+    batch_size: int = 1000
+    data_dir: Optional[Path] = None  # None: data.default_data_dir()
+    download: bool = True
+    device: str = "auto"
+    amp: Optional[bool] = None  # None: on for CUDA, off for the CPU
+    detail: bool = False
+
+
+def _device_and_amp(device: str, amp: Optional[bool]):
+    from .runtime import resolve_device
+
+    dev = resolve_device(device)
+    return dev, (dev.type == "cuda" if amp is None else amp)
+
+
+def _data_dir(data_dir: Optional[Path]) -> Path:
+    from .data import default_data_dir
+    return data_dir if data_dir is not None else default_data_dir()
+
+
+def _test_set(options: EvalOptions, device):
+    from .data import load_mnist
+
+    test = load_mnist(_data_dir(options.data_dir), train=False, download=options.download)
+    return (test.subset(slice(0, options.limit)) if options.limit else test).to(device)
+
+
+def _bucket_dicts(model, cfg, test, angles: list[float], options: EvalOptions, seed: int, amp: bool, *,
+                  with_loss: bool):
+    from .evaluate import evaluate_buckets
+    from .methods import get_method
+
+    results, rho = evaluate_buckets(model, test, cfg, angles, protocol=options.protocol, halting=options.halting,
+                                    seed=seed, batch_size=options.batch_size, detail=options.detail,
+                                    with_loss=with_loss, amp=amp)
+    used = get_method(cfg).halting_label(options.halting)
+    buckets = []
+    for angle, result in zip(angles, results):
+        bucket = {"rotation": angle, "protocol": options.protocol, "halting": used, **result.as_dict()}
+        if not with_loss:
+            for key in ("loss", "reconstruction", "regularisation"):
+                bucket.pop(key)
+        if not options.detail:
+            bucket.pop("accuracy_at_step")
+        buckets.append(bucket)
+    return buckets, rho
+
+
+def evaluate_checkpoint(command: str, checkpoint: Optional[Path], angles: list[float],
+                        options: EvalOptions) -> Report:
+    """eval (with the loss) and extrapolate: one checkpoint, one bucket per angle."""
+    from .checkpoint import load_model
+    from .runs import default_checkpoint
+
+    path = checkpoint if checkpoint is not None else default_checkpoint()
+    dev, amp = _device_and_amp(options.device, options.amp)
+    model, cfg, _ = load_model(path, dev)
+    test = _test_set(options, dev)
+    seed = cfg.seed if options.seed is None else options.seed
+    with_loss = command == "eval"
+    buckets, rho = _bucket_dicts(model, cfg, test, angles, options, seed, amp, with_loss=with_loss)
+    return evaluation_report(command, str(path), cfg, buckets, rho, protocol=options.protocol,
+                             halting=buckets[0]["halting"], seed=seed, with_loss=with_loss, detail=options.detail)
+
+
+def _weights_digest(state_dict: dict) -> str:
+    digest = hashlib.sha1()
+    for key in sorted(state_dict):
+        digest.update(key.encode())
+        digest.update(state_dict[key].detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def compare_checkpoints(checkpoints: list[Path], angles: list[float], options: EvalOptions,
+                        log: Callable[[str], None] = lambda line: None) -> Report:
+    """Several checkpoints on the same buckets (same images, same coin flips); checkpoints that
+    differ only in the seed are one method, reported as mean ± sd over its distinct models."""
+    from .checkpoint import load_model
+
+    dev, amp = _device_and_amp(options.device, options.amp)
+    seed = options.seed if options.seed is not None else _default_seed()
+    models, seen = {}, {}
+    for path in checkpoints:  # load every file first: a bad one fails before any evaluation
+        model, cfg, _ = load_model(path, dev)
+        digest = _weights_digest(model.state_dict())
+        if digest in seen:
+            log(f"{path}: the same model as {seen[digest]}, counted once")
+            continue
+        seen[digest] = path
+        models[str(path)] = (model, cfg)
+    test = _test_set(options, dev)
+    groups = group_by_configuration([(path, cfg) for path, (_, cfg) in models.items()])
+    results = [[_bucket_dicts(models[path][0], cfg, test, angles, options, seed, amp, with_loss=False)[0]
+                for path, cfg in group.members] for group in groups]
+    return comparison_report(groups, results, angles, protocol=options.protocol, halting=options.halting,
+                             seed=seed)
+
+
+def _default_seed() -> int:
+    from .config import PonderConfig
+    return PonderConfig.default("seed")
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    resume: Optional[Path] = None
+    out: Optional[Path] = None
+    data_dir: Optional[Path] = None
+    download: bool = True
+    device: str = "auto"
+    amp: Optional[bool] = None
+    progress: bool = True
+
+
+def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = lambda line: None) -> Report:
+    """Train with the options the user gave (see runs.plan_training) and report the run."""
+    from .checkpoint import LAST
+    from .data import load_mnist, train_val_split
+    from .render import epoch_line
+    from .runs import check_writable, plan_training
+    from .runtime import amp_dtype
+    from .train import train
+
+    plan = plan_training(given, resume=options.resume, out=options.out)
+    cfg = plan.cfg
+    dev, amp = _device_and_amp(options.device, options.amp)
+    full = load_mnist(_data_dir(options.data_dir), train=True, download=options.download)
+    train_set, val_set = train_val_split(full, val_size=cfg.val_size, train_size=cfg.train_size, seed=cfg.seed)
+    check_writable(plan.out_dir)  # only once everything else is known to be fine: nothing written before
+    train_set, val_set = train_set.to(dev), val_set.to(dev)
+    log(f"training {cfg.method} (step {cfg.step}) on {len(train_set)} images, validating on {len(val_set)}, "
+        f"device {dev}{', amp ' + str(amp_dtype(dev)).removeprefix('torch.') if amp else ''}"
+        f"{', resuming after epoch ' + str(plan.resume.epoch) if plan.resume else ''}")
+    started = time.perf_counter()
+    try:
+        result = train(cfg, train_set, val_set, device=dev, out_dir=plan.out_dir, amp=amp, resume=plan.resume,
+                       on_epoch=lambda stats: log(epoch_line(stats, cfg.epochs)), progress=options.progress)
+    except KeyboardInterrupt:
+        last = plan.out_dir / LAST
+        raise Interrupted(f"resume with: ponder train --resume {last}" if last.exists()
+                          else "no epoch had completed") from None
+    return training_report(cfg, result, time.perf_counter() - started)
+
+
+class Interrupted(PonderError):
+    """Training stopped by Ctrl-C: the last completed epoch is saved."""
+    exit_code = 130
+    headline = "Interrupted"

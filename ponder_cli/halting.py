@@ -1,0 +1,170 @@
+"""Halting arithmetic shared by the model, the losses and evaluation: PonderNet's halting
+distribution and its sample / median / expected rules, ACT's halting units, and the per-row
+rules that let the one early-exit loop (`PonderNet.infer`) stop each image as soon as it halts.
+
+Shapes: lambda_logits (steps, B) are pre-sigmoid conditional halting probabilities; logits
+(steps, B, classes) are the class scores y_n of every step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+LOG_HALF = math.log(0.5)
+
+
+# PonderNet -------------------------------------------------------------------------------------
+
+def halting_log_probs(lambda_logits: torch.Tensor) -> torch.Tensor:
+    """log p_n = log lambda_n + sum_{k<n} log(1 - lambda_k), with lambda forced to 1 at the last step.
+
+    Computed in log space and float32 so it stays finite even where p_n underflows:
+    log(1 - sigmoid(z)) = logsigmoid(-z) never takes the log of 0.
+    """
+    z = lambda_logits.float()  # (steps, B)
+    log_lambda = F.logsigmoid(z)
+    log_lambda = torch.cat([log_lambda[:-1], torch.zeros_like(log_lambda[-1:])])  # lambda_N = 1
+    log_continue = F.logsigmoid(-z)
+    log_survive = torch.cat([torch.zeros_like(z[:1]), torch.cumsum(log_continue[:-1], dim=0)])
+    return log_lambda + log_survive  # (steps, B)
+
+
+def sample_halting_steps(lambda_logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """1-based step at which each image halts: the first n with uniforms[n] < lambda_n."""
+    lam = torch.sigmoid(lambda_logits.float())  # (steps, B)
+    fires = uniforms < lam
+    fires[-1] = True  # lambda_N = 1
+    return fires.to(torch.uint8).argmax(dim=0) + 1  # argmax returns the first maximum; (B,)
+
+
+def median_halting_steps(lambda_logits: torch.Tensor) -> torch.Tensor:
+    """1-based first step where the cumulative halting probability 1 - prod_{k<=n}(1 - lambda_k)
+    reaches 1/2: a deterministic halting rule. (steps, B) -> (B,)"""
+    log_survival = torch.cumsum(F.logsigmoid(-lambda_logits.float()), dim=0)  # (steps, B)
+    fires = log_survival <= LOG_HALF
+    fires[-1] = True
+    return fires.to(torch.uint8).argmax(dim=0) + 1
+
+
+def logits_at(logits: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """Pick y_n at each image's 1-based halting step: (steps, B, C), (B,) -> (B, C)."""
+    index = (steps - 1).view(1, -1, 1).expand(1, -1, logits.shape[-1])
+    return logits.gather(0, index).squeeze(0)
+
+
+def expected_prediction(logits: torch.Tensor, lambda_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The p-weighted average of every step's class probabilities (B, classes) and the expected
+    number of steps sum_n n p_n (B,): the 'expected' halting rule, which runs every step."""
+    p = halting_log_probs(lambda_logits).exp()  # (steps, B)
+    probs = torch.softmax(logits.float(), dim=-1)  # (steps, B, classes)
+    n = torch.arange(1, p.shape[0] + 1, device=p.device, dtype=p.dtype)[:, None]
+    return (p[..., None] * probs).sum(dim=0), (n * p).sum(dim=0)
+
+
+# ACT (Graves 2016) -----------------------------------------------------------------------------
+
+class ActHalting(NamedTuple):
+    p: torch.Tensor  # (steps, B) weights of the step outputs, zero after N
+    steps: torch.Tensor  # (B,) N, 1-based
+    remainder: torch.Tensor  # (B,) R
+
+
+def act_halting(lambda_logits: torch.Tensor, epsilon: float) -> ActHalting:
+    """Halting units h_n = sigmoid(z_n); N is the first step with h_1 + ... + h_N >= 1 - epsilon
+    (or the last step); R = 1 - sum_{n<N} h_n; p = (h_1, ..., h_{N-1}, R, 0, ...)."""
+    h = torch.sigmoid(lambda_logits.float())  # (steps, B)
+    cumulative = torch.cumsum(h, dim=0)  # sum_{k<=n} h_k
+    reached = cumulative >= 1 - epsilon
+    reached[-1] = True  # max_steps caps N
+    steps = reached.to(torch.uint8).argmax(dim=0) + 1  # (B,)
+    n = torch.arange(1, h.shape[0] + 1, device=h.device)[:, None]  # (steps, 1)
+    # sum_{n<N} h_n read off the same running sum that chose N (0 when N = 1)
+    before = torch.where(steps > 1, cumulative.gather(0, (steps - 2).clamp_min(0)[None]).squeeze(0),
+                         torch.zeros_like(steps, dtype=h.dtype))
+    remainder = 1 - before
+    p = torch.where(n < steps, h, torch.zeros_like(h)) + torch.where(n == steps, remainder, torch.zeros_like(h))
+    return ActHalting(p, steps, remainder)
+
+
+def act_prediction(logits: torch.Tensor, lambda_logits: torch.Tensor, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The p-weighted mean of the step logits (B, classes) and N (B,)."""
+    halting = act_halting(lambda_logits, epsilon)
+    return (halting.p[..., None] * logits.float()).sum(dim=0), halting.steps
+
+
+# Early exit: one rule object per evaluation batch, driven step by step by PonderNet.infer ----------
+
+class EarlyExitRule:
+    """Decides, step by step, which of the rows still running halt and what they predict.
+
+    `decide` sees only the rows still running (A of them) and returns halts (A,) bool and the
+    prediction (A, classes) to keep for the rows that halt; `keep(running)` then drops the
+    halted rows from the rule's own per-row state, as the loop drops them from the model's.
+    """
+
+    def decide(self, n: int, last: bool, logits: torch.Tensor, lambda_logits: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def keep(self, running: torch.Tensor) -> None:
+        pass
+
+
+class SampleExit(EarlyExitRule):
+    """Halt at the first step whose Bernoulli(lambda_n) coin fires: uniforms[n] < lambda_n, the
+    coins (steps, B) drawn up front so the result equals `sample_halting_steps` on every step."""
+
+    def __init__(self, uniforms: torch.Tensor):
+        self.uniforms = uniforms  # (steps, A)
+
+    def decide(self, n, last, logits, lambda_logits):
+        if last:
+            return torch.ones_like(lambda_logits, dtype=torch.bool), logits
+        return self.uniforms[n] < torch.sigmoid(lambda_logits.float()), logits
+
+    def keep(self, running):
+        self.uniforms = self.uniforms[:, running]
+
+
+class MedianExit(EarlyExitRule):
+    """Halt where the cumulative halting probability reaches 1/2 (`median_halting_steps`)."""
+
+    def __init__(self, batch: int, device):
+        self.log_survival = torch.zeros(batch, device=device)  # log prod_k (1 - lambda_k), (A,)
+
+    def decide(self, n, last, logits, lambda_logits):
+        self.log_survival = self.log_survival + F.logsigmoid(-lambda_logits.float())
+        halts = torch.ones_like(self.log_survival, dtype=torch.bool) if last else self.log_survival <= LOG_HALF
+        return halts, logits
+
+    def keep(self, running):
+        self.log_survival = self.log_survival[running]
+
+
+class ActExit(EarlyExitRule):
+    """ACT: accumulate halting units and the p-weighted prediction until they reach 1 - epsilon;
+    the same N and predictions as `act_prediction` on every step."""
+
+    def __init__(self, batch: int, epsilon: float, device):
+        self.epsilon = epsilon
+        self.cumulative = torch.zeros(batch, device=device)  # sum of halting units so far, (A,)
+        self.weighted = None  # running sum of p_n * y_n, (A, classes), from the first step on
+
+    def decide(self, n, last, logits, lambda_logits):
+        if self.weighted is None:
+            self.weighted = torch.zeros_like(logits, dtype=torch.float32)
+        unit = torch.sigmoid(lambda_logits.float())
+        reached = self.cumulative + unit >= 1 - self.epsilon
+        if last:
+            reached = torch.ones_like(reached)
+        weight = torch.where(reached, 1 - self.cumulative, unit)  # R on the halting step
+        self.weighted = self.weighted + weight[:, None] * logits.float()
+        self.cumulative = self.cumulative + unit
+        return reached, self.weighted
+
+    def keep(self, running):
+        self.cumulative, self.weighted = self.cumulative[running], self.weighted[running]

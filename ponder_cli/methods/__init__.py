@@ -1,0 +1,66 @@
+"""Halting methods: what differs between PonderNet, ACT and a one-step network sharing one model.
+
+A method owns its training loss, how it predicts from a forward pass over every step, the rule
+the early-exit loop applies at inference, its halting-bias initialisation and any constraint it
+puts on the config. Register a new one in `registry.METHODS`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..halting import EarlyExitRule
+from ..losses import LossParts
+from ..registry import method_class
+
+
+class Method:
+    name: str = ""
+    # config values this method implies when the user leaves them out (plain: one step)
+    implied: dict = {}
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    @classmethod
+    def config_problems(cls, cfg) -> list[str]:
+        """What this method cannot train with, as messages for the user."""
+        return []
+
+    def init_halting_bias(self, bias: torch.Tensor) -> None:
+        """Set the halting head's bias after the model's default initialisation."""
+
+    def halting_label(self, rule: str) -> str:
+        """The halting rule that really applies when the user asks for `rule`."""
+        return rule
+
+    def needs_all_steps(self, rule: str) -> bool:
+        """Whether predicting under `rule` needs every step of every image (no early exit)."""
+        return False
+
+    def loss(self, logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor) -> LossParts:
+        raise NotImplementedError
+
+    def predict(self, logits: torch.Tensor, lambda_logits: torch.Tensor, uniforms: torch.Tensor,
+                rule: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Class scores (B, classes) and ponder steps (B,) from a forward pass over every step;
+        uniforms (steps, B) are the halting coin flips."""
+        raise NotImplementedError
+
+    def early_exit(self, rule: str, uniforms: torch.Tensor) -> EarlyExitRule:
+        """The rule `PonderNet.infer` applies so that it predicts exactly as `predict` does."""
+        raise NotImplementedError
+
+
+def get_method(cfg) -> Method:
+    return method_class(cfg.method)(cfg)
+
+
+def build_model(cfg) -> torch.nn.Module:
+    """The model for a config, with the method's halting-bias initialisation applied."""
+    from ..model import PonderNet
+
+    model = PonderNet(cfg)
+    with torch.no_grad():
+        get_method(cfg).init_halting_bias(model.halting_head.bias)
+    return model

@@ -1,0 +1,50 @@
+"""Adaptive Computation Time (Graves 2016) on the same network.
+
+Halting units h_n = sigmoid(halting head); the network stops at the first step N where
+h_1 + ... + h_N >= 1 - epsilon (or at max_steps); the remainder R = 1 - sum_{n<N} h_n takes the
+last step's weight, so p = (h_1, ..., h_{N-1}, R) sums to 1. The prediction is the p-weighted
+mean of the step outputs and the ponder cost N + R is added to the loss, weighted by tau.
+Deterministic at inference: the ponder steps are N, whatever halting rule is asked for.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..halting import ActExit, act_halting, act_prediction
+from ..losses import LossParts
+from . import Method
+
+# Graves: a positive halting bias makes early training ponder little
+INITIAL_HALTING_BIAS = 1.0
+
+
+def act_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor, tau: float,
+             epsilon: float) -> LossParts:
+    """CE of the mean-field prediction plus tau * (N + R); gradients reach the halting units
+    through R (N is discrete). Reported as (total, task loss, ponder cost)."""
+    halting = act_halting(lambda_logits, epsilon)
+    mean_field = (halting.p[..., None] * logits.float()).sum(dim=0)  # (B, classes)
+    task = F.cross_entropy(mean_field, targets)
+    ponder = (halting.steps.float() + halting.remainder).mean()
+    return LossParts(task + tau * ponder, task, ponder)
+
+
+class ACTMethod(Method):
+    name = "act"
+
+    def init_halting_bias(self, bias):
+        bias.fill_(INITIAL_HALTING_BIAS)
+
+    def halting_label(self, rule):
+        return "act"
+
+    def loss(self, logits, lambda_logits, targets):
+        return act_loss(logits, lambda_logits, targets, self.cfg.tau, self.cfg.act_epsilon)
+
+    def predict(self, logits, lambda_logits, uniforms, rule):
+        return act_prediction(logits, lambda_logits, self.cfg.act_epsilon)
+
+    def early_exit(self, rule, uniforms):
+        return ActExit(uniforms.shape[1], self.cfg.act_epsilon, uniforms.device)

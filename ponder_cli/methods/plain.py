@@ -1,0 +1,22 @@
+"""The "couldn't a plain network do as well?" baseline: PonderNet's network run for one step."""
+
+from __future__ import annotations
+
+from .pondernet import PonderNetMethod
+
+
+class PlainMethod(PonderNetMethod):
+    name = "plain"
+    implied = {"max_steps": 1}
+
+    @classmethod
+    def config_problems(cls, cfg):
+        if cfg.max_steps != 1:
+            return [f"method plain runs exactly one step: leave out --max-steps or use 1 (got {cfg.max_steps})"]
+        return []
+
+    def halting_label(self, rule):
+        return "one step"
+
+    def needs_all_steps(self, rule):
+        return False  # one step: every rule is the same prediction

@@ -1,0 +1,47 @@
+"""PonderNet (Banino et al. 2021): expected loss under the halting distribution plus a KL term
+towards a geometric prior; halting by Bernoulli coins (or the median / expected rules)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..halting import (MedianExit, SampleExit, expected_prediction, logits_at, median_halting_steps,
+                       sample_halting_steps)
+from ..losses import geometric_log_prior, ponder_loss
+from . import Method
+
+
+class PonderNetMethod(Method):
+    name = "pondernet"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self._log_prior: dict = {}  # per device: built once, not once per batch
+
+    def log_prior(self, device) -> torch.Tensor:
+        device = torch.device(device)
+        if device not in self._log_prior:
+            self._log_prior[device] = geometric_log_prior(self.cfg.lambda_p, self.cfg.max_steps, device)
+        return self._log_prior[device]
+
+    def needs_all_steps(self, rule):
+        return rule == "expected"
+
+    def loss(self, logits, lambda_logits, targets):
+        return ponder_loss(logits, lambda_logits, targets, self.log_prior(logits.device), self.cfg.beta)
+
+    def predict(self, logits, lambda_logits, uniforms, rule):
+        if rule == "expected":
+            return expected_prediction(logits, lambda_logits)
+        if rule == "sample":
+            steps = sample_halting_steps(lambda_logits, uniforms)
+        else:
+            steps = median_halting_steps(lambda_logits)
+        return logits_at(logits, steps), steps
+
+    def early_exit(self, rule, uniforms):
+        if rule == "sample":
+            return SampleExit(uniforms)
+        if rule == "median":
+            return MedianExit(uniforms.shape[1], uniforms.device)
+        raise ValueError(f"the {rule!r} rule needs every step; it has no early exit")

@@ -1,0 +1,40 @@
+"""Every choice the user can make, named in one place, without importing torch.
+
+Step functions and halting methods are registered as "module:attribute" strings and imported
+only when built, so the CLI can list choices and validate a config before torch loads.
+Adding a step function or a method is one module and one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+STEPS = {
+    "mlp": "ponder_cli.steps.mlp:MLPStep",  # the reference: CNN once per image, MLP steps
+}
+
+METHODS = {
+    "pondernet": "ponder_cli.methods.pondernet:PonderNetMethod",
+    "act": "ponder_cli.methods.act:ACTMethod",
+    "plain": "ponder_cli.methods.plain:PlainMethod",
+}
+
+HALTING_INPUTS = ("state", "state+confidence")  # what the halting head sees
+HALTING_RULES = ("sample", "median", "expected")  # how PonderNet picks its halting step at inference
+PROTOCOLS = ("uniform", "band", "fixed")  # how test images are rotated per angle bucket
+FORMATS = ("table", "json", "csv")
+
+
+def _load(table: dict[str, str], kind: str, name: str):
+    if name not in table:
+        raise ValueError(f"unknown {kind} {name!r}; choose from {', '.join(table)}")
+    module, attribute = table[name].split(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def step_class(name: str):
+    return _load(STEPS, "step function", name)
+
+
+def method_class(name: str):
+    return _load(METHODS, "method", name)

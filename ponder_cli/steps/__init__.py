@@ -1,0 +1,44 @@
+"""Step functions: the piece of PonderNet that is applied again and again.
+
+A step function says what is computed once per image (`start`) and what each step computes
+from that and the previous state (`forward`). The one ponder loop in `model.PonderNet` drives
+it, for training (every step of every image) and for early-exit inference (only the images
+still running). Register a new one in `registry.STEPS`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.nn as nn
+
+# Per-image tensors with the batch as dim 0 (or None), so the loop can drop halted rows.
+Rows = Sequence[Optional[torch.Tensor]]
+
+
+def select_rows(values: Rows, rows: torch.Tensor) -> tuple:
+    """Keep the given rows (a bool mask or indices) of every tensor; None stays None."""
+    return tuple(None if v is None else v[rows] for v in values)
+
+
+class StepFunction(nn.Module):
+    """Interface of a step function.
+
+    readout_size: width of the readout that the class head and the halting head read.
+    halting_extra_size: width of extra features that only the halting head sees (0: none).
+    """
+
+    readout_size: int
+    halting_extra_size: int = 0
+
+    def start(self, x: torch.Tensor, steps: int) -> tuple[tuple, tuple]:
+        """From images (B, 1, 28, 28): the per-image context computed once, and the initial
+        state. `steps` is how many steps may follow (for drawing per-step dropout masks)."""
+        raise NotImplementedError
+
+    def forward(self, context: tuple, state: tuple, n: int
+                ) -> tuple[tuple, torch.Tensor, Optional[torch.Tensor]]:
+        """Step n (0-based): the new state, the readout (B, readout_size) and the halting
+        extras (B, halting_extra_size) or None."""
+        raise NotImplementedError
