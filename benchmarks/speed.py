@@ -83,9 +83,22 @@ def reference_style_infer(model: PonderNet, x: torch.Tensor, uniforms: torch.Ten
     return steps
 
 
+def evaluation_figures(model, test, cfg, device, amp: bool) -> None:
+    print(f"\nevaluation (10,000 test images, +-22.5 deg, sampled halting)")
+    early_s, early = timed(lambda: evaluate(model, test, cfg, max_angle=22.5, seed=1, amp=amp), device, repeat=2)
+    forced_s, forced = timed(lambda: evaluate(model, test, cfg, max_angle=22.5, seed=1, early_exit=False, amp=amp),
+                             device, repeat=2)
+    print(f"  mean ponder steps       {early.mean_steps:10.2f} of {cfg.max_steps}")
+    print(f"  early exit images/s     {len(test) / early_s:10.0f}   ({early_s:.3f} s)")
+    print(f"  all steps forced        {len(test) / forced_s:10.0f}   ({forced_s:.3f} s)")
+    print(f"  speed-up                {forced_s / early_s:10.2f}x   identical results: {early == forced}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--step", default="mlp", help="step function (its own defaults apply: see PonderConfig)")
+    parser.add_argument("--amp", action="store_true", help="mixed precision (fp16 on CUDA, bf16 on CPU)")
     parser.add_argument("--synthetic", action="store_true", help="generated images instead of MNIST")
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--train-batches", type=int, default=0,
@@ -93,7 +106,7 @@ def main() -> None:
     args = parser.parse_args()
 
     device = resolve_device(args.device)
-    cfg = PonderConfig()  # the reference configuration
+    cfg = PonderConfig.from_options(step=args.step)  # the reference configuration of that step
     if args.synthetic:
         full, test = synthetic_digits(60_000, 0), synthetic_digits(10_000, 1)
         source = "synthetic"
@@ -103,7 +116,8 @@ def main() -> None:
         source = f"MNIST from {data_dir}"
     train_set, val_set = train_val_split(full, val_size=cfg.val_size, train_size=cfg.train_size, seed=cfg.seed)
     train_set, val_set, test = train_set.to(device), val_set.to(device), test.to(device)
-    print(f"device {device}, {torch.get_num_threads()} CPU threads, torch {torch.__version__}, data: {source}")
+    print(f"device {device}, {torch.get_num_threads()} CPU threads, torch {torch.__version__}, data: {source}, "
+          f"step {cfg.step} (max {cfg.max_steps} steps, truncation {cfg.truncation:g}), amp {args.amp}")
 
     torch.manual_seed(cfg.seed)
     model = build_model(cfg).to(device)
@@ -114,14 +128,21 @@ def main() -> None:
 
     # --- training: one epoch of the reference configuration, then the validation pass
     epoch_set = train_set if not args.train_batches else train_set.subset(slice(0, args.train_batches * cfg.batch_size))
-    train_s, _ = timed(lambda: train_one_epoch(model, method, optimizer, scaler, epoch_set, cfg,
-                                               amp=False, progress=False), device)
+    train_s, stats = timed(lambda: train_one_epoch(model, method, optimizer, scaler, epoch_set, cfg,
+                                                   amp=args.amp, progress=False), device)
     train_s *= len(train_set) / len(epoch_set)
-    val_s, val = timed(lambda: evaluate(model, val_set, cfg, max_angle=cfg.train_rotation, seed=cfg.seed), device)
-    print("\ntraining (55,000 images at +-22.5 deg, batch 128, 20 steps)")
+    val_s, val = timed(lambda: evaluate(model, val_set, cfg, max_angle=cfg.train_rotation, seed=cfg.seed,
+                                        amp=args.amp), device)
+    print(f"\ntraining (55,000 images at +-22.5 deg, batch 128, {cfg.max_steps} steps)")
     print(f"  train images/s          {len(train_set) / train_s:10.0f}")
     print(f"  seconds per epoch       {train_s + val_s:10.2f}   (train {train_s:.2f} + validation {val_s:.2f})")
     print(f"  20 epochs, estimated    {20 * (train_s + val_s) / 60:10.2f} min")
+    print(f"  sampled steps (training){stats['steps']:10.2f}")
+    if cfg.step != "mlp":
+        evaluation_figures(model, test, cfg, device, args.amp)
+        print("\nmemory")
+        print(f"  peak RSS                {peak_rss_mb():10.0f} MB")
+        return
 
     # --- the step function: ours (CNN once per image) against the reference's (CNN every step)
     x = prepare_batch(train_set.images[:cfg.batch_size], uniform_angles(cfg.batch_size, 22.5, device=device))

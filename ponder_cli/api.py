@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from . import PonderError
-from .reports import Report, comparison_report, evaluation_report, group_by_configuration, training_report
+from .reports import (Report, combine_draws, comparison_report, evaluation_report, group_by_configuration, mean_ci,
+                      training_report)
 
 MAX_ANGLE = 180.0
 
@@ -54,6 +55,7 @@ class EvalOptions:
     device: str = "auto"
     amp: Optional[bool] = None  # None: on for CUDA, off for the CPU
     detail: bool = False
+    repeats: int = 1  # independent draws of rotations and coins (seeds seed, seed + 1, ...)
 
 
 def _device_and_amp(device: str, amp: Optional[bool]):
@@ -77,23 +79,31 @@ def _test_set(options: EvalOptions, device):
 
 def _bucket_dicts(model, cfg, test, angles: list[float], options: EvalOptions, seed: int, amp: bool, *,
                   with_loss: bool):
+    """One dict per angle bucket (means over `options.repeats` draws) and Spearman's rho (its
+    mean over draws, with a 95% interval when there are several)."""
     from .evaluate import evaluate_buckets
     from .methods import get_method
 
-    results, rho = evaluate_buckets(model, test, cfg, angles, protocol=options.protocol, halting=options.halting,
-                                    seed=seed, batch_size=options.batch_size, detail=options.detail,
-                                    with_loss=with_loss, amp=amp)
     used = get_method(cfg).halting_label(options.halting)
-    buckets = []
-    for angle, result in zip(angles, results):
-        bucket = {"rotation": angle, "protocol": options.protocol, "halting": used, **result.as_dict()}
-        if not with_loss:
-            for key in ("loss", "reconstruction", "regularisation"):
-                bucket.pop(key)
-        if not options.detail:
-            bucket.pop("accuracy_at_step")
-        buckets.append(bucket)
-    return buckets, rho
+    draws, rhos = [], []
+    for k in range(options.repeats):
+        results, rho = evaluate_buckets(model, test, cfg, angles, protocol=options.protocol, halting=options.halting,
+                                        seed=seed + k, batch_size=options.batch_size, detail=options.detail,
+                                        with_loss=with_loss, amp=amp)
+        rhos.append(rho)
+        buckets = []
+        for angle, result in zip(angles, results):
+            bucket = {"rotation": angle, "protocol": options.protocol, "halting": used, **result.as_dict()}
+            if not with_loss:
+                for key in ("loss", "reconstruction", "regularisation"):
+                    bucket.pop(key)
+            if not options.detail:
+                bucket.pop("accuracy_at_step")
+            buckets.append(bucket)
+        draws.append(buckets)
+    combined = [combine_draws([draw[b] for draw in draws]) for b in range(len(angles))]
+    rho, rho_ci = (None, None) if None in rhos else mean_ci(rhos)
+    return combined, rho, rho_ci
 
 
 def evaluate_checkpoint(command: str, checkpoint: Optional[Path], angles: list[float],
@@ -108,9 +118,37 @@ def evaluate_checkpoint(command: str, checkpoint: Optional[Path], angles: list[f
     test = _test_set(options, dev)
     seed = cfg.seed if options.seed is None else options.seed
     with_loss = command == "eval"
-    buckets, rho = _bucket_dicts(model, cfg, test, angles, options, seed, amp, with_loss=with_loss)
+    buckets, rho, rho_ci = _bucket_dicts(model, cfg, test, angles, options, seed, amp, with_loss=with_loss)
     return evaluation_report(command, str(path), cfg, buckets, rho, protocol=options.protocol,
-                             halting=buckets[0]["halting"], seed=seed, with_loss=with_loss, detail=options.detail)
+                             halting=buckets[0]["halting"], seed=seed, with_loss=with_loss, detail=options.detail,
+                             rho_ci=rho_ci)
+
+
+def sweep_checkpoint(checkpoint: Optional[Path], start: float, stop: float, every: float,
+                     options: EvalOptions) -> Report:
+    """The test set rotated by exactly each angle from `start` to `stop` every `every` degrees:
+    accuracy and mean steps per angle, and the slope of steps against the angle."""
+    from dataclasses import replace
+
+    from .checkpoint import load_model
+    from .reports import sweep_report
+    from .runs import default_checkpoint
+
+    check_angle(start, "--from"), check_angle(stop, "--to")
+    if not every > 0 or stop < start:
+        raise PonderError(f"the sweep needs --from <= --to and --every > 0 (got {start:g}, {stop:g}, {every:g})")
+    count = int((stop - start) / every + 1e-9) + 1
+    if count > 400:
+        raise PonderError(f"{count} angles is too many for one sweep; use a larger --every")
+    angles = [start + i * every for i in range(count)]
+    path = checkpoint if checkpoint is not None else default_checkpoint()
+    dev, amp = _device_and_amp(options.device, options.amp)
+    model, cfg, _ = load_model(path, dev)
+    test = _test_set(options, dev)
+    seed = cfg.seed if options.seed is None else options.seed
+    buckets, rho, _ = _bucket_dicts(model, cfg, test, angles, replace(options, protocol="fixed"), seed, amp,
+                                    with_loss=False)
+    return sweep_report(str(path), cfg, buckets, rho, halting=buckets[0]["halting"], seed=seed)
 
 
 def _weights_digest(state_dict: dict) -> str:
@@ -143,7 +181,7 @@ def compare_checkpoints(checkpoints: list[Path], angles: list[float], options: E
     results = [[_bucket_dicts(models[path][0], cfg, test, angles, options, seed, amp, with_loss=False)[0]
                 for path, cfg in group.members] for group in groups]
     return comparison_report(groups, results, angles, protocol=options.protocol, halting=options.halting,
-                             seed=seed)
+                             seed=seed, repeats=options.repeats)
 
 
 def _default_seed() -> int:

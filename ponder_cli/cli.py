@@ -155,12 +155,16 @@ def _angles_option(default: list[str], what: str):
                                                   "checkpoints may come before or after the list.")
 
 
+RepeatsOption = typer.Option(1, "--repeats", min=1, help="Independent draws of rotations and halting coins "
+                             "(seeds seed, seed+1, ...): means and 95% intervals per bucket.")
+
+
 def _eval_options(protocol: Protocol, halting: Halting, seed, limit, batch_size, data_dir, download, device,
-                  amp, detail=False):
+                  amp, repeats, detail=False):
     from .api import EvalOptions
     return EvalOptions(protocol=protocol.value, halting=halting.value, seed=seed, limit=limit,
                        batch_size=batch_size, data_dir=data_dir, download=download, device=device, amp=amp,
-                       detail=detail)
+                       repeats=repeats, detail=detail)
 
 
 def _check_plot(plot: Optional[Path]) -> Optional[Path]:
@@ -184,8 +188,14 @@ def train(
     method: Optional[Method] = _hyper("method", "pondernet; act (Adaptive Computation Time, Graves 2016); plain "
                                                 "(one step, no pondering: implies --max-steps 1).", "--method",
                                       case_sensitive=False),
-    step: Optional[Step] = _hyper("step", "The step function: mlp (CNN once, MLP steps: the reference).", "--step",
+    step: Optional[Step] = _hyper("step", "The step function: mlp (CNN once, MLP steps: the reference); align "
+                                          "(re-reads the image through a learnt rotation).", "--step",
                                   case_sensitive=False),
+    truncation: Optional[float] = _hyper("truncation", "Training drops an image from later steps once its "
+                                                       "remaining halting mass is below this (0: off)."),
+    align_turn: Optional[float] = _hyper("align_turn", "align: the largest turn of one step, in degrees."),
+    halting_bias: Optional[str] = _hyper("halting_bias", "Initial halting-head bias: a number, or 'prior' "
+                                                         "(logit of --lambda-p); none: the method's own."),
     epochs: Optional[int] = _hyper("epochs", "Training epochs."),
     batch_size: Optional[int] = _hyper("batch_size", "Images per batch."),
     lr: Optional[float] = _hyper("lr", "Adam learning rate."),
@@ -193,8 +203,8 @@ def train(
     lambda_p: Optional[float] = _hyper("lambda_p", "Geometric prior parameter, in (0, 1]."),
     beta: Optional[float] = _hyper("beta", "Weight of the KL regularisation."),
     tau: Optional[float] = _hyper("tau", "ACT: weight of the ponder cost N + R."),
-    halting_input: Optional[HaltingInput] = _hyper("halting_input", "What the halting head sees: the state, or "
-                                                   "the state and the step's top class probability.",
+    halting_input: Optional[HaltingInput] = _hyper("halting_input", "What the halting head sees besides the "
+                                                   "state: the step's top class probability, the step's turn (align).",
                                                    "--halting-input", case_sensitive=False),
     grad_clip: Optional[float] = _hyper("grad_clip", "Gradient-norm clip (0: off)."),
     patience: Optional[int] = _hyper("patience", "Early stopping: epochs without a better validation accuracy "
@@ -220,7 +230,7 @@ def train(
     from .api import TrainOptions, train_run
 
     given = {name: value.value if isinstance(value, Enum) else value for name, value in dict(
-        method=method, step=step, epochs=epochs, batch_size=batch_size, lr=lr, max_steps=max_steps,
+        method=method, step=step, truncation=truncation, align_turn=align_turn, halting_bias=halting_bias, epochs=epochs, batch_size=batch_size, lr=lr, max_steps=max_steps,
         lambda_p=lambda_p, beta=beta, tau=tau, halting_input=halting_input, grad_clip=grad_clip, patience=patience,
         lr_patience=lr_patience, train_rotation=train_rotation, val_size=val_size, train_size=train_size,
         seed=seed).items() if value is not None}
@@ -241,6 +251,7 @@ def eval_command(
     detail: bool = DetailOption,
     plot: Optional[Path] = PlotOption,
     seed: Optional[int] = EvalSeedOption,
+    repeats: int = RepeatsOption,
     limit: int = LimitOption,
     batch_size: int = EvalBatchOption,
     data_dir: Optional[Path] = DataDirOption,
@@ -255,7 +266,7 @@ def eval_command(
     parsed = parse_angles([str(rotation)] if rotation is not None else angles,
                           "--rotation" if rotation is not None else "--angles")
     plot = _check_plot(plot)
-    options = _eval_options(protocol, halting, seed, limit, batch_size, data_dir, download, device, amp, detail)
+    options = _eval_options(protocol, halting, seed, limit, batch_size, data_dir, download, device, amp, repeats, detail)
     _render(evaluate_checkpoint("eval", checkpoint, parsed, options), fmt, plot)
 
 
@@ -268,6 +279,7 @@ def extrapolate(
     detail: bool = DetailOption,
     plot: Optional[Path] = PlotOption,
     seed: Optional[int] = EvalSeedOption,
+    repeats: int = RepeatsOption,
     limit: int = LimitOption,
     batch_size: int = EvalBatchOption,
     data_dir: Optional[Path] = DataDirOption,
@@ -281,8 +293,36 @@ def extrapolate(
 
     parsed = parse_angles(angles)
     plot = _check_plot(plot)
-    options = _eval_options(protocol, halting, seed, limit, batch_size, data_dir, download, device, amp, detail)
+    options = _eval_options(protocol, halting, seed, limit, batch_size, data_dir, download, device, amp, repeats, detail)
     _render(evaluate_checkpoint("extrapolate", checkpoint, parsed, options), fmt, plot)
+
+
+@app.command()
+def sweep(
+    checkpoint: Optional[Path] = CheckpointArgument,
+    start: float = typer.Option(0.0, "--from", help="First angle, degrees."),
+    stop: float = typer.Option(180.0, "--to", help="Last angle, degrees."),
+    every: float = typer.Option(5.0, "--every", help="Degrees between angles."),
+    halting: Halting = HaltingOption,
+    plot: Optional[Path] = PlotOption,
+    seed: Optional[int] = EvalSeedOption,
+    repeats: int = RepeatsOption,
+    limit: int = LimitOption,
+    batch_size: int = EvalBatchOption,
+    data_dir: Optional[Path] = DataDirOption,
+    download: bool = DownloadOption,
+    device: str = DeviceOption,
+    amp: Optional[bool] = AmpOption,
+    fmt: OutputFormat = FormatOption,
+) -> None:
+    """Mental rotation: steps and accuracy at exact angles --from..--to every --every degrees, and the
+    least-squares slope of steps per 10°."""
+    from .api import sweep_checkpoint
+
+    plot = _check_plot(plot)
+    options = _eval_options(Protocol("fixed"), halting, seed, limit, batch_size, data_dir, download, device, amp,
+                            repeats)
+    _render(sweep_checkpoint(checkpoint, start, stop, every, options), fmt, plot)
 
 
 @app.command(cls=AnglesCommand)
@@ -295,6 +335,7 @@ def compare(
     plot: Optional[Path] = PlotOption,
     seed: int = typer.Option(PonderConfig.default("seed"), "--seed", help="Seed of the test rotations and halting "
                              "coin flips (the same for every checkpoint, so all see the same images)."),
+    repeats: int = RepeatsOption,
     limit: int = LimitOption,
     batch_size: int = EvalBatchOption,
     data_dir: Optional[Path] = DataDirOption,
@@ -308,7 +349,7 @@ def compare(
 
     parsed = parse_angles(angles)
     plot = _check_plot(plot)
-    options = _eval_options(protocol, halting, seed, limit, batch_size, data_dir, download, device, amp)
+    options = _eval_options(protocol, halting, seed, limit, batch_size, data_dir, download, device, amp, repeats)
     _render(compare_checkpoints(checkpoints, parsed, options, log=_echo_err), fmt, plot)
 
 

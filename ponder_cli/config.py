@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 from . import PonderError
-from .registry import HALTING_INPUTS, METHODS, STEPS, method_class
+from .registry import HALTING_INPUTS, METHODS, STEPS, method_class, step_class
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,11 @@ class PonderConfig:
     hidden_lin: int = 64  # hidden layer of the step MLP
     kernel_size: int = 5
     max_steps: int = 20
-    halting_input: str = "state"  # what the halting head sees: "state" or "state+confidence"
+    halting_input: str = "state"  # what the halting head sees (registry.HALTING_INPUTS)
+    align_turn: float = 30.0  # align: the largest turn of one step, in degrees
+    # initial bias of the halting head; None: the method's own (PyTorch's default init for
+    # pondernet, Graves' +1 for act)
+    halting_bias: Optional[float] = None
     cnn_dropout: float = 0.5  # Dropout2d after conv2, as in the reference
     mlp_dropout: float = 0.2
     # loss
@@ -29,6 +34,9 @@ class PonderConfig:
     beta: float = 0.01  # weight of KL(p || p_G)
     tau: float = 0.01  # ACT: weight of the ponder cost N + R
     act_epsilon: float = 0.01  # ACT: halt once the halting units sum to 1 - epsilon
+    # training drops an image from later steps once its remaining halting mass is below this
+    # (0: every step of every image); ACT drops it at its own halting step (exact)
+    truncation: float = 0.0
     # optimisation
     epochs: int = 20
     batch_size: int = 128
@@ -57,7 +65,7 @@ class PonderConfig:
             if getattr(self, name) < 0:
                 problems.append(f"{name.replace('_', '-')} must be >= 0 (got {getattr(self, name)})")
         for name in ("lambda_p", "beta", "tau", "act_epsilon", "lr", "grad_clip", "train_rotation", "lr_factor",
-                     "cnn_dropout", "mlp_dropout"):
+                     "cnn_dropout", "mlp_dropout", "truncation", "align_turn"):
             if not math.isfinite(getattr(self, name)):
                 problems.append(f"{name.replace('_', '-')} must be a finite number")
         if not 0 < self.lambda_p <= 1:
@@ -81,8 +89,16 @@ class PonderConfig:
                 problems.append(f"{name.replace('_', '-')} must be in [0, 1)")
         if self.kernel_size > 12:  # two valid convolutions and two 2x poolings of a 28x28 image
             problems.append(f"kernel-size must be <= 12 for 28x28 images (got {self.kernel_size})")
-        if self.method in METHODS and not problems:
+        if self.halting_bias is not None and not math.isfinite(self.halting_bias):
+            problems.append("halting-bias must be a finite number")
+        if not 0 <= self.truncation < 1:
+            problems.append(f"truncation must be in [0, 1) (got {self.truncation})")
+        if not 0 < self.align_turn <= 180:
+            problems.append(f"align-turn must be in (0, 180] degrees (got {self.align_turn})")
+        if self.method in METHODS and self.step in STEPS and not problems:
             problems += method_class(self.method).config_problems(self)
+            if "turn" in self.halting_input and not step_class(self.step).halting_extra_size:
+                problems.append(f"halting-input {self.halting_input}: step {self.step} has no turn to show")
         if problems:
             raise PonderError("; ".join(problems))
 
@@ -90,9 +106,19 @@ class PonderConfig:
     def from_options(cls, **given) -> "PonderConfig":
         """A config from the options the user gave; the rest are the defaults, or what the chosen
         method implies (plain: one step)."""
-        method = given.get("method", cls.default("method"))
-        implied = method_class(method).implied if method in METHODS else {}
-        return cls(**{**implied, **given})
+        method, step = given.get("method", cls.default("method")), given.get("step", cls.default("step"))
+        implied = {**(step_class(step).implied if step in STEPS else {}),
+                   **(method_class(method).implied if method in METHODS else {})}
+        values = {**implied, **given}
+        if values.get("halting_bias") == "prior":  # lambda starts at the prior's lambda_p
+            lambda_p = values.get("lambda_p", cls.default("lambda_p"))
+            values["halting_bias"] = math.log(lambda_p / (1 - lambda_p)) if 0 < lambda_p < 1 else float("nan")
+        elif isinstance(values.get("halting_bias"), str):
+            try:
+                values["halting_bias"] = float(values["halting_bias"])
+            except ValueError:
+                raise PonderError(f"halting-bias must be a number or 'prior' (got {values['halting_bias']!r})") from None
+        return cls(**values)
 
     @classmethod
     def default(cls, name: str):

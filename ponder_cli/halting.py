@@ -168,3 +168,39 @@ class ActExit(EarlyExitRule):
 
     def keep(self, running):
         self.cumulative, self.weighted = self.cumulative[running], self.weighted[running]
+
+
+# Truncation in training: rules in the same form, deciding when an image needs no more steps ----
+
+class TruncateBelow(EarlyExitRule):
+    """PonderNet: an image is done once its remaining halting mass prod_k (1 - lambda_k) falls
+    below epsilon (per image; the paper truncates the whole batch at 0.05)."""
+
+    def __init__(self, batch: int, epsilon: float, device):
+        self.log_epsilon = math.log(epsilon)
+        self.log_survival = torch.zeros(batch, device=device)  # (A,)
+
+    def decide(self, n, last, logits, lambda_logits):
+        self.log_survival = self.log_survival + F.logsigmoid(-lambda_logits.detach().float())
+        done = torch.ones_like(self.log_survival, dtype=torch.bool) if last else self.log_survival < self.log_epsilon
+        return done, logits
+
+    def keep(self, running):
+        self.log_survival = self.log_survival[running]
+
+
+class ActHalted(EarlyExitRule):
+    """ACT: an image is done at its halting step N; every later step has weight 0, so dropping
+    it changes nothing (exact)."""
+
+    def __init__(self, batch: int, epsilon: float, device):
+        self.epsilon = epsilon
+        self.cumulative = torch.zeros(batch, device=device)  # (A,)
+
+    def decide(self, n, last, logits, lambda_logits):
+        self.cumulative = self.cumulative + torch.sigmoid(lambda_logits.detach().float())
+        done = torch.ones_like(self.cumulative, dtype=torch.bool) if last else self.cumulative >= 1 - self.epsilon
+        return done, logits
+
+    def keep(self, running):
+        self.cumulative = self.cumulative[running]

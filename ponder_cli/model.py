@@ -20,9 +20,15 @@ from .steps import select_rows
 N_CLASSES = 10
 
 
+# A halting logit whose sigmoid is 1.0 in float32: how a truncated image's last computed step
+# takes all its remaining halting mass (see PonderNet.forward).
+FORCED_HALT_LOGIT = 80.0
+
+
 class PonderOutput(NamedTuple):
     logits: torch.Tensor  # (steps, B, classes): y_n at every step
     lambda_logits: torch.Tensor  # (steps, B): pre-sigmoid conditional halting probability
+    computed: torch.Tensor | None = None  # (B,) steps computed per image, when truncated
 
 
 class PonderNet(nn.Module):
@@ -31,13 +37,23 @@ class PonderNet(nn.Module):
         self.max_steps = cfg.max_steps
         self.step = step_class(cfg.step)(cfg)
         self.output_head = nn.Linear(self.step.readout_size, N_CLASSES)
-        # "state+confidence" also shows the halting head the step's top class probability
-        self.confidence_input = cfg.halting_input == "state+confidence"
+        # what the halting head sees besides the readout: the step's top class probability
+        # ("confidence") and the step function's own halting features ("turn" for align)
+        self.confidence_input = "confidence" in cfg.halting_input
+        self.extra_input = "turn" in cfg.halting_input
         self.halting_head = nn.Linear(self.step.readout_size + self.confidence_input
-                                      + self.step.halting_extra_size, 1)
+                                      + self.extra_input * self.step.halting_extra_size, 1)
 
-    def forward(self, x: torch.Tensor) -> PonderOutput:
-        """Run every step for every image (training and loss computation)."""
+    def forward(self, x: torch.Tensor, stop: EarlyExitRule | None = None) -> PonderOutput:
+        """Run the steps for training and losses: every step of every image, or, with a `stop`
+        rule (see halting.TruncateBelow), each image only until the rule says it is done.
+
+        A truncated image's last computed step gets halting logit FORCED_HALT_LOGIT, so lambda
+        is 1 there and every later step has p_n = 0: the remaining mass the rule found too small
+        to compute moves onto that step. Later steps' class logits are 0 (weighted by p_n = 0).
+        """
+        if stop is not None:
+            return self._forward_truncated(x, stop)
         context, state = self.step.start(x, self.max_steps)
         readouts, extras = [], []
         for n in range(self.max_steps):
@@ -55,10 +71,36 @@ class PonderNet(nn.Module):
         halting_input = [readout]
         if self.confidence_input:
             halting_input.append(torch.softmax(logits.float(), dim=-1).amax(dim=-1, keepdim=True).to(readout.dtype))
-        if extra is not None:
+        if self.extra_input and extra is not None:
             halting_input.append(extra.to(readout.dtype))
         halting_input = halting_input[0] if len(halting_input) == 1 else torch.cat(halting_input, dim=-1)
         return logits, self.halting_head(halting_input).squeeze(-1)
+
+    def _forward_truncated(self, x: torch.Tensor, stop: EarlyExitRule) -> PonderOutput:
+        batch = x.shape[0]
+        context, state = self.step.start(x, self.max_steps)
+        logits_all = lambda_all = None
+        computed = torch.full((batch,), self.max_steps, dtype=torch.long, device=x.device)
+        active = torch.arange(batch, device=x.device)  # rows of the batch still running
+        for n in range(self.max_steps):
+            state, readout, extra = self.step(context, state, n)  # (A, ...)
+            logits, lambda_logits = self.heads(readout, extra)
+            done, _ = stop.decide(n, n == self.max_steps - 1, logits, lambda_logits)
+            lambda_logits = torch.where(done, torch.full_like(lambda_logits, FORCED_HALT_LOGIT), lambda_logits)
+            if logits_all is None:  # padding: logits 0, halting forced (p_n = 0 after the last step)
+                logits_all = logits.new_zeros(self.max_steps, batch, logits.shape[-1])
+                lambda_all = lambda_logits.new_full((self.max_steps, batch), FORCED_HALT_LOGIT)
+            # index_put keeps the graph: gradients flow to the rows computed at this step
+            logits_all = logits_all.index_put((torch.tensor(n, device=x.device), active), logits)
+            lambda_all = lambda_all.index_put((torch.tensor(n, device=x.device), active), lambda_logits)
+            computed[active[done]] = n + 1
+            running = ~done
+            if not bool(running.any()):  # one host sync per step buys skipping finished images
+                break
+            active = active[running]
+            context, state = select_rows(context, running), select_rows(state, running)
+            stop.keep(running)
+        return PonderOutput(logits_all, lambda_all, computed)
 
     @torch.no_grad()
     def infer(self, x: torch.Tensor, rule: EarlyExitRule) -> tuple[torch.Tensor, torch.Tensor]:

@@ -43,7 +43,49 @@ def check_destination(path: Path | str) -> Path:
 
 def plot_report(report, path: Path | str) -> Path:
     """The figure of a reports.Report: one line per series (checkpoint or method)."""
+    if report.plot_kind == "sweep":
+        return plot_sweep(report.buckets, report.meta["fit"], path, title=report.title)
     return plot_buckets(report.plot_series, path, title=report.title)
+
+
+def plot_sweep(buckets: list[dict], fit: dict, path: Path | str, *, title: str = "") -> Path:
+    """Mean ponder steps (with the least-squares line) and accuracy against the exact angle."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    angles = [b["rotation"] for b in buckets]
+    fig, (ax_steps, ax_acc) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax_steps.plot(angles, [b["mean_steps"] for b in buckets], "o", label="mean steps")
+    for key, style, label in (("steps_correct", "^", "correct"), ("steps_wrong", "v", "wrong")):
+        points = [(a, b[key]) for a, b in zip(angles, buckets) if b[key] is not None]
+        ax_steps.plot(*zip(*points), style, markersize=4, alpha=0.6, label=f"on {label} digits")
+    slope = fit["steps_per_10_degrees"] / 10
+    ax_steps.plot([angles[0], angles[-1]], [fit["steps_at_0"] + slope * a for a in (angles[0], angles[-1])], "-",
+                  label=f"{fit['steps_per_10_degrees']:+.3f} steps per 10°")
+    ax_steps.set(xlabel="|rotation| (degrees, exact)", ylabel="ponder steps", title="Steps against angle")
+    ax_acc.plot(angles, [b["accuracy"] for b in buckets], "o-")
+    ax_acc.set(xlabel="|rotation| (degrees, exact)", ylabel="accuracy", title="Accuracy against angle", ylim=(0, 1))
+    for ax in (ax_steps, ax_acc):
+        ax.grid(alpha=0.3)
+    ax_steps.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+def _save(fig, plt, path: Path | str) -> Path:
+    path = Path(path)
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise PonderError(f"cannot write plot {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+    return path
 
 
 def plot_buckets(series: dict[str, list[dict]], path: Path | str, *, title: str = "") -> Path:
@@ -80,11 +122,4 @@ def plot_buckets(series: dict[str, list[dict]], path: Path | str, *, title: str 
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    path = Path(path)
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as exc:
-        raise PonderError(f"cannot write plot {path}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
-    return path
+    return _save(fig, plt, path)

@@ -11,6 +11,7 @@ import importlib
 
 STEPS = {
     "mlp": "ponder_cli.steps.mlp:MLPStep",  # the reference: CNN once per image, MLP steps
+    "align": "ponder_cli.steps.align:AlignStep",  # re-reads the image through a learnt rotation
 }
 
 METHODS = {
@@ -19,7 +20,9 @@ METHODS = {
     "plain": "ponder_cli.methods.plain:PlainMethod",
 }
 
-HALTING_INPUTS = ("state", "state+confidence")  # what the halting head sees
+# what the halting head sees: the step's readout, its top class probability, the step
+# function's own halting features (align: the size of its turn)
+HALTING_INPUTS = ("state", "state+confidence", "state+turn", "state+confidence+turn")
 HALTING_RULES = ("sample", "median", "expected")  # how PonderNet picks its halting step at inference
 PROTOCOLS = ("uniform", "band", "fixed")  # how test images are rotated per angle bucket
 FORMATS = ("table", "json", "csv")

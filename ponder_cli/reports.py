@@ -28,6 +28,7 @@ class Report:
     footer: str = ""  # a line after the table (table format only)
     plot_series: dict[str, list[dict]] = field(default_factory=dict)  # label -> buckets, for --plot
     table_rows: Optional[list[dict]] = None  # what the table shows, when not the buckets
+    plot_kind: str = "buckets"  # plot.py's figure for this report
 
     @property
     def rows(self) -> list[dict]:
@@ -58,6 +59,49 @@ def describe_model(cfg) -> str:
     return f"{cfg.method} · step {cfg.step} · trained within ±{cfg.train_rotation:g}°"
 
 
+# repeated draws ---------------------------------------------------------------------------------
+
+# Student's t, 97.5% quantile, for 1..30 degrees of freedom (a 95% two-sided interval)
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+         2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+         2.052, 2.048, 2.045, 2.042)
+
+
+def mean_ci(values: list[float]) -> tuple[float, Optional[list[float]]]:
+    """Mean and its 95% confidence interval [low, high] from independent draws (Student's t
+    with n - 1 degrees of freedom); no interval from a single draw."""
+    mean = statistics.mean(values)
+    if len(values) < 2:
+        return mean, None
+    t = _T975[len(values) - 2] if len(values) - 1 <= len(_T975) else 1.960
+    half = t * statistics.stdev(values) / len(values) ** 0.5
+    return mean, [mean - half, mean + half]
+
+
+def combine_draws(draws: list[dict]) -> dict:
+    """One bucket from K independent draws of rotations and coins: every figure is the mean over
+    draws; accuracy and mean steps also get a 95% interval (`accuracy_ci`, `mean_steps_ci`), and
+    the histogram is the mean count per draw."""
+    first = draws[0]
+    if len(draws) == 1:
+        return {**first, "repeats": 1, "accuracy_ci": None, "mean_steps_ci": None}
+    combined = dict(first)
+    for key, value in first.items():
+        values = [d[key] for d in draws]
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "images" \
+                and all(v is not None for v in values):
+            combined[key] = statistics.mean(values)
+        elif isinstance(value, list) and value and isinstance(value[0], (int, float)):
+            combined[key] = [statistics.mean(column) for column in zip(*values)]
+        elif value is None or any(v is None for v in values):
+            present = [v for v in values if v is not None]
+            combined[key] = statistics.mean(present) if present and isinstance(present[0], float) else value
+    combined["accuracy"], combined["accuracy_ci"] = mean_ci([d["accuracy"] for d in draws])
+    combined["mean_steps"], combined["mean_steps_ci"] = mean_ci([d["mean_steps"] for d in draws])
+    combined["repeats"] = len(draws)
+    return combined
+
+
 # eval and extrapolate --------------------------------------------------------------------------
 
 BUCKET_COLUMNS = [
@@ -70,22 +114,34 @@ LOSS_COLUMN = Column("loss", "loss", ".4f")
 
 
 def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *,
-                      protocol: str, halting: str, seed: int, with_loss: bool, detail: bool) -> Report:
+                      protocol: str, halting: str, seed: int, with_loss: bool, detail: bool,
+                      rho_ci: Optional[list[float]] = None) -> Report:
     """eval / extrapolate: one bucket per rotation angle of one checkpoint."""
     images = sum(b["images"] for b in buckets)
     for bucket in buckets:
         bucket.update(checkpoint=checkpoint, method=cfg.method, step=cfg.step)
         bucket["halting_spark"] = sparkline(bucket["histogram"], width=20)
     used = buckets[0]["halting"]
+    repeats = buckets[0]["repeats"]
     meta = make_meta(command, [checkpoint], [cfg.method], [cfg.step], protocol=protocol, halting=used, seed=seed,
-                     train_rotation=cfg.train_rotation,
-                     spearman={"rho": rho, "images": images, "between": "|rotation angle| and ponder steps"})
+                     repeats=repeats, train_rotation=cfg.train_rotation,
+                     spearman={"rho": rho, "rho_ci": rho_ci, "images": images,
+                               "between": "|rotation angle| and ponder steps"})
     rho_text = "undefined (angle or steps constant)" if rho is None else f"{rho:+.3f}"
+    if rho_ci is not None:
+        rho_text += f" (95% interval {rho_ci[0]:+.3f} to {rho_ci[1]:+.3f})"
+    draws = f" · mean of {repeats} draws (seeds {seed}–{seed + repeats - 1})" if repeats > 1 else ""
     what = "MNIST test set" if command == "eval" else "extrapolation"
+    columns = BUCKET_COLUMNS + ([LOSS_COLUMN] if with_loss else [])
+    if repeats > 1:  # the 95% interval's half-width, next to the accuracy
+        for bucket in buckets:
+            low, high = bucket["accuracy_ci"]
+            bucket["accuracy_pm"] = f"±{(high - low) / 2:.4f}"
+        columns = columns[:2] + [Column("accuracy_pm", "95%", "s")] + columns[2:]
     report = Report(
-        meta=meta, buckets=buckets, columns=BUCKET_COLUMNS + ([LOSS_COLUMN] if with_loss else []),
+        meta=meta, buckets=buckets, columns=columns,
         title=f"{cfg.method} on the {what} ({checkpoint})",
-        caption=f"{describe_model(cfg)}\nprotocol {protocol} · halting {used} · seed {seed}\n"
+        caption=f"{describe_model(cfg)}\nprotocol {protocol} · halting {used} · seed {seed}{draws}\n"
                 f"Spearman ρ(|angle|, steps) = {rho_text} over {images} images",
         plot_series={checkpoint: buckets})
     if detail:
@@ -104,6 +160,38 @@ def per_step_table(buckets: list[dict], *, expected: bool) -> tuple[str, list[di
         columns += [Column(f"n{i}", f"±{bucket['rotation']:g}° halted", ".1f" if expected else "d"),
                     Column(f"a{i}", f"±{bucket['rotation']:g}° acc if stop", ".4f")]
     return "Per halting step", rows, columns
+
+
+# sweep: the "mental rotation" view -------------------------------------------------------------
+
+def least_squares(xs: list[float], ys: list[float]) -> tuple[float, float, Optional[float]]:
+    """Slope, intercept and r^2 of the least-squares line y = slope * x + intercept."""
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    syy = sum((y - my) ** 2 for y in ys)
+    slope = sxy / sxx if sxx else 0.0
+    return slope, my - slope * mx, (sxy * sxy / (sxx * syy) if sxx and syy else None)
+
+
+SWEEP_COLUMNS = [Column("rotation", "|angle|", "g"), Column("accuracy", "accuracy", ".4f"),
+                 Column("mean_steps", "steps", ".2f"), Column("steps_correct", "steps ✓", ".2f"),
+                 Column("steps_wrong", "steps ✗", ".2f"), Column("images", "images")]
+
+
+def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *, halting: str, seed: int) -> Report:
+    """Mean steps and accuracy against the exact rotation angle, with the least-squares slope of
+    steps per 10 degrees (human response times rise about linearly: Shepard & Metzler 1971)."""
+    report = evaluation_report("sweep", checkpoint, cfg, buckets, rho, protocol="fixed", halting=halting, seed=seed,
+                               with_loss=False, detail=False)
+    slope, intercept, r2 = least_squares([b["rotation"] for b in buckets], [b["mean_steps"] for b in buckets])
+    report.meta["fit"] = {"steps_per_10_degrees": 10 * slope, "steps_at_0": intercept, "r2": r2}
+    report.columns = SWEEP_COLUMNS
+    report.title = f"{cfg.method} mental rotation sweep ({checkpoint})"
+    report.caption += (f"\nleast squares: steps = {intercept:.2f} + {10 * slope:+.3f} per 10°"
+                       + (f" (r² {r2:.2f})" if r2 is not None else ""))
+    report.plot_kind = "sweep"
+    return report
 
 
 # compare ---------------------------------------------------------------------------------------
@@ -152,7 +240,7 @@ COMPARE_COLUMNS = [
 
 
 def comparison_report(groups: list[Group], results: list[list[list[dict]]], angles: list[float], *,
-                      protocol: str, halting: str, seed: int) -> Report:
+                      protocol: str, halting: str, seed: int, repeats: int = 1) -> Report:
     """results[g][m][b]: the bucket dict of member m of group g at angle b."""
     buckets, series = [], {}
     for group, per_model in zip(groups, results):
@@ -170,9 +258,10 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
             series[group.label].append({**bucket, "std_steps": steps_sd or 0.0, "histogram": [
                 sum(r[b]["histogram"][k] for r in per_model) for k in range(len(per_model[0][b]["histogram"]))]})
     meta = make_meta("compare", [p for g in groups for p, _ in g.members], [g.cfg.method for g in groups],
-                     [g.cfg.step for g in groups], protocol=protocol, halting=halting, seed=seed)
+                     [g.cfg.step for g in groups], protocol=protocol, halting=halting, seed=seed, repeats=repeats)
+    draws = f" · each the mean of {repeats} draws" if repeats > 1 else ""
     return Report(meta=meta, buckets=buckets, columns=COMPARE_COLUMNS, title="Methods compared",
-                  caption=f"accuracy and steps: mean ± sd over seeds\nprotocol {protocol} · "
+                  caption=f"accuracy and steps: mean ± sd over seeds{draws}\nprotocol {protocol} · "
                           f"{buckets[0]['images']} test images per bucket · seed {seed}",
                   plot_series=series)
 

@@ -73,7 +73,7 @@ def train_one_epoch(model: torch.nn.Module, method: Method, optimizer: torch.opt
         x = prepare_batch(data.images[index], angles)  # (B, 1, 28, 28)
         targets = data.labels[index]
         with autocast(device, amp):
-            out = model(x)
+            out = model(x, stop=method.truncation(batch, device))
         loss = method.loss(out.logits, out.lambda_logits, targets)  # float32 outside autocast
         optimizer.zero_grad(set_to_none=True)
         # scale -> backward -> unscale_ -> clip -> step -> update (GradScaler is a no-op unless fp16)

@@ -16,7 +16,7 @@ def _command_names():
 
 
 def test_every_command_is_covered_here():
-    assert _command_names() == ["compare", "eval", "extrapolate", "train"]
+    assert _command_names() == ["compare", "eval", "extrapolate", "sweep", "train"]
 
 
 @pytest.mark.parametrize("command", [[]] + [[name] for name in _command_names()])

@@ -183,3 +183,62 @@ def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, checkpoint, tiny_
     result = ponder("extrapolate", checkpoint, "--plot", tmp_path / "p.png", "--data-dir", tiny_mnist)
     assert result.exit_code == 1 and "Error: --plot needs matplotlib" in result.stderr
     assert not (tmp_path / "p.png").exists()
+
+
+def test_repeats_interval_by_hand():
+    from ponder_cli.reports import combine_draws, mean_ci
+    # mean 0.92, sample sd 0.02, t(0.975, 2 df) = 4.303: half-width 4.303 * 0.02 / sqrt(3) = 0.049686
+    mean, (low, high) = mean_ci([0.90, 0.92, 0.94])
+    assert math.isclose(mean, 0.92) and math.isclose(high - mean, 0.049686, rel_tol=1e-4)
+    assert math.isclose(mean - low, high - mean)
+    assert mean_ci([0.5]) == (0.5, None)
+    draws = [{"rotation": 45.0, "images": 100, "accuracy": a, "mean_steps": s, "steps_wrong": w,
+              "histogram": h, "halting": "sample"}
+             for a, s, w, h in ((0.90, 4.0, 5.0, [60, 40]), (0.92, 5.0, None, [50, 50]), (0.94, 6.0, 7.0, [40, 60]))]
+    bucket = combine_draws(draws)
+    assert bucket["repeats"] == 3 and bucket["images"] == 100 and bucket["halting"] == "sample"
+    assert math.isclose(bucket["accuracy"], 0.92) and math.isclose(bucket["accuracy_ci"][1], 0.92 + 0.049686, rel_tol=1e-4)
+    assert math.isclose(bucket["mean_steps"], 5.0) and math.isclose(bucket["mean_steps_ci"][0], 5 - 4.303 / 3 ** 0.5, rel_tol=1e-4)
+    assert bucket["histogram"] == [50, 50] and bucket["steps_wrong"] == 6.0  # a draw without errors is left out
+
+
+def test_repeats_from_the_cli(checkpoint, tiny_mnist, ponder):
+    once = json.loads(ponder("extrapolate", checkpoint, "--angles", 30, "-f", "json", "--data-dir", tiny_mnist).stdout)
+    three = json.loads(ponder("extrapolate", checkpoint, "--angles", 30, "--repeats", 3, "-f", "json",
+                              "--data-dir", tiny_mnist).stdout)
+    singles = [json.loads(ponder("extrapolate", checkpoint, "--angles", 30, "--seed", seed, "-f", "json",
+                                 "--data-dir", tiny_mnist).stdout)["buckets"][0]["accuracy"] for seed in (1234, 1235, 1236)]
+    assert once["buckets"][0]["accuracy"] == singles[0] and once["buckets"][0]["accuracy_ci"] is None
+    bucket = three["buckets"][0]
+    assert three["repeats"] == 3 and bucket["repeats"] == 3
+    assert math.isclose(bucket["accuracy"], sum(singles) / 3)
+    low, high = bucket["accuracy_ci"]
+    assert low <= bucket["accuracy"] <= high
+
+
+def test_least_squares_by_hand():
+    from ponder_cli.reports import least_squares
+    # y = 2 + 0.1 x exactly, then one point off the line: slope (sum dx dy / sum dx^2)
+    assert least_squares([0, 10, 20], [2, 3, 4]) == pytest.approx((0.1, 2.0, 1.0))
+    slope, intercept, r2 = least_squares([0, 10, 20, 30], [1, 2, 2, 4])
+    # mean x 15, mean y 2.25; sxy = (-15)(-1.25) + (-5)(-0.25) + 5(-0.25) + 15(1.75) = 45; sxx = 500
+    assert slope == pytest.approx(0.09) and intercept == pytest.approx(2.25 - 0.09 * 15)
+    assert r2 == pytest.approx(45 ** 2 / (500 * 4.75))
+
+
+def test_sweep_exact_angles_and_slope(checkpoint, tiny_mnist, ponder, tmp_path):
+    result = ponder("sweep", checkpoint, "--from", 0, "--to", 90, "--every", 30, "--halting", "median", "-f", "json",
+                    "--data-dir", tiny_mnist)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["command"] == "sweep" and data["protocol"] == "fixed" and data["halting"] == "median"
+    buckets = data["buckets"]
+    assert [b["rotation"] for b in buckets] == [0, 30, 60, 90]
+    xs, ys = [b["rotation"] for b in buckets], [b["mean_steps"] for b in buckets]
+    mx, my = sum(xs) / 4, sum(ys) / 4
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    assert data["fit"]["steps_per_10_degrees"] == pytest.approx(10 * slope)
+    # fixed protocol: every image of the 30-degree bucket is turned by exactly +-30 degrees
+    single = json.loads(ponder("extrapolate", checkpoint, "--angles", 30, "--protocol", "fixed", "--halting", "median",
+                               "-f", "json", "--data-dir", tiny_mnist).stdout)["buckets"][0]
+    assert single["accuracy"] == buckets[1]["accuracy"]

@@ -100,7 +100,7 @@ def test_a_new_step_function_plugs_in_through_the_registry(monkeypatch):
 
     monkeypatch.setitem(registry.STEPS, "counting", f"{__name__}:CountingStep")
     globals()["CountingStep"] = CountingStep
-    cfg = PonderConfig(step="counting", max_steps=5)
+    cfg = PonderConfig(step="counting", max_steps=5, halting_input="state+turn")
     model = PonderNet(cfg).eval()
     assert model.halting_head.in_features == 4
     x = torch.randn(10, 1, 28, 28)

@@ -51,6 +51,10 @@ class Method:
         """The rule `PonderNet.infer` applies so that it predicts exactly as `predict` does."""
         raise NotImplementedError
 
+    def truncation(self, batch: int, device) -> EarlyExitRule | None:
+        """The rule that lets training drop an image from later steps (None: every step)."""
+        return None
+
 
 def get_method(cfg) -> Method:
     return method_class(cfg.method)(cfg)
@@ -62,5 +66,8 @@ def build_model(cfg) -> torch.nn.Module:
 
     model = PonderNet(cfg)
     with torch.no_grad():
-        get_method(cfg).init_halting_bias(model.halting_head.bias)
+        if cfg.halting_bias is not None:
+            model.halting_head.bias.fill_(cfg.halting_bias)
+        else:
+            get_method(cfg).init_halting_bias(model.halting_head.bias)
     return model

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..halting import ActExit, act_halting, act_prediction
+from ..halting import ActExit, ActHalted, act_halting, act_prediction
 from ..losses import LossParts
 from . import Method
 
@@ -48,3 +48,8 @@ class ACTMethod(Method):
 
     def early_exit(self, rule, uniforms):
         return ActExit(uniforms.shape[1], self.cfg.act_epsilon, uniforms.device)
+
+    def truncation(self, batch, device):
+        if self.cfg.truncation <= 0:
+            return None
+        return ActHalted(batch, self.cfg.act_epsilon, device)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..halting import (MedianExit, SampleExit, expected_prediction, logits_at, median_halting_steps,
+from ..halting import (MedianExit, SampleExit, TruncateBelow, expected_prediction, logits_at, median_halting_steps,
                        sample_halting_steps)
 from ..losses import geometric_log_prior, ponder_loss
 from . import Method
@@ -45,3 +45,8 @@ class PonderNetMethod(Method):
         if rule == "median":
             return MedianExit(uniforms.shape[1], uniforms.device)
         raise ValueError(f"the {rule!r} rule needs every step; it has no early exit")
+
+    def truncation(self, batch, device):
+        if self.cfg.truncation <= 0 or self.cfg.max_steps == 1:
+            return None
+        return TruncateBelow(batch, self.cfg.truncation, device)

@@ -31,6 +31,7 @@ class StepFunction(nn.Module):
 
     readout_size: int
     halting_extra_size: int = 0
+    implied: dict = {}  # config values this step function implies when the user leaves them out
 
     def start(self, x: torch.Tensor, steps: int) -> tuple[tuple, tuple]:
         """From images (B, 1, 28, 28): the per-image context computed once, and the initial

@@ -1,0 +1,71 @@
+"""A step function that re-reads the image: "align".
+
+At step n the *original* image is read through a rotation about its centre that the state
+accumulates, x_n = rotate(x, theta_{n-1}); a CNN embeds x_n and a GRU cell updates the state,
+h_n = GRU(CNN(x_n), h_{n-1}); a turn head gives a bounded increment
+delta_n = max_turn * tanh(w . h_n), theta_n = theta_{n-1} + delta_n. The warp is bilinear
+(`affine_grid` + `grid_sample`), so the turn is learnt from the halting method's loss alone:
+no rotation labels, no angle regression. Unlike the mlp step, later steps see something new,
+so iterating can pay: a digit rotated further needs more turns before it reads upright.
+
+The halting head may also see |delta_n| (the step's turn, `--halting-input ...+turn`): an
+image still being turned is not done.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import StepFunction
+from .mlp import ImageEncoder
+
+
+def rotation_grid(angles: torch.Tensor, size: tuple) -> torch.Tensor:
+    """Sampling grid that rotates images (N, C, H, W) counter-clockwise by `angles` radians (N,)
+    about their centre: output pixel p reads input pixel R(-angle) p."""
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    zeros = torch.zeros_like(angles)
+    # affine_grid maps output coordinates to input coordinates (normalised to [-1, 1], y down)
+    theta = torch.stack([torch.stack([cos, -sin, zeros], -1), torch.stack([sin, cos, zeros], -1)], 1)  # (N, 2, 3)
+    return F.affine_grid(theta, list(size), align_corners=False)
+
+
+def rotate_bilinear(images: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Differentiable in `angles`; zero outside the image. Images are normalised, so zero
+    padding would read as mid-grey: pad with the background value (the image minimum) instead."""
+    background = images.amin(dim=(1, 2, 3), keepdim=True)
+    grid = rotation_grid(angles, images.shape)
+    return F.grid_sample(images - background, grid, mode="bilinear", padding_mode="zeros",
+                         align_corners=False) + background
+
+
+class AlignStep(StepFunction):
+    halting_extra_size = 1  # |delta_n| in units of the largest turn
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.encoder = ImageEncoder(cfg.kernel_size, cfg.hidden_cnn, cfg.cnn_dropout)
+        self.cell = nn.GRUCell(cfg.hidden_cnn, cfg.hidden)
+        self.turn = nn.Linear(cfg.hidden, 1)
+        nn.init.zeros_(self.turn.weight)  # start by reading the image as it is
+        nn.init.zeros_(self.turn.bias)
+        self.max_turn = math.radians(cfg.align_turn)
+        self.readout_size = cfg.hidden
+
+    def start(self, x, steps):
+        batch = x.shape[0]
+        h = x.new_zeros(batch, self.cell.hidden_size)
+        angle = x.new_zeros(batch)
+        return (x,), (h, angle)
+
+    def forward(self, context, state, n):
+        (x,), (h, angle) = context, state
+        seen = x if n == 0 else rotate_bilinear(x, angle)  # theta_0 = 0: the image as given
+        h = self.cell(self.encoder(seen), h)
+        delta = self.max_turn * torch.tanh(self.turn(h).squeeze(-1))  # (B,)
+        extra = (delta.abs() / self.max_turn).unsqueeze(-1)  # (B, 1) in [0, 1]
+        return (h, angle + delta), h, extra

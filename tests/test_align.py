@@ -1,0 +1,129 @@
+"""The align step function: the warp, gradients to the turn head, truncated training, early exit."""
+
+import math
+
+import pytest
+import torch
+import torchvision.transforms as T
+import torchvision.transforms.functional as TF
+
+from ponder_cli.config import PonderConfig
+from ponder_cli.data import prepare_batch, synthetic_digits
+from ponder_cli.evaluate import evaluate
+from ponder_cli.halting import halting_log_probs
+from ponder_cli.methods import build_model, get_method
+from ponder_cli.model import FORCED_HALT_LOGIT
+from ponder_cli.steps.align import rotate_bilinear
+
+SMALL = dict(step="align", hidden=16, hidden_cnn=16, max_steps=6)
+
+
+@pytest.mark.parametrize("degrees", [90.0, -90.0, 180.0])
+def test_warp_is_a_rotation_about_the_centre(degrees):
+    """Quarter and half turns map pixel centres onto pixel centres: bilinear sampling is exact
+    there, so the warp must equal torchvision's rotation (counter-clockwise positive)."""
+    images = synthetic_digits(3, seed=1).images.unsqueeze(1).float()
+    ours = rotate_bilinear(images, torch.full((3,), math.radians(degrees)))
+    theirs = TF.rotate(images, degrees, interpolation=T.InterpolationMode.BILINEAR)
+    assert torch.allclose(ours, theirs, atol=1e-3)
+
+
+def test_warp_keeps_the_background_and_turns_a_bar():
+    image = torch.zeros(1, 28, 28, dtype=torch.uint8)
+    image[0, 13:15, 6:22] = 255  # a horizontal bar through the centre
+    x = prepare_batch(image)  # normalised: the background is negative
+    turned = rotate_bilinear(x, torch.tensor([math.radians(90)]))[0, 0]
+    assert torch.allclose(turned[0], x[0, 0, 0])  # the corners read background, not zero
+    bright = turned > 0
+    assert bright[:, 13:15].sum() >= 28 and bright.sum(1).max() <= 3  # now a vertical bar
+
+
+def test_gradient_reaches_the_turn_head():
+    torch.manual_seed(0)
+    cfg = PonderConfig(**SMALL)
+    model, method = build_model(cfg), get_method(cfg)
+    data = synthetic_digits(8, seed=3)
+    out = model(prepare_batch(data.images, torch.full((8,), 30.0)))
+    method.loss(out.logits, out.lambda_logits, data.labels).total.backward()
+    turn = model.step.turn
+    assert turn.weight.grad.abs().sum() > 0 and turn.bias.grad.abs() > 0  # zero-initialised, yet learns
+
+
+def _truncated_and_full(epsilon, method_name="pondernet", bias=-1.0):
+    torch.manual_seed(0)
+    cfg = PonderConfig(**SMALL, method=method_name, truncation=epsilon, cnn_dropout=0.0)
+    model, method = build_model(cfg).train(), get_method(cfg)
+    with torch.no_grad():
+        model.halting_head.bias.fill_(bias)
+        model.halting_head.weight.mul_(20)  # halting that varies from image to image
+    data = synthetic_digits(64, seed=4)
+    x = prepare_batch(data.images, torch.linspace(-40, 40, 64))
+    full = model(x)
+    truncated = model(x, stop=method.truncation(64, "cpu"))
+    loss = lambda out: method.loss(out.logits, out.lambda_logits, data.labels)  # noqa: E731
+    return model, full, truncated, loss(full), loss(truncated)
+
+
+def test_truncation_with_epsilon_to_zero_equals_the_full_computation():
+    model, full, truncated, full_loss, truncated_loss = _truncated_and_full(1e-30)
+    assert (truncated.computed == 6).all()
+    assert torch.allclose(truncated.logits, full.logits)
+    assert torch.allclose(truncated.lambda_logits[:-1], full.lambda_logits[:-1])  # the last is forced anyway
+    assert torch.allclose(truncated_loss.total, full_loss.total, rtol=1e-6)
+    grads = [torch.autograd.grad(loss.total, model.halting_head.weight)[0]
+             for loss in (full_loss, truncated_loss)]
+    assert torch.allclose(*grads, atol=1e-6)
+
+
+def test_truncation_moves_the_small_remaining_mass_onto_the_last_computed_step():
+    epsilon = 0.05
+    _, full, truncated, full_loss, truncated_loss = _truncated_and_full(epsilon, bias=0.5)
+    computed = truncated.computed
+    assert computed.min() < 6 and (computed < 6).sum() > 20  # many images really stopped early
+    p_full = halting_log_probs(full.lambda_logits).exp()  # (steps, B)
+    p_trunc = halting_log_probs(truncated.lambda_logits).exp()
+    for b in range(64):
+        n = int(computed[b])
+        assert torch.allclose(p_trunc[:n - 1, b], p_full[:n - 1, b])  # earlier steps untouched
+        assert torch.isclose(p_trunc[n - 1, b], p_full[n - 1:, b].sum(), atol=1e-6)  # the tail, moved
+        assert (p_trunc[n:, b] < 1e-30).all()  # sigmoid(-FORCED_HALT_LOGIT) underflows
+        if n < 6:
+            assert p_full[n:, b].sum() < epsilon  # only a tail below epsilon was dropped
+            assert truncated.lambda_logits[n - 1, b] == FORCED_HALT_LOGIT
+    # the loss changes by at most epsilon times the largest per-step cross-entropy
+    ce = torch.nn.functional.cross_entropy(full.logits.transpose(1, 2), synthetic_digits(64, seed=4).labels.expand(6, 64),
+                                           reduction="none")
+    assert abs(truncated_loss.reconstruction - full_loss.reconstruction) <= epsilon * ce.max()
+
+
+def test_act_truncation_is_exact():
+    _, full, truncated, full_loss, truncated_loss = _truncated_and_full(0.5, method_name="act", bias=0.0)
+    assert truncated.computed.min() < 6
+    assert torch.allclose(truncated_loss.total, full_loss.total, rtol=1e-6)
+
+
+@pytest.mark.parametrize("method_name", ["pondernet", "act"])
+@pytest.mark.parametrize("halting", ["sample", "median"])
+def test_align_early_exit_equals_every_step(method_name, halting):
+    torch.manual_seed(1)
+    cfg = PonderConfig(**SMALL, method=method_name, halting_input="state+turn")
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        model.step.turn.weight.normal_(0, 0.5)  # really turning
+        model.halting_head.bias.fill_(-1.5 if method_name == "pondernet" else -0.3)
+    data = synthetic_digits(150, seed=5)
+    early = evaluate(model, data, cfg, max_angle=60, seed=2, halting=halting, batch_size=64)
+    forced = evaluate(model, data, cfg, max_angle=60, seed=2, halting=halting, batch_size=64, early_exit=False)
+    assert early == forced and 1 < early.mean_steps < 6
+
+
+def test_turn_input_needs_a_step_that_turns():
+    with pytest.raises(Exception, match="step mlp has no turn to show"):
+        PonderConfig(halting_input="state+turn")
+    assert build_model(PonderConfig(**SMALL, halting_input="state+confidence+turn")).halting_head.in_features == 18
+
+
+def test_prior_halting_bias():
+    cfg = PonderConfig.from_options(**SMALL, lambda_p=0.2, halting_bias="prior")
+    assert math.isclose(cfg.halting_bias, math.log(0.2 / 0.8))
+    assert torch.isclose(torch.sigmoid(build_model(cfg).halting_head.bias), torch.tensor(0.2))
