@@ -194,6 +194,8 @@ def train(
     truncation: Optional[float] = _hyper("truncation", "Training drops an image from later steps once its "
                                                        "remaining halting mass is below this (0: off)."),
     align_turn: Optional[float] = _hyper("align_turn", "align: the largest turn of one step, in degrees."),
+    turn_gate: Optional[float] = _hyper("turn_gate", "align: no halting while a step turns by this fraction of "
+                                                     "--align-turn or more, less in between (0: off)."),
     halting_bias: Optional[str] = _hyper("halting_bias", "Initial halting-head bias: a number, or 'prior' "
                                                          "(logit of --lambda-p); none: the method's own."),
     epochs: Optional[int] = _hyper("epochs", "Training epochs."),
@@ -230,7 +232,7 @@ def train(
     from .api import TrainOptions, train_run
 
     given = {name: value.value if isinstance(value, Enum) else value for name, value in dict(
-        method=method, step=step, truncation=truncation, align_turn=align_turn, halting_bias=halting_bias, epochs=epochs, batch_size=batch_size, lr=lr, max_steps=max_steps,
+        method=method, step=step, truncation=truncation, align_turn=align_turn, turn_gate=turn_gate, halting_bias=halting_bias, epochs=epochs, batch_size=batch_size, lr=lr, max_steps=max_steps,
         lambda_p=lambda_p, beta=beta, tau=tau, halting_input=halting_input, grad_clip=grad_clip, patience=patience,
         lr_patience=lr_patience, train_rotation=train_rotation, val_size=val_size, train_size=train_size,
         seed=seed).items() if value is not None}

@@ -24,6 +24,11 @@ class PonderConfig:
     max_steps: int = 20
     halting_input: str = "state"  # what the halting head sees (registry.HALTING_INPUTS)
     align_turn: float = 30.0  # align: the largest turn of one step, in degrees
+    # halting held back while the step still works: lambda_n = sigmoid(z_n) (1 - w_n) with
+    # w_n = min(1, turn_n / turn_gate), turn_n the step's own halting feature in [0, 1] (align:
+    # |delta_n| / align_turn); so a step turning by turn_gate * align_turn or more never halts.
+    # 0: off
+    turn_gate: float = 0.0
     # initial bias of the halting head; None: the method's own (PyTorch's default init for
     # pondernet, Graves' +1 for act)
     halting_bias: Optional[float] = None
@@ -65,7 +70,7 @@ class PonderConfig:
             if getattr(self, name) < 0:
                 problems.append(f"{name.replace('_', '-')} must be >= 0 (got {getattr(self, name)})")
         for name in ("lambda_p", "beta", "tau", "act_epsilon", "lr", "grad_clip", "train_rotation", "lr_factor",
-                     "cnn_dropout", "mlp_dropout", "truncation", "align_turn"):
+                     "cnn_dropout", "mlp_dropout", "truncation", "align_turn", "turn_gate"):
             if not math.isfinite(getattr(self, name)):
                 problems.append(f"{name.replace('_', '-')} must be a finite number")
         if not 0 < self.lambda_p <= 1:
@@ -91,6 +96,8 @@ class PonderConfig:
             problems.append(f"kernel-size must be <= 12 for 28x28 images (got {self.kernel_size})")
         if self.halting_bias is not None and not math.isfinite(self.halting_bias):
             problems.append("halting-bias must be a finite number")
+        if not 0 <= self.turn_gate <= 1:
+            problems.append(f"turn-gate must be in [0, 1], a fraction of the largest turn (got {self.turn_gate})")
         if not 0 <= self.truncation < 1:
             problems.append(f"truncation must be in [0, 1) (got {self.truncation})")
         if not 0 < self.align_turn <= 180:
@@ -99,6 +106,8 @@ class PonderConfig:
             problems += method_class(self.method).config_problems(self)
             if "turn" in self.halting_input and not step_class(self.step).halting_extra_size:
                 problems.append(f"halting-input {self.halting_input}: step {self.step} has no turn to show")
+            if self.turn_gate > 0 and not step_class(self.step).halting_extra_size:
+                problems.append(f"turn-gate: step {self.step} has no turn to gate halting with")
         if problems:
             raise PonderError("; ".join(problems))
 

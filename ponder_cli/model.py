@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .halting import EarlyExitRule
 from .registry import step_class
@@ -31,6 +32,14 @@ class PonderOutput(NamedTuple):
     computed: torch.Tensor | None = None  # (B,) steps computed per image, when truncated
 
 
+def gated_logit(z: torch.Tensor, work: torch.Tensor) -> torch.Tensor:
+    """logit(sigmoid(z) * (1 - work)) for work in [0, 1], computed in log space (float32):
+    log lambda = logsigmoid(z) + log(1 - work), log(1 - lambda) = log1p(-sigmoid(z) (1 - work))."""
+    z, keep = z.float(), (1 - work.float()).clamp_min(1e-6)
+    log_lambda = F.logsigmoid(z) + torch.log(keep)
+    return log_lambda - torch.log1p(-(torch.sigmoid(z) * keep).clamp_max(1 - 1e-6))
+
+
 class PonderNet(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -41,6 +50,7 @@ class PonderNet(nn.Module):
         # ("confidence") and the step function's own halting features ("turn" for align)
         self.confidence_input = "confidence" in cfg.halting_input
         self.extra_input = "turn" in cfg.halting_input
+        self.turn_gate = float(cfg.turn_gate)
         self.halting_head = nn.Linear(self.step.readout_size + self.confidence_input
                                       + self.extra_input * self.step.halting_extra_size, 1)
 
@@ -74,7 +84,11 @@ class PonderNet(nn.Module):
         if self.extra_input and extra is not None:
             halting_input.append(extra.to(readout.dtype))
         halting_input = halting_input[0] if len(halting_input) == 1 else torch.cat(halting_input, dim=-1)
-        return logits, self.halting_head(halting_input).squeeze(-1)
+        lambda_logits = self.halting_head(halting_input).squeeze(-1)
+        if self.turn_gate > 0 and extra is not None:
+            work = (extra[..., 0].detach().float() / self.turn_gate).clamp_max(1.0)
+            lambda_logits = gated_logit(lambda_logits, work)
+        return logits, lambda_logits
 
     def _forward_truncated(self, x: torch.Tensor, stop: EarlyExitRule) -> PonderOutput:
         batch = x.shape[0]

@@ -55,7 +55,7 @@ def _truncated_and_full(epsilon, method_name="pondernet", bias=-1.0):
     model, method = build_model(cfg).train(), get_method(cfg)
     with torch.no_grad():
         model.halting_head.bias.fill_(bias)
-        model.halting_head.weight.mul_(20)  # halting that varies from image to image
+        model.halting_head.weight.normal_(0, 0.5)  # halting that varies from image to image
     data = synthetic_digits(64, seed=4)
     x = prepare_batch(data.images, torch.linspace(-40, 40, 64))
     full = model(x)
@@ -127,3 +127,22 @@ def test_prior_halting_bias():
     cfg = PonderConfig.from_options(**SMALL, lambda_p=0.2, halting_bias="prior")
     assert math.isclose(cfg.halting_bias, math.log(0.2 / 0.8))
     assert torch.isclose(torch.sigmoid(build_model(cfg).halting_head.bias), torch.tensor(0.2))
+
+
+def test_turn_gate_holds_halting_back_while_turning():
+    from ponder_cli.model import gated_logit
+    z = torch.tensor([-3.0, 0.0, 3.0, 20.0])
+    work = torch.tensor([0.0, 0.5, 0.9, 1.0])
+    # lambda = sigmoid(z) * (1 - work): 0.0474, 0.25, 0.0953, ~0 (a full turn never halts)
+    expected = torch.sigmoid(z) * (1 - work)
+    assert torch.allclose(torch.sigmoid(gated_logit(z, work)), expected, atol=2e-6)
+    torch.manual_seed(2)
+    cfg = PonderConfig(**SMALL, turn_gate=0.5)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        model.step.turn.weight.normal_(0, 0.5)
+    data = synthetic_digits(100, seed=6)
+    early = evaluate(model, data, cfg, max_angle=60, seed=2, halting="median", batch_size=32)
+    assert early == evaluate(model, data, cfg, max_angle=60, seed=2, halting="median", early_exit=False)
+    with pytest.raises(Exception, match="turn-gate: step mlp"):
+        PonderConfig(turn_gate=0.5)

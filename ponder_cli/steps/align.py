@@ -3,13 +3,14 @@
 At step n the *original* image is read through a rotation about its centre that the state
 accumulates, x_n = rotate(x, theta_{n-1}); a CNN embeds x_n and a GRU cell updates the state,
 h_n = GRU(CNN(x_n), h_{n-1}); a turn head gives a bounded increment
-delta_n = max_turn * tanh(w . h_n), theta_n = theta_{n-1} + delta_n. The warp is bilinear
+delta_n = max_turn * tanh(w . h_n + v . conv(x_n)), theta_n = theta_{n-1} + delta_n. The warp is bilinear
 (`affine_grid` + `grid_sample`), so the turn is learnt from the halting method's loss alone:
 no rotation labels, no angle regression. Unlike the mlp step, later steps see something new,
 so iterating can pay: a digit rotated further needs more turns before it reads upright.
 
-The halting head may also see |delta_n| (the step's turn, `--halting-input ...+turn`): an
-image still being turned is not done.
+The halting head may also see |delta_n| (the step's turn, `--halting-input ...+turn`), and with
+`--turn-gate` lambda_n is held back while the step turns: lambda_n = sigmoid(z_n) (1 - |delta_n| /
+max_turn), the turn detached, so halting waits for the work and cannot stop the turning.
 """
 
 from __future__ import annotations
@@ -51,8 +52,12 @@ class AlignStep(StepFunction):
         self.encoder = ImageEncoder(cfg.kernel_size, cfg.hidden_cnn, cfg.cnn_dropout)
         self.cell = nn.GRUCell(cfg.hidden_cnn, cfg.hidden)
         self.turn = nn.Linear(cfg.hidden, 1)
-        nn.init.zeros_(self.turn.weight)  # start by reading the image as it is
-        nn.init.zeros_(self.turn.bias)
+        # The classifier's embedding learns to ignore small rotations; the turn also reads the
+        # convolutional features of the current view, which still show which way is up.
+        self.view_turn = nn.Linear(self.encoder.fc.in_features, 1)
+        for layer in (self.turn, self.view_turn):
+            nn.init.zeros_(layer.weight)  # start by reading the image as it is
+            nn.init.zeros_(layer.bias)
         self.max_turn = math.radians(cfg.align_turn)
         self.readout_size = cfg.hidden
 
@@ -65,7 +70,8 @@ class AlignStep(StepFunction):
     def forward(self, context, state, n):
         (x,), (h, angle) = context, state
         seen = x if n == 0 else rotate_bilinear(x, angle)  # theta_0 = 0: the image as given
-        h = self.cell(self.encoder(seen), h)
-        delta = self.max_turn * torch.tanh(self.turn(h).squeeze(-1))  # (B,)
+        features = self.encoder.features(seen)  # (B, 320)
+        h = self.cell(self.encoder.head(features), h)
+        delta = self.max_turn * torch.tanh((self.turn(h) + self.view_turn(features)).squeeze(-1))  # (B,)
         extra = (delta.abs() / self.max_turn).unsqueeze(-1)  # (B, 1) in [0, 1]
         return (h, angle + delta), h, extra

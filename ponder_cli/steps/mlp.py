@@ -33,10 +33,15 @@ class ImageEncoder(nn.Module):
         self.to(memory_format=torch.channels_last)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 1, 28, 28) -> (B, out_features)
+        return self.head(self.features(x))
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:  # (B, 1, 28, 28) -> (B, 20 * side * side)
         x = x.contiguous(memory_format=torch.channels_last)
         x = F.relu(F.max_pool2d(self.conv1(x), 2))
-        x = F.relu(F.max_pool2d(self.conv2_drop(self.conv2(x)), 2))
-        return F.relu(self.fc(x.flatten(1)))
+        return F.relu(F.max_pool2d(self.conv2_drop(self.conv2(x)), 2)).flatten(1)
+
+    def head(self, features: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.fc(features))
 
 
 class StepMLP(nn.Module):
