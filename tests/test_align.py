@@ -1,5 +1,6 @@
 """The align step function: the warp, gradients to the turn head, truncated training, early exit."""
 
+import json
 import math
 
 import pytest
@@ -146,3 +147,27 @@ def test_turn_gate_holds_halting_back_while_turning():
     assert early == evaluate(model, data, cfg, max_angle=60, seed=2, halting="median", early_exit=False)
     with pytest.raises(Exception, match="turn-gate: step mlp"):
         PonderConfig(turn_gate=0.5)
+
+
+@pytest.mark.parametrize("method_name", ["pondernet", "act", "plain"])
+def test_align_through_every_command(method_name, tiny_mnist, tmp_path, ponder):
+    """Train, resume, then eval / extrapolate / sweep / compare an align model of each method."""
+    out = tmp_path / method_name
+    common = ["--step", "align", "--method", method_name, "--val-size", 100, "--batch-size", 100, "--no-progress",
+              "--train-size", 300, "--data-dir", tiny_mnist]
+    steps = [] if method_name == "plain" else ["--max-steps", 4, "--truncation", 0.01, "--halting-input", "state+turn"]
+    first = ponder("train", *common, *steps, "--epochs", 1, "--out", out)
+    assert first.exit_code == 0, first.output
+    resumed = ponder("train", "--resume", out / "last.pt", "--epochs", 2, "--data-dir", tiny_mnist, "--no-progress")
+    assert resumed.exit_code == 0, resumed.output
+    assert "resuming after epoch 1" in resumed.stderr and "epoch  2/2" in resumed.stderr
+    state = torch.load(out / "last.pt", weights_only=True)
+    assert state["epoch"] == 2 and state["config"]["step"] == "align" and state["config"]["method"] == method_name
+    for command, args in (("eval", []), ("extrapolate", ["--angles", 45, 90]), ("sweep", ["--every", 45])):
+        result = ponder(command, out / "best.pt", *args, "-f", "json", "--data-dir", tiny_mnist)
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.stdout)
+        assert data["step"] == "align" and data["method"] == method_name
+        assert all(1 <= b["mean_steps"] <= (1 if method_name == "plain" else 4) for b in data["buckets"])
+    table = ponder("compare", out / "best.pt", "--angles", 30, "--data-dir", tiny_mnist)
+    assert table.exit_code == 0 and "align" in table.stdout
