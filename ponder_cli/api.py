@@ -6,8 +6,11 @@ The CLI parses options, calls one of these and renders the report; everything he
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,13 +99,18 @@ def _bucket_dicts(model, cfg, test, angles: list[float], options: EvalOptions, s
     return buckets, rho
 
 
-def evaluate_checkpoint(command: str, checkpoint: Optional[Path], angles: list[float],
-                        options: EvalOptions) -> Report:
-    """eval (with the loss) and extrapolate: one checkpoint, one bucket per angle."""
+def evaluate_checkpoint(command: str, checkpoint: Optional[Path], angles: list[float], options: EvalOptions, *,
+                        log: Callable[[str], None] = lambda line: None) -> Report:
+    """eval (with the loss) and extrapolate: one checkpoint, one bucket per angle. With no
+    checkpoint, the newest run's best.pt or the shipped model (runs.default_checkpoint), and a
+    "using ..." line saying which."""
     from .checkpoint import load_model
     from .runs import default_checkpoint
 
-    path = checkpoint if checkpoint is not None else default_checkpoint()
+    path = checkpoint
+    if path is None:
+        path, why = default_checkpoint()
+        log(f"using {path} ({why})")
     dev, amp = _device_and_amp(options.device, options.amp)
     model, cfg, _ = load_model(path, dev)
     test = _test_set(options, dev)
@@ -154,41 +162,61 @@ def _default_seed() -> int:
 @dataclass(frozen=True)
 class TrainOptions:
     resume: Optional[Path] = None
-    out: Optional[Path] = None
+    out: Optional[Path] = None  # None: a fresh runs/<method>-<step>-seed<seed> (or the resumed run's folder)
     data_dir: Optional[Path] = None
     download: bool = True
     device: str = "auto"
     amp: Optional[bool] = None
     progress: bool = True
+    overwrite: bool = False  # write into a folder that holds another run's checkpoints (or the shipped ones)
 
 
 def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = lambda line: None) -> Report:
-    """Train with the options the user gave (see runs.plan_training) and report the run."""
+    """Train with the options the user gave (see runs.plan_training) and report the run.
+
+    The run folder is locked while training (runs.RunLock). SIGTERM stops training like Ctrl-C:
+    the last completed epoch is in last.pt and the error says how to resume.
+    """
     from .checkpoint import LAST
     from .data import load_mnist, train_val_split
     from .render import epoch_line
-    from .runs import check_writable, plan_training
+    from .runs import RunLock, claim_run_dir, plan_training
     from .runtime import amp_dtype
     from .train import train
 
-    plan = plan_training(given, resume=options.resume, out=options.out)
+    plan = plan_training(given, resume=options.resume, out=options.out, overwrite=options.overwrite)
     cfg = plan.cfg
     dev, amp = _device_and_amp(options.device, options.amp)
-    full = load_mnist(_data_dir(options.data_dir), train=True, download=options.download)
-    train_set, val_set = train_val_split(full, val_size=cfg.val_size, train_size=cfg.train_size, seed=cfg.seed)
-    check_writable(plan.out_dir)  # only once everything else is known to be fine: nothing written before
-    train_set, val_set = train_set.to(dev), val_set.to(dev)
-    log(f"training {cfg.method} (step {cfg.step}) on {len(train_set)} images, validating on {len(val_set)}, "
-        f"device {dev}{', amp ' + str(amp_dtype(dev)).removeprefix('torch.') if amp else ''}"
-        f"{', resuming after epoch ' + str(plan.resume.epoch) if plan.resume else ''}")
-    started = time.perf_counter()
-    try:
-        result = train(cfg, train_set, val_set, device=dev, out_dir=plan.out_dir, amp=amp, resume=plan.resume,
-                       on_epoch=lambda stats: log(epoch_line(stats, cfg.epochs)), progress=options.progress)
-    except KeyboardInterrupt:
-        last = plan.out_dir / LAST
-        raise Interrupted(f"resume with: ponder train --resume {last}" if last.exists()
-                          else "no epoch had completed") from None
+    saved: list[int] = []  # epochs this run has written to last.pt
+
+    def on_epoch(stats) -> None:
+        saved.append(stats.epoch)
+        log(epoch_line(stats, cfg.epochs))
+
+    with _sigterm_as_interrupt():
+        try:
+            full = load_mnist(_data_dir(options.data_dir), train=True, download=options.download)
+            train_set, val_set = train_val_split(full, val_size=cfg.val_size, train_size=cfg.train_size,
+                                                 seed=cfg.seed)
+            out_dir = claim_run_dir(plan)  # only once everything else is known to be fine: nothing written before
+            with RunLock(out_dir):
+                log(f"writing checkpoints to {out_dir}/")
+                train_set, val_set = train_set.to(dev), val_set.to(dev)
+                log(f"training {cfg.method} (step {cfg.step}) on {len(train_set)} images, validating on "
+                    f"{len(val_set)}, device {dev}"
+                    f"{', amp ' + str(amp_dtype(dev)).removeprefix('torch.') if amp else ''}"
+                    f"{', resuming after epoch ' + str(plan.resume.epoch) if plan.resume else ''}")
+                started = time.perf_counter()
+                result = train(cfg, train_set, val_set, device=dev, out_dir=out_dir, amp=amp, resume=plan.resume,
+                               on_epoch=on_epoch, progress=options.progress)
+        except KeyboardInterrupt as exc:
+            last = plan.out_dir / LAST
+            if saved or (plan.resume is not None and last.exists()):
+                where = f"epoch {saved[-1] if saved else plan.resume.epoch} is saved in {last}"
+                message = f"{where}; resume with: ponder train --resume {last}"
+            else:
+                message = "no epoch had completed; nothing was saved"
+            raise (Terminated if isinstance(exc, _SigTerm) else Interrupted)(message) from None
     return training_report(cfg, result, time.perf_counter() - started)
 
 
@@ -196,3 +224,32 @@ class Interrupted(PonderError):
     """Training stopped by Ctrl-C: the last completed epoch is saved."""
     exit_code = 130
     headline = "Interrupted"
+
+
+class Terminated(Interrupted):
+    """Training stopped by SIGTERM (kill, a job scheduler, a container stopping): as Ctrl-C,
+    with the shell's exit status for that signal, 128 + 15."""
+    exit_code = 143
+    headline = "Terminated"
+
+
+class _SigTerm(KeyboardInterrupt):
+    """SIGTERM raised where the training loop is, so that it unwinds as it does for Ctrl-C."""
+
+
+def _raise_sigterm(signum, frame) -> None:
+    raise _SigTerm()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """While training, SIGTERM interrupts like Ctrl-C instead of ending the process on the spot
+    with no message (signal handlers can only be set from the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -130,8 +130,8 @@ DeviceOption = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N.
 AmpOption = typer.Option(None, "--amp/--no-amp", help="Mixed precision: fp16 on CUDA, bf16 on CPU. "
                          "[default: on for CUDA, off for CPU]")
 FormatOption = typer.Option(OutputFormat.table, "--format", "-f", help="Output format.", case_sensitive=False)
-CheckpointArgument = typer.Argument(None, help="Checkpoint to load. [default: checkpoints/best.pt]",
-                                    show_default=False)
+CheckpointArgument = typer.Argument(None, help="Checkpoint to load. [default: the newest runs/*/best.pt, else the "
+                                    "shipped checkpoints/best.pt]", show_default=False)
 EvalSeedOption = typer.Option(None, "--seed", help="Seed of the test rotations and halting coin flips. "
                               "[default: the checkpoint's training seed]")
 LimitOption = typer.Option(0, "--limit", min=0, help="Evaluate only the first N test images (0: all).")
@@ -207,12 +207,14 @@ def train(
     seed: Optional[int] = _hyper("seed", "Seed of the split, initialisation and sampling."),
     data_dir: Optional[Path] = DataDirOption,
     download: bool = DownloadOption,
-    out: Optional[Path] = typer.Option(None, "--out", help="Directory for best.pt and last.pt. [default: "
-                                       "checkpoints/, or the resumed checkpoint's directory]", show_default=False),
+    out: Optional[Path] = typer.Option(None, "--out", show_default=False, help="Folder for best.pt and last.pt. "
+                                       "[default: a new runs/METHOD-STEP-seedSEED, or the resumed run's folder]"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the checkpoints of another run (or the "
+                                   "shipped models) in --out."),
     device: str = DeviceOption,
     amp: Optional[bool] = AmpOption,
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run saved in this checkpoint "
-                                                                 "(e.g. checkpoints/last.pt)."),
+                                                                 "(e.g. runs/pondernet-mlp-seed1234/last.pt)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars on stderr."),
     fmt: OutputFormat = FormatOption,
 ) -> None:
@@ -225,7 +227,7 @@ def train(
         lr_patience=lr_patience, train_rotation=train_rotation, val_size=val_size, train_size=train_size,
         seed=seed).items() if value is not None}
     options = TrainOptions(resume=resume, out=out, data_dir=data_dir, download=download, device=device, amp=amp,
-                           progress=progress)
+                           progress=progress, overwrite=overwrite)
     _render(train_run(given, options, log=_echo_err), fmt, None)
 
 
@@ -256,7 +258,7 @@ def eval_command(
                           "--rotation" if rotation is not None else "--angles")
     plot = _check_plot(plot)
     options = _eval_options(protocol, halting, seed, limit, batch_size, data_dir, download, device, amp, detail)
-    _render(evaluate_checkpoint("eval", checkpoint, parsed, options), fmt, plot)
+    _render(evaluate_checkpoint("eval", checkpoint, parsed, options, log=_echo_err), fmt, plot)
 
 
 @app.command(cls=AnglesCommand)
@@ -282,7 +284,7 @@ def extrapolate(
     parsed = parse_angles(angles)
     plot = _check_plot(plot)
     options = _eval_options(protocol, halting, seed, limit, batch_size, data_dir, download, device, amp, detail)
-    _render(evaluate_checkpoint("extrapolate", checkpoint, parsed, options), fmt, plot)
+    _render(evaluate_checkpoint("extrapolate", checkpoint, parsed, options, log=_echo_err), fmt, plot)
 
 
 @app.command(cls=AnglesCommand)

@@ -303,3 +303,133 @@ def test_ctrl_c_exits_130_with_a_resume_hint(tiny_mnist, tmp_path):
     assert "Traceback" not in stderr
     epoch = load_checkpoint(out / "last.pt").epoch
     assert epoch >= 1 and f"epoch {epoch:>2}/500" in stderr
+
+
+# --- losing work: run folders, the shipped models, the lock ---------------------------------------
+
+def test_default_out_is_a_fresh_run_folder_and_never_the_shipped_models(checkpoint, tiny_mnist, tmp_path,
+                                                                        monkeypatch, quick, invoke):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "checkpoints").mkdir()
+    shipped = tmp_path / "checkpoints" / "best.pt"
+    shipped.write_bytes(checkpoint.read_bytes())
+    for folder in ("pondernet-mlp-seed1234", "pondernet-mlp-seed1234-2"):
+        result = invoke("train", *quick, "--data-dir", tiny_mnist, "--no-progress")
+        assert result.exit_code == 0, result.output
+        assert f"writing checkpoints to {Path('runs') / folder}/" in result.stderr.splitlines()[0]
+        assert load_checkpoint(Path("runs") / folder / "best.pt").epoch == 1
+    assert shipped.read_bytes() == checkpoint.read_bytes()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best.pt"]
+    result = invoke("train", *quick, "--seed", 7, "--method", "act", "--data-dir", tiny_mnist, "--no-progress")
+    assert result.exit_code == 0 and (tmp_path / "runs" / "act-mlp-seed7" / "best.pt").exists()
+
+
+@pytest.mark.parametrize("shipped", [False, True])
+def test_a_folder_with_checkpoints_is_not_overwritten_without_overwrite(shipped, checkpoint, tiny_mnist, tmp_path,
+                                                                       monkeypatch, quick, invoke, one_error_line):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / ("checkpoints" if shipped else "other-run")
+    out.mkdir()
+    (out / "best.pt").write_bytes(checkpoint.read_bytes())
+    line = one_error_line(invoke("train", *quick, "--data-dir", tiny_mnist, "--out", out))
+    assert str(out) in line and ("shipped models" in line if shipped else "another run's checkpoints" in line)
+    assert "--overwrite" in line
+    assert [p.name for p in out.iterdir()] == ["best.pt"] and (out / "best.pt").read_bytes() == checkpoint.read_bytes()
+    result = invoke("train", *quick, "--data-dir", tiny_mnist, "--out", out, "--overwrite", "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert load_checkpoint(out / "best.pt").config.max_steps == 2  # the new run's
+
+
+def test_the_repository_shipped_models_are_refused_from_any_directory(tmp_path, monkeypatch, invoke, one_error_line):
+    monkeypatch.chdir(tmp_path)  # the check happens before any data is read: none is needed here
+    repo_checkpoints = Path(__file__).resolve().parent.parent / "checkpoints"
+    line = one_error_line(invoke("train", "--out", repo_checkpoints, "--data-dir", tmp_path / "none", "--no-download"))
+    assert "shipped models" in line
+    line = one_error_line(invoke("train", "--resume", repo_checkpoints / "best.pt", "--epochs", 100,
+                                 "--data-dir", tmp_path / "none", "--no-download"))
+    assert "shipped models" in line and "--out" in line
+
+
+def test_out_that_is_a_file(tmp_path, tiny_mnist, invoke, one_error_line):
+    (tmp_path / "notes.txt").write_text("mine")
+    line = one_error_line(invoke("train", "--out", tmp_path / "notes.txt", "--data-dir", tiny_mnist))
+    assert f"--out {tmp_path / 'notes.txt'} is a file" in line
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_eval_reads_the_newest_run_and_says_which(checkpoint, tiny_mnist, tmp_path, monkeypatch, invoke):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "best.pt").write_bytes(checkpoint.read_bytes())
+    result = invoke("eval", "--data-dir", tiny_mnist, "-f", "json")
+    assert result.exit_code == 0, result.output
+    assert "using checkpoints/best.pt (the shipped model)" in result.stderr
+    for age, name in ((200, "older"), (100, "newer")):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "best.pt").write_bytes(checkpoint.read_bytes())
+        stamp = time.time() - age
+        os.utime(tmp_path / "runs" / name / "best.pt", (stamp, stamp))
+    result = invoke("extrapolate", "--angles", 10, "--data-dir", tiny_mnist, "-f", "json")
+    assert result.exit_code == 0, result.output
+    newer = str(Path("runs") / "newer" / "best.pt")
+    assert f"using {newer} (the newest run under runs/)" in result.stderr
+    assert json.loads(result.stdout)["checkpoints"] == [newer]
+
+
+def test_run_lock_is_exclusive_and_stale_locks_are_taken_over(tmp_path):
+    from ponder_cli.runs import RunLock
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / ".ponder.lock").write_text(dead.stdout)  # a process that no longer exists
+    with RunLock(tmp_path):
+        assert (tmp_path / ".ponder.lock").read_text().strip() == str(os.getpid())
+    assert not (tmp_path / ".ponder.lock").exists()
+    (tmp_path / ".ponder.lock").write_text("")  # died between creating and writing it
+    RunLock(tmp_path).acquire().release()
+    (tmp_path / ".ponder.lock").write_text(f"{os.getppid()}\n")  # alive: our parent
+    with pytest.raises(PonderError, match=f"in use by another `ponder train` \\(PID {os.getppid()}\\)"):
+        RunLock(tmp_path).acquire()
+    assert (tmp_path / ".ponder.lock").read_text().strip() == str(os.getppid())
+
+
+def test_two_runs_on_one_folder(tiny_mnist, tmp_path, invoke, one_error_line):
+    """A second process is refused while the first trains; after the first is killed, its stale
+    lock is taken over and the run resumes; the lock is gone when training ends."""
+    out = tmp_path / "run"
+    proc = _start_training(tiny_mnist, out)
+    try:
+        _wait_for(out / "last.pt", proc)
+        assert (out / ".ponder.lock").read_text().strip() == str(proc.pid)
+        for args in (["--resume", out / "last.pt"], ["--out", out, "--overwrite"]):
+            epochs = load_checkpoint(out / "last.pt").epoch + 3
+            line = one_error_line(invoke("train", *args, "--epochs", epochs, "--data-dir", tiny_mnist))
+            assert f"in use by another `ponder train` (PID {proc.pid})" in line
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert (out / ".ponder.lock").exists()  # SIGKILL left it behind
+    epoch = load_checkpoint(out / "last.pt").epoch
+    result = invoke("train", "--resume", out / "last.pt", "--epochs", epoch + 1, "--data-dir", tiny_mnist,
+                    "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert load_checkpoint(out / "last.pt").epoch == epoch + 1
+    assert not (out / ".ponder.lock").exists()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_sigterm_saves_and_exits_143_with_a_resume_hint(tiny_mnist, tmp_path):
+    out = tmp_path / "run"
+    proc = _start_training(tiny_mnist, out)
+    try:
+        _wait_for(out / "last.pt", proc)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, stderr
+    assert stderr.splitlines()[-1].startswith("Terminated: epoch ")
+    assert f"resume with: ponder train --resume {out / 'last.pt'}" in stderr and "Traceback" not in stderr
+    epoch = load_checkpoint(out / "last.pt").epoch
+    assert epoch >= 1 and f"epoch {epoch} is saved in {out / 'last.pt'}" in stderr
+    assert not (out / ".ponder.lock").exists()
