@@ -52,7 +52,7 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
         refuse_foreign_checkpoints(out, overwrite)
         return TrainingPlan(cfg, out)
 
-    from .checkpoint import load_checkpoint
+    from .checkpoint import LAST, load_checkpoint
 
     state = load_checkpoint(resume)
     state.require_resumable(resume)
@@ -64,12 +64,33 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     cfg = saved.replace(**{k: given[k] for k in RESUMABLE_CHANGES if k in given})
     out_dir = out if out is not None else Path(resume).parent
     check_unlocked(out_dir)
+    if state.epoch >= cfg.epochs:
+        raise PonderError(f"nothing to do: the run in {resume} is complete ({state.epoch} of {cfg.epochs} epochs); "
+                          f"to train it longer, raise --epochs: ponder train --resume {resume} --epochs N "
+                          f"(N > {state.epoch})")
     if not _same_path(out_dir, Path(resume).parent):
         refuse_foreign_checkpoints(out_dir, overwrite)  # continuing in another folder: a fresh one
-    elif not overwrite and is_shipped(out_dir):
-        raise PonderError(f"{out_dir} holds the shipped models, which resuming would overwrite; continue "
-                          f"in another folder with --out DIR (or pass --overwrite)")
+    elif not overwrite:
+        if is_shipped(out_dir):
+            raise PonderError(f"{out_dir} holds the shipped models, which resuming would overwrite; continue "
+                              f"in another folder with --out DIR (or pass --overwrite)")
+        _refuse_rewind(state, Path(resume), out_dir / LAST)
     return TrainingPlan(cfg, out_dir, state)
+
+
+def _refuse_rewind(state, resume: Path, last: Path) -> None:
+    """Resuming an older checkpoint (best.pt, say) of a run would overwrite its newer last.pt."""
+    if _same_path(resume, last) or not last.is_file():
+        return
+    from .checkpoint import load_checkpoint
+    try:
+        newer = load_checkpoint(last).epoch
+    except PonderError:
+        return  # an unreadable last.pt holds nothing to lose
+    if newer > state.epoch:
+        raise PonderError(f"resuming {resume} (epoch {state.epoch}) would rewind the run and overwrite the newer "
+                          f"{last} (epoch {newer}); resume from {last}, continue in another folder with --out DIR, "
+                          f"or pass --overwrite to go back to epoch {state.epoch}")
 
 
 def _same_path(a: Path, b: Path) -> bool:

@@ -147,7 +147,11 @@ def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: 
             model.load_state_dict(resume.model)
             optimizer.load_state_dict(resume.optimizer)
             scheduler.load_state_dict(resume.scheduler)
-            scaler.load_state_dict(resume.scaler)
+            if resume.scaler:
+                # A run saved without a live scaler (on the CPU, or with AMP off) has an empty
+                # state, which an enabled scaler refuses: resumed with fp16 on CUDA it starts a
+                # fresh scaler instead.
+                scaler.load_state_dict(resume.scaler)
             _set_rng_state(resume.rng, device)
             result.history = [EpochStats(**h) for h in resume.history]
         except (RuntimeError, ValueError, KeyError, TypeError) as exc:

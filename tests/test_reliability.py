@@ -433,3 +433,44 @@ def test_sigterm_saves_and_exits_143_with_a_resume_hint(tiny_mnist, tmp_path):
     epoch = load_checkpoint(out / "last.pt").epoch
     assert epoch >= 1 and f"epoch {epoch} is saved in {out / 'last.pt'}" in stderr
     assert not (out / ".ponder.lock").exists()
+
+
+# --- resume edge cases ----------------------------------------------------------------------------
+
+def test_resuming_a_finished_run_says_so(checkpoint, tiny_mnist, tmp_path, invoke, one_error_line):
+    last = tmp_path / "last.pt"
+    last.write_bytes((checkpoint.parent / "last.pt").read_bytes())  # epoch 1 of 1
+    line = one_error_line(invoke("train", "--resume", last, "--data-dir", tiny_mnist))
+    assert "is complete (1 of 1 epochs)" in line and "--epochs N (N > 1)" in line
+    assert last.read_bytes() == (checkpoint.parent / "last.pt").read_bytes()
+
+
+def test_resuming_best_does_not_rewind_a_newer_last(checkpoint, tiny_mnist, tmp_path, invoke, one_error_line):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "best.pt").write_bytes(checkpoint.read_bytes())  # epoch 1
+    newer = load_checkpoint(checkpoint.parent / "last.pt")
+    newer.epoch = 2
+    save_checkpoint(newer, run / "last.pt")
+    before = (run / "last.pt").read_bytes()
+    line = one_error_line(invoke("train", "--resume", run / "best.pt", "--epochs", 3, "--data-dir", tiny_mnist))
+    assert f"would rewind the run and overwrite the newer {run / 'last.pt'} (epoch 2)" in line
+    assert (run / "last.pt").read_bytes() == before
+    result = invoke("train", "--resume", run / "best.pt", "--epochs", 2, "--overwrite", "--data-dir", tiny_mnist,
+                    "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "resuming after epoch 1" in result.stderr and load_checkpoint(run / "last.pt").epoch == 2
+
+
+def test_resume_with_an_enabled_scaler_from_a_run_without_one(monkeypatch, tiny_mnist, tmp_path):
+    """A CPU run saves an empty GradScaler state; resuming it where the scaler is enabled (fp16
+    on CUDA) starts a fresh scaler. An enabled CPU scaler stands in for CUDA here."""
+    cfg = CFG.replace(epochs=1)
+    train(cfg, *_data(tiny_mnist), device=torch.device("cpu"), out_dir=tmp_path, progress=False)
+    assert load_checkpoint(tmp_path / "last.pt").scaler == {}
+    real = torch.amp.GradScaler
+    monkeypatch.setattr(torch.amp, "GradScaler", lambda device, enabled=True: real("cpu", enabled=True))
+    result = train(CFG, *_data(tiny_mnist), device=torch.device("cpu"), out_dir=tmp_path, progress=False,
+                   resume=load_checkpoint(tmp_path / "last.pt"))
+    assert result.last_epoch == 2
+    assert load_checkpoint(tmp_path / "last.pt").scaler["scale"] > 0
