@@ -17,10 +17,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from . import PonderError
+from .config import MAX_ANGLE, seed_problems
 from .reports import Report, comparison_report, evaluation_report, group_by_configuration, training_report
-
-MAX_ANGLE = 180.0
-
 
 def check_angle(angle: float, what: str) -> float:
     if not math.isfinite(angle):
@@ -57,6 +55,10 @@ class EvalOptions:
     device: str = "auto"
     amp: Optional[bool] = None  # None: on for CUDA, off for the CPU
     detail: bool = False
+
+    def __post_init__(self) -> None:
+        if self.seed is not None and seed_problems(self.seed, "--seed"):
+            raise PonderError(seed_problems(self.seed, "--seed")[0])
 
 
 def _device_and_amp(device: str, amp: Optional[bool]):

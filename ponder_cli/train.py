@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from . import PonderError
+from . import PonderError, brief
 from .checkpoint import BEST, LAST, TrainingState, save_checkpoint
 from .config import PonderConfig
 from .data import ImageSet, prepare_batch
@@ -155,8 +155,7 @@ def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: 
             _set_rng_state(resume.rng, device)
             result.history = [EpochStats(**h) for h in resume.history]
         except (RuntimeError, ValueError, KeyError, TypeError) as exc:
-            reason = " ".join(str(exc).split())[:200]
-            raise PonderError(f"cannot resume: the checkpoint's training state does not fit ({reason})") from None
+            raise PonderError(f"cannot resume: the checkpoint's training state does not fit ({brief(exc)})") from None
         result.best_accuracy = resume.best_accuracy
         result.best_epoch = resume.best_epoch
         result.last_epoch = resume.epoch

@@ -1,6 +1,7 @@
 import csv
 import io
 import json
+import os
 
 import pytest
 import torch
@@ -133,21 +134,29 @@ def test_empty_angles_is_a_clean_error(checkpoint, ponder, one_error_line):
 
 
 @pytest.mark.parametrize("command", ["eval", "extrapolate", "compare"])
-def test_unwritable_plot_fails_before_any_work(command, checkpoint, tiny_mnist, tmp_path, ponder, one_error_line):
+def test_unwritable_plot_fails_before_any_work(command, checkpoint, tmp_path, ponder, one_error_line):
+    """Refused before any evaluation: no MNIST is needed to get the --plot error."""
     pytest.importorskip("matplotlib")
+    no_data = ["--data-dir", tmp_path / "no-mnist", "--no-download"]
     target = tmp_path / "no" / "such" / "dir" / "plot.png"
-    result = ponder(command, checkpoint, "--angles", 10, "--plot", target, "--data-dir", tiny_mnist)
-    assert "cannot write" in one_error_line(result) and result.exit_code == 1
-    line = one_error_line(ponder(command, checkpoint, "--angles", 10, "--plot", tmp_path / "p.txt",
-                                 "--data-dir", tiny_mnist))
+    result = ponder(command, checkpoint, "--angles", 10, "--plot", target, *no_data)
+    assert f"--plot {target}: cannot write to" in one_error_line(result) and result.exit_code == 1
+    line = one_error_line(ponder(command, checkpoint, "--angles", 10, "--plot", tmp_path / "p.txt", *no_data))
     assert "cannot write .txt files" in line
+    readonly = tmp_path / "readonly"
+    readonly.mkdir(mode=0o555)
+    if not os.access(readonly, os.W_OK):  # root may write anywhere
+        line = one_error_line(ponder(command, checkpoint, "--angles", 10, "--plot", readonly / "p.png", *no_data))
+        assert f"cannot write to {readonly}" in line
 
 
-def test_plot_without_extension_gets_png_and_says_so(checkpoint, tiny_mnist, tmp_path, ponder):
+@pytest.mark.parametrize("command", ["extrapolate", "compare"])
+def test_plot_without_extension_gets_png_and_says_so(command, checkpoint, tiny_mnist, tmp_path, ponder):
     pytest.importorskip("matplotlib")
-    result = ponder("extrapolate", checkpoint, "--angles", 10, "--plot", tmp_path / "fig", "--data-dir", tiny_mnist)
+    result = ponder(command, checkpoint, "--angles", 10, "--plot", tmp_path / "fig", "--data-dir", tiny_mnist)
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "fig.png").exists() and f"plot written to {tmp_path / 'fig.png'}" in result.stderr
+    assert (tmp_path / "fig.png").read_bytes()[:4] == b"\x89PNG"
+    assert f"plot written to {tmp_path / 'fig.png'}" in result.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

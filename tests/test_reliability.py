@@ -1,8 +1,11 @@
 """Bad input, crashes, interrupts, non-finite losses, untrusted checkpoints, determinism."""
 
+import errno
+import io
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,6 +49,15 @@ def bad_data(tmp_path_factory, write_idx):
         image_file = raw / "train-images-idx3-ubyte"
         image_file.write_bytes(damage(image_file.read_bytes()))
     (root / "a_file").write_text("not a directory")
+    raw = root / "empty" / "MNIST" / "raw"  # well-formed IDX files of zero images
+    raw.mkdir(parents=True)
+    for prefix in ("train", "t10k"):
+        write_idx(raw / f"{prefix}-images-idx3-ubyte", torch.zeros(0, 28, 28, dtype=torch.uint8))
+        write_idx(raw / f"{prefix}-labels-idx1-ubyte", torch.zeros(0, dtype=torch.uint8))
+    raw = root / "folder" / "MNIST" / "raw"  # a folder where an IDX file belongs
+    shutil.copytree(root / "magic" / "MNIST" / "raw", raw)
+    (raw / "train-images-idx3-ubyte").unlink()
+    (raw / "train-images-idx3-ubyte").mkdir()
     return root
 
 
@@ -61,6 +73,11 @@ TRAIN_ERRORS = [
     (["--device", "cuda"], "CUDA is not available"),
     (["--device", "tpu"], "unknown device 'tpu'"),
     (["--device", "meta"], "unsupported device 'meta'"),
+    (["--device", "cpu:1"], "there is one CPU device, use --device cpu"),
+    (["--max-steps", "1000"], "max-steps must be <= 100 (got 1000)"),
+    (["--train-rotation", "720"], "train-rotation must be between 0 and 180 degrees"),
+    (["--seed", "99999999999999999999"], "seed must be an integer from 0 to 2**63 - 1"),
+    (["--seed", "-1"], "seed must be an integer from 0 to 2**63 - 1 (got -1)"),
 ]
 
 
@@ -76,7 +93,8 @@ def test_bad_train_options(args, fragment, tiny_mnist, tmp_path, invoke, one_err
 
 @pytest.mark.parametrize("case,fragment", [
     ("missing", "MNIST not found"), ("truncated", "truncated"), ("magic", "bad magic number"),
-    ("a_file", "not a directory"),
+    ("a_file", "not a directory"), ("empty", "holds no images"),
+    ("folder", "train-images-idx3-ubyte is a directory, not an IDX file"),
 ])
 def test_bad_data_directories(case, fragment, bad_data, tmp_path, invoke, one_error_line):
     out = tmp_path / "out"
@@ -96,6 +114,8 @@ EVAL_ERRORS = [
     (["--angles", "nan"], "finite"), (["--angles", "inf"], "finite"), (["--angles", "-inf"], "finite"),
     (["--angles", "abc"], "'abc' is not a number"), (["--angles", "200"], "between 0 and 180"),
     (["--angles", "--format", "json"], "'--angles'"), (["--format", "xml"], "'xml'"),
+    (["--seed", "99999999999999999999"], "--seed must be an integer from 0 to 2**63 - 1"),
+    (["--seed", "-5"], "--seed must be an integer from 0 to 2**63 - 1 (got -5)"),
 ]
 
 
@@ -122,7 +142,23 @@ def test_truncated_real_checkpoint(checkpoint, tmp_path, tiny_mnist, invoke, one
     data = checkpoint.read_bytes()
     path = tmp_path / "cut.pt"
     path.write_bytes(data[: len(data) // 2])
-    assert "not a readable checkpoint" in one_error_line(invoke("eval", path, "--data-dir", tiny_mnist))
+    line = one_error_line(invoke("eval", path, "--data-dir", tiny_mnist))
+    # torch's cause, its first sentence whole, and not the paragraph of advice after it
+    assert line.endswith("(PytorchStreamReader failed reading zip archive: failed finding central directory.)"), line
+
+
+def test_long_messages_are_cut_at_a_word():
+    from ponder_cli import brief
+
+    assert brief("a " * 200, limit=20) == "a a a a a a a a a a…"
+    assert brief(RuntimeError("First sentence here. Second one\n  with  spaces.")) == "First sentence here."
+    assert brief(ValueError()) == "ValueError"
+
+
+@pytest.mark.parametrize("command", ["eval", "compare"])
+def test_bad_seed_for_evaluation(command, checkpoint, tiny_mnist, invoke, one_error_line):
+    line = one_error_line(invoke(command, checkpoint, "--seed", 2 ** 63, "--data-dir", tiny_mnist))
+    assert f"--seed must be an integer from 0 to 2**63 - 1 (got {2 ** 63})" in line
 
 
 @pytest.mark.parametrize("mutate,fragment", [
@@ -474,3 +510,64 @@ def test_resume_with_an_enabled_scaler_from_a_run_without_one(monkeypatch, tiny_
                    resume=load_checkpoint(tmp_path / "last.pt"))
     assert result.last_epoch == 2
     assert load_checkpoint(tmp_path / "last.pt").scaler["scale"] > 0
+
+
+# --- disk full ------------------------------------------------------------------------------------
+
+class _FullDisk(io.RawIOBase):
+    """A file on a disk that fills up after `room` bytes."""
+
+    def __init__(self, f, room: int):
+        self.f, self.room = f, room
+
+    def writable(self):
+        return True
+
+    def write(self, data):
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.f.write(data)
+
+
+def test_disk_full_while_saving_is_one_line_and_keeps_earlier_checkpoints(checkpoint, tiny_mnist, tmp_path,
+                                                                         monkeypatch, invoke, one_error_line):
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("best.pt", "last.pt"):
+        (run / name).write_bytes((checkpoint.parent / name).read_bytes())
+    before = {name: (run / name).read_bytes() for name in ("best.pt", "last.pt")}
+    real_save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, f: real_save(obj, _FullDisk(f, 50_000)))
+    result = invoke("train", "--resume", run / "last.pt", "--epochs", 2, "--data-dir", tiny_mnist, "--no-progress")
+    line = one_error_line(result)
+    assert line == f"Error: cannot save checkpoint {run / 'last.pt'}: No space left on device; the previous last.pt is intact"
+    assert {name: (run / name).read_bytes() for name in ("best.pt", "last.pt")} == before
+    assert sorted(p.name for p in run.iterdir()) == ["best.pt", "last.pt"]  # no temp file, no lock left
+
+
+def _can_mount_tmpfs(path: Path) -> bool:
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {path}"],
+                           capture_output=True) if shutil.which("unshare") else None
+    return probe is not None and probe.returncode == 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="tmpfs in a private mount namespace")
+def test_disk_full_on_a_real_tmpfs(checkpoint, tiny_mnist, tmp_path):
+    """A 1.5-checkpoint tmpfs as --out: last.pt of epoch 1 fits, best.pt does not."""
+    out = tmp_path / "small"
+    out.mkdir()
+    if not _can_mount_tmpfs(out):
+        pytest.skip("cannot mount a tmpfs here (needs root or user namespaces)")
+    size = checkpoint.stat().st_size * 3 // 2 // 1024
+    code = "import sys; from ponder_cli.cli import app; app(sys.argv[1:], prog_name='ponder')"
+    command = [sys.executable, "-c", code, "train", "--epochs", "1", "--max-steps", "5", "--val-size", "100",
+               "--batch-size", "64", "--data-dir", str(tiny_mnist), "--out", str(out), "--no-progress"]
+    script = f'mount -t tmpfs -o size={size}k tmpfs "$0" && "$@"; status=$?; ls -a "$0"; exit $status'
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script, str(out), *command], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == (f"Error: cannot save checkpoint {out / 'best.pt'}: No space left on "
+                                            "device")
+    assert "Traceback" not in done.stderr
+    assert done.stdout.split() == [".", "..", "last.pt"]  # epoch 1 saved; no temp file, no lock
