@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
-from .render import Column, sparkline
+from .render import Column, cell_text, sparkline
 
 META_KEYS = ("command", "checkpoints", "method", "step", "protocol", "halting", "seed")
 
@@ -60,13 +60,21 @@ def describe_model(cfg) -> str:
 
 # eval and extrapolate --------------------------------------------------------------------------
 
-BUCKET_COLUMNS = [
-    Column("rotation", "±deg", "g"), Column("accuracy", "accuracy", ".4f"),
-    Column("mean_steps", "steps", ".2f"), Column("std_steps", "sd", ".2f"),
-    Column("steps_correct", "steps ✓", ".2f"), Column("steps_wrong", "steps ✗", ".2f"),
-    Column("halting_spark", "halting steps", "s"), Column("images", "images"),
-]
-LOSS_COLUMN = Column("loss", "loss", ".4f")
+def _pair(first: str, second: str, spec: str, sep: str) -> Callable[[dict], str]:
+    """A table cell of two figures, e.g. "4.09 ± 3.50": one column where two would not fit in 80."""
+    return lambda row: f"{cell_text(row.get(first), spec)}{sep}{cell_text(row.get(second), spec)}"
+
+
+def bucket_columns(max_steps: int, with_loss: bool) -> list[Column]:
+    """What eval and extrapolate tables show of a bucket; the image count, the same in every
+    bucket, goes in the caption so that the table fits an 80-column terminal."""
+    columns = [
+        Column("rotation", "±deg", "g"), Column("accuracy", "accuracy", ".4f"),
+        Column("mean_steps", "steps ± sd", text=_pair("mean_steps", "std_steps", ".2f", " ± "), wrap=True),
+        Column("steps_correct", "steps ✓ / ✗", text=_pair("steps_correct", "steps_wrong", ".2f", " / "), wrap=True),
+        Column("halting_spark", f"halting steps 1→{max_steps}", "s", no_wrap=True),
+    ]
+    return columns + ([Column("loss", "loss", ".4f")] if with_loss else [])
 
 
 def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *,
@@ -83,9 +91,10 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
     rho_text = "undefined (angle or steps constant)" if rho is None else f"{rho:+.3f}"
     what = "MNIST test set" if command == "eval" else "extrapolation"
     report = Report(
-        meta=meta, buckets=buckets, columns=BUCKET_COLUMNS + ([LOSS_COLUMN] if with_loss else []),
+        meta=meta, buckets=buckets, columns=bucket_columns(cfg.max_steps, with_loss),
         title=f"{cfg.method} on the {what} ({checkpoint})",
         caption=f"{describe_model(cfg)}\nprotocol {protocol} · halting {used} · seed {seed}\n"
+                f"{buckets[0]['images']} images per bucket · steps ✓ / ✗: on correct / wrong answers\n"
                 f"Spearman ρ(|angle|, steps) = {rho_text} over {images} images",
         plot_series={checkpoint: buckets})
     if detail:
@@ -101,8 +110,8 @@ def per_step_table(buckets: list[dict], *, expected: bool) -> tuple[str, list[di
         for k, row in enumerate(rows):
             row[f"n{i}"] = bucket["histogram"][k]
             row[f"a{i}"] = bucket["accuracy_at_step"][k]
-        columns += [Column(f"n{i}", f"±{bucket['rotation']:g}° halted", ".1f" if expected else "d"),
-                    Column(f"a{i}", f"±{bucket['rotation']:g}° acc if stop", ".4f")]
+        columns += [Column(f"n{i}", f"±{bucket['rotation']:g}° halted", ".1f" if expected else "d", group=f"b{i}"),
+                    Column(f"a{i}", f"±{bucket['rotation']:g}° acc if stop", ".4f", group=f"b{i}")]
     return "Per halting step", rows, columns
 
 
@@ -144,11 +153,11 @@ def plus_minus(mean: float, sd: Optional[float], spec: str) -> str:
     return format(mean, spec) if sd is None else f"{format(mean, spec)} ± {format(sd, spec)}"
 
 
-COMPARE_COLUMNS = [
-    Column("label", "method", "s"), Column("step", "step", "s"), Column("seeds", "seeds"),
-    Column("rotation", "±deg", "g"), Column("accuracy_text", "accuracy", "s"),
-    Column("steps_text", "steps", "s"), Column("halting", "halting", "s"),
-]
+def compare_columns(steps_differ: bool) -> list[Column]:
+    """The compare table: labels wrap (`pondernet (train_rotation=22.5)`), figures never do."""
+    return [Column("label", "method", "s", wrap=True)] + ([Column("step", "step", "s")] if steps_differ else []) + [
+        Column("seeds", "seeds"), Column("rotation", "±deg", "g"), Column("accuracy_text", "accuracy", "s", wrap=True),
+        Column("steps_text", "steps", "s", wrap=True)]
 
 
 def comparison_report(groups: list[Group], results: list[list[list[dict]]], angles: list[float], *,
@@ -171,8 +180,17 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
                 sum(r[b]["histogram"][k] for r in per_model) for k in range(len(per_model[0][b]["histogram"]))]})
     meta = make_meta("compare", [p for g in groups for p, _ in g.members], [g.cfg.method for g in groups],
                      [g.cfg.step for g in groups], protocol=protocol, halting=halting, seed=seed)
-    return Report(meta=meta, buckets=buckets, columns=COMPARE_COLUMNS, title="Methods compared",
-                  caption=f"accuracy and steps: mean ± sd over seeds\nprotocol {protocol} · "
+    # each method's own halting rule (ACT's, one step) or the one asked for: one per method
+    rules = {bucket["method"]: bucket["halting"] for bucket in buckets}
+    steps = sorted({g.cfg.step for g in groups})
+    # the table names each group once, on its first row: long labels wrap over several lines
+    rows = [{**bucket, "label": bucket["label"] if i == 0 or buckets[i - 1]["label"] != bucket["label"] else ""}
+            for i, bucket in enumerate(buckets)]
+    return Report(meta=meta, buckets=buckets, columns=compare_columns(len(steps) > 1), title="Methods compared",
+                  table_rows=rows,
+                  caption=f"accuracy and steps: mean ± sd over seeds\nhalting "
+                          f"{', '.join(f'{rule} ({method})' for method, rule in rules.items())}"
+                          f"{' · step ' + steps[0] if len(steps) == 1 else ''}\nprotocol {protocol} · "
                           f"{buckets[0]['images']} test images per bucket · seed {seed}",
                   plot_series=series)
 

@@ -5,6 +5,7 @@ import os
 
 import pytest
 import torch
+from rich.cells import cell_len
 
 from ponder_cli.checkpoint import load_checkpoint
 from ponder_cli.cli import app, expand_angles
@@ -168,3 +169,85 @@ def test_cuda_without_cuda_is_a_clean_error(tiny_mnist, tmp_path, ponder, one_er
 
 def test_bad_config_is_a_clean_error(tiny_mnist, tmp_path, ponder, one_error_line):
     assert "lambda-p" in one_error_line(ponder("train", "--lambda-p", 1.5, "--data-dir", tiny_mnist, "--out", tmp_path))
+
+
+# --- 80-column terminals ------------------------------------------------------------------------
+
+def _at_80_columns(report) -> str:
+    from ponder_cli.render import render_report
+
+    out = io.StringIO()
+    render_report(report, "table", file=out, width=80)
+    text = out.getvalue()
+    assert "…" not in text
+    assert max(cell_len(line) for line in text.splitlines()) <= 80, text
+    return text
+
+
+def _bucket(angle: float, i: int, max_steps: int = 20, detail: bool = False) -> dict:
+    histogram = [1000 - 40 * k - i for k in range(max_steps)]
+    return {"rotation": angle, "protocol": "uniform", "halting": "sample", "images": 10000,
+            "accuracy": 0.99876 - 0.1 * i, "mean_steps": 14.1234 + i, "std_steps": 13.5678 - i,
+            "steps_correct": 14.0987 + i, "steps_wrong": 15.3456 + i, "histogram": histogram,
+            "loss": 0.03219 + i, "accuracy_at_step": [0.98765 - 0.01 * k for k in range(max_steps)] if detail else None}
+
+
+@pytest.mark.parametrize("max_steps", [20, 100])
+@pytest.mark.parametrize("command", ["eval", "extrapolate"])
+def test_evaluation_tables_fit_80_columns(command, max_steps):
+    from ponder_cli.config import PonderConfig
+    from ponder_cli.reports import evaluation_report
+
+    angles = [22.5, 45, 67.5, 112.5, 180]
+    buckets = [_bucket(a, i, max_steps, detail=True) for i, a in enumerate(angles)]
+    report = evaluation_report(command, "runs/pondernet-mlp-seed1234-2/best.pt", PonderConfig(max_steps=max_steps),
+                               buckets, 0.0123, protocol="uniform", halting="sample", seed=1234,
+                               with_loss=command == "eval", detail=True)
+    text = _at_80_columns(report)
+    for b in buckets:
+        figures = [f"{b['rotation']:g}", f"{b['accuracy']:.4f}", f"{b['mean_steps']:.2f}", f"{b['std_steps']:.2f}",
+                   f"{b['steps_correct']:.2f}", f"{b['steps_wrong']:.2f}", b["halting_spark"],
+                   *(f"{v:.4f}" for v in b["accuracy_at_step"]), *(str(n) for n in b["histogram"])]
+        figures += [f"{b['loss']:.4f}"] if command == "eval" else []
+        assert all(figure in text for figure in figures)
+        assert len(b["halting_spark"]) == 20  # 100 steps merged into 20 bins
+    assert f"halting steps 1→{max_steps}" in text and "10000 images per bucket" in text
+    assert f"pondernet on the {'MNIST test set' if command == 'eval' else 'extrapolation'}" in text
+    assert "Per halting step (continued)" in text  # five angles' columns do not fit in one table
+
+
+def test_compare_table_fits_80_columns_and_wraps_long_labels():
+    from ponder_cli.config import PonderConfig
+    from ponder_cli.reports import comparison_report, group_by_configuration
+
+    groups = group_by_configuration([("a.pt", PonderConfig(seed=1)), ("b.pt", PonderConfig(seed=2)),
+                                     ("c.pt", PonderConfig(train_rotation=0.0)),
+                                     ("d.pt", PonderConfig(method="act"))])
+    angles = [22.5, 45, 67.5, 90]
+    results = [[[{"accuracy": 0.98765 - 0.01 * b - 0.001 * m, "mean_steps": 4.1234 + b + m,
+                  "halting": "act" if g.cfg.method == "act" else "sample", "images": 10000, "histogram": [1] * 20}
+                 for b in range(len(angles))] for m in range(len(g.members))] for g in groups]
+    report = comparison_report(groups, results, angles, protocol="uniform", halting="sample", seed=1234)
+    assert report.buckets[0]["label"] == "pondernet (train_rotation=22.5)"
+    text = _at_80_columns(report)
+    for bucket in report.buckets:
+        assert bucket["accuracy_text"] in text and bucket["steps_text"] in text
+    assert " ± 0.0007" in text and "(train_rotation=22.5)" in text and "(train_rotation=0.0)" in text
+    assert "halting sample (pondernet), act (act)" in text
+
+
+def test_train_table_fits_80_columns(tiny_mnist, tmp_path, monkeypatch):
+    from ponder_cli.api import TrainOptions, train_run
+
+    monkeypatch.chdir(tmp_path)
+    report = train_run({"epochs": 1, "max_steps": 2, "val_size": 100, "train_size": 200, "batch_size": 100},
+                       TrainOptions(data_dir=tiny_mnist, progress=False))
+    text = _at_80_columns(report)
+    assert f"{report.meta['val_accuracy']:.4f}" in text and "best checkpoint: runs/pondernet-mlp-seed1234/best.pt" in text
+    assert "pondernet training (step mlp)" in text
+
+
+@pytest.mark.parametrize("name,title", [("act", "act on the MNIST test set"), ("plain", "plain on the MNIST test set")])
+def test_table_titles_name_the_method(name, title, runs, tiny_mnist, ponder):
+    result = ponder("eval", runs / name / "best.pt", "--data-dir", tiny_mnist)
+    assert result.exit_code == 0 and title in result.stdout
