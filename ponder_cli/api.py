@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import math
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -80,14 +81,21 @@ def _test_set(options: EvalOptions, device):
     return (test.subset(slice(0, options.limit)) if options.limit else test).to(device)
 
 
+def _progress_bar(total: int, enabled: bool):
+    """One tick per bucket evaluated (per checkpoint and angle), on stderr."""
+    from tqdm import tqdm
+    return tqdm(total=total, desc="evaluating", unit="bucket", file=sys.stderr, disable=not enabled, leave=False,
+                dynamic_ncols=True)
+
+
 def _bucket_dicts(model, cfg, test, angles: list[float], options: EvalOptions, seed: int, amp: bool, *,
-                  with_loss: bool):
+                  with_loss: bool, on_bucket: Optional[Callable[[], None]] = None):
     from .evaluate import evaluate_buckets
     from .methods import get_method
 
     results, rho = evaluate_buckets(model, test, cfg, angles, protocol=options.protocol, halting=options.halting,
                                     seed=seed, batch_size=options.batch_size, detail=options.detail,
-                                    with_loss=with_loss, amp=amp)
+                                    with_loss=with_loss, amp=amp, on_bucket=on_bucket)
     used = get_method(cfg).halting_label(options.halting)
     buckets = []
     for angle, result in zip(angles, results):
@@ -102,10 +110,10 @@ def _bucket_dicts(model, cfg, test, angles: list[float], options: EvalOptions, s
 
 
 def evaluate_checkpoint(command: str, checkpoint: Optional[Path], angles: list[float], options: EvalOptions, *,
-                        log: Callable[[str], None] = lambda line: None) -> Report:
+                        log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
     """eval (with the loss) and extrapolate: one checkpoint, one bucket per angle. With no
     checkpoint, the newest run's best.pt or the shipped model (runs.default_checkpoint), and a
-    "using ..." line saying which."""
+    "using ..." line saying which; progress: a bar on stderr, one tick per bucket."""
     from .checkpoint import load_model
     from .runs import default_checkpoint
 
@@ -115,10 +123,12 @@ def evaluate_checkpoint(command: str, checkpoint: Optional[Path], angles: list[f
         log(f"using {path} ({why})")
     dev, amp = _device_and_amp(options.device, options.amp)
     model, cfg, _ = load_model(path, dev)
-    test = _test_set(options, dev)
-    seed = cfg.seed if options.seed is None else options.seed
-    with_loss = command == "eval"
-    buckets, rho = _bucket_dicts(model, cfg, test, angles, options, seed, amp, with_loss=with_loss)
+    with _progress_bar(len(angles), progress) as bar:
+        test = _test_set(options, dev)
+        seed = cfg.seed if options.seed is None else options.seed
+        with_loss = command == "eval"
+        buckets, rho = _bucket_dicts(model, cfg, test, angles, options, seed, amp, with_loss=with_loss,
+                                     on_bucket=bar.update)
     return evaluation_report(command, str(path), cfg, buckets, rho, protocol=options.protocol,
                              halting=buckets[0]["halting"], seed=seed, with_loss=with_loss, detail=options.detail)
 
@@ -131,8 +141,8 @@ def _weights_digest(state_dict: dict) -> str:
     return digest.hexdigest()
 
 
-def compare_checkpoints(checkpoints: list[Path], angles: list[float], options: EvalOptions,
-                        log: Callable[[str], None] = lambda line: None) -> Report:
+def compare_checkpoints(checkpoints: list[Path], angles: list[float], options: EvalOptions, *,
+                        log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
     """Several checkpoints on the same buckets (same images, same coin flips); checkpoints that
     differ only in the seed are one method, reported as mean ± sd over its distinct models."""
     from .checkpoint import load_model
@@ -148,10 +158,12 @@ def compare_checkpoints(checkpoints: list[Path], angles: list[float], options: E
             continue
         seen[digest] = path
         models[str(path)] = (model, cfg)
-    test = _test_set(options, dev)
-    groups = group_by_configuration([(path, cfg) for path, (_, cfg) in models.items()])
-    results = [[_bucket_dicts(models[path][0], cfg, test, angles, options, seed, amp, with_loss=False)[0]
-                for path, cfg in group.members] for group in groups]
+    with _progress_bar(len(models) * len(angles), progress) as bar:
+        test = _test_set(options, dev)
+        groups = group_by_configuration([(path, cfg) for path, (_, cfg) in models.items()])
+        results = [[_bucket_dicts(models[path][0], cfg, test, angles, options, seed, amp, with_loss=False,
+                                  on_bucket=bar.update)[0]
+                    for path, cfg in group.members] for group in groups]
     return comparison_report(groups, results, angles, protocol=options.protocol, halting=options.halting,
                              seed=seed)
 

@@ -111,6 +111,10 @@ class PonderConfig:
         return cls(**{**implied, **given})
 
     @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
     def default(cls, name: str):
         """A field's default value, without building (and validating) a config."""
         return {f.name: f.default for f in dataclasses.fields(cls)}[name]

@@ -2,6 +2,9 @@ import csv
 import io
 import json
 import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -251,3 +254,72 @@ def test_train_table_fits_80_columns(tiny_mnist, tmp_path, monkeypatch):
 def test_table_titles_name_the_method(name, title, runs, tiny_mnist, ponder):
     result = ponder("eval", runs / name / "best.pt", "--data-dir", tiny_mnist)
     assert result.exit_code == 0 and title in result.stdout
+
+
+# --- progress and --quiet -----------------------------------------------------------------------
+
+def test_no_progress_bars_when_stderr_is_not_a_terminal(tiny_mnist, tmp_path):
+    """In a log file or a pipeline, train writes its per-epoch lines and no tqdm bars."""
+    code = "import sys; from ponder_cli.cli import app; app(sys.argv[1:], prog_name='ponder')"
+    done = subprocess.run([sys.executable, "-c", code, "train", "--epochs", "2", "--max-steps", "2", "--val-size",
+                           "100", "--batch-size", "100", "--data-dir", str(tiny_mnist), "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert "\r" not in done.stderr and "batch/s" not in done.stderr and len(lines) == 4, lines
+    assert lines[0] == f"writing checkpoints to {tmp_path / 'run'}/" and lines[2].startswith("epoch  1/2")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals")
+def test_evaluation_shows_a_bar_on_a_terminal_and_fits_80_columns(checkpoint, tiny_mnist):
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    code = "import sys; from ponder_cli.cli import app; app(sys.argv[1:], prog_name='ponder')"
+    args = [sys.executable, "-c", code, "extrapolate", str(checkpoint), "--angles", "10", "20", "112.5",
+            "--data-dir", str(tiny_mnist)]
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # an 80 x 24 terminal
+    proc = subprocess.Popen(args, stdin=follower, stdout=follower, stderr=follower, env={**os.environ, "COLUMNS": "80"})
+    os.close(follower)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output.decode())
+    assert "evaluating" in text and "bucket" in text  # tqdm's bar, on the terminal only
+    table = text[text.index("pondernet on the extrapolation"):]
+    assert "…" not in table and max(cell_len(line) for line in table.splitlines()) <= 80
+    assert "112.5" in table
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "extrapolate", "compare"])
+def test_quiet_silences_chatter_not_results_or_errors(command, checkpoint, tiny_mnist, tmp_path, monkeypatch, quick,
+                                                      ponder, one_error_line):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "mine").mkdir(parents=True)
+    (tmp_path / "runs" / "mine" / "best.pt").write_bytes(checkpoint.read_bytes())  # eval's default: "using ..."
+    args = {"train": [*quick, "--out", tmp_path / "run", "--overwrite"], "eval": [],
+            "extrapolate": ["--angles", 10, "--plot", tmp_path / "fig.png"],
+            "compare": [checkpoint, checkpoint, "--angles", 10]}[command]
+    loud = ponder(command, *args, "--data-dir", tiny_mnist)
+    assert loud.exit_code == 0, loud.output
+    assert loud.stderr  # training lines, "using ...", "plot written to ...", "the same model as ..."
+    quiet = ponder(command, *args, "--quiet", "--data-dir", tiny_mnist)
+    assert quiet.exit_code == 0, quiet.output
+    assert quiet.stderr == ""
+    if command == "train":
+        assert f"best checkpoint: {tmp_path / 'run' / 'best.pt'}" in quiet.stdout
+    else:
+        assert quiet.stdout == loud.stdout
+    mistake = ["--lr", 0] if command == "train" else ["--angles", 500]
+    assert "must be" in one_error_line(ponder(command, *args, "-q", *mistake, "--data-dir", tiny_mnist))
