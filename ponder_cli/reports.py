@@ -188,10 +188,10 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
             for i, bucket in enumerate(buckets)]
     return Report(meta=meta, buckets=buckets, columns=compare_columns(len(steps) > 1), title="Methods compared",
                   table_rows=rows,
-                  caption=f"accuracy and steps: mean ± sd over seeds\nhalting "
-                          f"{', '.join(f'{rule} ({method})' for method, rule in rules.items())}"
-                          f"{' · step ' + steps[0] if len(steps) == 1 else ''}\nprotocol {protocol} · "
-                          f"{buckets[0]['images']} test images per bucket · seed {seed}",
+                  caption=f"accuracy and steps: mean ± sd over seeds\nhalting: "
+                          f"{' · '.join(f'{method} → {rule}' for method, rule in rules.items())}\n"
+                          f"{'step ' + steps[0] + ' · ' if len(steps) == 1 else ''}protocol {protocol} · "
+                          f"seed {seed}\n{buckets[0]['images']} test images per bucket",
                   plot_series=series)
 
 

@@ -236,7 +236,7 @@ def test_compare_table_fits_80_columns_and_wraps_long_labels():
     for bucket in report.buckets:
         assert bucket["accuracy_text"] in text and bucket["steps_text"] in text
     assert " ± 0.0007" in text and "(train_rotation=22.5)" in text and "(train_rotation=0.0)" in text
-    assert "halting sample (pondernet), act (act)" in text
+    assert "halting: pondernet → sample · act → act" in text
 
 
 def test_train_table_fits_80_columns(tiny_mnist, tmp_path, monkeypatch):
