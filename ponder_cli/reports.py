@@ -88,14 +88,14 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
     meta = make_meta(command, [checkpoint], [cfg.method], [cfg.step], protocol=protocol, halting=used, seed=seed,
                      train_rotation=cfg.train_rotation,
                      spearman={"rho": rho, "images": images, "between": "|rotation angle| and ponder steps"})
-    rho_text = "undefined (angle or steps constant)" if rho is None else f"{rho:+.3f}"
+    rho_text = (f"Spearman ρ(|angle|, steps) undefined: angle or steps constant ({images} images)" if rho is None
+                else f"Spearman ρ(|angle|, steps) = {rho:+.3f} over {images} images")
     what = "MNIST test set" if command == "eval" else "extrapolation"
     report = Report(
         meta=meta, buckets=buckets, columns=bucket_columns(cfg.max_steps, with_loss),
         title=f"{cfg.method} on the {what} ({checkpoint})",
         caption=f"{describe_model(cfg)}\nprotocol {protocol} · halting {used} · seed {seed}\n"
-                f"{buckets[0]['images']} images per bucket · steps ✓ / ✗: on correct / wrong answers\n"
-                f"Spearman ρ(|angle|, steps) = {rho_text} over {images} images",
+                f"{buckets[0]['images']} images per bucket · steps ✓ / ✗: on correct / wrong answers\n{rho_text}",
         plot_series={checkpoint: buckets})
     if detail:
         report.detail = per_step_table(buckets, expected=used == "expected")
