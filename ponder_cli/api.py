@@ -21,6 +21,7 @@ from . import PonderError
 from .config import MAX_ANGLE, seed_problems
 from .reports import Report, comparison_report, evaluation_report, group_by_configuration, training_report
 
+
 def check_angle(angle: float, what: str) -> float:
     if not math.isfinite(angle):
         raise PonderError(f"{what} must be a finite number of degrees (got {angle})")
@@ -58,8 +59,9 @@ class EvalOptions:
     detail: bool = False
 
     def __post_init__(self) -> None:
-        if self.seed is not None and seed_problems(self.seed, "--seed"):
-            raise PonderError(seed_problems(self.seed, "--seed")[0])
+        problems = seed_problems(self.seed, "--seed") if self.seed is not None else []
+        if problems:
+            raise PonderError(problems[0])
 
 
 def _device_and_amp(device: str, amp: Optional[bool]):

@@ -42,7 +42,8 @@ class PonderGroup(TyperGroup):
 
 def _is_number(token: str) -> bool:
     try:
-        return float(token) is not None
+        float(token)
+        return True
     except ValueError:
         return False
 
@@ -62,7 +63,8 @@ def expand_angles(args: list[str], name: str = "--angles") -> list[str]:
             continue
         values = [token.split("=", 1)[1]] if "=" in token else []
         while i < len(args) and _is_number(args[i]):
-            values, i = values + [args[i]], i + 1
+            values.append(args[i])
+            i += 1
         if not values:
             # Not a number where one is due: hand the token to the library's message.
             values = [args[i]] if i < len(args) and not args[i].startswith("-") else []

@@ -246,7 +246,8 @@ def test_train_table_fits_80_columns(tiny_mnist, tmp_path, monkeypatch):
     report = train_run({"epochs": 1, "max_steps": 2, "val_size": 100, "train_size": 200, "batch_size": 100},
                        TrainOptions(data_dir=tiny_mnist, progress=False))
     text = _at_80_columns(report)
-    assert f"{report.meta['val_accuracy']:.4f}" in text and "best checkpoint: runs/pondernet-mlp-seed1234/best.pt" in text
+    assert f"{report.meta['val_accuracy']:.4f}" in text
+    assert "best checkpoint: runs/pondernet-mlp-seed1234/best.pt" in text
     assert "pondernet training (step mlp)" in text
 
 

@@ -541,7 +541,8 @@ def test_disk_full_while_saving_is_one_line_and_keeps_earlier_checkpoints(checkp
     monkeypatch.setattr(torch, "save", lambda obj, f: real_save(obj, _FullDisk(f, 50_000)))
     result = invoke("train", "--resume", run / "last.pt", "--epochs", 2, "--data-dir", tiny_mnist, "--no-progress")
     line = one_error_line(result)
-    assert line == f"Error: cannot save checkpoint {run / 'last.pt'}: No space left on device; the previous last.pt is intact"
+    assert line == (f"Error: cannot save checkpoint {run / 'last.pt'}: No space left on device; "
+                    "the previous last.pt is intact")
     assert {name: (run / name).read_bytes() for name in ("best.pt", "last.pt")} == before
     assert sorted(p.name for p in run.iterdir()) == ["best.pt", "last.pt"]  # no temp file, no lock left
 
