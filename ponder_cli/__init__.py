@@ -1,5 +1,9 @@
 """ponder_cli: train, evaluate and extrapolate PonderNet on MNIST."""
 
+from __future__ import annotations
+
+import re
+
 __version__ = "0.2.0"
 
 
@@ -8,3 +12,17 @@ class PonderError(Exception):
     exit_code, never a traceback."""
     exit_code = 1
     headline = "Error"
+
+
+def brief(exc: BaseException | str, limit: int = 160) -> str:
+    """An exception's message for a one-line error: its first sentence, on one line, cut at a
+    word boundary with "…" when still long (PyTorch's messages run to paragraphs of advice and
+    C++ context)."""
+    text = " ".join(str(exc).split()) or (type(exc).__name__ if isinstance(exc, BaseException) else "")
+    text = re.split(r"(?<=\.) (?=[A-Z])", text, maxsplit=1)[0]
+    if len(text) <= limit:
+        return text
+    head = text[:limit - 1]
+    if text[limit - 1] != " " and " " in head:  # do not end inside a word
+        head = head.rsplit(" ", 1)[0]
+    return head.rstrip(" ,;:(") + "…"

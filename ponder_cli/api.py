@@ -6,18 +6,21 @@ The CLI parses options, calls one of these and renders the report; everything he
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
+import signal
+import sys
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
 from . import PonderError
+from .config import MAX_ANGLE, seed_problems
 from .reports import (Report, combine_draws, comparison_report, evaluation_report, group_by_configuration, mean_ci,
-                      training_report)
-
-MAX_ANGLE = 180.0
+                      sweep_report, training_report)
 
 
 def check_angle(angle: float, what: str) -> float:
@@ -57,6 +60,13 @@ class EvalOptions:
     detail: bool = False
     repeats: int = 1  # independent draws of rotations and coins (seeds seed, seed + 1, ...)
 
+    def __post_init__(self) -> None:
+        problems = seed_problems(self.seed, "--seed") if self.seed is not None else []
+        if not 1 <= self.repeats <= 1000:
+            problems.append(f"--repeats must be between 1 and 1000 (got {self.repeats})")
+        if problems:
+            raise PonderError(problems[0])
+
 
 def _device_and_amp(device: str, amp: Optional[bool]):
     from .runtime import resolve_device
@@ -77,10 +87,17 @@ def _test_set(options: EvalOptions, device):
     return (test.subset(slice(0, options.limit)) if options.limit else test).to(device)
 
 
+def _progress_bar(total: int, enabled: bool):
+    """One tick per bucket evaluated (per checkpoint and angle), on stderr."""
+    from tqdm import tqdm
+    return tqdm(total=total, desc="evaluating", unit="bucket", file=sys.stderr, disable=not enabled, leave=False,
+                dynamic_ncols=True)
+
+
 def _bucket_dicts(model, cfg, test, angles: list[float], options: EvalOptions, seed: int, amp: bool, *,
-                  with_loss: bool):
-    """One dict per angle bucket (means over `options.repeats` draws) and Spearman's rho (its
-    mean over draws, with a 95% interval when there are several)."""
+                  with_loss: bool, on_bucket: Optional[Callable[[], None]] = None):
+    """One dict per angle bucket (means over `options.repeats` draws, seeds seed, seed + 1, ...)
+    and Spearman's rho (its mean over draws, with a 95% interval when there are several)."""
     from .evaluate import evaluate_buckets
     from .methods import get_method
 
@@ -89,7 +106,7 @@ def _bucket_dicts(model, cfg, test, angles: list[float], options: EvalOptions, s
     for k in range(options.repeats):
         results, rho = evaluate_buckets(model, test, cfg, angles, protocol=options.protocol, halting=options.halting,
                                         seed=seed + k, batch_size=options.batch_size, detail=options.detail,
-                                        with_loss=with_loss, amp=amp)
+                                        with_loss=with_loss, amp=amp, on_bucket=on_bucket)
         rhos.append(rho)
         buckets = []
         for angle, result in zip(angles, results):
@@ -106,34 +123,41 @@ def _bucket_dicts(model, cfg, test, angles: list[float], options: EvalOptions, s
     return combined, rho, rho_ci
 
 
-def evaluate_checkpoint(command: str, checkpoint: Optional[Path], angles: list[float],
-                        options: EvalOptions) -> Report:
-    """eval (with the loss) and extrapolate: one checkpoint, one bucket per angle."""
+def _load_one(checkpoint: Optional[Path], options: EvalOptions, log: Callable[[str], None]):
+    """The model of `checkpoint` (default: runs.default_checkpoint, saying which) and its device."""
     from .checkpoint import load_model
     from .runs import default_checkpoint
 
-    path = checkpoint if checkpoint is not None else default_checkpoint()
+    path = checkpoint
+    if path is None:
+        path, why = default_checkpoint()
+        log(f"using {path} ({why})")
     dev, amp = _device_and_amp(options.device, options.amp)
     model, cfg, _ = load_model(path, dev)
-    test = _test_set(options, dev)
-    seed = cfg.seed if options.seed is None else options.seed
-    with_loss = command == "eval"
-    buckets, rho, rho_ci = _bucket_dicts(model, cfg, test, angles, options, seed, amp, with_loss=with_loss)
+    return path, dev, amp, model, cfg
+
+
+def evaluate_checkpoint(command: str, checkpoint: Optional[Path], angles: list[float], options: EvalOptions, *,
+                        log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
+    """eval (with the loss) and extrapolate: one checkpoint, one bucket per angle. With no
+    checkpoint, the newest run's best.pt or the shipped model (runs.default_checkpoint), and a
+    "using ..." line saying which; progress: a bar on stderr, one tick per bucket."""
+    path, dev, amp, model, cfg = _load_one(checkpoint, options, log)
+    with _progress_bar(len(angles) * options.repeats, progress) as bar:
+        test = _test_set(options, dev)
+        seed = cfg.seed if options.seed is None else options.seed
+        with_loss = command == "eval"
+        buckets, rho, rho_ci = _bucket_dicts(model, cfg, test, angles, options, seed, amp, with_loss=with_loss,
+                                             on_bucket=bar.update)
     return evaluation_report(command, str(path), cfg, buckets, rho, protocol=options.protocol,
                              halting=buckets[0]["halting"], seed=seed, with_loss=with_loss, detail=options.detail,
                              rho_ci=rho_ci)
 
 
-def sweep_checkpoint(checkpoint: Optional[Path], start: float, stop: float, every: float,
-                     options: EvalOptions) -> Report:
+def sweep_checkpoint(checkpoint: Optional[Path], start: float, stop: float, every: float, options: EvalOptions, *,
+                     log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
     """The test set rotated by exactly each angle from `start` to `stop` every `every` degrees:
     accuracy and mean steps per angle, and the slope of steps against the angle."""
-    from dataclasses import replace
-
-    from .checkpoint import load_model
-    from .reports import sweep_report
-    from .runs import default_checkpoint
-
     check_angle(start, "--from"), check_angle(stop, "--to")
     if not every > 0 or stop < start:
         raise PonderError(f"the sweep needs --from <= --to and --every > 0 (got {start:g}, {stop:g}, {every:g})")
@@ -141,13 +165,13 @@ def sweep_checkpoint(checkpoint: Optional[Path], start: float, stop: float, ever
     if count > 400:
         raise PonderError(f"{count} angles is too many for one sweep; use a larger --every")
     angles = [start + i * every for i in range(count)]
-    path = checkpoint if checkpoint is not None else default_checkpoint()
-    dev, amp = _device_and_amp(options.device, options.amp)
-    model, cfg, _ = load_model(path, dev)
-    test = _test_set(options, dev)
-    seed = cfg.seed if options.seed is None else options.seed
-    buckets, rho, _ = _bucket_dicts(model, cfg, test, angles, replace(options, protocol="fixed"), seed, amp,
-                                    with_loss=False)
+    path, dev, amp, model, cfg = _load_one(checkpoint, options, log)
+    fixed = replace(options, protocol="fixed")
+    with _progress_bar(count * options.repeats, progress) as bar:
+        test = _test_set(options, dev)
+        seed = cfg.seed if options.seed is None else options.seed
+        buckets, rho, _ = _bucket_dicts(model, cfg, test, angles, fixed, seed, amp, with_loss=False,
+                                        on_bucket=bar.update)
     return sweep_report(str(path), cfg, buckets, rho, halting=buckets[0]["halting"], seed=seed)
 
 
@@ -159,8 +183,8 @@ def _weights_digest(state_dict: dict) -> str:
     return digest.hexdigest()
 
 
-def compare_checkpoints(checkpoints: list[Path], angles: list[float], options: EvalOptions,
-                        log: Callable[[str], None] = lambda line: None) -> Report:
+def compare_checkpoints(checkpoints: list[Path], angles: list[float], options: EvalOptions, *,
+                        log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
     """Several checkpoints on the same buckets (same images, same coin flips); checkpoints that
     differ only in the seed are one method, reported as mean ± sd over its distinct models."""
     from .checkpoint import load_model
@@ -176,10 +200,12 @@ def compare_checkpoints(checkpoints: list[Path], angles: list[float], options: E
             continue
         seen[digest] = path
         models[str(path)] = (model, cfg)
-    test = _test_set(options, dev)
-    groups = group_by_configuration([(path, cfg) for path, (_, cfg) in models.items()])
-    results = [[_bucket_dicts(models[path][0], cfg, test, angles, options, seed, amp, with_loss=False)[0]
-                for path, cfg in group.members] for group in groups]
+    with _progress_bar(len(models) * len(angles) * options.repeats, progress) as bar:
+        test = _test_set(options, dev)
+        groups = group_by_configuration([(path, cfg) for path, (_, cfg) in models.items()])
+        results = [[_bucket_dicts(models[path][0], cfg, test, angles, options, seed, amp, with_loss=False,
+                                  on_bucket=bar.update)[0]
+                    for path, cfg in group.members] for group in groups]
     return comparison_report(groups, results, angles, protocol=options.protocol, halting=options.halting,
                              seed=seed, repeats=options.repeats)
 
@@ -192,41 +218,61 @@ def _default_seed() -> int:
 @dataclass(frozen=True)
 class TrainOptions:
     resume: Optional[Path] = None
-    out: Optional[Path] = None
+    out: Optional[Path] = None  # None: a fresh runs/<method>-<step>-seed<seed> (or the resumed run's folder)
     data_dir: Optional[Path] = None
     download: bool = True
     device: str = "auto"
     amp: Optional[bool] = None
     progress: bool = True
+    overwrite: bool = False  # write into a folder that holds another run's checkpoints (or the shipped ones)
 
 
 def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = lambda line: None) -> Report:
-    """Train with the options the user gave (see runs.plan_training) and report the run."""
+    """Train with the options the user gave (see runs.plan_training) and report the run.
+
+    The run folder is locked while training (runs.RunLock). SIGTERM stops training like Ctrl-C:
+    the last completed epoch is in last.pt and the error says how to resume.
+    """
     from .checkpoint import LAST
     from .data import load_mnist, train_val_split
     from .render import epoch_line
-    from .runs import check_writable, plan_training
+    from .runs import RunLock, claim_run_dir, plan_training
     from .runtime import amp_dtype
     from .train import train
 
-    plan = plan_training(given, resume=options.resume, out=options.out)
+    plan = plan_training(given, resume=options.resume, out=options.out, overwrite=options.overwrite)
     cfg = plan.cfg
     dev, amp = _device_and_amp(options.device, options.amp)
-    full = load_mnist(_data_dir(options.data_dir), train=True, download=options.download)
-    train_set, val_set = train_val_split(full, val_size=cfg.val_size, train_size=cfg.train_size, seed=cfg.seed)
-    check_writable(plan.out_dir)  # only once everything else is known to be fine: nothing written before
-    train_set, val_set = train_set.to(dev), val_set.to(dev)
-    log(f"training {cfg.method} (step {cfg.step}) on {len(train_set)} images, validating on {len(val_set)}, "
-        f"device {dev}{', amp ' + str(amp_dtype(dev)).removeprefix('torch.') if amp else ''}"
-        f"{', resuming after epoch ' + str(plan.resume.epoch) if plan.resume else ''}")
-    started = time.perf_counter()
-    try:
-        result = train(cfg, train_set, val_set, device=dev, out_dir=plan.out_dir, amp=amp, resume=plan.resume,
-                       on_epoch=lambda stats: log(epoch_line(stats, cfg.epochs)), progress=options.progress)
-    except KeyboardInterrupt:
-        last = plan.out_dir / LAST
-        raise Interrupted(f"resume with: ponder train --resume {last}" if last.exists()
-                          else "no epoch had completed") from None
+    saved: list[int] = []  # epochs this run has written to last.pt
+
+    def on_epoch(stats) -> None:
+        saved.append(stats.epoch)
+        log(epoch_line(stats, cfg.epochs))
+
+    with _sigterm_as_interrupt():
+        try:
+            full = load_mnist(_data_dir(options.data_dir), train=True, download=options.download)
+            train_set, val_set = train_val_split(full, val_size=cfg.val_size, train_size=cfg.train_size,
+                                                 seed=cfg.seed)
+            out_dir = claim_run_dir(plan)  # only once everything else is known to be fine: nothing written before
+            with RunLock(out_dir):
+                log(f"writing checkpoints to {out_dir}/")
+                train_set, val_set = train_set.to(dev), val_set.to(dev)
+                log(f"training {cfg.method} (step {cfg.step}) on {len(train_set)} images, validating on "
+                    f"{len(val_set)}, device {dev}"
+                    f"{', amp ' + str(amp_dtype(dev)).removeprefix('torch.') if amp else ''}"
+                    f"{', resuming after epoch ' + str(plan.resume.epoch) if plan.resume else ''}")
+                started = time.perf_counter()
+                result = train(cfg, train_set, val_set, device=dev, out_dir=out_dir, amp=amp, resume=plan.resume,
+                               on_epoch=on_epoch, progress=options.progress)
+        except KeyboardInterrupt as exc:
+            last = plan.out_dir / LAST
+            if saved or (plan.resume is not None and last.exists()):
+                where = f"epoch {saved[-1] if saved else plan.resume.epoch} is saved in {last}"
+                message = f"{where}; resume with: ponder train --resume {last}"
+            else:
+                message = "no epoch had completed; nothing was saved"
+            raise (Terminated if isinstance(exc, _SigTerm) else Interrupted)(message) from None
     return training_report(cfg, result, time.perf_counter() - started)
 
 
@@ -234,3 +280,32 @@ class Interrupted(PonderError):
     """Training stopped by Ctrl-C: the last completed epoch is saved."""
     exit_code = 130
     headline = "Interrupted"
+
+
+class Terminated(Interrupted):
+    """Training stopped by SIGTERM (kill, a job scheduler, a container stopping): as Ctrl-C,
+    with the shell's exit status for that signal, 128 + 15."""
+    exit_code = 143
+    headline = "Terminated"
+
+
+class _SigTerm(KeyboardInterrupt):
+    """SIGTERM raised where the training loop is, so that it unwinds as it does for Ctrl-C."""
+
+
+def _raise_sigterm(signum, frame) -> None:
+    raise _SigTerm()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """While training, SIGTERM interrupts like Ctrl-C instead of ending the process on the spot
+    with no message (signal handlers can only be set from the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

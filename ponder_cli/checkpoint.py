@@ -7,9 +7,11 @@ or malformed one is one line naming it.
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import re
+import shutil
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -18,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import PonderError
+from . import PonderError, brief
 from .config import PonderConfig
 
 FORMAT = "ponder_cli"
@@ -116,22 +118,62 @@ def _upgrade_v1_key(key: str) -> str:
 
 
 def save_checkpoint(state: TrainingState, path: Path) -> None:
-    """Temp file in the same directory, flushed and fsynced, then os.replace: never a torn file."""
+    """Temp file in the same directory, flushed and fsynced, then os.replace: never a torn file.
+
+    A full disk (or any other failure to write) is one PonderError naming the file and the
+    cause; the temp file is removed and the previous checkpoint at `path` is left as it was.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600 files; a checkpoint is an ordinary file
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600 files; a checkpoint is an ordinary file
         with os.fdopen(fd, "wb") as f:
             torch.save(state.to_dict(), f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    except BaseException as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        cause = _write_failure(exc, path.parent)
+        if cause is None:
+            raise
+        kept = f"; the previous {path.name} is intact" if path.exists() else ""
+        raise PonderError(f"cannot save checkpoint {path}: {cause}{kept}") from None
+
+
+_DISK_ERRORS = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded",
+                errno.EIO: "Input/output error"}
+
+
+def _write_failure(exc: BaseException, folder: Path) -> str | None:
+    """Why a save failed, when the file system is to blame; None for anything else (a bug).
+
+    torch.save reports a failed write of its zip container as a RuntimeError ("enforce fail …
+    unexpected pos"), with the OSError only as the context it was raised in.
+    """
+    if not isinstance(exc, Exception):
+        return None  # Ctrl-C, SIGTERM: not the disk's doing
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return _DISK_ERRORS.get(seen.errno) or seen.strerror or brief(seen)
+        seen = seen.__cause__ or seen.__context__
+    if not isinstance(exc, RuntimeError):
+        return None
+    for message in _DISK_ERRORS.values():
+        if message in str(exc):
+            return message
+    try:
+        if shutil.disk_usage(folder).free < 1 << 20:  # the chain was lost, but the disk is full
+            return _DISK_ERRORS[errno.ENOSPC]
+    except OSError:
+        pass
+    return None
 
 
 def load_checkpoint(path: Path | str, map_location="cpu") -> TrainingState:
@@ -153,8 +195,7 @@ def load_checkpoint(path: Path | str, map_location="cpu") -> TrainingState:
                               "not just tensors and plain values") from None
         raise PonderError(f"checkpoint {path} is not a readable checkpoint (corrupt data)") from None
     except Exception as exc:  # truncated, empty, not a torch file at all
-        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
-        raise PonderError(f"checkpoint {path} is not a readable checkpoint ({reason})") from None
+        raise PonderError(f"checkpoint {path} is not a readable checkpoint ({brief(exc)})") from None
     return TrainingState.from_dict(payload, path)
 
 
@@ -167,6 +208,5 @@ def load_model(path: Path | str, device) -> tuple[torch.nn.Module, PonderConfig,
     try:
         model.load_state_dict(state.model)
     except (RuntimeError, TypeError, AttributeError) as exc:
-        reason = " ".join(str(exc).split())[:200]
-        raise PonderError(f"checkpoint {path}: weights do not match its config ({reason})") from None
+        raise PonderError(f"checkpoint {path}: weights do not match its config ({brief(exc)})") from None
     return model.to(device).eval(), state.config, state

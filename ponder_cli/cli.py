@@ -3,6 +3,7 @@ chatter on stderr; every command runs behind one error boundary (`PonderGroup`).
 
 from __future__ import annotations
 
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import List, Optional
@@ -24,11 +25,6 @@ Method, Step, HaltingInput = _choices("Method", METHODS), _choices("Step", STEPS
 Protocol, Halting = _choices("Protocol", PROTOCOLS), _choices("Halting", HALTING_RULES)
 
 
-def _os_error_line(exc: OSError) -> str:
-    where = f" ({exc.filename})" if exc.filename else ""
-    return f"{exc.strerror or exc}{where}"
-
-
 class PonderGroup(TyperGroup):
     """The one error boundary: a PonderError (the user's to fix) or an OSError on a user's path
     becomes one line on stderr and a non-zero exit, never a traceback."""
@@ -40,7 +36,7 @@ class PonderGroup(TyperGroup):
             typer.echo(f"{exc.headline}: {exc}", err=True)
             raise typer.Exit(exc.exit_code) from None
         except OSError as exc:
-            typer.echo(f"Error: {_os_error_line(exc)}", err=True)
+            typer.echo(f"Error: {exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}", err=True)
             raise typer.Exit(1) from None
 
 
@@ -58,8 +54,7 @@ def expand_angles(args: list[str], name: str = "--angles") -> list[str]:
     The values end at the first token that is not a number, so checkpoints may come before or
     after the list; `--angles=45 90` works too.
     """
-    expanded: list[str] = []
-    i = 0
+    expanded, i = [], 0
     while i < len(args):
         token = args[i]
         i += 1
@@ -86,13 +81,9 @@ class AnglesCommand(TyperCommand):
         return super().parse_args(ctx, expand_angles(list(args)))
 
 
-app = typer.Typer(
-    cls=PonderGroup,
-    help="Train PonderNet on MNIST and measure whether it ponders longer on harder inputs.",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-    rich_markup_mode=None,  # plain click errors: one "Error: ..." line, no boxes
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+app = typer.Typer(cls=PonderGroup, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,  # plain click errors: one "Error: ..." line, no boxes
+                  context_settings={"help_option_names": ["-h", "--help"]})
 
 
 def _version(value: bool) -> None:
@@ -107,17 +98,23 @@ def main(version: bool = typer.Option(False, "--version", callback=_version, is_
     """Train PonderNet on MNIST and measure whether it ponders longer on harder inputs."""
 
 
-def _echo_err(line: str) -> None:
-    typer.echo(line, err=True)
+def _chatter(quiet: bool):
+    """Where progress lines go: stderr, or nowhere with --quiet (errors and results still show)."""
+    return (lambda line: None) if quiet else (lambda line: typer.echo(line, err=True))
 
 
-def _render(report, fmt: OutputFormat, plot: Optional[Path]) -> None:
+def _bars(quiet: bool, wanted: Optional[bool] = None) -> bool:
+    """Progress bars only on a terminal: in a log file or a pipeline they are lines of noise."""
+    return not quiet and (sys.stderr.isatty() if wanted is None else wanted)
+
+
+def _render(report, fmt: OutputFormat, plot: Optional[Path], quiet: bool) -> None:
+    from .plot import plot_report
     from .render import render_report
 
     render_report(report, fmt)
     if plot is not None:
-        from .plot import plot_report
-        _echo_err(f"plot written to {plot_report(report, plot)}")
+        _chatter(quiet)(f"plot written to {plot_report(report, plot)}")
 
 
 # Shared options --------------------------------------------------------------------------------
@@ -130,10 +127,14 @@ DeviceOption = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N.
 AmpOption = typer.Option(None, "--amp/--no-amp", help="Mixed precision: fp16 on CUDA, bf16 on CPU. "
                          "[default: on for CUDA, off for CPU]")
 FormatOption = typer.Option(OutputFormat.table, "--format", "-f", help="Output format.", case_sensitive=False)
-CheckpointArgument = typer.Argument(None, help="Checkpoint to load. [default: checkpoints/best.pt]",
-                                    show_default=False)
+CheckpointArgument = typer.Argument(None, help="Checkpoint to load. [default: the newest runs/*/best.pt, else the "
+                                    "shipped checkpoints/best.pt]", show_default=False)
+QuietOption = typer.Option(False, "--quiet", "-q", help="No progress bars or messages on stderr; errors and "
+                           "results still show.")
 EvalSeedOption = typer.Option(None, "--seed", help="Seed of the test rotations and halting coin flips. "
                               "[default: the checkpoint's training seed]")
+RepeatsOption = typer.Option(1, "--repeats", min=1, help="Independent draws of rotations and halting coins "
+                             "(seeds seed, seed+1, ...): means and 95% intervals per bucket.")
 LimitOption = typer.Option(0, "--limit", min=0, help="Evaluate only the first N test images (0: all).")
 EvalBatchOption = typer.Option(1000, "--batch-size", min=1, help="Images per evaluation batch.")
 ProtocolOption = typer.Option(Protocol("uniform"), "--protocol", case_sensitive=False,
@@ -155,23 +156,26 @@ def _angles_option(default: list[str], what: str):
                                                   "checkpoints may come before or after the list.")
 
 
-RepeatsOption = typer.Option(1, "--repeats", min=1, help="Independent draws of rotations and halting coins "
-                             "(seeds seed, seed+1, ...): means and 95% intervals per bucket.")
-
-
-def _eval_options(protocol: Protocol, halting: Halting, seed, limit, batch_size, data_dir, download, device,
-                  amp, repeats, detail=False):
-    from .api import EvalOptions
-    return EvalOptions(protocol=protocol.value, halting=halting.value, seed=seed, limit=limit,
-                       batch_size=batch_size, data_dir=data_dir, download=download, device=device, amp=amp,
-                       repeats=repeats, detail=detail)
-
-
-def _check_plot(plot: Optional[Path]) -> Optional[Path]:
-    if plot is None:
-        return None
+def _prepare(angles: list[str], plot: Optional[Path], protocol: Protocol, halting: Halting, what: str = "--angles",
+             **options):
+    """The angles, the checked --plot destination (before any work) and the EvalOptions."""
+    from .api import EvalOptions, parse_angles
     from .plot import check_destination
-    return check_destination(plot)
+
+    parsed = parse_angles(angles, what)
+    plot = check_destination(plot) if plot is not None else None
+    return parsed, plot, EvalOptions(protocol=protocol.value, halting=halting.value, **options)
+
+
+def _evaluate(command: str, checkpoint: Optional[Path], angles: list[str], quiet: bool, fmt: OutputFormat,
+              rotation: Optional[float] = None, **options) -> None:
+    from .api import evaluate_checkpoint
+
+    if rotation is not None:
+        angles, options["what"] = [str(rotation)], "--rotation"
+    parsed, plot, eval_options = _prepare(angles, **options)
+    report = evaluate_checkpoint(command, checkpoint, parsed, eval_options, log=_chatter(quiet), progress=_bars(quiet))
+    _render(report, fmt, plot, quiet)
 
 
 # train -----------------------------------------------------------------------------------------
@@ -219,26 +223,27 @@ def train(
     seed: Optional[int] = _hyper("seed", "Seed of the split, initialisation and sampling."),
     data_dir: Optional[Path] = DataDirOption,
     download: bool = DownloadOption,
-    out: Optional[Path] = typer.Option(None, "--out", help="Directory for best.pt and last.pt. [default: "
-                                       "checkpoints/, or the resumed checkpoint's directory]", show_default=False),
+    out: Optional[Path] = typer.Option(None, "--out", show_default=False, help="Folder for best.pt and last.pt. "
+                                       "[default: a new runs/METHOD-STEP-seedSEED, or the resumed run's folder]"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the checkpoints of another run (or the "
+                                   "shipped models) in --out."),
     device: str = DeviceOption,
     amp: Optional[bool] = AmpOption,
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run saved in this checkpoint "
-                                                                 "(e.g. checkpoints/last.pt)."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars on stderr."),
+                                                                 "(e.g. runs/pondernet-mlp-seed1234/last.pt)."),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", show_default=False,
+                                            help="Progress bars on stderr. [default: when stderr is a terminal]"),
+    quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:
     """Train PonderNet (or ACT, or a one-step network) on MNIST; writes best.pt and last.pt under --out."""
     from .api import TrainOptions, train_run
 
-    given = {name: value.value if isinstance(value, Enum) else value for name, value in dict(
-        method=method, step=step, truncation=truncation, align_turn=align_turn, turn_gate=turn_gate, halting_bias=halting_bias, epochs=epochs, batch_size=batch_size, lr=lr, max_steps=max_steps,
-        lambda_p=lambda_p, beta=beta, tau=tau, halting_input=halting_input, grad_clip=grad_clip, patience=patience,
-        lr_patience=lr_patience, train_rotation=train_rotation, val_size=val_size, train_size=train_size,
-        seed=seed).items() if value is not None}
+    given = {name: value.value if isinstance(value, Enum) else value for name, value in locals().items()
+             if name in PonderConfig.field_names() and value is not None}
     options = TrainOptions(resume=resume, out=out, data_dir=data_dir, download=download, device=device, amp=amp,
-                           progress=progress)
-    _render(train_run(given, options, log=_echo_err), fmt, None)
+                           progress=_bars(quiet, progress), overwrite=overwrite)
+    _render(train_run(given, options, log=_chatter(quiet)), fmt, None, quiet)
 
 
 # eval, extrapolate, compare --------------------------------------------------------------------
@@ -260,16 +265,11 @@ def eval_command(
     download: bool = DownloadOption,
     device: str = DeviceOption,
     amp: Optional[bool] = AmpOption,
+    quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:
     """Accuracy, ponder steps and loss on the MNIST test set."""
-    from .api import evaluate_checkpoint, parse_angles
-
-    parsed = parse_angles([str(rotation)] if rotation is not None else angles,
-                          "--rotation" if rotation is not None else "--angles")
-    plot = _check_plot(plot)
-    options = _eval_options(protocol, halting, seed, limit, batch_size, data_dir, download, device, amp, repeats, detail)
-    _render(evaluate_checkpoint("eval", checkpoint, parsed, options), fmt, plot)
+    _evaluate("eval", **locals())
 
 
 @app.command(cls=AnglesCommand)
@@ -288,15 +288,11 @@ def extrapolate(
     download: bool = DownloadOption,
     device: str = DeviceOption,
     amp: Optional[bool] = AmpOption,
+    quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:
     """Accuracy and ponder steps on the test set rotated within ±angle, per angle bucket."""
-    from .api import evaluate_checkpoint, parse_angles
-
-    parsed = parse_angles(angles)
-    plot = _check_plot(plot)
-    options = _eval_options(protocol, halting, seed, limit, batch_size, data_dir, download, device, amp, repeats, detail)
-    _render(evaluate_checkpoint("extrapolate", checkpoint, parsed, options), fmt, plot)
+    _evaluate("extrapolate", **locals())
 
 
 @app.command()
@@ -316,15 +312,16 @@ def sweep(
     device: str = DeviceOption,
     amp: Optional[bool] = AmpOption,
     fmt: OutputFormat = FormatOption,
+    quiet: bool = QuietOption,
 ) -> None:
     """Mental rotation: steps and accuracy at exact angles --from..--to every --every degrees, and the
     least-squares slope of steps per 10°."""
     from .api import sweep_checkpoint
 
-    plot = _check_plot(plot)
-    options = _eval_options(Protocol("fixed"), halting, seed, limit, batch_size, data_dir, download, device, amp,
-                            repeats)
-    _render(sweep_checkpoint(checkpoint, start, stop, every, options), fmt, plot)
+    _, plot, options = _prepare(["0"], plot, Protocol("fixed"), halting, seed=seed, repeats=repeats, limit=limit,
+                                batch_size=batch_size, data_dir=data_dir, download=download, device=device, amp=amp)
+    report = sweep_checkpoint(checkpoint, start, stop, every, options, log=_chatter(quiet), progress=_bars(quiet))
+    _render(report, fmt, plot, quiet)
 
 
 @app.command(cls=AnglesCommand)
@@ -344,15 +341,16 @@ def compare(
     download: bool = DownloadOption,
     device: str = DeviceOption,
     amp: Optional[bool] = AmpOption,
+    quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:
     """Methods side by side on the same rotation buckets: accuracy and ponder steps, mean ± sd over seeds."""
-    from .api import compare_checkpoints, parse_angles
+    from .api import compare_checkpoints
 
-    parsed = parse_angles(angles)
-    plot = _check_plot(plot)
-    options = _eval_options(protocol, halting, seed, limit, batch_size, data_dir, download, device, amp, repeats)
-    _render(compare_checkpoints(checkpoints, parsed, options, log=_echo_err), fmt, plot)
+    parsed, plot, options = _prepare(angles, plot, protocol, halting, seed=seed, repeats=repeats, limit=limit,
+                                     batch_size=batch_size, data_dir=data_dir, download=download, device=device, amp=amp)
+    report = compare_checkpoints(checkpoints, parsed, options, log=_chatter(quiet), progress=_bars(quiet))
+    _render(report, fmt, plot, quiet)
 
 
 def run() -> None:

@@ -11,6 +11,17 @@ from . import PonderError
 from .registry import HALTING_INPUTS, METHODS, STEPS, method_class, step_class
 
 
+MAX_ANGLE = 180.0  # degrees: rotating by more than +-180 repeats angles already covered
+MAX_STEPS = 100  # a bound on the cost of an epoch (training runs every step for every image)
+MAX_SEED = 2 ** 63  # torch's generators take seeds below 2**64; we keep them signed 64-bit
+
+
+def seed_problems(seed: int, what: str) -> list[str]:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED:
+        return [f"{what} must be an integer from 0 to 2**63 - 1 (got {seed})"]
+    return []
+
+
 @dataclass(frozen=True)
 class PonderConfig:
     # pondernet (Banino et al. 2021), act (Graves 2016) or plain (one step: no pondering)
@@ -85,8 +96,13 @@ class PonderConfig:
             problems.append(f"lr must be > 0 (got {self.lr})")
         if self.grad_clip < 0:
             problems.append(f"grad-clip must be >= 0, 0 disables clipping (got {self.grad_clip})")
-        if self.train_rotation < 0:
-            problems.append(f"train-rotation must be >= 0 degrees (got {self.train_rotation})")
+        if not 0 <= self.train_rotation <= MAX_ANGLE:  # evaluation rotates within +-180 at most, too
+            problems.append(f"train-rotation must be between 0 and {MAX_ANGLE:g} degrees: images are rotated "
+                            f"within +-angle (got {self.train_rotation:g})")
+        if self.max_steps > MAX_STEPS:
+            problems.append(f"max-steps must be <= {MAX_STEPS} (got {self.max_steps}): every step is computed for "
+                            "every training image, so an epoch takes about max-steps times longer")
+        problems += seed_problems(self.seed, "seed")
         if not 0 < self.lr_factor < 1:
             problems.append(f"lr-factor must be in (0, 1) (got {self.lr_factor})")
         for name in ("cnn_dropout", "mlp_dropout"):
@@ -128,6 +144,10 @@ class PonderConfig:
             except ValueError:
                 raise PonderError(f"halting-bias must be a number or 'prior' (got {values['halting_bias']!r})") from None
         return cls(**values)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
     def default(cls, name: str):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from . import PonderError
+from . import PonderError, brief
 from .rotation import rotate
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
@@ -62,6 +62,8 @@ def read_idx(path: Path) -> torch.Tensor:
     if len(data) - header != expected:
         raise PonderError(f"{path} is truncated or padded: {len(data) - header} bytes of data for shape "
                           f"{'x'.join(map(str, dims))} ({expected} expected)")
+    if expected == 0:  # torch.frombuffer refuses an empty buffer
+        return torch.empty(dims, dtype=torch.uint8)
     return torch.frombuffer(bytearray(data[header:]), dtype=torch.uint8).view(*dims)
 
 
@@ -81,6 +83,9 @@ def load_mnist(data_dir: Path | str, *, train: bool, download: bool = True) -> I
     image_file, label_file = raw / f"{prefix}-images-idx3-ubyte", raw / f"{prefix}-labels-idx1-ubyte"
     if root.exists() and not root.is_dir():
         raise PonderError(f"data directory {root} is not a directory")
+    for path in (image_file, label_file):
+        if path.is_dir():  # not a missing file: no download would help
+            raise PonderError(f"{path} is a directory, not an IDX file; put MNIST's {path.name} file there")
     if not (image_file.is_file() and label_file.is_file()):
         reason = "not found"
         if download:
@@ -92,7 +97,7 @@ def load_mnist(data_dir: Path | str, *, train: bool, download: bool = True) -> I
             except Exception as exc:  # offline, unwritable directory, server down
                 if created is not None:  # leave no half-made directory behind
                     shutil.rmtree(created, ignore_errors=True)
-                detail = " ".join(str(exc).split()).rsplit("got: ", 1)[-1][:120] or type(exc).__name__
+                detail = brief(" ".join(str(exc).split()).rsplit("got: ", 1)[-1] or type(exc).__name__, 120)
                 reason = f"not found and could not be downloaded ({detail})"
         if not (image_file.is_file() and label_file.is_file()):
             raise PonderError(f"MNIST {reason} in {raw}; put the four IDX files {', '.join(RAW_FILES)} "

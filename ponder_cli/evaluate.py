@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from typing import Callable
 
 import torch
 
@@ -130,13 +131,17 @@ def evaluate(model: torch.nn.Module, data: ImageSet, cfg: PonderConfig, *, max_a
 
 
 def evaluate_buckets(model: torch.nn.Module, data: ImageSet, cfg: PonderConfig, angles: list[float], *,
-                     protocol: str = "uniform", **options) -> tuple[list[EvalResult], float | None]:
+                     protocol: str = "uniform", on_bucket: Callable[[], None] | None = None,
+                     **options) -> tuple[list[EvalResult], float | None]:
     """One evaluation per rotation bucket, and Spearman's rho between every evaluated image's
-    |rotation| and its ponder steps. The band protocol's inner edge is the next smaller angle."""
+    |rotation| and its ponder steps. The band protocol's inner edge is the next smaller angle.
+    on_bucket is called after each bucket (a progress bar's tick)."""
     results = []
     for angle in angles:
         lower = max((a for a in angles if a < angle), default=0.0)
         results.append(evaluate(model, data, cfg, max_angle=angle, lower=lower, protocol=protocol, **options))
+        if on_bucket is not None:
+            on_bucket()
     rho = spearman(torch.cat([r.samples.abs_angles for r in results]), torch.cat([r.samples.steps for r in results]))
     return results, rho
 

@@ -8,8 +8,9 @@ import math
 import sys
 from dataclasses import dataclass
 from enum import Enum
-from typing import IO, Any
+from typing import IO, Any, Callable, Optional
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 
@@ -24,9 +25,13 @@ class Column:
     key: str
     header: str
     spec: str = ""  # format spec for the table only; JSON and CSV keep full precision
+    wrap: bool = False  # text that may wrap at its spaces to fit the terminal (never inside a figure)
+    text: Optional[Callable[[dict], str]] = None  # the cell from the whole row (e.g. "mean ± sd"), for the table
+    group: str = ""  # neighbouring columns of one group stay together when a wide table is split
+    no_wrap: bool = False  # a cell that must stay on one line, spaces included (a sparkline)
 
 
-def _cell(value: Any, spec: str) -> str:
+def cell_text(value: Any, spec: str) -> str:
     if value is None:
         return "-"
     if isinstance(value, float) and not math.isfinite(value):
@@ -56,28 +61,98 @@ def _csv_cell(value: Any) -> Any:
     return value
 
 
-def render_table(rows: list[dict], columns: list[Column], *, title: str | None = None,
-                 caption: str | None = None, file: IO[str] | None = None) -> None:
-    """A rich table of `columns`; text columns (spec "s") are never wrapped or cut."""
-    file = file or sys.stdout
-    table = Table(title=title, caption=caption)
-    cells = [[_cell(row.get(c.key), c.spec) for c in columns] for row in rows]
+# A rich table with its default box and padding: one border and two spaces of padding around
+# every column, and the closing border.
+_COLUMN_OVERHEAD, _TABLE_OVERHEAD = 3, 1
+
+
+def _words(text: str) -> int:
+    return max((cell_len(word) for word in text.split()), default=0)
+
+
+def _widths(columns: list[Column], cells: list[list[str]]) -> tuple[list[int], list[int]]:
+    """Each column's natural width (nothing wrapped) and narrowest width: a figure, a no-wrap cell
+    or a header word never breaks; only headers and wrap columns' text wrap, at their spaces."""
+    natural, narrowest = [], []
     for i, c in enumerate(columns):
-        if c.spec == "s":
-            width = max((len(r[i]) for r in cells), default=0)
-            table.add_column(c.header, justify="left", no_wrap=True, min_width=width)
+        column = [row[i] for row in cells]
+        longest = max((cell_len(text) for text in column), default=0)
+        natural.append(max(longest, cell_len(c.header)))
+        unbreakable = max((_words(text) for text in column), default=0) if c.wrap else longest
+        narrowest.append(max(unbreakable, cell_len(c.header) if c.no_wrap else _words(c.header)))
+    return natural, narrowest
+
+
+def _fit(natural: list[int], narrowest: list[int], width: int) -> list[int]:
+    """Narrow the widest columns that can wrap, one character at a time, until the table fits
+    (or nothing can wrap any more)."""
+    widths = list(natural)
+    budget = width - _TABLE_OVERHEAD - _COLUMN_OVERHEAD * len(widths)
+    while sum(widths) > budget:
+        slack = [i for i in range(len(widths)) if widths[i] > narrowest[i]]
+        if not slack:
+            break
+        widest = max(slack, key=lambda i: widths[i])
+        widths[widest] -= 1
+    return widths
+
+
+def _chunks(columns: list[Column], narrowest: list[int], width: int) -> list[list[int]]:
+    """Column indices of the tables a table too wide for the terminal is split into: each
+    repeats the first column (the row's key) and keeps groups together."""
+    budget = width - _TABLE_OVERHEAD
+    if sum(narrowest) + _COLUMN_OVERHEAD * len(columns) <= budget:
+        return [list(range(len(columns)))]
+    units: list[list[int]] = []
+    for i in range(1, len(columns)):
+        if units and columns[i].group and columns[i].group == columns[units[-1][-1]].group:
+            units[-1].append(i)
         else:
-            table.add_column(c.header, justify="right")
-    for row_cells in cells:
-        table.add_row(*row_cells)
-    console = Console(file=file)
-    if not console.is_terminal:
-        console = Console(file=file, width=200)  # pipes and files: no wrapping at 80 columns
-    console.print(table)
+            units.append([i])
+    chunks, current = [], [0]
+    for unit in units:
+        if len(current) > 1 and sum(narrowest[i] + _COLUMN_OVERHEAD for i in current + unit) > budget:
+            chunks.append(current)
+            current = [0]
+        current = current + unit
+    return chunks + [current]
 
 
-def render_report(report, fmt: OutputFormat | str, file: IO[str] | None = None) -> None:
-    """Write a reports.Report to stdout as a table, one JSON object, or CSV (one row per bucket)."""
+def table_console(file: IO[str] | None = None, width: int | None = None) -> Console:
+    """The terminal's width ($COLUMNS or the window's); pipes and files get 200 columns, so that
+    tables are not wrapped for a terminal they will never be shown on."""
+    console = Console(file=file or sys.stdout, width=width)
+    if width is None and not console.is_terminal:
+        console = Console(file=file or sys.stdout, width=200)
+    return console
+
+
+def render_table(rows: list[dict], columns: list[Column], *, title: str | None = None,
+                 caption: str | None = None, file: IO[str] | None = None, width: int | None = None) -> None:
+    """A rich table of `columns` that fits the terminal with every figure whole: headers and
+    wrap columns wrap at spaces; a table that still does not fit is split into several, each
+    repeating the first column. width: the console's (default: the terminal's, see table_console)."""
+    console = table_console(file, width)
+    cells = [[c.text(row) if c.text else cell_text(row.get(c.key), c.spec) for c in columns] for row in rows]
+    natural, narrowest = _widths(columns, cells)
+    chunks = _chunks(columns, narrowest, console.width)
+    for n, chunk in enumerate(chunks):
+        part_title = title if n == 0 or title is None else f"{title} (continued)"
+        table = Table(title=part_title, caption=caption if n == len(chunks) - 1 else None)
+        widths = _fit([natural[i] for i in chunk], [narrowest[i] for i in chunk], console.width)
+        for i, w in zip(chunk, widths):
+            c = columns[i]
+            text = c.spec == "s" or c.text is not None
+            table.add_column(c.header, justify="left" if text else "right", width=w, no_wrap=c.no_wrap,
+                             overflow="fold")
+        for row_cells in cells:
+            table.add_row(*(row_cells[i] for i in chunk))
+        console.print(table)
+
+
+def render_report(report, fmt: OutputFormat | str, file: IO[str] | None = None, width: int | None = None) -> None:
+    """Write a reports.Report to stdout as a table, one JSON object, or CSV (one row per bucket);
+    width: the table's console width (default: the terminal's)."""
     fmt = OutputFormat(fmt)
     file = file or sys.stdout
     if fmt is OutputFormat.json:
@@ -90,10 +165,11 @@ def render_report(report, fmt: OutputFormat | str, file: IO[str] | None = None) 
         writer.writeheader()
         writer.writerows({key: _csv_cell(row.get(key)) for key in keys} for row in rows)
     else:
-        render_table(report.rows, report.columns, title=report.title, caption=report.caption or None, file=file)
+        render_table(report.rows, report.columns, title=report.title, caption=report.caption or None, file=file,
+                     width=width)
         if report.detail is not None:
             title, rows, columns = report.detail
-            render_table(rows, columns, title=title, file=file)
+            render_table(rows, columns, title=title, file=file, width=width)
         if report.footer:
             file.write(report.footer + "\n")
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
-from .render import Column, sparkline
+from .render import Column, cell_text, sparkline
 
 META_KEYS = ("command", "checkpoints", "method", "step", "protocol", "halting", "seed")
 
@@ -104,13 +104,32 @@ def combine_draws(draws: list[dict]) -> dict:
 
 # eval and extrapolate --------------------------------------------------------------------------
 
-BUCKET_COLUMNS = [
-    Column("rotation", "±deg", "g"), Column("accuracy", "accuracy", ".4f"),
-    Column("mean_steps", "steps", ".2f"), Column("std_steps", "sd", ".2f"),
-    Column("steps_correct", "steps ✓", ".2f"), Column("steps_wrong", "steps ✗", ".2f"),
-    Column("halting_spark", "halting steps", "s"), Column("images", "images"),
-]
-LOSS_COLUMN = Column("loss", "loss", ".4f")
+def _pair(first: str, second: str, spec: str, sep: str) -> Callable[[dict], str]:
+    """A table cell of two figures, e.g. "4.09 ± 3.50": one column where two would not fit in 80."""
+    return lambda row: f"{cell_text(row.get(first), spec)}{sep}{cell_text(row.get(second), spec)}"
+
+
+def _with_interval(key: str, spec: str) -> Callable[[dict], str]:
+    """"0.9440 ±0.0131": a mean over draws and the half-width of its 95% interval."""
+    def text(row: dict) -> str:
+        low, high = row[f"{key}_ci"]
+        return f"{cell_text(row[key], spec)} ±{cell_text((high - low) / 2, spec)}"
+    return text
+
+
+def bucket_columns(max_steps: int, with_loss: bool, intervals: bool = False) -> list[Column]:
+    """What eval and extrapolate tables show of a bucket; the image count, the same in every
+    bucket, goes in the caption so that the table fits an 80-column terminal. With several
+    draws (--repeats) the accuracy carries the half-width of its 95% interval."""
+    accuracy = (Column("accuracy", "accuracy ± 95%", text=_with_interval("accuracy", ".4f"), wrap=True)
+                if intervals else Column("accuracy", "accuracy", ".4f"))
+    columns = [
+        Column("rotation", "±deg", "g"), accuracy,
+        Column("mean_steps", "steps ± sd", text=_pair("mean_steps", "std_steps", ".2f", " ± "), wrap=True),
+        Column("steps_correct", "steps ✓ / ✗", text=_pair("steps_correct", "steps_wrong", ".2f", " / "), wrap=True),
+        Column("halting_spark", f"halting steps 1→{max_steps}", "s", no_wrap=True),
+    ]
+    return columns + ([Column("loss", "loss", ".4f")] if with_loss else [])
 
 
 def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *,
@@ -122,27 +141,21 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
         bucket.update(checkpoint=checkpoint, method=cfg.method, step=cfg.step)
         bucket["halting_spark"] = sparkline(bucket["histogram"], width=20)
     used = buckets[0]["halting"]
-    repeats = buckets[0]["repeats"]
+    repeats = buckets[0].get("repeats", 1)
     meta = make_meta(command, [checkpoint], [cfg.method], [cfg.step], protocol=protocol, halting=used, seed=seed,
                      repeats=repeats, train_rotation=cfg.train_rotation,
                      spearman={"rho": rho, "rho_ci": rho_ci, "images": images,
                                "between": "|rotation angle| and ponder steps"})
-    rho_text = "undefined (angle or steps constant)" if rho is None else f"{rho:+.3f}"
-    if rho_ci is not None:
-        rho_text += f" (95% interval {rho_ci[0]:+.3f} to {rho_ci[1]:+.3f})"
+    ci = f" (95% interval {rho_ci[0]:+.3f} to {rho_ci[1]:+.3f})" if rho_ci is not None else ""
+    rho_text = (f"Spearman ρ(|angle|, steps) undefined: angle or steps constant ({images} images)" if rho is None
+                else f"Spearman ρ(|angle|, steps) = {rho:+.3f}{ci} over {images} images")
     draws = f" · mean of {repeats} draws (seeds {seed}–{seed + repeats - 1})" if repeats > 1 else ""
     what = "MNIST test set" if command == "eval" else "extrapolation"
-    columns = BUCKET_COLUMNS + ([LOSS_COLUMN] if with_loss else [])
-    if repeats > 1:  # the 95% interval's half-width, next to the accuracy
-        for bucket in buckets:
-            low, high = bucket["accuracy_ci"]
-            bucket["accuracy_pm"] = f"±{(high - low) / 2:.4f}"
-        columns = columns[:2] + [Column("accuracy_pm", "95%", "s")] + columns[2:]
     report = Report(
-        meta=meta, buckets=buckets, columns=columns,
+        meta=meta, buckets=buckets, columns=bucket_columns(cfg.max_steps, with_loss, repeats > 1),
         title=f"{cfg.method} on the {what} ({checkpoint})",
         caption=f"{describe_model(cfg)}\nprotocol {protocol} · halting {used} · seed {seed}{draws}\n"
-                f"Spearman ρ(|angle|, steps) = {rho_text} over {images} images",
+                f"{buckets[0]['images']} images per bucket · steps ✓ / ✗: on correct / wrong answers\n{rho_text}",
         plot_series={checkpoint: buckets})
     if detail:
         report.detail = per_step_table(buckets, expected=used == "expected")
@@ -157,8 +170,8 @@ def per_step_table(buckets: list[dict], *, expected: bool) -> tuple[str, list[di
         for k, row in enumerate(rows):
             row[f"n{i}"] = bucket["histogram"][k]
             row[f"a{i}"] = bucket["accuracy_at_step"][k]
-        columns += [Column(f"n{i}", f"±{bucket['rotation']:g}° halted", ".1f" if expected else "d"),
-                    Column(f"a{i}", f"±{bucket['rotation']:g}° acc if stop", ".4f")]
+        columns += [Column(f"n{i}", f"±{bucket['rotation']:g}° halted", ".1f" if expected else "d", group=f"b{i}"),
+                    Column(f"a{i}", f"±{bucket['rotation']:g}° acc if stop", ".4f", group=f"b{i}")]
     return "Per halting step", rows, columns
 
 
@@ -232,11 +245,11 @@ def plus_minus(mean: float, sd: Optional[float], spec: str) -> str:
     return format(mean, spec) if sd is None else f"{format(mean, spec)} ± {format(sd, spec)}"
 
 
-COMPARE_COLUMNS = [
-    Column("label", "method", "s"), Column("step", "step", "s"), Column("seeds", "seeds"),
-    Column("rotation", "±deg", "g"), Column("accuracy_text", "accuracy", "s"),
-    Column("steps_text", "steps", "s"), Column("halting", "halting", "s"),
-]
+def compare_columns(steps_differ: bool) -> list[Column]:
+    """The compare table: labels wrap (`pondernet (train_rotation=22.5)`), figures never do."""
+    return [Column("label", "method", "s", wrap=True)] + ([Column("step", "step", "s")] if steps_differ else []) + [
+        Column("seeds", "seeds"), Column("rotation", "±deg", "g"), Column("accuracy_text", "accuracy", "s", wrap=True),
+        Column("steps_text", "steps", "s", wrap=True)]
 
 
 def comparison_report(groups: list[Group], results: list[list[list[dict]]], angles: list[float], *,
@@ -260,9 +273,18 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
     meta = make_meta("compare", [p for g in groups for p, _ in g.members], [g.cfg.method for g in groups],
                      [g.cfg.step for g in groups], protocol=protocol, halting=halting, seed=seed, repeats=repeats)
     draws = f" · each the mean of {repeats} draws" if repeats > 1 else ""
-    return Report(meta=meta, buckets=buckets, columns=COMPARE_COLUMNS, title="Methods compared",
-                  caption=f"accuracy and steps: mean ± sd over seeds{draws}\nprotocol {protocol} · "
-                          f"{buckets[0]['images']} test images per bucket · seed {seed}",
+    # each method's own halting rule (ACT's, one step) or the one asked for: one per method
+    rules = {bucket["method"]: bucket["halting"] for bucket in buckets}
+    steps = sorted({g.cfg.step for g in groups})
+    # the table names each group once, on its first row: long labels wrap over several lines
+    rows = [{**bucket, "label": bucket["label"] if i == 0 or buckets[i - 1]["label"] != bucket["label"] else ""}
+            for i, bucket in enumerate(buckets)]
+    return Report(meta=meta, buckets=buckets, columns=compare_columns(len(steps) > 1), title="Methods compared",
+                  table_rows=rows,
+                  caption=f"accuracy and steps: mean ± sd over seeds{draws}\nhalting: "
+                          f"{' · '.join(f'{method} → {rule}' for method, rule in rules.items())}\n"
+                          f"{'step ' + steps[0] + ' · ' if len(steps) == 1 else ''}protocol {protocol} · "
+                          f"seed {seed}\n{buckets[0]['images']} test images per bucket",
                   plot_series=series)
 
 

@@ -26,6 +26,8 @@ def resolve_device(name: str) -> torch.device:
             raise PonderError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) visible")
     elif device.type != "cpu":
         raise PonderError(f"unsupported device {name!r}; use auto, cpu, cuda or cuda:N")
+    elif device.index is not None:  # torch accepts cpu:1 and quietly uses the one CPU device
+        raise PonderError(f"--device {name}: there is one CPU device, use --device cpu")
     return device
 
 

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from . import PonderError
+from . import PonderError, brief
 from .checkpoint import BEST, LAST, TrainingState, save_checkpoint
 from .config import PonderConfig
 from .data import ImageSet, prepare_batch
@@ -147,12 +147,15 @@ def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: 
             model.load_state_dict(resume.model)
             optimizer.load_state_dict(resume.optimizer)
             scheduler.load_state_dict(resume.scheduler)
-            scaler.load_state_dict(resume.scaler)
+            if resume.scaler:
+                # A run saved without a live scaler (on the CPU, or with AMP off) has an empty
+                # state, which an enabled scaler refuses: resumed with fp16 on CUDA it starts a
+                # fresh scaler instead.
+                scaler.load_state_dict(resume.scaler)
             _set_rng_state(resume.rng, device)
             result.history = [EpochStats(**h) for h in resume.history]
         except (RuntimeError, ValueError, KeyError, TypeError) as exc:
-            reason = " ".join(str(exc).split())[:200]
-            raise PonderError(f"cannot resume: the checkpoint's training state does not fit ({reason})") from None
+            raise PonderError(f"cannot resume: the checkpoint's training state does not fit ({brief(exc)})") from None
         result.best_accuracy = resume.best_accuracy
         result.best_epoch = resume.best_epoch
         result.last_epoch = resume.epoch

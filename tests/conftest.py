@@ -98,6 +98,29 @@ def checkpoint(tiny_mnist, tmp_path_factory) -> Path:
     return out / "best.pt"
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shipped_models_untouched():
+    """No test may write to the shipped checkpoints/ or create a runs/ folder in the repository."""
+    def snapshot():
+        return {p: p.read_bytes() for p in sorted((REPO / "checkpoints").rglob("*")) if p.is_file()}
+    before, runs_existed = snapshot(), (REPO / "runs").exists()
+    yield
+    assert snapshot() == before, "a test changed the shipped checkpoints/"
+    assert runs_existed or not (REPO / "runs").exists(), "a test trained into the repository's runs/"
+
+
+QUICK = ["--epochs", "1", "--max-steps", "2", "--val-size", "100", "--train-size", "200", "--batch-size", "100"]
+
+
+@pytest.fixture(scope="session")
+def quick():
+    """Options of the quickest real training run (one epoch of 200 images, 2 steps)."""
+    return list(QUICK)
+
+
 class _RunsCodeWhenUnpickled:
     def __init__(self, marker: Path):
         self.marker = marker

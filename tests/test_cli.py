@@ -1,9 +1,14 @@
 import csv
 import io
 import json
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
+from rich.cells import cell_len
 
 from ponder_cli.checkpoint import load_checkpoint
 from ponder_cli.cli import app, expand_angles
@@ -133,21 +138,29 @@ def test_empty_angles_is_a_clean_error(checkpoint, ponder, one_error_line):
 
 
 @pytest.mark.parametrize("command", ["eval", "extrapolate", "compare"])
-def test_unwritable_plot_fails_before_any_work(command, checkpoint, tiny_mnist, tmp_path, ponder, one_error_line):
+def test_unwritable_plot_fails_before_any_work(command, checkpoint, tmp_path, ponder, one_error_line):
+    """Refused before any evaluation: no MNIST is needed to get the --plot error."""
     pytest.importorskip("matplotlib")
+    no_data = ["--data-dir", tmp_path / "no-mnist", "--no-download"]
     target = tmp_path / "no" / "such" / "dir" / "plot.png"
-    result = ponder(command, checkpoint, "--angles", 10, "--plot", target, "--data-dir", tiny_mnist)
-    assert "cannot write" in one_error_line(result) and result.exit_code == 1
-    line = one_error_line(ponder(command, checkpoint, "--angles", 10, "--plot", tmp_path / "p.txt",
-                                 "--data-dir", tiny_mnist))
+    result = ponder(command, checkpoint, "--angles", 10, "--plot", target, *no_data)
+    assert f"--plot {target}: cannot write to" in one_error_line(result) and result.exit_code == 1
+    line = one_error_line(ponder(command, checkpoint, "--angles", 10, "--plot", tmp_path / "p.txt", *no_data))
     assert "cannot write .txt files" in line
+    readonly = tmp_path / "readonly"
+    readonly.mkdir(mode=0o555)
+    if not os.access(readonly, os.W_OK):  # root may write anywhere
+        line = one_error_line(ponder(command, checkpoint, "--angles", 10, "--plot", readonly / "p.png", *no_data))
+        assert f"cannot write to {readonly}" in line
 
 
-def test_plot_without_extension_gets_png_and_says_so(checkpoint, tiny_mnist, tmp_path, ponder):
+@pytest.mark.parametrize("command", ["extrapolate", "compare"])
+def test_plot_without_extension_gets_png_and_says_so(command, checkpoint, tiny_mnist, tmp_path, ponder):
     pytest.importorskip("matplotlib")
-    result = ponder("extrapolate", checkpoint, "--angles", 10, "--plot", tmp_path / "fig", "--data-dir", tiny_mnist)
+    result = ponder(command, checkpoint, "--angles", 10, "--plot", tmp_path / "fig", "--data-dir", tiny_mnist)
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "fig.png").exists() and f"plot written to {tmp_path / 'fig.png'}" in result.stderr
+    assert (tmp_path / "fig.png").read_bytes()[:4] == b"\x89PNG"
+    assert f"plot written to {tmp_path / 'fig.png'}" in result.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -159,3 +172,155 @@ def test_cuda_without_cuda_is_a_clean_error(tiny_mnist, tmp_path, ponder, one_er
 
 def test_bad_config_is_a_clean_error(tiny_mnist, tmp_path, ponder, one_error_line):
     assert "lambda-p" in one_error_line(ponder("train", "--lambda-p", 1.5, "--data-dir", tiny_mnist, "--out", tmp_path))
+
+
+# --- 80-column terminals ------------------------------------------------------------------------
+
+def _at_80_columns(report) -> str:
+    from ponder_cli.render import render_report
+
+    out = io.StringIO()
+    render_report(report, "table", file=out, width=80)
+    text = out.getvalue()
+    assert "…" not in text
+    assert max(cell_len(line) for line in text.splitlines()) <= 80, text
+    return text
+
+
+def _bucket(angle: float, i: int, max_steps: int = 20, detail: bool = False) -> dict:
+    histogram = [1000 - 40 * k - i for k in range(max_steps)]
+    return {"rotation": angle, "protocol": "uniform", "halting": "sample", "images": 10000,
+            "accuracy": 0.99876 - 0.1 * i, "mean_steps": 14.1234 + i, "std_steps": 13.5678 - i,
+            "steps_correct": 14.0987 + i, "steps_wrong": 15.3456 + i, "histogram": histogram,
+            "loss": 0.03219 + i, "accuracy_at_step": [0.98765 - 0.01 * k for k in range(max_steps)] if detail else None}
+
+
+@pytest.mark.parametrize("max_steps", [20, 100])
+@pytest.mark.parametrize("command", ["eval", "extrapolate"])
+def test_evaluation_tables_fit_80_columns(command, max_steps):
+    from ponder_cli.config import PonderConfig
+    from ponder_cli.reports import evaluation_report
+
+    angles = [22.5, 45, 67.5, 112.5, 180]
+    buckets = [_bucket(a, i, max_steps, detail=True) for i, a in enumerate(angles)]
+    report = evaluation_report(command, "runs/pondernet-mlp-seed1234-2/best.pt", PonderConfig(max_steps=max_steps),
+                               buckets, 0.0123, protocol="uniform", halting="sample", seed=1234,
+                               with_loss=command == "eval", detail=True)
+    text = _at_80_columns(report)
+    for b in buckets:
+        figures = [f"{b['rotation']:g}", f"{b['accuracy']:.4f}", f"{b['mean_steps']:.2f}", f"{b['std_steps']:.2f}",
+                   f"{b['steps_correct']:.2f}", f"{b['steps_wrong']:.2f}", b["halting_spark"],
+                   *(f"{v:.4f}" for v in b["accuracy_at_step"]), *(str(n) for n in b["histogram"])]
+        figures += [f"{b['loss']:.4f}"] if command == "eval" else []
+        assert all(figure in text for figure in figures)
+        assert len(b["halting_spark"]) == 20  # 100 steps merged into 20 bins
+    assert f"halting steps 1→{max_steps}" in text and "10000 images per bucket" in text
+    assert f"pondernet on the {'MNIST test set' if command == 'eval' else 'extrapolation'}" in text
+    assert "Per halting step (continued)" in text  # five angles' columns do not fit in one table
+
+
+def test_compare_table_fits_80_columns_and_wraps_long_labels():
+    from ponder_cli.config import PonderConfig
+    from ponder_cli.reports import comparison_report, group_by_configuration
+
+    groups = group_by_configuration([("a.pt", PonderConfig(seed=1)), ("b.pt", PonderConfig(seed=2)),
+                                     ("c.pt", PonderConfig(train_rotation=0.0)),
+                                     ("d.pt", PonderConfig(method="act"))])
+    angles = [22.5, 45, 67.5, 90]
+    results = [[[{"accuracy": 0.98765 - 0.01 * b - 0.001 * m, "mean_steps": 4.1234 + b + m,
+                  "halting": "act" if g.cfg.method == "act" else "sample", "images": 10000, "histogram": [1] * 20}
+                 for b in range(len(angles))] for m in range(len(g.members))] for g in groups]
+    report = comparison_report(groups, results, angles, protocol="uniform", halting="sample", seed=1234)
+    assert report.buckets[0]["label"] == "pondernet (train_rotation=22.5)"
+    text = _at_80_columns(report)
+    for bucket in report.buckets:
+        assert bucket["accuracy_text"] in text and bucket["steps_text"] in text
+    assert " ± 0.0007" in text and "(train_rotation=22.5)" in text and "(train_rotation=0.0)" in text
+    assert "halting: pondernet → sample · act → act" in text
+
+
+def test_train_table_fits_80_columns(tiny_mnist, tmp_path, monkeypatch):
+    from ponder_cli.api import TrainOptions, train_run
+
+    monkeypatch.chdir(tmp_path)
+    report = train_run({"epochs": 1, "max_steps": 2, "val_size": 100, "train_size": 200, "batch_size": 100},
+                       TrainOptions(data_dir=tiny_mnist, progress=False))
+    text = _at_80_columns(report)
+    assert f"{report.meta['val_accuracy']:.4f}" in text
+    assert "best checkpoint: runs/pondernet-mlp-seed1234/best.pt" in text
+    assert "pondernet training (step mlp)" in text
+
+
+@pytest.mark.parametrize("name,title", [("act", "act on the MNIST test set"), ("plain", "plain on the MNIST test set")])
+def test_table_titles_name_the_method(name, title, runs, tiny_mnist, ponder):
+    result = ponder("eval", runs / name / "best.pt", "--data-dir", tiny_mnist)
+    assert result.exit_code == 0 and title in result.stdout
+
+
+# --- progress and --quiet -----------------------------------------------------------------------
+
+def test_no_progress_bars_when_stderr_is_not_a_terminal(tiny_mnist, tmp_path):
+    """In a log file or a pipeline, train writes its per-epoch lines and no tqdm bars."""
+    code = "import sys; from ponder_cli.cli import app; app(sys.argv[1:], prog_name='ponder')"
+    done = subprocess.run([sys.executable, "-c", code, "train", "--epochs", "2", "--max-steps", "2", "--val-size",
+                           "100", "--batch-size", "100", "--data-dir", str(tiny_mnist), "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert "\r" not in done.stderr and "batch/s" not in done.stderr and len(lines) == 4, lines
+    assert lines[0] == f"writing checkpoints to {tmp_path / 'run'}/" and lines[2].startswith("epoch  1/2")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals")
+def test_evaluation_shows_a_bar_on_a_terminal_and_fits_80_columns(checkpoint, tiny_mnist):
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    code = "import sys; from ponder_cli.cli import app; app(sys.argv[1:], prog_name='ponder')"
+    args = [sys.executable, "-c", code, "extrapolate", str(checkpoint), "--angles", "10", "20", "112.5",
+            "--data-dir", str(tiny_mnist)]
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # an 80 x 24 terminal
+    proc = subprocess.Popen(args, stdin=follower, stdout=follower, stderr=follower, env={**os.environ, "COLUMNS": "80"})
+    os.close(follower)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output.decode())
+    assert "evaluating" in text and "bucket" in text  # tqdm's bar, on the terminal only
+    table = text[text.index("pondernet on the extrapolation"):]
+    assert "…" not in table and max(cell_len(line) for line in table.splitlines()) <= 80
+    assert "112.5" in table
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "extrapolate", "compare"])
+def test_quiet_silences_chatter_not_results_or_errors(command, checkpoint, tiny_mnist, tmp_path, monkeypatch, quick,
+                                                      ponder, one_error_line):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "mine").mkdir(parents=True)
+    (tmp_path / "runs" / "mine" / "best.pt").write_bytes(checkpoint.read_bytes())  # eval's default: "using ..."
+    args = {"train": [*quick, "--out", tmp_path / "run", "--overwrite"], "eval": [],
+            "extrapolate": ["--angles", 10, "--plot", tmp_path / "fig.png"],
+            "compare": [checkpoint, checkpoint, "--angles", 10]}[command]
+    loud = ponder(command, *args, "--data-dir", tiny_mnist)
+    assert loud.exit_code == 0, loud.output
+    assert loud.stderr  # training lines, "using ...", "plot written to ...", "the same model as ..."
+    quiet = ponder(command, *args, "--quiet", "--data-dir", tiny_mnist)
+    assert quiet.exit_code == 0, quiet.output
+    assert quiet.stderr == ""
+    if command == "train":
+        assert f"best checkpoint: {tmp_path / 'run' / 'best.pt'}" in quiet.stdout
+    else:
+        assert quiet.stdout == loud.stdout
+    mistake = ["--lr", 0] if command == "train" else ["--angles", 500]
+    assert "must be" in one_error_line(ponder(command, *args, "-q", *mistake, "--data-dir", tiny_mnist))

@@ -1,8 +1,11 @@
 """Bad input, crashes, interrupts, non-finite losses, untrusted checkpoints, determinism."""
 
+import errno
+import io
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,6 +49,15 @@ def bad_data(tmp_path_factory, write_idx):
         image_file = raw / "train-images-idx3-ubyte"
         image_file.write_bytes(damage(image_file.read_bytes()))
     (root / "a_file").write_text("not a directory")
+    raw = root / "empty" / "MNIST" / "raw"  # well-formed IDX files of zero images
+    raw.mkdir(parents=True)
+    for prefix in ("train", "t10k"):
+        write_idx(raw / f"{prefix}-images-idx3-ubyte", torch.zeros(0, 28, 28, dtype=torch.uint8))
+        write_idx(raw / f"{prefix}-labels-idx1-ubyte", torch.zeros(0, dtype=torch.uint8))
+    raw = root / "folder" / "MNIST" / "raw"  # a folder where an IDX file belongs
+    shutil.copytree(root / "magic" / "MNIST" / "raw", raw)
+    (raw / "train-images-idx3-ubyte").unlink()
+    (raw / "train-images-idx3-ubyte").mkdir()
     return root
 
 
@@ -61,6 +73,11 @@ TRAIN_ERRORS = [
     (["--device", "cuda"], "CUDA is not available"),
     (["--device", "tpu"], "unknown device 'tpu'"),
     (["--device", "meta"], "unsupported device 'meta'"),
+    (["--device", "cpu:1"], "there is one CPU device, use --device cpu"),
+    (["--max-steps", "1000"], "max-steps must be <= 100 (got 1000)"),
+    (["--train-rotation", "720"], "train-rotation must be between 0 and 180 degrees"),
+    (["--seed", "99999999999999999999"], "seed must be an integer from 0 to 2**63 - 1"),
+    (["--seed", "-1"], "seed must be an integer from 0 to 2**63 - 1 (got -1)"),
 ]
 
 
@@ -76,7 +93,8 @@ def test_bad_train_options(args, fragment, tiny_mnist, tmp_path, invoke, one_err
 
 @pytest.mark.parametrize("case,fragment", [
     ("missing", "MNIST not found"), ("truncated", "truncated"), ("magic", "bad magic number"),
-    ("a_file", "not a directory"),
+    ("a_file", "not a directory"), ("empty", "holds no images"),
+    ("folder", "train-images-idx3-ubyte is a directory, not an IDX file"),
 ])
 def test_bad_data_directories(case, fragment, bad_data, tmp_path, invoke, one_error_line):
     out = tmp_path / "out"
@@ -96,6 +114,8 @@ EVAL_ERRORS = [
     (["--angles", "nan"], "finite"), (["--angles", "inf"], "finite"), (["--angles", "-inf"], "finite"),
     (["--angles", "abc"], "'abc' is not a number"), (["--angles", "200"], "between 0 and 180"),
     (["--angles", "--format", "json"], "'--angles'"), (["--format", "xml"], "'xml'"),
+    (["--seed", "99999999999999999999"], "--seed must be an integer from 0 to 2**63 - 1"),
+    (["--seed", "-5"], "--seed must be an integer from 0 to 2**63 - 1 (got -5)"),
 ]
 
 
@@ -122,7 +142,23 @@ def test_truncated_real_checkpoint(checkpoint, tmp_path, tiny_mnist, invoke, one
     data = checkpoint.read_bytes()
     path = tmp_path / "cut.pt"
     path.write_bytes(data[: len(data) // 2])
-    assert "not a readable checkpoint" in one_error_line(invoke("eval", path, "--data-dir", tiny_mnist))
+    line = one_error_line(invoke("eval", path, "--data-dir", tiny_mnist))
+    # torch's cause, its first sentence whole, and not the paragraph of advice after it
+    assert line.endswith("(PytorchStreamReader failed reading zip archive: failed finding central directory.)"), line
+
+
+def test_long_messages_are_cut_at_a_word():
+    from ponder_cli import brief
+
+    assert brief("a " * 200, limit=20) == "a a a a a a a a a a…"
+    assert brief(RuntimeError("First sentence here. Second one\n  with  spaces.")) == "First sentence here."
+    assert brief(ValueError()) == "ValueError"
+
+
+@pytest.mark.parametrize("command", ["eval", "compare"])
+def test_bad_seed_for_evaluation(command, checkpoint, tiny_mnist, invoke, one_error_line):
+    line = one_error_line(invoke(command, checkpoint, "--seed", 2 ** 63, "--data-dir", tiny_mnist))
+    assert f"--seed must be an integer from 0 to 2**63 - 1 (got {2 ** 63})" in line
 
 
 @pytest.mark.parametrize("mutate,fragment", [
@@ -303,3 +339,236 @@ def test_ctrl_c_exits_130_with_a_resume_hint(tiny_mnist, tmp_path):
     assert "Traceback" not in stderr
     epoch = load_checkpoint(out / "last.pt").epoch
     assert epoch >= 1 and f"epoch {epoch:>2}/500" in stderr
+
+
+# --- losing work: run folders, the shipped models, the lock ---------------------------------------
+
+def test_default_out_is_a_fresh_run_folder_and_never_the_shipped_models(checkpoint, tiny_mnist, tmp_path,
+                                                                        monkeypatch, quick, invoke):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "checkpoints").mkdir()
+    shipped = tmp_path / "checkpoints" / "best.pt"
+    shipped.write_bytes(checkpoint.read_bytes())
+    for folder in ("pondernet-mlp-seed1234", "pondernet-mlp-seed1234-2"):
+        result = invoke("train", *quick, "--data-dir", tiny_mnist, "--no-progress")
+        assert result.exit_code == 0, result.output
+        assert f"writing checkpoints to {Path('runs') / folder}/" in result.stderr.splitlines()[0]
+        assert load_checkpoint(Path("runs") / folder / "best.pt").epoch == 1
+    assert shipped.read_bytes() == checkpoint.read_bytes()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best.pt"]
+    result = invoke("train", *quick, "--seed", 7, "--method", "act", "--data-dir", tiny_mnist, "--no-progress")
+    assert result.exit_code == 0 and (tmp_path / "runs" / "act-mlp-seed7" / "best.pt").exists()
+
+
+@pytest.mark.parametrize("shipped", [False, True])
+def test_a_folder_with_checkpoints_is_not_overwritten_without_overwrite(shipped, checkpoint, tiny_mnist, tmp_path,
+                                                                       monkeypatch, quick, invoke, one_error_line):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / ("checkpoints" if shipped else "other-run")
+    out.mkdir()
+    (out / "best.pt").write_bytes(checkpoint.read_bytes())
+    line = one_error_line(invoke("train", *quick, "--data-dir", tiny_mnist, "--out", out))
+    assert str(out) in line and ("shipped models" in line if shipped else "another run's checkpoints" in line)
+    assert "--overwrite" in line
+    assert [p.name for p in out.iterdir()] == ["best.pt"] and (out / "best.pt").read_bytes() == checkpoint.read_bytes()
+    result = invoke("train", *quick, "--data-dir", tiny_mnist, "--out", out, "--overwrite", "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert load_checkpoint(out / "best.pt").config.max_steps == 2  # the new run's
+
+
+def test_the_repository_shipped_models_are_refused_from_any_directory(tmp_path, monkeypatch, invoke, one_error_line):
+    monkeypatch.chdir(tmp_path)  # the check happens before any data is read: none is needed here
+    repo_checkpoints = Path(__file__).resolve().parent.parent / "checkpoints"
+    line = one_error_line(invoke("train", "--out", repo_checkpoints, "--data-dir", tmp_path / "none", "--no-download"))
+    assert "shipped models" in line
+    line = one_error_line(invoke("train", "--resume", repo_checkpoints / "best.pt", "--epochs", 100,
+                                 "--data-dir", tmp_path / "none", "--no-download"))
+    assert "shipped models" in line and "--out" in line
+
+
+def test_out_that_is_a_file(tmp_path, tiny_mnist, invoke, one_error_line):
+    (tmp_path / "notes.txt").write_text("mine")
+    line = one_error_line(invoke("train", "--out", tmp_path / "notes.txt", "--data-dir", tiny_mnist))
+    assert f"--out {tmp_path / 'notes.txt'} is a file" in line
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_eval_reads_the_newest_run_and_says_which(checkpoint, tiny_mnist, tmp_path, monkeypatch, invoke):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "best.pt").write_bytes(checkpoint.read_bytes())
+    result = invoke("eval", "--data-dir", tiny_mnist, "-f", "json")
+    assert result.exit_code == 0, result.output
+    assert "using checkpoints/best.pt (the shipped model)" in result.stderr
+    for age, name in ((200, "older"), (100, "newer")):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "best.pt").write_bytes(checkpoint.read_bytes())
+        stamp = time.time() - age
+        os.utime(tmp_path / "runs" / name / "best.pt", (stamp, stamp))
+    result = invoke("extrapolate", "--angles", 10, "--data-dir", tiny_mnist, "-f", "json")
+    assert result.exit_code == 0, result.output
+    newer = str(Path("runs") / "newer" / "best.pt")
+    assert f"using {newer} (the newest run under runs/)" in result.stderr
+    assert json.loads(result.stdout)["checkpoints"] == [newer]
+
+
+def test_run_lock_is_exclusive_and_stale_locks_are_taken_over(tmp_path):
+    from ponder_cli.runs import RunLock
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / ".ponder.lock").write_text(dead.stdout)  # a process that no longer exists
+    with RunLock(tmp_path):
+        assert (tmp_path / ".ponder.lock").read_text().strip() == str(os.getpid())
+    assert not (tmp_path / ".ponder.lock").exists()
+    (tmp_path / ".ponder.lock").write_text("")  # died between creating and writing it
+    RunLock(tmp_path).acquire().release()
+    (tmp_path / ".ponder.lock").write_text(f"{os.getppid()}\n")  # alive: our parent
+    with pytest.raises(PonderError, match=f"in use by another `ponder train` \\(PID {os.getppid()}\\)"):
+        RunLock(tmp_path).acquire()
+    assert (tmp_path / ".ponder.lock").read_text().strip() == str(os.getppid())
+
+
+def test_two_runs_on_one_folder(tiny_mnist, tmp_path, invoke, one_error_line):
+    """A second process is refused while the first trains; after the first is killed, its stale
+    lock is taken over and the run resumes; the lock is gone when training ends."""
+    out = tmp_path / "run"
+    proc = _start_training(tiny_mnist, out)
+    try:
+        _wait_for(out / "last.pt", proc)
+        assert (out / ".ponder.lock").read_text().strip() == str(proc.pid)
+        for args in (["--resume", out / "last.pt"], ["--out", out, "--overwrite"]):
+            epochs = load_checkpoint(out / "last.pt").epoch + 3
+            line = one_error_line(invoke("train", *args, "--epochs", epochs, "--data-dir", tiny_mnist))
+            assert f"in use by another `ponder train` (PID {proc.pid})" in line
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert (out / ".ponder.lock").exists()  # SIGKILL left it behind
+    epoch = load_checkpoint(out / "last.pt").epoch
+    result = invoke("train", "--resume", out / "last.pt", "--epochs", epoch + 1, "--data-dir", tiny_mnist,
+                    "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert load_checkpoint(out / "last.pt").epoch == epoch + 1
+    assert not (out / ".ponder.lock").exists()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_sigterm_saves_and_exits_143_with_a_resume_hint(tiny_mnist, tmp_path):
+    out = tmp_path / "run"
+    proc = _start_training(tiny_mnist, out)
+    try:
+        _wait_for(out / "last.pt", proc)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, stderr
+    assert stderr.splitlines()[-1].startswith("Terminated: epoch ")
+    assert f"resume with: ponder train --resume {out / 'last.pt'}" in stderr and "Traceback" not in stderr
+    epoch = load_checkpoint(out / "last.pt").epoch
+    assert epoch >= 1 and f"epoch {epoch} is saved in {out / 'last.pt'}" in stderr
+    assert not (out / ".ponder.lock").exists()
+
+
+# --- resume edge cases ----------------------------------------------------------------------------
+
+def test_resuming_a_finished_run_says_so(checkpoint, tiny_mnist, tmp_path, invoke, one_error_line):
+    last = tmp_path / "last.pt"
+    last.write_bytes((checkpoint.parent / "last.pt").read_bytes())  # epoch 1 of 1
+    line = one_error_line(invoke("train", "--resume", last, "--data-dir", tiny_mnist))
+    assert "is complete (1 of 1 epochs)" in line and "--epochs N (N > 1)" in line
+    assert last.read_bytes() == (checkpoint.parent / "last.pt").read_bytes()
+
+
+def test_resuming_best_does_not_rewind_a_newer_last(checkpoint, tiny_mnist, tmp_path, invoke, one_error_line):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "best.pt").write_bytes(checkpoint.read_bytes())  # epoch 1
+    newer = load_checkpoint(checkpoint.parent / "last.pt")
+    newer.epoch = 2
+    save_checkpoint(newer, run / "last.pt")
+    before = (run / "last.pt").read_bytes()
+    line = one_error_line(invoke("train", "--resume", run / "best.pt", "--epochs", 3, "--data-dir", tiny_mnist))
+    assert f"would rewind the run and overwrite the newer {run / 'last.pt'} (epoch 2)" in line
+    assert (run / "last.pt").read_bytes() == before
+    result = invoke("train", "--resume", run / "best.pt", "--epochs", 2, "--overwrite", "--data-dir", tiny_mnist,
+                    "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "resuming after epoch 1" in result.stderr and load_checkpoint(run / "last.pt").epoch == 2
+
+
+def test_resume_with_an_enabled_scaler_from_a_run_without_one(monkeypatch, tiny_mnist, tmp_path):
+    """A CPU run saves an empty GradScaler state; resuming it where the scaler is enabled (fp16
+    on CUDA) starts a fresh scaler. An enabled CPU scaler stands in for CUDA here."""
+    cfg = CFG.replace(epochs=1)
+    train(cfg, *_data(tiny_mnist), device=torch.device("cpu"), out_dir=tmp_path, progress=False)
+    assert load_checkpoint(tmp_path / "last.pt").scaler == {}
+    real = torch.amp.GradScaler
+    monkeypatch.setattr(torch.amp, "GradScaler", lambda device, enabled=True: real("cpu", enabled=True))
+    result = train(CFG, *_data(tiny_mnist), device=torch.device("cpu"), out_dir=tmp_path, progress=False,
+                   resume=load_checkpoint(tmp_path / "last.pt"))
+    assert result.last_epoch == 2
+    assert load_checkpoint(tmp_path / "last.pt").scaler["scale"] > 0
+
+
+# --- disk full ------------------------------------------------------------------------------------
+
+class _FullDisk(io.RawIOBase):
+    """A file on a disk that fills up after `room` bytes."""
+
+    def __init__(self, f, room: int):
+        self.f, self.room = f, room
+
+    def writable(self):
+        return True
+
+    def write(self, data):
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.f.write(data)
+
+
+def test_disk_full_while_saving_is_one_line_and_keeps_earlier_checkpoints(checkpoint, tiny_mnist, tmp_path,
+                                                                         monkeypatch, invoke, one_error_line):
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("best.pt", "last.pt"):
+        (run / name).write_bytes((checkpoint.parent / name).read_bytes())
+    before = {name: (run / name).read_bytes() for name in ("best.pt", "last.pt")}
+    real_save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, f: real_save(obj, _FullDisk(f, 50_000)))
+    result = invoke("train", "--resume", run / "last.pt", "--epochs", 2, "--data-dir", tiny_mnist, "--no-progress")
+    line = one_error_line(result)
+    assert line == (f"Error: cannot save checkpoint {run / 'last.pt'}: No space left on device; "
+                    "the previous last.pt is intact")
+    assert {name: (run / name).read_bytes() for name in ("best.pt", "last.pt")} == before
+    assert sorted(p.name for p in run.iterdir()) == ["best.pt", "last.pt"]  # no temp file, no lock left
+
+
+def _can_mount_tmpfs(path: Path) -> bool:
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {path}"],
+                           capture_output=True) if shutil.which("unshare") else None
+    return probe is not None and probe.returncode == 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="tmpfs in a private mount namespace")
+def test_disk_full_on_a_real_tmpfs(checkpoint, tiny_mnist, tmp_path):
+    """A 1.5-checkpoint tmpfs as --out: last.pt of epoch 1 fits, best.pt does not."""
+    out = tmp_path / "small"
+    out.mkdir()
+    if not _can_mount_tmpfs(out):
+        pytest.skip("cannot mount a tmpfs here (needs root or user namespaces)")
+    size = checkpoint.stat().st_size * 3 // 2 // 1024
+    code = "import sys; from ponder_cli.cli import app; app(sys.argv[1:], prog_name='ponder')"
+    command = [sys.executable, "-c", code, "train", "--epochs", "1", "--max-steps", "5", "--val-size", "100",
+               "--batch-size", "64", "--data-dir", str(tiny_mnist), "--out", str(out), "--no-progress"]
+    script = f'mount -t tmpfs -o size={size}k tmpfs "$0" && "$@"; status=$?; ls -a "$0"; exit $status'
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script, str(out), *command], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == (f"Error: cannot save checkpoint {out / 'best.pt'}: No space left on "
+                                            "device")
+    assert "Traceback" not in done.stderr
+    assert done.stdout.split() == [".", "..", "last.pt"]  # epoch 1 saved; no temp file, no lock
