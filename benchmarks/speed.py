@@ -84,7 +84,7 @@ def reference_style_infer(model: PonderNet, x: torch.Tensor, uniforms: torch.Ten
 
 
 def evaluation_figures(model, test, cfg, device, amp: bool) -> None:
-    print(f"\nevaluation (10,000 test images, +-22.5 deg, sampled halting)")
+    print("\nevaluation (10,000 test images, +-22.5 deg, sampled halting)")
     early_s, early = timed(lambda: evaluate(model, test, cfg, max_angle=22.5, seed=1, amp=amp), device, repeat=2)
     forced_s, forced = timed(lambda: evaluate(model, test, cfg, max_angle=22.5, seed=1, early_exit=False, amp=amp),
                              device, repeat=2)

@@ -9,20 +9,17 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperGroup
 
 from . import PonderError, __version__
+from .cli_options import (AmpOption, AnglesCommand, CheckpointArgument, DataDirOption, DetailOption, DeviceOption,
+                          DownloadOption, EvalBatchOption, EvalSeedOption, FormatOption, Halting, HaltingInput,
+                          HaltingOption, LimitOption, Method, PlotOption, Protocol, ProtocolOption, QuietOption,
+                          RepeatsOption, Step, angles_option, expand_angles, hyper)
 from .config import PonderConfig
-from .registry import HALTING_INPUTS, HALTING_RULES, METHODS, PROTOCOLS, STEPS
 from .render import OutputFormat
 
-
-def _choices(name: str, values) -> type[Enum]:
-    return Enum(name, {value: value for value in values}, type=str)
-
-
-Method, Step, HaltingInput = _choices("Method", METHODS), _choices("Step", STEPS), _choices("HaltingInput", HALTING_INPUTS)
-Protocol, Halting = _choices("Protocol", PROTOCOLS), _choices("Halting", HALTING_RULES)
+__all__ = ["app", "expand_angles", "run"]
 
 
 class PonderGroup(TyperGroup):
@@ -38,47 +35,6 @@ class PonderGroup(TyperGroup):
         except OSError as exc:
             typer.echo(f"Error: {exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}", err=True)
             raise typer.Exit(1) from None
-
-
-def _is_number(token: str) -> bool:
-    try:
-        float(token)
-        return True
-    except ValueError:
-        return False
-
-
-def expand_angles(args: list[str], name: str = "--angles") -> list[str]:
-    """`--angles 22.5 45` -> `--angles 22.5 --angles 45`: one flag, several values.
-
-    The values end at the first token that is not a number, so checkpoints may come before or
-    after the list; `--angles=45 90` works too.
-    """
-    expanded, i = [], 0
-    while i < len(args):
-        token = args[i]
-        i += 1
-        if token != name and not token.startswith(name + "="):
-            expanded.append(token)
-            continue
-        values = [token.split("=", 1)[1]] if "=" in token else []
-        while i < len(args) and _is_number(args[i]):
-            values.append(args[i])
-            i += 1
-        if not values:
-            # Not a number where one is due: hand the token to the library's message.
-            values = [args[i]] if i < len(args) and not args[i].startswith("-") else []
-            i += len(values)
-        if not values:
-            raise typer.BadParameter("needs at least one angle", param_hint=f"'{name}'")
-        for value in values:
-            expanded += [name, value]
-    return expanded
-
-
-class AnglesCommand(TyperCommand):
-    def parse_args(self, ctx, args):
-        return super().parse_args(ctx, expand_angles(list(args)))
 
 
 app = typer.Typer(cls=PonderGroup, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -117,45 +73,6 @@ def _render(report, fmt: OutputFormat, plot: Optional[Path], quiet: bool) -> Non
         _chatter(quiet)(f"plot written to {plot_report(report, plot)}")
 
 
-# Shared options --------------------------------------------------------------------------------
-
-DataDirOption = typer.Option(None, "--data-dir", help="Where MNIST lives or is downloaded to "
-                             "(MNIST/raw/ inside it). [default: $PONDER_DATA_DIR, else ~/.cache/ponder_cli]")
-DownloadOption = typer.Option(True, "--download/--no-download",
-                              help="Download MNIST into --data-dir when it is not there.")
-DeviceOption = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N.")
-AmpOption = typer.Option(None, "--amp/--no-amp", help="Mixed precision: fp16 on CUDA, bf16 on CPU. "
-                         "[default: on for CUDA, off for CPU]")
-FormatOption = typer.Option(OutputFormat.table, "--format", "-f", help="Output format.", case_sensitive=False)
-CheckpointArgument = typer.Argument(None, help="Checkpoint to load. [default: the newest runs/*/best.pt, else the "
-                                    "shipped checkpoints/best.pt]", show_default=False)
-QuietOption = typer.Option(False, "--quiet", "-q", help="No progress bars or messages on stderr; errors and "
-                           "results still show.")
-EvalSeedOption = typer.Option(None, "--seed", help="Seed of the test rotations and halting coin flips. "
-                              "[default: the checkpoint's training seed]")
-RepeatsOption = typer.Option(1, "--repeats", min=1, help="Independent draws of rotations and halting coins "
-                             "(seeds seed, seed+1, ...): means and 95% intervals per bucket.")
-LimitOption = typer.Option(0, "--limit", min=0, help="Evaluate only the first N test images (0: all).")
-EvalBatchOption = typer.Option(1000, "--batch-size", min=1, help="Images per evaluation batch.")
-ProtocolOption = typer.Option(Protocol("uniform"), "--protocol", case_sensitive=False,
-                              help="uniform: within ±angle (reference); band: |rotation| between the previous "
-                                   "angle and this one; fixed: exactly ±angle.")
-HaltingOption = typer.Option(Halting("sample"), "--halting", case_sensitive=False,
-                             help="sample: Bernoulli(λ_n) coin per step (paper); median: first step where the "
-                                  "cumulative halting probability reaches 0.5; expected: p-weighted average "
-                                  "of all steps' outputs, steps = Σ n·p_n.")
-DetailOption = typer.Option(False, "--detail", help="Also show, per halting step, how many images halted there "
-                            "and the accuracy if every image stopped there (runs all steps).")
-PlotOption = typer.Option(None, "--plot", help="Write a figure (PNG, or another format matplotlib knows by the "
-                          "file's extension) of accuracy and ponder steps against angle and the halting-step "
-                          "distributions (needs matplotlib: pip install -e '.[plot]').")
-
-
-def _angles_option(default: list[str], what: str):
-    return typer.Option(default, "--angles", help=f"{what} Several values after one flag: --angles 22.5 45; "
-                                                  "checkpoints may come before or after the list.")
-
-
 def _prepare(angles: list[str], plot: Optional[Path], protocol: Protocol, halting: Halting, what: str = "--angles",
              **options):
     """The angles, the checked --plot destination (before any work) and the EvalOptions."""
@@ -180,47 +97,40 @@ def _evaluate(command: str, checkpoint: Optional[Path], angles: list[str], quiet
 
 # train -----------------------------------------------------------------------------------------
 
-def _hyper(name: str, text: str, flag: Optional[str] = None, **kwargs):
-    """An option that is None unless given, so that a resumed run can tell what the user set."""
-    default = PonderConfig.default(name)
-    return typer.Option(None, *([flag] if flag else []), help=f"{text} [default: {default}]", show_default=False,
-                        **kwargs)
-
-
 @app.command()
 def train(
-    method: Optional[Method] = _hyper("method", "pondernet; act (Adaptive Computation Time, Graves 2016); plain "
+    method: Optional[Method] = hyper("method", "pondernet; act (Adaptive Computation Time, Graves 2016); plain "
                                                 "(one step, no pondering: implies --max-steps 1).", "--method",
                                       case_sensitive=False),
-    step: Optional[Step] = _hyper("step", "The step function: mlp (CNN once, MLP steps: the reference); align "
+    step: Optional[Step] = hyper("step", "The step function: mlp (CNN once, MLP steps: the reference); align "
                                           "(re-reads the image through a learnt rotation).", "--step",
                                   case_sensitive=False),
-    truncation: Optional[float] = _hyper("truncation", "Training drops an image from later steps once its "
+    truncation: Optional[float] = hyper("truncation", "Training drops an image from later steps once its "
                                                        "remaining halting mass is below this (0: off)."),
-    align_turn: Optional[float] = _hyper("align_turn", "align: the largest turn of one step, in degrees."),
-    turn_gate: Optional[float] = _hyper("turn_gate", "align: no halting while a step turns by this fraction of "
+    align_turn: Optional[float] = hyper("align_turn", "align: the largest turn of one step, in degrees."),
+    turn_gate: Optional[float] = hyper("turn_gate", "align: no halting while a step turns by this fraction of "
                                                      "--align-turn or more, less in between (0: off)."),
-    halting_bias: Optional[str] = _hyper("halting_bias", "Initial halting-head bias: a number, or 'prior' "
+    halting_bias: Optional[str] = hyper("halting_bias", "Initial halting-head bias: a number, or 'prior' "
                                                          "(logit of --lambda-p); none: the method's own."),
-    epochs: Optional[int] = _hyper("epochs", "Training epochs."),
-    batch_size: Optional[int] = _hyper("batch_size", "Images per batch."),
-    lr: Optional[float] = _hyper("lr", "Adam learning rate."),
-    max_steps: Optional[int] = _hyper("max_steps", "Maximum ponder steps."),
-    lambda_p: Optional[float] = _hyper("lambda_p", "Geometric prior parameter, in (0, 1]."),
-    beta: Optional[float] = _hyper("beta", "Weight of the KL regularisation."),
-    tau: Optional[float] = _hyper("tau", "ACT: weight of the ponder cost N + R."),
-    halting_input: Optional[HaltingInput] = _hyper("halting_input", "What the halting head sees besides the "
+    epochs: Optional[int] = hyper("epochs", "Training epochs."),
+    batch_size: Optional[int] = hyper("batch_size", "Images per batch."),
+    lr: Optional[float] = hyper("lr", "Adam learning rate."),
+    max_steps: Optional[int] = hyper("max_steps", "Maximum ponder steps."),
+    lambda_p: Optional[float] = hyper("lambda_p", "Geometric prior parameter, in (0, 1]."),
+    beta: Optional[float] = hyper("beta", "Weight of the KL regularisation."),
+    tau: Optional[float] = hyper("tau", "ACT: weight of the ponder cost N + R."),
+    halting_input: Optional[HaltingInput] = hyper("halting_input", "What the halting head sees besides the "
                                                    "state: the step's top class probability, the step's turn (align).",
                                                    "--halting-input", case_sensitive=False),
-    grad_clip: Optional[float] = _hyper("grad_clip", "Gradient-norm clip (0: off)."),
-    patience: Optional[int] = _hyper("patience", "Early stopping: epochs without a better validation accuracy "
+    grad_clip: Optional[float] = hyper("grad_clip", "Gradient-norm clip (0: off)."),
+    patience: Optional[int] = hyper("patience", "Early stopping: epochs without a better validation accuracy "
                                                  "(0: off)."),
-    lr_patience: Optional[int] = _hyper("lr_patience", "Epochs without improvement before the LR is cut."),
-    train_rotation: Optional[float] = _hyper("train_rotation", "Rotate training images uniformly within "
+    lr_patience: Optional[int] = hyper("lr_patience", "Epochs without improvement before the LR is cut."),
+    train_rotation: Optional[float] = hyper("train_rotation", "Rotate training images uniformly within "
                                                                "+-this many degrees (0: plain MNIST)."),
-    val_size: Optional[int] = _hyper("val_size", "Training images held out for validation."),
-    train_size: Optional[int] = _hyper("train_size", "Training images used (0: all not held out)."),
-    seed: Optional[int] = _hyper("seed", "Seed of the split, initialisation and sampling."),
+    val_size: Optional[int] = hyper("val_size", "Training images held out for validation."),
+    train_size: Optional[int] = hyper("train_size", "Training images used (0: all not held out)."),
+    seed: Optional[int] = hyper("seed", "Seed of the split, initialisation and sampling."),
     data_dir: Optional[Path] = DataDirOption,
     download: bool = DownloadOption,
     out: Optional[Path] = typer.Option(None, "--out", show_default=False, help="Folder for best.pt and last.pt. "
@@ -251,7 +161,7 @@ def train(
 @app.command("eval", cls=AnglesCommand)
 def eval_command(
     checkpoint: Optional[Path] = CheckpointArgument,
-    angles: List[str] = _angles_option(["0"], "Rotate test images within ±angle; one bucket per angle."),
+    angles: List[str] = angles_option(["0"], "Rotate test images within ±angle; one bucket per angle."),
     rotation: Optional[float] = typer.Option(None, "--rotation", help="The same as --angles with one angle."),
     protocol: Protocol = ProtocolOption,
     halting: Halting = HaltingOption,
@@ -275,7 +185,7 @@ def eval_command(
 @app.command(cls=AnglesCommand)
 def extrapolate(
     checkpoint: Optional[Path] = CheckpointArgument,
-    angles: List[str] = _angles_option(["22.5", "45", "67.5", "90"], "Rotation buckets in degrees (see --protocol)."),
+    angles: List[str] = angles_option(["22.5", "45", "67.5", "90"], "Rotation buckets in degrees (see --protocol)."),
     protocol: Protocol = ProtocolOption,
     halting: Halting = HaltingOption,
     detail: bool = DetailOption,
@@ -328,7 +238,7 @@ def sweep(
 def compare(
     checkpoints: List[Path] = typer.Argument(..., help="Checkpoints to compare: one or more per method; several "
                                                       "of one method (e.g. other seeds) give mean ± sd."),
-    angles: List[str] = _angles_option(["22.5", "45", "67.5", "90"], "Rotation buckets in degrees."),
+    angles: List[str] = angles_option(["22.5", "45", "67.5", "90"], "Rotation buckets in degrees."),
     protocol: Protocol = ProtocolOption,
     halting: Halting = HaltingOption,
     plot: Optional[Path] = PlotOption,

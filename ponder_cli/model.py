@@ -90,30 +90,40 @@ class PonderNet(nn.Module):
             lambda_logits = gated_logit(lambda_logits, work)
         return logits, lambda_logits
 
-    def _forward_truncated(self, x: torch.Tensor, stop: EarlyExitRule) -> PonderOutput:
-        batch = x.shape[0]
+    def _until_done(self, x: torch.Tensor, rule: EarlyExitRule):
+        """The one early-exit loop: yields, for every step, the rows still running (A,) of the
+        batch, their class and halting logits, and the rule's decision (done (A,), chosen);
+        then drops the rows that are done from the step function's and the rule's state."""
         context, state = self.step.start(x, self.max_steps)
-        logits_all = lambda_all = None
-        computed = torch.full((batch,), self.max_steps, dtype=torch.long, device=x.device)
-        active = torch.arange(batch, device=x.device)  # rows of the batch still running
+        active = torch.arange(x.shape[0], device=x.device)  # rows of the batch still running
         for n in range(self.max_steps):
             state, readout, extra = self.step(context, state, n)  # (A, ...)
             logits, lambda_logits = self.heads(readout, extra)
-            done, _ = stop.decide(n, n == self.max_steps - 1, logits, lambda_logits)
+            done, chosen = rule.decide(n, n == self.max_steps - 1, logits, lambda_logits)
+            yield n, active, logits, lambda_logits, done, chosen
+            running = ~done
+            # Compacting needs the count of survivors on the host: one sync per step, which
+            # buys skipping all work on finished images.
+            if not bool(running.any()):
+                return
+            active = active[running]
+            context, state = select_rows(context, running), select_rows(state, running)
+            rule.keep(running)
+
+    def _forward_truncated(self, x: torch.Tensor, stop: EarlyExitRule) -> PonderOutput:
+        batch = x.shape[0]
+        computed = torch.full((batch,), self.max_steps, dtype=torch.long, device=x.device)
+        logits_all = lambda_all = None
+        for n, active, logits, lambda_logits, done, _ in self._until_done(x, stop):
             lambda_logits = torch.where(done, torch.full_like(lambda_logits, FORCED_HALT_LOGIT), lambda_logits)
             if logits_all is None:  # padding: logits 0, halting forced (p_n = 0 after the last step)
                 logits_all = logits.new_zeros(self.max_steps, batch, logits.shape[-1])
                 lambda_all = lambda_logits.new_full((self.max_steps, batch), FORCED_HALT_LOGIT)
             # index_put keeps the graph: gradients flow to the rows computed at this step
-            logits_all = logits_all.index_put((torch.tensor(n, device=x.device), active), logits)
-            lambda_all = lambda_all.index_put((torch.tensor(n, device=x.device), active), lambda_logits)
+            step = torch.tensor(n, device=x.device)
+            logits_all = logits_all.index_put((step, active), logits)
+            lambda_all = lambda_all.index_put((step, active), lambda_logits)
             computed[active[done]] = n + 1
-            running = ~done
-            if not bool(running.any()):  # one host sync per step buys skipping finished images
-                break
-            active = active[running]
-            context, state = select_rows(context, running), select_rows(state, running)
-            stop.keep(running)
         return PonderOutput(logits_all, lambda_all, computed)
 
     @torch.no_grad()
@@ -125,25 +135,12 @@ class PonderNet(nn.Module):
         Returns the prediction at the halting step (B, classes) and the 1-based halting step (B,).
         """
         batch = x.shape[0]
-        context, state = self.step.start(x, self.max_steps)
         prediction = None
         steps = torch.full((batch,), self.max_steps, dtype=torch.long, device=x.device)
-        active = torch.arange(batch, device=x.device)  # rows of the batch still running
-        for n in range(self.max_steps):
-            state, readout, extra = self.step(context, state, n)  # (A, ...)
-            logits, lambda_logits = self.heads(readout, extra)
-            halts, chosen = rule.decide(n, n == self.max_steps - 1, logits, lambda_logits)
+        for n, active, _, _, halts, chosen in self._until_done(x, rule):
             if prediction is None:
                 prediction = chosen.new_empty(batch, chosen.shape[-1])
             halted = active[halts]
             prediction[halted] = chosen[halts]
             steps[halted] = n + 1
-            running = ~halts
-            # Compacting needs the count of survivors on the host: one sync per step, which
-            # buys skipping all work on halted images.
-            if not bool(running.any()):
-                break
-            active = active[running]
-            context, state = select_rows(context, running), select_rows(state, running)
-            rule.keep(running)
         return prediction, steps

@@ -46,6 +46,9 @@ def rotate_bilinear(images: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
 
 class AlignStep(StepFunction):
     halting_extra_size = 1  # |delta_n| in units of the largest turn
+    # what `--step align` implies unless given: the settings under which halting tracked the
+    # work best in the README's experiments (and truncation, since every step runs the CNN)
+    implied = {"truncation": 0.01, "halting_input": "state+turn", "turn_gate": 0.2, "halting_bias": "prior"}
 
     def __init__(self, cfg):
         super().__init__()

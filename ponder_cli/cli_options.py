@@ -1,0 +1,109 @@
+"""The option groups and argument parsing that the `ponder` commands share (Typer objects only:
+choices come from the registry, defaults from the config)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Optional
+
+import typer
+from typer.core import TyperCommand
+
+from .config import PonderConfig
+from .registry import HALTING_INPUTS, HALTING_RULES, METHODS, PROTOCOLS, STEPS
+from .render import OutputFormat
+
+
+def _choices(name: str, values) -> type[Enum]:
+    return Enum(name, {value: value for value in values}, type=str)
+
+
+Method, Step, HaltingInput = _choices("Method", METHODS), _choices("Step", STEPS), _choices("HaltingInput", HALTING_INPUTS)
+Protocol, Halting = _choices("Protocol", PROTOCOLS), _choices("Halting", HALTING_RULES)
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+        return True
+    except ValueError:
+        return False
+
+
+def expand_angles(args: list[str], name: str = "--angles") -> list[str]:
+    """`--angles 22.5 45` -> `--angles 22.5 --angles 45`: one flag, several values.
+
+    The values end at the first token that is not a number, so checkpoints may come before or
+    after the list; `--angles=45 90` works too.
+    """
+    expanded, i = [], 0
+    while i < len(args):
+        token = args[i]
+        i += 1
+        if token != name and not token.startswith(name + "="):
+            expanded.append(token)
+            continue
+        values = [token.split("=", 1)[1]] if "=" in token else []
+        while i < len(args) and _is_number(args[i]):
+            values.append(args[i])
+            i += 1
+        if not values:
+            # Not a number where one is due: hand the token to the library's message.
+            values = [args[i]] if i < len(args) and not args[i].startswith("-") else []
+            i += len(values)
+        if not values:
+            raise typer.BadParameter("needs at least one angle", param_hint=f"'{name}'")
+        for value in values:
+            expanded += [name, value]
+    return expanded
+
+
+class AnglesCommand(TyperCommand):
+    def parse_args(self, ctx, args):
+        return super().parse_args(ctx, expand_angles(list(args)))
+
+
+# Shared options --------------------------------------------------------------------------------
+
+DataDirOption = typer.Option(None, "--data-dir", help="Where MNIST lives or is downloaded to "
+                             "(MNIST/raw/ inside it). [default: $PONDER_DATA_DIR, else ~/.cache/ponder_cli]")
+DownloadOption = typer.Option(True, "--download/--no-download",
+                              help="Download MNIST into --data-dir when it is not there.")
+DeviceOption = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N.")
+AmpOption = typer.Option(None, "--amp/--no-amp", help="Mixed precision: fp16 on CUDA, bf16 on CPU. "
+                         "[default: on for CUDA, off for CPU]")
+FormatOption = typer.Option(OutputFormat.table, "--format", "-f", help="Output format.", case_sensitive=False)
+CheckpointArgument = typer.Argument(None, help="Checkpoint to load. [default: the newest runs/*/best.pt, else the "
+                                    "shipped checkpoints/best.pt]", show_default=False)
+QuietOption = typer.Option(False, "--quiet", "-q", help="No progress bars or messages on stderr; errors and "
+                           "results still show.")
+EvalSeedOption = typer.Option(None, "--seed", help="Seed of the test rotations and halting coin flips. "
+                              "[default: the checkpoint's training seed]")
+RepeatsOption = typer.Option(1, "--repeats", min=1, help="Independent draws of rotations and halting coins "
+                             "(seeds seed, seed+1, ...): means and 95% intervals per bucket.")
+LimitOption = typer.Option(0, "--limit", min=0, help="Evaluate only the first N test images (0: all).")
+EvalBatchOption = typer.Option(1000, "--batch-size", min=1, help="Images per evaluation batch.")
+ProtocolOption = typer.Option(Protocol("uniform"), "--protocol", case_sensitive=False,
+                              help="uniform: within ±angle (reference); band: |rotation| between the previous "
+                                   "angle and this one; fixed: exactly ±angle.")
+HaltingOption = typer.Option(Halting("sample"), "--halting", case_sensitive=False,
+                             help="sample: Bernoulli(λ_n) coin per step (paper); median: first step where the "
+                                  "cumulative halting probability reaches 0.5; expected: p-weighted average "
+                                  "of all steps' outputs, steps = Σ n·p_n.")
+DetailOption = typer.Option(False, "--detail", help="Also show, per halting step, how many images halted there "
+                            "and the accuracy if every image stopped there (runs all steps).")
+PlotOption = typer.Option(None, "--plot", help="Write a figure (PNG, or another format matplotlib knows by the "
+                          "file's extension) of accuracy and ponder steps against angle and the halting-step "
+                          "distributions (needs matplotlib: pip install -e '.[plot]').")
+
+
+def angles_option(default: list[str], what: str):
+    return typer.Option(default, "--angles", help=f"{what} Several values after one flag: --angles 22.5 45; "
+                                                  "checkpoints may come before or after the list.")
+
+
+def hyper(name: str, text: str, flag: Optional[str] = None, **kwargs):
+    """An option that is None unless given, so that a resumed run can tell what the user set."""
+    default = PonderConfig.default(name)
+    return typer.Option(None, *([flag] if flag else []), help=f"{text} [default: {default}]", show_default=False,
+                        **kwargs)
