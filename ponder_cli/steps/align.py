@@ -45,7 +45,7 @@ def rotate_bilinear(images: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
 
 
 class AlignStep(StepFunction):
-    halting_extra_size = 1  # |delta_n| in units of the largest turn
+    halting_extra_size = 1  # |delta_n + delta_{n-1}| in units of twice the largest turn
     # what `--step align` implies unless given: the settings under which halting tracked the
     # work best in the README's experiments (and truncation, since every step runs the CNN)
     implied = {"truncation": 0.01, "halting_input": "state+turn", "turn_gate": 0.2, "halting_bias": "prior"}
@@ -67,14 +67,16 @@ class AlignStep(StepFunction):
     def start(self, x, steps):
         batch = x.shape[0]
         h = x.new_zeros(batch, self.cell.hidden_size)
-        angle = x.new_zeros(batch)
-        return (x,), (h, angle)
+        angle, previous = x.new_zeros(batch), x.new_zeros(batch)
+        return (x,), (h, angle, previous)
 
     def forward(self, context, state, n):
-        (x,), (h, angle) = context, state
+        (x,), (h, angle, previous) = context, state
         seen = x if n == 0 else rotate_bilinear(x, angle)  # theta_0 = 0: the image as given
         features = self.encoder.features(seen)  # (B, 320)
         h = self.cell(self.encoder.head(features), h)
         delta = self.max_turn * torch.tanh((self.turn(h) + self.view_turn(features)).squeeze(-1))  # (B,)
-        extra = (delta.abs() / self.max_turn).unsqueeze(-1)  # (B, 1) in [0, 1]
-        return (h, angle + delta), h, extra
+        # The work a step does is its net turn over the last two steps: a turn policy that jitters
+        # back and forth around upright does no work, and must not hold halting back.
+        extra = ((delta + previous).abs() / (2 * self.max_turn)).unsqueeze(-1)  # (B, 1) in [0, 1]
+        return (h, angle + delta, delta), h, extra
