@@ -64,23 +64,27 @@ def launch() -> Launch | None:
     return Launch(rank, local_rank, world_size)
 
 
-def error_line(line: str, *, whole_run: bool = False) -> Optional[str]:
-    """The error line this process prints (None: it stays quiet); for the CLI's error boundary.
+class RankError(PonderError):
+    """A problem of this process alone (its GPU, say): every process that meets it says so."""
+
+
+def error_line(line: str, exc: BaseException | None = None) -> Optional[str]:
+    """The error line this process prints for `exc` (None: it stays quiet); for the CLI's error
+    boundary.
 
     Under torchrun every process of a node runs the same checks on the same arguments, files and
     data and meets the same error, so only each node's first process prints it, labelled with
-    its rank unless it is rank 0. A message about the whole run (whole_run: an interrupt with its
-    resume hint) is rank 0's alone. A plain process prints every line as it is.
+    its rank unless it is rank 0. A run-wide message (PonderError.run_wide: an interrupt with its
+    resume hint, a problem rank 0 met and told the others) is rank 0's alone; a RankError is
+    printed by every process that meets it. A plain process prints every line as it is.
     """
     try:
         where = launch()
     except PonderError:
         return line  # not a torchrun environment we understand: say everything
-    if where is None:
+    if where is None or where.rank == 0:
         return line
-    if where.rank == 0:
-        return line
-    if whole_run or where.local_rank != 0:
+    if getattr(exc, "run_wide", False) or (where.local_rank != 0 and not isinstance(exc, RankError)):
         return None
     headline, _, message = line.partition(": ")
     return f"{headline} (rank {where.rank}): {message}"
@@ -116,7 +120,7 @@ def device_for(device: torch.device, where: Launch | None) -> torch.device:
     if where is None or device.type != "cuda":
         return device
     if where.local_rank >= torch.cuda.device_count():
-        raise PonderError(f"LOCAL_RANK {where.local_rank} needs GPU cuda:{where.local_rank}, but only "
+        raise RankError(f"LOCAL_RANK {where.local_rank} needs GPU cuda:{where.local_rank}, but only "
                           f"{torch.cuda.device_count()} are visible; start at most that many processes per node")
     return torch.device("cuda", where.local_rank)
 
@@ -138,6 +142,7 @@ def setup(device: torch.device, where: Launch | None) -> None:
     try:
         torch.distributed.init_process_group(backend, rank=where.rank, world_size=where.world_size,
                                              timeout=TIMEOUT, **({"device_id": device} if backend == "nccl" else {}))
+        torch.distributed.barrier()  # every rank is here: all have done the checks before setup()
     except (RuntimeError, ValueError) as exc:  # DistError is a RuntimeError: timeout, refused connection
         raise PonderError(f"could not start the {backend} process group of {where.world_size} processes "
                           f"({brief(exc, 200)})") from None
@@ -174,12 +179,12 @@ def teardown() -> None:
 def on_main(work: Callable[[], T]) -> T:
     """Run `work` on rank 0 alone and give every rank its result (a picklable value).
 
-    A PonderError it raises is raised on every rank, so that all stop together with one message
-    (the CLI prints it once). Without a process group, simply work().
+    A PonderError it raises is raised on every rank, marked run-wide, so that all stop together
+    and rank 0 alone prints it. Without a process group, simply work().
     """
     if not active():
         return work()
-    outcome: list = [None, None]  # [result, error message]
+    outcome: list = [None, None]  # [result, (error class, message)]
     if is_main():
         try:
             outcome[0] = work()
@@ -188,8 +193,28 @@ def on_main(work: Callable[[], T]) -> T:
     torch.distributed.broadcast_object_list(outcome, src=0)
     if outcome[1] is not None:
         kind, message = outcome[1]
-        raise kind(message)
+        error = kind(message)
+        error.run_wide = True
+        raise error
     return outcome[0]
+
+
+class _WithSpare(torch.nn.Module):
+    """The model plus one parameter that its forward never uses (and no optimizer holds).
+
+    With find_unused_parameters DDP searches each step's graph for parameters that got no
+    gradient on this rank, and warns (once per rank, from C++, past Python's warning filters)
+    the first time a step has none, which under training truncation is most steps: the spare
+    parameter is always unused, so the search is never empty and stderr stays rank 0's.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+        self.spare = torch.nn.Parameter(torch.zeros(1, device=next(model.parameters()).device))
+
+    def forward(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
 
 
 def wrap(model: torch.nn.Module, device: torch.device, *, find_unused_parameters: bool = False) -> torch.nn.Module:
@@ -197,17 +222,20 @@ def wrap(model: torch.nn.Module, device: torch.device, *, find_unused_parameters
 
     DDP broadcasts rank 0's weights at construction and averages gradients in backward. Keep the
     unwrapped model for evaluation and checkpoints (its state_dict has no "module." prefix).
-    The model has no buffers, and broadcast_buffers=False says so: DDP's forward then makes no
+    The model has no buffers, and forward_sync_buffers=False says so: DDP's forward then makes no
     collective, so ranks may run different numbers of ponder steps (training truncation) and
     synchronise only in backward, once per batch on every rank. find_unused_parameters must be
-    set when some parameter may get no gradient on a rank (see train.train).
+    set when some parameter may get no gradient on a rank (see train.train): DDP then counts it
+    as a zero gradient on that rank, so the average still equals one process's gradient on the
+    global batch, and leaves a parameter no rank used without one, as one process would.
     """
     if not active():
         return model
     from torch.nn.parallel import DistributedDataParallel
 
-    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                   broadcast_buffers=False, find_unused_parameters=find_unused_parameters)
+    return DistributedDataParallel(_WithSpare(model) if find_unused_parameters else model,
+                                   device_ids=[device.index] if device.type == "cuda" else None,
+                                   forward_sync_buffers=False, find_unused_parameters=find_unused_parameters)
 
 
 def barrier() -> None:
