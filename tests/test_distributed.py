@@ -30,10 +30,12 @@ REPO = Path(ponder_cli.__file__).resolve().parent.parent
 TINY = ["--val-size", "100", "--train-size", "256", "--max-steps", "3", "--batch-size", "64", "--no-progress"]
 # Truncation under DDP: the align step (a CNN per step), 8 images per rank and batch. A halting
 # bias just above logit(0.99) puts the first step's remaining halting mass on both sides of
-# --truncation 0.01, so in some batches one rank stops after one step (leaving the turn's
-# weights without a gradient there) while the other goes on.
-ALIGN = ["--step", "align", "--truncation", "0.01", "--max-steps", "3", "--halting-bias", "4.62", "--epochs", "1",
-         "--val-size", "100", "--train-size", "256", "--batch-size", "16", "--no-progress"]
+# --truncation 0.01, so in some batches one rank stops after one step while the other goes on;
+# with the halting head reading the state alone (not align's default, which shows it the turn)
+# the turn's weights then get no gradient on that rank.
+ALIGN = ["--step", "align", "--truncation", "0.01", "--max-steps", "3", "--halting-input", "state", "--turn-gate", "0",
+         "--halting-bias", "4.62", "--epochs", "1", "--val-size", "100", "--train-size", "256", "--batch-size", "16",
+         "--no-progress"]
 SMALL = dict(max_steps=3, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16, epochs=1)
 # Without dropout and rotation the ranks' own RNG streams touch nothing but the training
 # metrics' coin flips, so 2 ranks x 64 images must step exactly like 1 process x 128 images.
