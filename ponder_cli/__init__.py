@@ -12,6 +12,9 @@ class PonderError(Exception):
     exit_code, never a traceback."""
     exit_code = 1
     headline = "Error"
+    # Under torchrun: the same message on every process of the run (an interrupt, a problem rank
+    # 0 met and told the others about), printed by rank 0 alone (distributed.error_line).
+    run_wide = False
 
 
 def brief(exc: BaseException | str, limit: int = 160) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import PonderError
+from . import PonderError, brief
 from .config import MAX_ANGLE, seed_problems
 from .reports import (Report, combine_draws, comparison_report, evaluation_report, group_by_configuration, mean_ci,
                       sweep_report, training_report)
@@ -227,12 +227,22 @@ class TrainOptions:
     overwrite: bool = False  # write into a folder that holds another run's checkpoints (or the shipped ones)
 
 
-def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = lambda line: None) -> Report:
+def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = lambda line: None) -> Optional[Report]:
     """Train with the options the user gave (see runs.plan_training) and report the run.
 
     The run folder is locked while training (runs.RunLock). SIGTERM stops training like Ctrl-C:
     the last completed epoch is in last.pt and the error says how to resume.
+
+    Under torchrun (distributed.launch) every process calls this with the same arguments and
+    trains on its share of every global batch of --batch-size images, on cuda:LOCAL_RANK on
+    CUDA. All of them check everything before the process group starts; then rank 0 alone claims
+    and locks the run folder (and tells the others which it is), logs, writes the checkpoints
+    and returns the report, the others return None. A peer lost mid-run is one PonderError with
+    the resume hint. After an interrupt or any other error the process group is left as it is
+    (its shutdown can abort when peers are gone): leave at once with distributed.leave_now, as
+    the CLI's error boundary does.
     """
+    from . import distributed
     from .checkpoint import LAST
     from .data import load_mnist, train_val_split
     from .render import epoch_line
@@ -240,46 +250,74 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
     from .runtime import amp_dtype
     from .train import train
 
+    where = distributed.launch()  # torchrun's RANK, LOCAL_RANK, WORLD_SIZE; None for a plain process
+    main = where is None or where.main
+    if not main:
+        log = lambda line: None  # noqa: E731  rank 0 alone speaks
     plan = plan_training(given, resume=options.resume, out=options.out, overwrite=options.overwrite)
     cfg = plan.cfg
+    distributed.check_batch_size(cfg.batch_size, where)
     dev, amp = _device_and_amp(options.device, options.amp)
+    dev = distributed.device_for(dev, where)
     saved: list[int] = []  # epochs this run has written to last.pt
+    lock: list = []  # rank 0's RunLock, once taken
 
     def on_epoch(stats) -> None:
         saved.append(stats.epoch)
         log(epoch_line(stats, cfg.epochs))
 
-    with _sigterm_as_interrupt():
+    def resume_hint() -> str:
+        last = plan.out_dir / LAST
+        if saved or (plan.resume is not None and last.exists()):
+            command = "torchrun ... -m ponder_cli train" if where else "ponder train"
+            return f"epoch {saved[-1] if saved else plan.resume.epoch} is saved in {last}; resume with: " \
+                   f"{command} --resume {last}"
+        return "no epoch had completed; nothing was saved"
+
+    def claim() -> Path:
+        out_dir = claim_run_dir(plan)
+        lock.append(RunLock(out_dir).acquire())
+        return out_dir
+
+    with _sigterm_as_interrupt(torchrun=where is not None):
         try:
             full = load_mnist(_data_dir(options.data_dir), train=True, download=options.download)
             train_set, val_set = train_val_split(full, val_size=cfg.val_size, train_size=cfg.train_size,
                                                  seed=cfg.seed)
-            out_dir = claim_run_dir(plan)  # only once everything else is known to be fine: nothing written before
-            with RunLock(out_dir):
-                log(f"writing checkpoints to {out_dir}/")
-                train_set, val_set = train_set.to(dev), val_set.to(dev)
-                log(f"training {cfg.method} (step {cfg.step}) on {len(train_set)} images, validating on "
-                    f"{len(val_set)}, device {dev}"
-                    f"{', amp ' + str(amp_dtype(dev)).removeprefix('torch.') if amp else ''}"
-                    f"{', resuming after epoch ' + str(plan.resume.epoch) if plan.resume else ''}")
-                started = time.perf_counter()
-                result = train(cfg, train_set, val_set, device=dev, out_dir=out_dir, amp=amp, resume=plan.resume,
-                               on_epoch=on_epoch, progress=options.progress)
+            distributed.setup(dev, where)  # the process group, under torchrun only: every rank is ready
+            # only once everything else is known to be fine: nothing written before
+            plan.out_dir = distributed.on_main(claim)
+            log(f"writing checkpoints to {plan.out_dir}/")
+            train_set, val_set = train_set.to(dev), val_set.to(dev)
+            log(f"training {cfg.method} (step {cfg.step}) on {len(train_set)} images, validating on "
+                f"{len(val_set)}, device {dev}"
+                f"{', amp ' + str(amp_dtype(dev)).removeprefix('torch.') if amp else ''}"
+                f"{f', {where.world_size} processes, global batch {cfg.batch_size}' if where else ''}"
+                f"{', resuming after epoch ' + str(plan.resume.epoch) if plan.resume else ''}")
+            started = time.perf_counter()
+            result = train(cfg, train_set, val_set, device=dev, out_dir=plan.out_dir, amp=amp, resume=plan.resume,
+                           on_epoch=on_epoch, progress=options.progress and main)
         except KeyboardInterrupt as exc:
-            last = plan.out_dir / LAST
-            if saved or (plan.resume is not None and last.exists()):
-                where = f"epoch {saved[-1] if saved else plan.resume.epoch} is saved in {last}"
-                message = f"{where}; resume with: ponder train --resume {last}"
-            else:
-                message = "no epoch had completed; nothing was saved"
-            raise (Terminated if isinstance(exc, _SigTerm) else Interrupted)(message) from None
-    return training_report(cfg, result, time.perf_counter() - started)
+            raise (Terminated if isinstance(exc, _SigTerm) else Interrupted)(resume_hint()) from None
+        except RuntimeError as exc:
+            if not distributed.lost_peer(exc):
+                raise
+            _ignore_signals()  # torchrun's SIGTERM follows: this rank is on its way out already
+            # Another rank died or stalled: the collective this rank was in failed instead of hanging.
+            raise PonderError(f"training stopped: another process of the run failed or stopped answering "
+                              f"({brief(exc)}); {resume_hint()}") from None
+        finally:
+            for held in lock:
+                held.release()
+    distributed.teardown()
+    return training_report(cfg, result, time.perf_counter() - started) if main else None
 
 
 class Interrupted(PonderError):
     """Training stopped by Ctrl-C: the last completed epoch is saved."""
     exit_code = 130
     headline = "Interrupted"
+    run_wide = True  # under torchrun every rank stops; rank 0 alone says where the run is saved
 
 
 class Terminated(Interrupted):
@@ -297,15 +335,48 @@ def _raise_sigterm(signum, frame) -> None:
     raise _SigTerm()
 
 
+def _ignore(signum, frame) -> None:
+    pass
+
+
+def _ignore_signals() -> None:
+    # A Python handler that does nothing, not SIG_IGN: a signal that arrived while this runs
+    # would otherwise surface later as "OSError: Signal 15 ignored due to race condition".
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _ignore)
+        signal.signal(signal.SIGTERM, _ignore)
+
+
+def _interrupt_once(signum, frame) -> None:
+    # Under torchrun a Ctrl-C reaches every rank and torchrun follows it with SIGTERM, and it
+    # sends SIGTERM to the remaining ranks as soon as one exits with an error: the first signal
+    # interrupts, later ones are ignored (a second interrupt while unwinding would be a
+    # traceback). torchrun sends SIGKILL 30 s later to anything still running.
+    _ignore_signals()
+    raise _SigTerm() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
 @contextlib.contextmanager
-def _sigterm_as_interrupt():
+def _sigterm_as_interrupt(torchrun: bool = False):
     """While training, SIGTERM interrupts like Ctrl-C instead of ending the process on the spot
-    with no message (signal handlers can only be set from the main thread)."""
+    with no message (signal handlers can only be set from the main thread).
+
+    Under torchrun (see _interrupt_once) only the first SIGINT or SIGTERM counts, and once
+    training has failed this process is on its way out: signals stay ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_sigterm)
+    signals = (signal.SIGTERM, signal.SIGINT) if torchrun else (signal.SIGTERM,)
+    previous = {sig: signal.signal(sig, _interrupt_once if torchrun else _raise_sigterm) for sig in signals}
+    failed = False
     try:
         yield
+    except BaseException:
+        failed = True
+        raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if failed and torchrun:
+            _ignore_signals()
+        else:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

@@ -3,6 +3,7 @@ chatter on stderr; every command runs behind one error boundary (`PonderGroup`).
 
 from __future__ import annotations
 
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -30,11 +31,23 @@ class PonderGroup(TyperGroup):
         try:
             return super().invoke(ctx)
         except PonderError as exc:
-            typer.echo(f"{exc.headline}: {exc}", err=True)
-            raise typer.Exit(exc.exit_code) from None
+            _fail(f"{exc.headline}: {exc}", exc.exit_code, exc)
         except OSError as exc:
-            typer.echo(f"Error: {exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}", err=True)
-            raise typer.Exit(1) from None
+            _fail(f"Error: {exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}", 1, exc)
+
+
+def _fail(line: str, code: int, exc: Exception) -> None:
+    """Print the error line and exit with `code`. Under torchrun, the processes that print it are
+    those distributed.error_line picks, and one still in a process group leaves at once."""
+    if "WORLD_SIZE" in os.environ:  # under torchrun (only then is torch imported here)
+        from .distributed import error_line, leave_now
+        line = error_line(line, exc)
+        if line is not None:
+            typer.echo(line, err=True)
+        leave_now(code)
+    else:
+        typer.echo(line, err=True)
+    raise typer.Exit(code) from None
 
 
 app = typer.Typer(cls=PonderGroup, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -113,7 +126,8 @@ def train(
     halting_bias: Optional[str] = hyper("halting_bias", "Initial halting-head bias: a number, or 'prior' "
                                                          "(logit of --lambda-p); none: the method's own."),
     epochs: Optional[int] = hyper("epochs", "Training epochs."),
-    batch_size: Optional[int] = hyper("batch_size", "Images per batch."),
+    batch_size: Optional[int] = hyper("batch_size", "Images per optimizer step (under torchrun: over all "
+                                                    "processes)."),
     lr: Optional[float] = hyper("lr", "Adam learning rate."),
     max_steps: Optional[int] = hyper("max_steps", "Maximum ponder steps."),
     lambda_p: Optional[float] = hyper("lambda_p", "Geometric prior parameter, in (0, 1]."),
@@ -153,7 +167,9 @@ def train(
              if name in PonderConfig.field_names() and value is not None}
     options = TrainOptions(resume=resume, out=out, data_dir=data_dir, download=download, device=device, amp=amp,
                            progress=_bars(quiet, progress), overwrite=overwrite)
-    _render(train_run(given, options, log=_chatter(quiet)), fmt, None, quiet)
+    report = train_run(given, options, log=_chatter(quiet))
+    if report is not None:  # None: a torchrun process other than rank 0, which reports nothing
+        _render(report, fmt, None, quiet)
 
 
 # eval, extrapolate, compare --------------------------------------------------------------------

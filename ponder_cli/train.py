@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from . import PonderError, brief
+from . import PonderError, brief, distributed
 from .checkpoint import BEST, LAST, TrainingState, save_checkpoint
 from .config import PonderConfig
 from .data import ImageSet, prepare_batch
@@ -55,24 +55,34 @@ class TrainResult:
 def train_one_epoch(model: torch.nn.Module, method: Method, optimizer: torch.optim.Optimizer,
                     scaler: torch.amp.GradScaler, data: ImageSet, cfg: PonderConfig, *, amp: bool,
                     desc: str = "train", progress: bool = True) -> dict:
-    """One pass over the shuffled training set; metrics stay on the device until the end."""
+    """One pass over the shuffled training set; metrics stay on the device until the end.
+
+    Under torchrun `model` is DDP-wrapped and each rank trains on its slice of every global batch
+    of cfg.batch_size images; the metrics returned cover the whole epoch, all ranks together.
+    """
     model.train()
     device = data.images.device
     count = len(data)
-    order = torch.randperm(count, device=device)
+    order = torch.randperm(count, device=device)  # (N,) from the shared RNG stream: the same on every rank
+    order = order[:distributed.even_length(count)]  # under torchrun the last batch must split evenly
+    # Under torchrun rotations, dropout, truncation and coin flips come from this rank's own RNG
+    # stream until the shared stream is put back at the end of the epoch.
+    shared_rng = distributed.fork_rank_rng(device)
     # loss, reconstruction, regularisation (each times batch size), correct, halting steps,
     # images in batches that were used, batches skipped for a non-finite loss or gradient
     totals = torch.zeros(7, dtype=torch.float64, device=device)
     params = list(model.parameters())
-    batches = range(0, count, cfg.batch_size)
+    batches = range(0, order.shape[0], cfg.batch_size)
     for start in tqdm(batches, desc=desc, unit="batch", leave=False, file=sys.stderr,
                       disable=not progress, dynamic_ncols=True):
-        index = order[start:start + cfg.batch_size]
+        index = distributed.shard(order[start:start + cfg.batch_size])  # (B,) this rank's contiguous slice
         batch = index.shape[0]
         angles = uniform_angles(batch, cfg.train_rotation, device=device) if cfg.train_rotation > 0 else None
         x = prepare_batch(data.images[index], angles)  # (B, 1, 28, 28)
         targets = data.labels[index]
         with autocast(device, amp):
+            # Truncation lets a rank run fewer steps than another: no collective happens in
+            # here (see distributed.wrap); DDP synchronises in backward, once per batch.
             out = model(x, stop=method.truncation(batch, device))
         loss = method.loss(out.logits, out.lambda_logits, targets)  # float32 outside autocast
         optimizer.zero_grad(set_to_none=True)
@@ -84,6 +94,10 @@ def train_one_epoch(model: torch.nn.Module, method: Method, optimizer: torch.opt
         else:
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
         finite = torch.isfinite(loss.total) & torch.isfinite(grad_norm)
+        # Under DDP the gradients (so grad_norm) are already averaged and equal on every rank, but
+        # the loss is this rank's own. Ranks that disagreed would step on some replicas and not on
+        # others, and the replicas would silently drift apart for good: skip only jointly.
+        finite = distributed.all_ranks(finite)
         if scaler.is_enabled():
             scaler.step(optimizer)  # GradScaler itself skips steps whose gradients are not finite
         elif finite.item():
@@ -100,6 +114,10 @@ def train_one_epoch(model: torch.nn.Module, method: Method, optimizer: torch.opt
             totals[:5] += torch.where(finite, values, torch.zeros_like(values))
             totals[5] += finite.double() * batch
             totals[6] += (~finite).double()
+    distributed.join_shared_rng(shared_rng, device)
+    # Sum the images, losses and correct counts of every rank: the epoch line covers the whole
+    # epoch. The skip count (6) is not summed: the skips were joint, every rank counted them all.
+    totals[:6] = distributed.sum_over_ranks(totals[:6])
     values = totals.tolist()  # the one host read of the epoch
     used = max(values[5], 1.0)
     stats = {key: value / used for key, value in
@@ -119,7 +137,11 @@ def _rng_state(device: torch.device) -> dict:
 def _set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state_all(state["cuda"])
+        if distributed.active():
+            # Every rank continues the shared stream, which rank 0 drew on cuda:0, on its own GPU.
+            torch.cuda.set_rng_state(state["cuda"][0], device)
+        else:
+            torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: torch.device,
@@ -129,6 +151,10 @@ def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: 
 
     resume is a loaded checkpoint whose config equals cfg up to the number of epochs and the
     patience (see runs.plan_training); training continues at the epoch after the one it holds.
+
+    Data-parallel once distributed.setup() has started the process group (torchrun): every rank
+    calls train() with the same arguments and the whole data; rank 0 alone validates and writes
+    the checkpoints, and every rank returns the same TrainResult once they are written.
     """
     out_dir = Path(out_dir)
     torch.manual_seed(cfg.seed)
@@ -165,28 +191,42 @@ def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: 
                               f"(no better validation accuracy for {cfg.patience} epochs); "
                               "raise --patience to go on")
 
+    # Under torchrun DDP averages the gradients across ranks in backward; `model` stays the plain
+    # module for validation and checkpoints (no "module." prefix). DDP must be told when a
+    # parameter may get no gradient on a rank: with one step, h_0 = 0 never meets the mlp step's
+    # from_state (and align's turn never acts); with truncation, a rank whose images all stop at
+    # step 1 leaves those unused too, while another rank uses them.
+    parallel_model = distributed.wrap(model, device, find_unused_parameters=cfg.max_steps == 1 or cfg.truncation > 0)
+
     for epoch in range(result.last_epoch + 1, cfg.epochs + 1):
         started = time.perf_counter()
-        stats = train_one_epoch(model, method, optimizer, scaler, train_set, cfg, amp=amp,
+        stats = train_one_epoch(parallel_model, method, optimizer, scaler, train_set, cfg, amp=amp,
                                 desc=f"epoch {epoch}/{cfg.epochs}", progress=progress)
         if stats["skipped_batches"] == stats["batches"]:
             raise PonderError(f"epoch {epoch}: every batch had a non-finite loss or gradient; training "
                               f"stopped, {out_dir / LAST} still holds the last good epoch (try a lower --lr)")
-        val = evaluate(model, val_set, cfg, max_angle=cfg.train_rotation, seed=cfg.seed, amp=amp)
+        # Validation runs once, on rank 0, giving a single process's numbers (it draws from its
+        # own seeded generator, not the shared stream); broadcasting them makes every rank step
+        # the scheduler and early stopping alike. (The weights and the summed training loss are
+        # the same on every rank, so `improved` agrees too.)
+        if distributed.is_main():
+            val = evaluate(model, val_set, cfg, max_angle=cfg.train_rotation, seed=cfg.seed, amp=amp)
+        val_accuracy, val_steps = distributed.broadcast_from_main(
+            [val.accuracy, val.mean_steps] if distributed.is_main() else [0.0, 0.0], device)
         lr = optimizer.param_groups[0]["lr"]
-        scheduler.step(val.accuracy)
+        scheduler.step(val_accuracy)
         # A model with non-finite weights or training loss never becomes "best".
         weights_finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
-        improved = weights_finite and math.isfinite(stats["loss"]) and val.accuracy > result.best_accuracy
+        improved = weights_finite and math.isfinite(stats["loss"]) and val_accuracy > result.best_accuracy
         if improved:
-            result.best_accuracy, result.best_epoch = val.accuracy, epoch
+            result.best_accuracy, result.best_epoch = val_accuracy, epoch
             epochs_without_improvement = 0
         else:
             epochs_without_improvement += 1
         record = EpochStats(
             epoch=epoch, train_loss=stats["loss"], train_reconstruction=stats["reconstruction"],
             train_regularisation=stats["regularisation"], train_accuracy=stats["accuracy"],
-            train_steps=stats["steps"], val_accuracy=val.accuracy, val_steps=val.mean_steps, lr=lr,
+            train_steps=stats["steps"], val_accuracy=val_accuracy, val_steps=val_steps, lr=lr,
             seconds=time.perf_counter() - started, improved=improved,
             skipped_batches=stats["skipped_batches"])
         result.history.append(record)
@@ -196,12 +236,14 @@ def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: 
             scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), best_accuracy=result.best_accuracy,
             best_epoch=result.best_epoch, epochs_without_improvement=epochs_without_improvement,
             history=[asdict(h) for h in result.history], rng=_rng_state(device))
-        save_checkpoint(state, out_dir / LAST)
-        if improved:
-            save_checkpoint(state, out_dir / BEST)
+        if distributed.is_main():  # every rank holds this same state; one writes it
+            save_checkpoint(state, out_dir / LAST)
+            if improved:
+                save_checkpoint(state, out_dir / BEST)
         if on_epoch is not None:
             on_epoch(record)
         if cfg.patience and epochs_without_improvement >= cfg.patience:
             result.stopped_early = True
             break
+    distributed.barrier()  # under torchrun every rank returns once rank 0 has written the checkpoints
     return result
