@@ -99,6 +99,8 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--step", default="mlp", help="step function (its own defaults apply: see PonderConfig)")
     parser.add_argument("--amp", action="store_true", help="mixed precision (fp16 on CUDA, bf16 on CPU)")
+    parser.add_argument("--checkpoint", type=Path, default=None,
+                        help="time evaluation on this trained model (its config replaces --step's)")
     parser.add_argument("--synthetic", action="store_true", help="generated images instead of MNIST")
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--train-batches", type=int, default=0,
@@ -138,6 +140,10 @@ def main() -> None:
     print(f"  seconds per epoch       {train_s + val_s:10.2f}   (train {train_s:.2f} + validation {val_s:.2f})")
     print(f"  20 epochs, estimated    {20 * (train_s + val_s) / 60:10.2f} min")
     print(f"  sampled steps (training){stats['steps']:10.2f}")
+    if args.checkpoint is not None:
+        from ponder_cli.checkpoint import load_model
+        model, cfg, _ = load_model(args.checkpoint, device)
+        print(f"\nevaluating {args.checkpoint} (step {cfg.step}, max {cfg.max_steps} steps)")
     if cfg.step != "mlp":
         evaluation_figures(model, test, cfg, device, args.amp)
         print("\nmemory")

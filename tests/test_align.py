@@ -174,9 +174,12 @@ def test_align_through_every_command(method_name, tiny_mnist, tmp_path, ponder):
 
 
 def test_align_implies_its_halting_settings_unless_given():
-    cfg = PonderConfig.from_options(step="align", lambda_p=0.5)
-    assert (cfg.truncation, cfg.halting_input, cfg.turn_gate) == (0.01, "state+turn", 0.2)
+    cfg = PonderConfig.from_options(step="align")
+    assert (cfg.max_steps, cfg.lambda_p, cfg.truncation, cfg.halting_input, cfg.turn_gate) == \
+        (12, 0.5, 0.01, "state+turn", 0.2)
     assert math.isclose(cfg.halting_bias, 0.0)  # logit(0.5)
+    assert math.isclose(PonderConfig.from_options(step="align", lambda_p=0.2).halting_bias, math.log(0.25))
+    assert PonderConfig.from_options(step="align", method="plain").max_steps == 1
     given = PonderConfig.from_options(step="align", truncation=0.0, turn_gate=0.0, halting_input="state")
     assert (given.truncation, given.turn_gate, given.halting_input) == (0.0, 0.0, "state")
     assert PonderConfig.from_options().truncation == 0.0  # the mlp reference is untouched

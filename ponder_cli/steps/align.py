@@ -48,7 +48,8 @@ class AlignStep(StepFunction):
     halting_extra_size = 1  # |delta_n + delta_{n-1}| in units of twice the largest turn
     # what `--step align` implies unless given: the settings under which halting tracked the
     # work best in the README's experiments (and truncation, since every step runs the CNN)
-    implied = {"truncation": 0.01, "halting_input": "state+turn", "turn_gate": 0.2, "halting_bias": "prior"}
+    implied = {"max_steps": 12, "lambda_p": 0.5, "truncation": 0.01, "halting_input": "state+turn", "turn_gate": 0.2,
+               "halting_bias": "prior"}
 
     def __init__(self, cfg):
         super().__init__()
