@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -39,9 +41,10 @@ def test_version_1_checkpoints_are_upgraded(tmp_path):
 
 
 def test_shipped_models_load():
-    for path in ("checkpoints/best.pt", "checkpoints/interpolation/best.pt"):
-        model, cfg, state = load_model(path, "cpu")
-        assert cfg.step == "mlp" and cfg.method == "pondernet" and state.epoch > 0
+    for path, step in (("checkpoints/best.pt", "mlp"), ("checkpoints/interpolation/best.pt", "mlp"),
+                       ("checkpoints/align/best.pt", "align")):
+        model, cfg, state = load_model(Path(__file__).resolve().parents[1] / path, "cpu")
+        assert cfg.step == step and cfg.method == "pondernet" and state.epoch > 0
 
 
 def test_pickled_code_is_refused_and_never_runs(evil_checkpoint):
