@@ -219,7 +219,8 @@ class Group:
 
 def group_by_configuration(models: list[tuple[str, object]]) -> list[Group]:
     """Group (path, cfg) pairs whose configs differ only in the seed, in first-seen order, and
-    label each group by its method plus whatever sets it apart from other groups of that method."""
+    label each group by its method plus whatever sets it apart from other groups of that method
+    and step function."""
     groups: dict[tuple, list] = {}
     for path, cfg in models:
         key = tuple(sorted((k, v) for k, v in cfg.to_dict().items() if k != "seed"))
@@ -229,7 +230,9 @@ def group_by_configuration(models: list[tuple[str, object]]) -> list[Group]:
     for members in groups.values():
         cfg = members[0][1]
         mine = cfg.to_dict()
-        differing = sorted({k for other in firsts if other is not cfg and other.method == cfg.method
+        # the step has its own column: compare only with groups of the same method and step
+        differing = sorted({k for other in firsts
+                            if other is not cfg and (other.method, other.step) == (cfg.method, cfg.step)
                             for k, v in other.to_dict().items() if k != "seed" and mine[k] != v})
         label = cfg.method + (f" ({', '.join(f'{k}={mine[k]}' for k in differing)})" if differing else "")
         result.append(Group(label, cfg, members))

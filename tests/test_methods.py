@@ -156,3 +156,14 @@ def test_compare_table_and_plot(runs, tiny_mnist, tmp_path, ponder):
     assert result.exit_code == 0, result.output
     assert "Methods compared" in result.stdout and "act" in result.stdout and "±" in result.stdout
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_compare_labels_name_only_what_sets_a_group_apart():
+    from ponder_cli.reports import group_by_configuration
+    mlp, align = PonderConfig(), PonderConfig.from_options(step="align")
+    other_lr = PonderConfig(lr=3e-3)
+    groups = group_by_configuration([("a", mlp), ("b", align), ("c", other_lr), ("d", mlp.replace(seed=1))])
+    # mlp and align differ in many settings, but the step has its own column; the two mlp
+    # groups differ in the learning rate alone
+    assert [(g.label, len(g.members)) for g in groups] == [
+        ("pondernet (lr=0.001)", 2), ("pondernet", 1), ("pondernet (lr=0.003)", 1)]
