@@ -119,8 +119,9 @@ class PonderNet(nn.Module):
             if logits_all is None:  # padding: logits 0, halting forced (p_n = 0 after the last step)
                 logits_all = logits.new_zeros(self.max_steps, batch, logits.shape[-1])
                 lambda_all = lambda_logits.new_full((self.max_steps, batch), FORCED_HALT_LOGIT)
-            # index_put keeps the graph: gradients flow to the rows computed at this step
-            step = torch.tensor(n, device=x.device)
+            # index_put keeps the graph: gradients flow to the rows computed at this step (the step
+            # index is filled on the device: no host-to-device copy per step)
+            step = active.new_full(active.shape, n)
             logits_all = logits_all.index_put((step, active), logits)
             lambda_all = lambda_all.index_put((step, active), lambda_logits)
             computed[active[done]] = n + 1
