@@ -243,7 +243,7 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
     the CLI's error boundary does.
     """
     from . import distributed
-    from .checkpoint import LAST
+    from .checkpoint import LAST, load_checkpoint
     from .data import load_mnist, train_val_split
     from .render import epoch_line
     from .runs import RunLock, claim_run_dir, plan_training
@@ -266,12 +266,25 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
         saved.append(stats.epoch)
         log(epoch_line(stats, cfg.epochs))
 
+    launched = time.time()
+
+    def saved_epoch(last: Path) -> Optional[int]:
+        """The last epoch on disk: the interrupt may land between saving last.pt and on_epoch."""
+        if saved:
+            return saved[-1]
+        if last.exists() and (plan.resume is not None or last.stat().st_mtime >= launched):
+            try:
+                return load_checkpoint(last).epoch
+            except PonderError:
+                return None
+        return None
+
     def resume_hint() -> str:
         last = plan.out_dir / LAST
-        if saved or (plan.resume is not None and last.exists()):
+        epoch = saved_epoch(last)
+        if epoch is not None:
             command = "torchrun ... -m ponder_cli train" if where else "ponder train"
-            return f"epoch {saved[-1] if saved else plan.resume.epoch} is saved in {last}; resume with: " \
-                   f"{command} --resume {last}"
+            return f"epoch {epoch} is saved in {last}; resume with: {command} --resume {last}"
         return "no epoch had completed; nothing was saved"
 
     def claim() -> Path:

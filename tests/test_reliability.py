@@ -338,7 +338,8 @@ def test_ctrl_c_exits_130_with_a_resume_hint(tiny_mnist, tmp_path):
     assert f"ponder train --resume {out / 'last.pt'}" in stderr
     assert "Traceback" not in stderr
     epoch = load_checkpoint(out / "last.pt").epoch
-    assert epoch >= 1 and f"epoch {epoch:>2}/500" in stderr
+    # the message names the epoch on disk, also when Ctrl-C lands between saving and the epoch line
+    assert epoch >= 1 and f"epoch {epoch} is saved in {out / 'last.pt'}" in stderr
 
 
 # --- losing work: run folders, the shipped models, the lock ---------------------------------------
