@@ -269,15 +269,14 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
     launched = time.time()
 
     def saved_epoch(last: Path) -> Optional[int]:
-        """The last epoch on disk: the interrupt may land between saving last.pt and on_epoch."""
-        if saved:
-            return saved[-1]
-        if last.exists() and (plan.resume is not None or last.stat().st_mtime >= launched):
+        """The epoch last.pt holds: read from disk, since the interrupt may land between saving
+        an epoch and reporting it (on_epoch), in either order of the two."""
+        if last.exists() and (saved or plan.resume is not None or last.stat().st_mtime >= launched):
             try:
                 return load_checkpoint(last).epoch
             except PonderError:
-                return None
-        return None
+                pass
+        return saved[-1] if saved else None
 
     def resume_hint() -> str:
         last = plan.out_dir / LAST
