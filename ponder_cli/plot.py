@@ -68,9 +68,15 @@ def plot_sweep(buckets: list[dict], fit: dict, path: Path | str, *, title: str =
     ax_steps.set(xlabel="|rotation| (degrees, exact)", ylabel="ponder steps", title="Steps against angle")
     ax_acc.plot(angles, [b["accuracy"] for b in buckets], "o-")
     ax_acc.set(xlabel="|rotation| (degrees, exact)", ylabel="accuracy", title="Accuracy against angle", ylim=(0, 1))
-    for ax in (ax_steps, ax_acc):
+    return _finish(fig, plt, (ax_steps, ax_acc), (ax_steps,), title, path)
+
+
+def _finish(fig, plt, axes, legend_axes, title: str, path: Path | str) -> Path:
+    """Grids, legends and the title, then the file."""
+    for ax in axes:
         ax.grid(alpha=0.3)
-    ax_steps.legend(fontsize=8)
+    for ax in legend_axes:
+        ax.legend(fontsize=8)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -116,10 +122,4 @@ def plot_buckets(series: dict[str, list[dict]], path: Path | str, *, title: str 
     ax_steps.set(xlabel="test rotation (± degrees)", ylabel="ponder steps", title="Mean ponder steps (± 1 sd)")
     ax_hist.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax_hist.set(xlabel="halting step", ylabel="share of images", title="Halting-step distribution")
-    for ax in (ax_acc, ax_steps, ax_hist):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    return _save(fig, plt, path)
+    return _finish(fig, plt, (ax_acc, ax_steps, ax_hist), (ax_acc, ax_steps, ax_hist), title, path)
