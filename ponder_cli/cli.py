@@ -13,10 +13,10 @@ import typer
 from typer.core import TyperGroup
 
 from . import PonderError, __version__
-from .cli_options import (AmpOption, AnglesCommand, CheckpointArgument, DataDirOption, DetailOption, DeviceOption,
-                          DownloadOption, EvalBatchOption, EvalSeedOption, FormatOption, Halting, HaltingInput,
-                          HaltingOption, LimitOption, Method, PlotOption, Protocol, ProtocolOption, QuietOption,
-                          RepeatsOption, Step, angles_option, expand_angles, hyper)
+from .cli_options import (AmpOption, AnglesCommand, CheckpointArgument, CnnDropoutMask, DataDirOption, DetailOption,
+                          DeviceOption, DownloadOption, EvalBatchOption, EvalSeedOption, FormatOption, Halting,
+                          HaltingInput, HaltingOption, LimitOption, Method, PlotOption, Protocol, ProtocolOption,
+                          QuietOption, RepeatsOption, Step, angles_option, expand_angles, hyper)
 from .config import PonderConfig
 from .render import OutputFormat
 
@@ -123,6 +123,10 @@ def train(
     align_turn: Optional[float] = hyper("align_turn", "align: the largest turn of one step, in degrees."),
     turn_gate: Optional[float] = hyper("turn_gate", "align: no halting while a step turns by this fraction of "
                                                      "--align-turn or more, less in between (0: off)."),
+    cnn_dropout_mask: Optional[CnnDropoutMask] = hyper("cnn_dropout_mask", "mlp: one Dropout2d mask per image "
+                                                         "shared by every step, or a fresh one at every step (as the "
+                                                         "reference, which reruns its CNN at every step).",
+                                                         "--cnn-dropout-mask", case_sensitive=False),
     halting_bias: Optional[str] = hyper("halting_bias", "Initial halting-head bias: a number, or 'prior' "
                                                          "(logit of --lambda-p); none: the method's own."),
     epochs: Optional[int] = hyper("epochs", "Training epochs."),

@@ -10,7 +10,7 @@ import typer
 from typer.core import TyperCommand
 
 from .config import PonderConfig
-from .registry import HALTING_INPUTS, HALTING_RULES, METHODS, PROTOCOLS, STEPS
+from .registry import CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, METHODS, PROTOCOLS, STEPS
 from .render import OutputFormat
 
 
@@ -19,6 +19,7 @@ def _choices(name: str, values) -> type[Enum]:
 
 
 Method, Step, HaltingInput = _choices("Method", METHODS), _choices("Step", STEPS), _choices("HaltingInput", HALTING_INPUTS)
+CnnDropoutMask = _choices("CnnDropoutMask", CNN_DROPOUT_MASKS)
 Protocol, Halting = _choices("Protocol", PROTOCOLS), _choices("Halting", HALTING_RULES)
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import PonderError
-from .registry import HALTING_INPUTS, METHODS, STEPS, method_class, step_class
+from .registry import CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, STEPS, method_class, step_class
 
 
 MAX_ANGLE = 180.0  # degrees: rotating by more than +-180 repeats angles already covered
@@ -44,6 +44,7 @@ class PonderConfig:
     # pondernet, Graves' +1 for act)
     halting_bias: Optional[float] = None
     cnn_dropout: float = 0.5  # Dropout2d after conv2, as in the reference
+    cnn_dropout_mask: str = "shared"  # registry.CNN_DROPOUT_MASKS; per-step: a fresh mask at every step
     mlp_dropout: float = 0.2
     # loss
     lambda_p: float = 0.2  # parameter of the geometric prior on the halting step
@@ -69,7 +70,8 @@ class PonderConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        for name, choices in (("method", METHODS), ("step", STEPS), ("halting_input", HALTING_INPUTS)):
+        for name, choices in (("method", METHODS), ("step", STEPS), ("halting_input", HALTING_INPUTS),
+                              ("cnn_dropout_mask", CNN_DROPOUT_MASKS)):
             if getattr(self, name) not in choices:
                 problems.append(f"{name.replace('_', '-')} must be one of {', '.join(choices)} "
                                 f"(got {getattr(self, name)!r})")
@@ -122,6 +124,9 @@ class PonderConfig:
             problems += method_class(self.method).config_problems(self)
             if "turn" in self.halting_input and not step_class(self.step).halting_extra_size:
                 problems.append(f"halting-input {self.halting_input}: step {self.step} has no turn to show")
+            if self.cnn_dropout_mask != "shared" and not step_class(self.step).embeds_once:
+                problems.append(f"cnn-dropout-mask {self.cnn_dropout_mask}: step {self.step} runs its CNN at every "
+                                "step, so its dropout mask is fresh at every step already")
             if self.turn_gate > 0 and not step_class(self.step).halting_extra_size:
                 problems.append(f"turn-gate: step {self.step} has no turn to gate halting with")
         if problems:

@@ -23,6 +23,9 @@ METHODS = {
 # what the halting head sees: the step's readout, its top class probability, the step
 # function's own halting features (align: the size of its turn)
 HALTING_INPUTS = ("state", "state+confidence", "state+turn", "state+confidence+turn")
+# mlp: one Dropout2d mask per image shared by every step (the CNN runs once), or a fresh mask
+# at every step, as the reference gets by recomputing its CNN at every step
+CNN_DROPOUT_MASKS = ("shared", "per-step")
 HALTING_RULES = ("sample", "median", "expected")  # how PonderNet picks its halting step at inference
 PROTOCOLS = ("uniform", "band", "fixed")  # how test images are rotated per angle bucket
 FORMATS = ("table", "json", "csv")

@@ -124,6 +124,11 @@ def test_turn_input_needs_a_step_that_turns():
     assert build_model(PonderConfig(**SMALL, halting_input="state+confidence+turn")).halting_head.in_features == 18
 
 
+def test_fresh_cnn_masks_need_a_step_that_embeds_once():
+    with pytest.raises(Exception, match="step align runs its CNN at every step"):
+        PonderConfig(**SMALL, cnn_dropout_mask="per-step")
+
+
 def test_prior_halting_bias():
     cfg = PonderConfig.from_options(**SMALL, lambda_p=0.2, halting_bias="prior")
     assert math.isclose(cfg.halting_bias, math.log(0.2 / 0.8))

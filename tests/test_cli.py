@@ -64,6 +64,17 @@ def test_train_json_summary(tiny_mnist, tmp_path, ponder):
     assert "epoch  1/2" in result.stderr  # progress stays on stderr
 
 
+def test_train_with_a_fresh_cnn_mask_per_step(tiny_mnist, tmp_path, ponder, quick, one_error_line):
+    result = ponder("train", *quick, "--cnn-dropout-mask", "per-step", "--data-dir", tiny_mnist,
+                    "--out", tmp_path / "run", "-f", "json", "-q")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["config"]["cnn_dropout_mask"] == "per-step"
+    assert load_checkpoint(tmp_path / "run" / "best.pt").config.cnn_dropout_mask == "per-step"
+    refused = ponder("train", *quick, "--step", "align", "--cnn-dropout-mask", "per-step", "--data-dir", tiny_mnist,
+                     "--out", tmp_path / "align")
+    assert "align runs its CNN at every step" in one_error_line(refused)
+
+
 @pytest.mark.parametrize("command", ["eval", "extrapolate", "compare"])
 def test_one_json_contract(command, checkpoint, tiny_mnist, ponder):
     """Every evaluating command's JSON: the same metadata keys first, then the rest, and a

@@ -35,6 +35,34 @@ def test_mlp_step_dropout_masks_differ_per_step_and_vanish_in_eval():
     assert model.eval().step.start(torch.randn(4, 1, 28, 28), 6)[0][1] is None
 
 
+def test_per_step_cnn_mask_on_pooled_maps_equals_masking_conv2_output():
+    """Dropout2d scales whole channels by 0 or 1/(1-p); pooling and relu commute with that."""
+    encoder = small_model(cnn_dropout_mask="per-step").step.encoder
+    x = torch.randn(3, 1, 28, 28)
+    channel_mask = torch.tensor([0.0, 2.0]).repeat(10)[torch.randperm(20)].view(1, 20, 1, 1)  # p = 0.5
+    after_conv1 = torch.relu(torch.nn.functional.max_pool2d(encoder.conv1(x), 2))
+    masked_conv2 = torch.relu(torch.nn.functional.max_pool2d(encoder.conv2(after_conv1) * channel_mask, 2))
+    assert torch.allclose(encoder.undropped_maps(x) * channel_mask, masked_conv2, atol=1e-6)
+
+
+def test_per_step_cnn_mask_gives_each_step_its_own_embedding_only_in_training():
+    x = torch.randn(64, 1, 28, 28)
+    shared, fresh = small_model(max_steps=4), small_model(max_steps=4, cnn_dropout_mask="per-step")
+    assert torch.equal(shared(x).logits, fresh(x).logits)  # same weights; eval mode has no dropout
+
+    context, _ = fresh.train().step.start(x, 4)
+    channel_masks = context[3]  # (B, steps, 20, 1, 1)
+    assert channel_masks.shape == (64, 4, 20, 1, 1) and set(channel_masks.unique().tolist()) == {0.0, 2.0}
+    assert 0.4 < (channel_masks == 0).float().mean() < 0.6  # Dropout2d's p = 0.5
+    assert not torch.equal(channel_masks[:, 0], channel_masks[:, 1])
+    # step n's embedding is that of the pooled maps under step n's mask
+    state, _, _ = fresh.step(context, (None,), 2)
+    embedding = fresh.step.encoder.head((context[2] * channel_masks[:, 2]).flatten(1))
+    expected = fresh.step.mlp(fresh.step.mlp.from_embedding(embedding), None, context[1][:, 2])
+    assert torch.equal(state[0], expected)
+    assert shared.train().step.start(x, 4)[0][3] is None  # shared: one embedding for every step
+
+
 def test_sample_halting_takes_first_firing_step():
     lam_logits = torch.logit(torch.tensor([[0.5, 0.1, 0.1], [0.5, 0.9, 0.1], [0.5, 0.9, 0.1]]))
     uniforms = torch.tensor([[0.4, 0.4, 0.4], [0.4, 0.4, 0.4], [0.9, 0.9, 0.9]])

@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from ponder_cli.checkpoint import load_checkpoint
@@ -34,12 +35,14 @@ def test_bf16_autocast_on_cpu_trains_with_finite_float32_loss(tiny_mnist, tmp_pa
     assert 0 <= stats.val_accuracy <= 1
 
 
-def test_resume_equals_training_straight_through(tiny_mnist, tmp_path):
+@pytest.mark.parametrize("cnn_dropout_mask", ["shared", "per-step"])
+def test_resume_equals_training_straight_through(cnn_dropout_mask, tiny_mnist, tmp_path):
     train_set, val_set = _data(tiny_mnist)
     cpu = torch.device("cpu")
-    straight = train(CFG, train_set, val_set, device=cpu, out_dir=tmp_path / "a", progress=False)
-    train(CFG.replace(epochs=1), train_set, val_set, device=cpu, out_dir=tmp_path / "b", progress=False)
-    resumed = train(CFG, train_set, val_set, device=cpu, out_dir=tmp_path / "b", progress=False,
+    cfg = CFG.replace(cnn_dropout_mask=cnn_dropout_mask)
+    straight = train(cfg, train_set, val_set, device=cpu, out_dir=tmp_path / "a", progress=False)
+    train(cfg.replace(epochs=1), train_set, val_set, device=cpu, out_dir=tmp_path / "b", progress=False)
+    resumed = train(cfg, train_set, val_set, device=cpu, out_dir=tmp_path / "b", progress=False,
                     resume=load_checkpoint(tmp_path / "b" / "last.pt"))
     assert [h.epoch for h in resumed.history] == [1, 2]
     assert resumed.history[-1].val_accuracy == straight.history[-1].val_accuracy

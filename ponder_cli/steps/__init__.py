@@ -27,10 +27,13 @@ class StepFunction(nn.Module):
 
     readout_size: width of the readout that the class head and the halting head read.
     halting_extra_size: width of extra features that only the halting head sees (0: none).
+    embeds_once: whether the image is embedded once per image (then --cnn-dropout-mask chooses
+    whether that embedding's dropout mask is shared by all steps or drawn afresh at each).
     """
 
     readout_size: int
     halting_extra_size: int = 0
+    embeds_once: bool = False  # the CNN embeds each image once, not at every step
     implied: dict = {}  # config values this step function implies when the user leaves them out
 
     def start(self, x: torch.Tensor, steps: int) -> tuple[tuple, tuple]:

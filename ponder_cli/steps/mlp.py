@@ -40,6 +40,23 @@ class ImageEncoder(nn.Module):
         x = F.relu(F.max_pool2d(self.conv1(x), 2))
         return F.relu(F.max_pool2d(self.conv2_drop(self.conv2(x)), 2)).flatten(1)
 
+    def undropped_maps(self, x: torch.Tensor) -> torch.Tensor:  # (B, 1, 28, 28) -> (B, 20, side, side)
+        """What features() computes before flattening, without its Dropout2d."""
+        x = x.contiguous(memory_format=torch.channels_last)
+        x = F.relu(F.max_pool2d(self.conv1(x), 2))
+        return F.relu(F.max_pool2d(self.conv2(x), 2))
+
+    def channel_masks(self, steps: int, maps: torch.Tensor) -> torch.Tensor:
+        """A fresh Dropout2d mask per step, scaled by 1/(1-p): (B, steps, 20, 1, 1).
+
+        Dropout2d zeroes or scales whole channels of conv2's output; max-pooling and relu
+        commute with a non-negative per-channel scale, so masking the pooled maps equals
+        masking conv2's output, and the convolutions need not run again at every step.
+        """
+        keep = 1 - self.conv2_drop.p
+        uniform = torch.rand(maps.shape[0], steps, maps.shape[1], 1, 1, device=maps.device)
+        return (uniform < keep).to(maps.dtype).div_(keep)
+
     def head(self, features: torch.Tensor) -> torch.Tensor:
         return F.relu(self.fc(features))
 
@@ -81,18 +98,32 @@ class StepMLP(nn.Module):
 
 
 class MLPStep(StepFunction):
+    embeds_once = True
+
     def __init__(self, cfg):
         super().__init__()
         self.encoder = ImageEncoder(cfg.kernel_size, cfg.hidden_cnn, cfg.cnn_dropout)
         self.mlp = StepMLP(cfg.hidden_cnn, cfg.hidden, cfg.hidden_lin, cfg.mlp_dropout)
         self.readout_size = cfg.hidden
+        self.fresh_cnn_mask = cfg.cnn_dropout_mask == "per-step"
 
     def start(self, x, steps):
-        embedding_part = self.mlp.from_embedding(self.encoder(x))  # (B, L), once per image
-        masks = self.mlp.dropout_masks(steps, x.shape[0], embedding_part)  # (B, steps, L) or None
-        return (embedding_part, masks), (None,)
+        if self.fresh_cnn_mask and self.training and self.encoder.conv2_drop.p > 0:
+            # the convolutions run once; each step embeds them under its own channel mask
+            maps = self.encoder.undropped_maps(x)  # (B, 20, side, side)
+            channel_masks = self.encoder.channel_masks(steps, maps)  # (B, steps, 20, 1, 1)
+            embedding_part = None
+        else:
+            maps = channel_masks = None
+            embedding_part = self.mlp.from_embedding(self.encoder(x))  # (B, L), once per image
+        like = maps if embedding_part is None else embedding_part
+        masks = self.mlp.dropout_masks(steps, x.shape[0], like)  # (B, steps, L) or None
+        return (embedding_part, masks, maps, channel_masks), (None,)
 
     def forward(self, context, state, n):
-        embedding_part, masks = context
+        embedding_part, masks, maps, channel_masks = context
+        if embedding_part is None:
+            embedding = self.encoder.head((maps * channel_masks[:, n]).flatten(1))
+            embedding_part = self.mlp.from_embedding(embedding)  # (B, L)
         h = self.mlp(embedding_part, state[0], None if masks is None else masks[:, n])
         return (h,), h, None
