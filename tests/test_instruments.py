@@ -242,3 +242,28 @@ def test_sweep_exact_angles_and_slope(checkpoint, tiny_mnist, ponder, tmp_path):
     single = json.loads(ponder("extrapolate", checkpoint, "--angles", 30, "--protocol", "fixed", "--halting", "median",
                                "-f", "json", "--data-dir", tiny_mnist).stdout)["buckets"][0]
     assert single["accuracy"] == buckets[1]["accuracy"]
+
+
+def _align_targets():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "align_targets.py"
+    spec = importlib.util.spec_from_file_location("align_targets", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_align_targets_reads_the_fixed_protocol_figures():
+    steps = [3.0, 3.5, 4.5, 5.5, 6.25]
+    right, wrong = [3.0, 3.4, 4.4, 5.0, 6.5], [5.0, 6.0, 6.6, 7.2, 6.0]  # wrong < right at 90
+    halting = [0.99, 0.98, 0.96, 0.82, 0.60]
+    last = [0.989, 0.981, 0.965, 0.85, 0.62]  # 0.1 below at 0, then 0.1, 0.5, 3 points above
+    report = {"protocol": "fixed", "checkpoints": ["runs/x/best.pt"], "spearman": {"rho": 0.61},
+              "buckets": [{"rotation": a, "mean_steps": s, "steps_correct": r, "steps_wrong": w, "accuracy": h,
+                           "accuracy_at_step": [0.1, l]}
+                          for a, s, r, w, h, l in zip((0, 22.5, 45, 67.5, 90), steps, right, wrong, halting, last)]}
+    f = _align_targets().figures(report)
+    assert (f["acc45"], f["acc67"], f["rho"]) == (0.96, 0.82, 0.61)
+    assert f["rise"] == 3.25 and f["strict"] and f["wrong_more"] == 4
+    assert abs(f["gap"] - 3.0) < 1e-9 and abs(f["gap67"] - 3.0) < 1e-9
