@@ -42,7 +42,7 @@ def test_per_step_cnn_mask_on_pooled_maps_equals_masking_conv2_output():
     channel_mask = torch.tensor([0.0, 2.0]).repeat(10)[torch.randperm(20)].view(1, 20, 1, 1)  # p = 0.5
     after_conv1 = torch.relu(torch.nn.functional.max_pool2d(encoder.conv1(x), 2))
     masked_conv2 = torch.relu(torch.nn.functional.max_pool2d(encoder.conv2(after_conv1) * channel_mask, 2))
-    assert torch.allclose(encoder.undropped_maps(x) * channel_mask, masked_conv2, atol=1e-6)
+    assert torch.allclose(encoder.maps(x, dropout=False) * channel_mask, masked_conv2, atol=1e-6)
 
 
 def test_per_step_cnn_mask_gives_each_step_its_own_embedding_only_in_training():

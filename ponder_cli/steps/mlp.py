@@ -36,15 +36,14 @@ class ImageEncoder(nn.Module):
         return self.head(self.features(x))
 
     def features(self, x: torch.Tensor) -> torch.Tensor:  # (B, 1, 28, 28) -> (B, 20 * side * side)
-        x = x.contiguous(memory_format=torch.channels_last)
-        x = F.relu(F.max_pool2d(self.conv1(x), 2))
-        return F.relu(F.max_pool2d(self.conv2_drop(self.conv2(x)), 2)).flatten(1)
+        return self.maps(x).flatten(1)
 
-    def undropped_maps(self, x: torch.Tensor) -> torch.Tensor:  # (B, 1, 28, 28) -> (B, 20, side, side)
-        """What features() computes before flattening, without its Dropout2d."""
+    def maps(self, x: torch.Tensor, dropout: bool = True) -> torch.Tensor:  # (B, 1, 28, 28) -> (B, 20, side, side)
+        """The pooled conv2 maps; dropout=False leaves out the Dropout2d, for per-step masks."""
         x = x.contiguous(memory_format=torch.channels_last)
         x = F.relu(F.max_pool2d(self.conv1(x), 2))
-        return F.relu(F.max_pool2d(self.conv2(x), 2))
+        x = self.conv2(x)
+        return F.relu(F.max_pool2d(self.conv2_drop(x) if dropout else x, 2))
 
     def channel_masks(self, steps: int, maps: torch.Tensor) -> torch.Tensor:
         """A fresh Dropout2d mask per step, scaled by 1/(1-p): (B, steps, 20, 1, 1).
@@ -110,7 +109,7 @@ class MLPStep(StepFunction):
     def start(self, x, steps):
         if self.fresh_cnn_mask and self.training and self.encoder.conv2_drop.p > 0:
             # the convolutions run once; each step embeds them under its own channel mask
-            maps = self.encoder.undropped_maps(x)  # (B, 20, side, side)
+            maps = self.encoder.maps(x, dropout=False)  # (B, 20, side, side)
             channel_masks = self.encoder.channel_masks(steps, maps)  # (B, steps, 20, 1, 1)
             embedding_part = None
         else:
