@@ -17,6 +17,13 @@ from . import StepFunction
 IMAGE_SIZE = 28
 
 
+def dropout_mask(shape: tuple, p: float, like: torch.Tensor) -> torch.Tensor:
+    """A dropout mask of `shape`, scaled by 1/(1-p), on like's device and in its dtype."""
+    keep = 1 - p
+    # rand < keep draws half as slowly as bernoulli_ on the CPU
+    return (torch.rand(shape, device=like.device) < keep).to(like.dtype).div_(keep)
+
+
 class ImageEncoder(nn.Module):
     """Two conv/pool blocks and a linear layer, as in the reference CNN."""
 
@@ -52,9 +59,7 @@ class ImageEncoder(nn.Module):
         commute with a non-negative per-channel scale, so masking the pooled maps equals
         masking conv2's output, and the convolutions need not run again at every step.
         """
-        keep = 1 - self.conv2_drop.p
-        uniform = torch.rand(maps.shape[0], steps, maps.shape[1], 1, 1, device=maps.device)
-        return (uniform < keep).to(maps.dtype).div_(keep)
+        return dropout_mask((maps.shape[0], steps, maps.shape[1], 1, 1), self.conv2_drop.p, maps)
 
     def head(self, features: torch.Tensor) -> torch.Tensor:
         return F.relu(self.fc(features))
@@ -82,10 +87,8 @@ class StepMLP(nn.Module):
         """Every step's dropout mask in one draw, scaled by 1/(1-p): (B, steps, L); None in eval."""
         if not self.training or self.dropout == 0:
             return None
-        keep = 1 - self.dropout
-        # rand < keep draws half as slowly as bernoulli_ on the CPU
-        uniform = torch.rand(steps, batch, self.to_state.in_features, device=like.device)
-        return (uniform < keep).to(like.dtype).div_(keep).transpose(0, 1)  # rows first, for compaction
+        masks = dropout_mask((steps, batch, self.to_state.in_features), self.dropout, like)
+        return masks.transpose(0, 1)  # rows first, for compaction
 
     def forward(self, embedding_part: torch.Tensor, h: torch.Tensor | None,
                 dropout_mask: torch.Tensor | None = None) -> torch.Tensor:
