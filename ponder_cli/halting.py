@@ -102,15 +102,16 @@ class EarlyExitRule:
     """Decides, step by step, which of the rows still running halt and what they predict.
 
     `decide` sees only the rows still running (A of them) and returns halts (A,) bool and the
-    prediction (A, classes) to keep for the rows that halt; `keep(running)` then drops the
-    halted rows from the rule's own per-row state, as the loop drops them from the model's.
+    prediction (A, classes) to keep for the rows that halt; `keep(rows)` then keeps only the
+    given rows (A',) of its own per-row state, integer positions among the A, as the loop does
+    with the model's. (Integer indices, not a mask: a mask's indices cost a host sync each time.)
     """
 
     def decide(self, n: int, last: bool, logits: torch.Tensor, lambda_logits: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
-    def keep(self, running: torch.Tensor) -> None:
+    def keep(self, rows: torch.Tensor) -> None:
         pass
 
 
@@ -126,8 +127,8 @@ class SampleExit(EarlyExitRule):
             return torch.ones_like(lambda_logits, dtype=torch.bool), logits
         return self.uniforms[n] < torch.sigmoid(lambda_logits.float()), logits
 
-    def keep(self, running):
-        self.uniforms = self.uniforms[:, running]
+    def keep(self, rows):
+        self.uniforms = self.uniforms.index_select(1, rows)
 
 
 class MedianExit(EarlyExitRule):
@@ -141,8 +142,8 @@ class MedianExit(EarlyExitRule):
         halts = torch.ones_like(self.log_survival, dtype=torch.bool) if last else self.log_survival <= LOG_HALF
         return halts, logits
 
-    def keep(self, running):
-        self.log_survival = self.log_survival[running]
+    def keep(self, rows):
+        self.log_survival = self.log_survival.index_select(0, rows)
 
 
 class ActExit(EarlyExitRule):
@@ -166,8 +167,8 @@ class ActExit(EarlyExitRule):
         self.cumulative = self.cumulative + unit
         return reached, self.weighted
 
-    def keep(self, running):
-        self.cumulative, self.weighted = self.cumulative[running], self.weighted[running]
+    def keep(self, rows):
+        self.cumulative, self.weighted = self.cumulative.index_select(0, rows), self.weighted.index_select(0, rows)
 
 
 # Truncation in training: rules in the same form, deciding when an image needs no more steps ----
@@ -185,8 +186,8 @@ class TruncateBelow(EarlyExitRule):
         done = torch.ones_like(self.log_survival, dtype=torch.bool) if last else self.log_survival < self.log_epsilon
         return done, logits
 
-    def keep(self, running):
-        self.log_survival = self.log_survival[running]
+    def keep(self, rows):
+        self.log_survival = self.log_survival.index_select(0, rows)
 
 
 class ActHalted(EarlyExitRule):
@@ -202,5 +203,12 @@ class ActHalted(EarlyExitRule):
         done = torch.ones_like(self.cumulative, dtype=torch.bool) if last else self.cumulative >= 1 - self.epsilon
         return done, logits
 
-    def keep(self, running):
-        self.cumulative = self.cumulative[running]
+    def keep(self, rows):
+        self.cumulative = self.cumulative.index_select(0, rows)
+
+
+class StopAfterFirstStep(EarlyExitRule):
+    """Every image is done after its first step: the least that any forward pass computes."""
+
+    def decide(self, n, last, logits, lambda_logits):
+        return torch.ones_like(lambda_logits, dtype=torch.bool), logits

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .halting import EarlyExitRule
+from .halting import EarlyExitRule, StopAfterFirstStep
 from .registry import step_class
 from .steps import select_rows
 
@@ -93,22 +93,29 @@ class PonderNet(nn.Module):
     def _until_done(self, x: torch.Tensor, rule: EarlyExitRule):
         """The one early-exit loop: yields, for every step, the rows still running (A,) of the
         batch, their class and halting logits, and the rule's decision (done (A,), chosen);
-        then drops the rows that are done from the step function's and the rule's state."""
+        then keeps only the rows that go on in the step function's and the rule's state.
+
+        One host synchronisation per step, none after the last: `nonzero` finds which rows go
+        on (the host must know how many to shape the next step), and everything else uses
+        those integer indices on the device. That sync buys skipping all work on finished rows.
+        """
         context, state = self.step.start(x, self.max_steps)
         active = torch.arange(x.shape[0], device=x.device)  # rows of the batch still running
         for n in range(self.max_steps):
             state, readout, extra = self.step(context, state, n)  # (A, ...)
             logits, lambda_logits = self.heads(readout, extra)
-            done, chosen = rule.decide(n, n == self.max_steps - 1, logits, lambda_logits)
+            last = n == self.max_steps - 1
+            done, chosen = rule.decide(n, last, logits, lambda_logits)
             yield n, active, logits, lambda_logits, done, chosen
-            running = ~done
-            # Compacting needs the count of survivors on the host: one sync per step, which
-            # buys skipping all work on finished images.
-            if not bool(running.any()):
+            if last:
                 return
-            active = active[running]
-            context, state = select_rows(context, running), select_rows(state, running)
-            rule.keep(running)
+            going_on = torch.nonzero(~done).squeeze(1)  # (A',) positions among the A: the step's sync
+            if going_on.shape[0] == 0:
+                return
+            if going_on.shape[0] < active.shape[0]:  # nothing to copy when no row is done
+                active = active.index_select(0, going_on)
+                context, state = select_rows(context, going_on), select_rows(state, going_on)
+                rule.keep(going_on)
 
     def _forward_truncated(self, x: torch.Tensor, stop: EarlyExitRule) -> PonderOutput:
         batch = x.shape[0]
@@ -124,7 +131,9 @@ class PonderNet(nn.Module):
             step = active.new_full(active.shape, n)
             logits_all = logits_all.index_put((step, active), logits)
             lambda_all = lambda_all.index_put((step, active), lambda_logits)
-            computed[active[done]] = n + 1
+            # Every running row gets n + 1; the last write a row gets is at the step it is done
+            # (then it stops running), so no mask of the done rows is needed.
+            computed.index_fill_(0, active, n + 1)
         return PonderOutput(logits_all, lambda_all, computed)
 
     @torch.no_grad()
@@ -141,7 +150,26 @@ class PonderNet(nn.Module):
         for n, active, _, _, halts, chosen in self._until_done(x, rule):
             if prediction is None:
                 prediction = chosen.new_empty(batch, chosen.shape[-1])
-            halted = active[halts]
-            prediction[halted] = chosen[halts]
-            steps[halted] = n + 1
+            # Every running row is written at every step; the last write is at its halting step,
+            # after which it no longer runs: what stays is the rule's choice there.
+            prediction.index_copy_(0, active, chosen)
+            steps.index_fill_(0, active, n + 1)
         return prediction, steps
+
+    def left_out_by_one_step(self) -> list[str]:
+        """Names of the parameters that a training forward stopping every image after its
+        first step leaves out of the autograd graph.
+
+        Every forward runs at least that step for every image, so any other parameter gets a
+        gradient (maybe zero) from every batch; data-parallel training needs to search each
+        backward pass for parameters without one only when this list is not empty. Runs one
+        small forward pass; the random number generators are left as they were.
+        """
+        device = next(self.parameters()).device
+        named = [(name, p) for name, p in self.named_parameters() if p.requires_grad]
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.enable_grad():
+            x = torch.zeros(2, 1, 28, 28, device=device)
+            out = self(x, stop=StopAfterFirstStep()) if self.max_steps > 1 else self(x)
+            grads = torch.autograd.grad(out.logits.sum() + out.lambda_logits.sum(), [p for _, p in named],
+                                        allow_unused=True)
+        return [name for (name, _), grad in zip(named, grads) if grad is None]

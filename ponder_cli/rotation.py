@@ -37,9 +37,10 @@ def _pixel_grid(height: int, width: int, device) -> torch.Tensor:
 def rotate(images: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     """Rotate each image counter-clockwise by its angle in degrees: (B, C, H, W) float, (B,)."""
     batch, _, height, width = images.shape
-    theta = _inverse_rotation_matrices(angles.to(images.device))  # (B, 2, 3)
-    scale = torch.tensor([0.5 * width, 0.5 * height], dtype=torch.float32, device=images.device)
-    rescaled = theta.transpose(1, 2) / scale  # (B, 3, 2)
+    theta = _inverse_rotation_matrices(angles.to(images.device)).transpose(1, 2)  # (B, 3, 2)
+    # divided by Python numbers: a tensor made from a list is copied to the device, and on CUDA
+    # that copy makes the host wait, for every training batch
+    rescaled = torch.stack([theta[..., 0] / (0.5 * width), theta[..., 1] / (0.5 * height)], dim=-1)
     base = _pixel_grid(height, width, images.device).expand(batch, -1, -1)  # (B, H*W, 3)
     grid = torch.bmm(base, rescaled).view(batch, height, width, 2)
     return F.grid_sample(images, grid, mode="nearest", padding_mode="zeros", align_corners=False)

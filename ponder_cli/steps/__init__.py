@@ -18,8 +18,12 @@ Rows = Sequence[Optional[torch.Tensor]]
 
 
 def select_rows(values: Rows, rows: torch.Tensor) -> tuple:
-    """Keep the given rows (a bool mask or indices) of every tensor; None stays None."""
-    return tuple(None if v is None else v[rows] for v in values)
+    """Keep the given rows (A',) of every tensor, integer indices along dim 0; None stays None.
+
+    Indices, never a boolean mask: a mask's `nonzero` makes the host wait for the device, once
+    per tensor; the early-exit loop finds the indices once per step and uses them everywhere.
+    """
+    return tuple(None if v is None else v.index_select(0, rows) for v in values)
 
 
 class StepFunction(nn.Module):

@@ -1,0 +1,143 @@
+"""Host synchronisations per step, counted on the CPU so that they cannot creep back.
+
+On a GPU every op whose result size or value the host must know (a boolean mask's `nonzero`, an
+`.item()`, `bool(tensor)`) waits for the device to finish all queued work: with a model this
+small, each such wait costs more than a step. The profiler records these ops on the CPU too, so
+counting them here counts the stalls a GPU would have.
+"""
+
+from collections import Counter
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from ponder_cli.config import PonderConfig
+from ponder_cli.data import load_mnist
+from ponder_cli.methods import build_model, get_method
+from ponder_cli.model import PonderNet
+from ponder_cli.runtime import grad_scaler
+from ponder_cli.train import make_optimizer, train_one_epoch
+
+# ops that make the host wait for the device: `nonzero` (a boolean mask's indices: its size is
+# data-dependent), `_local_scalar_dense` (under every .item(), bool(t), int(t), float(t)), and
+# ops that need a data-dependent output size or a value on the host
+SYNC_OPS = {"aten::nonzero", "aten::_local_scalar_dense", "aten::masked_select", "aten::_unique2",
+            "aten::unique_consecutive", "aten::repeat_interleave", "aten::bincount"}
+
+
+def _under_optimizer_step(event) -> bool:
+    """Adam reads its step counters with .item(); they live on the host (a CPU tensor also when
+    the parameters are on CUDA, unless Adam is fused, where they stay on the device): not a sync."""
+    while event is not None:
+        if event.name.startswith("Optimizer.step#"):
+            return True
+        event = event.cpu_parent
+    return False
+
+
+def count_syncs(work) -> Counter:
+    """The synchronising ops `work()` runs, by name."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        work()
+    return Counter(e.name for e in prof.events() if e.name in SYNC_OPS and not _under_optimizer_step(e))
+
+
+def _model(steps: int, method: str = "pondernet", step: str = "mlp", bias=None, spread: float = 1.0, **changes):
+    """A small model whose halting head's weights are scaled by `spread`: with inputs of
+    different sizes (_INPUTS), images then halt at several different steps."""
+    torch.manual_seed(0)
+    cfg = PonderConfig.from_options(method=method, step=step, max_steps=steps, hidden=16, hidden_cnn=16,
+                                    hidden_lin=16, halting_bias=bias, **changes)
+    model = build_model(cfg)
+    with torch.no_grad():
+        model.halting_head.weight.mul_(spread)
+    return model, cfg
+
+
+# 64 noise images from faint to strong
+_INPUTS = torch.randn(64, 1, 28, 28, generator=torch.Generator().manual_seed(1)) * torch.linspace(0, 4, 64).view(64, 1, 1, 1)
+
+
+def _loop_syncs(steps_run: int, max_steps: int) -> int:
+    """The loop's one sync per step finds the rows still running: none after the last step, and
+    after an earlier step only while some row was still running there (else it ends the loop)."""
+    return steps_run - 1 if steps_run == max_steps else steps_run
+
+
+# (step, method, halting rule, halting bias, spread): images halt at several steps, some at
+# the last one in most cases, so the loop compacts at every step it runs
+EARLY_EXIT = [("mlp", "pondernet", "sample", -1.0, 3), ("mlp", "pondernet", "median", -2.0, 10),
+              ("mlp", "act", "act", -2.0, 10), ("mlp", "plain", "sample", None, 1),
+              ("align", "pondernet", "sample", -1.0, 3), ("align", "pondernet", "median", -1.0, 3),
+              ("align", "act", "act", 0.0, 10), ("align", "plain", "sample", None, 1)]
+
+
+@pytest.mark.parametrize("step, method, rule, bias, spread", EARLY_EXIT)
+def test_early_exit_inference_makes_at_most_one_host_sync_per_step(step, method, rule, bias, spread):
+    model, cfg = _model(1 if method == "plain" else 6, method, step, bias, spread)
+    model.eval()
+    uniforms = torch.rand(cfg.max_steps, 64, generator=torch.Generator().manual_seed(0))
+    rule_object = get_method(cfg).early_exit(rule, uniforms)
+    result = {}
+    with torch.inference_mode():
+        syncs = count_syncs(lambda: result.update(out=model.infer(_INPUTS, rule_object)))
+    halted_at = result["out"][1]
+    steps_run = int(halted_at.max())
+    if method != "plain":
+        assert len(set(halted_at.tolist())) >= 2  # rows really leave the loop at different steps
+    expected = _loop_syncs(steps_run, cfg.max_steps)
+    assert syncs == Counter({"aten::nonzero": expected} if expected else {})
+    assert sum(syncs.values()) <= steps_run
+
+
+# (step, method, halting bias, spread): in training, truncation stops images at several steps
+TRUNCATED = [("mlp", "pondernet", -1.0, 10), ("mlp", "act", -1.0, 10),
+             ("align", "pondernet", 1.0, 3), ("align", "act", 1.0, 10)]
+
+
+@pytest.mark.parametrize("step, method, bias, spread", TRUNCATED)
+def test_truncated_training_forward_makes_at_most_one_host_sync_per_step(step, method, bias, spread):
+    model, cfg = _model(6, method, step, bias, spread, truncation=0.05)
+    model.train()
+    result = {}
+
+    def forward_and_backward():
+        out = model(_INPUTS, stop=get_method(cfg).truncation(64, _INPUTS.device))
+        (out.logits.sum() + out.lambda_logits.sum()).backward()
+        result["computed"] = out.computed
+
+    syncs = count_syncs(forward_and_backward)
+    computed = result["computed"]
+    steps_run = int(computed.max())
+    assert int(computed.min()) < steps_run  # rows really stop at different steps
+    assert syncs == Counter({"aten::nonzero": _loop_syncs(steps_run, cfg.max_steps)})
+    assert sum(syncs.values()) <= steps_run
+
+
+@pytest.mark.parametrize("truncation", [0.0, 0.05])
+def test_a_training_batch_syncs_only_for_the_non_finite_check(truncation, tiny_mnist):
+    """Without the GradScaler, skipping a non-finite batch needs its flag on the host: one sync
+    per batch, plus the truncated forward's one per step; nothing else (the epoch's metrics are
+    read once, at the end, by a copy that a CPU profile cannot see)."""
+    model, cfg = _model(4, bias=-1.0, spread=10, truncation=truncation, batch_size=100)
+    data = load_mnist(tiny_mnist, train=True, download=False).subset(slice(0, 300))  # three batches
+    device = torch.device("cpu")
+    optimizer = make_optimizer(model, cfg, device)
+    computed = []
+    real = PonderNet._forward_truncated
+
+    def recording(self, x, stop):
+        out = real(self, x, stop)
+        computed.append(out.computed)
+        return out
+
+    PonderNet._forward_truncated = recording
+    try:
+        syncs = count_syncs(lambda: train_one_epoch(model, get_method(cfg), optimizer, grad_scaler(device, False),
+                                                    data, cfg, amp=False, progress=False))
+    finally:
+        PonderNet._forward_truncated = real
+    loop = sum(_loop_syncs(int(c.max()), cfg.max_steps) for c in computed)
+    assert len(computed) == (3 if truncation else 0)
+    assert syncs == Counter({"aten::_local_scalar_dense": 3, **({"aten::nonzero": loop} if loop else {})})
