@@ -44,7 +44,7 @@ class TrainingState:
     best_epoch: int = 0
     epochs_without_improvement: int = 0
     history: list = field(default_factory=list)  # one dict per epoch (train.EpochStats fields)
-    rng: dict | None = None  # {"torch": ByteTensor, "cuda": [ByteTensor, ...]}
+    rng: dict | None = None  # {"torch": ByteTensor, "cuda": the training GPU's (older: a list, every GPU's)}
 
     RESUME_KEYS = ("optimizer", "scheduler", "scaler", "rng")
 

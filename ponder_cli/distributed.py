@@ -12,16 +12,23 @@ averages the gradients in backward. Metrics are summed over ranks; rank 0 alone 
 and locks the run folder, prints and writes checkpoints (api.train_run), and broadcasts what the
 others need to take the same decisions (the run folder, the validation numbers).
 
-When a rank dies, its peers' next collective fails at once (the connection closes); when it
-stalls, after TIMEOUT. Under torchrun, the agent also sends SIGTERM to the other ranks as soon as
-one exits with an error, and api.train_run treats SIGTERM like Ctrl-C, so every rank stops.
+When a rank dies, its peers' next collective fails at once on the CPU (gloo: the connection
+closes); when it stalls, after TIMEOUT. Under torchrun, the agent also sends SIGTERM to the other
+ranks as soon as one exits with an error, and api.train_run treats SIGTERM like Ctrl-C, so every
+rank stops. On CUDA (nccl) a dead peer goes unnoticed: the survivors' collectives wait on the GPU
+and the host waits inside a CUDA call, where Python cannot run the SIGTERM handler. setup() makes
+such a rank stop with the resume hint all the same (see NCCL_ERROR_HANDLING and
+abort_when_signal_unanswered).
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import signal
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional, TypeVar
 
@@ -34,6 +41,13 @@ from . import PonderError, brief
 # Rank 0 validating and writing a checkpoint while the others wait takes about a second.
 TIMEOUT = datetime.timedelta(minutes=5)
 ENVIRONMENT = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+# nccl's watchdog ends a collective that has waited TIMEOUT. Mode 2 aborts the communicator and
+# leaves the process running, so the next collective raises a DistError (lost_peer: the resume
+# hint); torch's default, 3, ends the process on the spot, without a word. The user's setting wins.
+NCCL_ERROR_HANDLING = "2"
+# torchrun sends SIGKILL 30 s after its SIGTERM: a rank that has not acted on a SIGTERM (or Ctrl-C)
+# this many seconds after it arrived is taken to be stuck in a wait on a peer that is gone.
+ABORT_AFTER_SIGNAL_S = 5.0
 
 T = TypeVar("T")
 
@@ -139,6 +153,7 @@ def setup(device: torch.device, where: Launch | None) -> None:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", NCCL_ERROR_HANDLING)
     try:
         torch.distributed.init_process_group(backend, rank=where.rank, world_size=where.world_size,
                                              timeout=TIMEOUT, **({"device_id": device} if backend == "nccl" else {}))
@@ -146,6 +161,45 @@ def setup(device: torch.device, where: Launch | None) -> None:
     except (RuntimeError, ValueError) as exc:  # DistError is a RuntimeError: timeout, refused connection
         raise PonderError(f"could not start the {backend} process group of {where.world_size} processes "
                           f"({brief(exc, 200)})") from None
+    if backend == "nccl" and threading.current_thread() is threading.main_thread():
+        abort_when_signal_unanswered(ABORT_AFTER_SIGNAL_S)
+
+
+def abort_when_signal_unanswered(grace: float, abort: Callable[[], None] | None = None) -> None:
+    """From now on, a SIGTERM or SIGINT that this process has not acted on `grace` seconds after
+    it arrived aborts the process group (or calls `abort`). Call from the main thread.
+
+    A rank whose peer died waits inside a CUDA call for a collective that never ends, and Python
+    runs signal handlers only between bytecodes: torchrun's SIGTERM would go unanswered until its
+    SIGKILL. Aborting the nccl communicators ends the collective, the wait returns, and the
+    pending signal stops training as usual, with the resume hint. A process that acts on the
+    signal in time has left (distributed.leave_now) before the grace is over.
+    """
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    # Python's own C-level handler writes each signal's number here, in whatever thread it runs
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    watched = {int(signal.SIGTERM), int(signal.SIGINT)}
+
+    def watch() -> None:
+        while True:
+            try:
+                received = os.read(read, 64)
+            except OSError:
+                return
+            if not received:
+                return
+            if watched & set(received):
+                time.sleep(grace)
+                (abort or _abort_process_group)()
+                return
+
+    threading.Thread(target=watch, name="abort-when-signal-unanswered", daemon=True).start()
+
+
+def _abort_process_group() -> None:
+    if active():
+        torch.distributed.group.WORLD.abort()
 
 
 def lost_peer(exc: BaseException) -> bool:
@@ -227,7 +281,9 @@ def wrap(model: torch.nn.Module, device: torch.device, *, find_unused_parameters
     synchronise only in backward, once per batch on every rank. find_unused_parameters must be
     set when some parameter may get no gradient on a rank (see train.train): DDP then counts it
     as a zero gradient on that rank, so the average still equals one process's gradient on the
-    global batch, and leaves a parameter no rank used without one, as one process would.
+    global batch, and leaves a parameter no rank used without one, as one process would. It
+    costs a search of every backward graph and, with the spare parameter, an extra collective
+    and a host sync per batch: leave it off whenever every forward reaches every parameter.
     """
     if not active():
         return model

@@ -36,6 +36,12 @@ def amp_dtype(device: torch.device) -> torch.dtype:
     return torch.float16 if device.type == "cuda" else torch.bfloat16
 
 
+def grad_scaler(device: torch.device, amp: bool) -> torch.amp.GradScaler:
+    """The GradScaler training needs: enabled exactly when autocast computes in fp16, whose small
+    range lets gradients underflow unless the loss is scaled up (bf16 has float32's range)."""
+    return torch.amp.GradScaler(device.type, enabled=amp and amp_dtype(device) == torch.float16)
+
+
 def autocast(device: torch.device, enabled: bool):
     if not enabled:
         return contextlib.nullcontext()

@@ -19,7 +19,7 @@ from .data import ImageSet, prepare_batch
 from .evaluate import evaluate
 from .methods import Method, build_model, get_method
 from .rotation import uniform_angles
-from .runtime import autocast
+from .runtime import autocast, grad_scaler
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,9 @@ class EpochStats:
     seconds: float
     improved: bool
     skipped_batches: int = 0  # batches skipped for a non-finite loss or gradient
+    # fp16 batches whose gradients overflowed at the GradScaler's scale: it skipped their step
+    # and halved the scale (routine, mostly early in training; not a fault of the batch)
+    scaler_backoffs: int = 0
 
 
 @dataclass
@@ -59,6 +62,10 @@ def train_one_epoch(model: torch.nn.Module, method: Method, optimizer: torch.opt
 
     Under torchrun `model` is DDP-wrapped and each rank trains on its slice of every global batch
     of cfg.batch_size images; the metrics returned cover the whole epoch, all ranks together.
+
+    Host synchronisations per batch: the truncated forward's one per step (see PonderNet), and,
+    without the GradScaler, one to skip a non-finite batch. With the scaler and a fused Adam
+    (CUDA) the skip is decided on the device: none.
     """
     model.train()
     device = data.images.device
@@ -69,8 +76,9 @@ def train_one_epoch(model: torch.nn.Module, method: Method, optimizer: torch.opt
     # stream until the shared stream is put back at the end of the epoch.
     shared_rng = distributed.fork_rank_rng(device)
     # loss, reconstruction, regularisation (each times batch size), correct, halting steps,
-    # images in batches that were used, batches skipped for a non-finite loss or gradient
-    totals = torch.zeros(7, dtype=torch.float64, device=device)
+    # images in batches that were used, batches skipped for a non-finite loss or gradient,
+    # GradScaler back-offs
+    totals = torch.zeros(8, dtype=torch.float64, device=device)
     params = list(model.parameters())
     batches = range(0, order.shape[0], cfg.batch_size)
     for start in tqdm(batches, desc=desc, unit="batch", leave=False, file=sys.stderr,
@@ -86,24 +94,31 @@ def train_one_epoch(model: torch.nn.Module, method: Method, optimizer: torch.opt
             out = model(x, stop=method.truncation(batch, device))
         loss = method.loss(out.logits, out.lambda_logits, targets)  # float32 outside autocast
         optimizer.zero_grad(set_to_none=True)
-        # scale -> backward -> unscale_ -> clip -> step -> update (GradScaler is a no-op unless fp16)
+        # scale -> backward -> unscale_ -> clip -> step -> update (the GradScaler is off unless fp16)
         scaler.scale(loss.total).backward()
         scaler.unscale_(optimizer)
         if cfg.grad_clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         else:
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-        finite = torch.isfinite(loss.total) & torch.isfinite(grad_norm)
         # Under DDP the gradients (so grad_norm) are already averaged and equal on every rank, but
         # the loss is this rank's own. Ranks that disagreed would step on some replicas and not on
-        # others, and the replicas would silently drift apart for good: skip only jointly.
-        finite = distributed.all_ranks(finite)
+        # others, and the replicas would silently drift apart for good: decide jointly.
+        finite_loss = distributed.all_ranks(torch.isfinite(loss.total))
+        finite_grads = torch.isfinite(grad_norm)
         if scaler.is_enabled():
-            scaler.step(optimizer)  # GradScaler itself skips steps whose gradients are not finite
-        elif finite.item():
-            # Skip a non-finite batch rather than poison the weights. Free on the CPU; on CUDA
-            # without AMP it is the loop's one sync, the same one GradScaler makes with AMP.
-            optimizer.step()
+            # The scaler skips the step when the gradients are not finite (a non-finite loss
+            # makes them so too). With a finite loss that is its scale overflowing fp16: it halves
+            # the scale, a back-off, not a bad batch. Decided on the device when Adam is fused.
+            scaler.step(optimizer)
+            skipped = ~finite_loss
+            backed_off = finite_loss & ~finite_grads
+        else:
+            skipped = ~(finite_loss & finite_grads)
+            backed_off = torch.zeros_like(skipped)
+            if not skipped.item():
+                # Skip a non-finite batch rather than poison the weights: the batch's one host sync.
+                optimizer.step()
         scaler.update()
         with torch.no_grad():
             uniforms = torch.rand(cfg.max_steps, batch, device=device)  # (steps, B)
@@ -111,37 +126,66 @@ def train_one_epoch(model: torch.nn.Module, method: Method, optimizer: torch.opt
             correct = (scores.argmax(dim=1) == targets).sum()
             values = torch.stack([loss.total * batch, loss.reconstruction * batch, loss.regularisation * batch,
                                   correct, steps.sum()]).double()
-            totals[:5] += torch.where(finite, values, torch.zeros_like(values))
-            totals[5] += finite.double() * batch
-            totals[6] += (~finite).double()
+            # a backed-off batch had a finite loss on the weights of the time: its metrics count
+            used = ~skipped
+            totals[:5] += torch.where(used, values, torch.zeros_like(values))
+            totals[5] += used.double() * batch
+            totals[6] += skipped.double()
+            totals[7] += backed_off.double()
     distributed.join_shared_rng(shared_rng, device)
     # Sum the images, losses and correct counts of every rank: the epoch line covers the whole
-    # epoch. The skip count (6) is not summed: the skips were joint, every rank counted them all.
+    # epoch. The skip and back-off counts (6, 7) are not summed: every rank counted the same ones.
     totals[:6] = distributed.sum_over_ranks(totals[:6])
     values = totals.tolist()  # the one host read of the epoch
     used = max(values[5], 1.0)
     stats = {key: value / used for key, value in
              zip(("loss", "reconstruction", "regularisation", "accuracy", "steps"), values[:5])}
     stats["skipped_batches"] = int(values[6])
+    stats["scaler_backoffs"] = int(values[7])
     stats["batches"] = len(batches)
     return stats
 
 
 def _rng_state(device: torch.device) -> dict:
+    """The CPU generator's state and, on CUDA, the training device's own: a checkpoint holds the
+    one stream training drew from, so it resumes on any number of GPUs, or none."""
     state = {"torch": torch.get_rng_state()}
     if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
 def _set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and "cuda" in state:
-        if distributed.active():
-            # Every rank continues the shared stream, which rank 0 drew on cuda:0, on its own GPU.
-            torch.cuda.set_rng_state(state["cuda"][0], device)
-        else:
-            torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if device.type != "cuda":
+        return  # a CUDA run resumed on the CPU: its CUDA stream has nothing left to feed
+    if isinstance(cuda, (list, tuple)):
+        # Written by an earlier version: every visible GPU's state. Training drew from its own
+        # device's, and under torchrun from rank 0's cuda:0, the stream every rank shares.
+        index = 0 if distributed.active() or device.index is None else device.index
+        cuda = cuda[index] if index < len(cuda) else (cuda[0] if cuda else None)
+    if cuda is not None:  # else a CPU run resumed on CUDA: the CUDA stream starts from the seed
+        # Under torchrun every rank continues the shared stream on its own GPU.
+        torch.cuda.set_rng_state(cuda, device)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: PonderConfig, device: torch.device) -> torch.optim.Adam:
+    """Adam, fused on CUDA: one kernel updates every parameter, and with the GradScaler it skips an
+    overflowed step on the device instead of reading the overflow flag on the host."""
+    return torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=True if device.type == "cuda" else None)
+
+
+# How Adam runs, not what it has learnt: a checkpoint written on one device resumes on another.
+_IMPLEMENTATION_FLAGS = ("fused", "foreach", "capturable")
+
+
+def _load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """Load a checkpoint's optimizer state, keeping this optimizer's own implementation (the saved
+    param groups would bring theirs: a fused CUDA Adam's onto the CPU, say)."""
+    groups = [{**group, **{flag: optimizer.defaults[flag] for flag in _IMPLEMENTATION_FLAGS if flag in group}}
+              for group in saved["param_groups"]]
+    optimizer.load_state_dict({**saved, "param_groups": groups})
 
 
 def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: torch.device,
@@ -160,10 +204,10 @@ def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: 
     torch.manual_seed(cfg.seed)
     method = get_method(cfg)
     model = build_model(cfg).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    optimizer = make_optimizer(model, cfg, device)
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
         optimizer, mode="max", factor=cfg.lr_factor, patience=cfg.lr_patience)
-    scaler = torch.amp.GradScaler(device.type, enabled=amp and device.type == "cuda")
+    scaler = grad_scaler(device, amp)
 
     result = TrainResult(out_dir=out_dir, best_accuracy=-1.0, best_epoch=0, last_epoch=0, stopped_early=False)
     epochs_without_improvement = 0
@@ -171,16 +215,16 @@ def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: 
         resume.require_resumable(out_dir)
         try:
             model.load_state_dict(resume.model)
-            optimizer.load_state_dict(resume.optimizer)
+            _load_optimizer_state(optimizer, resume.optimizer)
             scheduler.load_state_dict(resume.scheduler)
             if resume.scaler:
-                # A run saved without a live scaler (on the CPU, or with AMP off) has an empty
-                # state, which an enabled scaler refuses: resumed with fp16 on CUDA it starts a
-                # fresh scaler instead.
+                # A run saved without a live scaler (bf16 on the CPU, or AMP off) has an empty
+                # state, which an enabled scaler refuses: resumed with fp16 it starts a fresh
+                # scaler instead.
                 scaler.load_state_dict(resume.scaler)
             _set_rng_state(resume.rng, device)
             result.history = [EpochStats(**h) for h in resume.history]
-        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
             raise PonderError(f"cannot resume: the checkpoint's training state does not fit ({brief(exc)})") from None
         result.best_accuracy = resume.best_accuracy
         result.best_epoch = resume.best_epoch
@@ -193,16 +237,20 @@ def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: 
 
     # Under torchrun DDP averages the gradients across ranks in backward; `model` stays the plain
     # module for validation and checkpoints (no "module." prefix). DDP must be told when a
-    # parameter may get no gradient on a rank: with one step, h_0 = 0 never meets the mlp step's
-    # from_state (and align's turn never acts); with truncation, a rank whose images all stop at
-    # step 1 leaves those unused too, while another rank uses them.
-    parallel_model = distributed.wrap(model, device, find_unused_parameters=cfg.max_steps == 1 or cfg.truncation > 0)
+    # parameter may get no gradient on a rank, and then searches every backward pass for such
+    # parameters (a graph walk, an extra collective and a host sync per batch). That happens
+    # only when a forward may stop after one step (one step, or truncation: a rank whose images
+    # all stop at step 1) and one step leaves some parameter out: h_0 = 0 never meets the mlp
+    # step's from_state; align's turn acts at step 1 only if halting sees it (its default).
+    may_stop_after_one_step = cfg.max_steps == 1 or cfg.truncation > 0
+    left_out = model.left_out_by_one_step() if distributed.active() and may_stop_after_one_step else []
+    parallel_model = distributed.wrap(model, device, find_unused_parameters=bool(left_out))
 
     for epoch in range(result.last_epoch + 1, cfg.epochs + 1):
         started = time.perf_counter()
         stats = train_one_epoch(parallel_model, method, optimizer, scaler, train_set, cfg, amp=amp,
                                 desc=f"epoch {epoch}/{cfg.epochs}", progress=progress)
-        if stats["skipped_batches"] == stats["batches"]:
+        if stats["skipped_batches"] + stats["scaler_backoffs"] == stats["batches"]:  # not one step taken
             raise PonderError(f"epoch {epoch}: every batch had a non-finite loss or gradient; training "
                               f"stopped, {out_dir / LAST} still holds the last good epoch (try a lower --lr)")
         # Validation runs once, on rank 0, giving a single process's numbers (it draws from its
@@ -216,7 +264,7 @@ def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: 
         lr = optimizer.param_groups[0]["lr"]
         scheduler.step(val_accuracy)
         # A model with non-finite weights or training loss never becomes "best".
-        weights_finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+        weights_finite = bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())  # one sync
         improved = weights_finite and math.isfinite(stats["loss"]) and val_accuracy > result.best_accuracy
         if improved:
             result.best_accuracy, result.best_epoch = val_accuracy, epoch
@@ -228,7 +276,7 @@ def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: 
             train_regularisation=stats["regularisation"], train_accuracy=stats["accuracy"],
             train_steps=stats["steps"], val_accuracy=val_accuracy, val_steps=val_steps, lr=lr,
             seconds=time.perf_counter() - started, improved=improved,
-            skipped_batches=stats["skipped_batches"])
+            skipped_batches=stats["skipped_batches"], scaler_backoffs=stats["scaler_backoffs"])
         result.history.append(record)
         result.last_epoch = epoch
         state = TrainingState(

@@ -1,0 +1,318 @@
+"""The CUDA training path, as far as the CPU can run it: fp16 with the GradScaler, its back-offs
+against real non-finite batches, checkpoints moving between device counts, fused Adam's state,
+DDP's unused-parameter search, and the signal watcher that unblocks a rank stuck on nccl."""
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import ponder_cli
+from ponder_cli import PonderError, distributed, runtime
+from ponder_cli import train as train_module
+from ponder_cli.checkpoint import load_checkpoint, save_checkpoint
+from ponder_cli.config import PonderConfig
+from ponder_cli.data import load_mnist, train_val_split
+from ponder_cli.methods import build_model, get_method
+from ponder_cli.methods.pondernet import PonderNetMethod
+from ponder_cli.train import make_optimizer, train, train_one_epoch
+
+REPO = Path(ponder_cli.__file__).resolve().parent.parent
+CFG = PonderConfig(epochs=2, max_steps=3, batch_size=64, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16)
+CPU = torch.device("cpu")
+
+
+def _data(tiny_mnist):
+    """600 training images: 10 batches of 64 (the last of 24)."""
+    return train_val_split(load_mnist(tiny_mnist, train=True, download=False), val_size=100, train_size=0, seed=1)
+
+
+@pytest.fixture
+def fp16_on_cpu(monkeypatch):
+    """Autocast computes in fp16 on the CPU, so training runs the GradScaler as it does on CUDA."""
+    monkeypatch.setattr(runtime, "amp_dtype", lambda device: torch.float16)
+
+
+def _every(calls: set[int], change):
+    """Wrap a function so that its n-th calls (1-based) in `calls` return change(result)."""
+    count = {"n": 0}
+
+    def wrapper(real):
+        def wrapped(*args, **kwargs):
+            result = real(*args, **kwargs)
+            count["n"] += 1
+            return change(result) if count["n"] in calls else result
+        return wrapped
+    return wrapper
+
+
+def _overflow_at(monkeypatch, calls: set[int]):
+    """The scaled loss of those batches is 2**100 times too large: finite in float32, but the
+    fp16 backward pass overflows, as it does when the GradScaler's scale is too high."""
+    wrap = _every(calls, lambda scaled: scaled * 2.0 ** 100)
+    monkeypatch.setattr(torch.amp.GradScaler, "scale", wrap(torch.amp.GradScaler.scale))
+
+
+def _nan_loss_at(monkeypatch, calls: set[int]):
+    wrap = _every(calls, lambda parts: parts._replace(total=parts.total * float("nan")))
+    monkeypatch.setattr(PonderNetMethod, "loss", wrap(PonderNetMethod.loss))
+
+
+# --- fp16 and the GradScaler ----------------------------------------------------------------------
+
+def test_the_grad_scaler_is_on_exactly_for_fp16(fp16_on_cpu):
+    assert runtime.grad_scaler(CPU, True).is_enabled()
+    assert not runtime.grad_scaler(CPU, False).is_enabled()
+
+
+def test_bf16_needs_no_grad_scaler():
+    assert runtime.amp_dtype(CPU) == torch.bfloat16 and not runtime.grad_scaler(CPU, True).is_enabled()
+
+
+def test_fp16_back_offs_are_told_from_non_finite_batches(fp16_on_cpu, monkeypatch, tiny_mnist, tmp_path):
+    _overflow_at(monkeypatch, {2, 5})  # epoch 1: two overflows...
+    _nan_loss_at(monkeypatch, {7})  # ... and one batch whose loss is NaN
+    result = train(CFG, *_data(tiny_mnist), device=CPU, out_dir=tmp_path, amp=True, progress=False)
+    assert [(h.skipped_batches, h.scaler_backoffs) for h in result.history] == [(1, 2), (0, 0)]
+    assert all(math.isfinite(h.train_loss) for h in result.history)
+    state = load_checkpoint(tmp_path / "last.pt")
+    # each of the three halved the scale (2**16 at first; it grows only after 2000 clean steps)
+    assert state.scaler["scale"] == 2.0 ** 16 / 2 ** 3
+    assert all(torch.isfinite(p).all() for p in state.model.values())
+    assert state.history[0]["scaler_backoffs"] == 2
+
+
+def test_back_offs_leave_the_weights_and_count_in_the_metrics(fp16_on_cpu, monkeypatch, tiny_mnist):
+    """A backed-off batch does not step, but its loss (finite) counts in the epoch's metrics; a
+    non-finite batch does neither."""
+    train_set, _ = _data(tiny_mnist)
+    data = train_set.subset(slice(0, 128))  # two batches
+    torch.manual_seed(0)
+    model = build_model(CFG)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer = make_optimizer(model, CFG, CPU)
+    _overflow_at(monkeypatch, {1, 2})
+    stats = train_one_epoch(model, get_method(CFG), optimizer, runtime.grad_scaler(CPU, True), data, CFG,
+                            amp=True, progress=False)
+    assert (stats["skipped_batches"], stats["scaler_backoffs"], stats["batches"]) == (0, 2, 2)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert math.isfinite(stats["loss"]) and stats["loss"] > 0
+
+
+def test_an_epoch_without_one_step_stops_training(fp16_on_cpu, monkeypatch, tiny_mnist, tmp_path):
+    _overflow_at(monkeypatch, set(range(1, 11)))
+    with pytest.raises(PonderError, match="epoch 1: every batch had a non-finite loss or gradient"):
+        train(CFG.replace(epochs=1), *_data(tiny_mnist), device=CPU, out_dir=tmp_path, amp=True, progress=False)
+
+
+def test_fp16_checkpoints_resume_with_their_scale(fp16_on_cpu, monkeypatch, tiny_mnist, tmp_path):
+    _overflow_at(monkeypatch, {3})
+    train(CFG.replace(epochs=1), *_data(tiny_mnist), device=CPU, out_dir=tmp_path, amp=True, progress=False)
+    assert load_checkpoint(tmp_path / "last.pt").scaler["scale"] == 2.0 ** 15
+    result = train(CFG, *_data(tiny_mnist), device=CPU, out_dir=tmp_path, amp=True, progress=False,
+                   resume=load_checkpoint(tmp_path / "last.pt"))
+    assert [h.scaler_backoffs for h in result.history] == [1, 0]
+    assert load_checkpoint(tmp_path / "last.pt").scaler["scale"] == 2.0 ** 15
+
+
+def test_history_written_before_back_offs_were_counted_still_loads(tiny_mnist, tmp_path):
+    train(CFG.replace(epochs=1), *_data(tiny_mnist), device=CPU, out_dir=tmp_path, progress=False)
+    state = load_checkpoint(tmp_path / "last.pt")
+    for record in state.history:
+        del record["scaler_backoffs"]
+    save_checkpoint(state, tmp_path / "last.pt")
+    result = train(CFG, *_data(tiny_mnist), device=CPU, out_dir=tmp_path, progress=False,
+                   resume=load_checkpoint(tmp_path / "last.pt"))
+    assert [h.scaler_backoffs for h in result.history] == [0, 0]
+
+
+# --- random number generators across devices ----------------------------------------------------
+
+FAKE_CUDA_STATES = [torch.full((16,), k, dtype=torch.uint8) for k in range(4)]  # one per GPU of a 4-GPU host
+
+
+def test_a_checkpoint_from_a_four_gpu_host_resumes_on_the_cpu(tiny_mnist, tmp_path):
+    """Before, resuming set every saved GPU's state (IndexError with fewer GPUs, a traceback).
+    The CPU ignores the CUDA states: the run continues exactly as it would have."""
+    data = _data(tiny_mnist)
+    straight = train(CFG, *data, device=CPU, out_dir=tmp_path / "straight", progress=False)
+    train(CFG.replace(epochs=1), *data, device=CPU, out_dir=tmp_path / "moved", progress=False)
+    state = load_checkpoint(tmp_path / "moved" / "last.pt")
+    state.rng["cuda"] = list(FAKE_CUDA_STATES)  # as get_rng_state_all wrote it on that host
+    save_checkpoint(state, tmp_path / "moved" / "last.pt")
+    resumed = train(CFG, *data, device=CPU, out_dir=tmp_path / "moved", progress=False,
+                    resume=load_checkpoint(tmp_path / "moved" / "last.pt"))
+    assert resumed.history[-1].train_loss == straight.history[-1].train_loss
+    a, b = (load_checkpoint(tmp_path / run / "last.pt").model for run in ("straight", "moved"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """torch.cuda's RNG functions recorded instead of run (there is no GPU here)."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": calls.append(("get", device)) or
+                        FAKE_CUDA_STATES[torch.device(device).index])
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": calls.append(("set", state, device)))
+
+    def refuse(*args):
+        raise AssertionError("every GPU's state: breaks on a host with another number of GPUs")
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", refuse)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", refuse)
+    return calls
+
+
+def test_only_the_training_gpus_generator_is_saved(fake_cuda):
+    state = train_module._rng_state(torch.device("cuda", 2))
+    assert torch.equal(state["torch"], torch.get_rng_state())
+    assert state["cuda"] is FAKE_CUDA_STATES[2] and fake_cuda == [("get", torch.device("cuda", 2))]
+
+
+@pytest.mark.parametrize("saved, device, ddp, restored", [
+    (FAKE_CUDA_STATES[3], "cuda:0", False, 3),  # one state (this version): onto whatever GPU trains now
+    (FAKE_CUDA_STATES, "cuda:1", False, 1),  # every GPU's (before): the one this device drew from
+    (FAKE_CUDA_STATES[:1], "cuda:1", False, 0),  # ... from a host with fewer GPUs: its only one
+    (FAKE_CUDA_STATES, "cuda:3", True, 0),  # torchrun: every rank continues rank 0's cuda:0 stream
+    ([], "cuda:0", False, None),  # nothing usable: the stream starts from the seed
+    (None, "cuda:0", False, None),  # a CPU run resumed on CUDA
+    (FAKE_CUDA_STATES, "cpu", False, None),  # a CUDA run resumed on the CPU
+])
+def test_restoring_the_cuda_generator(saved, device, ddp, restored, fake_cuda, monkeypatch):
+    monkeypatch.setattr(distributed, "active", lambda: ddp)
+    cpu_state = torch.get_rng_state()
+    torch.manual_seed(99)
+    train_module._set_rng_state({"torch": cpu_state, **({} if saved is None else {"cuda": saved})}, torch.device(device))
+    assert torch.equal(torch.get_rng_state(), cpu_state)
+    expected = [] if restored is None else [("set", FAKE_CUDA_STATES[restored], torch.device(device))]
+    assert [(c[0], c[1], c[2]) for c in fake_cuda] == expected
+
+
+def test_a_fused_adam_checkpoint_resumes_unfused_and_the_other_way(tmp_path):
+    """Adam's param groups record how it ran (fused on CUDA); a resumed optimizer keeps its own."""
+    torch.manual_seed(0)
+    model = build_model(CFG)
+    fused = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)  # fused runs on the CPU too
+    model(torch.randn(4, 1, 28, 28)).logits.sum().backward()
+    fused.step()
+    plain = make_optimizer(model, CFG, CPU)
+    train_module._load_optimizer_state(plain, fused.state_dict())
+    assert plain.param_groups[0]["fused"] is None and plain.param_groups[0]["lr"] == 1e-3
+    step = plain.state[next(iter(model.parameters()))]["step"]
+    assert step.device.type == "cpu" and float(step) == 1
+    plain.step()
+    again = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+    train_module._load_optimizer_state(again, plain.state_dict())
+    assert again.param_groups[0]["fused"] is True
+    again.step()  # fused needs its step counters as float32 tensors beside the parameters
+    assert float(again.state[next(iter(model.parameters()))]["step"]) == 3
+
+
+def test_adam_is_fused_on_cuda_only():
+    assert make_optimizer(build_model(CFG), CFG, CPU).defaults["fused"] is None
+    # the choice itself, without a GPU: the flag train() passes for a CUDA device
+    seen = {}
+    real = torch.optim.Adam
+    torch.optim.Adam = lambda params, **kwargs: seen.update(kwargs)
+    try:
+        make_optimizer(build_model(CFG), CFG, torch.device("cuda"))
+    finally:
+        torch.optim.Adam = real
+    assert seen["fused"] is True
+
+
+# --- DDP: which configurations need the unused-parameter search -----------------------------------
+
+TURN = ["step.turn.weight", "step.turn.bias", "step.view_turn.weight", "step.view_turn.bias"]
+
+
+@pytest.mark.parametrize("options, left_out", [
+    (dict(step="mlp", truncation=0.05), ["step.mlp.from_state.weight"]),  # h_0 = 0 meets it from step 2 on
+    (dict(method="plain"), ["step.mlp.from_state.weight"]),
+    (dict(step="align"), []),  # align's defaults: halting sees the turn, at step 1 too
+    (dict(step="align", halting_input="state", turn_gate=0.0), TURN),  # the turn acts from step 2 on
+    (dict(step="align", halting_input="state", turn_gate=0.2), TURN),  # the gate reads it detached
+])
+def test_parameters_a_one_step_forward_leaves_out(options, left_out):
+    torch.manual_seed(0)
+    model = build_model(PonderConfig.from_options(hidden=16, hidden_cnn=16, hidden_lin=16, **options))
+    before = torch.get_rng_state()
+    assert model.left_out_by_one_step() == left_out
+    assert torch.equal(torch.get_rng_state(), before)  # the training stream is untouched
+    assert all(p.grad is None for p in model.parameters())
+
+
+# --- nccl: a rank blocked on a dead peer ----------------------------------------------------------
+
+_WATCHER = textwrap.dedent("""
+    import os, signal, threading, time
+    from ponder_cli import distributed
+    unblock, started = threading.Event(), time.monotonic()
+
+    def handler(signum, frame):
+        print(f"handler ran after {{time.monotonic() - started:.1f}} s", flush=True)
+        {on_signal}
+
+    signal.signal(signal.SIGTERM, handler)
+    distributed.abort_when_signal_unanswered(1.0, abort=lambda: (print("aborted", flush=True), unblock.set()))
+    # The main thread cannot run the handler, as inside a CUDA wait: the signal, sent once it
+    # waits, goes to the watcher's thread, and the main thread waits on what only the abort ends.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGTERM}})
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    unblock.wait({wait})
+    for _ in range(100):  # Python code again: the pending handler runs
+        pass
+    print("no handler ran", flush=True)
+""")
+
+
+def _run_watcher(on_signal: str, wait: float) -> list[str]:
+    code = _WATCHER.format(on_signal=on_signal, wait=wait)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(REPO), "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    return done.stdout.splitlines()
+
+
+def test_an_unanswered_sigterm_aborts_the_process_group_so_the_handler_runs():
+    lines = _run_watcher("raise SystemExit(143)", wait=30)
+    assert len(lines) == 2 and lines[0] == "aborted" and lines[1].startswith("handler ran after"), lines
+    assert 1.1 <= float(lines[1].split()[3]) < 10  # signal + grace, long before the wait would end
+
+
+def test_a_process_that_acts_on_the_signal_is_not_aborted():
+    # the main thread's wait ends by itself, after the signal but before the grace is over, and
+    # the handler leaves at once
+    lines = _run_watcher("os._exit(143)", wait=0.5)
+    assert len(lines) == 1 and lines[0].startswith("handler ran after"), lines
+
+
+def test_nccl_stops_on_errors_without_ending_the_process(monkeypatch):
+    """TORCH_NCCL_ASYNC_ERROR_HANDLING=2: the watchdog aborts the communicators and the next
+    collective raises (torch's default, 3, kills the process with no resume hint). A user's own
+    setting wins. (nccl itself cannot run here; this checks what setup() asks of it.)"""
+    seen = {}
+    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda backend, **kwargs: seen.update(
+        backend=backend, handling=os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING")))
+    monkeypatch.setattr(torch.distributed, "barrier", lambda: None)
+    watched = []
+    monkeypatch.setattr(distributed, "abort_when_signal_unanswered", lambda grace: watched.append(grace))
+    distributed.setup(torch.device("cuda", 0), distributed.Launch(0, 0, 2))
+    assert seen == {"backend": "nccl", "handling": "2"} and watched == [distributed.ABORT_AFTER_SIGNAL_S]
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    distributed.setup(torch.device("cuda", 0), distributed.Launch(0, 0, 2))
+    assert seen["handling"] == "1"
+
+
+def test_gloo_needs_no_watcher(monkeypatch):
+    watched = []
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda backend, **kwargs: None)
+    monkeypatch.setattr(torch.distributed, "barrier", lambda: None)
+    monkeypatch.setattr(distributed, "abort_when_signal_unanswered", lambda grace: watched.append(grace))
+    distributed.setup(CPU, distributed.Launch(0, 0, 2))
+    assert watched == []
