@@ -23,6 +23,7 @@ from ponder_cli.checkpoint import load_checkpoint, load_model
 from ponder_cli.cli import app
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
+from ponder_cli.halting import StopAfterFirstStep
 from ponder_cli.model import PonderNet
 from ponder_cli.train import train
 
@@ -36,6 +37,9 @@ TINY = ["--val-size", "100", "--train-size", "256", "--max-steps", "3", "--batch
 ALIGN = ["--step", "align", "--truncation", "0.01", "--max-steps", "3", "--halting-input", "state", "--turn-gate", "0",
          "--halting-bias", "4.62", "--epochs", "1", "--val-size", "100", "--train-size", "256", "--batch-size", "16",
          "--no-progress"]
+# The same with align's own halting input and turn gate: halting sees the turn from step 1 on, so
+# every forward reaches every parameter and DDP need not search for unused ones.
+ALIGN_DEFAULTS = [option for option in ALIGN if option not in ("--halting-input", "state", "--turn-gate", "0")]
 SMALL = dict(max_steps=3, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16, epochs=1)
 # Without dropout and rotation the ranks' own RNG streams touch nothing but the training
 # metrics' coin flips, so 2 ranks x 64 images must step exactly like 1 process x 128 images.
@@ -84,16 +88,29 @@ def _rank_main(rank: int, world: int, ports: tuple, data_dir: Path, out: Path) -
 
     def recording_truncated(self, x, stop):
         result = real_truncated(self, x, stop)
-        if self.training:
+        if self.training and not isinstance(stop, StopAfterFirstStep):  # not left_out_by_one_step's probe
             seen["computed"].append(int(result.computed.max()))
         return result
 
+    real_wrap = distributed.wrap
+
+    def recording_wrap(*args, **kwargs):
+        seen.setdefault("find_unused_parameters", []).append(kwargs["find_unused_parameters"])
+        return real_wrap(*args, **kwargs)
+
     train_module.train, PonderNet._forward_truncated = recording_train, recording_truncated
+    distributed.wrap = recording_wrap
     try:
         _cli(["train", *ALIGN, "--data-dir", str(data_dir)], out, "align", rank)
+        (out / f"align_seen{rank}.json").write_text(json.dumps(seen))
+        seen = {"out_dir": [], "computed": []}
+        os.environ["MASTER_PORT"] = str(ports[3])
+        _cli(["train", *ALIGN_DEFAULTS, "--data-dir", str(data_dir), "--out", str(out / "align_defaults")], out,
+             "align_defaults", rank)
+        (out / f"align_defaults_seen{rank}.json").write_text(json.dumps(seen))
     finally:
         train_module.train, PonderNet._forward_truncated = real_train, real_truncated
-    (out / f"align_seen{rank}.json").write_text(json.dumps(seen))
+        distributed.wrap = real_wrap
 
     os.environ["MASTER_PORT"] = str(ports[2])
     cpu = torch.device("cpu")
@@ -143,7 +160,7 @@ def two_ranks(tiny_mnist, tmp_path_factory):
     """Runs both ranks once (about 20 s on 2 cores, much of it two Python processes importing torch)."""
     out = tmp_path_factory.mktemp("ddp")
     (out / "work" / "runs" / "pondernet-align-seed1234").mkdir(parents=True)  # taken: the run gets -2
-    ports = (_free_port(), _free_port(), _free_port())
+    ports = (_free_port(), _free_port(), _free_port(), _free_port())
     context = torch.multiprocessing.start_processes(_rank_main, args=(2, ports, tiny_mnist, out), nprocs=2,
                                                     join=False, start_method="spawn")
     deadline = time.monotonic() + 180
@@ -197,6 +214,20 @@ def test_truncated_align_training_under_ddp_finishes_in_the_folder_rank_zero_cla
     assert len(seen[0]["computed"]) == len(seen[1]["computed"]) == 16
     assert seen[0]["computed"] != seen[1]["computed"], seen
     assert {1, 2} <= set(seen[0]["computed"] + seen[1]["computed"])
+    # halting reads the state alone: a rank that stops after step 1 leaves the turn unused
+    assert seen[0]["find_unused_parameters"] == seen[1]["find_unused_parameters"] == [True]
+
+
+def test_align_with_its_own_halting_input_trains_under_ddp_without_the_unused_parameter_search(two_ranks):
+    ranks = _ranks(two_ranks, "align_defaults")
+    assert [r["code"] for r in ranks] == [0, 0], ranks
+    seen = [json.loads((two_ranks / f"align_defaults_seen{r}.json").read_text()) for r in (0, 1)]
+    assert seen[0]["find_unused_parameters"] == seen[1]["find_unused_parameters"] == [False]
+    # ranks still stop after different numbers of steps in some batches: every parameter got a
+    # gradient on each of them all the same (else DDP would have failed the next batch)
+    assert seen[0]["computed"] != seen[1]["computed"] and {1, 2} <= set(seen[0]["computed"] + seen[1]["computed"])
+    _, cfg, state = load_model(two_ranks / "align_defaults" / "best.pt", "cpu")
+    assert cfg.halting_input == "state+turn" and cfg.turn_gate == 0.2 and state.epoch == 1
 
 
 def test_two_ranks_step_like_one_process_on_the_same_global_batch(two_ranks, tiny_mnist, tmp_path):

@@ -16,6 +16,7 @@ from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist
 from ponder_cli.methods import build_model, get_method
 from ponder_cli.model import PonderNet
+from ponder_cli import runtime
 from ponder_cli.runtime import grad_scaler
 from ponder_cli.train import make_optimizer, train_one_epoch
 
@@ -141,3 +142,20 @@ def test_a_training_batch_syncs_only_for_the_non_finite_check(truncation, tiny_m
     loop = sum(_loop_syncs(int(c.max()), cfg.max_steps) for c in computed)
     assert len(computed) == (3 if truncation else 0)
     assert syncs == Counter({"aten::_local_scalar_dense": 3, **({"aten::nonzero": loop} if loop else {})})
+
+
+@pytest.mark.parametrize("fused, syncs_per_batch", [(True, 0), (None, 1)])
+def test_fp16_training_with_fused_adam_never_waits_for_the_device(fused, syncs_per_batch, tiny_mnist, monkeypatch):
+    """The CUDA default, fp16 with the GradScaler and a fused Adam: the scaler hands its overflow
+    flag to the fused kernel, which skips the update on the device. An unfused Adam makes the
+    scaler read the flag on the host instead, once per batch. (fp16 autocast and fused Adam run
+    on the CPU as well, standing in for CUDA here.)"""
+    monkeypatch.setattr(runtime, "amp_dtype", lambda device: torch.float16)
+    model, cfg = _model(4, batch_size=100)
+    data = load_mnist(tiny_mnist, train=True, download=False).subset(slice(0, 300))  # three batches
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=fused)
+    scaler = grad_scaler(torch.device("cpu"), True)
+    assert scaler.is_enabled()
+    syncs = count_syncs(lambda: train_one_epoch(model, get_method(cfg), optimizer, scaler, data, cfg, amp=True,
+                                                progress=False))
+    assert syncs == Counter({"aten::_local_scalar_dense": 3 * syncs_per_batch} if syncs_per_batch else {})
