@@ -1,0 +1,163 @@
+"""The CUDA path on a real GPU: fp16 training with the GradScaler and truncation, early exit
+against the full forward pass, resuming across devices, repeatable evaluation, host syncs.
+
+Marked `cuda` (`python -m pytest -m cuda`) and skipped where no CUDA GPU is visible, as in CI.
+"""
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from ponder_cli.checkpoint import load_checkpoint
+from ponder_cli.config import PonderConfig
+from ponder_cli.data import load_mnist, train_val_split
+from ponder_cli.evaluate import evaluate
+from ponder_cli.methods import build_model, get_method
+from ponder_cli.model import PonderNet
+from ponder_cli.runtime import grad_scaler
+from ponder_cli.train import make_optimizer, train, train_one_epoch
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+GPU, CPU = torch.device("cuda"), torch.device("cpu")
+SMALL = dict(hidden=16, hidden_cnn=16, hidden_lin=16, val_size=100, batch_size=64)
+
+
+def _data(tiny_mnist, device=CPU):
+    train_set, val_set = train_val_split(load_mnist(tiny_mnist, train=True, download=False), val_size=100,
+                                         train_size=0, seed=1)
+    return train_set.to(device), val_set.to(device)
+
+
+class _SyncWarnings:
+    """Counts the synchronising CUDA calls made inside the block (torch's sync debug mode)."""
+
+    def __enter__(self):
+        self._caught = warnings.catch_warnings(record=True)
+        self.records = self._caught.__enter__()
+        warnings.simplefilter("always")
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.set_sync_debug_mode("default")
+        self._caught.__exit__(*exc)
+
+    @property
+    def count(self) -> int:
+        return sum("synchronizing" in str(w.message) for w in self.records)
+
+
+def _loop_syncs(steps_run: int, max_steps: int) -> int:
+    return steps_run - 1 if steps_run == max_steps else steps_run
+
+
+@pytest.mark.parametrize("step", ["mlp", "align"])
+def test_one_fp16_training_batch_with_the_grad_scaler_and_truncation(step, tiny_mnist):
+    cfg = PonderConfig.from_options(step=step, max_steps=6, truncation=0.05, halting_bias=0.0, **SMALL)
+    torch.manual_seed(0)
+    model = build_model(cfg).to(GPU)
+    train_set, _ = _data(tiny_mnist, GPU)
+    batch = train_set.subset(slice(0, 64))
+    optimizer, scaler = make_optimizer(model, cfg, GPU), grad_scaler(GPU, True)
+    assert scaler.is_enabled() and optimizer.defaults["fused"] is True
+    before = [p.detach().clone() for p in model.parameters()]
+    computed = []
+    real = PonderNet._forward_truncated
+
+    def recording(self, x, stop):
+        out = real(self, x, stop)
+        computed.append(out.computed)
+        return out
+
+    PonderNet._forward_truncated = recording
+    try:
+        with _SyncWarnings() as syncs:
+            stats = train_one_epoch(model, get_method(cfg), optimizer, scaler, batch, cfg, amp=True, progress=False)
+    finally:
+        PonderNet._forward_truncated = real
+    assert stats["batches"] == 1 and math.isfinite(stats["loss"]) and 1 <= stats["steps"] <= 6
+    stepped = stats["scaler_backoffs"] == 0
+    assert stats["skipped_batches"] == 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters())) == stepped
+    # the truncated forward's one sync per step, plus the epoch's: its permutation and the one
+    # read of its metrics; none for the GradScaler (fused Adam skips on the device)
+    loop = _loop_syncs(int(computed[0].max().cpu()), cfg.max_steps)
+    print(f"{step}: {syncs.count} synchronising calls, {loop} of them the truncated forward's")
+    assert syncs.count <= loop + 2
+
+
+@pytest.mark.parametrize("method, rule", [("pondernet", "sample"), ("pondernet", "median"), ("act", "act")])
+@pytest.mark.parametrize("step", ["mlp", "align"])
+def test_early_exit_equals_the_full_forward_on_cuda(method, rule, step):
+    cfg = PonderConfig.from_options(method=method, step=step, max_steps=6, **SMALL)
+    torch.manual_seed(0)
+    model, chooser = build_model(cfg).to(GPU).eval(), get_method(cfg)
+    with torch.no_grad():
+        model.halting_head.bias.fill_(-1.0)
+    x = (torch.randn(500, 1, 28, 28) * torch.linspace(0, 3, 500).view(-1, 1, 1, 1)).to(GPU)
+    uniforms = torch.rand(cfg.max_steps, 500, generator=torch.Generator().manual_seed(3)).to(GPU)
+    with _SyncWarnings() as syncs:
+        early, early_steps = model.infer(x, chooser.early_exit(rule, uniforms))
+    with torch.no_grad():
+        out = model(x)
+    full, full_steps = chooser.predict(out.logits, out.lambda_logits, uniforms, rule)
+    # cuDNN and cuBLAS may pick other kernels for the smaller batches of later steps: a halting
+    # decision right at its threshold could flip. With these weights none is that close.
+    assert torch.equal(early_steps, full_steps)
+    assert torch.equal(early.argmax(1), full.argmax(1))
+    assert torch.allclose(early.float(), full.float(), rtol=1e-3, atol=1e-4)
+    assert syncs.count <= _loop_syncs(int(early_steps.max().cpu()), cfg.max_steps)
+
+
+def test_resume_cpu_then_cuda_then_cpu(tiny_mnist, tmp_path):
+    cfg = PonderConfig(epochs=1, max_steps=4, **SMALL)
+    train(cfg, *_data(tiny_mnist), device=CPU, out_dir=tmp_path, progress=False)
+    on_cpu = load_checkpoint(tmp_path / "last.pt")
+    assert "cuda" not in on_cpu.rng and on_cpu.optimizer["param_groups"][0]["fused"] is None
+
+    # on CUDA with fp16: a fresh GradScaler (the CPU run had none), fused Adam, the GPU's stream
+    result = train(cfg.replace(epochs=2), *_data(tiny_mnist, GPU), device=GPU, out_dir=tmp_path, amp=True,
+                   progress=False, resume=on_cpu)
+    assert [h.epoch for h in result.history] == [1, 2]
+    on_gpu = load_checkpoint(tmp_path / "last.pt")
+    assert isinstance(on_gpu.rng["cuda"], torch.Tensor)  # the training GPU's state, not a list
+    assert on_gpu.optimizer["param_groups"][0]["fused"] is True and on_gpu.scaler["scale"] > 0
+
+    result = train(cfg.replace(epochs=3), *_data(tiny_mnist), device=CPU, out_dir=tmp_path, progress=False,
+                   resume=on_gpu)
+    assert [h.epoch for h in result.history] == [1, 2, 3]
+    back = load_checkpoint(tmp_path / "last.pt")
+    assert back.optimizer["param_groups"][0]["fused"] is None and "cuda" not in back.rng
+    assert all(torch.isfinite(p).all() for p in back.model.values())
+    assert all(math.isfinite(h.train_loss) for h in result.history)
+
+
+@pytest.mark.parametrize("amp", [False, True])
+@pytest.mark.parametrize("halting", ["sample", "median", "expected"])
+def test_evaluation_gives_the_same_numbers_twice_on_cuda(amp, halting, tiny_mnist):
+    cfg = PonderConfig(max_steps=6, **SMALL)
+    torch.manual_seed(0)
+    model = build_model(cfg).to(GPU)
+    test = load_mnist(tiny_mnist, train=False, download=False).to(GPU)
+    first, second = (evaluate(model, test, cfg, max_angle=45, seed=7, halting=halting, amp=amp, with_loss=True,
+                              batch_size=64) for _ in range(2))
+    assert first == second
+    assert first.images == 200 and 0 <= first.accuracy <= 1
+
+
+def test_evaluation_on_cuda_agrees_with_the_cpu(tiny_mnist):
+    """The same seeded rotations and coins on both devices (drawn on the CPU); only the kernels'
+    rounding differs, which may move a decision that sits right at its threshold."""
+    cfg = PonderConfig(max_steps=6, **SMALL)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    test = load_mnist(tiny_mnist, train=False, download=False)
+    on_cpu = evaluate(model, test, cfg, max_angle=45, seed=7, halting="sample")
+    on_gpu = evaluate(model.to(GPU), test.to(GPU), cfg, max_angle=45, seed=7, halting="sample")
+    assert on_gpu.accuracy == pytest.approx(on_cpu.accuracy, abs=0.01)
+    assert on_gpu.mean_steps == pytest.approx(on_cpu.mean_steps, abs=0.02)
