@@ -2,11 +2,16 @@
 
     python benchmarks/speed.py --device cpu               # real MNIST from $PONDER_DATA_DIR
     python benchmarks/speed.py --device cpu --synthetic   # generated images, no data needed
+    python benchmarks/speed.py --device cuda --step align --profile out/   # + a profiler trace
 
 Prints training images/s and seconds per epoch (55,000 images at +-22.5 degrees, batch 128,
 20 steps, plus the 5,000-image validation pass), peak memory, evaluation images/s with real
 early exit and with all 20 steps forced (and checks they agree), a four-angle extrapolation,
 and the same figures for a reference-style step function that recomputes the CNN at every step.
+
+Training runs what `ponder train` runs: the library's epoch (train.train_one_epoch) with its
+optimizer (Adam, fused on CUDA) and GradScaler (on with fp16), and AMP on for CUDA unless
+--no-amp, as `ponder train` has it.
 """
 
 from __future__ import annotations
@@ -28,8 +33,13 @@ from ponder_cli.losses import geometric_log_prior, ponder_loss  # noqa: E402
 from ponder_cli.methods import build_model, get_method  # noqa: E402
 from ponder_cli.model import PonderNet, PonderOutput  # noqa: E402
 from ponder_cli.rotation import uniform_angles  # noqa: E402
-from ponder_cli.runtime import resolve_device  # noqa: E402
-from ponder_cli.train import train_one_epoch  # noqa: E402
+from ponder_cli.runtime import grad_scaler, resolve_device  # noqa: E402
+from ponder_cli.train import make_optimizer, train_one_epoch  # noqa: E402
+
+# a Chrome trace of more batches is too large to open (and to bring back from a GPU machine)
+TRACE_BATCHES = 40
+# CUDA runtime calls that make the host wait for the device
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 
 
 def sync(device: torch.device) -> None:
@@ -83,6 +93,39 @@ def reference_style_infer(model: PonderNet, x: torch.Tensor, uniforms: torch.Ten
     return steps
 
 
+def profile_training(model, method, optimizer, scaler, data, cfg, device, amp: bool, out: Path) -> None:
+    """One pass over `data` under torch.profiler: summary tables (and for a few batches a Chrome
+    trace) in `out`, the busiest ops on stdout, and the kernel launches and host syncs per batch
+    that the CUDA runtime recorded."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out.mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync(device)
+    with profile(activities=activities, record_shapes=False) as prof:
+        train_one_epoch(model, method, optimizer, scaler, data, cfg, amp=amp, progress=False)
+        sync(device)
+    batches = -(-len(data) // cfg.batch_size)
+    if batches <= TRACE_BATCHES:
+        prof.export_chrome_trace(str(out / "train_trace.json"))
+    averages = prof.key_averages()
+    by_device = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    tables = {"by_device_time": averages.table(sort_by=by_device, row_limit=40),
+              "by_cpu_time": averages.table(sort_by="self_cpu_time_total", row_limit=40),
+              "by_calls": averages.table(sort_by="count", row_limit=40)}
+    for name, table in tables.items():
+        (out / f"train_profile_{name}.txt").write_text(table)
+    counts = {e.key: e.count for e in averages}
+    launches = counts.get("cudaLaunchKernel", 0) + counts.get("cuLaunchKernel", 0) + counts.get("cudaLaunchKernelExC", 0)
+    syncs = {name: counts[name] for name in SYNC_CALLS if name in counts}
+    trace = f"{out}/train_trace.json, " if batches <= TRACE_BATCHES else ""
+    print(f"\nprofile of {batches} training batches: {trace}{out}/train_profile_*.txt")
+    print(f"  kernel launches per batch  {launches / batches:8.1f}")
+    print(f"  host syncs per batch       {sum(syncs.values()) / batches:8.2f}   {syncs}")
+    print(f"  nonzero per batch          {counts.get('aten::nonzero', 0) / batches:8.2f}")
+    print("\n".join(tables["by_device_time"].splitlines()[:25]))
+
+
 def evaluation_figures(model, test, cfg, device, amp: bool) -> None:
     print("\nevaluation (10,000 test images, +-22.5 deg, sampled halting)")
     early_s, early = timed(lambda: evaluate(model, test, cfg, max_angle=22.5, seed=1, amp=amp), device, repeat=2)
@@ -98,16 +141,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto")
     parser.add_argument("--step", default="mlp", help="step function (its own defaults apply: see PonderConfig)")
-    parser.add_argument("--amp", action="store_true", help="mixed precision (fp16 on CUDA, bf16 on CPU)")
+    parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
+                        help="mixed precision (fp16 with the GradScaler on CUDA, bf16 on CPU); default: on for CUDA, "
+                             "as in ponder train")
     parser.add_argument("--checkpoint", type=Path, default=None,
                         help="time evaluation on this trained model (its config replaces --step's)")
     parser.add_argument("--synthetic", action="store_true", help="generated images instead of MNIST")
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--train-batches", type=int, default=0,
                         help="time only this many training batches and scale up (0: a whole epoch)")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="also profile the timed training batches into this folder: summary tables, and a "
+                             f"Chrome trace when they are at most {TRACE_BATCHES} (see --train-batches)")
+    parser.add_argument("--train-only", action="store_true", help="stop after the training figures")
     args = parser.parse_args()
 
     device = resolve_device(args.device)
+    if args.amp is None:
+        args.amp = device.type == "cuda"
     cfg = PonderConfig.from_options(step=args.step)  # the reference configuration of that step
     if args.synthetic:
         full, test = synthetic_digits(60_000, 0), synthetic_digits(10_000, 1)
@@ -124,12 +175,15 @@ def main() -> None:
     torch.manual_seed(cfg.seed)
     model = build_model(cfg).to(device)
     method = get_method(cfg)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    scaler = torch.amp.GradScaler(device.type, enabled=False)
+    optimizer = make_optimizer(model, cfg, device)
+    scaler = grad_scaler(device, args.amp)
     log_prior = geometric_log_prior(cfg.lambda_p, cfg.max_steps, device)
 
     # --- training: one epoch of the reference configuration, then the validation pass
     epoch_set = train_set if not args.train_batches else train_set.subset(slice(0, args.train_batches * cfg.batch_size))
+    if device.type == "cuda":  # CUDA context, cuDNN and cuBLAS handles, the allocator's pool: not an epoch's cost
+        train_one_epoch(model, method, optimizer, scaler, train_set.subset(slice(0, 5 * cfg.batch_size)), cfg,
+                        amp=args.amp, progress=False)
     train_s, stats = timed(lambda: train_one_epoch(model, method, optimizer, scaler, epoch_set, cfg,
                                                    amp=args.amp, progress=False), device)
     train_s *= len(train_set) / len(epoch_set)
@@ -140,6 +194,12 @@ def main() -> None:
     print(f"  seconds per epoch       {train_s + val_s:10.2f}   (train {train_s:.2f} + validation {val_s:.2f})")
     print(f"  20 epochs, estimated    {20 * (train_s + val_s) / 60:10.2f} min")
     print(f"  sampled steps (training){stats['steps']:10.2f}")
+    print(f"  GradScaler {'on' if scaler.is_enabled() else 'off'}, back-offs {stats['scaler_backoffs']}, "
+          f"skipped {stats['skipped_batches']}; Adam fused: {bool(optimizer.defaults['fused'])}")
+    if args.profile is not None:
+        profile_training(model, method, optimizer, scaler, epoch_set, cfg, device, args.amp, args.profile)
+    if args.train_only:
+        return
     if args.checkpoint is not None:
         from ponder_cli.checkpoint import load_model
         model, cfg, _ = load_model(args.checkpoint, device)
@@ -164,7 +224,7 @@ def main() -> None:
     model.train()
     ours_step, _ = timed(lambda: train_step(model), device, repeat=10)
     ref_step, _ = timed(lambda: train_step(lambda t: reference_style_forward(model, t)), device, repeat=3)
-    print(f"  forward+backward, one batch: ours {ours_step * 1e3:.1f} ms, reference-style "
+    print(f"  forward+backward, one batch (float32): ours {ours_step * 1e3:.1f} ms, reference-style "
           f"{ref_step * 1e3:.1f} ms ({ref_step / ours_step:.1f}x)")
 
     # --- evaluation on the 10,000 test images: real early exit against all 20 steps forced

@@ -199,7 +199,11 @@ def abort_when_signal_unanswered(grace: float, abort: Callable[[], None] | None 
 
 def _abort_process_group() -> None:
     if active():
-        torch.distributed.group.WORLD.abort()
+        world = torch.distributed.group.WORLD
+        if hasattr(world, "abort"):  # ProcessGroup.abort, in recent PyTorch
+            world.abort()
+        else:
+            torch.distributed.distributed_c10d._abort_process_group()
 
 
 def lost_peer(exc: BaseException) -> bool:
