@@ -225,7 +225,7 @@ def _default_seed() -> int:
 
 @dataclass(frozen=True)
 class TrainOptions:
-    resume: Optional[Path] = None
+    resume: Union[str, Path, None] = None  # a CHECKPOINT argument (runs.resolve_checkpoint; folders: last.pt)
     out: Optional[Path] = None  # None: a fresh runs/<method>-<step>-seed<seed> (or the resumed run's folder)
     data_dir: Optional[Path] = None
     download: bool = True

@@ -301,7 +301,7 @@ def resolve_checkpoint(given: Union[str, Path, None], file: str = BEST) -> Resol
         return Resolved(newest, f"{LATEST}: the newest run under {RUNS_DIR}/")
     if text in SHIPPED:
         return Resolved.shipped(shipped_path(text), f"the shipped model '{text}'")
-    old = shipped_under_old_name(text)
+    old = shipped_under_old_name(text, file)
     if old is not None:
         name = shipped_name(old)
         return Resolved.shipped(old, f"the shipped model '{name}'" if name else f"shipped as {text}")

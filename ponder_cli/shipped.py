@@ -39,11 +39,14 @@ def shipped_name(path: Path) -> Optional[str]:
     return None
 
 
-def shipped_under_old_name(text: str) -> Optional[Path]:
+def shipped_under_old_name(text: str, file: str) -> Optional[Path]:
     """`checkpoints/align/best.pt` (the README's spelling from before the models moved into the
-    package) -> the shipped file of that relative name, when there is one."""
+    package) -> the shipped file of that relative name, when there is one; a folder there
+    (`checkpoints/align`) -> its `file`."""
     parts = PurePath(text).parts
     if len(parts) < 2 or parts[0] != FOLDER or ".." in parts:
         return None
     path = shipped_dir().joinpath(*parts[1:])
+    if path.is_dir():
+        path = path / file
     return path if path.is_file() else None

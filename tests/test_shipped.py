@@ -67,7 +67,7 @@ def test_a_shipped_model_is_named_relative_to_the_directory_it_lies_below(monkey
 @pytest.mark.parametrize("argument,name", [("reference", "reference"), ("interpolation", "interpolation"),
                                            ("align", "align"), ("checkpoints/best.pt", "reference"),
                                            ("checkpoints/interpolation/best.pt", "interpolation"),
-                                           ("checkpoints/align/best.pt", "align")])
+                                           ("checkpoints/align/best.pt", "align"), ("checkpoints/align", "align")])
 def test_names_and_the_readmes_older_paths_read_the_shipped_files(argument, name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     resolved = resolve_checkpoint(argument)
