@@ -126,7 +126,7 @@ def test_bad_extrapolate_options(args, fragment, checkpoint, tiny_mnist, invoke,
 
 
 @pytest.mark.parametrize("content,fragment", [
-    (None, "is a directory"), (b"", "is an empty file, not a ponder_cli checkpoint"),
+    (None, "holds no best.pt"), (b"", "is an empty file, not a ponder_cli checkpoint"),
     (b"step,loss\n1,0.5\n", "is a text file, not a ponder_cli checkpoint"), (b"\x80\x04garbage", "not a readable"),
 ])
 def test_bad_checkpoint_files(content, fragment, tmp_path, tiny_mnist, invoke, one_error_line):
