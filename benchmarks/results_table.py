@@ -1,6 +1,6 @@
 """Print the README's extrapolation results as Markdown: every protocol x halting rule.
 
-    python benchmarks/results_table.py [CHECKPOINT] [--angles 22.5 45 67.5 90]
+    python benchmarks/results_table.py [CHECKPOINT] [--angles 22.5 45 67.5 90]   # default: reference
 
 Evaluates the checkpoint through the library (`api.evaluate_checkpoint`, full test set, the
 checkpoint's seed) for each combination and prints one table per halting rule with accuracy /
@@ -22,7 +22,8 @@ from ponder_cli.registry import HALTING_RULES, PROTOCOLS  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("checkpoint", nargs="?", default="checkpoints/best.pt", type=Path)
+    parser.add_argument("checkpoint", nargs="?", default="reference",
+                        help="as ponder eval's CHECKPOINT: a file, a run folder, latest or a shipped model's name")
     parser.add_argument("--angles", nargs="+", default=["22.5", "45", "67.5", "90"])
     parser.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=PROTOCOLS)
     parser.add_argument("--halting", nargs="+", default=list(HALTING_RULES), choices=HALTING_RULES)

@@ -7,6 +7,7 @@ The CLI parses options, calls one of these and renders the report; everything he
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import math
 import signal
@@ -15,10 +16,10 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from . import PonderError, brief
-from .config import MAX_ANGLE, seed_problems
+from .config import MAX_ANGLE, applies, seed_problems
 from .reports import (Report, combine_draws, comparison_report, evaluation_report, group_by_configuration, mean_ci,
                       sweep_report, training_report)
 
@@ -123,25 +124,31 @@ def _bucket_dicts(model, cfg, test, angles: list[float], options: EvalOptions, s
     return combined, rho, rho_ci
 
 
-def _load_one(checkpoint: Optional[Path], options: EvalOptions, log: Callable[[str], None]):
-    """The model of `checkpoint` (default: runs.default_checkpoint, saying which) and its device."""
-    from .checkpoint import load_model
-    from .runs import default_checkpoint
+def _resolve(checkpoint, log: Callable[[str], None]):
+    """The file a CHECKPOINT argument names (runs.resolve_checkpoint), saying which on stderr."""
+    from .runs import resolve_checkpoint
 
-    path = checkpoint
-    if path is None:
-        path, why = default_checkpoint()
-        log(f"using {path} ({why})")
+    resolved = resolve_checkpoint(checkpoint)
+    log(f"using {resolved.path} ({resolved.why})")
+    return resolved.path
+
+
+def _load_one(checkpoint, options: EvalOptions, log: Callable[[str], None]):
+    """The model a CHECKPOINT argument names (default: the shipped reference model) and its device."""
+    from .checkpoint import load_model
+
+    path = _resolve(checkpoint, log)
     dev, amp = _device_and_amp(options.device, options.amp)
     model, cfg, _ = load_model(path, dev)
     return path, dev, amp, model, cfg
 
 
-def evaluate_checkpoint(command: str, checkpoint: Optional[Path], angles: list[float], options: EvalOptions, *,
-                        log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
-    """eval (with the loss) and extrapolate: one checkpoint, one bucket per angle. With no
-    checkpoint, the newest run's best.pt or the shipped model (runs.default_checkpoint), and a
-    "using ..." line saying which; progress: a bar on stderr, one tick per bucket."""
+def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], angles: list[float], options: EvalOptions,
+                        *, log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
+    """eval (with the loss) and extrapolate: one checkpoint, one bucket per angle. `checkpoint`
+    is a CHECKPOINT argument (a file, a run folder, `latest`, a shipped model's name; None: the
+    shipped reference model); a "using ..." line says which file; progress: a bar on stderr,
+    one tick per bucket."""
     path, dev, amp, model, cfg = _load_one(checkpoint, options, log)
     with _progress_bar(len(angles) * options.repeats, progress) as bar:
         test = _test_set(options, dev)
@@ -154,7 +161,7 @@ def evaluate_checkpoint(command: str, checkpoint: Optional[Path], angles: list[f
                              rho_ci=rho_ci)
 
 
-def sweep_checkpoint(checkpoint: Optional[Path], start: float, stop: float, every: float, options: EvalOptions, *,
+def sweep_checkpoint(checkpoint: Union[str, Path, None], start: float, stop: float, every: float, options: EvalOptions, *,
                      log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
     """The test set rotated by exactly each angle from `start` to `stop` every `every` degrees:
     accuracy and mean steps per angle, and the slope of steps against the angle."""
@@ -183,7 +190,7 @@ def _weights_digest(state_dict: dict) -> str:
     return digest.hexdigest()
 
 
-def compare_checkpoints(checkpoints: list[Path], angles: list[float], options: EvalOptions, *,
+def compare_checkpoints(checkpoints: list[Union[str, Path]], angles: list[float], options: EvalOptions, *,
                         log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
     """Several checkpoints on the same buckets (same images, same coin flips); checkpoints that
     differ only in the seed are one method, reported as mean ± sd over its distinct models."""
@@ -192,7 +199,8 @@ def compare_checkpoints(checkpoints: list[Path], angles: list[float], options: E
     dev, amp = _device_and_amp(options.device, options.amp)
     seed = options.seed if options.seed is not None else _default_seed()
     models, seen = {}, {}
-    for path in checkpoints:  # load every file first: a bad one fails before any evaluation
+    paths = [_resolve(checkpoint, log) for checkpoint in checkpoints]  # every name checked before loading
+    for path in paths:  # load every file first: a bad one fails before any evaluation
         model, cfg, _ = load_model(path, dev)
         digest = _weights_digest(model.state_dict())
         if digest in seen:
@@ -217,7 +225,7 @@ def _default_seed() -> int:
 
 @dataclass(frozen=True)
 class TrainOptions:
-    resume: Optional[Path] = None
+    resume: Union[str, Path, None] = None  # a CHECKPOINT argument (runs.resolve_checkpoint; folders: last.pt)
     out: Optional[Path] = None  # None: a fresh runs/<method>-<step>-seed<seed> (or the resumed run's folder)
     data_dir: Optional[Path] = None
     download: bool = True
@@ -245,10 +253,10 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
     from . import distributed
     from .checkpoint import LAST, load_checkpoint
     from .data import load_mnist, train_val_split
-    from .render import epoch_line
-    from .runs import RunLock, claim_run_dir, plan_training
+    from .render import config_lines, epoch_line
+    from .runs import MetricsFile, RunLock, claim_run_dir, plan_training, remove_if_empty_run_dir, write_run_config
     from .runtime import amp_dtype
-    from .train import train
+    from .train import EpochStats, train
 
     where = distributed.launch()  # torchrun's RANK, LOCAL_RANK, WORLD_SIZE; None for a plain process
     main = where is None or where.main
@@ -256,14 +264,22 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
         log = lambda line: None  # noqa: E731  rank 0 alone speaks
     plan = plan_training(given, resume=options.resume, out=options.out, overwrite=options.overwrite)
     cfg = plan.cfg
+    if plan.resumed is not None:
+        log(f"using {plan.resumed.path} ({plan.resumed.why})")
     distributed.check_batch_size(cfg.batch_size, where)
     dev, amp = _device_and_amp(options.device, options.amp)
     dev = distributed.device_for(dev, where)
+    for line in config_lines(cfg.to_dict(), plan.sources, shown=_shown_fields(cfg)):
+        log(line)
     saved: list[int] = []  # epochs this run has written to last.pt
     lock: list = []  # rank 0's RunLock, once taken
+    made: list[Path] = []  # the run folder, when this run created it
+    metrics: list = []  # rank 0's MetricsFile, once the folder is claimed
 
     def on_epoch(stats) -> None:
         saved.append(stats.epoch)
+        for file in metrics:
+            file.append(dataclasses.asdict(stats))
         log(epoch_line(stats, cfg.epochs))
 
     launched = time.time()
@@ -287,10 +303,22 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
         return "no epoch had completed; nothing was saved"
 
     def claim() -> Path:
+        existed = plan.out_dir.exists() and not plan.fresh_folder
         out_dir = claim_run_dir(plan)
+        if not existed:
+            made.append(out_dir)
         lock.append(RunLock(out_dir).acquire())
+        # beside the checkpoints, readable without torch: the resolved configuration, and one
+        # row per epoch (a resumed run's rows so far come from its checkpoint's history)
+        write_run_config(out_dir, cfg, plan.sources, resumed_from=str(plan.resumed.path) if plan.resumed else None,
+                         resumed_after_epoch=plan.resume.epoch if plan.resume else None, device=str(dev),
+                         amp=amp, processes=where.world_size if where else 1,
+                         not_applicable=[name for name in cfg.field_names() if not applies(name, cfg.chosen())])
+        metrics.append(MetricsFile(out_dir, [f.name for f in dataclasses.fields(EpochStats)]))
+        metrics[0].start(plan.resume.history if plan.resume else [])
         return out_dir
 
+    finished = False
     with _sigterm_as_interrupt(torchrun=where is not None):
         try:
             full = load_mnist(_data_dir(options.data_dir), train=True, download=options.download)
@@ -309,6 +337,7 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
             started = time.perf_counter()
             result = train(cfg, train_set, val_set, device=dev, out_dir=plan.out_dir, amp=amp, resume=plan.resume,
                            on_epoch=on_epoch, progress=options.progress and main)
+            finished = True
         except KeyboardInterrupt as exc:
             raise (Terminated if isinstance(exc, _SigTerm) else Interrupted)(resume_hint()) from None
         except RuntimeError as exc:
@@ -321,8 +350,20 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
         finally:
             for held in lock:
                 held.release()
+            if not finished:
+                for folder in made:  # a run that saved no epoch leaves no folder behind: the next takes its name
+                    remove_if_empty_run_dir(folder)
     distributed.teardown()
     return training_report(cfg, result, time.perf_counter() - started) if main else None
+
+
+def _shown_fields(cfg) -> list[str]:
+    """What the configuration lines show: every field that matters to the chosen pieces, and
+    whatever they imply."""
+    from .config import applies, implied_values
+
+    implied = implied_values(cfg.chosen())
+    return [name for name in cfg.field_names() if applies(name, cfg.chosen()) or name in implied]
 
 
 class Interrupted(PonderError):

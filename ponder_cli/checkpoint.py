@@ -22,12 +22,12 @@ import torch
 
 from . import PonderError, brief
 from .config import PonderConfig
+from .runs import BEST, LAST  # noqa: F401  (the run folder's file names, re-exported)
 
 FORMAT = "ponder_cli"
 # 2: the step function became a module of its own (weights under "step."); 1 is read and upgraded
 VERSION = 2
 READABLE_VERSIONS = (1, 2)
-BEST, LAST = "best.pt", "last.pt"
 _V1_PREFIXES = {"encoder.": "step.encoder.", "step_mlp.": "step.mlp."}
 
 
@@ -183,6 +183,9 @@ def load_checkpoint(path: Path | str, map_location="cpu") -> TrainingState:
         raise PonderError(f"checkpoint {path} does not exist (train one with `ponder train`)")
     if path.is_dir():
         raise PonderError(f"checkpoint {path} is a directory, not a file")
+    kind = _not_a_torch_file(path)
+    if kind is not None:
+        raise PonderError(f"{path} is {kind}, not a ponder_cli checkpoint")
     try:
         with warnings.catch_warnings():  # torch warns about odd pickle protocols before failing
             warnings.simplefilter("ignore")
@@ -197,6 +200,30 @@ def load_checkpoint(path: Path | str, map_location="cpu") -> TrainingState:
     except Exception as exc:  # truncated, empty, not a torch file at all
         raise PonderError(f"checkpoint {path} is not a readable checkpoint ({brief(exc)})") from None
     return TrainingState.from_dict(payload, path)
+
+
+# How torch.save's files begin: a zip archive (since PyTorch 1.6), or a pickle (the legacy format).
+_TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
+def _not_a_torch_file(path: Path) -> str | None:
+    """What a file that torch.save cannot have written looks like ("an empty file", "a text
+    file"), or None when it may be one (torch.load then has the last word)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return None  # torch.load reports it
+    if not head:
+        return "an empty file"
+    if head.startswith(_TORCH_MAGIC):
+        return None
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        # a character cut by the 512-byte read is no sign of a binary file
+        text = head[:exc.start].decode("utf-8") if exc.start >= len(head) - 3 else "\0"
+    return "a text file" if all(c.isprintable() or c.isspace() for c in text) else "a file PyTorch did not write"
 
 
 def load_model(path: Path | str, device) -> tuple[torch.nn.Module, PonderConfig, TrainingState]:

@@ -16,20 +16,38 @@ from . import PonderError, __version__
 from .cli_options import (AmpOption, AnglesCommand, CheckpointArgument, CnnDropoutMask, DataDirOption, DetailOption,
                           DeviceOption, DownloadOption, EvalBatchOption, EvalSeedOption, FormatOption, Halting,
                           HaltingInput, HaltingOption, LimitOption, Method, PlotOption, Protocol, ProtocolOption,
-                          QuietOption, RepeatsOption, Step, angles_option, expand_angles, hyper)
+                          QuietOption, RepeatsOption, Step, TrainCommand, angles_option, expand_angles, hyper)
 from .config import PonderConfig
 from .render import OutputFormat
+from .streams import READER_GONE, guarded_stderr, reader_gone, require_stdout
 
 __all__ = ["app", "expand_angles", "run"]
 
 
 class PonderGroup(TyperGroup):
     """The one error boundary: a PonderError (the user's to fix) or an OSError on a user's path
-    becomes one line on stderr and a non-zero exit, never a traceback."""
+    becomes one line on stderr and a non-zero exit, never a traceback. The standard streams are
+    handled here too (streams.py): stderr may be lost without harm; results need a stdout, and
+    a reader that leaves it ends the command quietly with streams.READER_GONE."""
+
+    def main(self, *args, **kwargs):
+        with guarded_stderr():
+            return super().main(*args, **kwargs)
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            require_stdout()
+            result = super().invoke(ctx)
+            if sys.stdout is not None:
+                sys.stdout.flush()  # buffered results meet a closed pipe here, inside the boundary
+            return result
+        except BrokenPipeError:  # stdout's reader left (stderr's are dropped by streams.Chatter)
+            reader_gone()
+            raise typer.Exit(READER_GONE) from None
+        except typer.BadParameter as exc:
+            # Typer words a refused choice as pydantic does, "Value error, 'x' is not one of ..."
+            exc.message = exc.message.removeprefix("Value error, ")
+            raise
         except PonderError as exc:
             _fail(f"{exc.headline}: {exc}", exc.exit_code, exc)
         except OSError as exc:
@@ -97,12 +115,20 @@ def _prepare(angles: list[str], plot: Optional[Path], protocol: Protocol, haltin
     return parsed, plot, EvalOptions(protocol=protocol.value, halting=halting.value, **options)
 
 
-def _evaluate(command: str, checkpoint: Optional[Path], angles: list[str], quiet: bool, fmt: OutputFormat,
+EVAL_ANGLES, EXTRAPOLATION_ANGLES = ["0"], ["22.5", "45", "67.5", "90"]
+
+
+def _evaluate(command: str, checkpoint: Optional[str], angles: Optional[list[str]], quiet: bool, fmt: OutputFormat,
               rotation: Optional[float] = None, **options) -> None:
     from .api import evaluate_checkpoint
 
     if rotation is not None:
+        if angles is not None:
+            raise PonderError(f"--rotation and --angles are alternatives: give one (--rotation {rotation:g} is "
+                              f"--angles {rotation:g})")
         angles, options["what"] = [str(rotation)], "--rotation"
+    elif angles is None:
+        angles = EVAL_ANGLES if command == "eval" else EXTRAPOLATION_ANGLES
     parsed, plot, eval_options = _prepare(angles, **options)
     report = evaluate_checkpoint(command, checkpoint, parsed, eval_options, log=_chatter(quiet), progress=_bars(quiet))
     _render(report, fmt, plot, quiet)
@@ -110,7 +136,7 @@ def _evaluate(command: str, checkpoint: Optional[Path], angles: list[str], quiet
 
 # train -----------------------------------------------------------------------------------------
 
-@app.command()
+@app.command(cls=TrainCommand)
 def train(
     method: Optional[Method] = hyper("method", "pondernet; act (Adaptive Computation Time, Graves 2016); plain "
                                                 "(one step, no pondering: implies --max-steps 1).", "--method",
@@ -157,8 +183,10 @@ def train(
                                    "shipped models) in --out."),
     device: str = DeviceOption,
     amp: Optional[bool] = AmpOption,
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run saved in this checkpoint "
-                                                                 "(e.g. runs/pondernet-mlp-seed1234/last.pt)."),
+    resume: Optional[str] = typer.Option(None, "--resume", metavar="CHECKPOINT",
+                                         help="Continue the run saved in this checkpoint: a file (e.g. "
+                                              "runs/pondernet-mlp-seed1234/last.pt), a run folder (its last.pt) or "
+                                              "latest (the newest run under runs/)."),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", show_default=False,
                                             help="Progress bars on stderr. [default: when stderr is a terminal]"),
     quiet: bool = QuietOption,
@@ -180,9 +208,10 @@ def train(
 
 @app.command("eval", cls=AnglesCommand)
 def eval_command(
-    checkpoint: Optional[Path] = CheckpointArgument,
-    angles: List[str] = angles_option(["0"], "Rotate test images within ±angle; one bucket per angle."),
-    rotation: Optional[float] = typer.Option(None, "--rotation", help="The same as --angles with one angle."),
+    checkpoint: Optional[str] = CheckpointArgument,
+    angles: Optional[List[str]] = angles_option(EVAL_ANGLES, "Rotate test images within ±angle; one bucket per angle."),
+    rotation: Optional[float] = typer.Option(None, "--rotation", metavar="DEG",
+                                             help="The same as --angles with one angle (give one or the other)."),
     protocol: Protocol = ProtocolOption,
     halting: Halting = HaltingOption,
     detail: bool = DetailOption,
@@ -204,8 +233,8 @@ def eval_command(
 
 @app.command(cls=AnglesCommand)
 def extrapolate(
-    checkpoint: Optional[Path] = CheckpointArgument,
-    angles: List[str] = angles_option(["22.5", "45", "67.5", "90"], "Rotation buckets in degrees (see --protocol)."),
+    checkpoint: Optional[str] = CheckpointArgument,
+    angles: Optional[List[str]] = angles_option(EXTRAPOLATION_ANGLES, "Rotation buckets in degrees (see --protocol)."),
     protocol: Protocol = ProtocolOption,
     halting: Halting = HaltingOption,
     detail: bool = DetailOption,
@@ -227,7 +256,7 @@ def extrapolate(
 
 @app.command()
 def sweep(
-    checkpoint: Optional[Path] = CheckpointArgument,
+    checkpoint: Optional[str] = CheckpointArgument,
     start: float = typer.Option(0.0, "--from", help="First angle, degrees."),
     stop: float = typer.Option(180.0, "--to", help="Last angle, degrees."),
     every: float = typer.Option(5.0, "--every", help="Degrees between angles."),
@@ -256,9 +285,11 @@ def sweep(
 
 @app.command(cls=AnglesCommand)
 def compare(
-    checkpoints: List[Path] = typer.Argument(..., help="Checkpoints to compare: one or more per method; several "
-                                                      "of one method (e.g. other seeds) give mean ± sd."),
-    angles: List[str] = angles_option(["22.5", "45", "67.5", "90"], "Rotation buckets in degrees."),
+    checkpoints: List[str] = typer.Argument(..., metavar="CHECKPOINT", show_default=False,
+                                            help="Checkpoints to compare (each as eval's CHECKPOINT: a file, a run "
+                                                 "folder, latest or a shipped model's name): one or more per method; "
+                                                 "several of one method (e.g. other seeds) give mean ± sd."),
+    angles: Optional[List[str]] = angles_option(EXTRAPOLATION_ANGLES, "Rotation buckets in degrees."),
     protocol: Protocol = ProtocolOption,
     halting: Halting = HaltingOption,
     plot: Optional[Path] = PlotOption,
@@ -277,8 +308,9 @@ def compare(
     """Methods side by side on the same rotation buckets: accuracy and ponder steps, mean ± sd over seeds."""
     from .api import compare_checkpoints
 
-    parsed, plot, options = _prepare(angles, plot, protocol, halting, seed=seed, repeats=repeats, limit=limit,
-                                     batch_size=batch_size, data_dir=data_dir, download=download, device=device, amp=amp)
+    parsed, plot, options = _prepare(angles or EXTRAPOLATION_ANGLES, plot, protocol, halting, seed=seed,
+                                     repeats=repeats, limit=limit, batch_size=batch_size, data_dir=data_dir,
+                                     download=download, device=device, amp=amp)
     report = compare_checkpoints(checkpoints, parsed, options, log=_chatter(quiet), progress=_bars(quiet))
     _render(report, fmt, plot, quiet)
 

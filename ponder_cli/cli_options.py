@@ -11,7 +11,9 @@ from typer.core import TyperCommand
 
 from .config import PonderConfig
 from .registry import CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, METHODS, PROTOCOLS, STEPS
-from .render import OutputFormat
+from .render import OutputFormat, value_text
+from .runs import LATEST, RUNS_DIR
+from .shipped import DEFAULT, SHIPPED
 
 
 def _choices(name: str, values) -> type[Enum]:
@@ -64,6 +66,21 @@ class AnglesCommand(TyperCommand):
         return super().parse_args(ctx, expand_angles(list(args)))
 
 
+class TrainCommand(TyperCommand):
+    """`ponder train`: its help shows, beside each default, the values the methods and steps
+    imply instead (`[default: 20; align: 12; plain: 1]`), read from the pieces' `implied`."""
+
+    def format_help(self, ctx, formatter):
+        from .config import implied_by_pieces  # loads every piece (so torch): only when help is asked for
+
+        for param in self.params:
+            if param.name in PonderConfig.field_names() and getattr(param, "help", None):
+                pieces = "".join(f"; {piece}: {value_text(value)}" for piece, value in implied_by_pieces(param.name))
+                if pieces and param.help.endswith("]") and pieces not in param.help:
+                    param.help = param.help[:-1] + pieces + "]"
+        super().format_help(ctx, formatter)
+
+
 # Shared options --------------------------------------------------------------------------------
 
 DataDirOption = typer.Option(None, "--data-dir", help="Where MNIST lives or is downloaded to "
@@ -74,8 +91,10 @@ DeviceOption = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N.
 AmpOption = typer.Option(None, "--amp/--no-amp", help="Mixed precision: fp16 on CUDA, bf16 on CPU. "
                          "[default: on for CUDA, off for CPU]")
 FormatOption = typer.Option(OutputFormat.table, "--format", "-f", help="Output format.", case_sensitive=False)
-CheckpointArgument = typer.Argument(None, help="Checkpoint to load. [default: the newest runs/*/best.pt, else the "
-                                    "shipped checkpoints/best.pt]", show_default=False)
+CheckpointArgument = typer.Argument(
+    None, metavar="CHECKPOINT", show_default=False,
+    help=f"A checkpoint file, a run folder (its best.pt), {LATEST} (the newest run under {RUNS_DIR}/), or a shipped "
+         f"model: {'; '.join(f'{name} ({text})' for name, (_, text) in SHIPPED.items())}. [default: {DEFAULT}]")
 QuietOption = typer.Option(False, "--quiet", "-q", help="No progress bars or messages on stderr; errors and "
                            "results still show.")
 EvalSeedOption = typer.Option(None, "--seed", help="Seed of the test rotations and halting coin flips. "
@@ -95,16 +114,18 @@ DetailOption = typer.Option(False, "--detail", help="Also show, per halting step
                             "and the accuracy if every image stopped there (runs all steps).")
 PlotOption = typer.Option(None, "--plot", help="Write a figure (PNG, or another format matplotlib knows by the "
                           "file's extension) of accuracy and ponder steps against angle and the halting-step "
-                          "distributions (needs matplotlib: pip install -e '.[plot]').")
+                          "distributions (needs matplotlib: pip install matplotlib).")
 
 
 def angles_option(default: list[str], what: str):
-    return typer.Option(default, "--angles", help=f"{what} Several values after one flag: --angles 22.5 45; "
-                                                  "checkpoints may come before or after the list.")
+    """--angles: None unless given (so that an alternative, eval's --rotation, can tell), shown with its default."""
+    return typer.Option(None, "--angles", metavar="DEG...", show_default=False,
+                        help=f"{what} Several values after one flag: --angles 22.5 45; checkpoints may come before "
+                             f"or after the list. [default: {' '.join(default)}]")
 
 
 def hyper(name: str, text: str, flag: Optional[str] = None, **kwargs):
     """An option that is None unless given, so that a resumed run can tell what the user set."""
-    default = PonderConfig.default(name)
+    default = value_text(PonderConfig.default(name))
     return typer.Option(None, *([flag] if flag else []), help=f"{text} [default: {default}]", show_default=False,
                         **kwargs)

@@ -22,6 +22,59 @@ def seed_problems(seed: int, what: str) -> list[str]:
     return []
 
 
+# The kinds of piece a config chooses: the config field that names the piece -> its registry
+# table and loader. A later kind's implied values win over an earlier one's (plain's one step
+# over align's twelve).
+PIECE_KINDS = {"step": (STEPS, step_class), "method": (METHODS, method_class)}
+
+
+def option_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def readers(field: str) -> dict[str, list[str]]:
+    """For each kind of piece some of whose pieces read `field` (their `reads`), those pieces."""
+    found = {}
+    for kind, (table, load) in PIECE_KINDS.items():
+        names = [name for name in table if field in load(name).reads]
+        if names:
+            found[kind] = names
+    return found
+
+
+def applies(field: str, chosen: dict[str, str]) -> bool:
+    """Whether a field matters to the chosen pieces: every kind that has readers of it has it
+    read by the chosen piece (a field no piece declares, like --epochs, applies to every run)."""
+    return all(chosen[kind] in names for kind, names in readers(field).items())
+
+
+def inapplicable(given, chosen: dict[str, str]) -> list[str]:
+    """The one rule for options that do not apply: a field the user set that the chosen piece of
+    some kind does not read, though other pieces of that kind do, is refused, naming who reads it."""
+    problems = []
+    for field in given:
+        for kind, names in readers(field).items():
+            if chosen[kind] not in names:
+                problems.append(f"{option_name(field)} applies to --{kind} {', '.join(names)}, not {chosen[kind]}")
+                break
+    return problems
+
+
+def implied_values(chosen: dict[str, str]) -> dict[str, tuple]:
+    """field -> (value, "--step align"): what the chosen pieces imply unless the user says otherwise."""
+    found = {}
+    for kind, (table, load) in PIECE_KINDS.items():
+        if chosen.get(kind) in table:
+            found.update({name: (value, f"--{kind} {chosen[kind]}") for name, value in load(chosen[kind]).implied.items()})
+    return found
+
+
+def implied_by_pieces(field: str) -> list[tuple[str, object]]:
+    """(piece, value) for every piece of any kind that implies a value of `field`, for --help."""
+    return [(name, load(name).implied[field]) for table, load in PIECE_KINDS.values() for name in table
+            if field in load(name).implied]
+
+
 @dataclass(frozen=True)
 class PonderConfig:
     # pondernet (Banino et al. 2021), act (Graves 2016) or plain (one step: no pondering)
@@ -135,11 +188,14 @@ class PonderConfig:
     @classmethod
     def from_options(cls, **given) -> "PonderConfig":
         """A config from the options the user gave; the rest are the defaults, or what the chosen
-        method implies (plain: one step)."""
-        method, step = given.get("method", cls.default("method")), given.get("step", cls.default("step"))
-        implied = {**(step_class(step).implied if step in STEPS else {}),
-                   **(method_class(method).implied if method in METHODS else {})}
-        values = {**implied, **given}
+        method or step implies (plain: one step). An option that no chosen piece reads is refused
+        (see inapplicable)."""
+        chosen = {kind: given.get(kind, cls.default(kind)) for kind in PIECE_KINDS}
+        if all(name in PIECE_KINDS[kind][0] for kind, name in chosen.items()):  # else __post_init__ says so
+            problems = inapplicable(given, chosen)
+            if problems:
+                raise PonderError("; ".join(problems))
+        values = {**{name: value for name, (value, _) in implied_values(chosen).items()}, **given}
         if values.get("halting_bias") == "prior":  # lambda starts at the prior's lambda_p
             lambda_p = values.get("lambda_p", cls.default("lambda_p"))
             values["halting_bias"] = math.log(lambda_p / (1 - lambda_p)) if 0 < lambda_p < 1 else float("nan")
@@ -149,6 +205,16 @@ class PonderConfig:
             except ValueError:
                 raise PonderError(f"halting-bias must be a number or 'prior' (got {values['halting_bias']!r})") from None
         return cls(**values)
+
+    def chosen(self) -> dict[str, str]:
+        """The piece of each kind this config chooses: {"step": "mlp", "method": "pondernet"}."""
+        return {kind: getattr(self, kind) for kind in PIECE_KINDS}
+
+    def sources(self, given) -> dict[str, str]:
+        """Where each value came from: "given", "implied by --step align" (or the method), "default"."""
+        implied = implied_values(self.chosen())
+        return {name: "given" if name in given else f"implied by {implied[name][1]}" if name in implied else "default"
+                for name in self.field_names()}
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

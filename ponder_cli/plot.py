@@ -7,7 +7,7 @@ from pathlib import Path
 
 from . import PonderError
 
-INSTALL_HINT = "--plot needs matplotlib: pip install -e '.[plot]' (or pip install matplotlib)"
+INSTALL_HINT = "--plot needs matplotlib: pip install matplotlib"
 
 
 def require_matplotlib() -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass
 from enum import Enum
@@ -118,12 +120,18 @@ def _chunks(columns: list[Column], narrowest: list[int], width: int) -> list[lis
     return chunks + [current]
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich would exit on its own here; what a reader leaving means is the CLI's to decide
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 def table_console(file: IO[str] | None = None, width: int | None = None) -> Console:
     """The terminal's width ($COLUMNS or the window's); pipes and files get 200 columns, so that
     tables are not wrapped for a terminal they will never be shown on."""
-    console = Console(file=file or sys.stdout, width=width)
+    console = _Console(file=file or sys.stdout, width=width)
     if width is None and not console.is_terminal:
-        console = Console(file=file or sys.stdout, width=200)
+        console = _Console(file=file or sys.stdout, width=200)
     return console
 
 
@@ -180,3 +188,32 @@ def epoch_line(stats, epochs: int) -> str:
             f"steps {stats.train_steps:.2f}  |  val acc {stats.val_accuracy:.4f}  steps {stats.val_steps:.2f}  |  "
             f"lr {stats.lr:.0e}  {stats.seconds:.1f}s{'  *' if stats.improved else ''}"
             f"{f'  ({stats.skipped_batches} non-finite batches skipped)' if stats.skipped_batches else ''}")
+
+
+def value_text(value: Any) -> str:
+    """A config value as the user would type it: 0.001, 12, state+turn, none."""
+    if value is None:
+        return "none"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def config_lines(values: dict, sources: dict, shown: list[str], width: int = 80) -> list[str]:
+    """The resolved configuration that `ponder train` states on stderr, grouped by where each
+    value came from (given, implied by the method or step, the checkpoint, default), as
+    `max-steps 12` items wrapped at `width` columns."""
+    groups: dict[str, list[str]] = {}
+    for name in shown:
+        groups.setdefault(sources[name], []).append(f"{name.replace('_', '-')} {value_text(values[name])}")
+    order = sorted(groups, key=lambda source: (source != "given", source == "default", source))
+    lines = ["configuration:"]
+    for source in order:
+        label = {"default": "defaults", "checkpoint": "from the checkpoint"}.get(source, source)
+        line = f"  {label}: "
+        for i, item in enumerate(groups[source]):
+            piece = item if i == 0 else f" · {item}"
+            if i and cell_len(line + piece) > width:
+                lines.append(line)
+                line, piece = "    ", item
+            line += piece
+        lines.append(line)
+    return lines

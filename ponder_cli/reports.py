@@ -81,7 +81,8 @@ def mean_ci(values: list[float]) -> tuple[float, Optional[list[float]]]:
 def combine_draws(draws: list[dict]) -> dict:
     """One bucket from K independent draws of rotations and coins: every figure is the mean over
     draws; accuracy and mean steps also get a 95% interval (`accuracy_ci`, `mean_steps_ci`), and
-    the histogram is the mean count per draw."""
+    the histogram is the mean count per draw. Means are floats even where every draw gave a
+    whole count, so that a figure's type never depends on the draws' luck."""
     first = draws[0]
     if len(draws) == 1:
         return {**first, "repeats": 1, "accuracy_ci": None, "mean_steps_ci": None}
@@ -90,12 +91,12 @@ def combine_draws(draws: list[dict]) -> dict:
         values = [d[key] for d in draws]
         if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "images" \
                 and all(v is not None for v in values):
-            combined[key] = statistics.mean(values)
+            combined[key] = statistics.fmean(values)
         elif isinstance(value, list) and value and isinstance(value[0], (int, float)):
-            combined[key] = [statistics.mean(column) for column in zip(*values)]
+            combined[key] = [statistics.fmean(column) for column in zip(*values)]
         elif value is None or any(v is None for v in values):
             present = [v for v in values if v is not None]
-            combined[key] = statistics.mean(present) if present and isinstance(present[0], float) else value
+            combined[key] = statistics.fmean(present) if present and isinstance(present[0], float) else value
     combined["accuracy"], combined["accuracy_ci"] = mean_ci([d["accuracy"] for d in draws])
     combined["mean_steps"], combined["mean_steps_ci"] = mean_ci([d["mean_steps"] for d in draws])
     combined["repeats"] = len(draws)
@@ -166,11 +167,14 @@ def per_step_table(buckets: list[dict], *, expected: bool) -> tuple[str, list[di
     """Per halting step: images that halted there and the accuracy if every image stopped there."""
     columns = [Column("step", "step")]
     rows = [{"step": k + 1} for k in range(len(buckets[0]["histogram"]))]
+    # whole counts from one draw of the sample or median rule; fractions when the expected rule
+    # spreads an image over steps or --repeats averages draws (combine_draws)
+    whole = not expected and all(isinstance(n, int) for b in buckets for n in b["histogram"])
     for i, bucket in enumerate(buckets):
         for k, row in enumerate(rows):
             row[f"n{i}"] = bucket["histogram"][k]
             row[f"a{i}"] = bucket["accuracy_at_step"][k]
-        columns += [Column(f"n{i}", f"±{bucket['rotation']:g}° halted", ".1f" if expected else "d", group=f"b{i}"),
+        columns += [Column(f"n{i}", f"±{bucket['rotation']:g}° halted", "d" if whole else ".1f", group=f"b{i}"),
                     Column(f"a{i}", f"±{bucket['rotation']:g}° acc if stop", ".4f", group=f"b{i}")]
     return "Per halting step", rows, columns
 
@@ -201,7 +205,8 @@ def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float]
     report.meta["fit"] = {"steps_per_10_degrees": 10 * slope, "steps_at_0": intercept, "r2": r2}
     report.columns = SWEEP_COLUMNS
     report.title = f"{cfg.method} mental rotation sweep ({checkpoint})"
-    report.caption += (f"\nleast squares: steps = {intercept:.2f} + {10 * slope:+.3f} per 10°"
+    report.caption += (f"\nleast squares: steps = {intercept:.2f} {'-' if slope < 0 else '+'} {abs(10 * slope):.3f} "
+                       "per 10°"
                        + (f" (r² {r2:.2f})" if r2 is not None else ""))
     report.plot_kind = "sweep"
     return report

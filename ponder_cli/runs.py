@@ -1,24 +1,28 @@
 """Where a training run starts from and writes to: the config-merge and resume rules, the run
 folder (a fresh one under runs/ by default, never another run's or the shipped models), the lock
-that keeps two runs out of one folder, and the checkpoint eval and extrapolate read by default."""
+that keeps two runs out of one folder, the files a run keeps beside its checkpoints (config.json,
+metrics.csv), and which file a CHECKPOINT argument names."""
 
 from __future__ import annotations
 
 import contextlib
+import csv
+import json
 import os
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional, Union
 
-from . import PonderError
+from . import PonderError, __version__
 from .config import PonderConfig
+from .shipped import DEFAULT, SHIPPED, shipped_dir, shipped_name, shipped_path, shipped_under_old_name
 
 RUNS_DIR = Path("runs")
-SHIPPED_CHECKPOINT = Path("checkpoints") / "best.pt"
-# The shipped models live in checkpoints/ next to the package (an editable install or a clone)
-# and, as the README's commands assume, under the working directory.
-SHIPPED_DIRS = (Path("checkpoints"), Path(__file__).resolve().parent.parent / "checkpoints")
-CHECKPOINT_FILES = ("best.pt", "last.pt")  # what `ponder train` writes into its folder
+BEST, LAST = "best.pt", "last.pt"
+CHECKPOINT_FILES = (BEST, LAST)  # what `ponder train` writes into its folder
+CONFIG_FILE, METRICS_FILE = "config.json", "metrics.csv"  # beside them, readable without torch
+LATEST = "latest"  # the CHECKPOINT word for the newest run under runs/
 LOCK_FILE = ".ponder.lock"
 # options that may differ from the checkpoint's config when resuming: how long to go on
 RESUMABLE_CHANGES = ("epochs", "patience")
@@ -30,6 +34,8 @@ class TrainingPlan:
     out_dir: Path
     resume: Optional[object] = None  # checkpoint.TrainingState to continue from
     fresh_folder: bool = False  # out_dir is the default runs/ folder: take the next free name if it is taken
+    sources: dict = field(default_factory=dict)  # field -> where its value came from (PonderConfig.sources)
+    resumed: Optional["Resolved"] = None  # the checkpoint --resume named, and how
 
 
 def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[Path] = None,
@@ -40,28 +46,37 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     plain runs one step) and writes to a new folder under runs/ unless --out names one. A resumed
     run takes the checkpoint's config; options that contradict it are refused, except those in
     RESUMABLE_CHANGES. A folder holding another run's checkpoints (or the shipped models) is
-    refused unless overwrite is set.
+    refused unless overwrite is set. `resume` is a CHECKPOINT argument (resolve_checkpoint; a
+    run folder or `latest` names its last.pt).
     """
     if out is not None and out.exists() and not out.is_dir():
         raise PonderError(f"--out {out} is a file; --out names the folder for best.pt and last.pt")
     if resume is None:
         cfg = PonderConfig.from_options(**given)
+        sources = cfg.sources(given)
         if out is None:
-            return TrainingPlan(cfg, free_run_dir(cfg), fresh_folder=True)
+            return TrainingPlan(cfg, free_run_dir(cfg), fresh_folder=True, sources=sources)
         check_unlocked(out)
         refuse_foreign_checkpoints(out, overwrite)
-        return TrainingPlan(cfg, out)
+        return TrainingPlan(cfg, out, sources=sources)
 
-    from .checkpoint import LAST, load_checkpoint
+    from .checkpoint import load_checkpoint
+    from .config import inapplicable
 
+    resumed = resolve_checkpoint(resume, file=LAST)
+    resume = resumed.path
     state = load_checkpoint(resume)
     state.require_resumable(resume)
     saved = state.config
+    problems = inapplicable(given, saved.chosen())
+    if problems:
+        raise PonderError(f"cannot resume {resume} ({saved.method}, step {saved.step}): {'; '.join(problems)}")
     conflicts = [f"--{k.replace('_', '-')} {v} (checkpoint: {getattr(saved, k)})"
                  for k, v in given.items() if k not in RESUMABLE_CHANGES and getattr(saved, k) != v]
     if conflicts:
         raise PonderError(f"cannot resume {resume} with options that contradict its config: {'; '.join(conflicts)}")
     cfg = saved.replace(**{k: given[k] for k in RESUMABLE_CHANGES if k in given})
+    sources = {name: "given" if name in given else "checkpoint" for name in cfg.field_names()}
     out_dir = out if out is not None else Path(resume).parent
     check_unlocked(out_dir)
     if state.epoch >= cfg.epochs:
@@ -75,7 +90,7 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
             raise PonderError(f"{out_dir} holds the shipped models, which resuming would overwrite; continue "
                               f"in another folder with --out DIR (or pass --overwrite)")
         _refuse_rewind(state, Path(resume), out_dir / LAST)
-    return TrainingPlan(cfg, out_dir, state)
+    return TrainingPlan(cfg, out_dir, state, sources=sources, resumed=resumed)
 
 
 def _refuse_rewind(state, resume: Path, last: Path) -> None:
@@ -99,9 +114,8 @@ def _same_path(a: Path, b: Path) -> bool:
 
 def is_shipped(directory: Path) -> bool:
     """Is this folder (or one inside) where the shipped models live?"""
-    here = directory.resolve()
-    return any(here == d.resolve() or d.resolve() in here.parents for d in SHIPPED_DIRS
-               if (d / SHIPPED_CHECKPOINT.name).exists())
+    here, shipped = directory.resolve(), shipped_dir().resolve()
+    return here == shipped or shipped in here.parents
 
 
 def refuse_foreign_checkpoints(directory: Path, overwrite: bool) -> None:
@@ -243,24 +257,132 @@ class RunLock:
         self.release()
 
 
-# The default checkpoint -------------------------------------------------------------------------
+# What a CHECKPOINT argument names -----------------------------------------------------------------
 
-def default_checkpoint() -> tuple[Path, str]:
-    """The checkpoint eval and extrapolate read when none is named, and why: the best.pt of the
-    newest run under runs/, else the shipped checkpoints/best.pt."""
-    newest = newest_run_checkpoint()
-    if newest is not None:
-        return newest, f"the newest run under {RUNS_DIR}/"
-    if SHIPPED_CHECKPOINT.exists():
-        return SHIPPED_CHECKPOINT, "the shipped model"
-    raise PonderError(f"no checkpoint given, no {RUNS_DIR}/*/best.pt and {SHIPPED_CHECKPOINT} does not exist; "
-                      "train one with `ponder train` or name one")
+@dataclass(frozen=True)
+class Resolved:
+    path: Path  # the file to read, as the user spelled it (or found under runs/)
+    why: str  # how the argument led there, for the `using PATH (WHY)` line
+
+    @classmethod
+    def shipped(cls, path: Path, why: str) -> "Resolved":
+        """A shipped model, named relative to the working directory when it lies below it (a
+        clone's root: ponder_cli/checkpoints/best.pt), by its full path otherwise."""
+        with contextlib.suppress(ValueError):
+            path = path.relative_to(Path.cwd())
+        return cls(path, why)
 
 
-def newest_run_checkpoint(root: Path = RUNS_DIR) -> Optional[Path]:
-    """The most recently written runs/<name>/best.pt, if any."""
+def accepted_forms(file: str = BEST) -> str:
+    return (f"a checkpoint file, a run folder (its {file}), `{LATEST}` (the newest run under {RUNS_DIR}/) or a "
+            f"shipped model: {', '.join(SHIPPED)}")
+
+
+def resolve_checkpoint(given: Union[str, Path, None], file: str = BEST) -> Resolved:
+    """The file a CHECKPOINT argument names, tried in this order: an existing file; an existing
+    run folder (its `file`: best.pt to evaluate, last.pt to resume); `latest`, the newest run
+    under runs/; a shipped model's name; `checkpoints/...`, the shipped file of that name (the
+    README's older spelling). None: the shipped reference model. Anything else is one error
+    naming the accepted forms."""
+    if given is None:
+        newest = newest_run_checkpoint(name=file)
+        hint = f"; `{LATEST}` reads your newest run" if newest is not None else ""
+        return Resolved.shipped(shipped_path(DEFAULT), f"the shipped model '{DEFAULT}', the default{hint}")
+    text, path = str(given), Path(given)
+    if path.is_file():
+        return Resolved(path, "as given")
+    if path.is_dir() and (path / file).is_file():
+        return Resolved(path / file, f"the {file} of run folder {path}")
+    if text == LATEST:
+        newest = newest_run_checkpoint(name=file)
+        if newest is None:
+            raise PonderError(f"`{LATEST}`: no run under {RUNS_DIR.resolve()}/ has a {file} yet; train one with "
+                              "`ponder train`, or name another checkpoint")
+        return Resolved(newest, f"{LATEST}: the newest run under {RUNS_DIR}/")
+    if text in SHIPPED:
+        return Resolved.shipped(shipped_path(text), f"the shipped model '{text}'")
+    old = shipped_under_old_name(text, file)
+    if old is not None:
+        name = shipped_name(old)
+        return Resolved.shipped(old, f"the shipped model '{name}'" if name else f"shipped as {text}")
+    if path.is_dir():
+        raise PonderError(f"{path} holds no {file}; name {accepted_forms(file)}")
+    raise PonderError(f"checkpoint {path} does not exist; name {accepted_forms(file)}")
+
+
+def newest_run_checkpoint(root: Path = RUNS_DIR, name: str = BEST) -> Optional[Path]:
+    """The most recently written runs/<run>/<name>, if any."""
     found = []
-    for path in root.glob(f"*/{SHIPPED_CHECKPOINT.name}"):
+    for path in root.glob(f"*/{name}"):
         with contextlib.suppress(OSError):  # a run folder removed while we look
             found.append((path.stat().st_mtime, str(path), path))
     return max(found)[2] if found else None
+
+
+# Beside the checkpoints: the run's configuration and one row per epoch, for any tool ------------
+
+def _replace_atomically(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
+            write(f)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_run_config(out_dir: Path, cfg: PonderConfig, sources: dict, **run) -> Path:
+    """config.json: the resolved configuration, where each value came from (given, implied by the
+    method or step, default, checkpoint) and how the run was started; plain JSON."""
+    payload = {"ponder_cli": __version__, "config": cfg.to_dict(), "sources": sources, **run}
+    path = out_dir / CONFIG_FILE
+    _replace_atomically(path, lambda f: f.write(json.dumps(payload, indent=2) + "\n"))
+    return path
+
+
+class MetricsFile:
+    """metrics.csv: a header and one row per completed epoch (the epoch line's figures), written
+    as each epoch ends. A resumed run starts the file again from the checkpoint's history, the
+    record of exactly the epochs it holds, and appends after them: no header or row twice, and
+    rows of epochs that resuming from an earlier checkpoint discards are dropped."""
+
+    def __init__(self, out_dir: Path, columns: Iterable[str]):
+        self.path = Path(out_dir) / METRICS_FILE
+        self.columns = list(columns)
+
+    def _writer(self, f) -> csv.DictWriter:
+        return csv.DictWriter(f, fieldnames=self.columns, restval="", extrasaction="ignore", lineterminator="\n")
+
+    def start(self, history: Iterable[dict] = ()) -> None:
+        def write(f):
+            writer = self._writer(f)
+            writer.writeheader()
+            writer.writerows(history)
+        _replace_atomically(self.path, write)
+
+    def append(self, row: dict) -> None:
+        with open(self.path, "a", newline="", encoding="utf-8") as f:
+            self._writer(f).writerow(row)
+
+
+def remove_if_empty_run_dir(directory: Path) -> bool:
+    """Remove a run folder that holds nothing of value (no checkpoint; only this run's own
+    config.json and metrics.csv), so that the next run takes its name; True if removed."""
+    try:
+        names = {p.name for p in directory.iterdir()}
+        if names - {CONFIG_FILE, METRICS_FILE}:
+            return False
+        for name in names:
+            (directory / name).unlink()
+        directory.rmdir()
+        return True
+    except OSError:
+        return False

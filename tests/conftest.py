@@ -103,12 +103,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="session", autouse=True)
 def shipped_models_untouched():
-    """No test may write to the shipped checkpoints/ or create a runs/ folder in the repository."""
+    """No test may write to the shipped models (ponder_cli/checkpoints/) or create a runs/ folder
+    in the repository."""
     def snapshot():
-        return {p: p.read_bytes() for p in sorted((REPO / "checkpoints").rglob("*")) if p.is_file()}
+        return {p: p.read_bytes() for p in sorted((REPO / "ponder_cli" / "checkpoints").rglob("*")) if p.is_file()}
     before, runs_existed = snapshot(), (REPO / "runs").exists()
     yield
-    assert snapshot() == before, "a test changed the shipped checkpoints/"
+    assert snapshot() == before, "a test changed the shipped models"
     assert runs_existed or not (REPO / "runs").exists(), "a test trained into the repository's runs/"
 
 

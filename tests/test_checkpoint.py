@@ -43,7 +43,7 @@ def test_version_1_checkpoints_are_upgraded(tmp_path):
 def test_shipped_models_load():
     for path, step in (("checkpoints/best.pt", "mlp"), ("checkpoints/interpolation/best.pt", "mlp"),
                        ("checkpoints/align/best.pt", "align")):
-        model, cfg, state = load_model(Path(__file__).resolve().parents[1] / path, "cpu")
+        model, cfg, state = load_model(Path(__file__).resolve().parents[1] / "ponder_cli" / path, "cpu")
         assert cfg.step == step and cfg.method == "pondernet" and state.epoch > 0
 
 

@@ -1,6 +1,7 @@
 """Data-parallel training: two gloo ranks on the CPU against one process, and the CLI under torchrun."""
 
 import contextlib
+import csv
 import io
 import json
 import os
@@ -186,7 +187,8 @@ def test_ponder_train_on_two_ranks_finishes_and_rank_zero_alone_reports(two_rank
     ranks = _ranks(two_ranks, "cli")
     assert [r["code"] for r in ranks] == [0, 0], ranks
     out = two_ranks / "cli"
-    assert sorted(p.name for p in out.iterdir()) == ["best.pt", "last.pt"]  # nothing from rank 1, no lock left
+    # nothing from rank 1, no lock left
+    assert sorted(p.name for p in out.iterdir()) == ["best.pt", "config.json", "last.pt", "metrics.csv"]
     model, cfg, state = load_model(out / "best.pt", "cpu")
     assert cfg.batch_size == 64 and state.epoch in (1, 2) and state.history[0]["epoch"] == 1
     assert f"writing checkpoints to {out}/" in ranks[0]["stderr"]
@@ -194,6 +196,9 @@ def test_ponder_train_on_two_ranks_finishes_and_rank_zero_alone_reports(two_rank
     assert ranks[0]["stderr"].count("epoch  1/2") == 1 and ranks[0]["stderr"].count("epoch  2/2") == 1
     assert ranks[0]["stdout"].count(f"best checkpoint: {out / 'best.pt'}") == 1
     assert ranks[1]["stdout"] == "" and ranks[1]["stderr"] == ""
+    with open(out / "metrics.csv", newline="") as f:  # rank 0 alone writes a row per epoch
+        assert [row["epoch"] for row in csv.DictReader(f)] == ["1", "2"]
+    assert json.loads((out / "config.json").read_text())["processes"] == 2
 
 
 def test_truncated_align_training_under_ddp_finishes_in_the_folder_rank_zero_claimed(two_ranks):
@@ -205,7 +210,8 @@ def test_truncated_align_training_under_ddp_finishes_in_the_folder_rank_zero_cla
     assert seen[0]["out_dir"] == seen[1]["out_dir"] == [folder]
     runs = two_ranks / "work" / "runs"
     assert sorted(p.name for p in runs.iterdir()) == ["pondernet-align-seed1234", "pondernet-align-seed1234-2"]
-    assert sorted(p.name for p in (runs / "pondernet-align-seed1234-2").iterdir()) == ["best.pt", "last.pt"]
+    assert sorted(p.name for p in (runs / "pondernet-align-seed1234-2").iterdir()) == ["best.pt", "config.json",
+                                                                                       "last.pt", "metrics.csv"]
     model, cfg, state = load_model(runs / "pondernet-align-seed1234-2" / "best.pt", "cpu")
     assert cfg.step == "align" and cfg.truncation == 0.01 and state.epoch == 1
     assert ranks[0]["stdout"].count("best checkpoint:") == 1 and ranks[1]["stdout"] == ranks[1]["stderr"] == ""
@@ -245,7 +251,8 @@ def test_two_ranks_step_like_one_process_on_the_same_global_batch(two_ranks, tin
 
 def test_rank_zero_alone_writes_loadable_checkpoints(two_ranks):
     for run in ("cli", "step", "straight", "resumed"):
-        assert sorted(p.name for p in (two_ranks / run).iterdir()) == ["best.pt", "last.pt"]
+        beside = ["config.json", "metrics.csv"] if run == "cli" else []  # `ponder train`'s, not train()'s
+        assert sorted(p.name for p in (two_ranks / run).iterdir()) == sorted(["best.pt", "last.pt", *beside])
         model, cfg, state = load_model(two_ranks / run / "best.pt", "cpu")
         assert cfg.max_steps == 3 and state.epoch >= 1
 
@@ -362,5 +369,6 @@ def test_sigterm_to_one_rank_stops_every_rank_with_a_resume_hint(tiny_mnist, tmp
     assert len(ours) == 1, stderr
     assert f"resume with: torchrun ... -m ponder_cli train --resume {out / 'last.pt'}" in ours[0]
     assert "ponder_cli/" not in stderr and "race condition" not in stderr  # no traceback through our code
-    assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".tmp")) == ["best.pt", "last.pt"]
+    assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".tmp")) == ["best.pt", "config.json",
+                                                                                     "last.pt", "metrics.csv"]
     load_model(out / "last.pt", "cpu")

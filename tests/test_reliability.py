@@ -126,7 +126,8 @@ def test_bad_extrapolate_options(args, fragment, checkpoint, tiny_mnist, invoke,
 
 
 @pytest.mark.parametrize("content,fragment", [
-    (None, "is a directory"), (b"", "not a readable checkpoint"), (b"\x80\x04garbage", "not a readable"),
+    (None, "holds no best.pt"), (b"", "is an empty file, not a ponder_cli checkpoint"),
+    (b"step,loss\n1,0.5\n", "is a text file, not a ponder_cli checkpoint"), (b"\x80\x04garbage", "not a readable"),
 ])
 def test_bad_checkpoint_files(content, fragment, tmp_path, tiny_mnist, invoke, one_error_line):
     path = tmp_path / "ck.pt"
@@ -357,7 +358,7 @@ def test_default_out_is_a_fresh_run_folder_and_never_the_shipped_models(checkpoi
     for folder in ("pondernet-mlp-seed1234", "pondernet-mlp-seed1234-2"):
         result = invoke("train", *quick, "--data-dir", tiny_mnist, "--no-progress")
         assert result.exit_code == 0, result.output
-        assert f"writing checkpoints to {Path('runs') / folder}/" in result.stderr.splitlines()[0]
+        assert f"writing checkpoints to {Path('runs') / folder}/" in result.stderr.splitlines()
         assert load_checkpoint(Path("runs") / folder / "best.pt").epoch == 1
     assert shipped.read_bytes() == checkpoint.read_bytes()
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best.pt"]
@@ -365,15 +366,14 @@ def test_default_out_is_a_fresh_run_folder_and_never_the_shipped_models(checkpoi
     assert result.exit_code == 0 and (tmp_path / "runs" / "act-mlp-seed7" / "best.pt").exists()
 
 
-@pytest.mark.parametrize("shipped", [False, True])
-def test_a_folder_with_checkpoints_is_not_overwritten_without_overwrite(shipped, checkpoint, tiny_mnist, tmp_path,
+def test_a_folder_with_checkpoints_is_not_overwritten_without_overwrite(checkpoint, tiny_mnist, tmp_path,
                                                                        monkeypatch, quick, invoke, one_error_line):
     monkeypatch.chdir(tmp_path)
-    out = tmp_path / ("checkpoints" if shipped else "other-run")
+    out = tmp_path / "other-run"
     out.mkdir()
     (out / "best.pt").write_bytes(checkpoint.read_bytes())
     line = one_error_line(invoke("train", *quick, "--data-dir", tiny_mnist, "--out", out))
-    assert str(out) in line and ("shipped models" in line if shipped else "another run's checkpoints" in line)
+    assert str(out) in line and "another run's checkpoints" in line
     assert "--overwrite" in line
     assert [p.name for p in out.iterdir()] == ["best.pt"] and (out / "best.pt").read_bytes() == checkpoint.read_bytes()
     result = invoke("train", *quick, "--data-dir", tiny_mnist, "--out", out, "--overwrite", "--no-progress")
@@ -383,12 +383,14 @@ def test_a_folder_with_checkpoints_is_not_overwritten_without_overwrite(shipped,
 
 def test_the_repository_shipped_models_are_refused_from_any_directory(tmp_path, monkeypatch, invoke, one_error_line):
     monkeypatch.chdir(tmp_path)  # the check happens before any data is read: none is needed here
-    repo_checkpoints = Path(__file__).resolve().parent.parent / "checkpoints"
-    line = one_error_line(invoke("train", "--out", repo_checkpoints, "--data-dir", tmp_path / "none", "--no-download"))
-    assert "shipped models" in line
-    line = one_error_line(invoke("train", "--resume", repo_checkpoints / "best.pt", "--epochs", 100,
-                                 "--data-dir", tmp_path / "none", "--no-download"))
-    assert "shipped models" in line and "--out" in line
+    shipped = Path(__file__).resolve().parent.parent / "ponder_cli" / "checkpoints"
+    for out in (shipped, shipped / "align"):
+        line = one_error_line(invoke("train", "--out", out, "--data-dir", tmp_path / "none", "--no-download"))
+        assert "shipped models" in line
+    for resume in (shipped / "best.pt", "align", "checkpoints/interpolation/best.pt"):
+        line = one_error_line(invoke("train", "--resume", resume, "--epochs", 100, "--data-dir", tmp_path / "none",
+                                     "--no-download"))
+        assert "shipped models" in line and "--out" in line
 
 
 def test_out_that_is_a_file(tmp_path, tiny_mnist, invoke, one_error_line):
@@ -398,22 +400,17 @@ def test_out_that_is_a_file(tmp_path, tiny_mnist, invoke, one_error_line):
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
-def test_eval_reads_the_newest_run_and_says_which(checkpoint, tiny_mnist, tmp_path, monkeypatch, invoke):
+def test_latest_reads_the_newest_run_and_says_which(checkpoint, tiny_mnist, tmp_path, monkeypatch, invoke):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "checkpoints" / "best.pt").write_bytes(checkpoint.read_bytes())
-    result = invoke("eval", "--data-dir", tiny_mnist, "-f", "json")
-    assert result.exit_code == 0, result.output
-    assert "using checkpoints/best.pt (the shipped model)" in result.stderr
     for age, name in ((200, "older"), (100, "newer")):
         (tmp_path / "runs" / name).mkdir(parents=True)
         (tmp_path / "runs" / name / "best.pt").write_bytes(checkpoint.read_bytes())
         stamp = time.time() - age
         os.utime(tmp_path / "runs" / name / "best.pt", (stamp, stamp))
-    result = invoke("extrapolate", "--angles", 10, "--data-dir", tiny_mnist, "-f", "json")
+    result = invoke("extrapolate", "latest", "--angles", 10, "--data-dir", tiny_mnist, "-f", "json")
     assert result.exit_code == 0, result.output
     newer = str(Path("runs") / "newer" / "best.pt")
-    assert f"using {newer} (the newest run under runs/)" in result.stderr
+    assert result.stderr.splitlines() == [f"using {newer} (latest: the newest run under runs/)"]
     assert json.loads(result.stdout)["checkpoints"] == [newer]
 
 
@@ -530,7 +527,8 @@ def test_disk_full_while_saving_is_one_line_and_keeps_earlier_checkpoints(checkp
     assert line == (f"Error: cannot save checkpoint {run / 'last.pt'}: No space left on device; "
                     "the previous last.pt is intact")
     assert {name: (run / name).read_bytes() for name in ("best.pt", "last.pt")} == before
-    assert sorted(p.name for p in run.iterdir()) == ["best.pt", "last.pt"]  # no temp file, no lock left
+    # no temp file, no lock left
+    assert sorted(p.name for p in run.iterdir()) == ["best.pt", "config.json", "last.pt", "metrics.csv"]
 
 
 def _can_mount_tmpfs(path: Path) -> bool:
@@ -557,4 +555,5 @@ def test_disk_full_on_a_real_tmpfs(checkpoint, tiny_mnist, tmp_path):
     assert done.stderr.splitlines()[-1] == (f"Error: cannot save checkpoint {out / 'best.pt'}: No space left on "
                                             "device")
     assert "Traceback" not in done.stderr
-    assert done.stdout.split() == [".", "..", "last.pt"]  # epoch 1 saved; no temp file, no lock
+    # epoch 1 saved; no temp file, no lock
+    assert done.stdout.split() == [".", "..", "config.json", "last.pt", "metrics.csv"]

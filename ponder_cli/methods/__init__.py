@@ -18,6 +18,9 @@ class Method:
     name: str = ""
     # config values this method implies when the user leaves them out (plain: one step)
     implied: dict = {}
+    # the config fields this method reads among those that some method reads (config.inapplicable:
+    # an option no chosen piece reads is refused)
+    reads: tuple = ()
 
     def __init__(self, cfg):
         self.cfg = cfg

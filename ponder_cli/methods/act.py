@@ -33,6 +33,7 @@ def act_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.T
 
 class ACTMethod(Method):
     name = "act"
+    reads = ("max_steps", "halting_input", "halting_bias", "turn_gate", "tau", "act_epsilon", "truncation")
 
     def init_halting_bias(self, bias):
         bias.fill_(INITIAL_HALTING_BIAS)

@@ -8,6 +8,8 @@ from .pondernet import PonderNetMethod
 class PlainMethod(PonderNetMethod):
     name = "plain"
     implied = {"max_steps": 1}
+    # one step: p_1 = 1 whatever the halting head says, so no halting or prior setting matters
+    reads = ()
 
     @classmethod
     def config_problems(cls, cfg):

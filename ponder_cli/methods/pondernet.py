@@ -13,6 +13,7 @@ from . import Method
 
 class PonderNetMethod(Method):
     name = "pondernet"
+    reads = ("max_steps", "halting_input", "halting_bias", "turn_gate", "lambda_p", "beta", "truncation")
 
     def __init__(self, cfg):
         super().__init__(cfg)

@@ -39,6 +39,9 @@ class StepFunction(nn.Module):
     halting_extra_size: int = 0
     embeds_once: bool = False  # the CNN embeds each image once, not at every step
     implied: dict = {}  # config values this step function implies when the user leaves them out
+    # the config fields this step reads among those that some step reads (config.inapplicable:
+    # an option no chosen piece reads is refused)
+    reads: tuple = ()
 
     def start(self, x: torch.Tensor, steps: int) -> tuple[tuple, tuple]:
         """From images (B, 1, 28, 28): the per-image context computed once, and the initial

@@ -50,6 +50,7 @@ class AlignStep(StepFunction):
     # work best in the README's experiments (and truncation, since every step runs the CNN)
     implied = {"max_steps": 12, "lambda_p": 0.5, "truncation": 0.01, "halting_input": "state+turn", "turn_gate": 0.2,
                "halting_bias": "prior"}
+    reads = ("hidden", "hidden_cnn", "kernel_size", "cnn_dropout", "align_turn", "turn_gate")
 
     def __init__(self, cfg):
         super().__init__()

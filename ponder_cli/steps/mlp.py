@@ -101,6 +101,7 @@ class StepMLP(nn.Module):
 
 class MLPStep(StepFunction):
     embeds_once = True
+    reads = ("hidden", "hidden_cnn", "hidden_lin", "kernel_size", "cnn_dropout", "cnn_dropout_mask", "mlp_dropout")
 
     def __init__(self, cfg):
         super().__init__()

@@ -1,0 +1,52 @@
+"""The models shipped inside the package, by name.
+
+They are package data (ponder_cli/checkpoints/, declared in setup.cfg), found through
+importlib.resources: the same files whatever the working directory, from a clone, an editable
+install or a wheel. Shipping another model is one file there and one line in SHIPPED.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path, PurePath
+from typing import Optional
+
+FOLDER = "checkpoints"  # inside the package; also how the README's older commands spell them
+
+# name -> (file under ponder_cli/checkpoints/, what it is)
+SHIPPED = {
+    "reference": ("best.pt", "pondernet · step mlp · trained within ±22.5°"),
+    "interpolation": ("interpolation/best.pt", "pondernet · step mlp · trained on unrotated digits"),
+    "align": ("align/best.pt", "pondernet · step align · trained within ±22.5°"),
+}
+DEFAULT = "reference"
+
+
+def shipped_dir() -> Path:
+    """The package's checkpoints/ folder, wherever the package is installed."""
+    return Path(str(resources.files("ponder_cli").joinpath(FOLDER)))
+
+
+def shipped_path(name: str) -> Path:
+    return shipped_dir() / SHIPPED[name][0]
+
+
+def shipped_name(path: Path) -> Optional[str]:
+    """The name of a shipped model's file, if it is one."""
+    for name in SHIPPED:
+        if path.resolve() == shipped_path(name).resolve():
+            return name
+    return None
+
+
+def shipped_under_old_name(text: str, file: str) -> Optional[Path]:
+    """`checkpoints/align/best.pt` (the README's spelling from before the models moved into the
+    package) -> the shipped file of that relative name, when there is one; a folder there
+    (`checkpoints/align`) -> its `file`."""
+    parts = PurePath(text).parts
+    if len(parts) < 2 or parts[0] != FOLDER or ".." in parts:
+        return None
+    path = shipped_dir().joinpath(*parts[1:])
+    if path.is_dir():
+        path = path / file
+    return path if path.is_file() else None

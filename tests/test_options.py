@@ -1,0 +1,151 @@
+"""Options that do not apply (one rule, from the pieces' `reads`), implied settings in --help,
+and the wording of usage errors and help."""
+
+import io
+import json
+
+import pytest
+
+from ponder_cli import PonderError
+from ponder_cli.config import PIECE_KINDS, PonderConfig, inapplicable, readers
+from ponder_cli.reports import combine_draws, per_step_table, sweep_report
+from ponder_cli.render import render_report
+
+NO_DATA = ["--data-dir", "/nonexistent/ponder-data", "--no-download"]  # refused before any data is read
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--tau", "0.1"], "--tau applies to --method act, not pondernet"),
+    (["--method", "act", "--beta", "0.1"], "--beta applies to --method pondernet, not act"),
+    (["--method", "act", "--lambda-p", "0.3"], "--lambda-p applies to --method pondernet, not act"),
+    (["--method", "plain", "--halting-bias", "1"], "--halting-bias applies to --method pondernet, act, not plain"),
+    (["--method", "plain", "--max-steps", "1"], "--max-steps applies to --method pondernet, act, not plain"),
+    (["--method", "plain", "--tau", "1", "--truncation", "0.1"],
+     "--truncation applies to --method pondernet, act, not plain; --tau applies to --method act, not plain"),
+    (["--align-turn", "20"], "--align-turn applies to --step align, not mlp"),
+    (["--turn-gate", "0.2"], "--turn-gate applies to --step align, not mlp"),
+    (["--method", "plain", "--step", "align", "--turn-gate", "0.2"],
+     "--turn-gate applies to --method pondernet, act, not plain"),
+    (["--step", "align", "--cnn-dropout-mask", "shared"], "--cnn-dropout-mask applies to --step mlp, not align"),
+])
+def test_an_option_no_chosen_piece_reads_is_refused(args, message, ponder, one_error_line):
+    assert one_error_line(ponder("train", *args, *NO_DATA)) == f"Error: {message}"
+
+
+def test_what_the_chosen_pieces_read_is_accepted():
+    assert PonderConfig.from_options(method="act", tau=0.1, max_steps=5).tau == 0.1
+    align = PonderConfig.from_options(step="align", align_turn=20.0, turn_gate=0.1, halting_bias="prior", lambda_p=0.4)
+    assert (align.align_turn, align.turn_gate, align.max_steps) == (20.0, 0.1, 12)
+    plain = PonderConfig.from_options(method="plain", step="align", epochs=3)
+    assert plain.max_steps == 1 and plain.epochs == 3
+    assert inapplicable({"epochs": 1, "seed": 2, "lr": 0.1}, {"method": "plain", "step": "mlp"}) == []
+
+
+def test_readers_come_from_the_pieces():
+    assert readers("tau") == {"method": ["act"]} and readers("hidden_lin") == {"step": ["mlp"]}
+    assert readers("turn_gate") == {"step": ["align"], "method": ["pondernet", "act"]}
+    assert readers("epochs") == {} and readers("train_rotation") == {}  # every run reads these
+    fields = set(PonderConfig.field_names())
+    for table, load in PIECE_KINDS.values():  # a misspelt field in a piece's reads would never apply
+        for name in table:
+            assert set(load(name).reads) <= fields, name
+            assert set(load(name).implied) <= fields, name
+
+
+def test_resuming_refuses_what_the_run_does_not_read(checkpoint, ponder, one_error_line):
+    line = one_error_line(ponder("train", "--resume", checkpoint.parent / "last.pt", "--tau", 0.1, "--epochs", 5,
+                                 *NO_DATA))
+    assert line == (f"Error: cannot resume {checkpoint.parent / 'last.pt'} (pondernet, step mlp): --tau applies to "
+                    "--method act, not pondernet")
+
+
+def test_train_help_shows_what_each_piece_implies(ponder):
+    text = " ".join(ponder("train", "--help").stdout.split())
+    assert "Maximum ponder steps. [default: 20; align: 12; plain: 1]" in text
+    assert "method's own. [default: none; align: prior]" in text
+    assert "Geometric prior parameter, in (0, 1]. [default: 0.2; align: 0.5]" in text
+    assert "Weight of the KL regularisation. [default: 0.01]" in text
+
+
+def test_eval_takes_rotation_or_angles_not_both(checkpoint, ponder, one_error_line):
+    line = one_error_line(ponder("eval", checkpoint, "--rotation", 45, "--angles", 90, *NO_DATA))
+    assert line == "Error: --rotation and --angles are alternatives: give one (--rotation 45 is --angles 45)"
+
+
+def test_a_refused_choice_has_no_value_error_prefix(ponder, one_error_line):
+    line = one_error_line(ponder("train", "--method", "foo"))
+    assert line == "Error: Invalid value for '--method': 'foo' is not one of 'pondernet', 'act', 'plain'."
+
+
+@pytest.mark.parametrize("command", ["eval", "extrapolate", "compare"])
+def test_angles_help_names_degrees_not_a_python_type(command, ponder):
+    text = ponder(command, "--help").stdout
+    assert "--angles DEG..." in text and "list[str]" not in text.split("Arguments:")[-1].split("Options:")[-1]
+    assert "pip install matplotlib" in " ".join(text.split()) and "-e '.[plot]'" not in text
+
+
+# --detail with --repeats: counts averaged over draws ----------------------------------------------
+
+def _bucket(histogram, accuracy):
+    return {"rotation": 45.0, "images": 4, "accuracy": accuracy, "mean_steps": 1.5, "histogram": histogram,
+            "accuracy_at_step": [0.5, 1.0]}
+
+
+def test_averaged_counts_are_floats_and_show_one_decimal():
+    combined = combine_draws([_bucket([3, 1], 0.5), _bucket([1, 3], 0.75)])
+    assert combined["histogram"] == [2.0, 2.0] and all(isinstance(n, float) for n in combined["histogram"])
+    _, _, columns = per_step_table([combined], expected=False)
+    assert columns[1].spec == ".1f"
+    _, _, columns = per_step_table([_bucket([3, 1], 0.5)], expected=False)  # one draw: whole images
+    assert columns[1].spec == "d"
+
+
+def test_detail_with_repeats_renders_the_table(checkpoint, tiny_mnist, ponder):
+    """The README's command shape that crashed after the main table (format code 'd' on a float)."""
+    result = ponder("extrapolate", checkpoint, "--angles", 0, 45, "--protocol", "fixed", "--halting", "median",
+                    "--detail", "--repeats", 2, "--limit", 50, "--data-dir", tiny_mnist)
+    assert result.exit_code == 0, result.output
+    table = result.stdout[result.stdout.index("Per halting step"):]
+    as_json = ponder("extrapolate", checkpoint, "--angles", 0, 45, "--protocol", "fixed", "--halting", "median",
+                     "--detail", "--repeats", 2, "--limit", 50, "--data-dir", tiny_mnist, "-f", "json")
+    histogram = json.loads(as_json.stdout)["buckets"][1]["histogram"]
+    assert sum(histogram) == 50.0
+    assert f"{max(histogram):.1f}" in table
+
+
+# sweep's fitted line --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("steps,line", [([1.0, 1.5, 2.0], "steps = 1.00 + 0.500 per 10° (r² 1.00)"),
+                                        ([3.0, 2.5, 2.0], "steps = 3.00 - 0.500 per 10° (r² 1.00)")])
+def test_the_sweep_footer_has_one_sign(steps, line):
+    buckets = [{"rotation": float(angle), "images": 10, "accuracy": 0.9, "mean_steps": s, "std_steps": 0.0,
+                "steps_correct": s, "steps_wrong": s, "histogram": [10, 0, 0], "halting": "sample"}
+               for angle, s in zip((0, 10, 20), steps)]
+    report = sweep_report("ck.pt", PonderConfig(max_steps=3), buckets, 0.5, halting="sample", seed=1)
+    assert report.caption.splitlines()[-1] == f"least squares: {line}"
+    assert "+ +" not in report.caption and "+ -" not in report.caption
+
+
+def test_text_and_empty_files_are_named_for_what_they_are(tmp_path):
+    from ponder_cli.checkpoint import load_checkpoint
+
+    (tmp_path / "notes.pt").write_text("epoch,loss\n1,0.5\n")
+    with pytest.raises(PonderError, match=f"^{tmp_path / 'notes.pt'} is a text file, not a ponder_cli checkpoint$"):
+        load_checkpoint(tmp_path / "notes.pt")
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(PonderError, match="is an empty file, not a ponder_cli checkpoint$"):
+        load_checkpoint(tmp_path / "empty.pt")
+
+
+def test_render_of_a_repeated_detail_report_does_not_raise():
+    from ponder_cli.reports import evaluation_report
+
+    buckets = [combine_draws([{**_bucket([3, 1], 0.5), "std_steps": 0.5, "steps_correct": 1.0, "steps_wrong": 2.0},
+                              {**_bucket([2, 2], 0.75), "std_steps": 0.5, "steps_correct": 1.0, "steps_wrong": 2.0}])]
+    for bucket in buckets:
+        bucket.update(protocol="fixed", halting="median")
+    report = evaluation_report("extrapolate", "ck.pt", PonderConfig(max_steps=2), buckets, None, protocol="fixed",
+                               halting="median", seed=1, with_loss=False, detail=True)
+    out = io.StringIO()
+    render_report(report, "table", file=out, width=80)
+    assert "2.5" in out.getvalue() and "1.5" in out.getvalue()  # the mean counts per step

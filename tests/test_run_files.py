@@ -1,0 +1,117 @@
+"""What `ponder train` states and keeps beside its checkpoints: the resolved configuration (on
+stderr and in config.json) and one row per epoch (metrics.csv), readable without torch."""
+
+import csv
+import dataclasses
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import ponder_cli
+from ponder_cli.checkpoint import load_checkpoint
+from ponder_cli.render import config_lines
+from ponder_cli.train import EpochStats
+
+COLUMNS = [f.name for f in dataclasses.fields(EpochStats)]
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == COLUMNS
+        return list(reader)
+
+
+def test_config_json_and_metrics_csv_beside_the_checkpoints(tiny_mnist, tmp_path, quick, ponder):
+    out = tmp_path / "run"
+    result = ponder("train", *quick, "--epochs", 2, "--method", "act", "--tau", 0.05, "--data-dir", tiny_mnist,
+                    "--out", out)
+    assert result.exit_code == 0, result.output
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["ponder_cli"] == ponder_cli.__version__
+    state = load_checkpoint(out / "last.pt")
+    assert saved["config"] == state.config.to_dict()
+    assert (saved["sources"]["method"], saved["sources"]["tau"], saved["sources"]["epochs"]) == ("given",) * 3
+    assert saved["sources"]["beta"] == saved["sources"]["hidden"] == "default"
+    assert {"lambda_p", "beta"} <= set(saved["not_applicable"]) and "tau" not in saved["not_applicable"]
+    assert (saved["resumed_from"], saved["device"], saved["amp"], saved["processes"]) == (None, "cpu", False, 1)
+    rows = _rows(out / "metrics.csv")
+    assert [row["epoch"] for row in rows] == ["1", "2"]
+    for row, epoch in zip(rows, state.history):  # the epoch line's figures, to the last digit
+        assert float(row["train_loss"]) == epoch["train_loss"] and float(row["lr"]) == epoch["lr"]
+        assert row["improved"] == str(epoch["improved"]) and int(row["skipped_batches"]) == 0
+
+
+def test_resume_appends_and_a_rewind_drops_the_discarded_rows(tiny_mnist, tmp_path, quick, ponder):
+    out = tmp_path / "run"
+    # a learning rate too small to change anything: only epoch 1 improves, so best.pt is epoch 1
+    result = ponder("train", *quick, "--lr", 1e-9, "--patience", 0, "--data-dir", tiny_mnist, "--out", out)
+    assert result.exit_code == 0, result.output
+    first = (out / "metrics.csv").read_text()
+    result = ponder("train", "--resume", out, "--epochs", 3, "--data-dir", tiny_mnist)
+    assert result.exit_code == 0, result.output
+    text = (out / "metrics.csv").read_text()
+    assert text.startswith(first) and text.count("epoch,") == 1
+    assert [row["epoch"] for row in _rows(out / "metrics.csv")] == ["1", "2", "3"]
+    assert json.loads((out / "config.json").read_text())["resumed_from"] == str(out / "last.pt")
+    result = ponder("train", "--resume", out / "best.pt", "--epochs", 2, "--overwrite", "--data-dir", tiny_mnist)
+    assert result.exit_code == 0, result.output
+    assert (out / "metrics.csv").read_text().startswith(first)
+    assert [row["epoch"] for row in _rows(out / "metrics.csv")] == ["1", "2"]  # the old 2 and 3 are gone
+
+
+def test_train_states_the_configuration_it_resolved(tiny_mnist, tmp_path, ponder):
+    result = ponder("train", "--step", "align", "--epochs", 1, "--train-size", 100, "--val-size", 100,
+                    "--batch-size", 100, "--lambda-p", 0.4, "--data-dir", tiny_mnist, "--out", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    block = lines[:lines.index(f"writing checkpoints to {tmp_path / 'run'}/")]
+    assert block[:3] == ["configuration:",
+                         "  given: step align · lambda-p 0.4 · epochs 1 · batch-size 100 · val-size 100",
+                         "    train-size 100"]
+    assert block[3:5] == ["  implied by --step align: max-steps 12 · halting-input state+turn",
+                          "    turn-gate 0.2 · halting-bias -0.405465 · truncation 0.01"]  # log(0.4 / 0.6)
+    assert block[5].startswith("  defaults: method pondernet · hidden 64 · hidden-cnn 64 · kernel-size 5")
+    assert all(len(line) <= 80 for line in block)
+    assert "tau" not in result.stderr and "hidden-lin" not in result.stderr  # act's and the mlp step's
+
+
+def test_configuration_lines_group_by_source_and_wrap_at_80_columns():
+    values = {"method": "plain", "max_steps": 1, "lr": 0.001, "halting_bias": None, "seed": 7}
+    sources = {"method": "given", "max_steps": "implied by --method plain", "lr": "default", "halting_bias": "default",
+               "seed": "given"}
+    assert config_lines(values, sources, list(values)) == [
+        "configuration:", "  given: method plain · seed 7", "  implied by --method plain: max-steps 1",
+        "  defaults: lr 0.001 · halting-bias none"]
+    many = {f"option_{i}": i for i in range(12)}
+    lines = config_lines(many, dict.fromkeys(many, "default"), list(many), width=40)
+    assert lines[1:] == ["  defaults: option-0 0 · option-1 1", "    option-2 2 · option-3 3 · option-4 4",
+                         "    option-5 5 · option-6 6 · option-7 7", "    option-8 8 · option-9 9",
+                         "    option-10 10 · option-11 11"]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_sigterm_before_the_first_epoch_leaves_no_run_folder(tiny_mnist, tmp_path):
+    """Nothing saved, nothing left: the next run takes the same name instead of -2."""
+    code = "import sys; from ponder_cli.cli import app; app(sys.argv[1:], prog_name='ponder')"
+    # small batches and many steps: the first epoch takes seconds, the signal lands inside it
+    proc = subprocess.Popen([sys.executable, "-c", code, "train", "--val-size", "100", "--batch-size", "2",
+                             "--max-steps", "20", "--data-dir", str(tiny_mnist), "--no-progress"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = tmp_path / "runs" / "pondernet-mlp-seed1234"
+    try:
+        deadline = time.monotonic() + 60
+        while not (run / "metrics.csv").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, stderr
+    assert stderr.splitlines()[-1] == "Terminated: no epoch had completed; nothing was saved"
+    assert not run.exists() and (tmp_path / "runs").exists()

@@ -1,0 +1,151 @@
+"""The shipped models are package data, named by a CHECKPOINT argument from any directory."""
+
+import configparser
+import json
+import os
+import time
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pytest
+
+from ponder_cli.runs import resolve_checkpoint
+from ponder_cli.shipped import SHIPPED, shipped_dir, shipped_path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "ponder_cli"
+NAMES = "reference, interpolation, align"
+
+
+def test_the_shipped_models_are_found_inside_the_package_whatever_the_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert shipped_dir() == PACKAGE / "checkpoints"
+    assert {name: shipped_path(name).relative_to(PACKAGE).as_posix() for name in SHIPPED} == {
+        "reference": "checkpoints/best.pt", "interpolation": "checkpoints/interpolation/best.pt",
+        "align": "checkpoints/align/best.pt"}
+    assert all(shipped_path(name).is_file() for name in SHIPPED)
+
+
+def test_setup_cfg_declares_every_shipped_model_as_package_data():
+    """A wheel (or a non-editable install) carries what package_data names: every shipped file."""
+    setup = configparser.ConfigParser()
+    setup.read(REPO / "setup.cfg")
+    patterns = [p.strip() for p in setup["options.package_data"]["ponder_cli"].split(",")]
+    for name in SHIPPED:
+        relative = shipped_path(name).relative_to(PACKAGE).as_posix()
+        assert any(fnmatch(relative, pattern) and relative.count("/") == pattern.count("/") for pattern in patterns)
+
+
+def _using(result) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.startswith("using ")]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_bare_eval_reads_the_shipped_reference_from_any_directory_even_after_training(tmp_path, monkeypatch,
+                                                                                       checkpoint, tiny_mnist, ponder):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "mine").mkdir(parents=True)
+    (tmp_path / "runs" / "mine" / "best.pt").write_bytes(checkpoint.read_bytes())  # a run of one's own
+    result = ponder("eval", "--limit", 20, "--data-dir", tiny_mnist, "-f", "json")
+    assert result.exit_code == 0, result.output
+    reference = str(PACKAGE / "checkpoints" / "best.pt")
+    assert _using(result) == (f"using {reference} (the shipped model 'reference', the default; "
+                              "`latest` reads your newest run)")
+    data = json.loads(result.stdout)
+    assert data["checkpoints"] == [reference] and data["step"] == "mlp" and data["train_rotation"] == 22.5
+
+
+def test_a_shipped_model_is_named_relative_to_the_directory_it_lies_below(monkeypatch, tiny_mnist, ponder):
+    monkeypatch.chdir(REPO)  # a clone's root
+    result = ponder("extrapolate", "align", "--angles", 10, "--limit", 20, "--data-dir", tiny_mnist, "-f", "json")
+    assert result.exit_code == 0, result.output
+    assert _using(result) == "using ponder_cli/checkpoints/align/best.pt (the shipped model 'align')"
+    assert json.loads(result.stdout)["checkpoints"] == ["ponder_cli/checkpoints/align/best.pt"]
+
+
+@pytest.mark.parametrize("argument,name", [("reference", "reference"), ("interpolation", "interpolation"),
+                                           ("align", "align"), ("checkpoints/best.pt", "reference"),
+                                           ("checkpoints/interpolation/best.pt", "interpolation"),
+                                           ("checkpoints/align/best.pt", "align"), ("checkpoints/align", "align")])
+def test_names_and_the_readmes_older_paths_read_the_shipped_files(argument, name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    resolved = resolve_checkpoint(argument)
+    assert resolved.path == shipped_path(name) and resolved.why == f"the shipped model '{name}'"
+
+
+def test_resolution_order(tmp_path, monkeypatch, checkpoint):
+    """An existing file, then a run folder, then `latest`, then a shipped name, then the old path."""
+    monkeypatch.chdir(tmp_path)
+    for folder in ("align", "checkpoints", "runs/old", "runs/new"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "align" / "best.pt").write_bytes(checkpoint.read_bytes())
+    assert resolve_checkpoint("align").path == Path("align") / "best.pt"  # a run folder of that name wins
+    assert resolve_checkpoint("align").why == "the best.pt of run folder align"
+    (tmp_path / "checkpoints" / "best.pt").write_bytes(checkpoint.read_bytes())  # a checkpoints/ of one's own
+    assert resolve_checkpoint("checkpoints/best.pt").path == Path("checkpoints/best.pt")
+    assert resolve_checkpoint("checkpoints/align/best.pt").path == shipped_path("align")
+    for age, name in ((200, "old"), (100, "new")):
+        for file in ("best.pt", "last.pt"):
+            path = tmp_path / "runs" / name / file
+            path.write_bytes(checkpoint.read_bytes())
+            os.utime(path, (time.time() - age, time.time() - age))
+    latest = resolve_checkpoint("latest")
+    assert latest.path == Path("runs/new/best.pt") and latest.why == "latest: the newest run under runs/"
+    assert resolve_checkpoint("latest", file="last.pt").path == Path("runs/new/last.pt")
+    assert resolve_checkpoint("runs/old", file="last.pt").path == Path("runs/old/last.pt")
+
+
+@pytest.mark.parametrize("argument,message", [
+    ("nope.pt", f"checkpoint nope.pt does not exist; name a checkpoint file, a run folder (its best.pt), `latest` "
+                f"(the newest run under runs/) or a shipped model: {NAMES}"),
+    ("checkpoints/nope.pt", "checkpoint checkpoints/nope.pt does not exist; name a checkpoint file"),
+    ("empty", "empty holds no best.pt; name a checkpoint file"),
+    ("latest", "`latest`: no run under {cwd}/runs/ has a best.pt yet; train one with `ponder train`, or name "
+               "another checkpoint"),
+])
+def test_anything_else_is_one_line_naming_the_accepted_forms(argument, message, tmp_path, monkeypatch, ponder,
+                                                             one_error_line):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    line = one_error_line(ponder("eval", argument, "--data-dir", tmp_path / "none", "--no-download"))
+    assert line.startswith("Error: " + message.format(cwd=tmp_path))
+
+
+def test_every_command_says_which_file_it_read(checkpoint, tiny_mnist, ponder, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = checkpoint.parent
+    for args in (["eval", run], ["extrapolate", checkpoint, "--angles", 10], ["sweep", run, "--to", 10],
+                 ["compare", run, "reference", "--angles", 10]):
+        result = ponder(*args, "--limit", 20, "--data-dir", tiny_mnist)
+        assert result.exit_code == 0, result.output
+        lines = [line for line in result.stderr.splitlines() if line.startswith("using ")]
+        if args[1] == run:
+            assert lines[0] == f"using {checkpoint} (the best.pt of run folder {run})"
+        else:
+            assert lines[0] == f"using {checkpoint} (as given)"
+        if args[0] == "compare":
+            assert lines[1] == f"using {PACKAGE / 'checkpoints' / 'best.pt'} (the shipped model 'reference')"
+
+
+def test_resume_takes_a_run_folder_or_latest(checkpoint, tiny_mnist, tmp_path, monkeypatch, ponder):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    run = tmp_path / "runs" / "one"
+    result = ponder("train", "--epochs", 1, "--max-steps", 2, "--val-size", 100, "--train-size", 200,
+                    "--batch-size", 100, "--out", run, "--data-dir", tiny_mnist)
+    assert result.exit_code == 0, result.output
+    result = ponder("train", "--resume", "latest", "--epochs", 2, "--data-dir", tiny_mnist, "-f", "json")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[0] == "using runs/one/last.pt (latest: the newest run under runs/)"
+    assert json.loads(result.stdout)["epochs"] == 2
+    result = ponder("train", "--resume", run, "--epochs", 3, "--data-dir", tiny_mnist)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[0] == f"using {run / 'last.pt'} (the last.pt of run folder {run})"
+
+
+def test_checkpoint_help_names_the_shipped_models(ponder):
+    text = " ".join(ponder("eval", "--help").stdout.split())
+    assert ("A checkpoint file, a run folder (its best.pt), latest (the newest run under runs/), or a shipped "
+            "model: reference (pondernet · step mlp · trained within ±22.5°); interpolation") in text
+    assert "[default: reference]" in text

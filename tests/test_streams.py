@@ -1,0 +1,103 @@
+"""The standard streams at the CLI's edge: results need a stdout, a reader that leaves ends the
+command quietly (exit 141), and losing stderr never stops training."""
+
+import csv
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ponder_cli.checkpoint import load_checkpoint
+from ponder_cli.streams import READER_GONE, Chatter
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX pipes and descriptors")
+
+CODE = "import sys; from ponder_cli.cli import app; app(sys.argv[1:], prog_name='ponder')"
+PONDER = [sys.executable, "-c", CODE]
+TRAIN = ["train", "--epochs", "3", "--max-steps", "2", "--val-size", "100", "--train-size", "200",
+         "--batch-size", "100", "--no-progress"]
+
+
+def _in_shell(redirect: str, args: list) -> subprocess.CompletedProcess:
+    """Run ponder under bash with `redirect` applied, e.g. '>&-' (stdout closed)."""
+    return subprocess.run(["bash", "-c", f'"$@" {redirect}', "ponder", *PONDER, *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_training_goes_on_when_its_reader_leaves_after_one_line(tiny_mnist, tmp_path):
+    """`ponder train ... 2>&1 | head -1`: every epoch trained and saved, then a quiet exit 141
+    when the summary finds no reader."""
+    reader = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"], stdin=subprocess.PIPE)
+    out = tmp_path / "run"
+    trainer = subprocess.Popen([*PONDER, *TRAIN, "--data-dir", str(tiny_mnist), "--out", str(out)],
+                               stdout=reader.stdin, stderr=reader.stdin)
+    reader.stdin.close()
+    assert trainer.wait(timeout=120) == READER_GONE
+    assert reader.wait(timeout=10) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["best.pt", "config.json", "last.pt", "metrics.csv"]
+    assert load_checkpoint(out / "last.pt").epoch == 3
+    assert [row["epoch"] for row in _rows(out / "metrics.csv")] == ["1", "2", "3"]
+
+
+def test_training_with_stderr_closed_trains_and_reports(tiny_mnist, tmp_path):
+    out = tmp_path / "run"
+    done = _in_shell("2>&-", [*TRAIN, "--data-dir", tiny_mnist, "--out", out])
+    assert done.returncode == 0 and done.stderr == ""
+    assert f"best checkpoint: {out / 'best.pt'}" in done.stdout
+    assert load_checkpoint(out / "last.pt").epoch == 3 and len(_rows(out / "metrics.csv")) == 3
+
+
+@pytest.mark.parametrize("args", [["extrapolate", "--angles", "10"], ["train", *TRAIN[1:]]],
+                         ids=["extrapolate", "train"])
+def test_a_closed_stdout_is_refused_before_any_work(args, checkpoint, tiny_mnist, tmp_path):
+    """`ponder extrapolate >&-` used to lose its results and exit 0."""
+    where = [checkpoint] if args[0] == "extrapolate" else ["--out", tmp_path / "run"]
+    done = _in_shell(">&-", [*args, *where, "--data-dir", tmp_path / "no-mnist", "--no-download"])
+    assert done.returncode == 1
+    assert done.stderr == ("Error: standard output is closed, so the results would be lost; send it to a file or "
+                           "to /dev/null instead of closing it\n")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_stdout_open_for_reading_only_is_refused(checkpoint, tmp_path):
+    done = _in_shell("1</dev/null", ["eval", checkpoint])
+    assert done.returncode == 1 and done.stderr.startswith("Error: standard output is closed")
+
+
+@pytest.mark.parametrize("args", [["extrapolate", "--angles", "10", "20"], ["sweep", "--to", "20", "-f", "csv"],
+                                  ["eval", "-f", "json"]], ids=["table", "csv", "json"])
+def test_a_reader_gone_before_the_results_ends_quietly(args, checkpoint, tiny_mnist):
+    """`ponder ... | head` where head has left: exit 141 and no message, whatever the format."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody will ever read: the first write of results fails with EPIPE
+    try:
+        done = subprocess.run([*PONDER, *args, str(checkpoint), "--data-dir", str(tiny_mnist), "-q"],
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert done.returncode == READER_GONE and done.stderr == ""
+
+
+class _Gone(io.StringIO):
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_chatter_drops_what_it_cannot_write_and_goes_on():
+    chatter = Chatter(_Gone())
+    assert chatter.write("epoch 1\n") == 8 and chatter.lost
+    chatter.write("epoch 2\n")
+    chatter.flush()
+    assert not chatter.isatty() and chatter.encoding == "utf-8"
+    with pytest.raises(TypeError):
+        chatter.write(b"")  # a text stream, as click's probe expects
+    alive = io.StringIO()
+    Chatter(alive).write("using x\n")
+    assert alive.getvalue() == "using x\n"
