@@ -144,8 +144,9 @@ def main() -> None:
     parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
                         help="mixed precision (fp16 with the GradScaler on CUDA, bf16 on CPU); default: on for CUDA, "
                              "as in ponder train")
-    parser.add_argument("--checkpoint", type=Path, default=None,
-                        help="time evaluation on this trained model (its config replaces --step's)")
+    parser.add_argument("--checkpoint", default=None,
+                        help="time evaluation on this trained model: a file, a run folder or a shipped name such as align "
+                             "(its config replaces --step's)")
     parser.add_argument("--synthetic", action="store_true", help="generated images instead of MNIST")
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--train-batches", type=int, default=0,
@@ -202,6 +203,8 @@ def main() -> None:
         return
     if args.checkpoint is not None:
         from ponder_cli.checkpoint import load_model
+        from ponder_cli.runs import resolve_checkpoint
+        args.checkpoint = resolve_checkpoint(args.checkpoint).path  # a file, a run folder or a shipped name
         model, cfg, _ = load_model(args.checkpoint, device)
         print(f"\nevaluating {args.checkpoint} (step {cfg.step}, max {cfg.max_steps} steps)")
     if cfg.step != "mlp":

@@ -187,7 +187,9 @@ def epoch_line(stats, epochs: int) -> str:
     return (f"epoch {stats.epoch:>2}/{epochs}  loss {stats.train_loss:.4f}  acc {stats.train_accuracy:.4f}  "
             f"steps {stats.train_steps:.2f}  |  val acc {stats.val_accuracy:.4f}  steps {stats.val_steps:.2f}  |  "
             f"lr {stats.lr:.0e}  {stats.seconds:.1f}s{'  *' if stats.improved else ''}"
-            f"{f'  ({stats.skipped_batches} non-finite batches skipped)' if stats.skipped_batches else ''}")
+            f"{f'  ({stats.skipped_batches} non-finite batches skipped)' if stats.skipped_batches else ''}"
+            # fp16 overflows the GradScaler absorbed by lowering its scale: normal, not lost data
+            f"{f'  ({stats.scaler_backoffs} fp16 back-offs)' if stats.scaler_backoffs else ''}")
 
 
 def value_text(value: Any) -> str:

@@ -231,15 +231,15 @@ TURN = ["step.turn.weight", "step.turn.bias", "step.view_turn.weight", "step.vie
 
 
 @pytest.mark.parametrize("options, left_out", [
-    (dict(step="mlp", truncation=0.05), ["step.mlp.from_state.weight"]),  # h_0 = 0 meets it from step 2 on
-    (dict(method="plain"), ["step.mlp.from_state.weight"]),
+    (dict(step="mlp", hidden_lin=16, truncation=0.05), ["step.mlp.from_state.weight"]),  # h_0 = 0 meets it from step 2 on
+    (dict(method="plain", hidden_lin=16), ["step.mlp.from_state.weight"]),
     (dict(step="align"), []),  # align's defaults: halting sees the turn, at step 1 too
     (dict(step="align", halting_input="state", turn_gate=0.0), TURN),  # the turn acts from step 2 on
     (dict(step="align", halting_input="state", turn_gate=0.2), TURN),  # the gate reads it detached
 ])
 def test_parameters_a_one_step_forward_leaves_out(options, left_out):
     torch.manual_seed(0)
-    model = build_model(PonderConfig.from_options(hidden=16, hidden_cnn=16, hidden_lin=16, **options))
+    model = build_model(PonderConfig.from_options(hidden=16, hidden_cnn=16, **options))
     before = torch.get_rng_state()
     assert model.left_out_by_one_step() == left_out
     assert torch.equal(torch.get_rng_state(), before)  # the training stream is untouched
@@ -316,3 +316,15 @@ def test_gloo_needs_no_watcher(monkeypatch):
     monkeypatch.setattr(distributed, "abort_when_signal_unanswered", lambda grace: watched.append(grace))
     distributed.setup(CPU, distributed.Launch(0, 0, 2))
     assert watched == []
+
+
+def test_epoch_line_tells_backoffs_from_skipped_batches():
+    from ponder_cli.render import epoch_line
+    from ponder_cli.train import EpochStats
+
+    stats = EpochStats(epoch=3, train_loss=0.5, train_reconstruction=0.4, train_regularisation=10.0,
+                       train_accuracy=0.9, train_steps=4.0, val_accuracy=0.95, val_steps=3.5, lr=1e-3,
+                       seconds=12.0, improved=False, skipped_batches=1, scaler_backoffs=2)
+    line = epoch_line(stats, 20)
+    assert line.endswith("12.0s  (1 non-finite batches skipped)  (2 fp16 back-offs)")
+    assert "back-offs" not in epoch_line(EpochStats(**{**stats.__dict__, "scaler_backoffs": 0}), 20)
