@@ -92,40 +92,40 @@ def test_parse_problem_accepts_what_the_cli_accepts(args):
     ("ponder extrapolate $f --angles 0 90 -f json > $(dirname $f).json", {"f": "runs/a/best.pt"},
      [["extrapolate", "runs/a/best.pt", "--angles", "0", "90", "-f", "json"]]),
     ("ponder train --method \"$0\" --seed 1", {}, []),  # a variable nobody sets: not checked
-    ("ponder eval >&- && python -m ponder_cli sweep --every 30 # a comment", {}, [["eval"], ["sweep", "--every", "30"]]),
+    ("ponder eval >&- && python -m ponder_cli sweep --every 30 # a comment", {},
+     [["eval"], ["sweep", "--every", "30"]]),
     ("pip install -e '.[test]'", {}, []),
 ])
 def test_invocations_are_read_as_the_shell_reads_them(line, variables, expected):
     assert docs.invocations(line, variables) == expected
 
 
+@pytest.mark.parametrize("line,expected", [
+    ("ponder extrapolate -f json | jq '.buckets |= map({rotation})'", {"ponder", "jq"}),  # | inside quotes
+    ("for s in 1 2; do OMP_NUM_THREADS=1 ponder train --seed $s; done", {"ponder"}),
+    ("ponder eval -f csv | cut -d, -f1 && ls runs", {"ponder", "cut", "ls"}),
+])
+def test_programs_are_the_first_words_of_each_command(line, expected):
+    assert docs.programs(line) == expected
+
+
 # Every fast example prints what it shows -----------------------------------------------------
-
-def _programs(example) -> set[str]:
-    """The programs a pipeline of the example runs besides ponder (jq, cut, ...)."""
-    found = set()
-    for command in example.commands:
-        for segment in command.text.replace("&&", "|").replace(";", "|").split("|")[1:]:
-            words = segment.split()
-            if words:
-                found.add(words[0])
-    return found
-
 
 @pytest.mark.parametrize("example", [e for e in EXAMPLES if not e.slow], ids=lambda e: e.where)
 def test_fast_example_prints_what_it_shows(example):
     if example.needs_mnist() and not HAVE_MNIST:
         pytest.skip("real MNIST not found under $PONDER_DATA_DIR")
-    missing = sorted(program for program in _programs(example) if shutil.which(program) is None)
+    missing = sorted(program for command in example.commands for program in docs.programs(command.text)
+                     if program != "ponder" and shutil.which(program) is None)
     if missing:
         pytest.skip(f"not installed: {', '.join(missing)}")
     outcome = docs.run_example(example, data_dir=DATA_DIR, timeout=300)
     assert not outcome.problems, "\n".join([*outcome.problems, REGENERATE])
 
 
-def test_slow_examples_are_few_and_marked():
-    """Slow examples are only parsed by the suite, so each must be marked deliberately; the
-    fast ones must stay cheap (a --limit, --help, or a refusal)."""
+def test_fast_examples_stay_cheap():
+    """The suite runs every example not marked slow, so each stays cheap: a --limit, --help or
+    --version, or a refusal."""
     for example in EXAMPLES:
         if example.slow or example.fails:
             continue

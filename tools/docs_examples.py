@@ -166,13 +166,14 @@ def find_examples(path: Path) -> list[Example]:
 _SUBSTITUTION = re.compile(r"\$\([^()]*\)")
 _REDIRECT = re.compile(r"(?<![\w-])\d*(?:>>?|<)(?:&-|&\d+|\s*[^\s|;&<>]+)")
 _FOR = re.compile(r"\bfor\s+(\w+)\s+in\s+([^;\n]+)")
-_KEYWORDS = {"do", "then", "else", "elif", "time", "!", "{", "(", "exec", "nohup"}
+_KEYWORDS = {"do", "then", "else", "elif", "time", "!", "{", "(", "exec", "nohup"}  # a command follows
+_RESERVED = {"for", "while", "until", "if", "case", "done", "fi", "esac", "}", ")"}  # no command follows
 
 
-def invocations(text: str, variables: Optional[dict[str, str]] = None) -> list[list[str]]:
-    """The argument lists of the ponder commands a shell line runs (`ponder ARGS`,
-    `python -m ponder_cli ARGS`, `torchrun ... -m ponder_cli ARGS`), with `$VAR` replaced from
-    `variables`; commands with a variable left unresolved are left out."""
+def _segments(text: str, variables: Optional[dict[str, str]] = None) -> list[list[str]]:
+    """The simple commands of a shell line, as words: split at pipes, `;`, `&&` and `||`, with
+    redirections and comments dropped, `$(...)` as one word, and `$VAR` replaced from
+    `variables`. Quotes are honoured, so a `|` inside a jq filter stays where it is."""
     text = text.replace("\\\n", " ")
     for name, value in (variables or {}).items():
         text = re.sub(rf"\$(?:{name}\b|\{{{name}\}})", value, text)
@@ -183,16 +184,32 @@ def invocations(text: str, variables: Optional[dict[str, str]] = None) -> list[l
         tokens = list(lexer)
     except ValueError:  # an unclosed quote: not a command line
         return []
-    segments, current = [], []
+    segments: list[list[str]] = [[]]
     for token in tokens:
         if token and set(token) <= set(";&|"):
-            segments.append(current)
-            current = []
+            segments.append([])
         else:
-            current.append(token)
-    segments.append(current)
+            segments[-1].append(token)
+    return [words for words in segments if words]
+
+
+def programs(text: str) -> set[str]:
+    """The programs a shell line runs (`ponder`, `jq`, `cut`, ...)."""
+    found = set()
+    for words in _segments(text):
+        while words and (words[0] in _KEYWORDS or re.fullmatch(r"\w+=\S*", words[0])):
+            words = words[1:]
+        if words and words[0] not in _RESERVED:
+            found.add(words[0])
+    return found
+
+
+def invocations(text: str, variables: Optional[dict[str, str]] = None) -> list[list[str]]:
+    """The argument lists of the ponder commands a shell line runs (`ponder ARGS`,
+    `python -m ponder_cli ARGS`, `torchrun ... -m ponder_cli ARGS`), with `$VAR` replaced from
+    `variables`; commands with a variable left unresolved are left out."""
     found = []
-    for words in segments:
+    for words in _segments(text, variables):
         while words and (words[0] in _KEYWORDS or re.fullmatch(r"\w+=\S*", words[0])):
             words = words[1:]
         args = None
