@@ -127,10 +127,11 @@ class _Console(Console):
 
 
 def table_console(file: IO[str] | None = None, width: int | None = None) -> Console:
-    """The terminal's width ($COLUMNS or the window's); pipes and files get 200 columns, so that
-    tables are not wrapped for a terminal they will never be shown on."""
+    """The terminal's width ($COLUMNS or the window's); pipes and files get $COLUMNS when it is
+    set, else 200 columns, so that tables are not wrapped for a terminal they will never be
+    shown on."""
     console = _Console(file=file or sys.stdout, width=width)
-    if width is None and not console.is_terminal:
+    if width is None and not console.is_terminal and not os.environ.get("COLUMNS", "").strip().isdigit():
         console = _Console(file=file or sys.stdout, width=200)
     return console
 

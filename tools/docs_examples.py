@@ -427,7 +427,15 @@ def run_example(example: Example, *, data_dir: Optional[str] = None, cwd: Option
     with what the doc shows."""
     outcome = Outcome(example, [], [], [])
     with _environment(data_dir) as env, contextlib.ExitStack() as stack:
-        where = cwd or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ponder-docs-")))
+        if cwd is None:
+            # A scratch folder that looks like a clone's root: ponder_cli/ in it (a link to this
+            # checkout's package) comes first on the path, so the shipped models print as
+            # ponder_cli/checkpoints/... on every machine, as they do from a clone's root.
+            where = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ponder-docs-")))
+            (where / "ponder_cli").symlink_to(REPO / "ponder_cli", target_is_directory=True)
+            env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(where), env.get("PYTHONPATH")]))}
+        else:
+            where = cwd
         for command in example.commands:
             try:
                 done = subprocess.run(["bash", "-o", "pipefail", "-c", command.text], cwd=where, env=env,
