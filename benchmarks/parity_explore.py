@@ -60,25 +60,28 @@ def evaluate_sets(model, method, cfg, sets, ranges, seed: int, rules=("sample", 
     model.eval()
     generator = torch.Generator().manual_seed(seed)  # the same coins at every evaluation
     result = {"buckets": []}
-    all_counts, all_steps = [], {rule: [] for rule in rules}
+    all_counts, all_steps, all_correct = [], {rule: [] for rule in rules}, {rule: [] for rule in rules}
     for (lo, hi), data in zip(ranges, sets):
         out = model(data.x)
         uniforms = torch.rand(cfg.max_steps, data.x.shape[0], generator=generator)
         bucket = {"counts": f"{lo}-{hi}"}
         for rule in rules:
             scores, steps = method.predict(out.logits, out.lambda_logits, uniforms, rule)
-            steps = steps.float()
-            bucket[rule] = {"accuracy": float((scores.argmax(1) == data.labels).float().mean()),
+            steps, correct = steps.float(), (scores.argmax(1) == data.labels).float()
+            bucket[rule] = {"accuracy": float(correct.mean()),
                             "steps": float(steps.mean()), "steps_sd": float(steps.std()) if len(steps) > 1 else 0.0}
             all_steps[rule].append(steps)
+            all_correct[rule].append(correct)
         result["buckets"].append(bucket)
         all_counts.append(data.counts)
     counts = torch.cat(all_counts)
     for rule in rules:
-        steps = torch.cat(all_steps[rule])
+        steps, correct = torch.cat(all_steps[rule]), torch.cat(all_correct[rule])
         result[f"rho_{rule}"] = spearman(counts.float(), steps)
         result[f"steps_per_count_{rule}"] = {
             int(c): round(float(steps[counts == c].mean()), 3) for c in torch.unique(counts)}
+        result[f"accuracy_per_count_{rule}"] = {
+            int(c): round(float(correct[counts == c].mean()), 4) for c in torch.unique(counts)}
     model.train()
     return result
 
