@@ -41,11 +41,11 @@ def gated_logit(z: torch.Tensor, work: torch.Tensor) -> torch.Tensor:
 
 
 class PonderNet(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, classes: int = N_CLASSES):
         super().__init__()
         self.max_steps = cfg.max_steps
         self.step = step_class(cfg.step)(cfg)
-        self.output_head = nn.Linear(self.step.readout_size, N_CLASSES)
+        self.output_head = nn.Linear(self.step.readout_size, classes)
         # what the halting head sees besides the readout: the step's top class probability
         # ("confidence") and the step function's own halting features ("turn" for align)
         self.confidence_input = "confidence" in cfg.halting_input

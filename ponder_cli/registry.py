@@ -12,6 +12,8 @@ import importlib
 STEPS = {
     "mlp": "ponder_cli.steps.mlp:MLPStep",  # the reference: CNN once per image, MLP steps
     "align": "ponder_cli.steps.align:AlignStep",  # re-reads the image through a learnt rotation
+    "rnn": "ponder_cli.steps.rnn:RNNStep",  # vectors: the paper's tanh RNN, the input read at every step
+    "gru": "ponder_cli.steps.gru:GRUStep",  # vectors: a GRU cell, the input read at every step
 }
 
 METHODS = {
