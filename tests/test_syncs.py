@@ -48,8 +48,10 @@ def _model(steps: int, method: str = "pondernet", step: str = "mlp", bias=None, 
     """A small model whose halting head's weights are scaled by `spread`: with inputs of
     different sizes (_INPUTS), images then halt at several different steps."""
     torch.manual_seed(0)
-    cfg = PonderConfig.from_options(method=method, step=step, max_steps=steps, hidden=16, hidden_cnn=16,
-                                    hidden_lin=16, halting_bias=bias, **changes)
+    sizes = dict(hidden=16, hidden_cnn=16, **({"hidden_lin": 16} if step == "mlp" else {}))
+    halting = {} if method == "plain" else dict(max_steps=steps, halting_bias=bias)  # plain: one step, no halting
+    cfg = PonderConfig.from_options(method=method, step=step, **sizes, **halting, **changes)
+    assert cfg.max_steps == steps
     model = build_model(cfg)
     with torch.no_grad():
         model.halting_head.weight.mul_(spread)
