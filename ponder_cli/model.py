@@ -168,7 +168,7 @@ class PonderNet(nn.Module):
         device = next(self.parameters()).device
         named = [(name, p) for name, p in self.named_parameters() if p.requires_grad]
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.enable_grad():
-            x = torch.zeros(2, 1, 28, 28, device=device)
+            x = self.step.example_input(2, device)
             out = self(x, stop=StopAfterFirstStep()) if self.max_steps > 1 else self(x)
             grads = torch.autograd.grad(out.logits.sum() + out.lambda_logits.sum(), [p for _, p in named],
                                         allow_unused=True)

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 from .render import Column, cell_text, sparkline
 
-META_KEYS = ("command", "checkpoints", "method", "step", "protocol", "halting", "seed")
+META_KEYS = ("command", "task", "checkpoints", "method", "step", "protocol", "halting", "seed")
 
 
 @dataclass
@@ -44,18 +44,53 @@ class Report:
 
 
 def make_meta(command: str, checkpoints: list[str], methods: list[str], steps: list[str], *,
-              protocol: Optional[str], halting: Optional[str], seed: Optional[int], **extra) -> dict:
+              protocol: Optional[str], halting: Optional[str], seed: Optional[int], task: str = "mnist",
+              **extra) -> dict:
     """The shared metadata; method and step are null when the checkpoints differ in them (every
-    bucket then carries its own)."""
+    bucket then carries its own). protocol: MNIST's rotation protocol, null for parity."""
     def one(values):
         distinct = sorted(set(values))
         return distinct[0] if len(distinct) == 1 else None
-    return {"command": command, "checkpoints": checkpoints, "method": one(methods), "step": one(steps),
-            "protocol": protocol, "halting": halting, "seed": seed, **extra}
+    return {"command": command, "task": task, "checkpoints": checkpoints, "method": one(methods),
+            "step": one(steps), "protocol": protocol, "halting": halting, "seed": seed, **extra}
+
+
+@dataclass(frozen=True)
+class Terms:
+    """How a task's buckets and inputs are named in tables and captions."""
+    key: str  # the bucket's difficulty key in JSON ("rotation", "counts")
+    header: str  # its table column
+    spec: str
+    difficulty: str  # in "Spearman ρ(..., steps)"
+    between: str  # the JSON's words for the same
+    inputs: str  # "images", "vectors"
+    test_set: str  # what eval measures on
+    label: Callable[[dict], str]  # a bucket's name in headers: "±45°", "counts 1-16"
+
+
+MNIST_TERMS = Terms("rotation", "±deg", "g", "|angle|", "|rotation angle| and ponder steps", "images",
+                    "MNIST test set", lambda b: f"±{b['rotation']:g}°")
+PARITY_TERMS = Terms("counts", "counts", "s", "count", "non-zero count and ponder steps", "vectors",
+                     "parity test vectors", lambda b: f"counts {b['counts']}")
+
+
+def terms(cfg) -> Terms:
+    return PARITY_TERMS if getattr(cfg, "task", "mnist") == "parity" else MNIST_TERMS
+
+
+def task_meta(cfg) -> dict:
+    """What a report's metadata says of the training data, in the task's terms."""
+    if getattr(cfg, "task", "mnist") == "parity":
+        lo, hi = cfg.train_range()
+        return {"elems": cfg.elems, "train_counts": f"{lo}-{hi}"}
+    return {"train_rotation": cfg.train_rotation}
 
 
 def describe_model(cfg) -> str:
-    """How captions and titles name a model: method, step function, training rotation."""
+    """How captions and titles name a model: method, step function, what it was trained on."""
+    if getattr(cfg, "task", "mnist") == "parity":
+        lo, hi = cfg.train_range()
+        return f"{cfg.method} · step {cfg.step} · {cfg.elems} elements, trained on counts {lo}-{hi}"
     return f"{cfg.method} · step {cfg.step} · trained within ±{cfg.train_rotation:g}°"
 
 
@@ -118,14 +153,15 @@ def _with_interval(key: str, spec: str) -> Callable[[dict], str]:
     return text
 
 
-def bucket_columns(max_steps: int, with_loss: bool, intervals: bool = False) -> list[Column]:
+def bucket_columns(max_steps: int, with_loss: bool, intervals: bool = False, words: "Terms" = None) -> list[Column]:
     """What eval and extrapolate tables show of a bucket; the image count, the same in every
     bucket, goes in the caption so that the table fits an 80-column terminal. With several
     draws (--repeats) the accuracy carries the half-width of its 95% interval."""
     accuracy = (Column("accuracy", "accuracy ± 95%", text=_with_interval("accuracy", ".4f"), wrap=True)
                 if intervals else Column("accuracy", "accuracy", ".4f"))
+    words = words or MNIST_TERMS
     columns = [
-        Column("rotation", "±deg", "g"), accuracy,
+        Column(words.key, words.header, words.spec), accuracy,
         Column("mean_steps", "steps ± sd", text=_pair("mean_steps", "std_steps", ".2f", " ± "), wrap=True),
         Column("steps_correct", "steps ✓ / ✗", text=_pair("steps_correct", "steps_wrong", ".2f", " / "), wrap=True),
         Column("halting_spark", f"halting steps 1→{max_steps}", "s", no_wrap=True),
@@ -143,27 +179,31 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
         bucket["halting_spark"] = sparkline(bucket["histogram"], width=20)
     used = buckets[0]["halting"]
     repeats = buckets[0].get("repeats", 1)
+    words = terms(cfg)
     meta = make_meta(command, [checkpoint], [cfg.method], [cfg.step], protocol=protocol, halting=used, seed=seed,
-                     repeats=repeats, train_rotation=cfg.train_rotation,
-                     spearman={"rho": rho, "rho_ci": rho_ci, "images": images,
-                               "between": "|rotation angle| and ponder steps"})
+                     task=getattr(cfg, "task", "mnist"), repeats=repeats, **task_meta(cfg),
+                     spearman={"rho": rho, "rho_ci": rho_ci, "images": images, "between": words.between})
     ci = f" (95% interval {rho_ci[0]:+.3f} to {rho_ci[1]:+.3f})" if rho_ci is not None else ""
-    rho_text = (f"Spearman ρ(|angle|, steps) undefined: angle or steps constant ({images} images)" if rho is None
-                else f"Spearman ρ(|angle|, steps) = {rho:+.3f}{ci} over {images} images")
+    name = f"Spearman ρ({words.difficulty}, steps)"
+    rho_text = (f"{name} undefined: {words.difficulty.strip('|')} or steps constant ({images} {words.inputs})"
+                if rho is None else f"{name} = {rho:+.3f}{ci} over {images} {words.inputs}")
     draws = f" · mean of {repeats} draws (seeds {seed}–{seed + repeats - 1})" if repeats > 1 else ""
-    what = "MNIST test set" if command == "eval" else "extrapolation"
+    what = words.test_set if command == "eval" else "extrapolation"
+    how = f"protocol {protocol} · " if protocol is not None else ""
     report = Report(
-        meta=meta, buckets=buckets, columns=bucket_columns(cfg.max_steps, with_loss, repeats > 1),
+        meta=meta, buckets=buckets, columns=bucket_columns(cfg.max_steps, with_loss, repeats > 1, words),
         title=f"{cfg.method} on the {what} ({checkpoint})",
-        caption=f"{describe_model(cfg)}\nprotocol {protocol} · halting {used} · seed {seed}{draws}\n"
-                f"{buckets[0]['images']} images per bucket · steps ✓ / ✗: on correct / wrong answers\n{rho_text}",
+        caption=f"{describe_model(cfg)}\n{how}halting {used} · seed {seed}{draws}\n"
+                f"{buckets[0]['images']} {words.inputs} per bucket · steps ✓ / ✗: on correct / wrong answers\n"
+                f"{rho_text}",
         plot_series={checkpoint: buckets})
     if detail:
-        report.detail = per_step_table(buckets, expected=used == "expected")
+        report.detail = per_step_table(buckets, expected=used == "expected", label=words.label)
     return report
 
 
-def per_step_table(buckets: list[dict], *, expected: bool) -> tuple[str, list[dict], list[Column]]:
+def per_step_table(buckets: list[dict], *, expected: bool,
+                   label: Callable[[dict], str] = MNIST_TERMS.label) -> tuple[str, list[dict], list[Column]]:
     """Per halting step: images that halted there and the accuracy if every image stopped there."""
     columns = [Column("step", "step")]
     rows = [{"step": k + 1} for k in range(len(buckets[0]["histogram"]))]
@@ -174,8 +214,8 @@ def per_step_table(buckets: list[dict], *, expected: bool) -> tuple[str, list[di
         for k, row in enumerate(rows):
             row[f"n{i}"] = bucket["histogram"][k]
             row[f"a{i}"] = bucket["accuracy_at_step"][k]
-        columns += [Column(f"n{i}", f"±{bucket['rotation']:g}° halted", "d" if whole else ".1f", group=f"b{i}"),
-                    Column(f"a{i}", f"±{bucket['rotation']:g}° acc if stop", ".4f", group=f"b{i}")]
+        columns += [Column(f"n{i}", f"{label(bucket)} halted", "d" if whole else ".1f", group=f"b{i}"),
+                    Column(f"a{i}", f"{label(bucket)} acc if stop", ".4f", group=f"b{i}")]
     return "Per halting step", rows, columns
 
 
@@ -191,22 +231,31 @@ def least_squares(xs: list[float], ys: list[float]) -> tuple[float, float, Optio
     return slope, my - slope * mx, (sxy * sxy / (sxx * syy) if sxx and syy else None)
 
 
-SWEEP_COLUMNS = [Column("rotation", "|angle|", "g"), Column("accuracy", "accuracy", ".4f"),
-                 Column("mean_steps", "steps", ".2f"), Column("steps_correct", "steps ✓", ".2f"),
-                 Column("steps_wrong", "steps ✗", ".2f"), Column("images", "images")]
+def sweep_columns(first: Column) -> list[Column]:
+    return [first, Column("accuracy", "accuracy", ".4f"), Column("mean_steps", "steps", ".2f"),
+            Column("steps_correct", "steps ✓", ".2f"), Column("steps_wrong", "steps ✗", ".2f"),
+            Column("images", "inputs" if first.key == "lo" else "images")]
+
+
+SWEEP_COLUMNS = sweep_columns(Column("rotation", "|angle|", "g"))
 
 
 def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *, halting: str, seed: int) -> Report:
-    """Mean steps and accuracy against the exact rotation angle, with the least-squares slope of
-    steps per 10 degrees (human response times rise about linearly: Shepard & Metzler 1971)."""
-    report = evaluation_report("sweep", checkpoint, cfg, buckets, rho, protocol="fixed", halting=halting, seed=seed,
-                               with_loss=False, detail=False)
-    slope, intercept, r2 = least_squares([b["rotation"] for b in buckets], [b["mean_steps"] for b in buckets])
-    report.meta["fit"] = {"steps_per_10_degrees": 10 * slope, "steps_at_0": intercept, "r2": r2}
-    report.columns = SWEEP_COLUMNS
-    report.title = f"{cfg.method} mental rotation sweep ({checkpoint})"
-    report.caption += (f"\nleast squares: steps = {intercept:.2f} {'-' if slope < 0 else '+'} {abs(10 * slope):.3f} "
-                       "per 10°"
+    """Mean steps and accuracy against the exact rotation angle (MNIST: the least-squares slope of
+    steps per 10 degrees; human response times rise about linearly: Shepard & Metzler 1971), or
+    against the exact non-zero count (parity: steps per count; ACT's paper saw a linear rise)."""
+    parity = getattr(cfg, "task", "mnist") == "parity"
+    report = evaluation_report("sweep", checkpoint, cfg, buckets, rho, protocol=None if parity else "fixed",
+                               halting=halting, seed=seed, with_loss=False, detail=False)
+    key, scale, unit = ("lo", 1, "count") if parity else ("rotation", 10, "10°")
+    slope, intercept, r2 = least_squares([b[key] for b in buckets], [b["mean_steps"] for b in buckets])
+    at = "steps_at_0"
+    report.meta["fit"] = ({"steps_per_count": slope, at: intercept, "r2": r2} if parity else
+                          {"steps_per_10_degrees": 10 * slope, at: intercept, "r2": r2})
+    report.columns = sweep_columns(Column("lo", "count")) if parity else SWEEP_COLUMNS
+    report.title = f"{cfg.method} {'non-zero count' if parity else 'mental rotation'} sweep ({checkpoint})"
+    report.caption += (f"\nleast squares: steps = {intercept:.2f} {'-' if slope < 0 else '+'} {abs(scale * slope):.3f} "
+                       f"per {unit}"
                        + (f" (r² {r2:.2f})" if r2 is not None else ""))
     report.plot_kind = "sweep"
     return report
@@ -253,24 +302,30 @@ def plus_minus(mean: float, sd: Optional[float], spec: str) -> str:
     return format(mean, spec) if sd is None else f"{format(mean, spec)} ± {format(sd, spec)}"
 
 
-def compare_columns(steps_differ: bool) -> list[Column]:
+DIFFICULTY_KEYS = ("rotation", "counts", "lo", "hi")  # what names a bucket, in either task's terms
+
+
+def compare_columns(steps_differ: bool, words: Terms = MNIST_TERMS) -> list[Column]:
     """The compare table: labels wrap (`pondernet (train_rotation=22.5)`), figures never do."""
     return [Column("label", "method", "s", wrap=True)] + ([Column("step", "step", "s")] if steps_differ else []) + [
-        Column("seeds", "seeds"), Column("rotation", "±deg", "g"), Column("accuracy_text", "accuracy", "s", wrap=True),
+        Column("seeds", "seeds"), Column(words.key, words.header, words.spec),
+        Column("accuracy_text", "accuracy", "s", wrap=True),
         Column("steps_text", "steps", "s", wrap=True)]
 
 
-def comparison_report(groups: list[Group], results: list[list[list[dict]]], angles: list[float], *,
-                      protocol: str, halting: str, seed: int, repeats: int = 1) -> Report:
-    """results[g][m][b]: the bucket dict of member m of group g at angle b."""
+def comparison_report(groups: list[Group], results: list[list[list[dict]]], angles: list, *,
+                      protocol: Optional[str], halting: str, seed: int, repeats: int = 1) -> Report:
+    """results[g][m][b]: the bucket dict of member m of group g in bucket b (an angle, or a
+    non-zero-count range for parity); every checkpoint is of one task."""
     buckets, series = [], {}
+    words = terms(groups[0].cfg)
     for group, per_model in zip(groups, results):
         series[group.label] = []
-        for b, angle in enumerate(angles):
+        for b, _ in enumerate(angles):
             accuracy, accuracy_sd = mean_and_sd([r[b]["accuracy"] for r in per_model])
             steps, steps_sd = mean_and_sd([r[b]["mean_steps"] for r in per_model])
             bucket = {"method": group.cfg.method, "step": group.cfg.step, "label": group.label,
-                      "rotation": angle, "seeds": len(per_model), "accuracy": accuracy, "accuracy_sd": accuracy_sd,
+                      **{k: v for k, v in per_model[0][b].items() if k in DIFFICULTY_KEYS}, "seeds": len(per_model), "accuracy": accuracy, "accuracy_sd": accuracy_sd,
                       "mean_steps": steps, "mean_steps_sd": steps_sd, "halting": per_model[0][b]["halting"],
                       "images": per_model[0][b]["images"], "checkpoints": [p for p, _ in group.members],
                       "accuracy_text": plus_minus(accuracy, accuracy_sd, ".4f"),
@@ -279,7 +334,8 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
             series[group.label].append({**bucket, "std_steps": steps_sd or 0.0, "histogram": [
                 sum(r[b]["histogram"][k] for r in per_model) for k in range(len(per_model[0][b]["histogram"]))]})
     meta = make_meta("compare", [p for g in groups for p, _ in g.members], [g.cfg.method for g in groups],
-                     [g.cfg.step for g in groups], protocol=protocol, halting=halting, seed=seed, repeats=repeats)
+                     [g.cfg.step for g in groups], protocol=protocol, halting=halting, seed=seed,
+                     task=getattr(groups[0].cfg, "task", "mnist"), repeats=repeats)
     draws = f" · each the mean of {repeats} draws" if repeats > 1 else ""
     # each method's own halting rule (ACT's, one step) or the one asked for: one per method
     rules = {bucket["method"]: bucket["halting"] for bucket in buckets}
@@ -287,12 +343,13 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
     # the table names each group once, on its first row: long labels wrap over several lines
     rows = [{**bucket, "label": bucket["label"] if i == 0 or buckets[i - 1]["label"] != bucket["label"] else ""}
             for i, bucket in enumerate(buckets)]
-    return Report(meta=meta, buckets=buckets, columns=compare_columns(len(steps) > 1), title="Methods compared",
+    how = f"protocol {protocol} · " if protocol is not None else ""
+    return Report(meta=meta, buckets=buckets, columns=compare_columns(len(steps) > 1, words), title="Methods compared",
                   table_rows=rows,
                   caption=f"accuracy and steps: mean ± sd over seeds{draws}\nhalting: "
                           f"{' · '.join(f'{method} → {rule}' for method, rule in rules.items())}\n"
-                          f"{'step ' + steps[0] + ' · ' if len(steps) == 1 else ''}protocol {protocol} · "
-                          f"seed {seed}\n{buckets[0]['images']} test images per bucket",
+                          f"{'step ' + steps[0] + ' · ' if len(steps) == 1 else ''}{how}"
+                          f"seed {seed}\n{buckets[0]['images']} test {words.inputs} per bucket",
                   plot_series=series)
 
 
@@ -312,8 +369,9 @@ def training_report(cfg, result, seconds: float) -> Report:
     summary = {"epochs": result.last_epoch, "best_epoch": result.best_epoch, "val_accuracy": result.best_accuracy,
                "val_steps": best["val_steps"] if best else None, "stopped_early": result.stopped_early,
                "seconds": seconds, "out_dir": str(result.out_dir)}
-    meta = make_meta("train", [str(result.best_path)], [cfg.method], [cfg.step], protocol="uniform",
-                     halting="sample", seed=cfg.seed, train_rotation=cfg.train_rotation, **summary,
+    parity = getattr(cfg, "task", "mnist") == "parity"
+    meta = make_meta("train", [str(result.best_path)], [cfg.method], [cfg.step], protocol=None if parity else "uniform",
+                     halting="sample", seed=cfg.seed, task=getattr(cfg, "task", "mnist"), **task_meta(cfg), **summary,
                      config=cfg.to_dict())
     return Report(meta=meta, buckets=epochs, columns=TRAIN_COLUMNS, table_rows=[summary],
-                  title=f"{cfg.method} training (step {cfg.step})", footer=f"best checkpoint: {result.best_path}")
+                  title=f"{cfg.method} training (step {cfg.step}{', parity' if parity else ''})", footer=f"best checkpoint: {result.best_path}")

@@ -43,6 +43,11 @@ class StepFunction(nn.Module):
     # the config fields this step reads among those that some step reads (config.inapplicable:
     # an option no chosen piece reads is refused)
     reads: tuple = ()
+    tasks: tuple = ()  # the tasks (registry.TASKS) whose inputs this step function reads
+
+    def example_input(self, batch: int, device) -> torch.Tensor:
+        """A batch of inputs of the shape this step reads (zeros), for probing the model."""
+        raise NotImplementedError
 
     def start(self, x: torch.Tensor, steps: int) -> tuple[tuple, tuple]:
         """From a batch of inputs (B, ...): the per-input context computed once, and the initial

@@ -7,7 +7,9 @@ step then costs one (hidden x 3 hidden) matmul. The parameters are an nn.GRUCell
 update equals nn.GRUCell's.
 
 Optional, after the min-pondernet recipe: LayerNorm on the new state, orthogonal recurrent
-weights, and a positive update-gate bias (each step keeps more of the previous state).
+weights, and a positive update-gate bias (each step keeps more of the previous state). The
+config's gru_* fields choose them; `ponder train --step gru` implies all three (the recipe
+that learns parity here: benchmarks/parity_results.md), the dataclass defaults are off.
 """
 
 from __future__ import annotations
@@ -19,8 +21,18 @@ from . import StepFunction
 
 
 class GRUStep(StepFunction):
-    def __init__(self, cfg, layer_norm: bool = False, orthogonal: bool = False, update_bias: float = 0.0):
+    implied = {"gru_layer_norm": True, "gru_orthogonal": True, "gru_update_bias": 1.0}
+    reads = ("hidden", "gru_layer_norm", "gru_orthogonal", "gru_update_bias")
+    tasks = ("parity",)
+
+    def __init__(self, cfg, layer_norm: bool | None = None, orthogonal: bool | None = None,
+                 update_bias: float | None = None):
         super().__init__()
+        # keyword arguments (the experiment harness) win over the config's fields
+        layer_norm = getattr(cfg, "gru_layer_norm", False) if layer_norm is None else layer_norm
+        orthogonal = getattr(cfg, "gru_orthogonal", False) if orthogonal is None else orthogonal
+        update_bias = getattr(cfg, "gru_update_bias", 0.0) if update_bias is None else update_bias
+        self.elems = cfg.elems
         self.cell = nn.GRUCell(cfg.elems, cfg.hidden)
         self.norm = nn.LayerNorm(cfg.hidden) if layer_norm else None
         hidden = cfg.hidden
@@ -35,6 +47,9 @@ class GRUStep(StepFunction):
     def start(self, x, steps):
         input_gates = nn.functional.linear(x, self.cell.weight_ih, self.cell.bias_ih)  # (B, 3 hidden)
         return (input_gates,), (None,)
+
+    def example_input(self, batch, device):
+        return torch.zeros(batch, self.elems, device=device)
 
     def forward(self, context, state, n):
         (input_gates,), (h,) = context, state

@@ -15,14 +15,21 @@ from . import StepFunction
 
 
 class RNNStep(StepFunction):
+    reads = ("hidden",)
+    tasks = ("parity",)
+
     def __init__(self, cfg):
         super().__init__()
+        self.elems = cfg.elems
         self.from_input = nn.Linear(cfg.elems, cfg.hidden)
         self.from_state = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
         self.readout_size = cfg.hidden
 
     def start(self, x, steps):
         return (self.from_input(x),), (None,)  # (B, hidden) once per input; h_0 = 0
+
+    def example_input(self, batch, device):
+        return torch.zeros(batch, self.elems, device=device)
 
     def forward(self, context, state, n):
         (input_part,), (h,) = context, state
