@@ -105,11 +105,9 @@ def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int
 
     task = get_task(cfg)
     used = get_method(cfg).halting_label(options.halting)
-    extra = {"per_count": options.limit} if options.limit and cfg.task == "parity" else {}
     draws, rhos = [], []
     for k in range(options.repeats):
-        buckets_in = [lambda spec=spec, k=k: task.bucket(test, spec, specs, model.max_steps, seed + k, options.protocol,
-                                                         **extra)
+        buckets_in = [lambda spec=spec, k=k: task.bucket(test, spec, specs, model.max_steps, seed + k, options.protocol)
                       for spec in specs]
         results, rho = evaluate_buckets(model, buckets_in, cfg, halting=options.halting,
                                         batch_size=options.batch_size, detail=options.detail,
@@ -175,7 +173,8 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], angles
 
 def _protocol(cfg, options: EvalOptions) -> Optional[str]:
     """The rotation protocol where the task has one (MNIST); null for parity."""
-    return options.protocol if cfg.task == "mnist" else None
+    from .tasks import get_task
+    return options.protocol if get_task(cfg).uses_protocol else None
 
 
 def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float], stop: Optional[float],

@@ -113,7 +113,8 @@ EvalSeedOption = typer.Option(None, "--seed", help="Seed of the test rotations a
                               "[default: the checkpoint's training seed]")
 RepeatsOption = typer.Option(1, "--repeats", min=1, help="Independent draws of rotations and halting coins "
                              "(seeds seed, seed+1, ...): means and 95% intervals per bucket.")
-LimitOption = typer.Option(0, "--limit", min=0, help="Evaluate only the first N test images (0: all).")
+LimitOption = typer.Option(0, "--limit", min=0, help="Evaluate only the first N test images (0: all); parity: N "
+                           "vectors per non-zero count (0: 256).")
 EvalBatchOption = typer.Option(1000, "--batch-size", min=1, help="Images per evaluation batch.")
 ProtocolOption = typer.Option(Protocol("uniform"), "--protocol", case_sensitive=False,
                               help="uniform: within ±angle (reference); band: |rotation| between the previous "

@@ -87,6 +87,16 @@ def test_sweep_runs_over_each_count(parity_run, ponder):
     report = json.loads(result.stdout)
     assert [b["lo"] for b in report["buckets"]] == [2, 5, 8]
     assert set(report["fit"]) == {"steps_per_count", "steps_at_0", "r2"}
+    assert report["buckets"][1]["counts"] == "5" and report["buckets"][1]["images"] == 8
+
+
+def test_plots_draw_count_buckets(parity_run, ponder, tmp_path):
+    pytest.importorskip("matplotlib")
+    for command, extra in (("sweep", ["--to", "3"]), ("eval", [])):
+        figure = tmp_path / f"{command}.png"
+        result = ponder(command, parity_run, *extra, "--limit", "4", "--plot", figure, "-q")
+        assert result.exit_code == 0, result.output
+        assert figure.stat().st_size > 0
 
 
 def test_compare_on_count_buckets_and_not_across_tasks(parity_run, checkpoint, ponder, one_error_line):

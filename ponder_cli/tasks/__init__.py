@@ -51,6 +51,7 @@ class Task:
     classes: int = 0
     inputs: str = ""  # what the inputs are, for messages: "28x28 images"
     difficulty: str = ""  # the key naming a bucket's difficulty in reports
+    uses_protocol: bool = False  # whether --protocol (how test images are rotated) means anything
     implied: dict = {}
     reads: tuple = ()
 

@@ -53,6 +53,7 @@ class MnistTask(Task):
     classes = 10
     inputs = "28x28 images"
     difficulty = "rotation"
+    uses_protocol = True
     reads = ("train_rotation", "val_size", "train_size")
 
     # training -----------------------------------------------------------------------------

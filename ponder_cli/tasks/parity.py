@@ -230,10 +230,12 @@ class ParityTask(Task):
         return [parse_count_range(text, self.cfg.elems) for text in counts]
 
     def test_data(self, options, device):
-        return device  # the vectors are drawn per bucket (bucket below)
+        """Where and how many: the vectors are drawn per bucket (see bucket); --limit N gives N
+        vectors per non-zero count instead of TEST_PER_COUNT."""
+        return device, options.limit or TEST_PER_COUNT
 
-    def bucket(self, device, spec: tuple[int, int], specs: list, max_steps: int, seed: int, protocol: str,
-               per_count: int = TEST_PER_COUNT):
+    def bucket(self, test, spec: tuple[int, int], specs: list, max_steps: int, seed: int, protocol: str):
+        device, per_count = test
         data = evaluation_set(self.cfg.elems, *spec, per_count, TEST_SEED, device)
         return vector_bucket(data, max_steps, seed)
 
