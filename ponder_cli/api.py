@@ -168,7 +168,7 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], angles
                                              on_bucket=bar.update)
     return evaluation_report(command, str(path), cfg, buckets, rho, protocol=_protocol(cfg, options),
                              halting=buckets[0]["halting"], seed=seed, with_loss=with_loss, detail=options.detail,
-                             rho_ci=rho_ci)
+                             rho_ci=rho_ci, view=task.view())
 
 
 def _protocol(cfg, options: EvalOptions) -> Optional[str]:
@@ -194,7 +194,7 @@ def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float],
         seed = cfg.seed if options.seed is None else options.seed
         buckets, rho, _ = _bucket_dicts(model, cfg, test, specs, fixed, seed, amp, with_loss=False,
                                         on_bucket=bar.update)
-    return sweep_report(str(path), cfg, buckets, rho, halting=buckets[0]["halting"], seed=seed)
+    return sweep_report(str(path), cfg, buckets, rho, halting=buckets[0]["halting"], seed=seed, view=task.view())
 
 
 def _weights_digest(state_dict: dict) -> str:
@@ -240,7 +240,7 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], angles: Optional[li
                                   on_bucket=bar.update)[0]
                     for path, cfg in group.members] for group in groups]
     return comparison_report(groups, results, angles, protocol=_protocol(first, options), halting=options.halting,
-                             seed=seed, repeats=options.repeats)
+                             seed=seed, repeats=options.repeats, view=task.view())
 
 
 def _default_seed() -> int:
@@ -377,7 +377,7 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
                 for folder in made:  # a run that saved no epoch leaves no folder behind: the next takes its name
                     remove_if_empty_run_dir(folder)
     distributed.teardown()
-    return training_report(cfg, result, time.perf_counter() - started) if main else None
+    return training_report(cfg, result, time.perf_counter() - started, view=get_task(cfg).view()) if main else None
 
 
 def _shown_fields(cfg) -> list[str]:

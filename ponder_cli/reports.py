@@ -57,8 +57,9 @@ def make_meta(command: str, checkpoints: list[str], methods: list[str], steps: l
 
 @dataclass(frozen=True)
 class Terms:
-    """How a task's buckets and inputs are named in tables and captions."""
-    key: str  # the bucket's difficulty key in JSON ("rotation", "counts")
+    """How a task names its buckets and inputs in tables, captions and JSON (each task module
+    holds its own; see tasks/)."""
+    key: str  # the bucket's difficulty key in JSON and the table ("rotation", "counts")
     header: str  # its table column
     spec: str
     difficulty: str  # in "Spearman ρ(..., steps)"
@@ -66,32 +67,41 @@ class Terms:
     inputs: str  # "images", "vectors"
     test_set: str  # what eval measures on
     label: Callable[[dict], str]  # a bucket's name in headers: "±45°", "counts 1-16"
+    # sweep: the bucket key on the x axis, its header, the slope's scale and unit, the fit's
+    # JSON key and the sweep's name
+    sweep_key: str = "rotation"
+    sweep_header: str = "|angle|"
+    sweep_scale: float = 10.0
+    sweep_unit: str = "10°"
+    sweep_fit: str = "steps_per_10_degrees"
+    sweep_name: str = "mental rotation"
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """What reports say of a run's task (built by the task from the run's config): its name, its
+    terms, the metadata it adds (MNIST: train_rotation; parity: elems, train_counts), how
+    captions name the training data, and its protocol when it has one."""
+    name: str
+    terms: Terms
+    meta: dict
+    trained_on: str
+    protocol: Optional[str] = "uniform"
 
 
 MNIST_TERMS = Terms("rotation", "±deg", "g", "|angle|", "|rotation angle| and ponder steps", "images",
                     "MNIST test set", lambda b: f"±{b['rotation']:g}°")
-PARITY_TERMS = Terms("counts", "counts", "s", "count", "non-zero count and ponder steps", "vectors",
-                     "parity test vectors", lambda b: f"counts {b['counts']}")
 
 
-def terms(cfg) -> Terms:
-    return PARITY_TERMS if getattr(cfg, "task", "mnist") == "parity" else MNIST_TERMS
+def mnist_view(cfg) -> TaskView:
+    """The MNIST view: what reports assume when a caller names no task (every shipped model)."""
+    return TaskView("mnist", MNIST_TERMS, {"train_rotation": cfg.train_rotation},
+                    f"trained within ±{cfg.train_rotation:g}°")
 
 
-def task_meta(cfg) -> dict:
-    """What a report's metadata says of the training data, in the task's terms."""
-    if getattr(cfg, "task", "mnist") == "parity":
-        lo, hi = cfg.train_range()
-        return {"elems": cfg.elems, "train_counts": f"{lo}-{hi}"}
-    return {"train_rotation": cfg.train_rotation}
-
-
-def describe_model(cfg) -> str:
+def describe_model(cfg, view: Optional[TaskView] = None) -> str:
     """How captions and titles name a model: method, step function, what it was trained on."""
-    if getattr(cfg, "task", "mnist") == "parity":
-        lo, hi = cfg.train_range()
-        return f"{cfg.method} · step {cfg.step} · {cfg.elems} elements, trained on counts {lo}-{hi}"
-    return f"{cfg.method} · step {cfg.step} · trained within ±{cfg.train_rotation:g}°"
+    return f"{cfg.method} · step {cfg.step} · {(view or mnist_view(cfg)).trained_on}"
 
 
 # repeated draws ---------------------------------------------------------------------------------
@@ -170,8 +180,8 @@ def bucket_columns(max_steps: int, with_loss: bool, intervals: bool = False, wor
 
 
 def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *,
-                      protocol: str, halting: str, seed: int, with_loss: bool, detail: bool,
-                      rho_ci: Optional[list[float]] = None) -> Report:
+                      protocol: Optional[str], halting: str, seed: int, with_loss: bool, detail: bool,
+                      rho_ci: Optional[list[float]] = None, view: Optional[TaskView] = None) -> Report:
     """eval / extrapolate: one bucket per rotation angle of one checkpoint."""
     images = sum(b["images"] for b in buckets)
     for bucket in buckets:
@@ -179,9 +189,10 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
         bucket["halting_spark"] = sparkline(bucket["histogram"], width=20)
     used = buckets[0]["halting"]
     repeats = buckets[0].get("repeats", 1)
-    words = terms(cfg)
+    view = view or mnist_view(cfg)
+    words = view.terms
     meta = make_meta(command, [checkpoint], [cfg.method], [cfg.step], protocol=protocol, halting=used, seed=seed,
-                     task=getattr(cfg, "task", "mnist"), repeats=repeats, **task_meta(cfg),
+                     task=view.name, repeats=repeats, **view.meta,
                      spearman={"rho": rho, "rho_ci": rho_ci, "images": images, "between": words.between})
     ci = f" (95% interval {rho_ci[0]:+.3f} to {rho_ci[1]:+.3f})" if rho_ci is not None else ""
     name = f"Spearman ρ({words.difficulty}, steps)"
@@ -193,7 +204,7 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
     report = Report(
         meta=meta, buckets=buckets, columns=bucket_columns(cfg.max_steps, with_loss, repeats > 1, words),
         title=f"{cfg.method} on the {what} ({checkpoint})",
-        caption=f"{describe_model(cfg)}\n{how}halting {used} · seed {seed}{draws}\n"
+        caption=f"{describe_model(cfg, view)}\n{how}halting {used} · seed {seed}{draws}\n"
                 f"{buckets[0]['images']} {words.inputs} per bucket · steps ✓ / ✗: on correct / wrong answers\n"
                 f"{rho_text}",
         plot_series={checkpoint: buckets})
@@ -234,28 +245,28 @@ def least_squares(xs: list[float], ys: list[float]) -> tuple[float, float, Optio
 def sweep_columns(first: Column) -> list[Column]:
     return [first, Column("accuracy", "accuracy", ".4f"), Column("mean_steps", "steps", ".2f"),
             Column("steps_correct", "steps ✓", ".2f"), Column("steps_wrong", "steps ✗", ".2f"),
-            Column("images", "inputs" if first.key == "lo" else "images")]
+            Column("images", "images" if first.key == "rotation" else "inputs")]
 
 
 SWEEP_COLUMNS = sweep_columns(Column("rotation", "|angle|", "g"))
 
 
-def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *, halting: str, seed: int) -> Report:
-    """Mean steps and accuracy against the exact rotation angle (MNIST: the least-squares slope of
-    steps per 10 degrees; human response times rise about linearly: Shepard & Metzler 1971), or
-    against the exact non-zero count (parity: steps per count; ACT's paper saw a linear rise)."""
-    parity = getattr(cfg, "task", "mnist") == "parity"
-    report = evaluation_report("sweep", checkpoint, cfg, buckets, rho, protocol=None if parity else "fixed",
-                               halting=halting, seed=seed, with_loss=False, detail=False)
-    key, scale, unit = ("lo", 1, "count") if parity else ("rotation", 10, "10°")
-    slope, intercept, r2 = least_squares([b[key] for b in buckets], [b["mean_steps"] for b in buckets])
-    at = "steps_at_0"
-    report.meta["fit"] = ({"steps_per_count": slope, at: intercept, "r2": r2} if parity else
-                          {"steps_per_10_degrees": 10 * slope, at: intercept, "r2": r2})
-    report.columns = sweep_columns(Column("lo", "count")) if parity else SWEEP_COLUMNS
-    report.title = f"{cfg.method} {'non-zero count' if parity else 'mental rotation'} sweep ({checkpoint})"
-    report.caption += (f"\nleast squares: steps = {intercept:.2f} {'-' if slope < 0 else '+'} {abs(scale * slope):.3f} "
-                       f"per {unit}"
+def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *, halting: str, seed: int,
+                 view: Optional[TaskView] = None) -> Report:
+    """Mean steps and accuracy against the exact difficulty, with the least-squares slope of steps:
+    MNIST per 10 degrees of rotation (human response times rise about linearly: Shepard & Metzler
+    1971); parity per non-zero count (ACT's paper saw ponder time rise about linearly)."""
+    view = view or mnist_view(cfg)
+    words = view.terms
+    report = evaluation_report("sweep", checkpoint, cfg, buckets, rho,
+                               protocol="fixed" if view.protocol is not None else None, halting=halting, seed=seed,
+                               with_loss=False, detail=False, view=view)
+    slope, intercept, r2 = least_squares([b[words.sweep_key] for b in buckets], [b["mean_steps"] for b in buckets])
+    report.meta["fit"] = {words.sweep_fit: words.sweep_scale * slope, "steps_at_0": intercept, "r2": r2}
+    report.columns = sweep_columns(Column(words.sweep_key, words.sweep_header, "g"))
+    report.title = f"{cfg.method} {words.sweep_name} sweep ({checkpoint})"
+    report.caption += (f"\nleast squares: steps = {intercept:.2f} {'-' if slope < 0 else '+'} "
+                       f"{abs(words.sweep_scale * slope):.3f} per {words.sweep_unit}"
                        + (f" (r² {r2:.2f})" if r2 is not None else ""))
     report.plot_kind = "sweep"
     return report
@@ -314,11 +325,13 @@ def compare_columns(steps_differ: bool, words: Terms = MNIST_TERMS) -> list[Colu
 
 
 def comparison_report(groups: list[Group], results: list[list[list[dict]]], angles: list, *,
-                      protocol: Optional[str], halting: str, seed: int, repeats: int = 1) -> Report:
+                      protocol: Optional[str], halting: str, seed: int, repeats: int = 1,
+                      view: Optional[TaskView] = None) -> Report:
     """results[g][m][b]: the bucket dict of member m of group g in bucket b (an angle, or a
     non-zero-count range for parity); every checkpoint is of one task."""
     buckets, series = [], {}
-    words = terms(groups[0].cfg)
+    view = view or mnist_view(groups[0].cfg)
+    words = view.terms
     for group, per_model in zip(groups, results):
         series[group.label] = []
         for b, _ in enumerate(angles):
@@ -335,7 +348,7 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
                 sum(r[b]["histogram"][k] for r in per_model) for k in range(len(per_model[0][b]["histogram"]))]})
     meta = make_meta("compare", [p for g in groups for p, _ in g.members], [g.cfg.method for g in groups],
                      [g.cfg.step for g in groups], protocol=protocol, halting=halting, seed=seed,
-                     task=getattr(groups[0].cfg, "task", "mnist"), repeats=repeats)
+                     task=view.name, repeats=repeats)
     draws = f" · each the mean of {repeats} draws" if repeats > 1 else ""
     # each method's own halting rule (ACT's, one step) or the one asked for: one per method
     rules = {bucket["method"]: bucket["halting"] for bucket in buckets}
@@ -362,16 +375,16 @@ TRAIN_COLUMNS = [
 ]
 
 
-def training_report(cfg, result, seconds: float) -> Report:
+def training_report(cfg, result, seconds: float, view: Optional[TaskView] = None) -> Report:
     """The summary of a run; its buckets are the epochs (the JSON and CSV give all of them)."""
     epochs = [asdict(h) for h in result.history]
     best = next((h for h in epochs if h["epoch"] == result.best_epoch), None)
     summary = {"epochs": result.last_epoch, "best_epoch": result.best_epoch, "val_accuracy": result.best_accuracy,
                "val_steps": best["val_steps"] if best else None, "stopped_early": result.stopped_early,
                "seconds": seconds, "out_dir": str(result.out_dir)}
-    parity = getattr(cfg, "task", "mnist") == "parity"
-    meta = make_meta("train", [str(result.best_path)], [cfg.method], [cfg.step], protocol=None if parity else "uniform",
-                     halting="sample", seed=cfg.seed, task=getattr(cfg, "task", "mnist"), **task_meta(cfg), **summary,
-                     config=cfg.to_dict())
+    view = view or mnist_view(cfg)
+    meta = make_meta("train", [str(result.best_path)], [cfg.method], [cfg.step], protocol=view.protocol,
+                     halting="sample", seed=cfg.seed, task=view.name, **view.meta, **summary, config=cfg.to_dict())
     return Report(meta=meta, buckets=epochs, columns=TRAIN_COLUMNS, table_rows=[summary],
-                  title=f"{cfg.method} training (step {cfg.step}{', parity' if parity else ''})", footer=f"best checkpoint: {result.best_path}")
+                  title=f"{cfg.method} training (step {cfg.step}{'' if view.name == 'mnist' else ', ' + view.name})",
+                  footer=f"best checkpoint: {result.best_path}")

@@ -7,14 +7,18 @@ validated, and what a difficulty bucket of its evaluation is: MNIST buckets are 
 buckets are ranges of non-zero counts. The model, the methods and the halting code never see any
 of that: they get input tensors, labels and halting coins.
 
-Interface (see MnistTask and ParityTask):
+Interface (see MnistTask and ParityTask; a task is built from the run's config, `self.cfg`):
 - `classes`, `inputs` (words for messages), `difficulty` (the bucket key in reports: "rotation",
-  "counts"), `implied`, `reads` (config.inapplicable's rule, as for steps and methods);
-- training: `load_training(cfg, data_dir, download)` -> (training data, validation data) on the
-  CPU, `to_device`, `training_source(data, cfg, device)` -> a `TrainingSource`, `validate`;
-- evaluation: `default_buckets(command)`, `parse_buckets(angles, counts)`, `test_data`,
-  `bucket(...)` -> `evaluate.EvalBucket` and `bucket_fields(spec, protocol)`, the bucket's name
-  in the task's own terms for JSON and tables.
+  "counts"), `uses_protocol`, `implied` (values, and pieces of later kinds: parity implies
+  --step gru), `reads` (config.inapplicable's rule, as for steps and methods); step functions
+  name the tasks they fit (`StepFunction.tasks`);
+- training: `load_training(data_dir, download)` -> (training data, validation data) on the CPU,
+  `to_device(data, device)`, `training_source(data, device)` -> a `TrainingSource`,
+  `validate(model, validation data, amp)` -> evaluate.EvalResult, `describe` (the log line);
+- evaluation: `default_buckets(command)`, `parse_buckets(angles, counts, command)` and
+  `sweep_specs(start, stop, every)` -> bucket specs, `test_data(options, device)`,
+  `bucket(test, spec, specs, max_steps, seed, protocol)` -> evaluate.EvalBucket, and
+  `bucket_fields(spec, protocol)`: the bucket's name in the task's own terms for JSON and tables.
 """
 
 from __future__ import annotations
@@ -57,6 +61,10 @@ class Task:
 
     def __init__(self, cfg=None):
         self.cfg = cfg
+
+    def view(self):
+        """What reports say of this task for this run (reports.TaskView: plain data, no torch)."""
+        raise NotImplementedError
 
 
 def get_task(cfg) -> Task:

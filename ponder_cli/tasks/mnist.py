@@ -77,8 +77,9 @@ class MnistTask(Task):
     def describe(self, train_data, val_data) -> str:
         return f"on {len(train_data)} images, validating on {len(val_data)}"
 
-    def trained_on(self) -> str:
-        return f"trained within ±{self.cfg.train_rotation:g}°"
+    def view(self):
+        from ..reports import mnist_view
+        return mnist_view(self.cfg)
 
     # evaluation ---------------------------------------------------------------------------
 

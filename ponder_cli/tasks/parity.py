@@ -166,6 +166,17 @@ def vector_bucket(data: ParityBatch, max_steps: int, seed: int):
                       uniforms=uniforms.to(data.x.device), difficulty=data.counts.double().cpu())
 
 
+def _terms():
+    from ..reports import Terms
+    return Terms("counts", "counts", "s", "count", "non-zero count and ponder steps", "vectors",
+                 "parity test vectors", lambda bucket: f"counts {bucket['counts']}", sweep_key="lo",
+                 sweep_header="count", sweep_scale=1.0, sweep_unit="count", sweep_fit="steps_per_count",
+                 sweep_name="non-zero count")
+
+
+TERMS = _terms()  # how reports name parity's buckets and inputs
+
+
 class ParityTask(Task):
     name = "parity"
     classes = CLASSES
@@ -201,8 +212,11 @@ class ParityTask(Task):
         return (f"on {self.cfg.batches_per_epoch} batches of {self.cfg.batch_size} fresh vectors per epoch "
                 f"({self.cfg.elems} elements, non-zero counts {lo}-{hi}), validating on {val_data.x.shape[0]}")
 
-    def trained_on(self) -> str:
-        return f"{self.cfg.elems} elements · trained on counts {range_text(*self._range())}"
+    def view(self):
+        from ..reports import TaskView
+        lo, hi = self._range()
+        return TaskView("parity", TERMS, {"elems": self.cfg.elems, "train_counts": f"{lo}-{hi}"},
+                        f"{self.cfg.elems} elements, trained on counts {lo}-{hi}", protocol=None)
 
     # evaluation ---------------------------------------------------------------------------
 
