@@ -81,11 +81,9 @@ def _data_dir(data_dir: Optional[Path]) -> Path:
     return data_dir if data_dir is not None else default_data_dir()
 
 
-def _test_set(options: EvalOptions, device):
-    from .data import load_mnist
-
-    test = load_mnist(_data_dir(options.data_dir), train=False, download=options.download)
-    return (test.subset(slice(0, options.limit)) if options.limit else test).to(device)
+def _test_set(task, options: EvalOptions, device):
+    """What the task's buckets are drawn from (MNIST: the test set, its first --limit images)."""
+    return task.test_data(options, device)
 
 
 def _progress_bar(total: int, enabled: bool):
@@ -95,23 +93,29 @@ def _progress_bar(total: int, enabled: bool):
                 dynamic_ncols=True)
 
 
-def _bucket_dicts(model, cfg, test, angles: list[float], options: EvalOptions, seed: int, amp: bool, *,
+def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int, amp: bool, *,
                   with_loss: bool, on_bucket: Optional[Callable[[], None]] = None):
-    """One dict per angle bucket (means over `options.repeats` draws, seeds seed, seed + 1, ...)
-    and Spearman's rho (its mean over draws, with a 95% interval when there are several)."""
+    """One dict per bucket of the task (means over `options.repeats` draws, seeds seed, seed + 1,
+    ...) and Spearman's rho between difficulty and steps (its mean over draws, with a 95% interval
+    when there are several). A bucket names its difficulty in the task's terms (MNIST:
+    "rotation" and "protocol"; parity: "counts", "lo", "hi")."""
     from .evaluate import evaluate_buckets
     from .methods import get_method
+    from .tasks import get_task
 
+    task = get_task(cfg)
     used = get_method(cfg).halting_label(options.halting)
     draws, rhos = [], []
     for k in range(options.repeats):
-        results, rho = evaluate_buckets(model, test, cfg, angles, protocol=options.protocol, halting=options.halting,
-                                        seed=seed + k, batch_size=options.batch_size, detail=options.detail,
+        buckets_in = [lambda spec=spec, k=k: task.bucket(test, spec, specs, model.max_steps, seed + k, options.protocol)
+                      for spec in specs]
+        results, rho = evaluate_buckets(model, buckets_in, cfg, halting=options.halting,
+                                        batch_size=options.batch_size, detail=options.detail,
                                         with_loss=with_loss, amp=amp, on_bucket=on_bucket)
         rhos.append(rho)
         buckets = []
-        for angle, result in zip(angles, results):
-            bucket = {"rotation": angle, "protocol": options.protocol, "halting": used, **result.as_dict()}
+        for spec, result in zip(specs, results):
+            bucket = {**task.bucket_fields(spec, options.protocol), "halting": used, **result.as_dict()}
             if not with_loss:
                 for key in ("loss", "reconstruction", "regularisation"):
                     bucket.pop(key)
@@ -119,7 +123,7 @@ def _bucket_dicts(model, cfg, test, angles: list[float], options: EvalOptions, s
                 bucket.pop("accuracy_at_step")
             buckets.append(bucket)
         draws.append(buckets)
-    combined = [combine_draws([draw[b] for draw in draws]) for b in range(len(angles))]
+    combined = [combine_draws([draw[b] for draw in draws]) for b in range(len(specs))]
     rho, rho_ci = (None, None) if None in rhos else mean_ci(rhos)
     return combined, rho, rho_ci
 
@@ -143,43 +147,54 @@ def _load_one(checkpoint, options: EvalOptions, log: Callable[[str], None]):
     return path, dev, amp, model, cfg
 
 
-def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], angles: list[float], options: EvalOptions,
-                        *, log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
-    """eval (with the loss) and extrapolate: one checkpoint, one bucket per angle. `checkpoint`
-    is a CHECKPOINT argument (a file, a run folder, `latest`, a shipped model's name; None: the
-    shipped reference model); a "using ..." line says which file; progress: a bar on stderr,
-    one tick per bucket."""
+def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], angles: Optional[list[float]],
+                        options: EvalOptions, *, counts: Optional[list[str]] = None,
+                        log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
+    """eval (with the loss) and extrapolate: one checkpoint, one bucket per angle (MNIST) or per
+    non-zero-count range (parity: `counts`, "LO-HI" texts); None: the task's default buckets for
+    the command. `checkpoint` is a CHECKPOINT argument (a file, a run folder, `latest`, a shipped
+    model's name; None: the shipped reference model); a "using ..." line says which file;
+    progress: a bar on stderr, one tick per bucket."""
+    from .tasks import get_task
+
     path, dev, amp, model, cfg = _load_one(checkpoint, options, log)
-    with _progress_bar(len(angles) * options.repeats, progress) as bar:
-        test = _test_set(options, dev)
+    task = get_task(cfg)
+    specs = task.parse_buckets(angles, counts, command)
+    with _progress_bar(len(specs) * options.repeats, progress) as bar:
+        test = _test_set(task, options, dev)
         seed = cfg.seed if options.seed is None else options.seed
         with_loss = command == "eval"
-        buckets, rho, rho_ci = _bucket_dicts(model, cfg, test, angles, options, seed, amp, with_loss=with_loss,
+        buckets, rho, rho_ci = _bucket_dicts(model, cfg, test, specs, options, seed, amp, with_loss=with_loss,
                                              on_bucket=bar.update)
-    return evaluation_report(command, str(path), cfg, buckets, rho, protocol=options.protocol,
+    return evaluation_report(command, str(path), cfg, buckets, rho, protocol=_protocol(cfg, options),
                              halting=buckets[0]["halting"], seed=seed, with_loss=with_loss, detail=options.detail,
-                             rho_ci=rho_ci)
+                             rho_ci=rho_ci, view=task.view())
 
 
-def sweep_checkpoint(checkpoint: Union[str, Path, None], start: float, stop: float, every: float, options: EvalOptions, *,
+def _protocol(cfg, options: EvalOptions) -> Optional[str]:
+    """The rotation protocol where the task has one (MNIST); null for parity."""
+    from .tasks import get_task
+    return options.protocol if get_task(cfg).uses_protocol else None
+
+
+def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float], stop: Optional[float],
+                     every: Optional[float], options: EvalOptions, *,
                      log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
-    """The test set rotated by exactly each angle from `start` to `stop` every `every` degrees:
-    accuracy and mean steps per angle, and the slope of steps against the angle."""
-    check_angle(start, "--from"), check_angle(stop, "--to")
-    if not every > 0 or stop < start:
-        raise PonderError(f"the sweep needs --from <= --to and --every > 0 (got {start:g}, {stop:g}, {every:g})")
-    count = int((stop - start) / every + 1e-9) + 1
-    if count > 400:
-        raise PonderError(f"{count} angles is too many for one sweep; use a larger --every")
-    angles = [start + i * every for i in range(count)]
+    """MNIST: the test set rotated by exactly each angle from `start` to `stop` every `every`
+    degrees (default 0 to 180 every 5); parity: vectors of exactly each non-zero count (default 1
+    to elems). Accuracy and mean steps per bucket, and the least-squares slope of steps."""
+    from .tasks import get_task
+
     path, dev, amp, model, cfg = _load_one(checkpoint, options, log)
+    task = get_task(cfg)
+    specs = task.sweep_specs(start, stop, every)
     fixed = replace(options, protocol="fixed")
-    with _progress_bar(count * options.repeats, progress) as bar:
-        test = _test_set(options, dev)
+    with _progress_bar(len(specs) * options.repeats, progress) as bar:
+        test = _test_set(task, options, dev)
         seed = cfg.seed if options.seed is None else options.seed
-        buckets, rho, _ = _bucket_dicts(model, cfg, test, angles, fixed, seed, amp, with_loss=False,
+        buckets, rho, _ = _bucket_dicts(model, cfg, test, specs, fixed, seed, amp, with_loss=False,
                                         on_bucket=bar.update)
-    return sweep_report(str(path), cfg, buckets, rho, halting=buckets[0]["halting"], seed=seed)
+    return sweep_report(str(path), cfg, buckets, rho, halting=buckets[0]["halting"], seed=seed, view=task.view())
 
 
 def _weights_digest(state_dict: dict) -> str:
@@ -190,11 +205,14 @@ def _weights_digest(state_dict: dict) -> str:
     return digest.hexdigest()
 
 
-def compare_checkpoints(checkpoints: list[Union[str, Path]], angles: list[float], options: EvalOptions, *,
-                        log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
-    """Several checkpoints on the same buckets (same images, same coin flips); checkpoints that
-    differ only in the seed are one method, reported as mean ± sd over its distinct models."""
+def compare_checkpoints(checkpoints: list[Union[str, Path]], angles: Optional[list[float]], options: EvalOptions, *,
+                        counts: Optional[list[str]] = None, log: Callable[[str], None] = lambda line: None,
+                        progress: bool = False) -> Report:
+    """Several checkpoints on the same buckets (same inputs, same coin flips); checkpoints that
+    differ only in the seed are one method, reported as mean ± sd over its distinct models. They
+    must be of one task (parity: of one vector size); buckets as evaluate_checkpoint's."""
     from .checkpoint import load_model
+    from .tasks import get_task
 
     dev, amp = _device_and_amp(options.device, options.amp)
     seed = options.seed if options.seed is not None else _default_seed()
@@ -208,14 +226,21 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], angles: list[float]
             continue
         seen[digest] = path
         models[str(path)] = (model, cfg)
+    kinds = sorted({f"{cfg.task}" + (f" with --elems {cfg.elems}" if cfg.task == "parity" else "")
+                    for _, cfg in models.values()})
+    if len(kinds) > 1:
+        raise PonderError(f"compare needs checkpoints of one task, evaluated on the same inputs (got {', '.join(kinds)})")
+    first = next(iter(models.values()))[1]
+    task = get_task(first)
+    angles = task.parse_buckets(angles, counts, "compare")
     with _progress_bar(len(models) * len(angles) * options.repeats, progress) as bar:
-        test = _test_set(options, dev)
+        test = _test_set(task, options, dev)
         groups = group_by_configuration([(path, cfg) for path, (_, cfg) in models.items()])
         results = [[_bucket_dicts(models[path][0], cfg, test, angles, options, seed, amp, with_loss=False,
                                   on_bucket=bar.update)[0]
                     for path, cfg in group.members] for group in groups]
-    return comparison_report(groups, results, angles, protocol=options.protocol, halting=options.halting,
-                             seed=seed, repeats=options.repeats)
+    return comparison_report(groups, results, angles, protocol=_protocol(first, options), halting=options.halting,
+                             seed=seed, repeats=options.repeats, view=task.view())
 
 
 def _default_seed() -> int:
@@ -252,10 +277,10 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
     """
     from . import distributed
     from .checkpoint import LAST, load_checkpoint
-    from .data import load_mnist, train_val_split
     from .render import config_lines, epoch_line
     from .runs import MetricsFile, RunLock, claim_run_dir, plan_training, remove_if_empty_run_dir, write_run_config
     from .runtime import amp_dtype
+    from .tasks import get_task
     from .train import EpochStats, train
 
     where = distributed.launch()  # torchrun's RANK, LOCAL_RANK, WORLD_SIZE; None for a plain process
@@ -321,16 +346,14 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
     finished = False
     with _sigterm_as_interrupt(torchrun=where is not None):
         try:
-            full = load_mnist(_data_dir(options.data_dir), train=True, download=options.download)
-            train_set, val_set = train_val_split(full, val_size=cfg.val_size, train_size=cfg.train_size,
-                                                 seed=cfg.seed)
+            task = get_task(cfg)
+            train_set, val_set = task.load_training(_data_dir(options.data_dir), options.download)
             distributed.setup(dev, where)  # the process group, under torchrun only: every rank is ready
             # only once everything else is known to be fine: nothing written before
             plan.out_dir = distributed.on_main(claim)
             log(f"writing checkpoints to {plan.out_dir}/")
-            train_set, val_set = train_set.to(dev), val_set.to(dev)
-            log(f"training {cfg.method} (step {cfg.step}) on {len(train_set)} images, validating on "
-                f"{len(val_set)}, device {dev}"
+            train_set, val_set = task.to_device(train_set, dev), task.to_device(val_set, dev)
+            log(f"training {cfg.method} (step {cfg.step}) {task.describe(train_set, val_set)}, device {dev}"
                 f"{', amp ' + str(amp_dtype(dev)).removeprefix('torch.') if amp else ''}"
                 f"{f', {where.world_size} processes, global batch {cfg.batch_size}' if where else ''}"
                 f"{', resuming after epoch ' + str(plan.resume.epoch) if plan.resume else ''}")
@@ -354,7 +377,7 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
                 for folder in made:  # a run that saved no epoch leaves no folder behind: the next takes its name
                     remove_if_empty_run_dir(folder)
     distributed.teardown()
-    return training_report(cfg, result, time.perf_counter() - started) if main else None
+    return training_report(cfg, result, time.perf_counter() - started, view=get_task(cfg).view()) if main else None
 
 
 def _shown_fields(cfg) -> list[str]:

@@ -16,7 +16,8 @@ from . import PonderError, __version__
 from .cli_options import (AmpOption, AnglesCommand, CheckpointArgument, CnnDropoutMask, DataDirOption, DetailOption,
                           DeviceOption, DownloadOption, EvalBatchOption, EvalSeedOption, FormatOption, Halting,
                           HaltingInput, HaltingOption, LimitOption, Method, PlotOption, Protocol, ProtocolOption,
-                          QuietOption, RepeatsOption, Step, TrainCommand, angles_option, expand_angles, hyper)
+                          QuietOption, RepeatsOption, Step, Task, TrainCommand, angles_option, counts_option,
+                          expand_angles, hyper)
 from .config import PonderConfig
 from .render import OutputFormat
 from .streams import READER_GONE, guarded_stderr, reader_gone, require_stdout
@@ -104,13 +105,14 @@ def _render(report, fmt: OutputFormat, plot: Optional[Path], quiet: bool) -> Non
         _chatter(quiet)(f"plot written to {plot_report(report, plot)}")
 
 
-def _prepare(angles: list[str], plot: Optional[Path], protocol: Protocol, halting: Halting, what: str = "--angles",
-             **options):
-    """The angles, the checked --plot destination (before any work) and the EvalOptions."""
+def _prepare(angles: Optional[list[str]], plot: Optional[Path], protocol: Protocol, halting: Halting,
+             what: str = "--angles", **options):
+    """The angles (None when not given: the checkpoint's task picks its buckets), the checked
+    --plot destination (before any work) and the EvalOptions."""
     from .api import EvalOptions, parse_angles
     from .plot import check_destination
 
-    parsed = parse_angles(angles, what)
+    parsed = parse_angles(angles, what) if angles is not None else None
     plot = check_destination(plot) if plot is not None else None
     return parsed, plot, EvalOptions(protocol=protocol.value, halting=halting.value, **options)
 
@@ -119,7 +121,7 @@ EVAL_ANGLES, EXTRAPOLATION_ANGLES = ["0"], ["22.5", "45", "67.5", "90"]
 
 
 def _evaluate(command: str, checkpoint: Optional[str], angles: Optional[list[str]], quiet: bool, fmt: OutputFormat,
-              rotation: Optional[float] = None, **options) -> None:
+              counts: Optional[list[str]] = None, rotation: Optional[float] = None, **options) -> None:
     from .api import evaluate_checkpoint
 
     if rotation is not None:
@@ -127,10 +129,9 @@ def _evaluate(command: str, checkpoint: Optional[str], angles: Optional[list[str
             raise PonderError(f"--rotation and --angles are alternatives: give one (--rotation {rotation:g} is "
                               f"--angles {rotation:g})")
         angles, options["what"] = [str(rotation)], "--rotation"
-    elif angles is None:
-        angles = EVAL_ANGLES if command == "eval" else EXTRAPOLATION_ANGLES
     parsed, plot, eval_options = _prepare(angles, **options)
-    report = evaluate_checkpoint(command, checkpoint, parsed, eval_options, log=_chatter(quiet), progress=_bars(quiet))
+    report = evaluate_checkpoint(command, checkpoint, parsed, eval_options, counts=counts, log=_chatter(quiet),
+                                 progress=_bars(quiet))
     _render(report, fmt, plot, quiet)
 
 
@@ -138,11 +139,16 @@ def _evaluate(command: str, checkpoint: Optional[str], angles: Optional[list[str
 
 @app.command(cls=TrainCommand)
 def train(
+    task: Optional[Task] = hyper("task", "What to learn: mnist (digits; difficulty: rotation) or parity (the "
+                                         "parity of +1 entries in vectors of ±1 and 0; difficulty: the non-zero "
+                                         "count; implies --step gru, see docs/parity.md).", "--task",
+                                 case_sensitive=False),
     method: Optional[Method] = hyper("method", "pondernet; act (Adaptive Computation Time, Graves 2016); plain "
                                                 "(one step, no pondering: implies --max-steps 1).", "--method",
                                       case_sensitive=False),
     step: Optional[Step] = hyper("step", "The step function: mlp (CNN once, MLP steps: the reference); align "
-                                          "(re-reads the image through a learnt rotation).", "--step",
+                                          "(re-reads the image through a learnt rotation); parity vectors: rnn "
+                                          "(the paper's tanh RNN), gru.", "--step",
                                   case_sensitive=False),
     truncation: Optional[float] = hyper("truncation", "Training drops an image from later steps once its "
                                                        "remaining halting mass is below this (0: off)."),
@@ -160,6 +166,7 @@ def train(
                                                     "processes)."),
     lr: Optional[float] = hyper("lr", "Adam learning rate."),
     max_steps: Optional[int] = hyper("max_steps", "Maximum ponder steps."),
+    hidden: Optional[int] = hyper("hidden", "Size of the recurrent state (rnn: the paper's 128 tanh units)."),
     lambda_p: Optional[float] = hyper("lambda_p", "Geometric prior parameter, in (0, 1]."),
     beta: Optional[float] = hyper("beta", "Weight of the KL regularisation."),
     tau: Optional[float] = hyper("tau", "ACT: weight of the ponder cost N + R."),
@@ -174,6 +181,17 @@ def train(
                                                                "+-this many degrees (0: plain MNIST)."),
     val_size: Optional[int] = hyper("val_size", "Training images held out for validation."),
     train_size: Optional[int] = hyper("train_size", "Training images used (0: all not held out)."),
+    elems: Optional[int] = hyper("elems", "parity: entries per vector."),
+    train_counts: Optional[str] = hyper("train_counts", "parity: non-zero counts of training vectors, LO-HI "
+                                                         "(e.g. 1-48).", default_text="1-ELEMS", metavar="LO-HI"),
+    batches_per_epoch: Optional[int] = hyper("batches_per_epoch", "parity: batches of fresh vectors per epoch (the "
+                                                                   "unit of validation, checkpoints and patience)."),
+    gru_layer_norm: Optional[bool] = hyper("gru_layer_norm", "gru: LayerNorm on the new state.",
+                                           "--gru-layer-norm/--no-gru-layer-norm"),
+    gru_orthogonal: Optional[bool] = hyper("gru_orthogonal", "gru: orthogonal recurrent weights.",
+                                           "--gru-orthogonal/--no-gru-orthogonal"),
+    gru_update_bias: Optional[float] = hyper("gru_update_bias", "gru: added to the update gate's bias (keeps more "
+                                                                 "of the previous state)."),
     seed: Optional[int] = hyper("seed", "Seed of the split, initialisation and sampling."),
     data_dir: Optional[Path] = DataDirOption,
     download: bool = DownloadOption,
@@ -192,7 +210,7 @@ def train(
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:
-    """Train PonderNet (or ACT, or a one-step network) on MNIST; writes best.pt and last.pt under --out."""
+    """Train PonderNet (or ACT, or a one-step network) on MNIST or parity; writes best.pt and last.pt under --out."""
     from .api import TrainOptions, train_run
 
     given = {name: value.value if isinstance(value, Enum) else value for name, value in locals().items()
@@ -210,6 +228,7 @@ def train(
 def eval_command(
     checkpoint: Optional[str] = CheckpointArgument,
     angles: Optional[List[str]] = angles_option(EVAL_ANGLES, "Rotate test images within ±angle; one bucket per angle."),
+    counts: Optional[List[str]] = counts_option("the training range in four"),
     rotation: Optional[float] = typer.Option(None, "--rotation", metavar="DEG",
                                              help="The same as --angles with one angle (give one or the other)."),
     protocol: Protocol = ProtocolOption,
@@ -227,7 +246,7 @@ def eval_command(
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:
-    """Accuracy, ponder steps and loss on the MNIST test set."""
+    """Accuracy, ponder steps and loss on the test set (MNIST: rotated images; parity: fixed vectors)."""
     _evaluate("eval", **locals())
 
 
@@ -235,6 +254,8 @@ def eval_command(
 def extrapolate(
     checkpoint: Optional[str] = CheckpointArgument,
     angles: Optional[List[str]] = angles_option(EXTRAPOLATION_ANGLES, "Rotation buckets in degrees (see --protocol)."),
+    counts: Optional[List[str]] = counts_option("the counts beyond the training range in four; all counts "
+                                                "in four when training saw every count"),
     protocol: Protocol = ProtocolOption,
     halting: Halting = HaltingOption,
     detail: bool = DetailOption,
@@ -250,16 +271,21 @@ def extrapolate(
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:
-    """Accuracy and ponder steps on the test set rotated within ±angle, per angle bucket."""
+    """Accuracy and ponder steps beyond training: MNIST rotated within ±angle, parity's unseen non-zero counts."""
     _evaluate("extrapolate", **locals())
 
 
 @app.command()
 def sweep(
     checkpoint: Optional[str] = CheckpointArgument,
-    start: float = typer.Option(0.0, "--from", help="First angle, degrees."),
-    stop: float = typer.Option(180.0, "--to", help="Last angle, degrees."),
-    every: float = typer.Option(5.0, "--every", help="Degrees between angles."),
+    start: Optional[float] = typer.Option(None, "--from", show_default=False,
+                                          help="First angle, degrees (parity: first non-zero count). [default: 0; "
+                                               "parity: 1]"),
+    stop: Optional[float] = typer.Option(None, "--to", show_default=False,
+                                         help="Last angle, degrees (parity: last count). [default: 180; parity: "
+                                              "the vector's elements]"),
+    every: Optional[float] = typer.Option(None, "--every", show_default=False,
+                                          help="Degrees (parity: counts) between buckets. [default: 5; parity: 1]"),
     halting: Halting = HaltingOption,
     plot: Optional[Path] = PlotOption,
     seed: Optional[int] = EvalSeedOption,
@@ -274,10 +300,10 @@ def sweep(
     quiet: bool = QuietOption,
 ) -> None:
     """Mental rotation: steps and accuracy at exact angles --from..--to every --every degrees, and the
-    least-squares slope of steps per 10°."""
+    least-squares slope of steps per 10°; parity: at each exact non-zero count, steps per count."""
     from .api import sweep_checkpoint
 
-    _, plot, options = _prepare(["0"], plot, Protocol("fixed"), halting, seed=seed, repeats=repeats, limit=limit,
+    _, plot, options = _prepare(None, plot, Protocol("fixed"), halting, seed=seed, repeats=repeats, limit=limit,
                                 batch_size=batch_size, data_dir=data_dir, download=download, device=device, amp=amp)
     report = sweep_checkpoint(checkpoint, start, stop, every, options, log=_chatter(quiet), progress=_bars(quiet))
     _render(report, fmt, plot, quiet)
@@ -290,6 +316,7 @@ def compare(
                                                  "folder, latest or a shipped model's name): one or more per method; "
                                                  "several of one method (e.g. other seeds) give mean ± sd."),
     angles: Optional[List[str]] = angles_option(EXTRAPOLATION_ANGLES, "Rotation buckets in degrees."),
+    counts: Optional[List[str]] = counts_option("every count in four"),
     protocol: Protocol = ProtocolOption,
     halting: Halting = HaltingOption,
     plot: Optional[Path] = PlotOption,
@@ -305,13 +332,15 @@ def compare(
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:
-    """Methods side by side on the same rotation buckets: accuracy and ponder steps, mean ± sd over seeds."""
+    """Methods side by side on the same buckets (rotations or non-zero counts): accuracy and ponder steps, mean ± sd
+    over seeds."""
     from .api import compare_checkpoints
 
-    parsed, plot, options = _prepare(angles or EXTRAPOLATION_ANGLES, plot, protocol, halting, seed=seed,
+    parsed, plot, options = _prepare(angles, plot, protocol, halting, seed=seed,
                                      repeats=repeats, limit=limit, batch_size=batch_size, data_dir=data_dir,
                                      download=download, device=device, amp=amp)
-    report = compare_checkpoints(checkpoints, parsed, options, log=_chatter(quiet), progress=_bars(quiet))
+    report = compare_checkpoints(checkpoints, parsed, options, counts=counts, log=_chatter(quiet),
+                                 progress=_bars(quiet))
     _render(report, fmt, plot, quiet)
 
 

@@ -3,6 +3,7 @@ choices come from the registry, defaults from the config)."""
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 from typing import Optional
 
@@ -10,7 +11,7 @@ import typer
 from typer.core import TyperCommand
 
 from .config import PonderConfig
-from .registry import CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, METHODS, PROTOCOLS, STEPS
+from .registry import CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, METHODS, PROTOCOLS, STEPS, TASKS
 from .render import OutputFormat, value_text
 from .runs import LATEST, RUNS_DIR
 from .shipped import DEFAULT, SHIPPED
@@ -21,6 +22,7 @@ def _choices(name: str, values) -> type[Enum]:
 
 
 Method, Step, HaltingInput = _choices("Method", METHODS), _choices("Step", STEPS), _choices("HaltingInput", HALTING_INPUTS)
+Task = _choices("Task", TASKS)
 CnnDropoutMask = _choices("CnnDropoutMask", CNN_DROPOUT_MASKS)
 Protocol, Halting = _choices("Protocol", PROTOCOLS), _choices("Halting", HALTING_RULES)
 
@@ -33,11 +35,16 @@ def _is_number(token: str) -> bool:
         return False
 
 
-def expand_angles(args: list[str], name: str = "--angles") -> list[str]:
+def _is_count_range(token: str) -> bool:
+    return re.fullmatch(r"\d+(-\d+)?", token) is not None
+
+
+def expand_angles(args: list[str], name: str = "--angles", is_value=_is_number, what: str = "angle") -> list[str]:
     """`--angles 22.5 45` -> `--angles 22.5 --angles 45`: one flag, several values.
 
     The values end at the first token that is not a number, so checkpoints may come before or
-    after the list; `--angles=45 90` works too.
+    after the list; `--angles=45 90` works too. The same for `--counts 1-16 17-32` (values:
+    count ranges LO-HI or single counts).
     """
     expanded, i = [], 0
     while i < len(args):
@@ -47,7 +54,7 @@ def expand_angles(args: list[str], name: str = "--angles") -> list[str]:
             expanded.append(token)
             continue
         values = [token.split("=", 1)[1]] if "=" in token else []
-        while i < len(args) and _is_number(args[i]):
+        while i < len(args) and is_value(args[i]):
             values.append(args[i])
             i += 1
         if not values:
@@ -55,15 +62,20 @@ def expand_angles(args: list[str], name: str = "--angles") -> list[str]:
             values = [args[i]] if i < len(args) and not args[i].startswith("-") else []
             i += len(values)
         if not values:
-            raise typer.BadParameter("needs at least one angle", param_hint=f"'{name}'")
+            raise typer.BadParameter(f"needs at least one {what}", param_hint=f"'{name}'")
         for value in values:
             expanded += [name, value]
     return expanded
 
 
+def expand_lists(args: list[str]) -> list[str]:
+    """Both list options: --angles (MNIST) and --counts (parity)."""
+    return expand_angles(expand_angles(list(args)), "--counts", _is_count_range, "count range LO-HI")
+
+
 class AnglesCommand(TyperCommand):
     def parse_args(self, ctx, args):
-        return super().parse_args(ctx, expand_angles(list(args)))
+        return super().parse_args(ctx, expand_lists(list(args)))
 
 
 class TrainCommand(TyperCommand):
@@ -101,7 +113,8 @@ EvalSeedOption = typer.Option(None, "--seed", help="Seed of the test rotations a
                               "[default: the checkpoint's training seed]")
 RepeatsOption = typer.Option(1, "--repeats", min=1, help="Independent draws of rotations and halting coins "
                              "(seeds seed, seed+1, ...): means and 95% intervals per bucket.")
-LimitOption = typer.Option(0, "--limit", min=0, help="Evaluate only the first N test images (0: all).")
+LimitOption = typer.Option(0, "--limit", min=0, help="Evaluate only the first N test images (0: all); parity: N "
+                           "vectors per non-zero count (0: 256).")
 EvalBatchOption = typer.Option(1000, "--batch-size", min=1, help="Images per evaluation batch.")
 ProtocolOption = typer.Option(Protocol("uniform"), "--protocol", case_sensitive=False,
                               help="uniform: within ±angle (reference); band: |rotation| between the previous "
@@ -117,15 +130,22 @@ PlotOption = typer.Option(None, "--plot", help="Write a figure (PNG, or another 
                           "distributions (needs matplotlib: pip install matplotlib).")
 
 
+def counts_option(default: str):
+    """--counts: parity's buckets, None unless given (the task then picks its default)."""
+    return typer.Option(None, "--counts", metavar="LO-HI...", show_default=False,
+                        help=f"Parity checkpoints: one bucket per range of non-zero counts, e.g. --counts 1-16 17-32 "
+                             f"(a single count: 5). [default: {default}]")
+
+
 def angles_option(default: list[str], what: str):
     """--angles: None unless given (so that an alternative, eval's --rotation, can tell), shown with its default."""
     return typer.Option(None, "--angles", metavar="DEG...", show_default=False,
                         help=f"{what} Several values after one flag: --angles 22.5 45; checkpoints may come before "
-                             f"or after the list. [default: {' '.join(default)}]")
+                             f"or after the list. MNIST checkpoints only. [default: {' '.join(default)}]")
 
 
-def hyper(name: str, text: str, flag: Optional[str] = None, **kwargs):
+def hyper(name: str, text: str, flag: Optional[str] = None, default_text: Optional[str] = None, **kwargs):
     """An option that is None unless given, so that a resumed run can tell what the user set."""
-    default = value_text(PonderConfig.default(name))
+    default = value_text(PonderConfig.default(name)) if default_text is None else default_text
     return typer.Option(None, *([flag] if flag else []), help=f"{text} [default: {default}]", show_default=False,
                         **kwargs)

@@ -8,12 +8,16 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import PonderError
-from .registry import CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, STEPS, method_class, step_class
+from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, STEPS, TASKS, method_class, step_class,
+                       task_class)
 
 
 MAX_ANGLE = 180.0  # degrees: rotating by more than +-180 repeats angles already covered
 MAX_STEPS = 100  # a bound on the cost of an epoch (training runs every step for every image)
 MAX_SEED = 2 ** 63  # torch's generators take seeds below 2**64; we keep them signed 64-bit
+# parity: the paper's largest vectors have 96 entries; the fixed evaluation sets hold a few
+# hundred rows per non-zero count, so their size grows with elems squared
+MAX_ELEMS = 256
 
 
 def seed_problems(seed: int, what: str) -> list[str]:
@@ -24,8 +28,47 @@ def seed_problems(seed: int, what: str) -> list[str]:
 
 # The kinds of piece a config chooses: the config field that names the piece -> its registry
 # table and loader. A later kind's implied values win over an earlier one's (plain's one step
-# over align's twelve).
-PIECE_KINDS = {"step": (STEPS, step_class), "method": (METHODS, method_class)}
+# over align's twelve); an earlier kind may imply a later kind's piece (parity: --step gru).
+PIECE_KINDS = {"task": (TASKS, task_class), "step": (STEPS, step_class), "method": (METHODS, method_class)}
+
+
+def parse_count_range(text: str, elems: int) -> tuple[int, int]:
+    """'17-32' -> (17, 32), '5' -> (5, 5), checked against 1..elems; a PonderError otherwise."""
+    lo, sep, hi = str(text).partition("-")
+    try:
+        bounds = (int(lo), int(hi) if sep else int(lo))
+    except ValueError:
+        raise PonderError(f"a count range is LO-HI or N (got {text!r})") from None
+    if not 1 <= bounds[0] <= bounds[1] <= elems:
+        raise PonderError(f"count range {text} must satisfy 1 <= LO <= HI <= {elems} (the elements of a vector)")
+    return bounds
+
+
+def choose_pieces(given: dict, default) -> dict[str, str]:
+    """The piece of each kind: the user's, else one an earlier chosen piece implies (parity
+    implies --step gru), else the default."""
+    chosen: dict[str, str] = {}
+    for kind in PIECE_KINDS:
+        implied = {}
+        for earlier, name in chosen.items():
+            if name in PIECE_KINDS[earlier][0]:
+                implied.update(load_piece(earlier, name).implied)
+        chosen[kind] = given.get(kind, implied.get(kind, default(kind)))
+    return chosen
+
+
+def load_piece(kind: str, name: str):
+    return PIECE_KINDS[kind][1](name)
+
+
+def fit_problems(chosen: dict[str, str]) -> list[str]:
+    """A step function that does not fit the task's inputs (mlp on parity vectors, gru on images)."""
+    task, step = chosen.get("task"), chosen.get("step")
+    if task in TASKS and step in STEPS and task not in step_class(step).tasks:
+        fitting = [name for name in STEPS if task in step_class(name).tasks]
+        return [f"--step {step} does not fit --task {task} ({task_class(task).inputs}); "
+                f"choose {', '.join(fitting)}"]
+    return []
 
 
 def option_name(field: str) -> str:
@@ -77,6 +120,9 @@ def implied_by_pieces(field: str) -> list[tuple[str, object]]:
 
 @dataclass(frozen=True)
 class PonderConfig:
+    # what is learnt (registry.TASKS): mnist digits (rotation as difficulty) or parity vectors
+    # (the non-zero count as difficulty); checkpoints without the key are mnist
+    task: str = "mnist"
     # pondernet (Banino et al. 2021), act (Graves 2016) or plain (one step: no pondering)
     method: str = "pondernet"
     # model
@@ -119,24 +165,33 @@ class PonderConfig:
     train_rotation: float = 22.5  # training images rotated uniformly within +-this many degrees
     val_size: int = 5000
     train_size: int = 0  # 0: every training image not held out for validation
+    # parity: vectors of `elems` entries; training non-zero counts "LO-HI" ("": 1-elems);
+    # an epoch is `batches_per_epoch` batches drawn on the fly
+    elems: int = 64
+    train_counts: str = ""
+    batches_per_epoch: int = 1000
+    # gru: LayerNorm on the new state, orthogonal recurrent blocks, update-gate bias (min-pondernet)
+    gru_layer_norm: bool = False
+    gru_orthogonal: bool = False
+    gru_update_bias: float = 0.0
     seed: int = 1234
 
     def __post_init__(self) -> None:
         problems = []
-        for name, choices in (("method", METHODS), ("step", STEPS), ("halting_input", HALTING_INPUTS),
+        for name, choices in (("task", TASKS), ("method", METHODS), ("step", STEPS), ("halting_input", HALTING_INPUTS),
                               ("cnn_dropout_mask", CNN_DROPOUT_MASKS)):
             if getattr(self, name) not in choices:
                 problems.append(f"{name.replace('_', '-')} must be one of {', '.join(choices)} "
                                 f"(got {getattr(self, name)!r})")
         for name in ("hidden", "hidden_cnn", "hidden_lin", "kernel_size", "max_steps",
-                     "epochs", "batch_size", "val_size"):
+                     "epochs", "batch_size", "val_size", "batches_per_epoch"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name.replace('_', '-')} must be > 0 (got {getattr(self, name)})")
         for name in ("patience", "lr_patience", "train_size"):
             if getattr(self, name) < 0:
                 problems.append(f"{name.replace('_', '-')} must be >= 0 (got {getattr(self, name)})")
         for name in ("lambda_p", "beta", "tau", "act_epsilon", "lr", "grad_clip", "train_rotation", "lr_factor",
-                     "cnn_dropout", "mlp_dropout", "truncation", "align_turn", "turn_gate"):
+                     "cnn_dropout", "mlp_dropout", "truncation", "align_turn", "turn_gate", "gru_update_bias"):
             if not math.isfinite(getattr(self, name)):
                 problems.append(f"{name.replace('_', '-')} must be a finite number")
         if not 0 < self.lambda_p <= 1:
@@ -165,6 +220,13 @@ class PonderConfig:
                 problems.append(f"{name.replace('_', '-')} must be in [0, 1)")
         if self.kernel_size > 12:  # two valid convolutions and two 2x poolings of a 28x28 image
             problems.append(f"kernel-size must be <= 12 for 28x28 images (got {self.kernel_size})")
+        if isinstance(self.elems, bool) or not isinstance(self.elems, int) or not 1 <= self.elems <= MAX_ELEMS:
+            problems.append(f"elems must be an integer from 1 to {MAX_ELEMS} (got {self.elems})")
+        elif self.train_counts != "":
+            try:
+                parse_count_range(self.train_counts, self.elems)
+            except PonderError as exc:
+                problems.append(f"train-counts: {exc}")
         if self.halting_bias is not None and not math.isfinite(self.halting_bias):
             problems.append("halting-bias must be a finite number")
         if not 0 <= self.turn_gate <= 1:
@@ -190,12 +252,14 @@ class PonderConfig:
         """A config from the options the user gave; the rest are the defaults, or what the chosen
         method or step implies (plain: one step). An option that no chosen piece reads is refused
         (see inapplicable)."""
-        chosen = {kind: given.get(kind, cls.default(kind)) for kind in PIECE_KINDS}
+        chosen = choose_pieces(given, cls.default)
         if all(name in PIECE_KINDS[kind][0] for kind, name in chosen.items()):  # else __post_init__ says so
-            problems = inapplicable(given, chosen)
+            problems = fit_problems(chosen) or inapplicable(given, chosen)
             if problems:
                 raise PonderError("; ".join(problems))
-        values = {**{name: value for name, (value, _) in implied_values(chosen).items()}, **given}
+        values = {**{name: value for name, (value, _) in implied_values(chosen).items()}, **given, **chosen}
+        if chosen["task"] == "parity" and "train_counts" not in given and isinstance(values.get("elems"), int):
+            values["train_counts"] = f"1-{values['elems']}"  # saved explicitly: the run says what it trained on
         if values.get("halting_bias") == "prior":  # lambda starts at the prior's lambda_p
             lambda_p = values.get("lambda_p", cls.default("lambda_p"))
             values["halting_bias"] = math.log(lambda_p / (1 - lambda_p)) if 0 < lambda_p < 1 else float("nan")
@@ -235,7 +299,15 @@ class PonderConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise PonderError(f"unknown config keys {unknown}")
-        return cls(**values)
+        cfg = cls(**values)
+        problems = fit_problems(cfg.chosen())
+        if problems:
+            raise PonderError(problems[0])
+        return cfg
+
+    def train_range(self) -> tuple[int, int]:
+        """parity: the training non-zero counts (lo, hi)."""
+        return parse_count_range(self.train_counts, self.elems) if self.train_counts else (1, self.elems)
 
     def replace(self, **changes) -> "PonderConfig":
         return dataclasses.replace(self, **changes)

@@ -1,10 +1,15 @@
-"""Evaluation: accuracy and ponder steps per rotation bucket, seeded, under three halting rules."""
+"""Evaluation: accuracy and ponder steps per difficulty bucket, seeded, under three halting rules.
+
+Task-neutral: a bucket (EvalBucket) is a fixed set of inputs with labels, halting coins and a
+per-input difficulty value; the task builds it (tasks/: MNIST rotates test images, parity draws
+vectors with given non-zero counts). `evaluate` is the MNIST shorthand the tests and benchmarks use.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -18,9 +23,22 @@ from .runtime import autocast
 
 
 @dataclass(frozen=True)
+class EvalBucket:
+    """One bucket's inputs, built by the task: `inputs(start, end)` gives rows start:end ready
+    for the model on the device (prepared lazily, batch by batch)."""
+    labels: torch.Tensor  # (N,) long, on the device
+    inputs: Callable[[int, int], torch.Tensor]
+    uniforms: torch.Tensor  # (steps, N) halting coin flips, on the device
+    difficulty: torch.Tensor  # (N,) CPU float: MNIST |rotation|, parity the non-zero count
+
+    def __len__(self) -> int:
+        return self.labels.shape[0]
+
+
+@dataclass(frozen=True)
 class EvalSamples:
-    """Per-image values, kept for statistics across buckets (CPU tensors)."""
-    abs_angles: torch.Tensor  # (N,) |rotation| in degrees
+    """Per-input values, kept for statistics across buckets (CPU tensors)."""
+    difficulty: torch.Tensor  # (N,) the task's difficulty of each input (|rotation|, non-zero count)
     steps: torch.Tensor  # (N,) float64 ponder steps (fractional for the expected rule)
     correct: torch.Tensor  # (N,) bool
 
@@ -60,12 +78,29 @@ def evaluation_draws(count: int, max_steps: int, angle: float, seed: int, device
     return (angles.to(device) if rotated else None), uniforms.to(device)
 
 
-@torch.inference_mode()
+def image_bucket(data: ImageSet, max_steps: int, max_angle: float, seed: int, *, protocol: str = "uniform",
+                 lower: float = 0.0) -> EvalBucket:
+    """MNIST: the images rotated by the protocol's angles, all draws from one seeded generator."""
+    device = data.images.device
+    angles, uniforms = evaluation_draws(len(data), max_steps, max_angle, seed, device, protocol=protocol, lower=lower)
+    return EvalBucket(
+        labels=data.labels, uniforms=uniforms,
+        inputs=lambda start, end: prepare_batch(data.images[start:end], None if angles is None else angles[start:end]),
+        difficulty=angles.abs().cpu() if angles is not None else torch.zeros(len(data)))
+
+
 def evaluate(model: torch.nn.Module, data: ImageSet, cfg: PonderConfig, *, max_angle: float = 0.0,
-             seed: int = 0, batch_size: int = 1000, protocol: str = "uniform", lower: float = 0.0,
-             halting: str = "sample", early_exit: bool = True, with_loss: bool = False,
-             detail: bool = False, amp: bool = False) -> EvalResult:
-    """Evaluate one rotation bucket.
+             seed: int = 0, protocol: str = "uniform", lower: float = 0.0, **options) -> EvalResult:
+    """Evaluate MNIST images rotated within +-max_angle (see evaluate_bucket for the options)."""
+    bucket = image_bucket(data, model.max_steps, max_angle, seed, protocol=protocol, lower=lower)
+    return evaluate_bucket(model, bucket, cfg, **options)
+
+
+@torch.inference_mode()
+def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfig, *, batch_size: int = 1000,
+                    halting: str = "sample", early_exit: bool = True, with_loss: bool = False,
+                    detail: bool = False, amp: bool = False) -> EvalResult:
+    """Evaluate one bucket.
 
     halting: "sample" draws Bernoulli(lambda_n) at each step (the paper); "median" halts where
     the cumulative halting probability reaches 1/2; "expected" runs every step and predicts with
@@ -78,9 +113,9 @@ def evaluate(model: torch.nn.Module, data: ImageSet, cfg: PonderConfig, *, max_a
         raise ValueError(f"unknown halting rule {halting!r}")
     was_training = model.training
     model.eval()
-    device = data.images.device
-    count, max_steps = len(data), model.max_steps
-    angles, uniforms = evaluation_draws(count, max_steps, max_angle, seed, device, protocol=protocol, lower=lower)
+    device = bucket.labels.device
+    count, max_steps = len(bucket), model.max_steps
+    uniforms = bucket.uniforms
     method = get_method(cfg)
     expected = method.needs_all_steps(halting)  # steps are then sum_n n p_n, not whole steps
     full_forward = with_loss or detail or expected or not early_exit
@@ -90,8 +125,8 @@ def evaluate(model: torch.nn.Module, data: ImageSet, cfg: PonderConfig, *, max_a
     all_steps, all_correct = [], []  # per image, kept on the device until the end
     for start in range(0, count, batch_size):
         end = min(start + batch_size, count)
-        x = prepare_batch(data.images[start:end], None if angles is None else angles[start:end])
-        targets = data.labels[start:end]
+        x = bucket.inputs(start, end)
+        targets = bucket.labels[start:end]
         with autocast(device, amp):
             if not full_forward:
                 logits, steps = model.infer(x, method.early_exit(halting, uniforms[:, start:end]))
@@ -126,23 +161,21 @@ def evaluate(model: torch.nn.Module, data: ImageSet, cfg: PonderConfig, *, max_a
         histogram=histogram,
         accuracy_at_step=tuple((correct_at_step / count).tolist()) if detail else None,
         **(dict(zip(("loss", "reconstruction", "regularisation"), losses)) if with_loss else {}),
-        samples=EvalSamples(angles.abs().cpu() if angles is not None else torch.zeros(count), steps, correct),
+        samples=EvalSamples(bucket.difficulty.double(), steps, correct),
     )
 
 
-def evaluate_buckets(model: torch.nn.Module, data: ImageSet, cfg: PonderConfig, angles: list[float], *,
-                     protocol: str = "uniform", on_bucket: Callable[[], None] | None = None,
-                     **options) -> tuple[list[EvalResult], float | None]:
-    """One evaluation per rotation bucket, and Spearman's rho between every evaluated image's
-    |rotation| and its ponder steps. The band protocol's inner edge is the next smaller angle.
+def evaluate_buckets(model: torch.nn.Module, buckets, cfg: PonderConfig, *,
+                     on_bucket: Optional[Callable[[], None]] = None, **options) -> tuple[list[EvalResult], float | None]:
+    """One evaluation per bucket (EvalBuckets, or callables that build one when its turn comes),
+    and Spearman's rho between every evaluated input's difficulty and its ponder steps.
     on_bucket is called after each bucket (a progress bar's tick)."""
     results = []
-    for angle in angles:
-        lower = max((a for a in angles if a < angle), default=0.0)
-        results.append(evaluate(model, data, cfg, max_angle=angle, lower=lower, protocol=protocol, **options))
+    for bucket in buckets:
+        results.append(evaluate_bucket(model, bucket() if callable(bucket) else bucket, cfg, **options))
         if on_bucket is not None:
             on_bucket()
-    rho = spearman(torch.cat([r.samples.abs_angles for r in results]), torch.cat([r.samples.steps for r in results]))
+    rho = spearman(torch.cat([r.samples.difficulty for r in results]), torch.cat([r.samples.steps for r in results]))
     return results, rho
 
 

@@ -41,11 +41,11 @@ def gated_logit(z: torch.Tensor, work: torch.Tensor) -> torch.Tensor:
 
 
 class PonderNet(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, classes: int = N_CLASSES):
         super().__init__()
         self.max_steps = cfg.max_steps
         self.step = step_class(cfg.step)(cfg)
-        self.output_head = nn.Linear(self.step.readout_size, N_CLASSES)
+        self.output_head = nn.Linear(self.step.readout_size, classes)
         # what the halting head sees besides the readout: the step's top class probability
         # ("confidence") and the step function's own halting features ("turn" for align)
         self.confidence_input = "confidence" in cfg.halting_input
@@ -168,7 +168,7 @@ class PonderNet(nn.Module):
         device = next(self.parameters()).device
         named = [(name, p) for name, p in self.named_parameters() if p.requires_grad]
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.enable_grad():
-            x = torch.zeros(2, 1, 28, 28, device=device)
+            x = self.step.example_input(2, device)
             out = self(x, stop=StopAfterFirstStep()) if self.max_steps > 1 else self(x)
             grads = torch.autograd.grad(out.logits.sum() + out.lambda_logits.sum(), [p for _, p in named],
                                         allow_unused=True)

@@ -48,6 +48,15 @@ def plot_report(report, path: Path | str) -> Path:
     return plot_buckets(report.plot_series, path, title=report.title)
 
 
+def _x(row: dict) -> float:
+    """A bucket's place on the x axis: its rotation (MNIST) or the middle of its count range (parity)."""
+    return row["rotation"] if "rotation" in row else (row["lo"] + row["hi"]) / 2
+
+
+def _name(row: dict) -> str:
+    return f"±{row['rotation']:g}°" if "rotation" in row else f"counts {row['counts']}"
+
+
 def plot_sweep(buckets: list[dict], fit: dict, path: Path | str, *, title: str = "") -> Path:
     """Mean ponder steps (with the least-squares line) and accuracy against the exact angle."""
     require_matplotlib()
@@ -56,18 +65,22 @@ def plot_sweep(buckets: list[dict], fit: dict, path: Path | str, *, title: str =
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    angles = [b["rotation"] for b in buckets]
+    angles = [_x(b) for b in buckets]
+    parity = "rotation" not in buckets[0]
     fig, (ax_steps, ax_acc) = plt.subplots(1, 2, figsize=(12, 4.5))
     ax_steps.plot(angles, [b["mean_steps"] for b in buckets], "o", label="mean steps")
     for key, style, label in (("steps_correct", "^", "correct"), ("steps_wrong", "v", "wrong")):
         points = [(a, b[key]) for a, b in zip(angles, buckets) if b[key] is not None]
-        ax_steps.plot(*zip(*points), style, markersize=4, alpha=0.6, label=f"on {label} digits")
-    slope = fit["steps_per_10_degrees"] / 10
+        if points:
+            ax_steps.plot(*zip(*points), style, markersize=4, alpha=0.6,
+                          label=f"on {label} {'answers' if parity else 'digits'}")
+    slope = fit["steps_per_count"] if parity else fit["steps_per_10_degrees"] / 10
     ax_steps.plot([angles[0], angles[-1]], [fit["steps_at_0"] + slope * a for a in (angles[0], angles[-1])], "-",
-                  label=f"{fit['steps_per_10_degrees']:+.3f} steps per 10°")
-    ax_steps.set(xlabel="|rotation| (degrees, exact)", ylabel="ponder steps", title="Steps against angle")
+                  label=f"{slope:+.3f} steps per count" if parity else f"{10 * slope:+.3f} steps per 10°")
+    xlabel, against = ("non-zero count (exact)", "count") if parity else ("|rotation| (degrees, exact)", "angle")
+    ax_steps.set(xlabel=xlabel, ylabel="ponder steps", title=f"Steps against {against}")
     ax_acc.plot(angles, [b["accuracy"] for b in buckets], "o-")
-    ax_acc.set(xlabel="|rotation| (degrees, exact)", ylabel="accuracy", title="Accuracy against angle", ylim=(0, 1))
+    ax_acc.set(xlabel=xlabel, ylabel="accuracy", title=f"Accuracy against {against}", ylim=(0, 1))
     return _finish(fig, plt, (ax_steps, ax_acc), (ax_steps,), title, path)
 
 
@@ -107,7 +120,7 @@ def plot_buckets(series: dict[str, list[dict]], path: Path | str, *, title: str 
     fig, (ax_acc, ax_steps, ax_hist) = plt.subplots(1, 3, figsize=(16, 4.8))
     styles = ["-", "--", ":", "-."]
     for i, (name, rows) in enumerate(series.items()):
-        angles = [row["rotation"] for row in rows]
+        angles = [_x(row) for row in rows]
         ax_acc.plot(angles, [row["accuracy"] for row in rows], marker="o", label=name)
         ax_steps.errorbar(angles, [row["mean_steps"] for row in rows], yerr=[row["std_steps"] for row in rows],
                           marker="o", capsize=4, label=name)
@@ -117,9 +130,11 @@ def plot_buckets(series: dict[str, list[dict]], path: Path | str, *, title: str 
             share = [count / total for count in row["histogram"]]
             ax_hist.plot(range(1, len(share) + 1), share, styles[i % len(styles)], marker=".",
                          color=cmap(j / max(len(rows) - 1, 1)),
-                         label=f"±{row['rotation']:g}°" + (f" {name}" if len(series) > 1 else ""))
-    ax_acc.set(xlabel="test rotation (± degrees)", ylabel="accuracy", title="Accuracy")
-    ax_steps.set(xlabel="test rotation (± degrees)", ylabel="ponder steps", title="Mean ponder steps (± 1 sd)")
+                         label=_name(row) + (f" {name}" if len(series) > 1 else ""))
+    first = next(iter(series.values()))[0]
+    xlabel = "test rotation (± degrees)" if "rotation" in first else "non-zero count (middle of the bucket)"
+    ax_acc.set(xlabel=xlabel, ylabel="accuracy", title="Accuracy")
+    ax_steps.set(xlabel=xlabel, ylabel="ponder steps", title="Mean ponder steps (± 1 sd)")
     ax_hist.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ax_hist.set(xlabel="halting step", ylabel="share of images", title="Halting-step distribution")
+    ax_hist.set(xlabel="halting step", ylabel="share of inputs", title="Halting-step distribution")
     return _finish(fig, plt, (ax_acc, ax_steps, ax_hist), (ax_acc, ax_steps, ax_hist), title, path)

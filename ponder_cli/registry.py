@@ -1,17 +1,24 @@
 """Every choice the user can make, named in one place, without importing torch.
 
-Step functions and halting methods are registered as "module:attribute" strings and imported
+Tasks, step functions and halting methods are registered as "module:attribute" strings and imported
 only when built, so the CLI can list choices and validate a config before torch loads.
-Adding a step function or a method is one module and one line here.
+Adding a task, a step function or a method is one module and one line here.
 """
 
 from __future__ import annotations
 
 import importlib
 
+TASKS = {
+    "mnist": "ponder_cli.tasks.mnist:MnistTask",  # rotated MNIST digits; difficulty: the rotation
+    "parity": "ponder_cli.tasks.parity:ParityTask",  # parity of +-1 vectors; difficulty: the non-zero count
+}
+
 STEPS = {
     "mlp": "ponder_cli.steps.mlp:MLPStep",  # the reference: CNN once per image, MLP steps
     "align": "ponder_cli.steps.align:AlignStep",  # re-reads the image through a learnt rotation
+    "rnn": "ponder_cli.steps.rnn:RNNStep",  # vectors: the paper's tanh RNN, the input read at every step
+    "gru": "ponder_cli.steps.gru:GRUStep",  # vectors: a GRU cell, the input read at every step
 }
 
 METHODS = {
@@ -36,6 +43,10 @@ def _load(table: dict[str, str], kind: str, name: str):
         raise ValueError(f"unknown {kind} {name!r}; choose from {', '.join(table)}")
     module, attribute = table[name].split(":")
     return getattr(importlib.import_module(module), attribute)
+
+
+def task_class(name: str):
+    return _load(TASKS, "task", name)
 
 
 def step_class(name: str):

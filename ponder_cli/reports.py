@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 from .render import Column, cell_text, sparkline
 
-META_KEYS = ("command", "checkpoints", "method", "step", "protocol", "halting", "seed")
+META_KEYS = ("command", "task", "checkpoints", "method", "step", "protocol", "halting", "seed")
 
 
 @dataclass
@@ -44,19 +44,64 @@ class Report:
 
 
 def make_meta(command: str, checkpoints: list[str], methods: list[str], steps: list[str], *,
-              protocol: Optional[str], halting: Optional[str], seed: Optional[int], **extra) -> dict:
+              protocol: Optional[str], halting: Optional[str], seed: Optional[int], task: str = "mnist",
+              **extra) -> dict:
     """The shared metadata; method and step are null when the checkpoints differ in them (every
-    bucket then carries its own)."""
+    bucket then carries its own). protocol: MNIST's rotation protocol, null for parity."""
     def one(values):
         distinct = sorted(set(values))
         return distinct[0] if len(distinct) == 1 else None
-    return {"command": command, "checkpoints": checkpoints, "method": one(methods), "step": one(steps),
-            "protocol": protocol, "halting": halting, "seed": seed, **extra}
+    return {"command": command, "task": task, "checkpoints": checkpoints, "method": one(methods),
+            "step": one(steps), "protocol": protocol, "halting": halting, "seed": seed, **extra}
 
 
-def describe_model(cfg) -> str:
-    """How captions and titles name a model: method, step function, training rotation."""
-    return f"{cfg.method} · step {cfg.step} · trained within ±{cfg.train_rotation:g}°"
+@dataclass(frozen=True)
+class Terms:
+    """How a task names its buckets and inputs in tables, captions and JSON (each task module
+    holds its own; see tasks/)."""
+    key: str  # the bucket's difficulty key in JSON and the table ("rotation", "counts")
+    header: str  # its table column
+    spec: str
+    difficulty: str  # in "Spearman ρ(..., steps)"
+    between: str  # the JSON's words for the same
+    inputs: str  # "images", "vectors"
+    test_set: str  # what eval measures on
+    label: Callable[[dict], str]  # a bucket's name in headers: "±45°", "counts 1-16"
+    # sweep: the bucket key on the x axis, its header, the slope's scale and unit, the fit's
+    # JSON key and the sweep's name
+    sweep_key: str = "rotation"
+    sweep_header: str = "|angle|"
+    sweep_scale: float = 10.0
+    sweep_unit: str = "10°"
+    sweep_fit: str = "steps_per_10_degrees"
+    sweep_name: str = "mental rotation"
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """What reports say of a run's task (built by the task from the run's config): its name, its
+    terms, the metadata it adds (MNIST: train_rotation; parity: elems, train_counts), how
+    captions name the training data, and its protocol when it has one."""
+    name: str
+    terms: Terms
+    meta: dict
+    trained_on: str
+    protocol: Optional[str] = "uniform"
+
+
+MNIST_TERMS = Terms("rotation", "±deg", "g", "|angle|", "|rotation angle| and ponder steps", "images",
+                    "MNIST test set", lambda b: f"±{b['rotation']:g}°")
+
+
+def mnist_view(cfg) -> TaskView:
+    """The MNIST view: what reports assume when a caller names no task (every shipped model)."""
+    return TaskView("mnist", MNIST_TERMS, {"train_rotation": cfg.train_rotation},
+                    f"trained within ±{cfg.train_rotation:g}°")
+
+
+def describe_model(cfg, view: Optional[TaskView] = None) -> str:
+    """How captions and titles name a model: method, step function, what it was trained on."""
+    return f"{cfg.method} · step {cfg.step} · {(view or mnist_view(cfg)).trained_on}"
 
 
 # repeated draws ---------------------------------------------------------------------------------
@@ -118,14 +163,15 @@ def _with_interval(key: str, spec: str) -> Callable[[dict], str]:
     return text
 
 
-def bucket_columns(max_steps: int, with_loss: bool, intervals: bool = False) -> list[Column]:
+def bucket_columns(max_steps: int, with_loss: bool, intervals: bool = False, words: "Terms" = None) -> list[Column]:
     """What eval and extrapolate tables show of a bucket; the image count, the same in every
     bucket, goes in the caption so that the table fits an 80-column terminal. With several
     draws (--repeats) the accuracy carries the half-width of its 95% interval."""
     accuracy = (Column("accuracy", "accuracy ± 95%", text=_with_interval("accuracy", ".4f"), wrap=True)
                 if intervals else Column("accuracy", "accuracy", ".4f"))
+    words = words or MNIST_TERMS
     columns = [
-        Column("rotation", "±deg", "g"), accuracy,
+        Column(words.key, words.header, words.spec), accuracy,
         Column("mean_steps", "steps ± sd", text=_pair("mean_steps", "std_steps", ".2f", " ± "), wrap=True),
         Column("steps_correct", "steps ✓ / ✗", text=_pair("steps_correct", "steps_wrong", ".2f", " / "), wrap=True),
         Column("halting_spark", f"halting steps 1→{max_steps}", "s", no_wrap=True),
@@ -134,8 +180,8 @@ def bucket_columns(max_steps: int, with_loss: bool, intervals: bool = False) -> 
 
 
 def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *,
-                      protocol: str, halting: str, seed: int, with_loss: bool, detail: bool,
-                      rho_ci: Optional[list[float]] = None) -> Report:
+                      protocol: Optional[str], halting: str, seed: int, with_loss: bool, detail: bool,
+                      rho_ci: Optional[list[float]] = None, view: Optional[TaskView] = None) -> Report:
     """eval / extrapolate: one bucket per rotation angle of one checkpoint."""
     images = sum(b["images"] for b in buckets)
     for bucket in buckets:
@@ -143,27 +189,32 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
         bucket["halting_spark"] = sparkline(bucket["histogram"], width=20)
     used = buckets[0]["halting"]
     repeats = buckets[0].get("repeats", 1)
+    view = view or mnist_view(cfg)
+    words = view.terms
     meta = make_meta(command, [checkpoint], [cfg.method], [cfg.step], protocol=protocol, halting=used, seed=seed,
-                     repeats=repeats, train_rotation=cfg.train_rotation,
-                     spearman={"rho": rho, "rho_ci": rho_ci, "images": images,
-                               "between": "|rotation angle| and ponder steps"})
+                     task=view.name, repeats=repeats, **view.meta,
+                     spearman={"rho": rho, "rho_ci": rho_ci, "images": images, "between": words.between})
     ci = f" (95% interval {rho_ci[0]:+.3f} to {rho_ci[1]:+.3f})" if rho_ci is not None else ""
-    rho_text = (f"Spearman ρ(|angle|, steps) undefined: angle or steps constant ({images} images)" if rho is None
-                else f"Spearman ρ(|angle|, steps) = {rho:+.3f}{ci} over {images} images")
+    name = f"Spearman ρ({words.difficulty}, steps)"
+    rho_text = (f"{name} undefined: {words.difficulty.strip('|')} or steps constant ({images} {words.inputs})"
+                if rho is None else f"{name} = {rho:+.3f}{ci} over {images} {words.inputs}")
     draws = f" · mean of {repeats} draws (seeds {seed}–{seed + repeats - 1})" if repeats > 1 else ""
-    what = "MNIST test set" if command == "eval" else "extrapolation"
+    what = words.test_set if command == "eval" else "extrapolation"
+    how = f"protocol {protocol} · " if protocol is not None else ""
     report = Report(
-        meta=meta, buckets=buckets, columns=bucket_columns(cfg.max_steps, with_loss, repeats > 1),
+        meta=meta, buckets=buckets, columns=bucket_columns(cfg.max_steps, with_loss, repeats > 1, words),
         title=f"{cfg.method} on the {what} ({checkpoint})",
-        caption=f"{describe_model(cfg)}\nprotocol {protocol} · halting {used} · seed {seed}{draws}\n"
-                f"{buckets[0]['images']} images per bucket · steps ✓ / ✗: on correct / wrong answers\n{rho_text}",
+        caption=f"{describe_model(cfg, view)}\n{how}halting {used} · seed {seed}{draws}\n"
+                f"{buckets[0]['images']} {words.inputs} per bucket · steps ✓ / ✗: on correct / wrong answers\n"
+                f"{rho_text}",
         plot_series={checkpoint: buckets})
     if detail:
-        report.detail = per_step_table(buckets, expected=used == "expected")
+        report.detail = per_step_table(buckets, expected=used == "expected", label=words.label)
     return report
 
 
-def per_step_table(buckets: list[dict], *, expected: bool) -> tuple[str, list[dict], list[Column]]:
+def per_step_table(buckets: list[dict], *, expected: bool,
+                   label: Callable[[dict], str] = MNIST_TERMS.label) -> tuple[str, list[dict], list[Column]]:
     """Per halting step: images that halted there and the accuracy if every image stopped there."""
     columns = [Column("step", "step")]
     rows = [{"step": k + 1} for k in range(len(buckets[0]["histogram"]))]
@@ -174,8 +225,8 @@ def per_step_table(buckets: list[dict], *, expected: bool) -> tuple[str, list[di
         for k, row in enumerate(rows):
             row[f"n{i}"] = bucket["histogram"][k]
             row[f"a{i}"] = bucket["accuracy_at_step"][k]
-        columns += [Column(f"n{i}", f"±{bucket['rotation']:g}° halted", "d" if whole else ".1f", group=f"b{i}"),
-                    Column(f"a{i}", f"±{bucket['rotation']:g}° acc if stop", ".4f", group=f"b{i}")]
+        columns += [Column(f"n{i}", f"{label(bucket)} halted", "d" if whole else ".1f", group=f"b{i}"),
+                    Column(f"a{i}", f"{label(bucket)} acc if stop", ".4f", group=f"b{i}")]
     return "Per halting step", rows, columns
 
 
@@ -191,22 +242,31 @@ def least_squares(xs: list[float], ys: list[float]) -> tuple[float, float, Optio
     return slope, my - slope * mx, (sxy * sxy / (sxx * syy) if sxx and syy else None)
 
 
-SWEEP_COLUMNS = [Column("rotation", "|angle|", "g"), Column("accuracy", "accuracy", ".4f"),
-                 Column("mean_steps", "steps", ".2f"), Column("steps_correct", "steps ✓", ".2f"),
-                 Column("steps_wrong", "steps ✗", ".2f"), Column("images", "images")]
+def sweep_columns(first: Column) -> list[Column]:
+    return [first, Column("accuracy", "accuracy", ".4f"), Column("mean_steps", "steps", ".2f"),
+            Column("steps_correct", "steps ✓", ".2f"), Column("steps_wrong", "steps ✗", ".2f"),
+            Column("images", "images" if first.key == "rotation" else "inputs")]
 
 
-def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *, halting: str, seed: int) -> Report:
-    """Mean steps and accuracy against the exact rotation angle, with the least-squares slope of
-    steps per 10 degrees (human response times rise about linearly: Shepard & Metzler 1971)."""
-    report = evaluation_report("sweep", checkpoint, cfg, buckets, rho, protocol="fixed", halting=halting, seed=seed,
-                               with_loss=False, detail=False)
-    slope, intercept, r2 = least_squares([b["rotation"] for b in buckets], [b["mean_steps"] for b in buckets])
-    report.meta["fit"] = {"steps_per_10_degrees": 10 * slope, "steps_at_0": intercept, "r2": r2}
-    report.columns = SWEEP_COLUMNS
-    report.title = f"{cfg.method} mental rotation sweep ({checkpoint})"
-    report.caption += (f"\nleast squares: steps = {intercept:.2f} {'-' if slope < 0 else '+'} {abs(10 * slope):.3f} "
-                       "per 10°"
+SWEEP_COLUMNS = sweep_columns(Column("rotation", "|angle|", "g"))
+
+
+def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *, halting: str, seed: int,
+                 view: Optional[TaskView] = None) -> Report:
+    """Mean steps and accuracy against the exact difficulty, with the least-squares slope of steps:
+    MNIST per 10 degrees of rotation (human response times rise about linearly: Shepard & Metzler
+    1971); parity per non-zero count (ACT's paper saw ponder time rise about linearly)."""
+    view = view or mnist_view(cfg)
+    words = view.terms
+    report = evaluation_report("sweep", checkpoint, cfg, buckets, rho,
+                               protocol="fixed" if view.protocol is not None else None, halting=halting, seed=seed,
+                               with_loss=False, detail=False, view=view)
+    slope, intercept, r2 = least_squares([b[words.sweep_key] for b in buckets], [b["mean_steps"] for b in buckets])
+    report.meta["fit"] = {words.sweep_fit: words.sweep_scale * slope, "steps_at_0": intercept, "r2": r2}
+    report.columns = sweep_columns(Column(words.sweep_key, words.sweep_header, "g"))
+    report.title = f"{cfg.method} {words.sweep_name} sweep ({checkpoint})"
+    report.caption += (f"\nleast squares: steps = {intercept:.2f} {'-' if slope < 0 else '+'} "
+                       f"{abs(words.sweep_scale * slope):.3f} per {words.sweep_unit}"
                        + (f" (r² {r2:.2f})" if r2 is not None else ""))
     report.plot_kind = "sweep"
     return report
@@ -253,24 +313,32 @@ def plus_minus(mean: float, sd: Optional[float], spec: str) -> str:
     return format(mean, spec) if sd is None else f"{format(mean, spec)} ± {format(sd, spec)}"
 
 
-def compare_columns(steps_differ: bool) -> list[Column]:
+DIFFICULTY_KEYS = ("rotation", "counts", "lo", "hi")  # what names a bucket, in either task's terms
+
+
+def compare_columns(steps_differ: bool, words: Terms = MNIST_TERMS) -> list[Column]:
     """The compare table: labels wrap (`pondernet (train_rotation=22.5)`), figures never do."""
     return [Column("label", "method", "s", wrap=True)] + ([Column("step", "step", "s")] if steps_differ else []) + [
-        Column("seeds", "seeds"), Column("rotation", "±deg", "g"), Column("accuracy_text", "accuracy", "s", wrap=True),
+        Column("seeds", "seeds"), Column(words.key, words.header, words.spec),
+        Column("accuracy_text", "accuracy", "s", wrap=True),
         Column("steps_text", "steps", "s", wrap=True)]
 
 
-def comparison_report(groups: list[Group], results: list[list[list[dict]]], angles: list[float], *,
-                      protocol: str, halting: str, seed: int, repeats: int = 1) -> Report:
-    """results[g][m][b]: the bucket dict of member m of group g at angle b."""
+def comparison_report(groups: list[Group], results: list[list[list[dict]]], angles: list, *,
+                      protocol: Optional[str], halting: str, seed: int, repeats: int = 1,
+                      view: Optional[TaskView] = None) -> Report:
+    """results[g][m][b]: the bucket dict of member m of group g in bucket b (an angle, or a
+    non-zero-count range for parity); every checkpoint is of one task."""
     buckets, series = [], {}
+    view = view or mnist_view(groups[0].cfg)
+    words = view.terms
     for group, per_model in zip(groups, results):
         series[group.label] = []
-        for b, angle in enumerate(angles):
+        for b, _ in enumerate(angles):
             accuracy, accuracy_sd = mean_and_sd([r[b]["accuracy"] for r in per_model])
             steps, steps_sd = mean_and_sd([r[b]["mean_steps"] for r in per_model])
             bucket = {"method": group.cfg.method, "step": group.cfg.step, "label": group.label,
-                      "rotation": angle, "seeds": len(per_model), "accuracy": accuracy, "accuracy_sd": accuracy_sd,
+                      **{k: v for k, v in per_model[0][b].items() if k in DIFFICULTY_KEYS}, "seeds": len(per_model), "accuracy": accuracy, "accuracy_sd": accuracy_sd,
                       "mean_steps": steps, "mean_steps_sd": steps_sd, "halting": per_model[0][b]["halting"],
                       "images": per_model[0][b]["images"], "checkpoints": [p for p, _ in group.members],
                       "accuracy_text": plus_minus(accuracy, accuracy_sd, ".4f"),
@@ -279,7 +347,8 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
             series[group.label].append({**bucket, "std_steps": steps_sd or 0.0, "histogram": [
                 sum(r[b]["histogram"][k] for r in per_model) for k in range(len(per_model[0][b]["histogram"]))]})
     meta = make_meta("compare", [p for g in groups for p, _ in g.members], [g.cfg.method for g in groups],
-                     [g.cfg.step for g in groups], protocol=protocol, halting=halting, seed=seed, repeats=repeats)
+                     [g.cfg.step for g in groups], protocol=protocol, halting=halting, seed=seed,
+                     task=view.name, repeats=repeats)
     draws = f" · each the mean of {repeats} draws" if repeats > 1 else ""
     # each method's own halting rule (ACT's, one step) or the one asked for: one per method
     rules = {bucket["method"]: bucket["halting"] for bucket in buckets}
@@ -287,12 +356,13 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
     # the table names each group once, on its first row: long labels wrap over several lines
     rows = [{**bucket, "label": bucket["label"] if i == 0 or buckets[i - 1]["label"] != bucket["label"] else ""}
             for i, bucket in enumerate(buckets)]
-    return Report(meta=meta, buckets=buckets, columns=compare_columns(len(steps) > 1), title="Methods compared",
+    how = f"protocol {protocol} · " if protocol is not None else ""
+    return Report(meta=meta, buckets=buckets, columns=compare_columns(len(steps) > 1, words), title="Methods compared",
                   table_rows=rows,
                   caption=f"accuracy and steps: mean ± sd over seeds{draws}\nhalting: "
                           f"{' · '.join(f'{method} → {rule}' for method, rule in rules.items())}\n"
-                          f"{'step ' + steps[0] + ' · ' if len(steps) == 1 else ''}protocol {protocol} · "
-                          f"seed {seed}\n{buckets[0]['images']} test images per bucket",
+                          f"{'step ' + steps[0] + ' · ' if len(steps) == 1 else ''}{how}"
+                          f"seed {seed}\n{buckets[0]['images']} test {words.inputs} per bucket",
                   plot_series=series)
 
 
@@ -305,15 +375,16 @@ TRAIN_COLUMNS = [
 ]
 
 
-def training_report(cfg, result, seconds: float) -> Report:
+def training_report(cfg, result, seconds: float, view: Optional[TaskView] = None) -> Report:
     """The summary of a run; its buckets are the epochs (the JSON and CSV give all of them)."""
     epochs = [asdict(h) for h in result.history]
     best = next((h for h in epochs if h["epoch"] == result.best_epoch), None)
     summary = {"epochs": result.last_epoch, "best_epoch": result.best_epoch, "val_accuracy": result.best_accuracy,
                "val_steps": best["val_steps"] if best else None, "stopped_early": result.stopped_early,
                "seconds": seconds, "out_dir": str(result.out_dir)}
-    meta = make_meta("train", [str(result.best_path)], [cfg.method], [cfg.step], protocol="uniform",
-                     halting="sample", seed=cfg.seed, train_rotation=cfg.train_rotation, **summary,
-                     config=cfg.to_dict())
+    view = view or mnist_view(cfg)
+    meta = make_meta("train", [str(result.best_path)], [cfg.method], [cfg.step], protocol=view.protocol,
+                     halting="sample", seed=cfg.seed, task=view.name, **view.meta, **summary, config=cfg.to_dict())
     return Report(meta=meta, buckets=epochs, columns=TRAIN_COLUMNS, table_rows=[summary],
-                  title=f"{cfg.method} training (step {cfg.step})", footer=f"best checkpoint: {result.best_path}")
+                  title=f"{cfg.method} training (step {cfg.step}{'' if view.name == 'mnist' else ', ' + view.name})",
+                  footer=f"best checkpoint: {result.best_path}")

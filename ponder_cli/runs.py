@@ -133,11 +133,13 @@ def refuse_foreign_checkpoints(directory: Path, overwrite: bool) -> None:
 
 
 def run_dir_name(cfg: PonderConfig) -> str:
-    return f"{cfg.method}-{cfg.step}-seed{cfg.seed}"
+    """mnist: <method>-<step>-seed<seed>; parity: parity<elems>-<method>-<step>-seed<seed>."""
+    task = f"parity{cfg.elems}-" if cfg.task == "parity" else ""
+    return f"{task}{cfg.method}-{cfg.step}-seed{cfg.seed}"
 
 
 def free_run_dir(cfg: PonderConfig, root: Path = RUNS_DIR) -> Path:
-    """runs/<method>-<step>-seed<seed>, or the first of -2, -3, ... not taken yet."""
+    """runs/<run_dir_name>, or the first of -2, -3, ... not taken yet."""
     base = root / run_dir_name(cfg)
     candidate, n = base, 1
     while candidate.exists():

@@ -15,11 +15,9 @@ from tqdm import tqdm
 from . import PonderError, brief, distributed
 from .checkpoint import BEST, LAST, TrainingState, save_checkpoint
 from .config import PonderConfig
-from .data import ImageSet, prepare_batch
-from .evaluate import evaluate
 from .methods import Method, build_model, get_method
-from .rotation import uniform_angles
 from .runtime import autocast, grad_scaler
+from .tasks import TrainingSource, get_task
 
 
 @dataclass(frozen=True)
@@ -55,23 +53,30 @@ class TrainResult:
         return self.out_dir / BEST
 
 
+def _source(data, cfg: PonderConfig, device: torch.device) -> TrainingSource:
+    """The task's training batches: `data` is a TrainingSource already, or the task's training
+    data (MNIST: an ImageSet)."""
+    return data if isinstance(data, TrainingSource) else get_task(cfg).training_source(data, device)
+
+
 def train_one_epoch(model: torch.nn.Module, method: Method, optimizer: torch.optim.Optimizer,
-                    scaler: torch.amp.GradScaler, data: ImageSet, cfg: PonderConfig, *, amp: bool,
+                    scaler: torch.amp.GradScaler, data, cfg: PonderConfig, *, amp: bool,
                     desc: str = "train", progress: bool = True) -> dict:
-    """One pass over the shuffled training set; metrics stay on the device until the end.
+    """One epoch of the task's training batches (MNIST: a pass over the shuffled training set;
+    parity: batches_per_epoch fresh batches); metrics stay on the device until the end. `data`
+    is a tasks.TrainingSource or the task's training data (an ImageSet for MNIST).
 
     Under torchrun `model` is DDP-wrapped and each rank trains on its slice of every global batch
-    of cfg.batch_size images; the metrics returned cover the whole epoch, all ranks together.
+    of cfg.batch_size inputs; the metrics returned cover the whole epoch, all ranks together.
 
     Host synchronisations per batch: the truncated forward's one per step (see PonderNet), and,
     without the GradScaler, one to skip a non-finite batch. With the scaler and a fused Adam
     (CUDA) the skip is decided on the device: none.
     """
     model.train()
-    device = data.images.device
-    count = len(data)
-    order = torch.randperm(count, device=device)  # (N,) from the shared RNG stream: the same on every rank
-    order = order[:distributed.even_length(count)]  # under torchrun the last batch must split evenly
+    device = next(model.parameters()).device
+    source = _source(data, cfg, device)
+    count = source.start_epoch()  # what the epoch draws up front (MNIST: the permutation, shared stream)
     # Under torchrun rotations, dropout, truncation and coin flips come from this rank's own RNG
     # stream until the shared stream is put back at the end of the epoch.
     shared_rng = distributed.fork_rank_rng(device)
@@ -80,14 +85,11 @@ def train_one_epoch(model: torch.nn.Module, method: Method, optimizer: torch.opt
     # GradScaler back-offs
     totals = torch.zeros(8, dtype=torch.float64, device=device)
     params = list(model.parameters())
-    batches = range(0, order.shape[0], cfg.batch_size)
-    for start in tqdm(batches, desc=desc, unit="batch", leave=False, file=sys.stderr,
+    batches = range(count)
+    for index in tqdm(batches, desc=desc, unit="batch", leave=False, file=sys.stderr,
                       disable=not progress, dynamic_ncols=True):
-        index = distributed.shard(order[start:start + cfg.batch_size])  # (B,) this rank's contiguous slice
-        batch = index.shape[0]
-        angles = uniform_angles(batch, cfg.train_rotation, device=device) if cfg.train_rotation > 0 else None
-        x = prepare_batch(data.images[index], angles)  # (B, 1, 28, 28)
-        targets = data.labels[index]
+        x, targets = source.batch(index)  # this rank's share of global batch `index`
+        batch = targets.shape[0]
         with autocast(device, amp):
             # Truncation lets a rank run fewer steps than another: no collective happens in
             # here (see distributed.wrap); DDP synchronises in backward, once per batch.
@@ -146,10 +148,14 @@ def train_one_epoch(model: torch.nn.Module, method: Method, optimizer: torch.opt
     return stats
 
 
-def _rng_state(device: torch.device) -> dict:
+def _rng_state(device: torch.device, source: TrainingSource | None = None) -> dict:
     """The CPU generator's state and, on CUDA, the training device's own: a checkpoint holds the
-    one stream training drew from, so it resumes on any number of GPUs, or none."""
+    one stream training drew from, so it resumes on any number of GPUs, or none. The task's own
+    training stream (parity's generator), when it has one, under "task"."""
     state = {"torch": torch.get_rng_state()}
+    task_state = source.state() if source is not None else None
+    if task_state is not None:
+        state["task"] = task_state
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -188,10 +194,13 @@ def _load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None
     optimizer.load_state_dict({**saved, "param_groups": groups})
 
 
-def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: torch.device,
+def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
           out_dir: Path, amp: bool = False, resume: TrainingState | None = None,
           on_epoch: Callable[[EpochStats], None] | None = None, progress: bool = True) -> TrainResult:
     """Train, validating once per epoch; write last.pt every epoch and best.pt on improvement.
+
+    train_set and val_set are the task's (tasks/): MNIST's are ImageSets, parity's training data
+    is None (batches are drawn on the fly) and its validation set a fixed ParityBatch.
 
     resume is a loaded checkpoint whose config equals cfg up to the number of epochs and the
     patience (see runs.plan_training); training continues at the epoch after the one it holds.
@@ -202,8 +211,10 @@ def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: 
     """
     out_dir = Path(out_dir)
     torch.manual_seed(cfg.seed)
+    task = get_task(cfg)
     method = get_method(cfg)
     model = build_model(cfg).to(device)
+    source = _source(train_set, cfg, device)
     optimizer = make_optimizer(model, cfg, device)
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
         optimizer, mode="max", factor=cfg.lr_factor, patience=cfg.lr_patience)
@@ -223,6 +234,7 @@ def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: 
                 # scaler instead.
                 scaler.load_state_dict(resume.scaler)
             _set_rng_state(resume.rng, device)
+            source.load_state(resume.rng.get("task"))
             result.history = [EpochStats(**h) for h in resume.history]
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
             raise PonderError(f"cannot resume: the checkpoint's training state does not fit ({brief(exc)})") from None
@@ -248,7 +260,7 @@ def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: 
 
     for epoch in range(result.last_epoch + 1, cfg.epochs + 1):
         started = time.perf_counter()
-        stats = train_one_epoch(parallel_model, method, optimizer, scaler, train_set, cfg, amp=amp,
+        stats = train_one_epoch(parallel_model, method, optimizer, scaler, source, cfg, amp=amp,
                                 desc=f"epoch {epoch}/{cfg.epochs}", progress=progress)
         if stats["skipped_batches"] + stats["scaler_backoffs"] == stats["batches"]:  # not one step taken
             raise PonderError(f"epoch {epoch}: every batch had a non-finite loss or gradient; training "
@@ -258,7 +270,7 @@ def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: 
         # the scheduler and early stopping alike. (The weights and the summed training loss are
         # the same on every rank, so `improved` agrees too.)
         if distributed.is_main():
-            val = evaluate(model, val_set, cfg, max_angle=cfg.train_rotation, seed=cfg.seed, amp=amp)
+            val = task.validate(model, val_set, amp)
         val_accuracy, val_steps = distributed.broadcast_from_main(
             [val.accuracy, val.mean_steps] if distributed.is_main() else [0.0, 0.0], device)
         lr = optimizer.param_groups[0]["lr"]
@@ -283,7 +295,7 @@ def train(cfg: PonderConfig, train_set: ImageSet, val_set: ImageSet, *, device: 
             config=cfg, model=model.state_dict(), epoch=epoch, optimizer=optimizer.state_dict(),
             scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), best_accuracy=result.best_accuracy,
             best_epoch=result.best_epoch, epochs_without_improvement=epochs_without_improvement,
-            history=[asdict(h) for h in result.history], rng=_rng_state(device))
+            history=[asdict(h) for h in result.history], rng=_rng_state(device, source))
         if distributed.is_main():  # every rank holds this same state; one writes it
             save_checkpoint(state, out_dir / LAST)
             if improved:

@@ -136,3 +136,18 @@ def evil_checkpoint(tmp_path):
     marker, path = tmp_path / "ran", tmp_path / "evil.pt"
     torch.save({"format": "ponder_cli", "version": 2, "model": _RunsCodeWhenUnpickled(marker)}, path)
     return path, marker
+
+
+@pytest.fixture(scope="session")
+def vector_config():
+    """vector_config(**fields): a PonderConfig for vector inputs of `elems` entries (default 8),
+    as the vector step functions (rnn, gru) read it."""
+    import dataclasses
+
+    from ponder_cli.config import PonderConfig
+
+    @dataclasses.dataclass(frozen=True)
+    class VectorConfig(PonderConfig):
+        elems: int = 8
+
+    return lambda **fields: VectorConfig(**fields)

@@ -18,6 +18,7 @@ import torch
 
 import ponder_cli
 from ponder_cli import PonderError, distributed
+from ponder_cli import rotation as rotation_module
 from ponder_cli import train as train_module
 from ponder_cli.api import Interrupted
 from ponder_cli.checkpoint import load_checkpoint, load_model
@@ -117,7 +118,7 @@ def _rank_main(rank: int, world: int, ports: tuple, data_dir: Path, out: Path) -
     cpu = torch.device("cpu")
     distributed.setup(cpu, distributed.launch())
     seen = {"global": [], "mine": [], "angles": []}
-    shard, uniform_angles = distributed.shard, train_module.uniform_angles
+    shard, uniform_angles = distributed.shard, rotation_module.uniform_angles  # the MNIST task's training draws
 
     def recording_shard(index):
         seen["global"].append(index.clone())
@@ -128,7 +129,7 @@ def _rank_main(rank: int, world: int, ports: tuple, data_dir: Path, out: Path) -
         seen["angles"].append(uniform_angles(*args, **kwargs).clone())
         return seen["angles"][-1]
 
-    distributed.shard, train_module.uniform_angles = recording_shard, recording_angles
+    distributed.shard, rotation_module.uniform_angles = recording_shard, recording_angles
     try:
         step = train(NO_NOISE, *_data(data_dir, NO_NOISE), device=cpu, out_dir=out / "step", progress=False)
         for values in seen.values():

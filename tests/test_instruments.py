@@ -87,7 +87,7 @@ def test_histogram_and_conditional_steps(model_and_data, halting):
     assert math.isclose(r.steps_correct, steps[correct].mean().item())
     assert math.isclose(r.steps_wrong, steps[~correct].mean().item())
     assert len(r.accuracy_at_step) == 6 and all(0 <= a <= 1 for a in r.accuracy_at_step)
-    assert r.samples.abs_angles.max() <= 30
+    assert r.samples.difficulty.max() <= 30
 
 
 def test_accuracy_at_step_by_direct_computation(model_and_data):

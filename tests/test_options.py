@@ -44,7 +44,9 @@ def test_what_the_chosen_pieces_read_is_accepted():
 def test_readers_come_from_the_pieces():
     assert readers("tau") == {"method": ["act"]} and readers("hidden_lin") == {"step": ["mlp"]}
     assert readers("turn_gate") == {"step": ["align"], "method": ["pondernet", "act"]}
-    assert readers("epochs") == {} and readers("train_rotation") == {}  # every run reads these
+    assert readers("epochs") == {} and readers("seed") == {}  # every run reads these
+    assert readers("train_rotation") == {"task": ["mnist"]} and readers("elems") == {"task": ["parity"]}
+    assert readers("gru_orthogonal") == {"step": ["gru"]}
     fields = set(PonderConfig.field_names())
     for table, load in PIECE_KINDS.values():  # a misspelt field in a piece's reads would never apply
         for name in table:
@@ -63,7 +65,8 @@ def test_train_help_shows_what_each_piece_implies(ponder):
     text = " ".join(ponder("train", "--help").stdout.split())
     assert "Maximum ponder steps. [default: 20; align: 12; plain: 1]" in text
     assert "method's own. [default: none; align: prior]" in text
-    assert "Geometric prior parameter, in (0, 1]. [default: 0.2; align: 0.5]" in text
+    assert "Geometric prior parameter, in (0, 1]. [default: 0.2; parity: 0.1; align: 0.5]" in text
+    assert "gru. [default: mlp; parity: gru]" in text  # a task implies its step function
     assert "Weight of the KL regularisation. [default: 0.01]" in text
 
 

@@ -75,9 +75,10 @@ def test_train_states_the_configuration_it_resolved(tiny_mnist, tmp_path, ponder
                          "    train-size 100"]
     assert block[3:5] == ["  implied by --step align: max-steps 12 · halting-input state+turn",
                           "    turn-gate 0.2 · halting-bias -0.405465 · truncation 0.01"]  # log(0.4 / 0.6)
-    assert block[5].startswith("  defaults: method pondernet · hidden 64 · hidden-cnn 64 · kernel-size 5")
+    assert block[5].startswith("  defaults: task mnist · method pondernet · hidden 64 · hidden-cnn 64")
     assert all(len(line) <= 80 for line in block)
     assert "tau" not in result.stderr and "hidden-lin" not in result.stderr  # act's and the mlp step's
+    assert "elems" not in result.stderr and "gru-" not in result.stderr  # parity's and the gru step's
 
 
 def test_configuration_lines_group_by_source_and_wrap_at_80_columns():

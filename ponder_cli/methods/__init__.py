@@ -66,8 +66,9 @@ def get_method(cfg) -> Method:
 def build_model(cfg) -> torch.nn.Module:
     """The model for a config, with the method's halting-bias initialisation applied."""
     from ..model import PonderNet
+    from ..tasks import get_task
 
-    model = PonderNet(cfg)
+    model = PonderNet(cfg, classes=get_task(cfg).classes)
     with torch.no_grad():
         if cfg.halting_bias is not None:
             model.halting_head.bias.fill_(cfg.halting_bias)

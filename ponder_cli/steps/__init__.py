@@ -1,9 +1,10 @@
 """Step functions: the piece of PonderNet that is applied again and again.
 
-A step function says what is computed once per image (`start`) and what each step computes
-from that and the previous state (`forward`). The one ponder loop in `model.PonderNet` drives
-it, for training (every step of every image) and for early-exit inference (only the images
-still running). Register a new one in `registry.STEPS`.
+A step function says what is computed once per input (`start`) and what each step computes
+from that and the previous state (`forward`). Inputs are whatever the task gives: images
+(B, 1, 28, 28) for mlp and align, vectors (B, elems) for rnn and gru. The one ponder loop in
+`model.PonderNet` drives it, for training (every step of every input) and for early-exit
+inference (only the inputs still running). Register a new one in `registry.STEPS`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Optional, Sequence
 import torch
 import torch.nn as nn
 
-# Per-image tensors with the batch as dim 0 (or None), so the loop can drop halted rows.
+# Per-input tensors with the batch as dim 0 (or None), so the loop can drop halted rows.
 Rows = Sequence[Optional[torch.Tensor]]
 
 
@@ -31,7 +32,7 @@ class StepFunction(nn.Module):
 
     readout_size: width of the readout that the class head and the halting head read.
     halting_extra_size: width of extra features that only the halting head sees (0: none).
-    embeds_once: whether the image is embedded once per image (then --cnn-dropout-mask chooses
+    embeds_once: whether an image is embedded once per image (then --cnn-dropout-mask chooses
     whether that embedding's dropout mask is shared by all steps or drawn afresh at each).
     """
 
@@ -42,9 +43,14 @@ class StepFunction(nn.Module):
     # the config fields this step reads among those that some step reads (config.inapplicable:
     # an option no chosen piece reads is refused)
     reads: tuple = ()
+    tasks: tuple = ()  # the tasks (registry.TASKS) whose inputs this step function reads
+
+    def example_input(self, batch: int, device) -> torch.Tensor:
+        """A batch of inputs of the shape this step reads (zeros), for probing the model."""
+        raise NotImplementedError
 
     def start(self, x: torch.Tensor, steps: int) -> tuple[tuple, tuple]:
-        """From images (B, 1, 28, 28): the per-image context computed once, and the initial
+        """From a batch of inputs (B, ...): the per-input context computed once, and the initial
         state. `steps` is how many steps may follow (for drawing per-step dropout masks)."""
         raise NotImplementedError
 

@@ -51,6 +51,10 @@ class AlignStep(StepFunction):
     implied = {"max_steps": 12, "lambda_p": 0.5, "truncation": 0.01, "halting_input": "state+turn", "turn_gate": 0.2,
                "halting_bias": "prior"}
     reads = ("hidden", "hidden_cnn", "kernel_size", "cnn_dropout", "align_turn", "turn_gate")
+    tasks = ("mnist",)
+
+    def example_input(self, batch, device):
+        return torch.zeros((batch, 1, 28, 28), device=device)
 
     def __init__(self, cfg):
         super().__init__()

@@ -1,0 +1,69 @@
+"""A GRU step for vector inputs, the public PonderNet parity implementations' choice.
+
+h_n = GRU(x, h_{n-1}), h_0 = 0: the whole input is read at every step, so step 1 already sees
+it (unlike implementations that read out h_0 before the first update). The input's share of
+the gates (W_ih x + b_ih) does not change across steps and is computed once per input; each
+step then costs one (hidden x 3 hidden) matmul. The parameters are an nn.GRUCell's, and the
+update equals nn.GRUCell's.
+
+Optional, after the min-pondernet recipe: LayerNorm on the new state, orthogonal recurrent
+weights, and a positive update-gate bias (each step keeps more of the previous state). The
+config's gru_* fields choose them; `ponder train --step gru` implies all three (the recipe
+that learns parity here: benchmarks/parity_results.md), the dataclass defaults are off.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from . import StepFunction
+
+
+class GRUStep(StepFunction):
+    implied = {"gru_layer_norm": True, "gru_orthogonal": True, "gru_update_bias": 1.0}
+    reads = ("hidden", "gru_layer_norm", "gru_orthogonal", "gru_update_bias")
+    tasks = ("parity",)
+
+    def __init__(self, cfg, layer_norm: bool | None = None, orthogonal: bool | None = None,
+                 update_bias: float | None = None):
+        super().__init__()
+        # keyword arguments (the experiment harness) win over the config's fields
+        layer_norm = getattr(cfg, "gru_layer_norm", False) if layer_norm is None else layer_norm
+        orthogonal = getattr(cfg, "gru_orthogonal", False) if orthogonal is None else orthogonal
+        update_bias = getattr(cfg, "gru_update_bias", 0.0) if update_bias is None else update_bias
+        self.elems = cfg.elems
+        self.cell = nn.GRUCell(cfg.elems, cfg.hidden)
+        self.norm = nn.LayerNorm(cfg.hidden) if layer_norm else None
+        hidden = cfg.hidden
+        with torch.no_grad():
+            if orthogonal:
+                for block in self.cell.weight_hh.split(hidden):  # reset, update, new: one each
+                    nn.init.orthogonal_(block)
+            if update_bias:
+                self.cell.bias_ih[hidden:2 * hidden].add_(update_bias)
+        self.readout_size = hidden
+
+    def start(self, x, steps):
+        input_gates = nn.functional.linear(x, self.cell.weight_ih, self.cell.bias_ih)  # (B, 3 hidden)
+        return (input_gates,), (None,)
+
+    def example_input(self, batch, device):
+        return torch.zeros(batch, self.elems, device=device)
+
+    def forward(self, context, state, n):
+        (input_gates,), (h,) = context, state
+        input_reset, input_update, input_new = input_gates.chunk(3, dim=1)
+        if h is None:  # h_0 = 0: the state's share of the gates is its bias alone
+            state_gates = self.cell.bias_hh.expand_as(input_gates)
+            h = torch.zeros_like(input_reset)
+        else:
+            state_gates = nn.functional.linear(h, self.cell.weight_hh, self.cell.bias_hh)
+        state_reset, state_update, state_new = state_gates.chunk(3, dim=1)
+        reset = torch.sigmoid(input_reset + state_reset)
+        update = torch.sigmoid(input_update + state_update)
+        new = torch.tanh(input_new + reset * state_new)
+        h = new + update * (h - new)  # (1 - z) n + z h
+        if self.norm is not None:
+            h = self.norm(h)
+        return (h,), h, None

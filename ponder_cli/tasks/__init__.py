@@ -1,0 +1,71 @@
+"""Tasks: what a model learns and is measured on (MNIST digits, parity vectors).
+
+A task is a piece like a step function or a halting method: one module here and one line in
+`registry.TASKS`. It says what its inputs are and how many classes they have, which config
+fields it reads (and which pieces and values it implies), how training batches are drawn and
+validated, and what a difficulty bucket of its evaluation is: MNIST buckets are rotations, parity
+buckets are ranges of non-zero counts. The model, the methods and the halting code never see any
+of that: they get input tensors, labels and halting coins.
+
+Interface (see MnistTask and ParityTask; a task is built from the run's config, `self.cfg`):
+- `classes`, `inputs` (words for messages), `difficulty` (the bucket key in reports: "rotation",
+  "counts"), `uses_protocol`, `implied` (values, and pieces of later kinds: parity implies
+  --step gru), `reads` (config.inapplicable's rule, as for steps and methods); step functions
+  name the tasks they fit (`StepFunction.tasks`);
+- training: `load_training(data_dir, download)` -> (training data, validation data) on the CPU,
+  `to_device(data, device)`, `training_source(data, device)` -> a `TrainingSource`,
+  `validate(model, validation data, amp)` -> evaluate.EvalResult, `describe` (the log line);
+- evaluation: `default_buckets(command)`, `parse_buckets(angles, counts, command)` and
+  `sweep_specs(start, stop, every)` -> bucket specs, `test_data(options, device)`,
+  `bucket(test, spec, specs, max_steps, seed, protocol)` -> evaluate.EvalBucket, and
+  `bucket_fields(spec, protocol)`: the bucket's name in the task's own terms for JSON and tables.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..registry import task_class
+
+
+class TrainingSource:
+    """An epoch of training batches on the training device, drawn from the task's own stream.
+
+    `start_epoch` draws what the epoch needs up front (MNIST: the permutation, from torch's
+    shared stream) and says how many batches follow; `batch(i)` gives this process's share of
+    global batch i: inputs and class labels. `state` / `load_state`: the source's own generator,
+    saved in checkpoints so that a resumed run continues the same stream (None: it has none).
+    """
+
+    def start_epoch(self) -> int:
+        raise NotImplementedError
+
+    def batch(self, index: int):
+        raise NotImplementedError
+
+    def state(self) -> Optional[dict]:
+        return None
+
+    def load_state(self, state: Optional[dict]) -> None:
+        pass
+
+
+class Task:
+    name: str = ""
+    classes: int = 0
+    inputs: str = ""  # what the inputs are, for messages: "28x28 images"
+    difficulty: str = ""  # the key naming a bucket's difficulty in reports
+    uses_protocol: bool = False  # whether --protocol (how test images are rotated) means anything
+    implied: dict = {}
+    reads: tuple = ()
+
+    def __init__(self, cfg=None):
+        self.cfg = cfg
+
+    def view(self):
+        """What reports say of this task for this run (reports.TaskView: plain data, no torch)."""
+        raise NotImplementedError
+
+
+def get_task(cfg) -> Task:
+    return task_class(getattr(cfg, "task", "mnist"))(cfg)

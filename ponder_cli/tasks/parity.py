@@ -1,0 +1,274 @@
+"""The parity task of the PonderNet paper (Banino et al. 2021, §3.1; after Graves 2016, §3.1).
+
+A vector of `elems` entries, `count` of them (the "non-zero count") set to +1 or -1 at random
+positions, the rest 0. The label is 1 when the number of +1 entries is odd: the parity of the
++1 entries, not of the non-zero count.
+
+Two classes with softmax cross-entropy. The paper's single logistic output unit is the same
+model: a softmax over two logits (a, b) gives class 1 the probability sigmoid(b - a), so the
+two-logit head is a reparametrised sigmoid unit and every piece of PonderNet's machinery
+(argmax predictions, per-step cross-entropy, ACT's mean-field logits) applies unchanged.
+
+Randomness comes only from explicit torch.Generator objects, never the global stream:
+- training batches are drawn on the fly, on the training device, from one generator seeded by
+  the run's seed; its state is saved in every checkpoint, so --resume continues the stream.
+  An "epoch" is `batches_per_epoch` batches (default 1,000, i.e. 128,000 vectors): a unit of
+  validation, checkpointing, early stopping and learning-rate cuts, not a pass over a data set;
+- evaluation sets are drawn on the CPU from a generator seeded by (seed, elems, count), then
+  moved to the device, so a checkpoint gives the same numbers on every device, and the rows of
+  one non-zero count do not depend on which other counts are asked for.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Sequence
+
+import torch
+
+from . import Task, TrainingSource
+
+CLASSES = 2
+# Seeds of the fixed evaluation sets: validation while training, test for reported figures.
+VALIDATION_SEED = 1
+TEST_SEED = 2
+VAL_PER_COUNT = 64  # validation rows per non-zero count of the training range
+TEST_PER_COUNT = 256  # evaluation rows per non-zero count of a bucket (--limit lowers it)
+# Splits a (seed, elems, count) triple into one generator seed (an odd 64-bit multiplier, so
+# distinct triples give distinct seeds for any realistic sizes).
+_MIX = 0x9E3779B97F4A7C15
+
+
+class ParityBatch(NamedTuple):
+    x: torch.Tensor  # (B, elems) float32, entries in {-1, 0, +1}
+    labels: torch.Tensor  # (B,) long: 1 when the number of +1 entries is odd
+    counts: torch.Tensor  # (B,) long: the number of non-zero entries
+
+
+def parity_labels(x: torch.Tensor) -> torch.Tensor:
+    """1 where the number of +1 entries of a row is odd (B, elems) -> (B,) long."""
+    return ((x == 1).sum(dim=-1) % 2).long()
+
+
+def vectors_with_counts(counts: torch.Tensor, elems: int, generator: torch.Generator) -> ParityBatch:
+    """Rows with the given non-zero counts (B,): positions uniform among all subsets of that
+    size (the first `count` entries of a uniformly random permutation), signs +-1 with
+    probability 1/2 each. Drawn on the generator's device."""
+    batch, device = counts.shape[0], counts.device
+    order = torch.rand(batch, elems, generator=generator, device=device).argsort(dim=1)  # random permutations
+    first = torch.arange(elems, device=device) < counts[:, None]  # (B, elems): the first `count` slots
+    nonzero = torch.zeros(batch, elems, dtype=torch.bool, device=device).scatter_(1, order, first)
+    signs = torch.rand(batch, elems, generator=generator, device=device) < 0.5  # True: +1
+    x = torch.where(nonzero, torch.where(signs, 1.0, -1.0), 0.0)  # (B, elems) float32
+    return ParityBatch(x, parity_labels(x), counts)
+
+
+def parity_batch(batch: int, elems: int, lo: int, hi: int, generator: torch.Generator) -> ParityBatch:
+    """A training batch: non-zero counts uniform in [lo, hi], on the generator's device."""
+    check_counts(elems, lo, hi)
+    counts = torch.randint(lo, hi + 1, (batch,), generator=generator, device=generator.device)
+    return vectors_with_counts(counts, elems, generator)
+
+
+def check_counts(elems: int, lo: int, hi: int) -> None:
+    if not 1 <= lo <= hi <= elems:
+        raise ValueError(f"non-zero counts must satisfy 1 <= lo <= hi <= elems (got {lo}-{hi} of {elems})")
+
+
+def count_seed(seed: int, elems: int, count: int) -> int:
+    return (seed * _MIX + elems * 1_000_003 + count) % 2 ** 63
+
+
+def evaluation_set(elems: int, lo: int, hi: int, per_count: int, seed: int, device=None) -> ParityBatch:
+    """A fixed set: `per_count` rows for every non-zero count in [lo, hi], in count order.
+
+    Drawn on the CPU (the same rows on every device) from a generator per count seeded by
+    (seed, elems, count): the rows of one count are the same whatever range they are part of.
+    """
+    check_counts(elems, lo, hi)
+    parts = []
+    for count in range(lo, hi + 1):
+        generator = torch.Generator().manual_seed(count_seed(seed, elems, count))
+        parts.append(vectors_with_counts(torch.full((per_count,), count), elems, generator))
+    x, labels, counts = (torch.cat(column) for column in zip(*parts))
+    return ParityBatch(x.to(device), labels.to(device), counts.to(device))
+
+
+def bucket_sets(elems: int, ranges: Sequence[tuple[int, int]], per_count: int, seed: int,
+                device=None) -> list[ParityBatch]:
+    """One fixed evaluation set per non-zero-count bucket (lo, hi)."""
+    return [evaluation_set(elems, lo, hi, per_count, seed, device) for lo, hi in ranges]
+
+
+def parse_count_range(text: str, elems: int | None = None) -> tuple[int, int]:
+    """'17-32' -> (17, 32); '5' -> (5, 5). Checked against elems when given."""
+    lo, sep, hi = text.partition("-")
+    try:
+        bounds = (int(lo), int(hi) if sep else int(lo))
+    except ValueError:
+        raise ValueError(f"a count range is LO-HI or N (got {text!r})") from None
+    if elems is not None:
+        check_counts(elems, *bounds)
+    elif not 1 <= bounds[0] <= bounds[1]:
+        raise ValueError(f"a count range needs 1 <= LO <= HI (got {text!r})")
+    return bounds
+
+
+def split_range(lo: int, hi: int, parts: int = 4) -> list[tuple[int, int]]:
+    """[lo, hi] in `parts` consecutive ranges of (nearly) equal size: 1-64 -> 1-16 ... 49-64."""
+    size = hi - lo + 1
+    parts = min(parts, size)
+    edges = [lo + i * size // parts for i in range(parts + 1)]
+    return [(a, b - 1) for a, b in zip(edges, edges[1:])]
+
+
+def range_text(lo: int, hi: int) -> str:
+    """(17, 32) -> "17-32"; (5, 5) -> "5", as --counts reads them."""
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+class ParityBatches(TrainingSource):
+    """An epoch: `batches_per_epoch` batches drawn on the training device from the run's own
+    generator. Under torchrun every rank draws the same global batch and keeps its slice."""
+
+    def __init__(self, cfg, device):
+        self.cfg, self.device = cfg, torch.device(device)
+        self.lo, self.hi = cfg.train_range()
+        self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+
+    def start_epoch(self) -> int:
+        return self.cfg.batches_per_epoch
+
+    def batch(self, index: int):
+        from .. import distributed
+
+        drawn = parity_batch(self.cfg.batch_size, self.cfg.elems, self.lo, self.hi, self.generator)
+        if not distributed.active():
+            return drawn.x, drawn.labels
+        rows = distributed.shard(torch.arange(self.cfg.batch_size, device=self.device))
+        return drawn.x[rows], drawn.labels[rows]
+
+    def state(self) -> Optional[dict]:
+        return {"generator": self.generator.get_state(), "device": self.device.type}
+
+    def load_state(self, state: Optional[dict]) -> None:
+        # A generator's state belongs to its device type: a run resumed on another kind of
+        # device starts that device's stream afresh from the seed.
+        if state and state.get("device") == self.device.type:
+            self.generator.set_state(state["generator"])
+
+
+def vector_bucket(data: ParityBatch, max_steps: int, seed: int):
+    """An evaluation bucket of fixed vectors; the halting coins from a generator seeded by `seed`."""
+    from ..evaluate import EvalBucket
+
+    uniforms = torch.rand(max_steps, data.x.shape[0], generator=torch.Generator().manual_seed(seed))
+    return EvalBucket(labels=data.labels, inputs=lambda start, end: data.x[start:end],
+                      uniforms=uniforms.to(data.x.device), difficulty=data.counts.double().cpu())
+
+
+def _terms():
+    from ..reports import Terms
+    return Terms("counts", "counts", "s", "count", "non-zero count and ponder steps", "vectors",
+                 "parity test vectors", lambda bucket: f"counts {bucket['counts']}", sweep_key="lo",
+                 sweep_header="count", sweep_scale=1.0, sweep_unit="count", sweep_fit="steps_per_count",
+                 sweep_name="non-zero count")
+
+
+TERMS = _terms()  # how reports name parity's buckets and inputs
+
+
+class ParityTask(Task):
+    name = "parity"
+    classes = CLASSES
+    inputs = "vectors of --elems entries in {-1, 0, +1}"
+    difficulty = "counts"
+    # what learns here (benchmarks/parity_results.md): the gru step with its recipe, 128
+    # units, lambda_p 0.1 (the paper's best for interpolation), clipping at 1 (and the default
+    # Adam 1e-3)
+    implied = {"step": "gru", "hidden": 128, "lambda_p": 0.1, "grad_clip": 1.0}
+    reads = ("elems", "train_counts", "batches_per_epoch")
+
+    def _range(self) -> tuple[int, int]:
+        return self.cfg.train_range()
+
+    # training -----------------------------------------------------------------------------
+
+    def load_training(self, data_dir, download: bool):
+        lo, hi = self._range()
+        return None, evaluation_set(self.cfg.elems, lo, hi, VAL_PER_COUNT, VALIDATION_SEED)
+
+    def to_device(self, data, device):
+        return None if data is None else ParityBatch(*(t.to(device) for t in data))
+
+    def training_source(self, data, device) -> TrainingSource:
+        return ParityBatches(self.cfg, device)
+
+    def validate(self, model, data, amp: bool):
+        from ..evaluate import evaluate_bucket
+        return evaluate_bucket(model, vector_bucket(data, model.max_steps, self.cfg.seed), self.cfg, amp=amp)
+
+    def describe(self, train_data, val_data) -> str:
+        lo, hi = self._range()
+        return (f"on {self.cfg.batches_per_epoch} batches of {self.cfg.batch_size} fresh vectors per epoch "
+                f"({self.cfg.elems} elements, non-zero counts {lo}-{hi}), validating on {val_data.x.shape[0]}")
+
+    def view(self):
+        from ..reports import TaskView
+        lo, hi = self._range()
+        return TaskView("parity", TERMS, {"elems": self.cfg.elems, "train_counts": f"{lo}-{hi}"},
+                        f"{self.cfg.elems} elements, trained on counts {lo}-{hi}", protocol=None)
+
+    # evaluation ---------------------------------------------------------------------------
+
+    def default_buckets(self, command: str) -> list[tuple[int, int]]:
+        """eval: the training range in four; extrapolate: the counts beyond it, in four (the
+        whole range in four when training saw every count); compare: every count, in four."""
+        lo, hi = self._range()
+        if command == "extrapolate" and hi < self.cfg.elems:
+            return split_range(hi + 1, self.cfg.elems)
+        if command == "eval":
+            return split_range(lo, hi)
+        return split_range(1, self.cfg.elems)
+
+    def parse_buckets(self, angles: Optional[list], counts: Optional[list], command: str) -> list[tuple[int, int]]:
+        from .. import PonderError
+        from ..config import parse_count_range
+
+        if angles is not None:
+            raise PonderError("--angles applies to mnist checkpoints; this one is a parity model: "
+                              "give --counts LO-HI...")
+        if counts is None:
+            return self.default_buckets(command)
+        if not counts:
+            raise PonderError("--counts needs at least one range LO-HI")
+        return [parse_count_range(text, self.cfg.elems) for text in counts]
+
+    def test_data(self, options, device):
+        """Where and how many: the vectors are drawn per bucket (see bucket); --limit N gives N
+        vectors per non-zero count instead of TEST_PER_COUNT."""
+        return device, options.limit or TEST_PER_COUNT
+
+    def bucket(self, test, spec: tuple[int, int], specs: list, max_steps: int, seed: int, protocol: str):
+        device, per_count = test
+        data = evaluation_set(self.cfg.elems, *spec, per_count, TEST_SEED, device)
+        return vector_bucket(data, max_steps, seed)
+
+    def bucket_fields(self, spec: tuple[int, int], protocol: str) -> dict:
+        return {"counts": range_text(*spec), "lo": spec[0], "hi": spec[1]}
+
+    def sweep_specs(self, start: Optional[float], stop: Optional[float], every: Optional[float]) -> list[tuple[int, int]]:
+        """Each exact non-zero count --from..--to every --every (default: 1 to elems, every one)."""
+        from .. import PonderError
+
+        values = (1 if start is None else start, self.cfg.elems if stop is None else stop, 1 if every is None else every)
+        if any(float(v) != int(v) for v in values):
+            raise PonderError(f"a parity sweep runs over whole non-zero counts: --from, --to and --every must be "
+                              f"integers (got {', '.join(f'{float(v):g}' for v in values)})")
+        start, stop, every = (int(v) for v in values)
+        if not 1 <= start <= stop <= self.cfg.elems or every < 1:
+            raise PonderError(f"the sweep needs 1 <= --from <= --to <= {self.cfg.elems} (the elements of a vector) "
+                              f"and --every >= 1 (got {start}, {stop}, {every})")
+        return [(count, count) for count in range(start, stop + 1, every)]
+
+    def bucket_label(self, bucket: dict) -> str:
+        return f"counts {bucket['counts']}"

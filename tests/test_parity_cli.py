@@ -1,0 +1,211 @@
+"""Parity as a task of the real CLI: `ponder train --task parity`, its checkpoints, eval --counts,
+extrapolate, sweep and compare on count buckets, the JSON/CSV contract, resume continuing the
+generator's stream, and bad input refused in one line with nothing written."""
+
+import csv
+import io
+import json
+
+import pytest
+import torch
+
+from ponder_cli.checkpoint import load_checkpoint
+from ponder_cli.config import PonderConfig
+from ponder_cli.reports import META_KEYS
+from ponder_cli.tasks import get_task
+from ponder_cli.tasks.parity import ParityBatches, parity_batch, split_range
+
+# 8 elements, 3 steps, 4 batches of 32 per epoch: a run takes about a second
+PARITY = ["--task", "parity", "--elems", "8", "--max-steps", "3", "--hidden", "16", "--batch-size", "32",
+          "--batches-per-epoch", "4", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def parity_run(ponder, tmp_path_factory):
+    """A two-epoch parity run (pondernet, gru) trained on counts 1-6 of 8."""
+    out = tmp_path_factory.mktemp("parity") / "run"
+    result = ponder("train", *PARITY, "--epochs", "2", "--train-counts", "1-6", "--seed", "3", "--out", out)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_the_checkpoint_names_its_task_and_training_range(parity_run):
+    cfg = load_checkpoint(parity_run / "best.pt").config
+    assert (cfg.task, cfg.elems, cfg.train_counts, cfg.step) == ("parity", 8, "1-6", "gru")
+    # what the task and the step imply: the recipe that learns (benchmarks/parity_results.md)
+    assert (cfg.hidden, cfg.lambda_p, cfg.lr, cfg.grad_clip) == (16, 0.1, 1e-3, 1.0)
+    assert (cfg.gru_layer_norm, cfg.gru_orthogonal, cfg.gru_update_bias) == (True, True, 1.0)
+    saved = json.loads((parity_run / "config.json").read_text())
+    assert saved["config"]["task"] == "parity" and saved["sources"]["step"] == "implied by --task parity"
+    assert saved["sources"]["lambda_p"] == "implied by --task parity"
+    assert "train_rotation" in saved["not_applicable"] and "elems" not in saved["not_applicable"]
+
+
+def test_eval_counts_json_contract_and_the_same_numbers_twice(parity_run, ponder):
+    args = ("eval", parity_run, "--counts", "1-2", "3-8", "--limit", "16", "-f", "json", "-q")
+    first, second = ponder(*args), ponder(*args)
+    assert first.exit_code == 0, first.output
+    assert first.stdout == second.stdout  # fixed vectors and coins: a checkpoint's figures never change
+    report = json.loads(first.stdout)
+    assert list(report)[:len(META_KEYS)] == list(META_KEYS)
+    assert (report["command"], report["task"], report["protocol"]) == ("eval", "parity", None)
+    assert (report["elems"], report["train_counts"]) == (8, "1-6")
+    assert [(b["counts"], b["lo"], b["hi"]) for b in report["buckets"]] == [("1-2", 1, 2), ("3-8", 3, 8)]
+    assert [b["images"] for b in report["buckets"]] == [2 * 16, 6 * 16]  # --limit: rows per count
+    assert report["spearman"]["between"] == "non-zero count and ponder steps"
+    assert report["spearman"]["images"] == 8 * 16
+    for bucket in report["buckets"]:
+        assert sum(bucket["histogram"]) == bucket["images"] and len(bucket["histogram"]) == 3
+        assert "rotation" not in bucket and bucket["loss"] > 0
+
+
+def test_eval_csv_and_table_name_counts(parity_run, ponder):
+    result = ponder("eval", parity_run, "--counts", "2", "--limit", "8", "-f", "csv", "-q")
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert [(r["task"], r["counts"], r["lo"], r["hi"], r["images"]) for r in rows] == [("parity", "2", "2", "2", "8")]
+    table = ponder("eval", parity_run, "--counts", "1-4", "--limit", "8", "-q", "--format", "table").stdout
+    assert "counts" in table and "±deg" not in table and "Spearman ρ(count, steps)" in table
+    assert "8 elements, trained on counts 1-6" in table
+    assert max(len(line) for line in table.splitlines()) <= 80
+
+
+def test_default_buckets_are_the_training_range_and_the_counts_beyond_it(parity_run, ponder):
+    def buckets(*args):
+        result = ponder(*args, parity_run, "--limit", "4", "-f", "json", "-q")
+        assert result.exit_code == 0, result.output
+        return [b["counts"] for b in json.loads(result.stdout)["buckets"]]
+
+    assert buckets("eval") == ["1", "2-3", "4", "5-6"]  # 1-6 in four
+    assert buckets("extrapolate") == ["7", "8"]  # beyond training: 7-8
+    assert split_range(1, 64) == [(1, 16), (17, 32), (33, 48), (49, 64)]
+    assert split_range(49, 96) == [(49, 60), (61, 72), (73, 84), (85, 96)]
+
+
+def test_sweep_runs_over_each_count(parity_run, ponder):
+    result = ponder("sweep", parity_run, "--from", "2", "--to", "8", "--every", "3", "--limit", "8", "-f", "json", "-q")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert [b["lo"] for b in report["buckets"]] == [2, 5, 8]
+    assert set(report["fit"]) == {"steps_per_count", "steps_at_0", "r2"}
+    assert report["buckets"][1]["counts"] == "5" and report["buckets"][1]["images"] == 8
+
+
+def test_plots_draw_count_buckets(parity_run, ponder, tmp_path):
+    pytest.importorskip("matplotlib")
+    for command, extra in (("sweep", ["--to", "3"]), ("eval", [])):
+        figure = tmp_path / f"{command}.png"
+        result = ponder(command, parity_run, *extra, "--limit", "4", "--plot", figure, "-q")
+        assert result.exit_code == 0, result.output
+        assert figure.stat().st_size > 0
+
+
+def test_compare_on_count_buckets_and_not_across_tasks(parity_run, checkpoint, ponder, one_error_line):
+    result = ponder("compare", parity_run, "--counts", "1-8", "--limit", "4", "-f", "json", "-q")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["task"] == "parity" and [b["counts"] for b in report["buckets"]] == ["1-8"]
+    line = one_error_line(ponder("compare", parity_run, checkpoint, "--limit", "4", "-q"))
+    assert "compare needs checkpoints of one task" in line
+
+
+def test_training_batches_come_from_the_seeded_generator():
+    cfg = PonderConfig.from_options(task="parity", elems=8, train_counts="2-5", batch_size=16, seed=7)
+    source = get_task(cfg).training_source(None, "cpu")
+    generator = torch.Generator().manual_seed(7)
+    for index in range(3):
+        x, labels = source.batch(index)
+        expected = parity_batch(16, 8, 2, 5, generator)
+        assert torch.equal(x, expected.x) and torch.equal(labels, expected.labels)
+    counts = (x != 0).sum(dim=1)
+    assert counts.min() >= 2 and counts.max() <= 5
+
+
+def test_the_generator_state_round_trips():
+    cfg = PonderConfig.from_options(task="parity", elems=8, batch_size=4)
+    first = ParityBatches(cfg, "cpu")
+    first.batch(0)
+    state = first.state()
+    following = first.batch(1)
+    second = ParityBatches(cfg, "cpu")
+    second.load_state(state)
+    assert torch.equal(second.batch(1)[0], following[0])
+
+
+def test_resume_continues_the_training_stream(ponder, tmp_path):
+    common = [*PARITY, "--seed", "5", "--patience", "0"]
+    assert ponder("train", *common, "--epochs", "2", "--out", tmp_path / "straight").exit_code == 0
+    assert ponder("train", *common, "--epochs", "1", "--out", tmp_path / "resumed").exit_code == 0
+    result = ponder("train", "--resume", tmp_path / "resumed" / "last.pt", "--epochs", "2", "--no-progress")
+    assert result.exit_code == 0, result.output
+
+    def history(folder):
+        return [{k: v for k, v in h.items() if k != "seconds"} for h in load_checkpoint(folder / "last.pt").history]
+
+    assert history(tmp_path / "straight") == history(tmp_path / "resumed")
+    assert "task" in load_checkpoint(tmp_path / "resumed" / "last.pt").rng
+
+
+@pytest.mark.parametrize("method", ["act", "plain"])
+def test_act_and_plain_train_on_parity(method, ponder, tmp_path):
+    args = [a for a in PARITY if a not in ("--max-steps", "3")] if method == "plain" else PARITY  # plain: one step
+    result = ponder("train", *args, "--method", method, "--epochs", "1", "--out", tmp_path / method, "-f", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["task"], report["method"], report["config"]["max_steps"]) == ("parity", method,
+                                                                                 1 if method == "plain" else 3)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--elems", "0"], "elems must be an integer from 1 to 256 (got 0)"),
+    (["--elems", "100000"], "elems must be an integer from 1 to 256 (got 100000)"),
+    (["--train-counts", "0-4"], "train-counts: count range 0-4 must satisfy 1 <= LO <= HI <= 8"),
+    (["--train-counts", "5-3"], "train-counts: count range 5-3 must satisfy 1 <= LO <= HI <= 8"),
+    (["--train-counts", "1-9"], "train-counts: count range 1-9 must satisfy 1 <= LO <= HI <= 8"),
+    (["--train-counts", "a-b"], "train-counts: a count range is LO-HI or N (got 'a-b')"),
+    (["--step", "mlp"], "--step mlp does not fit --task parity"),
+    (["--train-rotation", "10"], "--train-rotation applies to --task mnist, not parity"),
+    (["--batches-per-epoch", "0"], "batches-per-epoch must be > 0 (got 0)"),
+])
+def test_bad_parity_options_are_one_line_and_write_nothing(args, message, ponder, one_error_line, tmp_path):
+    result = ponder("train", *PARITY, "--epochs", "1", *args, "--out", tmp_path / "run")
+    assert message in one_error_line(result)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--step", "gru"], "--step gru does not fit --task mnist"),
+    (["--elems", "16"], "--elems applies to --task parity, not mnist"),
+    (["--train-counts", "1-4"], "--train-counts applies to --task parity, not mnist"),
+    (["--gru-orthogonal"], "--gru-orthogonal applies to --step gru, not mlp"),
+])
+def test_parity_options_on_mnist_are_refused(args, message, ponder, one_error_line, tmp_path):
+    result = ponder("train", "--epochs", "1", *args, "--out", tmp_path / "run")
+    assert message in one_error_line(result)
+    assert not (tmp_path / "run").exists()
+
+
+def test_counts_on_mnist_and_angles_on_parity_are_one_line(parity_run, checkpoint, ponder, one_error_line):
+    line = one_error_line(ponder("eval", checkpoint, "--counts", "1-16"))
+    assert line == ("Error: --counts applies to parity checkpoints; this one is an mnist model: "
+                    "give --angles DEG...")
+    line = one_error_line(ponder("extrapolate", parity_run, "--angles", "45"))
+    assert line == "Error: --angles applies to mnist checkpoints; this one is a parity model: give --counts LO-HI..."
+    for bad in ("0-4", "5-3", "1-9"):
+        assert f"count range {bad} must satisfy 1 <= LO <= HI <= 8" in one_error_line(
+            ponder("eval", parity_run, "--counts", bad))
+    assert "must be integers" in one_error_line(ponder("sweep", parity_run, "--every", "0.5"))
+    assert "1 <= --from <= --to <= 8" in one_error_line(ponder("sweep", parity_run, "--to", "9"))
+
+
+def test_a_checkpoint_with_a_misfit_step_is_refused(vector_config):
+    from ponder_cli import PonderError
+
+    with pytest.raises(PonderError, match="--step gru does not fit --task mnist"):
+        PonderConfig.from_dict({"step": "gru"})
+
+
+def test_a_vector_model_probes_with_a_vector(tmp_path):
+    from ponder_cli.methods import build_model
+
+    cfg = PonderConfig.from_options(task="parity", elems=8, hidden=8, max_steps=3, truncation=0.01)
+    assert build_model(cfg).left_out_by_one_step() == ["step.cell.weight_hh"]  # h_0 = 0 meets no W_hh at step 1

@@ -1,0 +1,100 @@
+"""The parity task's data: labels are the parity of the +1 entries, counts and positions as
+asked, everything reproducible from explicit generators."""
+
+import pytest
+import torch
+
+from ponder_cli.tasks.parity import (CLASSES, bucket_sets, evaluation_set, parity_batch, parity_labels,
+                                     parse_count_range, vectors_with_counts)
+
+
+def test_labels_are_the_parity_of_the_plus_ones_not_of_the_non_zeros():
+    x = torch.tensor([
+        [1.0, -1.0, 0.0, 0.0],   # 2 non-zeros (even), one +1 (odd): label 1
+        [1.0, 1.0, -1.0, 0.0],   # 3 non-zeros (odd), two +1 (even): label 0
+        [-1.0, -1.0, -1.0, 0.0],  # 3 non-zeros, no +1: label 0
+        [1.0, 1.0, 1.0, -1.0],   # 4 non-zeros, three +1: label 1
+        [0.0, 0.0, 0.0, 0.0],    # nothing at all: label 0
+    ])
+    assert parity_labels(x).tolist() == [1, 0, 0, 1, 0]
+    assert parity_labels(x).dtype == torch.long
+
+
+def test_a_batch_has_the_counts_values_and_labels_it_claims():
+    batch = parity_batch(512, 16, 3, 9, torch.Generator().manual_seed(5))
+    assert batch.x.shape == (512, 16) and batch.x.dtype == torch.float32
+    assert set(batch.x.unique().tolist()) == {-1.0, 0.0, 1.0}
+    assert torch.equal((batch.x != 0).sum(1), batch.counts)
+    assert batch.counts.min() == 3 and batch.counts.max() == 9
+    by_hand = [sum(1 for v in row if v == 1.0) % 2 for row in batch.x.tolist()]
+    assert batch.labels.tolist() == by_hand
+
+
+def test_positions_are_the_first_count_slots_of_a_random_permutation_and_signs_fair_coins():
+    counts = torch.tensor([1, 3, 5])
+    batch = vectors_with_counts(counts, 5, torch.Generator().manual_seed(11))
+    # the same draws, redone by hand: uniforms -> permutation -> the first `count` positions
+    generator = torch.Generator().manual_seed(11)
+    order = torch.rand(3, 5, generator=generator).argsort(dim=1)
+    plus = torch.rand(3, 5, generator=generator) < 0.5
+    for row, count in enumerate(counts.tolist()):
+        chosen = set(order[row, :count].tolist())
+        assert {i for i in range(5) if batch.x[row, i] != 0} == chosen
+        for i in chosen:
+            assert batch.x[row, i] == (1.0 if plus[row, i] else -1.0)
+    assert (batch.x[2] != 0).all()  # count = elems: every entry set
+
+
+def test_draws_are_reproducible_by_seed_and_leave_the_global_stream_alone():
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    a = parity_batch(64, 32, 1, 32, torch.Generator().manual_seed(7))
+    b = parity_batch(64, 32, 1, 32, torch.Generator().manual_seed(7))
+    c = parity_batch(64, 32, 1, 32, torch.Generator().manual_seed(8))
+    assert torch.equal(a.x, b.x) and torch.equal(a.labels, b.labels)
+    assert not torch.equal(a.x, c.x)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_counts_positions_signs_and_labels_are_uniform():
+    generator = torch.Generator().manual_seed(3)
+    batch = parity_batch(40_000, 8, 1, 4, generator)
+    # counts 1..4: 10,000 each expected, sd ~87
+    assert (batch.counts.bincount(minlength=5)[1:] - 10_000).abs().max() < 500
+    single = vectors_with_counts(torch.ones(40_000, dtype=torch.long), 8, generator)
+    # one non-zero among 8 slots: 5,000 per slot expected, sd ~66
+    assert ((single.x != 0).sum(0) - 5_000).abs().max() < 350
+    nonzero = batch.x[batch.x != 0]
+    assert abs(float((nonzero == 1).float().mean()) - 0.5) < 0.01
+    assert abs(float(batch.labels.float().mean()) - 0.5) < 0.01
+
+
+def test_evaluation_sets_are_fixed_by_seed_and_independent_of_the_range_asked_for():
+    wide = evaluation_set(16, 3, 6, 10, seed=1)
+    assert wide.counts.tolist() == [c for c in range(3, 7) for _ in range(10)]
+    assert torch.equal(wide.x, evaluation_set(16, 3, 6, 10, seed=1).x)
+    alone = evaluation_set(16, 5, 5, 10, seed=1)
+    assert torch.equal(wide.x[20:30], alone.x)  # count 5's rows, whatever else is in the set
+    assert not torch.equal(alone.x, evaluation_set(16, 5, 5, 10, seed=2).x)
+    buckets = bucket_sets(16, [(1, 8), (9, 16)], 4, seed=1)
+    assert [b.counts.unique().tolist() for b in buckets] == [list(range(1, 9)), list(range(9, 17))]
+
+
+def test_count_ranges_parse_and_refuse_what_cannot_be_drawn():
+    assert parse_count_range("17-32") == (17, 32)
+    assert parse_count_range("5", elems=16) == (5, 5)
+    for bad, elems in (("0-3", 16), ("5-3", 16), ("1-20", 16), ("a-b", None), ("0", None)):
+        with pytest.raises(ValueError):
+            parse_count_range(bad, elems)
+    with pytest.raises(ValueError):
+        parity_batch(4, 8, 0, 8, torch.Generator())
+
+
+def test_two_logits_under_softmax_are_the_papers_sigmoid_unit():
+    a, b = torch.tensor([0.3, -1.2]), torch.tensor([2.0, 0.5])
+    logits = torch.stack([a, b], dim=1)  # (2, CLASSES)
+    assert CLASSES == 2
+    assert torch.allclose(torch.softmax(logits, 1)[:, 1], torch.sigmoid(b - a))
+    target = torch.tensor([1, 0])
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(b - a, target.float(), reduction="none")
+    assert torch.allclose(torch.nn.functional.cross_entropy(logits, target, reduction="none"), bce)
