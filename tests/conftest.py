@@ -151,3 +151,20 @@ def vector_config():
         elems: int = 8
 
     return lambda **fields: VectorConfig(**fields)
+
+
+@pytest.fixture
+def truncated_steps(monkeypatch) -> list:
+    """The steps computed per image (B,) by every truncated training forward while the test
+    runs, one tensor per call (PonderNet._forward_truncated, recorded)."""
+    from ponder_cli.model import PonderNet
+
+    computed, real = [], PonderNet._forward_truncated
+
+    def recording(self, x, stop):
+        out = real(self, x, stop)
+        computed.append(out.computed)
+        return out
+
+    monkeypatch.setattr(PonderNet, "_forward_truncated", recording)
+    return computed
