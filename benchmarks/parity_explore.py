@@ -27,7 +27,7 @@ import torch
 
 from ponder_cli.config import PonderConfig
 from ponder_cli.evaluate import spearman
-from ponder_cli.methods import get_method
+from ponder_cli.methods import get_method, init_halting_bias
 from ponder_cli.model import PonderNet
 from ponder_cli.steps.gru import GRUStep
 from ponder_cli.tasks import parity
@@ -45,11 +45,7 @@ def build(cfg: ParityConfig, gru_recipe: dict) -> PonderNet:
     model = PonderNet(cfg, classes=parity.CLASSES)
     if cfg.step == "gru" and gru_recipe:
         model.step = GRUStep(cfg, **gru_recipe)
-    with torch.no_grad():
-        if cfg.halting_bias is not None:
-            model.halting_head.bias.fill_(cfg.halting_bias)
-        else:
-            get_method(cfg).init_halting_bias(model.halting_head.bias)
+    init_halting_bias(model, cfg)
     return model
 
 

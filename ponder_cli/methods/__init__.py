@@ -69,9 +69,14 @@ def build_model(cfg) -> torch.nn.Module:
     from ..tasks import get_task
 
     model = PonderNet(cfg, classes=get_task(cfg).classes)
+    init_halting_bias(model, cfg)
+    return model
+
+
+def init_halting_bias(model: torch.nn.Module, cfg) -> None:
+    """The halting head's initial bias: --halting-bias when given, else the method's own."""
     with torch.no_grad():
         if cfg.halting_bias is not None:
             model.halting_head.bias.fill_(cfg.halting_bias)
         else:
             get_method(cfg).init_halting_bias(model.halting_head.bias)
-    return model
