@@ -153,14 +153,17 @@ def train(
     truncation: Optional[float] = hyper("truncation", "Training drops an image from later steps once its "
                                                        "remaining halting mass is below this (0: off)."),
     align_turn: Optional[float] = hyper("align_turn", "align: the largest turn of one step, in degrees."),
-    turn_gate: Optional[float] = hyper("turn_gate", "align: no halting while a step turns by this fraction of "
-                                                     "--align-turn or more, less in between (0: off)."),
-    cnn_dropout_mask: Optional[CnnDropoutMask] = hyper("cnn_dropout_mask", "mlp: one Dropout2d mask per image "
-                                                         "shared by every step, or a fresh one at every step (as the "
-                                                         "reference, which reruns its CNN at every step).",
+    turn_gate: Optional[float] = hyper("turn_gate", "align: holds halting back while the step turns; no halting "
+                                                     "once its net turn over two steps reaches 2 × this × "
+                                                     "--align-turn (0: off; the formula: docs/align.md)."),
+    cnn_dropout_mask: Optional[CnnDropoutMask] = hyper("cnn_dropout_mask", "mlp: a fresh Dropout2d mask at every "
+                                                         "step (as the reference, which reruns its CNN at every "
+                                                         "step), or one per image shared by every step (how runs "
+                                                         "saved before per-step became mlp's default trained).",
                                                          "--cnn-dropout-mask", case_sensitive=False),
     halting_bias: Optional[str] = hyper("halting_bias", "Initial halting-head bias: a number, or 'prior' "
-                                                         "(logit of --lambda-p); none: the method's own."),
+                                                         "(logit of --lambda-p); none: the method's own. A method's "
+                                                         "value wins over a step's."),
     epochs: Optional[int] = hyper("epochs", "Training epochs."),
     batch_size: Optional[int] = hyper("batch_size", "Images per optimizer step (under torchrun: over all "
                                                     "processes)."),

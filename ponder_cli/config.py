@@ -134,10 +134,8 @@ class PonderConfig:
     max_steps: int = 20
     halting_input: str = "state"  # what the halting head sees (registry.HALTING_INPUTS)
     align_turn: float = 30.0  # align: the largest turn of one step, in degrees
-    # halting held back while the step still works: lambda_n = sigmoid(z_n) (1 - w_n) with
-    # w_n = min(1, turn_n / turn_gate), turn_n the step's own halting feature in [0, 1] (align:
-    # |delta_n| / align_turn); so a step turning by turn_gate * align_turn or more never halts.
-    # 0: off
+    # align: halting held back while the step still turns, lambda_n = sigmoid(z_n) (1 - min(1,
+    # w_n / turn_gate)), w_n the step's work (the formula: steps/align.py's docstring). 0: off
     turn_gate: float = 0.0
     # initial bias of the halting head; None: the method's own (PyTorch's default init for
     # pondernet, Graves' +1 for act)

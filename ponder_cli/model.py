@@ -82,7 +82,10 @@ class PonderNet(nn.Module):
         if self.confidence_input:
             halting_input.append(torch.softmax(logits.float(), dim=-1).amax(dim=-1, keepdim=True).to(readout.dtype))
         if self.extra_input and extra is not None:
-            halting_input.append(extra.to(readout.dtype))
+            # detached, like the gate below: halting may read the step's work but its loss (the KL
+            # pull towards halting early) must not reach the step through it, or training could
+            # teach the step to work less in order to halt sooner
+            halting_input.append(extra.detach().to(readout.dtype))
         halting_input = halting_input[0] if len(halting_input) == 1 else torch.cat(halting_input, dim=-1)
         lambda_logits = self.halting_head(halting_input).squeeze(-1)
         if self.turn_gate > 0 and extra is not None:

@@ -188,3 +188,73 @@ def test_align_implies_its_halting_settings_unless_given():
     given = PonderConfig.from_options(step="align", truncation=0.0, turn_gate=0.0, halting_input="state")
     assert (given.truncation, given.turn_gate, given.halting_input) == (0.0, 0.0, "state")
     assert PonderConfig.from_options().truncation == 0.0  # the mlp reference is untouched
+
+
+def _projected_warp(dtype):
+    """f(theta) = <P, rotate(x, theta)> for 8 digits and a fixed random projection P, in `dtype`."""
+    x = prepare_batch(synthetic_digits(8, seed=3).images, torch.full((8,), 30.0)).to(dtype)
+    projection = torch.randn(x.shape, dtype=dtype, generator=torch.Generator().manual_seed(5))
+    return lambda angles: (projection * rotate_bilinear(x, angles)).sum()
+
+
+@pytest.mark.parametrize("angle", [0.0, 0.3])
+def test_warp_gradient_in_the_angle_matches_a_central_difference(angle):
+    """At theta = 0 (where every image starts: the turn heads are zero) the samples sit on pixel
+    centres, where bilinear sampling has a kink; grid_sample's own backward gives one side's
+    derivative there (-396.1 here, against a central difference of -343.6). The warp's gradient
+    must be the mean of both sides, as the central difference is; at a generic angle it is the
+    ordinary derivative. float64 and h = 1e-4: the difference's own error is O(h) at the kink
+    (the two sides' curvatures differ), ~1e-4 relative, and O(h^2) elsewhere."""
+    f = _projected_warp(torch.float64)
+    angles = torch.full((8,), angle, dtype=torch.float64, requires_grad=True)
+    analytic = torch.autograd.grad(f(angles), angles)[0].sum().item()
+    h = 1e-4
+    central = ((f(torch.full((8,), angle + h, dtype=torch.float64))
+                - f(torch.full((8,), angle - h, dtype=torch.float64))) / (2 * h)).item()
+    assert analytic == pytest.approx(central, rel=1e-3)
+
+
+def test_warp_forward_and_image_gradient_are_grid_samples():
+    import torch.nn.functional as F
+    from ponder_cli.steps.align import rotation_grid
+
+    x = prepare_batch(synthetic_digits(4, seed=3).images, torch.full((4,), 30.0)).requires_grad_()
+    angles = torch.tensor([0.0, 0.3, -1.0, 2.0])
+    ours = rotate_bilinear(x, angles)
+    background = x.amin(dim=(1, 2, 3), keepdim=True)
+    theirs = F.grid_sample(x - background, rotation_grid(angles, x.shape), mode="bilinear", padding_mode="zeros",
+                           align_corners=False) + background
+    assert torch.equal(ours, theirs)
+    weights = torch.randn(ours.shape, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(torch.autograd.grad((weights * ours).sum(), x)[0],
+                       torch.autograd.grad((weights * theirs).sum(), x)[0])
+
+
+def test_halting_input_does_not_reach_the_turn():
+    """With the halting head blind to the readout, the halting logits depend on the turn heads
+    only through the turn they read (state+turn): that input is detached, so no gradient."""
+    torch.manual_seed(0)
+    cfg = PonderConfig(**{**SMALL, "max_steps": 3}, halting_input="state+turn", cnn_dropout=0.0)
+    model = build_model(cfg)
+    with torch.no_grad():
+        model.halting_head.weight.normal_(0, 1.0)
+        model.halting_head.weight[:, :-1] = 0  # only the turn feature is read
+        for layer in (model.step.turn, model.step.view_turn):
+            layer.weight.normal_(0, 0.5)
+    x = prepare_batch(synthetic_digits(4, seed=3).images, torch.full((4,), 30.0))
+    out = model(x)
+    turn = [*model.step.turn.parameters(), *model.step.view_turn.parameters()]
+    grads = torch.autograd.grad(out.lambda_logits.sum(), turn, allow_unused=True)
+    assert all(g is None or torch.count_nonzero(g) == 0 for g in grads)
+    extra = torch.rand(3, 4, 1, requires_grad=True)  # the heads alone: no gradient to the extra
+    lambda_logits = model.heads(torch.randn(3, 4, cfg.hidden), extra)[1]
+    assert torch.autograd.grad(lambda_logits.sum(), extra, allow_unused=True)[0] is None
+
+
+def test_act_keeps_graves_bias_on_align_unless_given():
+    act = PonderConfig.from_options(step="align", method="act")
+    assert act.halting_bias == 1.0  # Graves' bias: the method's implied value wins over the step's
+    assert act.sources({"step": "align", "method": "act"})["halting_bias"] == "implied by --method act"
+    assert PonderConfig.from_options(step="align", method="act", halting_bias="-2").halting_bias == -2.0
+    assert PonderConfig.from_options(step="align", method="pondernet").halting_bias == 0.0  # logit(0.5)
+    assert torch.equal(build_model(act).halting_head.bias, torch.tensor([1.0]))

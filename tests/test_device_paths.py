@@ -233,8 +233,9 @@ TURN = ["step.turn.weight", "step.turn.bias", "step.view_turn.weight", "step.vie
 @pytest.mark.parametrize("options, left_out", [
     (dict(step="mlp", hidden_lin=16, truncation=0.05), ["step.mlp.from_state.weight"]),  # h_0 = 0 meets it from step 2 on
     (dict(method="plain", hidden_lin=16), ["step.mlp.from_state.weight"]),
-    (dict(step="align"), []),  # align's defaults: halting sees the turn, at step 1 too
-    (dict(step="align", halting_input="state", turn_gate=0.0), TURN),  # the turn acts from step 2 on
+    # the turn acts on the view from step 2 on; halting reads it (align's defaults) detached
+    (dict(step="align"), TURN),
+    (dict(step="align", halting_input="state", turn_gate=0.0), TURN),
     (dict(step="align", halting_input="state", turn_gate=0.2), TURN),  # the gate reads it detached
 ])
 def test_parameters_a_one_step_forward_leaves_out(options, left_out):

@@ -137,3 +137,11 @@ def test_a_new_step_function_plugs_in_through_the_registry(monkeypatch):
     uniforms = torch.rand(5, 10, generator=torch.Generator().manual_seed(0))
     _, steps = model.infer(x, SampleExit(uniforms))
     assert torch.equal(steps, sample_halting_steps(out.lambda_logits, uniforms))
+
+
+def test_mlp_draws_a_fresh_cnn_mask_per_step_unless_told_to_share():
+    assert PonderConfig.from_options().cnn_dropout_mask == "per-step"  # the reference's behaviour
+    assert PonderConfig.from_options(cnn_dropout_mask="shared").cnn_dropout_mask == "shared"
+    # checkpoints saved before the option trained with the shared mask, and keep it
+    old = {k: v for k, v in PonderConfig.from_options().to_dict().items() if k != "cnn_dropout_mask"}
+    assert PonderConfig.from_dict(old).cnn_dropout_mask == "shared"

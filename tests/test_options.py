@@ -64,7 +64,8 @@ def test_resuming_refuses_what_the_run_does_not_read(checkpoint, ponder, one_err
 def test_train_help_shows_what_each_piece_implies(ponder):
     text = " ".join(ponder("train", "--help").stdout.split())
     assert "Maximum ponder steps. [default: 20; align: 12; plain: 1]" in text
-    assert "method's own. [default: none; align: prior]" in text
+    assert "value wins over a step's. [default: none; align: prior; act: 1]" in text
+    assert "[default: shared; mlp: per-step]" in text.replace("per- step", "per-step")  # wrapped at the hyphen
     assert "Geometric prior parameter, in (0, 1]. [default: 0.2; parity: 0.1; align: 0.5]" in text
     assert "gru. [default: mlp; parity: gru]" in text  # a task implies its step function
     assert "Weight of the KL regularisation. [default: 0.01]" in text

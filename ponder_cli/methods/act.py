@@ -33,6 +33,9 @@ def act_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.T
 
 class ACTMethod(Method):
     name = "act"
+    # Graves' bias, also where a step implies another (align: 'prior'): the method's implied
+    # values win over the step's (config.implied_values)
+    implied = {"halting_bias": INITIAL_HALTING_BIAS}
     reads = ("max_steps", "halting_input", "halting_bias", "turn_gate", "tau", "act_epsilon", "truncation")
 
     def init_halting_bias(self, bias):

@@ -8,9 +8,14 @@ delta_n = max_turn * tanh(w . h_n + v . conv(x_n)), theta_n = theta_{n-1} + delt
 no rotation labels, no angle regression. Unlike the mlp step, later steps see something new,
 so iterating can pay: a digit rotated further needs more turns before it reads upright.
 
-The halting head may also see |delta_n| (the step's turn, `--halting-input ...+turn`), and with
-`--turn-gate` lambda_n is held back while the step turns: lambda_n = sigmoid(z_n) (1 - |delta_n| /
-max_turn), the turn detached, so halting waits for the work and cannot stop the turning.
+The halting gate, written once here (config.turn_gate and docs/align.md point to it): the
+step's halting feature is its work, the net turn of its last two steps,
+w_n = |delta_n + delta_{n-1}| / (2 max_turn) in [0, 1]; with `--turn-gate F` (model.PonderNet.heads,
+model.gated_logit) lambda_n = sigmoid(z_n) (1 - min(1, w_n / F)), so a step whose net turn reaches
+2 F max_turn never halts. The halting head may also read w_n (`--halting-input ...+turn`). Both
+the gate and that input are detached: halting waits for the work, and the halting loss (the
+KL pull towards halting early) cannot teach the step to turn less; it reaches the turn only
+through what the turned view does to the state and the class head.
 """
 
 from __future__ import annotations
@@ -35,13 +40,57 @@ def rotation_grid(angles: torch.Tensor, size: tuple) -> torch.Tensor:
     return F.affine_grid(theta, list(size), align_corners=False)
 
 
+# how far either side of a sample position its one-sided derivatives are taken, in pixels: well
+# above float32 rounding of coordinates up to 28 pixels (~2e-6), well below a pixel
+ONE_SIDED_OFFSET = 1e-4
+
+
+class _BilinearWarp(torch.autograd.Function):
+    """grid_sample (bilinear, zero padding, align_corners=False) whose gradient w.r.t. the grid is
+    the mean of the derivatives just either side of each sample position.
+
+    Bilinear sampling has a kink at pixel centres, and grid_sample's backward takes whichever
+    one-sided derivative the rounding of the coordinate picks there. The turn heads start at zero,
+    so the first warps sample exactly the pixel centres: every image started training on a
+    one-sided gradient of the turn (40% off). Taking grid_sample's gradient at the position moved
+    by +-ONE_SIDED_OFFSET pixels along both axes gives the two one-sided derivatives on a centre
+    (their mean: the central difference); elsewhere both lie in the sample's own cell, where the
+    derivative along one axis is linear in the other coordinate, so their mean is exact. The
+    forward and the image gradient are grid_sample's, unchanged.
+    """
+
+    @staticmethod
+    def forward(ctx, images, grid):
+        dtype = torch.promote_types(images.dtype, grid.dtype)
+        if dtype in (torch.float16, torch.bfloat16):
+            dtype = torch.float32  # as autocast runs grid_sample
+        images, grid = images.to(dtype), grid.to(dtype)
+        ctx.save_for_backward(images, grid)
+        return F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        images, grid = ctx.saved_tensors
+        grad_out = grad_out.to(images.dtype)
+        height, width = images.shape[-2:]
+
+        def backward_at(where, mask):  # aten's backward: 0 = bilinear, 0 = zero padding, align_corners=False
+            return torch.ops.aten.grid_sampler_2d_backward(grad_out, images, where, 0, 0, False, mask)
+
+        grad_images = backward_at(grid, [True, False])[0] if ctx.needs_input_grad[0] else None
+        # normalised coordinates span 2 over the width (height): one pixel is 2 / size
+        offset = grid.new_tensor([2 * ONE_SIDED_OFFSET / width, 2 * ONE_SIDED_OFFSET / height])
+        grad_grid = (backward_at(grid + offset, [False, True])[1] + backward_at(grid - offset, [False, True])[1]) / 2
+        return grad_images, grad_grid
+
+
 def rotate_bilinear(images: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """Differentiable in `angles`; zero outside the image. Images are normalised, so zero
-    padding would read as mid-grey: pad with the background value (the image minimum) instead."""
+    """Differentiable in `angles` (see _BilinearWarp); zero outside the image. Images are
+    normalised, so zero padding would read as mid-grey: pad with the background value (the image
+    minimum) instead."""
     background = images.amin(dim=(1, 2, 3), keepdim=True)
     grid = rotation_grid(angles, images.shape)
-    return F.grid_sample(images - background, grid, mode="bilinear", padding_mode="zeros",
-                         align_corners=False) + background
+    return _BilinearWarp.apply(images - background, grid) + background
 
 
 class AlignStep(StepFunction):
