@@ -20,6 +20,7 @@ from typing import Callable, Optional, Union
 
 from . import PonderError, brief
 from .config import MAX_ANGLE, applies, seed_problems
+from .halting_rules import parse_halting_rule
 from .reports import (Report, combine_draws, comparison_report, evaluation_report, group_by_configuration, mean_ci,
                       sweep_report, training_report)
 
@@ -63,6 +64,10 @@ class EvalOptions:
 
     def __post_init__(self) -> None:
         problems = seed_problems(self.seed, "--seed") if self.seed is not None else []
+        try:
+            parse_halting_rule(self.halting)
+        except ValueError as exc:
+            problems.append(f"--halting: {exc}")
         if not 1 <= self.repeats <= 1000:
             problems.append(f"--repeats must be between 1 and 1000 (got {self.repeats})")
         if problems:
@@ -158,6 +163,7 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], angles
     from .tasks import get_task
 
     path, dev, amp, model, cfg = _load_one(checkpoint, options, log)
+    _check_halting(cfg, options.halting)
     task = get_task(cfg)
     specs = task.parse_buckets(angles, counts, command)
     with _progress_bar(len(specs) * options.repeats, progress) as bar:
@@ -169,6 +175,15 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], angles
     return evaluation_report(command, str(path), cfg, buckets, rho, protocol=_protocol(cfg, options),
                              halting=buckets[0]["halting"], seed=seed, with_loss=with_loss, detail=options.detail,
                              rho_ci=rho_ci, view=task.view())
+
+
+def _check_halting(cfg, rule: str) -> None:
+    """Refuse a rule the checkpoint's method cannot halt by (compare instead shows each method's own)."""
+    from .methods import get_method
+
+    problem = get_method(cfg).halting_problem(rule)
+    if problem is not None:
+        raise PonderError(problem)
 
 
 def _protocol(cfg, options: EvalOptions) -> Optional[str]:
@@ -186,6 +201,7 @@ def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float],
     from .tasks import get_task
 
     path, dev, amp, model, cfg = _load_one(checkpoint, options, log)
+    _check_halting(cfg, options.halting)
     task = get_task(cfg)
     specs = task.sweep_specs(start, stop, every)
     fixed = replace(options, protocol="fixed")

@@ -14,7 +14,7 @@ from typer.core import TyperGroup
 
 from . import PonderError, __version__
 from .cli_options import (AmpOption, AnglesCommand, CheckpointArgument, CnnDropoutMask, DataDirOption, DetailOption,
-                          DeviceOption, DownloadOption, EvalBatchOption, EvalSeedOption, FormatOption, Halting,
+                          DeviceOption, DownloadOption, EvalBatchOption, EvalSeedOption, FormatOption,
                           HaltingInput, HaltingOption, LimitOption, Method, PlotOption, Protocol, ProtocolOption,
                           QuietOption, RepeatsOption, Step, Task, TrainCommand, angles_option, counts_option,
                           expand_angles, hyper)
@@ -105,7 +105,7 @@ def _render(report, fmt: OutputFormat, plot: Optional[Path], quiet: bool) -> Non
         _chatter(quiet)(f"plot written to {plot_report(report, plot)}")
 
 
-def _prepare(angles: Optional[list[str]], plot: Optional[Path], protocol: Protocol, halting: Halting,
+def _prepare(angles: Optional[list[str]], plot: Optional[Path], protocol: Protocol, halting: str,
              what: str = "--angles", **options):
     """The angles (None when not given: the checkpoint's task picks its buckets), the checked
     --plot destination (before any work) and the EvalOptions."""
@@ -114,7 +114,7 @@ def _prepare(angles: Optional[list[str]], plot: Optional[Path], protocol: Protoc
 
     parsed = parse_angles(angles, what) if angles is not None else None
     plot = check_destination(plot) if plot is not None else None
-    return parsed, plot, EvalOptions(protocol=protocol.value, halting=halting.value, **options)
+    return parsed, plot, EvalOptions(protocol=protocol.value, halting=halting, **options)
 
 
 EVAL_ANGLES, EXTRAPOLATION_ANGLES = ["0"], ["22.5", "45", "67.5", "90"]
@@ -232,7 +232,7 @@ def eval_command(
     rotation: Optional[float] = typer.Option(None, "--rotation", metavar="DEG",
                                              help="The same as --angles with one angle (give one or the other)."),
     protocol: Protocol = ProtocolOption,
-    halting: Halting = HaltingOption,
+    halting: str = HaltingOption,
     detail: bool = DetailOption,
     plot: Optional[Path] = PlotOption,
     seed: Optional[int] = EvalSeedOption,
@@ -257,7 +257,7 @@ def extrapolate(
     counts: Optional[List[str]] = counts_option("the counts beyond the training range in four; all counts "
                                                 "in four when training saw every count"),
     protocol: Protocol = ProtocolOption,
-    halting: Halting = HaltingOption,
+    halting: str = HaltingOption,
     detail: bool = DetailOption,
     plot: Optional[Path] = PlotOption,
     seed: Optional[int] = EvalSeedOption,
@@ -286,7 +286,7 @@ def sweep(
                                               "the vector's elements]"),
     every: Optional[float] = typer.Option(None, "--every", show_default=False,
                                           help="Degrees (parity: counts) between buckets. [default: 5; parity: 1]"),
-    halting: Halting = HaltingOption,
+    halting: str = HaltingOption,
     plot: Optional[Path] = PlotOption,
     seed: Optional[int] = EvalSeedOption,
     repeats: int = RepeatsOption,
@@ -318,7 +318,7 @@ def compare(
     angles: Optional[List[str]] = angles_option(EXTRAPOLATION_ANGLES, "Rotation buckets in degrees."),
     counts: Optional[List[str]] = counts_option("every count in four"),
     protocol: Protocol = ProtocolOption,
-    halting: Halting = HaltingOption,
+    halting: str = HaltingOption,
     plot: Optional[Path] = PlotOption,
     seed: int = typer.Option(PonderConfig.default("seed"), "--seed", help="Seed of the test rotations and halting "
                              "coin flips (the same for every checkpoint, so all see the same images)."),
