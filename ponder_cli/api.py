@@ -213,6 +213,50 @@ def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float],
     return sweep_report(str(path), cfg, buckets, rho, halting=buckets[0]["halting"], seed=seed, view=task.view())
 
 
+def calibrate_checkpoint(checkpoint: Union[str, Path, None], angles: Optional[list[float]], options: EvalOptions, *,
+                         counts: Optional[list[str]] = None, tolerance: float = 0.005,
+                         rules: Optional[list[str]] = None, log: Callable[[str], None] = lambda line: None,
+                         progress: bool = False) -> Report:
+    """calibrate: every candidate exit rule (default halting_rules.CALIBRATION_RULES) on the
+    task's validation data (MNIST: the held-out training images, rotated as in training, or by
+    `angles` under options.protocol; parity: the validation vectors of the training range, or of
+    `counts`), and the cheapest rule that agrees with the last step on at least 1 - tolerance of
+    them (calibrate.choose_rule). options.repeats draws (seeds seed, seed + 1, ...) are pooled."""
+    from .calibrate import choose_rule, rule_outcomes
+    from .halting_rules import CALIBRATION_RULES
+    from .reports import calibration_report
+    from .tasks import get_task
+
+    if not (math.isfinite(tolerance) and 0 <= tolerance < 1):
+        raise PonderError(f"--tolerance must be at least 0 and below 1 (got {tolerance:g})")
+    rules = list(CALIBRATION_RULES if rules is None else rules)
+    for rule in rules:
+        try:
+            parse_halting_rule(rule)
+        except ValueError as exc:
+            raise PonderError(str(exc)) from None
+    path, dev, amp, model, cfg = _load_one(checkpoint, options, log)
+    for rule in rules:
+        _check_halting(cfg, rule)
+    if model.max_steps == 1:
+        raise PonderError(f"{path} runs one step: every rule halts there, there is nothing to calibrate")
+    task = get_task(cfg)
+    specs = task.parse_buckets(angles, counts, "calibrate")
+    seed = cfg.seed if options.seed is None else options.seed
+    with _progress_bar(len(specs) * options.repeats, progress) as bar:
+        data = task.validation_data(options, dev)
+
+        def buckets():
+            for k in range(options.repeats):
+                for spec in specs:
+                    yield task.bucket(data, spec, specs, model.max_steps, seed + k, options.protocol)
+                    bar.update()
+        outcomes = rule_outcomes(model, buckets(), rules, batch_size=options.batch_size, amp=amp)
+    return calibration_report(str(path), cfg, outcomes, choose_rule(outcomes, tolerance), tolerance=tolerance,
+                              sets=[task.bucket_fields(spec, options.protocol) for spec in specs],
+                              protocol=_protocol(cfg, options), seed=seed, repeats=options.repeats, view=task.view())
+
+
 def _weights_digest(state_dict: dict) -> str:
     digest = hashlib.sha1()
     for key in sorted(state_dict):

@@ -344,5 +344,38 @@ def compare(
     _render(report, fmt, plot, quiet)
 
 
+@app.command(cls=AnglesCommand)
+def calibrate(
+    checkpoint: Optional[str] = CheckpointArgument,
+    tolerance: float = typer.Option(0.005, "--tolerance", help="Choose the cheapest rule whose predicted class "
+                                    "agrees with the last step's on at least 1 - this share of the validation "
+                                    "inputs."),
+    angles: Optional[List[str]] = angles_option(["the training rotation"], "Rotate the validation images within "
+                                                "±angle (see --protocol); one bucket per angle, pooled."),
+    counts: Optional[List[str]] = counts_option("the training range"),
+    protocol: Protocol = ProtocolOption,
+    seed: Optional[int] = EvalSeedOption,
+    repeats: int = RepeatsOption,
+    limit: int = typer.Option(0, "--limit", min=0, help="Only the first N validation images (0: all); parity: N "
+                              "vectors per non-zero count (0: 64)."),
+    batch_size: int = EvalBatchOption,
+    data_dir: Optional[Path] = DataDirOption,
+    download: bool = DownloadOption,
+    device: str = DeviceOption,
+    amp: Optional[bool] = AmpOption,
+    quiet: bool = QuietOption,
+    fmt: OutputFormat = FormatOption,
+) -> None:
+    """Choose an exit rule on held-out data: quantile:Q and patience:K rules on the validation set (not the test
+    set), and the cheapest that agrees with the last step; paste it into --halting."""
+    from .api import calibrate_checkpoint
+
+    parsed, _, options = _prepare(angles, None, protocol, "sample", seed=seed, repeats=repeats, limit=limit,
+                                  batch_size=batch_size, data_dir=data_dir, download=download, device=device, amp=amp)
+    report = calibrate_checkpoint(checkpoint, parsed, options, counts=counts, tolerance=tolerance,
+                                  log=_chatter(quiet), progress=_bars(quiet))
+    _render(report, fmt, None, quiet)
+
+
 def run() -> None:
     app(prog_name="ponder")
