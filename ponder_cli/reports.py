@@ -304,7 +304,7 @@ def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[st
     draws = f" · {repeats} draws pooled (seeds {seed}–{seed + repeats - 1})" if repeats > 1 else f" · seed {seed}"
     how = f"protocol {protocol} · " if protocol is not None else ""
     if chosen is not None:
-        footer = f"chosen: {chosen} (the fewest steps with agreement ≥ {floor:.1%}): --halting {chosen}"
+        footer = f"chosen: {chosen} (fewest steps agreeing ≥ {floor:.1%}): --halting {chosen}"
     else:
         footer = f"chosen: none (no rule has agreement ≥ {floor:.1%}): raise --tolerance"
     return Report(meta=meta, buckets=buckets, columns=CALIBRATION_COLUMNS,
