@@ -310,8 +310,8 @@ def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[st
     return Report(meta=meta, buckets=buckets, columns=CALIBRATION_COLUMNS,
                   title=f"Exit rules on the validation set ({checkpoint})",
                   caption=f"{describe_model(cfg, view)}\n{images} validation {words.inputs} ({how}{labels}){draws}\n"
-                          f"accuracy: at the halting step · gap: the last step's "
-                          f"({buckets[0]['accuracy_last']:.4f}) minus it\nagrees: share whose class is the last step's · ok: ≥ {floor:.1%}",
+                          f"accuracy at the last step: {buckets[0]['accuracy_last']:.4f} · gap: it minus accuracy\n"
+                          f"agrees: share whose class is the last step's · ok: ≥ {floor:.1%}",
                   footer=footer)
 
 
