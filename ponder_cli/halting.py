@@ -1,7 +1,7 @@
 """Halting arithmetic shared by the model, the losses and evaluation: PonderNet's halting
 distribution and its rules (sample, median, expected, quantile:Q, patience:K; spelled in
-halting_rules.py), ACT's halting units, and the per-row
-rules that let the one early-exit loop (`PonderNet.infer`) stop each image as soon as it halts.
+halting_rules.py), ACT's halting units, and the per-row rules that let the one early-exit loop
+(`PonderNet.infer`) stop each image as soon as it halts.
 
 Shapes: lambda_logits (steps, B) are pre-sigmoid conditional halting probabilities; logits
 (steps, B, classes) are the class scores y_n of every step.
@@ -57,6 +57,7 @@ def survival_threshold(q: float) -> float:
 
 
 def median_halting_steps(lambda_logits: torch.Tensor) -> torch.Tensor:
+    """The median rule: quantile 1/2."""
     return quantile_halting_steps(lambda_logits, 0.5)
 
 
