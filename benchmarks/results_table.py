@@ -17,7 +17,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ponder_cli.api import EvalOptions, evaluate_checkpoint, parse_angles  # noqa: E402
+from ponder_cli.halting_rules import PARAMETERS, parse_halting_rule  # noqa: E402
 from ponder_cli.registry import HALTING_RULES, PROTOCOLS  # noqa: E402
+
+
+def halting_rule(text: str) -> str:
+    try:
+        return parse_halting_rule(text).spelling
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main() -> None:
@@ -26,7 +34,9 @@ def main() -> None:
                         help="as ponder eval's CHECKPOINT: a file, a run folder, latest or a shipped model's name")
     parser.add_argument("--angles", nargs="+", default=["22.5", "45", "67.5", "90"])
     parser.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=PROTOCOLS)
-    parser.add_argument("--halting", nargs="+", default=list(HALTING_RULES), choices=HALTING_RULES)
+    # the rules without a parameter by default; quantile:Q and patience:K when named
+    parser.add_argument("--halting", nargs="+", type=halting_rule,
+                        default=[rule for rule in HALTING_RULES if rule not in PARAMETERS])
     parser.add_argument("--data-dir", type=Path, default=None)
     args = parser.parse_args()
     angles = parse_angles(args.angles)

@@ -20,6 +20,7 @@ from typing import Callable, Optional, Union
 
 from . import PonderError, brief
 from .config import MAX_ANGLE, applies, seed_problems
+from .halting_rules import parse_halting_rule
 from .reports import (Report, combine_draws, comparison_report, evaluation_report, group_by_configuration, mean_ci,
                       sweep_report, training_report)
 
@@ -63,6 +64,10 @@ class EvalOptions:
 
     def __post_init__(self) -> None:
         problems = seed_problems(self.seed, "--seed") if self.seed is not None else []
+        try:
+            parse_halting_rule(self.halting)
+        except ValueError as exc:
+            problems.append(f"--halting: {exc}")
         if not 1 <= self.repeats <= 1000:
             problems.append(f"--repeats must be between 1 and 1000 (got {self.repeats})")
         if problems:
@@ -158,6 +163,7 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], angles
     from .tasks import get_task
 
     path, dev, amp, model, cfg = _load_one(checkpoint, options, log)
+    _check_halting(cfg, options.halting)
     task = get_task(cfg)
     specs = task.parse_buckets(angles, counts, command)
     with _progress_bar(len(specs) * options.repeats, progress) as bar:
@@ -169,6 +175,15 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], angles
     return evaluation_report(command, str(path), cfg, buckets, rho, protocol=_protocol(cfg, options),
                              halting=buckets[0]["halting"], seed=seed, with_loss=with_loss, detail=options.detail,
                              rho_ci=rho_ci, view=task.view())
+
+
+def _check_halting(cfg, rule: str) -> None:
+    """Refuse a rule the checkpoint's method cannot halt by (compare instead shows each method's own)."""
+    from .methods import get_method
+
+    problem = get_method(cfg).halting_problem(rule)
+    if problem is not None:
+        raise PonderError(problem)
 
 
 def _protocol(cfg, options: EvalOptions) -> Optional[str]:
@@ -186,6 +201,7 @@ def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float],
     from .tasks import get_task
 
     path, dev, amp, model, cfg = _load_one(checkpoint, options, log)
+    _check_halting(cfg, options.halting)
     task = get_task(cfg)
     specs = task.sweep_specs(start, stop, every)
     fixed = replace(options, protocol="fixed")
@@ -195,6 +211,50 @@ def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float],
         buckets, rho, _ = _bucket_dicts(model, cfg, test, specs, fixed, seed, amp, with_loss=False,
                                         on_bucket=bar.update)
     return sweep_report(str(path), cfg, buckets, rho, halting=buckets[0]["halting"], seed=seed, view=task.view())
+
+
+def calibrate_checkpoint(checkpoint: Union[str, Path, None], angles: Optional[list[float]], options: EvalOptions, *,
+                         counts: Optional[list[str]] = None, tolerance: float = 0.005,
+                         rules: Optional[list[str]] = None, log: Callable[[str], None] = lambda line: None,
+                         progress: bool = False) -> Report:
+    """calibrate: every candidate exit rule (default halting_rules.CALIBRATION_RULES) on the
+    task's validation data (MNIST: the held-out training images, rotated as in training, or by
+    `angles` under options.protocol; parity: the validation vectors of the training range, or of
+    `counts`), and the cheapest rule that agrees with the last step on at least 1 - tolerance of
+    them (calibrate.choose_rule). options.repeats draws (seeds seed, seed + 1, ...) are pooled."""
+    from .calibrate import choose_rule, rule_outcomes
+    from .halting_rules import CALIBRATION_RULES
+    from .reports import calibration_report
+    from .tasks import get_task
+
+    if not (math.isfinite(tolerance) and 0 <= tolerance < 1):
+        raise PonderError(f"--tolerance must be at least 0 and below 1 (got {tolerance:g})")
+    rules = list(CALIBRATION_RULES if rules is None else rules)
+    for rule in rules:
+        try:
+            parse_halting_rule(rule)
+        except ValueError as exc:
+            raise PonderError(str(exc)) from None
+    path, dev, amp, model, cfg = _load_one(checkpoint, options, log)
+    for rule in rules:
+        _check_halting(cfg, rule)
+    if model.max_steps == 1:
+        raise PonderError(f"{path} runs one step: every rule halts there, there is nothing to calibrate")
+    task = get_task(cfg)
+    specs = task.parse_buckets(angles, counts, "calibrate")
+    seed = cfg.seed if options.seed is None else options.seed
+    with _progress_bar(len(specs) * options.repeats, progress) as bar:
+        data = task.validation_data(options, dev)
+
+        def buckets():
+            for k in range(options.repeats):
+                for spec in specs:
+                    yield task.bucket(data, spec, specs, model.max_steps, seed + k, options.protocol)
+                    bar.update()
+        outcomes = rule_outcomes(model, buckets(), rules, batch_size=options.batch_size, amp=amp)
+    return calibration_report(str(path), cfg, outcomes, choose_rule(outcomes, tolerance), tolerance=tolerance,
+                              sets=[task.bucket_fields(spec, options.protocol) for spec in specs],
+                              protocol=_protocol(cfg, options), seed=seed, repeats=options.repeats, view=task.view())
 
 
 def _weights_digest(state_dict: dict) -> str:

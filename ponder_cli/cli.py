@@ -14,7 +14,7 @@ from typer.core import TyperGroup
 
 from . import PonderError, __version__
 from .cli_options import (AmpOption, AnglesCommand, CheckpointArgument, CnnDropoutMask, DataDirOption, DetailOption,
-                          DeviceOption, DownloadOption, EvalBatchOption, EvalSeedOption, FormatOption, Halting,
+                          DeviceOption, DownloadOption, EvalBatchOption, EvalSeedOption, FormatOption,
                           HaltingInput, HaltingOption, LimitOption, Method, PlotOption, Protocol, ProtocolOption,
                           QuietOption, RepeatsOption, Step, Task, TrainCommand, angles_option, counts_option,
                           expand_angles, hyper)
@@ -105,7 +105,7 @@ def _render(report, fmt: OutputFormat, plot: Optional[Path], quiet: bool) -> Non
         _chatter(quiet)(f"plot written to {plot_report(report, plot)}")
 
 
-def _prepare(angles: Optional[list[str]], plot: Optional[Path], protocol: Protocol, halting: Halting,
+def _prepare(angles: Optional[list[str]], plot: Optional[Path], protocol: Protocol, halting: str,
              what: str = "--angles", **options):
     """The angles (None when not given: the checkpoint's task picks its buckets), the checked
     --plot destination (before any work) and the EvalOptions."""
@@ -114,7 +114,7 @@ def _prepare(angles: Optional[list[str]], plot: Optional[Path], protocol: Protoc
 
     parsed = parse_angles(angles, what) if angles is not None else None
     plot = check_destination(plot) if plot is not None else None
-    return parsed, plot, EvalOptions(protocol=protocol.value, halting=halting.value, **options)
+    return parsed, plot, EvalOptions(protocol=protocol.value, halting=halting, **options)
 
 
 EVAL_ANGLES, EXTRAPOLATION_ANGLES = ["0"], ["22.5", "45", "67.5", "90"]
@@ -235,7 +235,7 @@ def eval_command(
     rotation: Optional[float] = typer.Option(None, "--rotation", metavar="DEG",
                                              help="The same as --angles with one angle (give one or the other)."),
     protocol: Protocol = ProtocolOption,
-    halting: Halting = HaltingOption,
+    halting: str = HaltingOption,
     detail: bool = DetailOption,
     plot: Optional[Path] = PlotOption,
     seed: Optional[int] = EvalSeedOption,
@@ -260,7 +260,7 @@ def extrapolate(
     counts: Optional[List[str]] = counts_option("the counts beyond the training range in four; all counts "
                                                 "in four when training saw every count"),
     protocol: Protocol = ProtocolOption,
-    halting: Halting = HaltingOption,
+    halting: str = HaltingOption,
     detail: bool = DetailOption,
     plot: Optional[Path] = PlotOption,
     seed: Optional[int] = EvalSeedOption,
@@ -289,7 +289,7 @@ def sweep(
                                               "the vector's elements]"),
     every: Optional[float] = typer.Option(None, "--every", show_default=False,
                                           help="Degrees (parity: counts) between buckets. [default: 5; parity: 1]"),
-    halting: Halting = HaltingOption,
+    halting: str = HaltingOption,
     plot: Optional[Path] = PlotOption,
     seed: Optional[int] = EvalSeedOption,
     repeats: int = RepeatsOption,
@@ -321,7 +321,7 @@ def compare(
     angles: Optional[List[str]] = angles_option(EXTRAPOLATION_ANGLES, "Rotation buckets in degrees."),
     counts: Optional[List[str]] = counts_option("every count in four"),
     protocol: Protocol = ProtocolOption,
-    halting: Halting = HaltingOption,
+    halting: str = HaltingOption,
     plot: Optional[Path] = PlotOption,
     seed: int = typer.Option(PonderConfig.default("seed"), "--seed", help="Seed of the test rotations and halting "
                              "coin flips (the same for every checkpoint, so all see the same images)."),
@@ -345,6 +345,39 @@ def compare(
     report = compare_checkpoints(checkpoints, parsed, options, counts=counts, log=_chatter(quiet),
                                  progress=_bars(quiet))
     _render(report, fmt, plot, quiet)
+
+
+@app.command(cls=AnglesCommand)
+def calibrate(
+    checkpoint: Optional[str] = CheckpointArgument,
+    tolerance: float = typer.Option(0.005, "--tolerance", help="Choose the cheapest rule whose predicted class "
+                                    "agrees with the last step's on at least 1 - this share of the validation "
+                                    "inputs."),
+    angles: Optional[List[str]] = angles_option(["the training rotation"], "Rotate the validation images within "
+                                                "±angle (see --protocol); one bucket per angle, pooled."),
+    counts: Optional[List[str]] = counts_option("the training range"),
+    protocol: Protocol = ProtocolOption,
+    seed: Optional[int] = EvalSeedOption,
+    repeats: int = RepeatsOption,
+    limit: int = typer.Option(0, "--limit", min=0, help="Only the first N validation images (0: all); parity: N "
+                              "vectors per non-zero count (0: 64)."),
+    batch_size: int = EvalBatchOption,
+    data_dir: Optional[Path] = DataDirOption,
+    download: bool = DownloadOption,
+    device: str = DeviceOption,
+    amp: Optional[bool] = AmpOption,
+    quiet: bool = QuietOption,
+    fmt: OutputFormat = FormatOption,
+) -> None:
+    """Choose an exit rule on held-out data: quantile:Q and patience:K rules on the validation set (not the test
+    set), and the cheapest that agrees with the last step; paste it into --halting."""
+    from .api import calibrate_checkpoint
+
+    parsed, _, options = _prepare(angles, None, protocol, "sample", seed=seed, repeats=repeats, limit=limit,
+                                  batch_size=batch_size, data_dir=data_dir, download=download, device=device, amp=amp)
+    report = calibrate_checkpoint(checkpoint, parsed, options, counts=counts, tolerance=tolerance,
+                                  log=_chatter(quiet), progress=_bars(quiet))
+    _render(report, fmt, None, quiet)
 
 
 def run() -> None:

@@ -11,7 +11,8 @@ import typer
 from typer.core import TyperCommand
 
 from .config import PonderConfig
-from .registry import CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, METHODS, PROTOCOLS, STEPS, TASKS
+from .halting_rules import parse_halting_rule, rule_choices
+from .registry import CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, PROTOCOLS, STEPS, TASKS
 from .render import OutputFormat, value_text
 from .runs import LATEST, RUNS_DIR
 from .shipped import DEFAULT, SHIPPED
@@ -24,7 +25,7 @@ def _choices(name: str, values) -> type[Enum]:
 Method, Step, HaltingInput = _choices("Method", METHODS), _choices("Step", STEPS), _choices("HaltingInput", HALTING_INPUTS)
 Task = _choices("Task", TASKS)
 CnnDropoutMask = _choices("CnnDropoutMask", CNN_DROPOUT_MASKS)
-Protocol, Halting = _choices("Protocol", PROTOCOLS), _choices("Halting", HALTING_RULES)
+Protocol = _choices("Protocol", PROTOCOLS)
 
 
 def _is_number(token: str) -> bool:
@@ -119,10 +120,22 @@ EvalBatchOption = typer.Option(1000, "--batch-size", min=1, help="Images per eva
 ProtocolOption = typer.Option(Protocol("uniform"), "--protocol", case_sensitive=False,
                               help="uniform: within ±angle (reference); band: |rotation| between the previous "
                                    "angle and this one; fixed: exactly ±angle.")
-HaltingOption = typer.Option(Halting("sample"), "--halting", case_sensitive=False,
-                             help="sample: Bernoulli(λ_n) coin per step (paper); median: first step where the "
-                                  "cumulative halting probability reaches 0.5; expected: p-weighted average "
-                                  "of all steps' outputs, steps = Σ n·p_n.")
+
+
+def _halting_rule(value: str) -> str:
+    """--halting as spelled (quantile:0.9 stays quantile:0.9), checked before any work."""
+    try:
+        return parse_halting_rule(value).spelling
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+HaltingOption = typer.Option("sample", "--halting", metavar="RULE", callback=_halting_rule,
+                             help=f"{rule_choices()}. sample: Bernoulli(λ_n) coin per step (paper); median: "
+                                  "first step where the cumulative halting probability reaches 0.5; quantile:Q: "
+                                  "where it reaches Q (median = quantile:0.5); patience:K: first step whose "
+                                  "predicted class is also that of the K steps before it; expected: p-weighted "
+                                  "average of all steps' outputs, steps = Σ n·p_n. See ponder calibrate.")
 DetailOption = typer.Option(False, "--detail", help="Also show, per halting step, how many images halted there "
                             "and the accuracy if every image stopped there (runs all steps).")
 PlotOption = typer.Option(None, "--plot", help="Write a figure (PNG, or another format matplotlib knows by the "

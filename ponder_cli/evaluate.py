@@ -1,4 +1,4 @@
-"""Evaluation: accuracy and ponder steps per difficulty bucket, seeded, under three halting rules.
+"""Evaluation: accuracy and ponder steps per difficulty bucket, seeded, under any halting rule.
 
 Task-neutral: a bucket (EvalBucket) is a fixed set of inputs with labels, halting coins and a
 per-input difficulty value; the task builds it (tasks/: MNIST rotates test images, parity draws
@@ -16,8 +16,8 @@ import torch
 from .config import PonderConfig
 from .data import ImageSet, prepare_batch
 from .halting import halting_log_probs
+from .halting_rules import parse_halting_rule
 from .methods import get_method
-from .registry import HALTING_RULES
 from .rotation import protocol_angles
 from .runtime import autocast
 
@@ -103,14 +103,14 @@ def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfi
     """Evaluate one bucket.
 
     halting: "sample" draws Bernoulli(lambda_n) at each step (the paper); "median" halts where
-    the cumulative halting probability reaches 1/2; "expected" runs every step and predicts with
-    the p-weighted average of the step outputs, counting sum_n n p_n steps.
+    the cumulative halting probability reaches 1/2, "quantile:Q" where it reaches Q;
+    "patience:K" once the predicted class has not changed for K steps; "expected" runs every
+    step and predicts with the p-weighted average of the step outputs, counting sum_n n p_n steps.
     early_exit computes each step only for images still running; the loss, the per-step accuracy
     of `detail` and the expected rule need every step of every image, so they run the full
     forward pass (with identical predictions and steps).
     """
-    if halting not in HALTING_RULES:
-        raise ValueError(f"unknown halting rule {halting!r}")
+    parse_halting_rule(halting)  # a bad spelling fails here, before any work
     was_training = model.training
     model.eval()
     device = bucket.labels.device

@@ -1,6 +1,7 @@
 """Halting arithmetic shared by the model, the losses and evaluation: PonderNet's halting
-distribution and its sample / median / expected rules, ACT's halting units, and the per-row
-rules that let the one early-exit loop (`PonderNet.infer`) stop each image as soon as it halts.
+distribution and its rules (sample, median, expected, quantile:Q, patience:K; spelled in
+halting_rules.py), ACT's halting units, and the per-row rules that let the one early-exit loop
+(`PonderNet.infer`) stop each image as soon as it halts.
 
 Shapes: lambda_logits (steps, B) are pre-sigmoid conditional halting probabilities; logits
 (steps, B, classes) are the class scores y_n of every step.
@@ -14,8 +15,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-LOG_HALF = math.log(0.5)
-
+from .halting_rules import HaltingRule
 
 # PonderNet -------------------------------------------------------------------------------------
 
@@ -41,13 +41,51 @@ def sample_halting_steps(lambda_logits: torch.Tensor, uniforms: torch.Tensor) ->
     return fires.to(torch.uint8).argmax(dim=0) + 1  # argmax returns the first maximum; (B,)
 
 
-def median_halting_steps(lambda_logits: torch.Tensor) -> torch.Tensor:
+def quantile_halting_steps(lambda_logits: torch.Tensor, q: float) -> torch.Tensor:
     """1-based first step where the cumulative halting probability 1 - prod_{k<=n}(1 - lambda_k)
-    reaches 1/2: a deterministic halting rule. (steps, B) -> (B,)"""
+    reaches q, i.e. the survival prod_{k<=n}(1 - lambda_k) falls to 1 - q: a deterministic
+    halting rule (q = 1/2: the median). (steps, B) -> (B,)"""
     log_survival = torch.cumsum(F.logsigmoid(-lambda_logits.float()), dim=0)  # (steps, B)
-    fires = log_survival <= LOG_HALF
+    fires = log_survival <= survival_threshold(q)
     fires[-1] = True
     return fires.to(torch.uint8).argmax(dim=0) + 1
+
+
+def survival_threshold(q: float) -> float:
+    """log(1 - q): the log survival at or below which the q-quantile rule halts (log 1/2 for the median)."""
+    return math.log1p(-q)
+
+
+def median_halting_steps(lambda_logits: torch.Tensor) -> torch.Tensor:
+    """The median rule: quantile 1/2."""
+    return quantile_halting_steps(lambda_logits, 0.5)
+
+
+def patience_halting_steps(logits: torch.Tensor, patience: int) -> torch.Tensor:
+    """1-based first step n whose predicted class argmax y_n is also that of each of the
+    `patience` steps before it (so n >= patience + 1), or the last step (PABEE's patience exit).
+    (steps, B, classes) -> (B,)"""
+    predictions = logits.argmax(dim=-1)  # (steps, B)
+    streak = torch.zeros_like(predictions[0])  # steps so far whose prediction equals the step before's
+    fires = torch.zeros(predictions.shape, dtype=torch.bool, device=logits.device)
+    for n in range(1, predictions.shape[0]):
+        streak = torch.where(predictions[n] == predictions[n - 1], streak + 1, torch.zeros_like(streak))
+        fires[n] = streak >= patience
+    fires[-1] = True
+    return fires.to(torch.uint8).argmax(dim=0) + 1
+
+
+def rule_halting_steps(rule: HaltingRule, logits: torch.Tensor, lambda_logits: torch.Tensor,
+                       uniforms: torch.Tensor) -> torch.Tensor:
+    """The 1-based halting step (B,) of each image under a rule that halts at one step, from a
+    forward pass over every step: what `rule_exit` decides step by step."""
+    if rule.name == "sample":
+        return sample_halting_steps(lambda_logits, uniforms)
+    if rule.quantile is not None:
+        return quantile_halting_steps(lambda_logits, rule.quantile)
+    if rule.name == "patience":
+        return patience_halting_steps(logits, rule.parameter)
+    raise ValueError(f"the {rule} rule does not halt at one step")
 
 
 def logits_at(logits: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
@@ -131,19 +169,55 @@ class SampleExit(EarlyExitRule):
         self.uniforms = self.uniforms.index_select(1, rows)
 
 
-class MedianExit(EarlyExitRule):
-    """Halt where the cumulative halting probability reaches 1/2 (`median_halting_steps`)."""
+class QuantileExit(EarlyExitRule):
+    """Halt where the cumulative halting probability reaches q (`quantile_halting_steps`; the
+    median rule is q = 1/2)."""
 
-    def __init__(self, batch: int, device):
+    def __init__(self, batch: int, q: float, device):
+        self.threshold = survival_threshold(q)
         self.log_survival = torch.zeros(batch, device=device)  # log prod_k (1 - lambda_k), (A,)
 
     def decide(self, n, last, logits, lambda_logits):
         self.log_survival = self.log_survival + F.logsigmoid(-lambda_logits.float())
-        halts = torch.ones_like(self.log_survival, dtype=torch.bool) if last else self.log_survival <= LOG_HALF
+        halts = torch.ones_like(self.log_survival, dtype=torch.bool) if last else self.log_survival <= self.threshold
         return halts, logits
 
     def keep(self, rows):
         self.log_survival = self.log_survival.index_select(0, rows)
+
+
+class PatienceExit(EarlyExitRule):
+    """Halt once the predicted class has stayed the same for `patience` steps after the step
+    that first predicted it (`patience_halting_steps`)."""
+
+    def __init__(self, batch: int, patience: int, device):
+        self.patience = patience
+        self.previous = None  # argmax y_{n-1}, (A,)
+        self.streak = torch.zeros(batch, dtype=torch.long, device=device)  # (A,)
+
+    def decide(self, n, last, logits, lambda_logits):
+        prediction = logits.argmax(dim=-1)
+        if self.previous is not None:
+            self.streak = torch.where(prediction == self.previous, self.streak + 1, torch.zeros_like(self.streak))
+        self.previous = prediction
+        halts = torch.ones_like(self.streak, dtype=torch.bool) if last else self.streak >= self.patience
+        return halts, logits
+
+    def keep(self, rows):
+        self.streak, self.previous = self.streak.index_select(0, rows), self.previous.index_select(0, rows)
+
+
+def rule_exit(rule: HaltingRule, uniforms: torch.Tensor) -> EarlyExitRule:
+    """The early-exit form of a rule that halts at one step (see `rule_halting_steps`);
+    uniforms (steps, B) are the sample rule's coins, and give the batch size and device."""
+    batch, device = uniforms.shape[1], uniforms.device
+    if rule.name == "sample":
+        return SampleExit(uniforms)
+    if rule.quantile is not None:
+        return QuantileExit(batch, rule.quantile, device)
+    if rule.name == "patience":
+        return PatienceExit(batch, rule.parameter, device)
+    raise ValueError(f"the {rule} rule needs every step; it has no early exit")
 
 
 class ActExit(EarlyExitRule):

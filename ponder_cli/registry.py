@@ -33,7 +33,9 @@ HALTING_INPUTS = ("state", "state+confidence", "state+turn", "state+confidence+t
 # mlp: one Dropout2d mask per image shared by every step (the CNN runs once), or a fresh mask
 # at every step, as the reference gets by recomputing its CNN at every step
 CNN_DROPOUT_MASKS = ("shared", "per-step")
-HALTING_RULES = ("sample", "median", "expected")  # how PonderNet picks its halting step at inference
+# how PonderNet picks its halting step at inference; quantile and patience take a parameter
+# (quantile:0.9, patience:2), parsed in halting_rules.py
+HALTING_RULES = ("sample", "median", "expected", "quantile", "patience")
 PROTOCOLS = ("uniform", "band", "fixed")  # how test images are rotated per angle bucket
 FORMATS = ("table", "json", "csv")
 

@@ -272,6 +272,49 @@ def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float]
     return report
 
 
+# calibrate -------------------------------------------------------------------------------------
+
+CALIBRATION_COLUMNS = [
+    Column("halting", "rule", "s"), Column("mean_steps", "steps", ".2f"), Column("accuracy", "accuracy", ".4f"),
+    Column("gap", "gap", "+.4f"), Column("agreement", "agrees", ".4f"),
+    Column("chosen", "", "s", text=lambda row: "chosen" if row["chosen"] else "ok" if row["within_tolerance"] else ""),
+]
+
+
+def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[str], *, tolerance: float,
+                       sets: list[dict], protocol: Optional[str], seed: int, repeats: int = 1,
+                       view: Optional[TaskView] = None) -> Report:
+    """calibrate: one bucket per candidate rule (calibrate.RuleOutcome) on the validation data;
+    `chosen` the cheapest rule within the tolerance (None: none is). gap: the last step's
+    accuracy minus the halting step's."""
+    view = view or mnist_view(cfg)
+    words = view.terms
+    floor = 1 - tolerance
+    buckets = []
+    for outcome in outcomes:
+        bucket = outcome.as_dict()
+        bucket.update(gap=bucket["accuracy_last"] - bucket["accuracy"], within_tolerance=bucket["agreement"] >= floor
+                      - 1e-12, chosen=bucket["halting"] == chosen)
+        buckets.append(bucket)
+    images = buckets[0]["images"]
+    meta = make_meta("calibrate", [checkpoint], [cfg.method], [cfg.step], protocol=protocol, halting=None, seed=seed,
+                     task=view.name, repeats=repeats, **view.meta, data="validation", sets=sets, images=images,
+                     tolerance=tolerance, criterion="agreement", chosen=chosen)
+    labels = ", ".join(words.label(s) for s in sets)
+    draws = f" · {repeats} draws pooled (seeds {seed}–{seed + repeats - 1})" if repeats > 1 else f" · seed {seed}"
+    how = f"protocol {protocol} · " if protocol is not None else ""
+    if chosen is not None:
+        footer = f"chosen: {chosen} (fewest steps agreeing ≥ {floor:.1%}): --halting {chosen}"
+    else:
+        footer = f"chosen: none (no rule has agreement ≥ {floor:.1%}): raise --tolerance"
+    return Report(meta=meta, buckets=buckets, columns=CALIBRATION_COLUMNS,
+                  title=f"Exit rules on the validation set ({checkpoint})",
+                  caption=f"{describe_model(cfg, view)}\n{images} validation {words.inputs} ({how}{labels}){draws}\n"
+                          f"accuracy at the last step: {buckets[0]['accuracy_last']:.4f} · gap: it minus accuracy\n"
+                          f"agrees: share whose class is the last step's · ok: ≥ {floor:.1%}",
+                  footer=footer)
+
+
 # compare ---------------------------------------------------------------------------------------
 
 @dataclass

@@ -21,7 +21,7 @@ def _command_names():
 
 
 def test_every_command_is_covered_here():
-    assert _command_names() == ["compare", "eval", "extrapolate", "sweep", "train"]
+    assert _command_names() == ["calibrate", "compare", "eval", "extrapolate", "sweep", "train"]
 
 
 @pytest.mark.parametrize("command", [[]] + [[name] for name in _command_names()])
@@ -102,13 +102,15 @@ def test_one_csv_contract(command, checkpoint, tiny_mnist, ponder):
 
 
 @pytest.mark.parametrize("order", ["before", "after", "equals"])
-@pytest.mark.parametrize("command", ["eval", "extrapolate", "compare"])
+@pytest.mark.parametrize("command", ["eval", "extrapolate", "compare", "calibrate"])
 def test_checkpoint_before_or_after_angles(command, order, checkpoint, tiny_mnist, ponder):
     angles = {"before": ["--angles", 10, 20], "after": ["--angles", 10, 20], "equals": ["--angles=10", 20]}[order]
     args = [checkpoint, *angles] if order == "before" else [*angles, checkpoint]
     result = ponder(command, *args, "-f", "json", "--data-dir", tiny_mnist)
     assert result.exit_code == 0, result.output
-    assert [b["rotation"] for b in json.loads(result.stdout)["buckets"]] == [10.0, 20.0]
+    data = json.loads(result.stdout)
+    buckets = data["sets"] if command == "calibrate" else data["buckets"]  # calibrate's buckets are its rules
+    assert [b["rotation"] for b in buckets] == [10.0, 20.0]
 
 
 def test_same_numbers_whether_the_flag_is_repeated(checkpoint, tiny_mnist, ponder):

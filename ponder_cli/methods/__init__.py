@@ -37,6 +37,10 @@ class Method:
         """The halting rule that really applies when the user asks for `rule`."""
         return rule
 
+    def halting_problem(self, rule: str) -> str | None:
+        """Why this method cannot halt by `rule`, as a message for the user (None: it can)."""
+        return None
+
     def needs_all_steps(self, rule: str) -> bool:
         """Whether predicting under `rule` needs every step of every image (no early exit)."""
         return False

@@ -1,12 +1,13 @@
 """PonderNet (Banino et al. 2021): expected loss under the halting distribution plus a KL term
-towards a geometric prior; halting by Bernoulli coins (or the median / expected rules)."""
+towards a geometric prior; halting by Bernoulli coins (or the median, expected, quantile:Q or
+patience:K rules: halting_rules.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from ..halting import (MedianExit, SampleExit, TruncateBelow, expected_prediction, logits_at, median_halting_steps,
-                       sample_halting_steps)
+from ..halting import TruncateBelow, expected_prediction, logits_at, rule_exit, rule_halting_steps
+from ..halting_rules import parse_halting_rule
 from ..losses import geometric_log_prior, ponder_loss
 from . import Method
 
@@ -26,26 +27,20 @@ class PonderNetMethod(Method):
         return self._log_prior[device]
 
     def needs_all_steps(self, rule):
-        return rule == "expected"
+        return parse_halting_rule(rule).name == "expected"
 
     def loss(self, logits, lambda_logits, targets):
         return ponder_loss(logits, lambda_logits, targets, self.log_prior(logits.device), self.cfg.beta)
 
     def predict(self, logits, lambda_logits, uniforms, rule):
-        if rule == "expected":
+        rule = parse_halting_rule(rule)
+        if rule.name == "expected":
             return expected_prediction(logits, lambda_logits)
-        if rule == "sample":
-            steps = sample_halting_steps(lambda_logits, uniforms)
-        else:
-            steps = median_halting_steps(lambda_logits)
+        steps = rule_halting_steps(rule, logits, lambda_logits, uniforms)
         return logits_at(logits, steps), steps
 
     def early_exit(self, rule, uniforms):
-        if rule == "sample":
-            return SampleExit(uniforms)
-        if rule == "median":
-            return MedianExit(uniforms.shape[1], uniforms.device)
-        raise ValueError(f"the {rule!r} rule needs every step; it has no early exit")
+        return rule_exit(parse_halting_rule(rule), uniforms)
 
     def truncation(self, batch, device):
         if self.cfg.truncation <= 0 or self.cfg.max_steps == 1:

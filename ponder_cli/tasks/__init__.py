@@ -16,7 +16,8 @@ Interface (see MnistTask and ParityTask; a task is built from the run's config, 
   `to_device(data, device)`, `training_source(data, device)` -> a `TrainingSource`,
   `validate(model, validation data, amp)` -> evaluate.EvalResult, `describe` (the log line);
 - evaluation: `default_buckets(command)`, `parse_buckets(angles, counts, command)` and
-  `sweep_specs(start, stop, every)` -> bucket specs, `test_data(options, device)`,
+  `sweep_specs(start, stop, every)` -> bucket specs, `test_data(options, device)` and
+  `validation_data(options, device)` (held-out training data, for calibrate),
   `bucket(test, spec, specs, max_steps, seed, protocol)` -> evaluate.EvalBucket, and
   `bucket_fields(spec, protocol)`: the bucket's name in the task's own terms for JSON and tables.
 """

@@ -84,6 +84,8 @@ class MnistTask(Task):
     # evaluation ---------------------------------------------------------------------------
 
     def default_buckets(self, command: str) -> list[float]:
+        if command == "calibrate":  # the validation images as training rotated them
+            return [self.cfg.train_rotation]
         return list(EVAL_ANGLES if command == "eval" else EXTRAPOLATION_ANGLES)
 
     def parse_buckets(self, angles: Optional[list], counts: Optional[list], command: str) -> list[float]:
@@ -101,6 +103,14 @@ class MnistTask(Task):
 
         test = load_mnist(_data_dir(options.data_dir), train=False, download=options.download)
         return (test.subset(slice(0, options.limit)) if options.limit else test).to(device)
+
+    def validation_data(self, options, device):
+        """The held-out training images (data.train_val_split with the run's seed), the first
+        --limit of them: what training validated on, for calibrate."""
+        from ..api import _data_dir
+
+        _, held_out = self.load_training(_data_dir(options.data_dir), options.download)
+        return (held_out.subset(slice(0, options.limit)) if options.limit else held_out).to(device)
 
     def bucket(self, data, spec: float, specs: list, max_steps: int, seed: int, protocol: str):
         from ..evaluate import image_bucket

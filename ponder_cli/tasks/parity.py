@@ -222,12 +222,15 @@ class ParityTask(Task):
 
     def default_buckets(self, command: str) -> list[tuple[int, int]]:
         """eval: the training range in four; extrapolate: the counts beyond it, in four (the
-        whole range in four when training saw every count); compare: every count, in four."""
+        whole range in four when training saw every count); compare: every count, in four;
+        calibrate: the training range, one bucket."""
         lo, hi = self._range()
         if command == "extrapolate" and hi < self.cfg.elems:
             return split_range(hi + 1, self.cfg.elems)
         if command == "eval":
             return split_range(lo, hi)
+        if command == "calibrate":  # the validation set: the training range
+            return [(lo, hi)]
         return split_range(1, self.cfg.elems)
 
     def parse_buckets(self, angles: Optional[list], counts: Optional[list], command: str) -> list[tuple[int, int]]:
@@ -246,11 +249,16 @@ class ParityTask(Task):
     def test_data(self, options, device):
         """Where and how many: the vectors are drawn per bucket (see bucket); --limit N gives N
         vectors per non-zero count instead of TEST_PER_COUNT."""
-        return device, options.limit or TEST_PER_COUNT
+        return device, options.limit or TEST_PER_COUNT, TEST_SEED
+
+    def validation_data(self, options, device):
+        """The fixed validation vectors (VALIDATION_SEED, VAL_PER_COUNT per count; --limit N: N),
+        for calibrate: those training validated on, for the training range."""
+        return device, options.limit or VAL_PER_COUNT, VALIDATION_SEED
 
     def bucket(self, test, spec: tuple[int, int], specs: list, max_steps: int, seed: int, protocol: str):
-        device, per_count = test
-        data = evaluation_set(self.cfg.elems, *spec, per_count, TEST_SEED, device)
+        device, per_count, set_seed = test
+        data = evaluation_set(self.cfg.elems, *spec, per_count, set_seed, device)
         return vector_bucket(data, max_steps, seed)
 
     def bucket_fields(self, spec: tuple[int, int], protocol: str) -> dict:

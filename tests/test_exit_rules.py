@@ -1,0 +1,253 @@
+"""Exit rules with a parameter (quantile:Q, patience:K) and `ponder calibrate`, which picks one on
+held-out data: the spellings, the batch rules on hand-built halting probabilities and
+predictions, their early-exit forms, and calibration on a model whose every output is set."""
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+from rich.cells import cell_len
+
+from ponder_cli.api import EvalOptions, calibrate_checkpoint
+from ponder_cli.calibrate import RuleOutcome, choose_rule
+from ponder_cli.checkpoint import load_checkpoint, save_checkpoint
+from ponder_cli.config import PonderConfig
+from ponder_cli.data import load_mnist, train_val_split
+from ponder_cli.evaluate import evaluate
+from ponder_cli.halting import (PatienceExit, QuantileExit, patience_halting_steps, quantile_halting_steps,
+                                rule_exit, rule_halting_steps)
+from ponder_cli.halting_rules import CALIBRATION_RULES, HaltingRule, parse_halting_rule
+from ponder_cli.methods import build_model, get_method
+from ponder_cli.reports import META_KEYS
+
+# spellings ------------------------------------------------------------------------------------
+
+
+def test_spellings_parse_to_a_rule_that_keeps_them():
+    assert parse_halting_rule("median") == HaltingRule("median", None, "median")
+    assert parse_halting_rule("Quantile:0.90") == HaltingRule("quantile", 0.9, "quantile:0.90")
+    assert parse_halting_rule("patience:3") == HaltingRule("patience", 3, "patience:3")
+    assert parse_halting_rule("median").quantile == 0.5 and parse_halting_rule("quantile:0.7").quantile == 0.7
+    assert parse_halting_rule("patience:2").quantile is None
+
+
+@pytest.mark.parametrize("text, message", [
+    ("quantile:1.5", "quantile:Q needs a number Q with 0 < Q < 1 (got '1.5')"),
+    ("quantile:0", "quantile:Q needs a number Q with 0 < Q < 1 (got '0')"),
+    ("quantile:nan", "quantile:Q needs a number Q with 0 < Q < 1 (got 'nan')"),
+    ("quantile:abc", "quantile:Q needs a number Q with 0 < Q < 1 (got 'abc')"),
+    ("quantile", "quantile needs its parameter: quantile:Q with 0 < Q < 1 (got 'quantile')"),
+    ("patience:0", "patience:K needs a whole number K >= 1 (got '0')"),
+    ("patience:1.5", "patience:K needs a whole number K >= 1 (got '1.5')"),
+    ("median:2", "the median rule takes no parameter (got 'median:2')"),
+    ("foo", "unknown halting rule 'foo'; choose from sample, median, expected, quantile:Q, patience:K"),
+])
+def test_bad_spellings_are_one_error_line(text, message, ponder, one_error_line):
+    with pytest.raises(ValueError, match=f"^{message.replace('(', '[(]').replace(')', '[)]')}$"):
+        parse_halting_rule(text)
+    assert one_error_line(ponder("extrapolate", "--halting", text)) == f"Error: Invalid value for '--halting': {message}"
+
+
+def test_help_shows_the_spellings(ponder):
+    text = " ".join(ponder("extrapolate", "--help").stdout.split())
+    assert "--halting RULE" in text and "sample, median, expected, quantile:Q, patience:K" in text
+    assert "median = quantile:0.5" in text
+
+
+# batch rules on hand-built inputs ---------------------------------------------------------------
+
+def test_quantile_steps_from_a_constant_halting_probability():
+    # lambda = 1/2 at every step: the cumulative halting probability after n steps is 1 - 2^-n
+    # (0.5, 0.75, 0.875, 0.9375, 0.96875), capped at the fifth and last step
+    z = torch.zeros(5, 1)
+    got = {q: int(quantile_halting_steps(z, q)) for q in (0.5, 0.6, 0.75, 0.8, 0.9, 0.95, 0.99)}
+    assert got == {0.5: 1, 0.6: 2, 0.75: 2, 0.8: 3, 0.9: 4, 0.95: 5, 0.99: 5}
+
+
+def test_median_is_quantile_one_half_bit_for_bit(tiny_mnist):
+    z = torch.randn(12, 4000) * 3 - 1
+    old = (torch.cumsum(torch.nn.functional.logsigmoid(-z), 0) <= math.log(0.5)).to(torch.uint8)
+    old[-1] = 1
+    assert torch.equal(quantile_halting_steps(z, 0.5), old.argmax(0) + 1)
+    cfg = PonderConfig(max_steps=6, hidden=16, hidden_cnn=16, hidden_lin=16)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    with torch.no_grad():
+        model.halting_head.bias.fill_(-1.0)
+    test = load_mnist(tiny_mnist, train=False)
+    for early_exit in (True, False):
+        median = evaluate(model, test, cfg, max_angle=60, seed=2, halting="median", early_exit=early_exit)
+        assert median == evaluate(model, test, cfg, max_angle=60, seed=2, halting="quantile:0.5",
+                                  early_exit=early_exit)
+
+
+def one_hot_logits(classes_per_step: list[list[int]], classes: int = 4) -> torch.Tensor:
+    """(steps, B, classes) logits whose argmax at step n of row b is classes_per_step[b][n]."""
+    return torch.nn.functional.one_hot(torch.tensor(classes_per_step).T, classes).float() * 5
+
+
+# rows: predicted class at steps 1..6
+PREDICTIONS = [[3, 3, 3, 3, 3, 3], [1, 2, 2, 1, 1, 1], [0, 1, 0, 1, 0, 1], [2, 2, 0, 0, 0, 0]]
+# patience:K halts at the first step whose class is also that of the K steps before it
+PATIENCE_STEPS = {1: [2, 3, 6, 2], 2: [3, 6, 6, 5], 3: [4, 6, 6, 6], 5: [6, 6, 6, 6], 9: [6, 6, 6, 6]}
+
+
+@pytest.mark.parametrize("k", sorted(PATIENCE_STEPS))
+def test_patience_steps_on_crafted_predictions(k):
+    assert patience_halting_steps(one_hot_logits(PREDICTIONS), k).tolist() == PATIENCE_STEPS[k]
+
+
+def drive(rule, logits, lambda_logits):
+    """What PonderNet.infer does with a rule, on given logits: each step shows the rule only
+    the rows still running; returns the 1-based halting step of each row."""
+    steps = torch.zeros(logits.shape[1], dtype=torch.long)
+    active = torch.arange(logits.shape[1])
+    for n in range(logits.shape[0]):
+        halts, _ = rule.decide(n, n == logits.shape[0] - 1, logits[n, active], lambda_logits[n, active])
+        steps[active[halts]] = n + 1
+        running = (~halts).nonzero().squeeze(1)
+        rule.keep(running)
+        active = active[running]
+    return steps
+
+
+@pytest.mark.parametrize("k", sorted(PATIENCE_STEPS))
+def test_patience_exit_step_by_step_equals_the_batch_rule(k):
+    logits = one_hot_logits(PREDICTIONS)
+    assert drive(PatienceExit(4, k, "cpu"), logits, torch.zeros(6, 4)).tolist() == PATIENCE_STEPS[k]
+
+
+@pytest.mark.parametrize("q", [0.3, 0.5, 0.7, 0.9, 0.99])
+def test_quantile_exit_step_by_step_equals_the_batch_rule(q):
+    z = torch.randn(8, 500, generator=torch.Generator().manual_seed(4)) * 2 - 1
+    steps = drive(QuantileExit(500, q, "cpu"), torch.zeros(8, 500, 3), z)
+    assert torch.equal(steps, quantile_halting_steps(z, q))
+    assert len(set(steps.tolist())) > 2  # the rows halt at different steps
+
+
+@pytest.mark.parametrize("rule", ["quantile:0.8", "quantile:0.95", "patience:1", "patience:3"])
+def test_early_exit_predicts_as_every_step_on_a_model(rule):
+    cfg = PonderConfig(max_steps=6, hidden=16, hidden_cnn=16, hidden_lin=16)
+    torch.manual_seed(0)
+    model, method = build_model(cfg).eval(), get_method(cfg)
+    with torch.no_grad():
+        model.halting_head.bias.fill_(-1.0)
+    x = torch.randn(200, 1, 28, 28) * torch.linspace(0, 3, 200).view(-1, 1, 1, 1)
+    uniforms = torch.rand(6, 200, generator=torch.Generator().manual_seed(3))
+    early, early_steps = model.infer(x, method.early_exit(rule, uniforms))
+    with torch.no_grad():
+        out = model(x)
+    full, full_steps = method.predict(out.logits, out.lambda_logits, uniforms, rule)
+    assert torch.equal(early_steps, full_steps) and torch.equal(early.argmax(1), full.argmax(1))
+    assert torch.equal(full_steps, rule_halting_steps(parse_halting_rule(rule), out.logits, out.lambda_logits,
+                                                      uniforms))
+    assert isinstance(rule_exit(parse_halting_rule(rule), uniforms), QuantileExit if "quantile" in rule
+                      else PatienceExit)
+
+
+# the rules in the commands ----------------------------------------------------------------------
+
+def test_reports_name_the_rule_as_given(runs, tiny_mnist, ponder):
+    result = ponder("extrapolate", runs / "pn1" / "best.pt", "--angles", 30, "--halting", "quantile:0.90", "-f", "json",
+                    "--data-dir", tiny_mnist)
+    report = json.loads(result.stdout)
+    assert report["halting"] == "quantile:0.90" and report["buckets"][0]["halting"] == "quantile:0.90"
+    assert "halting patience:2" in ponder("eval", runs / "pn1" / "best.pt", "--halting", "patience:2",
+                                          "--data-dir", tiny_mnist).stdout
+
+
+@pytest.mark.parametrize("rule", ["quantile:0.9", "patience:2"])
+def test_act_refuses_the_exit_rules_in_one_line_but_compare_shows_its_own(rule, runs, tiny_mnist, ponder,
+                                                                          one_error_line):
+    line = one_error_line(ponder("eval", runs / "act" / "best.pt", "--halting", rule, "--data-dir", tiny_mnist))
+    assert line == (f"Error: --halting {rule} applies to pondernet checkpoints; this one is act, which halts by its "
+                    f"own rule (halting units summing to 1 - epsilon)")
+    result = ponder("compare", runs / "pn1" / "best.pt", runs / "act" / "best.pt", "--angles", 30, "--halting", rule,
+                    "--data-dir", tiny_mnist)
+    assert result.exit_code == 0 and f"pondernet → {rule} · act → act" in result.stdout
+
+
+# calibrate --------------------------------------------------------------------------------------
+
+def test_the_cheapest_rule_within_the_tolerance_is_chosen():
+    def outcome(rule, agreement, steps):
+        return RuleOutcome(rule, 1000, 0.9, agreement, 0.9, steps)
+    outcomes = [outcome("quantile:0.5", 0.97, 2.0), outcome("quantile:0.9", 0.995, 4.0),
+                outcome("patience:2", 0.999, 3.5), outcome("patience:3", 0.995, 3.5)]
+    assert choose_rule(outcomes, 0.005) == "patience:2"  # 3.5 steps; patience:3 ties it, listed later
+    assert choose_rule(outcomes, 0.001) == "patience:2"  # 0.999 is exactly 1 - 0.001
+    assert choose_rule(outcomes, 0.03) == "quantile:0.5"
+    assert choose_rule(outcomes, 0.0) is None
+
+
+@pytest.fixture(scope="module")
+def fixed_model(checkpoint, tmp_path_factory):
+    """The tiny checkpoint with its heads set: lambda = 1/2 at every step, class 3 everywhere."""
+    state = load_checkpoint(checkpoint)
+    weights = dict(state.model)
+    weights["halting_head.weight"] = torch.zeros_like(weights["halting_head.weight"])
+    weights["halting_head.bias"] = torch.zeros_like(weights["halting_head.bias"])
+    weights["output_head.weight"] = torch.zeros_like(weights["output_head.weight"])
+    weights["output_head.bias"] = torch.nn.functional.one_hot(torch.tensor(3), 10).float()
+    path = tmp_path_factory.mktemp("fixed") / "fixed.pt"
+    save_checkpoint(dataclasses.replace(state, model=weights), path)
+    return path
+
+
+def test_calibrate_on_a_model_whose_outputs_are_known(fixed_model, tiny_mnist):
+    cfg = load_checkpoint(fixed_model).config
+    assert cfg.max_steps == 5
+    report = calibrate_checkpoint(fixed_model, None, EvalOptions(data_dir=tiny_mnist, download=False))
+    _, held_out = train_val_split(load_mnist(tiny_mnist, train=True), val_size=cfg.val_size,
+                                  train_size=cfg.train_size, seed=cfg.seed)
+    threes = float((held_out.labels == 3).double().mean())
+    rows = {b["halting"]: b for b in report.buckets}
+    assert list(rows) == list(CALIBRATION_RULES)
+    # lambda = 1/2: the steps of test_quantile_steps_from_a_constant_halting_probability; one
+    # class throughout: patience:K halts at step K + 1
+    expected_steps = {"quantile:0.5": 1, "quantile:0.6": 2, "quantile:0.7": 2, "quantile:0.8": 3, "quantile:0.9": 4,
+                      "quantile:0.95": 5, "quantile:0.99": 5, "patience:1": 2, "patience:2": 3, "patience:3": 4,
+                      "patience:4": 5}
+    assert {rule: b["mean_steps"] for rule, b in rows.items()} == expected_steps
+    for b in rows.values():
+        assert b["images"] == cfg.val_size == 100 and b["agreement"] == 1.0
+        assert b["accuracy"] == b["accuracy_last"] == pytest.approx(threes) and b["gap"] == 0.0
+    assert report.meta["chosen"] == "quantile:0.5" and rows["quantile:0.5"]["chosen"]
+    assert (report.meta["data"], report.meta["sets"], report.meta["halting"]) == (
+        "validation", [{"rotation": cfg.train_rotation, "protocol": "uniform"}], None)
+
+
+def test_calibrate_command_contract(checkpoint, tiny_mnist, ponder, monkeypatch):
+    args = ["calibrate", checkpoint, "--data-dir", tiny_mnist, "--angles", 30, 60, "--repeats", 2, "--limit", 40]
+    result = ponder(*args, "-f", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert list(report)[:len(META_KEYS)] == list(META_KEYS) and report["command"] == "calibrate"
+    assert report["images"] == 40 * 2 * 2  # two angles, two draws, pooled
+    assert [b["halting"] for b in report["buckets"]] == list(CALIBRATION_RULES)
+    chosen = report["chosen"]
+    admitted = [b for b in report["buckets"] if b["agreement"] >= 1 - 0.005]
+    assert chosen == (min(admitted, key=lambda b: b["mean_steps"])["halting"] if admitted else None)
+    monkeypatch.setenv("COLUMNS", "80")
+    lines = ponder(*args, "--tolerance", 0.5).stdout.splitlines()
+    assert max(cell_len(line) for line in lines) <= 80
+    assert lines[-1].startswith("chosen: ") and lines[-1].endswith(f"--halting {lines[-1].split()[1]}")
+    parse_halting_rule(lines[-1].split()[1])  # pastes into --halting
+
+
+@pytest.mark.parametrize("run, message", [
+    ("act", "Error: --halting quantile:0.5 applies to pondernet checkpoints; this one is act, which halts by its "
+            "own rule (halting units summing to 1 - epsilon)"),
+    ("plain", "runs one step: every rule halts there, there is nothing to calibrate"),
+])
+def test_calibrate_refuses_act_and_one_step(run, message, runs, tiny_mnist, ponder, one_error_line):
+    line = one_error_line(ponder("calibrate", runs / run / "best.pt", "--data-dir", tiny_mnist))
+    assert line == message if line.startswith("Error: --halting") else line.endswith(message)
+
+
+@pytest.mark.parametrize("tolerance", ["-0.1", "1", "nan"])
+def test_calibrate_refuses_a_bad_tolerance(tolerance, checkpoint, ponder, one_error_line):
+    line = one_error_line(ponder("calibrate", checkpoint, "--tolerance", tolerance))
+    assert line == f"Error: --tolerance must be at least 0 and below 1 (got {float(tolerance):g})"
