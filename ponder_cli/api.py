@@ -21,6 +21,7 @@ from typing import Callable, Optional, Union
 from . import PonderError, brief
 from .config import MAX_ANGLE, applies, seed_problems
 from .halting_rules import parse_halting_rule
+from .registry import DEFAULT_PROTOCOL
 from .reports import (Report, combine_draws, comparison_report, evaluation_report, group_by_configuration, mean_ci,
                       sweep_report, training_report)
 
@@ -50,7 +51,7 @@ def parse_angles(texts: list[str], what: str = "--angles") -> list[float]:
 @dataclass(frozen=True)
 class EvalOptions:
     """How to evaluate: shared by eval, extrapolate and compare."""
-    protocol: str = "uniform"
+    protocol: Optional[str] = None  # how test images are rotated; None: the task's default (MNIST: uniform)
     halting: str = "sample"
     seed: Optional[int] = None  # None: the checkpoint's training seed (compare: the default seed)
     limit: int = 0  # first N test images (0: all)
@@ -165,6 +166,7 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], angles
     path, dev, amp, model, cfg = _load_one(checkpoint, options, log)
     _check_halting(cfg, options.halting)
     task = get_task(cfg)
+    options = _with_protocol(task, options)
     specs = task.parse_buckets(angles, counts, command)
     with _progress_bar(len(specs) * options.repeats, progress) as bar:
         test = _test_set(task, options, dev)
@@ -184,6 +186,17 @@ def _check_halting(cfg, rule: str) -> None:
     problem = get_method(cfg).halting_problem(rule)
     if problem is not None:
         raise PonderError(problem)
+
+
+def _with_protocol(task, options: EvalOptions) -> EvalOptions:
+    """The options with the task's default protocol filled in; a protocol given to a task whose
+    buckets have none (parity) is refused rather than silently ignored."""
+    if task.uses_protocol:
+        return options if options.protocol is not None else replace(options, protocol=DEFAULT_PROTOCOL)
+    if options.protocol is not None:
+        raise PonderError(f"--protocol applies to mnist checkpoints (how test images are rotated); this one is a "
+                          f"{task.name} model, whose buckets are --counts")
+    return options
 
 
 def _protocol(cfg, options: EvalOptions) -> Optional[str]:
@@ -241,6 +254,7 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], angles: Optional[li
     if model.max_steps == 1:
         raise PonderError(f"{path} runs one step: every rule halts there, there is nothing to calibrate")
     task = get_task(cfg)
+    options = _with_protocol(task, options)
     specs = task.parse_buckets(angles, counts, "calibrate")
     seed = cfg.seed if options.seed is None else options.seed
     with _progress_bar(len(specs) * options.repeats, progress) as bar:
@@ -292,6 +306,7 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], angles: Optional[li
         raise PonderError(f"compare needs checkpoints of one task, evaluated on the same inputs (got {', '.join(kinds)})")
     first = next(iter(models.values()))[1]
     task = get_task(first)
+    options = _with_protocol(task, options)
     angles = task.parse_buckets(angles, counts, "compare")
     with _progress_bar(len(models) * len(angles) * options.repeats, progress) as bar:
         test = _test_set(task, options, dev)

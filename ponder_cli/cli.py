@@ -114,7 +114,8 @@ def _prepare(angles: Optional[list[str]], plot: Optional[Path], protocol: Protoc
 
     parsed = parse_angles(angles, what) if angles is not None else None
     plot = check_destination(plot) if plot is not None else None
-    return parsed, plot, EvalOptions(protocol=protocol.value, halting=halting, **options)
+    return parsed, plot, EvalOptions(protocol=protocol.value if protocol is not None else None, halting=halting,
+                                     **options)
 
 
 EVAL_ANGLES, EXTRAPOLATION_ANGLES = ["0"], ["22.5", "45", "67.5", "90"]
@@ -234,7 +235,7 @@ def eval_command(
     counts: Optional[List[str]] = counts_option("the training range in four"),
     rotation: Optional[float] = typer.Option(None, "--rotation", metavar="DEG",
                                              help="The same as --angles with one angle (give one or the other)."),
-    protocol: Protocol = ProtocolOption,
+    protocol: Optional[Protocol] = ProtocolOption,
     halting: str = HaltingOption,
     detail: bool = DetailOption,
     plot: Optional[Path] = PlotOption,
@@ -259,7 +260,7 @@ def extrapolate(
     angles: Optional[List[str]] = angles_option(EXTRAPOLATION_ANGLES, "Rotation buckets in degrees (see --protocol)."),
     counts: Optional[List[str]] = counts_option("the counts beyond the training range in four; all counts "
                                                 "in four when training saw every count"),
-    protocol: Protocol = ProtocolOption,
+    protocol: Optional[Protocol] = ProtocolOption,
     halting: str = HaltingOption,
     detail: bool = DetailOption,
     plot: Optional[Path] = PlotOption,
@@ -320,7 +321,7 @@ def compare(
                                                  "several of one method (e.g. other seeds) give mean ± sd."),
     angles: Optional[List[str]] = angles_option(EXTRAPOLATION_ANGLES, "Rotation buckets in degrees."),
     counts: Optional[List[str]] = counts_option("every count in four"),
-    protocol: Protocol = ProtocolOption,
+    protocol: Optional[Protocol] = ProtocolOption,
     halting: str = HaltingOption,
     plot: Optional[Path] = PlotOption,
     seed: int = typer.Option(PonderConfig.default("seed"), "--seed", help="Seed of the test rotations and halting "
@@ -356,7 +357,7 @@ def calibrate(
     angles: Optional[List[str]] = angles_option(["the training rotation"], "Rotate the validation images within "
                                                 "±angle (see --protocol); one bucket per angle, pooled."),
     counts: Optional[List[str]] = counts_option("the training range"),
-    protocol: Protocol = ProtocolOption,
+    protocol: Optional[Protocol] = ProtocolOption,
     seed: Optional[int] = EvalSeedOption,
     repeats: int = RepeatsOption,
     limit: int = typer.Option(0, "--limit", min=0, help="Only the first N validation images (0: all); parity: N "

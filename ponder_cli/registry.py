@@ -37,6 +37,7 @@ CNN_DROPOUT_MASKS = ("shared", "per-step")
 # (quantile:0.9, patience:2), parsed in halting_rules.py
 HALTING_RULES = ("sample", "median", "expected", "quantile", "patience")
 PROTOCOLS = ("uniform", "band", "fixed")  # how test images are rotated per angle bucket
+DEFAULT_PROTOCOL = "uniform"  # the reference notebook's: within ±angle
 FORMATS = ("table", "json", "csv")
 
 

@@ -197,6 +197,19 @@ def test_counts_on_mnist_and_angles_on_parity_are_one_line(parity_run, checkpoin
     assert "1 <= --from <= --to <= 8" in one_error_line(ponder("sweep", parity_run, "--to", "9"))
 
 
+@pytest.mark.parametrize("command", ["eval", "extrapolate", "compare", "calibrate"])
+def test_protocol_on_parity_is_refused_not_ignored(parity_run, ponder, one_error_line, command):
+    line = one_error_line(ponder(command, parity_run, "--protocol", "fixed"))
+    assert line == ("Error: --protocol applies to mnist checkpoints (how test images are rotated); this one is a "
+                    "parity model, whose buckets are --counts")
+
+
+def test_mnist_protocol_defaults_to_uniform(checkpoint, ponder):
+    result = ponder("eval", checkpoint, "--limit", "50", "-f", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["protocol"] == "uniform"
+
+
 def test_a_checkpoint_with_a_misfit_step_is_refused(vector_config):
     from ponder_cli import PonderError
 
