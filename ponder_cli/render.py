@@ -200,13 +200,20 @@ def value_text(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def config_item(option: str, value) -> str:
+    """`max-steps 12`; a switch as the flag that sets it: `gru-layer-norm`, `no-gru-layer-norm`."""
+    if isinstance(value, bool):
+        return option if value else f"no-{option}"
+    return f"{option} {value_text(value)}"
+
+
 def config_lines(values: dict, sources: dict, shown: list[str], width: int = 80) -> list[str]:
     """The resolved configuration that `ponder train` states on stderr, grouped by where each
     value came from (given, implied by the method or step, the checkpoint, default), as
     `max-steps 12` items wrapped at `width` columns."""
     groups: dict[str, list[str]] = {}
     for name in shown:
-        groups.setdefault(sources[name], []).append(f"{name.replace('_', '-')} {value_text(values[name])}")
+        groups.setdefault(sources[name], []).append(config_item(name.replace("_", "-"), values[name]))
     order = sorted(groups, key=lambda source: (source != "given", source == "default", source))
     lines = ["configuration:"]
     for source in order:

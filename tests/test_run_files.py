@@ -95,6 +95,13 @@ def test_configuration_lines_group_by_source_and_wrap_at_80_columns():
                          "    option-10 10 · option-11 11"]
 
 
+def test_switches_show_as_the_flags_that_set_them():
+    values = {"gru_layer_norm": True, "gru_orthogonal": False, "gru_update_bias": 1.0}
+    sources = dict.fromkeys(values, "implied by --step gru")
+    assert config_lines(values, sources, list(values))[1] == (
+        "  implied by --step gru: gru-layer-norm · no-gru-orthogonal · gru-update-bias 1")
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_sigterm_before_the_first_epoch_leaves_no_run_folder(tiny_mnist, tmp_path):
     """Nothing saved, nothing left: the next run takes the same name instead of -2."""
