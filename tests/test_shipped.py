@@ -14,7 +14,7 @@ from ponder_cli.shipped import SHIPPED, shipped_dir, shipped_path
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "ponder_cli"
-NAMES = "reference, interpolation, align"
+NAMES = "reference, interpolation, align, parity16, parity16-extrapolation, parity16-extrapolation-act"
 
 
 def test_the_shipped_models_are_found_inside_the_package_whatever_the_directory(tmp_path, monkeypatch):
@@ -22,7 +22,9 @@ def test_the_shipped_models_are_found_inside_the_package_whatever_the_directory(
     assert shipped_dir() == PACKAGE / "checkpoints"
     assert {name: shipped_path(name).relative_to(PACKAGE).as_posix() for name in SHIPPED} == {
         "reference": "checkpoints/best.pt", "interpolation": "checkpoints/interpolation/best.pt",
-        "align": "checkpoints/align/best.pt"}
+        "align": "checkpoints/align/best.pt", "parity16": "checkpoints/parity/interpolation16.pt",
+        "parity16-extrapolation": "checkpoints/parity/extrapolation16.pt",
+        "parity16-extrapolation-act": "checkpoints/parity/extrapolation16-act.pt"}
     assert all(shipped_path(name).is_file() for name in SHIPPED)
 
 
@@ -149,3 +151,17 @@ def test_checkpoint_help_names_the_shipped_models(ponder):
     assert ("A checkpoint file, a run folder (its best.pt), latest (the newest run under runs/), or a shipped "
             "model: reference (pondernet · step mlp · trained within ±22.5°); interpolation") in text
     assert "[default: reference]" in text
+
+
+@pytest.mark.parametrize("name,command,counts,accuracies", [
+    ("parity16", "eval", ["1-4", "5-8", "9-12", "13-16"], [1.0, 1.0, 1.0, 0.9971]),
+    ("parity16-extrapolation", "extrapolate", ["1-8", "9-12", "13-16"], [0.9990, 0.4600, 0.5479]),
+    ("parity16-extrapolation-act", "extrapolate", ["1-8", "9-12", "13-16"], [0.9941, 0.6152, 0.3916]),
+])
+def test_the_shipped_parity_models_give_the_documented_figures(ponder, name, command, counts, accuracies):
+    """docs/parity.md's table of the shipped models: fixed test vectors, seeded coins."""
+    result = ponder(command, name, "--counts", *counts, "-f", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["task"] == "parity" and [b["counts"] for b in report["buckets"]] == counts
+    assert [round(b["accuracy"], 4) for b in report["buckets"]] == accuracies
