@@ -37,6 +37,8 @@ class EpochStats:
     # fp16 batches whose gradients overflowed at the GradScaler's scale: it skipped their step
     # and halved the scale (routine, mostly early in training; not a fault of the batch)
     scaler_backoffs: int = 0
+    # validation images halting at step 1, 2, ..., max_steps (the halting-step histogram)
+    val_halting_histogram: tuple = ()
 
 
 @dataclass
@@ -288,7 +290,8 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
             train_regularisation=stats["regularisation"], train_accuracy=stats["accuracy"],
             train_steps=stats["steps"], val_accuracy=val_accuracy, val_steps=val_steps, lr=lr,
             seconds=time.perf_counter() - started, improved=improved,
-            skipped_batches=stats["skipped_batches"], scaler_backoffs=stats["scaler_backoffs"])
+            skipped_batches=stats["skipped_batches"], scaler_backoffs=stats["scaler_backoffs"],
+            val_halting_histogram=tuple(val.histogram) if distributed.is_main() else ())
         result.history.append(record)
         result.last_epoch = epoch
         state = TrainingState(

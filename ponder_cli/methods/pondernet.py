@@ -40,6 +40,10 @@ class PonderNetMethod(Method):
             steps = median_halting_steps(lambda_logits)
         return logits_at(logits, steps), steps
 
+    def probabilities(self, scores, rule):
+        # the expected rule's scores are already the p-weighted class probabilities
+        return scores.float() if rule == "expected" else super().probabilities(scores, rule)
+
     def early_exit(self, rule, uniforms):
         if rule == "sample":
             return SampleExit(uniforms)
