@@ -174,7 +174,8 @@ def plot_strips(inputs: list[dict], path: Path | str, *, title: str = "") -> Pat
             ax.imshow(view, cmap="gray", vmin=low, vmax=high, aspect="auto" if vector else "equal")
             ax.set_xticks([])
             ax.set_yticks([])
-            turn = next((f"\n{key.removesuffix('_deg')} {value:+.0f}°" if key.endswith("_deg") else f"\n{key} {value:.2g}"
+            # the step's own values after it (align: "turn → -29°", the turn the next step reads at)
+            turn = next((f"\n{key.removesuffix('_deg')} → {value:+.0f}°" if key.endswith("_deg") else f"\n{key} {value:.2g}"
                          for key, value in step.items() if key not in ("step", "class", "probability", "lambda", "p")),
                         "")
             ax.set_xlabel(f"{step['class']} {step['probability']:.2f}\nλ {step['lambda']:.2f}{turn}", fontsize=7)
@@ -227,6 +228,9 @@ def plot_history(history: list[dict], best, path: Path | str, *, title: str = ""
     for key, label in (("train_steps", "training"), ("val_steps", "validation")):
         ax_steps.plot(epochs, [h[key] for h in history], "o-", markersize=3, label=label)
     ax_steps.set(xlabel="epoch", ylabel="mean ponder steps", title="Ponder steps")
+    import matplotlib.ticker
+    for ax in (ax_loss, ax_acc, ax_steps):
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     if best:
         for ax in (ax_loss, ax_acc, ax_steps):
             ax.axvline(best, color="gray", linestyle=":", label=f"best epoch {best}" if ax is ax_acc else None)
