@@ -552,6 +552,9 @@ def _info_file(target: Union[str, Path, None]):
     from .runs import BEST, LAST, resolve_checkpoint
 
     folder = Path(target) if target is not None else None
+    if folder is not None and folder.is_dir() and not any((folder / name).is_file() for name in (LAST, BEST)):
+        raise PonderError(f"{folder} holds no {LAST} or {BEST}: name a run folder, a checkpoint file, "
+                          f"latest or a shipped model")
     file = BEST if folder is not None and folder.is_dir() and not (folder / LAST).is_file() else LAST
     return resolve_checkpoint(target, file=file)
 
