@@ -7,8 +7,8 @@ Pillow does the rotating; `predict --rotate` is shown too), runs `ponder predict
 same images, and prints both accuracies under the median rule (deterministic: the two should
 agree image for image) and the sample rule (each command draws its own coins). Then: the same
 digits black on white (inverted) and three times larger (84x84, framed as MNIST's digits), and
-the align model's accumulated turn on digits rotated by +DEG and by -DEG: on how many it has
-the sign opposite to the rotation, and on how many the digit ends closer to upright.
+the align model's accumulated turn on digits rotated by +DEG and by -DEG: on how many the turn
+at which the halting step read the digit has the sign opposite to the rotation.
 
     python benchmarks/predict_agreement.py                       # align, 500 digits, 60 degrees
     python benchmarks/predict_agreement.py --checkpoint reference --count 300
@@ -104,19 +104,22 @@ def main() -> None:
         print(f"black on white, 84x84 (framed): accuracy {accuracy(large):.4f}")
         if upright["step"] != "align":
             return
-        print(f"\nthe accumulated turn at the halting step (median rule), digits rotated by exactly ±{args.angle:g}°:")
+        print(f"\nthe accumulated turn the halting step read the digit at (median rule; 0 when it halts at step 1), "
+              f"digits rotated by exactly ±{args.angle:g}°:")
         first = images[:args.turns], labels[:args.turns]
         for sign in (1, -1):
             rotation = sign * args.angle
             paths = write_pngs(tmp / f"turn{sign}", *first, torch.full((args.turns,), rotation))
             report = ponder("predict", args.checkpoint, *paths, "--halting", "median", "--steps")
-            turns = [b["steps"][b["halting_step"] - 1]["turn_deg"] for b in report["buckets"]]
-            opposite = sum(t * rotation < 0 for t in turns)
-            closer = sum(abs(rotation + t) < abs(rotation) for t in turns)
+            # turn_deg is the turn accumulated after a step: the halting step read at its predecessor's
+            turns = [b["steps"][b["halting_step"] - 2]["turn_deg"] if b["halting_step"] > 1 else 0.0
+                     for b in report["buckets"]]
+            opposite = [t * rotation < 0 for t in turns]
             median = sorted(turns)[len(turns) // 2]
-            print(f"  {rotation:+g}°: sign opposite to the rotation on {opposite} of {len(turns)}, closer to upright "
-                  f"on {closer}; median turn {median:+.1f}°, accuracy {accuracy(report):.4f}")
-
+            others = sorted(int(y) for y, right in zip(first[1], opposite) if not right)
+            print(f"  {rotation:+g}°: the turn's sign is opposite to the rotation on {sum(opposite)} of {len(turns)}; "
+                  f"median turn {median:+.1f}°, accuracy {accuracy(report):.4f}\n"
+                  f"        the others' labels: {' '.join(map(str, others))}")
 
 if __name__ == "__main__":
     main()
