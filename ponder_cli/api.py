@@ -497,6 +497,7 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
     halting coins drawn from a generator seeded by `options.seed`. One bucket per input."""
     import torch
 
+    from .checkpoint import load_model
     from .methods import get_method
     from .reports import prediction_report
     from .tasks import InputOptions, get_task
@@ -505,7 +506,6 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
         raise PonderError("predict needs at least one INPUT file")
     path = _resolve(checkpoint, log)
     dev, _ = _device_and_amp(options.device, False)
-    from .checkpoint import load_model
     model, cfg, _ = load_model(path, dev)
     task, method = get_task(cfg), get_method(cfg)
     read = task.read_inputs([Path(p) for p in inputs], InputOptions(options.invert, options.rotate))
@@ -513,6 +513,7 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
     count = len(read.names)
     uniforms = torch.rand(model.max_steps, count, generator=torch.Generator().manual_seed(seed))
     used = method.halting_label(options.halting)
+    whole = not method.needs_all_steps(options.halting)  # whole steps, not the expected rule's sum_n n p_n
     buckets, views = [], []
     with torch.inference_mode():
         for start in range(0, count, options.batch_size):
@@ -528,7 +529,6 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
                        "p": method.halting_distribution(out.lambda_logits),
                        **{key: torch.stack([t.values[key] for t in traces]).float() for key in traces[0].values}}
             figures = {key: value.cpu().T.tolist() for key, value in figures.items()}  # (B, steps)
-            whole = not method.needs_all_steps(options.halting)
             for row in range(end - start):
                 bucket = {"input": read.names[start + row], "prediction": int(chosen[row].argmax()),
                           "probability": float(chosen[row].max()), "halting": used,

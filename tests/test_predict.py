@@ -179,3 +179,42 @@ def test_parity_models_read_vectors(ponder, one_error_line, tmp_path):
     assert "two.txt:1: entries must be -1, 0 or +1 (got 2)" in one_error_line(ponder("predict", path, tmp_path / "two.txt"))
     assert "--rotate applies to mnist models" in one_error_line(
         ponder("predict", path, tmp_path / "v.txt", "--rotate", "10"))
+
+
+def test_the_expected_rule_reports_sum_n_p_n_and_the_mixture(ponder, checkpoint, digits):
+    data, white, _, _ = digits
+    report = json.loads(ponder("predict", checkpoint, *white[:2], "--steps", "--halting", "expected",
+                               "-f", "json").stdout)
+    model, _, _ = load_model(checkpoint, "cpu")
+    with torch.no_grad():
+        out = model(prepare_batch(data.images[:2]))
+    p = halting_log_probs(out.lambda_logits).exp()  # (steps, B)
+    mixture = (p[..., None] * torch.softmax(out.logits, dim=-1)).sum(0)  # (B, classes)
+    for i, bucket in enumerate(report["buckets"]):
+        assert bucket["halting_step"] == pytest.approx(sum((n + 1) * s["p"] for n, s in enumerate(bucket["steps"])))
+        assert bucket["prediction"] == int(mixture[i].argmax())
+        assert bucket["probability"] == pytest.approx(float(mixture[i].max()), abs=1e-6)
+
+
+def test_act_weights_its_steps_by_its_halting_units(ponder, runs, digits):
+    report = json.loads(ponder("predict", runs / "act", *digits[1], "--steps", "-f", "json").stdout)
+    epsilon = load_model(runs / "act" / "best.pt", "cpu")[1].act_epsilon
+    assert report["halting"] == "act"
+    for bucket in report["buckets"]:
+        steps, halt = bucket["steps"], bucket["halting_step"]
+        # N: the first step whose running sum of halting units reaches 1 - epsilon (or the last)
+        running = [sum(s["lambda"] for s in steps[:n + 1]) for n in range(len(steps))]
+        assert halt == next((n + 1 for n, total in enumerate(running) if total >= 1 - epsilon), len(steps))
+        # p = (h_1, ..., h_{N-1}, R, 0, ...), summing to 1
+        assert [s["p"] for s in steps[:halt - 1]] == pytest.approx([s["lambda"] for s in steps[:halt - 1]], abs=1e-6)
+        assert all(s["p"] == 0 for s in steps[halt:])
+        assert sum(s["p"] for s in steps) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_a_parity_strip(ponder, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = _untrained(tmp_path, task="parity", elems=4, max_steps=3, hidden=8)
+    (tmp_path / "v.txt").write_text("1 0 -1 1\n")
+    result = ponder("predict", path, tmp_path / "v.txt", "--plot", tmp_path / "strip.png")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "strip.png").exists()
