@@ -467,8 +467,8 @@ def info_report(checkpoint: str, cfg, history: list[dict], summary: dict, *, sho
              ("configuration", configuration)]
     rows = [{"what": what, "value": value} for what, value in facts]
     table = [{**h, "best": "★" if h.get("epoch") == best else ""} for h in history]
-    return Report(meta=meta, buckets=history, columns=[Column("what", "", "s"), Column("value", "", "s", wrap=True)],  # a table of facts
-                  table_rows=rows, title=f"{checkpoint}",
+    facts_columns = [Column("what", "", "s"), Column("value", "", "s", wrap=True)]  # no headers: no header row
+    return Report(meta=meta, buckets=history, columns=facts_columns, table_rows=rows, title=checkpoint,
                   detail=("History", table, HISTORY_COLUMNS) if history else None,
                   footer="" if history else "no per-epoch history in this checkpoint",
                   plot_series={"history": history, "best": [{"epoch": best}]}, plot_kind="history")
