@@ -469,6 +469,9 @@ def _sigterm_as_interrupt(torchrun: bool = False):
 
 # predict and info: looking inside a model -----------------------------------------------------
 
+PLOT_INPUTS = 16  # strips in one --plot figure: more would not be readable
+
+
 @dataclass(frozen=True)
 class PredictOptions:
     """How `ponder predict` reads the inputs and halts."""
@@ -537,10 +540,12 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
                     bucket["steps"] = [{"step": n + 1, **{key: values[row][n] for key, values in figures.items()}}
                                        for n in range(model.max_steps)]
                 buckets.append(bucket)
-            if options.views:
+            if options.views and len(views) < PLOT_INPUTS:
                 stacked = torch.stack([t.view for t in traces]).float().cpu()  # (steps, B, ...)
                 views += [stacked[:, row].reshape(model.max_steps, -1, stacked.shape[-1]).tolist()
-                          for row in range(end - start)]
+                          for row in range(min(end - start, PLOT_INPUTS - len(views)))]
+    if options.views and count > PLOT_INPUTS:
+        log(f"--plot draws the first {PLOT_INPUTS} of the {count} inputs")
     view = task.view()
     return prediction_report(str(path), cfg, buckets, halting=used, seed=seed, steps=options.steps, views=views,
                              view=view, rotate=options.rotate, invert=options.invert)
