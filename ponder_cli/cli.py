@@ -16,10 +16,12 @@ from . import PonderError, __version__
 from .cli_options import (AmpOption, AnglesCommand, CheckpointArgument, CnnDropoutMask, DataDirOption, DetailOption,
                           DeviceOption, DownloadOption, EvalBatchOption, EvalSeedOption, FormatOption,
                           HaltingInput, HaltingOption, LimitOption, Method, PlotOption, Protocol, ProtocolOption,
-                          QuietOption, RepeatsOption, Step, Task, TrainCommand, angles_option, counts_option,
-                          expand_angles, hyper)
+                          QuietOption, RepeatsOption, RequiredCheckpointArgument, Step, Task, TrainCommand,
+                          angles_option, counts_option, expand_angles, hyper)
 from .config import PonderConfig
 from .render import OutputFormat
+from .runs import LATEST
+from .shipped import DEFAULT
 from .streams import READER_GONE, guarded_stderr, reader_gone, require_stdout
 
 __all__ = ["app", "expand_angles", "run"]
@@ -209,6 +211,9 @@ def train(
                                          help="Continue the run saved in this checkpoint: a file (e.g. "
                                               "runs/pondernet-mlp-seed1234/last.pt), a run folder (its last.pt) or "
                                               "latest (the newest run under runs/)."),
+    tensorboard: bool = typer.Option(False, "--tensorboard", help="Also write TensorBoard event files into the run "
+                                     "folder: every epoch's figures and the halting-step histogram (needs "
+                                     "tensorboard: pip install tensorboard); view with tensorboard --logdir runs."),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", show_default=False,
                                             help="Progress bars on stderr. [default: when stderr is a terminal]"),
     quiet: bool = QuietOption,
@@ -220,7 +225,7 @@ def train(
     given = {name: value.value if isinstance(value, Enum) else value for name, value in locals().items()
              if name in PonderConfig.field_names() and value is not None}
     options = TrainOptions(resume=resume, out=out, data_dir=data_dir, download=download, device=device, amp=amp,
-                           progress=_bars(quiet, progress), overwrite=overwrite)
+                           progress=_bars(quiet, progress), overwrite=overwrite, tensorboard=tensorboard)
     report = train_run(given, options, log=_chatter(quiet))
     if report is not None:  # None: a torchrun process other than rank 0, which reports nothing
         _render(report, fmt, None, quiet)
@@ -379,6 +384,62 @@ def calibrate(
     report = calibrate_checkpoint(checkpoint, parsed, options, counts=counts, tolerance=tolerance,
                                   log=_chatter(quiet), progress=_bars(quiet))
     _render(report, fmt, None, quiet)
+
+
+# predict, info -----------------------------------------------------------------------------------
+
+@app.command()
+def predict(
+    checkpoint: str = RequiredCheckpointArgument,
+    inputs: List[Path] = typer.Argument(..., metavar="INPUT...", show_default=False,
+                                        help="MNIST models: image files (PNG, JPEG, ...: any size and mode) or .npy "
+                                             "arrays of shape (N, 28, 28); parity models: .npy arrays (N, ELEMS) or "
+                                             "text files of one vector per line (entries -1, 0, 1)."),
+    halting: str = HaltingOption,
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the halting coin flips (--halting sample). "
+                                       "[default: the checkpoint's training seed]"),
+    steps: bool = typer.Option(False, "--steps", help="Also show every step: its top class and probability, λ_n, "
+                               "p_n and the step function's own figures (align: the accumulated turn)."),
+    invert: Optional[bool] = typer.Option(None, "--invert/--no-invert", show_default=False,
+                                          help="Images: dark digits on a light background, to be inverted. "
+                                               "[default: detected per image, from its border]"),
+    rotate: Optional[float] = typer.Option(None, "--rotate", metavar="DEG", help="Images: rotate every input "
+                                           "counter-clockwise by DEG degrees first, as evaluation rotates."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a strip per input: what the model sees at each "
+                                        "step (align: the re-read view), the step's class and probability and "
+                                        "λ_n, the halting step framed (needs matplotlib)."),
+    device: str = DeviceOption,
+    quiet: bool = QuietOption,
+    fmt: OutputFormat = FormatOption,
+) -> None:
+    """A model on your own inputs: the prediction, its probability and the halting step per input."""
+    from .api import PredictOptions, predict_inputs
+    from .plot import check_destination
+
+    plot = check_destination(plot) if plot is not None else None
+    options = PredictOptions(halting=halting, seed=seed, invert=invert, rotate=rotate, steps=steps,
+                             views=plot is not None, device=device)
+    report = predict_inputs(checkpoint, inputs, options, log=_chatter(quiet))
+    _render(report, fmt, plot, quiet)
+
+
+@app.command()
+def info(
+    checkpoint: Optional[str] = typer.Argument(
+        None, metavar="CHECKPOINT|RUN_DIR", show_default=False,
+        help=f"A checkpoint file, a run folder (its last.pt, else its best.pt), {LATEST} (the newest run) or a shipped "
+             f"model's name. [default: {DEFAULT}]"),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write the learning curves: loss, accuracy and ponder "
+                                        "steps per epoch (needs matplotlib)."),
+    quiet: bool = QuietOption,
+    fmt: OutputFormat = FormatOption,
+) -> None:
+    """What a checkpoint or run holds: task, method, step, configuration, epochs, the best epoch and the history."""
+    from .api import run_info
+    from .plot import check_destination
+
+    plot = check_destination(plot) if plot is not None else None
+    _render(run_info(checkpoint, log=_chatter(quiet)), fmt, plot, quiet)
 
 
 def run() -> None:

@@ -144,6 +144,12 @@ PlotOption = typer.Option(None, "--plot", help="Write a figure (PNG, or another 
                           "distributions (needs matplotlib: pip install matplotlib).")
 
 
+RequiredCheckpointArgument = typer.Argument(
+    ..., metavar="CHECKPOINT", show_default=False,
+    help=f"A checkpoint file, a run folder (its best.pt), {LATEST} (the newest run under {RUNS_DIR}/), or a shipped "
+         f"model: {', '.join(SHIPPED)}.")
+
+
 def counts_option(default: str):
     """--counts: parity's buckets, None unless given (the task then picks its default)."""
     return typer.Option(None, "--counts", metavar="LO-HI...", show_default=False,

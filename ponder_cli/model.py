@@ -54,9 +54,11 @@ class PonderNet(nn.Module):
         self.halting_head = nn.Linear(self.step.readout_size + self.confidence_input
                                       + self.extra_input * self.step.halting_extra_size, 1)
 
-    def forward(self, x: torch.Tensor, stop: EarlyExitRule | None = None) -> PonderOutput:
+    def forward(self, x: torch.Tensor, stop: EarlyExitRule | None = None, traces: list | None = None) -> PonderOutput:
         """Run the steps for training and losses: every step of every image, or, with a `stop`
         rule (see halting.TruncateBelow), each image only until the rule says it is done.
+        `traces`, a list, receives each step's steps.StepTrace (every step, no `stop`): what
+        `ponder predict` shows of a step.
 
         A truncated image's last computed step gets halting logit FORCED_HALT_LOGIT, so lambda
         is 1 there and every later step has p_n = 0: the remaining mass the rule found too small
@@ -67,7 +69,10 @@ class PonderNet(nn.Module):
         context, state = self.step.start(x, self.max_steps)
         readouts, extras = [], []
         for n in range(self.max_steps):
+            before = state
             state, readout, extra = self.step(context, state, n)
+            if traces is not None:
+                traces.append(self.step.trace(x, context, before, state, n))
             readouts.append(readout)
             extras.append(extra)
         # Heads run once on all steps together: one large matmul beats `steps` small ones.

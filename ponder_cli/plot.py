@@ -45,6 +45,11 @@ def plot_report(report, path: Path | str) -> Path:
     """The figure of a reports.Report: one line per series (checkpoint or method)."""
     if report.plot_kind == "sweep":
         return plot_sweep(report.buckets, report.meta["fit"], path, title=report.title)
+    if report.plot_kind == "predict":
+        return plot_strips(report.plot_series["inputs"], path, title=report.title)
+    if report.plot_kind == "history":
+        return plot_history(report.plot_series["history"], report.plot_series["best"][0]["epoch"], path,
+                            title=report.title)
     return plot_buckets(report.plot_series, path, title=report.title)
 
 
@@ -138,3 +143,95 @@ def plot_buckets(series: dict[str, list[dict]], path: Path | str, *, title: str 
     ax_hist.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax_hist.set(xlabel="halting step", ylabel="share of inputs", title="Halting-step distribution")
     return _finish(fig, plt, (ax_acc, ax_steps, ax_hist), (ax_acc, ax_steps, ax_hist), title, path)
+
+
+def _pyplot():
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_strips(inputs: list[dict], path: Path | str, *, title: str = "") -> Path:
+    """`ponder predict --plot`: one strip per input, what the model saw at each step (its
+    `views`) with the step's top class, probability and λ_n beneath, the halting step framed in
+    red; at the end of the strip each step's probability of the final prediction, λ_n and p_n."""
+    plt = _pyplot()
+    steps = len(inputs[0]["steps"])
+    vector = len(inputs[0]["views"][0]) == 1  # (1, elems): a vector drawn as one row of cells
+    height = 0.9 if vector else 1.55
+    fig, axes = plt.subplots(len(inputs), steps + 1, squeeze=False,
+                             figsize=(1.2 * steps + 2.6, height * len(inputs) + 0.6),
+                             gridspec_kw={"width_ratios": [1] * steps + [2.2]})
+    for row, item in zip(axes, inputs):
+        views = item["views"]
+        low = min(min(min(line) for line in view) for view in views)
+        high = max(max(max(line) for line in view) for view in views)
+        halting = item["halting_step"] if isinstance(item["halting_step"], int) else None
+        for n, (ax, view, step) in enumerate(zip(row, views, item["steps"]), 1):
+            ax.imshow(view, cmap="gray", vmin=low, vmax=high, aspect="auto" if vector else "equal")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            # the step's own values after it (align: "turn → -29°", the turn the next step reads at)
+            turn = next((f"\n{key.removesuffix('_deg')} → {value:+.0f}°" if key.endswith("_deg") else f"\n{key} {value:.2g}"
+                         for key, value in step.items() if key not in ("step", "class", "probability", "lambda", "p")),
+                        "")
+            ax.set_xlabel(f"{step['class']} {step['probability']:.2f}\nλ {step['lambda']:.2f}{turn}", fontsize=7)
+            if n == 1:
+                ax.set_ylabel(_short(item["input"]), fontsize=7, rotation=0, ha="right", va="center")
+            if row is axes[0]:
+                ax.set_title(f"step {n}", fontsize=8)
+            if n == halting:
+                for spine in ax.spines.values():
+                    spine.set(color="red", linewidth=2.5)
+        chart = row[-1]
+        numbers = range(1, steps + 1)
+        chart.plot(numbers, [s["probability"] if s["class"] == item["prediction"] else 0.0 for s in item["steps"]],
+                   "o-", markersize=3, label=f"P(top = {item['prediction']})")
+        chart.plot(numbers, [s["lambda"] for s in item["steps"]], "s--", markersize=3, label="λ_n")
+        chart.bar(numbers, [s["p"] for s in item["steps"]], alpha=0.3, color="gray", label="p_n")
+        if halting is not None:
+            chart.axvline(halting, color="red", linewidth=1)
+        chart.set_ylim(0, 1.05)
+        chart.tick_params(labelsize=6)
+        chart.set_title(f"→ {item['prediction']} ({item['probability']:.2f}), halts at "
+                        f"{item['halting_step']:g}", fontsize=7)
+    axes[0][-1].legend(fontsize=6, loc="lower right")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+def _short(name: str, width: int = 18) -> str:
+    """An input's name for a label: the file name, cut from the left when long."""
+    name = Path(name.split("[")[0]).name + ("[" + name.split("[", 1)[1] if "[" in name else "")
+    return name if len(name) <= width else "…" + name[-(width - 1):]
+
+
+def plot_history(history: list[dict], best, path: Path | str, *, title: str = "") -> Path:
+    """`ponder info --plot`: the learning curves, training loss, accuracy and ponder steps
+    (training and validation) per epoch, the best epoch marked."""
+    plt = _pyplot()
+    if not history:
+        raise PonderError("--plot: this checkpoint holds no per-epoch history to draw")
+    epochs = [h["epoch"] for h in history]
+    fig, (ax_loss, ax_acc, ax_steps) = plt.subplots(1, 3, figsize=(15, 4.2))
+    ax_loss.plot(epochs, [h["train_loss"] for h in history], "o-", markersize=3, label="training loss")
+    ax_loss.plot(epochs, [h["train_reconstruction"] for h in history], "--", label="reconstruction (task) part")
+    ax_loss.set(xlabel="epoch", ylabel="loss", title="Training loss")
+    for key, label in (("train_accuracy", "training"), ("val_accuracy", "validation")):
+        ax_acc.plot(epochs, [h[key] for h in history], "o-", markersize=3, label=label)
+    ax_acc.set(xlabel="epoch", ylabel="accuracy", title="Accuracy")
+    for key, label in (("train_steps", "training"), ("val_steps", "validation")):
+        ax_steps.plot(epochs, [h[key] for h in history], "o-", markersize=3, label=label)
+    ax_steps.set(xlabel="epoch", ylabel="mean ponder steps", title="Ponder steps")
+    import matplotlib.ticker
+    for ax in (ax_loss, ax_acc, ax_steps):
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    if best:
+        for ax in (ax_loss, ax_acc, ax_steps):
+            ax.axvline(best, color="gray", linestyle=":", label=f"best epoch {best}" if ax is ax_acc else None)
+    return _finish(fig, plt, (ax_loss, ax_acc, ax_steps), (ax_loss, ax_acc, ax_steps), title, path)

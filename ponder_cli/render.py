@@ -147,7 +147,8 @@ def render_table(rows: list[dict], columns: list[Column], *, title: str | None =
     chunks = _chunks(columns, narrowest, console.width)
     for n, chunk in enumerate(chunks):
         part_title = title if n == 0 or title is None else f"{title} (continued)"
-        table = Table(title=part_title, caption=caption if n == len(chunks) - 1 else None)
+        table = Table(title=part_title, caption=caption if n == len(chunks) - 1 else None,
+                      show_header=any(c.header for c in columns))  # a table of facts needs no header row
         widths = _fit([natural[i] for i in chunk], [narrowest[i] for i in chunk], console.width)
         for i, w in zip(chunk, widths):
             c = columns[i]

@@ -363,16 +363,25 @@ class MetricsFile:
     def _writer(self, f) -> csv.DictWriter:
         return csv.DictWriter(f, fieldnames=self.columns, restval="", extrasaction="ignore", lineterminator="\n")
 
+    @staticmethod
+    def _cells(row: dict) -> dict:
+        """A list (the halting-step histogram) as JSON text in one cell: `[12, 40, 3]`."""
+        return {key: json.dumps(list(value)) if isinstance(value, (list, tuple)) else value
+                for key, value in row.items()}
+
     def start(self, history: Iterable[dict] = ()) -> None:
         def write(f):
             writer = self._writer(f)
             writer.writeheader()
-            writer.writerows(history)
+            writer.writerows(self._cells(row) for row in history)
         _replace_atomically(self.path, write)
 
     def append(self, row: dict) -> None:
         with open(self.path, "a", newline="", encoding="utf-8") as f:
-            self._writer(f).writerow(row)
+            self._writer(f).writerow(self._cells(row))
+
+    def close(self) -> None:
+        """Nothing held open: every row is appended and closed at once."""
 
 
 def remove_if_empty_run_dir(directory: Path) -> bool:

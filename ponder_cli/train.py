@@ -37,6 +37,8 @@ class EpochStats:
     # fp16 batches whose gradients overflowed at the GradScaler's scale: it skipped their step
     # and halved the scale (routine, mostly early in training; not a fault of the batch)
     scaler_backoffs: int = 0
+    # validation images halting at step 1, 2, ..., max_steps (the halting-step histogram)
+    val_halting_histogram: tuple = ()
 
 
 @dataclass
@@ -271,8 +273,10 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
         # the same on every rank, so `improved` agrees too.)
         if distributed.is_main():
             val = task.validate(model, val_set, amp)
-        val_accuracy, val_steps = distributed.broadcast_from_main(
-            [val.accuracy, val.mean_steps] if distributed.is_main() else [0.0, 0.0], device)
+        # (the halting-step histogram too, so that every rank's history is rank 0's)
+        val_accuracy, val_steps, *halting_histogram = distributed.broadcast_from_main(
+            [val.accuracy, val.mean_steps, *val.histogram] if distributed.is_main() else [0.0] * (2 + cfg.max_steps),
+            device)
         lr = optimizer.param_groups[0]["lr"]
         scheduler.step(val_accuracy)
         # A model with non-finite weights or training loss never becomes "best".
@@ -288,7 +292,8 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
             train_regularisation=stats["regularisation"], train_accuracy=stats["accuracy"],
             train_steps=stats["steps"], val_accuracy=val_accuracy, val_steps=val_steps, lr=lr,
             seconds=time.perf_counter() - started, improved=improved,
-            skipped_batches=stats["skipped_batches"], scaler_backoffs=stats["scaler_backoffs"])
+            skipped_batches=stats["skipped_batches"], scaler_backoffs=stats["scaler_backoffs"],
+            val_halting_histogram=tuple(int(count) for count in halting_histogram))
         result.history.append(record)
         result.last_epoch = epoch
         state = TrainingState(

@@ -21,7 +21,7 @@ def _command_names():
 
 
 def test_every_command_is_covered_here():
-    assert _command_names() == ["calibrate", "compare", "eval", "extrapolate", "sweep", "train"]
+    assert _command_names() == ["calibrate", "compare", "eval", "extrapolate", "info", "predict", "sweep", "train"]
 
 
 @pytest.mark.parametrize("command", [[]] + [[name] for name in _command_names()])

@@ -345,6 +345,11 @@ def test_interrupt_saves_and_prints_the_resume_hint(sent, code, headline, tiny_m
     # the message names the epoch on disk, also when the signal lands between saving and the epoch line
     assert epoch >= 1 and f"epoch {epoch} is saved in {out / 'last.pt'}" in stderr
     assert not (out / ".ponder.lock").exists()
+    # `ponder info` on the folder tells the interrupted run, and how to go on
+    from ponder_cli.api import run_info
+    info = run_info(out).meta
+    assert info["status"].startswith(f"interrupted after epoch {epoch} of ") and info["epochs_trained"] == epoch
+    assert info["status"].endswith(f"resume with: ponder train --resume {out / 'last.pt'}")
 
 
 # --- losing work: run folders, the shipped models, the lock ---------------------------------------

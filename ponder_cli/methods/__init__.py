@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..halting import EarlyExitRule
+from ..halting import EarlyExitRule, halting_log_probs
 from ..losses import LossParts
 from ..registry import method_class
 
@@ -53,6 +53,15 @@ class Method:
         """Class scores (B, classes) and ponder steps (B,) from a forward pass over every step;
         uniforms (steps, B) are the halting coin flips."""
         raise NotImplementedError
+
+    def halting_distribution(self, lambda_logits: torch.Tensor) -> torch.Tensor:
+        """p_n (steps, B): the weight this method gives each step's output (PonderNet: the
+        halting distribution; ACT: h_1, ..., h_{N-1}, R, 0, ...)."""
+        return halting_log_probs(lambda_logits).exp()
+
+    def probabilities(self, scores: torch.Tensor, rule: str) -> torch.Tensor:
+        """Class probabilities (B, classes) from `predict`'s scores under `rule`."""
+        return torch.softmax(scores.float(), dim=-1)
 
     def early_exit(self, rule: str, uniforms: torch.Tensor) -> EarlyExitRule:
         """The rule `PonderNet.infer` applies so that it predicts exactly as `predict` does."""

@@ -61,6 +61,9 @@ class ACTMethod(Method):
     def predict(self, logits, lambda_logits, uniforms, rule):
         return act_prediction(logits, lambda_logits, self.cfg.act_epsilon)
 
+    def halting_distribution(self, lambda_logits):
+        return act_halting(lambda_logits, self.cfg.act_epsilon).p
+
     def early_exit(self, rule, uniforms):
         return ActExit(uniforms.shape[1], self.cfg.act_epsilon, uniforms.device)
 

@@ -39,6 +39,10 @@ class PonderNetMethod(Method):
         steps = rule_halting_steps(rule, logits, lambda_logits, uniforms)
         return logits_at(logits, steps), steps
 
+    def probabilities(self, scores, rule):
+        # the expected rule's scores are already the p-weighted class probabilities
+        return scores.float() if parse_halting_rule(rule).name == "expected" else super().probabilities(scores, rule)
+
     def early_exit(self, rule, uniforms):
         return rule_exit(parse_halting_rule(rule), uniforms)
 

@@ -9,7 +9,7 @@ inference (only the inputs still running). Register a new one in `registry.STEPS
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -25,6 +25,14 @@ def select_rows(values: Rows, rows: torch.Tensor) -> tuple:
     per tensor; the early-exit loop finds the indices once per step and uses them everywhere.
     """
     return tuple(None if v is None else v.index_select(0, rows) for v in values)
+
+
+class StepTrace(NamedTuple):
+    """What one step did, for looking inside a model (`ponder predict --steps`, `--plot`): the
+    view the step read (B, ...), and named per-input scalars (B,) of the step function's own
+    (align: "turn_deg", the rotation accumulated so far). The model never reads them."""
+    view: torch.Tensor
+    values: dict
 
 
 class StepFunction(nn.Module):
@@ -59,3 +67,8 @@ class StepFunction(nn.Module):
         """Step n (0-based): the new state, the readout (B, readout_size) and the halting
         extras (B, halting_extra_size) or None."""
         raise NotImplementedError
+
+    def trace(self, x: torch.Tensor, context: tuple, before: tuple, after: tuple, n: int) -> StepTrace:
+        """Diagnostics of step n (0-based) from the inputs x, the context and the states before and
+        after it. By default the step read the input as it is and has no values of its own."""
+        return StepTrace(x, {})

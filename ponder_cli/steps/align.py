@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import StepFunction
+from . import StepFunction, StepTrace
 from .mlp import ImageEncoder
 
 
@@ -135,3 +135,11 @@ class AlignStep(StepFunction):
         # back and forth around upright does no work, and must not hold halting back.
         extra = ((delta + previous).abs() / (2 * self.max_turn)).unsqueeze(-1)  # (B, 1) in [0, 1]
         return (h, angle + delta, delta), h, extra
+
+    def trace(self, x, context, before, after, n):
+        """The view step n read, and the turn accumulated after it in degrees ("turn_deg"), in
+        rotation.rotate's sense (counter-clockwise positive): a digit rotated by +60° is read
+        upright after a turn of about -60°."""
+        (image,), angle_before, angle_after = context, before[1], after[1]
+        view = image if n == 0 else rotate_bilinear(image, angle_before)
+        return StepTrace(view, {"turn_deg": torch.rad2deg(angle_after)})

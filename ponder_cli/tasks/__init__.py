@@ -15,6 +15,8 @@ Interface (see MnistTask and ParityTask; a task is built from the run's config, 
 - training: `load_training(data_dir, download)` -> (training data, validation data) on the CPU,
   `to_device(data, device)`, `training_source(data, device)` -> a `TrainingSource`,
   `validate(model, validation data, amp)` -> evaluate.EvalResult, `describe` (the log line);
+- the user's own inputs (`ponder predict`): `read_inputs(paths, options)` -> `UserInputs`, the
+  files read and checked (a problem is one PonderError naming the file), ready for the model;
 - evaluation: `default_buckets(command)`, `parse_buckets(angles, counts, command)` and
   `sweep_specs(start, stop, every)` -> bucket specs, `test_data(options, device)` and
   `validation_data(options, device)` (held-out training data, for calibrate),
@@ -24,9 +26,27 @@ Interface (see MnistTask and ParityTask; a task is built from the run's config, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 from ..registry import task_class
+
+
+@dataclass(frozen=True)
+class InputOptions:
+    """How `ponder predict` reads the user's files: `invert` True/False forces or forbids
+    swapping dark and light (None: detected per image), `rotate` turns every input by that many
+    degrees first (None: not at all). Only image tasks read them."""
+    invert: Optional[bool] = None
+    rotate: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class UserInputs:
+    """The user's inputs as the model reads them: a name per input ("7.png", "digits.npy[3]",
+    "vectors.txt:2") and the batch x (N, ...) on the CPU."""
+    names: list
+    x: object  # torch.Tensor
 
 
 class TrainingSource:
@@ -62,6 +82,10 @@ class Task:
 
     def __init__(self, cfg=None):
         self.cfg = cfg
+
+    def read_inputs(self, paths: list, options: InputOptions) -> UserInputs:
+        """Read the user's files (`ponder predict`); see the interface above."""
+        raise NotImplementedError
 
     def view(self):
         """What reports say of this task for this run (reports.TaskView: plain data, no torch)."""

@@ -14,6 +14,132 @@ from .. import PonderError
 from . import Task, TrainingSource
 
 EVAL_ANGLES, EXTRAPOLATION_ANGLES = [0.0], [22.5, 45.0, 67.5, 90.0]
+SIDE = 28  # MNIST's images are 28x28
+BOX = 20  # ...with the digit's ink scaled to fit 20x20, centred by its centre of mass
+LIGHT_BORDER = 0.5  # a border brighter than this on average: a dark digit on a light background
+INK = 0.1  # pixels at least this bright (of the brightest) belong to the digit's bounding box
+
+
+# The user's own images (`ponder predict`) -----------------------------------------------------
+
+def _gray(path):
+    """An image file as float pixels (H, W) in [0, 1], whatever its mode; transparency is
+    composited onto white, as a page shows it."""
+    import numpy as np
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            image = ImageOps.exif_transpose(image)  # a photo as the camera held it
+            if image.mode in ("I", "I;16", "I;16B", "I;16L", "F"):
+                pixels = np.asarray(image, dtype=np.float64)
+                top = 65535.0 if image.mode != "F" and pixels.max() > 255 else (1.0 if pixels.max() <= 1 else 255.0)
+                return np.clip(pixels / top, 0, 1)
+            if image.mode in ("RGBA", "LA", "PA", "P") or "transparency" in image.info:
+                image = image.convert("RGBA")
+                white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+                image = Image.alpha_composite(white, image)
+            return np.asarray(image.convert("L"), dtype=np.float64) / 255
+    except UnidentifiedImageError:
+        raise PonderError(f"{path}: not an image file Pillow can read (PNG, JPEG, ...) nor a .npy array") from None
+    except (OSError, ValueError, SyntaxError) as exc:  # truncated or corrupt image data
+        raise PonderError(f"{path}: cannot read the image ({getattr(exc, 'strerror', None) or exc})") from None
+
+
+def _light_background(pixels) -> bool:
+    border = [pixels[0, :], pixels[-1, :], pixels[:, 0], pixels[:, -1]]
+    return float(sum(b.sum() for b in border) / sum(b.size for b in border)) > LIGHT_BORDER
+
+
+def frame_like_mnist(ink):
+    """A bright digit on a dark background (H, W) in [0, 1] of any size -> 28x28 as MNIST framed
+    its digits: the background level (the border's median) taken off and the contrast stretched,
+    the ink's bounding box scaled to fit 20x20 keeping its aspect, and placed so that its centre
+    of mass is the image's centre."""
+    import numpy as np
+    from PIL import Image
+
+    border = np.concatenate([ink[0, :], ink[-1, :], ink[:, 0], ink[:, -1]])
+    ink = np.clip(ink - np.median(border), 0, None)
+    if ink.max() <= 0:
+        return np.zeros((SIDE, SIDE))
+    ink = ink / ink.max()
+    rows, cols = np.nonzero(ink >= INK)
+    ink = ink[rows.min():rows.max() + 1, cols.min():cols.max() + 1]
+    height, width = ink.shape
+    scale = BOX / max(height, width)
+    size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    box = np.clip(np.asarray(Image.fromarray(ink.astype(np.float32), mode="F").resize(size, Image.LANCZOS)), 0, 1)
+    total = box.sum()
+    if total <= 0:
+        return np.zeros((SIDE, SIDE))
+    ys, xs = np.indices(box.shape)
+    centre_y, centre_x = (ys * box).sum() / total, (xs * box).sum() / total
+    top = int(np.clip(round((SIDE - 1) / 2 - centre_y), 0, SIDE - box.shape[0]))
+    left = int(np.clip(round((SIDE - 1) / 2 - centre_x), 0, SIDE - box.shape[1]))
+    framed = np.zeros((SIDE, SIDE))
+    framed[top:top + box.shape[0], left:left + box.shape[1]] = box
+    return framed
+
+
+def _npy_images(path):
+    """A .npy array of 28x28 images (N, 28, 28), or one (28, 28), as floats in [0, 1]: uint8 (and
+    any array with values above 1) is read as 0-255, other numbers as 0-1."""
+    import numpy as np
+
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise PonderError(f"{path}: not a readable .npy array ({exc})") from None
+    if array.ndim == 2:
+        array = array[None]
+    if array.ndim != 3 or array.shape[1:] != (SIDE, SIDE) or array.shape[0] == 0:
+        raise PonderError(f"{path}: an array of shape {tuple(array.shape)}; this model reads 28x28 images: "
+                          f"give shape (N, 28, 28)")
+    if array.dtype.kind not in "biuf":
+        raise PonderError(f"{path}: an array of {array.dtype}, not of numbers")
+    array = array.astype(np.float64)
+    if not np.isfinite(array).all() or array.min() < 0 or array.max() > 255:
+        raise PonderError(f"{path}: pixel values must be finite, in 0-1 or 0-255 (got {array.min():g} to "
+                          f"{array.max():g})")
+    return array / 255 if array.max() > 1 else array
+
+
+def read_images(paths, invert=None, rotate=None):
+    """Image files (PNG, JPEG, anything Pillow reads; any size and mode) and .npy arrays of shape
+    (N, 28, 28) -> names and normalised inputs (N, 1, 28, 28) exactly as training and evaluation
+    prepare MNIST (data.prepare_batch: rotated first, then normalised).
+
+    Every image is made grayscale in [0, 1]; one whose border is light on average (above 0.5) is a
+    dark digit on a light background and is inverted (`invert` True or False decides instead).
+    28x28 images are then read as they are; other sizes are framed as MNIST's digits were
+    (frame_like_mnist). `rotate`: degrees, counter-clockwise, with evaluation's rotation."""
+    import numpy as np
+    import torch
+
+    from ..data import prepare_batch
+
+    names, images = [], []
+    for path in paths:
+        if not path.exists():
+            raise PonderError(f"{path}: no such file")
+        if path.is_dir():
+            raise PonderError(f"{path} is a directory; name image files or .npy arrays")
+        if path.suffix.lower() == ".npy":
+            found = list(_npy_images(path))
+            names += [f"{path}[{i}]" for i in range(len(found))] if len(found) > 1 else [str(path)]
+        else:
+            found = [_gray(path)]
+            names.append(str(path))
+        for pixels in found:
+            light = _light_background(pixels) if invert is None else invert
+            pixels = 1 - pixels if light else pixels
+            if pixels.shape != (SIDE, SIDE):
+                pixels = frame_like_mnist(pixels)
+            images.append(np.round(pixels * 255))  # MNIST's 256 levels: a 28x28 PNG reads back exactly
+    raw = torch.from_numpy(np.stack(images)).float()  # (N, 28, 28) on the 0-255 scale of MNIST's bytes
+    angles = None if not rotate else torch.full((raw.shape[0],), float(rotate))
+    return names, prepare_batch(raw, angles)
 
 
 class ImageBatches(TrainingSource):
@@ -76,6 +202,12 @@ class MnistTask(Task):
 
     def describe(self, train_data, val_data) -> str:
         return f"on {len(train_data)} images, validating on {len(val_data)}"
+
+    def read_inputs(self, paths, options):
+        from . import UserInputs
+
+        names, x = read_images(paths, invert=options.invert, rotate=options.rotate)
+        return UserInputs(names, x)
 
     def view(self):
         from ..reports import mnist_view

@@ -177,6 +177,54 @@ def _terms():
 TERMS = _terms()  # how reports name parity's buckets and inputs
 
 
+def _vector_rows(path, elems: int) -> tuple[list[str], torch.Tensor]:
+    """A .npy array (N, elems) or (elems,), or a text file of one vector per line (entries apart
+    by spaces or commas; blank lines and lines starting with # are skipped) -> names and rows."""
+    import numpy as np
+
+    from .. import PonderError
+
+    if path.suffix.lower() == ".npy":
+        try:
+            array = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise PonderError(f"{path}: not a readable .npy array ({exc})") from None
+        if array.ndim == 1:
+            array = array[None]
+        if array.ndim != 2 or array.shape[1] != elems or array.shape[0] == 0 or array.dtype.kind not in "biuf":
+            raise PonderError(f"{path}: an array of shape {tuple(array.shape)} ({array.dtype}); this model reads "
+                              f"vectors of {elems} entries: give shape (N, {elems})")
+        rows = torch.from_numpy(array.astype(np.float32))
+        names = [f"{path}[{i}]" for i in range(rows.shape[0])] if rows.shape[0] > 1 else [str(path)]
+    else:
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError:
+            raise PonderError(f"{path}: not a text file of vectors nor a .npy array") from None
+        names, parsed = [], []
+        for number, line in enumerate(lines, 1):
+            text = line.split("#", 1)[0].replace(",", " ").split()
+            if not text:
+                continue
+            try:
+                values = [float(v) for v in text]
+            except ValueError:
+                raise PonderError(f"{path}:{number}: not a vector of numbers ({line.strip()!r})") from None
+            if len(values) != elems:
+                raise PonderError(f"{path}:{number}: a vector of {len(values)} entries; this model reads vectors "
+                                  f"of {elems}")
+            names.append(f"{path}:{number}")
+            parsed.append(values)
+        if not parsed:
+            raise PonderError(f"{path}: no vectors in it (one per line, {elems} entries each)")
+        rows = torch.tensor(parsed, dtype=torch.float32)
+    bad = ~((rows == -1) | (rows == 0) | (rows == 1))
+    if bad.any():
+        where = names[int(bad.any(dim=1).nonzero()[0])]
+        raise PonderError(f"{where}: entries must be -1, 0 or +1 (got {float(rows[bad][0]):g})")
+    return names, rows
+
+
 class ParityTask(Task):
     name = "parity"
     classes = CLASSES
@@ -211,6 +259,25 @@ class ParityTask(Task):
         lo, hi = self._range()
         return (f"on {self.cfg.batches_per_epoch} batches of {self.cfg.batch_size} fresh vectors per epoch "
                 f"({self.cfg.elems} elements, non-zero counts {lo}-{hi}), validating on {val_data.x.shape[0]}")
+
+    def read_inputs(self, paths, options):
+        """.npy arrays (N, elems) and text files of vectors (see _vector_rows), entries -1, 0, +1."""
+        from .. import PonderError
+        from . import UserInputs
+
+        for name, value in (("--rotate", options.rotate), ("--invert/--no-invert", options.invert)):
+            if value is not None:
+                raise PonderError(f"{name} applies to mnist models; this one is a parity model")
+        names, rows = [], []
+        for path in paths:
+            if not path.exists():
+                raise PonderError(f"{path}: no such file")
+            if path.is_dir():
+                raise PonderError(f"{path} is a directory; name .npy arrays or text files of vectors")
+            found_names, found = _vector_rows(path, self.cfg.elems)
+            names += found_names
+            rows.append(found)
+        return UserInputs(names, torch.cat(rows))
 
     def view(self):
         from ..reports import TaskView

@@ -1,0 +1,115 @@
+"""`ponder info` on finished, interrupted and shipped runs; metrics.csv as the csv module reads
+it; `ponder train --tensorboard` writing the same figures as TensorBoard events."""
+
+import csv
+import io
+import json
+import sys
+
+import pytest
+
+from ponder_cli.checkpoint import load_checkpoint, save_checkpoint
+from ponder_cli.reports import META_KEYS
+from ponder_cli.shipped import SHIPPED
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def two_epochs(ponder, tiny_mnist, tmp_path_factory, quick):
+    """A finished two-epoch run (quick options) and an interrupted copy: its last.pt states
+    epoch 2 of 4 planned and there is no best.pt, as after Ctrl-C in a run that never improved."""
+    out = tmp_path_factory.mktemp("info") / "run"
+    args = [*quick, "--epochs", "2", "--data-dir", tiny_mnist, "--out", out, "--no-progress"]
+    result = ponder("train", *args)
+    assert result.exit_code == 0, result.output
+    cut = out.parent / "cut"
+    cut.mkdir()
+    state = load_checkpoint(out / "last.pt")
+    state.config = state.config.replace(epochs=4)
+    save_checkpoint(state, cut / "last.pt")
+    return out, cut
+
+
+def test_metrics_csv_has_one_row_per_epoch_with_the_halting_histogram(two_epochs):
+    out, _ = two_epochs
+    rows = _rows(out / "metrics.csv")
+    assert [row["epoch"] for row in rows] == ["1", "2"]
+    for row in rows:
+        histogram = json.loads(row["val_halting_histogram"])
+        assert len(histogram) == 2 and sum(histogram) == 100  # --max-steps 2, --val-size 100
+
+
+def test_info_on_a_finished_run(ponder, two_epochs, monkeypatch):
+    out, _ = two_epochs
+    monkeypatch.setenv("COLUMNS", "80")
+    report = json.loads(ponder("info", out, "-f", "json").stdout)
+    assert set(META_KEYS) <= report.keys()
+    history = json.loads(json.dumps(load_checkpoint(out / "last.pt").history))  # tuples as JSON lists
+    assert report["buckets"] == history and [b["epoch"] for b in report["buckets"]] == [1, 2]
+    assert (report["command"], report["file"], report["status"]) == ("info", str(out / "last.pt"), "finished")
+    assert (report["epochs_trained"], report["epochs_planned"]) == (2, 2)
+    best = next(h for h in history if h["epoch"] == report["best_epoch"])
+    assert report["best_val_accuracy"] == best["val_accuracy"]
+    assert report["sources"]["epochs"] == "given" and report["config"]["max_steps"] == 2
+    rows = list(csv.DictReader(io.StringIO(ponder("info", out, "-f", "csv").stdout)))
+    assert [row["epoch"] for row in rows] == ["1", "2"] and rows[0]["status"] == "finished"
+    table = ponder("info", out).stdout
+    assert "History" in table and "status" in table
+    assert max(len(line) for line in table.splitlines()) <= 80
+
+
+def test_info_on_an_interrupted_run(ponder, two_epochs):
+    _, cut = two_epochs
+    report = json.loads(ponder("info", cut, "-f", "json").stdout)
+    assert report["status"] == f"interrupted after epoch 2 of 4; resume with: ponder train --resume {cut / 'last.pt'}"
+    assert len(report["buckets"]) == 2 and report["resumable"] is True
+
+
+@pytest.mark.parametrize("name", list(SHIPPED))
+def test_info_on_every_shipped_model(ponder, name):
+    report = json.loads(ponder("info", name, "-f", "json").stdout)
+    assert report["status"].startswith("its run's best epoch, saved after epoch")
+    assert len(report["buckets"]) == report["epochs_trained"] == report["best_epoch"]
+
+
+def test_info_plots_learning_curves(ponder, two_epochs, tmp_path):
+    pytest.importorskip("matplotlib")
+    result = ponder("info", two_epochs[0], "--plot", tmp_path / "curves.png")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
+
+
+def test_info_on_a_folder_without_checkpoints(ponder, one_error_line, tmp_path):
+    assert "holds no last.pt or best.pt" in one_error_line(ponder("info", tmp_path))
+
+
+def test_tensorboard_events_hold_the_metrics_rows(ponder, tiny_mnist, tmp_path, quick):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    result = ponder("train", *quick, "--epochs", "2", "--data-dir", tiny_mnist, "--out", out, "--tensorboard")
+    assert result.exit_code == 0, result.output
+    events = EventAccumulator(str(out))
+    events.Reload()
+    rows = _rows(out / "metrics.csv")
+    for tag, key in (("train/loss", "train_loss"), ("val/accuracy", "val_accuracy"), ("lr", "lr"),
+                     ("val/steps", "val_steps")):
+        assert [(e.step, pytest.approx(e.value, rel=1e-6)) for e in events.Scalars(tag)] == \
+               [(int(row["epoch"]), float(row[key])) for row in rows]
+    last = events.Histograms("val/halting_step")[-1]
+    assert last.step == 2 and list(last.histogram_value.bucket) == json.loads(rows[-1]["val_halting_histogram"])
+
+
+def test_tensorboard_missing_is_one_error_line_before_training(ponder, one_error_line, tiny_mnist, tmp_path,
+                                                             quick, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # the import fails as if not installed
+    line = one_error_line(ponder("train", *quick, "--data-dir", tiny_mnist, "--out", tmp_path / "run",
+                                 "--tensorboard"))
+    assert line == ("Error: --tensorboard needs the tensorboard package: pip install tensorboard "
+                    "(or pip install 'ponder_cli[tensorboard]')")
+    assert not (tmp_path / "run").exists()
