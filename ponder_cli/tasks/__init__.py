@@ -94,3 +94,15 @@ class Task:
 
 def get_task(cfg) -> Task:
     return task_class(getattr(cfg, "task", "mnist"))(cfg)
+
+
+def load_array(path):
+    """A user's .npy file as a numpy array, or one error naming the file (no pickles)."""
+    import numpy as np
+
+    from .. import PonderError
+
+    try:
+        return np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise PonderError(f"{path}: not a readable .npy array ({exc})") from None

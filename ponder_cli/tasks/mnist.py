@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Optional
 
 from .. import PonderError
-from . import Task, TrainingSource
+from . import Task, TrainingSource, load_array
 
 EVAL_ANGLES, EXTRAPOLATION_ANGLES = [0.0], [22.5, 45.0, 67.5, 90.0]
 SIDE = 28  # MNIST's images are 28x28
@@ -87,10 +87,7 @@ def _npy_images(path):
     any array with values above 1) is read as 0-255, other numbers as 0-1."""
     import numpy as np
 
-    try:
-        array = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise PonderError(f"{path}: not a readable .npy array ({exc})") from None
+    array = load_array(path)
     if array.ndim == 2:
         array = array[None]
     if array.ndim != 3 or array.shape[1:] != (SIDE, SIDE) or array.shape[0] == 0:

@@ -25,7 +25,7 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-from . import Task, TrainingSource
+from . import Task, TrainingSource, load_array
 
 CLASSES = 2
 # Seeds of the fixed evaluation sets: validation while training, test for reported figures.
@@ -185,10 +185,7 @@ def _vector_rows(path, elems: int) -> tuple[list[str], torch.Tensor]:
     from .. import PonderError
 
     if path.suffix.lower() == ".npy":
-        try:
-            array = np.load(path, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as exc:
-            raise PonderError(f"{path}: not a readable .npy array ({exc})") from None
+        array = load_array(path)
         if array.ndim == 1:
             array = array[None]
         if array.ndim != 2 or array.shape[1] != elems or array.shape[0] == 0 or array.dtype.kind not in "biuf":
