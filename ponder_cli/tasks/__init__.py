@@ -106,3 +106,14 @@ def load_array(path):
         return np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         raise PonderError(f"{path}: not a readable .npy array ({exc})") from None
+
+
+def check_input_file(path, wanted: str) -> None:
+    """A user's INPUT must be an existing file; `wanted` names what this task reads, for the
+    message about a folder."""
+    from .. import PonderError
+
+    if not path.exists():
+        raise PonderError(f"{path}: no such file")
+    if path.is_dir():
+        raise PonderError(f"{path} is a directory; name {wanted}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Optional
 
 from .. import PonderError
-from . import Task, TrainingSource, load_array
+from . import Task, TrainingSource, check_input_file, load_array
 
 EVAL_ANGLES, EXTRAPOLATION_ANGLES = [0.0], [22.5, 45.0, 67.5, 90.0]
 SIDE = 28  # MNIST's images are 28x28
@@ -118,10 +118,7 @@ def read_images(paths, invert=None, rotate=None):
 
     names, images = [], []
     for path in paths:
-        if not path.exists():
-            raise PonderError(f"{path}: no such file")
-        if path.is_dir():
-            raise PonderError(f"{path} is a directory; name image files or .npy arrays")
+        check_input_file(path, "image files or .npy arrays")
         if path.suffix.lower() == ".npy":
             found = list(_npy_images(path))
             names += [f"{path}[{i}]" for i in range(len(found))] if len(found) > 1 else [str(path)]

@@ -25,7 +25,7 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-from . import Task, TrainingSource, load_array
+from . import Task, TrainingSource, check_input_file, load_array
 
 CLASSES = 2
 # Seeds of the fixed evaluation sets: validation while training, test for reported figures.
@@ -267,10 +267,7 @@ class ParityTask(Task):
                 raise PonderError(f"{name} applies to mnist models; this one is a parity model")
         names, rows = [], []
         for path in paths:
-            if not path.exists():
-                raise PonderError(f"{path}: no such file")
-            if path.is_dir():
-                raise PonderError(f"{path} is a directory; name .npy arrays or text files of vectors")
+            check_input_file(path, ".npy arrays or text files of vectors")
             found_names, found = _vector_rows(path, self.cfg.elems)
             names += found_names
             rows.append(found)
