@@ -85,7 +85,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                       help="Print the version and exit.")) -> None:
-    """Train PonderNet on MNIST and measure whether it ponders longer on harder inputs."""
+    """Train PonderNet on MNIST or parity and measure whether it ponders longer on harder inputs."""
 
 
 def _chatter(quiet: bool):
