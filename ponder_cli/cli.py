@@ -177,8 +177,11 @@ def train(
     beta: Optional[float] = hyper("beta", "Weight of the KL regularisation."),
     tau: Optional[float] = hyper("tau", "ACT: weight of the ponder cost N + R."),
     halting_input: Optional[HaltingInput] = hyper("halting_input", "What the halting head sees besides the "
-                                                   "state: the step's top class probability, the step's turn (align).",
-                                                   "--halting-input", case_sensitive=False),
+                                                   "state: the step's top class probability, the previous step's "
+                                                   "state, the step's turn (align), in that order: "
+                                                   "state+confidence+previous+turn or a part of it.",
+                                                   "--halting-input", case_sensitive=False,
+                                                   metavar="<state[+confidence][+previous][+turn]>"),
     grad_clip: Optional[float] = hyper("grad_clip", "Gradient-norm clip (0: off)."),
     patience: Optional[int] = hyper("patience", "Early stopping: epochs without a better validation accuracy "
                                                  "(0: off)."),

@@ -47,11 +47,13 @@ class PonderNet(nn.Module):
         self.step = step_class(cfg.step)(cfg)
         self.output_head = nn.Linear(self.step.readout_size, classes)
         # what the halting head sees besides the readout: the step's top class probability
-        # ("confidence") and the step function's own halting features ("turn" for align)
+        # ("confidence"), the previous step's readout ("previous": [h_n, h_{n-1}], zeros before
+        # the first step) and the step function's own halting features ("turn" for align)
         self.confidence_input = "confidence" in cfg.halting_input
+        self.previous_input = "previous" in cfg.halting_input
         self.extra_input = "turn" in cfg.halting_input
         self.turn_gate = float(cfg.turn_gate)
-        self.halting_head = nn.Linear(self.step.readout_size + self.confidence_input
+        self.halting_head = nn.Linear(self.step.readout_size * (1 + self.previous_input) + self.confidence_input
                                       + self.extra_input * self.step.halting_extra_size, 1)
 
     def forward(self, x: torch.Tensor, stop: EarlyExitRule | None = None, traces: list | None = None) -> PonderOutput:
@@ -78,14 +80,20 @@ class PonderNet(nn.Module):
         # Heads run once on all steps together: one large matmul beats `steps` small ones.
         readouts = torch.stack(readouts)  # (steps, B, readout)
         extra = None if extras[0] is None else torch.stack(extras)  # (steps, B, extra)
-        return PonderOutput(*self.heads(readouts, extra))
+        previous = torch.cat([torch.zeros_like(readouts[:1]), readouts[:-1]]) if self.previous_input else None
+        return PonderOutput(*self.heads(readouts, extra, previous))
 
-    def heads(self, readout: torch.Tensor, extra: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Class logits (..., classes) and halting logits (...) from readouts (..., readout)."""
+    def heads(self, readout: torch.Tensor, extra: torch.Tensor | None = None,
+              previous: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Class logits (..., classes) and halting logits (...) from readouts (..., readout);
+        `previous`, the readouts one step earlier (zeros at the first step), when the halting
+        head reads them."""
         logits = self.output_head(readout)
         halting_input = [readout]
         if self.confidence_input:
             halting_input.append(torch.softmax(logits.float(), dim=-1).amax(dim=-1, keepdim=True).to(readout.dtype))
+        if self.previous_input:
+            halting_input.append(torch.zeros_like(readout) if previous is None else previous)
         if self.extra_input and extra is not None:
             # detached, like the gate below: halting may read the step's work but its loss (the KL
             # pull towards halting early) must not reach the step through it, or training could
@@ -109,9 +117,11 @@ class PonderNet(nn.Module):
         """
         context, state = self.step.start(x, self.max_steps)
         active = torch.arange(x.shape[0], device=x.device)  # rows of the batch still running
+        previous = None  # the last step's readouts of the running rows, when the halting head reads them
         for n in range(self.max_steps):
             state, readout, extra = self.step(context, state, n)  # (A, ...)
-            logits, lambda_logits = self.heads(readout, extra)
+            logits, lambda_logits = self.heads(readout, extra, previous)
+            previous = readout if self.previous_input else None
             last = n == self.max_steps - 1
             done, chosen = rule.decide(n, last, logits, lambda_logits)
             yield n, active, logits, lambda_logits, done, chosen
@@ -123,6 +133,7 @@ class PonderNet(nn.Module):
             if going_on.shape[0] < active.shape[0]:  # nothing to copy when no row is done
                 active = active.index_select(0, going_on)
                 context, state = select_rows(context, going_on), select_rows(state, going_on)
+                previous = None if previous is None else previous.index_select(0, going_on)
                 rule.keep(going_on)
 
     def _forward_truncated(self, x: torch.Tensor, stop: EarlyExitRule) -> PonderOutput:

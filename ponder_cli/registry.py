@@ -27,9 +27,11 @@ METHODS = {
     "plain": "ponder_cli.methods.plain:PlainMethod",
 }
 
-# what the halting head sees: the step's readout, its top class probability, the step
-# function's own halting features (align: the size of its turn)
-HALTING_INPUTS = ("state", "state+confidence", "state+turn", "state+confidence+turn")
+# what the halting head sees: the step's readout, plus any of its top class probability, the
+# previous step's readout (the change between steps) and the step function's own halting
+# features (align: the size of its turn), in that order
+HALTING_INPUTS = ("state", "state+confidence", "state+previous", "state+turn", "state+confidence+previous",
+                  "state+confidence+turn", "state+previous+turn", "state+confidence+previous+turn")
 # mlp: one Dropout2d mask per image shared by every step (the CNN runs once), or a fresh mask
 # at every step, as the reference gets by recomputing its CNN at every step
 CNN_DROPOUT_MASKS = ("shared", "per-step")

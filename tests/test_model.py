@@ -106,6 +106,30 @@ def test_confidence_input_feeds_the_top_class_probability_to_the_halting_head():
         assert torch.equal(steps, sample_halting_steps(model(x).lambda_logits, uniforms))
 
 
+def test_previous_input_shows_the_halting_head_this_and_the_last_step():
+    model = small_model(max_steps=4, halting_input="state+previous")
+    assert model.halting_head.in_features == 32
+    x = torch.randn(32, 1, 28, 28) * torch.linspace(0, 3, 32).view(-1, 1, 1, 1)
+    with torch.no_grad():
+        out = model(x)
+        context, state = model.step.start(x, 4)
+        readouts = []
+        for n in range(4):
+            state, readout, _ = model.step(context, state, n)
+            readouts.append(readout)
+    w, b = model.halting_head.weight[0], model.halting_head.bias
+    # [h_n, h_{n-1}], with zeros before the first step
+    expected = [readouts[n] @ w[:16] + (readouts[n - 1] @ w[16:] if n else 0) + b for n in range(4)]
+    assert torch.allclose(out.lambda_logits, torch.stack(expected), atol=1e-5)
+    assert not torch.allclose(out.lambda_logits[1:], torch.stack(
+        [readouts[n] @ w[:16] + b for n in range(1, 4)]), atol=1e-3)
+    # the early-exit loop carries each running row's own previous readout
+    uniforms = torch.rand(4, 32, generator=torch.Generator().manual_seed(3))
+    _, steps = model.infer(x, SampleExit(uniforms))
+    assert len(set(steps.tolist())) > 2
+    assert torch.equal(steps, sample_halting_steps(out.lambda_logits, uniforms))
+
+
 def test_a_new_step_function_plugs_in_through_the_registry(monkeypatch):
     """The seam: a step function defined here, registered by one line, drives the same loop,
     early exit included, with halting extras reaching the halting head."""
