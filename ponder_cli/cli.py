@@ -378,8 +378,8 @@ def calibrate(
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:
-    """Choose an exit rule on held-out data: quantile:Q and patience:K rules on the validation set (not the test
-    set), and the cheapest that agrees with the last step; paste it into --halting."""
+    """Choose an exit rule on held-out data: quantile:Q, patience:K and confidence:C rules on the validation set
+    (not the test set), and the cheapest that agrees with the last step; paste it into --halting."""
     from .api import calibrate_checkpoint
 
     parsed, _, options = _prepare(angles, None, protocol, "sample", seed=seed, repeats=repeats, limit=limit,

@@ -135,7 +135,8 @@ HaltingOption = typer.Option("sample", "--halting", metavar="RULE", callback=_ha
                              help=f"{rule_choices()}. sample: Bernoulli(λ_n) coin per step (paper); median: "
                                   "first step where the cumulative halting probability reaches 0.5; quantile:Q: "
                                   "where it reaches Q (median = quantile:0.5); patience:K: first step whose "
-                                  "predicted class is also that of the K steps before it; expected: p-weighted "
+                                  "predicted class is also that of the K steps before it; confidence:C: first "
+                                  "step whose top class probability reaches C; expected: p-weighted "
                                   "average of all steps' outputs, steps = Σ n·p_n. See ponder calibrate.")
 DetailOption = typer.Option(False, "--detail", help="Also show, per halting step, how many images halted there "
                             "and the accuracy if every image stopped there (runs all steps).")

@@ -1,5 +1,5 @@
 """Halting arithmetic shared by the model, the losses and evaluation: PonderNet's halting
-distribution and its rules (sample, median, expected, quantile:Q, patience:K; spelled in
+distribution and its rules (sample, median, expected, quantile:Q, patience:K, confidence:C; spelled in
 halting_rules.py), ACT's halting units, and the per-row rules that let the one early-exit loop
 (`PonderNet.infer`) stop each image as soon as it halts.
 
@@ -75,6 +75,23 @@ def patience_halting_steps(logits: torch.Tensor, patience: int) -> torch.Tensor:
     return fires.to(torch.uint8).argmax(dim=0) + 1
 
 
+def confidence_halting_steps(logits: torch.Tensor, confidence: float) -> torch.Tensor:
+    """1-based first step whose top class probability max softmax(y_n) reaches `confidence`, or
+    the last step (CALM's softmax-response exit). (steps, B, classes) -> (B,)"""
+    fires = confident(logits, confidence)  # (steps, B)
+    fires[-1] = True
+    return fires.to(torch.uint8).argmax(dim=0) + 1
+
+
+def confident(logits: torch.Tensor, confidence: float) -> torch.Tensor:
+    """Whether max softmax(y) >= confidence, (..., classes) -> (...), in float32 and without
+    the softmax: the top probability is 1 / sum_j exp(y_j - y_max), so the test is
+    logsumexp(y - y_max) <= -log(confidence)."""
+    logits = logits.float()
+    top = logits.amax(dim=-1, keepdim=True)
+    return torch.logsumexp(logits - top, dim=-1) <= -math.log(confidence)
+
+
 def rule_halting_steps(rule: HaltingRule, logits: torch.Tensor, lambda_logits: torch.Tensor,
                        uniforms: torch.Tensor) -> torch.Tensor:
     """The 1-based halting step (B,) of each image under a rule that halts at one step, from a
@@ -85,6 +102,8 @@ def rule_halting_steps(rule: HaltingRule, logits: torch.Tensor, lambda_logits: t
         return quantile_halting_steps(lambda_logits, rule.quantile)
     if rule.name == "patience":
         return patience_halting_steps(logits, rule.parameter)
+    if rule.name == "confidence":
+        return confidence_halting_steps(logits, rule.parameter)
     raise ValueError(f"the {rule} rule does not halt at one step")
 
 
@@ -207,6 +226,18 @@ class PatienceExit(EarlyExitRule):
         self.streak, self.previous = self.streak.index_select(0, rows), self.previous.index_select(0, rows)
 
 
+class ConfidenceExit(EarlyExitRule):
+    """Halt once the top class probability reaches `confidence` (`confidence_halting_steps`)."""
+
+    def __init__(self, confidence: float):
+        self.confidence = confidence
+
+    def decide(self, n, last, logits, lambda_logits):
+        halts = torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device) if last \
+            else confident(logits, self.confidence)
+        return halts, logits
+
+
 def rule_exit(rule: HaltingRule, uniforms: torch.Tensor) -> EarlyExitRule:
     """The early-exit form of a rule that halts at one step (see `rule_halting_steps`);
     uniforms (steps, B) are the sample rule's coins, and give the batch size and device."""
@@ -217,6 +248,8 @@ def rule_exit(rule: HaltingRule, uniforms: torch.Tensor) -> EarlyExitRule:
         return QuantileExit(batch, rule.quantile, device)
     if rule.name == "patience":
         return PatienceExit(batch, rule.parameter, device)
+    if rule.name == "confidence":
+        return ConfidenceExit(rule.parameter)
     raise ValueError(f"the {rule} rule needs every step; it has no early exit")
 
 

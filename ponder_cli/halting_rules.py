@@ -5,7 +5,9 @@
 - quantile:Q (0 < Q < 1): halt at the first step where the cumulative halting probability
   1 - prod_k (1 - lambda_k) reaches Q; median is quantile:0.5 (PALBERT's Q-exit);
 - patience:K (K >= 1): halt at the first step n whose predicted class argmax y_n is also that of
-  each of the K steps before it (n >= K + 1), or at the last step (PABEE).
+  each of the K steps before it (n >= K + 1), or at the last step (PABEE);
+- confidence:C (0 < C < 1): halt at the first step whose top class probability max softmax(y_n)
+  reaches C, or at the last step (CALM's softmax-response exit).
 
 A rule keeps the user's spelling (`HaltingRule.spelling`): reports show it as it was given.
 """
@@ -19,16 +21,19 @@ from typing import Optional, Union
 from .registry import HALTING_RULES
 
 # what each rule with a parameter calls it and accepts, for help texts and messages
-PARAMETERS = {"quantile": ("Q", "0 < Q < 1"), "patience": ("K", "a whole number K >= 1")}
+PARAMETERS = {"quantile": ("Q", "0 < Q < 1"), "patience": ("K", "a whole number K >= 1"),
+              "confidence": ("C", "0 < C < 1")}
 # the rules `ponder calibrate` chooses among, cheapest first within each family
 CALIBRATION_RULES = ("quantile:0.5", "quantile:0.6", "quantile:0.7", "quantile:0.8", "quantile:0.9",
-                     "quantile:0.95", "quantile:0.99", "patience:1", "patience:2", "patience:3", "patience:4")
+                     "quantile:0.95", "quantile:0.99", "patience:1", "patience:2", "patience:3", "patience:4",
+                     "confidence:0.5", "confidence:0.7", "confidence:0.9", "confidence:0.95", "confidence:0.99",
+                     "confidence:0.999")
 
 
 @dataclass(frozen=True)
 class HaltingRule:
     name: str  # one of registry.HALTING_RULES
-    parameter: Union[float, int, None]  # Q of quantile, K of patience
+    parameter: Union[float, int, None]  # Q of quantile, K of patience, C of confidence
     spelling: str  # as given (the name lower-cased)
 
     @property
@@ -71,5 +76,5 @@ def parse_halting_rule(text: Union[str, HaltingRule]) -> HaltingRule:
     except ValueError:
         q = math.nan
     if not 0 < q < 1:  # NaN fails this too
-        raise ValueError(f"quantile:Q needs a number Q with 0 < Q < 1 (got {value!r})")
+        raise ValueError(f"{name}:{letter} needs a number {letter} with {accepted} (got {value!r})")
     return HaltingRule(name, q, spelling)

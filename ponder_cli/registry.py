@@ -35,9 +35,9 @@ HALTING_INPUTS = ("state", "state+confidence", "state+previous", "state+turn", "
 # mlp: one Dropout2d mask per image shared by every step (the CNN runs once), or a fresh mask
 # at every step, as the reference gets by recomputing its CNN at every step
 CNN_DROPOUT_MASKS = ("shared", "per-step")
-# how PonderNet picks its halting step at inference; quantile and patience take a parameter
-# (quantile:0.9, patience:2), parsed in halting_rules.py
-HALTING_RULES = ("sample", "median", "expected", "quantile", "patience")
+# how PonderNet picks its halting step at inference; quantile, patience and confidence take a
+# parameter (quantile:0.9, patience:2, confidence:0.95), parsed in halting_rules.py
+HALTING_RULES = ("sample", "median", "expected", "quantile", "patience", "confidence")
 PROTOCOLS = ("uniform", "band", "fixed")  # how test images are rotated per angle bucket
 DEFAULT_PROTOCOL = "uniform"  # the reference notebook's: within ±angle
 FORMATS = ("table", "json", "csv")

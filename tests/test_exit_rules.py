@@ -1,4 +1,4 @@
-"""Exit rules with a parameter (quantile:Q, patience:K) and `ponder calibrate`, which picks one on
+"""Exit rules with a parameter (quantile:Q, patience:K, confidence:C) and `ponder calibrate`, which picks one on
 held-out data: the spellings, the batch rules on hand-built halting probabilities and
 predictions, their early-exit forms, and calibration on a model whose every output is set."""
 
@@ -16,8 +16,8 @@ from ponder_cli.checkpoint import load_checkpoint, save_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
 from ponder_cli.evaluate import evaluate
-from ponder_cli.halting import (PatienceExit, QuantileExit, patience_halting_steps, quantile_halting_steps,
-                                rule_exit, rule_halting_steps)
+from ponder_cli.halting import (ConfidenceExit, PatienceExit, QuantileExit, confidence_halting_steps,
+                                patience_halting_steps, quantile_halting_steps, rule_exit, rule_halting_steps)
 from ponder_cli.halting_rules import CALIBRATION_RULES, HaltingRule, parse_halting_rule
 from ponder_cli.methods import build_model, get_method
 from ponder_cli.reports import META_KEYS
@@ -31,6 +31,8 @@ def test_spellings_parse_to_a_rule_that_keeps_them():
     assert parse_halting_rule("patience:3") == HaltingRule("patience", 3, "patience:3")
     assert parse_halting_rule("median").quantile == 0.5 and parse_halting_rule("quantile:0.7").quantile == 0.7
     assert parse_halting_rule("patience:2").quantile is None
+    assert parse_halting_rule("confidence:0.95") == HaltingRule("confidence", 0.95, "confidence:0.95")
+    assert parse_halting_rule("confidence:0.95").quantile is None
 
 
 @pytest.mark.parametrize("text, message", [
@@ -39,10 +41,12 @@ def test_spellings_parse_to_a_rule_that_keeps_them():
     ("quantile:nan", "quantile:Q needs a number Q with 0 < Q < 1 (got 'nan')"),
     ("quantile:abc", "quantile:Q needs a number Q with 0 < Q < 1 (got 'abc')"),
     ("quantile", "quantile needs its parameter: quantile:Q with 0 < Q < 1 (got 'quantile')"),
+    ("confidence:1", "confidence:C needs a number C with 0 < C < 1 (got '1')"),
+    ("confidence", "confidence needs its parameter: confidence:C with 0 < C < 1 (got 'confidence')"),
     ("patience:0", "patience:K needs a whole number K >= 1 (got '0')"),
     ("patience:1.5", "patience:K needs a whole number K >= 1 (got '1.5')"),
     ("median:2", "the median rule takes no parameter (got 'median:2')"),
-    ("foo", "unknown halting rule 'foo'; choose from sample, median, expected, quantile:Q, patience:K"),
+    ("foo", "unknown halting rule 'foo'; choose from sample, median, expected, quantile:Q, patience:K, confidence:C"),
 ])
 def test_bad_spellings_are_one_error_line(text, message, ponder, one_error_line):
     with pytest.raises(ValueError, match=f"^{message.replace('(', '[(]').replace(')', '[)]')}$"):
@@ -52,7 +56,7 @@ def test_bad_spellings_are_one_error_line(text, message, ponder, one_error_line)
 
 def test_help_shows_the_spellings(ponder):
     text = " ".join(ponder("extrapolate", "--help").stdout.split())
-    assert "--halting RULE" in text and "sample, median, expected, quantile:Q, patience:K" in text
+    assert "--halting RULE" in text and "sample, median, expected, quantile:Q, patience:K, confidence:C" in text
     assert "median = quantile:0.5" in text
 
 
@@ -99,6 +103,25 @@ def test_patience_steps_on_crafted_predictions(k):
     assert patience_halting_steps(one_hot_logits(PREDICTIONS), k).tolist() == PATIENCE_STEPS[k]
 
 
+def logits_with_top_probability(top: list[list[float]], classes: int = 4) -> torch.Tensor:
+    """(steps, B, classes) logits whose softmax gives class 0 the probability top[b][n] at step
+    n of row b and shares the rest equally: logit log(p) for class 0, log((1 - p) / 3) else."""
+    p = torch.tensor(top, dtype=torch.float64).T  # (steps, B)
+    rest = ((1 - p) / (classes - 1))[..., None].expand(*p.shape, classes - 1)
+    return torch.cat([p[..., None], rest], dim=-1).log().float()
+
+
+# rows: top class probability at steps 1..5
+TOP = [[0.25, 0.6, 0.96, 0.99, 0.5], [0.96, 0.2, 0.2, 0.2, 0.2], [0.4, 0.4, 0.4, 0.4, 0.4], [0.55, 0.91, 0.89, 0.999, 0.3]]
+# confidence:C halts at the first step whose top probability reaches C (at the last step otherwise)
+CONFIDENCE_STEPS = {0.3: [2, 1, 1, 1], 0.5: [2, 1, 5, 1], 0.9: [3, 1, 5, 2], 0.95: [3, 1, 5, 4], 0.995: [5, 5, 5, 4]}
+
+
+@pytest.mark.parametrize("c", sorted(CONFIDENCE_STEPS))
+def test_confidence_steps_on_crafted_probabilities(c):
+    assert confidence_halting_steps(logits_with_top_probability(TOP), c).tolist() == CONFIDENCE_STEPS[c]
+
+
 def drive(rule, logits, lambda_logits):
     """What PonderNet.infer does with a rule, on given logits: each step shows the rule only
     the rows still running; returns the 1-based halting step of each row."""
@@ -119,6 +142,12 @@ def test_patience_exit_step_by_step_equals_the_batch_rule(k):
     assert drive(PatienceExit(4, k, "cpu"), logits, torch.zeros(6, 4)).tolist() == PATIENCE_STEPS[k]
 
 
+@pytest.mark.parametrize("c", sorted(CONFIDENCE_STEPS))
+def test_confidence_exit_step_by_step_equals_the_batch_rule(c):
+    logits = logits_with_top_probability(TOP)
+    assert drive(ConfidenceExit(c), logits, torch.zeros(5, 4)).tolist() == CONFIDENCE_STEPS[c]
+
+
 @pytest.mark.parametrize("q", [0.3, 0.5, 0.7, 0.9, 0.99])
 def test_quantile_exit_step_by_step_equals_the_batch_rule(q):
     z = torch.randn(8, 500, generator=torch.Generator().manual_seed(4)) * 2 - 1
@@ -127,7 +156,8 @@ def test_quantile_exit_step_by_step_equals_the_batch_rule(q):
     assert len(set(steps.tolist())) > 2  # the rows halt at different steps
 
 
-@pytest.mark.parametrize("rule", ["quantile:0.8", "quantile:0.95", "patience:1", "patience:3"])
+# confidence:0.1244: near the median top class probability of this untrained model's outputs
+@pytest.mark.parametrize("rule", ["quantile:0.8", "quantile:0.95", "patience:1", "patience:3", "confidence:0.1244"])
 def test_early_exit_predicts_as_every_step_on_a_model(rule):
     cfg = PonderConfig(max_steps=6, hidden=16, hidden_cnn=16, hidden_lin=16)
     torch.manual_seed(0)
@@ -143,8 +173,10 @@ def test_early_exit_predicts_as_every_step_on_a_model(rule):
     assert torch.equal(early_steps, full_steps) and torch.equal(early.argmax(1), full.argmax(1))
     assert torch.equal(full_steps, rule_halting_steps(parse_halting_rule(rule), out.logits, out.lambda_logits,
                                                       uniforms))
-    assert isinstance(rule_exit(parse_halting_rule(rule), uniforms), QuantileExit if "quantile" in rule
-                      else PatienceExit)
+    if rule.startswith("confidence"):
+        assert len(set(full_steps.tolist())) > 1  # some rows halt at once, others run on
+    exits = {"quantile": QuantileExit, "patience": PatienceExit, "confidence": ConfidenceExit}
+    assert isinstance(rule_exit(parse_halting_rule(rule), uniforms), exits[parse_halting_rule(rule).name])
 
 
 # the rules in the commands ----------------------------------------------------------------------
@@ -158,7 +190,7 @@ def test_reports_name_the_rule_as_given(runs, tiny_mnist, ponder):
                                           "--data-dir", tiny_mnist).stdout
 
 
-@pytest.mark.parametrize("rule", ["quantile:0.9", "patience:2"])
+@pytest.mark.parametrize("rule", ["quantile:0.9", "patience:2", "confidence:0.9"])
 def test_act_refuses_the_exit_rules_in_one_line_but_compare_shows_its_own(rule, runs, tiny_mnist, ponder,
                                                                           one_error_line):
     line = one_error_line(ponder("eval", runs / "act" / "best.pt", "--halting", rule, "--data-dir", tiny_mnist))
@@ -206,10 +238,11 @@ def test_calibrate_on_a_model_whose_outputs_are_known(fixed_model, tiny_mnist):
     rows = {b["halting"]: b for b in report.buckets}
     assert list(rows) == list(CALIBRATION_RULES)
     # lambda = 1/2: the steps of test_quantile_steps_from_a_constant_halting_probability; one
-    # class throughout: patience:K halts at step K + 1
+    # class throughout: patience:K halts at step K + 1; logits one-hot: the top class
+    # probability is e / (e + 9) = 0.23, below every confidence:C, which halt at the last step
     expected_steps = {"quantile:0.5": 1, "quantile:0.6": 2, "quantile:0.7": 2, "quantile:0.8": 3, "quantile:0.9": 4,
                       "quantile:0.95": 5, "quantile:0.99": 5, "patience:1": 2, "patience:2": 3, "patience:3": 4,
-                      "patience:4": 5}
+                      "patience:4": 5, **{f"confidence:{c}": 5 for c in ("0.5", "0.7", "0.9", "0.95", "0.99", "0.999")}}
     assert {rule: b["mean_steps"] for rule, b in rows.items()} == expected_steps
     for b in rows.values():
         assert b["images"] == cfg.val_size == 100 and b["agreement"] == 1.0

@@ -1,6 +1,6 @@
 """PonderNet (Banino et al. 2021): expected loss under the halting distribution plus a KL term
 towards a geometric prior; halting by Bernoulli coins (or the median, expected, quantile:Q or
-patience:K rules: halting_rules.py)."""
+patience:K or confidence:C rules: halting_rules.py)."""
 
 from __future__ import annotations
 
