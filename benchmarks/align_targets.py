@@ -6,10 +6,12 @@
     done
     python benchmarks/align_targets.py fixed-*.json
 
-Reads `extrapolate --protocol fixed --detail -f json` reports (any methods; grouped by method)
-and prints a Markdown table: accuracy at exactly ±45° and ±67.5°, mean steps at each angle,
-Spearman's ρ, in how many buckets misclassified digits got more steps than correct ones, and
-how far accuracy at the halting step falls below accuracy at the last step (0° to 67.5°).
+Reads `extrapolate --protocol fixed --detail -f json` reports (any methods and halting rules;
+grouped by both) and prints a Markdown table: accuracy at exactly ±45° and ±67.5°, mean steps at
+each angle, Spearman's ρ, in how many buckets misclassified digits got more steps than correct
+ones, and how far accuracy at the halting step falls below accuracy at the last step (0° to
+67.5°). Reports of the uniform protocol (`extrapolate --angles 22.5 45 67.5 90 --repeats 5 -f
+json`) among them give a second table: accuracy within ±angle per seed, and mean ± sd.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def figures(report: dict) -> dict:
         # points below the last step's accuracy, the worst angle up to 67.5 degrees
         "gap": max(100 * (bucket[a]["accuracy_at_step"][-1] - bucket[a]["accuracy"]) for a in GAP_ANGLES),
         "gap67": 100 * (bucket[67.5]["accuracy_at_step"][-1] - bucket[67.5]["accuracy"]),
+        "halting": report["halting"],
     }
 
 
@@ -55,21 +58,52 @@ def row(label: str, f: dict, seeds: int = 1) -> str:
             f"{'—' if math.isnan(f['rho']) else format(f['rho'], '+.2f')} | {wrong} | {f['gap']:.2f} ({f['gap67']:.2f}) |")
 
 
+def uniform_table(reports: list[dict]) -> None:
+    by_group: dict[str, list[tuple[str, dict]]] = defaultdict(list)
+    for report in reports:
+        by_group[f"{report['method']}, {report['halting']}"].append(
+            (run_name(report), {b["rotation"]: b["accuracy"] for b in report["buckets"]}))
+    angles = sorted({a for members in by_group.values() for _, acc in members for a in acc})
+    print("| model | " + " | ".join(f"within ±{a:g}°" for a in angles) + " |")
+    print("|---|" + "---|" * len(angles))
+    for group, members in by_group.items():
+        for label, acc in members:
+            print(f"| {label} | " + " | ".join(f"{acc[a]:.4f}" for a in angles) + " |")
+        if len(members) > 1:
+            cells = []
+            for a in angles:
+                values = [acc[a] for _, acc in members]
+                cells.append(f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}")
+            print(f"| **{group}, mean ± sd of {len(members)}** | " + " | ".join(cells) + " |")
+
+
+def run_name(report: dict) -> str:
+    return Path(report["checkpoints"][0]).parent.name  # e.g. pondernet-align-seed1
+
+
 def main(paths: list[str]) -> None:
-    by_method: dict[str, list[tuple[int, dict]]] = defaultdict(list)
+    by_method: dict[str, list[tuple[str, dict]]] = defaultdict(list)
+    uniform = []
     for path in paths:
         with open(path) as file:
             report = json.load(file)
-        run = Path(report["checkpoints"][0]).parent.name  # e.g. pondernet-align-seed1
-        by_method[report["method"]].append((run, figures(report)))
+        if report["protocol"] == "uniform":
+            uniform.append(report)
+            continue
+        by_method[f"{report['method']}, {report['halting']}"].append((run_name(report), figures(report)))
+    if uniform:
+        uniform_table(uniform)
+        if not by_method:
+            return
+        print()
     print("| model | acc ±45° (≥ 0.95) | acc ±67.5° (≥ 0.80) | mean steps 0 → 22.5 → 45 → 67.5 → 90° | "
           "rise (≥ 2, strictly) | ρ (≥ 0.5) | ✗ > ✓ buckets | gap, points, worst ≤ 67.5° (at 67.5°; ≤ 0.5) |")
     print("|---|---|---|---|---|---|---|---|")
     for method, members in by_method.items():
         for label, f in members:
-            print(row(label, f))
+            print(row(f"{label}, {f['halting']}", f))
         if len(members) > 1:
-            mean = {k: statistics.mean(f[k] for _, f in members) for k in members[0][1] if k != "strict"}
+            mean = {k: statistics.mean(f[k] for _, f in members) for k in members[0][1] if k not in ("strict", "halting")}
             mean["strict"] = all(mean[f"steps{b:g}"] > mean[f"steps{a:g}"] for a, b in zip(ANGLES, ANGLES[1:]))
             mean["wrong_more"] = sum(f["wrong_more"] for _, f in members)  # buckets over all seeds
             print(row(f"**{method}, mean of {len(members)}**", mean, seeds=len(members)))
