@@ -126,11 +126,12 @@ def profile_training(model, method, optimizer, scaler, data, cfg, device, amp: b
     print("\n".join(tables["by_device_time"].splitlines()[:25]))
 
 
-def evaluation_figures(model, test, cfg, device, amp: bool) -> None:
-    print("\nevaluation (10,000 test images, +-22.5 deg, sampled halting)")
-    early_s, early = timed(lambda: evaluate(model, test, cfg, max_angle=22.5, seed=1, amp=amp), device, repeat=2)
-    forced_s, forced = timed(lambda: evaluate(model, test, cfg, max_angle=22.5, seed=1, early_exit=False, amp=amp),
-                             device, repeat=2)
+def evaluation_figures(model, test, cfg, device, amp: bool, halting: str = "sample") -> None:
+    print(f"\nevaluation (10,000 test images, +-22.5 deg, halting {halting})")
+    early_s, early = timed(lambda: evaluate(model, test, cfg, max_angle=22.5, seed=1, amp=amp, halting=halting),
+                           device, repeat=2)
+    forced_s, forced = timed(lambda: evaluate(model, test, cfg, max_angle=22.5, seed=1, early_exit=False, amp=amp,
+                                              halting=halting), device, repeat=2)
     print(f"  mean ponder steps       {early.mean_steps:10.2f} of {cfg.max_steps}")
     print(f"  early exit images/s     {len(test) / early_s:10.0f}   ({early_s:.3f} s)")
     print(f"  all steps forced        {len(test) / forced_s:10.0f}   ({forced_s:.3f} s)")
@@ -155,6 +156,8 @@ def main() -> None:
                         help="also profile the timed training batches into this folder: summary tables, and a "
                              f"Chrome trace when they are at most {TRACE_BATCHES} (see --train-batches)")
     parser.add_argument("--train-only", action="store_true", help="stop after the training figures")
+    parser.add_argument("--halting", default="sample",
+                        help="the halting rule of the evaluation figures (align step; e.g. confidence:0.999)")
     args = parser.parse_args()
 
     device = resolve_device(args.device)
@@ -208,7 +211,7 @@ def main() -> None:
         model, cfg, _ = load_model(args.checkpoint, device)
         print(f"\nevaluating {args.checkpoint} (step {cfg.step}, max {cfg.max_steps} steps)")
     if cfg.step != "mlp":
-        evaluation_figures(model, test, cfg, device, args.amp)
+        evaluation_figures(model, test, cfg, device, args.amp, args.halting)
         print("\nmemory")
         print(f"  peak RSS                {peak_rss_mb():10.0f} MB")
         return
