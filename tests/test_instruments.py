@@ -244,14 +244,6 @@ def test_sweep_exact_angles_and_slope(checkpoint, tiny_mnist, ponder, tmp_path):
     assert single["accuracy"] == buckets[1]["accuracy"]
 
 
-def _align_targets():
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "align_targets.py"
-    spec = importlib.util.spec_from_file_location("align_targets", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_align_targets_reads_the_fixed_protocol_figures():
@@ -259,11 +251,41 @@ def test_align_targets_reads_the_fixed_protocol_figures():
     right, wrong = [3.0, 3.4, 4.4, 5.0, 6.5], [5.0, 6.0, 6.6, 7.2, 6.0]  # wrong < right at 90
     halting = [0.99, 0.98, 0.96, 0.82, 0.60]
     last = [0.989, 0.981, 0.965, 0.85, 0.62]  # 0.1 below at 0, then 0.1, 0.5, 3 points above
-    report = {"protocol": "fixed", "checkpoints": ["runs/x/best.pt"], "spearman": {"rho": 0.61},
+    report = {"protocol": "fixed", "checkpoints": ["runs/x/best.pt"], "spearman": {"rho": 0.61}, "halting": "median",
               "buckets": [{"rotation": a, "mean_steps": s, "steps_correct": r, "steps_wrong": w, "accuracy": h,
                            "accuracy_at_step": [0.1, l]}
                           for a, s, r, w, h, l in zip((0, 22.5, 45, 67.5, 90), steps, right, wrong, halting, last)]}
-    f = _align_targets().figures(report)
+    f = _benchmark("align_targets").figures(report)
     assert (f["acc45"], f["acc67"], f["rho"]) == (0.96, 0.82, 0.61)
     assert f["rise"] == 3.25 and f["strict"] and f["wrong_more"] == 4
-    assert abs(f["gap"] - 3.0) < 1e-9 and abs(f["gap67"] - 3.0) < 1e-9
+    assert abs(f["gap"] - 3.0) < 1e-9 and abs(f["gap67"] - 3.0) < 1e-9 and f["halting"] == "median"
+
+
+def _benchmark(name):
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_align_targets_tabulates_uniform_reports_per_seed_with_mean_and_sd(capsys):
+    def report(run, accuracies):
+        return {"protocol": "uniform", "method": "pondernet", "halting": "sample", "checkpoints": [f"runs/{run}/best.pt"],
+                "buckets": [{"rotation": a, "accuracy": x} for a, x in zip((22.5, 90), accuracies)]}
+    _benchmark("align_targets").uniform_table([report("a", [0.99, 0.80]), report("b", [0.97, 0.90])])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:] == ["| a | 0.9900 | 0.8000 |", "| b | 0.9700 | 0.9000 |",
+                         # sd of two values x, y: |x - y| / sqrt(2)
+                         "| **pondernet, sample, mean ± sd of 2** | 0.9800 ± 0.0141 | 0.8500 ± 0.0707 |"]
+
+
+def test_exit_rules_summary_is_the_mean_and_sd_over_checkpoints(capsys):
+    def report(gaps, steps):
+        return {"buckets": [{"rotation": 45.0, "halting": rule, "gap": g, "mean_steps": n}
+                            for rule, g, n in zip(("median", "confidence:0.99"), gaps, steps)]}
+    _benchmark("exit_rules").summarise([report([2.0, 0.5], [4.0, 6.0]), report([4.0, 0.1], [5.0, 7.0])])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3:] == ["| median | +3.00 ± 1.41 / 4.50 |", "| confidence:0.99 | +0.30 ± 0.28 / 6.50 |"]
