@@ -1,7 +1,7 @@
 """Halting arithmetic shared by the model, the losses and evaluation: PonderNet's halting
-distribution and its rules (sample, median, expected, quantile:Q, patience:K, confidence:C; spelled in
-halting_rules.py), ACT's halting units, and the per-row rules that let the one early-exit loop
-(`PonderNet.infer`) stop each image as soon as it halts.
+distribution and its rules (sample, median, expected, quantile:Q, patience:K, confidence:C;
+spelled in halting_rules.py), ACT's halting units, and the per-row rules that let the one
+early-exit loop (`PonderNet.infer`) stop each image as soon as it halts.
 
 Shapes: lambda_logits (steps, B) are pre-sigmoid conditional halting probabilities; logits
 (steps, B, classes) are the class scores y_n of every step.
