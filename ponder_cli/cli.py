@@ -365,6 +365,11 @@ def calibrate(
     angles: Optional[List[str]] = angles_option(["the training rotation"], "Rotate the validation images within "
                                                 "±angle (see --protocol); one bucket per angle, pooled."),
     counts: Optional[List[str]] = counts_option("the training range"),
+    rules: Optional[List[str]] = typer.Option(None, "--rules", metavar="RULE...", show_default=False,
+                                              help="The candidate exit rules, spelled as --halting takes them. "
+                                              "Several values after one flag: --rules quantile:0.9 "
+                                              "confidence:0.995. [default: quantile:0.5 to 0.99, patience:1 "
+                                              "to 4, confidence:0.5 to 0.999]"),
     protocol: Optional[Protocol] = ProtocolOption,
     seed: Optional[int] = EvalSeedOption,
     repeats: int = RepeatsOption,
@@ -384,7 +389,7 @@ def calibrate(
 
     parsed, _, options = _prepare(angles, None, protocol, "sample", seed=seed, repeats=repeats, limit=limit,
                                   batch_size=batch_size, data_dir=data_dir, download=download, device=device, amp=amp)
-    report = calibrate_checkpoint(checkpoint, parsed, options, counts=counts, tolerance=tolerance,
+    report = calibrate_checkpoint(checkpoint, parsed, options, counts=counts, tolerance=tolerance, rules=rules,
                                   log=_chatter(quiet), progress=_bars(quiet))
     _render(report, fmt, None, quiet)
 

@@ -12,7 +12,7 @@ from typer.core import TyperCommand
 
 from .config import PonderConfig
 from .halting_rules import parse_halting_rule, rule_choices
-from .registry import CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, PROTOCOLS, STEPS, TASKS
+from .registry import CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, METHODS, PROTOCOLS, STEPS, TASKS
 from .render import OutputFormat, value_text
 from .runs import LATEST, RUNS_DIR
 from .shipped import DEFAULT, SHIPPED
@@ -38,6 +38,11 @@ def _is_number(token: str) -> bool:
 
 def _is_count_range(token: str) -> bool:
     return re.fullmatch(r"\d+(-\d+)?", token) is not None
+
+
+def _is_rule(token: str) -> bool:
+    """A --halting spelling (median, quantile:0.9, ...), checked in full later."""
+    return token.partition(":")[0].strip().lower() in HALTING_RULES
 
 
 def expand_angles(args: list[str], name: str = "--angles", is_value=_is_number, what: str = "angle") -> list[str]:
@@ -70,8 +75,9 @@ def expand_angles(args: list[str], name: str = "--angles", is_value=_is_number, 
 
 
 def expand_lists(args: list[str]) -> list[str]:
-    """Both list options: --angles (MNIST) and --counts (parity)."""
-    return expand_angles(expand_angles(list(args)), "--counts", _is_count_range, "count range LO-HI")
+    """The list options: --angles (MNIST), --counts (parity) and calibrate's --rules."""
+    args = expand_angles(expand_angles(list(args)), "--counts", _is_count_range, "count range LO-HI")
+    return expand_angles(args, "--rules", _is_rule, "halting rule")
 
 
 class AnglesCommand(TyperCommand):

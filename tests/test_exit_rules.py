@@ -270,6 +270,21 @@ def test_calibrate_command_contract(checkpoint, tiny_mnist, ponder, monkeypatch)
     parse_halting_rule(lines[-1].split()[1])  # pastes into --halting
 
 
+def test_calibrate_takes_the_candidates_from_rules(fixed_model, tiny_mnist, ponder, one_error_line):
+    # the fixed model: lambda = 1/2 and one class throughout (test_calibrate_on_a_model_whose_outputs_are_known)
+    result = ponder("calibrate", "--rules", "confidence:0.9", "quantile:0.8", "patience:1", fixed_model,
+                    "--data-dir", tiny_mnist, "-f", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert [(b["halting"], b["mean_steps"]) for b in report["buckets"]] == [
+        ("confidence:0.9", 5), ("quantile:0.8", 3), ("patience:1", 2)]
+    assert report["chosen"] == "patience:1"
+    assert one_error_line(ponder("calibrate", fixed_model, "--rules", "confidence:2", "--data-dir", tiny_mnist)) == \
+        "Error: confidence:C needs a number C with 0 < C < 1 (got '2')"
+    assert one_error_line(ponder("calibrate", fixed_model, "--rules", "--data-dir", tiny_mnist)) == \
+        "Error: Invalid value for '--rules': needs at least one halting rule"
+
+
 @pytest.mark.parametrize("run, message", [
     ("act", "Error: --halting quantile:0.5 applies to pondernet checkpoints; this one is act, which halts by its "
             "own rule (halting units summing to 1 - epsilon)"),
