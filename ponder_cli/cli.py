@@ -17,7 +17,7 @@ from .cli_options import (AmpOption, AnglesCommand, CheckpointArgument, CnnDropo
                           DeviceOption, DownloadOption, EvalBatchOption, EvalSeedOption, FormatOption,
                           HaltingInput, HaltingOption, LimitOption, Method, PlotOption, Protocol, ProtocolOption,
                           QuietOption, RepeatsOption, RequiredCheckpointArgument, Step, Task, TrainCommand,
-                          angles_option, counts_option, expand_angles, hyper)
+                          angles_option, counts_option, expand_angles, halting_rules, hyper)
 from .config import PonderConfig
 from .render import OutputFormat
 from .runs import LATEST
@@ -366,6 +366,7 @@ def calibrate(
                                                 "±angle (see --protocol); one bucket per angle, pooled."),
     counts: Optional[List[str]] = counts_option("the training range"),
     rules: Optional[List[str]] = typer.Option(None, "--rules", metavar="RULE...", show_default=False,
+                                              callback=halting_rules,
                                               help="The candidate exit rules, spelled as --halting takes them. "
                                               "Several values after one flag: --rules quantile:0.9 "
                                               "confidence:0.995. [default: quantile:0.5 to 0.99, patience:1 "

@@ -137,6 +137,11 @@ def _halting_rule(value: str) -> str:
         raise typer.BadParameter(str(exc)) from None
 
 
+def halting_rules(values: Optional[list[str]]) -> Optional[list[str]]:
+    """calibrate's --rules, each checked as --halting is (before any work, naming the option)."""
+    return None if values is None else [_halting_rule(value) for value in values]
+
+
 HaltingOption = typer.Option("sample", "--halting", metavar="RULE", callback=_halting_rule,
                              help=f"{rule_choices()}. sample: Bernoulli(λ_n) coin per step (paper); median: "
                                   "first step where the cumulative halting probability reaches 0.5; quantile:Q: "

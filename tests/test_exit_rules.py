@@ -280,7 +280,7 @@ def test_calibrate_takes_the_candidates_from_rules(fixed_model, tiny_mnist, pond
         ("confidence:0.9", 5), ("quantile:0.8", 3), ("patience:1", 2)]
     assert report["chosen"] == "patience:1"
     assert one_error_line(ponder("calibrate", fixed_model, "--rules", "confidence:2", "--data-dir", tiny_mnist)) == \
-        "Error: confidence:C needs a number C with 0 < C < 1 (got '2')"
+        "Error: Invalid value for '--rules': confidence:C needs a number C with 0 < C < 1 (got '2')"
     assert one_error_line(ponder("calibrate", fixed_model, "--rules", "--data-dir", tiny_mnist)) == \
         "Error: Invalid value for '--rules': needs at least one halting rule"
 
