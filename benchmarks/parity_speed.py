@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from ponder_cli.config import PonderConfig  # noqa: E402
-from ponder_cli.methods import build_model, get_method  # noqa: E402
+from ponder_cli.checkpoint import new_model
+from ponder_cli.methods import get_method  # noqa: E402
 from ponder_cli.runtime import grad_scaler  # noqa: E402
 from ponder_cli.tasks import get_task  # noqa: E402
 from ponder_cli.train import make_optimizer, train, train_one_epoch  # noqa: E402
@@ -47,7 +48,7 @@ class Reached(Exception):
 
 def iterations_per_second(cfg: PonderConfig, iterations: int, device: torch.device) -> float:
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg).to(device)
+    model = new_model(cfg).to(device)
     method, optimizer = get_method(cfg), make_optimizer(model, cfg, device)
     scaler = grad_scaler(device, False)
     warm = cfg.replace(batches_per_epoch=5)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ponder_cli.api import EvalOptions, evaluate_checkpoint, parse_angles  # noqa: E402
+from ponder_cli.api import EvalOptions, evaluate_checkpoint
+from ponder_cli.tasks.mnist import parse_angles  # noqa: E402
 from ponder_cli.halting_rules import PARAMETERS, parse_halting_rule  # noqa: E402
 from ponder_cli.registry import HALTING_RULES, PROTOCOLS  # noqa: E402
 

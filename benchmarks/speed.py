@@ -28,9 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ponder_cli.config import PonderConfig  # noqa: E402
 from ponder_cli.data import default_data_dir, load_mnist, prepare_batch, synthetic_digits, train_val_split  # noqa: E402
-from ponder_cli.evaluate import evaluate, evaluation_draws  # noqa: E402
+from ponder_cli.tasks.mnist import evaluate, evaluation_draws  # noqa: E402
 from ponder_cli.losses import geometric_log_prior, ponder_loss  # noqa: E402
-from ponder_cli.methods import build_model, get_method  # noqa: E402
+from ponder_cli.checkpoint import new_model
+from ponder_cli.methods import get_method  # noqa: E402
 from ponder_cli.model import PonderNet, PonderOutput  # noqa: E402
 from ponder_cli.rotation import uniform_angles  # noqa: E402
 from ponder_cli.runtime import grad_scaler, resolve_device  # noqa: E402
@@ -177,7 +178,7 @@ def main() -> None:
           f"step {cfg.step} (max {cfg.max_steps} steps, truncation {cfg.truncation:g}), amp {args.amp}")
 
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg).to(device)
+    model = new_model(cfg).to(device)
     method = get_method(cfg)
     optimizer = make_optimizer(model, cfg, device)
     scaler = grad_scaler(device, args.amp)

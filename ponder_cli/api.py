@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import json
 import math
 import signal
 import sys
@@ -18,34 +19,27 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-from . import PonderError, brief
-from .config import MAX_ANGLE, applies, seed_problems
-from .halting_rules import parse_halting_rule
+import torch
+
+from . import PonderError, brief, distributed
+from .calibrate import choose_rule, rule_outcomes
+from .checkpoint import load_checkpoint, load_model
+from .config import PonderConfig, applies, seed_problems
+from .config_file import read_config_file
+from .data import resolve_data_dir
+from .evaluate import evaluate_buckets
+from .folders import BEST, CONFIG_FILE, LAST, LOCK_FILE
+from .halting_rules import CALIBRATION_RULES, parse_halting_rule
+from .methods import get_method
 from .registry import DEFAULT_PROTOCOL
-from .reports import (Report, combine_draws, comparison_report, evaluation_report, group_by_configuration, mean_ci,
-                      sweep_report, training_report)
-
-
-def check_angle(angle: float, what: str) -> float:
-    if not math.isfinite(angle):
-        raise PonderError(f"{what} must be a finite number of degrees (got {angle})")
-    if not 0 <= angle <= MAX_ANGLE:
-        raise PonderError(f"{what} must be between 0 and {MAX_ANGLE:g} degrees: images are rotated within "
-                          f"+-angle (got {angle:g})")
-    return angle
-
-
-def parse_angles(texts: list[str], what: str = "--angles") -> list[float]:
-    angles = []
-    for text in texts:
-        try:
-            angle = float(text)
-        except ValueError:
-            raise PonderError(f"{what}: {text!r} is not a number of degrees") from None
-        angles.append(check_angle(angle, what))
-    if not angles:
-        raise PonderError(f"{what} needs at least one angle")
-    return angles
+from .render import config_lines, epoch_line
+from .reports import (Report, calibration_report, combine_draws, comparison_report, evaluation_report,
+                      group_by_configuration, info_report, mean_ci, prediction_report, sweep_report, training_report)
+from .runs import (MetricsFile, RunLock, _lock_holder, claim_run_dir, plan_training, remove_if_empty_run_dir,
+                   resolve_checkpoint, resolve_config, write_run_config)
+from .runtime import amp_dtype, resolve_device
+from .tasks import InputOptions, get_task
+from .train import EpochStats, train
 
 
 @dataclass(frozen=True)
@@ -76,15 +70,9 @@ class EvalOptions:
 
 
 def _device_and_amp(device: str, amp: Optional[bool]):
-    from .runtime import resolve_device
 
     dev = resolve_device(device)
     return dev, (dev.type == "cuda" if amp is None else amp)
-
-
-def _data_dir(data_dir: Optional[Path]) -> Path:
-    from .data import default_data_dir
-    return data_dir if data_dir is not None else default_data_dir()
 
 
 def _test_set(task, options: EvalOptions, device):
@@ -105,9 +93,6 @@ def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int
     ...) and Spearman's rho between difficulty and steps (its mean over draws, with a 95% interval
     when there are several). A bucket names its difficulty in the task's terms (MNIST:
     "rotation" and "protocol"; parity: "counts", "lo", "hi")."""
-    from .evaluate import evaluate_buckets
-    from .methods import get_method
-    from .tasks import get_task
 
     task = get_task(cfg)
     used = get_method(cfg).halting_label(options.halting)
@@ -136,7 +121,6 @@ def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int
 
 def _resolve(checkpoint, log: Callable[[str], None]):
     """The file a CHECKPOINT argument names (runs.resolve_checkpoint), saying which on stderr."""
-    from .runs import resolve_checkpoint
 
     resolved = resolve_checkpoint(checkpoint)
     log(f"using {resolved.path} ({resolved.why})")
@@ -145,7 +129,6 @@ def _resolve(checkpoint, log: Callable[[str], None]):
 
 def _load_one(checkpoint, options: EvalOptions, log: Callable[[str], None]):
     """The model a CHECKPOINT argument names (default: the shipped reference model) and its device."""
-    from .checkpoint import load_model
 
     path = _resolve(checkpoint, log)
     dev, amp = _device_and_amp(options.device, options.amp)
@@ -161,7 +144,6 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], angles
     the command. `checkpoint` is a CHECKPOINT argument (a file, a run folder, `latest`, a shipped
     model's name; None: the shipped reference model); a "using ..." line says which file;
     progress: a bar on stderr, one tick per bucket."""
-    from .tasks import get_task
 
     path, dev, amp, model, cfg = _load_one(checkpoint, options, log)
     _check_halting(cfg, options.halting)
@@ -181,7 +163,6 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], angles
 
 def _check_halting(cfg, rule: str) -> None:
     """Refuse a rule the checkpoint's method cannot halt by (compare instead shows each method's own)."""
-    from .methods import get_method
 
     problem = get_method(cfg).halting_problem(rule)
     if problem is not None:
@@ -201,7 +182,6 @@ def _with_protocol(task, options: EvalOptions) -> EvalOptions:
 
 def _protocol(cfg, options: EvalOptions) -> Optional[str]:
     """The rotation protocol where the task has one (MNIST); null for parity."""
-    from .tasks import get_task
     return options.protocol if get_task(cfg).uses_protocol else None
 
 
@@ -211,7 +191,6 @@ def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float],
     """MNIST: the test set rotated by exactly each angle from `start` to `stop` every `every`
     degrees (default 0 to 180 every 5); parity: vectors of exactly each non-zero count (default 1
     to elems). Accuracy and mean steps per bucket, and the least-squares slope of steps."""
-    from .tasks import get_task
 
     path, dev, amp, model, cfg = _load_one(checkpoint, options, log)
     _check_halting(cfg, options.halting)
@@ -235,10 +214,6 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], angles: Optional[li
     `angles` under options.protocol; parity: the validation vectors of the training range, or of
     `counts`), and the cheapest rule that agrees with the last step on at least 1 - tolerance of
     them (calibrate.choose_rule). options.repeats draws (seeds seed, seed + 1, ...) are pooled."""
-    from .calibrate import choose_rule, rule_outcomes
-    from .halting_rules import CALIBRATION_RULES
-    from .reports import calibration_report
-    from .tasks import get_task
 
     if not (math.isfinite(tolerance) and 0 <= tolerance < 1):
         raise PonderError(f"--tolerance must be at least 0 and below 1 (got {tolerance:g})")
@@ -285,8 +260,6 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], angles: Optional[li
     """Several checkpoints on the same buckets (same inputs, same coin flips); checkpoints that
     differ only in the seed are one method, reported as mean ± sd over its distinct models. They
     must be of one task (parity: of one vector size); buckets as evaluate_checkpoint's."""
-    from .checkpoint import load_model
-    from .tasks import get_task
 
     dev, amp = _device_and_amp(options.device, options.amp)
     seed = options.seed if options.seed is not None else _default_seed()
@@ -319,7 +292,6 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], angles: Optional[li
 
 
 def _default_seed() -> int:
-    from .config import PonderConfig
     return PonderConfig.default("seed")
 
 
@@ -334,6 +306,22 @@ class TrainOptions:
     progress: bool = True
     overwrite: bool = False  # write into a folder that holds another run's checkpoints (or the shipped ones)
     tensorboard: bool = False  # TensorBoard event files in the run folder too (tensorboard_log.py)
+    config_file: Optional[Path] = None  # settings read from a file (config_file.py); `given` overrides them
+
+
+def _settings(given: dict, config_file: Optional[Path]) -> tuple[dict, dict]:
+    """The settings of a run: the file's, overridden by the options given; and the file's source
+    label for each setting it gave that no option overrode."""
+    from_file = read_config_file(config_file) if config_file is not None else {}
+    return {**from_file, **given}, {name: f"file {config_file}" for name in from_file if name not in given}
+
+
+def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, dict]:
+    """What `ponder train` would train with, and where each value comes from, without training
+    (`--print-config`): the resumed run's configuration with --resume."""
+    settings, file_sources = _settings(given, options.config_file)
+    cfg, sources, _, _ = resolve_config(settings, options.resume)
+    return cfg, {**sources, **file_sources}
 
 
 def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = lambda line: None) -> Optional[Report]:
@@ -351,13 +339,6 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
     (its shutdown can abort when peers are gone): leave at once with distributed.leave_now, as
     the CLI's error boundary does.
     """
-    from . import distributed
-    from .checkpoint import LAST, load_checkpoint
-    from .render import config_lines, epoch_line
-    from .runs import MetricsFile, RunLock, claim_run_dir, plan_training, remove_if_empty_run_dir, write_run_config
-    from .runtime import amp_dtype
-    from .tasks import get_task
-    from .train import EpochStats, train
 
     if options.tensorboard:
         from .tensorboard_log import require_tensorboard
@@ -366,14 +347,16 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
     main = where is None or where.main
     if not main:
         log = lambda line: None  # noqa: E731  rank 0 alone speaks
-    plan = plan_training(given, resume=options.resume, out=options.out, overwrite=options.overwrite)
+    settings, file_sources = _settings(given, options.config_file)
+    plan = plan_training(settings, resume=options.resume, out=options.out, overwrite=options.overwrite)
+    plan.sources.update(file_sources)
     cfg = plan.cfg
     if plan.resumed is not None:
         log(f"using {plan.resumed.path} ({plan.resumed.why})")
     distributed.check_batch_size(cfg.batch_size, where)
     dev, amp = _device_and_amp(options.device, options.amp)
     dev = distributed.device_for(dev, where)
-    for line in config_lines(cfg.to_dict(), plan.sources, shown=_shown_fields(cfg)):
+    for line in config_lines(cfg.to_dict(), plan.sources, shown=cfg.shown_fields()):
         log(line)
     saved: list[int] = []  # epochs this run has written to last.pt
     lock: list = []  # rank 0's RunLock, once taken
@@ -429,7 +412,7 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
     with _sigterm_as_interrupt(torchrun=where is not None):
         try:
             task = get_task(cfg)
-            train_set, val_set = task.load_training(_data_dir(options.data_dir), options.download)
+            train_set, val_set = task.load_training(resolve_data_dir(options.data_dir), options.download)
             distributed.setup(dev, where)  # the process group, under torchrun only: every rank is ready
             # only once everything else is known to be fine: nothing written before
             plan.out_dir = distributed.on_main(claim)
@@ -462,15 +445,6 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
                     remove_if_empty_run_dir(folder)
     distributed.teardown()
     return training_report(cfg, result, time.perf_counter() - started, view=get_task(cfg).view()) if main else None
-
-
-def _shown_fields(cfg) -> list[str]:
-    """What the configuration lines show: every field that matters to the chosen pieces, and
-    whatever they imply."""
-    from .config import applies, implied_values
-
-    implied = implied_values(cfg.chosen())
-    return [name for name in cfg.field_names() if applies(name, cfg.chosen()) or name in implied]
 
 
 class Interrupted(PonderError):
@@ -573,12 +547,7 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
     parity: vectors), every step runs (the full forward pass), and the method picks the
     prediction and halting step under `options.halting` exactly as evaluation does, with the
     halting coins drawn from a generator seeded by `options.seed`. One bucket per input."""
-    import torch
 
-    from .checkpoint import load_model
-    from .methods import get_method
-    from .reports import prediction_report
-    from .tasks import InputOptions, get_task
 
     if not inputs:
         raise PonderError("predict needs at least one INPUT file")
@@ -630,7 +599,6 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
 def _info_file(target: Union[str, Path, None]):
     """What `ponder info` reads: a run folder's last.pt (the whole history; best.pt when the
     folder has no last.pt, as the shipped models' folders), else as runs.resolve_checkpoint."""
-    from .runs import BEST, LAST, resolve_checkpoint
 
     folder = Path(target) if target is not None else None
     if folder is not None and folder.is_dir() and not any((folder / name).is_file() for name in (LAST, BEST)):
@@ -645,12 +613,7 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
     configuration (and where each value came from, when the folder's config.json says), the
     epochs trained, the best epoch's validation figures, whether the run finished, stopped early,
     is training now or was interrupted, and one bucket per epoch of its history."""
-    import json
 
-    from .checkpoint import load_checkpoint
-    from .reports import info_report
-    from .runs import CONFIG_FILE, LAST, LOCK_FILE, _lock_holder
-    from .tasks import get_task
 
     resolved = _info_file(target)
     log(f"using {resolved.path} ({resolved.why})")
@@ -690,4 +653,4 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
                "best_val_steps": best["val_steps"] if best else None, "stopped_early": stopped_early,
                "resumable": resumable}
     return info_report(str(resolved.path), cfg, [dict(h) for h in state.history], summary,
-                       shown=_shown_fields(cfg), sources=sources, view=get_task(cfg).view())
+                       shown=cfg.shown_fields(), sources=sources, view=get_task(cfg).view())

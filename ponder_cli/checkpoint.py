@@ -22,7 +22,8 @@ import torch
 
 from . import PonderError, brief
 from .config import PonderConfig
-from .runs import BEST, LAST  # noqa: F401  (the run folder's file names, re-exported)
+from .methods import build_model
+from .tasks import get_task
 
 FORMAT = "ponder_cli"
 # 2: the step function became a module of its own (weights under "step."); 1 is read and upgraded
@@ -226,12 +227,15 @@ def _not_a_torch_file(path: Path) -> str | None:
     return "a text file" if all(c.isprintable() or c.isspace() for c in text) else "a file PyTorch did not write"
 
 
+def new_model(cfg: PonderConfig) -> torch.nn.Module:
+    """A freshly initialised model for a config: the task says how many classes it predicts."""
+    return build_model(cfg, classes=get_task(cfg).classes)
+
+
 def load_model(path: Path | str, device) -> tuple[torch.nn.Module, PonderConfig, TrainingState]:
     """Rebuild the model from the config stored in the checkpoint itself."""
-    from .methods import build_model
-
     state = load_checkpoint(path)
-    model = build_model(state.config)
+    model = new_model(state.config)
     try:
         model.load_state_dict(state.model)
     except (RuntimeError, TypeError, AttributeError) as exc:

@@ -14,7 +14,7 @@ from .config import PonderConfig
 from .halting_rules import parse_halting_rule, rule_choices
 from .registry import CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, METHODS, PROTOCOLS, STEPS, TASKS
 from .render import OutputFormat, value_text
-from .runs import LATEST, RUNS_DIR
+from .folders import LATEST, RUNS_DIR
 from .shipped import DEFAULT, SHIPPED
 
 

@@ -278,6 +278,12 @@ class PonderConfig:
         return {name: "given" if name in given else f"implied by {implied[name][1]}" if name in implied else "default"
                 for name in self.field_names()}
 
+    def shown_fields(self) -> list[str]:
+        """The fields that matter to this config's pieces, and whatever they imply: what the
+        configuration lines, `ponder info` and a saved config.toml show."""
+        implied = implied_values(self.chosen())
+        return [name for name in self.field_names() if applies(name, self.chosen()) or name in implied]
+
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))

@@ -21,6 +21,11 @@ RAW_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
 
+def resolve_data_dir(data_dir: Path | None) -> Path:
+    """--data-dir when given, else the default."""
+    return data_dir if data_dir is not None else default_data_dir()
+
+
 def default_data_dir() -> Path:
     """$PONDER_DATA_DIR, else a per-user cache directory."""
     env = os.environ.get("PONDER_DATA_DIR")

@@ -2,7 +2,7 @@
 
 Task-neutral: a bucket (EvalBucket) is a fixed set of inputs with labels, halting coins and a
 per-input difficulty value; the task builds it (tasks/: MNIST rotates test images, parity draws
-vectors with given non-zero counts). `evaluate` is the MNIST shorthand the tests and benchmarks use.
+vectors with given non-zero counts).
 """
 
 from __future__ import annotations
@@ -14,11 +14,9 @@ from typing import Callable, Optional
 import torch
 
 from .config import PonderConfig
-from .data import ImageSet, prepare_batch
 from .halting import halting_log_probs
 from .halting_rules import parse_halting_rule
 from .methods import get_method
-from .rotation import protocol_angles
 from .runtime import autocast
 
 
@@ -61,39 +59,6 @@ class EvalResult:
     def as_dict(self) -> dict:
         return {f.name: (list(v) if isinstance(v, tuple) else v)
                 for f in fields(self) if f.name != "samples" for v in [getattr(self, f.name)]}
-
-
-def evaluation_draws(count: int, max_steps: int, angle: float, seed: int, device, *,
-                     protocol: str = "uniform", lower: float = 0.0) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """All random numbers of one evaluation, drawn up front from one seeded CPU generator.
-
-    The same seed gives the same rotations and coin flips on any device and for any batch size,
-    halting rule or early-exit setting. Returns angles (N,), or None when no image is rotated,
-    and halting uniforms (steps, N).
-    """
-    generator = torch.Generator().manual_seed(seed)
-    angles = protocol_angles(count, angle, protocol, lower=lower, generator=generator)
-    uniforms = torch.rand(max_steps, count, generator=generator)
-    rotated = bool(angles.abs().max() > 0) if count else False
-    return (angles.to(device) if rotated else None), uniforms.to(device)
-
-
-def image_bucket(data: ImageSet, max_steps: int, max_angle: float, seed: int, *, protocol: str = "uniform",
-                 lower: float = 0.0) -> EvalBucket:
-    """MNIST: the images rotated by the protocol's angles, all draws from one seeded generator."""
-    device = data.images.device
-    angles, uniforms = evaluation_draws(len(data), max_steps, max_angle, seed, device, protocol=protocol, lower=lower)
-    return EvalBucket(
-        labels=data.labels, uniforms=uniforms,
-        inputs=lambda start, end: prepare_batch(data.images[start:end], None if angles is None else angles[start:end]),
-        difficulty=angles.abs().cpu() if angles is not None else torch.zeros(len(data)))
-
-
-def evaluate(model: torch.nn.Module, data: ImageSet, cfg: PonderConfig, *, max_angle: float = 0.0,
-             seed: int = 0, protocol: str = "uniform", lower: float = 0.0, **options) -> EvalResult:
-    """Evaluate MNIST images rotated within +-max_angle (see evaluate_bucket for the options)."""
-    bucket = image_bucket(data, model.max_steps, max_angle, seed, protocol=protocol, lower=lower)
-    return evaluate_bucket(model, bucket, cfg, **options)
 
 
 @torch.inference_mode()

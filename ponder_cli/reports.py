@@ -12,7 +12,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
-from .render import Column, cell_text, sparkline
+from .render import Column, cell_text, sparkline, value_text
 
 META_KEYS = ("command", "task", "checkpoints", "method", "step", "protocol", "halting", "seed")
 
@@ -44,7 +44,7 @@ class Report:
 
 
 def make_meta(command: str, checkpoints: list[str], methods: list[str], steps: list[str], *,
-              protocol: Optional[str], halting: Optional[str], seed: Optional[int], task: str = "mnist",
+              protocol: Optional[str], halting: Optional[str], seed: Optional[int], task: str,
               **extra) -> dict:
     """The shared metadata; method and step are null when the checkpoints differ in them (every
     bucket then carries its own). protocol: MNIST's rotation protocol, null for parity."""
@@ -69,12 +69,12 @@ class Terms:
     label: Callable[[dict], str]  # a bucket's name in headers: "±45°", "counts 1-16"
     # sweep: the bucket key on the x axis, its header, the slope's scale and unit, the fit's
     # JSON key and the sweep's name
-    sweep_key: str = "rotation"
-    sweep_header: str = "|angle|"
-    sweep_scale: float = 10.0
-    sweep_unit: str = "10°"
-    sweep_fit: str = "steps_per_10_degrees"
-    sweep_name: str = "mental rotation"
+    sweep_key: str
+    sweep_header: str
+    sweep_scale: float
+    sweep_unit: str
+    sweep_fit: str
+    sweep_name: str
 
 
 @dataclass(frozen=True)
@@ -89,19 +89,9 @@ class TaskView:
     protocol: Optional[str] = "uniform"
 
 
-MNIST_TERMS = Terms("rotation", "±deg", "g", "|angle|", "|rotation angle| and ponder steps", "images",
-                    "MNIST test set", lambda b: f"±{b['rotation']:g}°")
-
-
-def mnist_view(cfg) -> TaskView:
-    """The MNIST view: what reports assume when a caller names no task (every shipped model)."""
-    return TaskView("mnist", MNIST_TERMS, {"train_rotation": cfg.train_rotation},
-                    f"trained within ±{cfg.train_rotation:g}°")
-
-
-def describe_model(cfg, view: Optional[TaskView] = None) -> str:
+def describe_model(cfg, view: TaskView) -> str:
     """How captions and titles name a model: method, step function, what it was trained on."""
-    return f"{cfg.method} · step {cfg.step} · {(view or mnist_view(cfg)).trained_on}"
+    return f"{cfg.method} · step {cfg.step} · {view.trained_on}"
 
 
 # repeated draws ---------------------------------------------------------------------------------
@@ -163,13 +153,12 @@ def _with_interval(key: str, spec: str) -> Callable[[dict], str]:
     return text
 
 
-def bucket_columns(max_steps: int, with_loss: bool, intervals: bool = False, words: "Terms" = None) -> list[Column]:
+def bucket_columns(max_steps: int, with_loss: bool, intervals: bool, words: Terms) -> list[Column]:
     """What eval and extrapolate tables show of a bucket; the image count, the same in every
     bucket, goes in the caption so that the table fits an 80-column terminal. With several
     draws (--repeats) the accuracy carries the half-width of its 95% interval."""
     accuracy = (Column("accuracy", "accuracy ± 95%", text=_with_interval("accuracy", ".4f"), wrap=True)
                 if intervals else Column("accuracy", "accuracy", ".4f"))
-    words = words or MNIST_TERMS
     columns = [
         Column(words.key, words.header, words.spec), accuracy,
         Column("mean_steps", "steps ± sd", text=_pair("mean_steps", "std_steps", ".2f", " ± "), wrap=True),
@@ -181,7 +170,7 @@ def bucket_columns(max_steps: int, with_loss: bool, intervals: bool = False, wor
 
 def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *,
                       protocol: Optional[str], halting: str, seed: int, with_loss: bool, detail: bool,
-                      rho_ci: Optional[list[float]] = None, view: Optional[TaskView] = None) -> Report:
+                      rho_ci: Optional[list[float]] = None, view: TaskView) -> Report:
     """eval / extrapolate: one bucket per rotation angle of one checkpoint."""
     images = sum(b["images"] for b in buckets)
     for bucket in buckets:
@@ -189,7 +178,6 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
         bucket["halting_spark"] = sparkline(bucket["histogram"], width=20)
     used = buckets[0]["halting"]
     repeats = buckets[0].get("repeats", 1)
-    view = view or mnist_view(cfg)
     words = view.terms
     meta = make_meta(command, [checkpoint], [cfg.method], [cfg.step], protocol=protocol, halting=used, seed=seed,
                      task=view.name, repeats=repeats, **view.meta,
@@ -214,7 +202,7 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
 
 
 def per_step_table(buckets: list[dict], *, expected: bool,
-                   label: Callable[[dict], str] = MNIST_TERMS.label) -> tuple[str, list[dict], list[Column]]:
+                   label: Callable[[dict], str]) -> tuple[str, list[dict], list[Column]]:
     """Per halting step: images that halted there and the accuracy if every image stopped there."""
     columns = [Column("step", "step")]
     rows = [{"step": k + 1} for k in range(len(buckets[0]["histogram"]))]
@@ -252,11 +240,10 @@ SWEEP_COLUMNS = sweep_columns(Column("rotation", "|angle|", "g"))
 
 
 def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *, halting: str, seed: int,
-                 view: Optional[TaskView] = None) -> Report:
+                 view: TaskView) -> Report:
     """Mean steps and accuracy against the exact difficulty, with the least-squares slope of steps:
     MNIST per 10 degrees of rotation (human response times rise about linearly: Shepard & Metzler
     1971); parity per non-zero count (ACT's paper saw ponder time rise about linearly)."""
-    view = view or mnist_view(cfg)
     words = view.terms
     report = evaluation_report("sweep", checkpoint, cfg, buckets, rho,
                                protocol="fixed" if view.protocol is not None else None, halting=halting, seed=seed,
@@ -283,11 +270,10 @@ CALIBRATION_COLUMNS = [
 
 def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[str], *, tolerance: float,
                        sets: list[dict], protocol: Optional[str], seed: int, repeats: int = 1,
-                       view: Optional[TaskView] = None) -> Report:
+                       view: TaskView) -> Report:
     """calibrate: one bucket per candidate rule (calibrate.RuleOutcome) on the validation data;
     `chosen` the cheapest rule within the tolerance (None: none is). gap: the last step's
     accuracy minus the halting step's."""
-    view = view or mnist_view(cfg)
     words = view.terms
     floor = 1 - tolerance
     buckets = []
@@ -359,7 +345,7 @@ def plus_minus(mean: float, sd: Optional[float], spec: str) -> str:
 DIFFICULTY_KEYS = ("rotation", "counts", "lo", "hi")  # what names a bucket, in either task's terms
 
 
-def compare_columns(steps_differ: bool, words: Terms = MNIST_TERMS) -> list[Column]:
+def compare_columns(steps_differ: bool, words: Terms) -> list[Column]:
     """The compare table: labels wrap (`pondernet (train_rotation=22.5)`), figures never do."""
     return [Column("label", "method", "s", wrap=True)] + ([Column("step", "step", "s")] if steps_differ else []) + [
         Column("seeds", "seeds"), Column(words.key, words.header, words.spec),
@@ -369,11 +355,10 @@ def compare_columns(steps_differ: bool, words: Terms = MNIST_TERMS) -> list[Colu
 
 def comparison_report(groups: list[Group], results: list[list[list[dict]]], angles: list, *,
                       protocol: Optional[str], halting: str, seed: int, repeats: int = 1,
-                      view: Optional[TaskView] = None) -> Report:
+                      view: TaskView) -> Report:
     """results[g][m][b]: the bucket dict of member m of group g in bucket b (an angle, or a
     non-zero-count range for parity); every checkpoint is of one task."""
     buckets, series = [], {}
-    view = view or mnist_view(groups[0].cfg)
     words = view.terms
     for group, per_model in zip(groups, results):
         series[group.label] = []
@@ -418,14 +403,13 @@ TRAIN_COLUMNS = [
 ]
 
 
-def training_report(cfg, result, seconds: float, view: Optional[TaskView] = None) -> Report:
+def training_report(cfg, result, seconds: float, view: TaskView) -> Report:
     """The summary of a run; its buckets are the epochs (the JSON and CSV give all of them)."""
     epochs = [asdict(h) for h in result.history]
     best = next((h for h in epochs if h["epoch"] == result.best_epoch), None)
     summary = {"epochs": result.last_epoch, "best_epoch": result.best_epoch, "val_accuracy": result.best_accuracy,
                "val_steps": best["val_steps"] if best else None, "stopped_early": result.stopped_early,
                "seconds": seconds, "out_dir": str(result.out_dir)}
-    view = view or mnist_view(cfg)
     meta = make_meta("train", [str(result.best_path)], [cfg.method], [cfg.step], protocol=view.protocol,
                      halting="sample", seed=cfg.seed, task=view.name, **view.meta, **summary, config=cfg.to_dict())
     return Report(meta=meta, buckets=epochs, columns=TRAIN_COLUMNS, table_rows=[summary],
@@ -455,10 +439,9 @@ def _step_rows(buckets: list[dict]) -> tuple[list[dict], list[str]]:
 
 
 def prediction_report(checkpoint: str, cfg, buckets: list[dict], *, halting: str, seed: int, steps: bool,
-                      views: list, view: Optional[TaskView] = None, **extra) -> Report:
+                      views: list, view: TaskView, **extra) -> Report:
     """predict: one bucket per input (its prediction, probability and halting step; with
     `steps`, each step's figures); `views` (per input: each step's view, nested lists) feed --plot."""
-    view = view or mnist_view(cfg)
     meta = make_meta("predict", [checkpoint], [cfg.method], [cfg.step], protocol=None, halting=halting, seed=seed,
                      task=view.name, **view.meta, **extra, inputs=len(buckets))
     sampled = halting == "sample"
@@ -489,11 +472,8 @@ HISTORY_COLUMNS = [
 
 
 def info_report(checkpoint: str, cfg, history: list[dict], summary: dict, *, shown: list[str], sources: dict,
-                view: Optional[TaskView] = None) -> Report:
+                view: TaskView) -> Report:
     """info: what a checkpoint holds, as a table of facts, and its history, one bucket per epoch."""
-    from .render import value_text
-
-    view = view or mnist_view(cfg)
     meta = make_meta("info", [checkpoint], [cfg.method], [cfg.step], protocol=view.protocol, halting=None,
                      seed=cfg.seed, task=view.name, **view.meta, **summary, config=cfg.to_dict(), sources=sources)
     values = cfg.to_dict()

@@ -1,6 +1,6 @@
 """Where a training run starts from and writes to: the config-merge and resume rules, the run
 folder (a fresh one under runs/ by default, never another run's or the shipped models), the lock
-that keeps two runs out of one folder, the files a run keeps beside its checkpoints (config.json,
+that keeps two runs out of one folder, the files a run keeps beside its checkpoints (config.json, config.toml,
 metrics.csv), and which file a CHECKPOINT argument names."""
 
 from __future__ import annotations
@@ -15,15 +15,12 @@ from pathlib import Path
 from typing import Iterable, Optional, Union
 
 from . import PonderError, __version__
-from .config import PonderConfig
+from .checkpoint import load_checkpoint
+from .config import PonderConfig, inapplicable
+from .config_file import render_config
+from .folders import BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, LAST, LATEST, LOCK_FILE, METRICS_FILE, RUNS_DIR
 from .shipped import DEFAULT, SHIPPED, shipped_dir, shipped_name, shipped_path, shipped_under_old_name
 
-RUNS_DIR = Path("runs")
-BEST, LAST = "best.pt", "last.pt"
-CHECKPOINT_FILES = (BEST, LAST)  # what `ponder train` writes into its folder
-CONFIG_FILE, METRICS_FILE = "config.json", "metrics.csv"  # beside them, readable without torch
-LATEST = "latest"  # the CHECKPOINT word for the newest run under runs/
-LOCK_FILE = ".ponder.lock"
 # options that may differ from the checkpoint's config when resuming: how long to go on
 RESUMABLE_CHANGES = ("epochs", "patience")
 
@@ -38,45 +35,54 @@ class TrainingPlan:
     resumed: Optional["Resolved"] = None  # the checkpoint --resume named, and how
 
 
+def resolve_config(given: dict, resume: Optional[Path] = None):
+    """The configuration of a run from the options the user gave, where each value comes from,
+    and, when resuming, the checkpoint it continues (checkpoint.TrainingState) and how its name
+    resolved; reads but writes nothing.
+
+    A fresh run takes the defaults for every option not given (and what the chosen pieces imply:
+    plain runs one step). A resumed run takes the checkpoint's config; options that contradict
+    it are refused, except those in RESUMABLE_CHANGES. `resume` is a CHECKPOINT argument
+    (resolve_checkpoint; a run folder or `latest` names its last.pt).
+    """
+    if resume is None:
+        cfg = PonderConfig.from_options(**given)
+        return cfg, cfg.sources(given), None, None
+    resumed = resolve_checkpoint(resume, file=LAST)
+    state = load_checkpoint(resumed.path)
+    state.require_resumable(resumed.path)
+    saved = state.config
+    problems = inapplicable(given, saved.chosen())
+    if problems:
+        raise PonderError(f"cannot resume {resumed.path} ({saved.method}, step {saved.step}): {'; '.join(problems)}")
+    conflicts = [f"--{k.replace('_', '-')} {v} (checkpoint: {getattr(saved, k)})"
+                 for k, v in given.items() if k not in RESUMABLE_CHANGES and getattr(saved, k) != v]
+    if conflicts:
+        raise PonderError(f"cannot resume {resumed.path} with options that contradict its config: "
+                          f"{'; '.join(conflicts)}")
+    cfg = saved.replace(**{k: given[k] for k in RESUMABLE_CHANGES if k in given})
+    sources = {name: "given" if name in given else "checkpoint" for name in cfg.field_names()}
+    return cfg, sources, state, resumed
+
+
 def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[Path] = None,
                   overwrite: bool = False) -> TrainingPlan:
-    """The config and output folder of a run from the options the user gave; writes nothing.
+    """The config (resolve_config) and output folder of a run; writes nothing.
 
-    A fresh run takes the defaults for every option not given (and what the method implies:
-    plain runs one step) and writes to a new folder under runs/ unless --out names one. A resumed
-    run takes the checkpoint's config; options that contradict it are refused, except those in
-    RESUMABLE_CHANGES. A folder holding another run's checkpoints (or the shipped models) is
-    refused unless overwrite is set. `resume` is a CHECKPOINT argument (resolve_checkpoint; a
-    run folder or `latest` names its last.pt).
+    A fresh run writes to a new folder under runs/ unless --out names one; a resumed run to its
+    own folder. A folder holding another run's checkpoints (or the shipped models) is refused
+    unless overwrite is set.
     """
     if out is not None and out.exists() and not out.is_dir():
         raise PonderError(f"--out {out} is a file; --out names the folder for best.pt and last.pt")
-    if resume is None:
-        cfg = PonderConfig.from_options(**given)
-        sources = cfg.sources(given)
+    cfg, sources, state, resumed = resolve_config(given, resume)
+    if state is None:
         if out is None:
             return TrainingPlan(cfg, free_run_dir(cfg), fresh_folder=True, sources=sources)
         check_unlocked(out)
         refuse_foreign_checkpoints(out, overwrite)
         return TrainingPlan(cfg, out, sources=sources)
-
-    from .checkpoint import load_checkpoint
-    from .config import inapplicable
-
-    resumed = resolve_checkpoint(resume, file=LAST)
     resume = resumed.path
-    state = load_checkpoint(resume)
-    state.require_resumable(resume)
-    saved = state.config
-    problems = inapplicable(given, saved.chosen())
-    if problems:
-        raise PonderError(f"cannot resume {resume} ({saved.method}, step {saved.step}): {'; '.join(problems)}")
-    conflicts = [f"--{k.replace('_', '-')} {v} (checkpoint: {getattr(saved, k)})"
-                 for k, v in given.items() if k not in RESUMABLE_CHANGES and getattr(saved, k) != v]
-    if conflicts:
-        raise PonderError(f"cannot resume {resume} with options that contradict its config: {'; '.join(conflicts)}")
-    cfg = saved.replace(**{k: given[k] for k in RESUMABLE_CHANGES if k in given})
-    sources = {name: "given" if name in given else "checkpoint" for name in cfg.field_names()}
     out_dir = out if out is not None else Path(resume).parent
     check_unlocked(out_dir)
     if state.epoch >= cfg.epochs:
@@ -97,7 +103,6 @@ def _refuse_rewind(state, resume: Path, last: Path) -> None:
     """Resuming an older checkpoint (best.pt, say) of a run would overwrite its newer last.pt."""
     if _same_path(resume, last) or not last.is_file():
         return
-    from .checkpoint import load_checkpoint
     try:
         newer = load_checkpoint(last).epoch
     except PonderError:
@@ -343,10 +348,14 @@ def _umask() -> int:
 
 def write_run_config(out_dir: Path, cfg: PonderConfig, sources: dict, **run) -> Path:
     """config.json: the resolved configuration, where each value came from (given, implied by the
-    method or step, default, checkpoint) and how the run was started; plain JSON."""
+    method or step, default, checkpoint) and how the run was started; plain JSON. And config.toml:
+    the settings that matter to the run, as `ponder train --config` reads them."""
     payload = {"ponder_cli": __version__, "config": cfg.to_dict(), "sources": sources, **run}
     path = out_dir / CONFIG_FILE
     _replace_atomically(path, lambda f: f.write(json.dumps(payload, indent=2) + "\n"))
+    # the same settings as `ponder train --config` reads them: re-running this file trains this run again
+    text = render_config(cfg, sources, cfg.shown_fields())
+    _replace_atomically(out_dir / CONFIG_TOML, lambda f: f.write(text))
     return path
 
 
@@ -386,10 +395,10 @@ class MetricsFile:
 
 def remove_if_empty_run_dir(directory: Path) -> bool:
     """Remove a run folder that holds nothing of value (no checkpoint; only this run's own
-    config.json and metrics.csv), so that the next run takes its name; True if removed."""
+    config.json, config.toml and metrics.csv), so that the next run takes its name; True if removed."""
     try:
         names = {p.name for p in directory.iterdir()}
-        if names - {CONFIG_FILE, METRICS_FILE}:
+        if names - {CONFIG_FILE, CONFIG_TOML, METRICS_FILE}:
             return False
         for name in names:
             (directory / name).unlink()

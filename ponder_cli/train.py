@@ -13,9 +13,10 @@ import torch
 from tqdm import tqdm
 
 from . import PonderError, brief, distributed
-from .checkpoint import BEST, LAST, TrainingState, save_checkpoint
+from .checkpoint import TrainingState, new_model, save_checkpoint
 from .config import PonderConfig
-from .methods import Method, build_model, get_method
+from .folders import BEST, LAST
+from .methods import Method, get_method
 from .runtime import autocast, grad_scaler
 from .tasks import TrainingSource, get_task
 
@@ -215,7 +216,7 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
     torch.manual_seed(cfg.seed)
     task = get_task(cfg)
     method = get_method(cfg)
-    model = build_model(cfg).to(device)
+    model = new_model(cfg).to(device)
     source = _source(train_set, cfg, device)
     optimizer = make_optimizer(model, cfg, device)
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(

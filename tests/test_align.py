@@ -10,9 +10,10 @@ import torchvision.transforms.functional as TF
 
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import prepare_batch, synthetic_digits
-from ponder_cli.evaluate import evaluate
+from ponder_cli.tasks.mnist import evaluate
 from ponder_cli.halting import halting_log_probs
-from ponder_cli.methods import build_model, get_method
+from ponder_cli.checkpoint import new_model
+from ponder_cli.methods import get_method
 from ponder_cli.model import FORCED_HALT_LOGIT
 from ponder_cli.steps.align import rotate_bilinear
 
@@ -42,7 +43,7 @@ def test_warp_keeps_the_background_and_turns_a_bar():
 def test_gradient_reaches_the_turn_head():
     torch.manual_seed(0)
     cfg = PonderConfig(**SMALL)
-    model, method = build_model(cfg), get_method(cfg)
+    model, method = new_model(cfg), get_method(cfg)
     data = synthetic_digits(8, seed=3)
     out = model(prepare_batch(data.images, torch.full((8,), 30.0)))
     method.loss(out.logits, out.lambda_logits, data.labels).total.backward()
@@ -53,7 +54,7 @@ def test_gradient_reaches_the_turn_head():
 def _truncated_and_full(epsilon, method_name="pondernet", bias=-1.0):
     torch.manual_seed(0)
     cfg = PonderConfig(**SMALL, method=method_name, truncation=epsilon, cnn_dropout=0.0)
-    model, method = build_model(cfg).train(), get_method(cfg)
+    model, method = new_model(cfg).train(), get_method(cfg)
     with torch.no_grad():
         model.halting_head.bias.fill_(bias)
         model.halting_head.weight.normal_(0, 0.5)  # halting that varies from image to image
@@ -108,7 +109,7 @@ def test_act_truncation_is_exact():
 def test_align_early_exit_equals_every_step(method_name, halting):
     torch.manual_seed(1)
     cfg = PonderConfig(**SMALL, method=method_name, halting_input="state+turn")
-    model = build_model(cfg).eval()
+    model = new_model(cfg).eval()
     with torch.no_grad():
         model.step.turn.weight.normal_(0, 0.5)  # really turning
         model.halting_head.bias.fill_(-1.5 if method_name == "pondernet" else -0.3)
@@ -121,7 +122,7 @@ def test_align_early_exit_equals_every_step(method_name, halting):
 def test_turn_input_needs_a_step_that_turns():
     with pytest.raises(Exception, match="step mlp has no turn to show"):
         PonderConfig(halting_input="state+turn")
-    assert build_model(PonderConfig(**SMALL, halting_input="state+confidence+turn")).halting_head.in_features == 18
+    assert new_model(PonderConfig(**SMALL, halting_input="state+confidence+turn")).halting_head.in_features == 18
 
 
 def test_fresh_cnn_masks_need_a_step_that_embeds_once():
@@ -132,7 +133,7 @@ def test_fresh_cnn_masks_need_a_step_that_embeds_once():
 def test_prior_halting_bias():
     cfg = PonderConfig.from_options(**SMALL, lambda_p=0.2, halting_bias="prior")
     assert math.isclose(cfg.halting_bias, math.log(0.2 / 0.8))
-    assert torch.isclose(torch.sigmoid(build_model(cfg).halting_head.bias), torch.tensor(0.2))
+    assert torch.isclose(torch.sigmoid(new_model(cfg).halting_head.bias), torch.tensor(0.2))
 
 
 def test_turn_gate_holds_halting_back_while_turning():
@@ -144,7 +145,7 @@ def test_turn_gate_holds_halting_back_while_turning():
     assert torch.allclose(torch.sigmoid(gated_logit(z, work)), expected, atol=2e-6)
     torch.manual_seed(2)
     cfg = PonderConfig(**SMALL, turn_gate=0.5)
-    model = build_model(cfg).eval()
+    model = new_model(cfg).eval()
     with torch.no_grad():
         model.step.turn.weight.normal_(0, 0.5)
     data = synthetic_digits(100, seed=6)
@@ -235,7 +236,7 @@ def test_halting_input_does_not_reach_the_turn():
     only through the turn they read (state+turn): that input is detached, so no gradient."""
     torch.manual_seed(0)
     cfg = PonderConfig(**{**SMALL, "max_steps": 3}, halting_input="state+turn", cnn_dropout=0.0)
-    model = build_model(cfg)
+    model = new_model(cfg)
     with torch.no_grad():
         model.halting_head.weight.normal_(0, 1.0)
         model.halting_head.weight[:, :-1] = 0  # only the turn feature is read
@@ -257,4 +258,4 @@ def test_act_keeps_graves_bias_on_align_unless_given():
     assert act.sources({"step": "align", "method": "act"})["halting_bias"] == "implied by --method act"
     assert PonderConfig.from_options(step="align", method="act", halting_bias="-2").halting_bias == -2.0
     assert PonderConfig.from_options(step="align", method="pondernet").halting_bias == 0.0  # logit(0.5)
-    assert torch.equal(build_model(act).halting_head.bias, torch.tensor([1.0]))
+    assert torch.equal(new_model(act).halting_head.bias, torch.tensor([1.0]))

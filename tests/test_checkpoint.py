@@ -6,11 +6,11 @@ import torch
 from ponder_cli import PonderError
 from ponder_cli.checkpoint import TrainingState, load_checkpoint, load_model, save_checkpoint
 from ponder_cli.config import PonderConfig
-from ponder_cli.methods import build_model
+from ponder_cli.checkpoint import new_model
 
 
 def _state(cfg=PonderConfig(max_steps=3), **extra) -> TrainingState:
-    return TrainingState(config=cfg, model=build_model(cfg).state_dict(), epoch=1, **extra)
+    return TrainingState(config=cfg, model=new_model(cfg).state_dict(), epoch=1, **extra)
 
 
 def test_round_trip_rebuilds_the_model_from_its_config(tmp_path):

@@ -13,6 +13,7 @@ from rich.cells import cell_len
 from ponder_cli.checkpoint import load_checkpoint
 from ponder_cli.cli import app, expand_angles
 from ponder_cli.reports import META_KEYS
+from ponder_cli.tasks import get_task
 
 
 def _command_names():
@@ -207,9 +208,10 @@ def test_evaluation_tables_fit_80_columns(command, max_steps):
 
     angles = [22.5, 45, 67.5, 112.5, 180]
     buckets = [_bucket(a, i, max_steps, detail=True) for i, a in enumerate(angles)]
-    report = evaluation_report(command, "runs/pondernet-mlp-seed1234-2/best.pt", PonderConfig(max_steps=max_steps),
-                               buckets, 0.0123, protocol="uniform", halting="sample", seed=1234,
-                               with_loss=command == "eval", detail=True)
+    cfg = PonderConfig(max_steps=max_steps)
+    report = evaluation_report(command, "runs/pondernet-mlp-seed1234-2/best.pt", cfg, buckets, 0.0123,
+                               protocol="uniform", halting="sample", seed=1234, with_loss=command == "eval",
+                               detail=True, view=get_task(cfg).view())
     text = _at_80_columns(report)
     for b in buckets:
         figures = [f"{b['rotation']:g}", f"{b['accuracy']:.4f}", f"{b['mean_steps']:.2f}", f"{b['std_steps']:.2f}",
@@ -234,7 +236,8 @@ def test_compare_table_fits_80_columns_and_wraps_long_labels():
     results = [[[{"accuracy": 0.98765 - 0.01 * b - 0.001 * m, "mean_steps": 4.1234 + b + m,
                   "halting": "act" if g.cfg.method == "act" else "sample", "images": 10000, "histogram": [1] * 20}
                  for b in range(len(angles))] for m in range(len(g.members))] for g in groups]
-    report = comparison_report(groups, results, angles, protocol="uniform", halting="sample", seed=1234)
+    report = comparison_report(groups, results, angles, protocol="uniform", halting="sample", seed=1234,
+                               view=get_task(groups[0].cfg).view())
     assert report.buckets[0]["label"] == "pondernet (train_rotation=22.5)"
     text = _at_80_columns(report)
     for bucket in report.buckets:

@@ -13,8 +13,9 @@ import torch
 from ponder_cli.checkpoint import load_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
-from ponder_cli.evaluate import evaluate
-from ponder_cli.methods import build_model, get_method
+from ponder_cli.tasks.mnist import evaluate
+from ponder_cli.checkpoint import new_model
+from ponder_cli.methods import get_method
 from ponder_cli.runtime import grad_scaler
 from ponder_cli.train import make_optimizer, train, train_one_epoch
 
@@ -59,7 +60,7 @@ def _loop_syncs(steps_run: int, max_steps: int) -> int:
 def test_one_fp16_training_batch_with_the_grad_scaler_and_truncation(step, tiny_mnist, truncated_steps):
     cfg = PonderConfig.from_options(step=step, max_steps=6, truncation=0.05, halting_bias=0.0, **SMALL)
     torch.manual_seed(0)
-    model = build_model(cfg).to(GPU)
+    model = new_model(cfg).to(GPU)
     train_set, _ = _data(tiny_mnist, GPU)
     batch = train_set.subset(slice(0, 64))
     optimizer, scaler = make_optimizer(model, cfg, GPU), grad_scaler(GPU, True)
@@ -83,7 +84,7 @@ def test_one_fp16_training_batch_with_the_grad_scaler_and_truncation(step, tiny_
 def test_early_exit_equals_the_full_forward_on_cuda(method, rule, step):
     cfg = PonderConfig.from_options(method=method, step=step, max_steps=6, **SMALL)
     torch.manual_seed(0)
-    model, chooser = build_model(cfg).to(GPU).eval(), get_method(cfg)
+    model, chooser = new_model(cfg).to(GPU).eval(), get_method(cfg)
     with torch.no_grad():
         model.halting_head.bias.fill_(-1.0)
     x = (torch.randn(500, 1, 28, 28) * torch.linspace(0, 3, 500).view(-1, 1, 1, 1)).to(GPU)
@@ -129,7 +130,7 @@ def test_resume_cpu_then_cuda_then_cpu(tiny_mnist, tmp_path):
 def test_evaluation_gives_the_same_numbers_twice_on_cuda(amp, halting, tiny_mnist):
     cfg = PonderConfig(max_steps=6, **SMALL)
     torch.manual_seed(0)
-    model = build_model(cfg).to(GPU)
+    model = new_model(cfg).to(GPU)
     test = load_mnist(tiny_mnist, train=False, download=False).to(GPU)
     first, second = (evaluate(model, test, cfg, max_angle=45, seed=7, halting=halting, amp=amp, with_loss=True,
                               batch_size=64) for _ in range(2))
@@ -142,7 +143,7 @@ def test_evaluation_on_cuda_agrees_with_the_cpu(tiny_mnist):
     rounding differs, which may move a decision that sits right at its threshold."""
     cfg = PonderConfig(max_steps=6, **SMALL)
     torch.manual_seed(0)
-    model = build_model(cfg)
+    model = new_model(cfg)
     test = load_mnist(tiny_mnist, train=False, download=False)
     on_cpu = evaluate(model, test, cfg, max_angle=45, seed=7, halting="sample")
     on_gpu = evaluate(model.to(GPU), test.to(GPU), cfg, max_angle=45, seed=7, halting="sample")

@@ -18,7 +18,8 @@ from ponder_cli import train as train_module
 from ponder_cli.checkpoint import load_checkpoint, save_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
-from ponder_cli.methods import build_model, get_method
+from ponder_cli.checkpoint import new_model
+from ponder_cli.methods import get_method
 from ponder_cli.methods.pondernet import PonderNetMethod
 from ponder_cli.train import make_optimizer, train, train_one_epoch
 
@@ -93,7 +94,7 @@ def test_back_offs_leave_the_weights_and_count_in_the_metrics(fp16_on_cpu, monke
     train_set, _ = _data(tiny_mnist)
     data = train_set.subset(slice(0, 128))  # two batches
     torch.manual_seed(0)
-    model = build_model(CFG)
+    model = new_model(CFG)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     optimizer = make_optimizer(model, CFG, CPU)
     _overflow_at(monkeypatch, {1, 2})
@@ -195,7 +196,7 @@ def test_restoring_the_cuda_generator(saved, device, ddp, restored, fake_cuda, m
 def test_a_fused_adam_checkpoint_resumes_unfused_and_the_other_way(tmp_path):
     """Adam's param groups record how it ran (fused on CUDA); a resumed optimizer keeps its own."""
     torch.manual_seed(0)
-    model = build_model(CFG)
+    model = new_model(CFG)
     fused = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)  # fused runs on the CPU too
     model(torch.randn(4, 1, 28, 28)).logits.sum().backward()
     fused.step()
@@ -213,13 +214,13 @@ def test_a_fused_adam_checkpoint_resumes_unfused_and_the_other_way(tmp_path):
 
 
 def test_adam_is_fused_on_cuda_only():
-    assert make_optimizer(build_model(CFG), CFG, CPU).defaults["fused"] is None
+    assert make_optimizer(new_model(CFG), CFG, CPU).defaults["fused"] is None
     # the choice itself, without a GPU: the flag train() passes for a CUDA device
     seen = {}
     real = torch.optim.Adam
     torch.optim.Adam = lambda params, **kwargs: seen.update(kwargs)
     try:
-        make_optimizer(build_model(CFG), CFG, torch.device("cuda"))
+        make_optimizer(new_model(CFG), CFG, torch.device("cuda"))
     finally:
         torch.optim.Adam = real
     assert seen["fused"] is True
@@ -240,7 +241,7 @@ TURN = ["step.turn.weight", "step.turn.bias", "step.view_turn.weight", "step.vie
 ])
 def test_parameters_a_one_step_forward_leaves_out(options, left_out):
     torch.manual_seed(0)
-    model = build_model(PonderConfig.from_options(hidden=16, hidden_cnn=16, **options))
+    model = new_model(PonderConfig.from_options(hidden=16, hidden_cnn=16, **options))
     before = torch.get_rng_state()
     assert model.left_out_by_one_step() == left_out
     assert torch.equal(torch.get_rng_state(), before)  # the training stream is untouched

@@ -189,7 +189,7 @@ def test_ponder_train_on_two_ranks_finishes_and_rank_zero_alone_reports(two_rank
     assert [r["code"] for r in ranks] == [0, 0], ranks
     out = two_ranks / "cli"
     # nothing from rank 1, no lock left
-    assert sorted(p.name for p in out.iterdir()) == ["best.pt", "config.json", "last.pt", "metrics.csv"]
+    assert sorted(p.name for p in out.iterdir()) == ["best.pt", "config.json", "config.toml", "last.pt", "metrics.csv"]
     model, cfg, state = load_model(out / "best.pt", "cpu")
     assert cfg.batch_size == 64 and state.epoch in (1, 2) and state.history[0]["epoch"] == 1
     assert f"writing checkpoints to {out}/" in ranks[0]["stderr"]
@@ -212,7 +212,8 @@ def test_truncated_align_training_under_ddp_finishes_in_the_folder_rank_zero_cla
     runs = two_ranks / "work" / "runs"
     assert sorted(p.name for p in runs.iterdir()) == ["pondernet-align-seed1234", "pondernet-align-seed1234-2"]
     assert sorted(p.name for p in (runs / "pondernet-align-seed1234-2").iterdir()) == ["best.pt", "config.json",
-                                                                                       "last.pt", "metrics.csv"]
+                                                                                       "config.toml", "last.pt",
+                                                                                       "metrics.csv"]
     model, cfg, state = load_model(runs / "pondernet-align-seed1234-2" / "best.pt", "cpu")
     assert cfg.step == "align" and cfg.truncation == 0.01 and state.epoch == 1
     assert ranks[0]["stdout"].count("best checkpoint:") == 1 and ranks[1]["stdout"] == ranks[1]["stderr"] == ""
@@ -253,7 +254,7 @@ def test_two_ranks_step_like_one_process_on_the_same_global_batch(two_ranks, tin
 
 def test_rank_zero_alone_writes_loadable_checkpoints(two_ranks):
     for run in ("cli", "step", "straight", "resumed"):
-        beside = ["config.json", "metrics.csv"] if run == "cli" else []  # `ponder train`'s, not train()'s
+        beside = ["config.json", "config.toml", "metrics.csv"] if run == "cli" else []  # `ponder train`'s, not train()'s
         assert sorted(p.name for p in (two_ranks / run).iterdir()) == sorted(["best.pt", "last.pt", *beside])
         model, cfg, state = load_model(two_ranks / run / "best.pt", "cpu")
         assert cfg.max_steps == 3 and state.epoch >= 1
@@ -372,5 +373,6 @@ def test_sigterm_to_one_rank_stops_every_rank_with_a_resume_hint(tiny_mnist, tmp
     assert f"resume with: torchrun ... -m ponder_cli train --resume {out / 'last.pt'}" in ours[0]
     assert "ponder_cli/" not in stderr and "race condition" not in stderr  # no traceback through our code
     assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".tmp")) == ["best.pt", "config.json",
-                                                                                     "last.pt", "metrics.csv"]
+                                                                                     "config.toml", "last.pt",
+                                                                                     "metrics.csv"]
     load_model(out / "last.pt", "cpu")

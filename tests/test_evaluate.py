@@ -7,10 +7,11 @@ import torch
 
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import prepare_batch, synthetic_digits
-from ponder_cli.evaluate import evaluate, evaluation_draws
+from ponder_cli.tasks.mnist import evaluate, evaluation_draws
 from ponder_cli.halting import logits_at, sample_halting_steps
 from ponder_cli.losses import geometric_log_prior, ponder_loss
-from ponder_cli.methods import build_model, get_method
+from ponder_cli.checkpoint import new_model
+from ponder_cli.methods import get_method
 from ponder_cli.train import train_one_epoch
 
 CFG = PonderConfig(max_steps=8, hidden=16, hidden_cnn=16, hidden_lin=16, batch_size=50)
@@ -18,7 +19,7 @@ CFG = PonderConfig(max_steps=8, hidden=16, hidden_cnn=16, hidden_lin=16, batch_s
 
 def _model_and_data(count=300):
     torch.manual_seed(0)
-    model = build_model(CFG)
+    model = new_model(CFG)
     with torch.no_grad():
         model.halting_head.bias.fill_(-1.5)  # halting spread over many steps
     return model, synthetic_digits(count, seed=3)

@@ -15,11 +15,12 @@ from ponder_cli.calibrate import RuleOutcome, choose_rule
 from ponder_cli.checkpoint import load_checkpoint, save_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
-from ponder_cli.evaluate import evaluate
+from ponder_cli.tasks.mnist import evaluate
 from ponder_cli.halting import (ConfidenceExit, PatienceExit, QuantileExit, confidence_halting_steps,
                                 patience_halting_steps, quantile_halting_steps, rule_exit, rule_halting_steps)
 from ponder_cli.halting_rules import CALIBRATION_RULES, HaltingRule, parse_halting_rule
-from ponder_cli.methods import build_model, get_method
+from ponder_cli.checkpoint import new_model
+from ponder_cli.methods import get_method
 from ponder_cli.reports import META_KEYS
 
 # spellings ------------------------------------------------------------------------------------
@@ -77,7 +78,7 @@ def test_median_is_quantile_one_half_bit_for_bit(tiny_mnist):
     assert torch.equal(quantile_halting_steps(z, 0.5), old.argmax(0) + 1)
     cfg = PonderConfig(max_steps=6, hidden=16, hidden_cnn=16, hidden_lin=16)
     torch.manual_seed(0)
-    model = build_model(cfg)
+    model = new_model(cfg)
     with torch.no_grad():
         model.halting_head.bias.fill_(-1.0)
     test = load_mnist(tiny_mnist, train=False)
@@ -161,7 +162,7 @@ def test_quantile_exit_step_by_step_equals_the_batch_rule(q):
 def test_early_exit_predicts_as_every_step_on_a_model(rule):
     cfg = PonderConfig(max_steps=6, hidden=16, hidden_cnn=16, hidden_lin=16)
     torch.manual_seed(0)
-    model, method = build_model(cfg).eval(), get_method(cfg)
+    model, method = new_model(cfg).eval(), get_method(cfg)
     with torch.no_grad():
         model.halting_head.bias.fill_(-1.0)
     x = torch.randn(200, 1, 28, 28) * torch.linspace(0, 3, 200).view(-1, 1, 1, 1)

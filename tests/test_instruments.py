@@ -12,9 +12,10 @@ import torch
 from ponder_cli import PonderError
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import synthetic_digits
-from ponder_cli.evaluate import evaluate, spearman
+from ponder_cli.evaluate import spearman
+from ponder_cli.tasks.mnist import evaluate
 from ponder_cli.halting import halting_log_probs, median_halting_steps
-from ponder_cli.methods import build_model
+from ponder_cli.checkpoint import new_model
 from ponder_cli.plot import require_matplotlib
 from ponder_cli.render import sparkline
 from ponder_cli.rotation import protocol_angles
@@ -25,7 +26,7 @@ CFG = PonderConfig(max_steps=6, hidden=16, hidden_cnn=16, hidden_lin=16)
 @pytest.fixture(scope="module")
 def model_and_data():
     torch.manual_seed(0)
-    model = build_model(CFG).eval()
+    model = new_model(CFG).eval()
     with torch.no_grad():
         model.halting_head.bias.fill_(-1.0)
     return model, synthetic_digits(240, seed=5)

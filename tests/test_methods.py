@@ -10,7 +10,8 @@ from ponder_cli import PonderError
 from ponder_cli.checkpoint import load_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.halting import ActExit, act_halting, act_prediction
-from ponder_cli.methods import build_model, get_method
+from ponder_cli.checkpoint import new_model
+from ponder_cli.methods import get_method
 from ponder_cli.methods.act import act_loss
 from ponder_cli.registry import METHODS
 
@@ -55,7 +56,7 @@ def test_act_loss_by_hand():
 def test_act_early_exit_matches_all_steps():
     cfg = PonderConfig(method="act", max_steps=8, hidden=16, hidden_cnn=16, hidden_lin=16)
     torch.manual_seed(0)
-    model = build_model(cfg).eval()
+    model = new_model(cfg).eval()
     assert model.halting_head.bias.item() == 1.0  # Graves' positive initial halting bias
     with torch.no_grad():
         model.halting_head.bias.fill_(-1.0)
@@ -85,7 +86,7 @@ def test_every_method_predicts_the_same_with_early_exit(name):
     cfg = PonderConfig.from_options(method=name, **({} if name == "plain" else {"max_steps": 6}),
                                     hidden=16, hidden_cnn=16, hidden_lin=16)
     torch.manual_seed(0)
-    model, method = build_model(cfg).eval(), get_method(cfg)
+    model, method = new_model(cfg).eval(), get_method(cfg)
     with torch.no_grad():
         model.halting_head.bias.fill_(-1.0)
     x = torch.randn(100, 1, 28, 28) * torch.linspace(0, 3, 100).view(-1, 1, 1, 1)

@@ -2,13 +2,13 @@ import torch
 
 from ponder_cli.config import PonderConfig
 from ponder_cli.halting import SampleExit, logits_at, sample_halting_steps
-from ponder_cli.methods import build_model
+from ponder_cli.checkpoint import new_model
 from ponder_cli.model import PonderNet
 
 
 def small_model(max_steps=6, seed=0, **changes):
     torch.manual_seed(seed)
-    return build_model(PonderConfig(max_steps=max_steps, hidden=16, hidden_cnn=16, hidden_lin=16, **changes)).eval()
+    return new_model(PonderConfig(max_steps=max_steps, hidden=16, hidden_cnn=16, hidden_lin=16, **changes)).eval()
 
 
 def test_forward_shapes():

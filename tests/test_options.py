@@ -9,6 +9,8 @@ import pytest
 from ponder_cli import PonderError
 from ponder_cli.config import PIECE_KINDS, PonderConfig, inapplicable, readers
 from ponder_cli.reports import combine_draws, per_step_table, sweep_report
+from ponder_cli.tasks import get_task
+from ponder_cli.tasks.mnist import TERMS as MNIST_TERMS
 from ponder_cli.render import render_report
 
 NO_DATA = ["--data-dir", "/nonexistent/ponder-data", "--no-download"]  # refused before any data is read
@@ -64,8 +66,10 @@ def test_resuming_refuses_what_the_run_does_not_read(checkpoint, ponder, one_err
 def test_train_help_shows_what_each_piece_implies(ponder):
     text = " ".join(ponder("train", "--help").stdout.split())
     assert "Maximum ponder steps. [default: 20; align: 12; plain: 1]" in text
-    assert "value wins over a step's. [default: none; align: prior; act: 1]" in text
-    assert "[default: shared; mlp: per-step]" in text.replace("per- step", "per-step")  # wrapped at the hyphen
+    # settings kept out of --help show what the pieces imply in the resolved configuration
+    printed = ponder("train", "--step", "align", "--print-config").stdout
+    assert "halting_bias = 0.0  " in printed and "# implied by --step align" in printed  # the logit of lambda_p 0.5
+    assert 'cnn_dropout_mask = "per-step"  # implied by --step mlp' in ponder("train", "--print-config").stdout
     assert "Geometric prior parameter, in (0, 1]. [default: 0.2; parity: 0.1; align: 0.5]" in text
     assert "gru. [default: mlp; parity: gru]" in text  # a task implies its step function
     assert "Weight of the KL regularisation. [default: 0.01]" in text
@@ -98,9 +102,9 @@ def _bucket(histogram, accuracy):
 def test_averaged_counts_are_floats_and_show_one_decimal():
     combined = combine_draws([_bucket([3, 1], 0.5), _bucket([1, 3], 0.75)])
     assert combined["histogram"] == [2.0, 2.0] and all(isinstance(n, float) for n in combined["histogram"])
-    _, _, columns = per_step_table([combined], expected=False)
+    _, _, columns = per_step_table([combined], expected=False, label=MNIST_TERMS.label)
     assert columns[1].spec == ".1f"
-    _, _, columns = per_step_table([_bucket([3, 1], 0.5)], expected=False)  # one draw: whole images
+    _, _, columns = per_step_table([_bucket([3, 1], 0.5)], expected=False, label=MNIST_TERMS.label)  # one draw: whole images
     assert columns[1].spec == "d"
 
 
@@ -125,7 +129,8 @@ def test_the_sweep_footer_has_one_sign(steps, line):
     buckets = [{"rotation": float(angle), "images": 10, "accuracy": 0.9, "mean_steps": s, "std_steps": 0.0,
                 "steps_correct": s, "steps_wrong": s, "histogram": [10, 0, 0], "halting": "sample"}
                for angle, s in zip((0, 10, 20), steps)]
-    report = sweep_report("ck.pt", PonderConfig(max_steps=3), buckets, 0.5, halting="sample", seed=1)
+    cfg = PonderConfig(max_steps=3)
+    report = sweep_report("ck.pt", cfg, buckets, 0.5, halting="sample", seed=1, view=get_task(cfg).view())
     assert report.caption.splitlines()[-1] == f"least squares: {line}"
     assert "+ +" not in report.caption and "+ -" not in report.caption
 
@@ -148,8 +153,9 @@ def test_render_of_a_repeated_detail_report_does_not_raise():
                               {**_bucket([2, 2], 0.75), "std_steps": 0.5, "steps_correct": 1.0, "steps_wrong": 2.0}])]
     for bucket in buckets:
         bucket.update(protocol="fixed", halting="median")
-    report = evaluation_report("extrapolate", "ck.pt", PonderConfig(max_steps=2), buckets, None, protocol="fixed",
-                               halting="median", seed=1, with_loss=False, detail=True)
+    cfg = PonderConfig(max_steps=2)
+    report = evaluation_report("extrapolate", "ck.pt", cfg, buckets, None, protocol="fixed", halting="median", seed=1,
+                               with_loss=False, detail=True, view=get_task(cfg).view())
     out = io.StringIO()
     render_report(report, "table", file=out, width=80)
     assert "2.5" in out.getvalue() and "1.5" in out.getvalue()  # the mean counts per step

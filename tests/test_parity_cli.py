@@ -218,10 +218,10 @@ def test_a_checkpoint_with_a_misfit_step_is_refused(vector_config):
 
 
 def test_a_vector_model_probes_with_a_vector(tmp_path):
-    from ponder_cli.methods import build_model
+    from ponder_cli.checkpoint import new_model
 
     cfg = PonderConfig.from_options(task="parity", elems=8, hidden=8, max_steps=3, truncation=0.01)
-    assert build_model(cfg).left_out_by_one_step() == ["step.cell.weight_hh"]  # h_0 = 0 meets no W_hh at step 1
+    assert new_model(cfg).left_out_by_one_step() == ["step.cell.weight_hh"]  # h_0 = 0 meets no W_hh at step 1
 
 
 def test_calibrate_uses_the_validation_vectors_of_the_training_range(parity_run, ponder):

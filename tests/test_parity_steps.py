@@ -76,10 +76,10 @@ def test_gru_step_equals_torchs_gru_cell_from_a_zero_state(vector_config):
 
 def test_gru_recipe_orthogonal_blocks_update_bias_and_normalised_state(vector_config):
     torch.manual_seed(0)
-    cfg = vector_config(step="gru", elems=8, hidden=16)
-    plain = GRUStep(cfg)
+    plain = GRUStep(vector_config(step="gru", elems=8, hidden=16))
     torch.manual_seed(0)
-    recipe = GRUStep(cfg, layer_norm=True, orthogonal=True, update_bias=1.0)
+    recipe = GRUStep(vector_config(step="gru", elems=8, hidden=16, gru_layer_norm=True, gru_orthogonal=True,
+                                   gru_update_bias=1.0))
     for block in recipe.cell.weight_hh.split(16):
         assert torch.allclose(block @ block.T, torch.eye(16), atol=1e-5)
     # the same draw, plus 1 on the update gate's input bias only (gate order: reset, update, new)

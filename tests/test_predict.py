@@ -14,7 +14,7 @@ from ponder_cli.checkpoint import TrainingState, load_model, save_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import prepare_batch, synthetic_digits
 from ponder_cli.halting import halting_log_probs, median_halting_steps
-from ponder_cli.methods import build_model
+from ponder_cli.checkpoint import new_model
 from ponder_cli.tasks.mnist import frame_like_mnist, read_images
 
 
@@ -38,7 +38,7 @@ def _untrained(tmp_path, **fields) -> str:
     """A checkpoint of an untrained model (no training needed to look inside one)."""
     cfg = PonderConfig.from_options(**fields)
     torch.manual_seed(0)
-    model = build_model(cfg)
+    model = new_model(cfg)
     path = tmp_path / "model.pt"
     save_checkpoint(TrainingState(config=cfg, model=model.state_dict(), epoch=0), path)
     return path

@@ -14,7 +14,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist
-from ponder_cli.methods import build_model, get_method
+from ponder_cli.checkpoint import new_model
+from ponder_cli.methods import get_method
 from ponder_cli import runtime
 from ponder_cli.runtime import grad_scaler
 from ponder_cli.train import make_optimizer, train_one_epoch
@@ -51,7 +52,7 @@ def _model(steps: int, method: str = "pondernet", step: str = "mlp", bias=None, 
     halting = {} if method == "plain" else dict(max_steps=steps, halting_bias=bias)  # plain: one step, no halting
     cfg = PonderConfig.from_options(method=method, step=step, **sizes, **halting, **changes)
     assert cfg.max_steps == steps
-    model = build_model(cfg)
+    model = new_model(cfg)
     with torch.no_grad():
         model.halting_head.weight.mul_(spread)
     return model, cfg

@@ -11,6 +11,7 @@ import torch
 
 from ..halting import EarlyExitRule, halting_log_probs
 from ..losses import LossParts
+from ..model import PonderNet
 from ..registry import method_class
 
 
@@ -76,20 +77,13 @@ def get_method(cfg) -> Method:
     return method_class(cfg.method)(cfg)
 
 
-def build_model(cfg) -> torch.nn.Module:
-    """The model for a config, with the method's halting-bias initialisation applied."""
-    from ..model import PonderNet
-    from ..tasks import get_task
-
-    model = PonderNet(cfg, classes=get_task(cfg).classes)
-    init_halting_bias(model, cfg)
-    return model
-
-
-def init_halting_bias(model: torch.nn.Module, cfg) -> None:
-    """The halting head's initial bias: --halting-bias when given, else the method's own."""
+def build_model(cfg, classes: int) -> torch.nn.Module:
+    """The model for a config predicting `classes` classes (the task's), its halting head's
+    initial bias --halting-bias when given, else the method's own (ACT: +1)."""
+    model = PonderNet(cfg, classes=classes)
     with torch.no_grad():
         if cfg.halting_bias is not None:
             model.halting_head.bias.fill_(cfg.halting_bias)
         else:
             get_method(cfg).init_halting_bias(model.halting_head.bias)
+    return model

@@ -25,13 +25,9 @@ class GRUStep(StepFunction):
     reads = ("hidden", "gru_layer_norm", "gru_orthogonal", "gru_update_bias")
     tasks = ("parity",)
 
-    def __init__(self, cfg, layer_norm: bool | None = None, orthogonal: bool | None = None,
-                 update_bias: float | None = None):
+    def __init__(self, cfg):
         super().__init__()
-        # keyword arguments (the experiment harness) win over the config's fields
-        layer_norm = getattr(cfg, "gru_layer_norm", False) if layer_norm is None else layer_norm
-        orthogonal = getattr(cfg, "gru_orthogonal", False) if orthogonal is None else orthogonal
-        update_bias = getattr(cfg, "gru_update_bias", 0.0) if update_bias is None else update_bias
+        layer_norm, orthogonal, update_bias = cfg.gru_layer_norm, cfg.gru_orthogonal, cfg.gru_update_bias
         self.elems = cfg.elems
         self.cell = nn.GRUCell(cfg.elems, cfg.hidden)
         self.norm = nn.LayerNorm(cfg.hidden) if layer_norm else None

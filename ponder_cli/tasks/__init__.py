@@ -29,6 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
+
+from .. import PonderError
 from ..registry import task_class
 
 
@@ -98,9 +101,6 @@ def get_task(cfg) -> Task:
 
 def load_array(path):
     """A user's .npy file as a numpy array, or one error naming the file (no pickles)."""
-    import numpy as np
-
-    from .. import PonderError
 
     try:
         return np.load(path, allow_pickle=False)
@@ -111,7 +111,6 @@ def load_array(path):
 def check_input_file(path, wanted: str) -> None:
     """A user's INPUT must be an existing file; `wanted` names what this task reads, for the
     message about a folder."""
-    from .. import PonderError
 
     if not path.exists():
         raise PonderError(f"{path}: no such file")

@@ -8,10 +8,19 @@ angles under a protocol (uniform, band, fixed: rotation.protocol_angles).
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
-from .. import PonderError
-from . import Task, TrainingSource, check_input_file, load_array
+import numpy as np
+import torch
+
+from .. import PonderError, distributed
+from ..config import MAX_ANGLE, PonderConfig
+from ..data import ImageSet, load_mnist, prepare_batch, resolve_data_dir, train_val_split
+from ..evaluate import EvalBucket, EvalResult, evaluate_bucket
+from ..reports import TaskView, Terms
+from ..rotation import protocol_angles, uniform_angles
+from . import Task, TrainingSource, UserInputs, check_input_file, load_array
 
 EVAL_ANGLES, EXTRAPOLATION_ANGLES = [0.0], [22.5, 45.0, 67.5, 90.0]
 SIDE = 28  # MNIST's images are 28x28
@@ -20,12 +29,75 @@ LIGHT_BORDER = 0.5  # a border brighter than this on average: a dark digit on a 
 INK = 0.1  # pixels at least this bright (of the brightest) belong to the digit's bounding box
 
 
+# How reports name MNIST's buckets (rotations) and inputs (images)
+TERMS = Terms("rotation", "±deg", "g", "|angle|", "|rotation angle| and ponder steps", "images",
+              "MNIST test set", lambda b: f"±{b['rotation']:g}°", sweep_key="rotation", sweep_header="|angle|",
+              sweep_scale=10.0, sweep_unit="10°", sweep_fit="steps_per_10_degrees", sweep_name="mental rotation")
+
+
+def check_angle(angle: float, what: str) -> float:
+    if not math.isfinite(angle):
+        raise PonderError(f"{what} must be a finite number of degrees (got {angle})")
+    if not 0 <= angle <= MAX_ANGLE:
+        raise PonderError(f"{what} must be between 0 and {MAX_ANGLE:g} degrees: images are rotated within "
+                          f"+-angle (got {angle:g})")
+    return angle
+
+
+def parse_angles(texts: list[str], what: str = "--angles") -> list[float]:
+    angles = []
+    for text in texts:
+        try:
+            angle = float(text)
+        except ValueError:
+            raise PonderError(f"{what}: {text!r} is not a number of degrees") from None
+        angles.append(check_angle(angle, what))
+    if not angles:
+        raise PonderError(f"{what} needs at least one angle")
+    return angles
+
+
+# Evaluation buckets: the images rotated under a protocol -----------------------------------------
+
+def evaluation_draws(count: int, max_steps: int, angle: float, seed: int, device, *,
+                     protocol: str = "uniform", lower: float = 0.0) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """All random numbers of one evaluation, drawn up front from one seeded CPU generator.
+
+    The same seed gives the same rotations and coin flips on any device and for any batch size,
+    halting rule or early-exit setting. Returns angles (N,), or None when no image is rotated,
+    and halting uniforms (steps, N).
+    """
+    generator = torch.Generator().manual_seed(seed)
+    angles = protocol_angles(count, angle, protocol, lower=lower, generator=generator)
+    uniforms = torch.rand(max_steps, count, generator=generator)
+    rotated = bool(angles.abs().max() > 0) if count else False
+    return (angles.to(device) if rotated else None), uniforms.to(device)
+
+
+def image_bucket(data: ImageSet, max_steps: int, max_angle: float, seed: int, *, protocol: str = "uniform",
+                 lower: float = 0.0) -> EvalBucket:
+    """The images rotated by the protocol's angles, all draws from one seeded generator."""
+    device = data.images.device
+    angles, uniforms = evaluation_draws(len(data), max_steps, max_angle, seed, device, protocol=protocol, lower=lower)
+    return EvalBucket(
+        labels=data.labels, uniforms=uniforms,
+        inputs=lambda start, end: prepare_batch(data.images[start:end], None if angles is None else angles[start:end]),
+        difficulty=angles.abs().cpu() if angles is not None else torch.zeros(len(data)))
+
+
+def evaluate(model: torch.nn.Module, data: ImageSet, cfg: PonderConfig, *, max_angle: float = 0.0,
+             seed: int = 0, protocol: str = "uniform", lower: float = 0.0, **options) -> EvalResult:
+    """Images rotated within +-max_angle (see evaluate.evaluate_bucket for the options)."""
+    bucket = image_bucket(data, model.max_steps, max_angle, seed, protocol=protocol, lower=lower)
+    return evaluate_bucket(model, bucket, cfg, **options)
+
+
 # The user's own images (`ponder predict`) -----------------------------------------------------
 
 def _gray(path):
     """An image file as float pixels (H, W) in [0, 1], whatever its mode; transparency is
     composited onto white, as a page shows it."""
-    import numpy as np
+    # Pillow only for `ponder predict`'s image files: not loaded for training or evaluation
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     try:
@@ -56,7 +128,7 @@ def frame_like_mnist(ink):
     its digits: the background level (the border's median) taken off and the contrast stretched,
     the ink's bounding box scaled to fit 20x20 keeping its aspect, and placed so that its centre
     of mass is the image's centre."""
-    import numpy as np
+    # Pillow only for `ponder predict`'s image files: not loaded for training or evaluation
     from PIL import Image
 
     border = np.concatenate([ink[0, :], ink[-1, :], ink[:, 0], ink[:, -1]])
@@ -85,7 +157,6 @@ def frame_like_mnist(ink):
 def _npy_images(path):
     """A .npy array of 28x28 images (N, 28, 28), or one (28, 28), as floats in [0, 1]: uint8 (and
     any array with values above 1) is read as 0-255, other numbers as 0-1."""
-    import numpy as np
 
     array = load_array(path)
     if array.ndim == 2:
@@ -111,10 +182,6 @@ def read_images(paths, invert=None, rotate=None):
     dark digit on a light background and is inverted (`invert` True or False decides instead).
     28x28 images are then read as they are; other sizes are framed as MNIST's digits were
     (frame_like_mnist). `rotate`: degrees, counter-clockwise, with evaluation's rotation."""
-    import numpy as np
-    import torch
-
-    from ..data import prepare_batch
 
     names, images = [], []
     for path in paths:
@@ -146,20 +213,12 @@ class ImageBatches(TrainingSource):
         self.order = None
 
     def start_epoch(self) -> int:
-        import torch
-
-        from .. import distributed
-
         count = len(self.data)
         order = torch.randperm(count, device=self.data.images.device)  # (N,)
         self.order = order[:distributed.even_length(count)]  # under torchrun the last batch must split evenly
         return -(-self.order.shape[0] // self.cfg.batch_size)
 
     def batch(self, index: int):
-        from .. import distributed
-        from ..data import prepare_batch
-        from ..rotation import uniform_angles
-
         start = index * self.cfg.batch_size
         rows = distributed.shard(self.order[start:start + self.cfg.batch_size])  # this rank's contiguous slice
         device = self.data.images.device
@@ -179,8 +238,6 @@ class MnistTask(Task):
     # training -----------------------------------------------------------------------------
 
     def load_training(self, data_dir, download: bool):
-        from ..data import load_mnist, train_val_split
-
         full = load_mnist(data_dir, train=True, download=download)
         return train_val_split(full, val_size=self.cfg.val_size, train_size=self.cfg.train_size, seed=self.cfg.seed)
 
@@ -191,21 +248,18 @@ class MnistTask(Task):
         return ImageBatches(data, self.cfg)
 
     def validate(self, model, data, amp: bool):
-        from ..evaluate import evaluate
         return evaluate(model, data, self.cfg, max_angle=self.cfg.train_rotation, seed=self.cfg.seed, amp=amp)
 
     def describe(self, train_data, val_data) -> str:
         return f"on {len(train_data)} images, validating on {len(val_data)}"
 
     def read_inputs(self, paths, options):
-        from . import UserInputs
-
         names, x = read_images(paths, invert=options.invert, rotate=options.rotate)
         return UserInputs(names, x)
 
-    def view(self):
-        from ..reports import mnist_view
-        return mnist_view(self.cfg)
+    def view(self) -> TaskView:
+        return TaskView("mnist", TERMS, {"train_rotation": self.cfg.train_rotation},
+                        f"trained within ±{self.cfg.train_rotation:g}°")
 
     # evaluation ---------------------------------------------------------------------------
 
@@ -220,27 +274,19 @@ class MnistTask(Task):
                               "give --angles DEG...")
         if angles is None:
             return self.default_buckets(command)
-        from ..api import parse_angles
         return parse_angles([str(a) for a in angles])
 
     def test_data(self, options, device):
-        from ..api import _data_dir
-        from ..data import load_mnist
-
-        test = load_mnist(_data_dir(options.data_dir), train=False, download=options.download)
+        test = load_mnist(resolve_data_dir(options.data_dir), train=False, download=options.download)
         return (test.subset(slice(0, options.limit)) if options.limit else test).to(device)
 
     def validation_data(self, options, device):
         """The held-out training images (data.train_val_split with the run's seed), the first
         --limit of them: what training validated on, for calibrate."""
-        from ..api import _data_dir
-
-        _, held_out = self.load_training(_data_dir(options.data_dir), options.download)
+        _, held_out = self.load_training(resolve_data_dir(options.data_dir), options.download)
         return (held_out.subset(slice(0, options.limit)) if options.limit else held_out).to(device)
 
     def bucket(self, data, spec: float, specs: list, max_steps: int, seed: int, protocol: str):
-        from ..evaluate import image_bucket
-
         lower = max((a for a in specs if a < spec), default=0.0)  # the band protocol's inner edge
         return image_bucket(data, max_steps, spec, seed, protocol=protocol, lower=lower)
 
@@ -249,8 +295,6 @@ class MnistTask(Task):
 
     def sweep_specs(self, start: Optional[float], stop: Optional[float], every: Optional[float]) -> list[float]:
         """Exact angles --from..--to every --every degrees (default 0 to 180 every 5)."""
-        from ..api import check_angle
-
         start, stop, every = (0.0 if start is None else start, 180.0 if stop is None else stop,
                               5.0 if every is None else every)
         check_angle(start, "--from"), check_angle(stop, "--to")

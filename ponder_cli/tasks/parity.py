@@ -23,9 +23,14 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional, Sequence
 
+import numpy as np
 import torch
 
-from . import Task, TrainingSource, check_input_file, load_array
+from .. import PonderError, distributed
+from ..config import parse_count_range
+from ..evaluate import EvalBucket, evaluate_bucket
+from ..reports import TaskView, Terms
+from . import Task, TrainingSource, UserInputs, check_input_file, load_array
 
 CLASSES = 2
 # Seeds of the fixed evaluation sets: validation while training, test for reported figures.
@@ -99,20 +104,6 @@ def bucket_sets(elems: int, ranges: Sequence[tuple[int, int]], per_count: int, s
     return [evaluation_set(elems, lo, hi, per_count, seed, device) for lo, hi in ranges]
 
 
-def parse_count_range(text: str, elems: int | None = None) -> tuple[int, int]:
-    """'17-32' -> (17, 32); '5' -> (5, 5). Checked against elems when given."""
-    lo, sep, hi = text.partition("-")
-    try:
-        bounds = (int(lo), int(hi) if sep else int(lo))
-    except ValueError:
-        raise ValueError(f"a count range is LO-HI or N (got {text!r})") from None
-    if elems is not None:
-        check_counts(elems, *bounds)
-    elif not 1 <= bounds[0] <= bounds[1]:
-        raise ValueError(f"a count range needs 1 <= LO <= HI (got {text!r})")
-    return bounds
-
-
 def split_range(lo: int, hi: int, parts: int = 4) -> list[tuple[int, int]]:
     """[lo, hi] in `parts` consecutive ranges of (nearly) equal size: 1-64 -> 1-16 ... 49-64."""
     size = hi - lo + 1
@@ -139,7 +130,6 @@ class ParityBatches(TrainingSource):
         return self.cfg.batches_per_epoch
 
     def batch(self, index: int):
-        from .. import distributed
 
         drawn = parity_batch(self.cfg.batch_size, self.cfg.elems, self.lo, self.hi, self.generator)
         if not distributed.active():
@@ -159,7 +149,6 @@ class ParityBatches(TrainingSource):
 
 def vector_bucket(data: ParityBatch, max_steps: int, seed: int):
     """An evaluation bucket of fixed vectors; the halting coins from a generator seeded by `seed`."""
-    from ..evaluate import EvalBucket
 
     uniforms = torch.rand(max_steps, data.x.shape[0], generator=torch.Generator().manual_seed(seed))
     return EvalBucket(labels=data.labels, inputs=lambda start, end: data.x[start:end],
@@ -167,7 +156,6 @@ def vector_bucket(data: ParityBatch, max_steps: int, seed: int):
 
 
 def _terms():
-    from ..reports import Terms
     return Terms("counts", "counts", "s", "count", "non-zero count and ponder steps", "vectors",
                  "parity test vectors", lambda bucket: f"counts {bucket['counts']}", sweep_key="lo",
                  sweep_header="count", sweep_scale=1.0, sweep_unit="count", sweep_fit="steps_per_count",
@@ -180,9 +168,7 @@ TERMS = _terms()  # how reports name parity's buckets and inputs
 def _vector_rows(path, elems: int) -> tuple[list[str], torch.Tensor]:
     """A .npy array (N, elems) or (elems,), or a text file of one vector per line (entries apart
     by spaces or commas; blank lines and lines starting with # are skipped) -> names and rows."""
-    import numpy as np
 
-    from .. import PonderError
 
     if path.suffix.lower() == ".npy":
         array = load_array(path)
@@ -249,7 +235,6 @@ class ParityTask(Task):
         return ParityBatches(self.cfg, device)
 
     def validate(self, model, data, amp: bool):
-        from ..evaluate import evaluate_bucket
         return evaluate_bucket(model, vector_bucket(data, model.max_steps, self.cfg.seed), self.cfg, amp=amp)
 
     def describe(self, train_data, val_data) -> str:
@@ -259,8 +244,6 @@ class ParityTask(Task):
 
     def read_inputs(self, paths, options):
         """.npy arrays (N, elems) and text files of vectors (see _vector_rows), entries -1, 0, +1."""
-        from .. import PonderError
-        from . import UserInputs
 
         for name, value in (("--rotate", options.rotate), ("--invert/--no-invert", options.invert)):
             if value is not None:
@@ -274,7 +257,6 @@ class ParityTask(Task):
         return UserInputs(names, torch.cat(rows))
 
     def view(self):
-        from ..reports import TaskView
         lo, hi = self._range()
         return TaskView("parity", TERMS, {"elems": self.cfg.elems, "train_counts": f"{lo}-{hi}"},
                         f"{self.cfg.elems} elements, trained on counts {lo}-{hi}", protocol=None)
@@ -295,8 +277,6 @@ class ParityTask(Task):
         return split_range(1, self.cfg.elems)
 
     def parse_buckets(self, angles: Optional[list], counts: Optional[list], command: str) -> list[tuple[int, int]]:
-        from .. import PonderError
-        from ..config import parse_count_range
 
         if angles is not None:
             raise PonderError("--angles applies to mnist checkpoints; this one is a parity model: "
@@ -327,7 +307,6 @@ class ParityTask(Task):
 
     def sweep_specs(self, start: Optional[float], stop: Optional[float], every: Optional[float]) -> list[tuple[int, int]]:
         """Each exact non-zero count --from..--to every --every (default: 1 to elems, every one)."""
-        from .. import PonderError
 
         values = (1 if start is None else start, self.cfg.elems if stop is None else stop, 1 if every is None else every)
         if any(float(v) != int(v) for v in values):

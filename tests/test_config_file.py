@@ -1,0 +1,161 @@
+"""Settings in files: `ponder train --config`, `--print-config` and a run folder's config.toml."""
+
+import dataclasses
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ponder_cli import PonderError
+from ponder_cli.config import PonderConfig, readers
+from ponder_cli.config_file import SECTIONS, read_config_file, render_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_every_setting_sits_in_one_table_and_a_pieces_settings_in_its_own():
+    placed = [name for names in SECTIONS.values() for name in names]
+    assert sorted(placed) == sorted(PonderConfig.field_names())
+    for section, names in SECTIONS.items():
+        for name in names:
+            kinds = set(readers(name))
+            # a setting only steps read is a [step] setting, and so on
+            assert len(kinds) != 1 or kinds == {section}, (name, section, kinds)
+
+
+def test_a_file_of_tables_gives_its_settings_typed(tmp_path):
+    path = write(tmp_path, "run.toml", '[task]\ntask = "parity"\nelems = 16\n\n[method]\nlambda_p = 1\n'
+                                        'halting_bias = "prior"\n\n[step]\ngru_layer_norm = false\n'
+                                        '\n[training]\nlr = 3e-4\n')
+    assert read_config_file(path) == {"task": "parity", "elems": 16, "lambda_p": 1.0, "halting_bias": "prior",
+                                      "gru_layer_norm": False, "lr": 0.0003}
+    assert isinstance(read_config_file(path)["lambda_p"], float)  # a whole number where a number is due
+
+
+def test_a_flat_json_file_is_read_too(tmp_path):
+    assert read_config_file(write(tmp_path, "a.json", '{"epochs": 3, "step": "align"}')) == {"epochs": 3,
+                                                                                           "step": "align"}
+
+
+@pytest.mark.parametrize("text,message", [
+    ('[training]\nlamda_p = 0.1\n', "unknown setting 'lamda_p' (did you mean 'lambda_p'?)"),
+    ('[training]\nlambda_p = 0.1\n', "lambda_p belongs in [method], not [training]"),
+    ('[model]\nhidden = 3\n', "unknown table [model]; the tables are [task], [step], [method], [training]"),
+    ('[training]\nepochs = "20"\n', "epochs must be a whole number (got '20')"),
+    ('[training]\nepochs = 2.5\n', "epochs must be a whole number (got 2.5)"),
+    ('[step]\ngru_orthogonal = 1\n', "gru_orthogonal must be true or false (got 1)"),
+    ('[training]\nlr = inf\n', "lr must be a finite number (got inf)"),
+    ('[method]\nhalting_bias = "high"\n', 'halting_bias is a number or "prior" (got \'high\')'),
+    ('epochs = \n', "not valid TOML"),
+])
+def test_a_mistake_in_a_file_is_one_message_naming_the_file_and_the_key(tmp_path, text, message):
+    path = write(tmp_path, "run.toml", text)
+    with pytest.raises(PonderError) as caught:
+        read_config_file(path)
+    assert str(caught.value).startswith(f"--config {path}: ")
+    assert message in str(caught.value)
+
+
+def test_a_missing_file_or_a_folder_is_named(tmp_path):
+    with pytest.raises(PonderError, match="no such file"):
+        read_config_file(tmp_path / "nope.toml")
+    with pytest.raises(PonderError, match="is a directory"):
+        read_config_file(tmp_path)
+
+
+OPTION_SETS = [{}, {"step": "align"}, {"method": "act", "tau": 0.02}, {"method": "plain"},
+               {"task": "parity", "elems": 16}, {"task": "parity", "step": "rnn", "lr": 3e-4, "elems": 8},
+               {"step": "align", "turn_gate": 0.1, "halting_input": "state+confidence+turn", "truncation": 0.05}]
+
+
+@pytest.mark.parametrize("given", OPTION_SETS)
+def test_what_is_printed_reads_back_as_the_same_configuration(tmp_path, given):
+    cfg = PonderConfig.from_options(**given)
+    text = render_config(cfg, cfg.sources(given), cfg.shown_fields())
+    again = PonderConfig.from_options(**read_config_file(write(tmp_path, "c.toml", text)))
+    assert again == cfg
+    as_json = render_config(cfg, cfg.sources(given), cfg.shown_fields(), "json")
+    tables = {k: v for k, v in json.loads(as_json).items() if k != "sources"}
+    assert PonderConfig.from_options(**read_config_file(write(tmp_path, "c.json", json.dumps(tables)))) == cfg
+
+
+def test_each_printed_value_says_where_it_came_from():
+    given = {"task": "parity", "lr": 3e-4}
+    cfg = PonderConfig.from_options(**given)
+    lines = render_config(cfg, cfg.sources(given), cfg.shown_fields()).splitlines()
+    assert "[task]" in lines and "[step]" in lines and "[method]" in lines and "[training]" in lines
+    by_key = {line.split(" = ")[0]: line for line in lines if " = " in line}
+    assert by_key["lr"].endswith("# given") and "0.0003" in by_key["lr"]
+    assert by_key["step"].endswith("# implied by --task parity") and '"gru"' in by_key["step"]
+    assert by_key["gru_update_bias"].endswith("# implied by --step gru")
+    assert by_key["epochs"].endswith("# default")
+    assert "train_rotation" not in by_key  # an MNIST setting means nothing to a parity run
+
+
+def test_print_config_fed_back_as_config_changes_nothing(tmp_path, ponder):
+    first = ponder("train", "--step", "align", "--lr", "0.0005", "--print-config")
+    assert first.exit_code == 0, first.output
+    path = write(tmp_path, "printed.toml", first.stdout)
+    second = ponder("train", "--config", path, "--print-config")
+    strip = lambda text: [line.split("#")[0].rstrip() for line in text.splitlines() if not line.startswith("#")]  # noqa: E731
+    assert strip(second.stdout) == strip(first.stdout)
+    assert f"# file {path}" in second.stdout
+    override = ponder("train", "--config", path, "--epochs", "3", "--print-config")
+    assert "epochs = 3" in override.stdout and "# given" in override.stdout
+
+
+def test_a_bad_config_file_is_one_error_line(tmp_path, ponder, one_error_line):
+    path = write(tmp_path, "bad.toml", "[training]\nepoch = 3\n")
+    line = one_error_line(ponder("train", "--config", path, "--print-config"))
+    assert line == f"Error: --config {path}: unknown setting 'epoch' (did you mean 'epochs'?)"
+
+
+def test_a_run_folder_config_toml_trains_the_same_model_again(tiny_mnist, tmp_path, ponder, quick):
+    first = ponder("train", *quick, "--lambda-p", "0.3", "--seed", "7", "--data-dir", tiny_mnist,
+                   "--out", tmp_path / "a", "-q")
+    assert first.exit_code == 0, first.output
+    saved = tmp_path / "a" / "config.toml"
+    assert 'lambda_p = 0.3' in saved.read_text() and "seed = 7" in saved.read_text()
+    for source in (saved, tmp_path / "a" / "config.json"):  # the TOML file and the run's JSON record
+        out = tmp_path / f"again-{source.suffix[1:]}"
+        again = ponder("train", "--config", source, "--data-dir", tiny_mnist, "--out", out, "-q")
+        assert again.exit_code == 0, again.output
+        a = torch.load(tmp_path / "a" / "best.pt", weights_only=True)
+        b = torch.load(out / "best.pt", weights_only=True)
+        assert a["config"] == b["config"]
+        assert a["model"].keys() == b["model"].keys()
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_experiment_options_still_work_with_a_note_and_stay_out_of_help(tmp_path, ponder):
+    result = ponder("train", "--step", "align", "--turn-gate", "0.1", "--print-config")
+    assert result.exit_code == 0, result.output
+    assert "turn_gate = 0.1" in result.stdout
+    assert "note: --turn-gate is kept for existing scripts; set turn_gate in a --config file" in result.stderr
+    help_text = ponder("train", "--help").stdout
+    assert "--turn-gate" not in help_text and "--gru-layer-norm" not in help_text
+    assert "--config" in help_text and "--print-config" in help_text
+    import typer.main
+
+    from ponder_cli.cli import app
+
+    shown = [p.name for p in typer.main.get_command(app).commands["train"].params if not p.hidden]
+    assert len(shown) <= 27, shown  # about 25 settings, and --format
+
+
+def test_the_docs_list_every_key_as_the_code_has_it():
+    spec = importlib.util.spec_from_file_location("config_reference", REPO / "tools" / "config_reference.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    page = tool.PAGE.read_text(encoding="utf-8")
+    assert tool.page_with_table(page) == page, "run: python tools/config_reference.py --write"
+    for field in dataclasses.fields(PonderConfig):
+        assert f"| `{field.name}` |" in page, field.name
