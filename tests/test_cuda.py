@@ -10,6 +10,8 @@ import warnings
 import pytest
 import torch
 
+from ponder_cli import distributed
+from ponder_cli import train as train_module
 from ponder_cli.checkpoint import load_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
@@ -123,6 +125,59 @@ def test_resume_cpu_then_cuda_then_cpu(tiny_mnist, tmp_path):
     assert back.optimizer["param_groups"][0]["fused"] is None and "cuda" not in back.rng
     assert all(torch.isfinite(p).all() for p in back.model.values())
     assert all(math.isfinite(h.train_loss) for h in result.history)
+
+
+# --- the CUDA generator in checkpoints -------------------------------------------------------
+
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+
+
+def _draws(seed: int, device: str) -> torch.Tensor:
+    """What the device's generator gives right after being seeded with `seed`."""
+    with torch.cuda.device(device):
+        torch.cuda.manual_seed(seed)
+    return torch.rand(4, device=device)
+
+
+def _seeded_state(seed: int) -> torch.Tensor:
+    torch.cuda.manual_seed(seed)
+    return torch.cuda.get_rng_state()
+
+
+def test_a_checkpoint_continues_the_training_gpus_stream():
+    torch.cuda.manual_seed(7)
+    saved = train_module._rng_state(GPU)
+    assert isinstance(saved["cuda"], torch.Tensor)  # the training GPU's state, not every GPU's
+    torch.cuda.manual_seed(99)
+    train_module._set_rng_state(saved, GPU)
+    assert torch.equal(torch.rand(4, device=GPU), _draws(7, "cuda:0"))
+
+
+@pytest.mark.parametrize("saved, device, ddp, continued", [
+    # a list holds every GPU's state (an earlier version); the seeds 10, 11, 12, 13 stand for
+    # cuda:0 to cuda:3 of the host that wrote it
+    ("list", "cuda:0", False, 10),
+    ("list", "cuda:0", True, 10),  # torchrun: every rank continues rank 0's cuda:0 stream
+    ("empty", "cuda:0", False, None),  # nothing usable: the stream goes on from where it was
+    ("absent", "cuda:0", False, None),  # a CPU run resumed on CUDA
+    ("list", "cpu", False, None),  # a CUDA run resumed on the CPU: the GPU's stream untouched
+    pytest.param("list", "cuda:1", False, 11, marks=TWO_GPUS),  # the one this device drew from
+    pytest.param("first", "cuda:1", False, 10, marks=TWO_GPUS),  # from a host with one GPU: its only one
+    pytest.param("list", "cuda:1", True, 10, marks=TWO_GPUS),
+])
+def test_resuming_restores_the_cuda_stream_training_drew_from(saved, device, ddp, continued, monkeypatch):
+    monkeypatch.setattr(distributed, "active", lambda: ddp)
+    states = [_seeded_state(10 + k) for k in range(4)]
+    cuda = {"list": states, "first": states[:1], "empty": [], "absent": None}[saved]
+    cpu_state = torch.get_rng_state()
+    torch.manual_seed(1)
+    gpu = "cuda:0" if device == "cpu" else device
+    with torch.cuda.device(gpu):
+        torch.cuda.manual_seed(99)
+    train_module._set_rng_state({"torch": cpu_state, **({} if cuda is None else {"cuda": cuda})},
+                                torch.device(device))
+    assert torch.equal(torch.get_rng_state(), cpu_state)
+    assert torch.equal(torch.rand(4, device=gpu), _draws(99 if continued is None else continued, gpu))
 
 
 @pytest.mark.parametrize("amp", [False, True])

@@ -1,6 +1,7 @@
 """The docs stay true: every `ponder` command line in README.md and docs/*.md parses against the
-real CLI, every console example not marked slow prints exactly what it shows, every link
-resolves, the architecture page's step function plugs in, and the README stays short.
+real CLI, every console example not marked slow prints what it shows (floats printed in full
+within docs_examples.FLOAT_TOLERANCE, whatever the CPU), every link resolves, the architecture
+page's step function plugs in, and the README stays short.
 
 tools/docs_examples.py regenerates the examples (`--write`); see docs/development.md.
 """
@@ -124,15 +125,15 @@ def test_fast_example_prints_what_it_shows(example):
 
 
 def test_fast_examples_stay_cheap():
-    """The suite runs every example not marked slow, so each stays cheap: a --limit, --help or
-    --version, predict on a few files, info (no test set read), a command that is not ponder's,
-    or a refusal."""
+    """The suite runs every example not marked slow, so each stays cheap: a --limit, --help,
+    --version or --print-config, predict on a few files, info (no test set read), a command that
+    is not ponder's, or a refusal."""
     for example in EXAMPLES:
         if example.slow or example.fails:
             continue
         for command in example.commands:
             cheap = not command.text.startswith("ponder ") or command.text.startswith(("ponder predict ", "ponder info "))
-            assert cheap or "--limit" in command.text or "--help" in command.text or "--version" in command.text, \
+            assert cheap or any(flag in command.text for flag in ("--limit", "--help", "--version", "--print-config")), \
                 f"{example.where}: $ {command.text}: a fast example runs on at most --limit images"
 
 
@@ -164,6 +165,27 @@ def test_check_reports_a_stale_example_and_write_fixes_it(tmp_path):
     assert "$ echo \"took 12 s\"\ntook 13 s\n```" in text  # only the varying part differed: kept
     assert "\nError: No such option: --bogus\n```" in text  # the refusal, through 2>&1
     assert docs.main(["--check", str(page)]) == 0
+
+
+@pytest.mark.parametrize("shown,printed,same", [
+    # a float32 probability printed in full, on an AVX2 and on an AVX-512 CPU: 1.2e-7 apart
+    ("7,0.9998444318771362,2", "7,0.9998443126678467,2", True),
+    ("7,0.9998444318771362,2", "7,0.9998474318771362,2", False),  # 3e-6 relative: more than float32 rounding
+    ("│ 22.5 │   0.9890 │ 5.84  │", "│ 22.5 │   0.9891 │ 5.84  │", False),  # a rounded figure: exact
+    ("images: 1000", "images: 1001", False),  # a count: exact
+    ("rho = +0.415 over 4000 images", "rho = +0.415 over 4000 image", False),  # the text around: exact
+    ("2.5e-07 and 3", "2.5000001e-07 and 3", True),
+])
+def test_floats_agree_within_the_tolerance_and_nothing_else_does(shown, printed, same):
+    assert docs.agrees([shown], [printed], []) is same
+
+
+def test_write_keeps_a_float_within_the_tolerance_as_written(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("```console\n$ echo 0.9998443126678467\n0.9998444318771362\n```\n", encoding="utf-8")
+    before = page.read_text(encoding="utf-8")
+    assert docs.main(["--check", str(page)]) == 0
+    assert docs.main(["--write", str(page)]) == 0 and page.read_text(encoding="utf-8") == before
 
 
 def test_a_failing_command_is_reported_and_left_as_shown(tmp_path):

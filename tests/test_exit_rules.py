@@ -253,22 +253,22 @@ def test_calibrate_on_a_model_whose_outputs_are_known(fixed_model, tiny_mnist):
         "validation", [{"rotation": cfg.train_rotation, "protocol": "uniform"}], None)
 
 
-def test_calibrate_command_contract(checkpoint, tiny_mnist, ponder, monkeypatch):
-    args = ["calibrate", checkpoint, "--data-dir", tiny_mnist, "--angles", 30, 60, "--repeats", 2, "--limit", 40]
+def test_calibrate_command_contract(fixed_model, tiny_mnist, ponder, monkeypatch):
+    # the fixed model (test_calibrate_on_a_model_whose_outputs_are_known): every rule agrees
+    # with the last step, quantile:0.5 halts at step 1, the fewest
+    args = ["calibrate", fixed_model, "--data-dir", tiny_mnist, "--angles", 30, 60, "--repeats", 2, "--limit", 40]
     result = ponder(*args, "-f", "json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert list(report)[:len(META_KEYS)] == list(META_KEYS) and report["command"] == "calibrate"
     assert report["images"] == 40 * 2 * 2  # two angles, two draws, pooled
     assert [b["halting"] for b in report["buckets"]] == list(CALIBRATION_RULES)
-    chosen = report["chosen"]
-    admitted = [b for b in report["buckets"] if b["agreement"] >= 1 - 0.005]
-    assert chosen == (min(admitted, key=lambda b: b["mean_steps"])["halting"] if admitted else None)
+    assert report["chosen"] == "quantile:0.5"
+    assert [b["halting"] for b in report["buckets"] if b["chosen"]] == ["quantile:0.5"]
     monkeypatch.setenv("COLUMNS", "80")
     lines = ponder(*args, "--tolerance", 0.5).stdout.splitlines()
     assert max(cell_len(line) for line in lines) <= 80
-    assert lines[-1].startswith("chosen: ") and lines[-1].endswith(f"--halting {lines[-1].split()[1]}")
-    parse_halting_rule(lines[-1].split()[1])  # pastes into --halting
+    assert lines[-1].startswith("chosen: quantile:0.5 ") and lines[-1].endswith("--halting quantile:0.5")
 
 
 def test_calibrate_takes_the_candidates_from_rules(fixed_model, tiny_mnist, ponder, one_error_line):

@@ -74,10 +74,17 @@ def test_kl_finite_when_p_underflows_to_zero():
     assert torch.isfinite(loss) and torch.isfinite(z.grad).all()
 
 
-def test_kl_is_zero_when_p_equals_prior():
-    lambda_p, steps = 0.3, 6
-    # A constant lambda_n = lambda_p gives the untruncated geometric with the tail on the last step;
-    # compare against that distribution directly.
-    z = torch.full((steps, 1), math.log(lambda_p / (1 - lambda_p)))
+def test_kl_by_hand_in_the_papers_direction():
+    # Three steps, lambda_p = 1/2: the truncated prior is (4/7, 2/7, 1/7).
+    # Image A: lambda = (1/2, 3/4, 1) gives p = (1/2, 3/8, 1/8), as in the test above.
+    # Image B: lambda = (4/7, 2/3, 1) gives p = (4/7, 2/7, 1/7), the prior itself.
+    z = torch.tensor([[0.0, math.log(4 / 3)], [math.log(3), math.log(2)], [-5.0, -5.0]])
     log_p = halting_log_probs(z)
-    assert torch.allclose(kl_to_prior(log_p.exp(), log_p, log_p[:, 0]), torch.tensor(0.0), atol=1e-7)
+    log_prior = geometric_log_prior(0.5, 3)
+    # KL(p_A || prior) = 1/2 ln(7/8) + 3/8 ln(21/16) + 1/8 ln(7/8) = 0.0185181; the other
+    # direction, KL(prior || p_A) = 5/7 ln(8/7) + 2/7 ln(16/21) = 0.0176842, would fail
+    kl_a = 0.5 * math.log(7 / 8) + 0.375 * math.log(21 / 16) + 0.125 * math.log(7 / 8)
+    assert math.isclose(kl_to_prior(log_p.exp()[:, :1], log_p[:, :1], log_prior).item(), kl_a, rel_tol=1e-5)
+    assert abs(kl_to_prior(log_p.exp()[:, 1:], log_p[:, 1:], log_prior).item()) < 1e-7
+    # the batch's KL is the mean over its images
+    assert math.isclose(kl_to_prior(log_p.exp(), log_p, log_prior).item(), kl_a / 2, rel_tol=1e-5)

@@ -1,11 +1,14 @@
 """The parity task's data: labels are the parity of the +1 entries, counts and positions as
 asked, everything reproducible from explicit generators."""
 
+import math
+
 import pytest
 import torch
 
 from ponder_cli import PonderError
-from ponder_cli.config import parse_count_range
+from ponder_cli.config import PonderConfig, parse_count_range
+from ponder_cli.methods import get_method
 from ponder_cli.tasks.parity import CLASSES, bucket_sets, evaluation_set, parity_batch, parity_labels, vectors_with_counts
 
 
@@ -91,11 +94,22 @@ def test_count_ranges_parse_and_refuse_what_cannot_be_drawn():
         parity_batch(4, 8, 0, 8, torch.Generator())
 
 
-def test_two_logits_under_softmax_are_the_papers_sigmoid_unit():
-    a, b = torch.tensor([0.3, -1.2]), torch.tensor([2.0, 0.5])
-    logits = torch.stack([a, b], dim=1)  # (2, CLASSES)
-    assert CLASSES == 2
-    assert torch.allclose(torch.softmax(logits, 1)[:, 1], torch.sigmoid(b - a))
-    target = torch.tensor([1, 0])
-    bce = torch.nn.functional.binary_cross_entropy_with_logits(b - a, target.float(), reduction="none")
-    assert torch.allclose(torch.nn.functional.cross_entropy(logits, target, reduction="none"), bce)
+def test_the_two_logit_head_is_the_papers_sigmoid_unit_in_pondernets_loss_and_predictions():
+    """The paper's one logistic unit with logit d gives class 1 the probability sigmoid(d) and
+    the loss BCE(d); PonderNet's loss and predictions on two logits (a, b) give the same with
+    d = b - a."""
+    cfg = PonderConfig.from_options(task="parity", max_steps=2)
+    method = get_method(cfg)
+    # d = ln 3 and d = -ln 3 (logits shifted by 1: only the difference counts), the same at both
+    # steps so that the loss does not depend on where halting puts its mass
+    row_logits = torch.tensor([[0.0, math.log(3)], [math.log(3) + 1, 1.0]])
+    logits = row_logits.expand(2, 2, CLASSES)  # (steps, B, classes)
+    lambda_logits = torch.zeros(2, 2)  # lambda = 1/2: the median rule halts at step 1
+    targets = torch.tensor([1, 1])
+    # sigmoid(ln 3) = 3/4, sigmoid(-ln 3) = 1/4; BCE for class 1: ln(4/3) and ln 4
+    reconstruction = method.loss(logits, lambda_logits, targets).reconstruction
+    assert math.isclose(float(reconstruction), (math.log(4 / 3) + math.log(4)) / 2, rel_tol=1e-6)
+    scores, steps = method.predict(logits, lambda_logits, torch.zeros(2, 2), "median")
+    assert steps.tolist() == [1, 1] and scores.argmax(1).tolist() == [1, 0]
+    probabilities = method.probabilities(scores, "median")[:, 1]
+    assert torch.allclose(probabilities, torch.tensor([0.75, 0.25]), atol=1e-7)

@@ -18,6 +18,11 @@ running this checkout's code, COLUMNS=80, unbuffered output and PONDER_DATA_DIR 
 environment or `--data-dir`. A command fails if it exits non-zero (unless marked `fails`) or
 prints a Python traceback on either stream. Trailing spaces are dropped from every line.
 
+Output is compared text for text, except that two numbers written with a decimal point or an
+exponent agree when within a relative FLOAT_TOLERANCE of each other: a float32 result printed in
+full (CSV, JSON) differs in its last digits between CPUs (see FLOAT_TOLERANCE). A number within
+it is kept as last written by --write, so the docs do not churn between machines.
+
     python tools/docs_examples.py                    # check the fast examples; exit 1 on a difference
     python tools/docs_examples.py --write            # rewrite the fast examples' output in place
     python tools/docs_examples.py --write --slow     # every example, slow ones too
@@ -36,6 +41,7 @@ import contextlib
 import difflib
 import functools
 import io
+import math
 import os
 import re
 import shlex
@@ -403,6 +409,40 @@ def _masked(lines: list[str], patterns: list[str]) -> list[str]:
     return lines
 
 
+# Float32 carries about 7 significant digits (6e-8 relative per operation), and the models
+# compute in float32 with kernels that differ between instruction sets (AVX2, AVX-512 sum in
+# other orders), so a probability printed to 16 digits may differ from the 7th on: 0.9998444318771362
+# on one CPU is 0.9998443126678467 on another. A figure rounded for reading (0.9890, 5.84) or a
+# count is still compared exactly in effect: any change of it is far larger than this.
+FLOAT_TOLERANCE = 1e-6
+_NUMBER = re.compile(r"([-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?)")
+
+
+def _same_number(shown: str, printed: str) -> bool:
+    if shown == printed:
+        return True
+    if not any(c in text for text in (shown, printed) for c in ".eE"):
+        return False  # integers (counts, seeds, steps) must match exactly
+    return math.isclose(float(shown), float(printed), rel_tol=FLOAT_TOLERANCE, abs_tol=0.0)
+
+
+def _same_line(shown: str, printed: str) -> bool:
+    """The same text around the same numbers, floats within FLOAT_TOLERANCE."""
+    if shown == printed:
+        return True
+    shown_parts, printed_parts = _NUMBER.split(shown), _NUMBER.split(printed)
+    # re.split with a group: text at even positions, numbers at odd ones
+    return len(shown_parts) == len(printed_parts) and all(
+        a == b if i % 2 == 0 else _same_number(a, b) for i, (a, b) in enumerate(zip(shown_parts, printed_parts)))
+
+
+def agrees(shown: list[str], printed: list[str], vary: list[str]) -> bool:
+    """Whether a command printed what the doc shows: text marked as varying masked, floats
+    within FLOAT_TOLERANCE."""
+    shown, printed = _masked(shown, vary), _masked(printed, vary)
+    return len(shown) == len(printed) and all(_same_line(a, b) for a, b in zip(shown, printed))
+
+
 @contextlib.contextmanager
 def _environment(data_dir: Optional[str]) -> Iterator[dict]:
     """The commands' environment: `ponder` and `python` are this interpreter running this
@@ -456,7 +496,7 @@ def run_example(example: Example, *, data_dir: Optional[str] = None, cwd: Option
                 continue
             output = _clean(stdout, where)
             outcome.outputs.append(output)
-            if _masked(command.shown, example.vary) != _masked(output, example.vary):
+            if not agrees(command.shown, output, example.vary):
                 diff = difflib.unified_diff(command.shown, output, "shown", "printed now", lineterm="", n=1)
                 outcome.differences.append(f"$ {command.text}\n" + "\n".join("  " + line for line in diff))
     return outcome
@@ -464,14 +504,14 @@ def run_example(example: Example, *, data_dir: Optional[str] = None, cwd: Option
 
 def rewrite(path: Path, outcomes: list[Outcome]) -> bool:
     """Put each example's fresh output under its commands; a command that failed keeps what the
-    doc shows, and so does one whose output differs only in text marked as varying. Returns
-    whether the file changed."""
+    doc shows, and so does one whose output agrees with it (differs only in text marked as
+    varying or in floats within FLOAT_TOLERANCE). Returns whether the file changed."""
     original = path.read_text(encoding="utf-8")
     lines = original.splitlines()
     for outcome in sorted(outcomes, key=lambda o: o.example.body[0], reverse=True):
         body = []
         for command, output in zip(outcome.example.commands, outcome.outputs):
-            if output is None or _masked(command.shown, outcome.example.vary) == _masked(output, outcome.example.vary):
+            if output is None or agrees(command.shown, output, outcome.example.vary):
                 output = command.shown
             body += [PROMPT + command.lines[0], *command.lines[1:], *output]
         start, end = outcome.example.body
