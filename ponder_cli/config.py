@@ -235,15 +235,22 @@ class PonderConfig:
             problems.append(f"align-turn must be in (0, 180] degrees (got {self.align_turn})")
         if self.method in METHODS and self.step in STEPS and not problems:
             problems += method_class(self.method).config_problems(self)
-            if "turn" in self.halting_input and not step_class(self.step).halting_extra_size:
-                problems.append(f"halting-input {self.halting_input}: step {self.step} has no turn to show")
-            if self.cnn_dropout_mask != "shared" and not step_class(self.step).embeds_once:
-                problems.append(f"cnn-dropout-mask {self.cnn_dropout_mask}: step {self.step} runs its CNN at every "
-                                "step, so its dropout mask is fresh at every step already")
-            if self.turn_gate > 0 and not step_class(self.step).halting_extra_size:
-                problems.append(f"turn-gate: step {self.step} has no turn to gate halting with")
+            problems += self.step_problems()
         if problems:
             raise PonderError("; ".join(problems))
+
+    def step_problems(self) -> list[str]:
+        """What the chosen step function cannot do: show a halting feature it has none of, or
+        honour a setting of another step's (a value other than the default)."""
+        step = step_class(self.step)
+        features = {"confidence", "previous", step.halting_feature}
+        problems = [f"halting-input {self.halting_input}: step {self.step} has no {part} to show"
+                    for part in self.halting_input.split("+")[1:] if part not in features]
+        for name in self.field_names():
+            others = readers(name).get("step", [])
+            if others and self.step not in others and getattr(self, name) != self.default(name):
+                problems.append(f"{name.replace('_', '-')} applies to --step {', '.join(others)}, not {self.step}")
+        return problems
 
     @classmethod
     def from_options(cls, **given) -> "PonderConfig":

@@ -12,14 +12,10 @@ from typing import NamedTuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .halting import EarlyExitRule, StopAfterFirstStep
 from .registry import step_class
 from .steps import select_rows
-
-N_CLASSES = 10
-
 
 # A halting logit whose sigmoid is 1.0 in float32: how a truncated image's last computed step
 # takes all its remaining halting mass (see PonderNet.forward).
@@ -32,27 +28,19 @@ class PonderOutput(NamedTuple):
     computed: torch.Tensor | None = None  # (B,) steps computed per image, when truncated
 
 
-def gated_logit(z: torch.Tensor, work: torch.Tensor) -> torch.Tensor:
-    """logit(sigmoid(z) * (1 - work)) for work in [0, 1], computed in log space (float32):
-    log lambda = logsigmoid(z) + log(1 - work), log(1 - lambda) = log1p(-sigmoid(z) (1 - work))."""
-    z, keep = z.float(), (1 - work.float()).clamp_min(1e-6)
-    log_lambda = F.logsigmoid(z) + torch.log(keep)
-    return log_lambda - torch.log1p(-(torch.sigmoid(z) * keep).clamp_max(1 - 1e-6))
-
-
 class PonderNet(nn.Module):
-    def __init__(self, cfg, classes: int = N_CLASSES):
+    def __init__(self, cfg, classes: int):
         super().__init__()
         self.max_steps = cfg.max_steps
         self.step = step_class(cfg.step)(cfg)
         self.output_head = nn.Linear(self.step.readout_size, classes)
         # what the halting head sees besides the readout: the step's top class probability
         # ("confidence"), the previous step's readout ("previous": [h_n, h_{n-1}], zeros before
-        # the first step) and the step function's own halting features ("turn" for align)
-        self.confidence_input = "confidence" in cfg.halting_input
-        self.previous_input = "previous" in cfg.halting_input
-        self.extra_input = "turn" in cfg.halting_input
-        self.turn_gate = float(cfg.turn_gate)
+        # the first step) and the step function's own halting features (its halting_feature)
+        inputs = cfg.halting_input.split("+")[1:]
+        self.confidence_input = "confidence" in inputs
+        self.previous_input = "previous" in inputs
+        self.extra_input = self.step.halting_feature in inputs
         self.halting_head = nn.Linear(self.step.readout_size * (1 + self.previous_input) + self.confidence_input
                                       + self.extra_input * self.step.halting_extra_size, 1)
 
@@ -95,16 +83,13 @@ class PonderNet(nn.Module):
         if self.previous_input:
             halting_input.append(torch.zeros_like(readout) if previous is None else previous)
         if self.extra_input and extra is not None:
-            # detached, like the gate below: halting may read the step's work but its loss (the KL
-            # pull towards halting early) must not reach the step through it, or training could
-            # teach the step to work less in order to halt sooner
+            # detached: halting may read the step's own features but its loss (the KL pull towards
+            # halting early) must not reach the step through them, or training could teach the
+            # step to work less in order to halt sooner
             halting_input.append(extra.detach().to(readout.dtype))
         halting_input = halting_input[0] if len(halting_input) == 1 else torch.cat(halting_input, dim=-1)
         lambda_logits = self.halting_head(halting_input).squeeze(-1)
-        if self.turn_gate > 0 and extra is not None:
-            work = (extra[..., 0].detach().float() / self.turn_gate).clamp_max(1.0)
-            lambda_logits = gated_logit(lambda_logits, work)
-        return logits, lambda_logits
+        return logits, lambda_logits if extra is None else self.step.gate_halting(lambda_logits, extra)
 
     def _until_done(self, x: torch.Tensor, rule: EarlyExitRule):
         """The one early-exit loop: yields, for every step, the rows still running (A,) of the

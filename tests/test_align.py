@@ -125,8 +125,8 @@ def test_turn_input_needs_a_step_that_turns():
     assert new_model(PonderConfig(**SMALL, halting_input="state+confidence+turn")).halting_head.in_features == 18
 
 
-def test_fresh_cnn_masks_need_a_step_that_embeds_once():
-    with pytest.raises(Exception, match="step align runs its CNN at every step"):
+def test_a_setting_of_another_step_is_refused_even_in_a_saved_config():
+    with pytest.raises(Exception, match="^cnn-dropout-mask applies to --step mlp, not align$"):
         PonderConfig(**SMALL, cnn_dropout_mask="per-step")
 
 
@@ -137,7 +137,7 @@ def test_prior_halting_bias():
 
 
 def test_turn_gate_holds_halting_back_while_turning():
-    from ponder_cli.model import gated_logit
+    from ponder_cli.steps.align import gated_logit
     z = torch.tensor([-3.0, 0.0, 3.0, 20.0])
     work = torch.tensor([0.0, 0.5, 0.9, 1.0])
     # lambda = sigmoid(z) * (1 - work): 0.0474, 0.25, 0.0953, ~0 (a full turn never halts)
@@ -151,7 +151,7 @@ def test_turn_gate_holds_halting_back_while_turning():
     data = synthetic_digits(100, seed=6)
     early = evaluate(model, data, cfg, max_angle=60, seed=2, halting="median", batch_size=32)
     assert early == evaluate(model, data, cfg, max_angle=60, seed=2, halting="median", early_exit=False)
-    with pytest.raises(Exception, match="turn-gate: step mlp"):
+    with pytest.raises(Exception, match="^turn-gate applies to --step align, not mlp$"):
         PonderConfig(turn_gate=0.5)
 
 

@@ -132,12 +132,16 @@ def test_previous_input_shows_the_halting_head_this_and_the_last_step():
 
 def test_a_new_step_function_plugs_in_through_the_registry(monkeypatch):
     """The seam: a step function defined here, registered by one line, drives the same loop,
-    early exit included, with halting extras reaching the halting head."""
+    early exit included, with its own halting feature reaching the halting head and its own gate
+    deciding where halting may happen; the model knows neither."""
     from ponder_cli import registry
     from ponder_cli.steps import StepFunction
 
     class CountingStep(StepFunction):
-        readout_size, halting_extra_size = 3, 1
+        readout_size, halting_extra_size, halting_feature = 3, 1, "turn"
+
+        def gate_halting(self, lambda_logits, extra):  # no halting before the third step (extra: n)
+            return torch.where(extra[..., 0] < 2, torch.full_like(lambda_logits, -80.0), lambda_logits)
 
         def __init__(self, cfg):
             super().__init__()
@@ -153,7 +157,7 @@ def test_a_new_step_function_plugs_in_through_the_registry(monkeypatch):
     monkeypatch.setitem(registry.STEPS, "counting", f"{__name__}:CountingStep")
     globals()["CountingStep"] = CountingStep
     cfg = PonderConfig(step="counting", max_steps=5, halting_input="state+turn")
-    model = PonderNet(cfg).eval()
+    model = PonderNet(cfg, classes=10).eval()
     assert model.halting_head.in_features == 4
     x = torch.randn(10, 1, 28, 28)
     out = model(x)
@@ -161,6 +165,7 @@ def test_a_new_step_function_plugs_in_through_the_registry(monkeypatch):
     uniforms = torch.rand(5, 10, generator=torch.Generator().manual_seed(0))
     _, steps = model.infer(x, SampleExit(uniforms))
     assert torch.equal(steps, sample_halting_steps(out.lambda_logits, uniforms))
+    assert torch.sigmoid(out.lambda_logits[:2]).max() < 1e-30 and steps.min() >= 3  # the step's gate held
 
 
 def test_mlp_draws_a_fresh_cnn_mask_per_step_unless_told_to_share():

@@ -33,7 +33,7 @@ def test_vector_steps_are_registered_and_the_class_count_is_the_models_choice(ve
     assert model.output_head.out_features == 2
     out = model(inputs())
     assert out.logits.shape == (6, 32, 2) and out.lambda_logits.shape == (6, 32)
-    assert PonderNet(vector_config(step="rnn")).output_head.out_features == 10  # the default
+    assert PonderNet(vector_config(step="rnn"), classes=3).output_head.out_features == 3  # the task's count
 
 
 @pytest.mark.parametrize("step", ["rnn", "gru"])

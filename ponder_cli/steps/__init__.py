@@ -39,14 +39,13 @@ class StepFunction(nn.Module):
     """Interface of a step function.
 
     readout_size: width of the readout that the class head and the halting head read.
-    halting_extra_size: width of extra features that only the halting head sees (0: none).
-    embeds_once: whether an image is embedded once per image (then --cnn-dropout-mask chooses
-    whether that embedding's dropout mask is shared by all steps or drawn afresh at each).
+    halting_extra_size: width of the step's own halting features (`forward`'s third output),
+    which the halting head reads when `--halting-input` names `halting_feature` (align: "turn").
     """
 
     readout_size: int
     halting_extra_size: int = 0
-    embeds_once: bool = False  # the CNN embeds each image once, not at every step
+    halting_feature: Optional[str] = None  # how --halting-input names the step's halting features
     implied: dict = {}  # config values this step function implies when the user leaves them out
     # the config fields this step reads among those that some step reads (config.inapplicable:
     # an option no chosen piece reads is refused)
@@ -67,6 +66,11 @@ class StepFunction(nn.Module):
         """Step n (0-based): the new state, the readout (B, readout_size) and the halting
         extras (B, halting_extra_size) or None."""
         raise NotImplementedError
+
+    def gate_halting(self, lambda_logits: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+        """The halting logits (...) after the step's own say on halting, from its halting features
+        (..., halting_extra_size); by default it has none."""
+        return lambda_logits
 
     def trace(self, x: torch.Tensor, context: tuple, before: tuple, after: tuple, n: int) -> StepTrace:
         """Diagnostics of step n (0-based) from the inputs x, the context and the states before and

@@ -10,9 +10,9 @@ so iterating can pay: a digit rotated further needs more turns before it reads u
 
 The halting gate, written once here (config.turn_gate and docs/align.md point to it): the
 step's halting feature is its work, the net turn of its last two steps,
-w_n = |delta_n + delta_{n-1}| / (2 max_turn) in [0, 1]; with `--turn-gate F` (model.PonderNet.heads,
-model.gated_logit) lambda_n = sigmoid(z_n) (1 - min(1, w_n / F)), so a step whose net turn reaches
-2 F max_turn never halts. The halting head may also read w_n (`--halting-input ...+turn`). Both
+w_n = |delta_n + delta_{n-1}| / (2 max_turn) in [0, 1]; with `turn_gate = F` (AlignStep.gate_halting,
+gated_logit) lambda_n = sigmoid(z_n) (1 - min(1, w_n / F)), so a step whose net turn reaches
+2 F max_turn never halts. The halting head may also read w_n (`halting_input = "state+turn"`). Both
 the gate and that input are detached: halting waits for the work, and the halting loss (the
 KL pull towards halting early) cannot teach the step to turn less; it reaches the turn only
 through what the turned view does to the state and the class head.
@@ -93,8 +93,17 @@ def rotate_bilinear(images: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     return _BilinearWarp.apply(images - background, grid) + background
 
 
+def gated_logit(z: torch.Tensor, work: torch.Tensor) -> torch.Tensor:
+    """logit(sigmoid(z) * (1 - work)) for work in [0, 1], computed in log space (float32):
+    log lambda = logsigmoid(z) + log(1 - work), log(1 - lambda) = log1p(-sigmoid(z) (1 - work))."""
+    z, keep = z.float(), (1 - work.float()).clamp_min(1e-6)
+    log_lambda = F.logsigmoid(z) + torch.log(keep)
+    return log_lambda - torch.log1p(-(torch.sigmoid(z) * keep).clamp_max(1 - 1e-6))
+
+
 class AlignStep(StepFunction):
     halting_extra_size = 1  # |delta_n + delta_{n-1}| in units of twice the largest turn
+    halting_feature = "turn"
     # what `--step align` implies unless given: the settings under which halting tracked the
     # work best in the README's experiments (and truncation, since every step runs the CNN)
     implied = {"max_steps": 12, "lambda_p": 0.5, "truncation": 0.01, "halting_input": "state+turn", "turn_gate": 0.2,
@@ -117,7 +126,16 @@ class AlignStep(StepFunction):
             nn.init.zeros_(layer.weight)  # start by reading the image as it is
             nn.init.zeros_(layer.bias)
         self.max_turn = math.radians(cfg.align_turn)
+        self.turn_gate = float(cfg.turn_gate)
         self.readout_size = cfg.hidden
+
+    def gate_halting(self, lambda_logits, extra):
+        """No halting while the step still turns (the module docstring's formula); the work is
+        detached, as the halting input is."""
+        if self.turn_gate <= 0:
+            return lambda_logits
+        work = (extra[..., 0].detach().float() / self.turn_gate).clamp_max(1.0)
+        return gated_logit(lambda_logits, work)
 
     def start(self, x, steps):
         batch = x.shape[0]

@@ -100,7 +100,6 @@ class StepMLP(nn.Module):
 
 
 class MLPStep(StepFunction):
-    embeds_once = True
     # a fresh Dropout2d mask at every step, as the reference (which reruns its CNN at every step);
     # the field's default "shared" is what checkpoints saved before the option was added trained with
     implied = {"cnn_dropout_mask": "per-step"}
