@@ -17,8 +17,9 @@ import torch.nn.functional as F
 
 from .halting_rules import HaltingRule
 
-# Per-step terms and running sums, shared by the batch forms (over every step) and the early-exit
-# rules (step by step), so that both compute the same float32 numbers and halt at the same step --
+# Per-step terms and running sums --------------------------------------------------------------
+# shared by the batch forms (over every step) and the early-exit rules (step by step), so that both
+# compute the same float32 numbers and halt at the same step
 
 def halting_units(lambda_logits: torch.Tensor) -> torch.Tensor:
     """lambda_n = sigmoid(z_n) in float32, as exp(logsigmoid(z)): the same float wherever z sits
