@@ -17,6 +17,46 @@ import torch.nn.functional as F
 
 from .halting_rules import HaltingRule
 
+# Per-step terms and running sums --------------------------------------------------------------
+# shared by the batch forms (over every step) and the early-exit rules (step by step), so that both
+# compute the same float32 numbers and halt at the same step
+
+def halting_units(lambda_logits: torch.Tensor) -> torch.Tensor:
+    """lambda_n = sigmoid(z_n) in float32, as exp(logsigmoid(z)): the same float wherever z sits
+    in a tensor. (torch.sigmoid on the CPU rounds differently in its vectorised body and its
+    scalar tail, and the two forms hold a row at different positions.)"""
+    return F.logsigmoid(lambda_logits.float()).exp()
+
+
+def log_continue(lambda_logits: torch.Tensor) -> torch.Tensor:
+    """log(1 - lambda_n) = logsigmoid(-z_n) in float32, never the log of 0."""
+    return F.logsigmoid(-lambda_logits.float())
+
+
+def accumulate(total: torch.Tensor, term: torch.Tensor) -> torch.Tensor:
+    """One step of a running sum, in float32: the one accumulation behind every threshold rule
+    (quantile, ACT, truncation), whether it runs step by step or over every step."""
+    return total + term
+
+
+def running_sums(terms: torch.Tensor) -> torch.Tensor:
+    """The sum of terms[0..n] at every step n, (steps, ...) -> (steps, ...), added one step at a
+    time in step order as the early-exit rules add them. (torch.cumsum on the CPU accumulates
+    float32 in float64: its sums differ in the last bit and, near a threshold, halt at another
+    step than the early exit.)"""
+    total, sums = torch.zeros_like(terms[0]), []
+    for term in terms:
+        total = accumulate(total, term)
+        sums.append(total)
+    return torch.stack(sums)
+
+
+def log_survivals(lambda_logits: torch.Tensor) -> torch.Tensor:
+    """log prod_{k<=n} (1 - lambda_k) at every step n: the log of the halting mass not yet
+    spent after step n. (steps, B) -> (steps, B), float32."""
+    return running_sums(log_continue(lambda_logits))
+
+
 # PonderNet -------------------------------------------------------------------------------------
 
 def halting_log_probs(lambda_logits: torch.Tensor) -> torch.Tensor:
@@ -28,15 +68,13 @@ def halting_log_probs(lambda_logits: torch.Tensor) -> torch.Tensor:
     z = lambda_logits.float()  # (steps, B)
     log_lambda = F.logsigmoid(z)
     log_lambda = torch.cat([log_lambda[:-1], torch.zeros_like(log_lambda[-1:])])  # lambda_N = 1
-    log_continue = F.logsigmoid(-z)
-    log_survive = torch.cat([torch.zeros_like(z[:1]), torch.cumsum(log_continue[:-1], dim=0)])
+    log_survive = torch.cat([torch.zeros_like(z[:1]), log_survivals(z)[:-1]])
     return log_lambda + log_survive  # (steps, B)
 
 
 def sample_halting_steps(lambda_logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """1-based step at which each image halts: the first n with uniforms[n] < lambda_n."""
-    lam = torch.sigmoid(lambda_logits.float())  # (steps, B)
-    fires = uniforms < lam
+    fires = uniforms < halting_units(lambda_logits)  # (steps, B)
     fires[-1] = True  # lambda_N = 1
     return fires.to(torch.uint8).argmax(dim=0) + 1  # argmax returns the first maximum; (B,)
 
@@ -45,8 +83,7 @@ def quantile_halting_steps(lambda_logits: torch.Tensor, q: float) -> torch.Tenso
     """1-based first step where the cumulative halting probability 1 - prod_{k<=n}(1 - lambda_k)
     reaches q, i.e. the survival prod_{k<=n}(1 - lambda_k) falls to 1 - q: a deterministic
     halting rule (q = 1/2: the median). (steps, B) -> (B,)"""
-    log_survival = torch.cumsum(F.logsigmoid(-lambda_logits.float()), dim=0)  # (steps, B)
-    fires = log_survival <= survival_threshold(q)
+    fires = log_survivals(lambda_logits) <= survival_threshold(q)  # (steps, B)
     fires[-1] = True
     return fires.to(torch.uint8).argmax(dim=0) + 1
 
@@ -133,9 +170,9 @@ class ActHalting(NamedTuple):
 def act_halting(lambda_logits: torch.Tensor, epsilon: float) -> ActHalting:
     """Halting units h_n = sigmoid(z_n); N is the first step with h_1 + ... + h_N >= 1 - epsilon
     (or the last step); R = 1 - sum_{n<N} h_n; p = (h_1, ..., h_{N-1}, R, 0, ...)."""
-    h = torch.sigmoid(lambda_logits.float())  # (steps, B)
-    cumulative = torch.cumsum(h, dim=0)  # sum_{k<=n} h_k
-    reached = cumulative >= 1 - epsilon
+    h = halting_units(lambda_logits)  # (steps, B)
+    cumulative = running_sums(h)  # sum_{k<=n} h_k
+    reached = act_reached(cumulative, epsilon)
     reached[-1] = True  # max_steps caps N
     steps = reached.to(torch.uint8).argmax(dim=0) + 1  # (B,)
     n = torch.arange(1, h.shape[0] + 1, device=h.device)[:, None]  # (steps, 1)
@@ -147,10 +184,21 @@ def act_halting(lambda_logits: torch.Tensor, epsilon: float) -> ActHalting:
     return ActHalting(p, steps, remainder)
 
 
+def act_reached(cumulative: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """Whether the halting units summed so far reach 1 - epsilon: ACT's halting condition."""
+    return cumulative >= 1 - epsilon
+
+
+def act_mean_field(p: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """The p-weighted sum of the step logits, (steps, B), (steps, B, classes) -> (B, classes),
+    summed step by step as `ActExit` sums it (the weights after N are 0 and add nothing)."""
+    return running_sums(p[..., None] * logits.float())[-1]
+
+
 def act_prediction(logits: torch.Tensor, lambda_logits: torch.Tensor, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The p-weighted mean of the step logits (B, classes) and N (B,)."""
     halting = act_halting(lambda_logits, epsilon)
-    return (halting.p[..., None] * logits.float()).sum(dim=0), halting.steps
+    return act_mean_field(halting.p, logits), halting.steps
 
 
 # Early exit: one rule object per evaluation batch, driven step by step by PonderNet.infer ----------
@@ -182,7 +230,7 @@ class SampleExit(EarlyExitRule):
     def decide(self, n, last, logits, lambda_logits):
         if last:
             return torch.ones_like(lambda_logits, dtype=torch.bool), logits
-        return self.uniforms[n] < torch.sigmoid(lambda_logits.float()), logits
+        return self.uniforms[n] < halting_units(lambda_logits), logits
 
     def keep(self, rows):
         self.uniforms = self.uniforms.index_select(1, rows)
@@ -197,7 +245,7 @@ class QuantileExit(EarlyExitRule):
         self.log_survival = torch.zeros(batch, device=device)  # log prod_k (1 - lambda_k), (A,)
 
     def decide(self, n, last, logits, lambda_logits):
-        self.log_survival = self.log_survival + F.logsigmoid(-lambda_logits.float())
+        self.log_survival = accumulate(self.log_survival, log_continue(lambda_logits))
         halts = torch.ones_like(self.log_survival, dtype=torch.bool) if last else self.log_survival <= self.threshold
         return halts, logits
 
@@ -265,13 +313,12 @@ class ActExit(EarlyExitRule):
     def decide(self, n, last, logits, lambda_logits):
         if self.weighted is None:
             self.weighted = torch.zeros_like(logits, dtype=torch.float32)
-        unit = torch.sigmoid(lambda_logits.float())
-        reached = self.cumulative + unit >= 1 - self.epsilon
-        if last:
-            reached = torch.ones_like(reached)
+        unit = halting_units(lambda_logits)
+        cumulative = accumulate(self.cumulative, unit)
+        reached = torch.ones_like(cumulative, dtype=torch.bool) if last else act_reached(cumulative, self.epsilon)
         weight = torch.where(reached, 1 - self.cumulative, unit)  # R on the halting step
-        self.weighted = self.weighted + weight[:, None] * logits.float()
-        self.cumulative = self.cumulative + unit
+        self.weighted = accumulate(self.weighted, weight[:, None] * logits.float())
+        self.cumulative = cumulative
         return reached, self.weighted
 
     def keep(self, rows):
@@ -289,7 +336,7 @@ class TruncateBelow(EarlyExitRule):
         self.log_survival = torch.zeros(batch, device=device)  # (A,)
 
     def decide(self, n, last, logits, lambda_logits):
-        self.log_survival = self.log_survival + F.logsigmoid(-lambda_logits.detach().float())
+        self.log_survival = accumulate(self.log_survival, log_continue(lambda_logits.detach()))
         done = torch.ones_like(self.log_survival, dtype=torch.bool) if last else self.log_survival < self.log_epsilon
         return done, logits
 
@@ -306,8 +353,8 @@ class ActHalted(EarlyExitRule):
         self.cumulative = torch.zeros(batch, device=device)  # (A,)
 
     def decide(self, n, last, logits, lambda_logits):
-        self.cumulative = self.cumulative + torch.sigmoid(lambda_logits.detach().float())
-        done = torch.ones_like(self.cumulative, dtype=torch.bool) if last else self.cumulative >= 1 - self.epsilon
+        self.cumulative = accumulate(self.cumulative, halting_units(lambda_logits.detach()))
+        done = torch.ones_like(self.cumulative, dtype=torch.bool) if last else act_reached(self.cumulative, self.epsilon)
         return done, logits
 
     def keep(self, rows):

@@ -38,7 +38,7 @@ def geometric_log_prior(lambda_p: float, max_steps: int, device=None) -> torch.T
     """
     k = torch.arange(max_steps, dtype=torch.float64)
     # xlog1py gives 0 for k = 0 even when lambda_p = 1 (0 * log 0).
-    log_unnormalised = math.log(lambda_p) + torch.special.xlog1py(k, torch.tensor(-lambda_p, dtype=torch.float64))
+    log_unnormalised = math.log(lambda_p) + torch.special.xlog1py(k, -lambda_p)
     log_prior = log_unnormalised - torch.logsumexp(log_unnormalised, dim=0)
     return log_prior.clamp_min(_MIN_LOG_PRIOR).to(device=device, dtype=torch.float32)  # (steps,)
 

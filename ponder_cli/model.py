@@ -79,7 +79,10 @@ class PonderNet(nn.Module):
         logits = self.output_head(readout)
         halting_input = [readout]
         if self.confidence_input:
-            halting_input.append(torch.softmax(logits.float(), dim=-1).amax(dim=-1, keepdim=True).to(readout.dtype))
+            # detached, as the turn below: the halting loss must not teach the class head to be
+            # more (or less) sure in order to halt sooner
+            halting_input.append(torch.softmax(logits.detach().float(), dim=-1).amax(dim=-1, keepdim=True)
+                                 .to(readout.dtype))
         if self.previous_input:
             halting_input.append(torch.zeros_like(readout) if previous is None else previous)
         if self.extra_input and extra is not None:

@@ -62,6 +62,14 @@ def _source(data, cfg: PonderConfig, device: torch.device) -> TrainingSource:
     return data if isinstance(data, TrainingSource) else get_task(cfg).training_source(data, device)
 
 
+def _batch_metrics(method: Method, out, targets: torch.Tensor, coins: torch.Generator) -> torch.Tensor:
+    """One training batch's correct predictions and summed halting steps, (2,), under the sample
+    rule with halting coins drawn from `coins`."""
+    uniforms = torch.rand(out.lambda_logits.shape, device=targets.device, generator=coins)  # (steps, B)
+    scores, steps = method.predict(out.logits, out.lambda_logits, uniforms, "sample")
+    return torch.stack([(scores.argmax(dim=1) == targets).sum(), steps.sum()])
+
+
 def train_one_epoch(model: torch.nn.Module, method: Method, optimizer: torch.optim.Optimizer,
                     scaler: torch.amp.GradScaler, data, cfg: PonderConfig, *, amp: bool,
                     desc: str = "train", progress: bool = True) -> dict:
@@ -87,6 +95,9 @@ def train_one_epoch(model: torch.nn.Module, method: Method, optimizer: torch.opt
     # images in batches that were used, batches skipped for a non-finite loss or gradient,
     # GradScaler back-offs
     totals = torch.zeros(8, dtype=torch.float64, device=device)
+    # the halting coins of the per-batch accuracy and steps: a generator of their own, so that
+    # measuring leaves every draw of the training (dropout, rotations, ...) as it is
+    metric_coins = torch.Generator(device=device).manual_seed(cfg.seed)
     params = list(model.parameters())
     batches = range(count)
     for index in tqdm(batches, desc=desc, unit="batch", leave=False, file=sys.stderr,
@@ -126,11 +137,9 @@ def train_one_epoch(model: torch.nn.Module, method: Method, optimizer: torch.opt
                 optimizer.step()
         scaler.update()
         with torch.no_grad():
-            uniforms = torch.rand(cfg.max_steps, batch, device=device)  # (steps, B)
-            scores, steps = method.predict(out.logits, out.lambda_logits, uniforms, "sample")
-            correct = (scores.argmax(dim=1) == targets).sum()
+            correct, steps = _batch_metrics(method, out, targets, metric_coins)
             values = torch.stack([loss.total * batch, loss.reconstruction * batch, loss.regularisation * batch,
-                                  correct, steps.sum()]).double()
+                                  correct, steps]).double()
             # a backed-off batch had a finite loss on the weights of the time: its metrics count
             used = ~skipped
             totals[:5] += torch.where(used, values, torch.zeros_like(values))

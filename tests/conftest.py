@@ -1,5 +1,6 @@
 """Shared test plumbing: tiny generated MNIST, the CLI runner, the one-error-line check, trained
-tiny checkpoints of every method, and a checkpoint payload that would run code if unpickled.
+tiny checkpoints of every method, a checkpoint payload that would run code if unpickled, and the
+early-exit loop driven on given outputs.
 
 Tests use these as fixtures; nothing imports from this file.
 """
@@ -168,3 +169,23 @@ def truncated_steps(monkeypatch) -> list:
 
     monkeypatch.setattr(PonderNet, "_forward_truncated", recording)
     return computed
+
+
+def _drive(rule, logits, lambda_logits):
+    steps = torch.zeros(logits.shape[1], dtype=torch.long)
+    active = torch.arange(logits.shape[1])
+    for n in range(logits.shape[0]):
+        halts, _ = rule.decide(n, n == logits.shape[0] - 1, logits[n, active], lambda_logits[n, active])
+        steps[active[halts]] = n + 1
+        running = (~halts).nonzero().squeeze(1)
+        rule.keep(running)
+        active = active[running]
+    return steps
+
+
+@pytest.fixture(scope="session")
+def drive():
+    """drive(rule, logits (steps, B, classes), lambda_logits (steps, B)): what PonderNet.infer
+    does with an early-exit rule (halting.py), on given outputs: each step shows the rule only
+    the rows still running; returns the 1-based halting step of each row."""
+    return _drive

@@ -15,9 +15,11 @@ from ponder_cli.calibrate import RuleOutcome, choose_rule
 from ponder_cli.checkpoint import load_checkpoint, save_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
+from ponder_cli.halting import (ActExit, ActHalted, ConfidenceExit, PatienceExit, QuantileExit, SampleExit,
+                                TruncateBelow, act_halting, confidence_halting_steps, log_survivals,
+                                patience_halting_steps, quantile_halting_steps, rule_exit, rule_halting_steps,
+                                sample_halting_steps)
 from ponder_cli.tasks.mnist import evaluate
-from ponder_cli.halting import (ConfidenceExit, PatienceExit, QuantileExit, confidence_halting_steps,
-                                patience_halting_steps, quantile_halting_steps, rule_exit, rule_halting_steps)
 from ponder_cli.halting_rules import CALIBRATION_RULES, HaltingRule, parse_halting_rule
 from ponder_cli.checkpoint import new_model
 from ponder_cli.methods import get_method
@@ -73,7 +75,7 @@ def test_quantile_steps_from_a_constant_halting_probability():
 
 def test_median_is_quantile_one_half_bit_for_bit(tiny_mnist):
     z = torch.randn(12, 4000) * 3 - 1
-    old = (torch.cumsum(torch.nn.functional.logsigmoid(-z), 0) <= math.log(0.5)).to(torch.uint8)
+    old = (log_survivals(z) <= math.log(0.5)).to(torch.uint8)
     old[-1] = 1
     assert torch.equal(quantile_halting_steps(z, 0.5), old.argmax(0) + 1)
     cfg = PonderConfig(max_steps=6, hidden=16, hidden_cnn=16, hidden_lin=16)
@@ -123,38 +125,111 @@ def test_confidence_steps_on_crafted_probabilities(c):
     assert confidence_halting_steps(logits_with_top_probability(TOP), c).tolist() == CONFIDENCE_STEPS[c]
 
 
-def drive(rule, logits, lambda_logits):
-    """What PonderNet.infer does with a rule, on given logits: each step shows the rule only
-    the rows still running; returns the 1-based halting step of each row."""
-    steps = torch.zeros(logits.shape[1], dtype=torch.long)
-    active = torch.arange(logits.shape[1])
-    for n in range(logits.shape[0]):
-        halts, _ = rule.decide(n, n == logits.shape[0] - 1, logits[n, active], lambda_logits[n, active])
-        steps[active[halts]] = n + 1
-        running = (~halts).nonzero().squeeze(1)
-        rule.keep(running)
-        active = active[running]
-    return steps
-
-
 @pytest.mark.parametrize("k", sorted(PATIENCE_STEPS))
-def test_patience_exit_step_by_step_equals_the_batch_rule(k):
+def test_patience_exit_step_by_step_equals_the_batch_rule(k, drive):
     logits = one_hot_logits(PREDICTIONS)
     assert drive(PatienceExit(4, k, "cpu"), logits, torch.zeros(6, 4)).tolist() == PATIENCE_STEPS[k]
 
 
 @pytest.mark.parametrize("c", sorted(CONFIDENCE_STEPS))
-def test_confidence_exit_step_by_step_equals_the_batch_rule(c):
+def test_confidence_exit_step_by_step_equals_the_batch_rule(c, drive):
     logits = logits_with_top_probability(TOP)
     assert drive(ConfidenceExit(c), logits, torch.zeros(5, 4)).tolist() == CONFIDENCE_STEPS[c]
 
 
 @pytest.mark.parametrize("q", [0.3, 0.5, 0.7, 0.9, 0.99])
-def test_quantile_exit_step_by_step_equals_the_batch_rule(q):
+def test_quantile_exit_step_by_step_equals_the_batch_rule(q, drive):
     z = torch.randn(8, 500, generator=torch.Generator().manual_seed(4)) * 2 - 1
     steps = drive(QuantileExit(500, q, "cpu"), torch.zeros(8, 500, 3), z)
     assert torch.equal(steps, quantile_halting_steps(z, q))
     assert len(set(steps.tolist())) > 2  # the rows halt at different steps
+
+
+# Threshold rules near their threshold: the batch form and the early exit must add the same float32
+# terms in the same order, or a sum a few units in the last place from the bound halts at another
+# step in each. Rows of halting logits z_1..z_4 whose sum of log(1 - lambda_n) lands on the bound at
+# step 3 up to float32 rounding; the sums by hand in float32, and the bound as float32 rounds it.
+
+# median: -0.435922652, -0.546736002, -0.693147123, above log 1/2 = -0.693147182: halts at step 4
+MEDIAN_ROW = [-0.604423821, -2.14398956, -1.84723806, 0]
+# quantile:0.9: -1.33955717, -2.26396132, -2.30258512, exactly log 0.1 = -2.30258512: halts at step 3
+QUANTILE_ROW = [1.03579772, 0.418950975, -3.23451257, 0]
+# truncation at epsilon 0.05: -0.836192787, -2.38493681, -2.99573207, above log 0.05 = -2.99573231: done at step 4
+TRUNCATION_ROW = [0.268166542, 1.30983353, -0.172099128, 0]
+
+
+@pytest.mark.parametrize("rule, row, step", [("median", MEDIAN_ROW, 4), ("quantile:0.9", QUANTILE_ROW, 3)])
+def test_quantile_rules_halt_alike_near_their_threshold(rule, row, step, drive):
+    z, q = torch.tensor(row)[:, None], parse_halting_rule(rule).quantile
+    assert quantile_halting_steps(z, q).tolist() == [step]
+    assert drive(QuantileExit(1, q, "cpu"), torch.zeros(4, 1, 3), z).tolist() == [step]
+
+
+def test_truncation_stops_where_the_quantile_rule_halts_near_the_threshold(drive):
+    """Training drops an image once its remaining halting mass is below epsilon: where the batch
+    quantile rule with q = 1 - epsilon halts (the two differ only on the bound itself)."""
+    z = torch.tensor(TRUNCATION_ROW)[:, None]
+    assert drive(TruncateBelow(1, 0.05, "cpu"), torch.zeros(4, 1, 3), z).tolist() == [4]
+    assert quantile_halting_steps(z, 0.95).tolist() == [4]
+
+
+def near_survival_bound(log_bound: float, rows: int, generator) -> torch.Tensor:
+    """Halting logits (4, <= rows) whose log(1 - lambda_n) summed over steps 1-3 is log_bound up to
+    float32 rounding: z_1 and z_2 drawn, z_3 solved for in float64, z_4 = 0 (rows whose first two
+    steps already pass the bound are dropped)."""
+    z = torch.randn(4, rows, generator=generator, dtype=torch.float64) * 1.5 - 1
+    rest = log_bound - torch.nn.functional.logsigmoid(-z[:2]).sum(0)  # log(1 - lambda_3) wanted
+    z = z[:, rest < 0]
+    z[2], z[3] = -torch.logit(rest[rest < 0].exp()), 0
+    return z.float()
+
+
+def near_act_bound(bound: float, rows: int, generator) -> torch.Tensor:
+    """Halting logits (4, <= rows) whose halting units summed over steps 1-3 are `bound` up to
+    float32 rounding (h_1, h_2 drawn, h_3 solved for, z_4 = 0)."""
+    h = torch.rand(2, rows, generator=generator, dtype=torch.float64) * 0.6
+    third = bound - h.sum(0)
+    kept = (third > 0) & (third < 1)
+    return torch.cat([torch.logit(h[:, kept]), torch.logit(third[kept])[None], torch.zeros(1, int(kept.sum()),
+                                                                                           dtype=torch.float64)]).float()
+
+
+def first_step(fires: torch.Tensor) -> torch.Tensor:
+    """1-based first step where `fires` (steps, B) holds, else the last step."""
+    fires = fires.clone()
+    fires[-1] = True
+    return fires.to(torch.uint8).argmax(0) + 1
+
+
+def test_every_threshold_rule_halts_alike_step_by_step_on_many_near_threshold_rows(drive):
+    generator = torch.Generator().manual_seed(0)
+    float64_differs = {}
+    for q in (0.5, 0.9):
+        z = near_survival_bound(math.log1p(-q), 20000, generator)
+        batch = quantile_halting_steps(z, q)
+        assert torch.equal(drive(QuantileExit(z.shape[1], q, "cpu"), torch.zeros(4, z.shape[1], 3), z), batch)
+        log_survival = torch.nn.functional.logsigmoid(-z.double()).cumsum(0)
+        float64_differs[f"quantile:{q}"] = int((first_step(log_survival <= math.log1p(-q)) != batch).sum())
+    z = near_survival_bound(math.log(0.05), 20000, generator)
+    done = drive(TruncateBelow(z.shape[1], 0.05, "cpu"), torch.zeros(4, z.shape[1], 3), z)
+    assert torch.equal(done, first_step(log_survivals(z) < math.log(0.05)))
+    z = near_act_bound(0.99, 20000, generator)
+    batch = act_halting(z, 0.01).steps
+    logits = torch.randn(4, z.shape[1], 3, generator=generator)
+    assert torch.equal(drive(ActExit(z.shape[1], 0.01, "cpu"), logits, z), batch)
+    assert torch.equal(drive(ActHalted(z.shape[1], 0.01, "cpu"), logits, z), batch)
+    float64_differs["act"] = int((first_step(torch.sigmoid(z.double()).cumsum(0) >= 0.99) != batch).sum())
+    # the rows are near enough: summed in float64, a share of them would halt at another step
+    assert all(count > 100 for count in float64_differs.values()), float64_differs
+
+
+def test_the_sample_rule_compares_the_same_lambda_step_by_step(drive):
+    """Coins equal to lambda_n up to rounding: the batch form and the early exit, which hold a row
+    at different positions in a tensor, must round lambda_n alike to flip the same coins."""
+    z = torch.randn(6, 5001, generator=torch.Generator().manual_seed(1)) * 3
+    uniforms = torch.sigmoid(z.double()).float()
+    steps = sample_halting_steps(z, uniforms)
+    assert torch.equal(drive(SampleExit(uniforms), torch.zeros(6, 5001, 3), z), steps)
 
 
 # confidence:0.1244: near the median top class probability of this untrained model's outputs

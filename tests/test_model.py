@@ -106,6 +106,20 @@ def test_confidence_input_feeds_the_top_class_probability_to_the_halting_head():
         assert torch.equal(steps, sample_halting_steps(model(x).lambda_logits, uniforms))
 
 
+def test_the_halting_loss_does_not_reach_the_class_head_through_the_confidence_input():
+    """The halting head reads how sure the class head is, but its loss (the KL pull towards
+    halting early) must not teach the class head to be surer, or less sure, to halt sooner."""
+    model = small_model(max_steps=4, halting_input="state+confidence").train()
+    with torch.no_grad():
+        model.halting_head.weight[:, :16] = 0  # the halting head reads only the confidence
+        model.halting_head.weight[:, 16] = 3.0
+    lambda_logits = model(torch.randn(8, 1, 28, 28)).lambda_logits  # what every halting loss is made of
+    class_head = list(model.output_head.parameters())
+    assert all(g is None for g in torch.autograd.grad(lambda_logits.sum(), class_head, allow_unused=True,
+                                                      retain_graph=True))
+    assert torch.autograd.grad(lambda_logits.sum(), model.halting_head.weight)[0][0, 16] != 0  # still read
+
+
 def test_previous_input_shows_the_halting_head_this_and_the_last_step():
     model = small_model(max_steps=4, halting_input="state+previous")
     assert model.halting_head.in_features == 32

@@ -3,15 +3,22 @@
 On a GPU every op whose result size or value the host must know (a boolean mask's `nonzero`, an
 `.item()`, `bool(tensor)`) waits for the device to finish all queued work: with a model this
 small, each such wait costs more than a step. The profiler records these ops on the CPU too, so
-counting them here counts the stalls a GPU would have.
+counting them here counts the stalls a GPU would have. A tensor built from Python data (a list,
+a number) is copied from the host on a GPU, a copy that waits as well: the project's code that
+builds one is counted too.
 """
 
+import sys
 from collections import Counter
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+import ponder_cli
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist
 from ponder_cli.checkpoint import new_model
@@ -26,6 +33,12 @@ from ponder_cli.train import make_optimizer, train_one_epoch
 SYNC_OPS = {"aten::nonzero", "aten::_local_scalar_dense", "aten::masked_select", "aten::_unique2",
             "aten::unique_consecutive", "aten::repeat_interleave", "aten::bincount"}
 
+PACKAGE = Path(ponder_cli.__file__).parent
+# what builds a tensor from Python data (a list, a number): on a GPU the data is copied from the
+# host, and that copy waits for the device's queue like a sync; the profiler sees no such copy on
+# the CPU, so these are counted where the project's code calls them
+FROM_PYTHON_DATA = [(torch, "tensor"), (torch, "as_tensor"), (torch.Tensor, "new_tensor")]
+
 
 def _under_optimizer_step(event) -> bool:
     """Adam reads its step counters with .item(); they live on the host (a CPU tensor also when
@@ -37,11 +50,44 @@ def _under_optimizer_step(event) -> bool:
     return False
 
 
+@contextmanager
+def tensors_from_python_data():
+    """While it is open: where the project's code builds a tensor from Python data, a list of
+    "from Python data at FILE:LINE"."""
+    built = []
+
+    def recording(build):
+        def recorded(*args, **kwargs):
+            caller = sys._getframe(1).f_code.co_filename, sys._getframe(1).f_lineno
+            if Path(caller[0]).is_relative_to(PACKAGE):
+                built.append(f"from Python data at {Path(caller[0]).relative_to(PACKAGE.parent)}:{caller[1]}")
+            return build(*args, **kwargs)
+        return recorded
+
+    with ExitStack() as patches:
+        for owner, name in FROM_PYTHON_DATA:
+            patches.enter_context(mock.patch.object(owner, name, recording(getattr(owner, name))))
+        yield built
+
+
 def count_syncs(work) -> Counter:
-    """The synchronising ops `work()` runs, by name."""
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    """The synchronising ops `work()` runs, by name, and the tensors it builds from Python data,
+    by where."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof, tensors_from_python_data() as built:
         work()
-    return Counter(e.name for e in prof.events() if e.name in SYNC_OPS and not _under_optimizer_step(e))
+    return Counter(e.name for e in prof.events() if e.name in SYNC_OPS and not _under_optimizer_step(e)) + \
+        Counter(built)
+
+
+@pytest.mark.parametrize("build", ["torch.tensor([0.5, 2.0])", "torch.as_tensor([0.5])", "x.new_tensor([0.5, 2.0])"])
+def test_a_tensor_built_from_python_data_in_the_package_counts(build):
+    """The counter's own check, on code compiled as if it stood in the package (line 1 of the
+    align step), and the same call elsewhere (torch's own, a test's), which does not count."""
+    x = torch.zeros(2)
+    inside = compile(build, str(PACKAGE / "steps" / "align.py"), "eval")
+    assert count_syncs(lambda: eval(inside, {"torch": torch, "x": x})) == Counter(
+        {"from Python data at ponder_cli/steps/align.py:1": 1})
+    assert count_syncs(lambda: eval(build, {"torch": torch, "x": x})) == Counter()
 
 
 def _model(steps: int, method: str = "pondernet", step: str = "mlp", bias=None, spread: float = 1.0, **changes):

@@ -6,7 +6,11 @@ import torch
 from ponder_cli.checkpoint import load_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
-from ponder_cli.train import train
+from ponder_cli import train as training
+from ponder_cli.checkpoint import new_model
+from ponder_cli.methods import get_method
+from ponder_cli.runtime import grad_scaler
+from ponder_cli.train import make_optimizer, train, train_one_epoch
 
 CFG = PonderConfig(epochs=2, max_steps=4, batch_size=64, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16)
 
@@ -59,3 +63,24 @@ def test_early_stopping_and_best_checkpoint(tiny_mnist, tmp_path):
     assert result.stopped_early and result.last_epoch < 6
     assert load_checkpoint(tmp_path / "best.pt").epoch == result.best_epoch
     assert load_checkpoint(tmp_path / "last.pt").epoch == result.last_epoch
+
+
+def test_measuring_the_training_batches_draws_none_of_the_trainings_randomness(tiny_mnist, monkeypatch):
+    """The per-batch accuracy and steps halt by coins of their own: an epoch measured and one not
+    (its metrics stubbed out) train the same weights and leave the same random state after them."""
+    data = load_mnist(tiny_mnist, train=True, download=False).subset(slice(0, 300))  # three batches
+    cfg = CFG.replace(batch_size=100)  # dropout and the ±22.5° training rotation draw at every batch
+
+    def epoch():
+        torch.manual_seed(0)
+        model = new_model(cfg)
+        cpu = torch.device("cpu")
+        train_one_epoch(model, get_method(cfg), make_optimizer(model, cfg, cpu), grad_scaler(cpu, False), data, cfg,
+                        amp=False, progress=False)
+        return model.state_dict(), torch.get_rng_state()
+
+    weights, after = epoch()
+    monkeypatch.setattr(training, "_batch_metrics", lambda *args: torch.zeros(2, dtype=torch.long))
+    unmeasured_weights, unmeasured_after = epoch()
+    assert all(torch.equal(weights[k], unmeasured_weights[k]) for k in weights)
+    assert torch.equal(after, unmeasured_after)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..halting import ActExit, ActHalted, act_halting, act_prediction
+from ..halting import ActExit, ActHalted, act_halting, act_mean_field, act_prediction
 from ..halting_rules import PARAMETERS, parse_halting_rule
 from ..losses import LossParts
 from . import Method
@@ -26,7 +26,7 @@ def act_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.T
     """CE of the mean-field prediction plus tau * (N + R); gradients reach the halting units
     through R (N is discrete). Reported as (total, task loss, ponder cost)."""
     halting = act_halting(lambda_logits, epsilon)
-    mean_field = (halting.p[..., None] * logits.float()).sum(dim=0)  # (B, classes)
+    mean_field = act_mean_field(halting.p, logits)  # (B, classes)
     task = F.cross_entropy(mean_field, targets)
     ponder = (halting.steps.float() + halting.remainder).mean()
     return LossParts(task + tau * ponder, task, ponder)

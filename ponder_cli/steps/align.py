@@ -40,23 +40,28 @@ def rotation_grid(angles: torch.Tensor, size: tuple) -> torch.Tensor:
     return F.affine_grid(theta, list(size), align_corners=False)
 
 
-# how far either side of a sample position its one-sided derivatives are taken, in pixels: well
-# above float32 rounding of coordinates up to 28 pixels (~2e-6), well below a pixel
-ONE_SIDED_OFFSET = 1e-4
+def one_sided_offset(dtype: torch.dtype, size: int) -> float:
+    """How far either side of a sample position its one-sided derivatives are taken, in pixels:
+    32 units in the last place of a coordinate of `size` pixels (float32, 28 pixels: 1e-4), far
+    above the rounding of the coordinates and far below a pixel."""
+    return 32 * torch.finfo(dtype).eps * size
 
 
 class _BilinearWarp(torch.autograd.Function):
-    """grid_sample (bilinear, zero padding, align_corners=False) whose gradient w.r.t. the grid is
-    the mean of the derivatives just either side of each sample position.
+    """grid_sample (bilinear, zero padding, align_corners=False) whose gradient w.r.t. each grid
+    coordinate is the mean of its derivatives just either side of the sample position along that
+    coordinate's own axis.
 
     Bilinear sampling has a kink at pixel centres, and grid_sample's backward takes whichever
     one-sided derivative the rounding of the coordinate picks there. The turn heads start at zero,
-    so the first warps sample exactly the pixel centres: every image started training on a
-    one-sided gradient of the turn (40% off). Taking grid_sample's gradient at the position moved
-    by +-ONE_SIDED_OFFSET pixels along both axes gives the two one-sided derivatives on a centre
-    (their mean: the central difference); elsewhere both lie in the sample's own cell, where the
-    derivative along one axis is linear in the other coordinate, so their mean is exact. The
-    forward and the image gradient are grid_sample's, unchanged.
+    so the first warps sample exactly the pixel centres: every image would start training on a
+    one-sided gradient of the turn (40% off). On a centre line the derivative along an axis just
+    either side is that side's derivative (bilinear sampling is linear along one axis with the
+    other coordinate held), so their mean is the central difference's limit; elsewhere both lie in
+    the sample's own cell, where that derivative is constant along the axis, so their mean is the
+    derivative itself. Each axis is moved on its own: moving both at once would mix into the
+    derivative along x the change with y, which differs between the cells either side of a centre.
+    The forward and the image gradient are grid_sample's, unchanged.
     """
 
     @staticmethod
@@ -72,16 +77,30 @@ class _BilinearWarp(torch.autograd.Function):
     def backward(ctx, grad_out):
         images, grid = ctx.saved_tensors
         grad_out = grad_out.to(images.dtype)
-        height, width = images.shape[-2:]
-
-        def backward_at(where, mask):  # aten's backward: 0 = bilinear, 0 = zero padding, align_corners=False
-            return torch.ops.aten.grid_sampler_2d_backward(grad_out, images, where, 0, 0, False, mask)
-
-        grad_images = backward_at(grid, [True, False])[0] if ctx.needs_input_grad[0] else None
-        # normalised coordinates span 2 over the width (height): one pixel is 2 / size
-        offset = grid.new_tensor([2 * ONE_SIDED_OFFSET / width, 2 * ONE_SIDED_OFFSET / height])
-        grad_grid = (backward_at(grid + offset, [False, True])[1] + backward_at(grid - offset, [False, True])[1]) / 2
+        grad_images = _grid_sample_backward(grad_out, images, grid, [True, False])[0] if ctx.needs_input_grad[0] \
+            else None
+        grad_grid = _grid_gradient_either_side(grad_out, images, grid) if ctx.needs_input_grad[1] else None
         return grad_images, grad_grid
+
+
+def _grid_sample_backward(grad_out, images, grid, mask):
+    """aten's grid_sample backward (bilinear, zero padding, align_corners=False): the gradients
+    w.r.t. the images and the grid that `mask` asks for."""
+    return torch.ops.aten.grid_sampler_2d_backward(grad_out, images, grid, 0, 0, False, mask)
+
+
+def _grid_gradient_either_side(grad_out, images, grid):
+    """The gradient w.r.t. the grid (N, H, W, 2) of _BilinearWarp: x's from the grid moved by
+    -+ the offset along x alone, y's from it moved along y alone. The four moved grids side by
+    side (N, H, 4W, 2) take one backward call."""
+    height, width = images.shape[-2:]
+    offset = one_sided_offset(images.dtype, max(height, width))
+    dx, dy = 2 * offset / width, 2 * offset / height  # normalised coordinates span 2 over the width (height)
+    x, y = grid.unbind(-1)
+    moved = torch.cat([torch.stack(xy, -1) for xy in ((x + dx, y), (x - dx, y), (x, y + dy), (x, y - dy))], dim=2)
+    grad = _grid_sample_backward(grad_out.repeat(1, 1, 1, 4), images, moved, [False, True])[1]
+    right, left, below, above = grad.unflatten(2, (4, -1)).unbind(2)  # each (N, H, W, 2)
+    return torch.stack([(right[..., 0] + left[..., 0]) / 2, (below[..., 1] + above[..., 1]) / 2], -1)
 
 
 def rotate_bilinear(images: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
