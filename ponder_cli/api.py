@@ -236,23 +236,24 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], angles: Optional[li
     `counts`), and the cheapest rule that agrees with the last step on at least 1 - tolerance of
     them (calibrate.choose_rule). options.repeats draws (seeds seed, seed + 1, ...) are pooled."""
     from .calibrate import choose_rule, rule_outcomes
-    from .halting_rules import CALIBRATION_RULES
+    from .halting_rules import CALIBRATION_RULES, parse_exit_rule
+    from .methods import get_method
     from .reports import calibration_report
     from .tasks import get_task
 
     if not (math.isfinite(tolerance) and 0 <= tolerance < 1):
         raise PonderError(f"--tolerance must be at least 0 and below 1 (got {tolerance:g})")
-    rules = list(CALIBRATION_RULES if rules is None else rules)
-    for rule in rules:
-        try:
-            parse_halting_rule(rule)
-        except ValueError as exc:
-            raise PonderError(str(exc)) from None
+    subject = "calibrate" if rules is None else f"--rules {' '.join(map(str, rules))}"
+    try:
+        rules = [parse_exit_rule(rule).spelling for rule in (CALIBRATION_RULES if rules is None else rules)]
+    except ValueError as exc:
+        raise PonderError(f"--rules: {exc}") from None
     path, dev, amp, model, cfg = _load_one(checkpoint, options, log)
-    for rule in rules:
-        _check_halting(cfg, rule)
     if model.max_steps == 1:
         raise PonderError(f"{path} runs one step: every rule halts there, there is nothing to calibrate")
+    if any(get_method(cfg).halting_label(rule) != rule for rule in rules):
+        raise PonderError(f"{subject} applies to pondernet checkpoints; this one is {cfg.method}, which halts by its "
+                          f"own rule")
     task = get_task(cfg)
     options = _with_protocol(task, options)
     specs = task.parse_buckets(angles, counts, "calibrate")

@@ -11,7 +11,7 @@ import typer
 from typer.core import TyperCommand
 
 from .config import PonderConfig
-from .halting_rules import parse_halting_rule, rule_choices
+from .halting_rules import parse_exit_rule, parse_halting_rule, rule_choices
 from .registry import CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, METHODS, PROTOCOLS, STEPS, TASKS
 from .render import OutputFormat, value_text
 from .runs import LATEST, RUNS_DIR
@@ -138,8 +138,16 @@ def _halting_rule(value: str) -> str:
 
 
 def halting_rules(values: Optional[list[str]]) -> Optional[list[str]]:
-    """calibrate's --rules, each checked as --halting is (before any work, naming the option)."""
-    return None if values is None else [_halting_rule(value) for value in values]
+    """calibrate's --rules, each checked as --halting is and as one that halts at one step
+    (before any work, naming the option)."""
+    return None if values is None else [_exit_rule(value) for value in values]
+
+
+def _exit_rule(value: str) -> str:
+    try:
+        return parse_exit_rule(value).spelling
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 HaltingOption = typer.Option("sample", "--halting", metavar="RULE", callback=_halting_rule,
