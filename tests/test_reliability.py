@@ -70,6 +70,8 @@ TRAIN_ERRORS = [
     (["--beta", "-0.1"], "beta must be >= 0"),
     (["--lr", "0"], "lr must be > 0"),
     (["--lr", "nan"], "lr must be a finite number"),
+    (["--halting-bias", "1e39"], "halting-bias must be at most 3.4e+38 in size, what a float32 holds (got 1e+39)"),
+    (["--beta", "1e39"], "beta must be at most 3.4e+38 in size"),
     (["--device", "cuda"], "CUDA is not available"),
     (["--device", "tpu"], "unknown device 'tpu'"),
     (["--device", "meta"], "unsupported device 'meta'"),
