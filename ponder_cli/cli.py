@@ -22,7 +22,7 @@ from .config import PonderConfig
 from .render import OutputFormat
 from .runs import LATEST
 from .shipped import DEFAULT
-from .streams import READER_GONE, guarded_stderr, reader_gone, require_stdout
+from .streams import READER_GONE, guarded_stderr, reader_gone, require_stdout, spell_what_encodings_lack
 
 __all__ = ["app", "expand_angles", "run"]
 
@@ -34,6 +34,7 @@ class PonderGroup(TyperGroup):
     a reader that leaves it ends the command quietly with streams.READER_GONE."""
 
     def main(self, *args, **kwargs):
+        spell_what_encodings_lack()
         with guarded_stderr():
             return super().main(*args, **kwargs)
 
