@@ -17,7 +17,7 @@ from .cli_options import (AmpOption, AnglesCommand, CheckpointArgument, CnnDropo
                           DeviceOption, DownloadOption, EvalBatchOption, EvalSeedOption, FormatOption,
                           HaltingInput, HaltingOption, LimitOption, Method, PlotOption, Protocol, ProtocolOption,
                           QuietOption, RepeatsOption, RequiredCheckpointArgument, Step, Task, TrainCommand,
-                          angles_option, counts_option, expand_angles, halting_rules, hyper)
+                          angles_option, counts_option, expand_angles, halting_rules, hyper, path_option)
 from .config import PonderConfig
 from .render import OutputFormat
 from .runs import LATEST
@@ -205,10 +205,10 @@ def train(
     seed: Optional[int] = hyper("seed", "Seed of the split, initialisation and sampling."),
     data_dir: Optional[Path] = DataDirOption,
     download: bool = DownloadOption,
-    out: Optional[Path] = typer.Option(None, "--out", show_default=False, help="Folder for best.pt and last.pt. "
+    out: Optional[Path] = path_option("--out", show_default=False, help="Folder for best.pt and last.pt. "
                                        "[default: a new runs/METHOD-STEP-seedSEED, or the resumed run's folder]"),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the checkpoints of another run (or the "
-                                   "shipped models) in --out."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the checkpoints of another run in "
+                                   "--out."),
     device: str = DeviceOption,
     amp: Optional[bool] = AmpOption,
     resume: Optional[str] = typer.Option(None, "--resume", metavar="CHECKPOINT",
@@ -415,7 +415,7 @@ def predict(
                                                "[default: detected per image, from its border]"),
     rotate: Optional[float] = typer.Option(None, "--rotate", metavar="DEG", help="Images: rotate every input "
                                            "counter-clockwise by DEG degrees first, as evaluation rotates."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a strip per input: what the model sees at each "
+    plot: Optional[Path] = path_option("--plot", help="Write a strip per input: what the model sees at each "
                                         "step (align: the re-read view), the step's class and probability and "
                                         "λ_n, the halting step framed (needs matplotlib)."),
     device: str = DeviceOption,
@@ -439,7 +439,7 @@ def info(
         None, metavar="CHECKPOINT|RUN_DIR", show_default=False,
         help=f"A checkpoint file, a run folder (its last.pt, else its best.pt), {LATEST} (the newest run) or a shipped "
              f"model's name. [default: {DEFAULT}]"),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write the learning curves: loss, accuracy and ponder "
+    plot: Optional[Path] = path_option("--plot", help="Write the learning curves: loss, accuracy and ponder "
                                         "steps per epoch (needs matplotlib)."),
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,

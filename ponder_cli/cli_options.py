@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from enum import Enum
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -102,7 +103,20 @@ class TrainCommand(TyperCommand):
 
 # Shared options --------------------------------------------------------------------------------
 
-DataDirOption = typer.Option(None, "--data-dir", help="Where MNIST lives or is downloaded to "
+def non_empty_path(text: str) -> Path:
+    """A path option's value. An empty one, most often an unset variable (--out "$DIR"), is
+    refused: as a Path it would silently be the current folder."""
+    if not text.strip():
+        raise typer.BadParameter("an empty path (an unset variable?); name a file or folder")
+    return Path(text)
+
+
+def path_option(*names: str, **options):
+    """A typer.Option holding a path, never an empty one (non_empty_path)."""
+    return typer.Option(None, *names, parser=non_empty_path, metavar="<path>", **options)
+
+
+DataDirOption = path_option("--data-dir", help="Where MNIST lives or is downloaded to "
                              "(MNIST/raw/ inside it). [default: $PONDER_DATA_DIR, else ~/.cache/ponder_cli]")
 DownloadOption = typer.Option(True, "--download/--no-download",
                               help="Download MNIST into --data-dir when it is not there.")
@@ -159,7 +173,7 @@ HaltingOption = typer.Option("sample", "--halting", metavar="RULE", callback=_ha
                                   "average of all steps' outputs, steps = Σ n·p_n. See ponder calibrate.")
 DetailOption = typer.Option(False, "--detail", help="Also show, per halting step, how many images halted there "
                             "and the accuracy if every image stopped there (runs all steps).")
-PlotOption = typer.Option(None, "--plot", help="Write a figure (PNG, or another format matplotlib knows by the "
+PlotOption = path_option("--plot", help="Write a figure (PNG, or another format matplotlib knows by the "
                           "file's extension) of accuracy and ponder steps against angle and the halting-step "
                           "distributions (needs matplotlib: pip install matplotlib).")
 

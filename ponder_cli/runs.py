@@ -16,7 +16,7 @@ from typing import Iterable, Optional, Union
 
 from . import PonderError, __version__
 from .config import PonderConfig
-from .shipped import DEFAULT, SHIPPED, shipped_dir, shipped_name, shipped_path, shipped_under_old_name
+from .shipped import DEFAULT, SHIPPED, package_problem, shipped_name, shipped_path, shipped_under_old_name
 
 RUNS_DIR = Path("runs")
 BEST, LAST = "best.pt", "last.pt"
@@ -51,6 +51,10 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     """
     if out is not None and out.exists() and not out.is_dir():
         raise PonderError(f"--out {out} is a file; --out names the folder for best.pt and last.pt")
+    problem = package_problem(out, f"--out {out}") if out is not None else None
+    if problem:
+        raise PonderError(f"{problem}; name a folder outside it, or leave out --out for a fresh folder under "
+                          f"{RUNS_DIR}/")
     if resume is None:
         cfg = PonderConfig.from_options(**given)
         sources = cfg.sources(given)
@@ -85,10 +89,10 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
                           f"(N > {state.epoch})")
     if not _same_path(out_dir, Path(resume).parent):
         refuse_foreign_checkpoints(out_dir, overwrite)  # continuing in another folder: a fresh one
+    elif package_problem(out_dir, str(out_dir)):
+        raise PonderError(f"{package_problem(out_dir, str(out_dir))}; continue the run in another folder with "
+                          f"--out DIR")
     elif not overwrite:
-        if is_shipped(out_dir):
-            raise PonderError(f"{out_dir} holds the shipped models, which resuming would overwrite; continue "
-                              f"in another folder with --out DIR (or pass --overwrite)")
         _refuse_rewind(state, Path(resume), out_dir / LAST)
     return TrainingPlan(cfg, out_dir, state, sources=sources, resumed=resumed)
 
@@ -112,21 +116,11 @@ def _same_path(a: Path, b: Path) -> bool:
     return a.resolve() == b.resolve()
 
 
-def is_shipped(directory: Path) -> bool:
-    """Is this folder (or one inside) where the shipped models live?"""
-    here, shipped = directory.resolve(), shipped_dir().resolve()
-    return here == shipped or shipped in here.parents
-
-
 def refuse_foreign_checkpoints(directory: Path, overwrite: bool) -> None:
     """A folder that already holds checkpoints belongs to another run: never replace them silently."""
     found = [name for name in CHECKPOINT_FILES if (directory / name).exists()]
     if not found or overwrite:
         return
-    if is_shipped(directory):
-        raise PonderError(f"{directory} holds the shipped models ({', '.join(found)}), which training there would "
-                          "replace; leave out --out for a fresh folder under runs/, name another one, or pass "
-                          "--overwrite")
     raise PonderError(f"{directory} already holds another run's checkpoints ({', '.join(found)}); leave out --out "
                       f"for a fresh folder under runs/, name another one, continue that run with "
                       f"--resume {directory / 'last.pt'}, or pass --overwrite to replace them")

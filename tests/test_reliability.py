@@ -564,3 +564,33 @@ def test_disk_full_on_a_real_tmpfs(checkpoint, tiny_mnist, tmp_path):
     assert "Traceback" not in done.stderr
     # epoch 1 saved; no temp file, no lock
     assert done.stdout.split() == [".", "..", "config.json", "last.pt", "metrics.csv"]
+
+
+def test_nothing_is_written_inside_the_installed_package_whatever_the_names(tmp_path, monkeypatch, invoke,
+                                                                             one_error_line):
+    import ponder_cli
+
+    monkeypatch.chdir(tmp_path)
+    package = Path(ponder_cli.__file__).parent  # where the package really is, not a folder named like it
+    before = sorted(package.rglob("*"))
+    for out, shipped in ((package / "checkpoints" / "parity", True), (package / "checkpoints" / "new", True),
+                         (package / "steps" / "run", False), (package, False)):
+        for extra in ([], ["--overwrite"]):
+            line = one_error_line(invoke("train", "--task", "parity", "--elems", 4, "--epochs", 1,
+                                         "--batches-per-epoch", 1, "--batch-size", 8, "--out", out, *extra))
+            assert line == (f"Error: --out {out} is inside the installed ponder_cli package ({package.resolve()})"
+                            f"{', among the shipped models' if shipped else ''}, where no command writes; name a "
+                            f"folder outside it, or leave out --out for a fresh folder under runs/")
+    line = one_error_line(invoke("eval", "parity16", "--plot", package / "figure.png"))
+    assert line.startswith(f"Error: --plot {package / 'figure.png'} is inside the installed ponder_cli package")
+    assert sorted(package.rglob("*")) == before
+
+
+@pytest.mark.parametrize("args", [["train", "--out", ""], ["train", "--data-dir", " "], ["eval", "--plot", ""],
+                                  ["predict", "align", "x.png", "--plot", ""], ["info", "--plot", ""]])
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(args, tmp_path, monkeypatch, invoke,
+                                                                  one_error_line):
+    monkeypatch.chdir(tmp_path)
+    line = one_error_line(invoke(*args))
+    assert line.endswith("an empty path (an unset variable?); name a file or folder")
+    assert list(tmp_path.iterdir()) == []
