@@ -355,7 +355,8 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
     from . import distributed
     from .checkpoint import LAST, load_checkpoint
     from .render import config_lines, epoch_line
-    from .runs import MetricsFile, RunLock, claim_run_dir, plan_training, remove_if_empty_run_dir, write_run_config
+    from .runs import (MetricsFile, RunLock, carry_best_checkpoint, claim_run_dir, plan_training, remove_if_empty_run_dir,
+                       write_run_config)
     from .runtime import amp_dtype
     from .tasks import get_task
     from .train import EpochStats, train
@@ -380,6 +381,7 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
     lock: list = []  # rank 0's RunLock, once taken
     made: list[Path] = []  # the run folder, when this run created it
     metrics: list = []  # rank 0's MetricsFile (and EventLog with --tensorboard), once the folder is claimed
+    copies: list[str] = []  # files copied into the folder when resuming into another (carry_best_checkpoint)
 
     def on_epoch(stats) -> None:
         saved.append(stats.epoch)
@@ -413,6 +415,11 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
         if not existed:
             made.append(out_dir)
         lock.append(RunLock(out_dir).acquire())
+        carried = carry_best_checkpoint(plan)
+        if carried is not None:
+            log(f"{carried}: the run's best epoch so far (epoch {plan.resume.best_epoch}), copied from "
+                f"{plan.resumed.path.parent}")
+            copies.append(carried.name)
         # beside the checkpoints, readable without torch: the resolved configuration, and one
         # row per epoch (a resumed run's rows so far come from its checkpoint's history)
         write_run_config(out_dir, cfg, plan.sources, resumed_from=str(plan.resumed.path) if plan.resumed else None,
@@ -460,7 +467,7 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
                 file.close()
             if not finished:
                 for folder in made:  # a run that saved no epoch leaves no folder behind: the next takes its name
-                    remove_if_empty_run_dir(folder)
+                    remove_if_empty_run_dir(folder, carried=copies)
     distributed.teardown()
     return training_report(cfg, result, time.perf_counter() - started, view=get_task(cfg).view()) if main else None
 

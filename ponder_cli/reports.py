@@ -426,11 +426,14 @@ def training_report(cfg, result, seconds: float, view: Optional[TaskView] = None
                "val_steps": best["val_steps"] if best else None, "stopped_early": result.stopped_early,
                "seconds": seconds, "out_dir": str(result.out_dir)}
     view = view or mnist_view(cfg)
-    meta = make_meta("train", [str(result.best_path)], [cfg.method], [cfg.step], protocol=view.protocol,
+    best_file = result.best_path
+    meta = make_meta("train", [str(best_file)] if best_file else [], [cfg.method], [cfg.step], protocol=view.protocol,
                      halting="sample", seed=cfg.seed, task=view.name, **view.meta, **summary, config=cfg.to_dict())
     return Report(meta=meta, buckets=epochs, columns=TRAIN_COLUMNS, table_rows=[summary],
                   title=f"{cfg.method} training (step {cfg.step}{'' if view.name == 'mnist' else ', ' + view.name})",
-                  footer=f"best checkpoint: {result.best_path}")
+                  footer=f"best checkpoint: {best_file}" if best_file else
+                  f"no best checkpoint in {result.out_dir}: no epoch of this run beat epoch {result.best_epoch}, "
+                  f"whose weights were not found beside the checkpoint resumed")
 
 
 # predict ---------------------------------------------------------------------------------------

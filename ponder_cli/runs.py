@@ -9,6 +9,7 @@ import contextlib
 import csv
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,6 +159,39 @@ def claim_run_dir(plan: TrainingPlan) -> Path:
                 plan.out_dir = free_run_dir(plan.cfg, plan.out_dir.parent)
     except OSError as exc:
         raise PonderError(f"cannot write checkpoints to {plan.out_dir}: {exc.strerror or exc}") from None
+
+
+def carry_best_checkpoint(plan: TrainingPlan) -> Optional[Path]:
+    """Resuming into another folder: copy the run's best epoch so far there as best.pt, so that
+    the new folder names a best.pt that exists even when no later epoch beats it. The copy comes
+    from the resumed checkpoint itself when its epoch is the best, else from best.pt beside it
+    when that holds the same run's best epoch; None when neither does (nothing is copied)."""
+    if plan.resume is None or _same_path(plan.out_dir, plan.resumed.path.parent):
+        return None
+    from .checkpoint import load_checkpoint
+
+    state, source = plan.resume, None
+    if state.epoch == state.best_epoch:
+        source = plan.resumed.path
+    else:
+        beside = plan.resumed.path.parent / BEST
+        with contextlib.suppress(PonderError, OSError):
+            best = load_checkpoint(beside)
+            if best.epoch == state.best_epoch and _same_run(best.config, state.config):
+                source = beside
+    target = plan.out_dir / BEST
+    if source is None:
+        target.unlink(missing_ok=True)  # another run's, replaced with --overwrite: never reported as this one's
+        return None
+    _replace_atomically(target, lambda f: None, binary_from=source)
+    return target
+
+
+def _same_run(a: PonderConfig, b: PonderConfig) -> bool:
+    """The same configuration but for what a resumed run may change (RESUMABLE_CHANGES)."""
+    def kept(cfg):
+        return {k: v for k, v in cfg.to_dict().items() if k not in RESUMABLE_CHANGES}
+    return kept(a) == kept(b)
 
 
 # The lock ---------------------------------------------------------------------------------------
@@ -317,11 +351,17 @@ def newest_run_checkpoint(root: Path = RUNS_DIR, name: str = BEST) -> Optional[P
 
 # Beside the checkpoints: the run's configuration and one row per epoch, for any tool ------------
 
-def _replace_atomically(path: Path, write) -> None:
+def _replace_atomically(path: Path, write, binary_from: Optional[Path] = None) -> None:
+    """Write a text file (`write` gets the open file), or copy `binary_from`, under a temporary
+    name, then rename it into place: a reader never sees half a file."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
-            write(f)
+        if binary_from is not None:
+            with os.fdopen(fd, "wb") as f, open(binary_from, "rb") as source:
+                shutil.copyfileobj(source, f)
+        else:
+            with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
+                write(f)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
@@ -378,12 +418,13 @@ class MetricsFile:
         """Nothing held open: every row is appended and closed at once."""
 
 
-def remove_if_empty_run_dir(directory: Path) -> bool:
+def remove_if_empty_run_dir(directory: Path, carried: Iterable[str] = ()) -> bool:
     """Remove a run folder that holds nothing of value (no checkpoint; only this run's own
-    config.json and metrics.csv), so that the next run takes its name; True if removed."""
+    config.json and metrics.csv, and the `carried` copies it made), so that the next run takes
+    its name; True if removed."""
     try:
         names = {p.name for p in directory.iterdir()}
-        if names - {CONFIG_FILE, METRICS_FILE}:
+        if names - {CONFIG_FILE, METRICS_FILE, *carried}:
             return False
         for name in names:
             (directory / name).unlink()

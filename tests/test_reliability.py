@@ -207,6 +207,44 @@ def test_resume_from_the_cli_continues_at_the_next_epoch(checkpoint, tiny_mnist,
     assert load_checkpoint(out / "last.pt").epoch == 2
 
 
+def test_resuming_into_another_folder_brings_the_best_epoch_so_far(tiny_mnist, tmp_path, quick, invoke):
+    """--resume A --out B: B's best.pt, printed and in the JSON, exists even when no resumed
+    epoch beats the old best (a best accuracy of 1.0 here, which nothing beats)."""
+    import dataclasses
+
+    first = tmp_path / "first"
+    result = invoke("train", *quick, "--epochs", 2, "--data-dir", tiny_mnist, "--out", first, "--no-progress")
+    assert result.exit_code == 0, result.output
+    state = load_checkpoint(first / "last.pt")
+
+    def resume(best_epoch: int, out: Path):
+        save_checkpoint(dataclasses.replace(state, best_accuracy=1.0, best_epoch=best_epoch), first / "last.pt")
+        result = invoke("train", "--resume", first / "last.pt", "--out", out, "--epochs", 3, "--data-dir",
+                        tiny_mnist, "--no-progress", "-f", "json")
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    # the resumed checkpoint is the best epoch itself (2 of 2): it is copied
+    report = resume(2, tmp_path / "from-last")
+    assert report["checkpoints"] == [str(tmp_path / "from-last" / "best.pt")] and report["best_epoch"] == 2
+    assert load_checkpoint(tmp_path / "from-last" / "best.pt").epoch == 2
+    # the best epoch (1) is the best.pt beside it: that file is copied
+    save_checkpoint(dataclasses.replace(state, epoch=1, best_epoch=1), first / "best.pt")
+    report = resume(1, tmp_path / "from-best")
+    assert (tmp_path / "from-best" / "best.pt").read_bytes() == (first / "best.pt").read_bytes()
+    assert report["checkpoints"] == [str(tmp_path / "from-best" / "best.pt")]
+    # the best epoch's weights are nowhere: no best.pt is claimed
+    (first / "best.pt").unlink()
+    out = tmp_path / "nowhere"
+    report = resume(1, out)
+    assert report["checkpoints"] == [] and not (out / "best.pt").exists()
+    result = invoke("train", "--resume", first / "last.pt", "--out", tmp_path / "again", "--epochs", 3,
+                    "--data-dir", tiny_mnist, "--no-progress")
+    assert result.stdout.splitlines()[-1] == (f"no best checkpoint in {tmp_path / 'again'}: no epoch of this run "
+                                              f"beat epoch 1, whose weights were not found beside the checkpoint "
+                                              f"resumed")
+
+
 # --- numerical faults ---------------------------------------------------------------------------
 
 CFG = PonderConfig(epochs=2, max_steps=3, batch_size=64, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16)
