@@ -163,10 +163,21 @@ def table_console(file: IO[str] | None = None, width: int | None = None) -> Cons
     """The terminal's width ($COLUMNS or the window's); pipes and files get $COLUMNS when it is
     set, else 200 columns, so that tables are not wrapped for a terminal they will never be
     shown on."""
-    console = _Console(file=file or sys.stdout, width=width)
-    if width is None and not console.is_terminal and not os.environ.get("COLUMNS", "").strip().isdigit():
-        console = _Console(file=file or sys.stdout, width=200)
+    environ = _environ()
+    console = _Console(file=file or sys.stdout, width=width, _environ=environ)
+    if width is None and not console.is_terminal and "COLUMNS" not in environ:
+        console = _Console(file=file or sys.stdout, width=200, _environ=environ)
     return console
+
+
+def _environ() -> dict[str, str]:
+    """The environment as the table's console reads it: a COLUMNS that is no width (0, empty,
+    text) counts as unset, where rich would take 0 and print nothing."""
+    environ = dict(os.environ)
+    columns = environ.get("COLUMNS", "").strip()
+    if not (columns.isdigit() and int(columns) > 0):
+        environ.pop("COLUMNS", None)
+    return environ
 
 
 def render_table(rows: list[dict], columns: list[Column], *, title: str | None = None,
@@ -183,9 +194,15 @@ def render_table(rows: list[dict], columns: list[Column], *, title: str | None =
     chunks = _chunks(columns, narrowest, console.width)
     for n, chunk in enumerate(chunks):
         part_title = title if n == 0 or title is None else f"{title} (continued)"
+        widths = _fit([natural[i] for i in chunk], [narrowest[i] for i in chunk], console.width)
+        if part_title is not None and cell_len(part_title) > sum(widths) + _COLUMN_OVERHEAD * len(widths) + \
+                _TABLE_OVERHEAD:
+            # wider than the table, which would break it mid-word (a checkpoint's path): a line of
+            # its own, wrapped at spaces only where the terminal is too narrow for it
+            console.print(part_title, justify="left", overflow="fold", highlight=False, markup=False)
+            part_title = None
         table = Table(title=part_title, caption=caption if n == len(chunks) - 1 else None,
                       show_header=any(c.header for c in columns))  # a table of facts needs no header row
-        widths = _fit([natural[i] for i in chunk], [narrowest[i] for i in chunk], console.width)
         for i, w in zip(chunk, widths):
             c = columns[i]
             text = c.spec == "s" or c.text is not None
