@@ -452,5 +452,16 @@ def info(
     _render(run_info(checkpoint, log=_chatter(quiet)), fmt, plot, quiet)
 
 
+@app.command()
+def models(
+    quiet: bool = QuietOption,
+    fmt: OutputFormat = FormatOption,
+) -> None:
+    """The models shipped inside the package, by name: task, what each is, its validation figures."""
+    from .catalogue import shipped_models
+
+    _render(shipped_models(log=_chatter(quiet)), fmt, None, quiet)
+
+
 def run() -> None:
     app(prog_name="ponder")

@@ -21,7 +21,8 @@ def _command_names():
 
 
 def test_every_command_is_covered_here():
-    assert _command_names() == ["calibrate", "compare", "eval", "extrapolate", "info", "predict", "sweep", "train"]
+    assert _command_names() == ["calibrate", "compare", "eval", "extrapolate", "info", "models", "predict", "sweep",
+                                "train"]
 
 
 @pytest.mark.parametrize("command", [[]] + [[name] for name in _command_names()])

@@ -131,6 +131,7 @@ ENCODED = {  # every command that prints results, on the shipped models, as smal
     "calibrate": lambda data, tmp: ["calibrate", "parity16", "--limit", 2],
     "predict": lambda data, tmp: ["predict", "align", _png(tmp / "digit.png"), "--steps"],
     "info": lambda data, tmp: ["info", "parity16-extrapolation-act"],
+    "models": lambda data, tmp: ["models"],
     "train": lambda data, tmp: ["train", "--task", "parity", "--elems", 4, "--epochs", 1, "--batches-per-epoch", 2,
                                 "--batch-size", 8, "--out", tmp / "run"],
 }
