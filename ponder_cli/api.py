@@ -359,6 +359,7 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
                        write_run_config)
     from .runtime import amp_dtype
     from .tasks import get_task
+    from .environment import session, write_environment
     from .train import EpochStats, train
 
     if options.tensorboard:
@@ -426,6 +427,8 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
                          resumed_after_epoch=plan.resume.epoch if plan.resume else None, device=str(dev),
                          amp=amp, processes=where.world_size if where else 1,
                          not_applicable=[name for name in cfg.field_names() if not applies(name, cfg.chosen())])
+        write_environment(out_dir, session(str(dev), where.world_size if where else 1),
+                          keep_earlier=plan.resume is not None and _same_folder(out_dir, plan.resumed.path.parent))
         metrics.append(MetricsFile(out_dir, [f.name for f in dataclasses.fields(EpochStats)]))
         metrics[0].start(plan.resume.history if plan.resume else [])
         if options.tensorboard:
@@ -470,6 +473,10 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
                     remove_if_empty_run_dir(folder, carried=copies)
     distributed.teardown()
     return training_report(cfg, result, time.perf_counter() - started, view=get_task(cfg).view()) if main else None
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    return a.resolve() == b.resolve()
 
 
 def _shown_fields(cfg) -> list[str]:

@@ -23,6 +23,7 @@ RUNS_DIR = Path("runs")
 BEST, LAST = "best.pt", "last.pt"
 CHECKPOINT_FILES = (BEST, LAST)  # what `ponder train` writes into its folder
 CONFIG_FILE, METRICS_FILE = "config.json", "metrics.csv"  # beside them, readable without torch
+ENVIRONMENT_FILE = "environment.json"  # what the run ran on (environment.py)
 LATEST = "latest"  # the CHECKPOINT word for the newest run under runs/
 LOCK_FILE = ".ponder.lock"
 # options that may differ from the checkpoint's config when resuming: how long to go on
@@ -420,11 +421,11 @@ class MetricsFile:
 
 def remove_if_empty_run_dir(directory: Path, carried: Iterable[str] = ()) -> bool:
     """Remove a run folder that holds nothing of value (no checkpoint; only this run's own
-    config.json and metrics.csv, and the `carried` copies it made), so that the next run takes
+    config.json, metrics.csv and environment.json, and the `carried` copies it made), so that the next run takes
     its name; True if removed."""
     try:
         names = {p.name for p in directory.iterdir()}
-        if names - {CONFIG_FILE, METRICS_FILE, *carried}:
+        if names - {CONFIG_FILE, METRICS_FILE, ENVIRONMENT_FILE, *carried}:
             return False
         for name in names:
             (directory / name).unlink()
