@@ -573,7 +573,8 @@ def test_disk_full_while_saving_is_one_line_and_keeps_earlier_checkpoints(checkp
                     "the previous last.pt is intact")
     assert {name: (run / name).read_bytes() for name in ("best.pt", "last.pt")} == before
     # no temp file, no lock left
-    assert sorted(p.name for p in run.iterdir()) == ["best.pt", "config.json", "last.pt", "metrics.csv"]
+    assert sorted(p.name for p in run.iterdir()) == ["best.pt", "config.json", "environment.json", "last.pt",
+                                                      "metrics.csv"]
 
 
 def _can_mount_tmpfs(path: Path) -> bool:
@@ -601,7 +602,7 @@ def test_disk_full_on_a_real_tmpfs(checkpoint, tiny_mnist, tmp_path):
                                             "device")
     assert "Traceback" not in done.stderr
     # epoch 1 saved; no temp file, no lock
-    assert done.stdout.split() == [".", "..", "config.json", "last.pt", "metrics.csv"]
+    assert done.stdout.split() == [".", "..", "config.json", "environment.json", "last.pt", "metrics.csv"]
 
 
 def test_nothing_is_written_inside_the_installed_package_whatever_the_names(tmp_path, monkeypatch, invoke,

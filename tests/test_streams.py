@@ -41,7 +41,8 @@ def test_training_goes_on_when_its_reader_leaves_after_one_line(tiny_mnist, tmp_
     reader.stdin.close()
     assert trainer.wait(timeout=120) == READER_GONE
     assert reader.wait(timeout=10) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["best.pt", "config.json", "last.pt", "metrics.csv"]
+    assert sorted(p.name for p in out.iterdir()) == ["best.pt", "config.json", "environment.json", "last.pt",
+                                                      "metrics.csv"]
     assert load_checkpoint(out / "last.pt").epoch == 3
     assert [row["epoch"] for row in _rows(out / "metrics.csv")] == ["1", "2", "3"]
 
