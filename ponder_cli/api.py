@@ -29,14 +29,15 @@ from .config_file import read_config_file
 from .data import resolve_data_dir
 from .evaluate import evaluate_buckets
 from .folders import BEST, CONFIG_FILE, LAST, LOCK_FILE
-from .halting_rules import CALIBRATION_RULES, parse_halting_rule
+from .environment import session, write_environment
+from .halting_rules import CALIBRATION_RULES, parse_exit_rule, parse_halting_rule
 from .methods import get_method
 from .registry import DEFAULT_PROTOCOL
 from .render import config_lines, epoch_line
 from .reports import (Report, calibration_report, combine_draws, comparison_report, evaluation_report,
                       group_by_configuration, info_report, mean_ci, prediction_report, sweep_report, training_report)
-from .runs import (MetricsFile, RunLock, _lock_holder, claim_run_dir, plan_training, remove_if_empty_run_dir,
-                   resolve_checkpoint, resolve_config, write_run_config)
+from .runs import (MetricsFile, RunLock, _lock_holder, carry_best_checkpoint, claim_run_dir, plan_training,
+                   remove_if_empty_run_dir, resolve_checkpoint, resolve_config, write_run_config)
 from .runtime import amp_dtype, resolve_device
 from .tasks import InputOptions, get_task
 from .train import EpochStats, train
@@ -217,17 +218,17 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], angles: Optional[li
 
     if not (math.isfinite(tolerance) and 0 <= tolerance < 1):
         raise PonderError(f"--tolerance must be at least 0 and below 1 (got {tolerance:g})")
-    rules = list(CALIBRATION_RULES if rules is None else rules)
-    for rule in rules:
-        try:
-            parse_halting_rule(rule)
-        except ValueError as exc:
-            raise PonderError(str(exc)) from None
+    subject = "calibrate" if rules is None else f"--rules {' '.join(map(str, rules))}"
+    try:
+        rules = [parse_exit_rule(rule).spelling for rule in (CALIBRATION_RULES if rules is None else rules)]
+    except ValueError as exc:
+        raise PonderError(f"--rules: {exc}") from None
     path, dev, amp, model, cfg = _load_one(checkpoint, options, log)
-    for rule in rules:
-        _check_halting(cfg, rule)
     if model.max_steps == 1:
         raise PonderError(f"{path} runs one step: every rule halts there, there is nothing to calibrate")
+    if any(get_method(cfg).halting_label(rule) != rule for rule in rules):
+        raise PonderError(f"{subject} applies to pondernet checkpoints; this one is {cfg.method}, which halts by its "
+                          f"own rule")
     task = get_task(cfg)
     options = _with_protocol(task, options)
     specs = task.parse_buckets(angles, counts, "calibrate")
@@ -362,6 +363,7 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
     lock: list = []  # rank 0's RunLock, once taken
     made: list[Path] = []  # the run folder, when this run created it
     metrics: list = []  # rank 0's MetricsFile (and EventLog with --tensorboard), once the folder is claimed
+    copies: list[str] = []  # files copied into the folder when resuming into another (carry_best_checkpoint)
 
     def on_epoch(stats) -> None:
         saved.append(stats.epoch)
@@ -395,12 +397,19 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
         if not existed:
             made.append(out_dir)
         lock.append(RunLock(out_dir).acquire())
+        carried = carry_best_checkpoint(plan)
+        if carried is not None:
+            log(f"{carried}: the run's best epoch so far (epoch {plan.resume.best_epoch}), copied from "
+                f"{plan.resumed.path.parent}")
+            copies.append(carried.name)
         # beside the checkpoints, readable without torch: the resolved configuration, and one
         # row per epoch (a resumed run's rows so far come from its checkpoint's history)
         write_run_config(out_dir, cfg, plan.sources, resumed_from=str(plan.resumed.path) if plan.resumed else None,
                          resumed_after_epoch=plan.resume.epoch if plan.resume else None, device=str(dev),
                          amp=amp, processes=where.world_size if where else 1,
                          not_applicable=[name for name in cfg.field_names() if not applies(name, cfg.chosen())])
+        write_environment(out_dir, session(str(dev), where.world_size if where else 1),
+                          keep_earlier=plan.resume is not None and _same_folder(out_dir, plan.resumed.path.parent))
         metrics.append(MetricsFile(out_dir, [f.name for f in dataclasses.fields(EpochStats)]))
         metrics[0].start(plan.resume.history if plan.resume else [])
         if options.tensorboard:
@@ -442,9 +451,13 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
                 file.close()
             if not finished:
                 for folder in made:  # a run that saved no epoch leaves no folder behind: the next takes its name
-                    remove_if_empty_run_dir(folder)
+                    remove_if_empty_run_dir(folder, carried=copies)
     distributed.teardown()
     return training_report(cfg, result, time.perf_counter() - started, view=get_task(cfg).view()) if main else None
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    return a.resolve() == b.resolve()
 
 
 class Interrupted(PonderError):

@@ -17,13 +17,13 @@ from .cli_options import (AmpOption, AnglesCommand, CheckpointArgument, CnnDropo
                           DeviceOption, DownloadOption, EvalBatchOption, EvalSeedOption, FormatOption,
                           HaltingInput, HaltingOption, LimitOption, Method, PlotOption, Protocol, ProtocolOption,
                           QuietOption, RepeatsOption, RequiredCheckpointArgument, Step, Task, TrainCommand,
-                          angles_option, counts_option, expand_angles, halting_rules, hyper)
+                          angles_option, counts_option, expand_angles, halting_rules, hyper, path_option)
 from .config import PonderConfig
 from .config_file import render_config
 from .render import OutputFormat
 from .folders import LATEST
 from .shipped import DEFAULT
-from .streams import READER_GONE, guarded_stderr, reader_gone, require_stdout
+from .streams import READER_GONE, guarded_stderr, reader_gone, require_stdout, spell_what_encodings_lack
 
 __all__ = ["app", "expand_angles", "run"]
 
@@ -35,6 +35,7 @@ class PonderGroup(TyperGroup):
     a reader that leaves it ends the command quietly with streams.READER_GONE."""
 
     def main(self, *args, **kwargs):
+        spell_what_encodings_lack()
         with guarded_stderr():
             return super().main(*args, **kwargs)
 
@@ -217,10 +218,10 @@ def train(
     print_config: bool = typer.Option(False, "--print-config", help="Print the settings this command would train "
                                       "with, each with where its value comes from, as a --config file (-f json: "
                                       "JSON), and exit."),
-    out: Optional[Path] = typer.Option(None, "--out", show_default=False, help="Folder for best.pt and last.pt. "
+    out: Optional[Path] = path_option("--out", show_default=False, help="Folder for best.pt and last.pt. "
                                        "[default: a new runs/METHOD-STEP-seedSEED, or the resumed run's folder]"),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the checkpoints of another run (or the "
-                                   "shipped models) in --out."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the checkpoints of another run in "
+                                   "--out."),
     device: str = DeviceOption,
     amp: Optional[bool] = typer.Option(None, "--amp/--no-amp", hidden=True),
     resume: Optional[str] = typer.Option(None, "--resume", metavar="CHECKPOINT",
@@ -438,7 +439,7 @@ def predict(
                                                "[default: detected per image, from its border]"),
     rotate: Optional[float] = typer.Option(None, "--rotate", metavar="DEG", help="Images: rotate every input "
                                            "counter-clockwise by DEG degrees first, as evaluation rotates."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a strip per input: what the model sees at each "
+    plot: Optional[Path] = path_option("--plot", help="Write a strip per input: what the model sees at each "
                                         "step (align: the re-read view), the step's class and probability and "
                                         "λ_n, the halting step framed (needs matplotlib)."),
     device: str = DeviceOption,
@@ -462,7 +463,7 @@ def info(
         None, metavar="CHECKPOINT|RUN_DIR", show_default=False,
         help=f"A checkpoint file, a run folder (its last.pt, else its best.pt), {LATEST} (the newest run) or a shipped "
              f"model's name. [default: {DEFAULT}]"),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write the learning curves: loss, accuracy and ponder "
+    plot: Optional[Path] = path_option("--plot", help="Write the learning curves: loss, accuracy and ponder "
                                         "steps per epoch (needs matplotlib)."),
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
@@ -473,6 +474,17 @@ def info(
 
     plot = check_destination(plot) if plot is not None else None
     _render(run_info(checkpoint, log=_chatter(quiet)), fmt, plot, quiet)
+
+
+@app.command()
+def models(
+    quiet: bool = QuietOption,
+    fmt: OutputFormat = FormatOption,
+) -> None:
+    """The models shipped inside the package, by name: task, what each is, its validation figures."""
+    from .catalogue import shipped_models
+
+    _render(shipped_models(log=_chatter(quiet)), fmt, None, quiet)
 
 
 def run() -> None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import re
 from enum import Enum
+from pathlib import Path
 from typing import Optional
 
 import typer
 from typer.core import TyperCommand
 
 from .config import PonderConfig
-from .halting_rules import parse_halting_rule, rule_choices
+from .halting_rules import parse_exit_rule, parse_halting_rule, rule_choices
 from .registry import CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, METHODS, PROTOCOLS, STEPS, TASKS
 from .render import OutputFormat, value_text
 from .folders import LATEST, RUNS_DIR
@@ -102,7 +103,20 @@ class TrainCommand(TyperCommand):
 
 # Shared options --------------------------------------------------------------------------------
 
-DataDirOption = typer.Option(None, "--data-dir", help="Where MNIST lives or is downloaded to "
+def non_empty_path(text: str) -> Path:
+    """A path option's value. An empty one, most often an unset variable (--out "$DIR"), is
+    refused: as a Path it would silently be the current folder."""
+    if not text.strip():
+        raise typer.BadParameter("an empty path (an unset variable?); name a file or folder")
+    return Path(text)
+
+
+def path_option(*names: str, **options):
+    """A typer.Option holding a path, never an empty one (non_empty_path)."""
+    return typer.Option(None, *names, parser=non_empty_path, metavar="<path>", **options)
+
+
+DataDirOption = path_option("--data-dir", help="Where MNIST lives or is downloaded to "
                              "(MNIST/raw/ inside it). [default: $PONDER_DATA_DIR, else ~/.cache/ponder_cli]")
 DownloadOption = typer.Option(True, "--download/--no-download",
                               help="Download MNIST into --data-dir when it is not there.")
@@ -138,8 +152,16 @@ def _halting_rule(value: str) -> str:
 
 
 def halting_rules(values: Optional[list[str]]) -> Optional[list[str]]:
-    """calibrate's --rules, each checked as --halting is (before any work, naming the option)."""
-    return None if values is None else [_halting_rule(value) for value in values]
+    """calibrate's --rules, each checked as --halting is and as one that halts at one step
+    (before any work, naming the option)."""
+    return None if values is None else [_exit_rule(value) for value in values]
+
+
+def _exit_rule(value: str) -> str:
+    try:
+        return parse_exit_rule(value).spelling
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 HaltingOption = typer.Option("sample", "--halting", metavar="RULE", callback=_halting_rule,
@@ -151,7 +173,7 @@ HaltingOption = typer.Option("sample", "--halting", metavar="RULE", callback=_ha
                                   "average of all steps' outputs, steps = Σ n·p_n. See ponder calibrate.")
 DetailOption = typer.Option(False, "--detail", help="Also show, per halting step, how many images halted there "
                             "and the accuracy if every image stopped there (runs all steps).")
-PlotOption = typer.Option(None, "--plot", help="Write a figure (PNG, or another format matplotlib knows by the "
+PlotOption = path_option("--plot", help="Write a figure (PNG, or another format matplotlib knows by the "
                           "file's extension) of accuracy and ponder steps against angle and the halting-step "
                           "distributions (needs matplotlib: pip install matplotlib).")
 

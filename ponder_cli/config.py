@@ -14,6 +14,7 @@ from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, STEPS, TASKS,
 
 MAX_ANGLE = 180.0  # degrees: rotating by more than +-180 repeats angles already covered
 MAX_STEPS = 100  # a bound on the cost of an epoch (training runs every step for every image)
+FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32: what the model's tensors can hold
 MAX_SEED = 2 ** 63  # torch's generators take seeds below 2**64; we keep them signed 64-bit
 # parity: the paper's largest vectors have 96 entries; the fixed evaluation sets hold a few
 # hundred rows per non-zero count, so their size grows with elems squared
@@ -189,9 +190,14 @@ class PonderConfig:
             if getattr(self, name) < 0:
                 problems.append(f"{name.replace('_', '-')} must be >= 0 (got {getattr(self, name)})")
         for name in ("lambda_p", "beta", "tau", "act_epsilon", "lr", "grad_clip", "train_rotation", "lr_factor",
-                     "cnn_dropout", "mlp_dropout", "truncation", "align_turn", "turn_gate", "gru_update_bias"):
-            if not math.isfinite(getattr(self, name)):
+                     "cnn_dropout", "mlp_dropout", "truncation", "align_turn", "turn_gate", "gru_update_bias",
+                     "halting_bias"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
                 problems.append(f"{name.replace('_', '-')} must be a finite number")
+            elif value is not None and abs(value) > FLOAT32_MAX:  # the model's weights and losses are float32
+                problems.append(f"{name.replace('_', '-')} must be at most {FLOAT32_MAX:.3g} in size, what a float32 "
+                                f"holds (got {value:g})")
         if not 0 < self.lambda_p <= 1:
             problems.append(f"lambda-p must be in (0, 1] (got {self.lambda_p})")
         if self.beta < 0:
@@ -225,8 +231,6 @@ class PonderConfig:
                 parse_count_range(self.train_counts, self.elems)
             except PonderError as exc:
                 problems.append(f"train-counts: {exc}")
-        if self.halting_bias is not None and not math.isfinite(self.halting_bias):
-            problems.append("halting-bias must be a finite number")
         if not 0 <= self.turn_gate <= 1:
             problems.append(f"turn-gate must be in [0, 1], a fraction of the largest turn (got {self.turn_gate})")
         if not 0 <= self.truncation < 1:

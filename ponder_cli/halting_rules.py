@@ -23,6 +23,8 @@ from .registry import HALTING_RULES
 # what each rule with a parameter calls it and accepts, for help texts and messages
 PARAMETERS = {"quantile": ("Q", "0 < Q < 1"), "patience": ("K", "a whole number K >= 1"),
               "confidence": ("C", "0 < C < 1")}
+# rules that average every step's outputs rather than halt at one step
+AVERAGING_RULES = ("expected",)
 # the rules `ponder calibrate` chooses among, cheapest first within each family
 CALIBRATION_RULES = ("quantile:0.5", "quantile:0.6", "quantile:0.7", "quantile:0.8", "quantile:0.9",
                      "quantile:0.95", "quantile:0.99", "patience:1", "patience:2", "patience:3", "patience:4",
@@ -41,13 +43,20 @@ class HaltingRule:
         """The cumulative halting probability at which the rule halts (median: 1/2), or None."""
         return 0.5 if self.name == "median" else self.parameter if self.name == "quantile" else None
 
+    @property
+    def halts_at_one_step(self) -> bool:
+        """False for expected, which averages every step's outputs instead of halting at one."""
+        return self.name not in AVERAGING_RULES
+
     def __str__(self) -> str:
         return self.spelling
 
 
-def rule_choices() -> str:
-    """Every spelling, as messages and help texts list them."""
-    return ", ".join(f"{name}:{PARAMETERS[name][0]}" if name in PARAMETERS else name for name in HALTING_RULES)
+def rule_choices(exit_rules_only: bool = False) -> str:
+    """Every spelling, as messages and help texts list them (exit_rules_only: those that halt
+    at one step, as calibrate takes them)."""
+    names = [name for name in HALTING_RULES if not (exit_rules_only and name in AVERAGING_RULES)]
+    return ", ".join(f"{name}:{PARAMETERS[name][0]}" if name in PARAMETERS else name for name in names)
 
 
 def parse_halting_rule(text: Union[str, HaltingRule]) -> HaltingRule:
@@ -78,3 +87,13 @@ def parse_halting_rule(text: Union[str, HaltingRule]) -> HaltingRule:
     if not 0 < q < 1:  # NaN fails this too
         raise ValueError(f"{name}:{letter} needs a number {letter} with {accepted} (got {value!r})")
     return HaltingRule(name, q, spelling)
+
+
+def parse_exit_rule(text: Union[str, HaltingRule]) -> HaltingRule:
+    """A candidate rule for `ponder calibrate`: as parse_halting_rule, and one that halts at a
+    single step, whose prediction can be compared with the last step's. Raises ValueError."""
+    rule = parse_halting_rule(text)
+    if not rule.halts_at_one_step:
+        raise ValueError(f"the {rule} rule averages every step's outputs and halts at no single step; calibrate "
+                         f"compares rules that halt at one step: {rule_choices(exit_rules_only=True)}")
+    return rule

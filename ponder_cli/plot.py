@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from . import PonderError
+from .shipped import package_problem
 
 INSTALL_HINT = "--plot needs matplotlib: pip install matplotlib"
 
@@ -33,6 +34,9 @@ def check_destination(path: Path | str) -> Path:
         raise PonderError(f"--plot {path}: matplotlib cannot write {path.suffix} files; "
                           f"use one of {', '.join('.' + f for f in sorted(formats))}")
     folder = path.parent
+    problem = package_problem(path, f"--plot {path}")
+    if problem:
+        raise PonderError(f"{problem}; name a file outside it")
     if path.is_dir():
         raise PonderError(f"--plot {path} is a directory")
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import codecs
 import csv
 import errno
+import io
 import json
 import math
 import os
 import sys
+import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 from typing import IO, Any, Callable, Optional
@@ -42,6 +45,36 @@ def cell_text(value: Any, spec: str) -> str:
 
 
 SPARK = "▁▂▃▄▅▆▇█"
+SPARK_ASCII = ".:-=+*#@"  # the same eight levels where the output's encoding has no block characters
+
+# Our symbols as ASCII, for output whose encoding cannot hold them (PYTHONIOENCODING=ascii, a
+# latin-1 locale): characters the encoding holds are kept, anything else not here becomes "?".
+ASCII_SPELLINGS = {"±": "+-", "✓": "ok", "✗": "x", "ρ": "rho", "·": "-", "→": "->", "°": " deg", "–": "-",
+                   "λ": "lambda", "≥": ">=", "≤": "<=", "²": "^2", "◀": "<", "★": "*", "§": "S", "…": "...",
+                   "Σ": "sum", "×": "x", **dict(zip(SPARK, SPARK_ASCII))}
+ASCII_ERRORS = "ponder_ascii"  # the codec error handler that spells them
+
+
+def _spell_in_ascii(exc: UnicodeError) -> tuple[str, int]:
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    text = exc.object[exc.start:exc.end]
+    return "".join(ASCII_SPELLINGS.get(char, "?") for char in text), exc.end
+
+
+codecs.register_error(ASCII_ERRORS, _spell_in_ascii)
+
+
+def spelling_for(stream: IO[str] | None) -> Callable[[str], str]:
+    """How text must be spelled to be written to `stream`: unchanged where its encoding holds
+    every character (UTF-8), else each character it cannot hold in ASCII_SPELLINGS' terms."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        if codecs.lookup(encoding).name.startswith("utf"):
+            return lambda text: text
+    except LookupError:
+        encoding = "ascii"
+    return lambda text: text.encode(encoding, ASCII_ERRORS).decode(encoding)
 
 
 def sparkline(values: list[float], width: int | None = None) -> str:
@@ -130,10 +163,21 @@ def table_console(file: IO[str] | None = None, width: int | None = None) -> Cons
     """The terminal's width ($COLUMNS or the window's); pipes and files get $COLUMNS when it is
     set, else 200 columns, so that tables are not wrapped for a terminal they will never be
     shown on."""
-    console = _Console(file=file or sys.stdout, width=width)
-    if width is None and not console.is_terminal and not os.environ.get("COLUMNS", "").strip().isdigit():
-        console = _Console(file=file or sys.stdout, width=200)
+    environ = _environ()
+    console = _Console(file=file or sys.stdout, width=width, _environ=environ)
+    if width is None and not console.is_terminal and "COLUMNS" not in environ:
+        console = _Console(file=file or sys.stdout, width=200, _environ=environ)
     return console
+
+
+def _environ() -> dict[str, str]:
+    """The environment as the table's console reads it: a COLUMNS that is no width (0, empty,
+    text) counts as unset, where rich would take 0 and print nothing."""
+    environ = dict(os.environ)
+    columns = environ.get("COLUMNS", "").strip()
+    if not (columns.isdigit() and int(columns) > 0):
+        environ.pop("COLUMNS", None)
+    return environ
 
 
 def render_table(rows: list[dict], columns: list[Column], *, title: str | None = None,
@@ -142,14 +186,23 @@ def render_table(rows: list[dict], columns: list[Column], *, title: str | None =
     wrap columns wrap at spaces; a table that still does not fit is split into several, each
     repeating the first column. width: the console's (default: the terminal's, see table_console)."""
     console = table_console(file, width)
-    cells = [[c.text(row) if c.text else cell_text(row.get(c.key), c.spec) for c in columns] for row in rows]
+    spell = spelling_for(console.file)  # before the widths are measured, so that the columns line up
+    cells = [[spell(c.text(row) if c.text else cell_text(row.get(c.key), c.spec)) for c in columns] for row in rows]
+    columns = [dataclasses.replace(c, header=spell(c.header)) for c in columns]
+    title, caption = (spell(title) if title else title), (spell(caption) if caption else caption)
     natural, narrowest = _widths(columns, cells)
     chunks = _chunks(columns, narrowest, console.width)
     for n, chunk in enumerate(chunks):
         part_title = title if n == 0 or title is None else f"{title} (continued)"
+        widths = _fit([natural[i] for i in chunk], [narrowest[i] for i in chunk], console.width)
+        if part_title is not None and cell_len(part_title) > sum(widths) + _COLUMN_OVERHEAD * len(widths) + \
+                _TABLE_OVERHEAD:
+            # wider than the table, which would break it mid-word (a checkpoint's path): a line of
+            # its own, wrapped at spaces only where the terminal is too narrow for it
+            console.print(part_title, justify="left", overflow="fold", highlight=False, markup=False)
+            part_title = None
         table = Table(title=part_title, caption=caption if n == len(chunks) - 1 else None,
                       show_header=any(c.header for c in columns))  # a table of facts needs no header row
-        widths = _fit([natural[i] for i in chunk], [narrowest[i] for i in chunk], console.width)
         for i, w in zip(chunk, widths):
             c = columns[i]
             text = c.spec == "s" or c.text is not None
@@ -166,14 +219,16 @@ def render_report(report, fmt: OutputFormat | str, file: IO[str] | None = None, 
     fmt = OutputFormat(fmt)
     file = file or sys.stdout
     if fmt is OutputFormat.json:
-        json.dump(report.as_json(), file, indent=2)
+        json.dump(report.as_json(), file, indent=2)  # ASCII whatever the text: JSON escapes the rest
         file.write("\n")
     elif fmt is OutputFormat.csv:
         rows = report.csv_rows()
         keys = list(dict.fromkeys(key for row in rows for key in row))
-        writer = csv.DictWriter(file, fieldnames=keys, lineterminator="\n")
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=keys, lineterminator="\n")
         writer.writeheader()
         writer.writerows({key: _csv_cell(row.get(key)) for key in keys} for row in rows)
+        file.write(spelling_for(file)(text.getvalue()))
     else:
         render_table(report.rows, report.columns, title=report.title, caption=report.caption or None, file=file,
                      width=width)
@@ -181,7 +236,7 @@ def render_report(report, fmt: OutputFormat | str, file: IO[str] | None = None, 
             title, rows, columns = report.detail
             render_table(rows, columns, title=title, file=file, width=width)
         if report.footer:
-            file.write(report.footer + "\n")
+            file.write(spelling_for(file)(report.footer) + "\n")
 
 
 def epoch_line(stats, epochs: int) -> str:

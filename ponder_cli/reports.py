@@ -8,6 +8,7 @@ and their statistics over seeds.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
@@ -102,15 +103,17 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
          2.052, 2.048, 2.045, 2.042)
 
 
-def mean_ci(values: list[float]) -> tuple[float, Optional[list[float]]]:
+def mean_ci(values: list[float], bounds: tuple[float, float] = (-math.inf, math.inf)
+            ) -> tuple[float, Optional[list[float]]]:
     """Mean and its 95% confidence interval [low, high] from independent draws (Student's t
-    with n - 1 degrees of freedom); no interval from a single draw."""
+    with n - 1 degrees of freedom), kept within `bounds` (an accuracy: 0 to 1); no interval
+    from a single draw."""
     mean = statistics.mean(values)
     if len(values) < 2:
         return mean, None
     t = _T975[len(values) - 2] if len(values) - 1 <= len(_T975) else 1.960
     half = t * statistics.stdev(values) / len(values) ** 0.5
-    return mean, [mean - half, mean + half]
+    return mean, [max(mean - half, bounds[0]), min(mean + half, bounds[1])]
 
 
 def combine_draws(draws: list[dict]) -> dict:
@@ -132,7 +135,7 @@ def combine_draws(draws: list[dict]) -> dict:
         elif value is None or any(v is None for v in values):
             present = [v for v in values if v is not None]
             combined[key] = statistics.fmean(present) if present and isinstance(present[0], float) else value
-    combined["accuracy"], combined["accuracy_ci"] = mean_ci([d["accuracy"] for d in draws])
+    combined["accuracy"], combined["accuracy_ci"] = mean_ci([d["accuracy"] for d in draws], bounds=(0.0, 1.0))
     combined["mean_steps"], combined["mean_steps_ci"] = mean_ci([d["mean_steps"] for d in draws])
     combined["repeats"] = len(draws)
     return combined
@@ -410,11 +413,14 @@ def training_report(cfg, result, seconds: float, view: TaskView) -> Report:
     summary = {"epochs": result.last_epoch, "best_epoch": result.best_epoch, "val_accuracy": result.best_accuracy,
                "val_steps": best["val_steps"] if best else None, "stopped_early": result.stopped_early,
                "seconds": seconds, "out_dir": str(result.out_dir)}
-    meta = make_meta("train", [str(result.best_path)], [cfg.method], [cfg.step], protocol=view.protocol,
+    best_file = result.best_path
+    meta = make_meta("train", [str(best_file)] if best_file else [], [cfg.method], [cfg.step], protocol=view.protocol,
                      halting="sample", seed=cfg.seed, task=view.name, **view.meta, **summary, config=cfg.to_dict())
     return Report(meta=meta, buckets=epochs, columns=TRAIN_COLUMNS, table_rows=[summary],
                   title=f"{cfg.method} training (step {cfg.step}{'' if view.name == 'mnist' else ', ' + view.name})",
-                  footer=f"best checkpoint: {result.best_path}")
+                  footer=f"best checkpoint: {best_file}" if best_file else
+                  f"no best checkpoint in {result.out_dir}: no epoch of this run beat epoch {result.best_epoch}, "
+                  f"whose weights were not found beside the checkpoint resumed")
 
 
 # predict ---------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import contextlib
 import csv
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +19,9 @@ from . import PonderError, __version__
 from .checkpoint import load_checkpoint
 from .config import PonderConfig, inapplicable
 from .config_file import render_config
-from .folders import BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, LAST, LATEST, LOCK_FILE, METRICS_FILE, RUNS_DIR
-from .shipped import DEFAULT, SHIPPED, shipped_dir, shipped_name, shipped_path, shipped_under_old_name
+from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, LATEST, LOCK_FILE,
+                      METRICS_FILE, RUNS_DIR)
+from .shipped import DEFAULT, SHIPPED, package_problem, shipped_name, shipped_path, shipped_under_old_name
 
 # options that may differ from the checkpoint's config when resuming: how long to go on
 RESUMABLE_CHANGES = ("epochs", "patience")
@@ -75,6 +77,10 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     """
     if out is not None and out.exists() and not out.is_dir():
         raise PonderError(f"--out {out} is a file; --out names the folder for best.pt and last.pt")
+    problem = package_problem(out, f"--out {out}") if out is not None else None
+    if problem:
+        raise PonderError(f"{problem}; name a folder outside it, or leave out --out for a fresh folder under "
+                          f"{RUNS_DIR}/")
     cfg, sources, state, resumed = resolve_config(given, resume)
     if state is None:
         if out is None:
@@ -91,10 +97,10 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
                           f"(N > {state.epoch})")
     if not _same_path(out_dir, Path(resume).parent):
         refuse_foreign_checkpoints(out_dir, overwrite)  # continuing in another folder: a fresh one
+    elif package_problem(out_dir, str(out_dir)):
+        raise PonderError(f"{package_problem(out_dir, str(out_dir))}; continue the run in another folder with "
+                          f"--out DIR")
     elif not overwrite:
-        if is_shipped(out_dir):
-            raise PonderError(f"{out_dir} holds the shipped models, which resuming would overwrite; continue "
-                              f"in another folder with --out DIR (or pass --overwrite)")
         _refuse_rewind(state, Path(resume), out_dir / LAST)
     return TrainingPlan(cfg, out_dir, state, sources=sources, resumed=resumed)
 
@@ -117,21 +123,11 @@ def _same_path(a: Path, b: Path) -> bool:
     return a.resolve() == b.resolve()
 
 
-def is_shipped(directory: Path) -> bool:
-    """Is this folder (or one inside) where the shipped models live?"""
-    here, shipped = directory.resolve(), shipped_dir().resolve()
-    return here == shipped or shipped in here.parents
-
-
 def refuse_foreign_checkpoints(directory: Path, overwrite: bool) -> None:
     """A folder that already holds checkpoints belongs to another run: never replace them silently."""
     found = [name for name in CHECKPOINT_FILES if (directory / name).exists()]
     if not found or overwrite:
         return
-    if is_shipped(directory):
-        raise PonderError(f"{directory} holds the shipped models ({', '.join(found)}), which training there would "
-                          "replace; leave out --out for a fresh folder under runs/, name another one, or pass "
-                          "--overwrite")
     raise PonderError(f"{directory} already holds another run's checkpoints ({', '.join(found)}); leave out --out "
                       f"for a fresh folder under runs/, name another one, continue that run with "
                       f"--resume {directory / 'last.pt'}, or pass --overwrite to replace them")
@@ -169,6 +165,37 @@ def claim_run_dir(plan: TrainingPlan) -> Path:
                 plan.out_dir = free_run_dir(plan.cfg, plan.out_dir.parent)
     except OSError as exc:
         raise PonderError(f"cannot write checkpoints to {plan.out_dir}: {exc.strerror or exc}") from None
+
+
+def carry_best_checkpoint(plan: TrainingPlan) -> Optional[Path]:
+    """Resuming into another folder: copy the run's best epoch so far there as best.pt, so that
+    the new folder names a best.pt that exists even when no later epoch beats it. The copy comes
+    from the resumed checkpoint itself when its epoch is the best, else from best.pt beside it
+    when that holds the same run's best epoch; None when neither does (nothing is copied)."""
+    if plan.resume is None or _same_path(plan.out_dir, plan.resumed.path.parent):
+        return None
+    state, source = plan.resume, None
+    if state.epoch == state.best_epoch:
+        source = plan.resumed.path
+    else:
+        beside = plan.resumed.path.parent / BEST
+        with contextlib.suppress(PonderError, OSError):
+            best = load_checkpoint(beside)
+            if best.epoch == state.best_epoch and _same_run(best.config, state.config):
+                source = beside
+    target = plan.out_dir / BEST
+    if source is None:
+        target.unlink(missing_ok=True)  # another run's, replaced with --overwrite: never reported as this one's
+        return None
+    _replace_atomically(target, lambda f: None, binary_from=source)
+    return target
+
+
+def _same_run(a: PonderConfig, b: PonderConfig) -> bool:
+    """The same configuration but for what a resumed run may change (RESUMABLE_CHANGES)."""
+    def kept(cfg):
+        return {k: v for k, v in cfg.to_dict().items() if k not in RESUMABLE_CHANGES}
+    return kept(a) == kept(b)
 
 
 # The lock ---------------------------------------------------------------------------------------
@@ -328,11 +355,17 @@ def newest_run_checkpoint(root: Path = RUNS_DIR, name: str = BEST) -> Optional[P
 
 # Beside the checkpoints: the run's configuration and one row per epoch, for any tool ------------
 
-def _replace_atomically(path: Path, write) -> None:
+def _replace_atomically(path: Path, write, binary_from: Optional[Path] = None) -> None:
+    """Write a text file (`write` gets the open file), or copy `binary_from`, under a temporary
+    name, then rename it into place: a reader never sees half a file."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
-            write(f)
+        if binary_from is not None:
+            with os.fdopen(fd, "wb") as f, open(binary_from, "rb") as source:
+                shutil.copyfileobj(source, f)
+        else:
+            with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
+                write(f)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
@@ -393,12 +426,13 @@ class MetricsFile:
         """Nothing held open: every row is appended and closed at once."""
 
 
-def remove_if_empty_run_dir(directory: Path) -> bool:
+def remove_if_empty_run_dir(directory: Path, carried: Iterable[str] = ()) -> bool:
     """Remove a run folder that holds nothing of value (no checkpoint; only this run's own
-    config.json, config.toml and metrics.csv), so that the next run takes its name; True if removed."""
+    config.json, config.toml, metrics.csv and environment.json, and the `carried` copies it made), so
+    that the next run takes its name; True if removed."""
     try:
         names = {p.name for p in directory.iterdir()}
-        if names - {CONFIG_FILE, CONFIG_TOML, METRICS_FILE}:
+        if names - {CONFIG_FILE, CONFIG_TOML, METRICS_FILE, ENVIRONMENT_FILE, *carried}:
             return False
         for name in names:
             (directory / name).unlink()

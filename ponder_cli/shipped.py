@@ -32,6 +32,28 @@ def shipped_dir() -> Path:
     return Path(str(resources.files("ponder_cli").joinpath(FOLDER)))
 
 
+def package_dir() -> Path:
+    """Where the ponder_cli package really is (a clone, site-packages): no command writes there."""
+    import ponder_cli
+    return Path(ponder_cli.__file__).resolve().parent
+
+
+def inside_package(path: Path) -> bool:
+    """Is this path the installed package's folder or anything inside it, whatever its name?"""
+    here, package = Path(path).resolve(), package_dir()
+    return here == package or package in here.parents
+
+
+def package_problem(path: Path, what: str) -> Optional[str]:
+    """Why `what` (an option and its value) may not write to `path`, or None; the caller adds
+    what to do instead."""
+    if not inside_package(path):
+        return None
+    here, shipped = Path(path).resolve(), shipped_dir().resolve()
+    models = ", among the shipped models" if here == shipped or shipped in here.parents else ""
+    return f"{what} is inside the installed ponder_cli package ({package_dir()}){models}, where no command writes"
+
+
 def shipped_path(name: str) -> Path:
     return shipped_dir() / SHIPPED[name][0]
 

@@ -8,6 +8,7 @@ follows is dropped quietly.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import io
 import os
@@ -15,6 +16,7 @@ import sys
 from typing import Optional, TextIO
 
 from . import PonderError
+from .render import ASCII_ERRORS
 
 # 128 + SIGPIPE: the status a shell gives any tool whose reader left (`git log | head`), so a
 # script with `set -o pipefail` sees ponder as it sees every other program.
@@ -137,3 +139,14 @@ def _fileno_in_use(fd: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def spell_what_encodings_lack() -> None:
+    """stdout and stderr in an encoding short of UTF-8 (PYTHONIOENCODING=ascii, a latin-1 locale)
+    write the characters it lacks in ASCII (render.ASCII_SPELLINGS) rather than fail; results are
+    spelled before they are laid out (render.spelling_for), this catches the rest: help, messages."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        with contextlib.suppress(AttributeError, LookupError, ValueError, OSError):
+            if not codecs.lookup(encoding).name.startswith("utf"):
+                stream.reconfigure(errors=ASCII_ERRORS)

@@ -7,7 +7,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from tqdm import tqdm
@@ -52,8 +52,11 @@ class TrainResult:
     history: list[EpochStats] = field(default_factory=list)
 
     @property
-    def best_path(self) -> Path:
-        return self.out_dir / BEST
+    def best_path(self) -> Optional[Path]:
+        """The run folder's best.pt; None when it has none (resumed into another folder from a
+        checkpoint whose best epoch was not found, and no later epoch beat it)."""
+        path = self.out_dir / BEST
+        return path if path.is_file() else None
 
 
 def _source(data, cfg: PonderConfig, device: torch.device) -> TrainingSource:
@@ -275,8 +278,10 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
         stats = train_one_epoch(parallel_model, method, optimizer, scaler, source, cfg, amp=amp,
                                 desc=f"epoch {epoch}/{cfg.epochs}", progress=progress)
         if stats["skipped_batches"] + stats["scaler_backoffs"] == stats["batches"]:  # not one step taken
+            kept = (f"{out_dir / LAST} still holds the last good epoch" if (out_dir / LAST).is_file()
+                    else "no epoch was saved in " + str(out_dir))
             raise PonderError(f"epoch {epoch}: every batch had a non-finite loss or gradient; training "
-                              f"stopped, {out_dir / LAST} still holds the last good epoch (try a lower --lr)")
+                              f"stopped, {kept} (try a lower --lr)")
         # Validation runs once, on rank 0, giving a single process's numbers (it draws from its
         # own seeded generator, not the shared stream); broadcasting them makes every rank step
         # the scheduler and early stopping alike. (The weights and the summed training loss are

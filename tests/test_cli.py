@@ -22,7 +22,8 @@ def _command_names():
 
 
 def test_every_command_is_covered_here():
-    assert _command_names() == ["calibrate", "compare", "eval", "extrapolate", "info", "predict", "sweep", "train"]
+    assert _command_names() == ["calibrate", "compare", "eval", "extrapolate", "info", "models", "predict", "sweep",
+                                "train"]
 
 
 @pytest.mark.parametrize("command", [[]] + [[name] for name in _command_names()])
@@ -256,6 +257,32 @@ def test_train_table_fits_80_columns(tiny_mnist, tmp_path, monkeypatch):
     assert f"{report.meta['val_accuracy']:.4f}" in text
     assert "best checkpoint: runs/pondernet-mlp-seed1234/best.pt" in text
     assert "pondernet training (step mlp)" in text
+
+
+def _eval_report(checkpoint: str):
+    from ponder_cli.config import PonderConfig
+    from ponder_cli.reports import evaluation_report
+
+    return evaluation_report("eval", checkpoint, PonderConfig(), [_bucket(22.5, 0, 20)], None, protocol="uniform",
+                             halting="sample", seed=1234, with_loss=True, detail=False)
+
+
+def test_a_title_wider_than_its_table_breaks_at_spaces_never_inside_a_path():
+    path = "/home/someone/experiments/runs/pondernet-mlp-seed1234-2/best.pt"  # with the title: over 80
+    lines = _at_80_columns(_eval_report(path)).splitlines()
+    assert [line.rstrip() for line in lines[:2]] == ["pondernet on the MNIST test set", f"({path})"]
+
+
+@pytest.mark.parametrize("columns", ["0", "", "wide"])
+def test_columns_that_are_no_width_leave_the_table_whole(columns, monkeypatch):
+    from ponder_cli.render import render_report
+
+    monkeypatch.setenv("COLUMNS", columns)
+    out = io.StringIO()  # not a terminal: 200 columns, as when COLUMNS is unset
+    render_report(_eval_report("a.pt"), "table", file=out)
+    text = out.getvalue()
+    assert "0.9988" in text and "pondernet on the MNIST test set (a.pt)" in text
+    assert max(cell_len(line) for line in text.splitlines()) <= 200
 
 
 @pytest.mark.parametrize("name,title", [("act", "act on the MNIST test set"), ("plain", "plain on the MNIST test set")])

@@ -189,7 +189,7 @@ def test_ponder_train_on_two_ranks_finishes_and_rank_zero_alone_reports(two_rank
     assert [r["code"] for r in ranks] == [0, 0], ranks
     out = two_ranks / "cli"
     # nothing from rank 1, no lock left
-    assert sorted(p.name for p in out.iterdir()) == ["best.pt", "config.json", "config.toml", "last.pt", "metrics.csv"]
+    assert sorted(p.name for p in out.iterdir()) == ["best.pt", "config.json", "config.toml", "environment.json", "last.pt", "metrics.csv"]
     model, cfg, state = load_model(out / "best.pt", "cpu")
     assert cfg.batch_size == 64 and state.epoch in (1, 2) and state.history[0]["epoch"] == 1
     assert f"writing checkpoints to {out}/" in ranks[0]["stderr"]
@@ -254,7 +254,7 @@ def test_two_ranks_step_like_one_process_on_the_same_global_batch(two_ranks, tin
 
 def test_rank_zero_alone_writes_loadable_checkpoints(two_ranks):
     for run in ("cli", "step", "straight", "resumed"):
-        beside = ["config.json", "config.toml", "metrics.csv"] if run == "cli" else []  # `ponder train`'s, not train()'s
+        beside = ["config.json", "config.toml", "environment.json", "metrics.csv"] if run == "cli" else []  # `ponder train`'s, not train()'s
         assert sorted(p.name for p in (two_ranks / run).iterdir()) == sorted(["best.pt", "last.pt", *beside])
         model, cfg, state = load_model(two_ranks / run / "best.pt", "cpu")
         assert cfg.max_steps == 3 and state.epoch >= 1

@@ -236,3 +236,37 @@ def test_the_architecture_pages_step_function_plugs_in(monkeypatch):
     uniforms = torch.rand(4, 6, generator=torch.Generator().manual_seed(1))
     _, steps = model.infer(x, SampleExit(uniforms))
     assert torch.equal(steps, sample_halting_steps(out.lambda_logits, uniforms))
+
+
+def test_the_readmes_claims_about_every_commands_options_hold():
+    """"Every command takes `--format ...` and `--quiet`; every command that ..., all but `info`
+    and `models`, takes `--device`; ...": checked against the real CLI, both ways."""
+    import re
+
+    import typer.main
+
+    from ponder_cli.cli import app
+
+    commands = typer.main.get_command(app).commands
+    options = {name: {flag for param in command.params for flag in param.opts} for name, command in commands.items()}
+    text = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    every = re.search(r"Every command takes (.*?);", text)
+    assert every, "the README no longer says what every command takes"
+    for flag in re.findall(r"`(--[\w-]+)", every.group(1)):
+        assert all(flag in flags for flags in options.values()), flag
+    exceptions = re.findall(r"all but ((?:`\w+`(?:, | and )?)+), takes `(--[\w-]+)`", text)
+    assert {flag for _, flag in exceptions} == {"--device", "--data-dir"}
+    for names, flag in exceptions:
+        left_out = set(re.findall(r"`(\w+)`", names))
+        assert left_out <= set(commands)
+        assert {name for name, flags in options.items() if flag not in flags} == left_out, flag
+
+
+def test_the_command_reference_covers_every_command():
+    import typer.main
+
+    from ponder_cli.cli import app
+
+    reference = (REPO / "docs" / "cli-reference.md").read_text(encoding="utf-8")
+    missing = [name for name in typer.main.get_command(app).commands if f"$ ponder {name} --help\n" not in reference]
+    assert not missing, f"docs/cli-reference.md has no --help of {missing}; {REGENERATE}"

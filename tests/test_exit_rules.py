@@ -361,14 +361,41 @@ def test_calibrate_takes_the_candidates_from_rules(fixed_model, tiny_mnist, pond
         "Error: Invalid value for '--rules': needs at least one halting rule"
 
 
+@pytest.mark.parametrize("rules", [["expected"], ["sample", "expected"]])
+def test_calibrate_refuses_the_expected_rule_at_the_option(rules, fixed_model, ponder, one_error_line):
+    line = one_error_line(ponder("calibrate", fixed_model, "--rules", *rules, "--limit", 100))
+    assert line == ("Error: Invalid value for '--rules': the expected rule averages every step's outputs and halts "
+                    "at no single step; calibrate compares rules that halt at one step: sample, median, quantile:Q, "
+                    "patience:K, confidence:C")
+
+
+def test_calibrate_refuses_the_expected_rule_on_a_shipped_parity_model(ponder, one_error_line):
+    line = one_error_line(ponder("calibrate", "parity16", "--rules", "expected", "--limit", 4))
+    assert "the expected rule averages every step's outputs" in line
+
+
+def test_calibrate_checkpoint_refuses_the_expected_rule_without_the_cli(fixed_model):
+    from ponder_cli import PonderError
+    from ponder_cli.api import EvalOptions, calibrate_checkpoint
+
+    with pytest.raises(PonderError, match="^--rules: the expected rule averages"):
+        calibrate_checkpoint(fixed_model, None, EvalOptions(), rules=["expected"])
+
+
 @pytest.mark.parametrize("run, message", [
-    ("act", "Error: --halting quantile:0.5 applies to pondernet checkpoints; this one is act, which halts by its "
-            "own rule (halting units summing to 1 - epsilon)"),
+    ("act", "Error: calibrate applies to pondernet checkpoints; this one is act, which halts by its own rule"),
     ("plain", "runs one step: every rule halts there, there is nothing to calibrate"),
 ])
 def test_calibrate_refuses_act_and_one_step(run, message, runs, tiny_mnist, ponder, one_error_line):
     line = one_error_line(ponder("calibrate", runs / run / "best.pt", "--data-dir", tiny_mnist))
-    assert line == message if line.startswith("Error: --halting") else line.endswith(message)
+    assert line == message if line.startswith("Error: calibrate") else line.endswith(message)
+
+
+def test_calibrate_on_act_names_the_rules_given_never_a_halting_option(runs, tiny_mnist, ponder, one_error_line):
+    line = one_error_line(ponder("calibrate", runs / "act" / "best.pt", "--rules", "sample", "patience:2",
+                                 "--data-dir", tiny_mnist))
+    assert line == ("Error: --rules sample patience:2 applies to pondernet checkpoints; this one is act, which halts "
+                    "by its own rule")
 
 
 @pytest.mark.parametrize("tolerance", ["-0.1", "1", "nan"])

@@ -203,6 +203,16 @@ def test_repeats_interval_by_hand():
     assert bucket["histogram"] == [50, 50] and bucket["steps_wrong"] == 6.0  # a draw without errors is left out
 
 
+def test_an_accuracy_interval_stays_within_0_and_1():
+    from ponder_cli.reports import combine_draws
+
+    # mean 0.996667, sample sd 0.0057735, half-width 4.303 * 0.0057735 / sqrt(3) = 0.014343:
+    # 0.982324 to 1.011010, of which an accuracy can reach 1 at most
+    draws = [{"images": 100, "accuracy": a, "mean_steps": 3.0, "histogram": [1, 0]} for a in (1.0, 1.0, 0.99)]
+    low, high = combine_draws(draws)["accuracy_ci"]
+    assert math.isclose(low, 0.982324, rel_tol=1e-5) and high == 1.0
+
+
 def test_repeats_from_the_cli(checkpoint, tiny_mnist, ponder):
     once = json.loads(ponder("extrapolate", checkpoint, "--angles", 30, "-f", "json", "--data-dir", tiny_mnist).stdout)
     three = json.loads(ponder("extrapolate", checkpoint, "--angles", 30, "--repeats", 3, "-f", "json",

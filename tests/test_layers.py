@@ -15,6 +15,7 @@ PACKAGE = ROOT / "ponder_cli"
 # (importing module, imported module) -> why
 DEFERRED = {
     ("cli", "api"): "the commands' work loads torch; `ponder --help` and a mistyped option must not",
+    ("cli", "catalogue"): "`ponder models` reads checkpoints, so loads torch",
     ("cli", "plot"): "matplotlib only when --plot is given",
     ("cli", "render"): "rich's tables only once a report is rendered",
     ("cli", "distributed"): "torchrun plumbing only at the error boundary, under torchrun",

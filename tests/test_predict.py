@@ -54,6 +54,10 @@ def test_images_are_normalised_exactly_as_training_prepares_mnist(digits):
     assert torch.equal(read_images([array])[1], x)
     angles = torch.full((6,), 70.0)
     assert torch.equal(read_images(white, rotate=70)[1], prepare_batch(data.images, angles))
+    # whole circles are taken off first: 70 + 2 * 360 is 70, and 1e39 degrees (exactly
+    # 1e39 mod 360 = 352 in double precision) does not overflow float32
+    assert torch.equal(read_images(white, rotate=790)[1], prepare_batch(data.images, angles))
+    assert torch.equal(read_images(white, rotate=1e39)[1], prepare_batch(data.images, torch.full((6,), 352.0)))
     # --invert forces it: white on black read as a dark digit is the inverse
     assert torch.equal(read_images(white, invert=True)[1], prepare_batch(255 - data.images))
 

@@ -70,6 +70,8 @@ TRAIN_ERRORS = [
     (["--beta", "-0.1"], "beta must be >= 0"),
     (["--lr", "0"], "lr must be > 0"),
     (["--lr", "nan"], "lr must be a finite number"),
+    (["--halting-bias", "1e39"], "halting-bias must be at most 3.4e+38 in size, what a float32 holds (got 1e+39)"),
+    (["--beta", "1e39"], "beta must be at most 3.4e+38 in size"),
     (["--device", "cuda"], "CUDA is not available"),
     (["--device", "tpu"], "unknown device 'tpu'"),
     (["--device", "meta"], "unsupported device 'meta'"),
@@ -203,6 +205,44 @@ def test_resume_from_the_cli_continues_at_the_next_epoch(checkpoint, tiny_mnist,
     assert "resuming after epoch 1" in result.stderr and "epoch  2/2" in result.stderr
     assert "epoch  1/2" not in result.stderr
     assert load_checkpoint(out / "last.pt").epoch == 2
+
+
+def test_resuming_into_another_folder_brings_the_best_epoch_so_far(tiny_mnist, tmp_path, quick, invoke):
+    """--resume A --out B: B's best.pt, printed and in the JSON, exists even when no resumed
+    epoch beats the old best (a best accuracy of 1.0 here, which nothing beats)."""
+    import dataclasses
+
+    first = tmp_path / "first"
+    result = invoke("train", *quick, "--epochs", 2, "--data-dir", tiny_mnist, "--out", first, "--no-progress")
+    assert result.exit_code == 0, result.output
+    state = load_checkpoint(first / "last.pt")
+
+    def resume(best_epoch: int, out: Path):
+        save_checkpoint(dataclasses.replace(state, best_accuracy=1.0, best_epoch=best_epoch), first / "last.pt")
+        result = invoke("train", "--resume", first / "last.pt", "--out", out, "--epochs", 3, "--data-dir",
+                        tiny_mnist, "--no-progress", "-f", "json")
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    # the resumed checkpoint is the best epoch itself (2 of 2): it is copied
+    report = resume(2, tmp_path / "from-last")
+    assert report["checkpoints"] == [str(tmp_path / "from-last" / "best.pt")] and report["best_epoch"] == 2
+    assert load_checkpoint(tmp_path / "from-last" / "best.pt").epoch == 2
+    # the best epoch (1) is the best.pt beside it: that file is copied
+    save_checkpoint(dataclasses.replace(state, epoch=1, best_epoch=1), first / "best.pt")
+    report = resume(1, tmp_path / "from-best")
+    assert (tmp_path / "from-best" / "best.pt").read_bytes() == (first / "best.pt").read_bytes()
+    assert report["checkpoints"] == [str(tmp_path / "from-best" / "best.pt")]
+    # the best epoch's weights are nowhere: no best.pt is claimed
+    (first / "best.pt").unlink()
+    out = tmp_path / "nowhere"
+    report = resume(1, out)
+    assert report["checkpoints"] == [] and not (out / "best.pt").exists()
+    result = invoke("train", "--resume", first / "last.pt", "--out", tmp_path / "again", "--epochs", 3,
+                    "--data-dir", tiny_mnist, "--no-progress")
+    assert result.stdout.splitlines()[-1] == (f"no best checkpoint in {tmp_path / 'again'}: no epoch of this run "
+                                              f"beat epoch 1, whose weights were not found beside the checkpoint "
+                                              f"resumed")
 
 
 # --- numerical faults ---------------------------------------------------------------------------
@@ -533,7 +573,7 @@ def test_disk_full_while_saving_is_one_line_and_keeps_earlier_checkpoints(checkp
                     "the previous last.pt is intact")
     assert {name: (run / name).read_bytes() for name in ("best.pt", "last.pt")} == before
     # no temp file, no lock left
-    assert sorted(p.name for p in run.iterdir()) == ["best.pt", "config.json", "config.toml", "last.pt", "metrics.csv"]
+    assert sorted(p.name for p in run.iterdir()) == ["best.pt", "config.json", "config.toml", "environment.json", "last.pt", "metrics.csv"]
 
 
 def _can_mount_tmpfs(path: Path) -> bool:
@@ -561,4 +601,34 @@ def test_disk_full_on_a_real_tmpfs(checkpoint, tiny_mnist, tmp_path):
                                             "device")
     assert "Traceback" not in done.stderr
     # epoch 1 saved; no temp file, no lock
-    assert done.stdout.split() == [".", "..", "config.json", "config.toml", "last.pt", "metrics.csv"]
+    assert done.stdout.split() == [".", "..", "config.json", "config.toml", "environment.json", "last.pt", "metrics.csv"]
+
+
+def test_nothing_is_written_inside_the_installed_package_whatever_the_names(tmp_path, monkeypatch, invoke,
+                                                                             one_error_line):
+    import ponder_cli
+
+    monkeypatch.chdir(tmp_path)
+    package = Path(ponder_cli.__file__).parent  # where the package really is, not a folder named like it
+    before = sorted(package.rglob("*"))
+    for out, shipped in ((package / "checkpoints" / "parity", True), (package / "checkpoints" / "new", True),
+                         (package / "steps" / "run", False), (package, False)):
+        for extra in ([], ["--overwrite"]):
+            line = one_error_line(invoke("train", "--task", "parity", "--elems", 4, "--epochs", 1,
+                                         "--batches-per-epoch", 1, "--batch-size", 8, "--out", out, *extra))
+            assert line == (f"Error: --out {out} is inside the installed ponder_cli package ({package.resolve()})"
+                            f"{', among the shipped models' if shipped else ''}, where no command writes; name a "
+                            f"folder outside it, or leave out --out for a fresh folder under runs/")
+    line = one_error_line(invoke("eval", "parity16", "--plot", package / "figure.png"))
+    assert line.startswith(f"Error: --plot {package / 'figure.png'} is inside the installed ponder_cli package")
+    assert sorted(package.rglob("*")) == before
+
+
+@pytest.mark.parametrize("args", [["train", "--out", ""], ["train", "--data-dir", " "], ["eval", "--plot", ""],
+                                  ["predict", "align", "x.png", "--plot", ""], ["info", "--plot", ""]])
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(args, tmp_path, monkeypatch, invoke,
+                                                                  one_error_line):
+    monkeypatch.chdir(tmp_path)
+    line = one_error_line(invoke(*args))
+    assert line.endswith("an empty path (an unset variable?); name a file or folder")
+    assert list(tmp_path.iterdir()) == []

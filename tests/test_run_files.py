@@ -123,3 +123,37 @@ def test_sigterm_before_the_first_epoch_leaves_no_run_folder(tiny_mnist, tmp_pat
     assert proc.returncode == 143, stderr
     assert stderr.splitlines()[-1] == "Terminated: no epoch had completed; nothing was saved"
     assert not run.exists() and (tmp_path / "runs").exists()
+
+
+def test_environment_json_records_what_the_run_ran_on_and_config_json_stays_as_it_was(tiny_mnist, tmp_path, quick,
+                                                                                     ponder):
+    import platform
+    from pathlib import Path
+
+    import torch
+
+    out = tmp_path / "run"
+    result = ponder("train", *quick, "--data-dir", tiny_mnist, "--out", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    config = json.loads((out / "config.json").read_text())
+    assert set(config) == {"ponder_cli", "config", "sources", "resumed_from", "resumed_after_epoch", "device", "amp",
+                           "processes", "not_applicable"}
+    sessions = json.loads((out / "environment.json").read_text())["sessions"]
+    assert len(sessions) == 1
+    first = sessions[0]
+    assert first["command"][0] == "ponder"  # then sys.argv: the test runner's own here
+    assert (first["ponder_cli"], first["torch"], first["python"]) == (ponder_cli.__version__, torch.__version__,
+                                                                    platform.python_version())
+    assert (first["device"], first["threads"], first["processes"]) == ("cpu", torch.get_num_threads(), 1)
+    package = Path(ponder_cli.__file__).resolve().parent
+    assert first["package"] == str(package)
+    head = subprocess.run(["git", "-C", str(package.parent), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:  # run from a clone
+        assert first["git"]["commit"] == head.stdout.strip()
+    # resumed in its own folder: a second session; resume and info read config.json as before
+    result = ponder("train", "--resume", out, "--epochs", 2, "--data-dir", tiny_mnist, "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert len(json.loads((out / "environment.json").read_text())["sessions"]) == 2
+    info = ponder("info", out, "-f", "json")
+    assert info.exit_code == 0 and json.loads(info.stdout)["epochs_trained"] == 2
+    assert json.loads(info.stdout)["sources"]["epochs"] == "given"

@@ -165,3 +165,27 @@ def test_the_shipped_parity_models_give_the_documented_figures(ponder, name, com
     report = json.loads(result.stdout)
     assert report["task"] == "parity" and [b["counts"] for b in report["buckets"]] == counts
     assert [round(b["accuracy"], 4) for b in report["buckets"]] == accuracies
+
+
+def test_ponder_models_lists_every_shipped_model_from_its_checkpoint(ponder):
+    import json
+
+    from ponder_cli.checkpoint import load_checkpoint
+    from ponder_cli.shipped import SHIPPED, shipped_path
+
+    result = ponder("models", "-f", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["command"] == "models" and report["default"] == "reference"
+    assert [b["name"] for b in report["buckets"]] == list(SHIPPED)
+    by_name = {b["name"]: b for b in report["buckets"]}
+    assert (by_name["align"]["task"], by_name["align"]["step"]) == ("mnist", "align")
+    assert (by_name["parity16-extrapolation-act"]["task"], by_name["parity16-extrapolation-act"]["method"]) == \
+        ("parity", "act")
+    for name, bucket in by_name.items():
+        state = load_checkpoint(bucket["file"])  # every file named exists
+        assert state.config == load_checkpoint(shipped_path(name)).config and bucket["best_epoch"] == state.best_epoch
+    # the reference model's best epoch, as docs/mnist-results.md reports it: 20 of 20
+    assert (by_name["reference"]["epochs"], by_name["reference"]["best_epoch"]) == (20, 20)
+    table = ponder("models").stdout
+    assert "Shipped models" in table and all(name in table for name in SHIPPED)

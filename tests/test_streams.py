@@ -41,7 +41,7 @@ def test_training_goes_on_when_its_reader_leaves_after_one_line(tiny_mnist, tmp_
     reader.stdin.close()
     assert trainer.wait(timeout=120) == READER_GONE
     assert reader.wait(timeout=10) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["best.pt", "config.json", "config.toml", "last.pt", "metrics.csv"]
+    assert sorted(p.name for p in out.iterdir()) == ["best.pt", "config.json", "config.toml", "environment.json", "last.pt", "metrics.csv"]
     assert load_checkpoint(out / "last.pt").epoch == 3
     assert [row["epoch"] for row in _rows(out / "metrics.csv")] == ["1", "2", "3"]
 
@@ -101,3 +101,66 @@ def test_chatter_drops_what_it_cannot_write_and_goes_on():
     alive = io.StringIO()
     Chatter(alive).write("using x\n")
     assert alive.getvalue() == "using x\n"
+
+
+# Output in an encoding short of UTF-8 -----------------------------------------------------------
+
+def test_text_is_spelled_in_ascii_only_where_the_encoding_lacks_a_character():
+    from ponder_cli.render import spelling_for
+
+    def stream(encoding):
+        return io.TextIOWrapper(io.BytesIO(), encoding=encoding)
+
+    text = "±22.5° · steps ✓ / ✗ · ρ → █▅▁ ★ ☃"
+    assert spelling_for(stream("utf-8"))(text) == text
+    assert spelling_for(stream("ascii"))(text) == "+-22.5 deg - steps ok / x - rho -> @+. * ?"
+    assert spelling_for(stream("latin-1"))(text) == "±22.5° · steps ok / x · rho -> @+. * ?"
+
+
+def _png(path):
+    from PIL import Image
+    Image.new("L", (28, 28)).save(path)
+    return path
+
+
+ENCODED = {  # every command that prints results, on the shipped models, as small as it goes
+    "eval": lambda data, tmp: ["eval", "--limit", 20, "--data-dir", data],
+    "extrapolate": lambda data, tmp: ["extrapolate", "align", "--limit", 20, "--data-dir", data],
+    "sweep": lambda data, tmp: ["sweep", "--every", 90, "--limit", 20, "--data-dir", data],
+    "compare": lambda data, tmp: ["compare", "reference", "align", "--angles", 45, "--limit", 20, "--data-dir", data],
+    "calibrate": lambda data, tmp: ["calibrate", "parity16", "--limit", 2],
+    "predict": lambda data, tmp: ["predict", "align", _png(tmp / "digit.png"), "--steps"],
+    "info": lambda data, tmp: ["info", "parity16-extrapolation-act"],
+    "models": lambda data, tmp: ["models"],
+    "train": lambda data, tmp: ["train", "--task", "parity", "--elems", 4, "--epochs", 1, "--batches-per-epoch", 2,
+                                "--batch-size", 8, "--out", tmp / "run"],
+}
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+@pytest.mark.parametrize("fmt", ["table", "json", "csv"])
+@pytest.mark.parametrize("command", list(ENCODED))
+def test_every_command_and_format_writes_to_a_narrow_encoding(command, fmt, encoding, tiny_mnist, tmp_path):
+    from typer.testing import CliRunner
+
+    from ponder_cli.cli import app
+
+    args = [str(a) for a in ENCODED[command](tiny_mnist, tmp_path)]
+    result = CliRunner(charset=encoding).invoke(app, [*args, "-f", fmt])
+    assert result.exit_code == 0, result.output
+    assert result.exception is None and "Traceback" not in result.output
+    assert result.stdout.strip()
+    if encoding == "ascii":
+        assert result.stdout_bytes.isascii()
+
+
+def test_a_real_ascii_stdout_gets_ascii_tables_and_sparklines(tiny_mnist):
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    done = subprocess.run([*PONDER, "eval", "--limit", "20", "--data-dir", str(tiny_mnist), "-f", "csv"],
+                          capture_output=True, env=env, timeout=120)
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr
+    spark = list(csv.DictReader(io.StringIO(done.stdout.decode("ascii"))))[0]["halting_spark"]
+    assert spark and set(spark) <= set(" .:-=+*#@")
+    done = subprocess.run([*PONDER, "eval", "--limit", "20", "--data-dir", str(tiny_mnist)], capture_output=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0 and b"steps +- sd" in done.stdout and b"Spearman rho" in done.stdout, done.stderr

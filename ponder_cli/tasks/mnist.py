@@ -199,7 +199,8 @@ def read_images(paths, invert=None, rotate=None):
                 pixels = frame_like_mnist(pixels)
             images.append(np.round(pixels * 255))  # MNIST's 256 levels: a 28x28 PNG reads back exactly
     raw = torch.from_numpy(np.stack(images)).float()  # (N, 28, 28) on the 0-255 scale of MNIST's bytes
-    angles = None if not rotate else torch.full((raw.shape[0],), float(rotate))
+    # a turn by whole circles changes nothing; taken off exactly here, it cannot overflow float32
+    angles = None if not rotate else torch.full((raw.shape[0],), math.fmod(float(rotate), 360.0))
     return names, prepare_batch(raw, angles)
 
 
