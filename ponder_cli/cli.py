@@ -244,13 +244,14 @@ def train(
 
     given = {name: value.value if isinstance(value, Enum) else value for name, value in locals().items()
              if name in PonderConfig.field_names() and value is not None}
-    for name in sorted(set(given) & set(EXPERIMENT_OPTIONS)):
-        _chatter(quiet)(f"note: --{name.replace('_', '-')} is kept for existing scripts; set {name} in a --config "
-                        f"file instead (docs/configuration.md)")
+    notes = tuple(f"note: --{name.replace('_', '-')} is kept for existing scripts; set {name} in a --config file "
+                  f"instead (docs/configuration.md)" for name in sorted(set(given) & set(EXPERIMENT_OPTIONS)))
     options = TrainOptions(resume=resume, out=out, data_dir=data_dir, download=download, device=device, amp=amp,
                            progress=_bars(quiet, progress), overwrite=overwrite, tensorboard=tensorboard,
-                           config_file=config)
+                           config_file=config, notes=notes)
     if print_config:
+        for note in notes:
+            _chatter(quiet)(note)
         cfg, sources = training_config(given, options)
         sys.stdout.write(render_config(cfg, sources, cfg.shown_fields(), "json" if fmt == OutputFormat.json else "toml"))
         return

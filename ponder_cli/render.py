@@ -199,7 +199,7 @@ def render_table(rows: list[dict], columns: list[Column], *, title: str | None =
                 _TABLE_OVERHEAD:
             # wider than the table, which would break it mid-word (a checkpoint's path): a line of
             # its own, wrapped at spaces only where the terminal is too narrow for it
-            console.print(part_title, justify="left", overflow="fold", highlight=False, markup=False)
+            console.print(part_title, justify="default", overflow="fold", highlight=False, markup=False)
             part_title = None
         table = Table(title=part_title, caption=caption if n == len(chunks) - 1 else None,
                       show_header=any(c.header for c in columns))  # a table of facts needs no header row

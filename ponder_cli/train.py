@@ -73,6 +73,47 @@ def _batch_metrics(method: Method, out, targets: torch.Tensor, coins: torch.Gene
     return torch.stack([(scores.argmax(dim=1) == targets).sum(), steps.sum()])
 
 
+def _optimizer_step(model, method: Method, optimizer, scaler, params: list, x, targets, cfg: PonderConfig, *,
+                    amp: bool):
+    """One batch: forward (truncated as the method allows), loss in float32, and the update in
+    nanoGPT's AMP order, scale -> backward -> unscale_ -> clip -> step -> update (the GradScaler
+    is off unless fp16). A batch whose loss or gradient is not finite is skipped rather than
+    poison the weights. Returns the forward's output, the loss parts and, as device booleans,
+    whether the batch was skipped and whether the scaler backed off."""
+    device = targets.device
+    with autocast(device, amp):
+        # Truncation lets a rank run fewer steps than another: no collective happens in
+        # here (see distributed.wrap); DDP synchronises in backward, once per batch.
+        out = model(x, stop=method.truncation(targets.shape[0], device))
+    loss = method.loss(out.logits, out.lambda_logits, targets)  # float32 outside autocast
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss.total).backward()
+    scaler.unscale_(optimizer)
+    if cfg.grad_clip > 0:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+    else:
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    # Under DDP the gradients (so grad_norm) are already averaged and equal on every rank, but
+    # the loss is this rank's own. Ranks that disagreed would step on some replicas and not on
+    # others, and the replicas would silently drift apart for good: decide jointly.
+    finite_loss = distributed.all_ranks(torch.isfinite(loss.total))
+    finite_grads = torch.isfinite(grad_norm)
+    if scaler.is_enabled():
+        # The scaler skips the step when the gradients are not finite (a non-finite loss
+        # makes them so too). With a finite loss that is its scale overflowing fp16: it halves
+        # the scale, a back-off, not a bad batch. Decided on the device when Adam is fused.
+        scaler.step(optimizer)
+        skipped = ~finite_loss
+        backed_off = finite_loss & ~finite_grads
+    else:
+        skipped = ~(finite_loss & finite_grads)
+        backed_off = torch.zeros_like(skipped)
+        if not skipped.item():  # the batch's one host sync
+            optimizer.step()
+    scaler.update()
+    return out, loss, skipped, backed_off
+
+
 def train_one_epoch(model: torch.nn.Module, method: Method, optimizer: torch.optim.Optimizer,
                     scaler: torch.amp.GradScaler, data, cfg: PonderConfig, *, amp: bool,
                     desc: str = "train", progress: bool = True) -> dict:
@@ -107,38 +148,8 @@ def train_one_epoch(model: torch.nn.Module, method: Method, optimizer: torch.opt
                       disable=not progress, dynamic_ncols=True):
         x, targets = source.batch(index)  # this rank's share of global batch `index`
         batch = targets.shape[0]
-        with autocast(device, amp):
-            # Truncation lets a rank run fewer steps than another: no collective happens in
-            # here (see distributed.wrap); DDP synchronises in backward, once per batch.
-            out = model(x, stop=method.truncation(batch, device))
-        loss = method.loss(out.logits, out.lambda_logits, targets)  # float32 outside autocast
-        optimizer.zero_grad(set_to_none=True)
-        # scale -> backward -> unscale_ -> clip -> step -> update (the GradScaler is off unless fp16)
-        scaler.scale(loss.total).backward()
-        scaler.unscale_(optimizer)
-        if cfg.grad_clip > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        else:
-            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-        # Under DDP the gradients (so grad_norm) are already averaged and equal on every rank, but
-        # the loss is this rank's own. Ranks that disagreed would step on some replicas and not on
-        # others, and the replicas would silently drift apart for good: decide jointly.
-        finite_loss = distributed.all_ranks(torch.isfinite(loss.total))
-        finite_grads = torch.isfinite(grad_norm)
-        if scaler.is_enabled():
-            # The scaler skips the step when the gradients are not finite (a non-finite loss
-            # makes them so too). With a finite loss that is its scale overflowing fp16: it halves
-            # the scale, a back-off, not a bad batch. Decided on the device when Adam is fused.
-            scaler.step(optimizer)
-            skipped = ~finite_loss
-            backed_off = finite_loss & ~finite_grads
-        else:
-            skipped = ~(finite_loss & finite_grads)
-            backed_off = torch.zeros_like(skipped)
-            if not skipped.item():
-                # Skip a non-finite batch rather than poison the weights: the batch's one host sync.
-                optimizer.step()
-        scaler.update()
+        out, loss, skipped, backed_off = _optimizer_step(model, method, optimizer, scaler, params, x, targets, cfg,
+                                                          amp=amp)
         with torch.no_grad():
             correct, steps = _batch_metrics(method, out, targets, metric_coins)
             values = torch.stack([loss.total * batch, loss.reconstruction * batch, loss.regularisation * batch,
@@ -238,60 +249,16 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
     result = TrainResult(out_dir=out_dir, best_accuracy=-1.0, best_epoch=0, last_epoch=0, stopped_early=False)
     epochs_without_improvement = 0
     if resume is not None:
-        resume.require_resumable(out_dir)
-        try:
-            model.load_state_dict(resume.model)
-            _load_optimizer_state(optimizer, resume.optimizer)
-            scheduler.load_state_dict(resume.scheduler)
-            if resume.scaler:
-                # A run saved without a live scaler (bf16 on the CPU, or AMP off) has an empty
-                # state, which an enabled scaler refuses: resumed with fp16 it starts a fresh
-                # scaler instead.
-                scaler.load_state_dict(resume.scaler)
-            _set_rng_state(resume.rng, device)
-            source.load_state(resume.rng.get("task"))
-            result.history = [EpochStats(**h) for h in resume.history]
-        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
-            raise PonderError(f"cannot resume: the checkpoint's training state does not fit ({brief(exc)})") from None
-        result.best_accuracy = resume.best_accuracy
-        result.best_epoch = resume.best_epoch
-        result.last_epoch = resume.epoch
-        epochs_without_improvement = resume.epochs_without_improvement
-        if cfg.patience and epochs_without_improvement >= cfg.patience:
-            raise PonderError(f"this run already stopped early after epoch {resume.epoch} "
-                              f"(no better validation accuracy for {cfg.patience} epochs); "
-                              "raise --patience to go on")
-
-    # Under torchrun DDP averages the gradients across ranks in backward; `model` stays the plain
-    # module for validation and checkpoints (no "module." prefix). DDP must be told when a
-    # parameter may get no gradient on a rank, and then searches every backward pass for such
-    # parameters (a graph walk, an extra collective and a host sync per batch). That happens
-    # only when a forward may stop after one step (one step, or truncation: a rank whose images
-    # all stop at step 1) and one step leaves some parameter out: h_0 = 0 never meets the mlp
-    # step's from_state; align's turn acts at step 1 only if halting sees it (its default).
-    may_stop_after_one_step = cfg.max_steps == 1 or cfg.truncation > 0
-    left_out = model.left_out_by_one_step() if distributed.active() and may_stop_after_one_step else []
-    parallel_model = distributed.wrap(model, device, find_unused_parameters=bool(left_out))
+        epochs_without_improvement = _resume(resume, cfg, out_dir, model, optimizer, scheduler, scaler, source, device,
+                                             result)
+    parallel_model = _data_parallel(model, cfg, device)
 
     for epoch in range(result.last_epoch + 1, cfg.epochs + 1):
         started = time.perf_counter()
         stats = train_one_epoch(parallel_model, method, optimizer, scaler, source, cfg, amp=amp,
                                 desc=f"epoch {epoch}/{cfg.epochs}", progress=progress)
-        if stats["skipped_batches"] + stats["scaler_backoffs"] == stats["batches"]:  # not one step taken
-            kept = (f"{out_dir / LAST} still holds the last good epoch" if (out_dir / LAST).is_file()
-                    else "no epoch was saved in " + str(out_dir))
-            raise PonderError(f"epoch {epoch}: every batch had a non-finite loss or gradient; training "
-                              f"stopped, {kept} (try a lower --lr)")
-        # Validation runs once, on rank 0, giving a single process's numbers (it draws from its
-        # own seeded generator, not the shared stream); broadcasting them makes every rank step
-        # the scheduler and early stopping alike. (The weights and the summed training loss are
-        # the same on every rank, so `improved` agrees too.)
-        if distributed.is_main():
-            val = task.validate(model, val_set, amp)
-        # (the halting-step histogram too, so that every rank's history is rank 0's)
-        val_accuracy, val_steps, *halting_histogram = distributed.broadcast_from_main(
-            [val.accuracy, val.mean_steps, *val.histogram] if distributed.is_main() else [0.0] * (2 + cfg.max_steps),
-            device)
+        _check_some_step_was_taken(stats, epoch, out_dir)
+        val_accuracy, val_steps, halting_histogram = _validate(task, model, val_set, cfg, device, amp)
         lr = optimizer.param_groups[0]["lr"]
         scheduler.step(val_accuracy)
         # A model with non-finite weights or training loss never becomes "best".
@@ -316,10 +283,7 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
             scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), best_accuracy=result.best_accuracy,
             best_epoch=result.best_epoch, epochs_without_improvement=epochs_without_improvement,
             history=[asdict(h) for h in result.history], rng=_rng_state(device, source))
-        if distributed.is_main():  # every rank holds this same state; one writes it
-            save_checkpoint(state, out_dir / LAST)
-            if improved:
-                save_checkpoint(state, out_dir / BEST)
+        _save(state, out_dir, improved)
         if on_epoch is not None:
             on_epoch(record)
         if cfg.patience and epochs_without_improvement >= cfg.patience:
@@ -327,3 +291,71 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
             break
     distributed.barrier()  # under torchrun every rank returns once rank 0 has written the checkpoints
     return result
+
+
+def _resume(resume: TrainingState, cfg: PonderConfig, out_dir: Path, model, optimizer, scheduler, scaler,
+            source: TrainingSource, device: torch.device, result: TrainResult) -> int:
+    """Continue from a checkpoint: weights, optimizer, scheduler, scaler, random streams and the
+    history; returns its epochs without improvement."""
+    resume.require_resumable(out_dir)
+    try:
+        model.load_state_dict(resume.model)
+        _load_optimizer_state(optimizer, resume.optimizer)
+        scheduler.load_state_dict(resume.scheduler)
+        if resume.scaler:
+            # A run saved without a live scaler (bf16 on the CPU, or AMP off) has an empty
+            # state, which an enabled scaler refuses: resumed with fp16 it starts a fresh
+            # scaler instead.
+            scaler.load_state_dict(resume.scaler)
+        _set_rng_state(resume.rng, device)
+        source.load_state(resume.rng.get("task"))
+        result.history = [EpochStats(**h) for h in resume.history]
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
+        raise PonderError(f"cannot resume: the checkpoint's training state does not fit ({brief(exc)})") from None
+    result.best_accuracy, result.best_epoch, result.last_epoch = resume.best_accuracy, resume.best_epoch, resume.epoch
+    if cfg.patience and resume.epochs_without_improvement >= cfg.patience:
+        raise PonderError(f"this run already stopped early after epoch {resume.epoch} "
+                          f"(no better validation accuracy for {cfg.patience} epochs); "
+                          "raise --patience to go on")
+    return resume.epochs_without_improvement
+
+
+def _data_parallel(model: torch.nn.Module, cfg: PonderConfig, device: torch.device) -> torch.nn.Module:
+    """Under torchrun DDP averages the gradients across ranks in backward; `model` stays the
+    plain module for validation and checkpoints (no "module." prefix). DDP must be told when a
+    parameter may get no gradient on a rank, and then searches every backward pass for such
+    parameters (a graph walk, an extra collective and a host sync per batch). That happens only
+    when a forward may stop after one step (one step, or truncation: a rank whose images all
+    stop at step 1) and one step leaves some parameter out: h_0 = 0 never meets the mlp step's
+    from_state; align's turn acts at step 1 only if halting sees it (its default)."""
+    may_stop_after_one_step = cfg.max_steps == 1 or cfg.truncation > 0
+    left_out = model.left_out_by_one_step() if distributed.active() and may_stop_after_one_step else []
+    return distributed.wrap(model, device, find_unused_parameters=bool(left_out))
+
+
+def _check_some_step_was_taken(stats: dict, epoch: int, out_dir: Path) -> None:
+    if stats["skipped_batches"] + stats["scaler_backoffs"] == stats["batches"]:  # not one step taken
+        kept = (f"{out_dir / LAST} still holds the last good epoch" if (out_dir / LAST).is_file()
+                else "no epoch was saved in " + str(out_dir))
+        raise PonderError(f"epoch {epoch}: every batch had a non-finite loss or gradient; training "
+                          f"stopped, {kept} (try a lower --lr)")
+
+
+def _validate(task, model: torch.nn.Module, val_set, cfg: PonderConfig, device: torch.device, amp: bool):
+    """Validation accuracy, mean steps and the halting-step histogram. It runs once, on rank 0,
+    giving a single process's numbers (it draws from its own seeded generator, not the shared
+    stream); broadcasting them makes every rank step the scheduler and early stopping alike (the
+    weights and the summed training loss are the same on every rank, so `improved` agrees too)."""
+    if distributed.is_main():
+        val = task.validate(model, val_set, amp)
+    val_accuracy, val_steps, *histogram = distributed.broadcast_from_main(
+        [val.accuracy, val.mean_steps, *val.histogram] if distributed.is_main() else [0.0] * (2 + cfg.max_steps),
+        device)
+    return val_accuracy, val_steps, histogram
+
+
+def _save(state: TrainingState, out_dir: Path, improved: bool) -> None:
+    if distributed.is_main():  # every rank holds this same state; one writes it
+        save_checkpoint(state, out_dir / LAST)
+        if improved:
+            save_checkpoint(state, out_dir / BEST)

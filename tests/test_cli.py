@@ -263,8 +263,9 @@ def _eval_report(checkpoint: str):
     from ponder_cli.config import PonderConfig
     from ponder_cli.reports import evaluation_report
 
-    return evaluation_report("eval", checkpoint, PonderConfig(), [_bucket(22.5, 0, 20)], None, protocol="uniform",
-                             halting="sample", seed=1234, with_loss=True, detail=False)
+    cfg = PonderConfig()
+    return evaluation_report("eval", checkpoint, cfg, [_bucket(22.5, 0, 20)], None, protocol="uniform",
+                             halting="sample", seed=1234, with_loss=True, detail=False, view=get_task(cfg).view())
 
 
 def test_a_title_wider_than_its_table_breaks_at_spaces_never_inside_a_path():

@@ -19,7 +19,6 @@ import torch
 import ponder_cli
 from ponder_cli import PonderError, distributed
 from ponder_cli import rotation as rotation_module
-from ponder_cli import train as train_module
 from ponder_cli.api import Interrupted
 from ponder_cli.checkpoint import load_checkpoint, load_model
 from ponder_cli.cli import app
@@ -82,7 +81,9 @@ def _rank_main(rank: int, world: int, ports: tuple, data_dir: Path, out: Path) -
     os.environ["MASTER_PORT"] = str(ports[1])
     os.chdir(out / "work")
     seen = {"out_dir": [], "computed": []}
-    real_train, real_truncated = train_module.train, PonderNet._forward_truncated
+    import ponder_cli.api.training as training_command  # where `ponder train` calls train()
+
+    real_train, real_truncated = training_command.train, PonderNet._forward_truncated
 
     def recording_train(*args, **kwargs):
         seen["out_dir"].append(str(kwargs["out_dir"]))
@@ -100,7 +101,7 @@ def _rank_main(rank: int, world: int, ports: tuple, data_dir: Path, out: Path) -
         seen.setdefault("find_unused_parameters", []).append(kwargs["find_unused_parameters"])
         return real_wrap(*args, **kwargs)
 
-    train_module.train, PonderNet._forward_truncated = recording_train, recording_truncated
+    training_command.train, PonderNet._forward_truncated = recording_train, recording_truncated
     distributed.wrap = recording_wrap
     try:
         _cli(["train", *ALIGN, "--data-dir", str(data_dir)], out, "align", rank)
@@ -111,7 +112,7 @@ def _rank_main(rank: int, world: int, ports: tuple, data_dir: Path, out: Path) -
              "align_defaults", rank)
         (out / f"align_defaults_seen{rank}.json").write_text(json.dumps(seen))
     finally:
-        train_module.train, PonderNet._forward_truncated = real_train, real_truncated
+        training_command.train, PonderNet._forward_truncated = real_train, real_truncated
         distributed.wrap = real_wrap
 
     os.environ["MASTER_PORT"] = str(ports[2])
@@ -212,7 +213,8 @@ def test_truncated_align_training_under_ddp_finishes_in_the_folder_rank_zero_cla
     runs = two_ranks / "work" / "runs"
     assert sorted(p.name for p in runs.iterdir()) == ["pondernet-align-seed1234", "pondernet-align-seed1234-2"]
     assert sorted(p.name for p in (runs / "pondernet-align-seed1234-2").iterdir()) == ["best.pt", "config.json",
-                                                                                       "config.toml", "last.pt",
+                                                                                       "config.toml",
+                                                                                       "environment.json", "last.pt",
                                                                                        "metrics.csv"]
     model, cfg, state = load_model(runs / "pondernet-align-seed1234-2" / "best.pt", "cpu")
     assert cfg.step == "align" and cfg.truncation == 0.01 and state.epoch == 1
@@ -373,6 +375,7 @@ def test_sigterm_to_one_rank_stops_every_rank_with_a_resume_hint(tiny_mnist, tmp
     assert f"resume with: torchrun ... -m ponder_cli train --resume {out / 'last.pt'}" in ours[0]
     assert "ponder_cli/" not in stderr and "race condition" not in stderr  # no traceback through our code
     assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".tmp")) == ["best.pt", "config.json",
-                                                                                     "config.toml", "last.pt",
+                                                                                     "config.toml",
+                                                                                     "environment.json", "last.pt",
                                                                                      "metrics.csv"]
     load_model(out / "last.pt", "cpu")

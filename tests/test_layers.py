@@ -21,7 +21,8 @@ DEFERRED = {
     ("cli", "distributed"): "torchrun plumbing only at the error boundary, under torchrun",
     ("cli", "tasks.mnist"): "MNIST's angle parsing loads torch through the task",
     ("cli_options", "config"): "every piece (so torch) loads only when --help asks for implied values",
-    ("api", "tensorboard_log"): "the tensorboard extra is optional",
+    ("api.training", "tensorboard_log"): "the tensorboard extra is optional",
+    ("api.run_folder", "tensorboard_log"): "the tensorboard extra is optional",
 }
 
 

@@ -59,7 +59,8 @@ def test_eval_counts_json_contract_and_the_same_numbers_twice(parity_run, ponder
         assert "rotation" not in bucket and bucket["loss"] > 0
 
 
-def test_eval_csv_and_table_name_counts(parity_run, ponder):
+def test_eval_csv_and_table_name_counts(parity_run, ponder, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")  # the table must fit an 80-column terminal
     result = ponder("eval", parity_run, "--counts", "2", "--limit", "8", "-f", "csv", "-q")
     rows = list(csv.DictReader(io.StringIO(result.stdout)))
     assert [(r["task"], r["counts"], r["lo"], r["hi"], r["images"]) for r in rows] == [("parity", "2", "2", "2", "8")]

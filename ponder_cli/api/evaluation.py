@@ -1,0 +1,235 @@
+"""eval, extrapolate, sweep, compare and calibrate: a model (or several) on the task's buckets,
+one report each."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Optional, Union
+
+from .. import PonderError
+from ..calibrate import choose_rule, rule_outcomes
+from ..checkpoint import load_model
+from ..config import PonderConfig, seed_problems
+from ..evaluate import evaluate_buckets
+from ..halting_rules import CALIBRATION_RULES, parse_exit_rule, parse_halting_rule
+from ..methods import get_method
+from ..registry import DEFAULT_PROTOCOL
+from ..reports import (Report, calibration_report, combine_draws, comparison_report, evaluation_report,
+                       group_by_configuration, mean_ci, sweep_report)
+from ..tasks import get_task
+from .loading import check_halting, device_and_amp, load_one, resolve_named
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """How to evaluate: shared by eval, extrapolate and compare."""
+    protocol: Optional[str] = None  # how test images are rotated; None: the task's default (MNIST: uniform)
+    halting: str = "sample"
+    seed: Optional[int] = None  # None: the checkpoint's training seed (compare: the default seed)
+    limit: int = 0  # first N test images (0: all)
+    batch_size: int = 1000
+    data_dir: Optional[Path] = None  # None: data.default_data_dir()
+    download: bool = True
+    device: str = "auto"
+    amp: Optional[bool] = None  # None: on for CUDA, off for the CPU
+    detail: bool = False
+    repeats: int = 1  # independent draws of rotations and coins (seeds seed, seed + 1, ...)
+
+    def __post_init__(self) -> None:
+        problems = seed_problems(self.seed, "--seed") if self.seed is not None else []
+        try:
+            parse_halting_rule(self.halting)
+        except ValueError as exc:
+            problems.append(f"--halting: {exc}")
+        if not 1 <= self.repeats <= 1000:
+            problems.append(f"--repeats must be between 1 and 1000 (got {self.repeats})")
+        if problems:
+            raise PonderError(problems[0])
+
+def _test_set(task, options: EvalOptions, device):
+    """What the task's buckets are drawn from (MNIST: the test set, its first --limit images)."""
+    return task.test_data(options, device)
+
+def _progress_bar(total: int, enabled: bool):
+    """One tick per bucket evaluated (per checkpoint and angle), on stderr."""
+    from tqdm import tqdm
+    return tqdm(total=total, desc="evaluating", unit="bucket", file=sys.stderr, disable=not enabled, leave=False,
+                dynamic_ncols=True)
+
+def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int, amp: bool, *,
+                  with_loss: bool, on_bucket: Optional[Callable[[], None]] = None):
+    """One dict per bucket of the task (means over `options.repeats` draws, seeds seed, seed + 1,
+    ...) and Spearman's rho between difficulty and steps (its mean over draws, with a 95% interval
+    when there are several). A bucket names its difficulty in the task's terms (MNIST:
+    "rotation" and "protocol"; parity: "counts", "lo", "hi")."""
+
+    task = get_task(cfg)
+    used = get_method(cfg).halting_label(options.halting)
+    draws, rhos = [], []
+    for k in range(options.repeats):
+        buckets_in = [lambda spec=spec, k=k: task.bucket(test, spec, specs, model.max_steps, seed + k, options.protocol)
+                      for spec in specs]
+        results, rho = evaluate_buckets(model, buckets_in, cfg, halting=options.halting,
+                                        batch_size=options.batch_size, detail=options.detail,
+                                        with_loss=with_loss, amp=amp, on_bucket=on_bucket)
+        rhos.append(rho)
+        buckets = []
+        for spec, result in zip(specs, results):
+            bucket = {**task.bucket_fields(spec, options.protocol), "halting": used, **result.as_dict()}
+            if not with_loss:
+                for key in ("loss", "reconstruction", "regularisation"):
+                    bucket.pop(key)
+            if not options.detail:
+                bucket.pop("accuracy_at_step")
+            buckets.append(bucket)
+        draws.append(buckets)
+    combined = [combine_draws([draw[b] for draw in draws]) for b in range(len(specs))]
+    rho, rho_ci = (None, None) if None in rhos else mean_ci(rhos)
+    return combined, rho, rho_ci
+
+def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], angles: Optional[list[float]],
+                        options: EvalOptions, *, counts: Optional[list[str]] = None,
+                        log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
+    """eval (with the loss) and extrapolate: one checkpoint, one bucket per angle (MNIST) or per
+    non-zero-count range (parity: `counts`, "LO-HI" texts); None: the task's default buckets for
+    the command. `checkpoint` is a CHECKPOINT argument (a file, a run folder, `latest`, a shipped
+    model's name; None: the shipped reference model); a "using ..." line says which file;
+    progress: a bar on stderr, one tick per bucket."""
+
+    path, dev, amp, model, cfg = load_one(checkpoint, options, log)
+    check_halting(cfg, options.halting)
+    task = get_task(cfg)
+    options = _with_protocol(task, options)
+    specs = task.parse_buckets(angles, counts, command)
+    with _progress_bar(len(specs) * options.repeats, progress) as bar:
+        test = _test_set(task, options, dev)
+        seed = cfg.seed if options.seed is None else options.seed
+        with_loss = command == "eval"
+        buckets, rho, rho_ci = _bucket_dicts(model, cfg, test, specs, options, seed, amp, with_loss=with_loss,
+                                             on_bucket=bar.update)
+    return evaluation_report(command, str(path), cfg, buckets, rho, protocol=_protocol(cfg, options),
+                             halting=buckets[0]["halting"], seed=seed, with_loss=with_loss, detail=options.detail,
+                             rho_ci=rho_ci, view=task.view())
+
+def _with_protocol(task, options: EvalOptions) -> EvalOptions:
+    """The options with the task's default protocol filled in; a protocol given to a task whose
+    buckets have none (parity) is refused rather than silently ignored."""
+    if task.uses_protocol:
+        return options if options.protocol is not None else replace(options, protocol=DEFAULT_PROTOCOL)
+    if options.protocol is not None:
+        raise PonderError(f"--protocol applies to mnist checkpoints (how test images are rotated); this one is a "
+                          f"{task.name} model, whose buckets are --counts")
+    return options
+
+def _protocol(cfg, options: EvalOptions) -> Optional[str]:
+    """The rotation protocol where the task has one (MNIST); null for parity."""
+    return options.protocol if get_task(cfg).uses_protocol else None
+
+def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float], stop: Optional[float],
+                     every: Optional[float], options: EvalOptions, *,
+                     log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
+    """MNIST: the test set rotated by exactly each angle from `start` to `stop` every `every`
+    degrees (default 0 to 180 every 5); parity: vectors of exactly each non-zero count (default 1
+    to elems). Accuracy and mean steps per bucket, and the least-squares slope of steps."""
+
+    path, dev, amp, model, cfg = load_one(checkpoint, options, log)
+    check_halting(cfg, options.halting)
+    task = get_task(cfg)
+    specs = task.sweep_specs(start, stop, every)
+    fixed = replace(options, protocol="fixed")
+    with _progress_bar(len(specs) * options.repeats, progress) as bar:
+        test = _test_set(task, options, dev)
+        seed = cfg.seed if options.seed is None else options.seed
+        buckets, rho, _ = _bucket_dicts(model, cfg, test, specs, fixed, seed, amp, with_loss=False,
+                                        on_bucket=bar.update)
+    return sweep_report(str(path), cfg, buckets, rho, halting=buckets[0]["halting"], seed=seed, view=task.view())
+
+def calibrate_checkpoint(checkpoint: Union[str, Path, None], angles: Optional[list[float]], options: EvalOptions, *,
+                         counts: Optional[list[str]] = None, tolerance: float = 0.005,
+                         rules: Optional[list[str]] = None, log: Callable[[str], None] = lambda line: None,
+                         progress: bool = False) -> Report:
+    """calibrate: every candidate exit rule (default halting_rules.CALIBRATION_RULES) on the
+    task's validation data (MNIST: the held-out training images, rotated as in training, or by
+    `angles` under options.protocol; parity: the validation vectors of the training range, or of
+    `counts`), and the cheapest rule that agrees with the last step on at least 1 - tolerance of
+    them (calibrate.choose_rule). options.repeats draws (seeds seed, seed + 1, ...) are pooled."""
+
+    if not (math.isfinite(tolerance) and 0 <= tolerance < 1):
+        raise PonderError(f"--tolerance must be at least 0 and below 1 (got {tolerance:g})")
+    subject = "calibrate" if rules is None else f"--rules {' '.join(map(str, rules))}"
+    try:
+        rules = [parse_exit_rule(rule).spelling for rule in (CALIBRATION_RULES if rules is None else rules)]
+    except ValueError as exc:
+        raise PonderError(f"--rules: {exc}") from None
+    path, dev, amp, model, cfg = load_one(checkpoint, options, log)
+    if model.max_steps == 1:
+        raise PonderError(f"{path} runs one step: every rule halts there, there is nothing to calibrate")
+    if any(get_method(cfg).halting_label(rule) != rule for rule in rules):
+        raise PonderError(f"{subject} applies to pondernet checkpoints; this one is {cfg.method}, which halts by its "
+                          f"own rule")
+    task = get_task(cfg)
+    options = _with_protocol(task, options)
+    specs = task.parse_buckets(angles, counts, "calibrate")
+    seed = cfg.seed if options.seed is None else options.seed
+    with _progress_bar(len(specs) * options.repeats, progress) as bar:
+        data = task.validation_data(options, dev)
+
+        def buckets():
+            for k in range(options.repeats):
+                for spec in specs:
+                    yield task.bucket(data, spec, specs, model.max_steps, seed + k, options.protocol)
+                    bar.update()
+        outcomes = rule_outcomes(model, buckets(), rules, batch_size=options.batch_size, amp=amp)
+    return calibration_report(str(path), cfg, outcomes, choose_rule(outcomes, tolerance), tolerance=tolerance,
+                              sets=[task.bucket_fields(spec, options.protocol) for spec in specs],
+                              protocol=_protocol(cfg, options), seed=seed, repeats=options.repeats, view=task.view())
+
+def _weights_digest(state_dict: dict) -> str:
+    digest = hashlib.sha1()
+    for key in sorted(state_dict):
+        digest.update(key.encode())
+        digest.update(state_dict[key].detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+def compare_checkpoints(checkpoints: list[Union[str, Path]], angles: Optional[list[float]], options: EvalOptions, *,
+                        counts: Optional[list[str]] = None, log: Callable[[str], None] = lambda line: None,
+                        progress: bool = False) -> Report:
+    """Several checkpoints on the same buckets (same inputs, same coin flips); checkpoints that
+    differ only in the seed are one method, reported as mean ± sd over its distinct models. They
+    must be of one task (parity: of one vector size); buckets as evaluate_checkpoint's."""
+
+    dev, amp = device_and_amp(options.device, options.amp)
+    seed = options.seed if options.seed is not None else _default_seed()
+    models, seen = {}, {}
+    paths = [resolve_named(checkpoint, log) for checkpoint in checkpoints]  # every name checked before loading
+    for path in paths:  # load every file first: a bad one fails before any evaluation
+        model, cfg, _ = load_model(path, dev)
+        digest = _weights_digest(model.state_dict())
+        if digest in seen:
+            log(f"{path}: the same model as {seen[digest]}, counted once")
+            continue
+        seen[digest] = path
+        models[str(path)] = (model, cfg)
+    kinds = sorted({f"{cfg.task}" + (f" with --elems {cfg.elems}" if cfg.task == "parity" else "")
+                    for _, cfg in models.values()})
+    if len(kinds) > 1:
+        raise PonderError(f"compare needs checkpoints of one task, evaluated on the same inputs (got {', '.join(kinds)})")
+    first = next(iter(models.values()))[1]
+    task = get_task(first)
+    options = _with_protocol(task, options)
+    angles = task.parse_buckets(angles, counts, "compare")
+    with _progress_bar(len(models) * len(angles) * options.repeats, progress) as bar:
+        test = _test_set(task, options, dev)
+        groups = group_by_configuration([(path, cfg) for path, (_, cfg) in models.items()])
+        results = [[_bucket_dicts(models[path][0], cfg, test, angles, options, seed, amp, with_loss=False,
+                                  on_bucket=bar.update)[0]
+                    for path, cfg in group.members] for group in groups]
+    return comparison_report(groups, results, angles, protocol=_protocol(first, options), halting=options.halting,
+                             seed=seed, repeats=options.repeats, view=task.view())
+
+def _default_seed() -> int:
+    return PonderConfig.default("seed")

@@ -1,0 +1,155 @@
+"""predict and info: looking inside a model, and into a run."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Union
+
+import torch
+
+from .. import PonderError
+from ..checkpoint import load_checkpoint, load_model
+from ..config import seed_problems
+from ..folders import BEST, CONFIG_FILE, LAST, LOCK_FILE
+from ..methods import get_method
+from ..reports import Report, info_report, prediction_report
+from ..runs import _lock_holder, resolve_checkpoint
+from ..tasks import InputOptions, get_task
+from .loading import check_halting, device_and_amp, resolve_named
+
+
+PLOT_INPUTS = 16  # strips in one --plot figure: more would not be readable
+
+@dataclass(frozen=True)
+class PredictOptions:
+    """How `ponder predict` reads the inputs and halts."""
+    halting: str = "sample"
+    seed: Optional[int] = None  # the halting coins' seed; None: the checkpoint's training seed (as eval)
+    invert: Optional[bool] = None  # images: None detects a dark digit on a light background
+    rotate: Optional[float] = None  # images: degrees, counter-clockwise, before anything else
+    steps: bool = False  # each step's figures (top class, probability, lambda_n, p_n, the step's own)
+    views: bool = False  # each step's view of the input, for --plot
+    device: str = "auto"
+    batch_size: int = 256
+
+    def __post_init__(self) -> None:
+        problems = seed_problems(self.seed, "--seed") if self.seed is not None else []
+        if self.rotate is not None and not math.isfinite(self.rotate):
+            problems.append(f"--rotate must be a finite number of degrees (got {self.rotate})")
+        if problems:
+            raise PonderError(problems[0])
+
+def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, Path]], options: PredictOptions, *,
+                   log: Callable[[str], None] = lambda line: None) -> Report:
+    """A model on the user's own files: the task reads them (MNIST: images and .npy arrays;
+    parity: vectors), every step runs (the full forward pass), and the method picks the
+    prediction and halting step under `options.halting` exactly as evaluation does, with the
+    halting coins drawn from a generator seeded by `options.seed`. One bucket per input."""
+
+
+    if not inputs:
+        raise PonderError("predict needs at least one INPUT file")
+    path = resolve_named(checkpoint, log)
+    dev, _ = device_and_amp(options.device, False)
+    model, cfg, _ = load_model(path, dev)
+    check_halting(cfg, options.halting)
+    task, method = get_task(cfg), get_method(cfg)
+    read = task.read_inputs([Path(p) for p in inputs], InputOptions(options.invert, options.rotate))
+    seed = cfg.seed if options.seed is None else options.seed
+    count = len(read.names)
+    uniforms = torch.rand(model.max_steps, count, generator=torch.Generator().manual_seed(seed))
+    used = method.halting_label(options.halting)
+    whole = not method.needs_all_steps(options.halting)  # whole steps, not the expected rule's sum_n n p_n
+    buckets, views = [], []
+    with torch.inference_mode():
+        for start in range(0, count, options.batch_size):
+            end = min(start + options.batch_size, count)
+            traces: list = []
+            out = model(read.x[start:end].to(dev), traces=traces)
+            scores, halted = method.predict(out.logits, out.lambda_logits, uniforms[:, start:end].to(dev),
+                                            options.halting)
+            chosen = method.probabilities(scores, options.halting)
+            step_probs = torch.softmax(out.logits.float(), dim=-1)  # (steps, B, classes)
+            figures = {"class": step_probs.argmax(-1), "probability": step_probs.amax(-1),
+                       "lambda": torch.sigmoid(out.lambda_logits.float()),
+                       "p": method.halting_distribution(out.lambda_logits),
+                       **{key: torch.stack([t.values[key] for t in traces]).float() for key in traces[0].values}}
+            figures = {key: value.cpu().T.tolist() for key, value in figures.items()}  # (B, steps)
+            for row in range(end - start):
+                bucket = {"input": read.names[start + row], "prediction": int(chosen[row].argmax()),
+                          "probability": float(chosen[row].max()), "halting": used,
+                          "halting_step": int(halted[row]) if whole else float(halted[row])}
+                if options.steps or options.views:
+                    bucket["steps"] = [{"step": n + 1, **{key: values[row][n] for key, values in figures.items()}}
+                                       for n in range(model.max_steps)]
+                buckets.append(bucket)
+            if options.views and len(views) < PLOT_INPUTS:
+                stacked = torch.stack([t.view for t in traces]).float().cpu()  # (steps, B, ...)
+                views += [stacked[:, row].reshape(model.max_steps, -1, stacked.shape[-1]).tolist()
+                          for row in range(min(end - start, PLOT_INPUTS - len(views)))]
+    if options.views and count > PLOT_INPUTS:
+        log(f"--plot draws the first {PLOT_INPUTS} of the {count} inputs")
+    view = task.view()
+    return prediction_report(str(path), cfg, buckets, halting=used, seed=seed, steps=options.steps, views=views,
+                             view=view, rotate=options.rotate, invert=options.invert)
+
+def _info_file(target: Union[str, Path, None]):
+    """What `ponder info` reads: a run folder's last.pt (the whole history; best.pt when the
+    folder has no last.pt, as the shipped models' folders), else as runs.resolve_checkpoint."""
+
+    folder = Path(target) if target is not None else None
+    if folder is not None and folder.is_dir() and not any((folder / name).is_file() for name in (LAST, BEST)):
+        raise PonderError(f"{folder} holds no {LAST} or {BEST}: name a run folder, a checkpoint file, "
+                          f"latest or a shipped model")
+    file = BEST if folder is not None and folder.is_dir() and not (folder / LAST).is_file() else LAST
+    return resolve_checkpoint(target, file=file)
+
+def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lambda line: None) -> Report:
+    """A checkpoint or a run folder described: its task, method and step, the resolved
+    configuration (and where each value came from, when the folder's config.json says), the
+    epochs trained, the best epoch's validation figures, whether the run finished, stopped early,
+    is training now or was interrupted, and one bucket per epoch of its history."""
+
+
+    resolved = _info_file(target)
+    log(f"using {resolved.path} ({resolved.why})")
+    state = load_checkpoint(resolved.path)
+    cfg, folder = state.config, resolved.path.parent
+    sources = {}
+    if (folder / CONFIG_FILE).is_file():
+        try:
+            saved = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+            if saved.get("config") == cfg.to_dict():  # the same run's record, not a stale one
+                sources = saved.get("sources") or {}
+        except (OSError, ValueError, AttributeError):
+            pass
+    stopped_early = bool(cfg.patience) and state.epochs_without_improvement >= cfg.patience
+    holder = _lock_holder(folder / LOCK_FILE)
+    resumable = all(getattr(state, key) is not None for key in state.RESUME_KEYS)
+    if resolved.path.name != LAST and state.epoch == state.best_epoch:
+        # a best.pt (the shipped models among them) is a snapshot of the best epoch: it cannot tell
+        # how its run went on
+        status = f"its run's best epoch, saved after epoch {state.epoch} of {cfg.epochs}"
+        if (folder / LAST).is_file():
+            status += f"; the run's latest state is {folder / LAST}"
+    elif holder is not None:
+        status = f"training now (PID {holder})"
+    elif stopped_early:
+        status = f"stopped early after epoch {state.epoch} (no better validation accuracy for {cfg.patience} epochs)"
+    elif state.epoch < cfg.epochs:
+        status = f"interrupted after epoch {state.epoch} of {cfg.epochs}"
+        if resumable:
+            status += f"; resume with: ponder train --resume {resolved.path}"
+    else:
+        status = "finished"
+    best = next((h for h in state.history if h.get("epoch") == state.best_epoch), None)
+    summary = {"file": str(resolved.path), "status": status, "epochs_trained": state.epoch,
+               "epochs_planned": cfg.epochs, "best_epoch": state.best_epoch or None,
+               "best_val_accuracy": best["val_accuracy"] if best else None,
+               "best_val_steps": best["val_steps"] if best else None, "stopped_early": stopped_early,
+               "resumable": resumable}
+    return info_report(str(resolved.path), cfg, [dict(h) for h in state.history], summary,
+                       shown=cfg.shown_fields(), sources=sources, view=get_task(cfg).view())

@@ -1,0 +1,40 @@
+"""What every command that reads a model does first: the device, the CHECKPOINT argument resolved
+and said on stderr, the model loaded, the halting rule checked against its method."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from .. import PonderError
+from ..checkpoint import load_model
+from ..methods import get_method
+from ..runs import resolve_checkpoint
+from ..runtime import resolve_device
+
+
+def device_and_amp(device: str, amp: Optional[bool]):
+
+    dev = resolve_device(device)
+    return dev, (dev.type == "cuda" if amp is None else amp)
+
+def resolve_named(checkpoint, log: Callable[[str], None]):
+    """The file a CHECKPOINT argument names (runs.resolve_checkpoint), saying which on stderr."""
+
+    resolved = resolve_checkpoint(checkpoint)
+    log(f"using {resolved.path} ({resolved.why})")
+    return resolved.path
+
+def load_one(checkpoint, options, log: Callable[[str], None]):
+    """The model a CHECKPOINT argument names (default: the shipped reference model) and its device."""
+
+    path = resolve_named(checkpoint, log)
+    dev, amp = device_and_amp(options.device, options.amp)
+    model, cfg, _ = load_model(path, dev)
+    return path, dev, amp, model, cfg
+
+def check_halting(cfg, rule: str) -> None:
+    """Refuse a rule the checkpoint's method cannot halt by (compare instead shows each method's own)."""
+
+    problem = get_method(cfg).halting_problem(rule)
+    if problem is not None:
+        raise PonderError(problem)

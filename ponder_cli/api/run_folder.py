@@ -1,0 +1,94 @@
+"""The folder a training run writes to, from claiming it to letting it go (runs.py says where it
+is and what it may be; this is the run's own handle on it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from .. import PonderError
+from ..checkpoint import load_checkpoint
+from ..config import applies
+from ..environment import session, write_environment
+from ..folders import LAST
+from ..runs import (MetricsFile, RunLock, TrainingPlan, carry_best_checkpoint, claim_run_dir, remove_if_empty_run_dir,
+                    write_run_config)
+from ..train import EpochStats
+
+
+class RunFolder:
+    """Claimed once everything else is known to be fine (nothing is written before): locked, the
+    resolved configuration (config.json, config.toml) and the environment (environment.json)
+    written, metrics.csv (and TensorBoard events) begun. Every finished epoch is recorded; on
+    the way out the lock is released, and a folder this run made that holds no epoch is removed
+    so that the next run takes its name. Under torchrun, rank 0 alone claims it."""
+
+    def __init__(self, plan: TrainingPlan, *, device: str, amp: bool, processes: int, tensorboard: bool,
+                 log: Callable[[str], None], command: str = "ponder train"):
+        self.plan, self.device, self.amp, self.processes = plan, device, amp, processes
+        self.tensorboard, self.log, self.command = tensorboard, log, command
+        self.saved: list[int] = []  # epochs this run has written to last.pt
+        self.lock: Optional[RunLock] = None
+        self.made = False  # whether this run created the folder
+        self.files: list = []  # metrics.csv, and the TensorBoard events when asked for
+        self.copies: list[str] = []  # files copied in when resuming into another folder
+        self.launched = time.time()
+
+    def claim(self) -> Path:
+        plan = self.plan
+        existed = plan.out_dir.exists() and not plan.fresh_folder
+        out_dir = claim_run_dir(plan)
+        self.made = not existed
+        self.lock = RunLock(out_dir).acquire()
+        carried = carry_best_checkpoint(plan)
+        if carried is not None:
+            self.log(f"{carried}: the run's best epoch so far (epoch {plan.resume.best_epoch}), copied from "
+                     f"{plan.resumed.path.parent}")
+            self.copies.append(carried.name)
+        cfg = plan.cfg
+        write_run_config(out_dir, cfg, plan.sources, resumed_from=str(plan.resumed.path) if plan.resumed else None,
+                         resumed_after_epoch=plan.resume.epoch if plan.resume else None, device=self.device,
+                         amp=self.amp, processes=self.processes,
+                         not_applicable=[name for name in cfg.field_names() if not applies(name, cfg.chosen())])
+        same_folder = plan.resume is not None and out_dir.resolve() == plan.resumed.path.parent.resolve()
+        write_environment(out_dir, session(self.device, self.processes), keep_earlier=same_folder)
+        # a resumed run's rows so far come from its checkpoint's history
+        self.files.append(MetricsFile(out_dir, [f.name for f in dataclasses.fields(EpochStats)]))
+        self.files[0].start(plan.resume.history if plan.resume else [])
+        if self.tensorboard:
+            from ..tensorboard_log import EventLog
+            self.files.append(EventLog(out_dir, resumed_after=plan.resume.epoch if plan.resume else None))
+        return out_dir
+
+    def record(self, stats: EpochStats) -> None:
+        """An epoch saved to last.pt: one row in every metrics file."""
+        self.saved.append(stats.epoch)
+        for file in self.files:
+            file.append(dataclasses.asdict(stats))
+
+    def saved_epoch(self) -> Optional[int]:
+        """The epoch last.pt holds: read from disk, since an interrupt may land between saving an
+        epoch and recording it, in either order of the two."""
+        last = self.plan.out_dir / LAST
+        if last.exists() and (self.saved or self.plan.resume is not None or last.stat().st_mtime >= self.launched):
+            try:
+                return load_checkpoint(last).epoch
+            except PonderError:
+                pass
+        return self.saved[-1] if self.saved else None
+
+    def resume_hint(self) -> str:
+        epoch, last = self.saved_epoch(), self.plan.out_dir / LAST
+        if epoch is None:
+            return "no epoch had completed; nothing was saved"
+        return f"epoch {epoch} is saved in {last}; resume with: {self.command} --resume {last}"
+
+    def release(self, finished: bool) -> None:
+        if self.lock is not None:
+            self.lock.release()
+        for file in self.files:
+            file.close()
+        if not finished and self.made:
+            remove_if_empty_run_dir(self.plan.out_dir, carried=self.copies)

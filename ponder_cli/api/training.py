@@ -1,0 +1,130 @@
+"""train: a run planned, its folder claimed and locked, trained, reported."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Union
+
+from .. import PonderError, brief, distributed
+from ..config import PonderConfig
+from ..config_file import read_config_file
+from ..data import resolve_data_dir
+from ..render import config_lines, epoch_line
+from ..reports import Report, training_report
+from ..runs import (plan_training, resolve_config)
+from ..runtime import amp_dtype
+from ..tasks import get_task
+from ..train import train
+from .loading import device_and_amp
+from .run_folder import RunFolder
+from .signals import Interrupted, Terminated, _SigTerm, ignore_signals, sigterm_as_interrupt
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    resume: Union[str, Path, None] = None  # a CHECKPOINT argument (runs.resolve_checkpoint; folders: last.pt)
+    out: Optional[Path] = None  # None: a fresh runs/<method>-<step>-seed<seed> (or the resumed run's folder)
+    data_dir: Optional[Path] = None
+    download: bool = True
+    device: str = "auto"
+    amp: Optional[bool] = None
+    progress: bool = True
+    overwrite: bool = False  # write into a folder that holds another run's checkpoints (or the shipped ones)
+    tensorboard: bool = False  # TensorBoard event files in the run folder too (tensorboard_log.py)
+    config_file: Optional[Path] = None  # settings read from a file (config_file.py); `given` overrides them
+    notes: tuple = ()  # lines to say first (under torchrun, rank 0 alone says them)
+
+def _settings(given: dict, config_file: Optional[Path]) -> tuple[dict, dict]:
+    """The settings of a run: the file's, overridden by the options given; and the file's source
+    label for each setting it gave that no option overrode."""
+    from_file = read_config_file(config_file) if config_file is not None else {}
+    return {**from_file, **given}, {name: f"file {config_file}" for name in from_file if name not in given}
+
+def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, dict]:
+    """What `ponder train` would train with, and where each value comes from, without training
+    (`--print-config`): the resumed run's configuration with --resume."""
+    settings, file_sources = _settings(given, options.config_file)
+    cfg, sources, _, _ = resolve_config(settings, options.resume)
+    return cfg, {**sources, **file_sources}
+
+def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = lambda line: None) -> Optional[Report]:
+    """Train with the options the user gave (see runs.plan_training) and report the run.
+
+    The run folder is locked while training (runs.RunLock). SIGTERM stops training like Ctrl-C:
+    the last completed epoch is in last.pt and the error says how to resume.
+
+    Under torchrun (distributed.launch) every process calls this with the same arguments and
+    trains on its share of every global batch of --batch-size images, on cuda:LOCAL_RANK on
+    CUDA. All of them check everything before the process group starts; then rank 0 alone claims
+    and locks the run folder (and tells the others which it is), logs, writes the checkpoints
+    and returns the report, the others return None. A peer lost mid-run is one PonderError with
+    the resume hint. After an interrupt or any other error the process group is left as it is
+    (its shutdown can abort when peers are gone): leave at once with distributed.leave_now, as
+    the CLI's error boundary does.
+    """
+
+    if options.tensorboard:
+        from ..tensorboard_log import require_tensorboard
+        require_tensorboard()
+    where = distributed.launch()  # torchrun's RANK, LOCAL_RANK, WORLD_SIZE; None for a plain process
+    main = where is None or where.main
+    if not main:
+        log = lambda line: None  # noqa: E731  rank 0 alone speaks
+    for note in options.notes:
+        log(note)
+    settings, file_sources = _settings(given, options.config_file)
+    plan = plan_training(settings, resume=options.resume, out=options.out, overwrite=options.overwrite)
+    plan.sources.update(file_sources)
+    cfg = plan.cfg
+    if plan.resumed is not None:
+        log(f"using {plan.resumed.path} ({plan.resumed.why})")
+    distributed.check_batch_size(cfg.batch_size, where)
+    dev, amp = device_and_amp(options.device, options.amp)
+    dev = distributed.device_for(dev, where)
+    for line in config_lines(cfg.to_dict(), plan.sources, shown=cfg.shown_fields()):
+        log(line)
+    folder = RunFolder(plan, device=str(dev), amp=amp, processes=where.world_size if where else 1,
+                       tensorboard=options.tensorboard, log=log,
+                       command="torchrun ... -m ponder_cli train" if where else "ponder train")
+
+    def on_epoch(stats) -> None:
+        folder.record(stats)
+        log(epoch_line(stats, cfg.epochs))
+
+    finished = False
+    with sigterm_as_interrupt(torchrun=where is not None):
+        try:
+            task = get_task(cfg)
+            train_set, val_set = task.load_training(resolve_data_dir(options.data_dir), options.download)
+            distributed.setup(dev, where)  # the process group, under torchrun only: every rank is ready
+            plan.out_dir = distributed.on_main(folder.claim)
+            log(f"writing checkpoints to {plan.out_dir}/")
+            train_set, val_set = task.to_device(train_set, dev), task.to_device(val_set, dev)
+            log(_training_line(cfg, task.describe(train_set, val_set), dev, amp, where, plan))
+            started = time.perf_counter()
+            result = train(cfg, train_set, val_set, device=dev, out_dir=plan.out_dir, amp=amp, resume=plan.resume,
+                           on_epoch=on_epoch, progress=options.progress and main)
+            finished = True
+        except KeyboardInterrupt as exc:
+            raise (Terminated if isinstance(exc, _SigTerm) else Interrupted)(folder.resume_hint()) from None
+        except RuntimeError as exc:
+            if not distributed.lost_peer(exc):
+                raise
+            ignore_signals()  # torchrun's SIGTERM follows: this rank is on its way out already
+            # Another rank died or stalled: the collective this rank was in failed instead of hanging.
+            raise PonderError(f"training stopped: another process of the run failed or stopped answering "
+                              f"({brief(exc)}); {folder.resume_hint()}") from None
+        finally:
+            folder.release(finished)
+    distributed.teardown()
+    return training_report(cfg, result, time.perf_counter() - started, view=get_task(cfg).view()) if main else None
+
+
+def _training_line(cfg, data: str, dev, amp: bool, where, plan) -> str:
+    """What is trained on what: `training pondernet (step mlp) on 55000 images, ..., device cpu`."""
+    return (f"training {cfg.method} (step {cfg.step}) {data}, device {dev}"
+            f"{', amp ' + str(amp_dtype(dev)).removeprefix('torch.') if amp else ''}"
+            f"{f', {where.world_size} processes, global batch {cfg.batch_size}' if where else ''}"
+            f"{', resuming after epoch ' + str(plan.resume.epoch) if plan.resume else ''}")
