@@ -169,6 +169,10 @@ class PonderConfig:
     elems: int = 64
     train_counts: str = ""
     batches_per_epoch: int = 1000
+    # parity's count curriculum: over the first `curriculum` batches (0: off) the top training count
+    # grows linearly from `curriculum_start` to the top of train_counts
+    curriculum: int = 0
+    curriculum_start: int = 2
     # gru: LayerNorm on the new state, orthogonal recurrent blocks, update-gate bias (min-pondernet)
     gru_layer_norm: bool = False
     gru_orthogonal: bool = False
@@ -186,7 +190,7 @@ class PonderConfig:
                      "epochs", "batch_size", "val_size", "batches_per_epoch"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name.replace('_', '-')} must be > 0 (got {getattr(self, name)})")
-        for name in ("patience", "lr_patience", "train_size"):
+        for name in ("patience", "lr_patience", "train_size", "curriculum"):
             if getattr(self, name) < 0:
                 problems.append(f"{name.replace('_', '-')} must be >= 0 (got {getattr(self, name)})")
         for name in ("lambda_p", "beta", "tau", "act_epsilon", "lr", "grad_clip", "train_rotation", "lr_factor",
@@ -231,6 +235,9 @@ class PonderConfig:
                 parse_count_range(self.train_counts, self.elems)
             except PonderError as exc:
                 problems.append(f"train-counts: {exc}")
+        if self.curriculum and isinstance(self.elems, int) and not 1 <= self.curriculum_start <= self.elems:
+            problems.append(f"curriculum-start must be a count from 1 to elems ({self.elems}) "
+                            f"(got {self.curriculum_start})")
         if not 0 <= self.turn_gate <= 1:
             problems.append(f"turn-gate must be in [0, 1], a fraction of the largest turn (got {self.turn_gate})")
         if not 0 <= self.truncation < 1:

@@ -31,7 +31,8 @@ from .config import PonderConfig, applies
 # Every configuration field in the table of the piece it belongs to (a test checks that each
 # field is in exactly one, and that fields a step, method or task reads sit in its table).
 SECTIONS = {
-    "task": ("task", "elems", "train_counts", "batches_per_epoch", "train_rotation", "val_size", "train_size"),
+    "task": ("task", "elems", "train_counts", "batches_per_epoch", "curriculum", "curriculum_start", "train_rotation",
+             "val_size", "train_size"),
     "step": ("step", "hidden", "hidden_cnn", "hidden_lin", "kernel_size", "cnn_dropout", "cnn_dropout_mask",
              "mlp_dropout", "align_turn", "turn_gate", "gru_layer_norm", "gru_orthogonal", "gru_update_bias"),
     "method": ("method", "max_steps", "halting_input", "halting_bias", "lambda_p", "beta", "tau", "act_epsilon",

@@ -13,6 +13,7 @@ from ponder_cli.checkpoint import load_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.reports import META_KEYS
 from ponder_cli.tasks import get_task
+from ponder_cli.tasks.parity import curriculum_top
 from ponder_cli.tasks.parity import ParityBatches, parity_batch, split_range
 
 # 8 elements, 3 steps, 4 batches of 32 per epoch: a run takes about a second
@@ -130,6 +131,44 @@ def test_the_generator_state_round_trips():
     second = ParityBatches(cfg, "cpu")
     second.load_state(state)
     assert torch.equal(second.batch(1)[0], following[0])
+
+
+def test_the_curriculum_raises_the_top_count_linearly_then_holds_it():
+    # 1-16, over 8 batches from 4: tops 4 + 12 * drawn // 8
+    assert [curriculum_top(drawn, 1, 16, 8, 4) for drawn in range(10)] == [4, 5, 7, 8, 10, 11, 13, 14, 16, 16]
+    assert curriculum_top(0, 1, 16, 0, 4) == 16  # off
+    assert curriculum_top(0, 6, 16, 8, 2) == 6  # never below the range's bottom
+
+
+def test_curriculum_batches_stay_under_the_top_and_resume_where_they_were(tmp_path):
+    cfg = PonderConfig.from_options(task="parity", elems=16, batch_size=64, curriculum=4, curriculum_start=2)
+    source = ParityBatches(cfg, "cpu")
+    tops = []
+    for index in range(6):
+        x, _ = source.batch(index)
+        tops.append(int((x != 0).sum(dim=1).max()))
+        if index == 2:
+            state = source.state()
+    assert tops[0] <= 2 and tops[1] <= 5 and tops[2] <= 9 and tops[3] <= 12 and max(tops[4:]) > 12
+    resumed = ParityBatches(cfg, "cpu")
+    resumed.load_state(state)
+    assert resumed.drawn == 3  # the curriculum goes on where it was
+    straight = ParityBatches(cfg, "cpu")
+    for index in range(4):
+        expected = straight.batch(index)[0]
+    assert torch.equal(resumed.batch(3)[0], expected)
+
+def test_the_curriculum_is_a_config_setting_of_parity_alone(tmp_path, ponder, one_error_line):
+    path = tmp_path / "c.toml"
+    path.write_text('[task]\ntask = "parity"\nelems = 8\ncurriculum = 100\ncurriculum_start = 3\n')
+    printed = ponder("train", "--config", path, "--print-config")
+    assert "curriculum = 100" in printed.stdout and "curriculum_start = 3" in printed.stdout
+    path.write_text("[task]\ncurriculum = 100\n")
+    assert one_error_line(ponder("train", "--config", path, "--print-config")) == \
+        "Error: --curriculum applies to --task parity, not mnist"
+    path.write_text('[task]\ntask = "parity"\nelems = 8\ncurriculum = 10\ncurriculum_start = 9\n')
+    assert "curriculum-start must be a count from 1 to elems (8) (got 9)" in \
+        one_error_line(ponder("train", "--config", path, "--print-config"))
 
 
 def test_resume_continues_the_training_stream(ponder, tmp_path):

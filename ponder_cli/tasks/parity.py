@@ -117,34 +117,48 @@ def range_text(lo: int, hi: int) -> str:
     return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
+def curriculum_top(drawn: int, lo: int, hi: int, batches: int, start: int) -> int:
+    """The top training count after `drawn` batches of a curriculum over `batches` batches that
+    starts at `start`: linear from start to hi, then hi (batches 0: no curriculum)."""
+    if batches <= 0 or drawn >= batches:
+        return hi
+    start = min(max(lo, start), hi)
+    return start + (hi - start) * drawn // batches
+
+
 class ParityBatches(TrainingSource):
     """An epoch: `batches_per_epoch` batches drawn on the training device from the run's own
-    generator. Under torchrun every rank draws the same global batch and keeps its slice."""
+    generator, the counts uniform up to the curriculum's top (curriculum_top). Under torchrun
+    every rank draws the same global batch and keeps its slice."""
 
     def __init__(self, cfg, device):
         self.cfg, self.device = cfg, torch.device(device)
         self.lo, self.hi = cfg.train_range()
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self.drawn = 0  # batches drawn so far in the run: where the curriculum is
 
     def start_epoch(self) -> int:
         return self.cfg.batches_per_epoch
 
     def batch(self, index: int):
-
-        drawn = parity_batch(self.cfg.batch_size, self.cfg.elems, self.lo, self.hi, self.generator)
+        top = curriculum_top(self.drawn, self.lo, self.hi, self.cfg.curriculum, self.cfg.curriculum_start)
+        drawn = parity_batch(self.cfg.batch_size, self.cfg.elems, self.lo, top, self.generator)
+        self.drawn += 1
         if not distributed.active():
             return drawn.x, drawn.labels
         rows = distributed.shard(torch.arange(self.cfg.batch_size, device=self.device))
         return drawn.x[rows], drawn.labels[rows]
 
     def state(self) -> Optional[dict]:
-        return {"generator": self.generator.get_state(), "device": self.device.type}
+        return {"generator": self.generator.get_state(), "device": self.device.type, "drawn": self.drawn}
 
     def load_state(self, state: Optional[dict]) -> None:
         # A generator's state belongs to its device type: a run resumed on another kind of
-        # device starts that device's stream afresh from the seed.
+        # device starts that device's stream afresh from the seed (the curriculum goes on).
         if state and state.get("device") == self.device.type:
             self.generator.set_state(state["generator"])
+        if state:
+            self.drawn = int(state.get("drawn", 0))
 
 
 def vector_bucket(data: ParityBatch, max_steps: int, seed: int):
@@ -217,7 +231,7 @@ class ParityTask(Task):
     # units, lambda_p 0.1 (the paper's best for interpolation), clipping at 1 (and the default
     # Adam 1e-3)
     implied = {"step": "gru", "hidden": 128, "lambda_p": 0.1, "grad_clip": 1.0}
-    reads = ("elems", "train_counts", "batches_per_epoch")
+    reads = ("elems", "train_counts", "batches_per_epoch", "curriculum", "curriculum_start")
 
     def _range(self) -> tuple[int, int]:
         return self.cfg.train_range()
