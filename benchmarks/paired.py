@@ -142,7 +142,6 @@ def summary(results: list[tuple[dict, dict]], key: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=("epoch", "command"))
-    parser.add_argument("ponder_args", nargs="*", help="command: the ponder arguments, after --")
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--against", metavar="REV", help="B is commit REV's ponder_cli (default: this tree's)")
     parser.add_argument("--a", action="append", default=[], metavar="FIELD=VALUE", help="epoch: a config change for A")
@@ -151,7 +150,10 @@ def main() -> None:
     parser.add_argument("--mnist", action="store_true", help="epoch: MNIST from $PONDER_DATA_DIR, not synthetic digits")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--set", action="append", default=[], help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)  # command: the ponder arguments follow --
+    args = parser.parse_args(argv[:split])
+    args.ponder_args = argv[split + 1:]
 
     if args.child is not None:  # one measurement
         if args.mode == "epoch":
