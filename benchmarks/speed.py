@@ -12,6 +12,9 @@ and the same figures for a reference-style step function that recomputes the CNN
 Training runs what `ponder train` runs: the library's epoch (train.train_one_epoch) with its
 optimizer (Adam, fused on CUDA) and GradScaler (on with fp16), and AMP on for CUDA unless
 --no-amp, as `ponder train` has it.
+
+Its figures are single runs: to compare two versions or two configurations on a busy machine,
+use benchmarks/paired.py (paired, alternating runs and their ratios).
 """
 
 from __future__ import annotations

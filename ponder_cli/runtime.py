@@ -1,8 +1,9 @@
-"""Device choice and mixed precision, shared by training and evaluation."""
+"""Device choice, mixed precision and the optimizer, shared by training and evaluation."""
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
 
@@ -46,3 +47,37 @@ def autocast(device: torch.device, enabled: bool):
     if not enabled:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=amp_dtype(device))
+
+
+class Adam(torch.optim.Adam):
+    """torch.optim.Adam, running its own code, without importing torch's compiler stack.
+
+    torch.optim wraps these methods so that torch.compile leaves them alone, and each wrapper
+    imports torch._dynamo on its first call (over a second on a 2-core CPU) although nothing is
+    compiled: no option of Adam's avoids it. These call the methods the wrappers wrap; ponder
+    never compiles an optimizer.
+    """
+
+    _add_param_group = inspect.unwrap(torch.optim.Optimizer.add_param_group)
+    _zero_grad = inspect.unwrap(torch.optim.Optimizer.zero_grad)
+    _state_dict = inspect.unwrap(torch.optim.Optimizer.state_dict)
+    _load_state_dict = inspect.unwrap(torch.optim.Optimizer.load_state_dict)
+    _step = inspect.unwrap(torch.optim.Adam.step)
+
+    def add_param_group(self, param_group: dict) -> None:
+        self._add_param_group(param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._zero_grad(set_to_none)
+
+    def state_dict(self) -> dict:
+        return self._state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._load_state_dict(state_dict)
+
+    def step(self, closure=None):
+        # what the step's wrapper does besides importing torch._dynamo: no autograd graph for
+        # the update unless the optimizer is differentiable
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return self._step(closure)

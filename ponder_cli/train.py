@@ -17,7 +17,7 @@ from .checkpoint import TrainingState, new_model, save_checkpoint
 from .config import PonderConfig
 from .folders import BEST, LAST
 from .methods import Method, get_method
-from .runtime import autocast, grad_scaler
+from .runtime import Adam, autocast, grad_scaler
 from .tasks import TrainingSource, get_task
 
 
@@ -205,7 +205,7 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
 def make_optimizer(model: torch.nn.Module, cfg: PonderConfig, device: torch.device) -> torch.optim.Adam:
     """Adam, fused on CUDA: one kernel updates every parameter, and with the GradScaler it skips an
     overflowed step on the device instead of reading the overflow flag on the host."""
-    return torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=True if device.type == "cuda" else None)
+    return Adam(model.parameters(), lr=cfg.lr, fused=True if device.type == "cuda" else None)
 
 
 # How Adam runs, not what it has learnt: a checkpoint written on one device resumes on another.

@@ -29,10 +29,10 @@ def test_split_first_layer_equals_linear_on_concatenation():
 def test_mlp_step_dropout_masks_differ_per_step_and_vanish_in_eval():
     model = small_model().train()
     context, _ = model.step.start(torch.randn(4, 1, 28, 28), 6)
-    masks = context[1]  # (B, steps, L), scaled by 1 / (1 - p)
+    masks = context[0]  # (B, steps, L), scaled by 1 / (1 - p)
     assert masks.shape == (4, 6, 16) and set(masks.unique().tolist()) <= {0.0, 1 / 0.8}
     assert not torch.equal(masks[:, 0], masks[:, 1])
-    assert model.eval().step.start(torch.randn(4, 1, 28, 28), 6)[0][1] is None
+    assert model.eval().step.start(torch.randn(4, 1, 28, 28), 6)[0][0] is None
 
 
 def test_per_step_cnn_mask_on_pooled_maps_equals_masking_conv2_output():
@@ -50,17 +50,88 @@ def test_per_step_cnn_mask_gives_each_step_its_own_embedding_only_in_training():
     shared, fresh = small_model(max_steps=4), small_model(max_steps=4, cnn_dropout_mask="per-step")
     assert torch.equal(shared(x).logits, fresh(x).logits)  # same weights; eval mode has no dropout
 
-    context, _ = fresh.train().step.start(x, 4)
-    channel_masks = context[3]  # (B, steps, 20, 1, 1)
+    encoder = fresh.train().step.encoder
+    channel_masks = encoder.channel_masks(4, encoder.maps(x, dropout=False))  # (B, steps, 20, 1, 1)
     assert channel_masks.shape == (64, 4, 20, 1, 1) and set(channel_masks.unique().tolist()) == {0.0, 2.0}
     assert 0.4 < (channel_masks == 0).float().mean() < 0.6  # Dropout2d's p = 0.5
     assert not torch.equal(channel_masks[:, 0], channel_masks[:, 1])
-    # step n's embedding is that of the pooled maps under step n's mask
-    state, _, _ = fresh.step(context, (None,), 2)
-    embedding = fresh.step.encoder.head((context[2] * channel_masks[:, 2]).flatten(1))
-    expected = fresh.step.mlp(fresh.step.mlp.from_embedding(embedding), None, context[1][:, 2])
-    assert torch.equal(state[0], expected)
-    assert shared.train().step.start(x, 4)[0][3] is None  # shared: one embedding for every step
+    context, _ = fresh.step.start(x, 4)
+    assert len(context) == 1 + 4  # the MLP's masks, then one embedding share per step
+    assert not torch.equal(context[1], context[2])
+    state, _, _ = fresh.step(context, (None,), 2)  # step n reads its own embedding
+    assert torch.equal(state[0], fresh.step.mlp(context[3], None, context[0][:, 2]))
+    assert len(shared.train().step.start(x, 4)[0]) == 2  # shared: one embedding for every step
+
+
+def _start_as_rerunning_fc(step, x, steps):
+    """The per-step masks as first written: fc reruns on each step's masked maps. Draws what
+    `start` draws, in the same order: the channel masks, then the MLP's masks."""
+    encoder = step.encoder
+    maps = encoder.maps(x, dropout=False)
+    channel_masks = encoder.channel_masks(steps, maps)  # (B, steps, 20, 1, 1)
+    masks = step.mlp.dropout_masks(steps, x.shape[0], maps)
+    heads = [encoder.head((maps * channel_masks[:, n]).flatten(1)) for n in range(steps)]  # (B, hidden_cnn) each
+    # the bound on reordering each head's sum: every term |mask * map * weight|, summed
+    term_sums = [(maps * channel_masks[:, n]).flatten(1).abs() @ encoder.fc.weight.abs().T + encoder.fc.bias.abs()
+                 for n in range(steps)]
+    return masks, heads, term_sums, maps, channel_masks
+
+
+def test_per_step_cnn_masks_project_each_channel_once_exactly_as_rerunning_fc():
+    """fc on the masked maps, rerun at every step, against the channel projections weighed by
+    each step's mask: the same products (a mask of 0 or 2 scales exactly) summed in another order.
+
+    Tolerances. A float32 sum of n terms in any order is within n * eps/2 * sum|terms| of the
+    exact sum, so two orders differ by at most n * eps * sum|terms| (n = 320 + the bias): that
+    bound is checked per element for the embeddings. Gradients are sums over the batch, the steps
+    and the pixels (thousands of terms) reordered the same way; they are checked to 1e-5 of each
+    tensor's largest entry, about ten times the largest difference seen (2e-6, conv1's bias).
+    """
+    torch.manual_seed(0)
+    model = new_model(PonderConfig(max_steps=20, cnn_dropout_mask="per-step")).train()  # the default sizes
+    step, x, steps = model.step, torch.randn(128, 1, 28, 28), 20
+
+    torch.manual_seed(1)
+    masks, heads, term_sums, maps, channel_masks = _start_as_rerunning_fc(step, x, steps)
+    after_reference = torch.get_rng_state()
+    torch.manual_seed(1)
+    context, _ = step.start(x, steps)
+    # the same random draws, in the same order: a seeded run's dropout stream is unchanged
+    assert torch.equal(torch.get_rng_state(), after_reference)
+    assert torch.equal(context[0], masks)
+
+    new_heads = step.encoder.masked_heads(maps, channel_masks)  # (B, steps, hidden_cnn)
+    n_terms = step.encoder.fc.in_features + 1
+    for n in range(steps):
+        bound = n_terms * torch.finfo(torch.float32).eps * term_sums[n]
+        assert ((new_heads[:, n] - heads[n]).abs() <= bound).all()
+
+    weights = torch.randn(steps, 128, 64)  # a loss that weighs every step's embedding differently
+    params = [p for name, p in step.named_parameters() if not name.startswith(("mlp.from_state", "mlp.to_state"))]
+    reference = torch.stack([step.mlp.from_embedding(h) for h in heads])  # (steps, B, L)
+    ours = torch.stack(context[1:])
+    torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
+    expected = torch.autograd.grad((reference * weights).sum(), params)
+    got = torch.autograd.grad((ours * weights).sum(), params)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5 * e.abs().max().item())
+
+
+def test_per_step_cnn_masks_cost_about_as_many_flops_as_one_shared_mask():
+    """Training forward and backward of the default model: fc rerunning on every step's masked
+    maps made per-step masks cost 1.76 times the shared mask's FLOPs; weighing each channel's
+    projection leaves the first MLP layer, now run per step, as the only extra (1.15 times)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def training_flops(mask):
+        torch.manual_seed(0)
+        model = new_model(PonderConfig(cnn_dropout_mask=mask)).train()
+        with FlopCounterMode(display=False) as counter:
+            out = model(torch.randn(128, 1, 28, 28))
+            (out.logits.sum() + out.lambda_logits.sum()).backward()
+        return counter.get_total_flops()
+
+    assert training_flops("per-step") <= 1.2 * training_flops("shared")
 
 
 def test_sample_halting_takes_first_firing_step():

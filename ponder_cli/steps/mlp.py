@@ -61,6 +61,18 @@ class ImageEncoder(nn.Module):
         """
         return dropout_mask((maps.shape[0], steps, maps.shape[1], 1, 1), self.conv2_drop.p, maps)
 
+    def channel_projections(self, maps: torch.Tensor) -> torch.Tensor:  # (B, 20, side, side) -> (B, 20, out)
+        """Each channel's share of fc (without its bias): fc is linear in the maps, so a channel
+        mask can weigh these 20 shares instead of fc rerunning on every masked copy of the maps."""
+        weight = self.fc.weight.view(self.fc.out_features, maps.shape[1], -1)  # (out, 20, side * side)
+        return torch.einsum("bck,ock->bco", maps.flatten(2), weight)
+
+    def masked_heads(self, maps: torch.Tensor, channel_masks: torch.Tensor) -> torch.Tensor:
+        """head((maps * channel_masks[:, n]).flatten(1)) for every step n at once: (B, steps, out),
+        from channel_masks (B, steps, 20, 1, 1)."""
+        projections = self.channel_projections(maps)  # (B, 20, out)
+        return F.relu(torch.baddbmm(self.fc.bias, channel_masks.flatten(2), projections))
+
     def head(self, features: torch.Tensor) -> torch.Tensor:
         return F.relu(self.fc(features))
 
@@ -121,18 +133,16 @@ class MLPStep(StepFunction):
             # the convolutions run once; each step embeds them under its own channel mask
             maps = self.encoder.maps(x, dropout=False)  # (B, 20, side, side)
             channel_masks = self.encoder.channel_masks(steps, maps)  # (B, steps, 20, 1, 1)
-            embedding_part = None
+            # one tensor per step: a step reading a slice of one (B, steps, L) tensor would cost
+            # its backward pass a zero-filled gradient of the whole tensor
+            embedding_parts = self.mlp.from_embedding(self.encoder.masked_heads(maps, channel_masks)).unbind(1)
         else:
-            maps = channel_masks = None
-            embedding_part = self.mlp.from_embedding(self.encoder(x))  # (B, L), once per image
-        like = maps if embedding_part is None else embedding_part
-        masks = self.mlp.dropout_masks(steps, x.shape[0], like)  # (B, steps, L) or None
-        return (embedding_part, masks, maps, channel_masks), (None,)
+            embedding_parts = (self.mlp.from_embedding(self.encoder(x)),)  # (B, L), once per image
+        masks = self.mlp.dropout_masks(steps, x.shape[0], embedding_parts[0])  # (B, steps, L) or None
+        return (masks, *embedding_parts), (None,)
 
     def forward(self, context, state, n):
-        embedding_part, masks, maps, channel_masks = context
-        if embedding_part is None:
-            embedding = self.encoder.head((maps * channel_masks[:, n]).flatten(1))
-            embedding_part = self.mlp.from_embedding(embedding)  # (B, L)
+        masks, *embedding_parts = context  # embedding_parts: (B, L) each, one for every step or one per step
+        embedding_part = embedding_parts[n if len(embedding_parts) > 1 else 0]
         h = self.mlp(embedding_part, state[0], None if masks is None else masks[:, n])
         return (h,), h, None

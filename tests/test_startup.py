@@ -1,0 +1,51 @@
+"""Start-up cost: what a command imports before its first batch, and that avoiding it changes
+no arithmetic."""
+
+import subprocess
+import sys
+
+import torch
+
+from ponder_cli.config import PonderConfig
+from ponder_cli.train import make_optimizer
+
+
+def test_training_and_evaluation_never_import_the_compiler_stack(tiny_mnist, tmp_path):
+    """torch.optim's wrappers import torch._dynamo (over a second) on first use; a whole train,
+    resume and eval must not."""
+    code = ("import sys; from ponder_cli.cli import app\n"
+            "try: app(sys.argv[1:], prog_name='ponder')\n"
+            "except SystemExit as done: assert not done.code, done.code\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('torch._dynamo', 'torch._inductor'))))")
+    common = ["--data-dir", str(tiny_mnist)]
+    for args in (["train", "--epochs", "1", "--max-steps", "2", "--val-size", "100", "--batch-size", "100",
+                  "--out", str(tmp_path / "run")],
+                 ["train", "--resume", str(tmp_path / "run"), "--epochs", "2", "--val-size", "100"],
+                 ["eval", str(tmp_path / "run"), "--limit", "50"]):
+        done = subprocess.run([sys.executable, "-c", code, *args, *common], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[-1] == "[]", args
+
+
+def test_the_optimizer_updates_exactly_as_torch_adam():
+    """Steps, zero_grad and a state_dict round trip, bit for bit against torch.optim.Adam."""
+    def model_and_batch():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)), torch.randn(32, 8)
+
+    ours_model, x = model_and_batch()
+    theirs_model, _ = model_and_batch()
+    cfg = PonderConfig(lr=3e-3)
+    ours = make_optimizer(ours_model, cfg, torch.device("cpu"))
+    theirs = torch.optim.Adam(theirs_model.parameters(), lr=3e-3)
+    for step in range(6):
+        for model, optimizer in ((ours_model, ours), (theirs_model, theirs)):
+            optimizer.zero_grad()
+            model(x * (step + 1)).square().mean().backward()
+            optimizer.step()
+        if step == 2:  # a resume in the middle
+            ours.load_state_dict(ours.state_dict())
+    for a, b in zip(ours_model.parameters(), theirs_model.parameters()):
+        assert torch.equal(a, b) and a.grad_fn is None
+    torch.testing.assert_close(ours.state_dict(), theirs.state_dict(), rtol=0, atol=0)
