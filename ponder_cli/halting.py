@@ -93,10 +93,6 @@ def survival_threshold(q: float) -> float:
     return math.log1p(-q)
 
 
-def median_halting_steps(lambda_logits: torch.Tensor) -> torch.Tensor:
-    """The median rule: quantile 1/2."""
-    return quantile_halting_steps(lambda_logits, 0.5)
-
 
 def patience_halting_steps(logits: torch.Tensor, patience: int) -> torch.Tensor:
     """1-based first step n whose predicted class argmax y_n is also that of each of the

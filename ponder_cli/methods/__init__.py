@@ -31,9 +31,6 @@ class Method:
         """What this method cannot train with, as messages for the user."""
         return []
 
-    def init_halting_bias(self, bias: torch.Tensor) -> None:
-        """Set the halting head's bias after the model's default initialisation."""
-
     def halting_label(self, rule: str) -> str:
         """The halting rule that really applies when the user asks for `rule`."""
         return rule
@@ -79,11 +76,11 @@ def get_method(cfg) -> Method:
 
 def build_model(cfg, classes: int) -> torch.nn.Module:
     """The model for a config predicting `classes` classes (the task's), its halting head's
-    initial bias --halting-bias when given, else the method's own (ACT: +1)."""
+    initial bias the config's halting_bias, else the one the method implies (ACT: Graves' +1; a
+    config built without from_options has none), else PyTorch's default initialisation."""
     model = PonderNet(cfg, classes=classes)
-    with torch.no_grad():
-        if cfg.halting_bias is not None:
-            model.halting_head.bias.fill_(cfg.halting_bias)
-        else:
-            get_method(cfg).init_halting_bias(model.halting_head.bias)
+    bias = cfg.halting_bias if cfg.halting_bias is not None else method_class(cfg.method).implied.get("halting_bias")
+    if bias is not None:
+        with torch.no_grad():
+            model.halting_head.bias.fill_(bias)
     return model

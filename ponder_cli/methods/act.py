@@ -39,9 +39,6 @@ class ACTMethod(Method):
     implied = {"halting_bias": INITIAL_HALTING_BIAS}
     reads = ("max_steps", "halting_input", "halting_bias", "turn_gate", "tau", "act_epsilon", "truncation")
 
-    def init_halting_bias(self, bias):
-        bias.fill_(INITIAL_HALTING_BIAS)
-
     def halting_label(self, rule):
         return "act"
 
