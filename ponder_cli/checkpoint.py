@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import PonderError, brief
+from . import PonderError, brief, special_file_kind
 from .config import PonderConfig
 from .methods import build_model
 from .tasks import get_task
@@ -184,6 +184,9 @@ def load_checkpoint(path: Path | str, map_location="cpu") -> TrainingState:
         raise PonderError(f"checkpoint {path} does not exist (train one with `ponder train`)")
     if path.is_dir():
         raise PonderError(f"checkpoint {path} is a directory, not a file")
+    kind = special_file_kind(path)
+    if kind is not None:  # a pipe would block the read below until something writes to it
+        raise PonderError(f"checkpoint {path} is {kind}, not a regular file")
     kind = _not_a_torch_file(path)
     if kind is not None:
         raise PonderError(f"{path} is {kind}, not a ponder_cli checkpoint")

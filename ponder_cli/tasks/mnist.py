@@ -20,7 +20,7 @@ from ..data import ImageSet, load_mnist, prepare_batch, resolve_data_dir, train_
 from ..evaluate import EvalBucket, EvalResult, evaluate_bucket
 from ..reports import TaskView, Terms
 from ..rotation import protocol_angles, uniform_angles
-from . import Task, TrainingSource, UserInputs, check_input_file, load_array
+from . import Task, TrainingSource, UserInputs, check_input_file, load_inputs
 
 EVAL_ANGLES, EXTRAPOLATION_ANGLES = [0.0], [22.5, 45.0, 67.5, 90.0]
 SIDE = 28  # MNIST's images are 28x28
@@ -158,15 +158,7 @@ def _npy_images(path):
     """A .npy array of 28x28 images (N, 28, 28), or one (28, 28), as floats in [0, 1]: uint8 (and
     any array with values above 1) is read as 0-255, other numbers as 0-1."""
 
-    array = load_array(path)
-    if array.ndim == 2:
-        array = array[None]
-    if array.ndim != 3 or array.shape[1:] != (SIDE, SIDE) or array.shape[0] == 0:
-        raise PonderError(f"{path}: an array of shape {tuple(array.shape)}; this model reads 28x28 images: "
-                          f"give shape (N, 28, 28)")
-    if array.dtype.kind not in "biuf":
-        raise PonderError(f"{path}: an array of {array.dtype}, not of numbers")
-    array = array.astype(np.float64)
+    array = load_inputs(path, (SIDE, SIDE), "28x28 images").astype(np.float64)
     if not np.isfinite(array).all() or array.min() < 0 or array.max() > 255:
         raise PonderError(f"{path}: pixel values must be finite, in 0-1 or 0-255 (got {array.min():g} to "
                           f"{array.max():g})")
