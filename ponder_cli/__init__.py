@@ -19,6 +19,11 @@ class PonderError(Exception):
     run_wide = False
 
 
+class PonderWarning(UserWarning):
+    """Something the user should know about a result that goes ahead all the same (a blank image,
+    a model whose weights are not finite); the CLI prints it as one `Warning:` line on stderr."""
+
+
 def brief(exc: BaseException | str, limit: int = 160) -> str:
     """An exception's message for a one-line error: its first sentence, on one line, cut at a
     word boundary with "…" when still long (PyTorch's messages run to paragraphs of advice and

@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
+from ponder_cli import PonderWarning
 from ponder_cli.checkpoint import TrainingState, load_model, save_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import prepare_batch, synthetic_digits
@@ -171,6 +172,25 @@ def test_the_plot_draws_a_strip_per_input(ponder, checkpoint, digits, tmp_path):
 def test_bad_input_is_one_error_line_naming_the_file(ponder, one_error_line, checkpoint, tmp_path, make, needle):
     line = one_error_line(ponder("predict", checkpoint, make(tmp_path)))
     assert needle in line
+
+
+def test_a_blank_image_is_predicted_with_a_warning(ponder, checkpoint, digits, tmp_path):
+    Image.new("L", (40, 30), 255).save(tmp_path / "white.png")  # a light background, no digit: 0 once inverted
+    np.save(tmp_path / "grey.npy", np.stack([np.full((28, 28), 0.5), np.zeros((28, 28))]))
+    with pytest.warns(PonderWarning) as caught:
+        names, _ = read_images([tmp_path / "white.png", digits[1][0], tmp_path / "grey.npy"])
+    assert len(names) == 4
+    grey = tmp_path / "grey.npy"
+    expected = [f"{tmp_path / 'white.png'} is blank: all its pixels are 0 (of 255) as the model reads it, so its "
+                "prediction means nothing",
+                f"{grey}[0] is blank: all its pixels are 128 (of 255) as the model reads it, so its prediction means "
+                "nothing", f"{grey}[1] is blank: all its pixels are 0 (of 255) as the model reads it, so its "
+                "prediction means nothing"]
+    assert [str(w.message) for w in caught] == expected
+    # the CLI predicts them all, with one Warning line each on stderr (--quiet too)
+    result = ponder("predict", checkpoint, tmp_path / "white.png", digits[1][0], grey, "-q", "-f", "json")
+    assert result.exit_code == 0 and len(json.loads(result.stdout)["buckets"]) == 4
+    assert result.stderr.splitlines() == [f"Warning: {line}" for line in expected]
 
 
 # parity ----------------------------------------------------------------------------------------

@@ -9,12 +9,13 @@ angles under a protocol (uniform, band, fixed: rotation.protocol_angles).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Optional
 
 import numpy as np
 import torch
 
-from .. import PonderError, distributed
+from .. import PonderError, PonderWarning, distributed
 from ..config import MAX_ANGLE, PonderConfig
 from ..data import ImageSet, load_mnist, prepare_batch, resolve_data_dir, train_val_split
 from ..evaluate import EvalBucket, EvalResult, evaluate_bucket
@@ -165,6 +166,14 @@ def _npy_images(path):
     return array / 255 if array.max() > 1 else array
 
 
+def warn_if_blank(image, name: str) -> None:
+    """An image that is one value all over, as the model reads it (inverted and framed), shows
+    nothing to read: it is predicted all the same, with a warning."""
+    if image.min() == image.max():
+        warnings.warn(f"{name} is blank: all its pixels are {image.flat[0]:g} (of 255) as the model reads it, so its "
+                      f"prediction means nothing", PonderWarning, stacklevel=2)
+
+
 def read_images(paths, invert=None, rotate=None):
     """Image files (PNG, JPEG, anything Pillow reads; any size and mode) and .npy arrays of shape
     (N, 28, 28) -> names and normalised inputs (N, 1, 28, 28) exactly as training and evaluation
@@ -180,16 +189,18 @@ def read_images(paths, invert=None, rotate=None):
         check_input_file(path, "image files or .npy arrays")
         if path.suffix.lower() == ".npy":
             found = list(_npy_images(path))
-            names += [f"{path}[{i}]" for i in range(len(found))] if len(found) > 1 else [str(path)]
+            labels = [f"{path}[{i}]" for i in range(len(found))] if len(found) > 1 else [str(path)]
         else:
-            found = [_gray(path)]
-            names.append(str(path))
-        for pixels in found:
+            found, labels = [_gray(path)], [str(path)]
+        for label, pixels in zip(labels, found):
             light = _light_background(pixels) if invert is None else invert
             pixels = 1 - pixels if light else pixels
             if pixels.shape != (SIDE, SIDE):
                 pixels = frame_like_mnist(pixels)
-            images.append(np.round(pixels * 255))  # MNIST's 256 levels: a 28x28 PNG reads back exactly
+            image = np.round(pixels * 255)  # MNIST's 256 levels: a 28x28 PNG reads back exactly
+            warn_if_blank(image, label)
+            names.append(label)
+            images.append(image)
     raw = torch.from_numpy(np.stack(images)).float()  # (N, 28, 28) on the 0-255 scale of MNIST's bytes
     # a turn by whole circles changes nothing; taken off exactly here, it cannot overflow float32
     angles = None if not rotate else torch.full((raw.shape[0],), math.fmod(float(rotate), 360.0))
