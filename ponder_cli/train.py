@@ -86,7 +86,8 @@ def duration_estimate(epoch_seconds: float, epochs: int) -> Optional[str]:
         return None
     if epochs == 1:
         return f"about {rough_duration(epoch_seconds)} for 1 epoch"
-    return f"about {rough_duration(epoch_seconds)} an epoch, {rough_duration(epoch_seconds * epochs)} for {epochs} epochs"
+    total = rough_duration(epoch_seconds * epochs)
+    return f"about {rough_duration(epoch_seconds)} an epoch, {total} for {epochs} epochs"
 
 
 class TimedSource(TrainingSource):
