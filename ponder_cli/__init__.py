@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 
 __version__ = "0.2.0"
 
@@ -17,6 +19,11 @@ class PonderError(Exception):
     run_wide = False
 
 
+class PonderWarning(UserWarning):
+    """Something the user should know about a result that goes ahead all the same (a blank image,
+    a model whose weights are not finite); the CLI prints it as one `Warning:` line on stderr."""
+
+
 def brief(exc: BaseException | str, limit: int = 160) -> str:
     """An exception's message for a one-line error: its first sentence, on one line, cut at a
     word boundary with "…" when still long (PyTorch's messages run to paragraphs of advice and
@@ -29,3 +36,17 @@ def brief(exc: BaseException | str, limit: int = 160) -> str:
     if text[limit - 1] != " " and " " in head:  # do not end inside a word
         head = head.rsplit(" ", 1)[0]
     return head.rstrip(" ,;:(") + "…"
+
+
+_SPECIAL_FILES = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+                  (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_file_kind(path) -> str | None:
+    """What a path is when it exists but is neither a regular file nor a folder ("a named pipe
+    (FIFO)", "a character device": /dev/null), for messages; None for anything else."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return next((kind for test, kind in _SPECIAL_FILES if test(mode)), None)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import PonderError, brief
+from . import PonderError, PonderWarning, brief, special_file_kind
 from .config import PonderConfig
 from .methods import build_model
 from .tasks import get_task
@@ -184,6 +184,9 @@ def load_checkpoint(path: Path | str, map_location="cpu") -> TrainingState:
         raise PonderError(f"checkpoint {path} does not exist (train one with `ponder train`)")
     if path.is_dir():
         raise PonderError(f"checkpoint {path} is a directory, not a file")
+    kind = special_file_kind(path)
+    if kind is not None:  # a pipe would block the read below until something writes to it
+        raise PonderError(f"checkpoint {path} is {kind}, not a regular file")
     kind = _not_a_torch_file(path)
     if kind is not None:
         raise PonderError(f"{path} is {kind}, not a ponder_cli checkpoint")
@@ -200,7 +203,19 @@ def load_checkpoint(path: Path | str, map_location="cpu") -> TrainingState:
         raise PonderError(f"checkpoint {path} is not a readable checkpoint (corrupt data)") from None
     except Exception as exc:  # truncated, empty, not a torch file at all
         raise PonderError(f"checkpoint {path} is not a readable checkpoint ({brief(exc)})") from None
-    return TrainingState.from_dict(payload, path)
+    state = TrainingState.from_dict(payload, path)
+    warn_if_not_finite(state.model, path)
+    return state
+
+
+def warn_if_not_finite(weights: dict, path: Path | str) -> None:
+    """A model with NaN or inf among its weights computes nothing meaningful: say so, but load it
+    all the same (to look inside it, or to resume from the epoch before)."""
+    bad = [name for name, tensor in weights.items()
+           if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+    if bad:
+        warnings.warn(f"checkpoint {path} has non-finite weights (NaN or inf in {len(bad)} of its {len(weights)} "
+                      f"tensors, {bad[0]} first): what it computes means nothing", PonderWarning, stacklevel=2)
 
 
 # How torch.save's files begin: a zip archive (since PyTorch 1.6), or a pickle (the legacy format).

@@ -128,8 +128,8 @@ CheckpointArgument = typer.Argument(
     None, metavar="CHECKPOINT", show_default=False,
     help=f"A checkpoint file, a run folder (its best.pt), {LATEST} (the newest run under {RUNS_DIR}/), or a shipped "
          f"model: {'; '.join(f'{name} ({text})' for name, (_, text) in SHIPPED.items())}. [default: {DEFAULT}]")
-QuietOption = typer.Option(False, "--quiet", "-q", help="No progress bars or messages on stderr; errors and "
-                           "results still show.")
+QuietOption = typer.Option(False, "--quiet", "-q", help="No progress bars or messages on stderr; errors, "
+                           "warnings and results still show.")
 EvalSeedOption = typer.Option(None, "--seed", help="Seed of the test rotations and halting coin flips. "
                               "[default: the checkpoint's training seed]")
 RepeatsOption = typer.Option(1, "--repeats", min=1, help="Independent draws of rotations and halting coins "

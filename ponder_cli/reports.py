@@ -143,6 +143,14 @@ def combine_draws(draws: list[dict]) -> dict:
 
 # eval and extrapolate --------------------------------------------------------------------------
 
+def per_bucket(buckets: list[dict], inputs: str) -> str:
+    """The captions' "1000 images per bucket"; buckets of different sizes (parity's count ranges
+    of different widths) give the range: "1024–2048 vectors per bucket"."""
+    sizes = sorted({bucket["images"] for bucket in buckets})
+    count = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}–{sizes[-1]}"
+    return f"{count} {inputs} per bucket"
+
+
 def _pair(first: str, second: str, spec: str, sep: str) -> Callable[[dict], str]:
     """A table cell of two figures, e.g. "4.09 ± 3.50": one column where two would not fit in 80."""
     return lambda row: f"{cell_text(row.get(first), spec)}{sep}{cell_text(row.get(second), spec)}"
@@ -196,7 +204,7 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
         meta=meta, buckets=buckets, columns=bucket_columns(cfg.max_steps, with_loss, repeats > 1, words),
         title=f"{cfg.method} on the {what} ({checkpoint})",
         caption=f"{describe_model(cfg, view)}\n{how}halting {used} · seed {seed}{draws}\n"
-                f"{buckets[0]['images']} {words.inputs} per bucket · steps ✓ / ✗: on correct / wrong answers\n"
+                f"{per_bucket(buckets, words.inputs)} · steps ✓ / ✗: on correct / wrong answers\n"
                 f"{rho_text}",
         plot_series={checkpoint: buckets})
     if detail:
@@ -363,8 +371,12 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
     non-zero-count range for parity); every checkpoint is of one task."""
     buckets, series = [], {}
     words = view.terms
+    step_names = sorted({g.cfg.step for g in groups})
     for group, per_model in zip(groups, results):
-        series[group.label] = []
+        # the plot's legend: a group's label names what sets it apart within its method and
+        # step, so where steps differ the step goes with it, as the table's step column does
+        name = f"{group.label} · step {group.cfg.step}" if len(step_names) > 1 else group.label
+        series[name] = []
         for b, _ in enumerate(angles):
             accuracy, accuracy_sd = mean_and_sd([r[b]["accuracy"] for r in per_model])
             steps, steps_sd = mean_and_sd([r[b]["mean_steps"] for r in per_model])
@@ -375,7 +387,7 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
                       "accuracy_text": plus_minus(accuracy, accuracy_sd, ".4f"),
                       "steps_text": plus_minus(steps, steps_sd, ".2f")}
             buckets.append(bucket)
-            series[group.label].append({**bucket, "std_steps": steps_sd or 0.0, "histogram": [
+            series[name].append({**bucket, "std_steps": steps_sd or 0.0, "histogram": [
                 sum(r[b]["histogram"][k] for r in per_model) for k in range(len(per_model[0][b]["histogram"]))]})
     meta = make_meta("compare", [p for g in groups for p, _ in g.members], [g.cfg.method for g in groups],
                      [g.cfg.step for g in groups], protocol=protocol, halting=halting, seed=seed,
@@ -383,17 +395,16 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
     draws = f" · each the mean of {repeats} draws" if repeats > 1 else ""
     # each method's own halting rule (ACT's, one step) or the one asked for: one per method
     rules = {bucket["method"]: bucket["halting"] for bucket in buckets}
-    steps = sorted({g.cfg.step for g in groups})
     # the table names each group once, on its first row: long labels wrap over several lines
     rows = [{**bucket, "label": bucket["label"] if i == 0 or buckets[i - 1]["label"] != bucket["label"] else ""}
             for i, bucket in enumerate(buckets)]
     how = f"protocol {protocol} · " if protocol is not None else ""
-    return Report(meta=meta, buckets=buckets, columns=compare_columns(len(steps) > 1, words), title="Methods compared",
+    return Report(meta=meta, buckets=buckets, columns=compare_columns(len(step_names) > 1, words), title="Methods compared",
                   table_rows=rows,
                   caption=f"accuracy and steps: mean ± sd over seeds{draws}\nhalting: "
                           f"{' · '.join(f'{method} → {rule}' for method, rule in rules.items())}\n"
-                          f"{'step ' + steps[0] + ' · ' if len(steps) == 1 else ''}{how}"
-                          f"seed {seed}\n{buckets[0]['images']} test {words.inputs} per bucket",
+                          f"{'step ' + step_names[0] + ' · ' if len(step_names) == 1 else ''}{how}"
+                          f"seed {seed}\n{per_bucket(buckets, 'test ' + words.inputs)}",
                   plot_series=series)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
-from . import PonderError, __version__
+from . import PonderError, __version__, special_file_kind
 from .checkpoint import load_checkpoint
 from .config import PonderConfig, inapplicable
 from .config_file import render_config
@@ -341,6 +341,9 @@ def resolve_checkpoint(given: Union[str, Path, None], file: str = BEST) -> Resol
         return Resolved.shipped(old, f"the shipped model '{name}'" if name else f"shipped as {text}")
     if path.is_dir():
         raise PonderError(f"{path} holds no {file}; name {accepted_forms(file)}")
+    kind = special_file_kind(path)
+    if kind is not None:
+        raise PonderError(f"checkpoint {path} is {kind}, not a regular file; name {accepted_forms(file)}")
     raise PonderError(f"checkpoint {path} does not exist; name {accepted_forms(file)}")
 
 

@@ -13,9 +13,10 @@ import contextlib
 import io
 import os
 import sys
+import warnings
 from typing import Optional, TextIO
 
-from . import PonderError
+from . import PonderError, PonderWarning
 from .render import ASCII_ERRORS
 
 # 128 + SIGPIPE: the status a shell gives any tool whose reader left (`git log | head`), so a
@@ -122,15 +123,35 @@ class Chatter(io.TextIOBase):
 
 @contextlib.contextmanager
 def guarded_stderr():
-    """While the CLI runs, stderr is a Chatter (a closed fd 2 goes to /dev/null at once)."""
+    """While the CLI runs, stderr is a Chatter (a closed fd 2 goes to /dev/null at once), and a
+    PonderWarning is one line on it (one_line_warnings)."""
     previous = sys.stderr
     if previous is None and _fileno_in_use(2) is False:
         _to_devnull(2)
     sys.stderr = previous if isinstance(previous, Chatter) else Chatter(previous)
     try:
-        yield
+        with one_line_warnings():
+            yield
     finally:
         sys.stderr = previous
+
+
+@contextlib.contextmanager
+def one_line_warnings():
+    """A PonderWarning as one `Warning: ...` line on stderr, each time it is raised (two blank
+    images are two lines); other warnings as Python shows them."""
+    with warnings.catch_warnings():  # puts the filters and showwarning back afterwards
+        warnings.simplefilter("always", PonderWarning)
+        python_shows = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, PonderWarning):
+                (file or sys.stderr).write(f"Warning: {message}\n")
+            else:
+                python_shows(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
 
 
 def _fileno_in_use(fd: int) -> bool:

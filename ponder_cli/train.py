@@ -65,6 +65,69 @@ def _source(data, cfg: PonderConfig, device: torch.device) -> TrainingSource:
     return data if isinstance(data, TrainingSource) else get_task(cfg).training_source(data, device)
 
 
+# The run's duration is estimated once from the first epoch's batches (the first left out: it
+# pays start-up costs), as soon as this many are timed or this many seconds have passed; a run
+# estimated to take less than ESTIMATE_FROM_SECONDS gets no estimate: its epoch lines come soon.
+ESTIMATE_AFTER_BATCHES, ESTIMATE_AFTER_SECONDS, ESTIMATE_FROM_SECONDS = 20, 5.0, 60.0
+
+
+def rough_duration(seconds: float) -> str:
+    """45 s, 3 min, 1.5 h, 12 h: a duration as a person says it."""
+    if seconds < 90:
+        return f"{max(1, round(seconds))} s"
+    if seconds < 90 * 60:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h" if seconds < 10 * 3600 else f"{round(seconds / 3600)} h"
+
+
+def duration_estimate(epoch_seconds: float, epochs: int) -> Optional[str]:
+    """The line that says how long an epoch and the `epochs` to go will take; None for a short run."""
+    if epoch_seconds * epochs < ESTIMATE_FROM_SECONDS:
+        return None
+    if epochs == 1:
+        return f"about {rough_duration(epoch_seconds)} for 1 epoch"
+    total = rough_duration(epoch_seconds * epochs)
+    return f"about {rough_duration(epoch_seconds)} an epoch, {total} for {epochs} epochs"
+
+
+class TimedSource(TrainingSource):
+    """A task's training batches, timed during the first epoch of a session until they give the
+    run's duration_estimate, which goes to `log` once. Everything else passes through."""
+
+    def __init__(self, source: TrainingSource, epochs: int, log: Callable[[str], None],
+                 clock: Callable[[], float] = time.perf_counter):
+        self.source, self.epochs, self.log, self.clock = source, epochs, log, clock
+        self.batches, self.started, self.epochs_started = 0, 0.0, 0
+
+    def start_epoch(self) -> int:
+        self.epochs_started += 1
+        self.batches = self.source.start_epoch()
+        return self.batches
+
+    def batch(self, index: int):
+        if self.epochs_started == 1 and index >= 1 and self.started is not None:
+            self._time(index)
+        return self.source.batch(index)
+
+    def _time(self, index: int) -> None:
+        now = self.clock()
+        if index == 1:  # batch 0, with its start-up costs, is done: the clock starts
+            self.started = now
+            return
+        timed, seconds = index - 1, now - self.started
+        if timed >= ESTIMATE_AFTER_BATCHES or seconds >= ESTIMATE_AFTER_SECONDS:
+            self.started = None  # once
+            line = duration_estimate(seconds / timed * self.batches, self.epochs)
+            if line is not None:
+                self.log(line)
+
+    def state(self) -> Optional[dict]:
+        return self.source.state()
+
+    def load_state(self, state: Optional[dict]) -> None:
+        self.source.load_state(state)
+
+
 def _batch_metrics(method: Method, out, targets: torch.Tensor, coins: torch.Generator) -> torch.Tensor:
     """One training batch's correct predictions and summed halting steps, (2,), under the sample
     rule with halting coins drawn from `coins`."""
@@ -222,7 +285,8 @@ def _load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None
 
 def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
           out_dir: Path, amp: bool = False, resume: TrainingState | None = None,
-          on_epoch: Callable[[EpochStats], None] | None = None, progress: bool = True) -> TrainResult:
+          on_epoch: Callable[[EpochStats], None] | None = None, progress: bool = True,
+          log: Callable[[str], None] | None = None) -> TrainResult:
     """Train, validating once per epoch; write last.pt every epoch and best.pt on improvement.
 
     train_set and val_set are the task's (tasks/): MNIST's are ImageSets, parity's training data
@@ -230,6 +294,7 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
 
     resume is a loaded checkpoint whose config equals cfg up to the number of epochs and the
     patience (see runs.plan_training); training continues at the epoch after the one it holds.
+    log, when given, gets the estimate of the run's duration once the first batches are timed.
 
     Data-parallel once distributed.setup() has started the process group (torchrun): every rank
     calls train() with the same arguments and the whole data; rank 0 alone validates and writes
@@ -251,6 +316,8 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
     if resume is not None:
         epochs_without_improvement = _resume(resume, cfg, out_dir, model, optimizer, scheduler, scaler, source, device,
                                              result)
+    if log is not None:
+        source = TimedSource(source, cfg.epochs - result.last_epoch, log)
     parallel_model = _data_parallel(model, cfg, device)
 
     for epoch in range(result.last_epoch + 1, cfg.epochs + 1):

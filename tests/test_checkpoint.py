@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ponder_cli import PonderError
+from ponder_cli import PonderError, PonderWarning
 from ponder_cli.checkpoint import TrainingState, load_checkpoint, load_model, save_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.checkpoint import new_model
@@ -99,3 +99,23 @@ def test_a_checkpoint_without_training_state_cannot_be_resumed(tmp_path):
     state = load_checkpoint(tmp_path / "weights-only.pt")
     with pytest.raises(PonderError, match="cannot be resumed: it has no optimizer, scheduler, scaler, rng state"):
         state.require_resumable(tmp_path / "weights-only.pt")
+
+
+def test_non_finite_weights_are_a_warning_not_a_refusal(tmp_path, ponder):
+    cfg = PonderConfig(max_steps=3, hidden=8)
+    state = _state(cfg)
+    name = next(iter(state.model))
+    state.model[name] = state.model[name].clone()
+    state.model[name].view(-1)[0] = float("nan")
+    save_checkpoint(state, tmp_path / "nan.pt")
+    expected = (f"checkpoint {tmp_path / 'nan.pt'} has non-finite weights (NaN or inf in 1 of its "
+                f"{len(state.model)} tensors, {name} first): what it computes means nothing")
+    with pytest.warns(PonderWarning) as caught:
+        model, _, _ = load_model(tmp_path / "nan.pt", "cpu")
+    assert [str(w.message) for w in caught] == [expected]
+    assert torch.isnan(model.state_dict()[name]).any()  # loaded all the same
+    # the CLI: one Warning line on stderr, even with --quiet, and the command goes on
+    result = ponder("info", tmp_path / "nan.pt", "-q", "-f", "json")
+    assert result.exit_code == 0 and result.stderr.splitlines() == [f"Warning: {expected}"]
+    save_checkpoint(_state(cfg), tmp_path / "fine.pt")
+    assert ponder("info", tmp_path / "fine.pt", "-q").stderr == ""

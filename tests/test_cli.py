@@ -247,6 +247,21 @@ def test_compare_table_fits_80_columns_and_wraps_long_labels():
     assert "halting: pondernet → sample · act → act" in text
 
 
+def test_compare_plots_groups_of_one_method_on_different_steps_apart():
+    from ponder_cli.config import PonderConfig
+    from ponder_cli.reports import comparison_report, group_by_configuration
+
+    # the shipped reference and align models: both "pondernet", told apart by their step
+    groups = group_by_configuration([("mlp.pt", PonderConfig()), ("align.pt", PonderConfig(step="align"))])
+    results = [[[{"accuracy": 0.9 - 0.1 * g - 0.01 * b, "mean_steps": 4.0 + g + b, "halting": "sample",
+                  "images": 100, "histogram": [1, 2, 3]} for b in range(2)]] for g in range(2)]
+    report = comparison_report(groups, results, [45, 90], protocol="uniform", halting="sample", seed=1,
+                               view=get_task(groups[0].cfg).view())
+    assert [g.label for g in groups] == ["pondernet", "pondernet"]
+    assert {name: [row["accuracy"] for row in rows] for name, rows in report.plot_series.items()} == {
+        "pondernet · step mlp": [0.9, 0.89], "pondernet · step align": [0.8, 0.79]}
+
+
 def test_train_table_fits_80_columns(tiny_mnist, tmp_path, monkeypatch):
     from ponder_cli.api import TrainOptions, train_run
 

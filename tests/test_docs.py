@@ -126,13 +126,14 @@ def test_fast_example_prints_what_it_shows(example):
 
 def test_fast_examples_stay_cheap():
     """The suite runs every example not marked slow, so each stays cheap: a --limit, --help,
-    --version or --print-config, predict on a few files, info (no test set read), a command that
-    is not ponder's, or a refusal."""
+    --version or --print-config, predict on a few files, info or models (no test set read), a
+    command that is not ponder's, or a refusal."""
     for example in EXAMPLES:
         if example.slow or example.fails:
             continue
         for command in example.commands:
-            cheap = not command.text.startswith("ponder ") or command.text.startswith(("ponder predict ", "ponder info "))
+            words = command.text.split()
+            cheap = words[0] != "ponder" or words[1:2] in (["predict"], ["info"], ["models"])
             assert cheap or any(flag in command.text for flag in ("--limit", "--help", "--version", "--print-config")), \
                 f"{example.where}: $ {command.text}: a fast example runs on at most --limit images"
 

@@ -71,6 +71,16 @@ def test_eval_csv_and_table_name_counts(parity_run, ponder, monkeypatch):
     assert max(len(line) for line in table.splitlines()) <= 80
 
 
+@pytest.mark.parametrize("command, caption", [
+    ("eval", "32–96 vectors per bucket · steps ✓ / ✗"), ("compare", "32–96 test vectors per bucket")])
+def test_captions_count_buckets_of_different_sizes_as_a_range(parity_run, ponder, command, caption):
+    # --limit 16: 16 vectors per count, so counts 1-2 hold 32 and counts 3-8 hold 96
+    table = ponder(command, parity_run, "--counts", "1-2", "3-8", "--limit", "16", "-q").stdout
+    assert caption in table
+    even = ponder(command, parity_run, "--counts", "1-2", "3-4", "--limit", "16", "-q").stdout
+    assert caption.replace("32–96", "32") in even
+
+
 def test_default_buckets_are_the_training_range_and_the_counts_beyond_it(parity_run, ponder):
     def buckets(*args):
         result = ponder(*args, parity_run, "--limit", "4", "-f", "json", "-q")

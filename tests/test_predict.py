@@ -4,12 +4,14 @@ pass, the align step's turn, the strip plot, and bad input as one error line nam
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from ponder_cli import PonderWarning
 from ponder_cli.checkpoint import TrainingState, load_model, save_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import prepare_batch, synthetic_digits
@@ -153,13 +155,42 @@ def test_the_plot_draws_a_strip_per_input(ponder, checkpoint, digits, tmp_path):
     (lambda d: d / "missing.png", "missing.png: no such file"),
     (lambda d: (d / "notes.txt").write_text("hello") and d / "notes.txt", "notes.txt: not an image file"),
     (lambda d: np.save(d / "wide.npy", np.zeros((2, 32, 32))) or d / "wide.npy",
-     "wide.npy: an array of shape (2, 32, 32); this model reads 28x28 images"),
-    (lambda d: np.save(d / "flat.npy", np.zeros(784)) or d / "flat.npy", "flat.npy: an array of shape (784,)"),
+     "wide.npy: wrong shape (2, 32, 32), dtype float64; this model reads 28x28 images: give shape "
+     "(N, 28, 28) or (28, 28)"),
+    (lambda d: np.save(d / "flat.npy", np.zeros(784)) or d / "flat.npy", "flat.npy: wrong shape (784,), dtype float64"),
+    # the array's own shape, not the shape it was read as (one image of 10x16)
+    (lambda d: np.save(d / "small.npy", np.zeros((10, 16))) or d / "small.npy",
+     "small.npy: wrong shape (10, 16), dtype float64;"),
+    (lambda d: np.save(d / "none.npy", np.zeros((0, 28, 28), np.uint8)) or d / "none.npy",
+     "none.npy: an empty array (shape (0, 28, 28), dtype uint8); give at least one of the 28x28 images"),
+    (lambda d: np.save(d / "waves.npy", np.zeros((2, 28, 28), complex)) or d / "waves.npy",
+     "waves.npy: not real numbers (shape (2, 28, 28), dtype complex128); this model reads 28x28 images"),
     (lambda d: (d / "cut.png").write_bytes(b"\x89PNG\r\n\x1a\n\0\0") and d / "cut.png", "cut.png"),
+    (lambda d: os.mkfifo(d / "pipe.png") or d / "pipe.png",
+     "pipe.png is a named pipe (FIFO), not a regular file; name image files or .npy arrays"),
 ])
 def test_bad_input_is_one_error_line_naming_the_file(ponder, one_error_line, checkpoint, tmp_path, make, needle):
     line = one_error_line(ponder("predict", checkpoint, make(tmp_path)))
     assert needle in line
+
+
+def test_a_blank_image_is_predicted_with_a_warning(ponder, checkpoint, digits, tmp_path):
+    Image.new("L", (40, 30), 255).save(tmp_path / "white.png")  # a light background, no digit: 0 once inverted
+    np.save(tmp_path / "grey.npy", np.stack([np.full((28, 28), 0.5), np.zeros((28, 28))]))
+    with pytest.warns(PonderWarning) as caught:
+        names, _ = read_images([tmp_path / "white.png", digits[1][0], tmp_path / "grey.npy"])
+    assert len(names) == 4
+    grey = tmp_path / "grey.npy"
+    expected = [f"{tmp_path / 'white.png'} is blank: all its pixels are 0 (of 255) as the model reads it, so its "
+                "prediction means nothing",
+                f"{grey}[0] is blank: all its pixels are 128 (of 255) as the model reads it, so its prediction means "
+                "nothing", f"{grey}[1] is blank: all its pixels are 0 (of 255) as the model reads it, so its "
+                "prediction means nothing"]
+    assert [str(w.message) for w in caught] == expected
+    # the CLI predicts them all, with one Warning line each on stderr (--quiet too)
+    result = ponder("predict", checkpoint, tmp_path / "white.png", digits[1][0], grey, "-q", "-f", "json")
+    assert result.exit_code == 0 and len(json.loads(result.stdout)["buckets"]) == 4
+    assert result.stderr.splitlines() == [f"Warning: {line}" for line in expected]
 
 
 # parity ----------------------------------------------------------------------------------------
@@ -183,6 +214,21 @@ def test_parity_models_read_vectors(ponder, one_error_line, tmp_path):
     assert "two.txt:1: entries must be -1, 0 or +1 (got 2)" in one_error_line(ponder("predict", path, tmp_path / "two.txt"))
     assert "--rotate applies to mnist models" in one_error_line(
         ponder("predict", path, tmp_path / "v.txt", "--rotate", "10"))
+
+
+@pytest.mark.parametrize("array, needle", [
+    # what is wrong first, then the array as it is: its own shape, never the one it was read as
+    (np.zeros((10, 16)), "wrong shape (10, 16), dtype float64; this model reads vectors of 4 entries: "
+                         "give shape (N, 4) or (4,)"),
+    (np.zeros(0), "an empty array (shape (0,), dtype float64); give at least one of the vectors of 4 entries"),
+    (np.zeros((2, 4), complex), "not real numbers (shape (2, 4), dtype complex128); this model reads vectors of "
+                                "4 entries"),
+    (np.array(["1", "0", "-1", "1"]), "not real numbers (shape (4,), dtype <U2)"),
+])
+def test_a_parity_array_that_does_not_fit_is_described_as_it_is(ponder, one_error_line, tmp_path, array, needle):
+    path = _untrained(tmp_path, task="parity", elems=4, max_steps=3, hidden=8)
+    np.save(tmp_path / "bad.npy", array)
+    assert f"bad.npy: {needle}" in one_error_line(ponder("predict", path, tmp_path / "bad.npy"))
 
 
 def test_the_expected_rule_reports_sum_n_p_n_and_the_mixture(ponder, checkpoint, digits):

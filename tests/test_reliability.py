@@ -141,6 +141,20 @@ def test_bad_checkpoint_files(content, fragment, tmp_path, tiny_mnist, invoke, o
     assert fragment in line and str(path) in line
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+@pytest.mark.parametrize("command", [["eval"], ["info"], ["train", "--resume"]])
+def test_a_pipe_or_a_device_as_checkpoint_is_named_for_what_it_is(command, tmp_path, tiny_mnist, invoke,
+                                                                 one_error_line):
+    fifo = tmp_path / "pipe.pt"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "a named pipe (FIFO)"), (Path(os.devnull), "a character device")):
+        line = one_error_line(invoke(*command, path))
+        assert f"checkpoint {path} is {kind}, not a regular file; name a checkpoint file" in line
+    # the library's own loader says so too, rather than wait for a writer on the pipe
+    with pytest.raises(PonderError, match=r"is a named pipe \(FIFO\), not a regular file$"):
+        load_checkpoint(fifo)
+
+
 def test_truncated_real_checkpoint(checkpoint, tmp_path, tiny_mnist, invoke, one_error_line):
     data = checkpoint.read_bytes()
     path = tmp_path / "cut.pt"

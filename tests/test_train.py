@@ -1,4 +1,5 @@
 import math
+import re
 
 import pytest
 import torch
@@ -84,3 +85,63 @@ def test_measuring_the_training_batches_draws_none_of_the_trainings_randomness(t
     unmeasured_weights, unmeasured_after = epoch()
     assert all(torch.equal(weights[k], unmeasured_weights[k]) for k in weights)
     assert torch.equal(after, unmeasured_after)
+
+
+class _CountingSource(training.TrainingSource):
+    """Batch i is i; 10,000 batches an epoch; its state is what it was last given."""
+
+    def __init__(self, batches: int):
+        self.batches, self.given = batches, None
+
+    def start_epoch(self) -> int:
+        return self.batches
+
+    def batch(self, index: int):
+        return index
+
+    def state(self):
+        return {"given": self.given}
+
+    def load_state(self, state) -> None:
+        self.given = state
+
+
+@pytest.mark.parametrize("batches, startup, per_batch, expected", [
+    # the clock starts once batch 0 (3 s of start-up) is done; after 5 s ten batches of 0.5 s are
+    # timed: 50 s an epoch of 100, 1000 s (17 min) for 20 epochs
+    (100, 3.0, 0.5, "about 50 s an epoch, 17 min for 20 epochs"),
+    # or once 20 batches are timed (0.2 s): 0.01 s a batch, 100 s (2 min) an epoch of 10,000, 33 min for 20
+    (10_000, 3.0, 0.01, "about 2 min an epoch, 33 min for 20 epochs"),
+    # 0.01 s a batch of 100: 1 s an epoch, 20 s in all: too short a run to need an estimate
+    (100, 3.0, 0.01, None),
+])
+def test_the_run_s_duration_is_estimated_once_from_its_first_batches(batches, startup, per_batch, expected):
+    lines, now = [], [0.0]
+    source = training.TimedSource(_CountingSource(batches), 20, lines.append, clock=lambda: now[0])
+    for epoch in range(2):
+        assert source.start_epoch() == batches
+        for index in range(min(batches, 100)):
+            now[0] = 100 * epoch + (startup + per_batch * (index - 1) if index else 0.0)
+            assert source.batch(index) == index
+    assert lines == ([expected] if expected else [])
+    source.load_state({"seed": 1})  # the task's own stream passes through
+    assert source.state() == {"given": {"seed": 1}}
+
+
+def test_durations_read_as_a_person_says_them():
+    assert [training.rough_duration(s) for s in (0.2, 45, 89.6, 200, 5399, 5400, 50_000)] == [
+        "1 s", "45 s", "90 s", "3 min", "90 min", "1.5 h", "14 h"]
+    assert training.duration_estimate(59.0, 1) is None  # under a minute in all
+    assert training.duration_estimate(90.0, 1) == "about 2 min for 1 epoch"
+
+
+def test_train_states_its_estimate_among_the_chatter(ponder, tiny_mnist, tmp_path, monkeypatch):
+    monkeypatch.setattr(training, "ESTIMATE_FROM_SECONDS", 0.0)  # a tiny run gets one too
+    args = ["train", "--epochs", "1", "--max-steps", "2", "--val-size", "100", "--train-size", "200",
+            "--batch-size", "8", "--no-progress", "--data-dir", tiny_mnist]  # 25 batches: 20 timed
+    result = ponder(*args, "--out", tmp_path / "a")
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("training pondernet"))
+    assert re.fullmatch(r"about \d+ s for 1 epoch", lines[start + 1]) and lines[start + 2].startswith("epoch  1/1")
+    assert ponder(*args, "--out", tmp_path / "b", "-q").stderr == ""

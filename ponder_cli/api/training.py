@@ -105,7 +105,7 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
             log(_training_line(cfg, task.describe(train_set, val_set), dev, amp, where, plan))
             started = time.perf_counter()
             result = train(cfg, train_set, val_set, device=dev, out_dir=plan.out_dir, amp=amp, resume=plan.resume,
-                           on_epoch=on_epoch, progress=options.progress and main)
+                           on_epoch=on_epoch, progress=options.progress and main, log=log)
             finished = True
         except KeyboardInterrupt as exc:
             raise (Terminated if isinstance(exc, _SigTerm) else Interrupted)(folder.resume_hint()) from None

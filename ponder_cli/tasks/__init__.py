@@ -31,7 +31,7 @@ from typing import Optional
 
 import numpy as np
 
-from .. import PonderError
+from .. import PonderError, special_file_kind
 from ..registry import task_class
 
 
@@ -108,11 +108,33 @@ def load_array(path):
         raise PonderError(f"{path}: not a readable .npy array ({exc})") from None
 
 
+def load_inputs(path, shape: tuple, what: str):
+    """A user's .npy file of inputs of `shape` each, as an array (N, *shape); one input alone
+    (`shape`) is N = 1. A problem is one error that says what is wrong first, then the array as
+    it is (its own shape and dtype), then what this model reads (`what`: "28x28 images")."""
+
+    array = load_array(path)
+    found = f"shape {tuple(array.shape)}, dtype {array.dtype}"
+    if array.dtype.kind not in "biuf":
+        raise PonderError(f"{path}: not real numbers ({found}); this model reads {what}")
+    if array.size == 0:
+        raise PonderError(f"{path}: an empty array ({found}); give at least one of the {what} this model reads")
+    if array.shape == shape:
+        array = array[None]
+    elif array.ndim != len(shape) + 1 or array.shape[1:] != shape:
+        raise PonderError(f"{path}: wrong {found}; this model reads {what}: give shape "
+                          f"(N, {', '.join(map(str, shape))}) or {shape}")
+    return array
+
+
 def check_input_file(path, wanted: str) -> None:
-    """A user's INPUT must be an existing file; `wanted` names what this task reads, for the
-    message about a folder."""
+    """A user's INPUT must be an existing regular file; `wanted` names what this task reads, for
+    the message about anything else."""
 
     if not path.exists():
         raise PonderError(f"{path}: no such file")
     if path.is_dir():
         raise PonderError(f"{path} is a directory; name {wanted}")
+    kind = special_file_kind(path)
+    if kind is not None:  # reading a pipe would wait for a writer; a device holds no inputs
+        raise PonderError(f"{path} is {kind}, not a regular file; name {wanted}")

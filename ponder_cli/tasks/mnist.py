@@ -9,18 +9,19 @@ angles under a protocol (uniform, band, fixed: rotation.protocol_angles).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Optional
 
 import numpy as np
 import torch
 
-from .. import PonderError, distributed
+from .. import PonderError, PonderWarning, distributed
 from ..config import MAX_ANGLE, PonderConfig
 from ..data import ImageSet, load_mnist, prepare_batch, resolve_data_dir, train_val_split
 from ..evaluate import EvalBucket, EvalResult, evaluate_bucket
 from ..reports import TaskView, Terms
 from ..rotation import protocol_angles, uniform_angles
-from . import Task, TrainingSource, UserInputs, check_input_file, load_array
+from . import Task, TrainingSource, UserInputs, check_input_file, load_inputs
 
 EVAL_ANGLES, EXTRAPOLATION_ANGLES = [0.0], [22.5, 45.0, 67.5, 90.0]
 SIDE = 28  # MNIST's images are 28x28
@@ -158,19 +159,19 @@ def _npy_images(path):
     """A .npy array of 28x28 images (N, 28, 28), or one (28, 28), as floats in [0, 1]: uint8 (and
     any array with values above 1) is read as 0-255, other numbers as 0-1."""
 
-    array = load_array(path)
-    if array.ndim == 2:
-        array = array[None]
-    if array.ndim != 3 or array.shape[1:] != (SIDE, SIDE) or array.shape[0] == 0:
-        raise PonderError(f"{path}: an array of shape {tuple(array.shape)}; this model reads 28x28 images: "
-                          f"give shape (N, 28, 28)")
-    if array.dtype.kind not in "biuf":
-        raise PonderError(f"{path}: an array of {array.dtype}, not of numbers")
-    array = array.astype(np.float64)
+    array = load_inputs(path, (SIDE, SIDE), "28x28 images").astype(np.float64)
     if not np.isfinite(array).all() or array.min() < 0 or array.max() > 255:
         raise PonderError(f"{path}: pixel values must be finite, in 0-1 or 0-255 (got {array.min():g} to "
                           f"{array.max():g})")
     return array / 255 if array.max() > 1 else array
+
+
+def warn_if_blank(image, name: str) -> None:
+    """An image that is one value all over, as the model reads it (inverted and framed), shows
+    nothing to read: it is predicted all the same, with a warning."""
+    if image.min() == image.max():
+        warnings.warn(f"{name} is blank: all its pixels are {image.flat[0]:g} (of 255) as the model reads it, so its "
+                      f"prediction means nothing", PonderWarning, stacklevel=2)
 
 
 def read_images(paths, invert=None, rotate=None):
@@ -188,16 +189,18 @@ def read_images(paths, invert=None, rotate=None):
         check_input_file(path, "image files or .npy arrays")
         if path.suffix.lower() == ".npy":
             found = list(_npy_images(path))
-            names += [f"{path}[{i}]" for i in range(len(found))] if len(found) > 1 else [str(path)]
+            labels = [f"{path}[{i}]" for i in range(len(found))] if len(found) > 1 else [str(path)]
         else:
-            found = [_gray(path)]
-            names.append(str(path))
-        for pixels in found:
+            found, labels = [_gray(path)], [str(path)]
+        for label, pixels in zip(labels, found):
             light = _light_background(pixels) if invert is None else invert
             pixels = 1 - pixels if light else pixels
             if pixels.shape != (SIDE, SIDE):
                 pixels = frame_like_mnist(pixels)
-            images.append(np.round(pixels * 255))  # MNIST's 256 levels: a 28x28 PNG reads back exactly
+            image = np.round(pixels * 255)  # MNIST's 256 levels: a 28x28 PNG reads back exactly
+            warn_if_blank(image, label)
+            names.append(label)
+            images.append(image)
     raw = torch.from_numpy(np.stack(images)).float()  # (N, 28, 28) on the 0-255 scale of MNIST's bytes
     # a turn by whole circles changes nothing; taken off exactly here, it cannot overflow float32
     angles = None if not rotate else torch.full((raw.shape[0],), math.fmod(float(rotate), 360.0))

@@ -30,7 +30,7 @@ from .. import PonderError, distributed
 from ..config import parse_count_range
 from ..evaluate import EvalBucket, evaluate_bucket
 from ..reports import TaskView, Terms
-from . import Task, TrainingSource, UserInputs, check_input_file, load_array
+from . import Task, TrainingSource, UserInputs, check_input_file, load_inputs
 
 CLASSES = 2
 # Seeds of the fixed evaluation sets: validation while training, test for reported figures.
@@ -185,12 +185,7 @@ def _vector_rows(path, elems: int) -> tuple[list[str], torch.Tensor]:
 
 
     if path.suffix.lower() == ".npy":
-        array = load_array(path)
-        if array.ndim == 1:
-            array = array[None]
-        if array.ndim != 2 or array.shape[1] != elems or array.shape[0] == 0 or array.dtype.kind not in "biuf":
-            raise PonderError(f"{path}: an array of shape {tuple(array.shape)} ({array.dtype}); this model reads "
-                              f"vectors of {elems} entries: give shape (N, {elems})")
+        array = load_inputs(path, (elems,), f"vectors of {elems} entries")
         rows = torch.from_numpy(array.astype(np.float32))
         names = [f"{path}[{i}]" for i in range(rows.shape[0])] if rows.shape[0] > 1 else [str(path)]
     else:
