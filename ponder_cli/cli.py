@@ -231,6 +231,9 @@ def train(
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Also write TensorBoard event files into the run "
                                      "folder: every epoch's figures and the halting-step histogram (needs "
                                      "tensorboard: pip install tensorboard); view with tensorboard --logdir runs."),
+    deterministic: bool = typer.Option(False, "--deterministic", help="Only deterministic kernels "
+                                       "(torch.use_deterministic_algorithms): the same seed on the same machine gives "
+                                       "the same weights, on CUDA too; slower there."),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", hidden=True),
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
@@ -248,7 +251,7 @@ def train(
                   f"instead (docs/configuration.md)" for name in sorted(set(given) & set(EXPERIMENT_OPTIONS)))
     options = TrainOptions(resume=resume, out=out, data_dir=data_dir, download=download, device=device, amp=amp,
                            progress=_bars(quiet, progress), overwrite=overwrite, tensorboard=tensorboard,
-                           config_file=config, notes=notes)
+                           config_file=config, notes=notes, deterministic=deterministic)
     if print_config:
         for note in notes:
             _chatter(quiet)(note)
