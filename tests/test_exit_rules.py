@@ -266,8 +266,8 @@ def test_reports_name_the_rule_as_given(runs, tiny_mnist, ponder):
                                           "--data-dir", tiny_mnist).stdout
 
 
-@pytest.mark.parametrize("rule", ["quantile:0.9", "patience:2", "confidence:0.9"])
-def test_act_refuses_the_exit_rules_in_one_line_but_compare_shows_its_own(rule, runs, tiny_mnist, ponder,
+@pytest.mark.parametrize("rule", ["quantile:0.9", "patience:2", "confidence:0.9", "sample", "median", "expected"])
+def test_act_refuses_every_rule_given_in_one_line_but_compare_shows_its_own(rule, runs, tiny_mnist, ponder,
                                                                           one_error_line):
     line = one_error_line(ponder("eval", runs / "act" / "best.pt", "--halting", rule, "--data-dir", tiny_mnist))
     assert line == (f"Error: --halting {rule} applies to pondernet checkpoints; this one is act, which halts by its "
@@ -275,6 +275,12 @@ def test_act_refuses_the_exit_rules_in_one_line_but_compare_shows_its_own(rule, 
     result = ponder("compare", runs / "pn1" / "best.pt", runs / "act" / "best.pt", "--angles", 30, "--halting", rule,
                     "--data-dir", tiny_mnist)
     assert result.exit_code == 0 and f"pondernet → {rule} · act → act" in result.stdout
+
+
+def test_act_without_halting_halts_by_its_own_rule(runs, tiny_mnist, ponder):
+    result = ponder("eval", runs / "act" / "best.pt", "--data-dir", tiny_mnist, "-f", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["halting"] == "act"
 
 
 # calibrate --------------------------------------------------------------------------------------
@@ -290,7 +296,7 @@ def test_the_cheapest_rule_whose_lower_bound_clears_the_tolerance_is_chosen():
     # quantile:0.9 measures 0.995, exactly 1 - 0.005, but its bound does not clear it
     assert choose_rule(outcomes, 0.005) == "patience:2"  # 3.5 steps; patience:3 ties it, listed later
     assert choose_rule(outcomes, 0.003) == "patience:3"
-    assert choose_rule(outcomes, 0.04) == "patience:2"  # 0.95978 < 0.96
+    assert choose_rule(outcomes, 0.04) == "quantile:0.9"  # quantile:0.5 misses: 0.95978 < 0.96
     assert choose_rule(outcomes, 0.05) == "quantile:0.5"
     assert choose_rule(outcomes, 0.0) is None
 

@@ -17,7 +17,7 @@ from ..config import PonderConfig, seed_problems
 from ..evaluate import evaluate_buckets, uncertainty
 from ..halting_rules import CALIBRATION_RULES, parse_exit_rule, parse_halting_rule
 from ..methods import get_method
-from ..registry import DEFAULT_PROTOCOL
+from ..registry import DEFAULT_HALTING, DEFAULT_PROTOCOL
 from ..reports import (Report, calibration_report, combine_draws, comparison_report, evaluation_report,
                        group_by_configuration, mean_ci, sweep_report)
 from ..tasks import derived_seed, get_task
@@ -28,7 +28,7 @@ from .loading import check_halting, device_and_amp, load_one, resolve_named
 class EvalOptions:
     """How to evaluate: shared by eval, extrapolate and compare."""
     protocol: Optional[str] = None  # how test images are rotated; None: the task's default (MNIST: uniform)
-    halting: str = "sample"
+    halting: Optional[str] = None  # None: the method's own (loading.check_halting)
     seed: Optional[int] = None  # None: the checkpoint's training seed (compare: the default seed)
     limit: int = 0  # first N test images (0: all)
     batch_size: int = 1000
@@ -42,7 +42,8 @@ class EvalOptions:
     def __post_init__(self) -> None:
         problems = seed_problems(self.seed, "--seed") if self.seed is not None else []
         try:
-            parse_halting_rule(self.halting)
+            if self.halting is not None:
+                parse_halting_rule(self.halting)
         except ValueError as exc:
             problems.append(f"--halting: {exc}")
         if not 1 <= self.repeats <= 1000:
@@ -106,7 +107,7 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], angles
     progress: a bar on stderr, one tick per bucket."""
 
     path, dev, amp, model, cfg = load_one(checkpoint, options, log)
-    check_halting(cfg, options.halting)
+    options = replace(options, halting=check_halting(cfg, options.halting))
     task = get_task(cfg)
     options = _with_protocol(task, options)
     specs = task.parse_buckets(angles, counts, command)
@@ -142,7 +143,7 @@ def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float],
     to elems). Accuracy and mean steps per bucket, and the least-squares slope of steps."""
 
     path, dev, amp, model, cfg = load_one(checkpoint, options, log)
-    check_halting(cfg, options.halting)
+    options = replace(options, halting=check_halting(cfg, options.halting))
     task = get_task(cfg)
     specs = task.sweep_specs(start, stop, every)
     fixed = replace(options, protocol="fixed")
@@ -229,7 +230,8 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], angles: Optional[li
         raise PonderError(f"compare needs checkpoints of one task, evaluated on the same inputs (got {', '.join(kinds)})")
     first = next(iter(models.values()))[1]
     task = get_task(first)
-    options = _with_protocol(task, options)
+    # one rule for every checkpoint, each method halting by its own where it has one
+    options = _with_protocol(task, replace(options, halting=options.halting or DEFAULT_HALTING))
     angles = task.parse_buckets(angles, counts, "compare")
     with _progress_bar(len(models) * len(angles) * options.repeats, progress) as bar:
         test = _test_set(task, options, dev)
