@@ -1,7 +1,11 @@
 """Choosing an exit rule on held-out data, as CALM (Schuster et al. 2022) calibrates its exit
 threshold: every candidate rule (halting_rules.CALIBRATION_RULES) is applied to the same forward
 passes over every step, and the cheapest rule whose halting-step prediction agrees with the last
-step's (the full model's) on all but a `tolerance` share of the inputs is chosen.
+step's (the full model's) on all but a `tolerance` share of the inputs is chosen, the share
+taken at its one-sided 95% lower bound (Wilson) rather than as measured: with 95% confidence,
+the chosen rule agrees with the last step on at least 1 - tolerance of inputs drawn as the
+calibration inputs were. The confidence is each rule's own, not simultaneous over every
+candidate.
 
 Agreement rather than accuracy: it bounds the accuracy lost to halting early (the two
 accuracies differ by at most the share that disagrees), needs no labels, and is what CALM keeps.
@@ -16,6 +20,7 @@ import torch
 
 from .halting import rule_halting_steps
 from .halting_rules import parse_halting_rule
+from .intervals import wilson_lower
 from .runtime import autocast
 
 
@@ -29,8 +34,13 @@ class RuleOutcome:
     accuracy_last: float  # of the last step's prediction (the same for every rule)
     mean_steps: float
 
+    @property
+    def agreement_lower(self) -> float:
+        """The one-sided 95% lower bound (Wilson) of the agreement over inputs like these."""
+        return wilson_lower(round(self.agreement * self.images), self.images)
+
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "agreement_lower": self.agreement_lower}
 
 
 @torch.inference_mode()
@@ -72,12 +82,12 @@ def rule_outcomes(model: torch.nn.Module, buckets: Iterable, rules: list[str], *
 
 
 def choose_rule(outcomes: list[RuleOutcome], tolerance: float) -> Optional[str]:
-    """The rule with the fewest mean steps among those agreeing with the last step on at least
-    1 - tolerance of the inputs (the first listed on a tie); None when none does."""
+    """The rule with the fewest mean steps among those whose agreement with the last step has a
+    lower bound of at least 1 - tolerance (the first listed on a tie); None when none has."""
     admitted = [o for o in outcomes if admits(o, tolerance)]
     return min(admitted, key=lambda o: o.mean_steps).halting if admitted else None
 
 
 def admits(outcome: RuleOutcome, tolerance: float) -> bool:
-    # a hair of slack so that an agreement of exactly 1 - tolerance (a count, divided) counts
-    return outcome.agreement >= 1 - tolerance - 1e-12
+    # a hair of slack so that a bound of exactly 1 - tolerance counts
+    return outcome.agreement_lower >= 1 - tolerance - 1e-12

@@ -109,7 +109,7 @@ def _render(report, fmt: OutputFormat, plot: Optional[Path], quiet: bool) -> Non
         _chatter(quiet)(f"plot written to {plot_report(report, plot)}")
 
 
-def _prepare(angles: Optional[list[str]], plot: Optional[Path], protocol: Protocol, halting: str,
+def _prepare(angles: Optional[list[str]], plot: Optional[Path], protocol: Protocol, halting: Optional[str],
              what: str = "--angles", **options):
     """The angles (None when not given: the checkpoint's task picks its buckets), the checked
     --plot destination (before any work) and the EvalOptions."""
@@ -231,6 +231,9 @@ def train(
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Also write TensorBoard event files into the run "
                                      "folder: every epoch's figures and the halting-step histogram (needs "
                                      "tensorboard: pip install tensorboard); view with tensorboard --logdir runs."),
+    deterministic: bool = typer.Option(False, "--deterministic", help="Only deterministic kernels "
+                                       "(torch.use_deterministic_algorithms): the same seed on the same machine gives "
+                                       "the same weights, on CUDA too; slower there."),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", hidden=True),
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
@@ -248,7 +251,7 @@ def train(
                   f"instead (docs/configuration.md)" for name in sorted(set(given) & set(EXPERIMENT_OPTIONS)))
     options = TrainOptions(resume=resume, out=out, data_dir=data_dir, download=download, device=device, amp=amp,
                            progress=_bars(quiet, progress), overwrite=overwrite, tensorboard=tensorboard,
-                           config_file=config, notes=notes)
+                           config_file=config, notes=notes, deterministic=deterministic)
     if print_config:
         for note in notes:
             _chatter(quiet)(note)
@@ -270,7 +273,7 @@ def eval_command(
     rotation: Optional[float] = typer.Option(None, "--rotation", metavar="DEG",
                                              help="The same as --angles with one angle (give one or the other)."),
     protocol: Optional[Protocol] = ProtocolOption,
-    halting: str = HaltingOption,
+    halting: Optional[str] = HaltingOption,
     detail: bool = DetailOption,
     plot: Optional[Path] = PlotOption,
     seed: Optional[int] = EvalSeedOption,
@@ -295,7 +298,7 @@ def extrapolate(
     counts: Optional[List[str]] = counts_option("the counts beyond the training range in four; all counts "
                                                 "in four when training saw every count"),
     protocol: Optional[Protocol] = ProtocolOption,
-    halting: str = HaltingOption,
+    halting: Optional[str] = HaltingOption,
     detail: bool = DetailOption,
     plot: Optional[Path] = PlotOption,
     seed: Optional[int] = EvalSeedOption,
@@ -324,7 +327,7 @@ def sweep(
                                               "the vector's elements]"),
     every: Optional[float] = typer.Option(None, "--every", show_default=False,
                                           help="Degrees (parity: counts) between buckets. [default: 5; parity: 1]"),
-    halting: str = HaltingOption,
+    halting: Optional[str] = HaltingOption,
     plot: Optional[Path] = PlotOption,
     seed: Optional[int] = EvalSeedOption,
     repeats: int = RepeatsOption,
@@ -356,7 +359,7 @@ def compare(
     angles: Optional[List[str]] = angles_option(EXTRAPOLATION_ANGLES, "Rotation buckets in degrees."),
     counts: Optional[List[str]] = counts_option("every count in four"),
     protocol: Optional[Protocol] = ProtocolOption,
-    halting: str = HaltingOption,
+    halting: Optional[str] = HaltingOption,
     plot: Optional[Path] = PlotOption,
     seed: int = typer.Option(PonderConfig.default("seed"), "--seed", help="Seed of the test rotations and halting "
                              "coin flips (the same for every checkpoint, so all see the same images)."),
@@ -414,7 +417,7 @@ def calibrate(
     (not the test set), and the cheapest that agrees with the last step; paste it into --halting."""
     from .api import calibrate_checkpoint
 
-    parsed, _, options = _prepare(angles, None, protocol, "sample", seed=seed, repeats=repeats, limit=limit,
+    parsed, _, options = _prepare(angles, None, protocol, None, seed=seed, repeats=repeats, limit=limit,
                                   batch_size=batch_size, data_dir=data_dir, download=download, device=device, amp=amp)
     report = calibrate_checkpoint(checkpoint, parsed, options, counts=counts, tolerance=tolerance, rules=rules,
                                   log=_chatter(quiet), progress=_bars(quiet))
@@ -430,7 +433,7 @@ def predict(
                                         help="MNIST models: image files (PNG, JPEG, ...: any size and mode) or .npy "
                                              "arrays of shape (N, 28, 28); parity models: .npy arrays (N, ELEMS) or "
                                              "text files of one vector per line (entries -1, 0, 1)."),
-    halting: str = HaltingOption,
+    halting: Optional[str] = HaltingOption,
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the halting coin flips (--halting sample). "
                                        "[default: the checkpoint's training seed]"),
     steps: bool = typer.Option(False, "--steps", help="Also show every step: its top class and probability, λ_n, "

@@ -143,8 +143,11 @@ ProtocolOption = typer.Option(None, "--protocol", case_sensitive=False, show_def
                                    "exactly ±angle. Parity checkpoints refuse it.")
 
 
-def _halting_rule(value: str) -> str:
-    """--halting as spelled (quantile:0.9 stays quantile:0.9), checked before any work."""
+def _halting_rule(value: Optional[str]) -> Optional[str]:
+    """--halting as spelled (quantile:0.9 stays quantile:0.9), checked before any work; None
+    when not given (the method's own: sample, or ACT's)."""
+    if value is None:
+        return None
     try:
         return parse_halting_rule(value).spelling
     except ValueError as exc:
@@ -164,13 +167,14 @@ def _exit_rule(value: str) -> str:
         raise typer.BadParameter(str(exc)) from None
 
 
-HaltingOption = typer.Option("sample", "--halting", metavar="RULE", callback=_halting_rule,
+HaltingOption = typer.Option(None, "--halting", metavar="RULE", callback=_halting_rule,
                              help=f"{rule_choices()}. sample: Bernoulli(λ_n) coin per step (paper); median: "
                                   "first step where the cumulative halting probability reaches 0.5; quantile:Q: "
                                   "where it reaches Q (median = quantile:0.5); patience:K: first step whose "
                                   "predicted class is also that of the K steps before it; confidence:C: first "
                                   "step whose top class probability reaches C; expected: p-weighted "
-                                  "average of all steps' outputs, steps = Σ n·p_n. See ponder calibrate.")
+                                  "average of all steps' outputs, steps = Σ n·p_n. Default: sample; ACT halts by its own rule and refuses "
+                                  "every other. See ponder calibrate.")
 DetailOption = typer.Option(False, "--detail", help="Also show, per halting step, how many images halted there "
                             "and the accuracy if every image stopped there (runs all steps).")
 PlotOption = path_option("--plot", help="Write a figure (PNG, or another format matplotlib knows by the "

@@ -16,6 +16,7 @@ import torch
 from .config import PonderConfig
 from .halting import halting_log_probs
 from .halting_rules import parse_halting_rule
+from .intervals import standard_error, wilson_interval
 from .methods import get_method
 from .runtime import autocast
 
@@ -128,6 +129,17 @@ def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfi
         **(dict(zip(("loss", "reconstruction", "regularisation"), losses)) if with_loss else {}),
         samples=EvalSamples(bucket.difficulty.double(), steps, correct),
     )
+
+
+def uncertainty(samples: list[EvalSamples]) -> dict:
+    """How far a bucket's figures could be from the model's true ones, over every input its
+    draws evaluated (pooled): `accuracy_wilson`, Wilson's 95% interval [low, high] of the
+    accuracy, and `steps_se`, the standard error of the mean steps."""
+    correct = torch.cat([s.correct for s in samples])
+    steps = torch.cat([s.steps for s in samples])
+    count = correct.shape[0]
+    return {"accuracy_wilson": wilson_interval(int(correct.sum()), count),
+            "steps_se": standard_error(float(steps.std(correction=0)), count) if count else None}
 
 
 def evaluate_buckets(model: torch.nn.Module, buckets, cfg: PonderConfig, *,

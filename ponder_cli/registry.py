@@ -39,6 +39,7 @@ CNN_DROPOUT_MASKS = ("shared", "per-step")
 # parameter (quantile:0.9, patience:2, confidence:0.95), parsed in halting_rules.py
 HALTING_RULES = ("sample", "median", "expected", "quantile", "patience", "confidence")
 PROTOCOLS = ("uniform", "band", "fixed")  # how test images are rotated per angle bucket
+DEFAULT_HALTING = "sample"  # the paper's; a method with a rule of its own (ACT) halts by that instead
 DEFAULT_PROTOCOL = "uniform"  # the reference notebook's: within ±angle
 FORMATS = ("table", "json", "csv")
 

@@ -156,20 +156,29 @@ def _pair(first: str, second: str, spec: str, sep: str) -> Callable[[dict], str]
     return lambda row: f"{cell_text(row.get(first), spec)}{sep}{cell_text(row.get(second), spec)}"
 
 
-def _with_interval(key: str, spec: str) -> Callable[[dict], str]:
-    """"0.9440 ±0.0131": a mean over draws and the half-width of its 95% interval."""
+def _with_interval(key: str, interval: str, spec: str) -> Callable[[dict], str]:
+    """"0.9440 ±0.0131": a figure and the half-width of its 95% interval (the `interval` key)."""
     def text(row: dict) -> str:
-        low, high = row[f"{key}_ci"]
+        if row.get(interval) is None:
+            return cell_text(row[key], spec)
+        low, high = row[interval]
         return f"{cell_text(row[key], spec)} ±{cell_text((high - low) / 2, spec)}"
     return text
 
 
+def accuracy_column(intervals: bool) -> Column:
+    """The accuracy, with the half-width of its Wilson 95% interval over every input evaluated
+    (every draw's) where the table has room for it."""
+    if not intervals:
+        return Column("accuracy", "accuracy", ".4f")
+    return Column("accuracy", "accuracy ± 95%", text=_with_interval("accuracy", "accuracy_wilson", ".4f"), wrap=True)
+
+
 def bucket_columns(max_steps: int, with_loss: bool, intervals: bool, words: Terms) -> list[Column]:
     """What eval and extrapolate tables show of a bucket; the image count, the same in every
-    bucket, goes in the caption so that the table fits an 80-column terminal. With several
-    draws (--repeats) the accuracy carries the half-width of its 95% interval."""
-    accuracy = (Column("accuracy", "accuracy ± 95%", text=_with_interval("accuracy", ".4f"), wrap=True)
-                if intervals else Column("accuracy", "accuracy", ".4f"))
+    bucket, goes in the caption so that the table fits an 80-column terminal. The accuracy
+    carries its interval's half-width where that fits (not beside eval's loss)."""
+    accuracy = accuracy_column(intervals)
     columns = [
         Column(words.key, words.header, words.spec), accuracy,
         Column("mean_steps", "steps ± sd", text=_pair("mean_steps", "std_steps", ".2f", " ± "), wrap=True),
@@ -201,7 +210,7 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
     what = words.test_set if command == "eval" else "extrapolation"
     how = f"protocol {protocol} · " if protocol is not None else ""
     report = Report(
-        meta=meta, buckets=buckets, columns=bucket_columns(cfg.max_steps, with_loss, repeats > 1, words),
+        meta=meta, buckets=buckets, columns=bucket_columns(cfg.max_steps, with_loss, not with_loss, words),
         title=f"{cfg.method} on the {what} ({checkpoint})",
         caption=f"{describe_model(cfg, view)}\n{how}halting {used} · seed {seed}{draws}\n"
                 f"{per_bucket(buckets, words.inputs)} · steps ✓ / ✗: on correct / wrong answers\n"
@@ -242,7 +251,7 @@ def least_squares(xs: list[float], ys: list[float]) -> tuple[float, float, Optio
 
 
 def sweep_columns(first: Column) -> list[Column]:
-    return [first, Column("accuracy", "accuracy", ".4f"), Column("mean_steps", "steps", ".2f"),
+    return [first, accuracy_column(True), Column("mean_steps", "steps", ".2f"),
             Column("steps_correct", "steps ✓", ".2f"), Column("steps_wrong", "steps ✗", ".2f"),
             Column("images", "images" if first.key == "rotation" else "inputs")]
 
@@ -274,41 +283,44 @@ def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float]
 
 CALIBRATION_COLUMNS = [
     Column("halting", "rule", "s"), Column("mean_steps", "steps", ".2f"), Column("accuracy", "accuracy", ".4f"),
-    Column("gap", "gap", "+.4f"), Column("agreement", "agrees", ".4f"),
-    Column("chosen", "", "s", text=lambda row: "chosen" if row["chosen"] else "ok" if row["within_tolerance"] else ""),
+    Column("gap", "gap", "+.4f"), Column("agreement", "agrees", ".4f"), Column("agreement_lower", "bound", ".4f"),
+    Column("chosen", "", "s", text=lambda row: "chosen" if row["chosen"] else "ok" if row["admitted"] else ""),
 ]
 
 
 def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[str], *, tolerance: float,
                        sets: list[dict], protocol: Optional[str], seed: int, repeats: int = 1,
-                       view: TaskView) -> Report:
-    """calibrate: one bucket per candidate rule (calibrate.RuleOutcome) on the validation data;
-    `chosen` the cheapest rule within the tolerance (None: none is). gap: the last step's
-    accuracy minus the halting step's."""
+                       view: TaskView, data: str = "validation") -> Report:
+    """calibrate: one bucket per candidate rule (calibrate.RuleOutcome) on the calibration data
+    (`data`: "calibration", inputs of its own, or "validation"); `chosen` the cheapest rule whose
+    agreement's lower bound clears 1 - tolerance (None: none does). gap: the last step's
+    accuracy minus the halting step's; within_tolerance: the agreement as measured clears it."""
     words = view.terms
     floor = 1 - tolerance
     buckets = []
     for outcome in outcomes:
         bucket = outcome.as_dict()
         bucket.update(gap=bucket["accuracy_last"] - bucket["accuracy"], within_tolerance=bucket["agreement"] >= floor
-                      - 1e-12, chosen=bucket["halting"] == chosen)
+                      - 1e-12, admitted=bucket["agreement_lower"] >= floor - 1e-12, chosen=bucket["halting"] == chosen)
         buckets.append(bucket)
     images = buckets[0]["images"]
     meta = make_meta("calibrate", [checkpoint], [cfg.method], [cfg.step], protocol=protocol, halting=None, seed=seed,
-                     task=view.name, repeats=repeats, **view.meta, data="validation", sets=sets, images=images,
-                     tolerance=tolerance, criterion="agreement", chosen=chosen)
+                     task=view.name, repeats=repeats, **view.meta, data=data, sets=sets, images=images,
+                     tolerance=tolerance, criterion="agreement", bound="wilson, one-sided 95%", chosen=chosen)
     labels = ", ".join(words.label(s) for s in sets)
     draws = f" · {repeats} draws pooled (seeds {seed}–{seed + repeats - 1})" if repeats > 1 else f" · seed {seed}"
     how = f"protocol {protocol} · " if protocol is not None else ""
     if chosen is not None:
-        footer = f"chosen: {chosen} (fewest steps agreeing ≥ {floor:.1%}): --halting {chosen}"
+        footer = f"chosen: {chosen} (fewest steps with bound ≥ {floor:.1%}): --halting {chosen}"
     else:
-        footer = f"chosen: none (no rule has agreement ≥ {floor:.1%}): raise --tolerance"
+        footer = (f"chosen: none (no rule's bound reaches {floor:.1%} on {images} {words.inputs}): raise "
+                  f"--tolerance or calibrate on more")
     return Report(meta=meta, buckets=buckets, columns=CALIBRATION_COLUMNS,
-                  title=f"Exit rules on the validation set ({checkpoint})",
-                  caption=f"{describe_model(cfg, view)}\n{images} validation {words.inputs} ({how}{labels}){draws}\n"
+                  title=f"Exit rules on the {data} set ({checkpoint})",
+                  caption=f"{describe_model(cfg, view)}\n{images} {data} {words.inputs} ({how}{labels}){draws}\n"
                           f"accuracy at the last step: {buckets[0]['accuracy_last']:.4f} · gap: it minus accuracy\n"
-                          f"agrees: share whose class is the last step's · ok: ≥ {floor:.1%}",
+                          f"agrees: share whose class is the last step's · bound: its\n"
+                          f"one-sided 95% lower bound (Wilson) · ok: bound ≥ {floor:.1%}",
                   footer=footer)
 
 

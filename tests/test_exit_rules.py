@@ -266,8 +266,8 @@ def test_reports_name_the_rule_as_given(runs, tiny_mnist, ponder):
                                           "--data-dir", tiny_mnist).stdout
 
 
-@pytest.mark.parametrize("rule", ["quantile:0.9", "patience:2", "confidence:0.9"])
-def test_act_refuses_the_exit_rules_in_one_line_but_compare_shows_its_own(rule, runs, tiny_mnist, ponder,
+@pytest.mark.parametrize("rule", ["quantile:0.9", "patience:2", "confidence:0.9", "sample", "median", "expected"])
+def test_act_refuses_every_rule_given_in_one_line_but_compare_shows_its_own(rule, runs, tiny_mnist, ponder,
                                                                           one_error_line):
     line = one_error_line(ponder("eval", runs / "act" / "best.pt", "--halting", rule, "--data-dir", tiny_mnist))
     assert line == (f"Error: --halting {rule} applies to pondernet checkpoints; this one is act, which halts by its "
@@ -277,16 +277,27 @@ def test_act_refuses_the_exit_rules_in_one_line_but_compare_shows_its_own(rule, 
     assert result.exit_code == 0 and f"pondernet → {rule} · act → act" in result.stdout
 
 
+def test_act_without_halting_halts_by_its_own_rule(runs, tiny_mnist, ponder):
+    result = ponder("eval", runs / "act" / "best.pt", "--data-dir", tiny_mnist, "-f", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["halting"] == "act"
+
+
 # calibrate --------------------------------------------------------------------------------------
 
-def test_the_cheapest_rule_within_the_tolerance_is_chosen():
+def test_the_cheapest_rule_whose_lower_bound_clears_the_tolerance_is_chosen():
     def outcome(rule, agreement, steps):
         return RuleOutcome(rule, 1000, 0.9, agreement, 0.9, steps)
-    outcomes = [outcome("quantile:0.5", 0.97, 2.0), outcome("quantile:0.9", 0.995, 4.0),
-                outcome("patience:2", 0.999, 3.5), outcome("patience:3", 0.995, 3.5)]
+    # one-sided 95% Wilson lower bounds over 1000 inputs, by hand (z = 1.6449, z^2 = 2.7055):
+    # 1000 agree: 1000 / 1002.7055 = 0.99730; 999: 0.99553; 995: 0.98976; 970: 0.95978
+    outcomes = [outcome("quantile:0.5", 0.97, 2.0), outcome("quantile:0.9", 0.995, 3.0),
+                outcome("patience:2", 0.999, 3.5), outcome("patience:3", 1.0, 3.5)]
+    assert [round(o.agreement_lower, 5) for o in outcomes] == [0.95978, 0.98976, 0.99553, 0.99730]
+    # quantile:0.9 measures 0.995, exactly 1 - 0.005, but its bound does not clear it
     assert choose_rule(outcomes, 0.005) == "patience:2"  # 3.5 steps; patience:3 ties it, listed later
-    assert choose_rule(outcomes, 0.001) == "patience:2"  # 0.999 is exactly 1 - 0.001
-    assert choose_rule(outcomes, 0.03) == "quantile:0.5"
+    assert choose_rule(outcomes, 0.003) == "patience:3"
+    assert choose_rule(outcomes, 0.04) == "quantile:0.9"  # quantile:0.5 misses: 0.95978 < 0.96
+    assert choose_rule(outcomes, 0.05) == "quantile:0.5"
     assert choose_rule(outcomes, 0.0) is None
 
 
@@ -323,16 +334,22 @@ def test_calibrate_on_a_model_whose_outputs_are_known(fixed_model, tiny_mnist):
     for b in rows.values():
         assert b["images"] == cfg.val_size == 100 and b["agreement"] == 1.0
         assert b["accuracy"] == b["accuracy_last"] == pytest.approx(threes) and b["gap"] == 0.0
-    assert report.meta["chosen"] == "quantile:0.5" and rows["quantile:0.5"]["chosen"]
-    assert (report.meta["data"], report.meta["sets"], report.meta["halting"]) == (
-        "validation", [{"rotation": cfg.train_rotation, "protocol": "uniform"}], None)
+        # every one of 100 agrees: the one-sided 95% Wilson bound is n / (n + z^2) = 100 / 102.7055
+        assert b["agreement_lower"] == pytest.approx(0.973658, abs=1e-6)
+        assert b["within_tolerance"] and not b["admitted"]
+    # 100 inputs cannot show 99.5% agreement with 95% confidence, even all agreeing; 97% they can
+    assert report.meta["chosen"] is None and report.meta["images"] == 100
+    loose = calibrate_checkpoint(fixed_model, None, EvalOptions(data_dir=tiny_mnist, download=False), tolerance=0.03)
+    assert loose.meta["chosen"] == "quantile:0.5" and [b["chosen"] for b in loose.buckets].count(True) == 1
+    assert (report.meta["data"], report.meta["sets"], report.meta["halting"], report.meta["bound"]) == (
+        "validation", [{"rotation": cfg.train_rotation, "protocol": "uniform"}], None, "wilson, one-sided 95%")
 
 
 def test_calibrate_command_contract(fixed_model, tiny_mnist, ponder, monkeypatch):
     # the fixed model (test_calibrate_on_a_model_whose_outputs_are_known): every rule agrees
     # with the last step, quantile:0.5 halts at step 1, the fewest
     args = ["calibrate", fixed_model, "--data-dir", tiny_mnist, "--angles", 30, 60, "--repeats", 2, "--limit", 40]
-    result = ponder(*args, "-f", "json")
+    result = ponder(*args, "-f", "json", "--tolerance", 0.02)  # 160 agreeing: bound 160 / 162.7055 = 0.9834
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert list(report)[:len(META_KEYS)] == list(META_KEYS) and report["command"] == "calibrate"
@@ -349,7 +366,7 @@ def test_calibrate_command_contract(fixed_model, tiny_mnist, ponder, monkeypatch
 def test_calibrate_takes_the_candidates_from_rules(fixed_model, tiny_mnist, ponder, one_error_line):
     # the fixed model: lambda = 1/2 and one class throughout (test_calibrate_on_a_model_whose_outputs_are_known)
     result = ponder("calibrate", "--rules", "confidence:0.9", "quantile:0.8", "patience:1", fixed_model,
-                    "--data-dir", tiny_mnist, "-f", "json")
+                    "--data-dir", tiny_mnist, "-f", "json", "--tolerance", 0.03)  # 100 inputs: bound 0.9737
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert [(b["halting"], b["mean_steps"]) for b in report["buckets"]] == [

@@ -274,14 +274,15 @@ def test_a_vector_model_probes_with_a_vector(tmp_path):
     assert new_model(cfg).left_out_by_one_step() == ["step.cell.weight_hh"]  # h_0 = 0 meets no W_hh at step 1
 
 
-def test_calibrate_uses_the_validation_vectors_of_the_training_range(parity_run, ponder):
+def test_calibrate_uses_vectors_of_its_own_over_the_training_range(parity_run, ponder):
     def report(*args):
         result = ponder("calibrate", parity_run, "-f", "json", *args)
         assert result.exit_code == 0, result.output
         return json.loads(result.stdout)
     default = report()
-    # VAL_PER_COUNT (64) validation vectors for each count of the training range 1-6
-    assert default["sets"] == [{"counts": "1-6", "lo": 1, "hi": 6}] and default["images"] == 6 * 64
+    # CALIBRATION_PER_COUNT (256) calibration vectors for each count of the training range 1-6
+    assert default["sets"] == [{"counts": "1-6", "lo": 1, "hi": 6}] and default["images"] == 6 * 256
+    assert default["data"] == "calibration" and default["bound"] == "wilson, one-sided 95%"
     assert default["protocol"] is None and default["task"] == "parity"
     beyond = report("--counts", "7-8", "--limit", "10")
     assert beyond["sets"] == [{"counts": "7-8", "lo": 7, "hi": 8}] and beyond["images"] == 2 * 10

@@ -14,13 +14,13 @@ from .. import PonderError
 from ..calibrate import choose_rule, rule_outcomes
 from ..checkpoint import load_model
 from ..config import PonderConfig, seed_problems
-from ..evaluate import evaluate_buckets
+from ..evaluate import evaluate_buckets, uncertainty
 from ..halting_rules import CALIBRATION_RULES, parse_exit_rule, parse_halting_rule
 from ..methods import get_method
-from ..registry import DEFAULT_PROTOCOL
+from ..registry import DEFAULT_HALTING, DEFAULT_PROTOCOL
 from ..reports import (Report, calibration_report, combine_draws, comparison_report, evaluation_report,
                        group_by_configuration, mean_ci, sweep_report)
-from ..tasks import get_task
+from ..tasks import derived_seed, get_task
 from .loading import check_halting, device_and_amp, load_one, resolve_named
 
 
@@ -28,7 +28,7 @@ from .loading import check_halting, device_and_amp, load_one, resolve_named
 class EvalOptions:
     """How to evaluate: shared by eval, extrapolate and compare."""
     protocol: Optional[str] = None  # how test images are rotated; None: the task's default (MNIST: uniform)
-    halting: str = "sample"
+    halting: Optional[str] = None  # None: the method's own (loading.check_halting)
     seed: Optional[int] = None  # None: the checkpoint's training seed (compare: the default seed)
     limit: int = 0  # first N test images (0: all)
     batch_size: int = 1000
@@ -42,7 +42,8 @@ class EvalOptions:
     def __post_init__(self) -> None:
         problems = seed_problems(self.seed, "--seed") if self.seed is not None else []
         try:
-            parse_halting_rule(self.halting)
+            if self.halting is not None:
+                parse_halting_rule(self.halting)
         except ValueError as exc:
             problems.append(f"--halting: {exc}")
         if not 1 <= self.repeats <= 1000:
@@ -63,20 +64,25 @@ def _progress_bar(total: int, enabled: bool):
 def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int, amp: bool, *,
                   with_loss: bool, on_bucket: Optional[Callable[[], None]] = None):
     """One dict per bucket of the task (means over `options.repeats` draws, seeds seed, seed + 1,
-    ...) and Spearman's rho between difficulty and steps (its mean over draws, with a 95% interval
-    when there are several). A bucket names its difficulty in the task's terms (MNIST:
-    "rotation" and "protocol"; parity: "counts", "lo", "hi")."""
+    ...; each draw redraws the inputs the task draws and the coins) with the uncertainty of its
+    figures over every input of every draw (evaluate.uncertainty), and Spearman's rho between
+    difficulty and steps (its mean over draws, with a 95% interval when there are several). A
+    bucket names its difficulty in the task's terms (MNIST: "rotation" and "protocol"; parity:
+    "counts", "lo", "hi")."""
 
     task = get_task(cfg)
     used = get_method(cfg).halting_label(options.halting)
-    draws, rhos = [], []
+    draws, rhos, samples = [], [], [[] for _ in specs]
     for k in range(options.repeats):
-        buckets_in = [lambda spec=spec, k=k: task.bucket(test, spec, specs, model.max_steps, seed + k, options.protocol)
+        buckets_in = [lambda spec=spec, k=k: task.bucket(test, spec, specs, model.max_steps, seed + k, options.protocol,
+                                                         draw=k)
                       for spec in specs]
         results, rho = evaluate_buckets(model, buckets_in, cfg, halting=options.halting,
                                         batch_size=options.batch_size, detail=options.detail,
                                         with_loss=with_loss, amp=amp, on_bucket=on_bucket)
         rhos.append(rho)
+        for pooled, result in zip(samples, results):
+            pooled.append(result.samples)
         buckets = []
         for spec, result in zip(specs, results):
             bucket = {**task.bucket_fields(spec, options.protocol), "halting": used, **result.as_dict()}
@@ -87,7 +93,7 @@ def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int
                 bucket.pop("accuracy_at_step")
             buckets.append(bucket)
         draws.append(buckets)
-    combined = [combine_draws([draw[b] for draw in draws]) for b in range(len(specs))]
+    combined = [{**combine_draws([draw[b] for draw in draws]), **uncertainty(samples[b])} for b in range(len(specs))]
     rho, rho_ci = (None, None) if None in rhos else mean_ci(rhos)
     return combined, rho, rho_ci
 
@@ -101,7 +107,7 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], angles
     progress: a bar on stderr, one tick per bucket."""
 
     path, dev, amp, model, cfg = load_one(checkpoint, options, log)
-    check_halting(cfg, options.halting)
+    options = replace(options, halting=check_halting(cfg, options.halting))
     task = get_task(cfg)
     options = _with_protocol(task, options)
     specs = task.parse_buckets(angles, counts, command)
@@ -137,7 +143,7 @@ def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float],
     to elems). Accuracy and mean steps per bucket, and the least-squares slope of steps."""
 
     path, dev, amp, model, cfg = load_one(checkpoint, options, log)
-    check_halting(cfg, options.halting)
+    options = replace(options, halting=check_halting(cfg, options.halting))
     task = get_task(cfg)
     specs = task.sweep_specs(start, stop, every)
     fixed = replace(options, protocol="fixed")
@@ -153,10 +159,12 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], angles: Optional[li
                          rules: Optional[list[str]] = None, log: Callable[[str], None] = lambda line: None,
                          progress: bool = False) -> Report:
     """calibrate: every candidate exit rule (default halting_rules.CALIBRATION_RULES) on the
-    task's validation data (MNIST: the held-out training images, rotated as in training, or by
-    `angles` under options.protocol; parity: the validation vectors of the training range, or of
-    `counts`), and the cheapest rule that agrees with the last step on at least 1 - tolerance of
-    them (calibrate.choose_rule). options.repeats draws (seeds seed, seed + 1, ...) are pooled."""
+    task's calibration data (MNIST: the held-out training images, rotated within the training
+    rotation, or by `angles` under options.protocol; parity: vectors of calibrate's own, of the
+    training range or of `counts`), and the cheapest rule whose agreement with the last step has
+    a one-sided 95% lower bound of at least 1 - tolerance (calibrate.choose_rule). Rotations,
+    vectors redrawn and coins come from a stream of calibrate's own (derived from the seed), never
+    the draws that validated training; options.repeats draws are pooled."""
 
     if not (math.isfinite(tolerance) and 0 <= tolerance < 1):
         raise PonderError(f"--tolerance must be at least 0 and below 1 (got {tolerance:g})")
@@ -175,16 +183,18 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], angles: Optional[li
     options = _with_protocol(task, options)
     specs = task.parse_buckets(angles, counts, "calibrate")
     seed = cfg.seed if options.seed is None else options.seed
+    draws = derived_seed("calibrate", seed)
     with _progress_bar(len(specs) * options.repeats, progress) as bar:
-        data = task.validation_data(options, dev)
+        data = task.calibration_data(options, dev)
 
         def buckets():
             for k in range(options.repeats):
                 for spec in specs:
-                    yield task.bucket(data, spec, specs, model.max_steps, seed + k, options.protocol)
+                    yield task.bucket(data, spec, specs, model.max_steps, draws + k, options.protocol, draw=k)
                     bar.update()
         outcomes = rule_outcomes(model, buckets(), rules, batch_size=options.batch_size, amp=amp)
     return calibration_report(str(path), cfg, outcomes, choose_rule(outcomes, tolerance), tolerance=tolerance,
+                              data=task.calibration_split,
                               sets=[task.bucket_fields(spec, options.protocol) for spec in specs],
                               protocol=_protocol(cfg, options), seed=seed, repeats=options.repeats, view=task.view())
 
@@ -220,7 +230,8 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], angles: Optional[li
         raise PonderError(f"compare needs checkpoints of one task, evaluated on the same inputs (got {', '.join(kinds)})")
     first = next(iter(models.values()))[1]
     task = get_task(first)
-    options = _with_protocol(task, options)
+    # one rule for every checkpoint, each method halting by its own where it has one
+    options = _with_protocol(task, replace(options, halting=options.halting or DEFAULT_HALTING))
     angles = task.parse_buckets(angles, counts, "compare")
     with _progress_bar(len(models) * len(angles) * options.repeats, progress) as bar:
         test = _test_set(task, options, dev)

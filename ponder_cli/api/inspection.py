@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional, Union
 
@@ -26,7 +26,7 @@ PLOT_INPUTS = 16  # strips in one --plot figure: more would not be readable
 @dataclass(frozen=True)
 class PredictOptions:
     """How `ponder predict` reads the inputs and halts."""
-    halting: str = "sample"
+    halting: Optional[str] = None  # None: the method's own (loading.check_halting)
     seed: Optional[int] = None  # the halting coins' seed; None: the checkpoint's training seed (as eval)
     invert: Optional[bool] = None  # images: None detects a dark digit on a light background
     rotate: Optional[float] = None  # images: degrees, counter-clockwise, before anything else
@@ -55,7 +55,7 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
     path = resolve_named(checkpoint, log)
     dev, _ = device_and_amp(options.device, False)
     model, cfg, _ = load_model(path, dev)
-    check_halting(cfg, options.halting)
+    options = replace(options, halting=check_halting(cfg, options.halting))
     task, method = get_task(cfg), get_method(cfg)
     read = task.read_inputs([Path(p) for p in inputs], InputOptions(options.invert, options.rotate))
     seed = cfg.seed if options.seed is None else options.seed

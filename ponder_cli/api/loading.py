@@ -8,6 +8,7 @@ from typing import Callable, Optional
 from .. import PonderError
 from ..checkpoint import load_model
 from ..methods import get_method
+from ..registry import DEFAULT_HALTING
 from ..runs import resolve_checkpoint
 from ..runtime import resolve_device
 
@@ -32,9 +33,14 @@ def load_one(checkpoint, options, log: Callable[[str], None]):
     model, cfg, _ = load_model(path, dev)
     return path, dev, amp, model, cfg
 
-def check_halting(cfg, rule: str) -> None:
-    """Refuse a rule the checkpoint's method cannot halt by (compare instead shows each method's own)."""
+def check_halting(cfg, rule: Optional[str]) -> str:
+    """The rule to evaluate by: `rule` (None: not given, DEFAULT_HALTING, which a method with a
+    rule of its own replaces); a rule given that the checkpoint's method cannot halt by is
+    refused, never replaced (compare instead shows each method's own)."""
 
+    if rule is None:
+        return DEFAULT_HALTING
     problem = get_method(cfg).halting_problem(rule)
     if problem is not None:
         raise PonderError(problem)
+    return rule

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Union
+
+import torch
 
 from .. import PonderError, brief, distributed
 from ..config import PonderConfig
@@ -35,6 +39,24 @@ class TrainOptions:
     tensorboard: bool = False  # TensorBoard event files in the run folder too (tensorboard_log.py)
     config_file: Optional[Path] = None  # settings read from a file (config_file.py); `given` overrides them
     notes: tuple = ()  # lines to say first (under torchrun, rank 0 alone says them)
+    deterministic: bool = False  # only deterministic kernels (deterministic_kernels): a training option, not a model's
+
+@contextlib.contextmanager
+def deterministic_kernels(on: bool):
+    """While training: torch.use_deterministic_algorithms(True) (an operation without a
+    deterministic kernel then fails rather than varies), and on CUDA the cuBLAS workspace that
+    makes its sums reproducible, which must be set before cuBLAS starts. Restored afterwards, so
+    a library caller's process is left as it was."""
+    if not on:
+        yield
+        return
+    was = torch.are_deterministic_algorithms_enabled()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was)
 
 def _settings(given: dict, config_file: Optional[Path]) -> tuple[dict, dict]:
     """The settings of a run: the file's, overridden by the options given; and the file's source
@@ -68,6 +90,11 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
     if options.tensorboard:
         from ..tensorboard_log import require_tensorboard
         require_tensorboard()
+    with deterministic_kernels(options.deterministic):
+        return _train_run(given, options, log)
+
+
+def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -> Optional[Report]:
     where = distributed.launch()  # torchrun's RANK, LOCAL_RANK, WORLD_SIZE; None for a plain process
     main = where is None or where.main
     if not main:

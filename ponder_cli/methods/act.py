@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 
 from ..halting import ActExit, ActHalted, act_halting, act_mean_field, act_prediction
-from ..halting_rules import PARAMETERS, parse_halting_rule
 from ..losses import LossParts
 from . import Method
 
@@ -43,14 +42,11 @@ class ACTMethod(Method):
         return "act"
 
     def halting_problem(self, rule):
-        # sample, median and expected name PonderNet's rules, for which ACT's own stands in (as
-        # in compare, where one --halting serves every method); the exit rules with a parameter
-        # ask for a specific exit that ACT's mean-field prediction has no counterpart of
-        name = parse_halting_rule(rule).name
-        if name in PARAMETERS:
-            return (f"--halting {rule} applies to pondernet checkpoints; this one is act, which halts by its own "
-                    f"rule (halting units summing to 1 - epsilon)")
-        return None
+        # every --halting rule is PonderNet's: ACT halts by its own alone, so a rule asked for is
+        # refused rather than silently replaced (compare, where one --halting serves every
+        # method, shows each method's own instead)
+        return (f"--halting {rule} applies to pondernet checkpoints; this one is act, which halts by its own "
+                f"rule (halting units summing to 1 - epsilon)")
 
     def loss(self, logits, lambda_logits, targets):
         return act_loss(logits, lambda_logits, targets, self.cfg.tau, self.cfg.act_epsilon)

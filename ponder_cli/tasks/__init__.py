@@ -19,13 +19,16 @@ Interface (see MnistTask and ParityTask; a task is built from the run's config, 
   files read and checked (a problem is one PonderError naming the file), ready for the model;
 - evaluation: `default_buckets(command)`, `parse_buckets(angles, counts, command)` and
   `sweep_specs(start, stop, every)` -> bucket specs, `test_data(options, device)` and
-  `validation_data(options, device)` (held-out training data, for calibrate),
-  `bucket(test, spec, specs, max_steps, seed, protocol)` -> evaluate.EvalBucket, and
+  `calibration_data(options, device)` (what calibrate chooses an exit rule on: data of its own
+  where the task can draw them, parity; MNIST's held-out training images),
+  `bucket(test, spec, specs, max_steps, seed, protocol, draw=k)` -> evaluate.EvalBucket (draw k
+  of --repeats: a task that draws its inputs redraws them for k >= 1), and
   `bucket_fields(spec, protocol)`: the bucket's name in the task's own terms for JSON and tables.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -80,6 +83,7 @@ class Task:
     inputs: str = ""  # what the inputs are, for messages: "28x28 images"
     difficulty: str = ""  # the key naming a bucket's difficulty in reports
     uses_protocol: bool = False  # whether --protocol (how test images are rotated) means anything
+    calibration_split: str = ""  # what calibrate chooses on: "calibration" (data of its own) or "validation"
     implied: dict = {}
     reads: tuple = ()
 
@@ -93,6 +97,14 @@ class Task:
     def view(self):
         """What reports say of this task for this run (reports.TaskView: plain data, no torch)."""
         raise NotImplementedError
+
+
+def derived_seed(stream: str, *parts: int) -> int:
+    """A generator seed for one named stream of random draws ("coins", "vectors", "calibrate")
+    and the integers that pick its member (a seed, a count, an image index): distinct streams
+    and members give unrelated seeds, so no two draws share a generator by accident."""
+    text = ":".join([stream, *map(str, parts)]).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
 
 
 def get_task(cfg) -> Task:

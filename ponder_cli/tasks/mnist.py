@@ -238,6 +238,7 @@ class MnistTask(Task):
     difficulty = "rotation"
     uses_protocol = True
     reads = ("train_rotation", "val_size", "train_size")
+    calibration_split = "validation"  # what calibrate's inputs are (calibration_data)
 
     # training -----------------------------------------------------------------------------
 
@@ -284,13 +285,15 @@ class MnistTask(Task):
         test = load_mnist(resolve_data_dir(options.data_dir), train=False, download=options.download)
         return (test.subset(slice(0, options.limit)) if options.limit else test).to(device)
 
-    def validation_data(self, options, device):
+    def calibration_data(self, options, device):
         """The held-out training images (data.train_val_split with the run's seed), the first
-        --limit of them: what training validated on, for calibrate."""
+        --limit of them, for calibrate: MNIST has no other held-out digits, so these are the ones
+        training validated on (and chose its best epoch by); calibrate rotates them, and flips
+        their coins, from a stream of its own (api.evaluation.calibrate_checkpoint)."""
         _, held_out = self.load_training(resolve_data_dir(options.data_dir), options.download)
         return (held_out.subset(slice(0, options.limit)) if options.limit else held_out).to(device)
 
-    def bucket(self, data, spec: float, specs: list, max_steps: int, seed: int, protocol: str):
+    def bucket(self, data, spec: float, specs: list, max_steps: int, seed: int, protocol: str, *, draw: int = 0):
         lower = max((a for a in specs if a < spec), default=0.0)  # the band protocol's inner edge
         return image_bucket(data, max_steps, spec, seed, protocol=protocol, lower=lower)
 

@@ -16,7 +16,9 @@ Randomness comes only from explicit torch.Generator objects, never the global st
   validation, checkpointing, early stopping and learning-rate cuts, not a pass over a data set;
 - evaluation sets are drawn on the CPU from a generator seeded by (seed, elems, count), then
   moved to the device, so a checkpoint gives the same numbers on every device, and the rows of
-  one non-zero count do not depend on which other counts are asked for.
+  one non-zero count do not depend on which other counts are asked for; so are the halting
+  coins of an evaluation (per count, from the evaluation's seed), so that a count's figures are
+  the same whether it is a bucket of its own or part of a wider one.
 """
 
 from __future__ import annotations
@@ -30,14 +32,17 @@ from .. import PonderError, distributed
 from ..config import parse_count_range
 from ..evaluate import EvalBucket, evaluate_bucket
 from ..reports import TaskView, Terms
-from . import Task, TrainingSource, UserInputs, check_input_file, load_inputs
+from . import Task, TrainingSource, UserInputs, check_input_file, derived_seed, load_inputs
 
 CLASSES = 2
-# Seeds of the fixed evaluation sets: validation while training, test for reported figures.
+# Seeds of the fixed evaluation sets: validation while training (and so model selection), test
+# for reported figures, calibration for choosing an exit rule (never used for anything else).
 VALIDATION_SEED = 1
 TEST_SEED = 2
+CALIBRATION_SEED = 3
 VAL_PER_COUNT = 64  # validation rows per non-zero count of the training range
 TEST_PER_COUNT = 256  # evaluation rows per non-zero count of a bucket (--limit lowers it)
+CALIBRATION_PER_COUNT = 256  # calibration rows per non-zero count (--limit sets it)
 # Splits a (seed, elems, count) triple into one generator seed (an odd 64-bit multiplier, so
 # distinct triples give distinct seeds for any realistic sizes).
 _MIX = 0x9E3779B97F4A7C15
@@ -161,10 +166,22 @@ class ParityBatches(TrainingSource):
             self.drawn = int(state.get("drawn", 0))
 
 
-def vector_bucket(data: ParityBatch, max_steps: int, seed: int):
-    """An evaluation bucket of fixed vectors; the halting coins from a generator seeded by `seed`."""
+def halting_coins(counts: torch.Tensor, elems: int, max_steps: int, seed: int) -> torch.Tensor:
+    """The halting coins (max_steps, N) of rows grouped by non-zero count: each count's rows from
+    a generator of their own, seeded by (seed, elems, count), row j of a count getting the j-th
+    max_steps numbers it draws; so a row's coins depend neither on the other counts of its
+    bucket nor on how many rows follow it."""
+    values, sizes = torch.unique_consecutive(counts.cpu(), return_counts=True)
+    parts = [torch.rand(size, max_steps, generator=torch.Generator().manual_seed(
+        count_seed(derived_seed("coins", seed), elems, count))) for count, size in zip(values.tolist(), sizes.tolist())]
+    return torch.cat(parts).T.contiguous()
 
-    uniforms = torch.rand(max_steps, data.x.shape[0], generator=torch.Generator().manual_seed(seed))
+
+def vector_bucket(data: ParityBatch, max_steps: int, seed: int):
+    """An evaluation bucket of vectors (grouped by count, as evaluation_set draws them); the
+    halting coins per count from `seed` (halting_coins)."""
+
+    uniforms = halting_coins(data.counts, data.x.shape[1], max_steps, seed)
     return EvalBucket(labels=data.labels, inputs=lambda start, end: data.x[start:end],
                       uniforms=uniforms.to(data.x.device), difficulty=data.counts.double().cpu())
 
@@ -227,6 +244,7 @@ class ParityTask(Task):
     # Adam 1e-3)
     implied = {"step": "gru", "hidden": 128, "lambda_p": 0.1, "grad_clip": 1.0}
     reads = ("elems", "train_counts", "batches_per_epoch", "curriculum", "curriculum_start")
+    calibration_split = "calibration"  # what calibrate's inputs are (calibration_data)
 
     def _range(self) -> tuple[int, int]:
         return self.cfg.train_range()
@@ -301,13 +319,17 @@ class ParityTask(Task):
         vectors per non-zero count instead of TEST_PER_COUNT."""
         return device, options.limit or TEST_PER_COUNT, TEST_SEED
 
-    def validation_data(self, options, device):
-        """The fixed validation vectors (VALIDATION_SEED, VAL_PER_COUNT per count; --limit N: N),
-        for calibrate: those training validated on, for the training range."""
-        return device, options.limit or VAL_PER_COUNT, VALIDATION_SEED
+    def calibration_data(self, options, device):
+        """Vectors of calibrate's own (CALIBRATION_SEED, CALIBRATION_PER_COUNT per count; --limit
+        N: N): neither the validation vectors that chose the best epoch nor the test vectors."""
+        return device, options.limit or CALIBRATION_PER_COUNT, CALIBRATION_SEED
 
-    def bucket(self, test, spec: tuple[int, int], specs: list, max_steps: int, seed: int, protocol: str):
+    def bucket(self, test, spec: tuple[int, int], specs: list, max_steps: int, seed: int, protocol: str, *,
+               draw: int = 0):
+        """Draw 0: the fixed set (test or calibration vectors); draw k >= 1 of --repeats: fresh
+        vectors from `seed` (the evaluation's seed + k), per (elems, count) as ever."""
         device, per_count, set_seed = test
+        set_seed = set_seed if draw == 0 else derived_seed("vectors", seed)
         data = evaluation_set(self.cfg.elems, *spec, per_count, set_seed, device)
         return vector_bucket(data, max_steps, seed)
 
