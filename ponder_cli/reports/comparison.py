@@ -1,0 +1,107 @@
+"""What compare reports: checkpoints grouped into methods (those that differ only in the seed),
+mean ± sd over their seeds, per bucket."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Optional
+
+from ..render import Column
+from .contract import Report, TaskView, Terms, make_meta
+from .evaluation import per_bucket
+
+# compare ---------------------------------------------------------------------------------------
+
+@dataclass
+class Group:
+    """Checkpoints that differ only in their seed: one method configuration."""
+    label: str
+    cfg: object  # the first member's config
+    members: list  # (path, cfg) pairs
+
+
+def group_by_configuration(models: list[tuple[str, object]]) -> list[Group]:
+    """Group (path, cfg) pairs whose configs differ only in the seed, in first-seen order, and
+    label each group by its method plus whatever sets it apart from other groups of that method
+    and step function."""
+    groups: dict[tuple, list] = {}
+    for path, cfg in models:
+        key = tuple(sorted((k, v) for k, v in cfg.to_dict().items() if k != "seed"))
+        groups.setdefault(key, []).append((path, cfg))
+    firsts = [members[0][1] for members in groups.values()]
+    result = []
+    for members in groups.values():
+        cfg = members[0][1]
+        mine = cfg.to_dict()
+        # the step has its own column: compare only with groups of the same method and step
+        differing = sorted({k for other in firsts
+                            if other is not cfg and (other.method, other.step) == (cfg.method, cfg.step)
+                            for k, v in other.to_dict().items() if k != "seed" and mine[k] != v})
+        label = cfg.method + (f" ({', '.join(f'{k}={mine[k]}' for k in differing)})" if differing else "")
+        result.append(Group(label, cfg, members))
+    return result
+
+
+def mean_and_sd(values: list[float]) -> tuple[float, Optional[float]]:
+    """Mean and sample standard deviation over seeds; the sd is None for a single seed."""
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def plus_minus(mean: float, sd: Optional[float], spec: str) -> str:
+    return format(mean, spec) if sd is None else f"{format(mean, spec)} ± {format(sd, spec)}"
+
+
+DIFFICULTY_KEYS = ("rotation", "counts", "lo", "hi")  # what names a bucket, in either task's terms
+
+
+def compare_columns(steps_differ: bool, words: Terms) -> list[Column]:
+    """The compare table: labels wrap (`pondernet (train_rotation=22.5)`), figures never do."""
+    return [Column("label", "method", "s", wrap=True)] + ([Column("step", "step", "s")] if steps_differ else []) + [
+        Column("seeds", "seeds"), Column(words.key, words.header, words.spec),
+        Column("accuracy_text", "accuracy", "s", wrap=True),
+        Column("steps_text", "steps", "s", wrap=True)]
+
+
+def comparison_report(groups: list[Group], results: list[list[list[dict]]], angles: list, *,
+                      protocol: Optional[str], halting: str, seed: int, repeats: int = 1,
+                      view: TaskView) -> Report:
+    """results[g][m][b]: the bucket dict of member m of group g in bucket b (an angle, or a
+    non-zero-count range for parity); every checkpoint is of one task."""
+    buckets, series = [], {}
+    words = view.terms
+    step_names = sorted({g.cfg.step for g in groups})
+    for group, per_model in zip(groups, results):
+        # the plot's legend: a group's label names what sets it apart within its method and
+        # step, so where steps differ the step goes with it, as the table's step column does
+        name = f"{group.label} · step {group.cfg.step}" if len(step_names) > 1 else group.label
+        series[name] = []
+        for b, _ in enumerate(angles):
+            accuracy, accuracy_sd = mean_and_sd([r[b]["accuracy"] for r in per_model])
+            steps, steps_sd = mean_and_sd([r[b]["mean_steps"] for r in per_model])
+            bucket = {"method": group.cfg.method, "step": group.cfg.step, "label": group.label,
+                      **{k: v for k, v in per_model[0][b].items() if k in DIFFICULTY_KEYS}, "seeds": len(per_model), "accuracy": accuracy, "accuracy_sd": accuracy_sd,
+                      "mean_steps": steps, "mean_steps_sd": steps_sd, "halting": per_model[0][b]["halting"],
+                      "images": per_model[0][b]["images"], "checkpoints": [p for p, _ in group.members],
+                      "accuracy_text": plus_minus(accuracy, accuracy_sd, ".4f"),
+                      "steps_text": plus_minus(steps, steps_sd, ".2f")}
+            buckets.append(bucket)
+            series[name].append({**bucket, "std_steps": steps_sd or 0.0, "histogram": [
+                sum(r[b]["histogram"][k] for r in per_model) for k in range(len(per_model[0][b]["histogram"]))]})
+    meta = make_meta("compare", [p for g in groups for p, _ in g.members], [g.cfg.method for g in groups],
+                     [g.cfg.step for g in groups], protocol=protocol, halting=halting, seed=seed,
+                     task=view.name, repeats=repeats)
+    draws = f" · each the mean of {repeats} draws" if repeats > 1 else ""
+    # each method's own halting rule (ACT's, one step) or the one asked for: one per method
+    rules = {bucket["method"]: bucket["halting"] for bucket in buckets}
+    # the table names each group once, on its first row: long labels wrap over several lines
+    rows = [{**bucket, "label": bucket["label"] if i == 0 or buckets[i - 1]["label"] != bucket["label"] else ""}
+            for i, bucket in enumerate(buckets)]
+    how = f"protocol {protocol} · " if protocol is not None else ""
+    return Report(meta=meta, buckets=buckets, columns=compare_columns(len(step_names) > 1, words), title="Methods compared",
+                  table_rows=rows,
+                  caption=f"accuracy and steps: mean ± sd over seeds{draws}\nhalting: "
+                          f"{' · '.join(f'{method} → {rule}' for method, rule in rules.items())}\n"
+                          f"{'step ' + step_names[0] + ' · ' if len(step_names) == 1 else ''}{how}"
+                          f"seed {seed}\n{per_bucket(buckets, 'test ' + words.inputs)}",
+                  plot_series=series)

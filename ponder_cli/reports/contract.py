@@ -1,0 +1,89 @@
+"""The one output contract: every command's JSON is one object with the same metadata keys
+(`META_KEYS`) and a `buckets` array; its CSV has one row per bucket with the metadata as
+columns. A task names its buckets and inputs through its `TaskView`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from ..render import Column
+
+META_KEYS = ("command", "task", "checkpoints", "method", "step", "protocol", "halting", "seed")
+
+
+@dataclass
+class Report:
+    meta: dict  # META_KEYS first, then anything command-specific (spearman, train_rotation, ...)
+    buckets: list[dict]
+    columns: list[Column]  # what the table shows of each bucket
+    title: str
+    caption: str = ""
+    detail: Optional[tuple[str, list[dict], list[Column]]] = None  # a second table: title, rows, columns
+    footer: str = ""  # a line after the table (table format only)
+    plot_series: dict[str, list[dict]] = field(default_factory=dict)  # label -> buckets, for --plot
+    table_rows: Optional[list[dict]] = None  # what the table shows, when not the buckets
+    plot_kind: str = "buckets"  # plot.py's figure for this report
+
+    @property
+    def rows(self) -> list[dict]:
+        return self.buckets if self.table_rows is None else self.table_rows
+
+    def as_json(self) -> dict:
+        return {**self.meta, "buckets": self.buckets}
+
+    def csv_rows(self) -> list[dict]:
+        """One row per bucket, the scalar metadata in the first columns."""
+        scalars = {k: v for k, v in self.meta.items() if not isinstance(v, dict)}
+        return [{**scalars, **bucket} for bucket in self.buckets]
+
+
+def make_meta(command: str, checkpoints: list[str], methods: list[str], steps: list[str], *,
+              protocol: Optional[str], halting: Optional[str], seed: Optional[int], task: str,
+              **extra) -> dict:
+    """The shared metadata; method and step are null when the checkpoints differ in them (every
+    bucket then carries its own). protocol: MNIST's rotation protocol, null for parity."""
+    def one(values):
+        distinct = sorted(set(values))
+        return distinct[0] if len(distinct) == 1 else None
+    return {"command": command, "task": task, "checkpoints": checkpoints, "method": one(methods),
+            "step": one(steps), "protocol": protocol, "halting": halting, "seed": seed, **extra}
+
+
+@dataclass(frozen=True)
+class Terms:
+    """How a task names its buckets and inputs in tables, captions and JSON (each task module
+    holds its own; see tasks/)."""
+    key: str  # the bucket's difficulty key in JSON and the table ("rotation", "counts")
+    header: str  # its table column
+    spec: str
+    difficulty: str  # in "Spearman ρ(..., steps)"
+    between: str  # the JSON's words for the same
+    inputs: str  # "images", "vectors"
+    test_set: str  # what eval measures on
+    label: Callable[[dict], str]  # a bucket's name in headers: "±45°", "counts 1-16"
+    # sweep: the bucket key on the x axis, its header, the slope's scale and unit, the fit's
+    # JSON key and the sweep's name
+    sweep_key: str
+    sweep_header: str
+    sweep_scale: float
+    sweep_unit: str
+    sweep_fit: str
+    sweep_name: str
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """What reports say of a run's task (built by the task from the run's config): its name, its
+    terms, the metadata it adds (MNIST: train_rotation; parity: elems, train_counts), how
+    captions name the training data, and its protocol when it has one."""
+    name: str
+    terms: Terms
+    meta: dict
+    trained_on: str
+    protocol: Optional[str] = "uniform"
+
+
+def describe_model(cfg, view: TaskView) -> str:
+    """How captions and titles name a model: method, step function, what it was trained on."""
+    return f"{cfg.method} · step {cfg.step} · {view.trained_on}"

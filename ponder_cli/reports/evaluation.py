@@ -1,0 +1,191 @@
+"""What eval, extrapolate, sweep and calibrate report: one bucket per difficulty."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Callable, Optional
+
+from ..render import Column, cell_text, sparkline
+from .contract import Report, TaskView, Terms, describe_model, make_meta
+
+# eval and extrapolate --------------------------------------------------------------------------
+
+def per_bucket(buckets: list[dict], inputs: str) -> str:
+    """The captions' "1000 images per bucket"; buckets of different sizes (parity's count ranges
+    of different widths) give the range: "1024–2048 vectors per bucket"."""
+    sizes = sorted({bucket["images"] for bucket in buckets})
+    count = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}–{sizes[-1]}"
+    return f"{count} {inputs} per bucket"
+
+
+def _pair(first: str, second: str, spec: str, sep: str) -> Callable[[dict], str]:
+    """A table cell of two figures, e.g. "4.09 ± 3.50": one column where two would not fit in 80."""
+    return lambda row: f"{cell_text(row.get(first), spec)}{sep}{cell_text(row.get(second), spec)}"
+
+
+def _with_interval(key: str, interval: str, spec: str) -> Callable[[dict], str]:
+    """"0.9440 ±0.0131": a figure and the half-width of its 95% interval (the `interval` key)."""
+    def text(row: dict) -> str:
+        if row.get(interval) is None:
+            return cell_text(row[key], spec)
+        low, high = row[interval]
+        return f"{cell_text(row[key], spec)} ±{cell_text((high - low) / 2, spec)}"
+    return text
+
+
+def accuracy_column(intervals: bool) -> Column:
+    """The accuracy, with the half-width of its Wilson 95% interval over every input evaluated
+    (every draw's) where the table has room for it."""
+    if not intervals:
+        return Column("accuracy", "accuracy", ".4f")
+    return Column("accuracy", "accuracy ± 95%", text=_with_interval("accuracy", "accuracy_wilson", ".4f"), wrap=True)
+
+
+def bucket_columns(max_steps: int, with_loss: bool, intervals: bool, words: Terms) -> list[Column]:
+    """What eval and extrapolate tables show of a bucket; the image count, the same in every
+    bucket, goes in the caption so that the table fits an 80-column terminal. The accuracy
+    carries its interval's half-width where that fits (not beside eval's loss)."""
+    accuracy = accuracy_column(intervals)
+    columns = [
+        Column(words.key, words.header, words.spec), accuracy,
+        Column("mean_steps", "steps ± sd", text=_pair("mean_steps", "std_steps", ".2f", " ± "), wrap=True),
+        Column("steps_correct", "steps ✓ / ✗", text=_pair("steps_correct", "steps_wrong", ".2f", " / "), wrap=True),
+        Column("halting_spark", f"halting steps 1→{max_steps}", "s", no_wrap=True),
+    ]
+    return columns + ([Column("loss", "loss", ".4f")] if with_loss else [])
+
+
+def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *,
+                      protocol: Optional[str], halting: str, seed: int, with_loss: bool, detail: bool,
+                      rho_ci: Optional[list[float]] = None, view: TaskView) -> Report:
+    """eval / extrapolate: one bucket per rotation angle of one checkpoint."""
+    images = sum(b["images"] for b in buckets)
+    for bucket in buckets:
+        bucket.update(checkpoint=checkpoint, method=cfg.method, step=cfg.step)
+        bucket["halting_spark"] = sparkline(bucket["histogram"], width=20)
+    used = buckets[0]["halting"]
+    repeats = buckets[0].get("repeats", 1)
+    words = view.terms
+    meta = make_meta(command, [checkpoint], [cfg.method], [cfg.step], protocol=protocol, halting=used, seed=seed,
+                     task=view.name, repeats=repeats, **view.meta,
+                     spearman={"rho": rho, "rho_ci": rho_ci, "images": images, "between": words.between})
+    ci = f" (95% interval {rho_ci[0]:+.3f} to {rho_ci[1]:+.3f})" if rho_ci is not None else ""
+    name = f"Spearman ρ({words.difficulty}, steps)"
+    rho_text = (f"{name} undefined: {words.difficulty.strip('|')} or steps constant ({images} {words.inputs})"
+                if rho is None else f"{name} = {rho:+.3f}{ci} over {images} {words.inputs}")
+    draws = f" · mean of {repeats} draws (seeds {seed}–{seed + repeats - 1})" if repeats > 1 else ""
+    what = words.test_set if command == "eval" else "extrapolation"
+    how = f"protocol {protocol} · " if protocol is not None else ""
+    report = Report(
+        meta=meta, buckets=buckets, columns=bucket_columns(cfg.max_steps, with_loss, not with_loss, words),
+        title=f"{cfg.method} on the {what} ({checkpoint})",
+        caption=f"{describe_model(cfg, view)}\n{how}halting {used} · seed {seed}{draws}\n"
+                f"{per_bucket(buckets, words.inputs)} · steps ✓ / ✗: on correct / wrong answers\n"
+                f"{rho_text}",
+        plot_series={checkpoint: buckets})
+    if detail:
+        report.detail = per_step_table(buckets, expected=used == "expected", label=words.label)
+    return report
+
+
+def per_step_table(buckets: list[dict], *, expected: bool,
+                   label: Callable[[dict], str]) -> tuple[str, list[dict], list[Column]]:
+    """Per halting step: images that halted there and the accuracy if every image stopped there."""
+    columns = [Column("step", "step")]
+    rows = [{"step": k + 1} for k in range(len(buckets[0]["histogram"]))]
+    # whole counts from one draw of the sample or median rule; fractions when the expected rule
+    # spreads an image over steps or --repeats averages draws (combine_draws)
+    whole = not expected and all(isinstance(n, int) for b in buckets for n in b["histogram"])
+    for i, bucket in enumerate(buckets):
+        for k, row in enumerate(rows):
+            row[f"n{i}"] = bucket["histogram"][k]
+            row[f"a{i}"] = bucket["accuracy_at_step"][k]
+        columns += [Column(f"n{i}", f"{label(bucket)} halted", "d" if whole else ".1f", group=f"b{i}"),
+                    Column(f"a{i}", f"{label(bucket)} acc if stop", ".4f", group=f"b{i}")]
+    return "Per halting step", rows, columns
+
+
+# sweep: the "mental rotation" view -------------------------------------------------------------
+
+def least_squares(xs: list[float], ys: list[float]) -> tuple[float, float, Optional[float]]:
+    """Slope, intercept and r^2 of the least-squares line y = slope * x + intercept."""
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    syy = sum((y - my) ** 2 for y in ys)
+    slope = sxy / sxx if sxx else 0.0
+    return slope, my - slope * mx, (sxy * sxy / (sxx * syy) if sxx and syy else None)
+
+
+def sweep_columns(first: Column) -> list[Column]:
+    return [first, accuracy_column(True), Column("mean_steps", "steps", ".2f"),
+            Column("steps_correct", "steps ✓", ".2f"), Column("steps_wrong", "steps ✗", ".2f"),
+            Column("images", "images" if first.key == "rotation" else "inputs")]
+
+
+SWEEP_COLUMNS = sweep_columns(Column("rotation", "|angle|", "g"))
+
+
+def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *, halting: str, seed: int,
+                 view: TaskView) -> Report:
+    """Mean steps and accuracy against the exact difficulty, with the least-squares slope of steps:
+    MNIST per 10 degrees of rotation (human response times rise about linearly: Shepard & Metzler
+    1971); parity per non-zero count (ACT's paper saw ponder time rise about linearly)."""
+    words = view.terms
+    report = evaluation_report("sweep", checkpoint, cfg, buckets, rho,
+                               protocol="fixed" if view.protocol is not None else None, halting=halting, seed=seed,
+                               with_loss=False, detail=False, view=view)
+    slope, intercept, r2 = least_squares([b[words.sweep_key] for b in buckets], [b["mean_steps"] for b in buckets])
+    report.meta["fit"] = {words.sweep_fit: words.sweep_scale * slope, "steps_at_0": intercept, "r2": r2}
+    report.columns = sweep_columns(Column(words.sweep_key, words.sweep_header, "g"))
+    report.title = f"{cfg.method} {words.sweep_name} sweep ({checkpoint})"
+    report.caption += (f"\nleast squares: steps = {intercept:.2f} {'-' if slope < 0 else '+'} "
+                       f"{abs(words.sweep_scale * slope):.3f} per {words.sweep_unit}"
+                       + (f" (r² {r2:.2f})" if r2 is not None else ""))
+    report.plot_kind = "sweep"
+    return report
+
+
+# calibrate -------------------------------------------------------------------------------------
+
+CALIBRATION_COLUMNS = [
+    Column("halting", "rule", "s"), Column("mean_steps", "steps", ".2f"), Column("accuracy", "accuracy", ".4f"),
+    Column("gap", "gap", "+.4f"), Column("agreement", "agrees", ".4f"), Column("agreement_lower", "bound", ".4f"),
+    Column("chosen", "", "s", text=lambda row: "chosen" if row["chosen"] else "ok" if row["admitted"] else ""),
+]
+
+
+def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[str], *, tolerance: float,
+                       sets: list[dict], protocol: Optional[str], seed: int, repeats: int = 1,
+                       view: TaskView, data: str = "validation") -> Report:
+    """calibrate: one bucket per candidate rule (calibrate.RuleOutcome) on the calibration data
+    (`data`: "calibration", inputs of its own, or "validation"); `chosen` the cheapest rule whose
+    agreement's lower bound clears 1 - tolerance (None: none does). gap: the last step's
+    accuracy minus the halting step's; within_tolerance: the agreement as measured clears it."""
+    words = view.terms
+    floor = 1 - tolerance
+    buckets = []
+    for outcome in outcomes:
+        bucket = outcome.as_dict()
+        bucket.update(gap=bucket["accuracy_last"] - bucket["accuracy"], within_tolerance=bucket["agreement"] >= floor
+                      - 1e-12, admitted=bucket["agreement_lower"] >= floor - 1e-12, chosen=bucket["halting"] == chosen)
+        buckets.append(bucket)
+    images = buckets[0]["images"]
+    meta = make_meta("calibrate", [checkpoint], [cfg.method], [cfg.step], protocol=protocol, halting=None, seed=seed,
+                     task=view.name, repeats=repeats, **view.meta, data=data, sets=sets, images=images,
+                     tolerance=tolerance, criterion="agreement", bound="wilson, one-sided 95%", chosen=chosen)
+    labels = ", ".join(words.label(s) for s in sets)
+    draws = f" · {repeats} draws pooled (seeds {seed}–{seed + repeats - 1})" if repeats > 1 else f" · seed {seed}"
+    how = f"protocol {protocol} · " if protocol is not None else ""
+    if chosen is not None:
+        footer = f"chosen: {chosen} (fewest steps with bound ≥ {floor:.1%}): --halting {chosen}"
+    else:
+        footer = (f"chosen: none (no rule's bound reaches {floor:.1%} on {images} {words.inputs}): raise "
+                  f"--tolerance or calibrate on more")
+    return Report(meta=meta, buckets=buckets, columns=CALIBRATION_COLUMNS,
+                  title=f"Exit rules on the {data} set ({checkpoint})",
+                  caption=f"{describe_model(cfg, view)}\n{images} {data} {words.inputs} ({how}{labels}){draws}\n"
+                          f"accuracy at the last step: {buckets[0]['accuracy_last']:.4f} · gap: it minus accuracy\n"
+                          f"agrees: share whose class is the last step's · bound: its\n"
+                          f"one-sided 95% lower bound (Wilson) · ok: bound ≥ {floor:.1%}",
+                  footer=footer)

@@ -1,0 +1,113 @@
+"""What train, predict and info report: a run, a model's predictions, a checkpoint."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from ..render import Column, cell_text, value_text
+from .contract import Report, TaskView, describe_model, make_meta
+
+# train -----------------------------------------------------------------------------------------
+
+TRAIN_COLUMNS = [
+    Column("epochs", "epochs"), Column("best_epoch", "best epoch"), Column("val_accuracy", "val accuracy", ".4f"),
+    Column("val_steps", "val steps", ".2f"), Column("stopped_early", "stopped early"),
+    Column("seconds", "seconds", ".1f"),
+]
+
+
+def training_report(cfg, result, seconds: float, view: TaskView) -> Report:
+    """The summary of a run; its buckets are the epochs (the JSON and CSV give all of them)."""
+    epochs = [asdict(h) for h in result.history]
+    best = next((h for h in epochs if h["epoch"] == result.best_epoch), None)
+    summary = {"epochs": result.last_epoch, "best_epoch": result.best_epoch, "val_accuracy": result.best_accuracy,
+               "val_steps": best["val_steps"] if best else None, "stopped_early": result.stopped_early,
+               "seconds": seconds, "out_dir": str(result.out_dir)}
+    best_file = result.best_path
+    meta = make_meta("train", [str(best_file)] if best_file else [], [cfg.method], [cfg.step], protocol=view.protocol,
+                     halting="sample", seed=cfg.seed, task=view.name, **view.meta, **summary, config=cfg.to_dict())
+    return Report(meta=meta, buckets=epochs, columns=TRAIN_COLUMNS, table_rows=[summary],
+                  title=f"{cfg.method} training (step {cfg.step}{'' if view.name == 'mnist' else ', ' + view.name})",
+                  footer=f"best checkpoint: {best_file}" if best_file else
+                  f"no best checkpoint in {result.out_dir}: no epoch of this run beat epoch {result.best_epoch}, "
+                  f"whose weights were not found beside the checkpoint resumed")
+
+
+# predict ---------------------------------------------------------------------------------------
+
+PREDICT_COLUMNS = [Column("input", "input", "s", wrap=True), Column("prediction", "prediction"),
+                   Column("probability", "probability", ".4f"),
+                   Column("halting_step", "halting step", text=lambda row: cell_text(
+                       row["halting_step"], "d" if isinstance(row["halting_step"], int) else ".2f"))]
+
+
+def _step_rows(buckets: list[dict]) -> tuple[list[dict], list[str]]:
+    """The per-step table's rows (the input named on its first step only) and the step
+    function's own keys (align: turn_deg)."""
+    rows, own = [], []
+    for bucket in buckets:
+        for step in bucket["steps"]:
+            own += [key for key in step if key not in ("step", "class", "probability", "lambda", "p")
+                    and key not in own]
+            halts = isinstance(bucket["halting_step"], int) and step["step"] == bucket["halting_step"]
+            rows.append({**step, "input": bucket["input"] if step["step"] == 1 else "", "halts": "◀" if halts else ""})
+    return rows, own
+
+
+def prediction_report(checkpoint: str, cfg, buckets: list[dict], *, halting: str, seed: int, steps: bool,
+                      views: list, view: TaskView, **extra) -> Report:
+    """predict: one bucket per input (its prediction, probability and halting step; with
+    `steps`, each step's figures); `views` (per input: each step's view, nested lists) feed --plot."""
+    meta = make_meta("predict", [checkpoint], [cfg.method], [cfg.step], protocol=None, halting=halting, seed=seed,
+                     task=view.name, **view.meta, **extra, inputs=len(buckets))
+    sampled = halting == "sample"
+    report = Report(meta=meta, buckets=buckets if steps else [{k: v for k, v in b.items() if k != "steps"}
+                                                              for b in buckets],
+                    columns=PREDICT_COLUMNS, title=f"{cfg.method} predictions ({checkpoint})",
+                    caption=f"{describe_model(cfg, view)}\nhalting {halting}" + (f" · seed {seed}" if sampled else ""),
+                    plot_series={"inputs": [{**b, "views": v} for b, v in zip(buckets, views)]}, plot_kind="predict")
+    if steps:
+        rows, own = _step_rows(buckets)
+        columns = [Column("input", "input", "s", wrap=True), Column("step", "step"), Column("class", "class"),
+                   Column("probability", "probability", ".4f"), Column("lambda", "λ_n", ".4f"),
+                   Column("p", "p_n", ".4f"), *[Column(key, key, "+.1f") for key in own],
+                   Column("halts", "halts", "s")]
+        report.detail = ("Each step: its top class and probability, the halting probability λ_n and the halting "
+                         "distribution p_n", rows, columns)
+    return report
+
+
+# info ------------------------------------------------------------------------------------------
+
+HISTORY_COLUMNS = [
+    Column("epoch", "epoch"), Column("train_loss", "train loss", ".4f"), Column("train_accuracy", "train acc", ".4f"),
+    Column("train_steps", "train steps", ".2f"), Column("val_accuracy", "val acc", ".4f"),
+    Column("val_steps", "val steps", ".2f"), Column("lr", "lr", ".0e"), Column("seconds", "secs", ".0f"),
+    Column("best", "best", "s"),
+]
+
+
+def info_report(checkpoint: str, cfg, history: list[dict], summary: dict, *, shown: list[str], sources: dict,
+                view: TaskView) -> Report:
+    """info: what a checkpoint holds, as a table of facts, and its history, one bucket per epoch."""
+    meta = make_meta("info", [checkpoint], [cfg.method], [cfg.step], protocol=view.protocol, halting=None,
+                     seed=cfg.seed, task=view.name, **view.meta, **summary, config=cfg.to_dict(), sources=sources)
+    values = cfg.to_dict()
+    configuration = " · ".join(f"{name.replace('_', '-')} {value_text(values[name])}"
+                               + ("" if sources.get(name, "default") == "default" else f" ({sources[name]})")
+                               for name in shown)
+    best = summary["best_epoch"]
+    facts = [("task", view.name + (f" ({view.trained_on})" if view.trained_on else "")),
+             ("method", cfg.method), ("step", cfg.step), ("status", summary["status"]),
+             ("epochs", f"{summary['epochs_trained']} of {summary['epochs_planned']}"),
+             ("best epoch", "-" if best is None else
+              f"{best}: val accuracy {cell_text(summary['best_val_accuracy'], '.4f')}, "
+              f"val steps {cell_text(summary['best_val_steps'], '.2f')}"),
+             ("configuration", configuration)]
+    rows = [{"what": what, "value": value} for what, value in facts]
+    table = [{**h, "best": "★" if h.get("epoch") == best else ""} for h in history]
+    facts_columns = [Column("what", "", "s"), Column("value", "", "s", wrap=True)]  # no headers: no header row
+    return Report(meta=meta, buckets=history, columns=facts_columns, table_rows=rows, title=checkpoint,
+                  detail=("History", table, HISTORY_COLUMNS) if history else None,
+                  footer="" if history else "no per-epoch history in this checkpoint",
+                  plot_series={"history": history, "best": [{"epoch": best}]}, plot_kind="history")
