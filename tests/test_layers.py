@@ -14,12 +14,16 @@ PACKAGE = ROOT / "ponder_cli"
 # Imports that run inside a function on purpose, each for start-up time or an optional extra:
 # (importing module, imported module) -> why
 DEFERRED = {
-    ("cli", "api"): "the commands' work loads torch; `ponder --help` and a mistyped option must not",
-    ("cli", "catalogue"): "`ponder models` reads checkpoints, so loads torch",
-    ("cli", "plot"): "matplotlib only when --plot is given",
-    ("cli", "render"): "rich's tables only once a report is rendered",
-    ("cli", "distributed"): "torchrun plumbing only at the error boundary, under torchrun",
-    ("cli", "tasks.mnist"): "MNIST's angle parsing loads torch through the task",
+    ("cli.app", "api"): "the commands' work loads torch; `ponder --help` and a mistyped option must not",
+    ("cli.train", "api"): "the same: the work, and torch, only once the command runs",
+    ("cli.evaluation", "api"): "the same",
+    ("cli.inspection", "api"): "the same",
+    ("cli.inspection", "plot"): "matplotlib only when --plot is given",
+    ("cli.inspection", "catalogue"): "`ponder models` reads checkpoints, so loads torch",
+    ("cli.app", "plot"): "matplotlib only when --plot is given",
+    ("cli.app", "render"): "rich's tables only once a report is rendered",
+    ("cli.app", "distributed"): "torchrun plumbing only at the error boundary, under torchrun",
+    ("cli.app", "tasks.mnist"): "MNIST's angle parsing loads torch through the task",
     ("cli_options", "config"): "every piece (so torch) loads only when --help asks for implied values",
     ("api.training", "tensorboard_log"): "the tensorboard extra is optional",
     ("api.run_folder", "tensorboard_log"): "the tensorboard extra is optional",

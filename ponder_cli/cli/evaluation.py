@@ -1,0 +1,196 @@
+"""`ponder eval`, `extrapolate`, `sweep`, `compare` and `calibrate`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ..cli_options import (
+    AmpOption,
+    AnglesCommand,
+    CheckpointArgument,
+    DataDirOption,
+    DetailOption,
+    DeviceOption,
+    DownloadOption,
+    EvalBatchOption,
+    EvalSeedOption,
+    FormatOption,
+    HaltingOption,
+    LimitOption,
+    PlotOption,
+    Protocol,
+    ProtocolOption,
+    QuietOption,
+    RepeatsOption,
+    angles_option,
+    counts_option,
+    halting_rules,
+)
+from ..config import PonderConfig
+from ..render import OutputFormat
+from .app import (EVAL_ANGLES, EXTRAPOLATION_ANGLES, app, bars, chatter, evaluation_options, render_and_plot,
+                  run_evaluation)
+
+# eval, extrapolate, compare --------------------------------------------------------------------
+
+@app.command("eval", cls=AnglesCommand)
+def eval_command(
+    checkpoint: Optional[str] = CheckpointArgument,
+    angles: Optional[List[str]] = angles_option(EVAL_ANGLES, "Rotate test images within ±angle; one bucket per angle."),
+    counts: Optional[List[str]] = counts_option("the training range in four"),
+    rotation: Optional[float] = typer.Option(None, "--rotation", metavar="DEG",
+                                             help="The same as --angles with one angle (give one or the other)."),
+    protocol: Optional[Protocol] = ProtocolOption,
+    halting: Optional[str] = HaltingOption,
+    detail: bool = DetailOption,
+    plot: Optional[Path] = PlotOption,
+    seed: Optional[int] = EvalSeedOption,
+    repeats: int = RepeatsOption,
+    limit: int = LimitOption,
+    batch_size: int = EvalBatchOption,
+    data_dir: Optional[Path] = DataDirOption,
+    download: bool = DownloadOption,
+    device: str = DeviceOption,
+    amp: Optional[bool] = AmpOption,
+    quiet: bool = QuietOption,
+    fmt: OutputFormat = FormatOption,
+) -> None:
+    """Accuracy, ponder steps and loss on the test set (MNIST: rotated images; parity: fixed vectors)."""
+    run_evaluation("eval", **locals())
+
+
+@app.command(cls=AnglesCommand)
+def extrapolate(
+    checkpoint: Optional[str] = CheckpointArgument,
+    angles: Optional[List[str]] = angles_option(EXTRAPOLATION_ANGLES, "Rotation buckets in degrees (see --protocol)."),
+    counts: Optional[List[str]] = counts_option("the counts beyond the training range in four; all counts "
+                                                "in four when training saw every count"),
+    protocol: Optional[Protocol] = ProtocolOption,
+    halting: Optional[str] = HaltingOption,
+    detail: bool = DetailOption,
+    plot: Optional[Path] = PlotOption,
+    seed: Optional[int] = EvalSeedOption,
+    repeats: int = RepeatsOption,
+    limit: int = LimitOption,
+    batch_size: int = EvalBatchOption,
+    data_dir: Optional[Path] = DataDirOption,
+    download: bool = DownloadOption,
+    device: str = DeviceOption,
+    amp: Optional[bool] = AmpOption,
+    quiet: bool = QuietOption,
+    fmt: OutputFormat = FormatOption,
+) -> None:
+    """Accuracy and ponder steps beyond training: MNIST rotated within ±angle, parity's unseen non-zero counts."""
+    run_evaluation("extrapolate", **locals())
+
+
+@app.command()
+def sweep(
+    checkpoint: Optional[str] = CheckpointArgument,
+    start: Optional[float] = typer.Option(None, "--from", show_default=False,
+                                          help="First angle, degrees (parity: first non-zero count). [default: 0; "
+                                               "parity: 1]"),
+    stop: Optional[float] = typer.Option(None, "--to", show_default=False,
+                                         help="Last angle, degrees (parity: last count). [default: 180; parity: "
+                                              "the vector's elements]"),
+    every: Optional[float] = typer.Option(None, "--every", show_default=False,
+                                          help="Degrees (parity: counts) between buckets. [default: 5; parity: 1]"),
+    halting: Optional[str] = HaltingOption,
+    plot: Optional[Path] = PlotOption,
+    seed: Optional[int] = EvalSeedOption,
+    repeats: int = RepeatsOption,
+    limit: int = LimitOption,
+    batch_size: int = EvalBatchOption,
+    data_dir: Optional[Path] = DataDirOption,
+    download: bool = DownloadOption,
+    device: str = DeviceOption,
+    amp: Optional[bool] = AmpOption,
+    fmt: OutputFormat = FormatOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Mental rotation: steps and accuracy at exact angles --from..--to every --every degrees, and the
+    least-squares slope of steps per 10°; parity: at each exact non-zero count, steps per count."""
+    from ..api import sweep_checkpoint
+
+    _, plot, options = evaluation_options(None, plot, Protocol("fixed"), halting, seed=seed, repeats=repeats,
+                                          limit=limit, batch_size=batch_size, data_dir=data_dir, download=download,
+                                          device=device, amp=amp)
+    report = sweep_checkpoint(checkpoint, start, stop, every, options, log=chatter(quiet), progress=bars(quiet))
+    render_and_plot(report, fmt, plot, quiet)
+
+
+@app.command(cls=AnglesCommand)
+def compare(
+    checkpoints: List[str] = typer.Argument(..., metavar="CHECKPOINT", show_default=False,
+                                            help="Checkpoints to compare (each as eval's CHECKPOINT: a file, a run "
+                                                 "folder, latest or a shipped model's name): one or more per method; "
+                                                 "several of one method (e.g. other seeds) give mean ± sd."),
+    angles: Optional[List[str]] = angles_option(EXTRAPOLATION_ANGLES, "Rotation buckets in degrees."),
+    counts: Optional[List[str]] = counts_option("every count in four"),
+    protocol: Optional[Protocol] = ProtocolOption,
+    halting: Optional[str] = HaltingOption,
+    plot: Optional[Path] = PlotOption,
+    seed: int = typer.Option(PonderConfig.default("seed"), "--seed", help="Seed of the test rotations and halting "
+                             "coin flips (the same for every checkpoint, so all see the same images)."),
+    repeats: int = RepeatsOption,
+    limit: int = LimitOption,
+    batch_size: int = EvalBatchOption,
+    data_dir: Optional[Path] = DataDirOption,
+    download: bool = DownloadOption,
+    device: str = DeviceOption,
+    amp: Optional[bool] = AmpOption,
+    quiet: bool = QuietOption,
+    fmt: OutputFormat = FormatOption,
+) -> None:
+    """Methods side by side on the same buckets (rotations or non-zero counts): accuracy and ponder steps, mean ± sd
+    over seeds."""
+    from ..api import compare_checkpoints
+
+    parsed, plot, options = evaluation_options(angles, plot, protocol, halting, seed=seed,
+                                     repeats=repeats, limit=limit, batch_size=batch_size, data_dir=data_dir,
+                                     download=download, device=device, amp=amp)
+    report = compare_checkpoints(checkpoints, parsed, options, counts=counts, log=chatter(quiet),
+                                 progress=bars(quiet))
+    render_and_plot(report, fmt, plot, quiet)
+
+
+@app.command(cls=AnglesCommand)
+def calibrate(
+    checkpoint: Optional[str] = CheckpointArgument,
+    tolerance: float = typer.Option(0.005, "--tolerance", help="Choose the cheapest rule whose predicted class "
+                                    "agrees with the last step's on at least 1 - this share of the validation "
+                                    "inputs."),
+    angles: Optional[List[str]] = angles_option(["the training rotation"], "Rotate the validation images within "
+                                                "±angle (see --protocol); one bucket per angle, pooled."),
+    counts: Optional[List[str]] = counts_option("the training range"),
+    rules: Optional[List[str]] = typer.Option(None, "--rules", metavar="RULE...", show_default=False,
+                                              callback=halting_rules,
+                                              help="The candidate exit rules, spelled as --halting takes them. "
+                                              "Several values after one flag: --rules quantile:0.9 "
+                                              "confidence:0.995. [default: quantile:0.5 to 0.99, patience:1 "
+                                              "to 4, confidence:0.5 to 0.999]"),
+    protocol: Optional[Protocol] = ProtocolOption,
+    seed: Optional[int] = EvalSeedOption,
+    repeats: int = RepeatsOption,
+    limit: int = typer.Option(0, "--limit", min=0, help="Only the first N validation images (0: all); parity: N "
+                              "vectors per non-zero count (0: 64)."),
+    batch_size: int = EvalBatchOption,
+    data_dir: Optional[Path] = DataDirOption,
+    download: bool = DownloadOption,
+    device: str = DeviceOption,
+    amp: Optional[bool] = AmpOption,
+    quiet: bool = QuietOption,
+    fmt: OutputFormat = FormatOption,
+) -> None:
+    """Choose an exit rule on held-out data: quantile:Q, patience:K and confidence:C rules on the validation set
+    (not the test set), and the cheapest that agrees with the last step; paste it into --halting."""
+    from ..api import calibrate_checkpoint
+
+    parsed, _, options = evaluation_options(angles, None, protocol, None, seed=seed, repeats=repeats, limit=limit,
+                                  batch_size=batch_size, data_dir=data_dir, download=download, device=device, amp=amp)
+    report = calibrate_checkpoint(checkpoint, parsed, options, counts=counts, tolerance=tolerance, rules=rules,
+                                  log=chatter(quiet), progress=bars(quiet))
+    render_and_plot(report, fmt, None, quiet)
