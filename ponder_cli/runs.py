@@ -1,7 +1,8 @@
 """Where a training run starts from and writes to: the config-merge and resume rules, the run
 folder (a fresh one under runs/ by default, never another run's or the shipped models), the lock
-that keeps two runs out of one folder, the files a run keeps beside its checkpoints (config.json, config.toml,
-metrics.csv), and which file a CHECKPOINT argument names."""
+that keeps two runs out of one folder (run_lock.py), the files a run keeps beside its checkpoints
+(config.json, config.toml, metrics.csv); which file a CHECKPOINT argument names is in
+checkpoint_names.py."""
 
 from __future__ import annotations
 
@@ -13,15 +14,16 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional, Union
+from typing import Iterable, Optional
 
-from . import PonderError, __version__, special_file_kind
+from . import PonderError, __version__
 from .checkpoint import load_checkpoint
 from .config import PonderConfig, inapplicable
 from .config_file import render_config
-from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, LATEST, LOCK_FILE,
-                      METRICS_FILE, RUNS_DIR)
-from .shipped import DEFAULT, SHIPPED, package_problem, shipped_name, shipped_path, shipped_under_old_name
+from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR)
+from .shipped import package_problem
+from .checkpoint_names import Resolved, accepted_forms, newest_run_checkpoint, resolve_checkpoint  # noqa: F401
+from .run_lock import RunLock, check_unlocked  # noqa: F401
 
 # options that may differ from the checkpoint's config when resuming: how long to go on
 RESUMABLE_CHANGES = ("epochs", "patience")
@@ -196,164 +198,6 @@ def _same_run(a: PonderConfig, b: PonderConfig) -> bool:
     def kept(cfg):
         return {k: v for k, v in cfg.to_dict().items() if k not in RESUMABLE_CHANGES}
     return kept(a) == kept(b)
-
-
-# The lock ---------------------------------------------------------------------------------------
-
-def _lock_holder(path: Path) -> Optional[int]:
-    """The PID in a lock file, if that process is still alive (and is not this one)."""
-    try:
-        pid = int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None  # gone, or written by a process that died before writing its PID
-    if pid == os.getpid() or pid <= 0:
-        return None
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        return pid  # alive, another user's
-    return pid
-
-
-def _in_use(directory: Path, pid: int) -> PonderError:
-    return PonderError(f"{directory} is in use by another `ponder train` (PID {pid}); wait for it to finish, "
-                       "or train into another folder")
-
-
-def check_unlocked(directory: Path) -> None:
-    """Fail early, before loading any data, when a live run holds the folder (RunLock decides)."""
-    pid = _lock_holder(directory / LOCK_FILE)
-    if pid is not None:
-        raise _in_use(directory, pid)
-
-
-@contextlib.contextmanager
-def _serialised(directory: Path):
-    """Hold an advisory lock on the folder itself while a lock file is checked and taken, so
-    two processes cannot both take over the same stale lock."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: the O_EXCL create alone
-        yield
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the flock
-
-
-class RunLock:
-    """`.ponder.lock` in a run folder, holding the PID of the run that writes there.
-
-    Created atomically (O_CREAT | O_EXCL); a lock left by a process that no longer exists (one
-    killed with SIGKILL, say) is taken over, a live one is refused naming its PID. Released
-    (removed) on exit, errors and interrupts included.
-    """
-
-    def __init__(self, directory: Path):
-        self.directory = Path(directory)
-        self.path = self.directory / LOCK_FILE
-        self.held = False
-
-    def acquire(self) -> "RunLock":
-        try:
-            with _serialised(self.directory):
-                while True:
-                    try:
-                        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                    except FileExistsError:
-                        pid = _lock_holder(self.path)
-                        if pid is not None:
-                            raise _in_use(self.directory, pid) from None
-                        self.path.unlink(missing_ok=True)  # stale: its process is gone
-                        continue
-                    with os.fdopen(fd, "w") as f:
-                        f.write(f"{os.getpid()}\n")
-                    self.held = True
-                    return self
-        except OSError as exc:
-            raise PonderError(f"cannot write checkpoints to {self.directory}: {exc.strerror or exc}") from None
-
-    def release(self) -> None:
-        if self.held:
-            self.held = False
-            with contextlib.suppress(OSError):
-                self.path.unlink()
-
-    def __enter__(self) -> "RunLock":
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
-# What a CHECKPOINT argument names -----------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Resolved:
-    path: Path  # the file to read, as the user spelled it (or found under runs/)
-    why: str  # how the argument led there, for the `using PATH (WHY)` line
-
-    @classmethod
-    def shipped(cls, path: Path, why: str) -> "Resolved":
-        """A shipped model, named relative to the working directory when it lies below it (a
-        clone's root: ponder_cli/checkpoints/best.pt), by its full path otherwise."""
-        with contextlib.suppress(ValueError):
-            path = path.relative_to(Path.cwd())
-        return cls(path, why)
-
-
-def accepted_forms(file: str = BEST) -> str:
-    return (f"a checkpoint file, a run folder (its {file}), `{LATEST}` (the newest run under {RUNS_DIR}/) or a "
-            f"shipped model: {', '.join(SHIPPED)}")
-
-
-def resolve_checkpoint(given: Union[str, Path, None], file: str = BEST) -> Resolved:
-    """The file a CHECKPOINT argument names, tried in this order: an existing file; an existing
-    run folder (its `file`: best.pt to evaluate, last.pt to resume); `latest`, the newest run
-    under runs/; a shipped model's name; `checkpoints/...`, the shipped file of that name (the
-    README's older spelling). None: the shipped reference model. Anything else is one error
-    naming the accepted forms."""
-    if given is None:
-        newest = newest_run_checkpoint(name=file)
-        hint = f"; `{LATEST}` reads your newest run" if newest is not None else ""
-        return Resolved.shipped(shipped_path(DEFAULT), f"the shipped model '{DEFAULT}', the default{hint}")
-    text, path = str(given), Path(given)
-    if path.is_file():
-        return Resolved(path, "as given")
-    if path.is_dir() and (path / file).is_file():
-        return Resolved(path / file, f"the {file} of run folder {path}")
-    if text == LATEST:
-        newest = newest_run_checkpoint(name=file)
-        if newest is None:
-            raise PonderError(f"`{LATEST}`: no run under {RUNS_DIR.resolve()}/ has a {file} yet; train one with "
-                              "`ponder train`, or name another checkpoint")
-        return Resolved(newest, f"{LATEST}: the newest run under {RUNS_DIR}/")
-    if text in SHIPPED:
-        return Resolved.shipped(shipped_path(text), f"the shipped model '{text}'")
-    old = shipped_under_old_name(text, file)
-    if old is not None:
-        name = shipped_name(old)
-        return Resolved.shipped(old, f"the shipped model '{name}'" if name else f"shipped as {text}")
-    if path.is_dir():
-        raise PonderError(f"{path} holds no {file}; name {accepted_forms(file)}")
-    kind = special_file_kind(path)
-    if kind is not None:
-        raise PonderError(f"checkpoint {path} is {kind}, not a regular file; name {accepted_forms(file)}")
-    raise PonderError(f"checkpoint {path} does not exist; name {accepted_forms(file)}")
-
-
-def newest_run_checkpoint(root: Path = RUNS_DIR, name: str = BEST) -> Optional[Path]:
-    """The most recently written runs/<run>/<name>, if any."""
-    found = []
-    for path in root.glob(f"*/{name}"):
-        with contextlib.suppress(OSError):  # a run folder removed while we look
-            found.append((path.stat().st_mtime, str(path), path))
-    return max(found)[2] if found else None
 
 
 # Beside the checkpoints: the run's configuration and one row per epoch, for any tool ------------

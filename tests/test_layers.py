@@ -68,3 +68,10 @@ def test_the_deferred_imports_keep_torch_out_of_the_command_line_start_up():
     probe = "import sys, ponder_cli.cli; print(sorted(m for m in ('torch', 'numpy', 'matplotlib') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_architecture_page_shows_the_layers_the_contract_enforces():
+    contract = (ROOT / ".importlinter").read_text(encoding="utf-8").split("layers =\n", 1)[1]
+    layers = [line.strip() for line in contract.splitlines() if line.strip()]
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert "```\n" + "\n".join(layers) + "\n```" in page

@@ -16,7 +16,8 @@ from ..config import seed_problems
 from ..folders import BEST, CONFIG_FILE, LAST, LOCK_FILE
 from ..methods import get_method
 from ..reports import Report, info_report, prediction_report
-from ..runs import _lock_holder, resolve_checkpoint
+from ..checkpoint_names import resolve_checkpoint
+from ..run_lock import lock_holder
 from ..tasks import InputOptions, get_task
 from .loading import check_halting, device_and_amp, resolve_named
 
@@ -127,7 +128,7 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
         except (OSError, ValueError, AttributeError):
             pass
     stopped_early = bool(cfg.patience) and state.epochs_without_improvement >= cfg.patience
-    holder = _lock_holder(folder / LOCK_FILE)
+    holder = lock_holder(folder / LOCK_FILE)
     resumable = all(getattr(state, key) is not None for key in state.RESUME_KEYS)
     if resolved.path.name != LAST and state.epoch == state.best_epoch:
         # a best.pt (the shipped models among them) is a snapshot of the best epoch: it cannot tell
