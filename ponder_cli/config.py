@@ -180,6 +180,15 @@ class PonderConfig:
     seed: int = 1234
 
     def __post_init__(self) -> None:
+        problems = self._value_problems() + self._range_problems()
+        if self.method in METHODS and self.step in STEPS and not problems:
+            problems += method_class(self.method).config_problems(self)
+            problems += self.step_problems()
+        if problems:
+            raise PonderError("; ".join(problems))
+
+    def _value_problems(self) -> list[str]:
+        """Choices among the registered names; sizes, counts and finite float32 numbers."""
         problems = []
         for name, choices in (("task", TASKS), ("method", METHODS), ("step", STEPS), ("halting_input", HALTING_INPUTS),
                               ("cnn_dropout_mask", CNN_DROPOUT_MASKS)):
@@ -202,6 +211,11 @@ class PonderConfig:
             elif value is not None and abs(value) > FLOAT32_MAX:  # the model's weights and losses are float32
                 problems.append(f"{name.replace('_', '-')} must be at most {FLOAT32_MAX:.3g} in size, what a float32 "
                                 f"holds (got {value:g})")
+        return problems
+
+    def _range_problems(self) -> list[str]:
+        """Each setting within the range where it means something."""
+        problems = []
         if not 0 < self.lambda_p <= 1:
             problems.append(f"lambda-p must be in (0, 1] (got {self.lambda_p})")
         if self.beta < 0:
@@ -244,11 +258,7 @@ class PonderConfig:
             problems.append(f"truncation must be in [0, 1) (got {self.truncation})")
         if not 0 < self.align_turn <= 180:
             problems.append(f"align-turn must be in (0, 180] degrees (got {self.align_turn})")
-        if self.method in METHODS and self.step in STEPS and not problems:
-            problems += method_class(self.method).config_problems(self)
-            problems += self.step_problems()
-        if problems:
-            raise PonderError("; ".join(problems))
+        return problems
 
     def step_problems(self) -> list[str]:
         """What the chosen step function cannot do: show a halting feature it has none of, or
