@@ -113,20 +113,24 @@ def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfi
 
     # Every statistic derives from the per-image values, read from the device once, here.
     steps, correct = torch.cat(all_steps).cpu(), torch.cat(all_correct).cpu()  # (N,)
-    n_correct = int(correct.sum())
-    if expected:
-        histogram = tuple(halting_mass.tolist())
-    else:
-        histogram = tuple(torch.bincount(steps.long() - 1, minlength=max_steps).tolist())
-    losses = (loss_totals / count).tolist()
+    histogram = (tuple(halting_mass.tolist()) if expected
+                 else tuple(torch.bincount(steps.long() - 1, minlength=max_steps).tolist()))
+    return _result(bucket, steps, correct, histogram,
+                   accuracy_at_step=tuple((correct_at_step / count).tolist()) if detail else None,
+                   losses=(loss_totals / count).tolist() if with_loss else None)
+
+
+def _result(bucket: EvalBucket, steps: torch.Tensor, correct: torch.Tensor, histogram: tuple, *,
+            accuracy_at_step: Optional[tuple], losses: Optional[list]) -> EvalResult:
+    """A bucket's figures from its per-input steps (N,) and correctness (N,) on the CPU."""
+    count, n_correct = len(bucket), int(correct.sum())
     return EvalResult(
         images=count, accuracy=n_correct / count, mean_steps=float(steps.mean()),
         std_steps=float(steps.std(correction=0)),
         steps_correct=float(steps[correct].mean()) if n_correct else None,
         steps_wrong=float(steps[~correct].mean()) if n_correct < count else None,
-        histogram=histogram,
-        accuracy_at_step=tuple((correct_at_step / count).tolist()) if detail else None,
-        **(dict(zip(("loss", "reconstruction", "regularisation"), losses)) if with_loss else {}),
+        histogram=histogram, accuracy_at_step=accuracy_at_step,
+        **(dict(zip(("loss", "reconstruction", "regularisation"), losses)) if losses is not None else {}),
         samples=EvalSamples(bucket.difficulty.double(), steps, correct),
     )
 
