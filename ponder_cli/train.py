@@ -274,13 +274,8 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
             epochs_without_improvement = 0
         else:
             epochs_without_improvement += 1
-        record = EpochStats(
-            epoch=epoch, train_loss=stats["loss"], train_reconstruction=stats["reconstruction"],
-            train_regularisation=stats["regularisation"], train_accuracy=stats["accuracy"],
-            train_steps=stats["steps"], val_accuracy=val_accuracy, val_steps=val_steps, lr=lr,
-            seconds=time.perf_counter() - started, improved=improved,
-            skipped_batches=stats["skipped_batches"], scaler_backoffs=stats["scaler_backoffs"],
-            val_halting_histogram=tuple(int(count) for count in halting_histogram))
+        record = _epoch_record(epoch, stats, val_accuracy, val_steps, halting_histogram, lr,
+                               time.perf_counter() - started, improved)
         result.history.append(record)
         result.last_epoch = epoch
         state = TrainingState(
@@ -296,6 +291,16 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
             break
     distributed.barrier()  # under torchrun every rank returns once rank 0 has written the checkpoints
     return result
+
+
+def _epoch_record(epoch: int, stats: dict, val_accuracy: float, val_steps: float, halting_histogram: list,
+                  lr: float, seconds: float, improved: bool) -> EpochStats:
+    return EpochStats(
+        epoch=epoch, train_loss=stats["loss"], train_reconstruction=stats["reconstruction"],
+        train_regularisation=stats["regularisation"], train_accuracy=stats["accuracy"],
+        train_steps=stats["steps"], val_accuracy=val_accuracy, val_steps=val_steps, lr=lr, seconds=seconds,
+        improved=improved, skipped_batches=stats["skipped_batches"], scaler_backoffs=stats["scaler_backoffs"],
+        val_halting_histogram=tuple(int(count) for count in halting_histogram))
 
 
 def _resume(resume: TrainingState, cfg: PonderConfig, out_dir: Path, model, optimizer, scheduler, scaler,
