@@ -1,4 +1,4 @@
-"""Issue 10's fixed-protocol targets, per training seed and as the mean over seeds.
+"""The align step's fixed-protocol targets, per training seed and as the mean over seeds.
 
     for s in 1234 1 2; do
       ponder extrapolate runs/pondernet-align-seed$s/best.pt --angles 0 22.5 45 67.5 90 \\

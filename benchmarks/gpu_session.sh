@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything a GPU session checks and times on CUDA, in one script (issue 17, part 2):
+# Everything a GPU session checks and times on CUDA, in one script:
 #
 #   bash benchmarks/gpu_session.sh OUT [PHASE ...]     # run the phases (default: all, in order)
 #   bash benchmarks/gpu_session.sh --dry-run OUT       # print the commands, run nothing

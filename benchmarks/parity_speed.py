@@ -1,4 +1,4 @@
-"""Parity speed (issue 16): training iterations per second, and seconds to a validation accuracy
+"""Parity speed: training iterations per second, and seconds to a validation accuracy
 of 0.99, for `ponder train --task parity` as the library runs it.
 
 Two measurements, both through the library (tasks.parity's on-device batches, train.train_one_epoch,
