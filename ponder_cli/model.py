@@ -163,19 +163,19 @@ class PonderNet(nn.Module):
             steps.index_fill_(0, active, n + 1)
         return prediction, steps
 
-    def left_out_by_one_step(self) -> list[str]:
+    def left_out_by_one_step(self, x: torch.Tensor) -> list[str]:
         """Names of the parameters that a training forward stopping every image after its
         first step leaves out of the autograd graph.
 
         Every forward runs at least that step for every image, so any other parameter gets a
         gradient (maybe zero) from every batch; data-parallel training needs to search each
         backward pass for parameters without one only when this list is not empty. Runs one
-        small forward pass; the random number generators are left as they were.
+        small forward pass on `x`, a batch of the task's inputs (its example_input); the random
+        number generators are left as they were.
         """
         device = next(self.parameters()).device
         named = [(name, p) for name, p in self.named_parameters() if p.requires_grad]
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.enable_grad():
-            x = self.step.example_input(2, device)
             out = self(x, stop=StopAfterFirstStep()) if self.max_steps > 1 else self(x)
             grads = torch.autograd.grad(out.logits.sum() + out.lambda_logits.sum(), [p for _, p in named],
                                         allow_unused=True)

@@ -256,7 +256,7 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
                                              result)
     if log is not None:
         source = TimedSource(source, cfg.epochs - result.last_epoch, log)
-    parallel_model = _data_parallel(model, cfg, device)
+    parallel_model = _data_parallel(model, cfg, device, task)
 
     for epoch in range(result.last_epoch + 1, cfg.epochs + 1):
         started = time.perf_counter()
@@ -330,7 +330,7 @@ def _resume(resume: TrainingState, cfg: PonderConfig, out_dir: Path, model, opti
     return resume.epochs_without_improvement
 
 
-def _data_parallel(model: torch.nn.Module, cfg: PonderConfig, device: torch.device) -> torch.nn.Module:
+def _data_parallel(model: torch.nn.Module, cfg: PonderConfig, device: torch.device, task) -> torch.nn.Module:
     """Under torchrun DDP averages the gradients across ranks in backward; `model` stays the
     plain module for validation and checkpoints (no "module." prefix). DDP must be told when a
     parameter may get no gradient on a rank, and then searches every backward pass for such
@@ -339,7 +339,8 @@ def _data_parallel(model: torch.nn.Module, cfg: PonderConfig, device: torch.devi
     stop at step 1) and one step leaves some parameter out: h_0 = 0 never meets the mlp step's
     from_state; align's turn acts at step 1 only if halting sees it (its default)."""
     may_stop_after_one_step = cfg.max_steps == 1 or cfg.truncation > 0
-    left_out = model.left_out_by_one_step() if distributed.active() and may_stop_after_one_step else []
+    probe = task.example_input(2, device) if distributed.active() and may_stop_after_one_step else None
+    left_out = model.left_out_by_one_step(probe) if probe is not None else []
     return distributed.wrap(model, device, find_unused_parameters=bool(left_out))
 
 

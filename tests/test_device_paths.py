@@ -20,6 +20,7 @@ from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
 from ponder_cli.checkpoint import new_model
 from ponder_cli.methods import get_method
+from ponder_cli.tasks import get_task
 from ponder_cli.methods.pondernet import PonderNetMethod
 from ponder_cli.train import make_optimizer, train, train_one_epoch
 
@@ -199,9 +200,10 @@ TURN = ["step.turn.weight", "step.turn.bias", "step.view_turn.weight", "step.vie
 ])
 def test_parameters_a_one_step_forward_leaves_out(options, left_out):
     torch.manual_seed(0)
-    model = new_model(PonderConfig.from_options(hidden=16, hidden_cnn=16, **options))
+    cfg = PonderConfig.from_options(hidden=16, hidden_cnn=16, **options)
+    model = new_model(cfg)
     before = torch.get_rng_state()
-    assert model.left_out_by_one_step() == left_out
+    assert model.left_out_by_one_step(get_task(cfg).example_input(2, "cpu")) == left_out
     assert torch.equal(torch.get_rng_state(), before)  # the training stream is untouched
     assert all(p.grad is None for p in model.parameters())
 

@@ -271,7 +271,8 @@ def test_a_vector_model_probes_with_a_vector(tmp_path):
     from ponder_cli.checkpoint import new_model
 
     cfg = PonderConfig.from_options(task="parity", elems=8, hidden=8, max_steps=3, truncation=0.01)
-    assert new_model(cfg).left_out_by_one_step() == ["step.cell.weight_hh"]  # h_0 = 0 meets no W_hh at step 1
+    probe = get_task(cfg).example_input(2, "cpu")
+    assert new_model(cfg).left_out_by_one_step(probe) == ["step.cell.weight_hh"]  # h_0 = 0 meets no W_hh at step 1
 
 
 def test_calibrate_uses_vectors_of_its_own_over_the_training_range(parity_run, ponder):

@@ -52,10 +52,6 @@ class StepFunction(nn.Module):
     reads: tuple = ()
     tasks: tuple = ()  # the tasks (registry.TASKS) whose inputs this step function reads
 
-    def example_input(self, batch: int, device) -> torch.Tensor:
-        """A batch of inputs of the shape this step reads (zeros), for probing the model."""
-        raise NotImplementedError
-
     def start(self, x: torch.Tensor, steps: int) -> tuple[tuple, tuple]:
         """From a batch of inputs (B, ...): the per-input context computed once, and the initial
         state. `steps` is how many steps may follow (for drawing per-step dropout masks)."""

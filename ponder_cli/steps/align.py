@@ -130,8 +130,6 @@ class AlignStep(StepFunction):
     reads = ("hidden", "hidden_cnn", "kernel_size", "cnn_dropout", "align_turn", "turn_gate")
     tasks = ("mnist",)
 
-    def example_input(self, batch, device):
-        return torch.zeros((batch, 1, 28, 28), device=device)
 
     def __init__(self, cfg):
         super().__init__()

@@ -44,8 +44,6 @@ class GRUStep(StepFunction):
         input_gates = nn.functional.linear(x, self.cell.weight_ih, self.cell.bias_ih)  # (B, 3 hidden)
         return (input_gates,), (None,)
 
-    def example_input(self, batch, device):
-        return torch.zeros(batch, self.elems, device=device)
 
     def forward(self, context, state, n):
         (input_gates,), (h,) = context, state

@@ -118,8 +118,6 @@ class MLPStep(StepFunction):
     reads = ("hidden", "hidden_cnn", "hidden_lin", "kernel_size", "cnn_dropout", "cnn_dropout_mask", "mlp_dropout")
     tasks = ("mnist",)
 
-    def example_input(self, batch, device):
-        return torch.zeros((batch, 1, 28, 28), device=device)
 
     def __init__(self, cfg):
         super().__init__()

@@ -28,8 +28,6 @@ class RNNStep(StepFunction):
     def start(self, x, steps):
         return (self.from_input(x),), (None,)  # (B, hidden) once per input; h_0 = 0
 
-    def example_input(self, batch, device):
-        return torch.zeros(batch, self.elems, device=device)
 
     def forward(self, context, state, n):
         (input_part,), (h,) = context, state

@@ -94,6 +94,10 @@ class Task:
         """Read the user's files (`ponder predict`); see the interface above."""
         raise NotImplementedError
 
+    def example_input(self, batch: int, device):
+        """A batch of inputs of this task's shape (zeros), for probing a model."""
+        raise NotImplementedError
+
     def view(self):
         """What reports say of this task for this run (reports.TaskView: plain data, no torch)."""
         raise NotImplementedError

@@ -262,6 +262,9 @@ class MnistTask(Task):
         names, x = read_images(paths, invert=options.invert, rotate=options.rotate)
         return UserInputs(names, x)
 
+    def example_input(self, batch: int, device) -> torch.Tensor:
+        return torch.zeros((batch, 1, SIDE, SIDE), device=device)
+
     def view(self) -> TaskView:
         return TaskView("mnist", TERMS, {"train_rotation": self.cfg.train_rotation},
                         f"trained within ±{self.cfg.train_rotation:g}°")

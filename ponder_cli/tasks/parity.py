@@ -246,6 +246,9 @@ class ParityTask(Task):
     reads = ("elems", "train_counts", "batches_per_epoch", "curriculum", "curriculum_start")
     calibration_split = "calibration"  # what calibrate's inputs are (calibration_data)
 
+    def example_input(self, batch: int, device) -> torch.Tensor:
+        return torch.zeros((batch, self.cfg.elems), device=device)
+
     def _range(self) -> tuple[int, int]:
         return self.cfg.train_range()
 
