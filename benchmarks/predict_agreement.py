@@ -121,5 +121,6 @@ def main() -> None:
                   f"median turn {median:+.1f}°, accuracy {accuracy(report):.4f}\n"
                   f"        the others' labels: {' '.join(map(str, others))}")
 
+
 if __name__ == "__main__":
     main()

@@ -21,6 +21,7 @@ from .halting_rules import HaltingRule
 # shared by the batch forms (over every step) and the early-exit rules (step by step), so that both
 # compute the same float32 numbers and halt at the same step
 
+
 def halting_units(lambda_logits: torch.Tensor) -> torch.Tensor:
     """lambda_n = sigmoid(z_n) in float32, as exp(logsigmoid(z)): the same float wherever z sits
     in a tensor. (torch.sigmoid on the CPU rounds differently in its vectorised body and its
@@ -91,7 +92,6 @@ def quantile_halting_steps(lambda_logits: torch.Tensor, q: float) -> torch.Tenso
 def survival_threshold(q: float) -> float:
     """log(1 - q): the log survival at or below which the q-quantile rule halts (log 1/2 for the median)."""
     return math.log1p(-q)
-
 
 
 def patience_halting_steps(logits: torch.Tensor, patience: int) -> torch.Tensor:

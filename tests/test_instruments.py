@@ -255,8 +255,6 @@ def test_sweep_exact_angles_and_slope(checkpoint, tiny_mnist, ponder, tmp_path):
     assert single["accuracy"] == buckets[1]["accuracy"]
 
 
-
-
 def test_align_targets_reads_the_fixed_protocol_figures():
     steps = [3.0, 3.5, 4.5, 5.5, 6.25]
     right, wrong = [3.0, 3.4, 4.4, 5.0, 6.5], [5.0, 6.0, 6.6, 7.2, 6.0]  # wrong < right at 90

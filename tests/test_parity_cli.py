@@ -168,6 +168,7 @@ def test_curriculum_batches_stay_under_the_top_and_resume_where_they_were(tmp_pa
         expected = straight.batch(index)[0]
     assert torch.equal(resumed.batch(3)[0], expected)
 
+
 def test_the_curriculum_is_a_config_setting_of_parity_alone(tmp_path, ponder, one_error_line):
     path = tmp_path / "c.toml"
     path.write_text('[task]\ntask = "parity"\nelems = 8\ncurriculum = 100\ncurriculum_start = 3\n')

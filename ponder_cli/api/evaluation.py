@@ -51,15 +51,18 @@ class EvalOptions:
         if problems:
             raise PonderError(problems[0])
 
+
 def _test_set(task, options: EvalOptions, device):
     """What the task's buckets are drawn from (MNIST: the test set, its first --limit images)."""
     return task.test_data(options, device)
+
 
 def _progress_bar(total: int, enabled: bool):
     """One tick per bucket evaluated (per checkpoint and angle), on stderr."""
     from tqdm import tqdm
     return tqdm(total=total, desc="evaluating", unit="bucket", file=sys.stderr, disable=not enabled, leave=False,
                 dynamic_ncols=True)
+
 
 def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int, amp: bool, *,
                   with_loss: bool, on_bucket: Optional[Callable[[], None]] = None):
@@ -97,6 +100,7 @@ def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int
     rho, rho_ci = (None, None) if None in rhos else mean_ci(rhos)
     return combined, rho, rho_ci
 
+
 def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], angles: Optional[list[float]],
                         options: EvalOptions, *, counts: Optional[list[str]] = None,
                         log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
@@ -121,6 +125,7 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], angles
                              halting=buckets[0]["halting"], seed=seed, with_loss=with_loss, detail=options.detail,
                              rho_ci=rho_ci, view=task.view())
 
+
 def _with_protocol(task, options: EvalOptions) -> EvalOptions:
     """The options with the task's default protocol filled in; a protocol given to a task whose
     buckets have none (parity) is refused rather than silently ignored."""
@@ -131,9 +136,11 @@ def _with_protocol(task, options: EvalOptions) -> EvalOptions:
                           f"{task.name} model, whose buckets are --counts")
     return options
 
+
 def _protocol(cfg, options: EvalOptions) -> Optional[str]:
     """The rotation protocol where the task has one (MNIST); null for parity."""
     return options.protocol if get_task(cfg).uses_protocol else None
+
 
 def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float], stop: Optional[float],
                      every: Optional[float], options: EvalOptions, *,
@@ -153,6 +160,7 @@ def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float],
         buckets, rho, _ = _bucket_dicts(model, cfg, test, specs, fixed, seed, amp, with_loss=False,
                                         on_bucket=bar.update)
     return sweep_report(str(path), cfg, buckets, rho, halting=buckets[0]["halting"], seed=seed, view=task.view())
+
 
 def calibrate_checkpoint(checkpoint: Union[str, Path, None], angles: Optional[list[float]], options: EvalOptions, *,
                          counts: Optional[list[str]] = None, tolerance: float = 0.005,
@@ -198,12 +206,14 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], angles: Optional[li
                               sets=[task.bucket_fields(spec, options.protocol) for spec in specs],
                               protocol=_protocol(cfg, options), seed=seed, repeats=options.repeats, view=task.view())
 
+
 def _weights_digest(state_dict: dict) -> str:
     digest = hashlib.sha1()
     for key in sorted(state_dict):
         digest.update(key.encode())
         digest.update(state_dict[key].detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
+
 
 def compare_checkpoints(checkpoints: list[Union[str, Path]], angles: Optional[list[float]], options: EvalOptions, *,
                         counts: Optional[list[str]] = None, log: Callable[[str], None] = lambda line: None,
@@ -241,6 +251,7 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], angles: Optional[li
                     for path, cfg in group.members] for group in groups]
     return comparison_report(groups, results, angles, protocol=_protocol(first, options), halting=options.halting,
                              seed=seed, repeats=options.repeats, view=task.view())
+
 
 def _default_seed() -> int:
     return PonderConfig.default("seed")

@@ -24,6 +24,7 @@ from .loading import check_halting, device_and_amp, resolve_named
 
 PLOT_INPUTS = 16  # strips in one --plot figure: more would not be readable
 
+
 @dataclass(frozen=True)
 class PredictOptions:
     """How `ponder predict` reads the inputs and halts."""
@@ -43,13 +44,13 @@ class PredictOptions:
         if problems:
             raise PonderError(problems[0])
 
+
 def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, Path]], options: PredictOptions, *,
                    log: Callable[[str], None] = lambda line: None) -> Report:
     """A model on the user's own files: the task reads them (MNIST: images and .npy arrays;
     parity: vectors), every step runs (the full forward pass), and the method picks the
     prediction and halting step under `options.halting` exactly as evaluation does, with the
     halting coins drawn from a generator seeded by `options.seed`. One bucket per input."""
-
 
     if not inputs:
         raise PonderError("predict needs at least one INPUT file")
@@ -97,6 +98,7 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
     return prediction_report(str(path), cfg, buckets, halting=used, seed=seed, steps=options.steps, views=views,
                              view=view, rotate=options.rotate, invert=options.invert)
 
+
 def _info_file(target: Union[str, Path, None]):
     """What `ponder info` reads: a run folder's last.pt (the whole history; best.pt when the
     folder has no last.pt, as the shipped models' folders), else as runs.resolve_checkpoint."""
@@ -108,12 +110,12 @@ def _info_file(target: Union[str, Path, None]):
     file = BEST if folder is not None and folder.is_dir() and not (folder / LAST).is_file() else LAST
     return resolve_checkpoint(target, file=file)
 
+
 def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lambda line: None) -> Report:
     """A checkpoint or a run folder described: its task, method and step, the resolved
     configuration (and where each value came from, when the folder's config.json says), the
     epochs trained, the best epoch's validation figures, whether the run finished, stopped early,
     is training now or was interrupted, and one bucket per epoch of its history."""
-
 
     resolved = _info_file(target)
     log(f"using {resolved.path} ({resolved.why})")

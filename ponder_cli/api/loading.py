@@ -18,12 +18,14 @@ def device_and_amp(device: str, amp: Optional[bool]):
     dev = resolve_device(device)
     return dev, (dev.type == "cuda" if amp is None else amp)
 
+
 def resolve_named(checkpoint, log: Callable[[str], None]):
     """The file a CHECKPOINT argument names (runs.resolve_checkpoint), saying which on stderr."""
 
     resolved = resolve_checkpoint(checkpoint)
     log(f"using {resolved.path} ({resolved.why})")
     return resolved.path
+
 
 def load_one(checkpoint, options, log: Callable[[str], None]):
     """The model a CHECKPOINT argument names (default: the shipped reference model) and its device."""
@@ -32,6 +34,7 @@ def load_one(checkpoint, options, log: Callable[[str], None]):
     dev, amp = device_and_amp(options.device, options.amp)
     model, cfg, _ = load_model(path, dev)
     return path, dev, amp, model, cfg
+
 
 def check_halting(cfg, rule: Optional[str]) -> str:
     """The rule to evaluate by: `rule` (None: not given, DEFAULT_HALTING, which a method with a

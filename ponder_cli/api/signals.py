@@ -16,20 +16,25 @@ class Interrupted(PonderError):
     headline = "Interrupted"
     run_wide = True  # under torchrun every rank stops; rank 0 alone says where the run is saved
 
+
 class Terminated(Interrupted):
     """Training stopped by SIGTERM (kill, a job scheduler, a container stopping): as Ctrl-C,
     with the shell's exit status for that signal, 128 + 15."""
     exit_code = 143
     headline = "Terminated"
 
+
 class _SigTerm(KeyboardInterrupt):
     """SIGTERM raised where the training loop is, so that it unwinds as it does for Ctrl-C."""
+
 
 def _raise_sigterm(signum, frame) -> None:
     raise _SigTerm()
 
+
 def _ignore(signum, frame) -> None:
     pass
+
 
 def ignore_signals() -> None:
     # A Python handler that does nothing, not SIG_IGN: a signal that arrived while this runs
@@ -38,6 +43,7 @@ def ignore_signals() -> None:
         signal.signal(signal.SIGINT, _ignore)
         signal.signal(signal.SIGTERM, _ignore)
 
+
 def _interrupt_once(signum, frame) -> None:
     # Under torchrun a Ctrl-C reaches every rank and torchrun follows it with SIGTERM, and it
     # sends SIGTERM to the remaining ranks as soon as one exits with an error: the first signal
@@ -45,6 +51,7 @@ def _interrupt_once(signum, frame) -> None:
     # traceback). torchrun sends SIGKILL 30 s later to anything still running.
     ignore_signals()
     raise _SigTerm() if signum == signal.SIGTERM else KeyboardInterrupt()
+
 
 @contextlib.contextmanager
 def sigterm_as_interrupt(torchrun: bool = False):

@@ -17,7 +17,7 @@ from ..config_file import read_config_file
 from ..data import resolve_data_dir
 from ..render import config_lines, epoch_line
 from ..reports import Report, training_report
-from ..runs import (plan_training, resolve_config)
+from ..runs import plan_training, resolve_config
 from ..runtime import amp_dtype
 from ..tasks import get_task
 from ..train import train
@@ -41,12 +41,13 @@ class TrainOptions:
     notes: tuple = ()  # lines to say first (under torchrun, rank 0 alone says them)
     deterministic: bool = False  # only deterministic kernels (deterministic_kernels): a training option, not a model's
 
+
 @contextlib.contextmanager
 def deterministic_kernels(on: bool):
     """While training: torch.use_deterministic_algorithms(True) (an operation without a
     deterministic kernel then fails rather than varies), and on CUDA the cuBLAS workspace that
-    makes its sums reproducible, which must be set before cuBLAS starts. Restored afterwards, so
-    a library caller's process is left as it was."""
+    makes its sums reproducible, which must be set before cuBLAS starts. The algorithms setting
+    is restored afterwards (the workspace variable stays: cuBLAS reads it once)."""
     if not on:
         yield
         return
@@ -58,11 +59,13 @@ def deterministic_kernels(on: bool):
     finally:
         torch.use_deterministic_algorithms(was)
 
+
 def _settings(given: dict, config_file: Optional[Path]) -> tuple[dict, dict]:
     """The settings of a run: the file's, overridden by the options given; and the file's source
     label for each setting it gave that no option overrode."""
     from_file = read_config_file(config_file) if config_file is not None else {}
     return {**from_file, **given}, {name: f"file {config_file}" for name in from_file if name not in given}
+
 
 def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, dict]:
     """What `ponder train` would train with, and where each value comes from, without training
@@ -70,6 +73,7 @@ def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, d
     settings, file_sources = _settings(given, options.config_file)
     cfg, sources, _, _ = resolve_config(settings, options.resume)
     return cfg, {**sources, **file_sources}
+
 
 def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = lambda line: None) -> Optional[Report]:
     """Train with the options the user gave (see runs.plan_training) and report the run.

@@ -36,6 +36,7 @@ from .app import (EVAL_ANGLES, EXTRAPOLATION_ANGLES, app, bars, chatter, evaluat
 
 # eval, extrapolate, compare --------------------------------------------------------------------
 
+
 @app.command("eval", cls=AnglesCommand)
 def eval_command(
     checkpoint: Optional[str] = CheckpointArgument,

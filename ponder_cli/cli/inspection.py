@@ -22,6 +22,7 @@ from .app import app, chatter, render_and_plot
 
 # predict, info -----------------------------------------------------------------------------------
 
+
 @app.command()
 def predict(
     checkpoint: str = RequiredCheckpointArgument,

@@ -34,6 +34,7 @@ from .app import app, bars, chatter, render_and_plot
 EXPERIMENT_OPTIONS = ("align_turn", "turn_gate", "cnn_dropout_mask", "halting_bias", "halting_input",
                       "gru_layer_norm", "gru_orthogonal", "gru_update_bias")
 
+
 @app.command(cls=TrainCommand)
 def train(
     task: Optional[Task] = hyper("task", "What to learn: mnist (digits; difficulty: rotation) or parity (the "

@@ -13,6 +13,7 @@ from .evaluation import per_bucket
 
 # compare ---------------------------------------------------------------------------------------
 
+
 @dataclass
 class Group:
     """Checkpoints that differ only in their seed: one method configuration."""

@@ -10,6 +10,7 @@ from .contract import Report, TaskView, Terms, describe_model, make_meta
 
 # eval and extrapolate --------------------------------------------------------------------------
 
+
 def per_bucket(buckets: list[dict], inputs: str) -> str:
     """The captions' "1000 images per bucket"; buckets of different sizes (parity's count ranges
     of different widths) give the range: "1024–2048 vectors per bucket"."""

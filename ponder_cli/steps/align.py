@@ -130,7 +130,6 @@ class AlignStep(StepFunction):
     reads = ("hidden", "hidden_cnn", "kernel_size", "cnn_dropout", "align_turn", "turn_gate")
     tasks = ("mnist",)
 
-
     def __init__(self, cfg):
         super().__init__()
         self.encoder = ImageEncoder(cfg.kernel_size, cfg.hidden_cnn, cfg.cnn_dropout)

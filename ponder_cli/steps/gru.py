@@ -44,7 +44,6 @@ class GRUStep(StepFunction):
         input_gates = nn.functional.linear(x, self.cell.weight_ih, self.cell.bias_ih)  # (B, 3 hidden)
         return (input_gates,), (None,)
 
-
     def forward(self, context, state, n):
         (input_gates,), (h,) = context, state
         input_reset, input_update, input_new = input_gates.chunk(3, dim=1)

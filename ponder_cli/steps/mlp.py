@@ -118,7 +118,6 @@ class MLPStep(StepFunction):
     reads = ("hidden", "hidden_cnn", "hidden_lin", "kernel_size", "cnn_dropout", "cnn_dropout_mask", "mlp_dropout")
     tasks = ("mnist",)
 
-
     def __init__(self, cfg):
         super().__init__()
         self.encoder = ImageEncoder(cfg.kernel_size, cfg.hidden_cnn, cfg.cnn_dropout)

@@ -28,7 +28,6 @@ class RNNStep(StepFunction):
     def start(self, x, steps):
         return (self.from_input(x),), (None,)  # (B, hidden) once per input; h_0 = 0
 
-
     def forward(self, context, state, n):
         (input_part,), (h,) = context, state
         h = torch.tanh(input_part if h is None else input_part + self.from_state(h))

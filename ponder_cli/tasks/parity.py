@@ -200,7 +200,6 @@ def _vector_rows(path, elems: int) -> tuple[list[str], torch.Tensor]:
     """A .npy array (N, elems) or (elems,), or a text file of one vector per line (entries apart
     by spaces or commas; blank lines and lines starting with # are skipped) -> names and rows."""
 
-
     if path.suffix.lower() == ".npy":
         array = load_inputs(path, (elems,), f"vectors of {elems} entries")
         rows = torch.from_numpy(array.astype(np.float32))
