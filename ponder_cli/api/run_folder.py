@@ -13,8 +13,15 @@ from ..checkpoint import load_checkpoint
 from ..config import applies
 from ..environment import session, write_environment
 from ..folders import LAST
-from ..runs import (MetricsFile, RunLock, TrainingPlan, carry_best_checkpoint, claim_run_dir, remove_if_empty_run_dir,
-                    write_run_config)
+from ..run_lock import RunLock
+from ..runs import (
+    MetricsFile,
+    TrainingPlan,
+    carry_best_checkpoint,
+    claim_run_dir,
+    remove_if_empty_run_dir,
+    write_run_config,
+)
 from ..train import EpochStats
 
 
