@@ -94,9 +94,10 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     out_dir = out if out is not None else Path(resume).parent
     check_unlocked(out_dir)
     if state.epoch >= cfg.epochs:
-        raise PonderError(f"nothing to do: the run in {resume} is complete ({state.epoch} of {cfg.epochs} epochs); "
-                          f"to train it longer, raise --epochs: ponder train --resume {resume} --epochs N "
-                          f"(N > {state.epoch})")
+        done = (f"is complete ({state.epoch} of {cfg.epochs} epochs)" if state.epoch == cfg.epochs else
+                f"has trained {state.epoch} epochs, more than --epochs {cfg.epochs} asks for")
+        raise PonderError(f"nothing to do: the run in {resume} {done}; to train it longer, raise --epochs: "
+                          f"ponder train --resume {resume} --epochs N (N > {state.epoch})")
     if not _same_path(out_dir, Path(resume).parent):
         refuse_foreign_checkpoints(out_dir, overwrite)  # continuing in another folder: a fresh one
     elif package_problem(out_dir, str(out_dir)):

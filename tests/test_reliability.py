@@ -523,6 +523,15 @@ def test_resuming_a_finished_run_says_so(checkpoint, tiny_mnist, tmp_path, invok
     assert last.read_bytes() == (checkpoint.parent / "last.pt").read_bytes()
 
 
+def test_resuming_with_fewer_epochs_than_trained_says_so(tiny_mnist, tmp_path, invoke, quick, one_error_line):
+    out = tmp_path / "run"
+    assert invoke("train", *quick, "--epochs", 2, "--data-dir", tiny_mnist, "--out", out, "-q").exit_code == 0
+    line = one_error_line(invoke("train", "--resume", out, "--epochs", 1, "--data-dir", tiny_mnist))
+    assert line == (f"Error: nothing to do: the run in {out / 'last.pt'} has trained 2 epochs, more than --epochs 1 "
+                    f"asks for; to train it longer, raise --epochs: ponder train --resume {out / 'last.pt'} "
+                    f"--epochs N (N > 2)")
+
+
 def test_resuming_best_does_not_rewind_a_newer_last(checkpoint, tiny_mnist, tmp_path, invoke, one_error_line):
     run = tmp_path / "run"
     run.mkdir()

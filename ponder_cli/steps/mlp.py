@@ -139,7 +139,7 @@ class MLPStep(StepFunction):
         return (masks, *embedding_parts), (None,)
 
     def forward(self, context, state, n):
-        masks, *embedding_parts = context  # embedding_parts: (B, L) each, one for every step or one per step
+        masks, *embedding_parts = context  # (B, L) each: one shared by every step, or one per step
         embedding_part = embedding_parts[n if len(embedding_parts) > 1 else 0]
         h = self.mlp(embedding_part, state[0], None if masks is None else masks[:, n])
         return (h,), h, None
