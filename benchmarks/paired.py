@@ -39,14 +39,16 @@ ROOT = Path(__file__).resolve().parents[1]
 def measure_epoch(root: Path, changes: dict, batches: int, mnist: bool) -> dict:
     """Wall and CPU seconds of `batches` training batches of the reference configuration."""
     sys.path.insert(0, str(root))
+    sys.path.insert(0, str(ROOT / "tests"))  # synthetic_data: this tree's digits, whichever ponder_cli runs
     import torch
 
     from ponder_cli.checkpoint import new_model
     from ponder_cli.config import PonderConfig
-    from ponder_cli.data import default_data_dir, load_mnist, synthetic_digits
+    from ponder_cli.data import default_data_dir, load_mnist
     from ponder_cli.methods import get_method
     from ponder_cli.runtime import grad_scaler
     from ponder_cli.train import make_optimizer, train_one_epoch
+    from synthetic_data import synthetic_digits
 
     cfg = PonderConfig.from_options(**changes)
     count = (batches + 1) * cfg.batch_size

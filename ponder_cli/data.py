@@ -145,15 +145,3 @@ def prepare_batch(images: torch.Tensor, angles: torch.Tensor | None = None) -> t
     if angles is not None:
         x = rotate(x, angles)
     return (x / 255 - MNIST_MEAN) / MNIST_STD
-
-
-def synthetic_digits(count: int, seed: int) -> ImageSet:
-    """Learnable stand-ins for MNIST, for tests and benchmarks without data: label k is a bright
-    bar at rows 4 + 2k to 5 + 2k (columns 6 to 21) over uniform noise below 40."""
-    g = torch.Generator().manual_seed(seed)
-    labels = torch.randint(0, 10, (count,), generator=g)
-    images = (torch.rand(count, 28, 28, generator=g) * 40).to(torch.uint8)
-    row_offset = torch.arange(28)[None, :, None] - (4 + 2 * labels)[:, None, None]  # (N, 28, 1)
-    columns = (torch.arange(28) >= 6) & (torch.arange(28) < 22)  # (28,)
-    images[((row_offset >= 0) & (row_offset < 2)) & columns] = 255
-    return ImageSet(images, labels)

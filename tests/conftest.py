@@ -14,7 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from ponder_cli.cli import app
-from ponder_cli.data import synthetic_digits
+from synthetic_data import synthetic_digits
 
 
 def _write_idx(path: Path, data: torch.Tensor) -> None:
@@ -42,7 +42,7 @@ def write_idx():
 
 @pytest.fixture(scope="session")
 def tiny_mnist(tmp_path_factory) -> Path:
-    """700 training and 200 test generated digits (`data.synthetic_digits`, seeds 0 and 1)."""
+    """700 training and 200 test generated digits (`synthetic_data.synthetic_digits`, seeds 0 and 1)."""
     return _write_mnist(tmp_path_factory.mktemp("data"))
 
 

@@ -9,7 +9,8 @@ import torchvision.transforms as T
 import torchvision.transforms.functional as TF
 
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import prepare_batch, synthetic_digits
+from ponder_cli.data import prepare_batch
+from synthetic_data import synthetic_digits
 from ponder_cli.tasks.mnist import evaluate
 from ponder_cli.halting import halting_log_probs
 from ponder_cli.checkpoint import new_model

@@ -6,7 +6,8 @@ import math
 import torch
 
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import prepare_batch, synthetic_digits
+from ponder_cli.data import prepare_batch
+from synthetic_data import synthetic_digits
 from ponder_cli.tasks.mnist import evaluate, evaluation_draws
 from ponder_cli.halting import logits_at, sample_halting_steps
 from ponder_cli.losses import geometric_log_prior, ponder_loss

@@ -11,7 +11,7 @@ import torch
 
 from ponder_cli import PonderError
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import synthetic_digits
+from synthetic_data import synthetic_digits
 from ponder_cli.evaluate import spearman
 from ponder_cli.tasks.mnist import evaluate
 from ponder_cli.halting import halting_log_probs, quantile_halting_steps

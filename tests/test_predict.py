@@ -14,7 +14,8 @@ from PIL import Image
 from ponder_cli import PonderWarning
 from ponder_cli.checkpoint import TrainingState, load_model, save_checkpoint
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import prepare_batch, synthetic_digits
+from ponder_cli.data import prepare_batch
+from synthetic_data import synthetic_digits
 from ponder_cli.halting import halting_log_probs, quantile_halting_steps
 from ponder_cli.checkpoint import new_model
 from ponder_cli.tasks.mnist import frame_like_mnist, read_images

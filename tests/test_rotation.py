@@ -3,7 +3,8 @@ import torch
 import torchvision.transforms as T
 import torchvision.transforms.functional as TF
 
-from ponder_cli.data import MNIST_MEAN, MNIST_STD, prepare_batch, synthetic_digits
+from ponder_cli.data import MNIST_MEAN, MNIST_STD, prepare_batch
+from synthetic_data import synthetic_digits
 from ponder_cli.rotation import rotate, uniform_angles
 
 
