@@ -2,6 +2,7 @@
 
     python benchmarks/paired.py epoch --b cnn_dropout_mask=shared          # one config against another
     python benchmarks/paired.py epoch --against main                       # this tree against main's
+    python benchmarks/paired.py epoch --mnist --b reference_step=true      # against the notebook's step
     python benchmarks/paired.py command --against main -- train --train-size 256 --val-size 128
     python benchmarks/paired.py command --against HEAD~1 -- eval --limit 100
 
@@ -12,7 +13,8 @@ Reported: each side's median, and the ratios' median, quartiles and range, for w
 CPU time (user + system; steadier under load, with one thread per process).
 
 `epoch` times training batches in-process (`--batches`, synthetic digits unless --mnist) after one
-warm-up batch; `command` times a whole `python -m ponder_cli ...` process, start-up included, in a
+warm-up batch (`--b reference_step=true`: B trains with the reference notebook's step function,
+which reruns the CNN at every step, as benchmarks/speed.py's reference-style figures do); `command` times a whole `python -m ponder_cli ...` process, start-up included, in a
 fresh working folder. `--against REV` runs B from a snapshot of commit REV (`git archive`, in a
 temporary folder): the same measuring code, REV's ponder_cli.
 """
@@ -50,12 +52,18 @@ def measure_epoch(root: Path, changes: dict, batches: int, mnist: bool) -> dict:
     from ponder_cli.train import make_optimizer, train_one_epoch
     from synthetic_data import synthetic_digits
 
+    reference = changes.pop("reference_step", False)
     cfg = PonderConfig.from_options(**changes)
     count = (batches + 1) * cfg.batch_size
     images = load_mnist(default_data_dir(), train=True).subset(slice(0, count)) if mnist else synthetic_digits(count, 0)
     torch.manual_seed(cfg.seed)
     model, device = new_model(cfg), torch.device("cpu")
     method, optimizer, scaler = get_method(cfg), make_optimizer(model, cfg, device), grad_scaler(device, False)
+    if reference:  # the reference notebook's step function: its CNN runs again at every step
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from speed import reference_style_forward
+
+        model.forward = lambda x, stop=None: reference_style_forward(model, x)
 
     def epoch(data):
         train_one_epoch(model, method, optimizer, scaler, data, cfg, amp=False, progress=False)
