@@ -12,13 +12,9 @@ from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, STEPS, TASKS,
                        task_class)
 
 
-MAX_ANGLE = 180.0  # degrees: rotating by more than +-180 repeats angles already covered
 MAX_STEPS = 100  # a bound on the cost of an epoch (training runs every step for every image)
 FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32: what the model's tensors can hold
 MAX_SEED = 2 ** 63  # torch's generators take seeds below 2**64; we keep them signed 64-bit
-# parity: the paper's largest vectors have 96 entries; the fixed evaluation sets hold a few
-# hundred rows per non-zero count, so their size grows with elems squared
-MAX_ELEMS = 256
 
 
 def seed_problems(seed: int, what: str) -> list[str]:
@@ -181,9 +177,12 @@ class PonderConfig:
 
     def __post_init__(self) -> None:
         problems = self._value_problems() + self._range_problems()
-        if self.method in METHODS and self.step in STEPS and not problems:
-            problems += method_class(self.method).config_problems(self)
-            problems += self.step_problems()
+        if all(name in PIECE_KINDS[kind][0] for kind, name in self.chosen().items()):
+            # each chosen piece checks the settings it reads (parity its counts, align its turn)
+            problems += [problem for kind, name in self.chosen().items()
+                         for problem in load_piece(kind, name).config_problems(self)]
+            if not problems:
+                problems += self.step_problems()
         if problems:
             raise PonderError("; ".join(problems))
 
@@ -214,50 +213,19 @@ class PonderConfig:
         return problems
 
     def _range_problems(self) -> list[str]:
-        """Each setting within the range where it means something."""
+        """The training settings within the range where they mean something (a piece checks its
+        own: its `config_problems`)."""
         problems = []
-        if not 0 < self.lambda_p <= 1:
-            problems.append(f"lambda-p must be in (0, 1] (got {self.lambda_p})")
-        if self.beta < 0:
-            problems.append(f"beta must be >= 0 (got {self.beta})")
-        if self.tau < 0:
-            problems.append(f"tau must be >= 0 (got {self.tau})")
-        if not 0 < self.act_epsilon < 1:
-            problems.append(f"act-epsilon must be in (0, 1) (got {self.act_epsilon})")
         if self.lr <= 0:
             problems.append(f"lr must be > 0 (got {self.lr})")
         if self.grad_clip < 0:
             problems.append(f"grad-clip must be >= 0, 0 disables clipping (got {self.grad_clip})")
-        if not 0 <= self.train_rotation <= MAX_ANGLE:  # evaluation rotates within +-180 at most, too
-            problems.append(f"train-rotation must be between 0 and {MAX_ANGLE:g} degrees: images are rotated "
-                            f"within +-angle (got {self.train_rotation:g})")
         if self.max_steps > MAX_STEPS:
             problems.append(f"max-steps must be <= {MAX_STEPS} (got {self.max_steps}): every step is computed for "
                             "every training image, so an epoch takes about max-steps times longer")
         problems += seed_problems(self.seed, "seed")
         if not 0 < self.lr_factor < 1:
             problems.append(f"lr-factor must be in (0, 1) (got {self.lr_factor})")
-        for name in ("cnn_dropout", "mlp_dropout"):
-            if not 0 <= getattr(self, name) < 1:
-                problems.append(f"{name.replace('_', '-')} must be in [0, 1)")
-        if self.kernel_size > 12:  # two valid convolutions and two 2x poolings of a 28x28 image
-            problems.append(f"kernel-size must be <= 12 for 28x28 images (got {self.kernel_size})")
-        if isinstance(self.elems, bool) or not isinstance(self.elems, int) or not 1 <= self.elems <= MAX_ELEMS:
-            problems.append(f"elems must be an integer from 1 to {MAX_ELEMS} (got {self.elems})")
-        elif self.train_counts != "":
-            try:
-                parse_count_range(self.train_counts, self.elems)
-            except PonderError as exc:
-                problems.append(f"train-counts: {exc}")
-        if self.curriculum and isinstance(self.elems, int) and not 1 <= self.curriculum_start <= self.elems:
-            problems.append(f"curriculum-start must be a count from 1 to elems ({self.elems}) "
-                            f"(got {self.curriculum_start})")
-        if not 0 <= self.turn_gate <= 1:
-            problems.append(f"turn-gate must be in [0, 1], a fraction of the largest turn (got {self.turn_gate})")
-        if not 0 <= self.truncation < 1:
-            problems.append(f"truncation must be in [0, 1) (got {self.truncation})")
-        if not 0 < self.align_turn <= 180:
-            problems.append(f"align-turn must be in (0, 180] degrees (got {self.align_turn})")
         return problems
 
     def step_problems(self) -> list[str]:

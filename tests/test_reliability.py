@@ -655,3 +655,29 @@ def test_an_empty_path_is_refused_not_read_as_the_current_folder(args, tmp_path,
     line = one_error_line(invoke(*args))
     assert line.endswith("an empty path (an unset variable?); name a file or folder")
     assert list(tmp_path.iterdir()) == []
+
+
+PIECE_ERRORS = [
+    ({"method": "act", "tau": -1.0}, "tau must be >= 0 (got -1.0)"),
+    ({"method": "act", "act_epsilon": 1.0}, "act-epsilon must be in (0, 1) (got 1.0)"),
+    ({"truncation": 1.0}, "truncation must be in [0, 1) (got 1.0)"),
+    ({"method": "act", "truncation": -0.5}, "truncation must be in [0, 1) (got -0.5)"),
+    ({"step": "align", "turn_gate": 2.0}, "turn-gate must be in [0, 1], a fraction of the largest turn (got 2.0)"),
+    ({"step": "align", "align_turn": 0.0}, "align-turn must be in (0, 180] degrees (got 0.0)"),
+    ({"kernel_size": 13}, "kernel-size must be <= 12 for 28x28 images (got 13)"),
+    ({"step": "align", "cnn_dropout": 1.0}, "cnn-dropout must be in [0, 1)"),
+    ({"mlp_dropout": -0.1}, "mlp-dropout must be in [0, 1)"),
+    ({"task": "parity", "elems": 8, "train_counts": "3-9"},
+     "train-counts: count range 3-9 must satisfy 1 <= LO <= HI <= 8 (the elements of a vector)"),
+    ({"task": "parity", "elems": 16, "curriculum": 10, "curriculum_start": 20},
+     "curriculum-start must be a count from 1 to elems (16) (got 20)"),
+    ({"step": "align", "turn_gate": 2.0, "method": "act", "tau": -1.0},  # two pieces, both said in one line
+     "turn-gate must be in [0, 1], a fraction of the largest turn (got 2.0); tau must be >= 0 (got -1.0)"),
+]
+
+
+@pytest.mark.parametrize("given,message", PIECE_ERRORS, ids=[str(g) for g, _ in PIECE_ERRORS])
+def test_each_chosen_piece_checks_its_own_settings(given, message):
+    with pytest.raises(PonderError) as caught:
+        PonderConfig.from_options(**given)
+    assert str(caught.value) == message

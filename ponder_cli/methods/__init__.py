@@ -28,7 +28,10 @@ class Method:
 
     @classmethod
     def config_problems(cls, cfg) -> list[str]:
-        """What this method cannot train with, as messages for the user."""
+        """What this method cannot train with, as messages for the user: its settings out of
+        their range (a method's own checks add to these)."""
+        if "truncation" in cls.reads and not 0 <= cfg.truncation < 1:
+            return [f"truncation must be in [0, 1) (got {cfg.truncation})"]
         return []
 
     def halting_label(self, rule: str) -> str:

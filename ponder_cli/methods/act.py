@@ -38,6 +38,15 @@ class ACTMethod(Method):
     implied = {"halting_bias": INITIAL_HALTING_BIAS}
     reads = ("max_steps", "halting_input", "halting_bias", "turn_gate", "tau", "act_epsilon", "truncation")
 
+    @classmethod
+    def config_problems(cls, cfg):
+        problems = super().config_problems(cfg)
+        if cfg.tau < 0:
+            problems.append(f"tau must be >= 0 (got {cfg.tau})")
+        if not 0 < cfg.act_epsilon < 1:
+            problems.append(f"act-epsilon must be in (0, 1) (got {cfg.act_epsilon})")
+        return problems
+
     def halting_label(self, rule):
         return "act"
 

@@ -13,9 +13,10 @@ class PlainMethod(PonderNetMethod):
 
     @classmethod
     def config_problems(cls, cfg):
+        problems = super().config_problems(cfg)
         if cfg.max_steps != 1:
-            return [f"method plain runs exactly one step: leave out --max-steps or use 1 (got {cfg.max_steps})"]
-        return []
+            problems.append(f"method plain runs exactly one step: leave out --max-steps or use 1 (got {cfg.max_steps})")
+        return problems
 
     def halting_label(self, rule):
         return "one step"

@@ -52,6 +52,11 @@ class StepFunction(nn.Module):
     reads: tuple = ()
     tasks: tuple = ()  # the tasks (registry.TASKS) whose inputs this step function reads
 
+    @classmethod
+    def config_problems(cls, cfg) -> list[str]:
+        """The step's own settings out of their range, as messages for the user."""
+        return []
+
     def start(self, x: torch.Tensor, steps: int) -> tuple[tuple, tuple]:
         """From a batch of inputs (B, ...): the per-input context computed once, and the initial
         state. `steps` is how many steps may follow (for drawing per-step dropout masks)."""

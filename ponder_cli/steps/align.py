@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import StepFunction, StepTrace
-from .mlp import ImageEncoder
+from .mlp import ImageEncoder, encoder_problems
 
 
 def rotation_grid(angles: torch.Tensor, size: tuple) -> torch.Tensor:
@@ -129,6 +129,15 @@ class AlignStep(StepFunction):
                "halting_bias": "prior"}
     reads = ("hidden", "hidden_cnn", "kernel_size", "cnn_dropout", "align_turn", "turn_gate")
     tasks = ("mnist",)
+
+    @classmethod
+    def config_problems(cls, cfg):
+        problems = encoder_problems(cfg, ("cnn_dropout",))
+        if not 0 <= cfg.turn_gate <= 1:
+            problems.append(f"turn-gate must be in [0, 1], a fraction of the largest turn (got {cfg.turn_gate})")
+        if not 0 < cfg.align_turn <= 180:
+            problems.append(f"align-turn must be in (0, 180] degrees (got {cfg.align_turn})")
+        return problems
 
     def __init__(self, cfg):
         super().__init__()

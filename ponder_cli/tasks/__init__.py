@@ -90,6 +90,11 @@ class Task:
     def __init__(self, cfg=None):
         self.cfg = cfg
 
+    @classmethod
+    def config_problems(cls, cfg) -> list[str]:
+        """The task's own settings out of their range, as messages for the user."""
+        return []
+
     def read_inputs(self, paths: list, options: InputOptions) -> UserInputs:
         """Read the user's files (`ponder predict`); see the interface above."""
         raise NotImplementedError

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .. import PonderError, PonderWarning, distributed
-from ..config import MAX_ANGLE, PonderConfig
+from ..config import PonderConfig
 from ..data import ImageSet, load_mnist, prepare_batch, resolve_data_dir, train_val_split
 from ..evaluate import EvalBucket, EvalResult, evaluate_bucket
 from ..reports import TaskView, Terms
@@ -25,6 +25,7 @@ from . import Task, TrainingSource, UserInputs, check_input_file, load_inputs
 
 EVAL_ANGLES, EXTRAPOLATION_ANGLES = [0.0], [22.5, 45.0, 67.5, 90.0]
 SIDE = 28  # MNIST's images are 28x28
+MAX_ANGLE = 180.0  # degrees: rotating by more than +-180 repeats angles already covered
 BOX = 20  # ...with the digit's ink scaled to fit 20x20, centred by its centre of mass
 LIGHT_BORDER = 0.5  # a border brighter than this on average: a dark digit on a light background
 INK = 0.1  # pixels at least this bright (of the brightest) belong to the digit's bounding box
@@ -239,6 +240,13 @@ class MnistTask(Task):
     uses_protocol = True
     reads = ("train_rotation", "val_size", "train_size")
     calibration_split = "validation"  # what calibrate's inputs are (calibration_data)
+
+    @classmethod
+    def config_problems(cls, cfg):
+        if not 0 <= cfg.train_rotation <= MAX_ANGLE:  # evaluation rotates within +-180 at most, too
+            return [f"train-rotation must be between 0 and {MAX_ANGLE:g} degrees: images are rotated "
+                    f"within +-angle (got {cfg.train_rotation:g})"]
+        return []
 
     # training -----------------------------------------------------------------------------
 

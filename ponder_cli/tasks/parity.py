@@ -35,6 +35,9 @@ from ..reports import TaskView, Terms
 from . import Task, TrainingSource, UserInputs, check_input_file, derived_seed, load_inputs
 
 CLASSES = 2
+# the paper's largest vectors have 96 entries; the fixed evaluation sets hold a few hundred rows
+# per non-zero count, so their size grows with elems squared
+MAX_ELEMS = 256
 # Seeds of the fixed evaluation sets: validation while training (and so model selection), test
 # for reported figures, calibration for choosing an exit rule (never used for anything else).
 VALIDATION_SEED = 1
@@ -244,6 +247,21 @@ class ParityTask(Task):
     implied = {"step": "gru", "hidden": 128, "lambda_p": 0.1, "grad_clip": 1.0}
     reads = ("elems", "train_counts", "batches_per_epoch", "curriculum", "curriculum_start")
     calibration_split = "calibration"  # what calibrate's inputs are (calibration_data)
+
+    @classmethod
+    def config_problems(cls, cfg):
+        if isinstance(cfg.elems, bool) or not isinstance(cfg.elems, int) or not 1 <= cfg.elems <= MAX_ELEMS:
+            return [f"elems must be an integer from 1 to {MAX_ELEMS} (got {cfg.elems})"]
+        problems = []
+        if cfg.train_counts != "":
+            try:
+                parse_count_range(cfg.train_counts, cfg.elems)
+            except PonderError as exc:
+                problems.append(f"train-counts: {exc}")
+        if cfg.curriculum and not 1 <= cfg.curriculum_start <= cfg.elems:
+            problems.append(f"curriculum-start must be a count from 1 to elems ({cfg.elems}) "
+                            f"(got {cfg.curriculum_start})")
+        return problems
 
     def example_input(self, batch: int, device) -> torch.Tensor:
         return torch.zeros((batch, self.cfg.elems), device=device)
