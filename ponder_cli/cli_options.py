@@ -13,7 +13,7 @@ from typer.core import TyperCommand
 
 from .config import PonderConfig
 from .halting_rules import parse_exit_rule, parse_halting_rule, rule_choices
-from .registry import CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, METHODS, PROTOCOLS, STEPS, TASKS
+from .registry import CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, METHODS, PROTOCOLS, STEPS, TASKS, known_task
 from .render import OutputFormat, value_text
 from .folders import LATEST, RUNS_DIR
 from .shipped import DEFAULT, SHIPPED
@@ -24,7 +24,6 @@ def _choices(name: str, values) -> type[Enum]:
 
 
 Method, Step, HaltingInput = _choices("Method", METHODS), _choices("Step", STEPS), _choices("HaltingInput", HALTING_INPUTS)
-Task = _choices("Task", TASKS)
 CnnDropoutMask = _choices("CnnDropoutMask", CNN_DROPOUT_MASKS)
 Protocol = _choices("Protocol", PROTOCOLS)
 
@@ -141,6 +140,20 @@ ProtocolOption = typer.Option(None, "--protocol", case_sensitive=False, show_def
                               help="How MNIST test images are rotated: uniform (the default): within ±angle "
                                    "(reference); band: |rotation| between the previous angle and this one; fixed: "
                                    "exactly ±angle. Parity checkpoints refuse it.")
+
+
+def task_choice(value: Optional[str]) -> Optional[str]:
+    """--task: a name in the registry when the command runs (not a choice fixed at import), so
+    that a task registered later, or by an installed package, can be chosen; any case."""
+    if value is None:
+        return None
+    name = value.lower() if value.lower() in TASKS else value
+    if not known_task(name):
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(map(repr, TASKS))}.")
+    return name
+
+
+TASK_METAVAR = f"<{'|'.join(TASKS)}>"  # the built-in tasks
 
 
 def _halting_rule(value: Optional[str]) -> Optional[str]:

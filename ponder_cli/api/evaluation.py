@@ -234,8 +234,7 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], angles: Optional[li
             continue
         seen[digest] = path
         models[str(path)] = (model, cfg)
-    kinds = sorted({f"{cfg.task}" + (f" with --elems {cfg.elems}" if cfg.task == "parity" else "")
-                    for _, cfg in models.values()})
+    kinds = sorted({get_task(cfg).kind_label() for _, cfg in models.values()})
     if len(kinds) > 1:
         raise PonderError(f"compare needs checkpoints of one task, evaluated on the same inputs (got {', '.join(kinds)})")
     first = next(iter(models.values()))[1]

@@ -81,6 +81,8 @@ class Task:
     name: str = ""
     classes: int = 0
     inputs: str = ""  # what the inputs are, for messages: "28x28 images"
+    # the kind of its inputs: the step functions whose `input_kind` is the same fit it
+    input_kind: str = ""
     difficulty: str = ""  # the key naming a bucket's difficulty in reports
     uses_protocol: bool = False  # whether --protocol (how test images are rotated) means anything
     calibration_split: str = ""  # what calibrate chooses on: "calibration" (data of its own) or "validation"
@@ -90,8 +92,27 @@ class Task:
     def __init__(self, cfg=None):
         self.cfg = cfg
 
+    @classmethod
+    def resolve_options(cls, values: dict, given: dict) -> dict:
+        """The config's values (`given`: those the user set) with what this task derives from
+        them filled in, before the config is built; by default nothing."""
+        return values
+
+    def run_name_prefix(self) -> str:
+        """What a run folder's default name starts with (runs.run_dir_name): the task's name."""
+        return f"{self.name}-"
+
+    def kind_label(self) -> str:
+        """What checkpoints that `compare` may set side by side share (the same inputs): the task."""
+        return self.name
+
     def read_inputs(self, paths: list, options: InputOptions) -> UserInputs:
         """Read the user's files (`ponder predict`); see the interface above."""
+        raise NotImplementedError
+
+    @property
+    def input_shape(self) -> tuple:
+        """One input's shape, without the batch: what the step function is built for."""
         raise NotImplementedError
 
     def example_input(self, batch: int, device):

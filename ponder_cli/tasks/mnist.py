@@ -235,6 +235,8 @@ class MnistTask(Task):
     name = "mnist"
     classes = 10
     inputs = "28x28 images"
+    input_kind = "images"
+    input_shape = (1, SIDE, SIDE)
     difficulty = "rotation"
     uses_protocol = True
     reads = ("train_rotation", "val_size", "train_size")
@@ -258,12 +260,15 @@ class MnistTask(Task):
     def describe(self, train_data, val_data) -> str:
         return f"on {len(train_data)} images, validating on {len(val_data)}"
 
+    def run_name_prefix(self) -> str:
+        return ""  # the first task: its runs are <method>-<step>-seed<seed>
+
     def read_inputs(self, paths, options):
         names, x = read_images(paths, invert=options.invert, rotate=options.rotate)
         return UserInputs(names, x)
 
     def example_input(self, batch: int, device) -> torch.Tensor:
-        return torch.zeros((batch, 1, SIDE, SIDE), device=device)
+        return torch.zeros((batch, *self.input_shape), device=device)
 
     def view(self) -> TaskView:
         return TaskView("mnist", TERMS, {"train_rotation": self.cfg.train_rotation},

@@ -237,6 +237,7 @@ class ParityTask(Task):
     name = "parity"
     classes = CLASSES
     inputs = "vectors of --elems entries in {-1, 0, +1}"
+    input_kind = "vectors"
     difficulty = "counts"
     # what learns here (benchmarks/parity_results.md): the gru step with its recipe, 128
     # units, lambda_p 0.1 (the paper's best for interpolation), clipping at 1 (and the default
@@ -245,11 +246,27 @@ class ParityTask(Task):
     reads = ("elems", "train_counts", "batches_per_epoch", "curriculum", "curriculum_start")
     calibration_split = "calibration"  # what calibrate's inputs are (calibration_data)
 
+    @property
+    def input_shape(self) -> tuple:
+        return (self.cfg.elems,)
+
     def example_input(self, batch: int, device) -> torch.Tensor:
-        return torch.zeros((batch, self.cfg.elems), device=device)
+        return torch.zeros((batch, *self.input_shape), device=device)
 
     def _range(self) -> tuple[int, int]:
         return self.cfg.train_range()
+
+    @classmethod
+    def resolve_options(cls, values: dict, given: dict) -> dict:
+        if "train_counts" not in given and isinstance(values.get("elems"), int):
+            values["train_counts"] = f"1-{values['elems']}"  # saved explicitly: the run says what it trained on
+        return values
+
+    def run_name_prefix(self) -> str:
+        return f"parity{self.cfg.elems}-"
+
+    def kind_label(self) -> str:
+        return f"parity with --elems {self.cfg.elems}"  # vectors of other sizes are other inputs
 
     # training -----------------------------------------------------------------------------
 
