@@ -32,10 +32,10 @@ import hashlib
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
-
 from .. import PonderError, special_file_kind
-from ..registry import task_class
+from ..registry import TASKS, task_class
+
+BUCKETS = "--buckets"  # the spelling of buckets that every task reads, in its own terms
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,11 @@ class Task:
     calibration_split: str = ""  # what calibrate chooses on: "calibration" (data of its own) or "validation"
     implied: dict = {}
     reads: tuple = ()
+    # how the command line spells its buckets besides --buckets (MNIST: --angles), the first the
+    # one messages name, with its metavar; "a" or "an" before its name ("an mnist model")
+    bucket_options: tuple = ()
+    bucket_metavar: str = "SPEC..."
+    article: str = "a"
 
     def __init__(self, cfg=None):
         self.cfg = cfg
@@ -123,6 +128,28 @@ class Task:
         """What reports say of this task for this run (reports.TaskView: plain data, no torch)."""
         raise NotImplementedError
 
+    def parse_buckets(self, spelled: dict, command: str) -> list:
+        """The bucket specs the user spelled, {option: texts or None (not given)}: the command's
+        default buckets when none is given; one option only, --buckets or one of this task's
+        own spellings (another task's is refused, naming whose it is), its texts read by
+        `parse_specs`."""
+        given = {option: texts for option, texts in spelled.items() if texts is not None}
+        if not given:
+            return self.default_buckets(command)
+        if len(given) > 1:
+            raise PonderError(f"{' and '.join(given)} are alternatives: give one")
+        ((option, texts),) = given.items()
+        if option != BUCKETS and option not in self.bucket_options:
+            owners = task_names(lambda task: option in task.bucket_options) or ["other"]
+            own = self.bucket_options[0] if self.bucket_options else BUCKETS
+            raise PonderError(f"{option} applies to {', '.join(owners)} checkpoints; this one is {self.article} "
+                              f"{self.name} model: give {own} {self.bucket_metavar}")
+        return self.parse_specs([str(text) for text in texts], option)
+
+    def parse_specs(self, texts: list, option: str) -> list:
+        """Bucket specs from the texts given to `option` (a problem: one PonderError naming it)."""
+        raise NotImplementedError
+
 
 def derived_seed(stream: str, *parts: int) -> int:
     """A generator seed for one named stream of random draws ("coins", "vectors", "calibrate")
@@ -136,8 +163,15 @@ def get_task(cfg) -> Task:
     return task_class(getattr(cfg, "task", "mnist"))(cfg)
 
 
+def task_names(test) -> list:
+    """The registered tasks whose class passes `test`, for messages naming whose an option is."""
+    return [name for name in TASKS if test(task_class(name))]
+
+
 def load_array(path):
     """A user's .npy file as a numpy array, or one error naming the file (no pickles)."""
+
+    import numpy as np  # the CLI imports this package's torch-free modules at start-up: no numpy then
 
     try:
         return np.load(path, allow_pickle=False)

@@ -22,8 +22,8 @@ from ..evaluate import EvalBucket, EvalResult, evaluate_bucket
 from ..reports import TaskView, Terms
 from ..rotation import protocol_angles, uniform_angles
 from . import Task, TrainingSource, UserInputs, check_input_file, load_inputs
+from .mnist_defaults import EVAL_ANGLES, EXTRAPOLATION_ANGLES
 
-EVAL_ANGLES, EXTRAPOLATION_ANGLES = [0.0], [22.5, 45.0, 67.5, 90.0]
 SIDE = 28  # MNIST's images are 28x28
 BOX = 20  # ...with the digit's ink scaled to fit 20x20, centred by its centre of mass
 LIGHT_BORDER = 0.5  # a border brighter than this on average: a dark digit on a light background
@@ -239,6 +239,7 @@ class MnistTask(Task):
     input_shape = (1, SIDE, SIDE)
     difficulty = "rotation"
     uses_protocol = True
+    bucket_options, bucket_metavar, article = ("--angles", "--rotation"), "DEG...", "an"
     reads = ("train_rotation", "val_size", "train_size")
     calibration_split = "validation"  # what calibrate's inputs are (calibration_data)
 
@@ -281,13 +282,8 @@ class MnistTask(Task):
             return [self.cfg.train_rotation]
         return list(EVAL_ANGLES if command == "eval" else EXTRAPOLATION_ANGLES)
 
-    def parse_buckets(self, angles: Optional[list], counts: Optional[list], command: str) -> list[float]:
-        if counts is not None:
-            raise PonderError("--counts applies to parity checkpoints; this one is an mnist model: "
-                              "give --angles DEG...")
-        if angles is None:
-            return self.default_buckets(command)
-        return parse_angles([str(a) for a in angles])
+    def parse_specs(self, texts: list, option: str) -> list[float]:
+        return parse_angles(texts, option)
 
     def test_data(self, options, device):
         test = load_mnist(resolve_data_dir(options.data_dir), train=False, download=options.download)
