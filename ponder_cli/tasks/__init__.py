@@ -7,18 +7,25 @@ validated, and what a difficulty bucket of its evaluation is: MNIST buckets are 
 buckets are ranges of non-zero counts. The model, the methods and the halting code never see any
 of that: they get input tensors, labels and halting coins.
 
-Interface (see MnistTask and ParityTask; a task is built from the run's config, `self.cfg`):
-- `classes`, `inputs` (words for messages), `difficulty` (the bucket key in reports: "rotation",
+Interface (see MnistTask and ParityTask, and the third task of tests/test_third_task.py; a task
+is built from the run's config, `self.cfg`):
+- `classes`, `inputs` (words for messages), `input_kind` ("images", "vectors": the step
+  functions with the same `input_kind` fit it) and `input_shape` (one input's, without the
+  batch: the step is built for it), `difficulty` (the bucket key in reports: "rotation",
   "counts"), `uses_protocol`, `implied` (values, and pieces of later kinds: parity implies
-  --step gru), `reads` (config.inapplicable's rule, as for steps and methods); step functions
-  name the tasks they fit (`StepFunction.tasks`);
+  --step gru), `reads` (config.inapplicable's rule, as for steps and methods);
+- the config and the run: `resolve_options(values, given)` (what it derives before the config
+  is built: parity saves train_counts), `run_name_prefix()` (the run folder's name), `kind_label()`
+  (what checkpoints `compare` sets side by side share);
 - training: `load_training(data_dir, download)` -> (training data, validation data) on the CPU,
   `to_device(data, device)`, `training_source(data, device)` -> a `TrainingSource`,
   `validate(model, validation data, amp)` -> evaluate.EvalResult, `describe` (the log line);
 - the user's own inputs (`ponder predict`): `read_inputs(paths, options)` -> `UserInputs`, the
   files read and checked (a problem is one PonderError naming the file), ready for the model;
-- evaluation: `default_buckets(command)`, `parse_buckets(angles, counts, command)` and
-  `sweep_specs(start, stop, every)` -> bucket specs, `test_data(options, device)` and
+- evaluation: `default_buckets(command)`, `parse_specs(texts, option)` (the texts of --buckets,
+  or of one of its own spellings `bucket_options`: MNIST --angles and --rotation, parity --counts;
+  `parse_buckets` refuses the others, naming whose they are) and `sweep_specs(start, stop,
+  every)` -> bucket specs, `test_data(options, device)` and
   `calibration_data(options, device)` (what calibrate chooses an exit rule on: data of its own
   where the task can draw them, parity; MNIST's held-out training images),
   `bucket(test, spec, specs, max_steps, seed, protocol, draw=k)` -> evaluate.EvalBucket (draw k
