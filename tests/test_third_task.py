@@ -114,6 +114,8 @@ def test_a_task_defined_here_trains_evaluates_predicts_and_reports(sums_task, po
     beyond = json.loads(ponder("extrapolate", run, "--buckets", "4", "6", "-f", "json", "-q").stdout)
     assert [(b["length"], b["images"]) for b in beyond["buckets"]] == [(4, 32), (6, 32)]
     assert len(json.loads(ponder("extrapolate", run, "-f", "json", "-q").stdout)["buckets"]) == 3  # 4, 5, 6
+    compared = json.loads(ponder("compare", run, "--buckets", "5", "-f", "json", "-q").stdout)
+    assert [(b["length"], b["images"]) for b in compared["buckets"]] == [(5, 32)]
     assert one_error_line(ponder("extrapolate", run, "--counts", "1-4")) == (
         "Error: --counts applies to parity checkpoints; this one is a sums model: give --buckets LENGTH...")
 
