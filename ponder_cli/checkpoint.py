@@ -243,8 +243,10 @@ def _not_a_torch_file(path: Path) -> str | None:
 
 
 def new_model(cfg: PonderConfig) -> torch.nn.Module:
-    """A freshly initialised model for a config: the task says how many classes it predicts."""
-    return build_model(cfg, classes=get_task(cfg).classes)
+    """A freshly initialised model for a config: the task says how many classes it predicts
+    and what its inputs' shape is."""
+    task = get_task(cfg)
+    return build_model(cfg, classes=task.classes, input_shape=task.input_shape)
 
 
 def load_model(path: Path | str, device) -> tuple[torch.nn.Module, PonderConfig, TrainingState]:

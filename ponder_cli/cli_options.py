@@ -13,7 +13,8 @@ from typer.core import TyperCommand
 
 from .config import PonderConfig
 from .halting_rules import parse_exit_rule, parse_halting_rule, rule_choices
-from .registry import CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, METHODS, PROTOCOLS, STEPS, TASKS
+from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, METHODS, PROTOCOLS, STEPS, TASKS,
+                       known_task)
 from .render import OutputFormat, value_text
 from .folders import LATEST, RUNS_DIR
 from .shipped import DEFAULT, SHIPPED
@@ -24,7 +25,6 @@ def _choices(name: str, values) -> type[Enum]:
 
 
 Method, Step, HaltingInput = _choices("Method", METHODS), _choices("Step", STEPS), _choices("HaltingInput", HALTING_INPUTS)
-Task = _choices("Task", TASKS)
 CnnDropoutMask = _choices("CnnDropoutMask", CNN_DROPOUT_MASKS)
 Protocol = _choices("Protocol", PROTOCOLS)
 
@@ -39,6 +39,12 @@ def _is_number(token: str) -> bool:
 
 def _is_count_range(token: str) -> bool:
     return re.fullmatch(r"\d+(-\d+)?", token) is not None
+
+
+def _is_spec(token: str) -> bool:
+    """A --buckets value as the list expands it: a number or a range LO-HI (a task spelling its
+    buckets otherwise takes one value per flag)."""
+    return _is_number(token) or _is_count_range(token)
 
 
 def _is_rule(token: str) -> bool:
@@ -76,8 +82,10 @@ def expand_angles(args: list[str], name: str = "--angles", is_value=_is_number, 
 
 
 def expand_lists(args: list[str]) -> list[str]:
-    """The list options: --angles (MNIST), --counts (parity) and calibrate's --rules."""
+    """The list options: --buckets (any task's), --angles (MNIST's), --counts (parity's) and
+    calibrate's --rules."""
     args = expand_angles(expand_angles(list(args)), "--counts", _is_count_range, "count range LO-HI")
+    args = expand_angles(args, "--buckets", _is_spec, "bucket")
     return expand_angles(args, "--rules", _is_rule, "halting rule")
 
 
@@ -143,6 +151,20 @@ ProtocolOption = typer.Option(None, "--protocol", case_sensitive=False, show_def
                                    "exactly ±angle. Parity checkpoints refuse it.")
 
 
+def task_choice(value: Optional[str]) -> Optional[str]:
+    """--task: a name in the registry when the command runs (not a choice fixed at import), so
+    that a task registered later, or by an installed package, can be chosen; any case."""
+    if value is None:
+        return None
+    name = value.lower() if value.lower() in TASKS else value
+    if not known_task(name):
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(map(repr, TASKS))}.")
+    return name
+
+
+TASK_METAVAR = f"<{'|'.join(TASKS)}>"  # the built-in tasks
+
+
 def _halting_rule(value: Optional[str]) -> Optional[str]:
     """--halting as spelled (quantile:0.9 stays quantile:0.9), checked before any work; None
     when not given (the method's own: sample, or ACT's)."""
@@ -193,6 +215,19 @@ def counts_option(default: str):
     return typer.Option(None, "--counts", metavar="LO-HI...", show_default=False,
                         help=f"Parity checkpoints: one bucket per range of non-zero counts, e.g. --counts 1-16 17-32 "
                              f"(a single count: 5). [default: {default}]")
+
+
+def buckets_option(default: str):
+    """--buckets: the checkpoint's task's buckets in its own terms, None unless given."""
+    return typer.Option(None, "--buckets", metavar="SPEC...", show_default=False,
+                        help=f"One bucket per spec, in the terms of the checkpoint's task (MNIST: angles, as "
+                             f"--angles; parity: count ranges, as --counts; another task: its own). Several values "
+                             f"after one flag when they are numbers or ranges LO-HI. [default: {default}]")
+
+
+def angles_text(angles) -> list[str]:
+    """Angles in degrees as --angles spells them: 22.5, 45."""
+    return [f"{angle:g}" for angle in angles]
 
 
 def angles_option(default: list[str], what: str):

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import PonderError
-from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, STEPS, TASKS, method_class, step_class,
-                       task_class)
+from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, STEPS, TASKS, known_task, method_class,
+                       step_class, task_class)
 
 
 MAX_STEPS = 100  # a bound on the cost of an epoch (training runs every step for every image)
@@ -59,10 +59,12 @@ def load_piece(kind: str, name: str):
 
 
 def fit_problems(chosen: dict[str, str]) -> list[str]:
-    """A step function that does not fit the task's inputs (mlp on parity vectors, gru on images)."""
+    """A step function that reads another kind of input than the task gives (mlp on parity
+    vectors, gru on images)."""
     task, step = chosen.get("task"), chosen.get("step")
-    if task in TASKS and step in STEPS and task not in step_class(step).tasks:
-        fitting = [name for name in STEPS if task in step_class(name).tasks]
+    kind = task_class(task).input_kind if task in TASKS else None
+    if kind is not None and step in STEPS and step_class(step).input_kind != kind:
+        fitting = [name for name in STEPS if step_class(name).input_kind == kind]
         return [f"--step {step} does not fit --task {task} ({task_class(task).inputs}); "
                 f"choose {', '.join(fitting)}"]
     return []
@@ -189,6 +191,7 @@ class PonderConfig:
     def _value_problems(self) -> list[str]:
         """Choices among the registered names; sizes, counts and finite float32 numbers."""
         problems = []
+        known_task(self.task)  # a task an installed package registers joins TASKS here
         for name, choices in (("task", TASKS), ("method", METHODS), ("step", STEPS), ("halting_input", HALTING_INPUTS),
                               ("cnn_dropout_mask", CNN_DROPOUT_MASKS)):
             if getattr(self, name) not in choices:
@@ -246,14 +249,16 @@ class PonderConfig:
         """A config from the options the user gave; the rest are the defaults, or what the chosen
         method or step implies (plain: one step). An option that no chosen piece reads is refused
         (see inapplicable)."""
+        if "task" in given:
+            known_task(given["task"])  # a task an installed package registers joins TASKS here
         chosen = choose_pieces(given, cls.default)
         if all(name in PIECE_KINDS[kind][0] for kind, name in chosen.items()):  # else __post_init__ says so
             problems = fit_problems(chosen) or inapplicable(given, chosen)
             if problems:
                 raise PonderError("; ".join(problems))
         values = {**{name: value for name, (value, _) in implied_values(chosen).items()}, **given, **chosen}
-        if chosen["task"] == "parity" and "train_counts" not in given and isinstance(values.get("elems"), int):
-            values["train_counts"] = f"1-{values['elems']}"  # saved explicitly: the run says what it trained on
+        if chosen["task"] in TASKS:
+            values = task_class(chosen["task"]).resolve_options(values, given)
         if values.get("halting_bias") == "prior":  # lambda starts at the prior's lambda_p
             lambda_p = values.get("lambda_p", cls.default("lambda_p"))
             values["halting_bias"] = math.log(lambda_p / (1 - lambda_p)) if 0 < lambda_p < 1 else float("nan")

@@ -29,10 +29,10 @@ class PonderOutput(NamedTuple):
 
 
 class PonderNet(nn.Module):
-    def __init__(self, cfg, classes: int):
+    def __init__(self, cfg, classes: int, input_shape: tuple):
         super().__init__()
         self.max_steps = cfg.max_steps
-        self.step = step_class(cfg.step)(cfg)
+        self.step = step_class(cfg.step)(cfg, tuple(input_shape))
         self.output_head = nn.Linear(self.step.readout_size, classes)
         # what the halting head sees besides the readout: the step's top class probability
         # ("confidence"), the previous step's readout ("previous": [h_n, h_{n-1}], zeros before

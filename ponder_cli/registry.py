@@ -42,6 +42,8 @@ PROTOCOLS = ("uniform", "band", "fixed")  # how test images are rotated per angl
 DEFAULT_HALTING = "sample"  # the paper's; a method with a rule of its own (ACT) halts by that instead
 DEFAULT_PROTOCOL = "uniform"  # the reference notebook's: within ±angle
 FORMATS = ("table", "json", "csv")
+# where installed packages register tasks of their own: name = "module:attribute", as in TASKS
+TASK_ENTRY_POINTS = "ponder_cli.tasks"
 
 
 def _load(table: dict[str, str], kind: str, name: str):
@@ -51,7 +53,26 @@ def _load(table: dict[str, str], kind: str, name: str):
     return getattr(importlib.import_module(module), attribute)
 
 
+def known_task(name: str) -> bool:
+    """Whether `name` is a task: built in (or added to TASKS), else one an installed package
+    registers under the entry points TASK_ENTRY_POINTS, which is then added to TASKS. The entry
+    points are read only for a name not in TASKS, so a command naming a built-in task never
+    pays for scanning the installed packages."""
+    if name in TASKS:
+        return True
+    if not isinstance(name, str):
+        return False
+    from importlib.metadata import entry_points  # scans every installed package: only when needed
+
+    for point in entry_points(group=TASK_ENTRY_POINTS):
+        if point.name == name:
+            TASKS[name] = point.value
+            return True
+    return False
+
+
 def task_class(name: str):
+    known_task(name)
     return _load(TASKS, "task", name)
 
 

@@ -22,6 +22,7 @@ from .config import PonderConfig, inapplicable
 from .config_file import render_config
 from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR)
 from .shipped import package_problem
+from .tasks import get_task
 from .checkpoint_names import Resolved, accepted_forms, newest_run_checkpoint, resolve_checkpoint  # noqa: F401
 from .run_lock import RunLock, check_unlocked  # noqa: F401
 
@@ -137,9 +138,9 @@ def refuse_foreign_checkpoints(directory: Path, overwrite: bool) -> None:
 
 
 def run_dir_name(cfg: PonderConfig) -> str:
-    """mnist: <method>-<step>-seed<seed>; parity: parity<elems>-<method>-<step>-seed<seed>."""
-    task = f"parity{cfg.elems}-" if cfg.task == "parity" else ""
-    return f"{task}{cfg.method}-{cfg.step}-seed{cfg.seed}"
+    """<task's prefix><method>-<step>-seed<seed>: mnist has none, parity parity<elems>-, another
+    task its name and a dash (Task.run_name_prefix)."""
+    return f"{get_task(cfg).run_name_prefix()}{cfg.method}-{cfg.step}-seed{cfg.seed}"
 
 
 def free_run_dir(cfg: PonderConfig, root: Path = RUNS_DIR) -> Path:

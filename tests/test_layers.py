@@ -23,7 +23,6 @@ DEFERRED = {
     ("cli.app", "plot"): "matplotlib only when --plot is given",
     ("cli.app", "render"): "rich's tables only once a report is rendered",
     ("cli.app", "distributed"): "torchrun plumbing only at the error boundary, under torchrun",
-    ("cli.app", "tasks.mnist"): "MNIST's angle parsing loads torch through the task",
     ("cli_options", "config"): "every piece (so torch) loads only when --help asks for implied values",
     ("api.training", "tensorboard_log"): "the tensorboard extra is optional",
     ("api.run_folder", "tensorboard_log"): "the tensorboard extra is optional",

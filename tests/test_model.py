@@ -228,7 +228,7 @@ def test_a_new_step_function_plugs_in_through_the_registry(monkeypatch):
         def gate_halting(self, lambda_logits, extra):  # no halting before the third step (extra: n)
             return torch.where(extra[..., 0] < 2, torch.full_like(lambda_logits, -80.0), lambda_logits)
 
-        def __init__(self, cfg):
+        def __init__(self, cfg, input_shape):
             super().__init__()
             self.scale = torch.nn.Parameter(torch.ones(()))
 
@@ -242,7 +242,7 @@ def test_a_new_step_function_plugs_in_through_the_registry(monkeypatch):
     monkeypatch.setitem(registry.STEPS, "counting", f"{__name__}:CountingStep")
     globals()["CountingStep"] = CountingStep
     cfg = PonderConfig(step="counting", max_steps=5, halting_input="state+turn")
-    model = PonderNet(cfg, classes=10).eval()
+    model = PonderNet(cfg, classes=10, input_shape=(1, 28, 28)).eval()
     assert model.halting_head.in_features == 4
     x = torch.randn(10, 1, 28, 28)
     out = model(x)

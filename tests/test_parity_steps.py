@@ -19,7 +19,7 @@ from ponder_cli.tasks.parity import CLASSES, parity_batch
 def vector_model(vector_config, step, seed=0, **fields):
     torch.manual_seed(seed)
     fields = {"elems": 8, "hidden": 16, "max_steps": 6, **fields}
-    return PonderNet(vector_config(step=step, **fields), classes=CLASSES)
+    return PonderNet(vector_config(step=step, **fields), classes=CLASSES, input_shape=(fields["elems"],))
 
 
 def inputs(batch=32, elems=8, seed=0):
@@ -33,7 +33,7 @@ def test_vector_steps_are_registered_and_the_class_count_is_the_models_choice(ve
     assert model.output_head.out_features == 2
     out = model(inputs())
     assert out.logits.shape == (6, 32, 2) and out.lambda_logits.shape == (6, 32)
-    assert PonderNet(vector_config(step="rnn"), classes=3).output_head.out_features == 3  # the task's count
+    assert PonderNet(vector_config(step="rnn"), classes=3, input_shape=(8,)).output_head.out_features == 3  # the task's count
 
 
 @pytest.mark.parametrize("step", ["rnn", "gru"])
@@ -76,10 +76,10 @@ def test_gru_step_equals_torchs_gru_cell_from_a_zero_state(vector_config):
 
 def test_gru_recipe_orthogonal_blocks_update_bias_and_normalised_state(vector_config):
     torch.manual_seed(0)
-    plain = GRUStep(vector_config(step="gru", elems=8, hidden=16))
+    plain = GRUStep(vector_config(step="gru", elems=8, hidden=16), (8,))
     torch.manual_seed(0)
     recipe = GRUStep(vector_config(step="gru", elems=8, hidden=16, gru_layer_norm=True, gru_orthogonal=True,
-                                   gru_update_bias=1.0))
+                                   gru_update_bias=1.0), (8,))
     for block in recipe.cell.weight_hh.split(16):
         assert torch.allclose(block @ block.T, torch.eye(16), atol=1e-5)
     # the same draw, plus 1 on the update gate's input bias only (gate order: reset, update, new)

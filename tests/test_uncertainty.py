@@ -32,7 +32,7 @@ def test_one_sided_lower_bound_and_standard_error_by_hand():
 
 
 def _parity(counts, **options):
-    report = evaluate_checkpoint("eval", "parity16-extrapolation", None, EvalOptions(**options), counts=counts)
+    report = evaluate_checkpoint("eval", "parity16-extrapolation", {"--counts": counts}, EvalOptions(**options))
     return report.buckets
 
 
@@ -62,8 +62,7 @@ def test_every_bucket_carries_its_interval_and_standard_error():
 
 def test_repeats_redraw_the_vectors_not_only_the_coins():
     # ACT halts deterministically: with the vectors fixed, every draw gave the same accuracy
-    report = evaluate_checkpoint("eval", "parity16-extrapolation-act", None, EvalOptions(limit=16, repeats=3),
-                                 counts=["13-16"])
+    report = evaluate_checkpoint("eval", "parity16-extrapolation-act", ["13-16"], EvalOptions(limit=16, repeats=3))
     bucket = report.buckets[0]
     low, high = bucket["accuracy_ci"]
     assert high - low > 0.01

@@ -8,7 +8,7 @@ import math
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Callable, Mapping, Optional, Sequence, Union
 
 from .. import PonderError
 from ..calibrate import choose_rule, rule_outcomes
@@ -20,7 +20,7 @@ from ..methods import get_method
 from ..registry import DEFAULT_HALTING, DEFAULT_PROTOCOL
 from ..reports import (Report, calibration_report, combine_draws, comparison_report, evaluation_report,
                        group_by_configuration, mean_ci, sweep_report)
-from ..tasks import derived_seed, get_task
+from ..tasks import BUCKETS, derived_seed, get_task, task_names
 from .loading import check_halting, device_and_amp, load_one, resolve_named
 
 
@@ -50,6 +50,19 @@ class EvalOptions:
             problems.append(f"--repeats must be between 1 and 1000 (got {self.repeats})")
         if problems:
             raise PonderError(problems[0])
+
+
+# The buckets as the user spelled them: {option: texts} ({"--angles": ["0", "45"]}; None: not
+# given), or a list of the task's own bucket specs (what --buckets takes), or None: the command's
+# default buckets. The task reads them (Task.parse_buckets).
+Buckets = Union[Mapping[str, Optional[Sequence]], Sequence, None]
+
+
+def spelled(buckets: Buckets) -> dict:
+    """Buckets as {option: texts}: a list is what --buckets takes, None none given."""
+    if buckets is None:
+        return {}
+    return dict(buckets) if isinstance(buckets, Mapping) else {BUCKETS: list(buckets)}
 
 
 def _test_set(task, options: EvalOptions, device):
@@ -101,12 +114,11 @@ def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int
     return combined, rho, rho_ci
 
 
-def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], angles: Optional[list[float]],
-                        options: EvalOptions, *, counts: Optional[list[str]] = None,
-                        log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
-    """eval (with the loss) and extrapolate: one checkpoint, one bucket per angle (MNIST) or per
-    non-zero-count range (parity: `counts`, "LO-HI" texts); None: the task's default buckets for
-    the command. `checkpoint` is a CHECKPOINT argument (a file, a run folder, `latest`, a shipped
+def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], buckets: Buckets, options: EvalOptions,
+                        *, log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
+    """eval (with the loss) and extrapolate: one checkpoint, one bucket per spec the task reads
+    from `buckets` (see Buckets: MNIST angles, parity's non-zero-count ranges "LO-HI"; None: the
+    task's default buckets for the command). `checkpoint` is a CHECKPOINT argument (a file, a run folder, `latest`, a shipped
     model's name; None: the shipped reference model); a "using ..." line says which file;
     progress: a bar on stderr, one tick per bucket."""
 
@@ -114,7 +126,7 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], angles
     options = replace(options, halting=check_halting(cfg, options.halting))
     task = get_task(cfg)
     options = _with_protocol(task, options)
-    specs = task.parse_buckets(angles, counts, command)
+    specs = task.parse_buckets(spelled(buckets), command)
     with _progress_bar(len(specs) * options.repeats, progress) as bar:
         test = _test_set(task, options, dev)
         seed = cfg.seed if options.seed is None else options.seed
@@ -132,8 +144,10 @@ def _with_protocol(task, options: EvalOptions) -> EvalOptions:
     if task.uses_protocol:
         return options if options.protocol is not None else replace(options, protocol=DEFAULT_PROTOCOL)
     if options.protocol is not None:
-        raise PonderError(f"--protocol applies to mnist checkpoints (how test images are rotated); this one is a "
-                          f"{task.name} model, whose buckets are --counts")
+        owners = ", ".join(task_names(lambda other: other.uses_protocol))
+        own = task.bucket_options[0] if task.bucket_options else BUCKETS
+        raise PonderError(f"--protocol applies to {owners} checkpoints (how test images are rotated); this one is "
+                          f"{task.article} {task.name} model, whose buckets are {own}")
     return options
 
 
@@ -162,14 +176,14 @@ def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float],
     return sweep_report(str(path), cfg, buckets, rho, halting=buckets[0]["halting"], seed=seed, view=task.view())
 
 
-def calibrate_checkpoint(checkpoint: Union[str, Path, None], angles: Optional[list[float]], options: EvalOptions, *,
-                         counts: Optional[list[str]] = None, tolerance: float = 0.005,
+def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, options: EvalOptions, *,
+                         tolerance: float = 0.005,
                          rules: Optional[list[str]] = None, log: Callable[[str], None] = lambda line: None,
                          progress: bool = False) -> Report:
     """calibrate: every candidate exit rule (default halting_rules.CALIBRATION_RULES) on the
     task's calibration data (MNIST: the held-out training images, rotated within the training
-    rotation, or by `angles` under options.protocol; parity: vectors of calibrate's own, of the
-    training range or of `counts`), and the cheapest rule whose agreement with the last step has
+    rotation, or by the angles of `buckets` under options.protocol; parity: vectors of
+    calibrate's own, of the training range or of the count ranges of `buckets`), and the cheapest rule whose agreement with the last step has
     a one-sided 95% lower bound of at least 1 - tolerance (calibrate.choose_rule). Rotations,
     vectors redrawn and coins come from a stream of calibrate's own (derived from the seed), never
     the draws that validated training; options.repeats draws are pooled."""
@@ -189,7 +203,7 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], angles: Optional[li
                           f"own rule")
     task = get_task(cfg)
     options = _with_protocol(task, options)
-    specs = task.parse_buckets(angles, counts, "calibrate")
+    specs = task.parse_buckets(spelled(buckets), "calibrate")
     seed = cfg.seed if options.seed is None else options.seed
     draws = derived_seed("calibrate", seed)
     with _progress_bar(len(specs) * options.repeats, progress) as bar:
@@ -215,9 +229,8 @@ def _weights_digest(state_dict: dict) -> str:
     return digest.hexdigest()
 
 
-def compare_checkpoints(checkpoints: list[Union[str, Path]], angles: Optional[list[float]], options: EvalOptions, *,
-                        counts: Optional[list[str]] = None, log: Callable[[str], None] = lambda line: None,
-                        progress: bool = False) -> Report:
+def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, options: EvalOptions, *,
+                        log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
     """Several checkpoints on the same buckets (same inputs, same coin flips); checkpoints that
     differ only in the seed are one method, reported as mean ± sd over its distinct models. They
     must be of one task (parity: of one vector size); buckets as evaluate_checkpoint's."""
@@ -234,22 +247,21 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], angles: Optional[li
             continue
         seen[digest] = path
         models[str(path)] = (model, cfg)
-    kinds = sorted({f"{cfg.task}" + (f" with --elems {cfg.elems}" if cfg.task == "parity" else "")
-                    for _, cfg in models.values()})
+    kinds = sorted({get_task(cfg).kind_label() for _, cfg in models.values()})
     if len(kinds) > 1:
         raise PonderError(f"compare needs checkpoints of one task, evaluated on the same inputs (got {', '.join(kinds)})")
     first = next(iter(models.values()))[1]
     task = get_task(first)
     # one rule for every checkpoint, each method halting by its own where it has one
     options = _with_protocol(task, replace(options, halting=options.halting or DEFAULT_HALTING))
-    angles = task.parse_buckets(angles, counts, "compare")
-    with _progress_bar(len(models) * len(angles) * options.repeats, progress) as bar:
+    specs = task.parse_buckets(spelled(buckets), "compare")
+    with _progress_bar(len(models) * len(specs) * options.repeats, progress) as bar:
         test = _test_set(task, options, dev)
         groups = group_by_configuration([(path, cfg) for path, (_, cfg) in models.items()])
-        results = [[_bucket_dicts(models[path][0], cfg, test, angles, options, seed, amp, with_loss=False,
+        results = [[_bucket_dicts(models[path][0], cfg, test, specs, options, seed, amp, with_loss=False,
                                   on_bucket=bar.update)[0]
                     for path, cfg in group.members] for group in groups]
-    return comparison_report(groups, results, angles, protocol=_protocol(first, options), halting=options.halting,
+    return comparison_report(groups, results, specs, protocol=_protocol(first, options), halting=options.halting,
                              seed=seed, repeats=options.repeats, view=task.view())
 
 

@@ -98,33 +98,31 @@ def render_and_plot(report, fmt: OutputFormat, plot: Optional[Path], quiet: bool
         chatter(quiet)(f"plot written to {plot_report(report, plot)}")
 
 
-def evaluation_options(angles: Optional[list[str]], plot: Optional[Path], protocol: Protocol, halting: Optional[str],
-             what: str = "--angles", **options):
-    """The angles (None when not given: the checkpoint's task picks its buckets), the checked
-    --plot destination (before any work) and the EvalOptions."""
+def evaluation_options(plot: Optional[Path], protocol: Protocol, halting: Optional[str], **options):
+    """The checked --plot destination (before any work) and the EvalOptions."""
     from ..api import EvalOptions
     from ..plot import check_destination
-    from ..tasks.mnist import parse_angles
 
-    parsed = parse_angles(angles, what) if angles is not None else None
     plot = check_destination(plot) if plot is not None else None
-    return parsed, plot, EvalOptions(protocol=protocol.value if protocol is not None else None, halting=halting,
-                                     **options)
+    return plot, EvalOptions(protocol=protocol.value if protocol is not None else None, halting=halting, **options)
 
 
-EVAL_ANGLES, EXTRAPOLATION_ANGLES = ["0"], ["22.5", "45", "67.5", "90"]
+def spelled_buckets(**given) -> dict[str, Optional[list[str]]]:
+    """The bucket options as the user spelled them, {"--angles": [...], "--counts": None, ...}
+    (None: not given), for the checkpoint's task to read (Task.parse_buckets)."""
+    return {"--" + name: values for name, values in given.items()}
 
 
 def run_evaluation(command: str, checkpoint: Optional[str], angles: Optional[list[str]], quiet: bool, fmt: OutputFormat,
-              counts: Optional[list[str]] = None, rotation: Optional[float] = None, **options) -> None:
+                   counts: Optional[list[str]] = None, buckets: Optional[list[str]] = None,
+                   rotation: Optional[float] = None, **options) -> None:
     from ..api import evaluate_checkpoint
 
-    if rotation is not None:
-        if angles is not None:
-            raise PonderError(f"--rotation and --angles are alternatives: give one (--rotation {rotation:g} is "
-                              f"--angles {rotation:g})")
-        angles, options["what"] = [str(rotation)], "--rotation"
-    parsed, plot, eval_options = evaluation_options(angles, **options)
-    report = evaluate_checkpoint(command, checkpoint, parsed, eval_options, counts=counts, log=chatter(quiet),
-                                 progress=bars(quiet))
+    if rotation is not None and angles is not None:
+        raise PonderError(f"--rotation and --angles are alternatives: give one (--rotation {rotation:g} is "
+                          f"--angles {rotation:g})")
+    spelled = spelled_buckets(angles=angles, counts=counts, buckets=buckets,
+                              rotation=None if rotation is None else [str(rotation)])
+    plot, eval_options = evaluation_options(**options)
+    report = evaluate_checkpoint(command, checkpoint, spelled, eval_options, log=chatter(quiet), progress=bars(quiet))
     render_and_plot(report, fmt, plot, quiet)

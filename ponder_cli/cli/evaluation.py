@@ -26,13 +26,15 @@ from ..cli_options import (
     QuietOption,
     RepeatsOption,
     angles_option,
+    angles_text,
+    buckets_option,
     counts_option,
     halting_rules,
 )
 from ..config import PonderConfig
 from ..render import OutputFormat
-from .app import (EVAL_ANGLES, EXTRAPOLATION_ANGLES, app, bars, chatter, evaluation_options, render_and_plot,
-                  run_evaluation)
+from ..tasks.mnist_defaults import EVAL_ANGLES, EXTRAPOLATION_ANGLES
+from .app import app, bars, chatter, evaluation_options, render_and_plot, run_evaluation, spelled_buckets
 
 # eval, extrapolate, compare --------------------------------------------------------------------
 
@@ -40,8 +42,9 @@ from .app import (EVAL_ANGLES, EXTRAPOLATION_ANGLES, app, bars, chatter, evaluat
 @app.command("eval", cls=AnglesCommand)
 def eval_command(
     checkpoint: Optional[str] = CheckpointArgument,
-    angles: Optional[List[str]] = angles_option(EVAL_ANGLES, "Rotate test images within ±angle; one bucket per angle."),
+    angles: Optional[List[str]] = angles_option(angles_text(EVAL_ANGLES), "Rotate test images within ±angle; one bucket per angle."),
     counts: Optional[List[str]] = counts_option("the training range in four"),
+    buckets: Optional[List[str]] = buckets_option("the task's: MNIST 0, parity the training range in four"),
     rotation: Optional[float] = typer.Option(None, "--rotation", metavar="DEG",
                                              help="The same as --angles with one angle (give one or the other)."),
     protocol: Optional[Protocol] = ProtocolOption,
@@ -66,9 +69,12 @@ def eval_command(
 @app.command(cls=AnglesCommand)
 def extrapolate(
     checkpoint: Optional[str] = CheckpointArgument,
-    angles: Optional[List[str]] = angles_option(EXTRAPOLATION_ANGLES, "Rotation buckets in degrees (see --protocol)."),
+    angles: Optional[List[str]] = angles_option(angles_text(EXTRAPOLATION_ANGLES),
+                                                "Rotation buckets in degrees (see --protocol)."),
     counts: Optional[List[str]] = counts_option("the counts beyond the training range in four; all counts "
                                                 "in four when training saw every count"),
+    buckets: Optional[List[str]] = buckets_option("the task's beyond its training: MNIST as --angles, parity as "
+                                                  "--counts"),
     protocol: Optional[Protocol] = ProtocolOption,
     halting: Optional[str] = HaltingOption,
     detail: bool = DetailOption,
@@ -116,7 +122,7 @@ def sweep(
     least-squares slope of steps per 10°; parity: at each exact non-zero count, steps per count."""
     from ..api import sweep_checkpoint
 
-    _, plot, options = evaluation_options(None, plot, Protocol("fixed"), halting, seed=seed, repeats=repeats,
+    plot, options = evaluation_options(plot, Protocol("fixed"), halting, seed=seed, repeats=repeats,
                                           limit=limit, batch_size=batch_size, data_dir=data_dir, download=download,
                                           device=device, amp=amp)
     report = sweep_checkpoint(checkpoint, start, stop, every, options, log=chatter(quiet), progress=bars(quiet))
@@ -129,8 +135,9 @@ def compare(
                                             help="Checkpoints to compare (each as eval's CHECKPOINT: a file, a run "
                                                  "folder, latest or a shipped model's name): one or more per method; "
                                                  "several of one method (e.g. other seeds) give mean ± sd."),
-    angles: Optional[List[str]] = angles_option(EXTRAPOLATION_ANGLES, "Rotation buckets in degrees."),
+    angles: Optional[List[str]] = angles_option(angles_text(EXTRAPOLATION_ANGLES), "Rotation buckets in degrees."),
     counts: Optional[List[str]] = counts_option("every count in four"),
+    buckets: Optional[List[str]] = buckets_option("the task's: MNIST as --angles, parity as --counts"),
     protocol: Optional[Protocol] = ProtocolOption,
     halting: Optional[str] = HaltingOption,
     plot: Optional[Path] = PlotOption,
@@ -150,11 +157,11 @@ def compare(
     over seeds."""
     from ..api import compare_checkpoints
 
-    parsed, plot, options = evaluation_options(angles, plot, protocol, halting, seed=seed,
-                                     repeats=repeats, limit=limit, batch_size=batch_size, data_dir=data_dir,
-                                     download=download, device=device, amp=amp)
-    report = compare_checkpoints(checkpoints, parsed, options, counts=counts, log=chatter(quiet),
-                                 progress=bars(quiet))
+    plot, options = evaluation_options(plot, protocol, halting, seed=seed, repeats=repeats, limit=limit,
+                                       batch_size=batch_size, data_dir=data_dir, download=download, device=device,
+                                       amp=amp)
+    report = compare_checkpoints(checkpoints, spelled_buckets(angles=angles, counts=counts, buckets=buckets), options,
+                                 log=chatter(quiet), progress=bars(quiet))
     render_and_plot(report, fmt, plot, quiet)
 
 
@@ -167,6 +174,7 @@ def calibrate(
     angles: Optional[List[str]] = angles_option(["the training rotation"], "Rotate the validation images within "
                                                 "±angle (see --protocol); one bucket per angle, pooled."),
     counts: Optional[List[str]] = counts_option("the training range"),
+    buckets: Optional[List[str]] = buckets_option("the task's training inputs"),
     rules: Optional[List[str]] = typer.Option(None, "--rules", metavar="RULE...", show_default=False,
                                               callback=halting_rules,
                                               help="The candidate exit rules, spelled as --halting takes them. "
@@ -190,8 +198,8 @@ def calibrate(
     (not the test set), and the cheapest that agrees with the last step; paste it into --halting."""
     from ..api import calibrate_checkpoint
 
-    parsed, _, options = evaluation_options(angles, None, protocol, None, seed=seed, repeats=repeats, limit=limit,
-                                  batch_size=batch_size, data_dir=data_dir, download=download, device=device, amp=amp)
-    report = calibrate_checkpoint(checkpoint, parsed, options, counts=counts, tolerance=tolerance, rules=rules,
-                                  log=chatter(quiet), progress=bars(quiet))
+    _, options = evaluation_options(None, protocol, None, seed=seed, repeats=repeats, limit=limit,
+                                    batch_size=batch_size, data_dir=data_dir, download=download, device=device, amp=amp)
+    report = calibrate_checkpoint(checkpoint, spelled_buckets(angles=angles, counts=counts, buckets=buckets), options,
+                                  tolerance=tolerance, rules=rules, log=chatter(quiet), progress=bars(quiet))
     render_and_plot(report, fmt, None, quiet)

@@ -18,10 +18,11 @@ from ..cli_options import (
     Method,
     QuietOption,
     Step,
-    Task,
+    TASK_METAVAR,
     TrainCommand,
     hyper,
     path_option,
+    task_choice,
 )
 from ..config import PonderConfig
 from ..config_file import render_config
@@ -37,10 +38,10 @@ EXPERIMENT_OPTIONS = ("align_turn", "turn_gate", "cnn_dropout_mask", "halting_bi
 
 @app.command(cls=TrainCommand)
 def train(
-    task: Optional[Task] = hyper("task", "What to learn: mnist (digits; difficulty: rotation) or parity (the "
-                                         "parity of +1 entries in vectors of ±1 and 0; difficulty: the non-zero "
-                                         "count; implies --step gru, see docs/parity.md).", "--task",
-                                 case_sensitive=False),
+    task: Optional[str] = hyper("task", "What to learn: mnist (digits; difficulty: rotation) or parity (the "
+                                        "parity of +1 entries in vectors of ±1 and 0; difficulty: the non-zero "
+                                        "count; implies --step gru, see docs/parity.md).", "--task",
+                                metavar=TASK_METAVAR, callback=task_choice),
     method: Optional[Method] = hyper("method", "pondernet; act (Adaptive Computation Time, Graves 2016); plain "
                                                 "(one step, no pondering: implies --max-steps 1).", "--method",
                                       case_sensitive=False),

@@ -77,11 +77,12 @@ def get_method(cfg) -> Method:
     return method_class(cfg.method)(cfg)
 
 
-def build_model(cfg, classes: int) -> torch.nn.Module:
-    """The model for a config predicting `classes` classes (the task's), its halting head's
+def build_model(cfg, classes: int, input_shape: tuple) -> torch.nn.Module:
+    """The model for a config predicting `classes` classes of inputs of `input_shape` (the
+    task's; one input's, without the batch), its halting head's
     initial bias the config's halting_bias, else the one the method implies (ACT: Graves' +1; a
     config built without from_options has none), else PyTorch's default initialisation."""
-    model = PonderNet(cfg, classes=classes)
+    model = PonderNet(cfg, classes=classes, input_shape=input_shape)
     bias = cfg.halting_bias if cfg.halting_bias is not None else method_class(cfg.method).implied.get("halting_bias")
     if bias is not None:
         with torch.no_grad():

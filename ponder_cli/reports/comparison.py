@@ -53,7 +53,8 @@ def plus_minus(mean: float, sd: Optional[float], spec: str) -> str:
     return format(mean, spec) if sd is None else f"{format(mean, spec)} ± {format(sd, spec)}"
 
 
-DIFFICULTY_KEYS = ("rotation", "counts", "lo", "hi")  # what names a bucket, in either task's terms
+# what names a bucket, in the built-in tasks' terms; another task's is its terms' key
+DIFFICULTY_KEYS = ("rotation", "counts", "lo", "hi")
 
 
 def compare_columns(steps_differ: bool, words: Terms) -> list[Column]:
@@ -71,6 +72,7 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
     non-zero-count range for parity); every checkpoint is of one task."""
     buckets, series = [], {}
     words = view.terms
+    names = {*DIFFICULTY_KEYS, words.key}
     step_names = sorted({g.cfg.step for g in groups})
     for group, per_model in zip(groups, results):
         # the plot's legend: a group's label names what sets it apart within its method and
@@ -81,7 +83,7 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
             accuracy, accuracy_sd = mean_and_sd([r[b]["accuracy"] for r in per_model])
             steps, steps_sd = mean_and_sd([r[b]["mean_steps"] for r in per_model])
             bucket = {"method": group.cfg.method, "step": group.cfg.step, "label": group.label,
-                      **{k: v for k, v in per_model[0][b].items() if k in DIFFICULTY_KEYS}, "seeds": len(per_model), "accuracy": accuracy, "accuracy_sd": accuracy_sd,
+                      **{k: v for k, v in per_model[0][b].items() if k in names}, "seeds": len(per_model), "accuracy": accuracy, "accuracy_sd": accuracy_sd,
                       "mean_steps": steps, "mean_steps_sd": steps_sd, "halting": per_model[0][b]["halting"],
                       "images": per_model[0][b]["images"], "checkpoints": [p for p, _ in group.members],
                       "accuracy_text": plus_minus(accuracy, accuracy_sd, ".4f"),

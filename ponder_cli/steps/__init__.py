@@ -1,8 +1,10 @@
 """Step functions: the piece of PonderNet that is applied again and again.
 
 A step function says what is computed once per input (`start`) and what each step computes
-from that and the previous state (`forward`). Inputs are whatever the task gives: images
-(B, 1, 28, 28) for mlp and align, vectors (B, elems) for rnn and gru. The one ponder loop in
+from that and the previous state (`forward`). It reads one kind of input (`input_kind`), and a
+task gives one kind: images (B, 1, 28, 28) for mlp and align, vectors (B, width) for rnn and
+gru, whatever task gives them; a step is built with the task's input shape (one input's,
+without the batch), from which a vector step takes its width. The one ponder loop in
 `model.PonderNet` drives it, for training (every step of every input) and for early-exit
 inference (only the inputs still running). Register a new one in `registry.STEPS`.
 """
@@ -36,7 +38,8 @@ class StepTrace(NamedTuple):
 
 
 class StepFunction(nn.Module):
-    """Interface of a step function.
+    """Interface of a step function, built as Step(cfg, input_shape): the config's sizes and
+    the task's input shape (one input's, without the batch: (1, 28, 28), (width,)).
 
     readout_size: width of the readout that the class head and the halting head read.
     halting_extra_size: width of the step's own halting features (`forward`'s third output),
@@ -50,7 +53,9 @@ class StepFunction(nn.Module):
     # the config fields this step reads among those that some step reads (config.inapplicable:
     # an option no chosen piece reads is refused)
     reads: tuple = ()
-    tasks: tuple = ()  # the tasks (registry.TASKS) whose inputs this step function reads
+    # the kind of input this step function reads ("images", "vectors"): it fits every task whose
+    # `input_kind` is the same
+    input_kind: str = ""
 
     @classmethod
     def config_problems(cls, cfg) -> list[str]:

@@ -128,7 +128,7 @@ class AlignStep(StepFunction):
     implied = {"max_steps": 12, "lambda_p": 0.5, "truncation": 0.01, "halting_input": "state+turn", "turn_gate": 0.2,
                "halting_bias": "prior"}
     reads = ("hidden", "hidden_cnn", "kernel_size", "cnn_dropout", "align_turn", "turn_gate")
-    tasks = ("mnist",)
+    input_kind = "images"
 
     @classmethod
     def config_problems(cls, cfg):
@@ -139,7 +139,7 @@ class AlignStep(StepFunction):
             problems.append(f"align-turn must be in (0, 180] degrees (got {cfg.align_turn})")
         return problems
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, input_shape):
         super().__init__()
         self.encoder = ImageEncoder(cfg.kernel_size, cfg.hidden_cnn, cfg.cnn_dropout)
         self.cell = nn.GRUCell(cfg.hidden_cnn, cfg.hidden)

@@ -23,13 +23,13 @@ from . import StepFunction
 class GRUStep(StepFunction):
     implied = {"gru_layer_norm": True, "gru_orthogonal": True, "gru_update_bias": 1.0}
     reads = ("hidden", "gru_layer_norm", "gru_orthogonal", "gru_update_bias")
-    tasks = ("parity",)
+    input_kind = "vectors"
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, input_shape):
         super().__init__()
         layer_norm, orthogonal, update_bias = cfg.gru_layer_norm, cfg.gru_orthogonal, cfg.gru_update_bias
-        self.elems = cfg.elems
-        self.cell = nn.GRUCell(cfg.elems, cfg.hidden)
+        (width,) = input_shape
+        self.cell = nn.GRUCell(width, cfg.hidden)
         self.norm = nn.LayerNorm(cfg.hidden) if layer_norm else None
         hidden = cfg.hidden
         with torch.no_grad():

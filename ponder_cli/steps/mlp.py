@@ -125,13 +125,13 @@ class MLPStep(StepFunction):
     # the field's default "shared" is what checkpoints saved before the option was added trained with
     implied = {"cnn_dropout_mask": "per-step"}
     reads = ("hidden", "hidden_cnn", "hidden_lin", "kernel_size", "cnn_dropout", "cnn_dropout_mask", "mlp_dropout")
-    tasks = ("mnist",)
+    input_kind = "images"
 
     @classmethod
     def config_problems(cls, cfg):
         return encoder_problems(cfg, ("cnn_dropout", "mlp_dropout"))
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, input_shape):
         super().__init__()
         self.encoder = ImageEncoder(cfg.kernel_size, cfg.hidden_cnn, cfg.cnn_dropout)
         self.mlp = StepMLP(cfg.hidden_cnn, cfg.hidden, cfg.hidden_lin, cfg.mlp_dropout)

@@ -16,12 +16,12 @@ from . import StepFunction
 
 class RNNStep(StepFunction):
     reads = ("hidden",)
-    tasks = ("parity",)
+    input_kind = "vectors"
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, input_shape):
         super().__init__()
-        self.elems = cfg.elems
-        self.from_input = nn.Linear(cfg.elems, cfg.hidden)
+        (width,) = input_shape
+        self.from_input = nn.Linear(width, cfg.hidden)
         self.from_state = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
         self.readout_size = cfg.hidden
 

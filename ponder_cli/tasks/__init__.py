@@ -7,18 +7,25 @@ validated, and what a difficulty bucket of its evaluation is: MNIST buckets are 
 buckets are ranges of non-zero counts. The model, the methods and the halting code never see any
 of that: they get input tensors, labels and halting coins.
 
-Interface (see MnistTask and ParityTask; a task is built from the run's config, `self.cfg`):
-- `classes`, `inputs` (words for messages), `difficulty` (the bucket key in reports: "rotation",
+Interface (see MnistTask and ParityTask, and the third task of tests/test_third_task.py; a task
+is built from the run's config, `self.cfg`):
+- `classes`, `inputs` (words for messages), `input_kind` ("images", "vectors": the step
+  functions with the same `input_kind` fit it) and `input_shape` (one input's, without the
+  batch: the step is built for it), `difficulty` (the bucket key in reports: "rotation",
   "counts"), `uses_protocol`, `implied` (values, and pieces of later kinds: parity implies
-  --step gru), `reads` (config.inapplicable's rule, as for steps and methods); step functions
-  name the tasks they fit (`StepFunction.tasks`);
+  --step gru), `reads` (config.inapplicable's rule, as for steps and methods);
+- the config and the run: `resolve_options(values, given)` (what it derives before the config
+  is built: parity saves train_counts), `run_name_prefix()` (the run folder's name), `kind_label()`
+  (what checkpoints `compare` sets side by side share);
 - training: `load_training(data_dir, download)` -> (training data, validation data) on the CPU,
   `to_device(data, device)`, `training_source(data, device)` -> a `TrainingSource`,
   `validate(model, validation data, amp)` -> evaluate.EvalResult, `describe` (the log line);
 - the user's own inputs (`ponder predict`): `read_inputs(paths, options)` -> `UserInputs`, the
   files read and checked (a problem is one PonderError naming the file), ready for the model;
-- evaluation: `default_buckets(command)`, `parse_buckets(angles, counts, command)` and
-  `sweep_specs(start, stop, every)` -> bucket specs, `test_data(options, device)` and
+- evaluation: `default_buckets(command)`, `parse_specs(texts, option)` (the texts of --buckets,
+  or of one of its own spellings `bucket_options`: MNIST --angles and --rotation, parity --counts;
+  `parse_buckets` refuses the others, naming whose they are) and `sweep_specs(start, stop,
+  every)` -> bucket specs, `test_data(options, device)` and
   `calibration_data(options, device)` (what calibrate chooses an exit rule on: data of its own
   where the task can draw them, parity; MNIST's held-out training images),
   `bucket(test, spec, specs, max_steps, seed, protocol, draw=k)` -> evaluate.EvalBucket (draw k
@@ -32,10 +39,10 @@ import hashlib
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
-
 from .. import PonderError, special_file_kind
-from ..registry import task_class
+from ..registry import TASKS, task_class
+
+BUCKETS = "--buckets"  # the spelling of buckets that every task reads, in its own terms
 
 
 @dataclass(frozen=True)
@@ -81,11 +88,18 @@ class Task:
     name: str = ""
     classes: int = 0
     inputs: str = ""  # what the inputs are, for messages: "28x28 images"
+    # the kind of its inputs: the step functions whose `input_kind` is the same fit it
+    input_kind: str = ""
     difficulty: str = ""  # the key naming a bucket's difficulty in reports
     uses_protocol: bool = False  # whether --protocol (how test images are rotated) means anything
     calibration_split: str = ""  # what calibrate chooses on: "calibration" (data of its own) or "validation"
     implied: dict = {}
     reads: tuple = ()
+    # how the command line spells its buckets besides --buckets (MNIST: --angles), the first the
+    # one messages name, with its metavar; "a" or "an" before its name ("an mnist model")
+    bucket_options: tuple = ()
+    bucket_metavar: str = "SPEC..."
+    article: str = "a"
 
     def __init__(self, cfg=None):
         self.cfg = cfg
@@ -95,8 +109,27 @@ class Task:
         """The task's own settings out of their range, as messages for the user."""
         return []
 
+    @classmethod
+    def resolve_options(cls, values: dict, given: dict) -> dict:
+        """The config's values (`given`: those the user set) with what this task derives from
+        them filled in, before the config is built; by default nothing."""
+        return values
+
+    def run_name_prefix(self) -> str:
+        """What a run folder's default name starts with (runs.run_dir_name): the task's name."""
+        return f"{self.name}-"
+
+    def kind_label(self) -> str:
+        """What checkpoints that `compare` may set side by side share (the same inputs): the task."""
+        return self.name
+
     def read_inputs(self, paths: list, options: InputOptions) -> UserInputs:
         """Read the user's files (`ponder predict`); see the interface above."""
+        raise NotImplementedError
+
+    @property
+    def input_shape(self) -> tuple:
+        """One input's shape, without the batch: what the step function is built for."""
         raise NotImplementedError
 
     def example_input(self, batch: int, device):
@@ -105,6 +138,28 @@ class Task:
 
     def view(self):
         """What reports say of this task for this run (reports.TaskView: plain data, no torch)."""
+        raise NotImplementedError
+
+    def parse_buckets(self, spelled: dict, command: str) -> list:
+        """The bucket specs the user spelled, {option: texts or None (not given)}: the command's
+        default buckets when none is given; one option only, --buckets or one of this task's
+        own spellings (another task's is refused, naming whose it is), its texts read by
+        `parse_specs`."""
+        given = {option: texts for option, texts in spelled.items() if texts is not None}
+        if not given:
+            return self.default_buckets(command)
+        if len(given) > 1:
+            raise PonderError(f"{' and '.join(given)} are alternatives: give one")
+        ((option, texts),) = given.items()
+        if option != BUCKETS and option not in self.bucket_options:
+            owners = task_names(lambda task: option in task.bucket_options) or ["other"]
+            own = self.bucket_options[0] if self.bucket_options else BUCKETS
+            raise PonderError(f"{option} applies to {', '.join(owners)} checkpoints; this one is {self.article} "
+                              f"{self.name} model: give {own} {self.bucket_metavar}")
+        return self.parse_specs([str(text) for text in texts], option)
+
+    def parse_specs(self, texts: list, option: str) -> list:
+        """Bucket specs from the texts given to `option` (a problem: one PonderError naming it)."""
         raise NotImplementedError
 
 
@@ -120,8 +175,15 @@ def get_task(cfg) -> Task:
     return task_class(getattr(cfg, "task", "mnist"))(cfg)
 
 
+def task_names(test) -> list:
+    """The registered tasks whose class passes `test`, for messages naming whose an option is."""
+    return [name for name in TASKS if test(task_class(name))]
+
+
 def load_array(path):
     """A user's .npy file as a numpy array, or one error naming the file (no pickles)."""
+
+    import numpy as np  # the CLI imports this package's torch-free modules at start-up: no numpy then
 
     try:
         return np.load(path, allow_pickle=False)

@@ -22,8 +22,8 @@ from ..evaluate import EvalBucket, EvalResult, evaluate_bucket
 from ..reports import TaskView, Terms
 from ..rotation import protocol_angles, uniform_angles
 from . import Task, TrainingSource, UserInputs, check_input_file, load_inputs
+from .mnist_defaults import EVAL_ANGLES, EXTRAPOLATION_ANGLES
 
-EVAL_ANGLES, EXTRAPOLATION_ANGLES = [0.0], [22.5, 45.0, 67.5, 90.0]
 SIDE = 28  # MNIST's images are 28x28
 MAX_ANGLE = 180.0  # degrees: rotating by more than +-180 repeats angles already covered
 BOX = 20  # ...with the digit's ink scaled to fit 20x20, centred by its centre of mass
@@ -236,8 +236,11 @@ class MnistTask(Task):
     name = "mnist"
     classes = 10
     inputs = "28x28 images"
+    input_kind = "images"
+    input_shape = (1, SIDE, SIDE)
     difficulty = "rotation"
     uses_protocol = True
+    bucket_options, bucket_metavar, article = ("--angles", "--rotation"), "DEG...", "an"
     reads = ("train_rotation", "val_size", "train_size")
     calibration_split = "validation"  # what calibrate's inputs are (calibration_data)
 
@@ -266,12 +269,15 @@ class MnistTask(Task):
     def describe(self, train_data, val_data) -> str:
         return f"on {len(train_data)} images, validating on {len(val_data)}"
 
+    def run_name_prefix(self) -> str:
+        return ""  # the first task: its runs are <method>-<step>-seed<seed>
+
     def read_inputs(self, paths, options):
         names, x = read_images(paths, invert=options.invert, rotate=options.rotate)
         return UserInputs(names, x)
 
     def example_input(self, batch: int, device) -> torch.Tensor:
-        return torch.zeros((batch, 1, SIDE, SIDE), device=device)
+        return torch.zeros((batch, *self.input_shape), device=device)
 
     def view(self) -> TaskView:
         return TaskView("mnist", TERMS, {"train_rotation": self.cfg.train_rotation},
@@ -284,13 +290,8 @@ class MnistTask(Task):
             return [self.cfg.train_rotation]
         return list(EVAL_ANGLES if command == "eval" else EXTRAPOLATION_ANGLES)
 
-    def parse_buckets(self, angles: Optional[list], counts: Optional[list], command: str) -> list[float]:
-        if counts is not None:
-            raise PonderError("--counts applies to parity checkpoints; this one is an mnist model: "
-                              "give --angles DEG...")
-        if angles is None:
-            return self.default_buckets(command)
-        return parse_angles([str(a) for a in angles])
+    def parse_specs(self, texts: list, option: str) -> list[float]:
+        return parse_angles(texts, option)
 
     def test_data(self, options, device):
         test = load_mnist(resolve_data_dir(options.data_dir), train=False, download=options.download)

@@ -240,7 +240,9 @@ class ParityTask(Task):
     name = "parity"
     classes = CLASSES
     inputs = "vectors of --elems entries in {-1, 0, +1}"
+    input_kind = "vectors"
     difficulty = "counts"
+    bucket_options, bucket_metavar = ("--counts",), "LO-HI..."
     # what learns here (benchmarks/parity_results.md): the gru step with its recipe, 128
     # units, lambda_p 0.1 (the paper's best for interpolation), clipping at 1 (and the default
     # Adam 1e-3)
@@ -263,11 +265,27 @@ class ParityTask(Task):
                             f"(got {cfg.curriculum_start})")
         return problems
 
+    @property
+    def input_shape(self) -> tuple:
+        return (self.cfg.elems,)
+
     def example_input(self, batch: int, device) -> torch.Tensor:
-        return torch.zeros((batch, self.cfg.elems), device=device)
+        return torch.zeros((batch, *self.input_shape), device=device)
 
     def _range(self) -> tuple[int, int]:
         return self.cfg.train_range()
+
+    @classmethod
+    def resolve_options(cls, values: dict, given: dict) -> dict:
+        if "train_counts" not in given and isinstance(values.get("elems"), int):
+            values["train_counts"] = f"1-{values['elems']}"  # saved explicitly: the run says what it trained on
+        return values
+
+    def run_name_prefix(self) -> str:
+        return f"parity{self.cfg.elems}-"
+
+    def kind_label(self) -> str:
+        return f"parity with --elems {self.cfg.elems}"  # vectors of other sizes are other inputs
 
     # training -----------------------------------------------------------------------------
 
@@ -323,16 +341,10 @@ class ParityTask(Task):
             return [(lo, hi)]
         return split_range(1, self.cfg.elems)
 
-    def parse_buckets(self, angles: Optional[list], counts: Optional[list], command: str) -> list[tuple[int, int]]:
-
-        if angles is not None:
-            raise PonderError("--angles applies to mnist checkpoints; this one is a parity model: "
-                              "give --counts LO-HI...")
-        if counts is None:
-            return self.default_buckets(command)
-        if not counts:
-            raise PonderError("--counts needs at least one range LO-HI")
-        return [parse_count_range(text, self.cfg.elems) for text in counts]
+    def parse_specs(self, texts: list, option: str) -> list[tuple[int, int]]:
+        if not texts:
+            raise PonderError(f"{option} needs at least one range LO-HI")
+        return [parse_count_range(text, self.cfg.elems) for text in texts]
 
     def test_data(self, options, device):
         """Where and how many: the vectors are drawn per bucket (see bucket); --limit N gives N

@@ -1,0 +1,159 @@
+"""A task is one module and one registry line: a third one, defined here and registered by one
+line, trains, evaluates on its own buckets, predicts and reports through the public commands,
+with no package module naming it."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from ponder_cli import registry
+from ponder_cli.evaluate import EvalBucket, evaluate_bucket
+from ponder_cli.reports import TaskView, Terms
+from ponder_cli.tasks import Task, TrainingSource, UserInputs, load_inputs
+
+WIDTH, TRAINED = 6, 3  # vectors of 6 small integers; training uses the first 1-3 of them
+
+
+def sums(length: int, rows: int, seed: int):
+    """`rows` vectors whose first `length` entries are integers 0-3 (the rest 0), labels: the sum mod 2."""
+    x = torch.randint(0, 4, (rows, WIDTH), generator=torch.Generator().manual_seed(seed)).float()
+    x[:, length:] = 0
+    return x, (x.sum(1) % 2).long()
+
+
+class SumsTask(Task):
+    name, classes, inputs, input_kind, input_shape = "sums", 2, "vectors of 6 integers 0-3", "vectors", (WIDTH,)
+    implied, reads, bucket_metavar = {"step": "rnn"}, ("batches_per_epoch",), "LENGTH..."
+    calibration_split = "calibration"
+
+    def load_training(self, data_dir, download):
+        return None, sums(TRAINED, 64, seed=1)
+
+    def to_device(self, data, device):
+        return data
+
+    def training_source(self, data, device):
+        task = self
+
+        class Batches(TrainingSource):
+            def start_epoch(self):
+                return task.cfg.batches_per_epoch
+
+            def batch(self, index):
+                return sums(1 + index % TRAINED, task.cfg.batch_size, seed=100 + index)
+
+        return Batches()
+
+    def validate(self, model, data, amp):
+        return evaluate_bucket(model, self.bucket(None, TRAINED, [], model.max_steps, self.cfg.seed, None), self.cfg,
+                               amp=amp)
+
+    def describe(self, train_data, val_data):
+        return "on vectors of sums"
+
+    def read_inputs(self, paths, options):
+        rows = [load_inputs(path, (WIDTH,), self.inputs) for path in paths]
+        return UserInputs([f"{p}[{i}]" for p, r in zip(paths, rows) for i in range(len(r))],
+                          torch.from_numpy(np.concatenate(rows)).float())
+
+    def example_input(self, batch, device):
+        return torch.zeros((batch, WIDTH), device=device)
+
+    def view(self):
+        terms = Terms("length", "length", "d", "length", "length and ponder steps", "vectors", "sums test vectors",
+                      lambda b: f"length {b['length']}", "length", "length", 1.0, "entry", "steps_per_entry", "length")
+        return TaskView("sums", terms, {"width": WIDTH}, f"sums of up to {TRAINED} entries", protocol=None)
+
+    def default_buckets(self, command):
+        return list(range(TRAINED + 1, WIDTH + 1)) if command == "extrapolate" else list(range(1, TRAINED + 1))
+
+    def parse_specs(self, texts, option):
+        return [int(text) for text in texts]
+
+    def test_data(self, options, device):
+        return options.limit or 32
+
+    calibration_data = test_data
+
+    def bucket(self, test, spec, specs, max_steps, seed, protocol, draw=0):
+        x, labels = sums(spec, test or 32, seed=1000 * spec + draw)
+        return EvalBucket(labels=labels, inputs=lambda start, end: x[start:end],
+                          uniforms=torch.rand(max_steps, len(x), generator=torch.Generator().manual_seed(seed)),
+                          difficulty=torch.full((len(x),), float(spec), dtype=torch.float64))
+
+    def bucket_fields(self, spec, protocol):
+        return {"length": spec}
+
+    def sweep_specs(self, start, stop, every):
+        return list(range(int(start or 1), int(stop or WIDTH) + 1, int(every or 1)))
+
+
+@pytest.fixture
+def sums_task(monkeypatch):
+    """The one registry line, pointing at this module."""
+    monkeypatch.setitem(sys.modules, "third_task_module", sys.modules[__name__])
+    monkeypatch.setitem(registry.TASKS, "sums", "third_task_module:SumsTask")
+
+
+def test_a_task_defined_here_trains_evaluates_predicts_and_reports(sums_task, ponder, one_error_line, tmp_path):
+    run = tmp_path / "run"
+    trained = ponder("train", "--task", "sums", "--step", "gru", "--epochs", "1", "--batches-per-epoch", "3",
+                     "--batch-size", "16", "--hidden", "8", "--max-steps", "3", "--out", run, "-q", "-f", "json")
+    assert trained.exit_code == 0, trained.output
+    assert json.loads(trained.stdout)["task"] == "sums"
+
+    evaluated = json.loads(ponder("eval", run, "--limit", "8", "-f", "json", "-q").stdout)
+    assert (evaluated["task"], evaluated["width"], evaluated["protocol"]) == ("sums", 6, None)
+    assert [b["length"] for b in evaluated["buckets"]] == [1, 2, 3]  # the task's default for eval
+    assert [b["images"] for b in evaluated["buckets"]] == [8, 8, 8]
+    assert evaluated["spearman"]["between"] == "length and ponder steps"
+
+    beyond = json.loads(ponder("extrapolate", run, "--buckets", "4", "6", "-f", "json", "-q").stdout)
+    assert [(b["length"], b["images"]) for b in beyond["buckets"]] == [(4, 32), (6, 32)]
+    assert len(json.loads(ponder("extrapolate", run, "-f", "json", "-q").stdout)["buckets"]) == 3  # 4, 5, 6
+    compared = json.loads(ponder("compare", run, "--buckets", "5", "-f", "json", "-q").stdout)
+    assert [(b["length"], b["images"]) for b in compared["buckets"]] == [(5, 32)]
+    assert one_error_line(ponder("extrapolate", run, "--counts", "1-4")) == (
+        "Error: --counts applies to parity checkpoints; this one is a sums model: give --buckets LENGTH...")
+
+    rows = tmp_path / "rows.npy"
+    np.save(rows, np.array([[1, 2, 0, 0, 0, 0], [3, 3, 1, 0, 0, 0]], dtype=np.float32))
+    predicted = json.loads(ponder("predict", run, rows, "--halting", "median", "-f", "json", "-q").stdout)
+    assert [b["input"] for b in predicted["buckets"]] == [f"{rows}[0]", f"{rows}[1]"]
+    assert all(b["prediction"] in (0, 1) and 0.5 <= b["probability"] <= 1 and b["halting_step"] in (1, 2, 3)
+               for b in predicted["buckets"])
+
+    info = json.loads(ponder("info", run, "-f", "json", "-q").stdout)
+    assert (info["config"]["task"], info["config"]["step"], info["epochs_trained"]) == ("sums", "gru", 1)
+    assert info["config"]["batches_per_epoch"] == 3  # a field this task reads, so shown
+
+
+def test_its_buckets_refuse_another_tasks_spelling_and_its_name_the_default_run_folder(sums_task, ponder,
+                                                                                        one_error_line, tmp_path):
+    from ponder_cli.config import PonderConfig
+    from ponder_cli.runs import run_dir_name
+
+    assert run_dir_name(PonderConfig.from_options(task="sums")) == "sums-pondernet-rnn-seed1234"
+    assert "--step mlp does not fit --task sums (vectors of 6 integers 0-3); choose rnn, gru" in one_error_line(
+        ponder("train", "--task", "sums", "--step", "mlp", "--out", tmp_path / "x"))
+
+
+def test_an_installed_package_registers_a_task_by_entry_point(monkeypatch, ponder, one_error_line, tmp_path):
+    """Not built in: --task looks the name up among the entry points `ponder_cli.tasks`, only then."""
+    from importlib import metadata
+
+    point = metadata.EntryPoint("sums", "third_task_module:SumsTask", registry.TASK_ENTRY_POINTS)
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [point] if group == registry.TASK_ENTRY_POINTS else [])
+    monkeypatch.setitem(sys.modules, "third_task_module", sys.modules[__name__])
+    assert one_error_line(ponder("train", "--task", "nothing")) == (
+        "Error: Invalid value for '--task': 'nothing' is not one of 'mnist', 'parity'.")
+    try:
+        printed = ponder("train", "--task", "sums", "--print-config", "-f", "json")
+        assert registry.TASKS["sums"] == "third_task_module:SumsTask"  # found, and kept for what follows
+    finally:
+        registry.TASKS.pop("sums", None)
+    assert printed.exit_code == 0, printed.output
+    assert json.loads(printed.stdout)["step"]["step"] == "rnn"  # what the task implies
