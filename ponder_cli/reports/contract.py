@@ -76,12 +76,14 @@ class Terms:
 class TaskView:
     """What reports say of a run's task (built by the task from the run's config): its name, its
     terms, the metadata it adds (MNIST: train_rotation; parity: elems, train_counts), how
-    captions name the training data, and its protocol when it has one."""
+    captions name the training data, its protocol when it has one, and whether titles name the
+    task (not the default task's: "pondernet training (step mlp)")."""
     name: str
     terms: Terms
     meta: dict
     trained_on: str
     protocol: Optional[str] = "uniform"
+    named_in_titles: bool = True
 
 
 def describe_model(cfg, view: TaskView) -> str:

@@ -27,7 +27,7 @@ def training_report(cfg, result, seconds: float, view: TaskView) -> Report:
     meta = make_meta("train", [str(best_file)] if best_file else [], [cfg.method], [cfg.step], protocol=view.protocol,
                      halting="sample", seed=cfg.seed, task=view.name, **view.meta, **summary, config=cfg.to_dict())
     return Report(meta=meta, buckets=epochs, columns=TRAIN_COLUMNS, table_rows=[summary],
-                  title=f"{cfg.method} training (step {cfg.step}{'' if view.name == 'mnist' else ', ' + view.name})",
+                  title=f"{cfg.method} training (step {cfg.step}{', ' + view.name if view.named_in_titles else ''})",
                   footer=f"best checkpoint: {best_file}" if best_file else
                   f"no best checkpoint in {result.out_dir}: no epoch of this run beat epoch {result.best_epoch}, "
                   f"whose weights were not found beside the checkpoint resumed")

@@ -281,7 +281,7 @@ class MnistTask(Task):
 
     def view(self) -> TaskView:
         return TaskView("mnist", TERMS, {"train_rotation": self.cfg.train_rotation},
-                        f"trained within ±{self.cfg.train_rotation:g}°")
+                        f"trained within ±{self.cfg.train_rotation:g}°", named_in_titles=False)
 
     # evaluation ---------------------------------------------------------------------------
 
