@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from ponder_cli import registry
+from ponder_cli.checkpoint import load_model
 from ponder_cli.evaluate import EvalBucket, evaluate_bucket
+from ponder_cli.halting import quantile_halting_steps
 from ponder_cli.reports import TaskView, Terms
 from ponder_cli.tasks import Task, TrainingSource, UserInputs, load_inputs
 
@@ -123,8 +125,14 @@ def test_a_task_defined_here_trains_evaluates_predicts_and_reports(sums_task, po
     np.save(rows, np.array([[1, 2, 0, 0, 0, 0], [3, 3, 1, 0, 0, 0]], dtype=np.float32))
     predicted = json.loads(ponder("predict", run, rows, "--halting", "median", "-f", "json", "-q").stdout)
     assert [b["input"] for b in predicted["buckets"]] == [f"{rows}[0]", f"{rows}[1]"]
-    assert all(b["prediction"] in (0, 1) and 0.5 <= b["probability"] <= 1 and b["halting_step"] in (1, 2, 3)
-               for b in predicted["buckets"])
+    model, _, _ = load_model(run / "best.pt", "cpu")  # the model read the rows as the task gave them
+    with torch.no_grad():
+        out = model(torch.tensor([[1, 2, 0, 0, 0, 0], [3, 3, 1, 0, 0, 0]], dtype=torch.float32))
+    halts = quantile_halting_steps(out.lambda_logits, 0.5)  # (2,): the median rule, 1-based
+    for i, bucket in enumerate(predicted["buckets"]):
+        probs = torch.softmax(out.logits[halts[i] - 1, i], dim=-1)
+        assert bucket["halting_step"] == int(halts[i])
+        assert (bucket["prediction"], bucket["probability"]) == (int(probs.argmax()), pytest.approx(float(probs.max())))
 
     info = json.loads(ponder("info", run, "-f", "json", "-q").stdout)
     assert (info["config"]["task"], info["config"]["step"], info["epochs_trained"]) == ("sums", "gru", 1)
