@@ -13,8 +13,7 @@ from typer.core import TyperCommand
 
 from .config import PonderConfig
 from .halting_rules import parse_exit_rule, parse_halting_rule, rule_choices
-from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, METHODS, PROTOCOLS, STEPS, TASKS,
-                       known_task)
+from .registry import CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, PIECES, PROTOCOLS, known
 from .render import OutputFormat, value_text
 from .folders import LATEST, RUNS_DIR
 from .shipped import DEFAULT, SHIPPED
@@ -24,7 +23,7 @@ def _choices(name: str, values) -> type[Enum]:
     return Enum(name, {value: value for value in values}, type=str)
 
 
-Method, Step, HaltingInput = _choices("Method", METHODS), _choices("Step", STEPS), _choices("HaltingInput", HALTING_INPUTS)
+HaltingInput = _choices("HaltingInput", HALTING_INPUTS)
 CnnDropoutMask = _choices("CnnDropoutMask", CNN_DROPOUT_MASKS)
 Protocol = _choices("Protocol", PROTOCOLS)
 
@@ -151,18 +150,26 @@ ProtocolOption = typer.Option(None, "--protocol", case_sensitive=False, show_def
                                    "exactly ±angle. Parity checkpoints refuse it.")
 
 
-def task_choice(value: Optional[str]) -> Optional[str]:
-    """--task: a name in the registry when the command runs (not a choice fixed at import), so
-    that a task registered later, or by an installed package, can be chosen; any case."""
-    if value is None:
-        return None
-    name = value.lower() if value.lower() in TASKS else value
-    if not known_task(name):
-        raise typer.BadParameter(f"{value!r} is not one of {', '.join(map(repr, TASKS))}.")
-    return name
+def piece_choice(kind: str):
+    """The callback of --task, --step or --method: a name in the registry when the command runs
+    (not a choice fixed at import), so that a piece registered later, or by an installed package,
+    can be chosen; any case."""
+    table = PIECES[kind]
+
+    def check(value: Optional[str]) -> Optional[str]:
+        if value is None:
+            return None
+        name = value.lower() if value.lower() in table else value
+        if not known(kind, name):
+            raise typer.BadParameter(f"{value!r} is not one of {', '.join(map(repr, table))}.")
+        return name
+
+    return check
 
 
-TASK_METAVAR = f"<{'|'.join(TASKS)}>"  # the built-in tasks
+def piece_metavar(kind: str) -> str:
+    """<mnist|parity>: the built-in pieces of a kind."""
+    return f"<{'|'.join(PIECES[kind])}>"
 
 
 def _halting_rule(value: Optional[str]) -> Optional[str]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import PonderError
-from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, STEPS, TASKS, known_task, method_class,
+from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, STEPS, TASKS, known, method_class,
                        step_class, task_class)
 
 
@@ -191,7 +191,8 @@ class PonderConfig:
     def _value_problems(self) -> list[str]:
         """Choices among the registered names; sizes, counts and finite float32 numbers."""
         problems = []
-        known_task(self.task)  # a task an installed package registers joins TASKS here
+        for kind in PIECE_KINDS:
+            known(kind, getattr(self, kind))  # a piece an installed package registers joins its table here
         for name, choices in (("task", TASKS), ("method", METHODS), ("step", STEPS), ("halting_input", HALTING_INPUTS),
                               ("cnn_dropout_mask", CNN_DROPOUT_MASKS)):
             if getattr(self, name) not in choices:
@@ -249,8 +250,9 @@ class PonderConfig:
         """A config from the options the user gave; the rest are the defaults, or what the chosen
         method or step implies (plain: one step). An option that no chosen piece reads is refused
         (see inapplicable)."""
-        if "task" in given:
-            known_task(given["task"])  # a task an installed package registers joins TASKS here
+        for kind in PIECE_KINDS:
+            if kind in given:
+                known(kind, given[kind])  # a piece an installed package registers joins its table here
         chosen = choose_pieces(given, cls.default)
         if all(name in PIECE_KINDS[kind][0] for kind, name in chosen.items()):  # else __post_init__ says so
             problems = fit_problems(chosen) or inapplicable(given, chosen)

@@ -42,8 +42,11 @@ PROTOCOLS = ("uniform", "band", "fixed")  # how test images are rotated per angl
 DEFAULT_HALTING = "sample"  # the paper's; a method with a rule of its own (ACT) halts by that instead
 DEFAULT_PROTOCOL = "uniform"  # the reference notebook's: within ±angle
 FORMATS = ("table", "json", "csv")
-# where installed packages register tasks of their own: name = "module:attribute", as in TASKS
-TASK_ENTRY_POINTS = "ponder_cli.tasks"
+PIECES = {"task": TASKS, "step": STEPS, "method": METHODS}
+# where installed packages register pieces of their own, each as name = "module:attribute" as in
+# the tables above
+ENTRY_POINTS = {"task": "ponder_cli.tasks", "step": "ponder_cli.steps", "method": "ponder_cli.methods"}
+TASK_ENTRY_POINTS = ENTRY_POINTS["task"]
 
 
 def _load(table: dict[str, str], kind: str, name: str):
@@ -53,32 +56,39 @@ def _load(table: dict[str, str], kind: str, name: str):
     return getattr(importlib.import_module(module), attribute)
 
 
-def known_task(name: str) -> bool:
-    """Whether `name` is a task: built in (or added to TASKS), else one an installed package
-    registers under the entry points TASK_ENTRY_POINTS, which is then added to TASKS. The entry
-    points are read only for a name not in TASKS, so a command naming a built-in task never
-    pays for scanning the installed packages."""
-    if name in TASKS:
+def known(kind: str, name) -> bool:
+    """Whether `name` is a piece of `kind` ("task", "step", "method"): built in (or already added
+    to its table), else one an installed package registers under ENTRY_POINTS[kind], which is then
+    added to the table. The entry points are read only for a name not in the table, so a command
+    naming built-in pieces never pays for scanning the installed packages."""
+    table = PIECES[kind]
+    if name in table:
         return True
     if not isinstance(name, str):
         return False
     from importlib.metadata import entry_points  # scans every installed package: only when needed
 
-    for point in entry_points(group=TASK_ENTRY_POINTS):
+    for point in entry_points(group=ENTRY_POINTS[kind]):
         if point.name == name:
-            TASKS[name] = point.value
+            table[name] = point.value
             return True
     return False
 
 
+def known_task(name) -> bool:
+    return known("task", name)
+
+
 def task_class(name: str):
-    known_task(name)
+    known("task", name)
     return _load(TASKS, "task", name)
 
 
 def step_class(name: str):
+    known("step", name)
     return _load(STEPS, "step function", name)
 
 
 def method_class(name: str):
+    known("method", name)
     return _load(METHODS, "method", name)

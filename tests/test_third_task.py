@@ -165,3 +165,25 @@ def test_an_installed_package_registers_a_task_by_entry_point(monkeypatch, ponde
         registry.TASKS.pop("sums", None)
     assert printed.exit_code == 0, printed.output
     assert json.loads(printed.stdout)["step"]["step"] == "rnn"  # what the task implies
+
+
+def test_an_installed_package_registers_a_step_by_entry_point(sums_task, monkeypatch, ponder, one_error_line,
+                                                              tmp_path):
+    """Steps (and methods) are found the same way: here the tanh RNN again, under a name of its own."""
+    from importlib import metadata
+
+    point = metadata.EntryPoint("tanh", "ponder_cli.steps.rnn:RNNStep", registry.ENTRY_POINTS["step"])
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [point] if group == registry.ENTRY_POINTS["step"] else [])
+    assert one_error_line(ponder("train", "--step", "nothing")) == (
+        "Error: Invalid value for '--step': 'nothing' is not one of 'mlp', 'align', 'rnn', 'gru'.")
+    run = tmp_path / "run"
+    try:
+        trained = ponder("train", "--task", "sums", "--step", "tanh", "--epochs", "1", "--batches-per-epoch", "2",
+                         "--batch-size", "8", "--hidden", "4", "--max-steps", "2", "--out", run, "-q", "-f", "json")
+        assert trained.exit_code == 0, trained.output
+        info = json.loads(ponder("info", run, "-f", "json", "-q").stdout)
+        model, _, _ = load_model(run / "best.pt", "cpu")  # rebuilt from its config: the step read the task's width
+    finally:
+        registry.STEPS.pop("tanh", None)  # found, it joined STEPS: leave the table as it was
+    assert (info["config"]["task"], info["config"]["step"]) == ("sums", "tanh")
+    assert type(model.step).__name__ == "RNNStep" and model.step.from_input.weight.shape == (4, WIDTH)

@@ -15,14 +15,12 @@ from ..cli_options import (
     DeviceOption,
     FormatOption,
     HaltingInput,
-    Method,
     QuietOption,
-    Step,
-    TASK_METAVAR,
     TrainCommand,
     hyper,
     path_option,
-    task_choice,
+    piece_choice,
+    piece_metavar,
 )
 from ..config import PonderConfig
 from ..config_file import render_config
@@ -41,14 +39,14 @@ def train(
     task: Optional[str] = hyper("task", "What to learn: mnist (digits; difficulty: rotation) or parity (the "
                                         "parity of +1 entries in vectors of ±1 and 0; difficulty: the non-zero "
                                         "count; implies --step gru, see docs/parity.md).", "--task",
-                                metavar=TASK_METAVAR, callback=task_choice),
-    method: Optional[Method] = hyper("method", "pondernet; act (Adaptive Computation Time, Graves 2016); plain "
-                                                "(one step, no pondering: implies --max-steps 1).", "--method",
-                                      case_sensitive=False),
-    step: Optional[Step] = hyper("step", "The step function: mlp (CNN once, MLP steps: the reference); align "
-                                          "(re-reads the image through a learnt rotation); parity vectors: rnn "
-                                          "(the paper's tanh RNN), gru.", "--step",
-                                  case_sensitive=False),
+                                metavar=piece_metavar("task"), callback=piece_choice("task")),
+    method: Optional[str] = hyper("method", "pondernet; act (Adaptive Computation Time, Graves 2016); plain "
+                                            "(one step, no pondering: implies --max-steps 1).", "--method",
+                                  metavar=piece_metavar("method"), callback=piece_choice("method")),
+    step: Optional[str] = hyper("step", "The step function: mlp (CNN once, MLP steps: the reference); align "
+                                        "(re-reads the image through a learnt rotation); parity vectors: rnn "
+                                        "(the paper's tanh RNN), gru.", "--step",
+                                metavar=piece_metavar("step"), callback=piece_choice("step")),
     truncation: Optional[float] = hyper("truncation", "Training drops an image from later steps once its "
                                                        "remaining halting mass is below this (0: off).", hidden=True),
     align_turn: Optional[float] = hyper("align_turn", "align: the largest turn of one step, in degrees.", hidden=True),
