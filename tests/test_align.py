@@ -13,9 +13,10 @@ from ponder_cli.data import prepare_batch
 from synthetic_data import synthetic_digits
 from ponder_cli.tasks.mnist import evaluate
 from ponder_cli.halting import halting_log_probs
-from ponder_cli.checkpoint import new_model
+from ponder_cli.checkpoint import load_checkpoint, new_model
 from ponder_cli.methods import get_method
 from ponder_cli.model import FORCED_HALT_LOGIT
+from ponder_cli.shipped import shipped_path
 from ponder_cli.steps.align import rotate_bilinear
 
 SMALL = dict(step="align", hidden=16, hidden_cnn=16, max_steps=6)
@@ -183,7 +184,7 @@ def test_align_through_every_command(method_name, tiny_mnist, tmp_path, ponder):
 def test_align_implies_its_halting_settings_unless_given():
     cfg = PonderConfig.from_options(step="align")
     assert (cfg.max_steps, cfg.lambda_p, cfg.truncation, cfg.halting_input, cfg.turn_gate) == \
-        (12, 0.5, 0.01, "state+turn", 0.2)
+        (12, 0.5, 0.1, "state+turn", 0.2)
     assert math.isclose(cfg.halting_bias, 0.0)  # logit(0.5)
     assert math.isclose(PonderConfig.from_options(step="align", lambda_p=0.2).halting_bias, math.log(0.25))
     assert PonderConfig.from_options(step="align", method="plain").max_steps == 1
@@ -250,3 +251,11 @@ def test_act_keeps_graves_bias_on_align_unless_given():
     assert PonderConfig.from_options(step="align", method="act", halting_bias="-2").halting_bias == -2.0
     assert PonderConfig.from_options(step="align", method="pondernet").halting_bias == 0.0  # logit(0.5)
     assert torch.equal(new_model(act).halting_head.bias, torch.tensor([1.0]))
+
+
+def test_a_saved_config_keeps_the_truncation_it_was_trained_with():
+    """Checkpoints hold every resolved value, not what a step implied: the shipped align model
+    trained at truncation 0.01, the implied value then, and loads with 0.01."""
+    state = load_checkpoint(shipped_path("align"))
+    assert state.config.truncation == 0.01
+    assert PonderConfig.from_options(step="align").truncation == 0.1

@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import StepFunction
+from .image_conv import image_conv
 
 IMAGE_SIZE = 28
 
@@ -57,7 +58,7 @@ class ImageEncoder(nn.Module):
     def maps(self, x: torch.Tensor, dropout: bool = True) -> torch.Tensor:  # (B, 1, 28, 28) -> (B, 20, side, side)
         """The pooled conv2 maps; dropout=False leaves out the Dropout2d, for per-step masks."""
         x = x.contiguous(memory_format=torch.channels_last)
-        x = F.relu(F.max_pool2d(self.conv1(x), 2))
+        x = F.relu(F.max_pool2d(image_conv(self.conv1, x), 2))
         x = self.conv2(x)
         return F.relu(F.max_pool2d(self.conv2_drop(x) if dropout else x, 2))
 
