@@ -74,7 +74,7 @@ def test_train_states_the_configuration_it_resolved(tiny_mnist, tmp_path, ponder
                          "  given: step align · lambda-p 0.4 · epochs 1 · batch-size 100 · val-size 100",
                          "    train-size 100"]
     assert block[3:5] == ["  implied by --step align: max-steps 12 · halting-input state+turn",
-                          "    turn-gate 0.2 · halting-bias -0.405465 · truncation 0.01"]  # log(0.4 / 0.6)
+                          "    turn-gate 0.2 · halting-bias -0.405465 · truncation 0.1"]  # log(0.4 / 0.6)
     assert block[5].startswith("  defaults: task mnist · method pondernet · hidden 64 · hidden-cnn 64")
     assert all(len(line) <= 80 for line in block)
     assert "tau" not in result.stderr and "hidden-lin" not in result.stderr  # act's and the mlp step's
