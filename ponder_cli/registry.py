@@ -46,7 +46,6 @@ PIECES = {"task": TASKS, "step": STEPS, "method": METHODS}
 # where installed packages register pieces of their own, each as name = "module:attribute" as in
 # the tables above
 ENTRY_POINTS = {"task": "ponder_cli.tasks", "step": "ponder_cli.steps", "method": "ponder_cli.methods"}
-TASK_ENTRY_POINTS = ENTRY_POINTS["task"]
 
 
 def _load(table: dict[str, str], kind: str, name: str):
@@ -73,10 +72,6 @@ def known(kind: str, name) -> bool:
             table[name] = point.value
             return True
     return False
-
-
-def known_task(name) -> bool:
-    return known("task", name)
 
 
 def task_class(name: str):

@@ -153,8 +153,8 @@ def test_an_installed_package_registers_a_task_by_entry_point(monkeypatch, ponde
     """Not built in: --task looks the name up among the entry points `ponder_cli.tasks`, only then."""
     from importlib import metadata
 
-    point = metadata.EntryPoint("sums", "third_task_module:SumsTask", registry.TASK_ENTRY_POINTS)
-    monkeypatch.setattr(metadata, "entry_points", lambda group: [point] if group == registry.TASK_ENTRY_POINTS else [])
+    point = metadata.EntryPoint("sums", "third_task_module:SumsTask", registry.ENTRY_POINTS["task"])
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [point] if group == registry.ENTRY_POINTS["task"] else [])
     monkeypatch.setitem(sys.modules, "third_task_module", sys.modules[__name__])
     assert one_error_line(ponder("train", "--task", "nothing")) == (
         "Error: Invalid value for '--task': 'nothing' is not one of 'mnist', 'parity'.")
