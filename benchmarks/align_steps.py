@@ -37,7 +37,7 @@ from ponder_cli.train import _optimizer_step, make_optimizer  # noqa: E402
 def batches(cfg: PonderConfig, count: int) -> list:
     """The first `count` training batches of an epoch (shuffled, rotated as in training)."""
     images = load_mnist(default_data_dir(), train=True)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.training.seed)
     source = get_task(cfg).training_source(images, torch.device("cpu"))
     source.start_epoch()
     return [source.batch(i) for i in range(count)]
@@ -49,7 +49,7 @@ def run(model, cfg: PonderConfig, data: list, profile: bool) -> dict:
     optimizer, scaler = make_optimizer(model, cfg, device), grad_scaler(device, False)
     params = list(model.parameters())
     model.train()
-    torch.manual_seed(cfg.seed)  # the same dropout and coins for every truncation
+    torch.manual_seed(cfg.training.seed)  # the same dropout and coins for every truncation
     times, steps = [], []
     for i, (x, targets) in enumerate(data):
         start = time.perf_counter()
@@ -80,13 +80,13 @@ def main() -> None:
         start, base, _ = load_model(args.checkpoint, "cpu")
     else:
         base = PonderConfig.from_options(step="align", seed=args.seed)
-        torch.manual_seed(base.seed)
+        torch.manual_seed(base.training.seed)
         start = new_model(base)
     data = batches(base, args.batches + 1)
     print(f"{'fresh model' if args.checkpoint is None else args.checkpoint}, {args.batches} batches of "
-          f"{base.batch_size}, {torch.get_num_threads()} thread(s)")
+          f"{base.training.batch_size}, {torch.get_num_threads()} thread(s)")
     for truncation in args.truncation:
-        cfg = PonderConfig(**{**base.__dict__, "truncation": truncation})
+        cfg = base.replace(truncation=truncation)
         result = run(copy.deepcopy(start), cfg, data, args.profile)
         print(f"truncation {truncation:<5g} computed steps per image {result['steps']:5.2f}   "
               f"ms per batch {result['ms']:7.1f} (median; mean {result['ms_mean']:.1f})", flush=True)

@@ -53,14 +53,14 @@ def main() -> None:
     test = task.test_data(EvalOptions(limit=args.limit), "cpu")
     rows = []
     for angle in args.angles:
-        buckets = [lambda k=k: task.bucket(test, angle, args.angles, model.max_steps, cfg.seed + k, "fixed")
+        buckets = [lambda k=k: task.bucket(test, angle, args.angles, model.max_steps, cfg.training.seed + k, "fixed")
                    for k in range(args.repeats)]
         for outcome in rule_outcomes(model, buckets, args.rules):
             rows.append({"rotation": angle, "halting": outcome.halting, "accuracy": outcome.accuracy,
                          "accuracy_last": outcome.accuracy_last, "mean_steps": outcome.mean_steps,
                          "gap": 100 * (outcome.accuracy_last - outcome.accuracy), "images": outcome.images})
     if args.format == "json":
-        print(json.dumps({"checkpoint": str(path), "protocol": "fixed", "seed": cfg.seed, "repeats": args.repeats,
+        print(json.dumps({"checkpoint": str(path), "protocol": "fixed", "seed": cfg.training.seed, "repeats": args.repeats,
                           "buckets": rows}))
         return
     print(f"{path}: gap (points) / mean steps at exactly each angle, {args.repeats} draw(s)")

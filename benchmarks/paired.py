@@ -54,9 +54,9 @@ def measure_epoch(root: Path, changes: dict, batches: int, mnist: bool) -> dict:
 
     reference = changes.pop("reference_step", False)
     cfg = PonderConfig.from_options(**changes)
-    count = (batches + 1) * cfg.batch_size
+    count = (batches + 1) * cfg.training.batch_size
     images = load_mnist(default_data_dir(), train=True).subset(slice(0, count)) if mnist else synthetic_digits(count, 0)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.training.seed)
     model, device = new_model(cfg), torch.device("cpu")
     method, optimizer, scaler = get_method(cfg), make_optimizer(model, cfg, device), grad_scaler(device, False)
     if reference:  # the reference notebook's step function: its CNN runs again at every step
@@ -68,8 +68,8 @@ def measure_epoch(root: Path, changes: dict, batches: int, mnist: bool) -> dict:
     def epoch(data):
         train_one_epoch(model, method, optimizer, scaler, data, cfg, amp=False, progress=False)
 
-    epoch(images.subset(slice(0, cfg.batch_size)))  # warm-up: first-call costs are not an epoch's
-    timed = images.subset(slice(cfg.batch_size, count))
+    epoch(images.subset(slice(0, cfg.training.batch_size)))  # warm-up: first-call costs are not an epoch's
+    timed = images.subset(slice(cfg.training.batch_size, count))
     wall, cpu = time.perf_counter(), time.process_time()
     epoch(timed)
     return {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu,

@@ -47,7 +47,7 @@ class Reached(Exception):
 
 
 def iterations_per_second(cfg: PonderConfig, iterations: int, device: torch.device) -> float:
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.training.seed)
     model = new_model(cfg).to(device)
     method, optimizer = get_method(cfg), make_optimizer(model, cfg, device)
     scaler = grad_scaler(device, False)
@@ -84,7 +84,7 @@ def seconds_to_target(cfg: PonderConfig, target: float, device: torch.device) ->
             reached = None
         except Reached:
             reached = seconds
-    return {"target": target, "seconds": reached, "iterations": len(curve) * cfg.batches_per_epoch if reached else None,
+    return {"target": target, "seconds": reached, "iterations": len(curve) * cfg.task.batches_per_epoch if reached else None,
             "curve": curve}
 
 
@@ -112,8 +112,8 @@ def main(argv=None) -> None:
     if args.train_counts:
         given["train_counts"] = args.train_counts
     cfg = PonderConfig.from_options(**given)
-    result = {"elems": cfg.elems, "train_counts": cfg.train_counts, "step": cfg.step, "method": cfg.method,
-              "batch_size": cfg.batch_size, "threads": args.threads, "device": str(device)}
+    result = {"elems": cfg.task.elems, "train_counts": cfg.task.train_counts, "step": cfg.step.name, "method": cfg.method.name,
+              "batch_size": cfg.training.batch_size, "threads": args.threads, "device": str(device)}
     if args.only in (None, "speed"):
         result["iterations_per_second"] = round(iterations_per_second(cfg, args.iterations, device), 1)
         print(f"{result['iterations_per_second']} iterations/s", file=sys.stderr, flush=True)

@@ -111,7 +111,7 @@ def profile_training(model, method, optimizer, scaler, data, cfg, device, amp: b
     with profile(activities=activities, record_shapes=False) as prof:
         train_one_epoch(model, method, optimizer, scaler, data, cfg, amp=amp, progress=False)
         sync(device)
-    batches = -(-len(data) // cfg.batch_size)
+    batches = -(-len(data) // cfg.training.batch_size)
     if batches <= TRACE_BATCHES:
         prof.export_chrome_trace(str(out / "train_trace.json"))
     averages = prof.key_averages()
@@ -138,7 +138,7 @@ def evaluation_figures(model, test, cfg, device, amp: bool, halting: str = "samp
                            device, repeat=2)
     forced_s, forced = timed(lambda: evaluate(model, test, cfg, max_angle=22.5, seed=1, early_exit=False, amp=amp,
                                               halting=halting), device, repeat=2)
-    print(f"  mean ponder steps       {early.mean_steps:10.2f} of {cfg.max_steps}")
+    print(f"  mean ponder steps       {early.mean_steps:10.2f} of {cfg.method.max_steps}")
     print(f"  early exit images/s     {len(test) / early_s:10.0f}   ({early_s:.3f} s)")
     print(f"  all steps forced        {len(test) / forced_s:10.0f}   ({forced_s:.3f} s)")
     print(f"  speed-up                {forced_s / early_s:10.2f}x   identical results: {early == forced}")
@@ -177,29 +177,29 @@ def main() -> None:
         data_dir = args.data_dir or default_data_dir()
         full, test = load_mnist(data_dir, train=True), load_mnist(data_dir, train=False)
         source = f"MNIST from {data_dir}"
-    train_set, val_set = train_val_split(full, val_size=cfg.val_size, train_size=cfg.train_size, seed=cfg.seed)
+    train_set, val_set = train_val_split(full, val_size=cfg.task.val_size, train_size=cfg.task.train_size, seed=cfg.training.seed)
     train_set, val_set, test = train_set.to(device), val_set.to(device), test.to(device)
     print(f"device {device}, {torch.get_num_threads()} CPU threads, torch {torch.__version__}, data: {source}, "
-          f"step {cfg.step} (max {cfg.max_steps} steps, truncation {cfg.truncation:g}), amp {args.amp}")
+          f"step {cfg.step.name} (max {cfg.method.max_steps} steps, truncation {cfg.method.truncation:g}), amp {args.amp}")
 
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.training.seed)
     model = new_model(cfg).to(device)
     method = get_method(cfg)
     optimizer = make_optimizer(model, cfg, device)
     scaler = grad_scaler(device, args.amp)
-    log_prior = geometric_log_prior(cfg.lambda_p, cfg.max_steps, device)
+    log_prior = geometric_log_prior(cfg.method.lambda_p, cfg.method.max_steps, device)
 
     # --- training: one epoch of the reference configuration, then the validation pass
-    epoch_set = train_set if not args.train_batches else train_set.subset(slice(0, args.train_batches * cfg.batch_size))
+    epoch_set = train_set if not args.train_batches else train_set.subset(slice(0, args.train_batches * cfg.training.batch_size))
     if device.type == "cuda":  # CUDA context, cuDNN and cuBLAS handles, the allocator's pool: not an epoch's cost
-        train_one_epoch(model, method, optimizer, scaler, train_set.subset(slice(0, 5 * cfg.batch_size)), cfg,
+        train_one_epoch(model, method, optimizer, scaler, train_set.subset(slice(0, 5 * cfg.training.batch_size)), cfg,
                         amp=args.amp, progress=False)
     train_s, stats = timed(lambda: train_one_epoch(model, method, optimizer, scaler, epoch_set, cfg,
                                                    amp=args.amp, progress=False), device)
     train_s *= len(train_set) / len(epoch_set)
-    val_s, val = timed(lambda: evaluate(model, val_set, cfg, max_angle=cfg.train_rotation, seed=cfg.seed,
+    val_s, val = timed(lambda: evaluate(model, val_set, cfg, max_angle=cfg.task.train_rotation, seed=cfg.training.seed,
                                         amp=args.amp), device)
-    print(f"\ntraining (55,000 images at +-22.5 deg, batch 128, {cfg.max_steps} steps)")
+    print(f"\ntraining (55,000 images at +-22.5 deg, batch 128, {cfg.method.max_steps} steps)")
     print(f"  train images/s          {len(train_set) / train_s:10.0f}")
     print(f"  seconds per epoch       {train_s + val_s:10.2f}   (train {train_s:.2f} + validation {val_s:.2f})")
     print(f"  20 epochs, estimated    {20 * (train_s + val_s) / 60:10.2f} min")
@@ -215,20 +215,20 @@ def main() -> None:
         from ponder_cli.runs import resolve_checkpoint
         args.checkpoint = resolve_checkpoint(args.checkpoint).path  # a file, a run folder or a shipped name
         model, cfg, _ = load_model(args.checkpoint, device)
-        print(f"\nevaluating {args.checkpoint} (step {cfg.step}, max {cfg.max_steps} steps)")
-    if cfg.step != "mlp":
+        print(f"\nevaluating {args.checkpoint} (step {cfg.step.name}, max {cfg.method.max_steps} steps)")
+    if cfg.step.name != "mlp":
         evaluation_figures(model, test, cfg, device, args.amp, args.halting)
         print("\nmemory")
         print(f"  peak RSS                {peak_rss_mb():10.0f} MB")
         return
 
     # --- the step function: ours (CNN once per image) against the reference's (CNN every step)
-    x = prepare_batch(train_set.images[:cfg.batch_size], uniform_angles(cfg.batch_size, 22.5, device=device))
-    y = train_set.labels[:cfg.batch_size]
+    x = prepare_batch(train_set.images[:cfg.training.batch_size], uniform_angles(cfg.training.batch_size, 22.5, device=device))
+    y = train_set.labels[:cfg.training.batch_size]
 
     def train_step(forward):
         out = forward(x)
-        loss = ponder_loss(out.logits, out.lambda_logits, y, log_prior, cfg.beta).total
+        loss = ponder_loss(out.logits, out.lambda_logits, y, log_prior, cfg.method.beta).total
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         return loss
@@ -244,13 +244,13 @@ def main() -> None:
     early_s, early = timed(lambda: evaluate(model, test, cfg, max_angle=22.5, seed=1), device, repeat=3)
     forced_s, forced = timed(lambda: evaluate(model, test, cfg, max_angle=22.5, seed=1, early_exit=False), device, repeat=3)
     same = early == forced
-    print(f"  mean ponder steps       {early.mean_steps:10.2f} of {cfg.max_steps}")
+    print(f"  mean ponder steps       {early.mean_steps:10.2f} of {cfg.method.max_steps}")
     print(f"  early exit images/s     {len(test) / early_s:10.0f}   ({early_s:.3f} s)")
     print(f"  all steps forced        {len(test) / forced_s:10.0f}   ({forced_s:.3f} s)")
     print(f"  speed-up                {forced_s / early_s:10.2f}x   identical results: {same}")
 
     model.eval()
-    angles, uniforms = evaluation_draws(len(test), cfg.max_steps, 22.5, 1, device)
+    angles, uniforms = evaluation_draws(len(test), cfg.method.max_steps, 22.5, 1, device)
     xs = [prepare_batch(test.images[i:i + 1000], angles[i:i + 1000]) for i in range(0, len(test), 1000)]
     ref_early_s, ref_steps = timed(lambda: [reference_style_infer(model, xb, uniforms[:, i * 1000:(i + 1) * 1000], True)
                                             for i, xb in enumerate(xs)], device)

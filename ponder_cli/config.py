@@ -1,44 +1,22 @@
-"""The one frozen configuration that flows through training and lives in every checkpoint."""
+"""The one frozen configuration that flows through training and lives in every checkpoint, and
+how its pieces are chosen: what each implies, reads and refuses."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 from . import PonderError
-from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, STEPS, TASKS, known, method_class,
-                       step_class, task_class)
-
-
-MAX_STEPS = 100  # a bound on the cost of an epoch (training runs every step for every image)
-FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32: what the model's tensors can hold
-MAX_SEED = 2 ** 63  # torch's generators take seeds below 2**64; we keep them signed 64-bit
-
-
-def seed_problems(seed: int, what: str) -> list[str]:
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED:
-        return [f"{what} must be an integer from 0 to 2**63 - 1 (got {seed})"]
-    return []
+from .registry import METHODS, STEPS, TASKS, known, method_class, step_class, task_class
+from .settings import (PLACES, SECTION_TYPES, MethodSettings, StepSettings, TaskSettings,
+                       TrainingSettings)
 
 
 # The kinds of piece a config chooses: the config field that names the piece -> its registry
 # table and loader. A later kind's implied values win over an earlier one's (plain's one step
 # over align's twelve); an earlier kind may imply a later kind's piece (parity: --step gru).
 PIECE_KINDS = {"task": (TASKS, task_class), "step": (STEPS, step_class), "method": (METHODS, method_class)}
-
-
-def parse_count_range(text: str, elems: int) -> tuple[int, int]:
-    """'17-32' -> (17, 32), '5' -> (5, 5), checked against 1..elems; a PonderError otherwise."""
-    lo, sep, hi = str(text).partition("-")
-    try:
-        bounds = (int(lo), int(hi) if sep else int(lo))
-    except ValueError:
-        raise PonderError(f"a count range is LO-HI or N (got {text!r})") from None
-    if not 1 <= bounds[0] <= bounds[1] <= elems:
-        raise PonderError(f"count range {text} must satisfy 1 <= LO <= HI <= {elems} (the elements of a vector)")
-    return bounds
 
 
 def choose_pieces(given: dict, default) -> dict[str, str]:
@@ -119,66 +97,23 @@ def implied_by_pieces(field: str) -> list[tuple[str, object]]:
 
 @dataclass(frozen=True)
 class PonderConfig:
-    # what is learnt (registry.TASKS): mnist digits (rotation as difficulty) or parity vectors
-    # (the non-zero count as difficulty); checkpoints without the key are mnist
-    task: str = "mnist"
-    # pondernet (Banino et al. 2021), act (Graves 2016) or plain (one step: no pondering)
-    method: str = "pondernet"
-    # model
-    step: str = "mlp"  # the step function (registry.STEPS)
-    hidden: int = 64  # size of the recurrent state h_n
-    hidden_cnn: int = 64  # size of the image embedding
-    hidden_lin: int = 64  # hidden layer of the step MLP
-    kernel_size: int = 5
-    max_steps: int = 20
-    halting_input: str = "state"  # what the halting head sees (registry.HALTING_INPUTS)
-    align_turn: float = 30.0  # align: the largest turn of one step, in degrees
-    # align: halting held back while the step still turns, lambda_n = sigmoid(z_n) (1 - min(1,
-    # w_n / turn_gate)), w_n the step's work (the formula: steps/align.py's docstring). 0: off
-    turn_gate: float = 0.0
-    # initial bias of the halting head; None: the method's own (PyTorch's default init for
-    # pondernet, Graves' +1 for act)
-    halting_bias: Optional[float] = None
-    cnn_dropout: float = 0.5  # Dropout2d after conv2, as in the reference
-    cnn_dropout_mask: str = "shared"  # registry.CNN_DROPOUT_MASKS; per-step: a fresh mask at every step
-    mlp_dropout: float = 0.2
-    # loss
-    lambda_p: float = 0.2  # parameter of the geometric prior on the halting step
-    beta: float = 0.01  # weight of KL(p || p_G)
-    tau: float = 0.01  # ACT: weight of the ponder cost N + R
-    act_epsilon: float = 0.01  # ACT: halt once the halting units sum to 1 - epsilon
-    # training drops an image from later steps once its remaining halting mass is below this
-    # (0: every step of every image); ACT drops it at its own halting step (exact)
-    truncation: float = 0.0
-    # optimisation
-    epochs: int = 20
-    batch_size: int = 128
-    lr: float = 1e-3
-    grad_clip: float = 0.5
-    patience: int = 5  # early stopping, in epochs without a better validation accuracy
-    lr_patience: int = 2  # ReduceLROnPlateau, in epochs
-    lr_factor: float = 0.1
-    # data
-    train_rotation: float = 22.5  # training images rotated uniformly within +-this many degrees
-    val_size: int = 5000
-    train_size: int = 0  # 0: every training image not held out for validation
-    # parity: vectors of `elems` entries; training non-zero counts "LO-HI" ("": 1-elems);
-    # an epoch is `batches_per_epoch` batches drawn on the fly
-    elems: int = 64
-    train_counts: str = ""
-    batches_per_epoch: int = 1000
-    # parity's count curriculum: over the first `curriculum` batches (0: off) the top training count
-    # grows linearly from `curriculum_start` to the top of train_counts
-    curriculum: int = 0
-    curriculum_start: int = 2
-    # gru: LayerNorm on the new state, orthogonal recurrent blocks, update-gate bias (min-pondernet)
-    gru_layer_norm: bool = False
-    gru_orthogonal: bool = False
-    gru_update_bias: float = 0.0
-    seed: int = 1234
+    """The configuration, a section per kind of piece and one for training: `cfg.task.name`,
+    `cfg.step.hidden`, `cfg.method.lambda_p`, `cfg.training.epochs`. Checkpoints, JSON output and
+    run folders hold it flat, a key per setting (`to_dict`); `of(**settings)` builds one from flat
+    keys. Each section checks its own values, then each chosen piece the settings it reads."""
+    task: TaskSettings = dataclasses.field(default_factory=TaskSettings)
+    step: StepSettings = dataclasses.field(default_factory=StepSettings)
+    method: MethodSettings = dataclasses.field(default_factory=MethodSettings)
+    training: TrainingSettings = dataclasses.field(default_factory=TrainingSettings)
 
     def __post_init__(self) -> None:
-        problems = self._value_problems() + self._range_problems()
+        for section, kind in SECTION_TYPES.items():
+            if not isinstance(getattr(self, section), kind):
+                raise TypeError(f"PonderConfig.{section} must be a {kind.__name__}; PonderConfig.of(...) takes "
+                                f"flat settings")
+        for kind, name in self.chosen().items():
+            known(kind, name)  # a piece an installed package registers joins its table here
+        problems = [problem for section in SECTION_TYPES for problem in getattr(self, section).problems()]
         if all(name in PIECE_KINDS[kind][0] for kind, name in self.chosen().items()):
             # each chosen piece checks the settings it reads (parity its counts, align its turn)
             problems += [problem for kind, name in self.chosen().items()
@@ -188,62 +123,30 @@ class PonderConfig:
         if problems:
             raise PonderError("; ".join(problems))
 
-    def _value_problems(self) -> list[str]:
-        """Choices among the registered names; sizes, counts and finite float32 numbers."""
-        problems = []
-        for kind in PIECE_KINDS:
-            known(kind, getattr(self, kind))  # a piece an installed package registers joins its table here
-        for name, choices in (("task", TASKS), ("method", METHODS), ("step", STEPS), ("halting_input", HALTING_INPUTS),
-                              ("cnn_dropout_mask", CNN_DROPOUT_MASKS)):
-            if getattr(self, name) not in choices:
-                problems.append(f"{name.replace('_', '-')} must be one of {', '.join(choices)} "
-                                f"(got {getattr(self, name)!r})")
-        for name in ("hidden", "hidden_cnn", "hidden_lin", "kernel_size", "max_steps",
-                     "epochs", "batch_size", "val_size", "batches_per_epoch"):
-            if getattr(self, name) <= 0:
-                problems.append(f"{name.replace('_', '-')} must be > 0 (got {getattr(self, name)})")
-        for name in ("patience", "lr_patience", "train_size", "curriculum"):
-            if getattr(self, name) < 0:
-                problems.append(f"{name.replace('_', '-')} must be >= 0 (got {getattr(self, name)})")
-        for name in ("lambda_p", "beta", "tau", "act_epsilon", "lr", "grad_clip", "train_rotation", "lr_factor",
-                     "cnn_dropout", "mlp_dropout", "truncation", "align_turn", "turn_gate", "gru_update_bias",
-                     "halting_bias"):
-            value = getattr(self, name)
-            if value is not None and not math.isfinite(value):
-                problems.append(f"{name.replace('_', '-')} must be a finite number")
-            elif value is not None and abs(value) > FLOAT32_MAX:  # the model's weights and losses are float32
-                problems.append(f"{name.replace('_', '-')} must be at most {FLOAT32_MAX:.3g} in size, what a float32 "
-                                f"holds (got {value:g})")
-        return problems
-
-    def _range_problems(self) -> list[str]:
-        """The training settings within the range where they mean something (a piece checks its
-        own: its `config_problems`)."""
-        problems = []
-        if self.lr <= 0:
-            problems.append(f"lr must be > 0 (got {self.lr})")
-        if self.grad_clip < 0:
-            problems.append(f"grad-clip must be >= 0, 0 disables clipping (got {self.grad_clip})")
-        if self.max_steps > MAX_STEPS:
-            problems.append(f"max-steps must be <= {MAX_STEPS} (got {self.max_steps}): every step is computed for "
-                            "every training image, so an epoch takes about max-steps times longer")
-        problems += seed_problems(self.seed, "seed")
-        if not 0 < self.lr_factor < 1:
-            problems.append(f"lr-factor must be in (0, 1) (got {self.lr_factor})")
-        return problems
-
     def step_problems(self) -> list[str]:
         """What the chosen step function cannot do: show a halting feature it has none of, or
         honour a setting of another step's (a value other than the default)."""
-        step = step_class(self.step)
+        step = step_class(self.step.name)
         features = {"confidence", "previous", step.halting_feature}
-        problems = [f"halting-input {self.halting_input}: step {self.step} has no {part} to show"
-                    for part in self.halting_input.split("+")[1:] if part not in features]
+        problems = [f"halting-input {self.method.halting_input}: step {self.step.name} has no {part} to show"
+                    for part in self.method.halting_input.split("+")[1:] if part not in features]
         for name in self.field_names():
             others = readers(name).get("step", [])
-            if others and self.step not in others and getattr(self, name) != self.default(name):
-                problems.append(f"{name.replace('_', '-')} applies to --step {', '.join(others)}, not {self.step}")
+            if others and self.step.name not in others and self.value(name) != self.default(name):
+                problems.append(f"{name.replace('_', '-')} applies to --step {', '.join(others)}, not {self.step.name}")
         return problems
+
+    @classmethod
+    def of(cls, **settings) -> "PonderConfig":
+        """A config of these settings, by flat key (`lambda_p=0.3, step="align"`); the rest default."""
+        unknown = sorted(set(settings) - set(PLACES))
+        if unknown:
+            raise PonderError(f"unknown config keys {unknown}")
+        by_section: dict[str, dict] = {section: {} for section in SECTION_TYPES}
+        for key, value in settings.items():
+            section, attribute = PLACES[key]
+            by_section[section][attribute] = value
+        return cls(**{section: kind(**by_section[section]) for section, kind in SECTION_TYPES.items()})
 
     @classmethod
     def from_options(cls, **given) -> "PonderConfig":
@@ -269,52 +172,70 @@ class PonderConfig:
                 values["halting_bias"] = float(values["halting_bias"])
             except ValueError:
                 raise PonderError(f"halting-bias must be a number or 'prior' (got {values['halting_bias']!r})") from None
-        return cls(**values)
+        return cls.of(**values)
 
     def chosen(self) -> dict[str, str]:
         """The piece of each kind this config chooses: {"step": "mlp", "method": "pondernet"}."""
-        return {kind: getattr(self, kind) for kind in PIECE_KINDS}
+        return {kind: getattr(self, kind).name for kind in PIECE_KINDS}
+
+    def value(self, key: str):
+        """A setting by its flat key: value("lambda_p") is cfg.method.lambda_p."""
+        section, attribute = PLACES[key]
+        return getattr(getattr(self, section), attribute)
 
     def sources(self, given) -> dict[str, str]:
-        """Where each value came from: "given", "implied by --step align" (or the method), "default"."""
+        """Where each value came from: "given", "implied by --step align" (or the method), "derived
+        by --task parity" (a value the task fills in from others: parity's training counts from
+        --elems), "default"."""
         implied = implied_values(self.chosen())
-        return {name: "given" if name in given else f"implied by {implied[name][1]}" if name in implied else "default"
-                for name in self.field_names()}
+
+        def source(name: str) -> str:
+            if name in given:
+                return "given"
+            if name in implied:
+                return f"implied by {implied[name][1]}"
+            return "default" if self.value(name) == self.default(name) else f"derived by --task {self.task.name}"
+
+        return {name: source(name) for name in self.field_names()}
 
     def shown_fields(self) -> list[str]:
-        """The fields that matter to this config's pieces, and whatever they imply: what the
+        """The settings that matter to this config's pieces, and whatever they imply: what the
         configuration lines, `ponder info` and a saved config.toml show."""
         implied = implied_values(self.chosen())
         return [name for name in self.field_names() if applies(name, self.chosen()) or name in implied]
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls))
+        """Every setting's flat key, section by section."""
+        return tuple(PLACES)
 
     @classmethod
-    def default(cls, name: str):
-        """A field's default value, without building (and validating) a config."""
-        return {f.name: f.default for f in dataclasses.fields(cls)}[name]
+    def default(cls, key: str):
+        """A setting's default value, without building (and validating) a config."""
+        section, attribute = PLACES[key]
+        return {f.name: f.default for f in dataclasses.fields(SECTION_TYPES[section])}[attribute]
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The flat form that checkpoints, run folders and JSON output hold: {key: value}."""
+        return {key: self.value(key) for key in PLACES}
 
     @classmethod
     def from_dict(cls, values: dict) -> "PonderConfig":
-        """Rebuild from a checkpoint's plain dict; unknown keys mean another version wrote it."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise PonderError(f"unknown config keys {unknown}")
-        cfg = cls(**values)
+        """Rebuild from a checkpoint's dict, flat ({key: value}) or by section ({"task": {...}});
+        unknown keys mean another version wrote it."""
+        flat = {}
+        for key, value in values.items():
+            if key in SECTION_TYPES and isinstance(value, dict):
+                kind = SECTION_TYPES[key]
+                flat.update({kind.key(attribute): item for attribute, item in value.items()})
+            else:
+                flat[key] = value
+        cfg = cls.of(**flat)
         problems = fit_problems(cfg.chosen())
         if problems:
             raise PonderError(problems[0])
         return cfg
 
-    def train_range(self) -> tuple[int, int]:
-        """parity: the training non-zero counts (lo, hi)."""
-        return parse_count_range(self.train_counts, self.elems) if self.train_counts else (1, self.elems)
-
     def replace(self, **changes) -> "PonderConfig":
-        return dataclasses.replace(self, **changes)
+        """A copy with these settings changed, by flat key; validated as a new config."""
+        return self.of(**{**self.to_dict(), **changes})

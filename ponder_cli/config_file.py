@@ -18,7 +18,6 @@ the file.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import json
 import math
@@ -27,19 +26,8 @@ from pathlib import Path
 
 from . import PonderError
 from .config import PonderConfig, applies
+from .settings import SECTION_OF, SECTIONS, setting_types
 
-# Every configuration field in the table of the piece it belongs to (a test checks that each
-# field is in exactly one, and that fields a step, method or task reads sit in its table).
-SECTIONS = {
-    "task": ("task", "elems", "train_counts", "batches_per_epoch", "curriculum", "curriculum_start", "train_rotation",
-             "val_size", "train_size"),
-    "step": ("step", "hidden", "hidden_cnn", "hidden_lin", "kernel_size", "cnn_dropout", "cnn_dropout_mask",
-             "mlp_dropout", "align_turn", "turn_gate", "gru_layer_norm", "gru_orthogonal", "gru_update_bias"),
-    "method": ("method", "max_steps", "halting_input", "halting_bias", "lambda_p", "beta", "tau", "act_epsilon",
-               "truncation"),
-    "training": ("epochs", "batch_size", "lr", "grad_clip", "patience", "lr_patience", "lr_factor", "seed"),
-}
-SECTION_OF = {name: section for section, names in SECTIONS.items() for name in names}
 
 
 def read_config_file(path: Path) -> dict:
@@ -109,7 +97,7 @@ def _check_place(path: Path, name: str, section) -> None:
         raise PonderError(f"--config {path}: {name} belongs in [{SECTION_OF[name]}], not [{section}]")
 
 
-_TYPES = {f.name: f.type for f in dataclasses.fields(PonderConfig)}
+_TYPES = setting_types()
 
 
 def _typed(path: Path, name: str, value):

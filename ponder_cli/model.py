@@ -31,13 +31,13 @@ class PonderOutput(NamedTuple):
 class PonderNet(nn.Module):
     def __init__(self, cfg, classes: int, input_shape: tuple):
         super().__init__()
-        self.max_steps = cfg.max_steps
-        self.step = step_class(cfg.step)(cfg, tuple(input_shape))
+        self.max_steps = cfg.method.max_steps
+        self.step = step_class(cfg.step.name)(cfg, tuple(input_shape))
         self.output_head = nn.Linear(self.step.readout_size, classes)
         # what the halting head sees besides the readout: the step's top class probability
         # ("confidence"), the previous step's readout ("previous": [h_n, h_{n-1}], zeros before
         # the first step) and the step function's own halting features (its halting_feature)
-        inputs = cfg.halting_input.split("+")[1:]
+        inputs = cfg.method.halting_input.split("+")[1:]
         self.confidence_input = "confidence" in inputs
         self.previous_input = "previous" in inputs
         self.extra_input = self.step.halting_feature in inputs

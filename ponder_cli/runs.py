@@ -59,9 +59,9 @@ def resolve_config(given: dict, resume: Optional[Path] = None):
     saved = state.config
     problems = inapplicable(given, saved.chosen())
     if problems:
-        raise PonderError(f"cannot resume {resumed.path} ({saved.method}, step {saved.step}): {'; '.join(problems)}")
-    conflicts = [f"--{k.replace('_', '-')} {v} (checkpoint: {getattr(saved, k)})"
-                 for k, v in given.items() if k not in RESUMABLE_CHANGES and getattr(saved, k) != v]
+        raise PonderError(f"cannot resume {resumed.path} ({saved.method.name}, step {saved.step.name}): {'; '.join(problems)}")
+    conflicts = [f"--{k.replace('_', '-')} {v} (checkpoint: {saved.value(k)})"
+                 for k, v in given.items() if k not in RESUMABLE_CHANGES and saved.value(k) != v]
     if conflicts:
         raise PonderError(f"cannot resume {resumed.path} with options that contradict its config: "
                           f"{'; '.join(conflicts)}")
@@ -94,9 +94,9 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     resume = resumed.path
     out_dir = out if out is not None else Path(resume).parent
     check_unlocked(out_dir)
-    if state.epoch >= cfg.epochs:
-        done = (f"is complete ({state.epoch} of {cfg.epochs} epochs)" if state.epoch == cfg.epochs else
-                f"has trained {state.epoch} epochs, more than --epochs {cfg.epochs} asks for")
+    if state.epoch >= cfg.training.epochs:
+        done = (f"is complete ({state.epoch} of {cfg.training.epochs} epochs)" if state.epoch == cfg.training.epochs else
+                f"has trained {state.epoch} epochs, more than --epochs {cfg.training.epochs} asks for")
         raise PonderError(f"nothing to do: the run in {resume} {done}; to train it longer, raise --epochs: "
                           f"ponder train --resume {resume} --epochs N (N > {state.epoch})")
     if not _same_path(out_dir, Path(resume).parent):
@@ -140,7 +140,7 @@ def refuse_foreign_checkpoints(directory: Path, overwrite: bool) -> None:
 def run_dir_name(cfg: PonderConfig) -> str:
     """<task's prefix><method>-<step>-seed<seed>: mnist has none, parity parity<elems>-, another
     task its name and a dash (Task.run_name_prefix)."""
-    return f"{get_task(cfg).run_name_prefix()}{cfg.method}-{cfg.step}-seed{cfg.seed}"
+    return f"{get_task(cfg).run_name_prefix()}{cfg.method.name}-{cfg.step.name}-seed{cfg.training.seed}"
 
 
 def free_run_dir(cfg: PonderConfig, root: Path = RUNS_DIR) -> Path:

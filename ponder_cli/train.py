@@ -90,8 +90,8 @@ def _optimizer_step(model, method: Method, optimizer, scaler, params: list, x, t
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss.total).backward()
     scaler.unscale_(optimizer)
-    if cfg.grad_clip > 0:
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+    if cfg.training.grad_clip > 0:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.training.grad_clip)
     else:
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     # Under DDP the gradients (so grad_norm) are already averaged and equal on every rank, but
@@ -123,7 +123,7 @@ def train_one_epoch(model: torch.nn.Module, method: Method, optimizer: torch.opt
     is a tasks.TrainingSource or the task's training data (an ImageSet for MNIST).
 
     Under torchrun `model` is DDP-wrapped and each rank trains on its slice of every global batch
-    of cfg.batch_size inputs; the metrics returned cover the whole epoch, all ranks together.
+    of cfg.training.batch_size inputs; the metrics returned cover the whole epoch, all ranks together.
 
     Host synchronisations per batch: the truncated forward's one per step (see PonderNet), and,
     without the GradScaler, one to skip a non-finite batch. With the scaler and a fused Adam
@@ -142,7 +142,7 @@ def train_one_epoch(model: torch.nn.Module, method: Method, optimizer: torch.opt
     totals = torch.zeros(8, dtype=torch.float64, device=device)
     # the halting coins of the per-batch accuracy and steps: a generator of their own, so that
     # measuring leaves every draw of the training (dropout, rotations, ...) as it is
-    metric_coins = torch.Generator(device=device).manual_seed(cfg.seed)
+    metric_coins = torch.Generator(device=device).manual_seed(cfg.training.seed)
     params = list(model.parameters())
     batches = range(count)
     for index in tqdm(batches, desc=desc, unit="batch", leave=False, file=sys.stderr,
@@ -206,7 +206,7 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
 def make_optimizer(model: torch.nn.Module, cfg: PonderConfig, device: torch.device) -> torch.optim.Adam:
     """Adam, fused on CUDA: one kernel updates every parameter, and with the GradScaler it skips an
     overflowed step on the device instead of reading the overflow flag on the host."""
-    return Adam(model.parameters(), lr=cfg.lr, fused=True if device.type == "cuda" else None)
+    return Adam(model.parameters(), lr=cfg.training.lr, fused=True if device.type == "cuda" else None)
 
 
 # How Adam runs, not what it has learnt: a checkpoint written on one device resumes on another.
@@ -226,27 +226,21 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
           on_epoch: Callable[[EpochStats], None] | None = None, progress: bool = True,
           log: Callable[[str], None] | None = None) -> TrainResult:
     """Train, validating once per epoch; write last.pt every epoch and best.pt on improvement.
-
-    train_set and val_set are the task's (tasks/): MNIST's are ImageSets, parity's training data
-    is None (batches are drawn on the fly) and its validation set a fixed ParityBatch.
-
-    resume is a loaded checkpoint whose config equals cfg up to the number of epochs and the
-    patience (see runs.plan_training); training continues at the epoch after the one it holds.
-    log, when given, gets the estimate of the run's duration once the first batches are timed.
-
-    Data-parallel once distributed.setup() has started the process group (torchrun): every rank
-    calls train() with the same arguments and the whole data; rank 0 alone validates and writes
-    the checkpoints, and every rank returns the same TrainResult once they are written.
+    train_set and val_set are the task's (MNIST: ImageSets; parity: None, batches drawn on the fly,
+    and a fixed ParityBatch). `resume`: a checkpoint whose config equals cfg up to the epochs and
+    patience (runs.plan_training), continued at the next epoch. `log` gets the run's estimated
+    duration once the first batches are timed. Under torchrun every rank calls train() with the
+    same arguments; rank 0 alone validates and writes, and every rank returns the same result.
     """
     out_dir = Path(out_dir)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.training.seed)
     task = get_task(cfg)
     method = get_method(cfg)
     model = new_model(cfg).to(device)
     source = _source(train_set, cfg, device)
     optimizer = make_optimizer(model, cfg, device)
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
-        optimizer, mode="max", factor=cfg.lr_factor, patience=cfg.lr_patience)
+        optimizer, mode="max", factor=cfg.training.lr_factor, patience=cfg.training.lr_patience)
     scaler = grad_scaler(device, amp)
 
     result = TrainResult(out_dir=out_dir, best_accuracy=-1.0, best_epoch=0, last_epoch=0, stopped_early=False)
@@ -255,20 +249,18 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
         epochs_without_improvement = _resume(resume, cfg, out_dir, model, optimizer, scheduler, scaler, source, device,
                                              result)
     if log is not None:
-        source = TimedSource(source, cfg.epochs - result.last_epoch, log)
+        source = TimedSource(source, cfg.training.epochs - result.last_epoch, log)
     parallel_model = _data_parallel(model, cfg, device, task)
 
-    for epoch in range(result.last_epoch + 1, cfg.epochs + 1):
+    for epoch in range(result.last_epoch + 1, cfg.training.epochs + 1):
         started = time.perf_counter()
         stats = train_one_epoch(parallel_model, method, optimizer, scaler, source, cfg, amp=amp,
-                                desc=f"epoch {epoch}/{cfg.epochs}", progress=progress)
+                                desc=f"epoch {epoch}/{cfg.training.epochs}", progress=progress)
         _check_some_step_was_taken(stats, epoch, out_dir)
         val_accuracy, val_steps, halting_histogram = _validate(task, model, val_set, cfg, device, amp)
         lr = optimizer.param_groups[0]["lr"]
         scheduler.step(val_accuracy)
-        # A model with non-finite weights or training loss never becomes "best".
-        weights_finite = bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())  # one sync
-        improved = weights_finite and math.isfinite(stats["loss"]) and val_accuracy > result.best_accuracy
+        improved = _all_finite(model, stats) and val_accuracy > result.best_accuracy
         if improved:
             result.best_accuracy, result.best_epoch = val_accuracy, epoch
             epochs_without_improvement = 0
@@ -278,19 +270,25 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
                                time.perf_counter() - started, improved)
         result.history.append(record)
         result.last_epoch = epoch
-        state = TrainingState(
-            config=cfg, model=model.state_dict(), epoch=epoch, optimizer=optimizer.state_dict(),
-            scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), best_accuracy=result.best_accuracy,
-            best_epoch=result.best_epoch, epochs_without_improvement=epochs_without_improvement,
-            history=[asdict(h) for h in result.history], rng=_rng_state(device, source))
+        state = TrainingState(config=cfg, model=model.state_dict(), epoch=epoch, optimizer=optimizer.state_dict(),
+                              scheduler=scheduler.state_dict(), scaler=scaler.state_dict(),
+                              best_accuracy=result.best_accuracy, best_epoch=result.best_epoch,
+                              epochs_without_improvement=epochs_without_improvement,
+                              history=[asdict(h) for h in result.history], rng=_rng_state(device, source))
         _save(state, out_dir, improved)
         if on_epoch is not None:
             on_epoch(record)
-        if cfg.patience and epochs_without_improvement >= cfg.patience:
+        if cfg.training.patience and epochs_without_improvement >= cfg.training.patience:
             result.stopped_early = True
             break
     distributed.barrier()  # under torchrun every rank returns once rank 0 has written the checkpoints
     return result
+
+
+def _all_finite(model: torch.nn.Module, stats: dict) -> bool:
+    """Whether the weights and the epoch's training loss are finite: only such a model becomes "best"."""
+    weights = bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())  # one sync
+    return weights and math.isfinite(stats["loss"])
 
 
 def _epoch_record(epoch: int, stats: dict, val_accuracy: float, val_steps: float, halting_histogram: list,
@@ -323,9 +321,9 @@ def _resume(resume: TrainingState, cfg: PonderConfig, out_dir: Path, model, opti
     except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
         raise PonderError(f"cannot resume: the checkpoint's training state does not fit ({brief(exc)})") from None
     result.best_accuracy, result.best_epoch, result.last_epoch = resume.best_accuracy, resume.best_epoch, resume.epoch
-    if cfg.patience and resume.epochs_without_improvement >= cfg.patience:
+    if cfg.training.patience and resume.epochs_without_improvement >= cfg.training.patience:
         raise PonderError(f"this run already stopped early after epoch {resume.epoch} "
-                          f"(no better validation accuracy for {cfg.patience} epochs); "
+                          f"(no better validation accuracy for {cfg.training.patience} epochs); "
                           "raise --patience to go on")
     return resume.epochs_without_improvement
 
@@ -338,7 +336,7 @@ def _data_parallel(model: torch.nn.Module, cfg: PonderConfig, device: torch.devi
     when a forward may stop after one step (one step, or truncation: a rank whose images all
     stop at step 1) and one step leaves some parameter out: h_0 = 0 never meets the mlp step's
     from_state; align's turn acts at step 1 only if halting sees it (its default)."""
-    may_stop_after_one_step = cfg.max_steps == 1 or cfg.truncation > 0
+    may_stop_after_one_step = cfg.method.max_steps == 1 or cfg.method.truncation > 0
     probe = task.example_input(2, device) if distributed.active() and may_stop_after_one_step else None
     left_out = model.left_out_by_one_step(probe) if probe is not None else []
     return distributed.wrap(model, device, find_unused_parameters=bool(left_out))
@@ -360,7 +358,7 @@ def _validate(task, model: torch.nn.Module, val_set, cfg: PonderConfig, device: 
     if distributed.is_main():
         val = task.validate(model, val_set, amp)
     val_accuracy, val_steps, *histogram = distributed.broadcast_from_main(
-        [val.accuracy, val.mean_steps, *val.histogram] if distributed.is_main() else [0.0] * (2 + cfg.max_steps),
+        [val.accuracy, val.mean_steps, *val.histogram] if distributed.is_main() else [0.0] * (2 + cfg.method.max_steps),
         device)
     return val_accuracy, val_steps, histogram
 

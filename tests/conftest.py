@@ -143,15 +143,9 @@ def evil_checkpoint(tmp_path):
 def vector_config():
     """vector_config(**fields): a PonderConfig for vector inputs of `elems` entries (default 8),
     as the vector step functions (rnn, gru) read it."""
-    import dataclasses
-
     from ponder_cli.config import PonderConfig
 
-    @dataclasses.dataclass(frozen=True)
-    class VectorConfig(PonderConfig):
-        elems: int = 8
-
-    return lambda **fields: VectorConfig(**fields)
+    return lambda **fields: PonderConfig.of(**{"elems": 8, **fields})
 
 
 @pytest.fixture

@@ -44,7 +44,7 @@ def test_warp_keeps_the_background_and_turns_a_bar():
 
 def test_gradient_reaches_the_turn_head():
     torch.manual_seed(0)
-    cfg = PonderConfig(**SMALL)
+    cfg = PonderConfig.of(**SMALL)
     model, method = new_model(cfg), get_method(cfg)
     data = synthetic_digits(8, seed=3)
     out = model(prepare_batch(data.images, torch.full((8,), 30.0)))
@@ -55,7 +55,7 @@ def test_gradient_reaches_the_turn_head():
 
 def _truncated_and_full(epsilon, method_name="pondernet", bias=-1.0):
     torch.manual_seed(0)
-    cfg = PonderConfig(**SMALL, method=method_name, truncation=epsilon, cnn_dropout=0.0)
+    cfg = PonderConfig.of(**SMALL, method=method_name, truncation=epsilon, cnn_dropout=0.0)
     model, method = new_model(cfg).train(), get_method(cfg)
     with torch.no_grad():
         model.halting_head.bias.fill_(bias)
@@ -110,7 +110,7 @@ def test_act_truncation_is_exact():
 @pytest.mark.parametrize("halting", ["sample", "median"])
 def test_align_early_exit_equals_every_step(method_name, halting):
     torch.manual_seed(1)
-    cfg = PonderConfig(**SMALL, method=method_name, halting_input="state+turn")
+    cfg = PonderConfig.of(**SMALL, method=method_name, halting_input="state+turn")
     model = new_model(cfg).eval()
     with torch.no_grad():
         model.step.turn.weight.normal_(0, 0.5)  # really turning
@@ -123,18 +123,18 @@ def test_align_early_exit_equals_every_step(method_name, halting):
 
 def test_turn_input_needs_a_step_that_turns():
     with pytest.raises(Exception, match="step mlp has no turn to show"):
-        PonderConfig(halting_input="state+turn")
-    assert new_model(PonderConfig(**SMALL, halting_input="state+confidence+turn")).halting_head.in_features == 18
+        PonderConfig.of(halting_input="state+turn")
+    assert new_model(PonderConfig.of(**SMALL, halting_input="state+confidence+turn")).halting_head.in_features == 18
 
 
 def test_a_setting_of_another_step_is_refused_even_in_a_saved_config():
     with pytest.raises(Exception, match="^cnn-dropout-mask applies to --step mlp, not align$"):
-        PonderConfig(**SMALL, cnn_dropout_mask="per-step")
+        PonderConfig.of(**SMALL, cnn_dropout_mask="per-step")
 
 
 def test_prior_halting_bias():
     cfg = PonderConfig.from_options(**SMALL, lambda_p=0.2, halting_bias="prior")
-    assert math.isclose(cfg.halting_bias, math.log(0.2 / 0.8))
+    assert math.isclose(cfg.method.halting_bias, math.log(0.2 / 0.8))
     assert torch.isclose(torch.sigmoid(new_model(cfg).halting_head.bias), torch.tensor(0.2))
 
 
@@ -146,7 +146,7 @@ def test_turn_gate_holds_halting_back_while_turning():
     expected = torch.sigmoid(z) * (1 - work)
     assert torch.allclose(torch.sigmoid(gated_logit(z, work)), expected, atol=2e-6)
     torch.manual_seed(2)
-    cfg = PonderConfig(**SMALL, turn_gate=0.5)
+    cfg = PonderConfig.of(**SMALL, turn_gate=0.5)
     model = new_model(cfg).eval()
     with torch.no_grad():
         model.step.turn.weight.normal_(0, 0.5)
@@ -154,7 +154,7 @@ def test_turn_gate_holds_halting_back_while_turning():
     early = evaluate(model, data, cfg, max_angle=60, seed=2, halting="median", batch_size=32)
     assert early == evaluate(model, data, cfg, max_angle=60, seed=2, halting="median", early_exit=False)
     with pytest.raises(Exception, match="^turn-gate applies to --step align, not mlp$"):
-        PonderConfig(turn_gate=0.5)
+        PonderConfig.of(turn_gate=0.5)
 
 
 @pytest.mark.parametrize("method_name", ["pondernet", "act", "plain"])
@@ -183,14 +183,14 @@ def test_align_through_every_command(method_name, tiny_mnist, tmp_path, ponder):
 
 def test_align_implies_its_halting_settings_unless_given():
     cfg = PonderConfig.from_options(step="align")
-    assert (cfg.max_steps, cfg.lambda_p, cfg.truncation, cfg.halting_input, cfg.turn_gate) == \
+    assert (cfg.method.max_steps, cfg.method.lambda_p, cfg.method.truncation, cfg.method.halting_input, cfg.step.turn_gate) == \
         (12, 0.5, 0.1, "state+turn", 0.2)
-    assert math.isclose(cfg.halting_bias, 0.0)  # logit(0.5)
-    assert math.isclose(PonderConfig.from_options(step="align", lambda_p=0.2).halting_bias, math.log(0.25))
-    assert PonderConfig.from_options(step="align", method="plain").max_steps == 1
+    assert math.isclose(cfg.method.halting_bias, 0.0)  # logit(0.5)
+    assert math.isclose(PonderConfig.from_options(step="align", lambda_p=0.2).method.halting_bias, math.log(0.25))
+    assert PonderConfig.from_options(step="align", method="plain").method.max_steps == 1
     given = PonderConfig.from_options(step="align", truncation=0.0, turn_gate=0.0, halting_input="state")
-    assert (given.truncation, given.turn_gate, given.halting_input) == (0.0, 0.0, "state")
-    assert PonderConfig.from_options().truncation == 0.0  # the mlp reference is untouched
+    assert (given.method.truncation, given.step.turn_gate, given.method.halting_input) == (0.0, 0.0, "state")
+    assert PonderConfig.from_options().method.truncation == 0.0  # the mlp reference is untouched
 
 
 @pytest.mark.parametrize("angle", [0.0, math.pi / 2, 0.3, -1.1])
@@ -227,7 +227,7 @@ def test_halting_input_does_not_reach_the_turn():
     """With the halting head blind to the readout, the halting logits depend on the turn heads
     only through the turn they read (state+turn): that input is detached, so no gradient."""
     torch.manual_seed(0)
-    cfg = PonderConfig(**{**SMALL, "max_steps": 3}, halting_input="state+turn", cnn_dropout=0.0)
+    cfg = PonderConfig.of(**{**SMALL, "max_steps": 3}, halting_input="state+turn", cnn_dropout=0.0)
     model = new_model(cfg)
     with torch.no_grad():
         model.halting_head.weight.normal_(0, 1.0)
@@ -240,16 +240,16 @@ def test_halting_input_does_not_reach_the_turn():
     grads = torch.autograd.grad(out.lambda_logits.sum(), turn, allow_unused=True)
     assert all(g is None or torch.count_nonzero(g) == 0 for g in grads)
     extra = torch.rand(3, 4, 1, requires_grad=True)  # the heads alone: no gradient to the extra
-    lambda_logits = model.heads(torch.randn(3, 4, cfg.hidden), extra)[1]
+    lambda_logits = model.heads(torch.randn(3, 4, cfg.step.hidden), extra)[1]
     assert torch.autograd.grad(lambda_logits.sum(), extra, allow_unused=True)[0] is None
 
 
 def test_act_keeps_graves_bias_on_align_unless_given():
     act = PonderConfig.from_options(step="align", method="act")
-    assert act.halting_bias == 1.0  # Graves' bias: the method's implied value wins over the step's
+    assert act.method.halting_bias == 1.0  # Graves' bias: the method's implied value wins over the step's
     assert act.sources({"step": "align", "method": "act"})["halting_bias"] == "implied by --method act"
-    assert PonderConfig.from_options(step="align", method="act", halting_bias="-2").halting_bias == -2.0
-    assert PonderConfig.from_options(step="align", method="pondernet").halting_bias == 0.0  # logit(0.5)
+    assert PonderConfig.from_options(step="align", method="act", halting_bias="-2").method.halting_bias == -2.0
+    assert PonderConfig.from_options(step="align", method="pondernet").method.halting_bias == 0.0  # logit(0.5)
     assert torch.equal(new_model(act).halting_head.bias, torch.tensor([1.0]))
 
 
@@ -257,5 +257,5 @@ def test_a_saved_config_keeps_the_truncation_it_was_trained_with():
     """Checkpoints hold every resolved value, not what a step implied: the shipped align model
     trained at truncation 0.01, the implied value then, and loads with 0.01."""
     state = load_checkpoint(shipped_path("align"))
-    assert state.config.truncation == 0.01
-    assert PonderConfig.from_options(step="align").truncation == 0.1
+    assert state.config.method.truncation == 0.01
+    assert PonderConfig.from_options(step="align").method.truncation == 0.1

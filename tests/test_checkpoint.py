@@ -9,12 +9,12 @@ from ponder_cli.config import PonderConfig
 from ponder_cli.checkpoint import new_model
 
 
-def _state(cfg=PonderConfig(max_steps=3), **extra) -> TrainingState:
+def _state(cfg=PonderConfig.of(max_steps=3), **extra) -> TrainingState:
     return TrainingState(config=cfg, model=new_model(cfg).state_dict(), epoch=1, **extra)
 
 
 def test_round_trip_rebuilds_the_model_from_its_config(tmp_path):
-    cfg = PonderConfig(max_steps=3, hidden=8)
+    cfg = PonderConfig.of(max_steps=3, hidden=8)
     torch.manual_seed(0)
     state = _state(cfg)
     save_checkpoint(state, tmp_path / "best.pt")
@@ -28,7 +28,7 @@ def test_round_trip_rebuilds_the_model_from_its_config(tmp_path):
 
 def test_version_1_checkpoints_are_upgraded(tmp_path):
     """Version 1 kept the step function's weights under encoder. and step_mlp."""
-    cfg = PonderConfig(max_steps=3)
+    cfg = PonderConfig.of(max_steps=3)
     state = _state(cfg)
     old_names = {k.replace("step.encoder.", "encoder.").replace("step.mlp.", "step_mlp."): v
                  for k, v in state.model.items()}
@@ -44,7 +44,7 @@ def test_shipped_models_load():
     for path, step in (("checkpoints/best.pt", "mlp"), ("checkpoints/interpolation/best.pt", "mlp"),
                        ("checkpoints/align/best.pt", "align")):
         model, cfg, state = load_model(Path(__file__).resolve().parents[1] / "ponder_cli" / path, "cpu")
-        assert cfg.step == step and cfg.method == "pondernet" and state.epoch > 0
+        assert cfg.step.name == step and cfg.method.name == "pondernet" and state.epoch > 0
 
 
 def test_pickled_code_is_refused_and_never_runs(evil_checkpoint):
@@ -102,7 +102,7 @@ def test_a_checkpoint_without_training_state_cannot_be_resumed(tmp_path):
 
 
 def test_non_finite_weights_are_a_warning_not_a_refusal(tmp_path, ponder):
-    cfg = PonderConfig(max_steps=3, hidden=8)
+    cfg = PonderConfig.of(max_steps=3, hidden=8)
     state = _state(cfg)
     name = next(iter(state.model))
     state.model[name] = state.model[name].clone()

@@ -50,7 +50,7 @@ def test_train_writes_checkpoints_and_reports(checkpoint):
     out = checkpoint.parent
     assert (out / "best.pt").exists() and (out / "last.pt").exists()
     state = load_checkpoint(out / "best.pt")
-    assert state.config.max_steps == 5 and state.epoch == 1 and state.config.step == "mlp"
+    assert state.config.method.max_steps == 5 and state.epoch == 1 and state.config.step.name == "mlp"
 
 
 def test_train_json_summary(tiny_mnist, tmp_path, ponder):
@@ -71,7 +71,7 @@ def test_train_with_a_fresh_cnn_mask_per_step(tiny_mnist, tmp_path, ponder, quic
                     "--out", tmp_path / "run", "-f", "json", "-q")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["config"]["cnn_dropout_mask"] == "per-step"
-    assert load_checkpoint(tmp_path / "run" / "best.pt").config.cnn_dropout_mask == "per-step"
+    assert load_checkpoint(tmp_path / "run" / "best.pt").config.step.cnn_dropout_mask == "per-step"
     refused = ponder("train", *quick, "--step", "align", "--cnn-dropout-mask", "per-step", "--data-dir", tiny_mnist,
                      "--out", tmp_path / "align")
     assert one_error_line(refused) == "Error: --cnn-dropout-mask applies to --step mlp, not align"
@@ -209,7 +209,7 @@ def test_evaluation_tables_fit_80_columns(command, max_steps):
 
     angles = [22.5, 45, 67.5, 112.5, 180]
     buckets = [_bucket(a, i, max_steps, detail=True) for i, a in enumerate(angles)]
-    cfg = PonderConfig(max_steps=max_steps)
+    cfg = PonderConfig.of(max_steps=max_steps)
     report = evaluation_report(command, "runs/pondernet-mlp-seed1234-2/best.pt", cfg, buckets, 0.0123,
                                protocol="uniform", halting="sample", seed=1234, with_loss=command == "eval",
                                detail=True, view=get_task(cfg).view())
@@ -230,12 +230,12 @@ def test_compare_table_fits_80_columns_and_wraps_long_labels():
     from ponder_cli.config import PonderConfig
     from ponder_cli.reports import comparison_report, group_by_configuration
 
-    groups = group_by_configuration([("a.pt", PonderConfig(seed=1)), ("b.pt", PonderConfig(seed=2)),
-                                     ("c.pt", PonderConfig(train_rotation=0.0)),
-                                     ("d.pt", PonderConfig(method="act"))])
+    groups = group_by_configuration([("a.pt", PonderConfig.of(seed=1)), ("b.pt", PonderConfig.of(seed=2)),
+                                     ("c.pt", PonderConfig.of(train_rotation=0.0)),
+                                     ("d.pt", PonderConfig.of(method="act"))])
     angles = [22.5, 45, 67.5, 90]
     results = [[[{"accuracy": 0.98765 - 0.01 * b - 0.001 * m, "mean_steps": 4.1234 + b + m,
-                  "halting": "act" if g.cfg.method == "act" else "sample", "images": 10000, "histogram": [1] * 20}
+                  "halting": "act" if g.cfg.method.name == "act" else "sample", "images": 10000, "histogram": [1] * 20}
                  for b in range(len(angles))] for m in range(len(g.members))] for g in groups]
     report = comparison_report(groups, results, angles, protocol="uniform", halting="sample", seed=1234,
                                view=get_task(groups[0].cfg).view())
@@ -252,7 +252,7 @@ def test_compare_plots_groups_of_one_method_on_different_steps_apart():
     from ponder_cli.reports import comparison_report, group_by_configuration
 
     # the shipped reference and align models: both "pondernet", told apart by their step
-    groups = group_by_configuration([("mlp.pt", PonderConfig()), ("align.pt", PonderConfig(step="align"))])
+    groups = group_by_configuration([("mlp.pt", PonderConfig.of()), ("align.pt", PonderConfig.of(step="align"))])
     results = [[[{"accuracy": 0.9 - 0.1 * g - 0.01 * b, "mean_steps": 4.0 + g + b, "halting": "sample",
                   "images": 100, "histogram": [1, 2, 3]} for b in range(2)]] for g in range(2)]
     report = comparison_report(groups, results, [45, 90], protocol="uniform", halting="sample", seed=1,
@@ -278,7 +278,7 @@ def _eval_report(checkpoint: str):
     from ponder_cli.config import PonderConfig
     from ponder_cli.reports import evaluation_report
 
-    cfg = PonderConfig()
+    cfg = PonderConfig.of()
     return evaluation_report("eval", checkpoint, cfg, [_bucket(22.5, 0, 20)], None, protocol="uniform",
                              halting="sample", seed=1234, with_loss=True, detail=False, view=get_task(cfg).view())
 

@@ -1,6 +1,5 @@
 """Settings in files: `ponder train --config`, `--print-config` and a run folder's config.toml."""
 
-import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -112,6 +111,16 @@ def test_print_config_fed_back_as_config_changes_nothing(tmp_path, ponder):
     assert "epochs = 3" in override.stdout and "# given" in override.stdout
 
 
+def test_a_value_the_task_fills_in_is_labelled_as_derived_not_as_a_default(ponder):
+    printed = ponder("train", "--task", "parity", "--elems", "12", "--print-config")
+    lines = {line.split("=")[0].strip(): line for line in printed.stdout.splitlines() if "=" in line}
+    assert lines["train_counts"].startswith('train_counts = "1-12"')  # 1-ELEMS, from --elems
+    assert lines["train_counts"].endswith("# derived by --task parity")
+    assert lines["curriculum"].endswith("# default")
+    given = ponder("train", "--task", "parity", "--elems", "12", "--train-counts", "1-6", "--print-config")
+    assert 'train_counts = "1-6"' in given.stdout and "# derived" not in given.stdout
+
+
 def test_a_bad_config_file_is_one_error_line(tmp_path, ponder, one_error_line):
     path = write(tmp_path, "bad.toml", "[training]\nepoch = 3\n")
     line = one_error_line(ponder("train", "--config", path, "--print-config"))
@@ -157,5 +166,5 @@ def test_the_docs_list_every_key_as_the_code_has_it():
     spec.loader.exec_module(tool)
     page = tool.PAGE.read_text(encoding="utf-8")
     assert tool.page_with_table(page) == page, "run: python tools/config_reference.py --write"
-    for field in dataclasses.fields(PonderConfig):
-        assert f"| `{field.name}` |" in page, field.name
+    for key in PonderConfig.field_names():
+        assert f"| `{key}` |" in page, key

@@ -76,7 +76,7 @@ def test_one_fp16_training_batch_with_the_grad_scaler_and_truncation(step, tiny_
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters())) == stepped
     # the truncated forward's one sync per step, plus the epoch's: its permutation and the one
     # read of its metrics; none for the GradScaler (fused Adam skips on the device)
-    loop = _loop_syncs(int(truncated_steps[0].max().cpu()), cfg.max_steps)
+    loop = _loop_syncs(int(truncated_steps[0].max().cpu()), cfg.method.max_steps)
     print(f"{step}: {syncs.count} synchronising calls, {loop} of them the truncated forward's")
     assert syncs.count <= loop + 2
 
@@ -90,7 +90,7 @@ def test_early_exit_equals_the_full_forward_on_cuda(method, rule, step):
     with torch.no_grad():
         model.halting_head.bias.fill_(-1.0)
     x = (torch.randn(500, 1, 28, 28) * torch.linspace(0, 3, 500).view(-1, 1, 1, 1)).to(GPU)
-    uniforms = torch.rand(cfg.max_steps, 500, generator=torch.Generator().manual_seed(3)).to(GPU)
+    uniforms = torch.rand(cfg.method.max_steps, 500, generator=torch.Generator().manual_seed(3)).to(GPU)
     with _SyncWarnings() as syncs:
         early, early_steps = model.infer(x, chooser.early_exit(rule, uniforms))
     with torch.no_grad():
@@ -101,11 +101,11 @@ def test_early_exit_equals_the_full_forward_on_cuda(method, rule, step):
     assert torch.equal(early_steps, full_steps)
     assert torch.equal(early.argmax(1), full.argmax(1))
     assert torch.allclose(early.float(), full.float(), rtol=1e-3, atol=1e-4)
-    assert syncs.count <= _loop_syncs(int(early_steps.max().cpu()), cfg.max_steps)
+    assert syncs.count <= _loop_syncs(int(early_steps.max().cpu()), cfg.method.max_steps)
 
 
 def test_resume_cpu_then_cuda_then_cpu(tiny_mnist, tmp_path):
-    cfg = PonderConfig(epochs=1, max_steps=4, **SMALL)
+    cfg = PonderConfig.of(epochs=1, max_steps=4, **SMALL)
     train(cfg, *_data(tiny_mnist), device=CPU, out_dir=tmp_path, progress=False)
     on_cpu = load_checkpoint(tmp_path / "last.pt")
     assert "cuda" not in on_cpu.rng and on_cpu.optimizer["param_groups"][0]["fused"] is None
@@ -183,7 +183,7 @@ def test_resuming_restores_the_cuda_stream_training_drew_from(saved, device, ddp
 @pytest.mark.parametrize("amp", [False, True])
 @pytest.mark.parametrize("halting", ["sample", "median", "expected"])
 def test_evaluation_gives_the_same_numbers_twice_on_cuda(amp, halting, tiny_mnist):
-    cfg = PonderConfig(max_steps=6, **SMALL)
+    cfg = PonderConfig.of(max_steps=6, **SMALL)
     torch.manual_seed(0)
     model = new_model(cfg).to(GPU)
     test = load_mnist(tiny_mnist, train=False, download=False).to(GPU)
@@ -196,7 +196,7 @@ def test_evaluation_gives_the_same_numbers_twice_on_cuda(amp, halting, tiny_mnis
 def test_evaluation_on_cuda_agrees_with_the_cpu(tiny_mnist):
     """The same seeded rotations and coins on both devices (drawn on the CPU); only the kernels'
     rounding differs, which may move a decision that sits right at its threshold."""
-    cfg = PonderConfig(max_steps=6, **SMALL)
+    cfg = PonderConfig.of(max_steps=6, **SMALL)
     torch.manual_seed(0)
     model = new_model(cfg)
     test = load_mnist(tiny_mnist, train=False, download=False)

@@ -25,7 +25,7 @@ from ponder_cli.methods.pondernet import PonderNetMethod
 from ponder_cli.train import make_optimizer, train, train_one_epoch
 
 REPO = Path(ponder_cli.__file__).resolve().parent.parent
-CFG = PonderConfig(epochs=2, max_steps=3, batch_size=64, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16)
+CFG = PonderConfig.of(epochs=2, max_steps=3, batch_size=64, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16)
 CPU = torch.device("cpu")
 
 

@@ -44,15 +44,15 @@ ALIGN_DEFAULTS = [option for option in ALIGN if option not in ("--halting-input"
 SMALL = dict(max_steps=3, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16, epochs=1)
 # Without dropout and rotation the ranks' own RNG streams touch nothing but the training
 # metrics' coin flips, so 2 ranks x 64 images must step exactly like 1 process x 128 images.
-NO_NOISE = PonderConfig(**SMALL, batch_size=128, train_size=192, cnn_dropout=0.0, mlp_dropout=0.0, train_rotation=0.0)
+NO_NOISE = PonderConfig.of(**SMALL, batch_size=128, train_size=192, cnn_dropout=0.0, mlp_dropout=0.0, train_rotation=0.0)
 # Everything random on: 201 images, so the last global batch (9 images) loses one to split evenly.
-NOISY = PonderConfig(**{**SMALL, "epochs": 2}, batch_size=64, train_size=201)
+NOISY = PonderConfig.of(**{**SMALL, "epochs": 2}, batch_size=64, train_size=201)
 TORCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def _data(data_dir, cfg):
-    return train_val_split(load_mnist(data_dir, train=True, download=False), val_size=cfg.val_size,
-                           train_size=cfg.train_size, seed=cfg.seed)
+    return train_val_split(load_mnist(data_dir, train=True, download=False), val_size=cfg.task.val_size,
+                           train_size=cfg.task.train_size, seed=cfg.training.seed)
 
 
 def _cli(args: list, out: Path, name: str, rank: int) -> None:
@@ -192,7 +192,7 @@ def test_ponder_train_on_two_ranks_finishes_and_rank_zero_alone_reports(two_rank
     # nothing from rank 1, no lock left
     assert sorted(p.name for p in out.iterdir()) == ["best.pt", "config.json", "config.toml", "environment.json", "last.pt", "metrics.csv"]
     model, cfg, state = load_model(out / "best.pt", "cpu")
-    assert cfg.batch_size == 64 and state.epoch in (1, 2) and state.history[0]["epoch"] == 1
+    assert cfg.training.batch_size == 64 and state.epoch in (1, 2) and state.history[0]["epoch"] == 1
     assert f"writing checkpoints to {out}/" in ranks[0]["stderr"]
     assert "2 processes, global batch 64" in ranks[0]["stderr"]
     assert ranks[0]["stderr"].count("epoch  1/2") == 1 and ranks[0]["stderr"].count("epoch  2/2") == 1
@@ -217,7 +217,7 @@ def test_truncated_align_training_under_ddp_finishes_in_the_folder_rank_zero_cla
                                                                                        "environment.json", "last.pt",
                                                                                        "metrics.csv"]
     model, cfg, state = load_model(runs / "pondernet-align-seed1234-2" / "best.pt", "cpu")
-    assert cfg.step == "align" and cfg.truncation == 0.01 and state.epoch == 1
+    assert cfg.step.name == "align" and cfg.method.truncation == 0.01 and state.epoch == 1
     assert ranks[0]["stdout"].count("best checkpoint:") == 1 and ranks[1]["stdout"] == ranks[1]["stderr"] == ""
     # the same 16 optimizer steps on both ranks, but not always the same number of ponder steps:
     # in some batches one rank stopped after the first step while the other went on
@@ -238,7 +238,7 @@ def test_align_with_its_own_halting_input_trains_under_ddp_with_the_unused_param
     # gradient on each of them all the same (else DDP would have failed the next batch)
     assert seen[0]["computed"] != seen[1]["computed"] and {1, 2} <= set(seen[0]["computed"] + seen[1]["computed"])
     _, cfg, state = load_model(two_ranks / "align_defaults" / "best.pt", "cpu")
-    assert cfg.halting_input == "state+turn" and cfg.turn_gate == 0.2 and state.epoch == 1
+    assert cfg.method.halting_input == "state+turn" and cfg.step.turn_gate == 0.2 and state.epoch == 1
 
 
 def test_two_ranks_step_like_one_process_on_the_same_global_batch(two_ranks, tiny_mnist, tmp_path):
@@ -259,7 +259,7 @@ def test_rank_zero_alone_writes_loadable_checkpoints(two_ranks):
         beside = ["config.json", "config.toml", "environment.json", "metrics.csv"] if run == "cli" else []  # `ponder train`'s, not train()'s
         assert sorted(p.name for p in (two_ranks / run).iterdir()) == sorted(["best.pt", "last.pt", *beside])
         model, cfg, state = load_model(two_ranks / run / "best.pt", "cpu")
-        assert cfg.max_steps == 3 and state.epoch >= 1
+        assert cfg.method.max_steps == 3 and state.epoch >= 1
 
 
 def test_ranks_share_the_permutation_and_decisions_but_not_the_augmentation(two_ranks):

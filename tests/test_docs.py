@@ -230,7 +230,7 @@ def test_the_architecture_pages_step_function_plugs_in(monkeypatch):
     from ponder_cli import registry
     monkeypatch.setitem(registry.STEPS, "docs", f"{module.__name__}:{name}")
 
-    model = PonderNet(PonderConfig(step="docs", max_steps=4), classes=10, input_shape=(1, 28, 28)).eval()
+    model = PonderNet(PonderConfig.of(step="docs", max_steps=4), classes=10, input_shape=(1, 28, 28)).eval()
     x = torch.rand(6, 1, 28, 28, generator=torch.Generator().manual_seed(0))
     out = model(x)
     assert out.logits.shape == (4, 6, 10)

@@ -15,7 +15,7 @@ from ponder_cli.checkpoint import new_model
 from ponder_cli.methods import get_method
 from ponder_cli.train import train_one_epoch
 
-CFG = PonderConfig(max_steps=8, hidden=16, hidden_cnn=16, hidden_lin=16, batch_size=50)
+CFG = PonderConfig.of(max_steps=8, hidden=16, hidden_cnn=16, hidden_lin=16, batch_size=50)
 
 
 def _model_and_data(count=300):
@@ -41,7 +41,7 @@ def test_early_exit_and_forced_steps_agree_exactly():
 def test_evaluate_equals_a_per_image_computation():
     model, data = _model_and_data()
     model.eval()
-    angles, uniforms = evaluation_draws(len(data), CFG.max_steps, 30.0, 4, "cpu")
+    angles, uniforms = evaluation_draws(len(data), CFG.method.max_steps, 30.0, 4, "cpu")
     steps_list, correct = [], 0
     with torch.no_grad():
         for i in range(len(data)):  # one image at a time, plain Python sums
@@ -61,10 +61,10 @@ def test_evaluate_equals_a_per_image_computation():
 def test_eval_loss_equals_batch_weighted_mean_of_batch_losses():
     model, data = _model_and_data(130)
     model.eval()
-    log_prior = geometric_log_prior(CFG.lambda_p, CFG.max_steps)
+    log_prior = geometric_log_prior(CFG.method.lambda_p, CFG.method.max_steps)
     with torch.no_grad():
         out = model(prepare_batch(data.images))
-        full = ponder_loss(out.logits, out.lambda_logits, data.labels, log_prior, CFG.beta).total.item()
+        full = ponder_loss(out.logits, out.lambda_logits, data.labels, log_prior, CFG.method.beta).total.item()
     result = evaluate(model, data, CFG, max_angle=0, seed=1, batch_size=50, with_loss=True)
     assert math.isclose(result.loss, full, rel_tol=1e-5)  # batches of 50, 50, 30 re-weighted exactly
 
@@ -90,4 +90,4 @@ def test_training_metrics_accumulated_on_device_equal_per_batch_values(monkeypat
     assert math.isclose(stats["loss"], expected_loss, rel_tol=1e-6)
     assert math.isclose(stats["regularisation"], expected_reg, rel_tol=1e-6)
     assert stats["skipped_batches"] == 0 and stats["batches"] == 5
-    assert 0 <= stats["accuracy"] <= 1 and 1 <= stats["steps"] <= CFG.max_steps
+    assert 0 <= stats["accuracy"] <= 1 and 1 <= stats["steps"] <= CFG.method.max_steps

@@ -78,7 +78,7 @@ def test_median_is_quantile_one_half_bit_for_bit(tiny_mnist):
     old = (log_survivals(z) <= math.log(0.5)).to(torch.uint8)
     old[-1] = 1
     assert torch.equal(quantile_halting_steps(z, 0.5), old.argmax(0) + 1)
-    cfg = PonderConfig(max_steps=6, hidden=16, hidden_cnn=16, hidden_lin=16)
+    cfg = PonderConfig.of(max_steps=6, hidden=16, hidden_cnn=16, hidden_lin=16)
     torch.manual_seed(0)
     model = new_model(cfg)
     with torch.no_grad():
@@ -235,7 +235,7 @@ def test_the_sample_rule_compares_the_same_lambda_step_by_step(drive):
 # confidence:0.1244: near the median top class probability of this untrained model's outputs
 @pytest.mark.parametrize("rule", ["quantile:0.8", "quantile:0.95", "patience:1", "patience:3", "confidence:0.1244"])
 def test_early_exit_predicts_as_every_step_on_a_model(rule):
-    cfg = PonderConfig(max_steps=6, hidden=16, hidden_cnn=16, hidden_lin=16)
+    cfg = PonderConfig.of(max_steps=6, hidden=16, hidden_cnn=16, hidden_lin=16)
     torch.manual_seed(0)
     model, method = new_model(cfg).eval(), get_method(cfg)
     with torch.no_grad():
@@ -317,10 +317,10 @@ def fixed_model(checkpoint, tmp_path_factory):
 
 def test_calibrate_on_a_model_whose_outputs_are_known(fixed_model, tiny_mnist):
     cfg = load_checkpoint(fixed_model).config
-    assert cfg.max_steps == 5
+    assert cfg.method.max_steps == 5
     report = calibrate_checkpoint(fixed_model, None, EvalOptions(data_dir=tiny_mnist, download=False))
-    _, held_out = train_val_split(load_mnist(tiny_mnist, train=True), val_size=cfg.val_size,
-                                  train_size=cfg.train_size, seed=cfg.seed)
+    _, held_out = train_val_split(load_mnist(tiny_mnist, train=True), val_size=cfg.task.val_size,
+                                  train_size=cfg.task.train_size, seed=cfg.training.seed)
     threes = float((held_out.labels == 3).double().mean())
     rows = {b["halting"]: b for b in report.buckets}
     assert list(rows) == list(CALIBRATION_RULES)
@@ -332,7 +332,7 @@ def test_calibrate_on_a_model_whose_outputs_are_known(fixed_model, tiny_mnist):
                       "patience:4": 5, **{f"confidence:{c}": 5 for c in ("0.5", "0.7", "0.9", "0.95", "0.99", "0.999")}}
     assert {rule: b["mean_steps"] for rule, b in rows.items()} == expected_steps
     for b in rows.values():
-        assert b["images"] == cfg.val_size == 100 and b["agreement"] == 1.0
+        assert b["images"] == cfg.task.val_size == 100 and b["agreement"] == 1.0
         assert b["accuracy"] == b["accuracy_last"] == pytest.approx(threes) and b["gap"] == 0.0
         # every one of 100 agrees: the one-sided 95% Wilson bound is n / (n + z^2) = 100 / 102.7055
         assert b["agreement_lower"] == pytest.approx(0.973658, abs=1e-6)
@@ -342,7 +342,7 @@ def test_calibrate_on_a_model_whose_outputs_are_known(fixed_model, tiny_mnist):
     loose = calibrate_checkpoint(fixed_model, None, EvalOptions(data_dir=tiny_mnist, download=False), tolerance=0.03)
     assert loose.meta["chosen"] == "quantile:0.5" and [b["chosen"] for b in loose.buckets].count(True) == 1
     assert (report.meta["data"], report.meta["sets"], report.meta["halting"], report.meta["bound"]) == (
-        "validation", [{"rotation": cfg.train_rotation, "protocol": "uniform"}], None, "wilson, one-sided 95%")
+        "validation", [{"rotation": cfg.task.train_rotation, "protocol": "uniform"}], None, "wilson, one-sided 95%")
 
 
 def test_calibrate_command_contract(fixed_model, tiny_mnist, ponder, monkeypatch):

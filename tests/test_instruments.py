@@ -20,7 +20,7 @@ from ponder_cli.plot import require_matplotlib
 from ponder_cli.render import sparkline
 from ponder_cli.rotation import protocol_angles
 
-CFG = PonderConfig(max_steps=6, hidden=16, hidden_cnn=16, hidden_lin=16)
+CFG = PonderConfig.of(max_steps=6, hidden=16, hidden_cnn=16, hidden_lin=16)
 
 
 @pytest.fixture(scope="module")

@@ -73,7 +73,7 @@ def test_act_loss_by_hand():
 
 
 def test_act_early_exit_matches_all_steps():
-    cfg = PonderConfig(method="act", max_steps=8, hidden=16, hidden_cnn=16, hidden_lin=16)
+    cfg = PonderConfig.of(method="act", max_steps=8, hidden=16, hidden_cnn=16, hidden_lin=16)
     torch.manual_seed(0)
     model = new_model(cfg).eval()
     assert model.halting_head.bias.item() == 1.0  # Graves' positive initial halting bias
@@ -81,21 +81,21 @@ def test_act_early_exit_matches_all_steps():
         model.halting_head.bias.fill_(-1.0)
         model.halting_head.weight.mul_(10)
     x = torch.randn(200, 1, 28, 28) * torch.linspace(0, 4, 200).view(-1, 1, 1, 1)  # images of varied contrast
-    logits, steps = model.infer(x, ActExit(200, cfg.act_epsilon, x.device))
+    logits, steps = model.infer(x, ActExit(200, cfg.method.act_epsilon, x.device))
     with torch.no_grad():
         out = model(x)
-        full_logits, full_steps = act_prediction(out.logits, out.lambda_logits, cfg.act_epsilon)
+        full_logits, full_steps = act_prediction(out.logits, out.lambda_logits, cfg.method.act_epsilon)
     assert torch.equal(steps, full_steps) and len(set(steps.tolist())) > 1
     assert torch.equal(logits, full_logits)
 
 
 def test_plain_needs_one_step():
     with pytest.raises(PonderError, match="plain runs exactly one step"):
-        PonderConfig(method="plain", max_steps=5)
+        PonderConfig.of(method="plain", max_steps=5)
     with pytest.raises(PonderError, match="method must be one of pondernet, act, plain"):
-        PonderConfig(method="ut")
-    assert PonderConfig.from_options(method="plain").max_steps == 1
-    assert PonderConfig.from_options(method="act").max_steps == 20
+        PonderConfig.of(method="ut")
+    assert PonderConfig.from_options(method="plain").method.max_steps == 1
+    assert PonderConfig.from_options(method="act").method.max_steps == 20
 
 
 @pytest.mark.parametrize("name", list(METHODS))
@@ -109,7 +109,7 @@ def test_every_method_predicts_the_same_with_early_exit(name):
     with torch.no_grad():
         model.halting_head.bias.fill_(-1.0)
     x = torch.randn(100, 1, 28, 28) * torch.linspace(0, 3, 100).view(-1, 1, 1, 1)
-    uniforms = torch.rand(cfg.max_steps, 100, generator=torch.Generator().manual_seed(3))
+    uniforms = torch.rand(cfg.method.max_steps, 100, generator=torch.Generator().manual_seed(3))
     for rule in ("sample", "median"):
         early, early_steps = model.infer(x, method.early_exit(rule, uniforms))
         with torch.no_grad():
@@ -120,9 +120,9 @@ def test_every_method_predicts_the_same_with_early_exit(name):
 
 
 def test_methods_are_stored_and_read_back(runs, tiny_mnist, ponder):
-    assert load_checkpoint(runs / "act" / "best.pt").config.method == "act"
+    assert load_checkpoint(runs / "act" / "best.pt").config.method.name == "act"
     plain = load_checkpoint(runs / "plain" / "best.pt").config
-    assert plain.method == "plain" and plain.max_steps == 1
+    assert plain.method.name == "plain" and plain.method.max_steps == 1
     report = json.loads(ponder("eval", runs / "act" / "best.pt", "-f", "json", "--data-dir", tiny_mnist).stdout)
     act = report["buckets"][0]
     assert report["method"] == "act" and report["halting"] == "act" and 1 <= act["mean_steps"] <= 5
@@ -181,8 +181,8 @@ def test_compare_table_and_plot(runs, tiny_mnist, tmp_path, ponder):
 
 def test_compare_labels_name_only_what_sets_a_group_apart():
     from ponder_cli.reports import group_by_configuration
-    mlp, align = PonderConfig(), PonderConfig.from_options(step="align")
-    other_lr = PonderConfig(lr=3e-3)
+    mlp, align = PonderConfig.of(), PonderConfig.from_options(step="align")
+    other_lr = PonderConfig.of(lr=3e-3)
     groups = group_by_configuration([("a", mlp), ("b", align), ("c", other_lr), ("d", mlp.replace(seed=1))])
     # mlp and align differ in many settings, but the step has its own column; the two mlp
     # groups differ in the learning rate alone

@@ -8,7 +8,7 @@ from ponder_cli.model import PonderNet
 
 def small_model(max_steps=6, seed=0, **changes):
     torch.manual_seed(seed)
-    return new_model(PonderConfig(max_steps=max_steps, hidden=16, hidden_cnn=16, hidden_lin=16, **changes)).eval()
+    return new_model(PonderConfig.of(max_steps=max_steps, hidden=16, hidden_cnn=16, hidden_lin=16, **changes)).eval()
 
 
 def test_forward_shapes():
@@ -88,7 +88,7 @@ def test_per_step_cnn_masks_project_each_channel_once_exactly_as_rerunning_fc():
     tensor's largest entry, about ten times the largest difference seen (2e-6, conv1's bias).
     """
     torch.manual_seed(0)
-    model = new_model(PonderConfig(max_steps=20, cnn_dropout_mask="per-step")).train()  # the default sizes
+    model = new_model(PonderConfig.of(max_steps=20, cnn_dropout_mask="per-step")).train()  # the default sizes
     step, x, steps = model.step, torch.randn(128, 1, 28, 28), 20
 
     torch.manual_seed(1)
@@ -125,7 +125,7 @@ def test_per_step_cnn_masks_cost_about_as_many_flops_as_one_shared_mask():
 
     def training_flops(mask):
         torch.manual_seed(0)
-        model = new_model(PonderConfig(cnn_dropout_mask=mask)).train()
+        model = new_model(PonderConfig.of(cnn_dropout_mask=mask)).train()
         with FlopCounterMode(display=False) as counter:
             out = model(torch.randn(128, 1, 28, 28))
             (out.logits.sum() + out.lambda_logits.sum()).backward()
@@ -241,7 +241,7 @@ def test_a_new_step_function_plugs_in_through_the_registry(monkeypatch):
 
     monkeypatch.setitem(registry.STEPS, "counting", f"{__name__}:CountingStep")
     globals()["CountingStep"] = CountingStep
-    cfg = PonderConfig(step="counting", max_steps=5, halting_input="state+turn")
+    cfg = PonderConfig.of(step="counting", max_steps=5, halting_input="state+turn")
     model = PonderNet(cfg, classes=10, input_shape=(1, 28, 28)).eval()
     assert model.halting_head.in_features == 4
     x = torch.randn(10, 1, 28, 28)
@@ -254,8 +254,8 @@ def test_a_new_step_function_plugs_in_through_the_registry(monkeypatch):
 
 
 def test_mlp_draws_a_fresh_cnn_mask_per_step_unless_told_to_share():
-    assert PonderConfig.from_options().cnn_dropout_mask == "per-step"  # the reference's behaviour
-    assert PonderConfig.from_options(cnn_dropout_mask="shared").cnn_dropout_mask == "shared"
+    assert PonderConfig.from_options().step.cnn_dropout_mask == "per-step"  # the reference's behaviour
+    assert PonderConfig.from_options(cnn_dropout_mask="shared").step.cnn_dropout_mask == "shared"
     # checkpoints saved before the option trained with the shared mask, and keep it
     old = {k: v for k, v in PonderConfig.from_options().to_dict().items() if k != "cnn_dropout_mask"}
-    assert PonderConfig.from_dict(old).cnn_dropout_mask == "shared"
+    assert PonderConfig.from_dict(old).step.cnn_dropout_mask == "shared"

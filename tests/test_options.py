@@ -35,11 +35,11 @@ def test_an_option_no_chosen_piece_reads_is_refused(args, message, ponder, one_e
 
 
 def test_what_the_chosen_pieces_read_is_accepted():
-    assert PonderConfig.from_options(method="act", tau=0.1, max_steps=5).tau == 0.1
+    assert PonderConfig.from_options(method="act", tau=0.1, max_steps=5).method.tau == 0.1
     align = PonderConfig.from_options(step="align", align_turn=20.0, turn_gate=0.1, halting_bias="prior", lambda_p=0.4)
-    assert (align.align_turn, align.turn_gate, align.max_steps) == (20.0, 0.1, 12)
+    assert (align.step.align_turn, align.step.turn_gate, align.method.max_steps) == (20.0, 0.1, 12)
     plain = PonderConfig.from_options(method="plain", step="align", epochs=3)
-    assert plain.max_steps == 1 and plain.epochs == 3
+    assert plain.method.max_steps == 1 and plain.training.epochs == 3
     assert inapplicable({"epochs": 1, "seed": 2, "lr": 0.1}, {"method": "plain", "step": "mlp"}) == []
 
 
@@ -129,7 +129,7 @@ def test_the_sweep_footer_has_one_sign(steps, line):
     buckets = [{"rotation": float(angle), "images": 10, "accuracy": 0.9, "mean_steps": s, "std_steps": 0.0,
                 "steps_correct": s, "steps_wrong": s, "histogram": [10, 0, 0], "halting": "sample"}
                for angle, s in zip((0, 10, 20), steps)]
-    cfg = PonderConfig(max_steps=3)
+    cfg = PonderConfig.of(max_steps=3)
     report = sweep_report("ck.pt", cfg, buckets, 0.5, halting="sample", seed=1, view=get_task(cfg).view())
     assert report.caption.splitlines()[-1] == f"least squares: {line}"
     assert "+ +" not in report.caption and "+ -" not in report.caption
@@ -153,7 +153,7 @@ def test_render_of_a_repeated_detail_report_does_not_raise():
                               {**_bucket([2, 2], 0.75), "std_steps": 0.5, "steps_correct": 1.0, "steps_wrong": 2.0}])]
     for bucket in buckets:
         bucket.update(protocol="fixed", halting="median")
-    cfg = PonderConfig(max_steps=2)
+    cfg = PonderConfig.of(max_steps=2)
     report = evaluation_report("extrapolate", "ck.pt", cfg, buckets, None, protocol="fixed", halting="median", seed=1,
                                with_loss=False, detail=True, view=get_task(cfg).view())
     out = io.StringIO()

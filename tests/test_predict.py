@@ -108,7 +108,7 @@ def test_steps_equal_a_direct_forward_pass(ponder, checkpoint, digits):
     probs = torch.softmax(out.logits, dim=-1)
     for i, bucket in enumerate(report["buckets"]):
         steps = bucket["steps"]
-        assert len(steps) == cfg.max_steps == 5
+        assert len(steps) == cfg.method.max_steps == 5
         assert math.isclose(sum(s["p"] for s in steps), 1.0, rel_tol=1e-5)
         assert bucket["halting_step"] == int(halts[i])
         for n, step in enumerate(steps):
@@ -249,7 +249,7 @@ def test_the_expected_rule_reports_sum_n_p_n_and_the_mixture(ponder, checkpoint,
 
 def test_act_weights_its_steps_by_its_halting_units(ponder, runs, digits):
     report = json.loads(ponder("predict", runs / "act", *digits[1], "--steps", "-f", "json").stdout)
-    epsilon = load_model(runs / "act" / "best.pt", "cpu")[1].act_epsilon
+    epsilon = load_model(runs / "act" / "best.pt", "cpu")[1].method.act_epsilon
     assert report["halting"] == "act"
     for bucket in report["buckets"]:
         steps, halt = bucket["steps"], bucket["halting_step"]

@@ -261,7 +261,7 @@ def test_resuming_into_another_folder_brings_the_best_epoch_so_far(tiny_mnist, t
 
 # --- numerical faults ---------------------------------------------------------------------------
 
-CFG = PonderConfig(epochs=2, max_steps=3, batch_size=64, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16)
+CFG = PonderConfig.of(epochs=2, max_steps=3, batch_size=64, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16)
 
 
 def _data(tiny_mnist):
@@ -375,7 +375,7 @@ def test_sigkill_never_leaves_a_broken_checkpoint(tiny_mnist, tmp_path):
             proc.communicate()
         for name in ("last.pt", "best.pt"):
             model, cfg, state = load_model(out / name, "cpu")
-            assert cfg.max_steps == 2 and state.epoch >= 1
+            assert cfg.method.max_steps == 2 and state.epoch >= 1
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
@@ -437,7 +437,7 @@ def test_a_folder_with_checkpoints_is_not_overwritten_without_overwrite(checkpoi
     assert [p.name for p in out.iterdir()] == ["best.pt"] and (out / "best.pt").read_bytes() == checkpoint.read_bytes()
     result = invoke("train", *quick, "--data-dir", tiny_mnist, "--out", out, "--overwrite", "--no-progress")
     assert result.exit_code == 0, result.output
-    assert load_checkpoint(out / "best.pt").config.max_steps == 2  # the new run's
+    assert load_checkpoint(out / "best.pt").config.method.max_steps == 2  # the new run's
 
 
 def test_the_repository_shipped_models_are_refused_from_any_directory(tmp_path, monkeypatch, invoke, one_error_line):

@@ -70,12 +70,13 @@ def test_train_states_the_configuration_it_resolved(tiny_mnist, tmp_path, ponder
     assert result.exit_code == 0, result.output
     lines = result.stderr.splitlines()
     block = lines[:lines.index(f"writing checkpoints to {tmp_path / 'run'}/")]
+    # by source, then section by section: task, step, method, training
     assert block[:3] == ["configuration:",
-                         "  given: step align · lambda-p 0.4 · epochs 1 · batch-size 100 · val-size 100",
-                         "    train-size 100"]
-    assert block[3:5] == ["  implied by --step align: max-steps 12 · halting-input state+turn",
-                          "    turn-gate 0.2 · halting-bias -0.405465 · truncation 0.1"]  # log(0.4 / 0.6)
-    assert block[5].startswith("  defaults: task mnist · method pondernet · hidden 64 · hidden-cnn 64")
+                         "  given: val-size 100 · train-size 100 · step align · lambda-p 0.4 · epochs 1",
+                         "    batch-size 100"]
+    assert block[3:5] == ["  implied by --step align: turn-gate 0.2 · max-steps 12",
+                          "    halting-input state+turn · halting-bias -0.405465 · truncation 0.1"]  # log(0.4 / 0.6)
+    assert block[5].startswith("  defaults: task mnist · train-rotation 22.5 · hidden 64 · hidden-cnn 64")
     assert all(len(line) <= 80 for line in block)
     assert "tau" not in result.stderr and "hidden-lin" not in result.stderr  # act's and the mlp step's
     assert "elems" not in result.stderr and "gru-" not in result.stderr  # parity's and the gru step's

@@ -36,7 +36,7 @@ def test_the_optimizer_updates_exactly_as_torch_adam():
 
     ours_model, x = model_and_batch()
     theirs_model, _ = model_and_batch()
-    cfg = PonderConfig(lr=3e-3)
+    cfg = PonderConfig.of(lr=3e-3)
     ours = make_optimizer(ours_model, cfg, torch.device("cpu"))
     theirs = torch.optim.Adam(theirs_model.parameters(), lr=3e-3)
     for step in range(6):

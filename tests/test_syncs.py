@@ -97,7 +97,7 @@ def _model(steps: int, method: str = "pondernet", step: str = "mlp", bias=None, 
     sizes = dict(hidden=16, hidden_cnn=16, **({"hidden_lin": 16} if step == "mlp" else {}))
     halting = {} if method == "plain" else dict(max_steps=steps, halting_bias=bias)  # plain: one step, no halting
     cfg = PonderConfig.from_options(method=method, step=step, **sizes, **halting, **changes)
-    assert cfg.max_steps == steps
+    assert cfg.method.max_steps == steps
     model = new_model(cfg)
     with torch.no_grad():
         model.halting_head.weight.mul_(spread)
@@ -126,7 +126,7 @@ EARLY_EXIT = [("mlp", "pondernet", "sample", -1.0, 3), ("mlp", "pondernet", "med
 def test_early_exit_inference_makes_at_most_one_host_sync_per_step(step, method, rule, bias, spread):
     model, cfg = _model(1 if method == "plain" else 6, method, step, bias, spread)
     model.eval()
-    uniforms = torch.rand(cfg.max_steps, 64, generator=torch.Generator().manual_seed(0))
+    uniforms = torch.rand(cfg.method.max_steps, 64, generator=torch.Generator().manual_seed(0))
     rule_object = get_method(cfg).early_exit(rule, uniforms)
     result = {}
     with torch.inference_mode():
@@ -135,7 +135,7 @@ def test_early_exit_inference_makes_at_most_one_host_sync_per_step(step, method,
     steps_run = int(halted_at.max())
     if method != "plain":
         assert len(set(halted_at.tolist())) >= 2  # rows really leave the loop at different steps
-    expected = _loop_syncs(steps_run, cfg.max_steps)
+    expected = _loop_syncs(steps_run, cfg.method.max_steps)
     assert syncs == Counter({"aten::nonzero": expected} if expected else {})
     assert sum(syncs.values()) <= steps_run
 
@@ -160,7 +160,7 @@ def test_truncated_training_forward_makes_at_most_one_host_sync_per_step(step, m
     computed = result["computed"]
     steps_run = int(computed.max())
     assert int(computed.min()) < steps_run  # rows really stop at different steps
-    assert syncs == Counter({"aten::nonzero": _loop_syncs(steps_run, cfg.max_steps)})
+    assert syncs == Counter({"aten::nonzero": _loop_syncs(steps_run, cfg.method.max_steps)})
     assert sum(syncs.values()) <= steps_run
 
 
@@ -175,7 +175,7 @@ def test_a_training_batch_syncs_only_for_the_non_finite_check(truncation, tiny_m
     optimizer = make_optimizer(model, cfg, device)
     syncs = count_syncs(lambda: train_one_epoch(model, get_method(cfg), optimizer, grad_scaler(device, False),
                                                 data, cfg, amp=False, progress=False))
-    loop = sum(_loop_syncs(int(c.max()), cfg.max_steps) for c in truncated_steps)
+    loop = sum(_loop_syncs(int(c.max()), cfg.method.max_steps) for c in truncated_steps)
     assert len(truncated_steps) == (3 if truncation else 0)
     assert syncs == Counter({"aten::_local_scalar_dense": 3, **({"aten::nonzero": loop} if loop else {})})
 
@@ -189,7 +189,7 @@ def test_fp16_training_with_fused_adam_never_waits_for_the_device(fused, syncs_p
     monkeypatch.setattr(runtime, "amp_dtype", lambda device: torch.float16)
     model, cfg = _model(4, batch_size=100)
     data = load_mnist(tiny_mnist, train=True, download=False).subset(slice(0, 300))  # three batches
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=fused)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.training.lr, fused=fused)
     scaler = grad_scaler(torch.device("cpu"), True)
     assert scaler.is_enabled()
     syncs = count_syncs(lambda: train_one_epoch(model, get_method(cfg), optimizer, scaler, data, cfg, amp=True,

@@ -42,15 +42,15 @@ class SumsTask(Task):
 
         class Batches(TrainingSource):
             def start_epoch(self):
-                return task.cfg.batches_per_epoch
+                return task.cfg.task.batches_per_epoch
 
             def batch(self, index):
-                return sums(1 + index % TRAINED, task.cfg.batch_size, seed=100 + index)
+                return sums(1 + index % TRAINED, task.cfg.training.batch_size, seed=100 + index)
 
         return Batches()
 
     def validate(self, model, data, amp):
-        return evaluate_bucket(model, self.bucket(None, TRAINED, [], model.max_steps, self.cfg.seed, None), self.cfg,
+        return evaluate_bucket(model, self.bucket(None, TRAINED, [], model.max_steps, self.cfg.training.seed, None), self.cfg,
                                amp=amp)
 
     def describe(self, train_data, val_data):

@@ -14,12 +14,12 @@ from ponder_cli.methods import get_method
 from ponder_cli.runtime import grad_scaler
 from ponder_cli.train import make_optimizer, train, train_one_epoch
 
-CFG = PonderConfig(epochs=2, max_steps=4, batch_size=64, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16)
+CFG = PonderConfig.of(epochs=2, max_steps=4, batch_size=64, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16)
 
 
 def _data(tiny_mnist, cfg=CFG):
     return train_val_split(load_mnist(tiny_mnist, train=True, download=False),
-                           val_size=cfg.val_size, train_size=cfg.train_size, seed=cfg.seed)
+                           val_size=cfg.task.val_size, train_size=cfg.task.train_size, seed=cfg.training.seed)
 
 
 def test_training_learns_the_synthetic_digits(tiny_mnist, tmp_path):

@@ -79,8 +79,8 @@ def test_redrawn_vectors_are_neither_the_test_nor_the_validation_set():
     _, cfg, _ = load_model(resolve_checkpoint("parity16-extrapolation").path, "cpu")
     task = get_task(cfg)
     test = task.test_data(EvalOptions(limit=8), "cpu")
-    first = task.bucket(test, (9, 9), [(9, 9)], 20, cfg.seed, None, draw=0)
-    second = task.bucket(test, (9, 9), [(9, 9)], 20, cfg.seed + 1, None, draw=1)
+    first = task.bucket(test, (9, 9), [(9, 9)], 20, cfg.training.seed, None, draw=0)
+    second = task.bucket(test, (9, 9), [(9, 9)], 20, cfg.training.seed + 1, None, draw=1)
     fixed = evaluation_set(16, 9, 9, 8, TEST_SEED).x
     assert torch.equal(first.inputs(0, 8), fixed)
     assert not torch.equal(second.inputs(0, 8), fixed)

@@ -13,7 +13,8 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 from .. import PonderError
 from ..calibrate import choose_rule, rule_outcomes
 from ..checkpoint import load_model
-from ..config import PonderConfig, seed_problems
+from ..config import PonderConfig
+from ..settings import seed_problems
 from ..evaluate import evaluate_buckets, uncertainty
 from ..halting_rules import CALIBRATION_RULES, parse_exit_rule, parse_halting_rule
 from ..methods import get_method
@@ -129,7 +130,7 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], bucket
     specs = task.parse_buckets(spelled(buckets), command)
     with _progress_bar(len(specs) * options.repeats, progress) as bar:
         test = _test_set(task, options, dev)
-        seed = cfg.seed if options.seed is None else options.seed
+        seed = cfg.training.seed if options.seed is None else options.seed
         with_loss = command == "eval"
         buckets, rho, rho_ci = _bucket_dicts(model, cfg, test, specs, options, seed, amp, with_loss=with_loss,
                                              on_bucket=bar.update)
@@ -170,7 +171,7 @@ def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float],
     fixed = replace(options, protocol="fixed")
     with _progress_bar(len(specs) * options.repeats, progress) as bar:
         test = _test_set(task, options, dev)
-        seed = cfg.seed if options.seed is None else options.seed
+        seed = cfg.training.seed if options.seed is None else options.seed
         buckets, rho, _ = _bucket_dicts(model, cfg, test, specs, fixed, seed, amp, with_loss=False,
                                         on_bucket=bar.update)
     return sweep_report(str(path), cfg, buckets, rho, halting=buckets[0]["halting"], seed=seed, view=task.view())
@@ -199,12 +200,12 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
     if model.max_steps == 1:
         raise PonderError(f"{path} runs one step: every rule halts there, there is nothing to calibrate")
     if any(get_method(cfg).halting_label(rule) != rule for rule in rules):
-        raise PonderError(f"{subject} applies to pondernet checkpoints; this one is {cfg.method}, which halts by its "
+        raise PonderError(f"{subject} applies to pondernet checkpoints; this one is {cfg.method.name}, which halts by its "
                           f"own rule")
     task = get_task(cfg)
     options = _with_protocol(task, options)
     specs = task.parse_buckets(spelled(buckets), "calibrate")
-    seed = cfg.seed if options.seed is None else options.seed
+    seed = cfg.training.seed if options.seed is None else options.seed
     draws = derived_seed("calibrate", seed)
     with _progress_bar(len(specs) * options.repeats, progress) as bar:
         data = task.calibration_data(options, dev)

@@ -12,7 +12,7 @@ import torch
 
 from .. import PonderError
 from ..checkpoint import load_checkpoint, load_model
-from ..config import seed_problems
+from ..settings import seed_problems
 from ..folders import BEST, CONFIG_FILE, LAST, LOCK_FILE
 from ..methods import get_method
 from ..reports import Report, info_report, prediction_report
@@ -60,7 +60,7 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
     options = replace(options, halting=check_halting(cfg, options.halting))
     task, method = get_task(cfg), get_method(cfg)
     read = task.read_inputs([Path(p) for p in inputs], InputOptions(options.invert, options.rotate))
-    seed = cfg.seed if options.seed is None else options.seed
+    seed = cfg.training.seed if options.seed is None else options.seed
     count = len(read.names)
     uniforms = torch.rand(model.max_steps, count, generator=torch.Generator().manual_seed(seed))
     used = method.halting_label(options.halting)
@@ -129,28 +129,28 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
                 sources = saved.get("sources") or {}
         except (OSError, ValueError, AttributeError):
             pass
-    stopped_early = bool(cfg.patience) and state.epochs_without_improvement >= cfg.patience
+    stopped_early = bool(cfg.training.patience) and state.epochs_without_improvement >= cfg.training.patience
     holder = lock_holder(folder / LOCK_FILE)
     resumable = all(getattr(state, key) is not None for key in state.RESUME_KEYS)
     if resolved.path.name != LAST and state.epoch == state.best_epoch:
         # a best.pt (the shipped models among them) is a snapshot of the best epoch: it cannot tell
         # how its run went on
-        status = f"its run's best epoch, saved after epoch {state.epoch} of {cfg.epochs}"
+        status = f"its run's best epoch, saved after epoch {state.epoch} of {cfg.training.epochs}"
         if (folder / LAST).is_file():
             status += f"; the run's latest state is {folder / LAST}"
     elif holder is not None:
         status = f"training now (PID {holder})"
     elif stopped_early:
-        status = f"stopped early after epoch {state.epoch} (no better validation accuracy for {cfg.patience} epochs)"
-    elif state.epoch < cfg.epochs:
-        status = f"interrupted after epoch {state.epoch} of {cfg.epochs}"
+        status = f"stopped early after epoch {state.epoch} (no better validation accuracy for {cfg.training.patience} epochs)"
+    elif state.epoch < cfg.training.epochs:
+        status = f"interrupted after epoch {state.epoch} of {cfg.training.epochs}"
         if resumable:
             status += f"; resume with: ponder train --resume {resolved.path}"
     else:
         status = "finished"
     best = next((h for h in state.history if h.get("epoch") == state.best_epoch), None)
     summary = {"file": str(resolved.path), "status": status, "epochs_trained": state.epoch,
-               "epochs_planned": cfg.epochs, "best_epoch": state.best_epoch or None,
+               "epochs_planned": cfg.training.epochs, "best_epoch": state.best_epoch or None,
                "best_val_accuracy": best["val_accuracy"] if best else None,
                "best_val_steps": best["val_steps"] if best else None, "stopped_early": stopped_early,
                "resumable": resumable}

@@ -111,7 +111,7 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -
     cfg = plan.cfg
     if plan.resumed is not None:
         log(f"using {plan.resumed.path} ({plan.resumed.why})")
-    distributed.check_batch_size(cfg.batch_size, where)
+    distributed.check_batch_size(cfg.training.batch_size, where)
     dev, amp = device_and_amp(options.device, options.amp)
     dev = distributed.device_for(dev, where)
     for line in config_lines(cfg.to_dict(), plan.sources, shown=cfg.shown_fields()):
@@ -122,7 +122,7 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -
 
     def on_epoch(stats) -> None:
         folder.record(stats)
-        log(epoch_line(stats, cfg.epochs))
+        log(epoch_line(stats, cfg.training.epochs))
 
     finished = False
     with sigterm_as_interrupt(torchrun=where is not None):
@@ -155,7 +155,7 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -
 
 def _training_line(cfg, data: str, dev, amp: bool, where, plan) -> str:
     """What is trained on what: `training pondernet (step mlp) on 55000 images, ..., device cpu`."""
-    return (f"training {cfg.method} (step {cfg.step}) {data}, device {dev}"
+    return (f"training {cfg.method.name} (step {cfg.step.name}) {data}, device {dev}"
             f"{', amp ' + str(amp_dtype(dev)).removeprefix('torch.') if amp else ''}"
-            f"{f', {where.world_size} processes, global batch {cfg.batch_size}' if where else ''}"
+            f"{f', {where.world_size} processes, global batch {cfg.training.batch_size}' if where else ''}"
             f"{', resuming after epoch ' + str(plan.resume.epoch) if plan.resume else ''}")

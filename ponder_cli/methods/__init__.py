@@ -30,8 +30,8 @@ class Method:
     def config_problems(cls, cfg) -> list[str]:
         """What this method cannot train with, as messages for the user: its settings out of
         their range (a method's own checks add to these)."""
-        if "truncation" in cls.reads and not 0 <= cfg.truncation < 1:
-            return [f"truncation must be in [0, 1) (got {cfg.truncation})"]
+        if "truncation" in cls.reads and not 0 <= cfg.method.truncation < 1:
+            return [f"truncation must be in [0, 1) (got {cfg.method.truncation})"]
         return []
 
     def halting_label(self, rule: str) -> str:
@@ -74,7 +74,7 @@ class Method:
 
 
 def get_method(cfg) -> Method:
-    return method_class(cfg.method)(cfg)
+    return method_class(cfg.method.name)(cfg)
 
 
 def build_model(cfg, classes: int, input_shape: tuple) -> torch.nn.Module:
@@ -83,7 +83,7 @@ def build_model(cfg, classes: int, input_shape: tuple) -> torch.nn.Module:
     initial bias the config's halting_bias, else the one the method implies (ACT: Graves' +1; a
     config built without from_options has none), else PyTorch's default initialisation."""
     model = PonderNet(cfg, classes=classes, input_shape=input_shape)
-    bias = cfg.halting_bias if cfg.halting_bias is not None else method_class(cfg.method).implied.get("halting_bias")
+    bias = cfg.method.halting_bias if cfg.method.halting_bias is not None else method_class(cfg.method.name).implied.get("halting_bias")
     if bias is not None:
         with torch.no_grad():
             model.halting_head.bias.fill_(bias)

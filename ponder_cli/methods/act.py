@@ -41,10 +41,10 @@ class ACTMethod(Method):
     @classmethod
     def config_problems(cls, cfg):
         problems = super().config_problems(cfg)
-        if cfg.tau < 0:
-            problems.append(f"tau must be >= 0 (got {cfg.tau})")
-        if not 0 < cfg.act_epsilon < 1:
-            problems.append(f"act-epsilon must be in (0, 1) (got {cfg.act_epsilon})")
+        if cfg.method.tau < 0:
+            problems.append(f"tau must be >= 0 (got {cfg.method.tau})")
+        if not 0 < cfg.method.act_epsilon < 1:
+            problems.append(f"act-epsilon must be in (0, 1) (got {cfg.method.act_epsilon})")
         return problems
 
     def halting_label(self, rule):
@@ -58,18 +58,18 @@ class ACTMethod(Method):
                 f"rule (halting units summing to 1 - epsilon)")
 
     def loss(self, logits, lambda_logits, targets):
-        return act_loss(logits, lambda_logits, targets, self.cfg.tau, self.cfg.act_epsilon)
+        return act_loss(logits, lambda_logits, targets, self.cfg.method.tau, self.cfg.method.act_epsilon)
 
     def predict(self, logits, lambda_logits, uniforms, rule):
-        return act_prediction(logits, lambda_logits, self.cfg.act_epsilon)
+        return act_prediction(logits, lambda_logits, self.cfg.method.act_epsilon)
 
     def halting_distribution(self, lambda_logits):
-        return act_halting(lambda_logits, self.cfg.act_epsilon).p
+        return act_halting(lambda_logits, self.cfg.method.act_epsilon).p
 
     def early_exit(self, rule, uniforms):
-        return ActExit(uniforms.shape[1], self.cfg.act_epsilon, uniforms.device)
+        return ActExit(uniforms.shape[1], self.cfg.method.act_epsilon, uniforms.device)
 
     def truncation(self, batch, device):
-        if self.cfg.truncation <= 0:
+        if self.cfg.method.truncation <= 0:
             return None
-        return ActHalted(batch, self.cfg.act_epsilon, device)
+        return ActHalted(batch, self.cfg.method.act_epsilon, device)

@@ -14,8 +14,8 @@ class PlainMethod(PonderNetMethod):
     @classmethod
     def config_problems(cls, cfg):
         problems = super().config_problems(cfg)
-        if cfg.max_steps != 1:
-            problems.append(f"method plain runs exactly one step: leave out --max-steps or use 1 (got {cfg.max_steps})")
+        if cfg.method.max_steps != 1:
+            problems.append(f"method plain runs exactly one step: leave out --max-steps or use 1 (got {cfg.method.max_steps})")
         return problems
 
     def halting_label(self, rule):

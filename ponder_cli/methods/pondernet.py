@@ -19,10 +19,10 @@ class PonderNetMethod(Method):
     @classmethod
     def config_problems(cls, cfg):
         problems = super().config_problems(cfg)
-        if not 0 < cfg.lambda_p <= 1:
-            problems.append(f"lambda-p must be in (0, 1] (got {cfg.lambda_p})")
-        if cfg.beta < 0:
-            problems.append(f"beta must be >= 0 (got {cfg.beta})")
+        if not 0 < cfg.method.lambda_p <= 1:
+            problems.append(f"lambda-p must be in (0, 1] (got {cfg.method.lambda_p})")
+        if cfg.method.beta < 0:
+            problems.append(f"beta must be >= 0 (got {cfg.method.beta})")
         return problems
 
     def __init__(self, cfg):
@@ -32,14 +32,14 @@ class PonderNetMethod(Method):
     def log_prior(self, device) -> torch.Tensor:
         device = torch.device(device)
         if device not in self._log_prior:
-            self._log_prior[device] = geometric_log_prior(self.cfg.lambda_p, self.cfg.max_steps, device)
+            self._log_prior[device] = geometric_log_prior(self.cfg.method.lambda_p, self.cfg.method.max_steps, device)
         return self._log_prior[device]
 
     def needs_all_steps(self, rule):
         return parse_halting_rule(rule).name == "expected"
 
     def loss(self, logits, lambda_logits, targets):
-        return ponder_loss(logits, lambda_logits, targets, self.log_prior(logits.device), self.cfg.beta)
+        return ponder_loss(logits, lambda_logits, targets, self.log_prior(logits.device), self.cfg.method.beta)
 
     def predict(self, logits, lambda_logits, uniforms, rule):
         rule = parse_halting_rule(rule)
@@ -56,6 +56,6 @@ class PonderNetMethod(Method):
         return rule_exit(parse_halting_rule(rule), uniforms)
 
     def truncation(self, batch, device):
-        if self.cfg.truncation <= 0 or self.cfg.max_steps == 1:
+        if self.cfg.method.truncation <= 0 or self.cfg.method.max_steps == 1:
             return None
-        return TruncateBelow(batch, self.cfg.truncation, device)
+        return TruncateBelow(batch, self.cfg.method.truncation, device)

@@ -37,9 +37,9 @@ def group_by_configuration(models: list[tuple[str, object]]) -> list[Group]:
         mine = cfg.to_dict()
         # the step has its own column: compare only with groups of the same method and step
         differing = sorted({k for other in firsts
-                            if other is not cfg and (other.method, other.step) == (cfg.method, cfg.step)
+                            if other is not cfg and (other.method.name, other.step.name) == (cfg.method.name, cfg.step.name)
                             for k, v in other.to_dict().items() if k != "seed" and mine[k] != v})
-        label = cfg.method + (f" ({', '.join(f'{k}={mine[k]}' for k in differing)})" if differing else "")
+        label = cfg.method.name + (f" ({', '.join(f'{k}={mine[k]}' for k in differing)})" if differing else "")
         result.append(Group(label, cfg, members))
     return result
 
@@ -73,16 +73,16 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
     buckets, series = [], {}
     words = view.terms
     names = {*DIFFICULTY_KEYS, words.key}
-    step_names = sorted({g.cfg.step for g in groups})
+    step_names = sorted({g.cfg.step.name for g in groups})
     for group, per_model in zip(groups, results):
         # the plot's legend: a group's label names what sets it apart within its method and
         # step, so where steps differ the step goes with it, as the table's step column does
-        name = f"{group.label} · step {group.cfg.step}" if len(step_names) > 1 else group.label
+        name = f"{group.label} · step {group.cfg.step.name}" if len(step_names) > 1 else group.label
         series[name] = []
         for b, _ in enumerate(angles):
             accuracy, accuracy_sd = mean_and_sd([r[b]["accuracy"] for r in per_model])
             steps, steps_sd = mean_and_sd([r[b]["mean_steps"] for r in per_model])
-            bucket = {"method": group.cfg.method, "step": group.cfg.step, "label": group.label,
+            bucket = {"method": group.cfg.method.name, "step": group.cfg.step.name, "label": group.label,
                       **{k: v for k, v in per_model[0][b].items() if k in names}, "seeds": len(per_model), "accuracy": accuracy, "accuracy_sd": accuracy_sd,
                       "mean_steps": steps, "mean_steps_sd": steps_sd, "halting": per_model[0][b]["halting"],
                       "images": per_model[0][b]["images"], "checkpoints": [p for p, _ in group.members],
@@ -91,8 +91,8 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
             buckets.append(bucket)
             series[name].append({**bucket, "std_steps": steps_sd or 0.0, "histogram": [
                 sum(r[b]["histogram"][k] for r in per_model) for k in range(len(per_model[0][b]["histogram"]))]})
-    meta = make_meta("compare", [p for g in groups for p, _ in g.members], [g.cfg.method for g in groups],
-                     [g.cfg.step for g in groups], protocol=protocol, halting=halting, seed=seed,
+    meta = make_meta("compare", [p for g in groups for p, _ in g.members], [g.cfg.method.name for g in groups],
+                     [g.cfg.step.name for g in groups], protocol=protocol, halting=halting, seed=seed,
                      task=view.name, repeats=repeats)
     draws = f" · each the mean of {repeats} draws" if repeats > 1 else ""
     # each method's own halting rule (ACT's, one step) or the one asked for: one per method

@@ -88,4 +88,4 @@ class TaskView:
 
 def describe_model(cfg, view: TaskView) -> str:
     """How captions and titles name a model: method, step function, what it was trained on."""
-    return f"{cfg.method} · step {cfg.step} · {view.trained_on}"
+    return f"{cfg.method.name} · step {cfg.step.name} · {view.trained_on}"

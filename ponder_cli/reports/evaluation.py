@@ -62,12 +62,12 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
     """eval / extrapolate: one bucket per rotation angle of one checkpoint."""
     images = sum(b["images"] for b in buckets)
     for bucket in buckets:
-        bucket.update(checkpoint=checkpoint, method=cfg.method, step=cfg.step)
+        bucket.update(checkpoint=checkpoint, method=cfg.method.name, step=cfg.step.name)
         bucket["halting_spark"] = sparkline(bucket["histogram"], width=20)
     used = buckets[0]["halting"]
     repeats = buckets[0].get("repeats", 1)
     words = view.terms
-    meta = make_meta(command, [checkpoint], [cfg.method], [cfg.step], protocol=protocol, halting=used, seed=seed,
+    meta = make_meta(command, [checkpoint], [cfg.method.name], [cfg.step.name], protocol=protocol, halting=used, seed=seed,
                      task=view.name, repeats=repeats, **view.meta,
                      spearman={"rho": rho, "rho_ci": rho_ci, "images": images, "between": words.between})
     ci = f" (95% interval {rho_ci[0]:+.3f} to {rho_ci[1]:+.3f})" if rho_ci is not None else ""
@@ -78,8 +78,8 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
     what = words.test_set if command == "eval" else "extrapolation"
     how = f"protocol {protocol} · " if protocol is not None else ""
     report = Report(
-        meta=meta, buckets=buckets, columns=bucket_columns(cfg.max_steps, with_loss, not with_loss, words),
-        title=f"{cfg.method} on the {what} ({checkpoint})",
+        meta=meta, buckets=buckets, columns=bucket_columns(cfg.method.max_steps, with_loss, not with_loss, words),
+        title=f"{cfg.method.name} on the {what} ({checkpoint})",
         caption=f"{describe_model(cfg, view)}\n{how}halting {used} · seed {seed}{draws}\n"
                 f"{per_bucket(buckets, words.inputs)} · steps ✓ / ✗: on correct / wrong answers\n"
                 f"{rho_text}",
@@ -139,7 +139,7 @@ def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float]
     slope, intercept, r2 = least_squares([b[words.sweep_key] for b in buckets], [b["mean_steps"] for b in buckets])
     report.meta["fit"] = {words.sweep_fit: words.sweep_scale * slope, "steps_at_0": intercept, "r2": r2}
     report.columns = sweep_columns(Column(words.sweep_key, words.sweep_header, "g"))
-    report.title = f"{cfg.method} {words.sweep_name} sweep ({checkpoint})"
+    report.title = f"{cfg.method.name} {words.sweep_name} sweep ({checkpoint})"
     report.caption += (f"\nleast squares: steps = {intercept:.2f} {'-' if slope < 0 else '+'} "
                        f"{abs(words.sweep_scale * slope):.3f} per {words.sweep_unit}"
                        + (f" (r² {r2:.2f})" if r2 is not None else ""))
@@ -172,7 +172,7 @@ def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[st
                       - 1e-12, admitted=bucket["agreement_lower"] >= floor - 1e-12, chosen=bucket["halting"] == chosen)
         buckets.append(bucket)
     images = buckets[0]["images"]
-    meta = make_meta("calibrate", [checkpoint], [cfg.method], [cfg.step], protocol=protocol, halting=None, seed=seed,
+    meta = make_meta("calibrate", [checkpoint], [cfg.method.name], [cfg.step.name], protocol=protocol, halting=None, seed=seed,
                      task=view.name, repeats=repeats, **view.meta, data=data, sets=sets, images=images,
                      tolerance=tolerance, criterion="agreement", bound="wilson, one-sided 95%", chosen=chosen)
     labels = ", ".join(words.label(s) for s in sets)

@@ -135,26 +135,26 @@ class AlignStep(StepFunction):
     @classmethod
     def config_problems(cls, cfg):
         problems = encoder_problems(cfg, ("cnn_dropout",))
-        if not 0 <= cfg.turn_gate <= 1:
-            problems.append(f"turn-gate must be in [0, 1], a fraction of the largest turn (got {cfg.turn_gate})")
-        if not 0 < cfg.align_turn <= 180:
-            problems.append(f"align-turn must be in (0, 180] degrees (got {cfg.align_turn})")
+        if not 0 <= cfg.step.turn_gate <= 1:
+            problems.append(f"turn-gate must be in [0, 1], a fraction of the largest turn (got {cfg.step.turn_gate})")
+        if not 0 < cfg.step.align_turn <= 180:
+            problems.append(f"align-turn must be in (0, 180] degrees (got {cfg.step.align_turn})")
         return problems
 
     def __init__(self, cfg, input_shape):
         super().__init__()
-        self.encoder = ImageEncoder(cfg.kernel_size, cfg.hidden_cnn, cfg.cnn_dropout)
-        self.cell = nn.GRUCell(cfg.hidden_cnn, cfg.hidden)
-        self.turn = nn.Linear(cfg.hidden, 1)
+        self.encoder = ImageEncoder(cfg.step.kernel_size, cfg.step.hidden_cnn, cfg.step.cnn_dropout)
+        self.cell = nn.GRUCell(cfg.step.hidden_cnn, cfg.step.hidden)
+        self.turn = nn.Linear(cfg.step.hidden, 1)
         # The classifier's embedding learns to ignore small rotations; the turn also reads the
         # convolutional features of the current view, which still show which way is up.
         self.view_turn = nn.Linear(self.encoder.fc.in_features, 1)
         for layer in (self.turn, self.view_turn):
             nn.init.zeros_(layer.weight)  # start by reading the image as it is
             nn.init.zeros_(layer.bias)
-        self.max_turn = math.radians(cfg.align_turn)
-        self.turn_gate = float(cfg.turn_gate)
-        self.readout_size = cfg.hidden
+        self.max_turn = math.radians(cfg.step.align_turn)
+        self.turn_gate = float(cfg.step.turn_gate)
+        self.readout_size = cfg.step.hidden
 
     def gate_halting(self, lambda_logits, extra):
         """No halting while the step still turns (the module docstring's formula); the work is

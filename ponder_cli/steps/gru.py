@@ -27,11 +27,11 @@ class GRUStep(StepFunction):
 
     def __init__(self, cfg, input_shape):
         super().__init__()
-        layer_norm, orthogonal, update_bias = cfg.gru_layer_norm, cfg.gru_orthogonal, cfg.gru_update_bias
+        layer_norm, orthogonal, update_bias = cfg.step.gru_layer_norm, cfg.step.gru_orthogonal, cfg.step.gru_update_bias
         (width,) = input_shape
-        self.cell = nn.GRUCell(width, cfg.hidden)
-        self.norm = nn.LayerNorm(cfg.hidden) if layer_norm else None
-        hidden = cfg.hidden
+        self.cell = nn.GRUCell(width, cfg.step.hidden)
+        self.norm = nn.LayerNorm(cfg.step.hidden) if layer_norm else None
+        hidden = cfg.step.hidden
         with torch.no_grad():
             if orthogonal:
                 for block in self.cell.weight_hh.split(hidden):  # reset, update, new: one each

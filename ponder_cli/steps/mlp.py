@@ -28,9 +28,9 @@ def dropout_mask(shape: tuple, p: float, like: torch.Tensor) -> torch.Tensor:
 def encoder_problems(cfg, dropouts: tuple[str, ...]) -> list[str]:
     """An image step's settings out of range: its dropout probabilities (`dropouts`, the fields it
     reads) and a kernel too large for the image."""
-    problems = [f"{name.replace('_', '-')} must be in [0, 1)" for name in dropouts if not 0 <= getattr(cfg, name) < 1]
-    if cfg.kernel_size > 12:  # two valid convolutions and two 2x poolings of a 28x28 image
-        problems.append(f"kernel-size must be <= 12 for 28x28 images (got {cfg.kernel_size})")
+    problems = [f"{name.replace('_', '-')} must be in [0, 1)" for name in dropouts if not 0 <= cfg.value(name) < 1]
+    if cfg.step.kernel_size > 12:  # two valid convolutions and two 2x poolings of a 28x28 image
+        problems.append(f"kernel-size must be <= 12 for 28x28 images (got {cfg.step.kernel_size})")
     return problems
 
 
@@ -134,10 +134,10 @@ class MLPStep(StepFunction):
 
     def __init__(self, cfg, input_shape):
         super().__init__()
-        self.encoder = ImageEncoder(cfg.kernel_size, cfg.hidden_cnn, cfg.cnn_dropout)
-        self.mlp = StepMLP(cfg.hidden_cnn, cfg.hidden, cfg.hidden_lin, cfg.mlp_dropout)
-        self.readout_size = cfg.hidden
-        self.fresh_cnn_mask = cfg.cnn_dropout_mask == "per-step"
+        self.encoder = ImageEncoder(cfg.step.kernel_size, cfg.step.hidden_cnn, cfg.step.cnn_dropout)
+        self.mlp = StepMLP(cfg.step.hidden_cnn, cfg.step.hidden, cfg.step.hidden_lin, cfg.step.mlp_dropout)
+        self.readout_size = cfg.step.hidden
+        self.fresh_cnn_mask = cfg.step.cnn_dropout_mask == "per-step"
 
     def start(self, x, steps):
         if self.fresh_cnn_mask and self.training and self.encoder.conv2_drop.p > 0:

@@ -21,9 +21,9 @@ class RNNStep(StepFunction):
     def __init__(self, cfg, input_shape):
         super().__init__()
         (width,) = input_shape
-        self.from_input = nn.Linear(width, cfg.hidden)
-        self.from_state = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
-        self.readout_size = cfg.hidden
+        self.from_input = nn.Linear(width, cfg.step.hidden)
+        self.from_state = nn.Linear(cfg.step.hidden, cfg.step.hidden, bias=False)
+        self.readout_size = cfg.step.hidden
 
     def start(self, x, steps):
         return (self.from_input(x),), (None,)  # (B, hidden) once per input; h_0 = 0

@@ -172,7 +172,7 @@ def derived_seed(stream: str, *parts: int) -> int:
 
 
 def get_task(cfg) -> Task:
-    return task_class(getattr(cfg, "task", "mnist"))(cfg)
+    return task_class(cfg.task.name)(cfg)
 
 
 def task_names(test) -> list:

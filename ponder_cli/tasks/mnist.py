@@ -221,14 +221,14 @@ class ImageBatches(TrainingSource):
         count = len(self.data)
         order = torch.randperm(count, device=self.data.images.device)  # (N,)
         self.order = order[:distributed.even_length(count)]  # under torchrun the last batch must split evenly
-        return -(-self.order.shape[0] // self.cfg.batch_size)
+        return -(-self.order.shape[0] // self.cfg.training.batch_size)
 
     def batch(self, index: int):
-        start = index * self.cfg.batch_size
-        rows = distributed.shard(self.order[start:start + self.cfg.batch_size])  # this rank's contiguous slice
+        start = index * self.cfg.training.batch_size
+        rows = distributed.shard(self.order[start:start + self.cfg.training.batch_size])  # this rank's contiguous slice
         device = self.data.images.device
-        angles = (uniform_angles(rows.shape[0], self.cfg.train_rotation, device=device)
-                  if self.cfg.train_rotation > 0 else None)
+        angles = (uniform_angles(rows.shape[0], self.cfg.task.train_rotation, device=device)
+                  if self.cfg.task.train_rotation > 0 else None)
         return prepare_batch(self.data.images[rows], angles), self.data.labels[rows]
 
 
@@ -246,16 +246,16 @@ class MnistTask(Task):
 
     @classmethod
     def config_problems(cls, cfg):
-        if not 0 <= cfg.train_rotation <= MAX_ANGLE:  # evaluation rotates within +-180 at most, too
+        if not 0 <= cfg.task.train_rotation <= MAX_ANGLE:  # evaluation rotates within +-180 at most, too
             return [f"train-rotation must be between 0 and {MAX_ANGLE:g} degrees: images are rotated "
-                    f"within +-angle (got {cfg.train_rotation:g})"]
+                    f"within +-angle (got {cfg.task.train_rotation:g})"]
         return []
 
     # training -----------------------------------------------------------------------------
 
     def load_training(self, data_dir, download: bool):
         full = load_mnist(data_dir, train=True, download=download)
-        return train_val_split(full, val_size=self.cfg.val_size, train_size=self.cfg.train_size, seed=self.cfg.seed)
+        return train_val_split(full, val_size=self.cfg.task.val_size, train_size=self.cfg.task.train_size, seed=self.cfg.training.seed)
 
     def to_device(self, data, device):
         return data.to(device)
@@ -264,7 +264,7 @@ class MnistTask(Task):
         return ImageBatches(data, self.cfg)
 
     def validate(self, model, data, amp: bool):
-        return evaluate(model, data, self.cfg, max_angle=self.cfg.train_rotation, seed=self.cfg.seed, amp=amp)
+        return evaluate(model, data, self.cfg, max_angle=self.cfg.task.train_rotation, seed=self.cfg.training.seed, amp=amp)
 
     def describe(self, train_data, val_data) -> str:
         return f"on {len(train_data)} images, validating on {len(val_data)}"
@@ -280,14 +280,14 @@ class MnistTask(Task):
         return torch.zeros((batch, *self.input_shape), device=device)
 
     def view(self) -> TaskView:
-        return TaskView("mnist", TERMS, {"train_rotation": self.cfg.train_rotation},
-                        f"trained within ±{self.cfg.train_rotation:g}°", named_in_titles=False)
+        return TaskView("mnist", TERMS, {"train_rotation": self.cfg.task.train_rotation},
+                        f"trained within ±{self.cfg.task.train_rotation:g}°", named_in_titles=False)
 
     # evaluation ---------------------------------------------------------------------------
 
     def default_buckets(self, command: str) -> list[float]:
         if command == "calibrate":  # the validation images as training rotated them
-            return [self.cfg.train_rotation]
+            return [self.cfg.task.train_rotation]
         return list(EVAL_ANGLES if command == "eval" else EXTRAPOLATION_ANGLES)
 
     def parse_specs(self, texts: list, option: str) -> list[float]:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .. import PonderError, distributed
-from ..config import parse_count_range
+from ..settings import parse_count_range
 from ..evaluate import EvalBucket, evaluate_bucket
 from ..reports import TaskView, Terms
 from . import Task, TrainingSource, UserInputs, check_input_file, derived_seed, load_inputs
@@ -141,20 +141,20 @@ class ParityBatches(TrainingSource):
 
     def __init__(self, cfg, device):
         self.cfg, self.device = cfg, torch.device(device)
-        self.lo, self.hi = cfg.train_range()
-        self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self.lo, self.hi = cfg.task.train_range()
+        self.generator = torch.Generator(device=self.device).manual_seed(cfg.training.seed)
         self.drawn = 0  # batches drawn so far in the run: where the curriculum is
 
     def start_epoch(self) -> int:
-        return self.cfg.batches_per_epoch
+        return self.cfg.task.batches_per_epoch
 
     def batch(self, index: int):
-        top = curriculum_top(self.drawn, self.lo, self.hi, self.cfg.curriculum, self.cfg.curriculum_start)
-        drawn = parity_batch(self.cfg.batch_size, self.cfg.elems, self.lo, top, self.generator)
+        top = curriculum_top(self.drawn, self.lo, self.hi, self.cfg.task.curriculum, self.cfg.task.curriculum_start)
+        drawn = parity_batch(self.cfg.training.batch_size, self.cfg.task.elems, self.lo, top, self.generator)
         self.drawn += 1
         if not distributed.active():
             return drawn.x, drawn.labels
-        rows = distributed.shard(torch.arange(self.cfg.batch_size, device=self.device))
+        rows = distributed.shard(torch.arange(self.cfg.training.batch_size, device=self.device))
         return drawn.x[rows], drawn.labels[rows]
 
     def state(self) -> Optional[dict]:
@@ -252,28 +252,28 @@ class ParityTask(Task):
 
     @classmethod
     def config_problems(cls, cfg):
-        if isinstance(cfg.elems, bool) or not isinstance(cfg.elems, int) or not 1 <= cfg.elems <= MAX_ELEMS:
-            return [f"elems must be an integer from 1 to {MAX_ELEMS} (got {cfg.elems})"]
+        if isinstance(cfg.task.elems, bool) or not isinstance(cfg.task.elems, int) or not 1 <= cfg.task.elems <= MAX_ELEMS:
+            return [f"elems must be an integer from 1 to {MAX_ELEMS} (got {cfg.task.elems})"]
         problems = []
-        if cfg.train_counts != "":
+        if cfg.task.train_counts != "":
             try:
-                parse_count_range(cfg.train_counts, cfg.elems)
+                parse_count_range(cfg.task.train_counts, cfg.task.elems)
             except PonderError as exc:
                 problems.append(f"train-counts: {exc}")
-        if cfg.curriculum and not 1 <= cfg.curriculum_start <= cfg.elems:
-            problems.append(f"curriculum-start must be a count from 1 to elems ({cfg.elems}) "
-                            f"(got {cfg.curriculum_start})")
+        if cfg.task.curriculum and not 1 <= cfg.task.curriculum_start <= cfg.task.elems:
+            problems.append(f"curriculum-start must be a count from 1 to elems ({cfg.task.elems}) "
+                            f"(got {cfg.task.curriculum_start})")
         return problems
 
     @property
     def input_shape(self) -> tuple:
-        return (self.cfg.elems,)
+        return (self.cfg.task.elems,)
 
     def example_input(self, batch: int, device) -> torch.Tensor:
         return torch.zeros((batch, *self.input_shape), device=device)
 
     def _range(self) -> tuple[int, int]:
-        return self.cfg.train_range()
+        return self.cfg.task.train_range()
 
     @classmethod
     def resolve_options(cls, values: dict, given: dict) -> dict:
@@ -282,16 +282,16 @@ class ParityTask(Task):
         return values
 
     def run_name_prefix(self) -> str:
-        return f"parity{self.cfg.elems}-"
+        return f"parity{self.cfg.task.elems}-"
 
     def kind_label(self) -> str:
-        return f"parity with --elems {self.cfg.elems}"  # vectors of other sizes are other inputs
+        return f"parity with --elems {self.cfg.task.elems}"  # vectors of other sizes are other inputs
 
     # training -----------------------------------------------------------------------------
 
     def load_training(self, data_dir, download: bool):
         lo, hi = self._range()
-        return None, evaluation_set(self.cfg.elems, lo, hi, VAL_PER_COUNT, VALIDATION_SEED)
+        return None, evaluation_set(self.cfg.task.elems, lo, hi, VAL_PER_COUNT, VALIDATION_SEED)
 
     def to_device(self, data, device):
         return None if data is None else ParityBatch(*(t.to(device) for t in data))
@@ -300,12 +300,12 @@ class ParityTask(Task):
         return ParityBatches(self.cfg, device)
 
     def validate(self, model, data, amp: bool):
-        return evaluate_bucket(model, vector_bucket(data, model.max_steps, self.cfg.seed), self.cfg, amp=amp)
+        return evaluate_bucket(model, vector_bucket(data, model.max_steps, self.cfg.training.seed), self.cfg, amp=amp)
 
     def describe(self, train_data, val_data) -> str:
         lo, hi = self._range()
-        return (f"on {self.cfg.batches_per_epoch} batches of {self.cfg.batch_size} fresh vectors per epoch "
-                f"({self.cfg.elems} elements, non-zero counts {lo}-{hi}), validating on {val_data.x.shape[0]}")
+        return (f"on {self.cfg.task.batches_per_epoch} batches of {self.cfg.training.batch_size} fresh vectors per epoch "
+                f"({self.cfg.task.elems} elements, non-zero counts {lo}-{hi}), validating on {val_data.x.shape[0]}")
 
     def read_inputs(self, paths, options):
         """.npy arrays (N, elems) and text files of vectors (see _vector_rows), entries -1, 0, +1."""
@@ -316,15 +316,15 @@ class ParityTask(Task):
         names, rows = [], []
         for path in paths:
             check_input_file(path, ".npy arrays or text files of vectors")
-            found_names, found = _vector_rows(path, self.cfg.elems)
+            found_names, found = _vector_rows(path, self.cfg.task.elems)
             names += found_names
             rows.append(found)
         return UserInputs(names, torch.cat(rows))
 
     def view(self):
         lo, hi = self._range()
-        return TaskView("parity", TERMS, {"elems": self.cfg.elems, "train_counts": f"{lo}-{hi}"},
-                        f"{self.cfg.elems} elements, trained on counts {lo}-{hi}", protocol=None)
+        return TaskView("parity", TERMS, {"elems": self.cfg.task.elems, "train_counts": f"{lo}-{hi}"},
+                        f"{self.cfg.task.elems} elements, trained on counts {lo}-{hi}", protocol=None)
 
     # evaluation ---------------------------------------------------------------------------
 
@@ -333,18 +333,18 @@ class ParityTask(Task):
         whole range in four when training saw every count); compare: every count, in four;
         calibrate: the training range, one bucket."""
         lo, hi = self._range()
-        if command == "extrapolate" and hi < self.cfg.elems:
-            return split_range(hi + 1, self.cfg.elems)
+        if command == "extrapolate" and hi < self.cfg.task.elems:
+            return split_range(hi + 1, self.cfg.task.elems)
         if command == "eval":
             return split_range(lo, hi)
         if command == "calibrate":  # the validation set: the training range
             return [(lo, hi)]
-        return split_range(1, self.cfg.elems)
+        return split_range(1, self.cfg.task.elems)
 
     def parse_specs(self, texts: list, option: str) -> list[tuple[int, int]]:
         if not texts:
             raise PonderError(f"{option} needs at least one range LO-HI")
-        return [parse_count_range(text, self.cfg.elems) for text in texts]
+        return [parse_count_range(text, self.cfg.task.elems) for text in texts]
 
     def test_data(self, options, device):
         """Where and how many: the vectors are drawn per bucket (see bucket); --limit N gives N
@@ -362,7 +362,7 @@ class ParityTask(Task):
         vectors from `seed` (the evaluation's seed + k), per (elems, count) as ever."""
         device, per_count, set_seed = test
         set_seed = set_seed if draw == 0 else derived_seed("vectors", seed)
-        data = evaluation_set(self.cfg.elems, *spec, per_count, set_seed, device)
+        data = evaluation_set(self.cfg.task.elems, *spec, per_count, set_seed, device)
         return vector_bucket(data, max_steps, seed)
 
     def bucket_fields(self, spec: tuple[int, int], protocol: str) -> dict:
@@ -371,13 +371,13 @@ class ParityTask(Task):
     def sweep_specs(self, start: Optional[float], stop: Optional[float], every: Optional[float]) -> list[tuple[int, int]]:
         """Each exact non-zero count --from..--to every --every (default: 1 to elems, every one)."""
 
-        values = (1 if start is None else start, self.cfg.elems if stop is None else stop, 1 if every is None else every)
+        values = (1 if start is None else start, self.cfg.task.elems if stop is None else stop, 1 if every is None else every)
         if any(float(v) != int(v) for v in values):
             raise PonderError(f"a parity sweep runs over whole non-zero counts: --from, --to and --every must be "
                               f"integers (got {', '.join(f'{float(v):g}' for v in values)})")
         start, stop, every = (int(v) for v in values)
-        if not 1 <= start <= stop <= self.cfg.elems or every < 1:
-            raise PonderError(f"the sweep needs 1 <= --from <= --to <= {self.cfg.elems} (the elements of a vector) "
+        if not 1 <= start <= stop <= self.cfg.task.elems or every < 1:
+            raise PonderError(f"the sweep needs 1 <= --from <= --to <= {self.cfg.task.elems} (the elements of a vector) "
                               f"and --every >= 1 (got {start}, {stop}, {every})")
         return [(count, count) for count in range(start, stop + 1, every)]
 
