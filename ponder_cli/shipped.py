@@ -23,6 +23,7 @@ SHIPPED = {
                                                            "counts 1-8"),
     "parity16-extrapolation-act": ("parity/extrapolation16-act.pt", "act · step gru · parity of 16 elements, trained "
                                                                    "on counts 1-8"),
+    "parity32": ("parity/interpolation32.pt", "pondernet · step gru · parity of 32 elements, counts 1-32"),
 }
 DEFAULT = "reference"
 

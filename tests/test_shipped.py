@@ -24,7 +24,8 @@ def test_the_shipped_models_are_found_inside_the_package_whatever_the_directory(
         "reference": "checkpoints/best.pt", "interpolation": "checkpoints/interpolation/best.pt",
         "align": "checkpoints/align/best.pt", "parity16": "checkpoints/parity/interpolation16.pt",
         "parity16-extrapolation": "checkpoints/parity/extrapolation16.pt",
-        "parity16-extrapolation-act": "checkpoints/parity/extrapolation16-act.pt"}
+        "parity16-extrapolation-act": "checkpoints/parity/extrapolation16-act.pt",
+        "parity32": "checkpoints/parity/interpolation32.pt"}
     assert all(shipped_path(name).is_file() for name in SHIPPED)
 
 
@@ -153,14 +154,15 @@ def test_checkpoint_help_names_the_shipped_models(ponder):
     assert "[default: reference]" in text
 
 
-@pytest.mark.parametrize("name,command,counts,accuracies", [
-    ("parity16", "eval", ["1-4", "5-8", "9-12", "13-16"], [1.0, 1.0, 1.0, 0.9992]),
-    ("parity16-extrapolation", "extrapolate", ["1-8", "9-12", "13-16"], [0.9980, 0.4798, 0.5012]),
-    ("parity16-extrapolation-act", "extrapolate", ["1-8", "9-12", "13-16"], [0.9941, 0.6280, 0.4155]),
+@pytest.mark.parametrize("name,command,counts,limit,accuracies", [
+    ("parity16", "eval", ["1-4", "5-8", "9-12", "13-16"], 2000, [1.0, 1.0, 1.0, 0.9992]),
+    ("parity16-extrapolation", "extrapolate", ["1-8", "9-12", "13-16"], 2000, [0.9980, 0.4798, 0.5012]),
+    ("parity16-extrapolation-act", "extrapolate", ["1-8", "9-12", "13-16"], 2000, [0.9941, 0.6280, 0.4155]),
+    ("parity32", "eval", ["1-8", "9-16", "17-24", "25-32"], 500, [1.0, 1.0, 0.9985, 0.9880]),
 ])
-def test_the_shipped_parity_models_give_the_documented_figures(ponder, name, command, counts, accuracies):
-    """docs/parity.md's table of the shipped models: fixed test vectors (2,000 per count), seeded coins."""
-    result = ponder(command, name, "--counts", *counts, "--limit", 2000, "-f", "json")
+def test_the_shipped_parity_models_give_the_documented_figures(ponder, name, command, counts, limit, accuracies):
+    """docs/parity.md's figures of the shipped models: fixed test vectors (`limit` per count), seeded coins."""
+    result = ponder(command, name, "--counts", *counts, "--limit", limit, "-f", "json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["task"] == "parity" and [b["counts"] for b in report["buckets"]] == counts
