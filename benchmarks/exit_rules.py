@@ -60,7 +60,8 @@ def main() -> None:
                          "accuracy_last": outcome.accuracy_last, "mean_steps": outcome.mean_steps,
                          "gap": 100 * (outcome.accuracy_last - outcome.accuracy), "images": outcome.images})
     if args.format == "json":
-        print(json.dumps({"checkpoint": str(path), "protocol": "fixed", "seed": cfg.training.seed, "repeats": args.repeats,
+        print(json.dumps({"checkpoint": str(path), "protocol": "fixed", "seed": cfg.training.seed,
+                          "repeats": args.repeats,
                           "buckets": rows}))
         return
     print(f"{path}: gap (points) / mean steps at exactly each angle, {args.repeats} draw(s)")

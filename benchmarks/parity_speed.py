@@ -84,7 +84,8 @@ def seconds_to_target(cfg: PonderConfig, target: float, device: torch.device) ->
             reached = None
         except Reached:
             reached = seconds
-    return {"target": target, "seconds": reached, "iterations": len(curve) * cfg.task.batches_per_epoch if reached else None,
+    return {"target": target, "seconds": reached,
+            "iterations": len(curve) * cfg.task.batches_per_epoch if reached else None,
             "curve": curve}
 
 
@@ -112,7 +113,8 @@ def main(argv=None) -> None:
     if args.train_counts:
         given["train_counts"] = args.train_counts
     cfg = PonderConfig.from_options(**given)
-    result = {"elems": cfg.task.elems, "train_counts": cfg.task.train_counts, "step": cfg.step.name, "method": cfg.method.name,
+    result = {"elems": cfg.task.elems, "train_counts": cfg.task.train_counts, "step": cfg.step.name,
+              "method": cfg.method.name,
               "batch_size": cfg.training.batch_size, "threads": args.threads, "device": str(device)}
     if args.only in (None, "speed"):
         result["iterations_per_second"] = round(iterations_per_second(cfg, args.iterations, device), 1)

@@ -177,10 +177,12 @@ def main() -> None:
         data_dir = args.data_dir or default_data_dir()
         full, test = load_mnist(data_dir, train=True), load_mnist(data_dir, train=False)
         source = f"MNIST from {data_dir}"
-    train_set, val_set = train_val_split(full, val_size=cfg.task.val_size, train_size=cfg.task.train_size, seed=cfg.training.seed)
+    train_set, val_set = train_val_split(full, val_size=cfg.task.val_size, train_size=cfg.task.train_size,
+                                         seed=cfg.training.seed)
     train_set, val_set, test = train_set.to(device), val_set.to(device), test.to(device)
     print(f"device {device}, {torch.get_num_threads()} CPU threads, torch {torch.__version__}, data: {source}, "
-          f"step {cfg.step.name} (max {cfg.method.max_steps} steps, truncation {cfg.method.truncation:g}), amp {args.amp}")
+          f"step {cfg.step.name} (max {cfg.method.max_steps} steps, truncation {cfg.method.truncation:g}), "
+          f"amp {args.amp}")
 
     torch.manual_seed(cfg.training.seed)
     model = new_model(cfg).to(device)
@@ -190,7 +192,8 @@ def main() -> None:
     log_prior = geometric_log_prior(cfg.method.lambda_p, cfg.method.max_steps, device)
 
     # --- training: one epoch of the reference configuration, then the validation pass
-    epoch_set = train_set if not args.train_batches else train_set.subset(slice(0, args.train_batches * cfg.training.batch_size))
+    epoch_set = (train_set if not args.train_batches
+                 else train_set.subset(slice(0, args.train_batches * cfg.training.batch_size)))
     if device.type == "cuda":  # CUDA context, cuDNN and cuBLAS handles, the allocator's pool: not an epoch's cost
         train_one_epoch(model, method, optimizer, scaler, train_set.subset(slice(0, 5 * cfg.training.batch_size)), cfg,
                         amp=args.amp, progress=False)
@@ -223,8 +226,9 @@ def main() -> None:
         return
 
     # --- the step function: ours (CNN once per image) against the reference's (CNN every step)
-    x = prepare_batch(train_set.images[:cfg.training.batch_size], uniform_angles(cfg.training.batch_size, 22.5, device=device))
-    y = train_set.labels[:cfg.training.batch_size]
+    batch = cfg.training.batch_size
+    x = prepare_batch(train_set.images[:batch], uniform_angles(batch, 22.5, device=device))
+    y = train_set.labels[:batch]
 
     def train_step(forward):
         out = forward(x)

@@ -23,7 +23,8 @@ def model_bucket(name: str) -> dict:
     state = load_checkpoint(shipped_path(name))
     cfg = state.config
     best = next((h for h in state.history if h.get("epoch") == state.best_epoch), None)
-    return {"name": name, "task": cfg.task.name, "method": cfg.method.name, "step": cfg.step.name, "what": SHIPPED[name][1],
+    return {"name": name, "task": cfg.task.name, "method": cfg.method.name, "step": cfg.step.name,
+            "what": SHIPPED[name][1],
             "file": str(Resolved.shipped(shipped_path(name), "").path), "epochs": state.epoch,
             "best_epoch": state.best_epoch or None, "val_accuracy": best["val_accuracy"] if best else None,
             "val_steps": best["val_steps"] if best else None}

@@ -59,7 +59,8 @@ def resolve_config(given: dict, resume: Optional[Path] = None):
     saved = state.config
     problems = inapplicable(given, saved.chosen())
     if problems:
-        raise PonderError(f"cannot resume {resumed.path} ({saved.method.name}, step {saved.step.name}): {'; '.join(problems)}")
+        raise PonderError(f"cannot resume {resumed.path} ({saved.method.name}, step {saved.step.name}): "
+                          f"{'; '.join(problems)}")
     conflicts = [f"--{k.replace('_', '-')} {v} (checkpoint: {saved.value(k)})"
                  for k, v in given.items() if k not in RESUMABLE_CHANGES and saved.value(k) != v]
     if conflicts:
@@ -95,8 +96,9 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     out_dir = out if out is not None else Path(resume).parent
     check_unlocked(out_dir)
     if state.epoch >= cfg.training.epochs:
-        done = (f"is complete ({state.epoch} of {cfg.training.epochs} epochs)" if state.epoch == cfg.training.epochs else
-                f"has trained {state.epoch} epochs, more than --epochs {cfg.training.epochs} asks for")
+        epochs = cfg.training.epochs
+        done = (f"is complete ({state.epoch} of {epochs} epochs)" if state.epoch == epochs else
+                f"has trained {state.epoch} epochs, more than --epochs {epochs} asks for")
         raise PonderError(f"nothing to do: the run in {resume} {done}; to train it longer, raise --epochs: "
                           f"ponder train --resume {resume} --epochs N (N > {state.epoch})")
     if not _same_path(out_dir, Path(resume).parent):

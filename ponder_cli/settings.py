@@ -187,7 +187,8 @@ SECTION_TYPES = {kind.section: kind for kind in (TaskSettings, StepSettings, Met
 # every setting's flat key (its option's name, the key of checkpoints and JSON) -> (section, attribute)
 PLACES = {kind.key(f.name): (section, f.name) for section, kind in SECTION_TYPES.items()
           for f in dataclasses.fields(kind)}
-SECTIONS = {section: tuple(kind.key(f.name) for f in dataclasses.fields(kind)) for section, kind in SECTION_TYPES.items()}
+SECTIONS = {section: tuple(kind.key(f.name) for f in dataclasses.fields(kind))
+            for section, kind in SECTION_TYPES.items()}
 SECTION_OF = {key: section for key, (section, _) in PLACES.items()}
 
 

@@ -183,7 +183,8 @@ def test_align_through_every_command(method_name, tiny_mnist, tmp_path, ponder):
 
 def test_align_implies_its_halting_settings_unless_given():
     cfg = PonderConfig.from_options(step="align")
-    assert (cfg.method.max_steps, cfg.method.lambda_p, cfg.method.truncation, cfg.method.halting_input, cfg.step.turn_gate) == \
+    assert (cfg.method.max_steps, cfg.method.lambda_p, cfg.method.truncation, cfg.method.halting_input,
+            cfg.step.turn_gate) == \
         (12, 0.5, 0.1, "state+turn", 0.2)
     assert math.isclose(cfg.method.halting_bias, 0.0)  # logit(0.5)
     assert math.isclose(PonderConfig.from_options(step="align", lambda_p=0.2).method.halting_bias, math.log(0.25))

@@ -44,7 +44,8 @@ ALIGN_DEFAULTS = [option for option in ALIGN if option not in ("--halting-input"
 SMALL = dict(max_steps=3, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16, epochs=1)
 # Without dropout and rotation the ranks' own RNG streams touch nothing but the training
 # metrics' coin flips, so 2 ranks x 64 images must step exactly like 1 process x 128 images.
-NO_NOISE = PonderConfig.of(**SMALL, batch_size=128, train_size=192, cnn_dropout=0.0, mlp_dropout=0.0, train_rotation=0.0)
+NO_NOISE = PonderConfig.of(**SMALL, batch_size=128, train_size=192, cnn_dropout=0.0, mlp_dropout=0.0,
+                           train_rotation=0.0)
 # Everything random on: 201 images, so the last global batch (9 images) loses one to split evenly.
 NOISY = PonderConfig.of(**{**SMALL, "epochs": 2}, batch_size=64, train_size=201)
 TORCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

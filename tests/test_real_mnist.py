@@ -26,7 +26,8 @@ def test_one_epoch_on_a_subset_is_well_above_chance(tmp_path):
     cfg = PonderConfig.of(epochs=1, train_size=10_000, val_size=1000)
     full = load_mnist(DATA_DIR, train=True, download=False)
     assert len(full) == 60_000
-    train_set, val_set = train_val_split(full, val_size=cfg.task.val_size, train_size=cfg.task.train_size, seed=cfg.training.seed)
+    train_set, val_set = train_val_split(full, val_size=cfg.task.val_size, train_size=cfg.task.train_size,
+                                         seed=cfg.training.seed)
     result = train(cfg, train_set, val_set, device=torch.device("cpu"), out_dir=tmp_path, progress=False)
     assert result.best_accuracy > FLOOR, [(h.epoch, h.val_accuracy) for h in result.history]
     test = load_mnist(DATA_DIR, train=False, download=False)

@@ -50,7 +50,8 @@ class SumsTask(Task):
         return Batches()
 
     def validate(self, model, data, amp):
-        return evaluate_bucket(model, self.bucket(None, TRAINED, [], model.max_steps, self.cfg.training.seed, None), self.cfg,
+        return evaluate_bucket(model, self.bucket(None, TRAINED, [], model.max_steps, self.cfg.training.seed, None),
+                               self.cfg,
                                amp=amp)
 
     def describe(self, train_data, val_data):

@@ -200,8 +200,8 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
     if model.max_steps == 1:
         raise PonderError(f"{path} runs one step: every rule halts there, there is nothing to calibrate")
     if any(get_method(cfg).halting_label(rule) != rule for rule in rules):
-        raise PonderError(f"{subject} applies to pondernet checkpoints; this one is {cfg.method.name}, which halts by its "
-                          f"own rule")
+        raise PonderError(f"{subject} applies to pondernet checkpoints; this one is {cfg.method.name}, which halts "
+                          f"by its own rule")
     task = get_task(cfg)
     options = _with_protocol(task, options)
     specs = task.parse_buckets(spelled(buckets), "calibrate")

@@ -141,7 +141,8 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
     elif holder is not None:
         status = f"training now (PID {holder})"
     elif stopped_early:
-        status = f"stopped early after epoch {state.epoch} (no better validation accuracy for {cfg.training.patience} epochs)"
+        status = (f"stopped early after epoch {state.epoch} (no better validation accuracy for "
+                  f"{cfg.training.patience} epochs)")
     elif state.epoch < cfg.training.epochs:
         status = f"interrupted after epoch {state.epoch} of {cfg.training.epochs}"
         if resumable:

@@ -83,7 +83,9 @@ def build_model(cfg, classes: int, input_shape: tuple) -> torch.nn.Module:
     initial bias the config's halting_bias, else the one the method implies (ACT: Graves' +1; a
     config built without from_options has none), else PyTorch's default initialisation."""
     model = PonderNet(cfg, classes=classes, input_shape=input_shape)
-    bias = cfg.method.halting_bias if cfg.method.halting_bias is not None else method_class(cfg.method.name).implied.get("halting_bias")
+    bias = cfg.method.halting_bias
+    if bias is None:
+        bias = method_class(cfg.method.name).implied.get("halting_bias")
     if bias is not None:
         with torch.no_grad():
             model.halting_head.bias.fill_(bias)

@@ -67,7 +67,8 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
     used = buckets[0]["halting"]
     repeats = buckets[0].get("repeats", 1)
     words = view.terms
-    meta = make_meta(command, [checkpoint], [cfg.method.name], [cfg.step.name], protocol=protocol, halting=used, seed=seed,
+    meta = make_meta(command, [checkpoint], [cfg.method.name], [cfg.step.name], protocol=protocol, halting=used,
+                     seed=seed,
                      task=view.name, repeats=repeats, **view.meta,
                      spearman={"rho": rho, "rho_ci": rho_ci, "images": images, "between": words.between})
     ci = f" (95% interval {rho_ci[0]:+.3f} to {rho_ci[1]:+.3f})" if rho_ci is not None else ""
@@ -172,7 +173,8 @@ def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[st
                       - 1e-12, admitted=bucket["agreement_lower"] >= floor - 1e-12, chosen=bucket["halting"] == chosen)
         buckets.append(bucket)
     images = buckets[0]["images"]
-    meta = make_meta("calibrate", [checkpoint], [cfg.method.name], [cfg.step.name], protocol=protocol, halting=None, seed=seed,
+    meta = make_meta("calibrate", [checkpoint], [cfg.method.name], [cfg.step.name], protocol=protocol, halting=None,
+                     seed=seed,
                      task=view.name, repeats=repeats, **view.meta, data=data, sets=sets, images=images,
                      tolerance=tolerance, criterion="agreement", bound="wilson, one-sided 95%", chosen=chosen)
     labels = ", ".join(words.label(s) for s in sets)

@@ -24,10 +24,12 @@ def training_report(cfg, result, seconds: float, view: TaskView) -> Report:
                "val_steps": best["val_steps"] if best else None, "stopped_early": result.stopped_early,
                "seconds": seconds, "out_dir": str(result.out_dir)}
     best_file = result.best_path
-    meta = make_meta("train", [str(best_file)] if best_file else [], [cfg.method.name], [cfg.step.name], protocol=view.protocol,
-                     halting="sample", seed=cfg.training.seed, task=view.name, **view.meta, **summary, config=cfg.to_dict())
+    meta = make_meta("train", [str(best_file)] if best_file else [], [cfg.method.name], [cfg.step.name],
+                     protocol=view.protocol, halting="sample", seed=cfg.training.seed, task=view.name, **view.meta,
+                     **summary, config=cfg.to_dict())
     return Report(meta=meta, buckets=epochs, columns=TRAIN_COLUMNS, table_rows=[summary],
-                  title=f"{cfg.method.name} training (step {cfg.step.name}{', ' + view.name if view.named_in_titles else ''})",
+                  title=(f"{cfg.method.name} training (step {cfg.step.name}"
+                         f"{', ' + view.name if view.named_in_titles else ''})"),
                   footer=f"best checkpoint: {best_file}" if best_file else
                   f"no best checkpoint in {result.out_dir}: no epoch of this run beat epoch {result.best_epoch}, "
                   f"whose weights were not found beside the checkpoint resumed")
@@ -58,7 +60,8 @@ def prediction_report(checkpoint: str, cfg, buckets: list[dict], *, halting: str
                       views: list, view: TaskView, **extra) -> Report:
     """predict: one bucket per input (its prediction, probability and halting step; with
     `steps`, each step's figures); `views` (per input: each step's view, nested lists) feed --plot."""
-    meta = make_meta("predict", [checkpoint], [cfg.method.name], [cfg.step.name], protocol=None, halting=halting, seed=seed,
+    meta = make_meta("predict", [checkpoint], [cfg.method.name], [cfg.step.name], protocol=None, halting=halting,
+                     seed=seed,
                      task=view.name, **view.meta, **extra, inputs=len(buckets))
     sampled = halting == "sample"
     report = Report(meta=meta, buckets=buckets if steps else [{k: v for k, v in b.items() if k != "steps"}
@@ -91,7 +94,8 @@ def info_report(checkpoint: str, cfg, history: list[dict], summary: dict, *, sho
                 view: TaskView) -> Report:
     """info: what a checkpoint holds, as a table of facts, and its history, one bucket per epoch."""
     meta = make_meta("info", [checkpoint], [cfg.method.name], [cfg.step.name], protocol=view.protocol, halting=None,
-                     seed=cfg.training.seed, task=view.name, **view.meta, **summary, config=cfg.to_dict(), sources=sources)
+                     seed=cfg.training.seed, task=view.name, **view.meta, **summary, config=cfg.to_dict(),
+                     sources=sources)
     values = cfg.to_dict()
     configuration = " · ".join(f"{name.replace('_', '-')} {value_text(values[name])}"
                                + ("" if sources.get(name, "default") == "default" else f" ({sources[name]})")

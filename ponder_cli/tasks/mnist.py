@@ -255,7 +255,8 @@ class MnistTask(Task):
 
     def load_training(self, data_dir, download: bool):
         full = load_mnist(data_dir, train=True, download=download)
-        return train_val_split(full, val_size=self.cfg.task.val_size, train_size=self.cfg.task.train_size, seed=self.cfg.training.seed)
+        return train_val_split(full, val_size=self.cfg.task.val_size, train_size=self.cfg.task.train_size,
+                               seed=self.cfg.training.seed)
 
     def to_device(self, data, device):
         return data.to(device)
@@ -264,7 +265,8 @@ class MnistTask(Task):
         return ImageBatches(data, self.cfg)
 
     def validate(self, model, data, amp: bool):
-        return evaluate(model, data, self.cfg, max_angle=self.cfg.task.train_rotation, seed=self.cfg.training.seed, amp=amp)
+        return evaluate(model, data, self.cfg, max_angle=self.cfg.task.train_rotation, seed=self.cfg.training.seed,
+                        amp=amp)
 
     def describe(self, train_data, val_data) -> str:
         return f"on {len(train_data)} images, validating on {len(val_data)}"

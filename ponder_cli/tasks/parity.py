@@ -252,8 +252,9 @@ class ParityTask(Task):
 
     @classmethod
     def config_problems(cls, cfg):
-        if isinstance(cfg.task.elems, bool) or not isinstance(cfg.task.elems, int) or not 1 <= cfg.task.elems <= MAX_ELEMS:
-            return [f"elems must be an integer from 1 to {MAX_ELEMS} (got {cfg.task.elems})"]
+        elems = cfg.task.elems
+        if isinstance(elems, bool) or not isinstance(elems, int) or not 1 <= elems <= MAX_ELEMS:
+            return [f"elems must be an integer from 1 to {MAX_ELEMS} (got {elems})"]
         problems = []
         if cfg.task.train_counts != "":
             try:
@@ -304,8 +305,9 @@ class ParityTask(Task):
 
     def describe(self, train_data, val_data) -> str:
         lo, hi = self._range()
-        return (f"on {self.cfg.task.batches_per_epoch} batches of {self.cfg.training.batch_size} fresh vectors per epoch "
-                f"({self.cfg.task.elems} elements, non-zero counts {lo}-{hi}), validating on {val_data.x.shape[0]}")
+        return (f"on {self.cfg.task.batches_per_epoch} batches of {self.cfg.training.batch_size} fresh vectors per "
+                f"epoch ({self.cfg.task.elems} elements, non-zero counts {lo}-{hi}), validating on "
+                f"{val_data.x.shape[0]}")
 
     def read_inputs(self, paths, options):
         """.npy arrays (N, elems) and text files of vectors (see _vector_rows), entries -1, 0, +1."""
@@ -371,14 +373,15 @@ class ParityTask(Task):
     def sweep_specs(self, start: Optional[float], stop: Optional[float], every: Optional[float]) -> list[tuple[int, int]]:
         """Each exact non-zero count --from..--to every --every (default: 1 to elems, every one)."""
 
-        values = (1 if start is None else start, self.cfg.task.elems if stop is None else stop, 1 if every is None else every)
+        values = (1 if start is None else start, self.cfg.task.elems if stop is None else stop,
+                  1 if every is None else every)
         if any(float(v) != int(v) for v in values):
             raise PonderError(f"a parity sweep runs over whole non-zero counts: --from, --to and --every must be "
                               f"integers (got {', '.join(f'{float(v):g}' for v in values)})")
         start, stop, every = (int(v) for v in values)
         if not 1 <= start <= stop <= self.cfg.task.elems or every < 1:
-            raise PonderError(f"the sweep needs 1 <= --from <= --to <= {self.cfg.task.elems} (the elements of a vector) "
-                              f"and --every >= 1 (got {start}, {stop}, {every})")
+            raise PonderError(f"the sweep needs 1 <= --from <= --to <= {self.cfg.task.elems} (the elements of a "
+                              f"vector) and --every >= 1 (got {start}, {stop}, {every})")
         return [(count, count) for count in range(start, stop + 1, every)]
 
     def bucket_label(self, bucket: dict) -> str:
