@@ -4,6 +4,7 @@ batch under several training truncations, on the same MNIST batches.
     OMP_NUM_THREADS=1 python benchmarks/align_steps.py --truncation 0.01 0.05 0.1 0.2
     OMP_NUM_THREADS=1 python benchmarks/align_steps.py --checkpoint ponder_cli/checkpoints/align/best.pt \\
         --truncation 0.01 0.1 --profile
+    OMP_NUM_THREADS=1 python benchmarks/align_steps.py --rule cut roulette --truncation 0.1 0.5
 
 Each truncation starts from the same weights (a fresh model of the step's defaults, or a
 checkpoint's) and trains on the same `--batches` batches of the training distribution (±22.5°)
@@ -70,6 +71,8 @@ def run(model, cfg: PonderConfig, data: list, profile: bool) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--truncation", type=float, nargs="+", default=[0.01, 0.05, 0.1, 0.2])
+    parser.add_argument("--rule", choices=("cut", "roulette"), nargs="+", default=["cut"],
+                        help="truncation rules (method.truncation_rule): each with every --truncation")
     parser.add_argument("--checkpoint", type=Path, help="start from this align model (default: a fresh one)")
     parser.add_argument("--batches", type=int, default=20, help="timed batches per truncation")
     parser.add_argument("--seed", type=int, default=1234)
@@ -85,13 +88,14 @@ def main() -> None:
     data = batches(base, args.batches + 1)
     print(f"{'fresh model' if args.checkpoint is None else args.checkpoint}, {args.batches} batches of "
           f"{base.training.batch_size}, {torch.get_num_threads()} thread(s)")
-    for truncation in args.truncation:
-        cfg = base.replace(truncation=truncation)
-        result = run(copy.deepcopy(start), cfg, data, args.profile)
-        print(f"truncation {truncation:<5g} computed steps per image {result['steps']:5.2f}   "
-              f"ms per batch {result['ms']:7.1f} (median; mean {result['ms_mean']:.1f})", flush=True)
-        if args.profile:
-            print(result["profile"], flush=True)
+    for rule in args.rule:
+        for truncation in args.truncation:
+            cfg = base.replace(truncation=truncation, truncation_rule=rule)
+            result = run(copy.deepcopy(start), cfg, data, args.profile)
+            print(f"{rule:<8} truncation {truncation:<5g} computed steps per image {result['steps']:5.2f}   "
+                  f"ms per batch {result['ms']:7.1f} (median; mean {result['ms_mean']:.1f})", flush=True)
+            if args.profile:
+                print(result["profile"], flush=True)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     python benchmarks/paired.py epoch --b cnn_dropout_mask=shared          # one config against another
     python benchmarks/paired.py epoch --against main                       # this tree against main's
     python benchmarks/paired.py epoch --mnist --b reference_step=true      # against the notebook's step
+    python benchmarks/paired.py epoch --mnist --b checkpoint=runs/X/best.pt  # against a trained model
     python benchmarks/paired.py command --against main -- train --train-size 256 --val-size 128
     python benchmarks/paired.py command --against HEAD~1 -- eval --limit 100
 
@@ -14,8 +15,10 @@ CPU time (user + system; steadier under load, with one thread per process).
 
 `epoch` times training batches in-process (`--batches`, synthetic digits unless --mnist) after one
 warm-up batch (`--b reference_step=true`: B trains with the reference notebook's step function,
-which reruns the CNN at every step, as benchmarks/speed.py's reference-style figures do); `command` times a whole `python -m ponder_cli ...` process, start-up included, in a
-fresh working folder. `--against REV` runs B from a snapshot of commit REV (`git archive`, in a
+which reruns the CNN at every step, as benchmarks/speed.py's reference-style figures do;
+`--b checkpoint=runs/X/best.pt`: B trains on from that model with its configuration, so a step
+whose cost follows the halting is timed as it halts once trained); `command` times a whole
+`python -m ponder_cli ...` process, start-up included, in a fresh working folder. `--against REV` runs B from a snapshot of commit REV (`git archive`, in a
 temporary folder): the same measuring code, REV's ponder_cli.
 """
 
@@ -53,11 +56,20 @@ def measure_epoch(root: Path, changes: dict, batches: int, mnist: bool) -> dict:
     from synthetic_data import synthetic_digits
 
     reference = changes.pop("reference_step", False)
-    cfg = PonderConfig.from_options(**changes)
+    checkpoint = changes.pop("checkpoint", None)
+    if checkpoint is not None:  # a trained model, with its own configuration (changed by the rest)
+        from ponder_cli.checkpoint import load_model
+
+        model, cfg, _ = load_model(checkpoint, "cpu")
+        cfg = cfg.replace(**changes)
+    else:
+        cfg = PonderConfig.from_options(**changes)
     count = (batches + 1) * cfg.training.batch_size
     images = load_mnist(default_data_dir(), train=True).subset(slice(0, count)) if mnist else synthetic_digits(count, 0)
     torch.manual_seed(cfg.training.seed)
-    model, device = new_model(cfg), torch.device("cpu")
+    if checkpoint is None:
+        model = new_model(cfg)
+    device = torch.device("cpu")
     method, optimizer, scaler = get_method(cfg), make_optimizer(model, cfg, device), grad_scaler(device, False)
     if reference:  # the reference notebook's step function: its CNN runs again at every step
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -154,7 +166,9 @@ def main() -> None:
     parser.add_argument("mode", choices=("epoch", "command"))
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--against", metavar="REV", help="B is commit REV's ponder_cli (default: this tree's)")
-    parser.add_argument("--a", action="append", default=[], metavar="FIELD=VALUE", help="epoch: a config change for A")
+    parser.add_argument("--a", action="append", default=[], metavar="FIELD=VALUE",
+                        help="epoch: a config change for A; checkpoint=PATH starts from a trained model and its "
+                             "configuration, reference_step=true runs the reference notebook's step function")
     parser.add_argument("--b", action="append", default=[], metavar="FIELD=VALUE", help="epoch: a config change for B")
     parser.add_argument("--batches", type=int, default=40, help="epoch: training batches timed per measurement")
     parser.add_argument("--mnist", action="store_true", help="epoch: MNIST from $PONDER_DATA_DIR, not synthetic digits")

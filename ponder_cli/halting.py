@@ -208,6 +208,10 @@ class EarlyExitRule:
     with the model's. (Integer indices, not a mask: a mask's indices cost a host sync each time.)
     """
 
+    # a truncation rule's: whether the last step a training forward computes for an image takes
+    # all its remaining halting mass (PonderNet.forward forces lambda to 1 there)
+    forces_halt = True
+
     def decide(self, n: int, last: bool, logits: torch.Tensor, lambda_logits: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
@@ -319,46 +323,3 @@ class ActExit(EarlyExitRule):
 
     def keep(self, rows):
         self.cumulative, self.weighted = self.cumulative.index_select(0, rows), self.weighted.index_select(0, rows)
-
-
-# Truncation in training: rules in the same form, deciding when an image needs no more steps ----
-
-class TruncateBelow(EarlyExitRule):
-    """PonderNet: an image is done once its remaining halting mass prod_k (1 - lambda_k) falls
-    below epsilon (per image; the paper truncates the whole batch at 0.05)."""
-
-    def __init__(self, batch: int, epsilon: float, device):
-        self.log_epsilon = math.log(epsilon)
-        self.log_survival = torch.zeros(batch, device=device)  # (A,)
-
-    def decide(self, n, last, logits, lambda_logits):
-        self.log_survival = accumulate(self.log_survival, log_continue(lambda_logits.detach()))
-        done = torch.ones_like(self.log_survival, dtype=torch.bool) if last else self.log_survival < self.log_epsilon
-        return done, logits
-
-    def keep(self, rows):
-        self.log_survival = self.log_survival.index_select(0, rows)
-
-
-class ActHalted(EarlyExitRule):
-    """ACT: an image is done at its halting step N; every later step has weight 0, so dropping
-    it changes nothing (exact)."""
-
-    def __init__(self, batch: int, epsilon: float, device):
-        self.epsilon = epsilon
-        self.cumulative = torch.zeros(batch, device=device)  # (A,)
-
-    def decide(self, n, last, logits, lambda_logits):
-        self.cumulative = accumulate(self.cumulative, halting_units(lambda_logits.detach()))
-        done = torch.ones_like(self.cumulative, dtype=torch.bool) if last else act_reached(self.cumulative, self.epsilon)
-        return done, logits
-
-    def keep(self, rows):
-        self.cumulative = self.cumulative.index_select(0, rows)
-
-
-class StopAfterFirstStep(EarlyExitRule):
-    """Every image is done after its first step: the least that any forward pass computes."""
-
-    def decide(self, n, last, logits, lambda_logits):
-        return torch.ones_like(lambda_logits, dtype=torch.bool), logits

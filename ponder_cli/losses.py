@@ -63,10 +63,14 @@ def kl_to_prior(p: torch.Tensor, log_p: torch.Tensor, log_prior: torch.Tensor) -
 
 
 def ponder_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor,
-                log_prior: torch.Tensor, beta: float) -> LossParts:
-    """Always in float32, also when the forward pass ran under autocast."""
+                log_prior: torch.Tensor, beta: float, weights: torch.Tensor | None = None) -> LossParts:
+    """Always in float32, also when the forward pass ran under autocast. `weights` (steps, B)
+    scale each step's terms of both sums (truncation.roulette_weights: an unbiased estimate of
+    them from the steps a truncated forward computed)."""
     log_p = halting_log_probs(lambda_logits)  # (steps, B), float32
     p = log_p.exp()
+    if weights is not None:
+        p = p * weights  # the terms' weights; log_p stays the halting distribution's
     reconstruction = reconstruction_loss(logits, targets, p)
     regularisation = kl_to_prior(p, log_p, log_prior)
     return LossParts(reconstruction + beta * regularisation, reconstruction, regularisation)

@@ -13,7 +13,8 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
-from .halting import EarlyExitRule, StopAfterFirstStep
+from .halting import EarlyExitRule
+from .truncation import StopAfterFirstStep
 from .registry import step_class
 from .steps import select_rows
 
@@ -26,6 +27,16 @@ class PonderOutput(NamedTuple):
     logits: torch.Tensor  # (steps, B, classes): y_n at every step
     lambda_logits: torch.Tensor  # (steps, B): pre-sigmoid conditional halting probability
     computed: torch.Tensor | None = None  # (B,) steps computed per image, when truncated
+
+
+def halting_as_computed(out: PonderOutput) -> torch.Tensor:
+    """out's halting logits (steps, B) with every input halting by its last computed step at the
+    latest, as a forward whose rule `forces_halt` gives them: what a halting rule may pick from a
+    truncated forward."""
+    if out.computed is None:
+        return out.lambda_logits
+    n = torch.arange(1, out.lambda_logits.shape[0] + 1, device=out.lambda_logits.device)[:, None]  # (steps, 1)
+    return torch.where(n >= out.computed, torch.full_like(out.lambda_logits, FORCED_HALT_LOGIT), out.lambda_logits)
 
 
 class PonderNet(nn.Module):
@@ -46,13 +57,15 @@ class PonderNet(nn.Module):
 
     def forward(self, x: torch.Tensor, stop: EarlyExitRule | None = None, traces: list | None = None) -> PonderOutput:
         """Run the steps for training and losses: every step of every image, or, with a `stop`
-        rule (see halting.TruncateBelow), each image only until the rule says it is done.
+        rule (see truncation.py), each image only until the rule says it is done.
         `traces`, a list, receives each step's steps.StepTrace (every step, no `stop`): what
         `ponder predict` shows of a step.
 
         A truncated image's last computed step gets halting logit FORCED_HALT_LOGIT, so lambda
         is 1 there and every later step has p_n = 0: the remaining mass the rule found too small
-        to compute moves onto that step. Later steps' class logits are 0 (weighted by p_n = 0).
+        to compute moves onto that step (unless the rule says otherwise: `forces_halt`; then the
+        step after it takes that mass, and the method's loss leaves out the steps not computed).
+        Later steps' class logits are 0.
         """
         if stop is not None:
             return self._forward_truncated(x, stop)
@@ -129,7 +142,8 @@ class PonderNet(nn.Module):
         computed = torch.full((batch,), self.max_steps, dtype=torch.long, device=x.device)
         logits_all = lambda_all = None
         for n, active, logits, lambda_logits, done, _ in self._until_done(x, stop):
-            lambda_logits = torch.where(done, torch.full_like(lambda_logits, FORCED_HALT_LOGIT), lambda_logits)
+            if stop.forces_halt:
+                lambda_logits = torch.where(done, torch.full_like(lambda_logits, FORCED_HALT_LOGIT), lambda_logits)
             if logits_all is None:  # padding: logits 0, halting forced (p_n = 0 after the last step)
                 logits_all = logits.new_zeros(self.max_steps, batch, logits.shape[-1])
                 lambda_all = lambda_logits.new_full((self.max_steps, batch), FORCED_HALT_LOGIT)

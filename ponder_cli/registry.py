@@ -35,6 +35,10 @@ HALTING_INPUTS = ("state", "state+confidence", "state+previous", "state+turn", "
 # mlp: one Dropout2d mask per image shared by every step (the CNN runs once), or a fresh mask
 # at every step, as the reference gets by recomputing its CNN at every step
 CNN_DROPOUT_MASKS = ("shared", "per-step")
+# what PonderNet's training does with an input whose remaining halting mass is below the
+# truncation: stop it, its last computed step taking that mass (cut: biased), or go on with a
+# probability that falls with the mass, later steps weighted by its inverse (roulette: unbiased)
+TRUNCATION_RULES = ("cut", "roulette")
 # how PonderNet picks its halting step at inference; quantile, patience and confidence take a
 # parameter (quantile:0.9, patience:2, confidence:0.95), parsed in halting_rules.py
 HALTING_RULES = ("sample", "median", "expected", "quantile", "patience", "confidence")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import PonderError
-from .registry import CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, STEPS, TASKS
+from .registry import CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, STEPS, TASKS, TRUNCATION_RULES
 
 MAX_STEPS = 100  # a bound on the cost of an epoch (training runs every step for every image)
 FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32: what the model's tensors can hold
@@ -142,9 +142,12 @@ class MethodSettings(Settings):
     # training drops an input from later steps once its remaining halting mass is below this
     # (0: every step of every input); ACT drops it at its own halting step (exact)
     truncation: float = 0.0
+    # pondernet: what happens below the truncation (registry.TRUNCATION_RULES): cut stops the
+    # input; roulette goes on with probability (remaining mass) / truncation, an unbiased loss
+    truncation_rule: str = "cut"
 
     section = "method"
-    choices = {"name": METHODS, "halting_input": HALTING_INPUTS}
+    choices = {"name": METHODS, "halting_input": HALTING_INPUTS, "truncation_rule": TRUNCATION_RULES}
     positive = ("max_steps",)
     numbers = ("halting_bias", "lambda_p", "beta", "tau", "act_epsilon", "truncation")
 

@@ -17,6 +17,7 @@ from .checkpoint import TrainingState, new_model, save_checkpoint
 from .config import PonderConfig
 from .folders import BEST, LAST
 from .methods import Method, get_method
+from .model import halting_as_computed
 from .runtime import Adam, autocast, grad_scaler
 from .duration import TimedSource
 from .tasks import TrainingSource, get_task
@@ -70,7 +71,7 @@ def _batch_metrics(method: Method, out, targets: torch.Tensor, coins: torch.Gene
     """One training batch's correct predictions and summed halting steps, (2,), under the sample
     rule with halting coins drawn from `coins`."""
     uniforms = torch.rand(out.lambda_logits.shape, device=targets.device, generator=coins)  # (steps, B)
-    scores, steps = method.predict(out.logits, out.lambda_logits, uniforms, "sample")
+    scores, steps = method.predict(out.logits, halting_as_computed(out), uniforms, "sample")
     return torch.stack([(scores.argmax(dim=1) == targets).sum(), steps.sum()])
 
 
@@ -86,7 +87,7 @@ def _optimizer_step(model, method: Method, optimizer, scaler, params: list, x, t
         # Truncation lets a rank run fewer steps than another: no collective happens in
         # here (see distributed.wrap); DDP synchronises in backward, once per batch.
         out = model(x, stop=method.truncation(targets.shape[0], device))
-    loss = method.loss(out.logits, out.lambda_logits, targets)  # float32 outside autocast
+    loss = method.loss(out.logits, out.lambda_logits, targets, out.computed)  # float32 outside autocast
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss.total).backward()
     scaler.unscale_(optimizer)

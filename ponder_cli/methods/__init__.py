@@ -46,7 +46,10 @@ class Method:
         """Whether predicting under `rule` needs every step of every image (no early exit)."""
         return False
 
-    def loss(self, logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor) -> LossParts:
+    def loss(self, logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor,
+             computed: torch.Tensor | None = None) -> LossParts:
+        """The training loss of a forward pass; `computed` (B,), the steps a truncated forward
+        computed per input (PonderOutput.computed), None when it computed every step."""
         raise NotImplementedError
 
     def predict(self, logits: torch.Tensor, lambda_logits: torch.Tensor, uniforms: torch.Tensor,
@@ -69,7 +72,8 @@ class Method:
         raise NotImplementedError
 
     def truncation(self, batch: int, device) -> EarlyExitRule | None:
-        """The rule that lets training drop an image from later steps (None: every step)."""
+        """The rule that lets training drop an image from later steps (None: every step); any
+        randomness it needs comes from the training stream (torch's default generator), as dropout's."""
         return None
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..halting import ActExit, ActHalted, act_halting, act_mean_field, act_prediction
+from ..halting import ActExit, act_halting, act_mean_field, act_prediction
+from ..truncation import ActHalted
 from ..losses import LossParts
 from . import Method
 
@@ -57,7 +58,7 @@ class ACTMethod(Method):
         return (f"--halting {rule} applies to pondernet checkpoints; this one is act, which halts by its own "
                 f"rule (halting units summing to 1 - epsilon)")
 
-    def loss(self, logits, lambda_logits, targets):
+    def loss(self, logits, lambda_logits, targets, computed=None):
         return act_loss(logits, lambda_logits, targets, self.cfg.method.tau, self.cfg.method.act_epsilon)
 
     def predict(self, logits, lambda_logits, uniforms, rule):

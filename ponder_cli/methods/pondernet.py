@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import torch
 
-from ..halting import TruncateBelow, expected_prediction, logits_at, rule_exit, rule_halting_steps
+from ..halting import expected_prediction, logits_at, rule_exit, rule_halting_steps
 from ..halting_rules import parse_halting_rule
 from ..losses import geometric_log_prior, ponder_loss
+from ..truncation import ContinueBelow, TruncateBelow, roulette_weights
 from . import Method
 
 
 class PonderNetMethod(Method):
     name = "pondernet"
-    reads = ("max_steps", "halting_input", "halting_bias", "turn_gate", "lambda_p", "beta", "truncation")
+    reads = ("max_steps", "halting_input", "halting_bias", "turn_gate", "lambda_p", "beta", "truncation",
+             "truncation_rule")
 
     @classmethod
     def config_problems(cls, cfg):
@@ -38,8 +40,11 @@ class PonderNetMethod(Method):
     def needs_all_steps(self, rule):
         return parse_halting_rule(rule).name == "expected"
 
-    def loss(self, logits, lambda_logits, targets):
-        return ponder_loss(logits, lambda_logits, targets, self.log_prior(logits.device), self.cfg.method.beta)
+    def loss(self, logits, lambda_logits, targets, computed=None):
+        weights = None
+        if computed is not None and self.cfg.method.truncation_rule == "roulette":
+            weights = roulette_weights(lambda_logits, computed, self.cfg.method.truncation)
+        return ponder_loss(logits, lambda_logits, targets, self.log_prior(logits.device), self.cfg.method.beta, weights)
 
     def predict(self, logits, lambda_logits, uniforms, rule):
         rule = parse_halting_rule(rule)
@@ -58,4 +63,6 @@ class PonderNetMethod(Method):
     def truncation(self, batch, device):
         if self.cfg.method.truncation <= 0 or self.cfg.method.max_steps == 1:
             return None
+        if self.cfg.method.truncation_rule == "roulette":
+            return ContinueBelow(self.cfg.method.truncation, torch.rand(self.cfg.method.max_steps, batch, device=device))
         return TruncateBelow(batch, self.cfg.method.truncation, device)

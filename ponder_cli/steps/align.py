@@ -32,12 +32,16 @@ from .mlp import ImageEncoder, encoder_problems
 
 def rotation_grid(angles: torch.Tensor, size: tuple) -> torch.Tensor:
     """Sampling grid that rotates images (N, C, H, W) counter-clockwise by `angles` radians (N,)
-    about their centre: output pixel p reads input pixel R(-angle) p."""
-    cos, sin = torch.cos(angles), torch.sin(angles)
-    zeros = torch.zeros_like(angles)
-    # affine_grid maps output coordinates to input coordinates (normalised to [-1, 1], y down)
-    theta = torch.stack([torch.stack([cos, -sin, zeros], -1), torch.stack([sin, cos, zeros], -1)], 1)  # (N, 2, 3)
-    return F.affine_grid(theta, list(size), align_corners=False)
+    about their centre: output pixel p reads input pixel R(-angle) p. affine_grid's grid
+    (align_corners=False: normalised coordinates in [-1, 1], y down, pixel centres at
+    linspace(-1, 1, size) (size - 1) / size) computed elementwise, the same floats on this
+    project's CPUs: affine_grid's batched matrix product took longer than the sampling itself."""
+    height, width = size[-2:]
+    options = {"device": angles.device, "dtype": angles.dtype}
+    xs = torch.linspace(-1, 1, width, **options) * (width - 1) / width  # (W,)
+    ys = (torch.linspace(-1, 1, height, **options) * (height - 1) / height)[:, None]  # (H, 1)
+    cos, sin = torch.cos(angles)[:, None, None], torch.sin(angles)[:, None, None]  # (N, 1, 1)
+    return torch.stack([cos * xs - sin * ys, sin * xs + cos * ys], -1)  # (N, H, W, 2)
 
 
 def one_sided_offset(dtype: torch.dtype, size: int) -> float:
@@ -47,10 +51,10 @@ def one_sided_offset(dtype: torch.dtype, size: int) -> float:
     return 32 * torch.finfo(dtype).eps * size
 
 
-class _BilinearWarp(torch.autograd.Function):
-    """grid_sample (bilinear, zero padding, align_corners=False) whose gradient w.r.t. each grid
-    coordinate is the mean of its derivatives just either side of the sample position along that
-    coordinate's own axis.
+class _RotateBilinear(torch.autograd.Function):
+    """grid_sample (bilinear, zero padding, align_corners=False) through `rotation_grid(angles)`,
+    whose gradient w.r.t. each grid coordinate is the mean of its derivatives just either side of
+    the sample position along that coordinate's own axis; the angles' gradient follows from it.
 
     Bilinear sampling has a kink at pixel centres, and grid_sample's backward takes whichever
     one-sided derivative the rounding of the coordinate picks there. The turn heads start at zero,
@@ -62,15 +66,21 @@ class _BilinearWarp(torch.autograd.Function):
     derivative itself. Each axis is moved on its own: moving both at once would mix into the
     derivative along x the change with y, which differs between the cells either side of a centre.
     The forward and the image gradient are grid_sample's, unchanged.
+
+    The grid is rotation_grid's, g = R(angle) b for the base coordinates b of every output pixel,
+    so dg/d angle = (-g_y, g_x): the angle's gradient is the sum over pixels of
+    g_x dL/dg_y - g_y dL/dg_x, with no autograd graph through the grid.
     """
 
     @staticmethod
-    def forward(ctx, images, grid):
-        dtype = torch.promote_types(images.dtype, grid.dtype)
+    def forward(ctx, images, angles):
+        dtype = torch.promote_types(images.dtype, angles.dtype)
         if dtype in (torch.float16, torch.bfloat16):
             dtype = torch.float32  # as autocast runs grid_sample
-        images, grid = images.to(dtype), grid.to(dtype)
+        images = images.to(dtype)
+        grid = rotation_grid(angles.detach().to(dtype), images.shape)  # (N, H, W, 2)
         ctx.save_for_backward(images, grid)
+        ctx.angles_dtype = angles.dtype
         return F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
 
     @staticmethod
@@ -79,8 +89,12 @@ class _BilinearWarp(torch.autograd.Function):
         grad_out = grad_out.to(images.dtype)
         grad_images = _grid_sample_backward(grad_out, images, grid, [True, False])[0] if ctx.needs_input_grad[0] \
             else None
-        grad_grid = _grid_gradient_either_side(grad_out, images, grid) if ctx.needs_input_grad[1] else None
-        return grad_images, grad_grid
+        grad_angles = None
+        if ctx.needs_input_grad[1]:
+            grad_x, grad_y = _grid_gradient_either_side(grad_out, images, grid)  # each (N, H, W)
+            x, y = grid.unbind(-1)
+            grad_angles = (x * grad_y - y * grad_x).sum(dim=(1, 2)).to(ctx.angles_dtype)
+        return grad_images, grad_angles
 
 
 def _grid_sample_backward(grad_out, images, grid, mask):
@@ -90,26 +104,32 @@ def _grid_sample_backward(grad_out, images, grid, mask):
 
 
 def _grid_gradient_either_side(grad_out, images, grid):
-    """The gradient w.r.t. the grid (N, H, W, 2) of _BilinearWarp: x's from the grid moved by
-    -+ the offset along x alone, y's from it moved along y alone. The four moved grids side by
-    side (N, H, 4W, 2) take one backward call."""
+    """The gradient of _RotateBilinear w.r.t. the grid's x and y coordinates, each (N, H, W): x's
+    from the grid moved by -+ the offset along x alone, y's from it moved along y alone. (Four
+    backward calls: one on the four moved grids side by side costs more than twice as much, in
+    copying them.)"""
     height, width = images.shape[-2:]
     offset = one_sided_offset(images.dtype, max(height, width))
     dx, dy = 2 * offset / width, 2 * offset / height  # normalised coordinates span 2 over the width (height)
     x, y = grid.unbind(-1)
-    moved = torch.cat([torch.stack(xy, -1) for xy in ((x + dx, y), (x - dx, y), (x, y + dy), (x, y - dy))], dim=2)
-    grad = _grid_sample_backward(grad_out.repeat(1, 1, 1, 4), images, moved, [False, True])[1]
-    right, left, below, above = grad.unflatten(2, (4, -1)).unbind(2)  # each (N, H, W, 2)
-    return torch.stack([(right[..., 0] + left[..., 0]) / 2, (below[..., 1] + above[..., 1]) / 2], -1)
+    moved = grid.clone()  # one coordinate moved at a time, in place
+
+    def along(axis, moved_values):
+        moved[..., axis] = moved_values
+        return _grid_sample_backward(grad_out, images, moved, [False, True])[1][..., axis]
+
+    grad_x = (along(0, x + dx) + along(0, x - dx)) / 2
+    moved[..., 0] = x
+    grad_y = (along(1, y + dy) + along(1, y - dy)) / 2
+    return grad_x, grad_y
 
 
 def rotate_bilinear(images: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """Differentiable in `angles` (see _BilinearWarp); zero outside the image. Images are
+    """Differentiable in `angles` (see _RotateBilinear); zero outside the image. Images are
     normalised, so zero padding would read as mid-grey: pad with the background value (the image
     minimum) instead."""
     background = images.amin(dim=(1, 2, 3), keepdim=True)
-    grid = rotation_grid(angles, images.shape)
-    return _BilinearWarp.apply(images - background, grid) + background
+    return _RotateBilinear.apply(images - background, angles) + background
 
 
 def gated_logit(z: torch.Tensor, work: torch.Tensor) -> torch.Tensor:
