@@ -140,6 +140,11 @@ def save_checkpoint(state: TrainingState, path: Path) -> None:
     except BaseException as exc:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
+        interrupt = _interrupt_behind(exc)
+        if interrupt is not None and interrupt is not exc:
+            # Ctrl-C or SIGTERM mid-write: torch.save's zip writer then fails to close the file
+            # ("unexpected pos"), and that error would hide the interrupt the caller handles
+            raise interrupt from None
         cause = _write_failure(exc, path.parent)
         if cause is None:
             raise
@@ -149,6 +154,16 @@ def save_checkpoint(state: TrainingState, path: Path) -> None:
 
 _DISK_ERRORS = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded",
                 errno.EIO: "Input/output error"}
+
+
+def _interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C (or SIGTERM raised as one) that `exc` is, or was raised while handling."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _write_failure(exc: BaseException, folder: Path) -> str | None:

@@ -599,6 +599,35 @@ def test_disk_full_while_saving_is_one_line_and_keeps_earlier_checkpoints(checkp
     assert sorted(p.name for p in run.iterdir()) == ["best.pt", "config.json", "config.toml", "environment.json", "last.pt", "metrics.csv"]
 
 
+def test_an_interrupt_while_saving_stays_an_interrupt_and_keeps_the_previous_checkpoint(checkpoint, tmp_path,
+                                                                                         monkeypatch):
+    """Ctrl-C (or SIGTERM) inside torch.save makes its zip writer fail on closing the file, a
+    RuntimeError raised while the interrupt unwinds: the interrupt must come out, not that
+    error (a traceback), and the earlier last.pt stay as it was, with no temp file left."""
+    from ponder_cli.api.signals import _SigTerm
+    from ponder_cli.checkpoint import save_checkpoint
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "last.pt").write_bytes(checkpoint.read_bytes())
+    before = (run / "last.pt").read_bytes()
+    state = load_checkpoint(checkpoint)
+    for interrupt in (KeyboardInterrupt(), _SigTerm()):
+        def interrupted_save(obj, f, interrupt=interrupt):
+            f.write(b"PK\x03\x04")  # the first bytes of the container
+            try:
+                raise interrupt
+            except BaseException:  # as torch's writer closing the file: the interrupt is its context
+                raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+        monkeypatch.setattr(torch, "save", interrupted_save)
+        with pytest.raises(KeyboardInterrupt) as raised:
+            save_checkpoint(state, run / "last.pt")
+        assert raised.value is interrupt
+        assert (run / "last.pt").read_bytes() == before
+        assert sorted(p.name for p in run.iterdir()) == ["last.pt"]
+
+
 def _can_mount_tmpfs(path: Path) -> bool:
     probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {path}"],
                            capture_output=True) if shutil.which("unshare") else None
