@@ -156,14 +156,16 @@ _DISK_ERRORS = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quo
                 errno.EIO: "Input/output error"}
 
 
+def _chain(exc: BaseException):
+    """`exc`, then what it was raised from or while handling, and so on."""
+    while exc is not None:
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
 def _interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
     """The Ctrl-C (or SIGTERM raised as one) that `exc` is, or was raised while handling."""
-    seen = exc
-    while seen is not None:
-        if isinstance(seen, KeyboardInterrupt):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
+    return next((seen for seen in _chain(exc) if isinstance(seen, KeyboardInterrupt)), None)
 
 
 def _write_failure(exc: BaseException, folder: Path) -> str | None:
@@ -174,11 +176,9 @@ def _write_failure(exc: BaseException, folder: Path) -> str | None:
     """
     if not isinstance(exc, Exception):
         return None  # Ctrl-C, SIGTERM: not the disk's doing
-    seen = exc
-    while seen is not None:
+    for seen in _chain(exc):
         if isinstance(seen, OSError):
             return _DISK_ERRORS.get(seen.errno) or seen.strerror or brief(seen)
-        seen = seen.__cause__ or seen.__context__
     if not isinstance(exc, RuntimeError):
         return None
     for message in _DISK_ERRORS.values():

@@ -141,9 +141,7 @@ class PonderNet(nn.Module):
         batch = x.shape[0]
         computed = torch.full((batch,), self.max_steps, dtype=torch.long, device=x.device)
         logits_all = lambda_all = None
-        for n, active, logits, lambda_logits, done, _ in self._until_done(x, stop):
-            if stop.forces_halt:
-                lambda_logits = torch.where(done, torch.full_like(lambda_logits, FORCED_HALT_LOGIT), lambda_logits)
+        for n, active, logits, lambda_logits, _, _ in self._until_done(x, stop):
             if logits_all is None:  # padding: logits 0, halting forced (p_n = 0 after the last step)
                 logits_all = logits.new_zeros(self.max_steps, batch, logits.shape[-1])
                 lambda_all = lambda_logits.new_full((self.max_steps, batch), FORCED_HALT_LOGIT)
@@ -155,7 +153,8 @@ class PonderNet(nn.Module):
             # Every running row gets n + 1; the last write a row gets is at the step it is done
             # (then it stops running), so no mask of the done rows is needed.
             computed.index_fill_(0, active, n + 1)
-        return PonderOutput(logits_all, lambda_all, computed)
+        out = PonderOutput(logits_all, lambda_all, computed)
+        return out._replace(lambda_logits=halting_as_computed(out)) if stop.forces_halt else out
 
     @torch.no_grad()
     def infer(self, x: torch.Tensor, rule: EarlyExitRule) -> tuple[torch.Tensor, torch.Tensor]:
