@@ -29,42 +29,44 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ponder_cli.checkpoint import load_model, new_model  # noqa: E402
 from ponder_cli.config import PonderConfig  # noqa: E402
 from ponder_cli.data import default_data_dir, load_mnist  # noqa: E402
-from ponder_cli.methods import get_method  # noqa: E402
-from ponder_cli.runtime import grad_scaler  # noqa: E402
-from ponder_cli.tasks import get_task  # noqa: E402
-from ponder_cli.train import _optimizer_step, make_optimizer  # noqa: E402
+from ponder_cli.model import PonderNet  # noqa: E402
+from ponder_cli.train import batch_step  # noqa: E402
 
 
-def batches(cfg: PonderConfig, count: int) -> list:
-    """The first `count` training batches of an epoch (shuffled, rotated as in training)."""
+def run(model, cfg: PonderConfig, count: int, profile: bool) -> dict:
+    """Train `model` on the first `count` training batches of an epoch (the first a warm-up) as
+    `ponder train` does on the CPU (train.BatchStep, its shrinking truncated forward); steps
+    computed per image and ms per batch."""
     images = load_mnist(default_data_dir(), train=True)
-    torch.manual_seed(cfg.training.seed)
-    source = get_task(cfg).training_source(images, torch.device("cpu"))
-    source.start_epoch()
-    return [source.batch(i) for i in range(count)]
+    torch.manual_seed(cfg.training.seed)  # the same permutation, dropout and coins for every truncation
+    step = batch_step(model, cfg, images)
+    computed, forward = [], PonderNet._forward_truncated
 
+    def recording(self, x, stop):
+        out = forward(self, x, stop)
+        computed.append(out.computed.float().mean().item())
+        return out
 
-def run(model, cfg: PonderConfig, data: list, profile: bool) -> dict:
-    """Train `model` on `data` (the first batch a warm-up); steps per image and ms per batch."""
-    method, device = get_method(cfg), torch.device("cpu")
-    optimizer, scaler = make_optimizer(model, cfg, device), grad_scaler(device, False)
-    params = list(model.parameters())
-    model.train()
-    torch.manual_seed(cfg.training.seed)  # the same dropout and coins for every truncation
-    times, steps = [], []
-    for i, (x, targets) in enumerate(data):
-        start = time.perf_counter()
-        out, *_ = _optimizer_step(model, method, optimizer, scaler, params, x, targets, cfg, amp=False)
-        if i > 0:
-            times.append(time.perf_counter() - start)
-            steps.append(out.computed.float().mean().item())
-    result = {"steps": statistics.mean(steps), "ms": 1000 * statistics.median(times),
-              "ms_mean": 1000 * statistics.mean(times)}
-    if profile:
-        x, targets = data[-1]
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            _optimizer_step(model, method, optimizer, scaler, params, x, targets, cfg, amp=False)
-        result["profile"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14)
+    PonderNet._forward_truncated = recording
+    try:
+        model.train()
+        step.source.start_epoch()
+        times = []
+        for index in range(count):
+            step.source.stage(index)
+            start = time.perf_counter()
+            step()
+            if index > 0:
+                times.append(time.perf_counter() - start)
+        result = {"steps": statistics.mean(computed[1:]) if len(computed) > 1 else float(cfg.method.max_steps),
+                  "ms": 1000 * statistics.median(times), "ms_mean": 1000 * statistics.mean(times)}
+        if profile:
+            step.source.stage(count)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                step()
+            result["profile"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14)
+    finally:
+        PonderNet._forward_truncated = forward
     return result
 
 
@@ -85,13 +87,12 @@ def main() -> None:
         base = PonderConfig.from_options(step="align", seed=args.seed)
         torch.manual_seed(base.training.seed)
         start = new_model(base)
-    data = batches(base, args.batches + 1)
     print(f"{'fresh model' if args.checkpoint is None else args.checkpoint}, {args.batches} batches of "
           f"{base.training.batch_size}, {torch.get_num_threads()} thread(s)")
     for rule in args.rule:
         for truncation in args.truncation:
             cfg = base.replace(truncation=truncation, truncation_rule=rule)
-            result = run(copy.deepcopy(start), cfg, data, args.profile)
+            result = run(copy.deepcopy(start), cfg, args.batches + 1, args.profile)
             print(f"{rule:<8} truncation {truncation:<5g} computed steps per image {result['steps']:5.2f}   "
                   f"ms per batch {result['ms']:7.1f} (median; mean {result['ms_mean']:.1f})", flush=True)
             if args.profile:

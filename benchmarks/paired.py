@@ -17,7 +17,9 @@ CPU time (user + system; steadier under load, with one thread per process).
 warm-up batch (`--b reference_step=true`: B trains with the reference notebook's step function,
 which reruns the CNN at every step, as benchmarks/speed.py's reference-style figures do;
 `--b checkpoint=runs/X/best.pt`: B trains on from that model with its configuration, so a step
-whose cost follows the halting is timed as it halts once trained); `command` times a whole
+whose cost follows the halting is timed as it halts once trained; `--a shrink=true --b
+shrink=false`: a truncated forward that drops the inputs that are done against the mask over
+every step, train.BatchStep's two forms); `command` times a whole
 `python -m ponder_cli ...` process, start-up included, in a fresh working folder. `--against REV` runs B from a snapshot of commit REV (`git archive`, in a
 temporary folder): the same measuring code, REV's ponder_cli.
 """
@@ -56,6 +58,7 @@ def measure_epoch(root: Path, changes: dict, batches: int, mnist: bool) -> dict:
     from synthetic_data import synthetic_digits
 
     reference = changes.pop("reference_step", False)
+    shrink = changes.pop("shrink", None)  # the truncated forward's form: true shrinks, false masks
     checkpoint = changes.pop("checkpoint", None)
     if checkpoint is not None:  # a trained model, with its own configuration (changed by the rest)
         from ponder_cli.checkpoint import load_model
@@ -77,8 +80,14 @@ def measure_epoch(root: Path, changes: dict, batches: int, mnist: bool) -> dict:
 
         model.forward = lambda x, stop=None: reference_style_forward(model, x)
 
+    import ponder_cli.train as training
+
     def epoch(data):
-        train_one_epoch(model, method, optimizer, scaler, data, cfg, amp=False, progress=False)
+        if hasattr(training, "BatchStep"):  # the training batch as one object (ponder_cli 0.3 on)
+            train_one_epoch(training.batch_step(model, cfg, data, optimizer=optimizer, scaler=scaler, shrink=shrink),
+                            progress=False)
+        else:
+            train_one_epoch(model, method, optimizer, scaler, data, cfg, amp=False, progress=False)
 
     epoch(images.subset(slice(0, cfg.training.batch_size)))  # warm-up: first-call costs are not an epoch's
     timed = images.subset(slice(cfg.training.batch_size, count))

@@ -36,10 +36,8 @@ import torch  # noqa: E402
 
 from ponder_cli.config import PonderConfig  # noqa: E402
 from ponder_cli.checkpoint import new_model
-from ponder_cli.methods import get_method  # noqa: E402
-from ponder_cli.runtime import grad_scaler  # noqa: E402
 from ponder_cli.tasks import get_task  # noqa: E402
-from ponder_cli.train import make_optimizer, train, train_one_epoch  # noqa: E402
+from ponder_cli.train import batch_step, train, train_one_epoch  # noqa: E402
 
 
 class Reached(Exception):
@@ -47,19 +45,21 @@ class Reached(Exception):
 
 
 def iterations_per_second(cfg: PonderConfig, iterations: int, device: torch.device) -> float:
+    """Training batches per second as `ponder train` runs them (on CUDA: captured and replayed),
+    after a first epoch of 5 that warms up (and captures)."""
     torch.manual_seed(cfg.training.seed)
     model = new_model(cfg).to(device)
-    method, optimizer = get_method(cfg), make_optimizer(model, cfg, device)
-    scaler = grad_scaler(device, False)
-    warm = cfg.replace(batches_per_epoch=5)
-    train_one_epoch(model, method, optimizer, scaler, get_task(warm).training_source(None, device), warm,
-                    amp=False, progress=False)
     timed = cfg.replace(batches_per_epoch=iterations)
     source = get_task(timed).training_source(None, device)
+    step = batch_step(model, timed, source, graphs=device.type == "cuda")
+    source.start_epoch()
+    for index in range(5):  # warm-up (and on CUDA the capture)
+        source.stage(index)
+        step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     started = time.perf_counter()
-    train_one_epoch(model, method, optimizer, scaler, source, timed, amp=False, progress=False)  # ends with a host read
+    train_one_epoch(step, progress=False)  # ends with a host read
     return iterations / (time.perf_counter() - started)
 
 

@@ -40,7 +40,7 @@ from ponder_cli.model import PonderNet, PonderOutput  # noqa: E402
 from ponder_cli.rotation import uniform_angles  # noqa: E402
 from ponder_cli.runtime import grad_scaler, resolve_device  # noqa: E402
 from synthetic_data import synthetic_digits  # noqa: E402
-from ponder_cli.train import make_optimizer, train_one_epoch  # noqa: E402
+from ponder_cli.train import WARMUP_BATCHES, batch_step, make_optimizer, train_one_epoch  # noqa: E402
 
 # a Chrome trace of more batches is too large to open (and to bring back from a GPU machine)
 TRACE_BATCHES = 40
@@ -109,7 +109,8 @@ def profile_training(model, method, optimizer, scaler, data, cfg, device, amp: b
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sync(device)
     with profile(activities=activities, record_shapes=False) as prof:
-        train_one_epoch(model, method, optimizer, scaler, data, cfg, amp=amp, progress=False)
+        train_one_epoch(batch_step(model, cfg, data, amp=amp, optimizer=optimizer, scaler=scaler,
+                                   graphs=device.type == "cuda"), progress=False)
         sync(device)
     batches = -(-len(data) // cfg.training.batch_size)
     if batches <= TRACE_BATCHES:
@@ -194,11 +195,15 @@ def main() -> None:
     # --- training: one epoch of the reference configuration, then the validation pass
     epoch_set = (train_set if not args.train_batches
                  else train_set.subset(slice(0, args.train_batches * cfg.training.batch_size)))
-    if device.type == "cuda":  # CUDA context, cuDNN and cuBLAS handles, the allocator's pool: not an epoch's cost
-        train_one_epoch(model, method, optimizer, scaler, train_set.subset(slice(0, 5 * cfg.training.batch_size)), cfg,
-                        amp=args.amp, progress=False)
-    train_s, stats = timed(lambda: train_one_epoch(model, method, optimizer, scaler, epoch_set, cfg,
-                                                   amp=args.amp, progress=False), device)
+    # as `ponder train` runs it: on CUDA captured once and replayed
+    step = batch_step(model, cfg, epoch_set, amp=args.amp, optimizer=optimizer, scaler=scaler,
+                      graphs=device.type == "cuda")
+    if device.type == "cuda":  # CUDA context, cuDNN and cuBLAS handles, the capture: not an epoch's cost
+        step.source.start_epoch()
+        for index in range(WARMUP_BATCHES + 2):
+            step.source.stage(index)
+            step()
+    train_s, stats = timed(lambda: train_one_epoch(step, progress=False), device)
     train_s *= len(train_set) / len(epoch_set)
     val_s, val = timed(lambda: evaluate(model, val_set, cfg, max_angle=cfg.task.train_rotation, seed=cfg.training.seed,
                                         amp=args.amp), device)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional
 
+import torch
+
 from .tasks import TrainingSource
 
 # The run's duration is estimated once from the first epoch's batches (the first left out: it
@@ -34,29 +36,46 @@ def duration_estimate(epoch_seconds: float, epochs: int) -> Optional[str]:
 
 class TimedSource(TrainingSource):
     """A task's training batches, timed during the first epoch of a session until they give the
-    run's duration_estimate, which goes to `log` once. Everything else passes through."""
+    run's duration_estimate, which goes to `log` once. The clock starts after the first `skip`
+    batches (start-up costs; on CUDA the capture of the batch as well); on CUDA the device is
+    waited for where the clock is read, twice a run (its work runs behind the host's).
+    Everything else passes through."""
 
     def __init__(self, source: TrainingSource, epochs: int, log: Callable[[str], None],
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, *, device=None, skip: int = 1):
         self.source, self.epochs, self.log, self.clock = source, epochs, log, clock
         self.batches, self.started, self.epochs_started = 0, 0.0, 0
+        self.skip = skip
+        self.synchronize = (lambda: torch.cuda.synchronize(device)) if device is not None and \
+            torch.device(device).type == "cuda" else (lambda: None)
 
     def start_epoch(self) -> int:
         self.epochs_started += 1
         self.batches = self.source.start_epoch()
         return self.batches
 
-    def batch(self, index: int):
-        if self.epochs_started == 1 and index >= 1 and self.started is not None:
+    def stage(self, index: int) -> None:
+        if self.epochs_started == 1 and index >= self.skip and self.started is not None:
             self._time(index)
-        return self.source.batch(index)
+        self.source.stage(index)
+
+    def batch(self):
+        return self.source.batch()
+
+    def generators(self) -> tuple:
+        return self.source.generators()
+
+    @property
+    def graph_safe(self) -> bool:
+        return self.source.graph_safe
 
     def _time(self, index: int) -> None:
+        self.synchronize()
         now = self.clock()
-        if index == 1:  # batch 0, with its start-up costs, is done: the clock starts
+        if index == self.skip:  # the batches before it, with their start-up costs, are done: the clock starts
             self.started = now
             return
-        timed, seconds = index - 1, now - self.started
+        timed, seconds = index - self.skip, now - self.started
         if timed >= ESTIMATE_AFTER_BATCHES or seconds >= ESTIMATE_AFTER_SECONDS:
             self.started = None  # once
             line = duration_estimate(seconds / timed * self.batches, self.epochs)

@@ -64,7 +64,7 @@ class EvalResult:
 
 @torch.inference_mode()
 def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfig, *, batch_size: int = 1000,
-                    halting: str = "sample", early_exit: bool = True, with_loss: bool = False,
+                    halting: str = "sample", early_exit: bool | None = None, with_loss: bool = False,
                     detail: bool = False, amp: bool = False) -> EvalResult:
     """Evaluate one bucket.
 
@@ -72,9 +72,13 @@ def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfi
     the cumulative halting probability reaches 1/2, "quantile:Q" where it reaches Q;
     "patience:K" once the predicted class has not changed for K steps; "expected" runs every
     step and predicts with the p-weighted average of the step outputs, counting sum_n n p_n steps.
-    early_exit computes each step only for images still running; the loss, the per-step accuracy
-    of `detail` and the expected rule need every step of every image, so they run the full
-    forward pass (with identical predictions and steps).
+    early_exit computes each step only for images still running (model.infer): it must read on
+    the host how many go on after every step, free on a CPU, where it skips the work of halted
+    images (align: 10x), and a stall per step on a GPU. None (the default): on the CPU only. Else
+    the full forward over every step, and the rule applied to it on the device (method.predict:
+    the same predictions and steps; tests/test_evaluate.py). The loss, the per-step accuracy of
+    `detail` and the expected rule need every step of every image, so they always run the full
+    forward pass.
     """
     parse_halting_rule(halting)  # a bad spelling fails here, before any work
     was_training = model.training
@@ -82,7 +86,9 @@ def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfi
     device = bucket.labels.device
     count, max_steps = len(bucket), model.max_steps
     uniforms = bucket.uniforms
-    method = get_method(cfg)
+    method = get_method(cfg, device)
+    if early_exit is None:
+        early_exit = device.type == "cpu"
     expected = method.needs_all_steps(halting)  # steps are then sum_n n p_n, not whole steps
     full_forward = with_loss or detail or expected or not early_exit
     loss_totals = torch.zeros(3, dtype=torch.float64, device=device)  # batch-size-weighted loss parts

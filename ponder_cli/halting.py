@@ -76,7 +76,7 @@ def halting_log_probs(lambda_logits: torch.Tensor) -> torch.Tensor:
 def sample_halting_steps(lambda_logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """1-based step at which each image halts: the first n with uniforms[n] < lambda_n."""
     fires = uniforms < halting_units(lambda_logits)  # (steps, B)
-    fires[-1] = True  # lambda_N = 1
+    fires[-1].fill_(True)  # lambda_N = 1
     return fires.to(torch.uint8).argmax(dim=0) + 1  # argmax returns the first maximum; (B,)
 
 
@@ -85,7 +85,7 @@ def quantile_halting_steps(lambda_logits: torch.Tensor, q: float) -> torch.Tenso
     reaches q, i.e. the survival prod_{k<=n}(1 - lambda_k) falls to 1 - q: a deterministic
     halting rule (q = 1/2: the median). (steps, B) -> (B,)"""
     fires = log_survivals(lambda_logits) <= survival_threshold(q)  # (steps, B)
-    fires[-1] = True
+    fires[-1].fill_(True)
     return fires.to(torch.uint8).argmax(dim=0) + 1
 
 
@@ -104,7 +104,7 @@ def patience_halting_steps(logits: torch.Tensor, patience: int) -> torch.Tensor:
     for n in range(1, predictions.shape[0]):
         streak = torch.where(predictions[n] == predictions[n - 1], streak + 1, torch.zeros_like(streak))
         fires[n] = streak >= patience
-    fires[-1] = True
+    fires[-1].fill_(True)
     return fires.to(torch.uint8).argmax(dim=0) + 1
 
 
@@ -112,7 +112,7 @@ def confidence_halting_steps(logits: torch.Tensor, confidence: float) -> torch.T
     """1-based first step whose top class probability max softmax(y_n) reaches `confidence`, or
     the last step (CALM's softmax-response exit). (steps, B, classes) -> (B,)"""
     fires = confident(logits, confidence)  # (steps, B)
-    fires[-1] = True
+    fires[-1].fill_(True)
     return fires.to(torch.uint8).argmax(dim=0) + 1
 
 
@@ -169,7 +169,7 @@ def act_halting(lambda_logits: torch.Tensor, epsilon: float) -> ActHalting:
     h = halting_units(lambda_logits)  # (steps, B)
     cumulative = running_sums(h)  # sum_{k<=n} h_k
     reached = act_reached(cumulative, epsilon)
-    reached[-1] = True  # max_steps caps N
+    reached[-1].fill_(True)  # max_steps caps N
     steps = reached.to(torch.uint8).argmax(dim=0) + 1  # (B,)
     n = torch.arange(1, h.shape[0] + 1, device=h.device)[:, None]  # (steps, 1)
     # sum_{n<N} h_n read off the same running sum that chose N (0 when N = 1)

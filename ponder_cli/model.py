@@ -39,6 +39,20 @@ def halting_as_computed(out: PonderOutput) -> torch.Tensor:
     return torch.where(n >= out.computed, torch.full_like(out.lambda_logits, FORCED_HALT_LOGIT), out.lambda_logits)
 
 
+def truncate(out: PonderOutput, computed: torch.Tensor, forces_halt: bool = True) -> PonderOutput:
+    """A forward over every step as a truncated one would give it: each input's steps after
+    `computed` (B,) masked out, their class logits 0 and halting logits FORCED_HALT_LOGIT, and,
+    when the rule `forces_halt`, the last computed step's halting forced too (see
+    PonderNet.forward). The masked steps get no gradient: the loss and its gradients are the
+    truncated forward's. Fixed shapes, no host read (a captured training batch runs this)."""
+    n = torch.arange(1, out.lambda_logits.shape[0] + 1, device=out.lambda_logits.device)[:, None]  # (steps, 1)
+    kept = n <= computed  # (steps, B)
+    logits = torch.where(kept[..., None], out.logits, torch.zeros_like(out.logits))
+    lambda_logits = torch.where(kept, out.lambda_logits, torch.full_like(out.lambda_logits, FORCED_HALT_LOGIT))
+    masked = PonderOutput(logits, lambda_logits, computed)
+    return masked._replace(lambda_logits=halting_as_computed(masked)) if forces_halt else masked
+
+
 class PonderNet(nn.Module):
     def __init__(self, cfg, classes: int, input_shape: tuple):
         super().__init__()

@@ -43,10 +43,12 @@ def grad_scaler(device: torch.device, amp: bool) -> torch.amp.GradScaler:
     return torch.amp.GradScaler(device.type, enabled=amp and amp_dtype(device) == torch.float16)
 
 
-def autocast(device: torch.device, enabled: bool):
+def autocast(device: torch.device, enabled: bool, *, cache: bool = True):
+    """Mixed precision on `device` when enabled; `cache` False keeps no fp16 copies of the weights
+    between uses (a CUDA graph's capture must not: the copies would be made once, at capture)."""
     if not enabled:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=amp_dtype(device))
+    return torch.autocast(device_type=device.type, dtype=amp_dtype(device), cache_enabled=cache)
 
 
 class Adam(torch.optim.Adam):

@@ -17,7 +17,7 @@ from .checkpoint import TrainingState, new_model, save_checkpoint
 from .config import PonderConfig
 from .folders import BEST, LAST
 from .methods import Method, get_method
-from .model import halting_as_computed
+from .model import truncate
 from .runtime import Adam, autocast, grad_scaler
 from .duration import TimedSource
 from .tasks import TrainingSource, get_task
@@ -67,104 +67,168 @@ def _source(data, cfg: PonderConfig, device: torch.device) -> TrainingSource:
     return data if isinstance(data, TrainingSource) else get_task(cfg).training_source(data, device)
 
 
-def _batch_metrics(method: Method, out, targets: torch.Tensor, coins: torch.Generator) -> torch.Tensor:
-    """One training batch's correct predictions and summed halting steps, (2,), under the sample
-    rule with halting coins drawn from `coins`."""
-    uniforms = torch.rand(out.lambda_logits.shape, device=targets.device, generator=coins)  # (steps, B)
-    scores, steps = method.predict(out.logits, halting_as_computed(out), uniforms, "sample")
-    return torch.stack([(scores.argmax(dim=1) == targets).sum(), steps.sum()])
+# Batches run eagerly, on a side stream, before the step is captured: cuDNN and cuBLAS pick their
+# kernels and allocate their workspaces, Adam and the GradScaler build their state.
+WARMUP_BATCHES = 3
 
 
-def _optimizer_step(model, method: Method, optimizer, scaler, params: list, x, targets, cfg: PonderConfig, *,
-                    amp: bool):
-    """One batch: forward (truncated as the method allows), loss in float32, and the update in
-    nanoGPT's AMP order, scale -> backward -> unscale_ -> clip -> step -> update (the GradScaler
-    is off unless fp16). A batch whose loss or gradient is not finite is skipped rather than
-    poison the weights. Returns the forward's output, the loss parts and, as device booleans,
-    whether the batch was skipped and whether the scaler backed off."""
-    device = targets.device
-    with autocast(device, amp):
-        # Truncation lets a rank run fewer steps than another: no collective happens in
-        # here (see distributed.wrap); DDP synchronises in backward, once per batch.
-        out = model(x, stop=method.truncation(targets.shape[0], device))
-    loss = method.loss(out.logits, out.lambda_logits, targets, out.computed)  # float32 outside autocast
-    optimizer.zero_grad(set_to_none=True)
-    scaler.scale(loss.total).backward()
-    scaler.unscale_(optimizer)
-    if cfg.training.grad_clip > 0:
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.training.grad_clip)
-    else:
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-    # Under DDP the gradients (so grad_norm) are already averaged and equal on every rank, but
-    # the loss is this rank's own. Ranks that disagreed would step on some replicas and not on
-    # others, and the replicas would silently drift apart for good: decide jointly.
-    finite_loss = distributed.all_ranks(torch.isfinite(loss.total))
-    finite_grads = torch.isfinite(grad_norm)
-    if scaler.is_enabled():
-        # The scaler skips the step when the gradients are not finite (a non-finite loss
-        # makes them so too). With a finite loss that is its scale overflowing fp16: it halves
-        # the scale, a back-off, not a bad batch. Decided on the device when Adam is fused.
-        scaler.step(optimizer)
-        skipped = ~finite_loss
-        backed_off = finite_loss & ~finite_grads
-    else:
-        skipped = ~(finite_loss & finite_grads)
-        backed_off = torch.zeros_like(skipped)
-        if not skipped.item():  # the batch's one host sync
-            optimizer.step()
-    scaler.update()
-    return out, loss, skipped, backed_off
+class BatchStep:
+    """One training batch, whole, in one place: the batch's inputs (the source's static staging),
+    the forward over every step, truncation as a mask, the loss in float32, backward, clipping,
+    the update (skipped on the device when the loss or a gradient is not finite), and the epoch's
+    metrics summed on the device.
 
+    Every batch issues the same operators on tensors of the same shapes, and none makes the host
+    wait for the device (tests/test_graph_safe.py proves it on the CPU), so on CUDA the whole
+    batch is captured once as a CUDA graph and replayed (`graphs`): one launch instead of ~560.
+    Randomness comes from torch's default generator, which a capture advances at every replay, or
+    from generators the source names (`source.generators()`), registered with the graph.
 
-def train_one_epoch(model: torch.nn.Module, method: Method, optimizer: torch.optim.Optimizer,
-                    scaler: torch.amp.GradScaler, data, cfg: PonderConfig, *, amp: bool,
-                    desc: str = "train", progress: bool = True) -> dict:
-    """One epoch of the task's training batches (MNIST: a pass over the shuffled training set;
-    parity: batches_per_epoch fresh batches); metrics stay on the device until the end. `data`
-    is a tasks.TrainingSource or the task's training data (an ImageSet for MNIST).
-
-    Under torchrun `model` is DDP-wrapped and each rank trains on its slice of every global batch
-    of cfg.training.batch_size inputs; the metrics returned cover the whole epoch, all ranks together.
-
-    Host synchronisations per batch: the truncated forward's one per step (see PonderNet), and,
-    without the GradScaler, one to skip a non-finite batch. With the scaler and a fused Adam
-    (CUDA) the skip is decided on the device: none.
+    `shrink` (the CPU's default when the method truncates): the forward drops each input from
+    later steps as the truncation rule says (PonderNet.forward with `stop`), the same loss and
+    gradients as the mask but fewer steps computed; it makes the host read how many inputs go on
+    at every step, which costs nothing on a CPU and stalls a GPU.
     """
-    model.train()
-    device = next(model.parameters()).device
-    source = _source(data, cfg, device)
-    count = source.start_epoch()  # what the epoch draws up front (MNIST: the permutation, shared stream)
-    # Under torchrun rotations, dropout, truncation and coin flips come from this rank's own RNG
-    # stream until the shared stream is put back at the end of the epoch.
-    shared_rng = distributed.fork_rank_rng(device)
-    # loss, reconstruction, regularisation (each times batch size), correct, halting steps,
-    # images in batches that were used, batches skipped for a non-finite loss or gradient,
-    # GradScaler back-offs
-    totals = torch.zeros(8, dtype=torch.float64, device=device)
-    # the halting coins of the per-batch accuracy and steps: a generator of their own, so that
-    # measuring leaves every draw of the training (dropout, rotations, ...) as it is
-    metric_coins = torch.Generator(device=device).manual_seed(cfg.training.seed)
-    params = list(model.parameters())
-    batches = range(count)
-    for index in tqdm(batches, desc=desc, unit="batch", leave=False, file=sys.stderr,
-                      disable=not progress, dynamic_ncols=True):
-        x, targets = source.batch(index)  # this rank's share of global batch `index`
+
+    def __init__(self, model: torch.nn.Module, method: Method, optimizer: torch.optim.Optimizer,
+                 scaler: torch.amp.GradScaler, source: TrainingSource, cfg: PonderConfig, *, amp: bool,
+                 shrink: bool | None = None, graphs: bool = False):
+        self.model, self.method, self.optimizer, self.scaler, self.source, self.cfg = \
+            model, method, optimizer, scaler, source, cfg
+        self.amp = amp
+        self.params = list(model.parameters())
+        self.device = self.params[0].device
+        self.shrink = self.device.type == "cpu" if shrink is None else shrink
+        # loss, reconstruction, regularisation (each times batch size), correct, halting steps,
+        # inputs in batches that were used, batches skipped for a non-finite loss or gradient,
+        # GradScaler back-offs: summed on the device, read once per epoch
+        self.totals = torch.zeros(8, dtype=torch.float64, device=self.device)
+        self.graphs = graphs
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.eager_batches = 0  # batches run before the capture (its warm-up)
+
+    def run(self) -> None:
+        """The batch, eagerly: what the captured graph replays."""
+        cfg, method, device = self.cfg, self.method, self.device
+        x, targets = self.source.batch()
         batch = targets.shape[0]
-        out, loss, skipped, backed_off = _optimizer_step(model, method, optimizer, scaler, params, x, targets, cfg,
-                                                          amp=amp)
+        truncation = method.truncation(batch, device)
+        with autocast(device, self.amp, cache=not self.graphs):  # a capture keeps no cast copies
+            # Under DDP no collective happens in the forward (a shrinking one may run fewer steps
+            # on one rank than on another); DDP synchronises in backward, once per batch.
+            out = self.model(x, stop=truncation if self.shrink else None)
+        if truncation is not None and not self.shrink:
+            out = truncate(out, truncation.computed_steps(out.lambda_logits), truncation.forces_halt)
+        loss = method.loss(out.logits, out.lambda_logits, targets, out.computed)  # float32 outside autocast
+        # nanoGPT's AMP order: scale -> backward -> unscale_ -> clip -> step -> update (the
+        # GradScaler is off unless fp16)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss.total).backward()
+        self.scaler.unscale_(self.optimizer)
+        if cfg.training.grad_clip > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.training.grad_clip)
+        else:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+        # Under DDP the gradients (so grad_norm) are already averaged and equal on every rank, but
+        # the loss is this rank's own. Ranks that disagreed would step on some replicas and not on
+        # others, and the replicas would silently drift apart for good: decide jointly.
+        finite_loss = distributed.all_ranks(torch.isfinite(loss.total))
+        finite_grads = torch.isfinite(grad_norm)
+        if self.scaler.is_enabled():
+            # The scaler skips the step when the gradients are not finite (a non-finite loss
+            # makes them so too). With a finite loss that is its scale overflowing fp16: it halves
+            # the scale, a back-off, not a bad batch.
+            self.scaler.step(self.optimizer)
+            skipped = ~finite_loss
+            backed_off = finite_loss & ~finite_grads
+        else:
+            skipped = ~(finite_loss & finite_grads)
+            backed_off = torch.zeros_like(skipped)
+            step_unless(self.optimizer, skipped)
+        self.scaler.update()
         with torch.no_grad():
-            correct, steps = _batch_metrics(method, out, targets, metric_coins)
+            correct, steps = method.batch_metrics(out, targets)
             values = torch.stack([loss.total * batch, loss.reconstruction * batch, loss.regularisation * batch,
                                   correct, steps]).double()
             # a backed-off batch had a finite loss on the weights of the time: its metrics count
             used = ~skipped
-            totals[:5] += torch.where(used, values, torch.zeros_like(values))
-            totals[5] += used.double() * batch
-            totals[6] += skipped.double()
-            totals[7] += backed_off.double()
+            self.totals[:5] += torch.where(used, values, torch.zeros_like(values))
+            self.totals[5] += used.double() * batch
+            self.totals[6] += skipped.double()
+            self.totals[7] += backed_off.double()
+
+    def __call__(self) -> None:
+        """The batch the source has staged: eagerly, or as a replay of the captured graph (captured
+        after WARMUP_BATCHES eager batches when `graphs`)."""
+        if self.graph is not None:
+            self.graph.replay()
+        elif not self.graphs:
+            self.run()
+        elif self.eager_batches < WARMUP_BATCHES:
+            # on a side stream, as capture wants its warm-up (the allocator's pools stay apart)
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self.run()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            self.eager_batches += 1
+        else:
+            self.capture()
+            self.graph.replay()  # capturing recorded the batch without running it
+
+    def capture(self) -> None:
+        graph = torch.cuda.CUDAGraph()
+        for generator in self.source.generators():
+            graph.register_generator_state(generator)
+        self.optimizer.zero_grad(set_to_none=True)  # the captured backward allocates the gradients
+        with torch.cuda.graph(graph):
+            self.run()
+        self.graph = graph
+
+
+def batch_step(model: torch.nn.Module, cfg: PonderConfig, data, *, amp: bool = False, optimizer=None,
+               scaler=None, **options) -> BatchStep:
+    """A BatchStep for `model` on the task's training `data` (or a TrainingSource), with a fresh
+    optimizer and GradScaler unless given: what a benchmark or a test times or checks."""
+    device = next(model.parameters()).device
+    return BatchStep(model, get_method(cfg, device), optimizer or make_optimizer(model, cfg, device),
+                     scaler or grad_scaler(device, amp), _source(data, cfg, device), cfg, amp=amp, **options)
+
+
+def step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
+    """optimizer.step(), made a no-op on the device where `skip` (a bool scalar) is True: the fused
+    Adam takes a `found_inf` flag, as the GradScaler passes it, and then leaves the parameters,
+    its moments and its step count as they were. No host read."""
+    optimizer.grad_scale, optimizer.found_inf = None, skip.float()
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.grad_scale, optimizer.found_inf
+
+
+def train_one_epoch(step: BatchStep, *, desc: str = "train", progress: bool = True) -> dict:
+    """One epoch of the task's training batches (MNIST: a pass over the shuffled training set in
+    whole batches; parity: batches_per_epoch fresh batches), each run by `step`; the metrics
+    stay on the device until the one host read at the end.
+
+    Under torchrun the model is DDP-wrapped and each rank trains on its slice of every global batch
+    of cfg.training.batch_size inputs; the metrics returned cover the whole epoch, all ranks together.
+    """
+    step.model.train()
+    source, device = step.source, step.device
+    count = source.start_epoch()  # what the epoch draws up front (MNIST: the permutation, shared stream)
+    # Under torchrun rotations, dropout, truncation and coin flips come from this rank's own RNG
+    # stream until the shared stream is put back at the end of the epoch.
+    shared_rng = distributed.fork_rank_rng(device)
+    step.totals.zero_()
+    for index in tqdm(range(count), desc=desc, unit="batch", leave=False, file=sys.stderr,
+                      disable=not progress, dynamic_ncols=True):
+        source.stage(index)  # global batch `index` into the source's static inputs
+        step()
     distributed.join_shared_rng(shared_rng, device)
     # Sum the images, losses and correct counts of every rank: the epoch line covers the whole
     # epoch. The skip and back-off counts (6, 7) are not summed: every rank counted the same ones.
+    totals = step.totals.clone()
     totals[:6] = distributed.sum_over_ranks(totals[:6])
     values = totals.tolist()  # the one host read of the epoch
     used = max(values[5], 1.0)
@@ -172,7 +236,7 @@ def train_one_epoch(model: torch.nn.Module, method: Method, optimizer: torch.opt
              zip(("loss", "reconstruction", "regularisation", "accuracy", "steps"), values[:5])}
     stats["skipped_batches"] = int(values[6])
     stats["scaler_backoffs"] = int(values[7])
-    stats["batches"] = len(batches)
+    stats["batches"] = count
     return stats
 
 
@@ -205,38 +269,80 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: PonderConfig, device: torch.device) -> torch.optim.Adam:
-    """Adam, fused on CUDA: one kernel updates every parameter, and with the GradScaler it skips an
-    overflowed step on the device instead of reading the overflow flag on the host."""
-    return Adam(model.parameters(), lr=cfg.training.lr, fused=True if device.type == "cuda" else None)
+    """Adam, fused on every device: one kernel updates every parameter, and it takes a flag on the
+    device that skips a step (step_unless, the GradScaler's back-off) without the host reading it.
+    The learning rate is a tensor, which the plateau schedule cuts in place: a captured step reads
+    the new value. Capturable on CUDA: its step counts stay on the device."""
+    return Adam(model.parameters(), lr=torch.tensor(cfg.training.lr, device=device), fused=True,
+                capturable=device.type == "cuda")
 
 
 # How Adam runs, not what it has learnt: a checkpoint written on one device resumes on another.
 _IMPLEMENTATION_FLAGS = ("fused", "foreach", "capturable")
 
 
+def learning_rate(group: dict) -> float:
+    """A param group's learning rate as a float: the float32 tensor's value read back to the decimal
+    it was given as (float32 holds 7 significant digits: 1e-3, not 0.0010000000474974513)."""
+    rate = group["lr"]
+    return float(f"{float(rate):.7g}") if isinstance(rate, torch.Tensor) else rate
+
+
+def _optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer's state for a checkpoint, its learning rate a float as every version wrote it."""
+    saved = optimizer.state_dict()
+    return {**saved, "param_groups": [{**group, "lr": learning_rate(group)} for group in saved["param_groups"]]}
+
+
+def _scheduler_state(scheduler) -> dict:
+    """The plateau schedule's state for a checkpoint, the rates it last set as floats."""
+    saved = scheduler.state_dict()
+    return {**saved, "_last_lr": [learning_rate({"lr": rate}) for rate in saved.get("_last_lr", [])]}
+
+
 def _load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
     """Load a checkpoint's optimizer state, keeping this optimizer's own implementation (the saved
-    param groups would bring theirs: a fused CUDA Adam's onto the CPU, say)."""
+    param groups would bring theirs: a fused CUDA Adam's onto the CPU, say) and its learning-rate
+    tensor, given the saved value (a captured step reads that tensor)."""
+    rates = [group["lr"] for group in optimizer.param_groups]
     groups = [{**group, **{flag: optimizer.defaults[flag] for flag in _IMPLEMENTATION_FLAGS if flag in group}}
               for group in saved["param_groups"]]
     optimizer.load_state_dict({**saved, "param_groups": groups})
+    for group, rate in zip(optimizer.param_groups, rates):
+        if isinstance(rate, torch.Tensor):
+            group["lr"] = rate.fill_(float(group["lr"]))
+
+
+def use_graphs(device: torch.device, wanted: bool, source: TrainingSource,
+               log: Callable[[str], None] | None = None) -> bool:
+    """Whether training captures its batch as a CUDA graph: on CUDA unless turned off
+    (--no-cuda-graphs), where nothing stands in the way; else one line says why it runs eagerly."""
+    if not wanted or device.type != "cuda":
+        return False
+    why = ("under torchrun (DDP's gradient hooks are not captured)" if distributed.active() else
+           None if source.graph_safe else "the task's training batches are not marked graph_safe")
+    if log is not None:
+        log("CUDA graphs: each training batch is captured once and replayed" if why is None else
+            f"CUDA graphs: off {why}; batches run eagerly")
+    return why is None
 
 
 def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
           out_dir: Path, amp: bool = False, resume: TrainingState | None = None,
           on_epoch: Callable[[EpochStats], None] | None = None, progress: bool = True,
-          log: Callable[[str], None] | None = None) -> TrainResult:
+          log: Callable[[str], None] | None = None, cuda_graphs: bool = True) -> TrainResult:
     """Train, validating once per epoch; write last.pt every epoch and best.pt on improvement.
     train_set and val_set are the task's (MNIST: ImageSets; parity: None, batches drawn on the fly,
     and a fixed ParityBatch). `resume`: a checkpoint whose config equals cfg up to the epochs and
     patience (runs.plan_training), continued at the next epoch. `log` gets the run's estimated
-    duration once the first batches are timed. Under torchrun every rank calls train() with the
-    same arguments; rank 0 alone validates and writes, and every rank returns the same result.
+    duration once the first batches are timed. `cuda_graphs`: on CUDA, capture the batch once and
+    replay it (BatchStep). Under torchrun every rank calls train() with the same arguments; rank 0
+    alone validates and writes, and every rank returns the same result.
     """
     out_dir = Path(out_dir)
     torch.manual_seed(cfg.training.seed)
     task = get_task(cfg)
-    method = get_method(cfg)
+    method = get_method(cfg, device)
     model = new_model(cfg).to(device)
     source = _source(train_set, cfg, device)
     optimizer = make_optimizer(model, cfg, device)
@@ -249,17 +355,20 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
     if resume is not None:
         epochs_without_improvement = _resume(resume, cfg, out_dir, model, optimizer, scheduler, scaler, source, device,
                                              result)
+    graphs = use_graphs(device, cuda_graphs, source, log)
     if log is not None:
-        source = TimedSource(source, cfg.training.epochs - result.last_epoch, log)
-    parallel_model = _data_parallel(model, cfg, device, task)
+        # the clock starts once the capture is done: it would count as batches
+        source = TimedSource(source, cfg.training.epochs - result.last_epoch, log, device=device,
+                             skip=WARMUP_BATCHES + 1 if graphs else 1)
+    step = BatchStep(_data_parallel(model, cfg, device, task), method, optimizer, scaler, source, cfg, amp=amp,
+                     graphs=graphs)
 
     for epoch in range(result.last_epoch + 1, cfg.training.epochs + 1):
         started = time.perf_counter()
-        stats = train_one_epoch(parallel_model, method, optimizer, scaler, source, cfg, amp=amp,
-                                desc=f"epoch {epoch}/{cfg.training.epochs}", progress=progress)
+        stats = train_one_epoch(step, desc=f"epoch {epoch}/{cfg.training.epochs}", progress=progress)
         _check_some_step_was_taken(stats, epoch, out_dir)
         val_accuracy, val_steps, halting_histogram = _validate(task, model, val_set, cfg, device, amp)
-        lr = optimizer.param_groups[0]["lr"]
+        lr = learning_rate(optimizer.param_groups[0])
         scheduler.step(val_accuracy)
         improved = _all_finite(model, stats) and val_accuracy > result.best_accuracy
         if improved:
@@ -271,8 +380,8 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
                                time.perf_counter() - started, improved)
         result.history.append(record)
         result.last_epoch = epoch
-        state = TrainingState(config=cfg, model=model.state_dict(), epoch=epoch, optimizer=optimizer.state_dict(),
-                              scheduler=scheduler.state_dict(), scaler=scaler.state_dict(),
+        state = TrainingState(config=cfg, model=model.state_dict(), epoch=epoch, optimizer=_optimizer_state(optimizer),
+                              scheduler=_scheduler_state(scheduler), scaler=scaler.state_dict(),
                               best_accuracy=result.best_accuracy, best_epoch=result.best_epoch,
                               epochs_without_improvement=epochs_without_improvement,
                               history=[asdict(h) for h in result.history], rng=_rng_state(device, source))

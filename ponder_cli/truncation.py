@@ -1,6 +1,9 @@
-"""Truncation in training: rules in the early-exit form (halting.EarlyExitRule) that decide when
-a training forward needs no more steps for an input (PonderNet.forward with `stop`), and the
-weights that keep the roulette rule's loss unbiased."""
+"""Truncation in training: rules that decide when a training forward needs no more steps for an
+input, in two forms with one arithmetic: step by step (halting.EarlyExitRule's `decide`, which
+PonderNet.forward with `stop` drives, dropping the inputs that are done) and over every step at
+once (`computed_steps`, a mask over the fixed step count: fixed shapes, no host read, what a
+captured CUDA graph runs; model.truncate applies it). Also the weights that keep the roulette
+rule's loss unbiased."""
 
 from __future__ import annotations
 
@@ -11,7 +14,24 @@ import torch
 from .halting import EarlyExitRule, accumulate, act_reached, halting_units, log_continue, log_survivals
 
 
-class TruncateBelow(EarlyExitRule):
+class TruncationRule(EarlyExitRule):
+    """A rule whose decision reads only the halting logits."""
+
+    def computed_steps(self, lambda_logits: torch.Tensor) -> torch.Tensor:
+        """The batch form, (steps, B) -> (B,): the 1-based step at which each input is done, from
+        `decide` applied to every input at every step (no row dropped, so the same float32
+        arithmetic as the early-exit loop's). Call it on a fresh rule, once."""
+        steps = lambda_logits.shape[0]
+        computed = torch.full(lambda_logits.shape[1:], steps, dtype=torch.long, device=lambda_logits.device)
+        running = torch.ones_like(computed, dtype=torch.bool)
+        for n in range(steps):
+            done, _ = self.decide(n, n == steps - 1, None, lambda_logits[n])
+            computed = torch.where(running & done, n + 1, computed)
+            running = running & ~done
+        return computed
+
+
+class TruncateBelow(TruncationRule):
     """PonderNet: an image is done once its remaining halting mass prod_k (1 - lambda_k) falls
     below epsilon (per image; the paper truncates the whole batch at 0.05)."""
 
@@ -28,7 +48,7 @@ class TruncateBelow(EarlyExitRule):
         self.log_survival = self.log_survival.index_select(0, rows)
 
 
-class ContinueBelow(EarlyExitRule):
+class ContinueBelow(TruncationRule):
     """PonderNet, unbiased: an image whose remaining halting mass S_n = prod_{k<=n} (1 - lambda_k)
     is below epsilon goes on to step n + 1 only with probability S_n / epsilon ("Russian
     roulette"), so it reaches step n with probability r_n = min(1, S_{n-1} / epsilon)
@@ -74,7 +94,7 @@ def roulette_weights(lambda_logits: torch.Tensor, computed: torch.Tensor, epsilo
     return torch.where(n <= computed, torch.exp(-log_reach), torch.zeros_like(log_reach))
 
 
-class ActHalted(EarlyExitRule):
+class ActHalted(TruncationRule):
     """ACT: an image is done at its halting step N; every later step has weight 0, so dropping
     it changes nothing (exact)."""
 
@@ -91,7 +111,7 @@ class ActHalted(EarlyExitRule):
         self.cumulative = self.cumulative.index_select(0, rows)
 
 
-class StopAfterFirstStep(EarlyExitRule):
+class StopAfterFirstStep(TruncationRule):
     """Every image is done after its first step: the least that any forward pass computes."""
 
     def decide(self, n, last, logits, lambda_logits):

@@ -22,7 +22,7 @@ from ponder_cli.checkpoint import new_model
 from ponder_cli.methods import get_method
 from ponder_cli.tasks import get_task
 from ponder_cli.methods.pondernet import PonderNetMethod
-from ponder_cli.train import make_optimizer, train, train_one_epoch
+from ponder_cli.train import batch_step, make_optimizer, train, train_one_epoch
 
 REPO = Path(ponder_cli.__file__).resolve().parent.parent
 CFG = PonderConfig.of(epochs=2, max_steps=3, batch_size=64, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16)
@@ -99,8 +99,8 @@ def test_back_offs_leave_the_weights_and_count_in_the_metrics(fp16_on_cpu, monke
     before = {k: v.clone() for k, v in model.state_dict().items()}
     optimizer = make_optimizer(model, CFG, CPU)
     _overflow_at(monkeypatch, {1, 2})
-    stats = train_one_epoch(model, get_method(CFG), optimizer, runtime.grad_scaler(CPU, True), data, CFG,
-                            amp=True, progress=False)
+    stats = train_one_epoch(batch_step(model, CFG, data, amp=True, optimizer=optimizer,
+                                       scaler=runtime.grad_scaler(CPU, True)), progress=False)
     assert (stats["skipped_batches"], stats["scaler_backoffs"], stats["batches"]) == (0, 2, 2)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert math.isfinite(stats["loss"]) and stats["loss"] > 0
@@ -157,32 +157,48 @@ def test_a_checkpoint_from_a_four_gpu_host_resumes_on_the_cpu(tiny_mnist, tmp_pa
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_fused_adam_checkpoint_resumes_unfused_and_the_other_way(tmp_path):
-    """Adam's param groups record how it ran (fused on CUDA); a resumed optimizer keeps its own."""
+def test_an_unfused_adam_checkpoint_resumes_fused_and_the_other_way(tmp_path):
+    """Adam's param groups record how it ran (earlier versions: unfused on the CPU, a float
+    learning rate); a resumed optimizer keeps its own implementation and its learning-rate
+    tensor, given the saved value."""
     torch.manual_seed(0)
     model = new_model(CFG)
-    fused = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)  # fused runs on the CPU too
+    plain = torch.optim.Adam(model.parameters(), lr=5e-4)  # as every CPU run before 0.3 saved it
     model(torch.randn(4, 1, 28, 28)).logits.sum().backward()
-    fused.step()
-    plain = make_optimizer(model, CFG, CPU)
-    train_module._load_optimizer_state(plain, fused.state_dict())
-    assert plain.param_groups[0]["fused"] is None and plain.param_groups[0]["lr"] == 1e-3
-    step = plain.state[next(iter(model.parameters()))]["step"]
-    assert step.device.type == "cpu" and float(step) == 1
     plain.step()
-    again = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
-    train_module._load_optimizer_state(again, plain.state_dict())
-    assert again.param_groups[0]["fused"] is True
-    again.step()  # fused needs its step counters as float32 tensors beside the parameters
+    fused = make_optimizer(model, CFG, CPU)
+    rate = fused.param_groups[0]["lr"]
+    train_module._load_optimizer_state(fused, plain.state_dict())
+    assert fused.param_groups[0]["fused"] is True and fused.param_groups[0]["lr"] is rate
+    assert train_module.learning_rate(fused.param_groups[0]) == 5e-4
+    step = fused.state[next(iter(model.parameters()))]["step"]
+    assert step.device.type == "cpu" and float(step) == 1
+    fused.step()  # fused needs its step counters as float32 tensors beside the parameters
+    again = torch.optim.Adam(model.parameters(), lr=1e-3)
+    train_module._load_optimizer_state(again, train_module._optimizer_state(fused))
+    assert again.param_groups[0]["fused"] is None and again.param_groups[0]["lr"] == 5e-4
+    again.step()
     assert float(again.state[next(iter(model.parameters()))]["step"]) == 3
 
 
-def test_a_cpu_run_checkpoints_an_unfused_adam(tiny_mnist, tmp_path):
-    """Fused Adam is for CUDA (tests/test_cuda.py checks a GPU run's checkpoint); the CPU keeps
-    torch's default implementation, and the checkpoint records which one ran."""
+def test_a_run_checkpoints_a_fused_adam_with_a_float_learning_rate(tiny_mnist, tmp_path):
+    """Every device trains with a fused Adam whose learning rate is a tensor (a captured step reads
+    it); the checkpoint records the implementation and the rate as a float, as before."""
     train(CFG.replace(epochs=1), *_data(tiny_mnist), device=CPU, out_dir=tmp_path, progress=False)
     groups = load_checkpoint(tmp_path / "last.pt").optimizer["param_groups"]
-    assert [group["fused"] for group in groups] == [None]
+    assert [group["fused"] for group in groups] == [True]
+    assert [type(group["lr"]) for group in groups] == [float] and groups[0]["lr"] == CFG.training.lr
+
+
+def test_the_plateau_schedule_cuts_the_learning_rate_tensor_in_place():
+    model = new_model(CFG)
+    optimizer = make_optimizer(model, CFG, CPU)
+    rate = optimizer.param_groups[0]["lr"]
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=0.1, patience=0)
+    for accuracy in (0.5, 0.4):
+        scheduler.step(accuracy)
+    assert optimizer.param_groups[0]["lr"] is rate
+    assert train_module.learning_rate(optimizer.param_groups[0]) == CFG.training.lr * 0.1
 
 
 # --- DDP: which configurations need the unused-parameter search -----------------------------------

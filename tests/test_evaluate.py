@@ -3,6 +3,7 @@ straightforward per-image computation."""
 
 import math
 
+import pytest
 import torch
 
 from ponder_cli.config import PonderConfig
@@ -11,9 +12,10 @@ from synthetic_data import synthetic_digits
 from ponder_cli.tasks.mnist import evaluate, evaluation_draws
 from ponder_cli.halting import logits_at, sample_halting_steps
 from ponder_cli.losses import geometric_log_prior, ponder_loss
-from ponder_cli.checkpoint import new_model
+from ponder_cli.checkpoint import load_model, new_model
+from ponder_cli.data import load_mnist
 from ponder_cli.methods import get_method
-from ponder_cli.train import train_one_epoch
+from ponder_cli.train import batch_step, train_one_epoch
 
 CFG = PonderConfig.of(max_steps=8, hidden=16, hidden_cnn=16, hidden_lin=16, batch_size=50)
 
@@ -36,6 +38,22 @@ def test_early_exit_and_forced_steps_agree_exactly():
     # the draws do not depend on batching: any batch size gives the same numbers
     assert evaluate(model, data, CFG, max_angle=45, seed=9, batch_size=7) == early
     assert evaluate(model, data, CFG, max_angle=45, seed=10, batch_size=64) != early
+
+
+@pytest.mark.parametrize("run, rule", [("pn1", "sample"), ("pn1", "median"), ("pn1", "quantile:0.9"),
+                                       ("pn1", "patience:2"), ("pn1", "confidence:0.9"), ("pn1", "expected"),
+                                       ("act", "sample"), ("plain", "sample")])
+def test_the_gpus_full_forward_gives_the_cpus_early_exit_results_for_every_rule(run, rule, runs, tiny_mnist):
+    """A GPU evaluates by the full forward and the rule applied on the device (early_exit=False,
+    its default there); the CPU by early exit: the same predictions, steps and figures."""
+    model, cfg, _ = load_model(runs / run / "best.pt", "cpu")
+    data = load_mnist(tiny_mnist, train=False, download=False)
+    early = evaluate(model, data, cfg, max_angle=45, seed=9, batch_size=64, halting=rule)
+    full = evaluate(model, data, cfg, max_angle=45, seed=9, batch_size=64, halting=rule, early_exit=False)
+    assert early == full
+    assert torch.equal(early.samples.steps, full.samples.steps)
+    assert torch.equal(early.samples.correct, full.samples.correct)
+    assert early.images == 200 and 0 < early.accuracy < 1
 
 
 def test_evaluate_equals_a_per_image_computation():
@@ -81,13 +99,13 @@ def test_training_metrics_accumulated_on_device_equal_per_batch_values(monkeypat
         return parts
 
     monkeypatch.setattr(method, "loss", recording)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    stats = train_one_epoch(model, method, optimizer, scaler, data, CFG, amp=False, progress=False)
-    assert [n for *_, n in recorded] == [50, 50, 50, 50, 30]
-    expected_loss = sum(loss * n for loss, _, n in recorded) / 230
-    expected_reg = sum(reg * n for _, reg, n in recorded) / 230
+    step = batch_step(model, CFG, data)
+    step.method = method
+    stats = train_one_epoch(step, progress=False)
+    assert [n for *_, n in recorded] == [50, 50, 50, 50]  # whole batches: the last 30 images wait for another epoch
+    expected_loss = sum(loss * n for loss, _, n in recorded) / 200
+    expected_reg = sum(reg * n for _, reg, n in recorded) / 200
     assert math.isclose(stats["loss"], expected_loss, rel_tol=1e-6)
     assert math.isclose(stats["regularisation"], expected_reg, rel_tol=1e-6)
-    assert stats["skipped_batches"] == 0 and stats["batches"] == 5
+    assert stats["skipped_batches"] == 0 and stats["batches"] == 4
     assert 0 <= stats["accuracy"] <= 1 and 1 <= stats["steps"] <= CFG.method.max_steps

@@ -125,7 +125,8 @@ def test_training_batches_come_from_the_seeded_generator():
     source = get_task(cfg).training_source(None, "cpu")
     generator = torch.Generator().manual_seed(7)
     for index in range(3):
-        x, labels = source.batch(index)
+        source.stage(index)
+        x, labels = source.batch()
         expected = parity_batch(16, 8, 2, 5, generator)
         assert torch.equal(x, expected.x) and torch.equal(labels, expected.labels)
     counts = (x != 0).sum(dim=1)
@@ -135,12 +136,15 @@ def test_training_batches_come_from_the_seeded_generator():
 def test_the_generator_state_round_trips():
     cfg = PonderConfig.from_options(task="parity", elems=8, batch_size=4)
     first = ParityBatches(cfg, "cpu")
-    first.batch(0)
+    first.stage(0)
+    first.batch()
     state = first.state()
-    following = first.batch(1)
+    first.stage(1)
+    following = first.batch()
     second = ParityBatches(cfg, "cpu")
     second.load_state(state)
-    assert torch.equal(second.batch(1)[0], following[0])
+    second.stage(1)
+    assert torch.equal(second.batch()[0], following[0])
 
 
 def test_the_curriculum_raises_the_top_count_linearly_then_holds_it():
@@ -155,7 +159,8 @@ def test_curriculum_batches_stay_under_the_top_and_resume_where_they_were(tmp_pa
     source = ParityBatches(cfg, "cpu")
     tops = []
     for index in range(6):
-        x, _ = source.batch(index)
+        source.stage(index)
+        x, _ = source.batch()
         tops.append(int((x != 0).sum(dim=1).max()))
         if index == 2:
             state = source.state()
@@ -165,8 +170,10 @@ def test_curriculum_batches_stay_under_the_top_and_resume_where_they_were(tmp_pa
     assert resumed.drawn == 3  # the curriculum goes on where it was
     straight = ParityBatches(cfg, "cpu")
     for index in range(4):
-        expected = straight.batch(index)[0]
-    assert torch.equal(resumed.batch(3)[0], expected)
+        straight.stage(index)
+        expected = straight.batch()[0]
+    resumed.stage(3)
+    assert torch.equal(resumed.batch()[0], expected)
 
 
 def test_the_curriculum_is_a_config_setting_of_parity_alone(tmp_path, ponder, one_error_line):

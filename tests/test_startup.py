@@ -38,7 +38,7 @@ def test_the_optimizer_updates_exactly_as_torch_adam():
     theirs_model, _ = model_and_batch()
     cfg = PonderConfig.of(lr=3e-3)
     ours = make_optimizer(ours_model, cfg, torch.device("cpu"))
-    theirs = torch.optim.Adam(theirs_model.parameters(), lr=3e-3)
+    theirs = torch.optim.Adam(theirs_model.parameters(), lr=torch.tensor(3e-3), fused=True)
     for step in range(6):
         for model, optimizer in ((ours_model, ours), (theirs_model, theirs)):
             optimizer.zero_grad()

@@ -25,7 +25,7 @@ from ponder_cli.checkpoint import new_model
 from ponder_cli.methods import get_method
 from ponder_cli import runtime
 from ponder_cli.runtime import grad_scaler
-from ponder_cli.train import make_optimizer, train_one_epoch
+from ponder_cli.train import batch_step, make_optimizer, train_one_epoch
 
 # ops that make the host wait for the device: `nonzero` (a boolean mask's indices: its size is
 # data-dependent), `_local_scalar_dense` (under every .item(), bool(t), int(t), float(t)), and
@@ -165,19 +165,19 @@ def test_truncated_training_forward_makes_at_most_one_host_sync_per_step(step, m
 
 
 @pytest.mark.parametrize("truncation", [0.0, 0.05])
-def test_a_training_batch_syncs_only_for_the_non_finite_check(truncation, tiny_mnist, truncated_steps):
-    """Without the GradScaler, skipping a non-finite batch needs its flag on the host: one sync
-    per batch, plus the truncated forward's one per step; nothing else (the epoch's metrics are
-    read once, at the end, by a copy that a CPU profile cannot see)."""
+def test_a_cpu_training_batch_syncs_only_in_its_shrinking_forward(truncation, tiny_mnist, truncated_steps):
+    """On the CPU a truncated forward drops the inputs that are done, which reads on the host how
+    many go on: one sync per step. Nothing else waits: a non-finite batch is skipped on the device
+    (the fused Adam's flag), and the epoch's metrics are read once, at the end, by a copy that a
+    CPU profile cannot see. (The graph-safe batch, with no sync at all: test_graph_safe.py.)"""
     model, cfg = _model(4, bias=-1.0, spread=10, truncation=truncation, batch_size=100)
     data = load_mnist(tiny_mnist, train=True, download=False).subset(slice(0, 300))  # three batches
     device = torch.device("cpu")
     optimizer = make_optimizer(model, cfg, device)
-    syncs = count_syncs(lambda: train_one_epoch(model, get_method(cfg), optimizer, grad_scaler(device, False),
-                                                data, cfg, amp=False, progress=False))
+    syncs = count_syncs(lambda: train_one_epoch(batch_step(model, cfg, data, optimizer=optimizer), progress=False))
     loop = sum(_loop_syncs(int(c.max()), cfg.method.max_steps) for c in truncated_steps)
     assert len(truncated_steps) == (3 if truncation else 0)
-    assert syncs == Counter({"aten::_local_scalar_dense": 3, **({"aten::nonzero": loop} if loop else {})})
+    assert syncs == Counter({"aten::nonzero": loop} if loop else {})
 
 
 @pytest.mark.parametrize("fused, syncs_per_batch", [(True, 0), (None, 1)])
@@ -192,6 +192,6 @@ def test_fp16_training_with_fused_adam_never_waits_for_the_device(fused, syncs_p
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.training.lr, fused=fused)
     scaler = grad_scaler(torch.device("cpu"), True)
     assert scaler.is_enabled()
-    syncs = count_syncs(lambda: train_one_epoch(model, get_method(cfg), optimizer, scaler, data, cfg, amp=True,
-                                                progress=False))
+    step = batch_step(model, cfg, data, amp=True, optimizer=optimizer, scaler=scaler)
+    syncs = count_syncs(lambda: train_one_epoch(step, progress=False))
     assert syncs == Counter({"aten::_local_scalar_dense": 3 * syncs_per_batch} if syncs_per_batch else {})

@@ -44,8 +44,11 @@ class SumsTask(Task):
             def start_epoch(self):
                 return task.cfg.task.batches_per_epoch
 
-            def batch(self, index):
-                return sums(1 + index % TRAINED, task.cfg.training.batch_size, seed=100 + index)
+            def stage(self, index):
+                self.index = index
+
+            def batch(self):
+                return sums(1 + self.index % TRAINED, task.cfg.training.batch_size, seed=100 + self.index)
 
         return Batches()
 

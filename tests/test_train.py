@@ -12,7 +12,8 @@ from ponder_cli import train as training
 from ponder_cli.checkpoint import new_model
 from ponder_cli.methods import get_method
 from ponder_cli.runtime import grad_scaler
-from ponder_cli.train import make_optimizer, train, train_one_epoch
+from ponder_cli.train import batch_step, make_optimizer, train, train_one_epoch
+from ponder_cli.methods import Method
 
 CFG = PonderConfig.of(epochs=2, max_steps=4, batch_size=64, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16)
 
@@ -68,22 +69,23 @@ def test_early_stopping_and_best_checkpoint(tiny_mnist, tmp_path):
 
 
 def test_measuring_the_training_batches_draws_none_of_the_trainings_randomness(tiny_mnist, monkeypatch):
-    """The per-batch accuracy and steps halt by coins of their own: an epoch measured and one not
-    (its metrics stubbed out) train the same weights and leave the same random state after them."""
+    """The per-batch accuracy and steps are expectations under the halting distribution, with no
+    coin drawn: an epoch measured and one not (its metrics stubbed out) train the same weights and
+    leave the same random state after them."""
     data = load_mnist(tiny_mnist, train=True, download=False).subset(slice(0, 300))  # three batches
     cfg = CFG.replace(batch_size=100)  # dropout and the ±22.5° training rotation draw at every batch
 
     def epoch():
         torch.manual_seed(0)
         model = new_model(cfg)
-        cpu = torch.device("cpu")
-        train_one_epoch(model, get_method(cfg), make_optimizer(model, cfg, cpu), grad_scaler(cpu, False), data, cfg,
-                        amp=False, progress=False)
-        return model.state_dict(), torch.get_rng_state()
+        stats = train_one_epoch(batch_step(model, cfg, data), progress=False)
+        return model.state_dict(), torch.get_rng_state(), stats
 
-    weights, after = epoch()
-    monkeypatch.setattr(training, "_batch_metrics", lambda *args: torch.zeros(2, dtype=torch.long))
-    unmeasured_weights, unmeasured_after = epoch()
+    weights, after, stats = epoch()
+    assert 0 < stats["accuracy"] < 1 and 1 < stats["steps"] < cfg.method.max_steps
+    monkeypatch.setattr(Method, "batch_metrics", lambda *args: (torch.zeros(()), torch.zeros(())))
+    unmeasured_weights, unmeasured_after, unmeasured = epoch()
+    assert unmeasured["accuracy"] == 0 and unmeasured["loss"] == stats["loss"]
     assert all(torch.equal(weights[k], unmeasured_weights[k]) for k in weights)
     assert torch.equal(after, unmeasured_after)
 
@@ -97,8 +99,11 @@ class _CountingSource(training.TrainingSource):
     def start_epoch(self) -> int:
         return self.batches
 
-    def batch(self, index: int):
-        return index
+    def stage(self, index: int) -> None:
+        self.staged = index
+
+    def batch(self):
+        return self.staged
 
     def state(self):
         return {"given": self.given}
@@ -123,7 +128,8 @@ def test_the_run_s_duration_is_estimated_once_from_its_first_batches(batches, st
         assert source.start_epoch() == batches
         for index in range(min(batches, 100)):
             now[0] = 100 * epoch + (startup + per_batch * (index - 1) if index else 0.0)
-            assert source.batch(index) == index
+            source.stage(index)
+            assert source.batch() == index
     assert lines == ([expected] if expected else [])
     source.load_state({"seed": 1})  # the task's own stream passes through
     assert source.state() == {"given": {"seed": 1}}

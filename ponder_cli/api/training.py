@@ -40,6 +40,7 @@ class TrainOptions:
     config_file: Optional[Path] = None  # settings read from a file (config_file.py); `given` overrides them
     notes: tuple = ()  # lines to say first (under torchrun, rank 0 alone says them)
     deterministic: bool = False  # only deterministic kernels (deterministic_kernels): a training option, not a model's
+    cuda_graphs: bool = True  # on CUDA, capture the training batch once and replay it (train.BatchStep)
 
 
 @contextlib.contextmanager
@@ -136,7 +137,8 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -
             log(_training_line(cfg, task.describe(train_set, val_set), dev, amp, where, plan))
             started = time.perf_counter()
             result = train(cfg, train_set, val_set, device=dev, out_dir=plan.out_dir, amp=amp, resume=plan.resume,
-                           on_epoch=on_epoch, progress=options.progress and main, log=log)
+                           on_epoch=on_epoch, progress=options.progress and main, log=log,
+                           cuda_graphs=options.cuda_graphs)
             finished = True
         except KeyboardInterrupt as exc:
             raise (Terminated if isinstance(exc, _SigTerm) else Interrupted)(folder.resume_hint()) from None

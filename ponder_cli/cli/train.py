@@ -105,6 +105,7 @@ OUT_OPTION = path_option("--out", show_default=False, help="Folder for best.pt a
 OVERWRITE_OPTION = typer.Option(False, "--overwrite", help="Replace the checkpoints of another run in "
                                 "--out.")
 AMP_OPTION = typer.Option(None, "--amp/--no-amp", hidden=True)
+CUDA_GRAPHS_OPTION = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", hidden=True)
 RESUME_OPTION = typer.Option(None, "--resume", metavar="CHECKPOINT",
                              help="Continue the run saved in this checkpoint: a file (e.g. "
                                   "runs/pondernet-mlp-seed1234/last.pt), a run folder (its last.pt) or "
@@ -158,6 +159,7 @@ def train(
     overwrite: bool = OVERWRITE_OPTION,
     device: str = DeviceOption,
     amp: Optional[bool] = AMP_OPTION,
+    cuda_graphs: bool = CUDA_GRAPHS_OPTION,
     resume: Optional[str] = RESUME_OPTION,
     tensorboard: bool = TENSORBOARD_OPTION,
     deterministic: bool = DETERMINISTIC_OPTION,
@@ -175,7 +177,7 @@ def train(
     given, notes = _settings_given(locals())
     options = TrainOptions(resume=resume, out=out, data_dir=data_dir, download=download, device=device, amp=amp,
                            progress=bars(quiet, progress), overwrite=overwrite, tensorboard=tensorboard,
-                           config_file=config, notes=notes, deterministic=deterministic)
+                           config_file=config, notes=notes, deterministic=deterministic, cuda_graphs=cuda_graphs)
     if print_config:
         _print_config(given, options, fmt, log=chatter(quiet))
         return

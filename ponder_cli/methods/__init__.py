@@ -11,7 +11,7 @@ import torch
 
 from ..halting import EarlyExitRule, halting_log_probs
 from ..losses import LossParts
-from ..model import PonderNet
+from ..model import PonderNet, halting_as_computed
 from ..registry import method_class
 
 
@@ -23,8 +23,9 @@ class Method:
     # an option no chosen piece reads is refused)
     reads: tuple = ()
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, device=None):
         self.cfg = cfg
+        self.device = torch.device("cpu" if device is None else device)  # where its losses will run
 
     @classmethod
     def config_problems(cls, cfg) -> list[str]:
@@ -63,6 +64,16 @@ class Method:
         halting distribution; ACT: h_1, ..., h_{N-1}, R, 0, ...)."""
         return halting_log_probs(lambda_logits).exp()
 
+    def batch_metrics(self, out, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A training batch's correct predictions and halting steps, each summed over the batch
+        (float32 scalars on the device) from its forward `out` (model.PonderOutput, truncated or
+        not): their expectations under the halting distribution, so no coin is drawn (PonderNet:
+        sum_n p_n [y_n right] and sum_n n p_n)."""
+        p = self.halting_distribution(halting_as_computed(out))  # (steps, B)
+        right = (out.logits.argmax(dim=-1) == targets).to(p.dtype)  # (steps, B)
+        n = torch.arange(1, p.shape[0] + 1, device=p.device, dtype=p.dtype)[:, None]
+        return (p * right).sum(), (p * n).sum()
+
     def probabilities(self, scores: torch.Tensor, rule: str) -> torch.Tensor:
         """Class probabilities (B, classes) from `predict`'s scores under `rule`."""
         return torch.softmax(scores.float(), dim=-1)
@@ -77,8 +88,9 @@ class Method:
         return None
 
 
-def get_method(cfg) -> Method:
-    return method_class(cfg.method.name)(cfg)
+def get_method(cfg, device=None) -> Method:
+    """The config's method; `device`, where its losses will run (what it builds once goes there)."""
+    return method_class(cfg.method.name)(cfg, device)
 
 
 def build_model(cfg, classes: int, input_shape: tuple) -> torch.nn.Module:

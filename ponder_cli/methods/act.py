@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from ..halting import ActExit, act_halting, act_mean_field, act_prediction
 from ..truncation import ActHalted
 from ..losses import LossParts
+from ..model import halting_as_computed
 from . import Method
 
 # Graves: a positive halting bias makes early training ponder little
@@ -63,6 +64,11 @@ class ACTMethod(Method):
 
     def predict(self, logits, lambda_logits, uniforms, rule):
         return act_prediction(logits, lambda_logits, self.cfg.method.act_epsilon)
+
+    def batch_metrics(self, out, targets):
+        # ACT predicts deterministically: its mean-field prediction and N
+        scores, steps = act_prediction(out.logits, halting_as_computed(out), self.cfg.method.act_epsilon)
+        return (scores.argmax(dim=1) == targets).float().sum(), steps.float().sum()
 
     def halting_distribution(self, lambda_logits):
         return act_halting(lambda_logits, self.cfg.method.act_epsilon).p

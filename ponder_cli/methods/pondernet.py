@@ -27,15 +27,15 @@ class PonderNetMethod(Method):
             problems.append(f"beta must be >= 0 (got {cfg.method.beta})")
         return problems
 
-    def __init__(self, cfg):
-        super().__init__(cfg)
-        self._log_prior: dict = {}  # per device: built once, not once per batch
+    def __init__(self, cfg, device=None):
+        super().__init__(cfg, device)
+        # built once, on the device: a captured training batch copies nothing from the host
+        self._log_prior = geometric_log_prior(cfg.method.lambda_p, cfg.method.max_steps, self.device)
 
     def log_prior(self, device) -> torch.Tensor:
-        device = torch.device(device)
-        if device not in self._log_prior:
-            self._log_prior[device] = geometric_log_prior(self.cfg.method.lambda_p, self.cfg.method.max_steps, device)
-        return self._log_prior[device]
+        if self._log_prior.device != torch.device(device):  # a method built for another device
+            self._log_prior = self._log_prior.to(device)
+        return self._log_prior
 
     def needs_all_steps(self, rule):
         return parse_halting_rule(rule).name == "expected"

@@ -18,7 +18,8 @@ is built from the run's config, `self.cfg`):
   is built: parity saves train_counts), `run_name_prefix()` (the run folder's name), `kind_label()`
   (what checkpoints `compare` sets side by side share);
 - training: `load_training(data_dir, download)` -> (training data, validation data) on the CPU,
-  `to_device(data, device)`, `training_source(data, device)` -> a `TrainingSource`,
+  `to_device(data, device)`, `training_source(data, device)` -> a `TrainingSource` (batches of one
+  shape, graph-safe),
   `validate(model, validation data, amp)` -> evaluate.EvalResult, `describe` (the log line);
 - the user's own inputs (`ponder predict`): `read_inputs(paths, options)` -> `UserInputs`, the
   files read and checked (a problem is one PonderError naming the file), ready for the model;
@@ -66,16 +67,32 @@ class TrainingSource:
     """An epoch of training batches on the training device, drawn from the task's own stream.
 
     `start_epoch` draws what the epoch needs up front (MNIST: the permutation, from torch's
-    shared stream) and says how many batches follow; `batch(i)` gives this process's share of
-    global batch i: inputs and class labels. `state` / `load_state`: the source's own generator,
-    saved in checkpoints so that a resumed run continues the same stream (None: it has none).
+    shared stream) and says how many batches follow. `stage(i)` puts global batch i into the
+    source's static inputs (tensors that keep their storage: MNIST the batch's rows, parity the
+    curriculum's top count), on the host's side of a batch; `batch()` then gives this process's
+    share of it, inputs and class labels, of the same shapes every time, computed on the device
+    without a host read and drawing only from torch's default generator or from the source's own
+    `generators()`: a training batch captured as a CUDA graph replays it. `state` / `load_state`:
+    the source's own generator, saved in checkpoints so that a resumed run continues the same
+    stream (None: it has none). `graph_safe`: the source keeps that promise (tests/test_graph_safe.py
+    checks the built-in ones); one that does not (the default, for a task of a user's own) trains
+    eagerly on CUDA.
     """
+
+    graph_safe = False
 
     def start_epoch(self) -> int:
         raise NotImplementedError
 
-    def batch(self, index: int):
+    def stage(self, index: int) -> None:
         raise NotImplementedError
+
+    def batch(self):
+        raise NotImplementedError
+
+    def generators(self) -> tuple:
+        """The generators `batch` draws from besides torch's default one (a capture registers them)."""
+        return ()
 
     def state(self) -> Optional[dict]:
         return None

@@ -209,27 +209,35 @@ def read_images(paths, invert=None, rotate=None):
 
 
 class ImageBatches(TrainingSource):
-    """An epoch: a fresh permutation of the training images in batches, each rotated uniformly
-    within +-train_rotation (the permutation from torch's shared stream, the same on every rank;
-    the rotations from this rank's stream)."""
+    """An epoch: a fresh permutation of the training images in whole batches, each image rotated
+    uniformly within +-train_rotation (the permutation from torch's shared stream, the same on
+    every rank; the rotations from this rank's stream). Every batch has the same size: the last,
+    partial batch of an epoch is dropped (55,000 images: 429 batches of 128, 88 left out, other
+    ones every epoch); a training set smaller than a batch is one batch of all of it."""
+
+    graph_safe = True
 
     def __init__(self, data, cfg):
         self.data, self.cfg = data, cfg
         self.order = None
+        # a global batch splits evenly over the ranks under torchrun
+        self.batch_size = min(cfg.training.batch_size, distributed.even_length(len(data)))
+        share = self.batch_size // distributed.world_size()
+        self.rows = torch.zeros(share, dtype=torch.long, device=data.images.device)  # the staged batch
 
     def start_epoch(self) -> int:
-        count = len(self.data)
-        order = torch.randperm(count, device=self.data.images.device)  # (N,)
-        self.order = order[:distributed.even_length(count)]  # under torchrun the last batch must split evenly
-        return -(-self.order.shape[0] // self.cfg.training.batch_size)
+        self.order = torch.randperm(len(self.data), device=self.data.images.device)  # (N,)
+        return len(self.data) // self.batch_size
 
-    def batch(self, index: int):
-        start = index * self.cfg.training.batch_size
-        rows = distributed.shard(self.order[start:start + self.cfg.training.batch_size])  # this rank's contiguous slice
+    def stage(self, index: int) -> None:
+        start = index * self.batch_size
+        self.rows.copy_(distributed.shard(self.order[start:start + self.batch_size]))  # this rank's slice
+
+    def batch(self):
         device = self.data.images.device
-        angles = (uniform_angles(rows.shape[0], self.cfg.task.train_rotation, device=device)
+        angles = (uniform_angles(self.rows.shape[0], self.cfg.task.train_rotation, device=device)
                   if self.cfg.task.train_rotation > 0 else None)
-        return prepare_batch(self.data.images[rows], angles), self.data.labels[rows]
+        return prepare_batch(self.data.images[self.rows], angles), self.data.labels[self.rows]
 
 
 class MnistTask(Task):

@@ -75,11 +75,15 @@ def vectors_with_counts(counts: torch.Tensor, elems: int, generator: torch.Gener
     return ParityBatch(x, parity_labels(x), counts)
 
 
-def parity_batch(batch: int, elems: int, lo: int, hi: int, generator: torch.Generator) -> ParityBatch:
-    """A training batch: non-zero counts uniform in [lo, hi], on the generator's device."""
-    check_counts(elems, lo, hi)
-    counts = torch.randint(lo, hi + 1, (batch,), generator=generator, device=generator.device)
-    return vectors_with_counts(counts, elems, generator)
+def parity_batch(batch: int, elems: int, lo: int, hi, generator: torch.Generator) -> ParityBatch:
+    """A training batch: non-zero counts uniform in [lo, hi], on the generator's device. `hi` may
+    be a tensor (the curriculum's top, staged on the device: nothing read by the host)."""
+    if not isinstance(hi, torch.Tensor):
+        check_counts(elems, lo, hi)
+    span = hi - lo + 1
+    counts = lo + (torch.rand(batch, generator=generator, device=generator.device) * span).long()
+    # u * span rounds up to span only for u within float32's last bit of 1
+    return vectors_with_counts(counts.clamp_max(hi), elems, generator)
 
 
 def check_counts(elems: int, lo: int, hi: int) -> None:
@@ -139,23 +143,33 @@ class ParityBatches(TrainingSource):
     generator, the counts uniform up to the curriculum's top (curriculum_top). Under torchrun
     every rank draws the same global batch and keeps its slice."""
 
+    graph_safe = True
+
     def __init__(self, cfg, device):
         self.cfg, self.device = cfg, torch.device(device)
         self.lo, self.hi = cfg.task.train_range()
+        check_counts(cfg.task.elems, self.lo, self.hi)
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.training.seed)
         self.drawn = 0  # batches drawn so far in the run: where the curriculum is
+        self.top = torch.full((), self.hi, dtype=torch.long, device=self.device)  # the staged batch's top count
+        self.rows = distributed.shard(torch.arange(cfg.training.batch_size, device=self.device))  # this rank's
 
     def start_epoch(self) -> int:
         return self.cfg.task.batches_per_epoch
 
-    def batch(self, index: int):
-        top = curriculum_top(self.drawn, self.lo, self.hi, self.cfg.task.curriculum, self.cfg.task.curriculum_start)
-        drawn = parity_batch(self.cfg.training.batch_size, self.cfg.task.elems, self.lo, top, self.generator)
+    def stage(self, index: int) -> None:
+        self.top.fill_(curriculum_top(self.drawn, self.lo, self.hi, self.cfg.task.curriculum,
+                                      self.cfg.task.curriculum_start))
         self.drawn += 1
+
+    def batch(self):
+        drawn = parity_batch(self.cfg.training.batch_size, self.cfg.task.elems, self.lo, self.top, self.generator)
         if not distributed.active():
             return drawn.x, drawn.labels
-        rows = distributed.shard(torch.arange(self.cfg.training.batch_size, device=self.device))
-        return drawn.x[rows], drawn.labels[rows]
+        return drawn.x[self.rows], drawn.labels[self.rows]  # every rank draws the global batch, keeps its slice
+
+    def generators(self) -> tuple:
+        return (self.generator,)
 
     def state(self) -> Optional[dict]:
         return {"generator": self.generator.get_state(), "device": self.device.type, "drawn": self.drawn}

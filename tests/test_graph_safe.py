@@ -1,0 +1,245 @@
+"""The training batch is safe to capture as a CUDA graph, proved on the CPU.
+
+A captured graph replays the device work of one batch: it cannot run what needs the host to
+read a value (`.item()`, `bool(t)`, a boolean mask's `nonzero`), a tensor made from Python data
+(a host-to-device copy), or a draw from a generator the capture does not know, and it replays
+the same kernels on buffers of the same shapes. A TorchDispatchMode sees every operator that
+BatchStep.run issues, for every task x step x method and each truncation rule: none may be one
+of those, and two different batches must issue the same operators on the same shapes.
+Evaluation's full forward with a rule applied on the device is held to the same.
+"""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ponder_cli.checkpoint import new_model
+from ponder_cli.config import PonderConfig
+from ponder_cli.methods import get_method
+from ponder_cli.model import truncate
+from ponder_cli.runtime import autocast
+from ponder_cli.train import WARMUP_BATCHES, BatchStep, batch_step, step_unless
+from synthetic_data import synthetic_digits
+
+# operators that make the host wait for the device, or need a value on the host to shape their output
+HOST_READS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "nonzero_static", "masked_select",
+              "_unique2", "unique_consecutive", "unique_dim", "repeat_interleave", "bincount", "histc",
+              "masked_scatter", "equal", "allclose"}
+# a tensor made from Python data: on CUDA a copy from the host, which a capture cannot hold
+FROM_PYTHON_DATA = {"lift_fresh", "lift_fresh_copy"}
+
+
+class Watch(TorchDispatchMode):
+    """Records every operator (name, the shapes of its tensor arguments) and fails on a host read,
+    on a tensor from Python data, or on a draw from a generator not among `owned`."""
+
+    def __init__(self, owned=()):
+        super().__init__()
+        self.owned, self.ops, self.problems = tuple(owned), [], []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func._schema.name.split("::")[-1]
+        if name in HOST_READS:
+            self.problems.append(f"{name} reads on the host")
+        if name in FROM_PYTHON_DATA:
+            self.problems.append(f"{name}: a tensor from Python data")
+        generator = kwargs.get("generator")
+        # the generator reaches the operator in a wrapper of its own: the same one has the same state
+        if generator is not None and not any(torch.equal(generator.get_state(), g.get_state()) for g in self.owned):
+            self.problems.append(f"{name} draws from a generator the step does not own")
+        shapes = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else
+                       tuple(tuple(t.shape) for t in a if isinstance(t, torch.Tensor)) if isinstance(a, (list, tuple))
+                       else None for a in args)
+        self.ops.append((str(func), shapes))
+        return func(*args, **kwargs)
+
+
+SMALL_IMAGES = dict(hidden=12, hidden_cnn=12, batch_size=16)
+SMALL_VECTORS = dict(task="parity", elems=8, hidden=12, batch_size=16, batches_per_epoch=8, curriculum=6,
+                     curriculum_start=2)
+
+# task x step x method, and the truncation rules (cut, roulette, ACT's) and AMP's paths
+CASES = [
+    dict(step="mlp", method="pondernet"), dict(step="mlp", method="pondernet", truncation=0.05),
+    dict(step="mlp", method="pondernet", truncation=0.3, truncation_rule="roulette"),
+    dict(step="mlp", method="act", truncation=0.05), dict(step="mlp", method="act"), dict(step="mlp", method="plain"),
+    dict(step="align", method="pondernet", max_steps=4), dict(step="align", method="act", max_steps=4),
+    dict(step="align", method="plain"),
+    dict(step="gru", method="pondernet", **SMALL_VECTORS), dict(step="gru", method="act", **SMALL_VECTORS),
+    dict(step="gru", method="plain", **SMALL_VECTORS), dict(step="rnn", method="pondernet", **SMALL_VECTORS),
+    dict(step="rnn", method="act", truncation=0.05, **SMALL_VECTORS),
+]
+
+
+def _config(case: dict) -> PonderConfig:
+    sizes = {} if case.get("task") == "parity" else dict(SMALL_IMAGES, **({"hidden_lin": 12} if case["step"] == "mlp"
+                                                                           else {}))
+    if case["method"] != "plain":
+        case = {"max_steps": 5, **case}
+    return PonderConfig.from_options(**sizes, **case)
+
+
+def _step(cfg: PonderConfig, *, amp: bool = False, scaler=None) -> BatchStep:
+    torch.manual_seed(0)
+    model = new_model(cfg)
+    data = synthetic_digits(80, 0) if cfg.task.name == "mnist" else None
+    return batch_step(model, cfg, data, amp=amp, scaler=scaler, shrink=False)
+
+
+def _watched_batches(step: BatchStep, count: int = 2) -> list[Watch]:
+    """Warm up as a capture would, then watch `count` more batches of the epoch."""
+    step.model.train()
+    step.source.start_epoch()
+    for index in range(WARMUP_BATCHES):
+        step.source.stage(index)
+        step.run()
+    watches = []
+    for index in range(WARMUP_BATCHES, WARMUP_BATCHES + count):
+        step.source.stage(index)
+        with Watch(step.source.generators()) as watch:
+            step.run()
+        watches.append(watch)
+    return watches
+
+
+def _case_id(case):
+    return "-".join(f"{value}" for key, value in case.items() if key in ("task", "step", "method", "truncation",
+                                                                          "truncation_rule"))
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_a_training_batch_reads_nothing_on_the_host_and_repeats_its_operators(case):
+    first, second = _watched_batches(_step(_config(case)))
+    assert first.problems == [] and second.problems == []
+    assert len(first.ops) > 50  # the watch saw the batch
+    assert first.ops == second.ops  # the same operators on the same shapes: a replay fits every batch
+
+
+def test_the_graph_safe_batch_draws_parity_vectors_from_the_sources_generator_only():
+    step = _step(_config(dict(step="gru", method="pondernet", **SMALL_VECTORS)))
+    (watch,) = _watched_batches(step, 1)
+    drawing = [op for op, _ in watch.ops if "rand" in op or "uniform" in op]
+    assert drawing and watch.problems == []
+    # and a generator the watch does not know is caught
+    with pytest.raises(AssertionError):
+        with Watch() as stranger:
+            torch.rand(3, generator=torch.Generator().manual_seed(0))
+        assert stranger.problems == []
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["bf16", "fp16-grad-scaler"])
+def test_mixed_precision_batches_are_graph_safe_too(scaled):
+    cfg = _config(dict(step="mlp", method="pondernet", truncation=0.05))
+    scaler = torch.amp.GradScaler("cpu", enabled=True) if scaled else None
+    first, second = _watched_batches(_step(cfg, amp=True, scaler=scaler))
+    assert first.problems == [] and second.problems == [] and first.ops == second.ops
+
+
+def test_the_watch_catches_a_host_read():
+    with Watch() as watch:
+        bool(torch.ones(2).sum() > 0)
+        torch.tensor([1.0, 2.0])
+    assert [p.split(" ")[0].rstrip(":") for p in watch.problems] == ["_local_scalar_dense", "lift_fresh"]
+
+
+# Truncation as a mask equals the shrinking truncated forward -----------------------------------
+
+TRUNCATIONS = [dict(method="pondernet", truncation=0.2), dict(method="pondernet", truncation=0.3,
+                                                                truncation_rule="roulette"),
+               dict(method="act", truncation=0.05)]
+
+
+@pytest.mark.parametrize("step_name", ["mlp", "align", "gru"])
+@pytest.mark.parametrize("rule", TRUNCATIONS, ids=lambda r: r.get("truncation_rule", r["method"]))
+def test_truncation_as_a_mask_gives_the_truncated_forwards_loss_and_gradients(rule, step_name):
+    case = dict(step=step_name, max_steps=6, **rule, **(SMALL_VECTORS if step_name == "gru" else {}))
+    cfg = _config(case)
+    torch.manual_seed(0)
+    model = new_model(cfg)
+    with torch.no_grad():  # a halting head that tells inputs apart: they halt at several steps
+        torch.nn.init.normal_(model.halting_head.weight, std=30 / model.halting_head.weight.shape[1] ** 0.5)
+        model.halting_head.bias.zero_()
+    model.eval()  # no dropout: both forwards see the same network
+    inputs = torch.Generator().manual_seed(3)
+    x = torch.randn(24, 1, 28, 28, generator=inputs) * torch.linspace(0.1, 3, 24).view(24, 1, 1, 1) \
+        if cfg.task.name == "mnist" else torch.randint(-1, 2, (24, 8), generator=inputs).float()
+    targets = torch.randint(0, 10 if cfg.task.name == "mnist" else 2, (24,), generator=torch.Generator().manual_seed(4))
+    method = get_method(cfg)
+    results = []
+    for shrink in (True, False):
+        torch.manual_seed(5)  # the roulette's coins
+        rule_object = method.truncation(24, torch.device("cpu"))
+        out = model(x, stop=rule_object) if shrink else model(x)
+        if not shrink:
+            out = truncate(out, rule_object.computed_steps(out.lambda_logits), rule_object.forces_halt)
+        loss = method.loss(out.logits, out.lambda_logits, targets, out.computed)
+        grads = torch.autograd.grad(loss.total, list(model.parameters()), allow_unused=True)
+        results.append((out.computed, loss, grads))
+    (computed_a, loss_a, grads_a), (computed_b, loss_b, grads_b) = results
+    assert torch.equal(computed_a, computed_b)
+    assert 1 < computed_a.float().mean() < cfg.method.max_steps  # inputs really stop at different steps
+    assert len(set(computed_a.tolist())) >= 2
+    for part_a, part_b in zip(loss_a, loss_b):
+        torch.testing.assert_close(part_a, part_b, rtol=1e-5, atol=1e-6)
+    for grad_a, grad_b in zip(grads_a, grads_b):
+        if grad_a is None or grad_b is None:
+            assert grad_a is None or not grad_a.any()
+            assert grad_b is None or not grad_b.any()
+        else:
+            torch.testing.assert_close(grad_a, grad_b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_skipped_step_leaves_weights_moments_and_step_count_as_they_were():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(layer.parameters(), lr=torch.tensor(1e-2), fused=True)
+    layer(torch.ones(1, 3)).sum().backward()
+    step_unless(optimizer, torch.tensor(False))
+    before = [p.detach().clone() for p in layer.parameters()]
+    moments = [optimizer.state[p]["exp_avg"].clone() for p in layer.parameters()]
+    step_unless(optimizer, torch.tensor(True))
+    assert all(torch.equal(a, p) for a, p in zip(before, layer.parameters()))
+    assert all(torch.equal(m, optimizer.state[p]["exp_avg"]) for m, p in zip(moments, layer.parameters()))
+    assert all(float(optimizer.state[p]["step"]) == 1 for p in layer.parameters())
+    step_unless(optimizer, torch.tensor(False))
+    assert not any(torch.equal(a, p) for a, p in zip(before, layer.parameters()))
+
+
+def test_a_non_finite_batch_is_skipped_on_the_device_and_counted():
+    cfg = _config(dict(step="mlp", method="pondernet"))
+    step = _step(cfg)
+    step.model.train()
+    step.source.start_epoch()
+    step.source.stage(0)
+    step.run()
+    weights = [p.detach().clone() for p in step.params]
+    with torch.no_grad():
+        step.model.output_head.bias.fill_(float("nan"))
+    poisoned = step.model.output_head.bias.detach().clone()
+    step.source.stage(1)
+    step.run()
+    assert step.totals[6] == 1  # one batch skipped
+    assert torch.equal(step.model.output_head.weight, weights[[n for n, _ in step.model.named_parameters()]
+                                                              .index("output_head.weight")])
+    assert torch.equal(step.model.output_head.bias.isnan(), poisoned.isnan())
+
+
+# Evaluation's full forward, the rule chosen on the device ---------------------------------------
+
+@pytest.mark.parametrize("method, rule", [("pondernet", "sample"), ("pondernet", "median"),
+                                          ("pondernet", "expected"), ("pondernet", "quantile:0.8"),
+                                          ("pondernet", "patience:2"), ("pondernet", "confidence:0.5"),
+                                          ("act", "act"), ("plain", "sample")])
+def test_an_evaluation_batch_on_the_full_forward_reads_nothing_on_the_host(method, rule):
+    cfg = _config(dict(step="mlp", method=method))
+    torch.manual_seed(0)
+    model = new_model(cfg).eval()
+    method_object = get_method(cfg)
+    x = synthetic_digits(32, 2).images.unsqueeze(1).float() / 255
+    uniforms = torch.rand(cfg.method.max_steps, 32)
+    with torch.inference_mode(), Watch() as watch, autocast(torch.device("cpu"), False):
+        out = model(x)
+        scores, steps = method_object.predict(out.logits, out.lambda_logits, uniforms, rule)
+        (scores.argmax(dim=1) == 0).sum(), steps.sum()
+    assert watch.problems == []
