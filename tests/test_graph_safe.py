@@ -68,7 +68,8 @@ CASES = [
     dict(step="align", method="plain"),
     dict(step="gru", method="pondernet", **SMALL_VECTORS), dict(step="gru", method="act", **SMALL_VECTORS),
     dict(step="gru", method="plain", **SMALL_VECTORS), dict(step="rnn", method="pondernet", **SMALL_VECTORS),
-    dict(step="rnn", method="act", truncation=0.05, **SMALL_VECTORS),
+    dict(step="rnn", method="act", truncation=0.05, **SMALL_VECTORS), dict(step="rnn", method="plain", **SMALL_VECTORS),
+    dict(step="gru", method="pondernet", truncation=0.2, truncation_rule="roulette", **SMALL_VECTORS),
 ]
 
 
