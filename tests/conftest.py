@@ -145,7 +145,7 @@ def vector_config():
     as the vector step functions (rnn, gru) read it."""
     from ponder_cli.config import PonderConfig
 
-    return lambda **fields: PonderConfig.of(**{"elems": 8, **fields})
+    return lambda **fields: PonderConfig.of(**{"task": "parity", "step": "gru", "elems": 8, **fields})
 
 
 @pytest.fixture

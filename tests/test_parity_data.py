@@ -8,7 +8,7 @@ import torch
 
 from ponder_cli import PonderError
 from ponder_cli.config import PonderConfig
-from ponder_cli.settings import parse_count_range
+from ponder_cli.config import parse_count_range
 from ponder_cli.methods import get_method
 from ponder_cli.tasks.parity import CLASSES, bucket_sets, evaluation_set, parity_batch, parity_labels, vectors_with_counts
 

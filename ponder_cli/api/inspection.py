@@ -12,7 +12,7 @@ import torch
 
 from .. import PonderError
 from ..checkpoint import load_checkpoint, load_model
-from ..settings import seed_problems
+from ..config import seed_problems
 from ..folders import BEST, CONFIG_FILE, LAST, LOCK_FILE
 from ..methods import get_method
 from ..reports import Report, info_report, prediction_report

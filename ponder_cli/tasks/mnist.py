@@ -244,13 +244,6 @@ class MnistTask(Task):
     reads = ("train_rotation", "val_size", "train_size")
     calibration_split = "validation"  # what calibrate's inputs are (calibration_data)
 
-    @classmethod
-    def config_problems(cls, cfg):
-        if not 0 <= cfg.task.train_rotation <= MAX_ANGLE:  # evaluation rotates within +-180 at most, too
-            return [f"train-rotation must be between 0 and {MAX_ANGLE:g} degrees: images are rotated "
-                    f"within +-angle (got {cfg.task.train_rotation:g})"]
-        return []
-
     # training -----------------------------------------------------------------------------
 
     def load_training(self, data_dir, download: bool):

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .. import PonderError, distributed
-from ..settings import parse_count_range
+from ..config import parse_count_range
 from ..evaluate import EvalBucket, evaluate_bucket
 from ..reports import TaskView, Terms
 from . import Task, TrainingSource, UserInputs, check_input_file, derived_seed, load_inputs
