@@ -47,8 +47,9 @@ def parse_count_range(text: str, elems: int) -> tuple[int, int]:
     return bounds
 
 
-def setting(default, test=None, rule: str = ""):
-    """A setting's field: its default and its one check, `test(value)` or "must be `rule`"."""
+def setting(default, test=None, rule=""):
+    """A setting's field: its default and its one check, `test(value)` or "must be `rule`" (a
+    table: one of its names)."""
     return dataclasses.field(default=default, metadata={"test": test, "rule": rule})
 
 
@@ -67,7 +68,7 @@ def within(lo, hi, brackets="[]", note=""):
 
 
 def one_of(table):
-    return (lambda v: v in table), "one of"  # the table as it is then (installed packages add pieces)
+    return (lambda v: v in table), table  # the table as it is then (installed packages add pieces)
 
 
 @dataclass(frozen=True)
@@ -175,14 +176,10 @@ def problems_of(key: str, value, origins: dict = {}) -> list[str]:
     test, rule = PLACES[key][1].metadata.get("test"), PLACES[key][1].metadata.get("rule")
     if test is None or test(value):
         return []
-    if rule == "one of":
-        return [f"{option} must be one of {', '.join(TABLES[key])} (got {value!r})"]
+    if not isinstance(rule, str):
+        return [f"{option} must be one of {', '.join(rule)} (got {value!r})"]
     got = rule.find(":") if ":" in rule else len(rule)  # "(got v)" before a rule's reason
     return [f"{option} must be {rule[:got]} (got {value}){rule[got:]}"]
-
-
-TABLES = {"task": TASKS, "step": STEPS, "method": METHODS, "cnn_dropout_mask": CNN_DROPOUT_MASKS,
-          "halting_input": HALTING_INPUTS, "truncation_rule": TRUNCATION_RULES}
 
 
 def load_piece(kind: str, name: str):

@@ -1,8 +1,8 @@
 """Where a training run starts from and writes to: the config-merge and resume rules, the run
 folder (a fresh one under runs/ by default, never another run's or the shipped models), the lock
-that keeps two runs out of one folder (run_lock.py), the files a run keeps beside its checkpoints
+that keeps two runs out of one folder (folders.py), the files a run keeps beside its checkpoints
 (config.json, config.toml, metrics.csv); which file a CHECKPOINT argument names is in
-checkpoint_names.py."""
+folders.py."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ from . import PonderError, __version__
 from .checkpoint import load_checkpoint
 from .config import PonderConfig, inapplicable, spelled
 from .config_file import render_config
-from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR)
+from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST,  # noqa: F401
+                      METRICS_FILE, RUNS_DIR, Resolved, RunLock, accepted_forms, check_unlocked,
+                      newest_run_checkpoint, resolve_checkpoint)
 from .shipped import package_problem
 from .tasks import get_task
-from .checkpoint_names import Resolved, accepted_forms, newest_run_checkpoint, resolve_checkpoint  # noqa: F401
-from .run_lock import RunLock, check_unlocked  # noqa: F401
 
 # options that may differ from the checkpoint's config when resuming: how long to go on
 RESUMABLE_CHANGES = ("epochs", "patience")

@@ -13,11 +13,9 @@ import torch
 from .. import PonderError
 from ..checkpoint import load_checkpoint, load_model
 from ..config import seed_problems
-from ..folders import BEST, CONFIG_FILE, LAST, LOCK_FILE
+from ..folders import BEST, CONFIG_FILE, LAST, LOCK_FILE, lock_holder, resolve_checkpoint
 from ..methods import get_method
 from ..reports import Report, info_report, prediction_report
-from ..checkpoint_names import resolve_checkpoint
-from ..run_lock import lock_holder
 from ..tasks import InputOptions, get_task
 from .loading import check_halting, device_and_amp, resolve_named
 

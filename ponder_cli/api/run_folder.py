@@ -12,8 +12,7 @@ from .. import PonderError
 from ..checkpoint import load_checkpoint
 from ..config import applies
 from ..environment import session, write_environment
-from ..folders import LAST
-from ..run_lock import RunLock
+from ..folders import LAST, RunLock
 from ..runs import (
     MetricsFile,
     TrainingPlan,

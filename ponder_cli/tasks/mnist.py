@@ -22,7 +22,7 @@ from ..evaluate import EvalBucket, EvalResult, evaluate_bucket
 from ..reports import TaskView, Terms
 from ..rotation import protocol_angles, uniform_angles
 from . import Task, TrainingSource, UserInputs, check_input_file, load_inputs
-from .mnist_defaults import EVAL_ANGLES, EXTRAPOLATION_ANGLES
+from ..registry import EVAL_ANGLES, EXTRAPOLATION_ANGLES
 
 SIDE = 28  # MNIST's images are 28x28
 MAX_ANGLE = 180.0  # degrees: rotating by more than +-180 repeats angles already covered
@@ -318,6 +318,3 @@ class MnistTask(Task):
         if count > 400:
             raise PonderError(f"{count} angles is too many for one sweep; use a larger --every")
         return [start + i * every for i in range(count)]
-
-    def bucket_label(self, bucket: dict) -> str:
-        return f"±{bucket['rotation']:g}°"
