@@ -19,7 +19,7 @@ BEST, LAST = "best.pt", "last.pt"
 CHECKPOINT_FILES = (BEST, LAST)  # what `ponder train` writes into its folder
 CONFIG_FILE, METRICS_FILE = "config.json", "metrics.csv"  # beside them, readable without torch
 CONFIG_TOML = "config.toml"  # the settings as `ponder train --config` reads them
-ENVIRONMENT_FILE = "environment.json"  # what the run ran on (environment.py)
+ENVIRONMENT_FILE = "environment.json"  # what the run ran on (api/run_folder.py)
 LATEST = "latest"  # the CHECKPOINT word for the newest run under runs/
 LOCK_FILE = ".ponder.lock"
 
