@@ -48,27 +48,21 @@ def parse_count_range(text: str, elems: int) -> tuple[int, int]:
 
 
 def setting(default, test=None, rule=""):
-    """A setting's field: its default and its one check, `test(value)` or "must be `rule`" (a
-    table: one of its names)."""
+    """A setting's field: its default and its one check, `test(value)`, else "must be `rule`"."""
     return dataclasses.field(default=default, metadata={"test": test, "rule": rule})
 
 
-def above(lo):
-    return (lambda v: v > lo), f"> {lo}"
-
-
-def at_least(lo, note=""):
-    return (lambda v: v >= lo), f">= {lo}{note}"
-
-
 def within(lo, hi, brackets="[]", note=""):
-    def test(v):
-        return (lo <= v if brackets[0] == "[" else lo < v) and (v <= hi if brackets[1] == "]" else v < hi)
-    return test, f"in {brackets[0]}{lo}, {hi}{brackets[1]}{note}"
+    """A check that a value lies in an interval: [lo, hi], (lo, hi), ..."""
+    return (lambda v: (lo <= v if brackets[0] == "[" else lo < v) and (v <= hi if brackets[1] == "]" else v < hi),
+            f"in {brackets[0]}{lo}, {hi}{brackets[1]}{note}")
 
 
-def one_of(table):
-    return (lambda v: v in table), table  # the table as it is then (installed packages add pieces)
+def one_of(table):  # the table as it is then: installed packages add pieces
+    return (lambda v: v in table), table
+
+
+ABOVE_0, AT_LEAST_0 = ((lambda v: v > 0), "> 0"), ((lambda v: v >= 0), ">= 0")
 
 
 @dataclass(frozen=True)
@@ -77,15 +71,15 @@ class TaskSettings:
     name: str = setting("mnist", *one_of(TASKS))
     elems: int = 64  # parity: vectors of `elems` entries (checked by parity: its own bound)
     train_counts: str = ""  # parity: training non-zero counts "LO-HI" ("": 1-elems)
-    batches_per_epoch: int = setting(1000, *above(0))  # parity: batches drawn on the fly
+    batches_per_epoch: int = setting(1000, *ABOVE_0)  # parity: batches drawn on the fly
     # parity's curriculum: over the first `curriculum` batches (0: off) the top training count
     # grows linearly from `curriculum_start` to the top of train_counts
-    curriculum: int = setting(0, *at_least(0))
+    curriculum: int = setting(0, *AT_LEAST_0)
     curriculum_start: int = 2
     # mnist: training images rotated uniformly within +-this many degrees
     train_rotation: float = setting(22.5, *within(0, 180, note=" degrees: images are rotated within +-angle"))
-    val_size: int = setting(5000, *above(0))
-    train_size: int = setting(0, *at_least(0))  # mnist: 0 trains on every image not held out
+    val_size: int = setting(5000, *ABOVE_0)
+    train_size: int = setting(0, *AT_LEAST_0)  # mnist: 0 trains on every image not held out
 
     def train_range(self) -> tuple[int, int]:
         """parity: the training non-zero counts (lo, hi)."""
@@ -95,9 +89,9 @@ class TaskSettings:
 @dataclass(frozen=True)
 class StepSettings:
     name: str = setting("mlp", *one_of(STEPS))  # the step function
-    hidden: int = setting(64, *above(0))  # size of the recurrent state h_n
-    hidden_cnn: int = setting(64, *above(0))  # size of the image embedding
-    hidden_lin: int = setting(64, *above(0))  # hidden layer of the step MLP
+    hidden: int = setting(64, *ABOVE_0)  # size of the recurrent state h_n
+    hidden_cnn: int = setting(64, *ABOVE_0)  # size of the image embedding
+    hidden_lin: int = setting(64, *ABOVE_0)  # hidden layer of the step MLP
     kernel_size: int = setting(5, *within(1, 12, note=": a larger one does not fit a 28x28 image"))
     cnn_dropout: float = setting(0.5, *within(0, 1, "[)"))  # Dropout2d after conv2, as in the reference
     # mlp: one Dropout2d mask per image shared by every step, or a fresh one at every step
@@ -122,8 +116,8 @@ class MethodSettings:
     # initial bias of the halting head; None: the method's own (PyTorch's for pondernet, +1 for act)
     halting_bias: Optional[float] = None
     lambda_p: float = setting(0.2, *within(0, 1, "(]"))  # the geometric prior's parameter
-    beta: float = setting(0.01, *at_least(0))  # weight of KL(p || p_G)
-    tau: float = setting(0.01, *at_least(0))  # ACT: weight of the ponder cost N + R
+    beta: float = setting(0.01, *AT_LEAST_0)  # weight of KL(p || p_G)
+    tau: float = setting(0.01, *AT_LEAST_0)  # ACT: weight of the ponder cost N + R
     act_epsilon: float = setting(0.01, *within(0, 1, "()"))  # ACT: halt once the units sum to 1 - epsilon
     # training drops an input from later steps once its remaining halting mass is below this
     # (0: every step of every input); ACT drops it at its own halting step (exact)
@@ -135,12 +129,12 @@ class MethodSettings:
 
 @dataclass(frozen=True)
 class TrainingSettings:
-    epochs: int = setting(20, *above(0))
-    batch_size: int = setting(128, *above(0))
-    lr: float = setting(1e-3, *above(0))
-    grad_clip: float = setting(0.5, *at_least(0, ", 0 disables clipping"))
-    patience: int = setting(5, *at_least(0))  # early stopping: epochs without a better validation accuracy
-    lr_patience: int = setting(2, *at_least(0))  # ReduceLROnPlateau, in epochs
+    epochs: int = setting(20, *ABOVE_0)
+    batch_size: int = setting(128, *ABOVE_0)
+    lr: float = setting(1e-3, *ABOVE_0)
+    grad_clip: float = setting(0.5, AT_LEAST_0[0], ">= 0, 0 disables clipping")
+    patience: int = setting(5, *AT_LEAST_0)  # early stopping: epochs without a better validation accuracy
+    lr_patience: int = setting(2, *AT_LEAST_0)  # ReduceLROnPlateau, in epochs
     lr_factor: float = setting(0.1, *within(0, 1, "()"))
     seed: int = setting(1234, lambda v: not seed_problems(v, ""), "an integer from 0 to 2**63 - 1")
 
@@ -180,10 +174,6 @@ def problems_of(key: str, value, origins: dict = {}) -> list[str]:
         return [f"{option} must be one of {', '.join(rule)} (got {value!r})"]
     got = rule.find(":") if ":" in rule else len(rule)  # "(got v)" before a rule's reason
     return [f"{option} must be {rule[:got]} (got {value}){rule[got:]}"]
-
-
-def load_piece(kind: str, name: str):
-    return KINDS[kind][1](name)
 
 
 def readers(key: str) -> dict[str, list[str]]:
@@ -253,7 +243,7 @@ class PonderConfig:
             known(kind, name)  # a piece an installed package registers joins its table here
         problems = [problem for key in PLACES for problem in problems_of(key, self.value(key))]
         if not problems:  # each chosen piece checks what it reads beside the rest (parity its counts)
-            problems = [problem for kind, name in chosen.items() for problem in load_piece(kind, name).config_problems(self)]
+            problems = [problem for kind, name in chosen.items() for problem in KINDS[kind][1](name).config_problems(self)]
         if not problems:
             step = step_class(self.step.name)
             features = {"confidence", "previous", step.halting_feature}
@@ -264,11 +254,10 @@ class PonderConfig:
 
     @classmethod
     def build(cls, values: dict, given=(), origins: dict = {}, saved: str = "") -> "PonderConfig":
-        """The one way in: `values` by flat key (the rest default), of which the user gave
-        `given` (a setting the chosen pieces do not read is refused; `origins`: key -> the file
-        that gave it, for messages); a saved
-        run's (`saved` names it) may hold one, at a value other than its default or what its pieces
-        imply: one warning says it has no effect."""
+        """The one way in: `values` by flat key (the rest default), of which the user gave `given`
+        (`origins`: key -> the file that gave it). A given setting the chosen pieces do not read
+        is refused; a saved run's (`saved` names it) holding one at a value other than its default
+        or what its pieces imply is one warning: it never had an effect."""
         unknown = sorted(set(values) - set(PLACES))
         if unknown:
             raise PonderError(f"unknown config keys {unknown}")
@@ -312,14 +301,10 @@ class PonderConfig:
         """A config from the settings the user gave, on the command line or in a file (`origins`:
         key -> the file's name); the rest are what the chosen pieces imply (plain: one step) or
         the defaults."""
-        origins = origins or {}
-        for kind in KINDS:
-            if kind in given:
-                known(kind, given[kind])
-        chosen = {}
-        for kind, (table, load) in KINDS.items():  # a piece the user gave, else one implied, else the default
-            implied = {k: v for k, (v, _) in implied_values(chosen).items()}
-            chosen[kind] = given.get(kind, implied.get(kind, cls.default(kind)))
+        origins, chosen = origins or {}, {}
+        for kind in KINDS:  # a piece the user gave, else one an earlier piece implies, else the default
+            chosen[kind] = given.get(kind, implied_values(chosen).get(kind, (cls.default(kind),))[0])
+            known(kind, chosen[kind])  # a piece an installed package registers joins its table here
         values = {**{key: value for key, (value, _) in implied_values(chosen).items()}, **given, **chosen}
         if chosen["task"] in TASKS:
             values = task_class(chosen["task"]).resolve_options(values, given)
@@ -378,13 +363,12 @@ class PonderConfig:
         implied = implied_values(self.chosen())
         return [key for key in PLACES if applies(key, self.chosen()) or key in implied]
 
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
+    @staticmethod
+    def field_names() -> tuple[str, ...]:
         return tuple(PLACES)
 
-    @classmethod
-    def default(cls, key: str):
-        """A setting's default value, without building (and validating) a config."""
+    @staticmethod
+    def default(key: str):
         return PLACES[key][1].default
 
     def to_dict(self) -> dict:
