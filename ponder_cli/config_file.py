@@ -30,8 +30,11 @@ def read_config_file(path: Path) -> dict:
     if isinstance(data.get("config"), dict) and "ponder_cli" in data:
         # a run's config.json holds every setting: those its pieces do not read had no effect on
         # it (a warning for any not at its neutral value), and are left out
-        cfg = PonderConfig.from_dict({key: value for key, value in data["config"].items() if value is not None},
-                                     saved=f"--config {path}")
+        try:
+            cfg = PonderConfig.from_dict({key: value for key, value in data["config"].items() if value is not None},
+                                         saved=f"--config {path}")
+        except PonderError as exc:
+            raise PonderError(f"--config {path}: {exc}") from None
         return {key: value for key, value in data["config"].items()
                 if value is not None and key in PLACES and applies(key, cfg.chosen())}
     values = {}

@@ -130,3 +130,14 @@ def test_a_given_setting_from_a_file_names_the_files_key(tmp_path, ponder, one_e
         f"Error: --config {path}: lambda_p applies to --method pondernet, not act"
     assert one_error_line(ponder("train", "--method", "act", "--lambda-p", "0.3", "--print-config")) == \
         "Error: --lambda-p applies to --method pondernet, not act"
+
+
+def test_a_runs_config_json_with_a_setting_its_pieces_do_not_read_warns_once_and_re_runs(tmp_path, ponder):
+    path = tmp_path / "config.json"
+    saved = {**PonderConfig.of(method="act", max_steps=5).to_dict(), "lambda_p": 0.3}
+    path.write_text(json.dumps({"ponder_cli": "0.1.0", "config": saved}))
+    result = ponder("train", "--config", path, "--print-config")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == \
+        [f"Warning: --config {path}: lambda_p = 0.3 applies to --method pondernet, not act; it has no effect"]
+    assert "lambda_p" not in result.stdout and 'method = "act"' in result.stdout and "max_steps = 5" in result.stdout
