@@ -243,7 +243,8 @@ class PonderConfig:
             known(kind, name)  # a piece an installed package registers joins its table here
         problems = [problem for key in PLACES for problem in problems_of(key, self.value(key))]
         if not problems:  # each chosen piece checks what it reads beside the rest (parity its counts)
-            problems = [problem for kind, name in chosen.items() for problem in KINDS[kind][1](name).config_problems(self)]
+            problems = [problem for kind, name in chosen.items()
+                        for problem in KINDS[kind][1](name).config_problems(self)]
         if not problems:
             step = step_class(self.step.name)
             features = {"confidence", "previous", step.halting_feature}

@@ -80,13 +80,15 @@ def render_config(cfg: PonderConfig, sources: dict, shown: list[str], fmt: str =
     values, chosen = cfg.to_dict(), cfg.chosen()
     settable = [key for key in shown if values[key] is not None and applies(key, chosen)]
     if fmt == "json":
-        tables = {section: {key: values[key] for key in keys if key in settable} for section, keys in SECTIONS.items()}
-        return json.dumps({**tables, "sources": {key: sources.get(key, "default") for key in settable}}, indent=2) + "\n"
+        tables = {section: {key: values[key] for key in keys if key in settable}
+                  for section, keys in SECTIONS.items()}
+        return json.dumps({**tables, "sources": {key: sources.get(key, "default") for key in settable}},
+                          indent=2) + "\n"
     lines = ["# ponder train --config FILE (flags on the command line override it)"]
     for section, keys in SECTIONS.items():
+        whose = "method" if section == "method" else "run"
         rows = [(f"{'' if key in settable else '# '}{key} = {_toml_value(values[key])}",
-                 sources.get(key, "default") + ("" if key in settable else
-                                                f", not a setting of this {'method' if section == 'method' else 'run'}"))
+                 sources.get(key, "default") + ("" if key in settable else f", not a setting of this {whose}"))
                 for key in keys if key in settable or (key in shown and values[key] is not None)]
         rows.sort(key=lambda row: row[0].startswith("#"))  # the settings, then the comments
         if rows:

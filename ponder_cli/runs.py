@@ -1,7 +1,7 @@
 """Where a training run starts from and writes to: the config-merge and resume rules, the run
 folder (a fresh one under runs/ by default, never another run's or the shipped models), the lock
-that keeps two runs out of one folder (folders.py), the files a run keeps beside its checkpoints
-(config.json, config.toml, metrics.csv); which file a CHECKPOINT argument names is in
+that keeps two runs out of one folder, the files a run keeps beside its checkpoints (config.json,
+config.toml, metrics.csv); the lock, and which file a CHECKPOINT argument names, are in
 folders.py."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def resolve_config(given: dict, resume: Optional[Path] = None, origins: Optional
     if problems:
         raise PonderError(f"cannot resume {resumed.path} ({saved.method.name}, step {saved.step.name}): "
                           f"{'; '.join(problems)}")
-    conflicts = [f"--{k.replace('_', '-')} {v} (checkpoint: {saved.value(k)})"
+    conflicts = [f"{spelled(k, origins, '--')} {v} (checkpoint: {saved.value(k)})"
                  for k, v in given.items() if k not in RESUMABLE_CHANGES and saved.value(k) != v]
     if conflicts:
         raise PonderError(f"cannot resume {resumed.path} with options that contradict its config: "

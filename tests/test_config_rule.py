@@ -2,15 +2,14 @@
 config file), a one-line warning when a saved run holds it; and every kind of checkpoint an
 earlier release wrote loads and evaluates."""
 
-import itertools
 import json
 import warnings
 
 import pytest
 import torch
 
-from ponder_cli import PonderError, PonderWarning
-from ponder_cli.checkpoint import TrainingState, new_model, save_checkpoint
+from ponder_cli import PonderError
+from ponder_cli.checkpoint import TrainingState, new_model
 from ponder_cli.config import KINDS, PLACES, PonderConfig, applies, readers
 from ponder_cli.shipped import shipped_path
 
