@@ -76,7 +76,7 @@ class TrainingState:
         if not isinstance(payload["config"], dict):
             raise bad("config", "a dict")
         try:
-            config = PonderConfig.from_dict(payload["config"])
+            config = PonderConfig.from_dict(payload["config"], saved=f"checkpoint {path}")
         except (PonderError, TypeError) as exc:
             raise PonderError(f"checkpoint {path} has an incompatible config: {exc}") from None
         model = payload["model"]

@@ -1,106 +1,233 @@
-"""The one frozen configuration that flows through training and lives in every checkpoint, and
-how its pieces are chosen: what each implies, reads and refuses."""
+"""The one frozen configuration that flows through training and lives in every checkpoint.
+
+A section per kind of piece (task, step, method) and one for training; each setting is a field
+with its default and the one check of its value alone. A piece says which settings it reads
+(`reads`), what it implies (`implied`) and what it refuses beside the others (`config_problems`).
+The rule for a setting the chosen pieces do not read: refused when the user gives it (option,
+config file, `of`), a one-line warning when a saved run holds it (checkpoint, config.json).
+Outside, every setting is known by its flat key, its option's name: checkpoints, JSON, files.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import typing
+import warnings
 from dataclasses import dataclass
+from typing import Optional
 
-from . import PonderError
-from .registry import METHODS, STEPS, TASKS, known, method_class, step_class, task_class
-from .settings import (PLACES, SECTION_TYPES, MethodSettings, StepSettings, TaskSettings,
-                       TrainingSettings)
+from . import PonderError, PonderWarning
+from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, STEPS, TASKS, TRUNCATION_RULES, known,
+                       method_class, step_class, task_class)
 
-
-# The kinds of piece a config chooses: the config field that names the piece -> its registry
-# table and loader. A later kind's implied values win over an earlier one's (plain's one step
-# over align's twelve); an earlier kind may imply a later kind's piece (parity: --step gru).
-PIECE_KINDS = {"task": (TASKS, task_class), "step": (STEPS, step_class), "method": (METHODS, method_class)}
-
-
-def choose_pieces(given: dict, default) -> dict[str, str]:
-    """The piece of each kind: the user's, else one an earlier chosen piece implies (parity
-    implies --step gru), else the default."""
-    chosen: dict[str, str] = {}
-    for kind in PIECE_KINDS:
-        implied = {}
-        for earlier, name in chosen.items():
-            if name in PIECE_KINDS[earlier][0]:
-                implied.update(load_piece(earlier, name).implied)
-        chosen[kind] = given.get(kind, implied.get(kind, default(kind)))
-    return chosen
+MAX_STEPS = 100  # a bound on the cost of an epoch (training runs every step for every image)
+FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32: what the model's tensors can hold
+MAX_SEED = 2 ** 63  # torch's generators take seeds below 2**64; we keep them signed 64-bit
+# the kinds of piece, in order: a later kind's implied values win (plain's one step over align's
+# twelve), an earlier kind may imply a later kind's piece (parity: --step gru)
+KINDS = {"task": (TASKS, task_class), "step": (STEPS, step_class), "method": (METHODS, method_class)}
 
 
-def load_piece(kind: str, name: str):
-    return PIECE_KINDS[kind][1](name)
-
-
-def fit_problems(chosen: dict[str, str]) -> list[str]:
-    """A step function that reads another kind of input than the task gives (mlp on parity
-    vectors, gru on images)."""
-    task, step = chosen.get("task"), chosen.get("step")
-    kind = task_class(task).input_kind if task in TASKS else None
-    if kind is not None and step in STEPS and step_class(step).input_kind != kind:
-        fitting = [name for name in STEPS if step_class(name).input_kind == kind]
-        return [f"--step {step} does not fit --task {task} ({task_class(task).inputs}); "
-                f"choose {', '.join(fitting)}"]
+def seed_problems(seed, what: str) -> list[str]:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED:
+        return [f"{what} must be an integer from 0 to 2**63 - 1 (got {seed})"]
     return []
 
 
-def option_name(field: str) -> str:
-    return "--" + field.replace("_", "-")
+def parse_count_range(text: str, elems: int) -> tuple[int, int]:
+    """'17-32' -> (17, 32), '5' -> (5, 5), checked against 1..elems; a PonderError otherwise."""
+    lo, sep, hi = str(text).partition("-")
+    try:
+        bounds = (int(lo), int(hi) if sep else int(lo))
+    except ValueError:
+        raise PonderError(f"a count range is LO-HI or N (got {text!r})") from None
+    if not 1 <= bounds[0] <= bounds[1] <= elems:
+        raise PonderError(f"count range {text} must satisfy 1 <= LO <= HI <= {elems} (the elements of a vector)")
+    return bounds
 
 
-def readers(field: str) -> dict[str, list[str]]:
-    """For each kind of piece some of whose pieces read `field` (their `reads`), those pieces."""
-    found = {}
-    for kind, (table, load) in PIECE_KINDS.items():
-        names = [name for name in table if field in load(name).reads]
-        if names:
-            found[kind] = names
-    return found
+def setting(default, test=None, rule=""):
+    """A setting's field: its default and its one check, `test(value)`, else "must be `rule`"."""
+    return dataclasses.field(default=default, metadata={"test": test, "rule": rule})
 
 
-def applies(field: str, chosen: dict[str, str]) -> bool:
-    """Whether a field matters to the chosen pieces: every kind that has readers of it has it
-    read by the chosen piece (a field no piece declares, like --epochs, applies to every run)."""
-    return all(chosen[kind] in names for kind, names in readers(field).items())
+def within(lo, hi, brackets="[]", note=""):
+    """A check that a value lies in an interval: [lo, hi], (lo, hi), ..."""
+    return (lambda v: (lo <= v if brackets[0] == "[" else lo < v) and (v <= hi if brackets[1] == "]" else v < hi),
+            f"in {brackets[0]}{lo}, {hi}{brackets[1]}{note}")
 
 
-def inapplicable(given, chosen: dict[str, str]) -> list[str]:
-    """The one rule for options that do not apply: a field the user set that the chosen piece of
-    some kind does not read, though other pieces of that kind do, is refused, naming who reads it."""
+def one_of(table):  # the table as it is then: installed packages add pieces
+    return (lambda v: v in table), table
+
+
+ABOVE_0, AT_LEAST_0 = ((lambda v: v > 0), "> 0"), ((lambda v: v >= 0), ">= 0")
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    # mnist digits (rotation as difficulty) or parity vectors (non-zero count as difficulty)
+    name: str = setting("mnist", *one_of(TASKS))
+    elems: int = 64  # parity: vectors of `elems` entries (checked by parity: its own bound)
+    train_counts: str = ""  # parity: training non-zero counts "LO-HI" ("": 1-elems)
+    batches_per_epoch: int = setting(1000, *ABOVE_0)  # parity: batches drawn on the fly
+    # parity's curriculum: over the first `curriculum` batches (0: off) the top training count
+    # grows linearly from `curriculum_start` to the top of train_counts
+    curriculum: int = setting(0, *AT_LEAST_0)
+    curriculum_start: int = 2
+    # mnist: training images rotated uniformly within +-this many degrees
+    train_rotation: float = setting(22.5, *within(0, 180, note=" degrees: images are rotated within +-angle"))
+    val_size: int = setting(5000, *ABOVE_0)
+    train_size: int = setting(0, *AT_LEAST_0)  # mnist: 0 trains on every image not held out
+
+    def train_range(self) -> tuple[int, int]:
+        """parity: the training non-zero counts (lo, hi)."""
+        return parse_count_range(self.train_counts, self.elems) if self.train_counts else (1, self.elems)
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    name: str = setting("mlp", *one_of(STEPS))  # the step function
+    hidden: int = setting(64, *ABOVE_0)  # size of the recurrent state h_n
+    hidden_cnn: int = setting(64, *ABOVE_0)  # size of the image embedding
+    hidden_lin: int = setting(64, *ABOVE_0)  # hidden layer of the step MLP
+    kernel_size: int = setting(5, *within(1, 12, note=": a larger one does not fit a 28x28 image"))
+    cnn_dropout: float = setting(0.5, *within(0, 1, "[)"))  # Dropout2d after conv2, as in the reference
+    # mlp: one Dropout2d mask per image shared by every step, or a fresh one at every step
+    cnn_dropout_mask: str = setting("shared", *one_of(CNN_DROPOUT_MASKS))
+    mlp_dropout: float = setting(0.2, *within(0, 1, "[)"))
+    align_turn: float = setting(30.0, *within(0, 180, "(]", " degrees"))  # align: the largest turn of a step
+    # align: halting held back while the step still turns (steps/align.py), a fraction; 0: off
+    turn_gate: float = setting(0.0, *within(0, 1, note=", a fraction of the largest turn"))
+    # gru: LayerNorm on the new state, orthogonal recurrent blocks, update-gate bias (min-pondernet)
+    gru_layer_norm: bool = False
+    gru_orthogonal: bool = False
+    gru_update_bias: float = 0.0
+
+
+@dataclass(frozen=True)
+class MethodSettings:
+    # pondernet (Banino et al. 2021), act (Graves 2016) or plain (one step: no pondering)
+    name: str = setting("pondernet", *one_of(METHODS))
+    max_steps: int = setting(20, lambda v: 0 < v <= MAX_STEPS, f"from 1 to {MAX_STEPS}: every step is computed "
+                             "for every training input, so an epoch takes about max-steps times longer")
+    halting_input: str = setting("state", *one_of(HALTING_INPUTS))  # what the halting head sees
+    # initial bias of the halting head; None: the method's own (PyTorch's for pondernet, +1 for act)
+    halting_bias: Optional[float] = None
+    lambda_p: float = setting(0.2, *within(0, 1, "(]"))  # the geometric prior's parameter
+    beta: float = setting(0.01, *AT_LEAST_0)  # weight of KL(p || p_G)
+    tau: float = setting(0.01, *AT_LEAST_0)  # ACT: weight of the ponder cost N + R
+    act_epsilon: float = setting(0.01, *within(0, 1, "()"))  # ACT: halt once the units sum to 1 - epsilon
+    # training drops an input from later steps once its remaining halting mass is below this
+    # (0: every step of every input); ACT drops it at its own halting step (exact)
+    truncation: float = setting(0.0, *within(0, 1, "[)"))
+    # pondernet, below the truncation: cut stops the input; roulette goes on with probability
+    # (remaining mass) / truncation, an unbiased loss
+    truncation_rule: str = setting("cut", *one_of(TRUNCATION_RULES))
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    epochs: int = setting(20, *ABOVE_0)
+    batch_size: int = setting(128, *ABOVE_0)
+    lr: float = setting(1e-3, *ABOVE_0)
+    grad_clip: float = setting(0.5, AT_LEAST_0[0], ">= 0, 0 disables clipping")
+    patience: int = setting(5, *AT_LEAST_0)  # early stopping: epochs without a better validation accuracy
+    lr_patience: int = setting(2, *AT_LEAST_0)  # ReduceLROnPlateau, in epochs
+    lr_factor: float = setting(0.1, *within(0, 1, "()"))
+    seed: int = setting(1234, lambda v: not seed_problems(v, ""), "an integer from 0 to 2**63 - 1")
+
+
+SECTION_TYPES = {"task": TaskSettings, "step": StepSettings, "method": MethodSettings, "training": TrainingSettings}
+FIELDS = {section: dataclasses.fields(kind) for section, kind in SECTION_TYPES.items()}
+# every setting's flat key -> (section, attribute); a section's `name` is the section's own key
+PLACES = {(section if f.name == "name" else f.name): (section, f) for section, fields in FIELDS.items()
+          for f in fields}
+SECTIONS = {section: tuple(key for key, (s, _) in PLACES.items() if s == section) for section in SECTION_TYPES}
+TYPES = {key: typing.get_type_hints(SECTION_TYPES[section])[f.name] for key, (section, f) in PLACES.items()}
+
+
+def spelled(key: str, origins: dict, dashes: str = "") -> str:
+    """How a message names a setting: by the file that gave it (`origins`: key -> file), else by
+    its option ("lambda-p", with `dashes` "--lambda-p")."""
+    return f"--config {origins[key]}: {key}" if key in origins else dashes + key.replace("_", "-")
+
+
+def problems_of(key: str, value, origins: dict = {}) -> list[str]:
+    """A value alone: its type (a whole number does for a float), finite in float32, its check."""
+    kind, option = TYPES[key], spelled(key, origins)
+    if value is None and kind == Optional[float]:
+        return []
+    wanted = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
+    base = float if kind == Optional[float] else kind
+    if type(value) is not base and not (base is float and type(value) is int):
+        return [f"{option} must be {wanted[base]} (got {value!r})"]
+    if base is float and not math.isfinite(value):
+        return [f"{option} must be a finite number"]
+    if base is float and abs(value) > FLOAT32_MAX:  # the model's weights and losses are float32
+        return [f"{option} must be at most {FLOAT32_MAX:.3g} in size, what a float32 holds (got {value:g})"]
+    test, rule = PLACES[key][1].metadata.get("test"), PLACES[key][1].metadata.get("rule")
+    if test is None or test(value):
+        return []
+    if not isinstance(rule, str):
+        return [f"{option} must be one of {', '.join(rule)} (got {value!r})"]
+    got = rule.find(":") if ":" in rule else len(rule)  # "(got v)" before a rule's reason
+    return [f"{option} must be {rule[:got]} (got {value}){rule[got:]}"]
+
+
+def readers(key: str) -> dict[str, list[str]]:
+    """For each kind of piece some of whose pieces read `key` (their `reads`), those pieces."""
+    found = {kind: [name for name in table if key in load(name).reads] for kind, (table, load) in KINDS.items()}
+    return {kind: names for kind, names in found.items() if names}
+
+
+def applies(key: str, chosen: dict[str, str]) -> bool:
+    """Whether a setting matters to the chosen pieces: every kind with readers of it has it read
+    by the chosen piece (one no piece declares, like epochs, applies to every run)."""
+    return all(chosen[kind] in names for kind, names in readers(key).items())
+
+
+def inapplicable(keys, chosen: dict[str, str], name=lambda key: spelled(key, {}, "--")) -> list[str]:
+    """The one rule: each setting among `keys` that the chosen pieces do not read, as a message
+    naming who reads it (`name(key)`: how the user spelled it)."""
     problems = []
-    for field in given:
-        for kind, names in readers(field).items():
-            if chosen[kind] not in names:
-                problems.append(f"{option_name(field)} applies to --{kind} {', '.join(names)}, not {chosen[kind]}")
-                break
+    for key in keys:
+        kind, names = next(((kind, names) for kind, names in readers(key).items() if chosen[kind] not in names),
+                           (None, None))
+        if kind is not None:
+            problems.append(f"{name(key)} applies to --{kind} {', '.join(names)}, not {chosen[kind]}")
     return problems
 
 
 def implied_values(chosen: dict[str, str]) -> dict[str, tuple]:
-    """field -> (value, "--step align"): what the chosen pieces imply unless the user says otherwise."""
-    found = {}
-    for kind, (table, load) in PIECE_KINDS.items():
-        if chosen.get(kind) in table:
-            found.update({name: (value, f"--{kind} {chosen[kind]}") for name, value in load(chosen[kind]).implied.items()})
-    return found
+    """key -> (value, "--step align"): what the chosen pieces imply unless the user says otherwise."""
+    return {key: (value, f"--{kind} {chosen[kind]}") for kind, (table, load) in KINDS.items()
+            if chosen.get(kind) in table for key, value in load(chosen[kind]).implied.items()}
 
 
-def implied_by_pieces(field: str) -> list[tuple[str, object]]:
-    """(piece, value) for every piece of any kind that implies a value of `field`, for --help."""
-    return [(name, load(name).implied[field]) for table, load in PIECE_KINDS.values() for name in table
-            if field in load(name).implied]
+def implied_by_pieces(key: str) -> list[tuple[str, object]]:
+    """(piece, value) for every piece of any kind that implies a value of `key`, for --help."""
+    return [(name, load(name).implied[key]) for table, load in KINDS.values() for name in table
+            if key in load(name).implied]
+
+
+def prior_bias(values: dict):
+    """halting_bias "prior": lambda starts at the prior's lambda_p, its logit."""
+    if values.get("halting_bias") != "prior":
+        return values.get("halting_bias")
+    p = values.get("lambda_p", PonderConfig.default("lambda_p"))
+    return math.log(p / (1 - p)) if isinstance(p, (int, float)) and 0 < p < 1 else float("nan")
+
+
+_warned: set = set()  # each warning about a saved run once per process
 
 
 @dataclass(frozen=True)
 class PonderConfig:
-    """The configuration, a section per kind of piece and one for training: `cfg.task.name`,
-    `cfg.step.hidden`, `cfg.method.lambda_p`, `cfg.training.epochs`. Checkpoints, JSON output and
-    run folders hold it flat, a key per setting (`to_dict`); `of(**settings)` builds one from flat
-    keys. Each section checks its own values, then each chosen piece the settings it reads."""
+    """`cfg.task.name`, `cfg.step.hidden`, `cfg.method.lambda_p`, `cfg.training.epochs`; flat as
+    `to_dict()` / `of(**settings)` / `from_dict`. Each value is checked alone, then each chosen
+    piece checks the settings it reads."""
     task: TaskSettings = dataclasses.field(default_factory=TaskSettings)
     step: StepSettings = dataclasses.field(default_factory=StepSettings)
     method: MethodSettings = dataclasses.field(default_factory=MethodSettings)
@@ -111,131 +238,151 @@ class PonderConfig:
             if not isinstance(getattr(self, section), kind):
                 raise TypeError(f"PonderConfig.{section} must be a {kind.__name__}; PonderConfig.of(...) takes "
                                 f"flat settings")
-        for kind, name in self.chosen().items():
+        chosen = self.chosen()
+        for kind, name in chosen.items():
             known(kind, name)  # a piece an installed package registers joins its table here
-        problems = [problem for section in SECTION_TYPES for problem in getattr(self, section).problems()]
-        if all(name in PIECE_KINDS[kind][0] for kind, name in self.chosen().items()):
-            # each chosen piece checks the settings it reads (parity its counts, align its turn)
-            problems += [problem for kind, name in self.chosen().items()
-                         for problem in load_piece(kind, name).config_problems(self)]
-            if not problems:
-                problems += self.step_problems()
+        problems = [problem for key in PLACES for problem in problems_of(key, self.value(key))]
+        if not problems:  # each chosen piece checks what it reads beside the rest (parity its counts)
+            problems = [problem for kind, name in chosen.items()
+                        for problem in KINDS[kind][1](name).config_problems(self)]
+        if not problems:
+            step = step_class(self.step.name)
+            features = {"confidence", "previous", step.halting_feature}
+            problems = [f"halting-input {self.method.halting_input}: step {self.step.name} has no {part} to show"
+                        for part in self.method.halting_input.split("+")[1:] if part not in features]
         if problems:
             raise PonderError("; ".join(problems))
 
-    def step_problems(self) -> list[str]:
-        """What the chosen step function cannot do: show a halting feature it has none of, or
-        honour a setting of another step's (a value other than the default)."""
-        step = step_class(self.step.name)
-        features = {"confidence", "previous", step.halting_feature}
-        problems = [f"halting-input {self.method.halting_input}: step {self.step.name} has no {part} to show"
-                    for part in self.method.halting_input.split("+")[1:] if part not in features]
-        for name in self.field_names():
-            others = readers(name).get("step", [])
-            if others and self.step.name not in others and self.value(name) != self.default(name):
-                problems.append(f"{name.replace('_', '-')} applies to --step {', '.join(others)}, not {self.step.name}")
-        return problems
+    @classmethod
+    def build(cls, values: dict, given=(), origins: dict = {}, saved: str = "") -> "PonderConfig":
+        """The one way in: `values` by flat key (the rest default), of which the user gave `given`
+        (`origins`: key -> the file that gave it). A given setting the chosen pieces do not read
+        is refused; a saved run's (`saved` names it) holding one at a value other than its default
+        or what its pieces imply is one warning: it never had an effect."""
+        unknown = sorted(set(values) - set(PLACES))
+        if unknown:
+            raise PonderError(f"unknown config keys {unknown}")
+        chosen = {kind: values.get(kind, cls.default(kind)) for kind in KINDS}
+        if all(known(kind, piece) for kind, piece in chosen.items()):  # else __post_init__ says so
+            problems = (fit_problems(chosen) or [p for key in given for p in problems_of(key, values[key], origins)]
+                        or inapplicable(given, chosen, lambda key: spelled(key, origins, "--")))
+            if problems:
+                raise PonderError("; ".join(problems))
+        by_section: dict = {section: {} for section in SECTION_TYPES}
+        for key, value in values.items():
+            if TYPES[key] in (float, Optional[float]) and type(value) is int:
+                value = float(value)  # a whole number does for a float
+            by_section[PLACES[key][0]][PLACES[key][1].name] = value
+        cfg = cls(**{section: kind(**by_section[section]) for section, kind in SECTION_TYPES.items()})
+        if saved:
+            neutral = {key: [value] for key, (value, _) in implied_values(chosen).items()}
+            if neutral.get("halting_bias") == ["prior"]:  # the logit of the saved lambda_p, or of the implied one
+                neutral["halting_bias"] = [prior_bias({"lambda_p": p, "halting_bias": "prior"})
+                                           for p in (values.get("lambda_p"), *neutral.get("lambda_p", []))]
+            idle = [key for key in values if values[key] not in (cls.default(key), *neutral.get(key, []))]
+            for problem in inapplicable(idle, chosen, lambda key: f"{key} = {values[key]!r}"):
+                if (saved, problem) not in _warned:
+                    _warned.add((saved, problem))
+                    warnings.warn(f"{saved}: {problem}; it has no effect", PonderWarning, stacklevel=3)
+        return cfg
 
     @classmethod
     def of(cls, **settings) -> "PonderConfig":
-        """A config of these settings, by flat key (`lambda_p=0.3, step="align"`); the rest default."""
-        unknown = sorted(set(settings) - set(PLACES))
-        if unknown:
-            raise PonderError(f"unknown config keys {unknown}")
-        by_section: dict[str, dict] = {section: {} for section in SECTION_TYPES}
-        for key, value in settings.items():
-            section, attribute = PLACES[key]
-            by_section[section][attribute] = value
-        return cls(**{section: kind(**by_section[section]) for section, kind in SECTION_TYPES.items()})
+        """A config of these settings, by flat key (`lambda_p=0.3, step="align"`); the rest default,
+        but for what the chosen pieces imply of the settings they do not read (plain's one step)."""
+        chosen = {kind: settings.get(kind, cls.default(kind)) for kind in KINDS}
+        fixed = {key: value for key, (value, _) in implied_values(chosen).items()
+                 if key not in settings and not applies(key, chosen)}
+        if "halting_bias" in fixed:
+            fixed["halting_bias"] = prior_bias({**settings, **fixed})
+        return cls.build({**fixed, **settings}, given=settings)
 
     @classmethod
-    def from_options(cls, **given) -> "PonderConfig":
-        """A config from the options the user gave; the rest are the defaults, or what the chosen
-        method or step implies (plain: one step). An option that no chosen piece reads is refused
-        (see inapplicable)."""
-        for kind in PIECE_KINDS:
-            if kind in given:
-                known(kind, given[kind])  # a piece an installed package registers joins its table here
-        chosen = choose_pieces(given, cls.default)
-        if all(name in PIECE_KINDS[kind][0] for kind, name in chosen.items()):  # else __post_init__ says so
-            problems = fit_problems(chosen) or inapplicable(given, chosen)
-            if problems:
-                raise PonderError("; ".join(problems))
-        values = {**{name: value for name, (value, _) in implied_values(chosen).items()}, **given, **chosen}
+    def from_options(cls, *, origins: Optional[dict] = None, **given) -> "PonderConfig":
+        """A config from the settings the user gave, on the command line or in a file (`origins`:
+        key -> the file's name); the rest are what the chosen pieces imply (plain: one step) or
+        the defaults."""
+        origins, chosen = origins or {}, {}
+        for kind in KINDS:  # a piece the user gave, else one an earlier piece implies, else the default
+            chosen[kind] = given.get(kind, implied_values(chosen).get(kind, (cls.default(kind),))[0])
+            known(kind, chosen[kind])  # a piece an installed package registers joins its table here
+        values = {**{key: value for key, (value, _) in implied_values(chosen).items()}, **given, **chosen}
         if chosen["task"] in TASKS:
             values = task_class(chosen["task"]).resolve_options(values, given)
-        if values.get("halting_bias") == "prior":  # lambda starts at the prior's lambda_p
-            lambda_p = values.get("lambda_p", cls.default("lambda_p"))
-            values["halting_bias"] = math.log(lambda_p / (1 - lambda_p)) if 0 < lambda_p < 1 else float("nan")
-        elif isinstance(values.get("halting_bias"), str):
+        if isinstance(values.get("halting_bias"), str) and values["halting_bias"] != "prior":
             try:
                 values["halting_bias"] = float(values["halting_bias"])
             except ValueError:
-                raise PonderError(f"halting-bias must be a number or 'prior' (got {values['halting_bias']!r})") from None
-        return cls.of(**values)
+                raise PonderError(f"{spelled('halting_bias', origins)} must be a number or 'prior' "
+                                  f"(got {values['halting_bias']!r})") from None
+        if "halting_bias" in values:
+            values["halting_bias"] = prior_bias(values)
+        return cls.build(values, given, origins)
+
+    @classmethod
+    def from_dict(cls, values: dict, saved: str = "a saved run") -> "PonderConfig":
+        """A saved run's config (checkpoint, config.json), flat ({key: value}) or by section
+        ({"task": {...}}); unknown keys mean another version wrote it."""
+        flat = {}
+        for key, value in values.items():
+            if key in SECTION_TYPES and isinstance(value, dict):
+                flat.update({key if attribute == "name" else attribute: item for attribute, item in value.items()})
+            else:
+                flat[key] = value
+        return cls.build(flat, saved=saved)
+
+    def replace(self, **changes) -> "PonderConfig":
+        """A copy with these settings changed, by flat key; validated as a new config."""
+        return self.build({**self.to_dict(), **changes}, given=changes)
 
     def chosen(self) -> dict[str, str]:
-        """The piece of each kind this config chooses: {"step": "mlp", "method": "pondernet"}."""
-        return {kind: getattr(self, kind).name for kind in PIECE_KINDS}
+        """The piece of each kind: {"task": "mnist", "step": "mlp", "method": "pondernet"}."""
+        return {kind: getattr(self, kind).name for kind in KINDS}
 
     def value(self, key: str):
         """A setting by its flat key: value("lambda_p") is cfg.method.lambda_p."""
-        section, attribute = PLACES[key]
-        return getattr(getattr(self, section), attribute)
+        section, f = PLACES[key]
+        return getattr(getattr(self, section), f.name)
 
-    def sources(self, given) -> dict[str, str]:
-        """Where each value came from: "given", "implied by --step align" (or the method), "derived
-        by --task parity" (a value the task fills in from others: parity's training counts from
-        --elems), "default"."""
-        implied = implied_values(self.chosen())
+    def sources(self, given, origins: Optional[dict] = None) -> dict[str, str]:
+        """Where each value came from: "given", "file F" (origins), "implied by --step align",
+        "derived by --task parity" (parity's training counts from --elems), "default"."""
+        implied, origins = implied_values(self.chosen()), origins or {}
 
-        def source(name: str) -> str:
-            if name in given:
-                return "given"
-            if name in implied:
-                return f"implied by {implied[name][1]}"
-            return "default" if self.value(name) == self.default(name) else f"derived by --task {self.task.name}"
+        def source(key: str) -> str:
+            if key in given:
+                return f"file {origins[key]}" if key in origins else "given"
+            if key in implied:
+                return f"implied by {implied[key][1]}"
+            return "default" if self.value(key) == self.default(key) else f"derived by --task {self.task.name}"
 
-        return {name: source(name) for name in self.field_names()}
+        return {key: source(key) for key in PLACES}
 
     def shown_fields(self) -> list[str]:
         """The settings that matter to this config's pieces, and whatever they imply: what the
         configuration lines, `ponder info` and a saved config.toml show."""
         implied = implied_values(self.chosen())
-        return [name for name in self.field_names() if applies(name, self.chosen()) or name in implied]
+        return [key for key in PLACES if applies(key, self.chosen()) or key in implied]
 
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        """Every setting's flat key, section by section."""
+    @staticmethod
+    def field_names() -> tuple[str, ...]:
         return tuple(PLACES)
 
-    @classmethod
-    def default(cls, key: str):
-        """A setting's default value, without building (and validating) a config."""
-        section, attribute = PLACES[key]
-        return {f.name: f.default for f in dataclasses.fields(SECTION_TYPES[section])}[attribute]
+    @staticmethod
+    def default(key: str):
+        return PLACES[key][1].default
 
     def to_dict(self) -> dict:
         """The flat form that checkpoints, run folders and JSON output hold: {key: value}."""
         return {key: self.value(key) for key in PLACES}
 
-    @classmethod
-    def from_dict(cls, values: dict) -> "PonderConfig":
-        """Rebuild from a checkpoint's dict, flat ({key: value}) or by section ({"task": {...}});
-        unknown keys mean another version wrote it."""
-        flat = {}
-        for key, value in values.items():
-            if key in SECTION_TYPES and isinstance(value, dict):
-                kind = SECTION_TYPES[key]
-                flat.update({kind.key(attribute): item for attribute, item in value.items()})
-            else:
-                flat[key] = value
-        cfg = cls.of(**flat)
-        problems = fit_problems(cfg.chosen())
-        if problems:
-            raise PonderError(problems[0])
-        return cfg
 
-    def replace(self, **changes) -> "PonderConfig":
-        """A copy with these settings changed, by flat key; validated as a new config."""
-        return self.of(**{**self.to_dict(), **changes})
+def fit_problems(chosen: dict[str, str]) -> list[str]:
+    """A step function that reads another kind of input than the task gives (mlp on parity
+    vectors, gru on images)."""
+    task, step = chosen["task"], chosen["step"]
+    kind = task_class(task).input_kind
+    if kind and step_class(step).input_kind not in ("", kind):  # a step that names no kind fits any task
+        fitting = [name for name in STEPS if step_class(name).input_kind == kind]
+        return [f"--step {step} does not fit --task {task} ({task_class(task).inputs}); choose {', '.join(fitting)}"]
+    return []

@@ -1,38 +1,23 @@
 """Training configurations in files: `ponder train --config FILE` reads one, `--print-config`
-and every run folder's `config.toml` write one. No torch: the CLI reads a file before loading it.
-
-A file has one table per piece, holding that piece's settings under their option names with
-underscores (the flag `--lambda-p` is the key `lambda_p`):
-
-    [task]
-    task = "parity"
-    elems = 16
-
-    [method]
-    lambda_p = 0.1
-
-A flat file (keys without tables) and a run's `config.json` are read too. What the file sets
-overrides the defaults and what the chosen pieces imply; flags given on the command line override
-the file.
+and every run folder's `config.toml` write one. A file has a table per piece, its settings under
+their flat keys (the flag `--lambda-p` is the key `lambda_p`); a flat file, JSON of either shape
+and a run's `config.json` are read too. What a file sets overrides the defaults and what the
+chosen pieces imply; flags override the file. Values are checked where every setting is
+(config.py), the messages naming the file and its key.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-import math
-import typing
 from pathlib import Path
 
 from . import PonderError
-from .config import PonderConfig, applies
-from .settings import SECTION_OF, SECTIONS, setting_types
-
+from .config import PLACES, SECTIONS, PonderConfig, applies
 
 
 def read_config_file(path: Path) -> dict:
-    """The settings a config file gives: {field: value}, checked against the fields and their
-    types (one PonderError naming the file and the key). TOML (.toml) or JSON (anything else)."""
+    """The settings a file gives, {key: value}: TOML (.toml) or JSON (anything else)."""
     path = Path(path)
     if not path.is_file():
         raise PonderError(f"--config {path}: {'is a directory' if path.is_dir() else 'no such file'}; name a "
@@ -42,21 +27,31 @@ def read_config_file(path: Path) -> dict:
     except (OSError, UnicodeDecodeError) as exc:
         raise PonderError(f"--config {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
     data = _parse(path, text)
-    if isinstance(data.get("config"), dict) and "ponder_cli" in data:  # a run's config.json
-        return _from_saved_run(path, data["config"])
+    if isinstance(data.get("config"), dict) and "ponder_cli" in data:
+        # a run's config.json holds every setting: those its pieces do not read had no effect on
+        # it (a warning for any not at its neutral value), and are left out
+        try:
+            cfg = PonderConfig.from_dict({key: value for key, value in data["config"].items() if value is not None},
+                                         saved=f"--config {path}")
+        except PonderError as exc:
+            raise PonderError(f"--config {path}: {exc}") from None
+        return {key: value for key, value in data["config"].items()
+                if value is not None and key in PLACES and applies(key, cfg.chosen())}
     values = {}
     for key, value in data.items():
-        if isinstance(value, dict):
-            if key not in SECTIONS:
-                raise PonderError(f"--config {path}: unknown table [{key}]; the tables are "
-                                  f"{', '.join(f'[{s}]' for s in SECTIONS)}")
-            for name, item in value.items():
-                _check_place(path, name, key)
-                values[name] = item
-        else:
-            _check_place(path, key, None)
-            values[key] = value
-    return {name: _typed(path, name, value) for name, value in values.items()}
+        table = key if isinstance(value, dict) else None
+        if table is not None and table not in SECTIONS:
+            raise PonderError(f"--config {path}: unknown table [{key}]; the tables are "
+                              f"{', '.join(f'[{s}]' for s in SECTIONS)}")
+        for name, item in (value.items() if table else [(key, value)]):
+            if name not in PLACES:
+                close = difflib.get_close_matches(name, list(PLACES), n=1)
+                raise PonderError(f"--config {path}: unknown setting {name!r}" +
+                                  (f" (did you mean {close[0]!r}?)" if close else ""))
+            if table is not None and PLACES[name][0] != table:
+                raise PonderError(f"--config {path}: {name} belongs in [{PLACES[name][0]}], not [{table}]")
+            values[name] = item
+    return values
 
 
 def _parse(path: Path, text: str) -> dict:
@@ -78,82 +73,33 @@ def _parse(path: Path, text: str) -> dict:
     return data
 
 
-def _from_saved_run(path: Path, saved: dict) -> dict:
-    """A run's config.json holds every field; those its pieces do not read had no effect on it and
-    are left out, so that the file re-runs the run whatever its task, step and method."""
-    for name in saved:
-        _check_place(path, name, None)
-    values = {name: _typed(path, name, value) for name, value in saved.items() if value is not None}
-    chosen = {kind: values.get(kind, PonderConfig.default(kind)) for kind in ("task", "step", "method")}
-    return {name: value for name, value in values.items() if applies(name, chosen)}
-
-
-def _check_place(path: Path, name: str, section) -> None:
-    if name not in SECTION_OF:
-        close = difflib.get_close_matches(name, list(SECTION_OF), n=1)
-        raise PonderError(f"--config {path}: unknown setting {name!r}" + (f" (did you mean {close[0]!r}?)" if close
-                                                                          else ""))
-    if section is not None and SECTION_OF[name] != section:
-        raise PonderError(f"--config {path}: {name} belongs in [{SECTION_OF[name]}], not [{section}]")
-
-
-_TYPES = setting_types()
-
-
-def _typed(path: Path, name: str, value):
-    """The value as the field's type wants it: a whole number is a float where a float is due,
-    and nothing else is converted (a string where a number is due is a mistake in the file)."""
-    kind = _TYPES[name]
-    if name == "halting_bias":  # a number, or "prior": the logit of lambda_p (config.from_options)
-        if value == "prior" or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-            return float(value) if value != "prior" else value
-        raise PonderError(f"--config {path}: halting_bias is a number or \"prior\" (got {value!r})")
-    wanted = {"int": int, "float": float, "str": str, "bool": bool}.get(kind if isinstance(kind, str)
-                                                                        else typing.get_origin(kind) or kind)
-    if wanted is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if wanted is None or type(value) is not wanted:
-        raise PonderError(f"--config {path}: {name} must be {_a(kind)} (got {value!r})")
-    if wanted is float and not math.isfinite(value):
-        raise PonderError(f"--config {path}: {name} must be a finite number (got {value!r})")
-    return value
-
-
-def _a(kind) -> str:
-    return {"int": "a whole number", "float": "a number", "str": "a string", "bool": "true or false"}.get(kind, kind)
-
-
 def render_config(cfg: PonderConfig, sources: dict, shown: list[str], fmt: str = "toml") -> str:
-    """The settings `shown` of a configuration, by table, each with where its value came from
-    (a comment in TOML, a "sources" object in JSON); read back with read_config_file, it gives
-    the same configuration. A value the pieces imply but do not take as a setting (plain's one
-    step) is a comment, and a None (halting_bias: the method's own) is left out: TOML has no null,
-    and leaving it out means the same."""
+    """The settings `shown`, by table, each with where its value came from (a TOML comment, or a
+    JSON "sources" object); read back, the same configuration. A value the pieces imply but do
+    not read (plain's one step) is a comment; a None (halting_bias: the method's own) is left out."""
     values, chosen = cfg.to_dict(), cfg.chosen()
-    settable = [name for name in shown if values[name] is not None and applies(name, chosen)]
-    tables = {section: {name: values[name] for name in names if name in settable} for section, names in SECTIONS.items()}
+    settable = [key for key in shown if values[key] is not None and applies(key, chosen)]
     if fmt == "json":
-        return json.dumps({**tables, "sources": {name: sources.get(name, "default") for name in settable}},
+        tables = {section: {key: values[key] for key in keys if key in settable}
+                  for section, keys in SECTIONS.items()}
+        return json.dumps({**tables, "sources": {key: sources.get(key, "default") for key in settable}},
                           indent=2) + "\n"
     lines = ["# ponder train --config FILE (flags on the command line override it)"]
-    for section, names in SECTIONS.items():
-        rows = [(f"{name} = {_toml_value(values[name])}", sources.get(name, "default")) for name in names
-                if name in settable]
-        rows += [(f"# {name} = {_toml_value(values[name])}", f"{sources.get(name, 'default')}, not a setting of "
-                  f"this {'method' if SECTION_OF[name] == 'method' else 'run'}") for name in names
-                 if name in shown and name not in settable and values[name] is not None]
-        if not rows:
-            continue
-        width = max(len(text) for text, _ in rows)
-        lines += ["", f"[{section}]"] + [f"{text.ljust(width)}  # {source}" for text, source in rows]
+    for section, keys in SECTIONS.items():
+        whose = "method" if section == "method" else "run"
+        rows = [(f"{'' if key in settable else '# '}{key} = {_toml_value(values[key])}",
+                 sources.get(key, "default") + ("" if key in settable else f", not a setting of this {whose}"))
+                for key in keys if key in settable or (key in shown and values[key] is not None)]
+        rows.sort(key=lambda row: row[0].startswith("#"))  # the settings, then the comments
+        if rows:
+            width = max(len(text) for text, _ in rows)
+            lines += ["", f"[{section}]"] + [f"{text.ljust(width)}  # {source}" for text, source in rows]
     return "\n".join(lines) + "\n"
 
 
 def _toml_value(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value)  # the shortest text that reads back as the same float
-    if isinstance(value, int):
-        return str(value)
+    if isinstance(value, (int, float)):
+        return repr(value)  # a float's shortest text that reads back as the same float
     return json.dumps(value)  # a TOML basic string

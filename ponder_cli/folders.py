@@ -1,13 +1,181 @@
-"""The names a run folder's files go by, and where runs go by default: plain constants, readable
-by the CLI before torch loads (runs.py, which loads checkpoints, does the work)."""
+"""Run folders by name: the names a run folder's files go by and where runs go by default,
+which file a CHECKPOINT argument names (a checkpoint file, a run folder's best.pt or last.pt,
+`latest`: the newest run under runs/, or a shipped model's name), and the lock that keeps two
+runs out of one folder. No torch: the CLI reads these before torch loads."""
 
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional, Union
+
+from . import PonderError, special_file_kind
+from .shipped import DEFAULT, SHIPPED, shipped_name, shipped_path, shipped_under_old_name
 
 RUNS_DIR = Path("runs")
 BEST, LAST = "best.pt", "last.pt"
 CHECKPOINT_FILES = (BEST, LAST)  # what `ponder train` writes into its folder
 CONFIG_FILE, METRICS_FILE = "config.json", "metrics.csv"  # beside them, readable without torch
 CONFIG_TOML = "config.toml"  # the settings as `ponder train --config` reads them
-ENVIRONMENT_FILE = "environment.json"  # what the run ran on (environment.py)
+ENVIRONMENT_FILE = "environment.json"  # what the run ran on (api/run_folder.py)
 LATEST = "latest"  # the CHECKPOINT word for the newest run under runs/
 LOCK_FILE = ".ponder.lock"
+
+
+@dataclass(frozen=True)
+class Resolved:
+    path: Path  # the file to read, as the user spelled it (or found under runs/)
+    why: str  # how the argument led there, for the `using PATH (WHY)` line
+
+    @classmethod
+    def shipped(cls, path: Path, why: str) -> "Resolved":
+        """A shipped model, named relative to the working directory when it lies below it (a
+        clone's root: ponder_cli/checkpoints/best.pt), by its full path otherwise."""
+        with contextlib.suppress(ValueError):
+            path = path.relative_to(Path.cwd())
+        return cls(path, why)
+
+
+def accepted_forms(file: str = BEST) -> str:
+    return (f"a checkpoint file, a run folder (its {file}), `{LATEST}` (the newest run under {RUNS_DIR}/) or a "
+            f"shipped model: {', '.join(SHIPPED)}")
+
+
+def resolve_checkpoint(given: Union[str, Path, None], file: str = BEST) -> Resolved:
+    """The file a CHECKPOINT argument names, tried in this order: an existing file; an existing
+    run folder (its `file`: best.pt to evaluate, last.pt to resume); `latest`, the newest run
+    under runs/; a shipped model's name; `checkpoints/...`, the shipped file of that name (the
+    README's older spelling). None: the shipped reference model. Anything else is one error
+    naming the accepted forms."""
+    if given is None:
+        newest = newest_run_checkpoint(name=file)
+        hint = f"; `{LATEST}` reads your newest run" if newest is not None else ""
+        return Resolved.shipped(shipped_path(DEFAULT), f"the shipped model '{DEFAULT}', the default{hint}")
+    text, path = str(given), Path(given)
+    if path.is_file():
+        return Resolved(path, "as given")
+    if path.is_dir() and (path / file).is_file():
+        return Resolved(path / file, f"the {file} of run folder {path}")
+    if text == LATEST:
+        newest = newest_run_checkpoint(name=file)
+        if newest is None:
+            raise PonderError(f"`{LATEST}`: no run under {RUNS_DIR.resolve()}/ has a {file} yet; train one with "
+                              "`ponder train`, or name another checkpoint")
+        return Resolved(newest, f"{LATEST}: the newest run under {RUNS_DIR}/")
+    if text in SHIPPED:
+        return Resolved.shipped(shipped_path(text), f"the shipped model '{text}'")
+    old = shipped_under_old_name(text, file)
+    if old is not None:
+        name = shipped_name(old)
+        return Resolved.shipped(old, f"the shipped model '{name}'" if name else f"shipped as {text}")
+    if path.is_dir():
+        raise PonderError(f"{path} holds no {file}; name {accepted_forms(file)}")
+    kind = special_file_kind(path)
+    if kind is not None:
+        raise PonderError(f"checkpoint {path} is {kind}, not a regular file; name {accepted_forms(file)}")
+    raise PonderError(f"checkpoint {path} does not exist; name {accepted_forms(file)}")
+
+
+def newest_run_checkpoint(root: Path = RUNS_DIR, name: str = BEST) -> Optional[Path]:
+    """The most recently written runs/<run>/<name>, if any."""
+    found = []
+    for path in root.glob(f"*/{name}"):
+        with contextlib.suppress(OSError):  # a run folder removed while we look
+            found.append((path.stat().st_mtime, str(path), path))
+    return max(found)[2] if found else None
+
+
+# The run lock: a file naming the process that holds it, taken atomically, released on the way
+# out, taken over from a process that is gone.
+
+def lock_holder(path: Path) -> Optional[int]:
+    """The PID in a lock file, if that process is still alive (and is not this one)."""
+    try:
+        pid = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None  # gone, or written by a process that died before writing its PID
+    if pid == os.getpid() or pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid  # alive, another user's
+    return pid
+
+
+def _in_use(directory: Path, pid: int) -> PonderError:
+    return PonderError(f"{directory} is in use by another `ponder train` (PID {pid}); wait for it to finish, "
+                       "or train into another folder")
+
+
+def check_unlocked(directory: Path) -> None:
+    """Fail early, before loading any data, when a live run holds the folder (RunLock decides)."""
+    pid = lock_holder(directory / LOCK_FILE)
+    if pid is not None:
+        raise _in_use(directory, pid)
+
+
+@contextlib.contextmanager
+def _serialised(directory: Path):
+    """Hold an advisory lock on the folder itself while a lock file is checked and taken, so
+    two processes cannot both take over the same stale lock."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: the O_EXCL create alone
+        yield
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+class RunLock:
+    """`.ponder.lock` in a run folder, holding the PID of the run that writes there.
+
+    Created atomically (O_CREAT | O_EXCL); a lock left by a process that no longer exists (one
+    killed with SIGKILL, say) is taken over, a live one is refused naming its PID. Released
+    (removed) on exit, errors and interrupts included.
+    """
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self.path = self.directory / LOCK_FILE
+        self.held = False
+
+    def acquire(self) -> "RunLock":
+        try:
+            with _serialised(self.directory):
+                while True:
+                    try:
+                        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                    except FileExistsError:
+                        pid = lock_holder(self.path)
+                        if pid is not None:
+                            raise _in_use(self.directory, pid) from None
+                        self.path.unlink(missing_ok=True)  # stale: its process is gone
+                        continue
+                    with os.fdopen(fd, "w") as f:
+                        f.write(f"{os.getpid()}\n")
+                    self.held = True
+                    return self
+        except OSError as exc:
+            raise PonderError(f"cannot write checkpoints to {self.directory}: {exc.strerror or exc}") from None
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

@@ -45,6 +45,10 @@ HALTING_RULES = ("sample", "median", "expected", "quantile", "patience", "confid
 PROTOCOLS = ("uniform", "band", "fixed")  # how test images are rotated per angle bucket
 DEFAULT_HALTING = "sample"  # the paper's; a method with a rule of its own (ACT) halts by that instead
 DEFAULT_PROTOCOL = "uniform"  # the reference notebook's: within ±angle
+# MNIST's default buckets, in degrees (the task evaluates on them, --help shows them): eval's,
+# the test images as they are; extrapolate's and compare's, beyond training's ±22.5
+EVAL_ANGLES = (0.0,)
+EXTRAPOLATION_ANGLES = (22.5, 45.0, 67.5, 90.0)
 FORMATS = ("table", "json", "csv")
 PIECES = {"task": TASKS, "step": STEPS, "method": METHODS}
 # where installed packages register pieces of their own, each as name = "module:attribute" as in

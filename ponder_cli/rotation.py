@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .registry import PROTOCOLS
+
 
 def _inverse_rotation_matrices(angles: torch.Tensor) -> torch.Tensor:
     """(B,) degrees -> (B, 2, 3): output pixel -> input pixel, about the image centre.
@@ -51,9 +53,6 @@ def uniform_angles(count: int, max_angle: float, *, generator: torch.Generator |
     """(count,) angles drawn uniformly from [-max_angle, max_angle] degrees."""
     u = torch.rand(count, generator=generator, device=device)
     return (2 * u - 1) * max_angle
-
-
-PROTOCOLS = ("uniform", "band", "fixed")
 
 
 def protocol_angles(count: int, angle: float, protocol: str = "uniform", *, lower: float = 0.0,

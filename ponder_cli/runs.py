@@ -1,8 +1,8 @@
 """Where a training run starts from and writes to: the config-merge and resume rules, the run
 folder (a fresh one under runs/ by default, never another run's or the shipped models), the lock
-that keeps two runs out of one folder (run_lock.py), the files a run keeps beside its checkpoints
-(config.json, config.toml, metrics.csv); which file a CHECKPOINT argument names is in
-checkpoint_names.py."""
+that keeps two runs out of one folder, the files a run keeps beside its checkpoints (config.json,
+config.toml, metrics.csv); the lock, and which file a CHECKPOINT argument names, are in
+folders.py."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from typing import Iterable, Optional
 
 from . import PonderError, __version__
 from .checkpoint import load_checkpoint
-from .config import PonderConfig, inapplicable
+from .config import PonderConfig, inapplicable, spelled
 from .config_file import render_config
-from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR)
+from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST,  # noqa: F401
+                      METRICS_FILE, RUNS_DIR, Resolved, RunLock, accepted_forms, check_unlocked,
+                      newest_run_checkpoint, resolve_checkpoint)
 from .shipped import package_problem
 from .tasks import get_task
-from .checkpoint_names import Resolved, accepted_forms, newest_run_checkpoint, resolve_checkpoint  # noqa: F401
-from .run_lock import RunLock, check_unlocked  # noqa: F401
 
 # options that may differ from the checkpoint's config when resuming: how long to go on
 RESUMABLE_CHANGES = ("epochs", "patience")
@@ -40,7 +40,7 @@ class TrainingPlan:
     resumed: Optional["Resolved"] = None  # the checkpoint --resume named, and how
 
 
-def resolve_config(given: dict, resume: Optional[Path] = None):
+def resolve_config(given: dict, resume: Optional[Path] = None, origins: Optional[dict] = None):
     """The configuration of a run from the options the user gave, where each value comes from,
     and, when resuming, the checkpoint it continues (checkpoint.TrainingState) and how its name
     resolved; reads but writes nothing.
@@ -48,31 +48,33 @@ def resolve_config(given: dict, resume: Optional[Path] = None):
     A fresh run takes the defaults for every option not given (and what the chosen pieces imply:
     plain runs one step). A resumed run takes the checkpoint's config; options that contradict
     it are refused, except those in RESUMABLE_CHANGES. `resume` is a CHECKPOINT argument
-    (resolve_checkpoint; a run folder or `latest` names its last.pt).
+    (resolve_checkpoint; a run folder or `latest` names its last.pt). `origins`: the file that
+    gave each setting the user gave in one (--config).
     """
+    origins = origins or {}
     if resume is None:
-        cfg = PonderConfig.from_options(**given)
-        return cfg, cfg.sources(given), None, None
+        cfg = PonderConfig.from_options(origins=origins, **given)
+        return cfg, cfg.sources(given, origins), None, None
     resumed = resolve_checkpoint(resume, file=LAST)
     state = load_checkpoint(resumed.path)
     state.require_resumable(resumed.path)
     saved = state.config
-    problems = inapplicable(given, saved.chosen())
+    problems = inapplicable(given, saved.chosen(), lambda key: spelled(key, origins, "--"))
     if problems:
         raise PonderError(f"cannot resume {resumed.path} ({saved.method.name}, step {saved.step.name}): "
                           f"{'; '.join(problems)}")
-    conflicts = [f"--{k.replace('_', '-')} {v} (checkpoint: {saved.value(k)})"
+    conflicts = [f"{spelled(k, origins, '--')} {v} (checkpoint: {saved.value(k)})"
                  for k, v in given.items() if k not in RESUMABLE_CHANGES and saved.value(k) != v]
     if conflicts:
         raise PonderError(f"cannot resume {resumed.path} with options that contradict its config: "
                           f"{'; '.join(conflicts)}")
     cfg = saved.replace(**{k: given[k] for k in RESUMABLE_CHANGES if k in given})
-    sources = {name: "given" if name in given else "checkpoint" for name in cfg.field_names()}
+    sources = {name: source if name in given else "checkpoint" for name, source in cfg.sources(given, origins).items()}
     return cfg, sources, state, resumed
 
 
 def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[Path] = None,
-                  overwrite: bool = False) -> TrainingPlan:
+                  overwrite: bool = False, origins: Optional[dict] = None) -> TrainingPlan:
     """The config (resolve_config) and output folder of a run; writes nothing.
 
     A fresh run writes to a new folder under runs/ unless --out names one; a resumed run to its
@@ -85,7 +87,7 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     if problem:
         raise PonderError(f"{problem}; name a folder outside it, or leave out --out for a fresh folder under "
                           f"{RUNS_DIR}/")
-    cfg, sources, state, resumed = resolve_config(given, resume)
+    cfg, sources, state, resumed = resolve_config(given, resume, origins)
     if state is None:
         if out is None:
             return TrainingPlan(cfg, free_run_dir(cfg), fresh_folder=True, sources=sources)

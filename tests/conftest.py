@@ -1,6 +1,7 @@
-"""Shared test plumbing: tiny generated MNIST, the CLI runner, the one-error-line check, trained
-tiny checkpoints of every method, a checkpoint payload that would run code if unpickled, and the
-early-exit loop driven on given outputs.
+"""Shared test plumbing: no real MNIST and no network unless a test is marked `mnist`, tiny
+generated MNIST, the CLI runner, the one-error-line check, trained tiny checkpoints of every
+method, a checkpoint payload that would run code if unpickled, and the early-exit loop driven on
+given outputs.
 
 Tests use these as fixtures; nothing imports from this file.
 """
@@ -102,6 +103,21 @@ def checkpoint(tiny_mnist, tmp_path_factory) -> Path:
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True)
+def hermetic(request, monkeypatch, tmp_path_factory):
+    """No test reads the real MNIST or reaches the network unless it is marked `mnist`: the
+    default data folder is an empty one, and a download fails at once, online or not."""
+    if request.node.get_closest_marker("mnist"):
+        return
+    from ponder_cli import data
+
+    def offline(root, train):
+        raise OSError("the tests are offline: give the command --data-dir (tiny_mnist), or mark the test mnist")
+
+    monkeypatch.setenv("PONDER_DATA_DIR", str(tmp_path_factory.getbasetemp() / "no-mnist"))
+    monkeypatch.setattr(data, "_download", offline)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def shipped_models_untouched():
     """No test may write to the shipped models (ponder_cli/checkpoints/) or create a runs/ folder
@@ -145,7 +161,7 @@ def vector_config():
     as the vector step functions (rnn, gru) read it."""
     from ponder_cli.config import PonderConfig
 
-    return lambda **fields: PonderConfig.of(**{"elems": 8, **fields})
+    return lambda **fields: PonderConfig.of(**{"task": "parity", "step": "gru", "elems": 8, **fields})
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ import torch
 
 from ponder_cli import PonderError
 from ponder_cli.config import PonderConfig, readers
-from ponder_cli.config_file import SECTIONS, read_config_file, render_config
+from ponder_cli.config import SECTIONS
+from ponder_cli.config_file import read_config_file, render_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -18,6 +19,12 @@ def write(tmp_path, name, text):
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def from_file(path):
+    """The configuration a file gives, its keys' messages naming it, as `ponder train --config`."""
+    values = read_config_file(path)
+    return PonderConfig.from_options(origins={key: path for key in values}, **values)
 
 
 def test_every_setting_sits_in_one_table_and_a_pieces_settings_in_its_own():
@@ -31,12 +38,14 @@ def test_every_setting_sits_in_one_table_and_a_pieces_settings_in_its_own():
 
 
 def test_a_file_of_tables_gives_its_settings_typed(tmp_path):
-    path = write(tmp_path, "run.toml", '[task]\ntask = "parity"\nelems = 16\n\n[method]\nlambda_p = 1\n'
+    path = write(tmp_path, "run.toml", '[task]\ntask = "parity"\nelems = 16\n\n[method]\nlambda_p = 0.5\n'
                                         'halting_bias = "prior"\n\n[step]\ngru_layer_norm = false\n'
-                                        '\n[training]\nlr = 3e-4\n')
-    assert read_config_file(path) == {"task": "parity", "elems": 16, "lambda_p": 1.0, "halting_bias": "prior",
-                                      "gru_layer_norm": False, "lr": 0.0003}
-    assert isinstance(read_config_file(path)["lambda_p"], float)  # a whole number where a number is due
+                                        '\n[training]\nlr = 3e-4\ngrad_clip = 1\n')
+    assert read_config_file(path) == {"task": "parity", "elems": 16, "lambda_p": 0.5, "halting_bias": "prior",
+                                      "gru_layer_norm": False, "lr": 0.0003, "grad_clip": 1}
+    cfg = from_file(path)
+    assert isinstance(cfg.training.grad_clip, float) and cfg.training.grad_clip == 1.0  # a whole number does
+    assert cfg.method.halting_bias == 0.0  # "prior": the logit of lambda_p 0.5
 
 
 def test_a_flat_json_file_is_read_too(tmp_path):
@@ -51,14 +60,15 @@ def test_a_flat_json_file_is_read_too(tmp_path):
     ('[training]\nepochs = "20"\n', "epochs must be a whole number (got '20')"),
     ('[training]\nepochs = 2.5\n', "epochs must be a whole number (got 2.5)"),
     ('[step]\ngru_orthogonal = 1\n', "gru_orthogonal must be true or false (got 1)"),
-    ('[training]\nlr = inf\n', "lr must be a finite number (got inf)"),
-    ('[method]\nhalting_bias = "high"\n', 'halting_bias is a number or "prior" (got \'high\')'),
+    ('[training]\nlr = inf\n', "lr must be a finite number"),
+    ('[method]\nhalting_bias = "high"\n', "halting_bias must be a number or 'prior' (got 'high')"),
+    ('[method]\nmethod = "act"\nlambda_p = 0.3\n', "lambda_p applies to --method pondernet, not act"),
     ('epochs = \n', "not valid TOML"),
 ])
 def test_a_mistake_in_a_file_is_one_message_naming_the_file_and_the_key(tmp_path, text, message):
     path = write(tmp_path, "run.toml", text)
     with pytest.raises(PonderError) as caught:
-        read_config_file(path)
+        from_file(path)
     assert str(caught.value).startswith(f"--config {path}: ")
     assert message in str(caught.value)
 
@@ -144,11 +154,10 @@ def test_a_run_folder_config_toml_trains_the_same_model_again(tiny_mnist, tmp_pa
         assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
 
-def test_experiment_options_still_work_with_a_note_and_stay_out_of_help(tmp_path, ponder):
+def test_experiment_options_work_and_stay_out_of_help(tmp_path, ponder):
     result = ponder("train", "--step", "align", "--turn-gate", "0.1", "--print-config")
     assert result.exit_code == 0, result.output
-    assert "turn_gate = 0.1" in result.stdout
-    assert "note: --turn-gate is kept for existing scripts; set turn_gate in a --config file" in result.stderr
+    assert "turn_gate = 0.1" in result.stdout and result.stderr == ""
     help_text = ponder("train", "--help").stdout
     assert "--turn-gate" not in help_text and "--gru-layer-norm" not in help_text
     assert "--config" in help_text and "--print-config" in help_text

@@ -112,7 +112,8 @@ def test_programs_are_the_first_words_of_each_command(line, expected):
 
 # Every fast example prints what it shows -----------------------------------------------------
 
-@pytest.mark.parametrize("example", [e for e in EXAMPLES if not e.slow], ids=lambda e: e.where)
+@pytest.mark.parametrize("example", [pytest.param(e, marks=[pytest.mark.mnist] if e.needs_mnist() else [])
+                                     for e in EXAMPLES if not e.slow], ids=lambda e: e.where)
 def test_fast_example_prints_what_it_shows(example):
     if example.needs_mnist() and not HAVE_MNIST:
         pytest.skip("real MNIST not found under $PONDER_DATA_DIR")

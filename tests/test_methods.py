@@ -91,8 +91,10 @@ def test_act_early_exit_matches_all_steps():
 
 
 def test_plain_needs_one_step():
-    with pytest.raises(PonderError, match="plain runs exactly one step"):
+    with pytest.raises(PonderError, match="^--max-steps applies to --method pondernet, act, not plain$"):
         PonderConfig.of(method="plain", max_steps=5)
+    with pytest.raises(PonderError, match="plain runs exactly one step"):  # a saved config is checked all the same
+        PonderConfig.from_dict({"method": "plain", "max_steps": 5})
     with pytest.raises(PonderError, match="method must be one of pondernet, act, plain"):
         PonderConfig.of(method="ut")
     assert PonderConfig.from_options(method="plain").method.max_steps == 1

@@ -183,7 +183,7 @@ def test_the_curriculum_is_a_config_setting_of_parity_alone(tmp_path, ponder, on
     assert "curriculum = 100" in printed.stdout and "curriculum_start = 3" in printed.stdout
     path.write_text("[task]\ncurriculum = 100\n")
     assert one_error_line(ponder("train", "--config", path, "--print-config")) == \
-        "Error: --curriculum applies to --task parity, not mnist"
+        f"Error: --config {path}: curriculum applies to --task parity, not mnist"  # the file's key, not a flag
     path.write_text('[task]\ntask = "parity"\nelems = 8\ncurriculum = 10\ncurriculum_start = 9\n')
     assert "curriculum-start must be a count from 1 to elems (8) (got 9)" in \
         one_error_line(ponder("train", "--config", path, "--print-config"))
@@ -262,8 +262,8 @@ def test_protocol_on_parity_is_refused_not_ignored(parity_run, ponder, one_error
                     "parity model, whose buckets are --counts")
 
 
-def test_mnist_protocol_defaults_to_uniform(checkpoint, ponder):
-    result = ponder("eval", checkpoint, "--limit", "50", "-f", "json")
+def test_mnist_protocol_defaults_to_uniform(checkpoint, tiny_mnist, ponder):
+    result = ponder("eval", checkpoint, "--limit", "50", "-f", "json", "--data-dir", tiny_mnist)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["protocol"] == "uniform"
 

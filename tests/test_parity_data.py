@@ -8,9 +8,9 @@ import torch
 
 from ponder_cli import PonderError
 from ponder_cli.config import PonderConfig
-from ponder_cli.settings import parse_count_range
+from ponder_cli.config import parse_count_range
 from ponder_cli.methods import get_method
-from ponder_cli.tasks.parity import CLASSES, bucket_sets, evaluation_set, parity_batch, parity_labels, vectors_with_counts
+from ponder_cli.tasks.parity import CLASSES, evaluation_set, parity_batch, parity_labels, vectors_with_counts
 
 
 def test_labels_are_the_parity_of_the_plus_ones_not_of_the_non_zeros():
@@ -81,7 +81,7 @@ def test_evaluation_sets_are_fixed_by_seed_and_independent_of_the_range_asked_fo
     alone = evaluation_set(16, 5, 5, 10, seed=1)
     assert torch.equal(wide.x[20:30], alone.x)  # count 5's rows, whatever else is in the set
     assert not torch.equal(alone.x, evaluation_set(16, 5, 5, 10, seed=2).x)
-    buckets = bucket_sets(16, [(1, 8), (9, 16)], 4, seed=1)
+    buckets = [evaluation_set(16, lo, hi, 4, seed=1) for lo, hi in [(1, 8), (9, 16)]]
     assert [b.counts.unique().tolist() for b in buckets] == [list(range(1, 9)), list(range(9, 17))]
 
 

@@ -28,7 +28,7 @@ def inputs(batch=32, elems=8, seed=0):
 
 def test_vector_steps_are_registered_and_the_class_count_is_the_models_choice(vector_config):
     assert {"rnn", "gru"} <= set(registry.STEPS)
-    assert PonderConfig.of(step="rnn").step.name == "rnn"
+    assert PonderConfig.of(task="parity", step="rnn").step.name == "rnn"
     model = vector_model(vector_config, "gru")
     assert model.output_head.out_features == 2
     out = model(inputs())

@@ -13,9 +13,9 @@ from ponder_cli.tasks.mnist import evaluate
 from ponder_cli.train import train
 
 DATA_DIR = os.environ.get("PONDER_DATA_DIR")
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.mnist, pytest.mark.skipif(
     not DATA_DIR or not (Path(DATA_DIR) / "MNIST" / "raw" / "train-images-idx3-ubyte").exists(),
-    reason="real MNIST not found under $PONDER_DATA_DIR")
+    reason="real MNIST not found under $PONDER_DATA_DIR")]
 
 # One epoch on 10,000 images reaches 0.77 to 0.81 validation accuracy (seeds 1, 2, 3, 4, 1234)
 # and 0.78 to 0.81 on the first 2,000 test digits upright; chance is 0.1.

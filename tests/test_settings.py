@@ -9,7 +9,7 @@ import torch
 from ponder_cli import PonderError
 from ponder_cli.checkpoint import load_checkpoint
 from ponder_cli.config import PonderConfig
-from ponder_cli.settings import SECTIONS, MethodSettings, StepSettings, TaskSettings, TrainingSettings
+from ponder_cli.config import SECTION_TYPES, SECTIONS
 from ponder_cli.shipped import shipped_path
 
 
@@ -47,7 +47,7 @@ def test_replace_takes_flat_keys_and_validates_again():
     ({"batch_size": 0}, r"^batch-size must be > 0 \(got 0\)$"),
     ({"curriculum": -1}, r"^curriculum must be >= 0 \(got -1\)$"),
     ({"halting_input": "turn"}, r"^halting-input must be one of state, "),
-    ({"max_steps": 101}, r"^max-steps must be <= 100 \(got 101\)"),
+    ({"max_steps": 101}, r"^max-steps must be from 1 to 100 \(got 101\)"),
     ({"lr_factor": 1.0}, r"^lr-factor must be in \(0, 1\) \(got 1.0\)$"),
     ({"beta": float("inf")}, r"^beta must be a finite number$"),
     ({"seed": -1}, r"^seed must be an integer from 0 to 2\*\*63 - 1 \(got -1\)$"),
@@ -73,8 +73,8 @@ def test_an_unknown_key_and_a_flat_constructor_call_are_refused():
 
 
 def test_the_sections_hold_every_setting_once_with_its_old_flat_key():
-    keys = [key for kind in (TaskSettings, StepSettings, MethodSettings, TrainingSettings)
-            for key in (kind.key(f.name) for f in dataclasses.fields(kind))]
+    keys = [key for section, kind in SECTION_TYPES.items()
+            for key in (section if f.name == "name" else f.name for f in dataclasses.fields(kind))]
     assert len(keys) == len(set(keys)) == 40
     assert {"task", "step", "method", "elems", "lambda_p", "seed"} <= set(keys)
 

@@ -1,6 +1,7 @@
 """Start-up cost: what a command imports before its first batch, and that avoiding it changes
 no arithmetic."""
 
+import json
 import subprocess
 import sys
 
@@ -13,19 +14,21 @@ from ponder_cli.train import make_optimizer
 def test_training_and_evaluation_never_import_the_compiler_stack(tiny_mnist, tmp_path):
     """torch.optim's wrappers import torch._dynamo (over a second) on first use; a whole train,
     resume and eval must not."""
-    code = ("import sys; from ponder_cli.cli import app\n"
-            "try: app(sys.argv[1:], prog_name='ponder')\n"
-            "except SystemExit as done: assert not done.code, done.code\n"
-            "print(sorted(m for m in sys.modules if m.startswith(('torch._dynamo', 'torch._inductor'))))")
     common = ["--data-dir", str(tiny_mnist)]
-    for args in (["train", "--epochs", "1", "--max-steps", "2", "--val-size", "100", "--batch-size", "100",
-                  "--out", str(tmp_path / "run")],
-                 ["train", "--resume", str(tmp_path / "run"), "--epochs", "2", "--val-size", "100"],
-                 ["eval", str(tmp_path / "run"), "--limit", "50"]):
-        done = subprocess.run([sys.executable, "-c", code, *args, *common], capture_output=True, text=True,
-                              timeout=120)
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.splitlines()[-1] == "[]", args
+    commands = [["train", "--epochs", "1", "--max-steps", "2", "--val-size", "100", "--batch-size", "100",
+                 "--train-size", "200", "--out", str(tmp_path / "run"), *common],
+                ["train", "--resume", str(tmp_path / "run"), "--epochs", "2", "--val-size", "100", *common],
+                ["eval", str(tmp_path / "run"), "--limit", "50", *common]]
+    # the three commands in one interpreter, one after the other, as a session would run them
+    code = ("import json, sys; from ponder_cli.cli import app\n"
+            "for args in json.loads(sys.argv[1]):\n"
+            "    try: app(args, prog_name='ponder')\n"
+            "    except SystemExit as done: assert not done.code, (args, done.code)\n"
+            "    print(sorted(m for m in sys.modules if m.startswith(('torch._dynamo', 'torch._inductor'))))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(commands)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]"
 
 
 def test_the_optimizer_updates_exactly_as_torch_adam():

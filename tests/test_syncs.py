@@ -187,8 +187,8 @@ def test_fp16_training_with_fused_adam_never_waits_for_the_device(fused, syncs_p
     scaler read the flag on the host instead, once per batch. (fp16 autocast and fused Adam run
     on the CPU as well, standing in for CUDA here.)"""
     monkeypatch.setattr(runtime, "amp_dtype", lambda device: torch.float16)
-    model, cfg = _model(4, batch_size=100)
-    data = load_mnist(tiny_mnist, train=True, download=False).subset(slice(0, 300))  # three batches
+    model, cfg = _model(4, batch_size=32)
+    data = load_mnist(tiny_mnist, train=True, download=False).subset(slice(0, 96))  # three batches (fp16 on the CPU is slow)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.training.lr, fused=fused)
     scaler = grad_scaler(torch.device("cpu"), True)
     assert scaler.is_enabled()

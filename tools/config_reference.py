@@ -27,7 +27,7 @@ def train_flags() -> dict:
 
 def table() -> str:
     from ponder_cli.config import PonderConfig, implied_by_pieces, readers
-    from ponder_cli.config_file import SECTIONS
+    from ponder_cli.config import SECTIONS
     from ponder_cli.render import value_text
 
     flags = train_flags()

@@ -14,7 +14,7 @@ from .. import PonderError
 from ..calibrate import choose_rule, rule_outcomes
 from ..checkpoint import load_model
 from ..config import PonderConfig
-from ..settings import seed_problems
+from ..config import seed_problems
 from ..evaluate import evaluate_buckets, uncertainty
 from ..halting_rules import CALIBRATION_RULES, parse_exit_rule, parse_halting_rule
 from ..methods import get_method

@@ -1,4 +1,4 @@
-"""predict and info: looking inside a model, and into a run."""
+"""predict, info and models: looking inside a model, into a run, and at the shipped models."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import torch
 
 from .. import PonderError
 from ..checkpoint import load_checkpoint, load_model
-from ..settings import seed_problems
-from ..folders import BEST, CONFIG_FILE, LAST, LOCK_FILE
+from ..config import seed_problems
+from ..folders import BEST, CONFIG_FILE, LAST, LOCK_FILE, Resolved, lock_holder, resolve_checkpoint
 from ..methods import get_method
-from ..reports import Report, info_report, prediction_report
-from ..checkpoint_names import resolve_checkpoint
-from ..run_lock import lock_holder
+from ..render import Column
+from ..reports import Report, info_report, make_meta, prediction_report
+from ..shipped import DEFAULT, SHIPPED, shipped_path
 from ..tasks import InputOptions, get_task
 from .loading import check_halting, device_and_amp, resolve_named
 
@@ -157,3 +157,37 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
                "resumable": resumable}
     return info_report(str(resolved.path), cfg, [dict(h) for h in state.history], summary,
                        shown=cfg.shown_fields(), sources=sources, view=get_task(cfg).view())
+
+
+# `ponder models`: the models shipped inside the package, one bucket each: its name (what a
+# CHECKPOINT argument takes), task, method, step, what it is, its file and its best epoch's
+# validation figures, read from the checkpoint itself.
+
+MODEL_COLUMNS = [
+    Column("name", "name", "s"), Column("what", "what it is", "s", wrap=True),
+    Column("val_accuracy", "val accuracy", ".4f"), Column("val_steps", "val steps", ".2f"),
+]
+
+
+def model_bucket(name: str) -> dict:
+    """One shipped model, described from its checkpoint."""
+    state = load_checkpoint(shipped_path(name))
+    cfg = state.config
+    best = next((h for h in state.history if h.get("epoch") == state.best_epoch), None)
+    return {"name": name, "task": cfg.task.name, "method": cfg.method.name, "step": cfg.step.name,
+            "what": SHIPPED[name][1],
+            "file": str(Resolved.shipped(shipped_path(name), "").path), "epochs": state.epoch,
+            "best_epoch": state.best_epoch or None, "val_accuracy": best["val_accuracy"] if best else None,
+            "val_steps": best["val_steps"] if best else None}
+
+
+def shipped_models(*, log: Callable[[str], None] = lambda line: None) -> Report:
+    """Every shipped model (shipped.SHIPPED), in its order; `ponder eval NAME` reads one."""
+    buckets = [model_bucket(name) for name in SHIPPED]
+    distinct = sorted({b["task"] for b in buckets})
+    meta = make_meta("models", [b["file"] for b in buckets], [b["method"] for b in buckets],
+                     [b["step"] for b in buckets], protocol=None, halting=None, seed=None,
+                     task=distinct[0] if len(distinct) == 1 else None, default=DEFAULT)
+    return Report(meta=meta, buckets=buckets, columns=MODEL_COLUMNS, title="Shipped models",
+                  caption=f"val: the best epoch's validation figures · default: {DEFAULT}\n"
+                          "evaluate one by name: ponder eval NAME; more: ponder info NAME")

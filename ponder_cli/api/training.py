@@ -38,7 +38,6 @@ class TrainOptions:
     overwrite: bool = False  # write into a folder that holds another run's checkpoints (or the shipped ones)
     tensorboard: bool = False  # TensorBoard event files in the run folder too (tensorboard_log.py)
     config_file: Optional[Path] = None  # settings read from a file (config_file.py); `given` overrides them
-    notes: tuple = ()  # lines to say first (under torchrun, rank 0 alone says them)
     deterministic: bool = False  # only deterministic kernels (deterministic_kernels): a training option, not a model's
     cuda_graphs: bool = True  # on CUDA, capture the training batch once and replay it (train.BatchStep)
 
@@ -62,18 +61,18 @@ def deterministic_kernels(on: bool):
 
 
 def _settings(given: dict, config_file: Optional[Path]) -> tuple[dict, dict]:
-    """The settings of a run: the file's, overridden by the options given; and the file's source
-    label for each setting it gave that no option overrode."""
+    """The settings of a run: the file's, overridden by the options given; and the file that gave
+    each setting no option overrode."""
     from_file = read_config_file(config_file) if config_file is not None else {}
-    return {**from_file, **given}, {name: f"file {config_file}" for name in from_file if name not in given}
+    return {**from_file, **given}, {name: str(config_file) for name in from_file if name not in given}
 
 
 def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, dict]:
     """What `ponder train` would train with, and where each value comes from, without training
     (`--print-config`): the resumed run's configuration with --resume."""
-    settings, file_sources = _settings(given, options.config_file)
-    cfg, sources, _, _ = resolve_config(settings, options.resume)
-    return cfg, {**sources, **file_sources}
+    settings, origins = _settings(given, options.config_file)
+    cfg, sources, _, _ = resolve_config(settings, options.resume, origins)
+    return cfg, sources
 
 
 def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = lambda line: None) -> Optional[Report]:
@@ -104,11 +103,9 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -
     main = where is None or where.main
     if not main:
         log = lambda line: None  # noqa: E731  rank 0 alone speaks
-    for note in options.notes:
-        log(note)
-    settings, file_sources = _settings(given, options.config_file)
-    plan = plan_training(settings, resume=options.resume, out=options.out, overwrite=options.overwrite)
-    plan.sources.update(file_sources)
+    settings, origins = _settings(given, options.config_file)
+    plan = plan_training(settings, resume=options.resume, out=options.out, overwrite=options.overwrite,
+                         origins=origins)
     cfg = plan.cfg
     if plan.resumed is not None:
         log(f"using {plan.resumed.path} ({plan.resumed.why})")

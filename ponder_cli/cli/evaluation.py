@@ -33,7 +33,7 @@ from ..cli_options import (
 )
 from ..config import PonderConfig
 from ..render import OutputFormat
-from ..tasks.mnist_defaults import EVAL_ANGLES, EXTRAPOLATION_ANGLES
+from ..registry import EVAL_ANGLES, EXTRAPOLATION_ANGLES
 from .app import app, bars, chatter, evaluation_options, render_and_plot, run_evaluation, spelled_buckets
 
 # eval, extrapolate, compare --------------------------------------------------------------------

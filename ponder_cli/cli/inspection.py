@@ -83,6 +83,6 @@ def models(
     fmt: OutputFormat = FormatOption,
 ) -> None:
     """The models shipped inside the package, by name: task, what each is, its validation figures."""
-    from ..catalogue import shipped_models
+    from ..api.inspection import shipped_models
 
     render_and_plot(shipped_models(log=chatter(quiet)), fmt, None, quiet)

@@ -29,11 +29,6 @@ from .app import app, bars, chatter, render_and_plot
 
 # train -----------------------------------------------------------------------------------------
 
-# Experiment and compatibility knobs: config-file settings, still accepted as hidden options
-EXPERIMENT_OPTIONS = ("align_turn", "turn_gate", "cnn_dropout_mask", "halting_bias", "halting_input",
-                      "gru_layer_norm", "gru_orthogonal", "gru_update_bias")
-
-
 # The options of `ponder train`, declared apart so that the command reads as a list
 TASK_OPTION = hyper("task", "What to learn: mnist (digits; difficulty: rotation) or parity (the "
                             "parity of +1 entries in vectors of ±1 and 0; difficulty: the non-zero "
@@ -174,10 +169,11 @@ def train(
     """
     from ..api import TrainOptions, train_run
 
-    given, notes = _settings_given(locals())
+    given = {name: value.value if isinstance(value, Enum) else value for name, value in locals().items()
+             if name in PonderConfig.field_names() and value is not None}
     options = TrainOptions(resume=resume, out=out, data_dir=data_dir, download=download, device=device, amp=amp,
                            progress=bars(quiet, progress), overwrite=overwrite, tensorboard=tensorboard,
-                           config_file=config, notes=notes, deterministic=deterministic, cuda_graphs=cuda_graphs)
+                           config_file=config, deterministic=deterministic, cuda_graphs=cuda_graphs)
     if print_config:
         _print_config(given, options, fmt, log=chatter(quiet))
         return
@@ -186,21 +182,9 @@ def train(
         render_and_plot(report, fmt, None, quiet)
 
 
-def _settings_given(values: dict) -> tuple[dict, tuple[str, ...]]:
-    """The configuration settings among the command's options that the user gave, and a note for
-    each experiment knob given as an option rather than in a config file."""
-    given = {name: value.value if isinstance(value, Enum) else value for name, value in values.items()
-             if name in PonderConfig.field_names() and value is not None}
-    notes = tuple(f"note: --{name.replace('_', '-')} is kept for existing scripts; set {name} in a --config file "
-                  f"instead (docs/configuration.md)" for name in sorted(set(given) & set(EXPERIMENT_OPTIONS)))
-    return given, notes
-
-
 def _print_config(given: dict, options, fmt: OutputFormat, log) -> None:
     """--print-config: the resolved settings as a config file, with where each value came from."""
     from ..api import training_config
 
-    for note in options.notes:
-        log(note)
     cfg, sources = training_config(given, options)
     sys.stdout.write(render_config(cfg, sources, cfg.shown_fields(), "json" if fmt == OutputFormat.json else "toml"))

@@ -40,15 +40,6 @@ class ACTMethod(Method):
     implied = {"halting_bias": INITIAL_HALTING_BIAS}
     reads = ("max_steps", "halting_input", "halting_bias", "turn_gate", "tau", "act_epsilon", "truncation")
 
-    @classmethod
-    def config_problems(cls, cfg):
-        problems = super().config_problems(cfg)
-        if cfg.method.tau < 0:
-            problems.append(f"tau must be >= 0 (got {cfg.method.tau})")
-        if not 0 < cfg.method.act_epsilon < 1:
-            problems.append(f"act-epsilon must be in (0, 1) (got {cfg.method.act_epsilon})")
-        return problems
-
     def halting_label(self, rule):
         return "act"
 

@@ -15,8 +15,8 @@ class PlainMethod(PonderNetMethod):
     def config_problems(cls, cfg):
         problems = super().config_problems(cfg)
         if cfg.method.max_steps != 1:
-            problems.append(f"method plain runs exactly one step: leave out --max-steps or use 1 "
-                            f"(got {cfg.method.max_steps})")
+            # only a saved config gets here: --max-steps given with plain is refused as not read
+            problems.append(f"method plain runs exactly one step (got max-steps {cfg.method.max_steps})")
         return problems
 
     def halting_label(self, rule):

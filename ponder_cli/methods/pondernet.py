@@ -18,15 +18,6 @@ class PonderNetMethod(Method):
     reads = ("max_steps", "halting_input", "halting_bias", "turn_gate", "lambda_p", "beta", "truncation",
              "truncation_rule")
 
-    @classmethod
-    def config_problems(cls, cfg):
-        problems = super().config_problems(cfg)
-        if not 0 < cfg.method.lambda_p <= 1:
-            problems.append(f"lambda-p must be in (0, 1] (got {cfg.method.lambda_p})")
-        if cfg.method.beta < 0:
-            problems.append(f"beta must be >= 0 (got {cfg.method.beta})")
-        return problems
-
     def __init__(self, cfg, device=None):
         super().__init__(cfg, device)
         # built once, on the device: a captured training batch copies nothing from the host

@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import StepFunction, StepTrace
-from .mlp import ImageEncoder, encoder_problems
+from .mlp import ImageEncoder
 
 
 def rotation_grid(angles: torch.Tensor, size: tuple) -> torch.Tensor:
@@ -151,15 +151,6 @@ class AlignStep(StepFunction):
                "halting_bias": "prior"}
     reads = ("hidden", "hidden_cnn", "kernel_size", "cnn_dropout", "align_turn", "turn_gate")
     input_kind = "images"
-
-    @classmethod
-    def config_problems(cls, cfg):
-        problems = encoder_problems(cfg, ("cnn_dropout",))
-        if not 0 <= cfg.step.turn_gate <= 1:
-            problems.append(f"turn-gate must be in [0, 1], a fraction of the largest turn (got {cfg.step.turn_gate})")
-        if not 0 < cfg.step.align_turn <= 180:
-            problems.append(f"align-turn must be in (0, 180] degrees (got {cfg.step.align_turn})")
-        return problems
 
     def __init__(self, cfg, input_shape):
         super().__init__()

@@ -25,15 +25,6 @@ def dropout_mask(shape: tuple, p: float, like: torch.Tensor) -> torch.Tensor:
     return (torch.rand(shape, device=like.device) < keep).to(like.dtype).div_(keep)
 
 
-def encoder_problems(cfg, dropouts: tuple[str, ...]) -> list[str]:
-    """An image step's settings out of range: its dropout probabilities (`dropouts`, the fields it
-    reads) and a kernel too large for the image."""
-    problems = [f"{name.replace('_', '-')} must be in [0, 1)" for name in dropouts if not 0 <= cfg.value(name) < 1]
-    if cfg.step.kernel_size > 12:  # two valid convolutions and two 2x poolings of a 28x28 image
-        problems.append(f"kernel-size must be <= 12 for 28x28 images (got {cfg.step.kernel_size})")
-    return problems
-
-
 class ImageEncoder(nn.Module):
     """Two conv/pool blocks and a linear layer, as in the reference CNN."""
 
@@ -127,10 +118,6 @@ class MLPStep(StepFunction):
     implied = {"cnn_dropout_mask": "per-step"}
     reads = ("hidden", "hidden_cnn", "hidden_lin", "kernel_size", "cnn_dropout", "cnn_dropout_mask", "mlp_dropout")
     input_kind = "images"
-
-    @classmethod
-    def config_problems(cls, cfg):
-        return encoder_problems(cfg, ("cnn_dropout", "mlp_dropout"))
 
     def __init__(self, cfg, input_shape):
         super().__init__()

@@ -22,7 +22,7 @@ from ..evaluate import EvalBucket, EvalResult, evaluate_bucket
 from ..reports import TaskView, Terms
 from ..rotation import protocol_angles, uniform_angles
 from . import Task, TrainingSource, UserInputs, check_input_file, load_inputs
-from .mnist_defaults import EVAL_ANGLES, EXTRAPOLATION_ANGLES
+from ..registry import EVAL_ANGLES, EXTRAPOLATION_ANGLES
 
 SIDE = 28  # MNIST's images are 28x28
 MAX_ANGLE = 180.0  # degrees: rotating by more than +-180 repeats angles already covered
@@ -252,13 +252,6 @@ class MnistTask(Task):
     reads = ("train_rotation", "val_size", "train_size")
     calibration_split = "validation"  # what calibrate's inputs are (calibration_data)
 
-    @classmethod
-    def config_problems(cls, cfg):
-        if not 0 <= cfg.task.train_rotation <= MAX_ANGLE:  # evaluation rotates within +-180 at most, too
-            return [f"train-rotation must be between 0 and {MAX_ANGLE:g} degrees: images are rotated "
-                    f"within +-angle (got {cfg.task.train_rotation:g})"]
-        return []
-
     # training -----------------------------------------------------------------------------
 
     def load_training(self, data_dir, download: bool):
@@ -333,6 +326,3 @@ class MnistTask(Task):
         if count > 400:
             raise PonderError(f"{count} angles is too many for one sweep; use a larger --every")
         return [start + i * every for i in range(count)]
-
-    def bucket_label(self, bucket: dict) -> str:
-        return f"±{bucket['rotation']:g}°"

@@ -23,13 +23,13 @@ Randomness comes only from explicit torch.Generator objects, never the global st
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
 
 from .. import PonderError, distributed
-from ..settings import parse_count_range
+from ..config import parse_count_range
 from ..evaluate import EvalBucket, evaluate_bucket
 from ..reports import TaskView, Terms
 from . import Task, TrainingSource, UserInputs, check_input_file, derived_seed, load_inputs
@@ -92,6 +92,9 @@ def check_counts(elems: int, lo: int, hi: int) -> None:
 
 
 def count_seed(seed: int, elems: int, count: int) -> int:
+    """The seed of one count's rows of a fixed set (and of their halting coins). A mixer apart
+    from tasks.derived_seed: the fixed test and validation sets, and so every published parity
+    figure, are drawn from it."""
     return (seed * _MIX + elems * 1_000_003 + count) % 2 ** 63
 
 
@@ -108,12 +111,6 @@ def evaluation_set(elems: int, lo: int, hi: int, per_count: int, seed: int, devi
         parts.append(vectors_with_counts(torch.full((per_count,), count), elems, generator))
     x, labels, counts = (torch.cat(column) for column in zip(*parts))
     return ParityBatch(x.to(device), labels.to(device), counts.to(device))
-
-
-def bucket_sets(elems: int, ranges: Sequence[tuple[int, int]], per_count: int, seed: int,
-                device=None) -> list[ParityBatch]:
-    """One fixed evaluation set per non-zero-count bucket (lo, hi)."""
-    return [evaluation_set(elems, lo, hi, per_count, seed, device) for lo, hi in ranges]
 
 
 def split_range(lo: int, hi: int, parts: int = 4) -> list[tuple[int, int]]:
@@ -397,6 +394,3 @@ class ParityTask(Task):
             raise PonderError(f"the sweep needs 1 <= --from <= --to <= {self.cfg.task.elems} (the elements of a "
                               f"vector) and --every >= 1 (got {start}, {stop}, {every})")
         return [(count, count) for count in range(start, stop + 1, every)]
-
-    def bucket_label(self, bucket: dict) -> str:
-        return f"counts {bucket['counts']}"

@@ -1,0 +1,142 @@
+"""One rule for a setting the chosen pieces do not read: refused when given (`of`, options, a
+config file), a one-line warning when a saved run holds it; and every kind of checkpoint an
+earlier release wrote loads and evaluates."""
+
+import json
+import warnings
+
+import pytest
+import torch
+
+from ponder_cli import PonderError
+from ponder_cli.checkpoint import TrainingState, new_model
+from ponder_cli.config import KINDS, PLACES, PonderConfig, applies, readers
+from ponder_cli.shipped import shipped_path
+
+# a valid value of each setting some pieces read, other than its default and than any piece implies
+OTHER = {"elems": 16, "train_counts": "1-8", "batches_per_epoch": 10, "curriculum": 5, "curriculum_start": 3,
+         "train_rotation": 10.0, "val_size": 100, "train_size": 100, "hidden": 32, "hidden_cnn": 32, "hidden_lin": 32,
+         "kernel_size": 3, "cnn_dropout": 0.3, "cnn_dropout_mask": "per-step", "mlp_dropout": 0.3, "align_turn": 20.0,
+         "turn_gate": 0.3, "gru_layer_norm": True, "gru_orthogonal": True, "gru_update_bias": 0.5, "max_steps": 8,
+         "halting_input": "state+confidence", "halting_bias": 0.7, "lambda_p": 0.3, "beta": 0.02, "tau": 0.02,
+         "act_epsilon": 0.02, "truncation": 0.05, "truncation_rule": "roulette"}
+COMBINATIONS = [dict(zip(KINDS, names)) for names in
+                [("mnist", "mlp"), ("mnist", "align"), ("parity", "rnn"), ("parity", "gru")]
+                for names in [(*names, method) for method in ("pondernet", "act", "plain")]]
+
+
+def test_every_setting_a_piece_reads_has_another_value_here():
+    assert {key for key in PLACES if readers(key)} == set(OTHER)
+
+
+@pytest.mark.parametrize("pieces", COMBINATIONS, ids=lambda pieces: "-".join(pieces.values()))
+def test_of_from_options_and_a_saved_config_agree_on_every_setting(pieces):
+    """For each setting: `of` and `from_options` both accept it or both refuse it with the same
+    message, and a saved config holding it warns exactly when they refuse."""
+    for key, value in OTHER.items():
+        settings = {**pieces, key: value}
+        outcomes = []
+        for build in (PonderConfig.of, PonderConfig.from_options):
+            try:
+                outcomes.append(build(**settings).value(key))
+            except PonderError as exc:
+                outcomes.append(str(exc))
+        assert outcomes[0] == outcomes[1], (key, outcomes)
+        refused = not applies(key, pieces)
+        assert refused == (outcomes[0] != value), (key, outcomes)
+        if refused:
+            assert outcomes[0].startswith(f"--{key.replace('_', '-')} applies to --")
+        saved = {**PonderConfig.from_options(**pieces).to_dict(), key: value}
+        if (key, pieces["method"]) == ("max_steps", "plain"):  # not a plain model: refused, saved or not
+            with pytest.raises(PonderError, match="plain runs exactly one step"):
+                PonderConfig.from_dict(saved)
+            continue
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert PonderConfig.from_dict(saved, saved=f"run {'-'.join(pieces.values())}").value(key) == value
+        assert [str(w.message).split(";")[0] for w in caught] == \
+            ([f"run {'-'.join(pieces.values())}: {key} = {value!r}" + outcomes[0][len(key) + 2:]] if refused else [])
+
+
+def test_a_saved_config_at_its_defaults_and_implied_values_is_silent():
+    for pieces in COMBINATIONS:
+        saved = PonderConfig.from_options(**pieces).to_dict()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert PonderConfig.from_dict(saved, saved="run").to_dict() == saved
+
+
+def _payload(name: str) -> dict:
+    return torch.load(shipped_path(name), map_location="cpu", weights_only=True)
+
+
+def _tiny(cfg: PonderConfig, edit: dict, version: int = 2) -> dict:
+    """A payload as an earlier release wrote it: a tiny model's, its flat config edited."""
+    torch.manual_seed(0)
+    payload = TrainingState(config=cfg, model=new_model(cfg).state_dict(), epoch=1).to_dict()
+    payload["config"] = {**payload["config"], **edit}
+    return {key: value for key, value in payload.items() if value is not None}
+
+
+def _drop(config: dict, *keys) -> dict:
+    return {key: value for key, value in config.items() if key not in keys}
+
+
+TINY = dict(hidden=8, hidden_cnn=8, max_steps=3)
+# each kind of checkpoint, as earlier releases wrote it, and the warning it loads with (None: none)
+OLD = {
+    # 0.1: no task, no step choice of gru's, no curriculum, no cnn_dropout_mask nor truncation_rule
+    "align with a non-default hidden_lin": (
+        lambda: {**_payload("align"), "config": {**_payload("align")["config"], "hidden_lin": 128}},
+        "hidden_lin = 128 applies to --step mlp, not align; it has no effect"),
+    "the reference, its flat config without later keys": (
+        lambda: {**_payload("reference"), "config": _drop(_payload("reference")["config"], "cnn_dropout_mask",
+                                                            "task", "elems", "train_counts")}, None),
+    "act with a lambda_p of pondernet's": (
+        lambda: _tiny(PonderConfig.of(method="act", **TINY), {"lambda_p": 0.3}),
+        "lambda_p = 0.3 applies to --method pondernet, not act; it has no effect"),
+    "plain with align's implied halting settings": (
+        lambda: _tiny(PonderConfig.from_options(step="align", method="plain", hidden=8, hidden_cnn=8), {}), None),
+    "mlp with the turn gate of align's": (
+        lambda: _tiny(PonderConfig.of(**TINY), {"turn_gate": 0.2}),
+        "turn_gate = 0.2 applies to --step align, not mlp; it has no effect"),
+    "parity act, lambda_p implied by the task": (lambda: _payload("parity16-extrapolation-act"), None),
+    "parity rnn with an image setting": (
+        lambda: _tiny(PonderConfig.of(task="parity", elems=8, step="rnn", hidden=8, max_steps=3),
+                      {"kernel_size": 3, "train_rotation": 0.0}),
+        "train_rotation = 0.0 applies to --task mnist, not parity; it has no effect"),
+}
+
+
+@pytest.mark.parametrize("kind", OLD)
+def test_every_kind_of_old_checkpoint_loads_and_evaluates(kind, tiny_mnist, tmp_path, ponder):
+    make, warning = OLD[kind]
+    path = tmp_path / "old.pt"
+    torch.save(make(), path)
+    result = ponder("eval", path, "--limit", "40", "-f", "json", "--data-dir", tiny_mnist)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert 0 <= report["buckets"][0]["accuracy"] <= 1
+    warned = [line for line in result.stderr.splitlines() if line.startswith("Warning:")]
+    assert warned[:1] == ([f"Warning: checkpoint {path}: {warning}"] if warning else [])
+    assert len(warned) == bool(warning) + (kind == "parity rnn with an image setting")  # once each, a line each
+
+
+def test_a_given_setting_from_a_file_names_the_files_key(tmp_path, ponder, one_error_line):
+    path = tmp_path / "run.toml"
+    path.write_text('[method]\nmethod = "act"\nlambda_p = 0.3\n')
+    assert one_error_line(ponder("train", "--config", path, "--print-config")) == \
+        f"Error: --config {path}: lambda_p applies to --method pondernet, not act"
+    assert one_error_line(ponder("train", "--method", "act", "--lambda-p", "0.3", "--print-config")) == \
+        "Error: --lambda-p applies to --method pondernet, not act"
+
+
+def test_a_runs_config_json_with_a_setting_its_pieces_do_not_read_warns_once_and_re_runs(tmp_path, ponder):
+    path = tmp_path / "config.json"
+    saved = {**PonderConfig.of(method="act", max_steps=5).to_dict(), "lambda_p": 0.3}
+    path.write_text(json.dumps({"ponder_cli": "0.1.0", "config": saved}))
+    result = ponder("train", "--config", path, "--print-config")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == \
+        [f"Warning: --config {path}: lambda_p = 0.3 applies to --method pondernet, not act; it has no effect"]
+    assert "lambda_p" not in result.stdout and 'method = "act"' in result.stdout and "max_steps = 5" in result.stdout
