@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
-from . import PonderError, special_file_kind
+from . import PonderError, file_problem
 from .folders import BEST, LATEST, RUNS_DIR
 from .shipped import DEFAULT, SHIPPED, shipped_name, shipped_path, shipped_under_old_name
 
@@ -61,10 +61,7 @@ def resolve_checkpoint(given: Union[str, Path, None], file: str = BEST) -> Resol
         return Resolved.shipped(old, f"the shipped model '{name}'" if name else f"shipped as {text}")
     if path.is_dir():
         raise PonderError(f"{path} holds no {file}; name {accepted_forms(file)}")
-    kind = special_file_kind(path)
-    if kind is not None:
-        raise PonderError(f"checkpoint {path} is {kind}, not a regular file; name {accepted_forms(file)}")
-    raise PonderError(f"checkpoint {path} does not exist; name {accepted_forms(file)}")
+    raise PonderError(f"checkpoint {path} {file_problem(path) or 'cannot be read'}; name {accepted_forms(file)}")
 
 
 def newest_run_checkpoint(root: Path = RUNS_DIR, name: str = BEST) -> Optional[Path]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Optional
 from dataclasses import dataclass
 
 from . import PonderError
@@ -68,14 +69,17 @@ def applies(field: str, chosen: dict[str, str]) -> bool:
     return all(chosen[kind] in names for kind, names in readers(field).items())
 
 
-def inapplicable(given, chosen: dict[str, str]) -> list[str]:
+def inapplicable(given, chosen: dict[str, str], spelled: Optional[dict[str, str]] = None) -> list[str]:
     """The one rule for options that do not apply: a field the user set that the chosen piece of
-    some kind does not read, though other pieces of that kind do, is refused, naming who reads it."""
+    some kind does not read, though other pieces of that kind do, is refused, naming who reads it.
+    spelled: how the user gave a field, where not as its option ("train_rotation in --config
+    FILE"), so that the message names what they wrote."""
     problems = []
     for field in given:
         for kind, names in readers(field).items():
             if chosen[kind] not in names:
-                problems.append(f"{option_name(field)} applies to --{kind} {', '.join(names)}, not {chosen[kind]}")
+                problems.append(f"{(spelled or {}).get(field) or option_name(field)} applies to --{kind} "
+                                f"{', '.join(names)}, not {chosen[kind]}")
                 break
     return problems
 
@@ -111,6 +115,9 @@ class PonderConfig:
             if not isinstance(getattr(self, section), kind):
                 raise TypeError(f"PonderConfig.{section} must be a {kind.__name__}; PonderConfig.of(...) takes "
                                 f"flat settings")
+        problems = [problem for section in SECTION_TYPES for problem in getattr(self, section).type_problems()]
+        if problems:  # no value can be checked beside one of the wrong type
+            raise PonderError("; ".join(problems))
         for kind, name in self.chosen().items():
             known(kind, name)  # a piece an installed package registers joins its table here
         problems = [problem for section in SECTION_TYPES for problem in getattr(self, section).problems()]
@@ -149,16 +156,16 @@ class PonderConfig:
         return cls(**{section: kind(**by_section[section]) for section, kind in SECTION_TYPES.items()})
 
     @classmethod
-    def from_options(cls, **given) -> "PonderConfig":
+    def from_options(cls, spelled: Optional[dict[str, str]] = None, **given) -> "PonderConfig":
         """A config from the options the user gave; the rest are the defaults, or what the chosen
         method or step implies (plain: one step). An option that no chosen piece reads is refused
-        (see inapplicable)."""
+        (see inapplicable, and its `spelled`)."""
         for kind in PIECE_KINDS:
             if kind in given:
                 known(kind, given[kind])  # a piece an installed package registers joins its table here
         chosen = choose_pieces(given, cls.default)
         if all(name in PIECE_KINDS[kind][0] for kind, name in chosen.items()):  # else __post_init__ says so
-            problems = fit_problems(chosen) or inapplicable(given, chosen)
+            problems = fit_problems(chosen) or inapplicable(given, chosen, spelled)
             if problems:
                 raise PonderError("; ".join(problems))
         values = {**{name: value for name, (value, _) in implied_values(chosen).items()}, **given, **chosen}

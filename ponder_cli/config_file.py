@@ -24,7 +24,7 @@ import math
 import typing
 from pathlib import Path
 
-from . import PonderError
+from . import PonderError, file_problem
 from .config import PonderConfig, applies
 from .settings import SECTION_OF, SECTIONS, setting_types
 
@@ -34,9 +34,10 @@ def read_config_file(path: Path) -> dict:
     """The settings a config file gives: {field: value}, checked against the fields and their
     types (one PonderError naming the file and the key). TOML (.toml) or JSON (anything else)."""
     path = Path(path)
-    if not path.is_file():
-        raise PonderError(f"--config {path}: {'is a directory' if path.is_dir() else 'no such file'}; name a "
-                          f".toml or .json configuration (a run folder's config.toml re-runs that run)")
+    problem = file_problem(path)
+    if problem is not None:
+        raise PonderError(f"--config {path} {problem}; name a .toml or .json configuration (a run folder's "
+                          f"config.toml re-runs that run)")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

@@ -11,3 +11,6 @@ CONFIG_TOML = "config.toml"  # the settings as `ponder train --config` reads the
 ENVIRONMENT_FILE = "environment.json"  # what the run ran on (environment.py)
 LATEST = "latest"  # the CHECKPOINT word for the newest run under runs/
 LOCK_FILE = ".ponder.lock"
+TENSORBOARD_EVENTS = "events.out.tfevents.*"  # what `train --tensorboard` writes (tensorboard_log.py)
+# every file a run writes into its folder: a folder holding any of them is not a fresh one
+RUN_FILES = (*CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, METRICS_FILE, ENVIRONMENT_FILE)

@@ -20,7 +20,8 @@ from . import PonderError, __version__
 from .checkpoint import load_checkpoint
 from .config import PonderConfig, inapplicable
 from .config_file import render_config
-from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR)
+from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUN_FILES,
+                      RUNS_DIR, TENSORBOARD_EVENTS)
 from .shipped import package_problem
 from .tasks import get_task
 from .checkpoint_names import Resolved, accepted_forms, newest_run_checkpoint, resolve_checkpoint  # noqa: F401
@@ -40,7 +41,7 @@ class TrainingPlan:
     resumed: Optional["Resolved"] = None  # the checkpoint --resume named, and how
 
 
-def resolve_config(given: dict, resume: Optional[Path] = None):
+def resolve_config(given: dict, resume: Optional[Path] = None, spelled: Optional[dict] = None):
     """The configuration of a run from the options the user gave, where each value comes from,
     and, when resuming, the checkpoint it continues (checkpoint.TrainingState) and how its name
     resolved; reads but writes nothing.
@@ -48,20 +49,21 @@ def resolve_config(given: dict, resume: Optional[Path] = None):
     A fresh run takes the defaults for every option not given (and what the chosen pieces imply:
     plain runs one step). A resumed run takes the checkpoint's config; options that contradict
     it are refused, except those in RESUMABLE_CHANGES. `resume` is a CHECKPOINT argument
-    (resolve_checkpoint; a run folder or `latest` names its last.pt).
+    (resolve_checkpoint; a run folder or `latest` names its last.pt). spelled: how the user gave
+    a setting not given as its option (config.inapplicable), for the messages.
     """
     if resume is None:
-        cfg = PonderConfig.from_options(**given)
+        cfg = PonderConfig.from_options(spelled, **given)
         return cfg, cfg.sources(given), None, None
     resumed = resolve_checkpoint(resume, file=LAST)
     state = load_checkpoint(resumed.path)
     state.require_resumable(resumed.path)
     saved = state.config
-    problems = inapplicable(given, saved.chosen())
+    problems = inapplicable(given, saved.chosen(), spelled)
     if problems:
         raise PonderError(f"cannot resume {resumed.path} ({saved.method.name}, step {saved.step.name}): "
                           f"{'; '.join(problems)}")
-    conflicts = [f"--{k.replace('_', '-')} {v} (checkpoint: {saved.value(k)})"
+    conflicts = [f"{(spelled or {}).get(k) or '--' + k.replace('_', '-')} {v} (checkpoint: {saved.value(k)})"
                  for k, v in given.items() if k not in RESUMABLE_CHANGES and saved.value(k) != v]
     if conflicts:
         raise PonderError(f"cannot resume {resumed.path} with options that contradict its config: "
@@ -72,7 +74,7 @@ def resolve_config(given: dict, resume: Optional[Path] = None):
 
 
 def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[Path] = None,
-                  overwrite: bool = False) -> TrainingPlan:
+                  overwrite: bool = False, spelled: Optional[dict] = None) -> TrainingPlan:
     """The config (resolve_config) and output folder of a run; writes nothing.
 
     A fresh run writes to a new folder under runs/ unless --out names one; a resumed run to its
@@ -85,7 +87,7 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     if problem:
         raise PonderError(f"{problem}; name a folder outside it, or leave out --out for a fresh folder under "
                           f"{RUNS_DIR}/")
-    cfg, sources, state, resumed = resolve_config(given, resume)
+    cfg, sources, state, resumed = resolve_config(given, resume, spelled)
     if state is None:
         if out is None:
             return TrainingPlan(cfg, free_run_dir(cfg), fresh_folder=True, sources=sources)
@@ -129,14 +131,27 @@ def _same_path(a: Path, b: Path) -> bool:
     return a.resolve() == b.resolve()
 
 
+def run_files_in(directory: Path) -> list[str]:
+    """The files of `directory` that a run would write (folders.RUN_FILES, TensorBoard events)."""
+    found = [name for name in RUN_FILES if os.path.lexists(directory / name)]
+    return found + sorted(p.name for p in directory.glob(TENSORBOARD_EVENTS)) if directory.is_dir() else found
+
+
 def refuse_foreign_checkpoints(directory: Path, overwrite: bool) -> None:
-    """A folder that already holds checkpoints belongs to another run: never replace them silently."""
-    found = [name for name in CHECKPOINT_FILES if (directory / name).exists()]
+    """A folder that already holds any file a run writes (checkpoints, config.json, metrics.csv,
+    ...: another run's, or the user's own) is never written into silently: nothing of theirs is
+    replaced without --overwrite."""
+    found = run_files_in(directory)
     if not found or overwrite:
         return
-    raise PonderError(f"{directory} already holds another run's checkpoints ({', '.join(found)}); leave out --out "
-                      f"for a fresh folder under runs/, name another one, continue that run with "
-                      f"--resume {directory / 'last.pt'}, or pass --overwrite to replace them")
+    named = ", ".join(found[:6]) + (f" and {len(found) - 6} more" if len(found) > 6 else "")
+    if any(name in CHECKPOINT_FILES for name in found):
+        raise PonderError(f"{directory} already holds another run's checkpoints ({named}); leave out --out "
+                          f"for a fresh folder under runs/, name another one, continue that run with "
+                          f"--resume {directory / 'last.pt'}, or pass --overwrite to replace them")
+    raise PonderError(f"{directory} already holds files a run writes ({named}), which training would replace; "
+                      f"name another --out (or leave it out for a fresh folder under runs/), or pass --overwrite "
+                      f"to replace them")
 
 
 def run_dir_name(cfg: PonderConfig) -> str:

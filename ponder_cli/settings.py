@@ -37,6 +37,11 @@ def parse_count_range(text: str, elems: int) -> tuple[int, int]:
 
 
 
+# A setting's annotated type -> the Python types its value may have, and how a message names it
+_KINDS = {"int": ((int,), "a whole number"), "float": ((float, int), "a number"), "str": ((str,), "a string"),
+          "bool": ((bool,), "true or false"), "Optional[float]": ((float, int, type(None)), "a number or none")}
+
+
 class Settings:
     """One section of the configuration: the settings of one kind of piece, or of training. Its
     `problems` check each value on its own (a registered name, a size, a finite float32 number);
@@ -51,6 +56,16 @@ class Settings:
     def key(cls, attribute: str) -> str:
         """The setting's flat key (its option's name): a section's `name` is the section's own."""
         return cls.section if attribute == "name" else attribute
+
+    def type_problems(self) -> list[str]:
+        """Values of the wrong type (a checkpoint's or a file's `max_steps = "twenty"`), each
+        naming its key as files and checkpoints spell it: checked before any value is compared."""
+        problems = []
+        for f in dataclasses.fields(self):
+            value, wanted = getattr(self, f.name), _KINDS.get(str(f.type))
+            if wanted is not None and type(value) not in wanted[0]:  # type(): True is no whole number
+                problems.append(f"{self.key(f.name)} must be {wanted[1]} (got {value!r})")
+        return problems
 
     def problems(self) -> list[str]:
         problems = []

@@ -60,18 +60,21 @@ def deterministic_kernels(on: bool):
         torch.use_deterministic_algorithms(was)
 
 
-def _settings(given: dict, config_file: Optional[Path]) -> tuple[dict, dict]:
-    """The settings of a run: the file's, overridden by the options given; and the file's source
-    label for each setting it gave that no option overrode."""
+def _settings(given: dict, config_file: Optional[Path]) -> tuple[dict, dict, dict]:
+    """The settings of a run: the file's, overridden by the options given; the file's source
+    label for each setting it gave that no option overrode; and how messages name those
+    ("train_rotation in --config FILE", not a flag the user never typed)."""
     from_file = read_config_file(config_file) if config_file is not None else {}
-    return {**from_file, **given}, {name: f"file {config_file}" for name in from_file if name not in given}
+    kept = [name for name in from_file if name not in given]
+    return ({**from_file, **given}, {name: f"file {config_file}" for name in kept},
+            {name: f"{name} in --config {config_file}" for name in kept})
 
 
 def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, dict]:
     """What `ponder train` would train with, and where each value comes from, without training
     (`--print-config`): the resumed run's configuration with --resume."""
-    settings, file_sources = _settings(given, options.config_file)
-    cfg, sources, _, _ = resolve_config(settings, options.resume)
+    settings, file_sources, spelled = _settings(given, options.config_file)
+    cfg, sources, _, _ = resolve_config(settings, options.resume, spelled)
     return cfg, {**sources, **file_sources}
 
 
@@ -105,8 +108,9 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -
         log = lambda line: None  # noqa: E731  rank 0 alone speaks
     for note in options.notes:
         log(note)
-    settings, file_sources = _settings(given, options.config_file)
-    plan = plan_training(settings, resume=options.resume, out=options.out, overwrite=options.overwrite)
+    settings, file_sources, spelled = _settings(given, options.config_file)
+    plan = plan_training(settings, resume=options.resume, out=options.out, overwrite=options.overwrite,
+                         spelled=spelled)
     plan.sources.update(file_sources)
     cfg = plan.cfg
     if plan.resumed is not None:

@@ -39,7 +39,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Optional
 
-from .. import PonderError, special_file_kind
+from .. import PonderError, file_problem
 from ..registry import TASKS, task_class
 
 BUCKETS = "--buckets"  # the spelling of buckets that every task reads, in its own terms
@@ -214,10 +214,8 @@ def check_input_file(path, wanted: str) -> None:
     """A user's INPUT must be an existing regular file; `wanted` names what this task reads, for
     the message about anything else."""
 
-    if not path.exists():
+    problem = file_problem(path)
+    if problem == "does not exist":
         raise PonderError(f"{path}: no such file")
-    if path.is_dir():
-        raise PonderError(f"{path} is a directory; name {wanted}")
-    kind = special_file_kind(path)
-    if kind is not None:  # reading a pipe would wait for a writer; a device holds no inputs
-        raise PonderError(f"{path} is {kind}, not a regular file; name {wanted}")
+    if problem is not None:  # reading a pipe would wait for a writer; a device holds no inputs
+        raise PonderError(f"{path} {problem}; name {wanted}")
