@@ -176,7 +176,7 @@ def test_the_curriculum_is_a_config_setting_of_parity_alone(tmp_path, ponder, on
     assert "curriculum = 100" in printed.stdout and "curriculum_start = 3" in printed.stdout
     path.write_text("[task]\ncurriculum = 100\n")
     assert one_error_line(ponder("train", "--config", path, "--print-config")) == \
-        "Error: --curriculum applies to --task parity, not mnist"
+        f"Error: curriculum in --config {path} applies to --task parity, not mnist"
     path.write_text('[task]\ntask = "parity"\nelems = 8\ncurriculum = 10\ncurriculum_start = 9\n')
     assert "curriculum-start must be a count from 1 to elems (8) (got 9)" in \
         one_error_line(ponder("train", "--config", path, "--print-config"))

@@ -21,7 +21,8 @@ from ..checkpoint_names import resolve_checkpoint
 from ..run_lock import lock_holder
 from ..runs import run_files_in
 from ..tasks import InputOptions, get_task
-from .loading import check_halting, device_and_amp, resolve_named
+from .loading import check_halting, device_and_amp, on_device, resolve_named
+from .signals import stops_cleanly
 
 
 PLOT_INPUTS = 16  # strips in one --plot figure: more would not be readable
@@ -49,6 +50,7 @@ class PredictOptions:
             raise PonderError(problems[0])
 
 
+@stops_cleanly("prediction")
 def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, Path]], options: PredictOptions, *,
                    log: Callable[[str], None] = lambda line: None) -> Report:
     """A model on the user's own files: the task reads them (MNIST: images and .npy arrays;
@@ -59,7 +61,7 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
     if not inputs:
         raise PonderError("predict needs at least one INPUT file")
     path = resolve_named(checkpoint, log)
-    dev, _ = device_and_amp(options.device, False)
+    dev, _ = device_and_amp(options.device, False, log)
     model, cfg, _ = load_model(path, dev)
     options = replace(options, halting=check_halting(cfg, options.halting))
     task, method = get_task(cfg), get_method(cfg)
@@ -99,8 +101,8 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
     if options.views and count > PLOT_INPUTS:
         log(f"--plot draws the first {PLOT_INPUTS} of the {count} inputs")
     view = task.view()
-    return prediction_report(str(path), cfg, buckets, halting=used, seed=seed, steps=options.steps, views=views,
-                             view=view, rotate=options.rotate, invert=options.invert)
+    return on_device(prediction_report(str(path), cfg, buckets, halting=used, seed=seed, steps=options.steps,
+                                       views=views, view=view, rotate=options.rotate, invert=options.invert), dev)
 
 
 def _info_file(target: Union[str, Path, None]):

@@ -21,9 +21,9 @@ from ..runs import plan_training, resolve_config
 from ..runtime import amp_dtype
 from ..tasks import get_task
 from ..train import train
-from .loading import device_and_amp
+from .loading import device_and_amp, on_device
 from .run_folder import RunFolder
-from .signals import Interrupted, Terminated, _SigTerm, ignore_signals, sigterm_as_interrupt
+from .signals import ignore_signals, interruptible
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -
         log(epoch_line(stats, cfg.training.epochs))
 
     finished = False
-    with sigterm_as_interrupt(torchrun=where is not None):
+    with interruptible(folder.resume_hint, torchrun=where is not None):
         try:
             task = get_task(cfg)
             train_set, val_set = task.load_training(resolve_data_dir(options.data_dir), options.download)
@@ -142,8 +142,6 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -
             result = train(cfg, train_set, val_set, device=dev, out_dir=plan.out_dir, amp=amp, resume=plan.resume,
                            on_epoch=on_epoch, progress=options.progress and main, log=log)
             finished = True
-        except KeyboardInterrupt as exc:
-            raise (Terminated if isinstance(exc, _SigTerm) else Interrupted)(folder.resume_hint()) from None
         except RuntimeError as exc:
             if not distributed.lost_peer(exc):
                 raise
@@ -154,7 +152,8 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -
         finally:
             folder.release(finished)
     distributed.teardown()
-    return training_report(cfg, result, time.perf_counter() - started, view=get_task(cfg).view()) if main else None
+    return on_device(training_report(cfg, result, time.perf_counter() - started, view=get_task(cfg).view()),
+                     dev) if main else None
 
 
 def _training_line(cfg, data: str, dev, amp: bool, where, plan) -> str:
