@@ -90,7 +90,7 @@ def models(
 
 @app.command()
 def runs(
-    folders: Optional[List[Path]] = typer.Argument(None, metavar="[FOLDER]...", show_default=False,
+    folders: Optional[List[Path]] = typer.Argument(None, metavar="FOLDER", show_default=False,
                                                    help=f"Folders of runs, or run folders. [default: {RUNS_DIR}]"),
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
