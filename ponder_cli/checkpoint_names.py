@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from . import PonderError, file_problem
-from .folders import BEST, LATEST, RUNS_DIR
+from .folders import BEST, LAST, LATEST, RUNS_DIR, is_run_folder
 from .shipped import DEFAULT, SHIPPED, shipped_name, shipped_path, shipped_under_old_name
 
 
@@ -60,6 +60,14 @@ def resolve_checkpoint(given: Union[str, Path, None], file: str = BEST) -> Resol
         name = shipped_name(old)
         return Resolved.shipped(old, f"the shipped model '{name}'" if name else f"shipped as {text}")
     if path.is_dir():
+        if is_run_folder(path):
+            why = "" if any((path / name).is_file() for name in (BEST, LAST)) else \
+                f": its first epoch has not ended, or the run stopped before it did (`ponder runs {path}` says which)"
+            raise PonderError(f"{path} is a run folder with no {file}{why}; name {accepted_forms(file)}")
+        runs = [p.name for p in sorted(path.iterdir()) if p.is_dir() and any((p / n).is_file() for n in (BEST, LAST))]
+        if runs:
+            raise PonderError(f"{path} is a folder of runs ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''}), "
+                              f"not one run: `ponder runs {path}` lists them; name one, or {accepted_forms(file)}")
         raise PonderError(f"{path} holds no {file}; name {accepted_forms(file)}")
     raise PonderError(f"checkpoint {path} {file_problem(path) or 'cannot be read'}; name {accepted_forms(file)}")
 

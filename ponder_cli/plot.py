@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from . import PonderError
+from . import PonderError, file_problem
 from .shipped import package_problem
 
 INSTALL_HINT = "--plot needs matplotlib: pip install matplotlib"
@@ -29,6 +29,9 @@ def check_destination(path: Path | str) -> Path:
     path = Path(path)
     if path.is_dir():  # before a suffix is added: DIR is no name for DIR.png beside it
         raise PonderError(f"--plot {path} is a directory; name a file, such as {path / 'plot.png'}")
+    problem = file_problem(path) if path.exists() else None
+    if problem is not None:  # /dev/null: no name for /dev/null.png beside it either
+        raise PonderError(f"--plot {path} {problem}; name a file, such as plot.png")
     if not path.suffix:
         path = path.with_suffix(".png")
     formats = FigureCanvasBase.get_supported_filetypes()

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
-from . import PonderError, __version__
+from . import PonderError, __version__, file_problem
 from .checkpoint import load_checkpoint
 from .config import PonderConfig, inapplicable
 from .config_file import render_config
-from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUN_FILES,
-                      RUNS_DIR, TENSORBOARD_EVENTS)
+from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR,
+                      run_files_in)
 from .shipped import package_problem
 from .tasks import get_task
 from .checkpoint_names import Resolved, accepted_forms, newest_run_checkpoint, resolve_checkpoint  # noqa: F401
@@ -82,7 +82,8 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     unless overwrite is set.
     """
     if out is not None and out.exists() and not out.is_dir():
-        raise PonderError(f"--out {out} is a file; --out names the folder for best.pt and last.pt")
+        raise PonderError(f"--out {out} {file_problem(out) or 'is a file'}; --out names the folder for best.pt and "
+                          f"last.pt")
     problem = package_problem(out, f"--out {out}") if out is not None else None
     if problem:
         raise PonderError(f"{problem}; name a folder outside it, or leave out --out for a fresh folder under "
@@ -129,12 +130,6 @@ def _refuse_rewind(state, resume: Path, last: Path) -> None:
 
 def _same_path(a: Path, b: Path) -> bool:
     return a.resolve() == b.resolve()
-
-
-def run_files_in(directory: Path) -> list[str]:
-    """The files of `directory` that a run would write (folders.RUN_FILES, TensorBoard events)."""
-    found = [name for name in RUN_FILES if os.path.lexists(directory / name)]
-    return found + sorted(p.name for p in directory.glob(TENSORBOARD_EVENTS)) if directory.is_dir() else found
 
 
 def refuse_foreign_checkpoints(directory: Path, overwrite: bool) -> None:

@@ -14,12 +14,11 @@ import torch
 from .. import PonderError, PonderWarning, file_problem
 from ..checkpoint import load_checkpoint, load_model
 from ..settings import seed_problems
-from ..folders import BEST, CONFIG_FILE, LAST, LOCK_FILE, RUN_FILES, RUNS_DIR
+from ..folders import BEST, CONFIG_FILE, LAST, LOCK_FILE, RUN_FILES, RUNS_DIR, is_run_folder
 from ..methods import get_method
 from ..reports import Report, info_report, prediction_report, runs_report
 from ..checkpoint_names import resolve_checkpoint
 from ..run_lock import lock_holder
-from ..runs import run_files_in
 from ..tasks import InputOptions, get_task
 from .loading import check_halting, device_and_amp, on_device, resolve_named
 from .signals import stops_cleanly
@@ -111,10 +110,12 @@ def _info_file(target: Union[str, Path, None]):
 
     folder = Path(target) if target is not None else None
     if folder is not None and folder.is_dir() and not any((folder / name).is_file() for name in (LAST, BEST)):
-        if _is_run_folder(folder):
+        if is_run_folder(folder):
             raise PonderError(f"{folder} is a run folder with no checkpoint yet: {_without_checkpoint(folder)}")
-        raise PonderError(f"{folder} holds no {LAST} or {BEST}: name a run folder, a checkpoint file, "
-                          f"latest or a shipped model")
+        if not any(is_run_folder(sub) for sub in folder.iterdir() if sub.is_dir()):
+            raise PonderError(f"{folder} holds no {LAST} or {BEST}: name a run folder, a checkpoint file, "
+                              f"latest or a shipped model")
+        return resolve_checkpoint(target, file=LAST)  # a folder of runs: said there
     file = BEST if folder is not None and folder.is_dir() and not (folder / LAST).is_file() else LAST
     return resolve_checkpoint(target, file=file)
 
@@ -213,25 +214,12 @@ def list_runs(folders: Sequence[Union[str, Path]] = (), *, log: Callable[[str], 
             raise PonderError(f"{root} {problem}; name a folder of runs (default: {RUNS_DIR}/) or a run folder")
         if problem is None:
             raise PonderError(f"{root} is a file; name a folder of runs (default: {RUNS_DIR}/) or a run folder")
-        if _is_run_folder(root):
+        if is_run_folder(root):
             found.append(root)
         else:
-            found += sorted(p for p in root.iterdir() if p.is_dir() and _is_run_folder(p))
+            found += sorted(p for p in root.iterdir() if p.is_dir() and is_run_folder(p))
     rows = sorted((_run_row(folder) for folder in dict.fromkeys(found)), key=lambda row: (row["when"] or "", row["run"]))
     return runs_report(rows, [str(root) for root in roots])
-
-
-def _is_run_folder(folder: Path) -> bool:
-    """A folder `ponder train` wrote: it holds a checkpoint, the run lock, or a config.json of
-    ponder's (a folder of the user's own with a config.json is not one)."""
-    try:
-        found = run_files_in(folder)
-        if any(name in (LAST, BEST) for name in found) or (folder / LOCK_FILE).exists():
-            return True
-    except OSError:
-        return False
-    saved = _saved_run_config(folder) if CONFIG_FILE in found else None
-    return saved is not None and "ponder_cli" in saved
 
 
 def _run_row(folder: Path) -> dict:
