@@ -384,3 +384,45 @@ def test_a_signal_during_an_evaluation_is_one_line(signal_name, code, headline, 
     assert result.returncode == code, result.stderr
     assert result.stdout == "" and "Traceback" not in result.stderr
     assert result.stderr.splitlines()[-1] == f"{headline}: evaluation stopped before its results; nothing was written"
+
+
+# found by a fresh new-user pass ------------------------------------------------------------------
+
+def test_an_npy_header_promising_more_than_the_file_holds_is_one_line(tmp_path, ponder, one_error_line):
+    np = pytest.importorskip("numpy")
+    with open(tmp_path / "huge.npy", "wb") as f:  # 730 GiB promised, 100 bytes given: was a MemoryError traceback
+        np.lib.format.write_array_header_1_0(f, {"descr": "|u1", "fortran_order": False, "shape": (10**9, 28, 28)})
+        f.write(b"\0" * 100)
+    assert one_error_line(ponder("predict", "align", tmp_path / "huge.npy")) == \
+        f"Error: {tmp_path / 'huge.npy'}: a .npy array cut short: its header promises more data than the file holds"
+
+
+def test_out_and_plot_name_a_special_file_for_what_it_is(tmp_path, ponder, one_error_line):
+    pytest.importorskip("matplotlib")
+    os.mkfifo(tmp_path / "fifo")
+    line = one_error_line(ponder("sweep", "--plot", tmp_path / "fifo", "--data-dir", tmp_path))
+    assert line.startswith(f"Error: --plot {tmp_path / 'fifo'} is a named pipe (FIFO), not a regular file")
+    assert not (tmp_path / "fifo.png").exists()  # was written beside it (--plot /dev/null: /dev/null.png)
+    assert one_error_line(ponder("train", "--out", "/dev/null")).startswith(
+        "Error: --out /dev/null is a character device, not a regular file")
+
+
+def test_a_folder_of_runs_given_as_a_checkpoint_points_to_ponder_runs(run_folders, ponder, one_error_line):
+    for command in ("info", "eval"):
+        line = one_error_line(ponder(command, run_folders))
+        assert line.startswith(f"Error: {run_folders} is a folder of runs (a-finished, b-stopped, c-interrupted, ...), "
+                               f"not one run: `ponder runs {run_folders}` lists them")
+    line = one_error_line(ponder("eval", run_folders / "e-empty"))
+    assert line.startswith(f"Error: {run_folders / 'e-empty'} is a run folder with no best.pt: its first epoch has "
+                           "not ended")
+
+
+def test_ctrl_c_before_a_command_handles_it_is_still_one_line(monkeypatch, ponder):
+    from ponder_cli import catalogue
+
+    def interrupted(**kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(catalogue, "shipped_models", interrupted)
+    result = ponder("models")
+    assert result.exit_code == 130 and result.stdout == ""
+    assert result.stderr == "Interrupted: stopped before any result; nothing was written\n"

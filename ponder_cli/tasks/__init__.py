@@ -186,9 +186,17 @@ def load_array(path):
     import numpy as np  # the CLI imports this package's torch-free modules at start-up: no numpy then
 
     try:
-        return np.load(path, allow_pickle=False)
+        # mapped first: a header that promises more than the file holds (a file cut short, or
+        # made to exhaust memory) fails here, before anything is allocated
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+        return np.array(array) if isinstance(array, np.memmap) else array
     except (ValueError, OSError, EOFError) as exc:
+        if "mmap length is greater than file size" in str(exc):  # numpy's words for it
+            raise PonderError(f"{path}: a .npy array cut short: its header promises more data than the file "
+                              f"holds") from None
         raise PonderError(f"{path}: not a readable .npy array ({exc})") from None
+    except MemoryError:
+        raise PonderError(f"{path}: too large to load into memory; give fewer inputs per file") from None
 
 
 def load_inputs(path, shape: tuple, what: str):
