@@ -61,7 +61,8 @@ def resolve_checkpoint(given: Union[str, Path, None], file: str = BEST) -> Resol
         return Resolved.shipped(old, f"the shipped model '{name}'" if name else f"shipped as {text}")
     if path.is_dir():
         if is_run_folder(path):
-            why = "" if any((path / name).is_file() for name in (BEST, LAST)) else \
+            other = next((path / name for name in (BEST, LAST) if (path / name).is_file()), None)
+            why = f" (it has {other}: name that file)" if other is not None else \
                 f": its first epoch has not ended, or the run stopped before it did (`ponder runs {path}` says which)"
             raise PonderError(f"{path} is a run folder with no {file}{why}; name {accepted_forms(file)}")
         runs = [p.name for p in sorted(path.iterdir()) if p.is_dir() and any((p / n).is_file() for n in (BEST, LAST))]

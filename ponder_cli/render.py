@@ -245,7 +245,9 @@ def render_report(report, fmt: OutputFormat | str, file: IO[str] | None = None, 
         file.write("\n")
     elif fmt is OutputFormat.csv:
         rows = report.csv_rows()
-        keys = list(dict.fromkeys(key for row in rows for key in row))
+        # no buckets (`ponder runs` before any run): the header of the metadata alone, not a blank line
+        keys = list(dict.fromkeys(key for row in rows for key in row)) or \
+            [key for key, value in report.meta.items() if not isinstance(value, dict)]
         text = io.StringIO()
         writer = csv.DictWriter(text, fieldnames=keys, lineterminator="\n")
         writer.writeheader()

@@ -313,6 +313,7 @@ def test_runs_of_a_named_folder_a_run_folder_or_none(run_folders, tmp_path, pond
     result = ponder("runs")
     assert result.exit_code == 0 and result.stdout == "no run under runs/ yet: `ponder train` writes one there\n"
     assert _strict(ponder("runs", "-f", "json").stdout)["buckets"] == []
+    assert ponder("runs", "-f", "csv").stdout.startswith("command,task,checkpoints,")  # a header, no blank line
     assert one_error_line(ponder("runs", tmp_path / "nope")).startswith(f"Error: {tmp_path / 'nope'} does not exist")
 
 
@@ -368,6 +369,7 @@ def test_a_signal_during_an_evaluation_is_one_line(signal_name, code, headline, 
     """A real signal to a real process, once its first bucket is done: one line, the shell's status."""
     script = (
         "import os, signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)  # not ignored, as a shell's & leaves it\n"
         "from ponder_cli import evaluate\n"
         "real = evaluate.evaluate_bucket\n"
         "def once_then_signal(*a, **k):\n"

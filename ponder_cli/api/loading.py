@@ -28,7 +28,7 @@ def device_line(dev, asked: str) -> str:
     """`device cpu (--device auto: no CUDA GPU available)`, `device cuda:0 (NVIDIA H100 80GB
     HBM3)`: what a command computes on, and why where --device auto chose. The same words on
     every machine without a GPU, so that examples of the output hold anywhere."""
-    name = str(dev)
+    name = device_name(dev)
     if dev.type == "cuda":
         name += f" ({torch.cuda.get_device_name(dev)})"
     if asked.strip().lower() != "auto":
@@ -36,9 +36,16 @@ def device_line(dev, asked: str) -> str:
     return f"device {name} (--device auto: {'a CUDA GPU' if dev.type == 'cuda' else 'no CUDA GPU'} available)"
 
 
+def device_name(dev) -> str:
+    """"cpu", "cuda:0": a CUDA device by its index, which --device auto leaves out."""
+    if dev.type == "cuda" and dev.index is None:
+        return f"cuda:{torch.cuda.current_device()}"
+    return str(dev)
+
+
 def on_device(report, dev):
     """The report with the device it was computed on in its metadata (the JSON's `device`)."""
-    report.meta["device"] = str(dev)
+    report.meta["device"] = device_name(dev)
     return report
 
 

@@ -21,7 +21,7 @@ from ..runs import plan_training, resolve_config
 from ..runtime import amp_dtype
 from ..tasks import get_task
 from ..train import train
-from .loading import device_and_amp, on_device
+from .loading import device_and_amp, device_name, on_device
 from .run_folder import RunFolder
 from .signals import ignore_signals, interruptible
 
@@ -158,7 +158,7 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -
 
 def _training_line(cfg, data: str, dev, amp: bool, where, plan) -> str:
     """What is trained on what: `training pondernet (step mlp) on 55000 images, ..., device cpu`."""
-    return (f"training {cfg.method.name} (step {cfg.step.name}) {data}, device {dev}"
+    return (f"training {cfg.method.name} (step {cfg.step.name}) {data}, device {device_name(dev)}"
             f"{', amp ' + str(amp_dtype(dev)).removeprefix('torch.') if amp else ''}"
             f"{f', {where.world_size} processes, global batch {cfg.training.batch_size}' if where else ''}"
             f"{', resuming after epoch ' + str(plan.resume.epoch) if plan.resume else ''}")
