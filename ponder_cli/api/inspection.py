@@ -201,7 +201,8 @@ def _saved_run_config(folder: Path) -> Optional[dict]:
 def list_runs(folders: Sequence[Union[str, Path]] = (), *, log: Callable[[str], None] = lambda line: None) -> Report:
     """`ponder runs`: every run folder under runs/ (or under each of `folders`, or each of them
     that is itself a run folder), oldest first: its task, method and step, status (finished,
-    stopped early, interrupted, running, empty: no checkpoint, unreadable), the epochs trained
+    stopped early, interrupted, running, empty: no checkpoint, unreadable; best epoch: only a
+    best.pt), the epochs trained
     and planned, the best epoch and its validation figures, and when it last wrote."""
 
     roots = [Path(f) for f in folders] or [RUNS_DIR]
