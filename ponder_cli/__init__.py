@@ -50,3 +50,20 @@ def special_file_kind(path) -> str | None:
     except (OSError, ValueError):
         return None
     return next((kind for test, kind in _SPECIAL_FILES if test(mode)), None)
+
+
+def file_problem(path) -> str | None:
+    """Why `path` cannot be read as a file, worded to follow its name: "does not exist", "is a
+    directory", "is a character device, not a regular file" (/dev/null; a pipe would block the
+    read until something writes to it); None for a regular file. The one check of every file the
+    user names (checkpoints, --config files, predict's inputs)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "does not exist"
+    except (OSError, ValueError) as exc:
+        return f"cannot be read ({getattr(exc, 'strerror', None) or exc})"
+    if stat.S_ISDIR(mode):
+        return "is a directory"
+    kind = special_file_kind(path)
+    return f"is {kind}, not a regular file" if kind is not None else None

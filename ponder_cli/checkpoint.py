@@ -14,13 +14,14 @@ import re
 import shutil
 import tempfile
 import warnings
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import PonderError, PonderWarning, brief, special_file_kind
+from . import PonderError, PonderWarning, brief, file_problem
 from .config import PonderConfig
 from .methods import build_model
 from .tasks import get_task
@@ -195,16 +196,16 @@ def _write_failure(exc: BaseException, folder: Path) -> str | None:
 def load_checkpoint(path: Path | str, map_location="cpu") -> TrainingState:
     """Load with weights_only=True: a file carrying pickled code is refused, never executed."""
     path = Path(path)
-    if not path.exists():
-        raise PonderError(f"checkpoint {path} does not exist (train one with `ponder train`)")
-    if path.is_dir():
-        raise PonderError(f"checkpoint {path} is a directory, not a file")
-    kind = special_file_kind(path)
-    if kind is not None:  # a pipe would block the read below until something writes to it
-        raise PonderError(f"checkpoint {path} is {kind}, not a regular file")
+    problem = file_problem(path)
+    if problem is not None:
+        raise PonderError(f"checkpoint {path} {problem}" + (" (train one with `ponder train`)"
+                                                             if problem == "does not exist" else ""))
     kind = _not_a_torch_file(path)
     if kind is not None:
         raise PonderError(f"{path} is {kind}, not a ponder_cli checkpoint")
+    damage = _damage(path)
+    if damage is not None:
+        raise PonderError(f"checkpoint {path} is {damage}")
     try:
         with warnings.catch_warnings():  # torch warns about odd pickle protocols before failing
             warnings.simplefilter("ignore")
@@ -216,8 +217,8 @@ def load_checkpoint(path: Path | str, map_location="cpu") -> TrainingState:
             raise PonderError(f"checkpoint {path} refused: it contains pickled code ({found.group(1)}), "
                               "not just tensors and plain values") from None
         raise PonderError(f"checkpoint {path} is not a readable checkpoint (corrupt data)") from None
-    except Exception as exc:  # truncated, empty, not a torch file at all
-        raise PonderError(f"checkpoint {path} is not a readable checkpoint ({brief(exc)})") from None
+    except Exception as exc:  # a legacy (pickle) file cut short, or data torch cannot decode
+        raise PonderError(f"checkpoint {path} is cut short or damaged ({brief(exc)}); {_DAMAGE_HINT}") from None
     state = TrainingState.from_dict(payload, path)
     warn_if_not_finite(state.model, path)
     return state
@@ -235,6 +236,30 @@ def warn_if_not_finite(weights: dict, path: Path | str) -> None:
 
 # How torch.save's files begin: a zip archive (since PyTorch 1.6), or a pickle (the legacy format).
 _TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
+_DAMAGE_HINT = "copy it again, or use the run's other checkpoint (best.pt or last.pt)"
+
+
+def _damage(path: Path) -> str | None:
+    """How a file in torch's zip format is broken, said before torch.load, whose own words
+    ("failed finding central directory", "[Errno 22] Invalid argument") never say the file is
+    cut short: a zip archive whose end is missing (an interrupted copy, download or save by
+    another tool), or a member whose data fails its CRC-32 (every member is read: megabytes,
+    milliseconds). None for a legacy pickle file, or a zip archive that is whole."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != _TORCH_MAGIC[0]:
+                return None
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except zipfile.BadZipFile:
+        return f"cut short or damaged: its zip archive has no end (an interrupted copy or download?); {_DAMAGE_HINT}"
+    except (OSError, EOFError, ValueError, NotImplementedError) as exc:  # unreadable, or a member cut short
+        return f"cut short or damaged ({brief(exc)}); {_DAMAGE_HINT}"
+    if bad is not None:
+        return f"damaged: {bad} fails its checksum (the file changed after it was written); {_DAMAGE_HINT}"
+    return None
 
 
 def _not_a_torch_file(path: Path) -> str | None:

@@ -12,16 +12,17 @@ import difflib
 import json
 from pathlib import Path
 
-from . import PonderError
+from . import PonderError, file_problem
 from .config import PLACES, SECTIONS, PonderConfig, applies
 
 
 def read_config_file(path: Path) -> dict:
     """The settings a file gives, {key: value}: TOML (.toml) or JSON (anything else)."""
     path = Path(path)
-    if not path.is_file():
-        raise PonderError(f"--config {path}: {'is a directory' if path.is_dir() else 'no such file'}; name a "
-                          f".toml or .json configuration (a run folder's config.toml re-runs that run)")
+    problem = file_problem(path)
+    if problem is not None:
+        raise PonderError(f"--config {path} {problem}; name a .toml or .json configuration (a run folder's "
+                          f"config.toml re-runs that run)")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

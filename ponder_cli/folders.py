@@ -6,12 +6,13 @@ runs out of one folder. No torch: the CLI reads these before torch loads."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
-from . import PonderError, special_file_kind
+from . import PonderError, file_problem
 from .shipped import DEFAULT, SHIPPED, shipped_name, shipped_path, shipped_under_old_name
 
 RUNS_DIR = Path("runs")
@@ -22,6 +23,9 @@ CONFIG_TOML = "config.toml"  # the settings as `ponder train --config` reads the
 ENVIRONMENT_FILE = "environment.json"  # what the run ran on (api/run_folder.py)
 LATEST = "latest"  # the CHECKPOINT word for the newest run under runs/
 LOCK_FILE = ".ponder.lock"
+TENSORBOARD_EVENTS = "events.out.tfevents.*"  # what `train --tensorboard` writes (tensorboard_log.py)
+# every file a run writes into its folder: a folder holding any of them is not a fresh one
+RUN_FILES = (*CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, METRICS_FILE, ENVIRONMENT_FILE)
 
 
 @dataclass(frozen=True)
@@ -71,11 +75,17 @@ def resolve_checkpoint(given: Union[str, Path, None], file: str = BEST) -> Resol
         name = shipped_name(old)
         return Resolved.shipped(old, f"the shipped model '{name}'" if name else f"shipped as {text}")
     if path.is_dir():
+        if is_run_folder(path):
+            other = next((path / name for name in (BEST, LAST) if (path / name).is_file()), None)
+            why = f" (it has {other}: name that file)" if other is not None else \
+                f": its first epoch has not ended, or the run stopped before it did (`ponder runs {path}` says which)"
+            raise PonderError(f"{path} is a run folder with no {file}{why}; name {accepted_forms(file)}")
+        runs = [p.name for p in sorted(path.iterdir()) if p.is_dir() and any((p / n).is_file() for n in (BEST, LAST))]
+        if runs:
+            raise PonderError(f"{path} is a folder of runs ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''}), "
+                              f"not one run: `ponder runs {path}` lists them; name one, or {accepted_forms(file)}")
         raise PonderError(f"{path} holds no {file}; name {accepted_forms(file)}")
-    kind = special_file_kind(path)
-    if kind is not None:
-        raise PonderError(f"checkpoint {path} is {kind}, not a regular file; name {accepted_forms(file)}")
-    raise PonderError(f"checkpoint {path} does not exist; name {accepted_forms(file)}")
+    raise PonderError(f"checkpoint {path} {file_problem(path) or 'cannot be read'}; name {accepted_forms(file)}")
 
 
 def newest_run_checkpoint(root: Path = RUNS_DIR, name: str = BEST) -> Optional[Path]:
@@ -179,3 +189,22 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def run_files_in(directory: Path) -> list[str]:
+    """The files of `directory` that a run would write (RUN_FILES, TensorBoard events)."""
+    found = [name for name in RUN_FILES if os.path.lexists(directory / name)]
+    return found + sorted(p.name for p in directory.glob(TENSORBOARD_EVENTS)) if directory.is_dir() else found
+
+
+def is_run_folder(folder: Path) -> bool:
+    """A folder `ponder train` wrote: it holds a checkpoint, the run lock, or a config.json of
+    ponder's (a folder of the user's own with a config.json is not one)."""
+    try:
+        found = run_files_in(folder)
+        if any(name in CHECKPOINT_FILES for name in found) or os.path.lexists(folder / LOCK_FILE):
+            return True
+        saved = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8")) if CONFIG_FILE in found else None
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and "ponder_cli" in saved

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from . import PonderError
+from . import PonderError, file_problem
 from .shipped import package_problem
 
 INSTALL_HINT = "--plot needs matplotlib: pip install matplotlib"
@@ -27,6 +27,11 @@ def check_destination(path: Path | str) -> Path:
     from matplotlib.backend_bases import FigureCanvasBase
 
     path = Path(path)
+    if path.is_dir():  # before a suffix is added: DIR is no name for DIR.png beside it
+        raise PonderError(f"--plot {path} is a directory; name a file, such as {path / 'plot.png'}")
+    problem = file_problem(path) if path.exists() else None
+    if problem is not None:  # /dev/null: no name for /dev/null.png beside it either
+        raise PonderError(f"--plot {path} {problem}; name a file, such as plot.png")
     if not path.suffix:
         path = path.with_suffix(".png")
     formats = FigureCanvasBase.get_supported_filetypes()
@@ -83,9 +88,11 @@ def plot_sweep(buckets: list[dict], fit: dict, path: Path | str, *, title: str =
         if points:
             ax_steps.plot(*zip(*points), style, markersize=4, alpha=0.6,
                           label=f"on {label} {'answers' if parity else 'digits'}")
-    slope = fit["steps_per_count"] if parity else fit["steps_per_10_degrees"] / 10
-    ax_steps.plot([angles[0], angles[-1]], [fit["steps_at_0"] + slope * a for a in (angles[0], angles[-1])], "-",
-                  label=f"{slope:+.3f} steps per count" if parity else f"{10 * slope:+.3f} steps per 10°")
+    slope = fit["steps_per_count"] if parity else fit["steps_per_10_degrees"]
+    if slope is not None:  # undefined through a single difficulty (reports.least_squares)
+        slope = slope if parity else slope / 10
+        ax_steps.plot([angles[0], angles[-1]], [fit["steps_at_0"] + slope * a for a in (angles[0], angles[-1])], "-",
+                      label=f"{slope:+.3f} steps per count" if parity else f"{10 * slope:+.3f} steps per 10°")
     xlabel, against = ("non-zero count (exact)", "count") if parity else ("|rotation| (degrees, exact)", "angle")
     ax_steps.set(xlabel=xlabel, ylabel="ponder steps", title=f"Steps against {against}")
     ax_acc.plot(angles, [b["accuracy"] for b in buckets], "o-")

@@ -88,6 +88,18 @@ def sparkline(values: list[float], width: int | None = None) -> str:
                    for v in values)
 
 
+def strict_json(value: Any) -> Any:
+    """`value` with every non-finite float (NaN, ±inf) replaced by None, at any depth: what
+    `-f json` prints must parse in any JSON reader (JavaScript's JSON.parse refuses NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(item) for item in value]
+    return value
+
+
 def _csv_cell(value: Any) -> Any:
     if value is None:
         return ""
@@ -159,14 +171,17 @@ class _Console(Console):
         raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
 
+PIPE_WIDTH = 80  # the output contract's width for a table that is not shown on a terminal
+
+
 def table_console(file: IO[str] | None = None, width: int | None = None) -> Console:
-    """The terminal's width ($COLUMNS or the window's); pipes and files get $COLUMNS when it is
-    set, else 200 columns, so that tables are not wrapped for a terminal they will never be
-    shown on."""
+    """The one place that decides a table's width: `width` when given, else $COLUMNS when set,
+    else the terminal's; pipes and files get PIPE_WIDTH (80) columns, the contract's, so that
+    `ponder info align > f` reads the same in any editor."""
     environ = _environ()
     console = _Console(file=file or sys.stdout, width=width, _environ=environ)
     if width is None and not console.is_terminal and "COLUMNS" not in environ:
-        console = _Console(file=file or sys.stdout, width=200, _environ=environ)
+        console = _Console(file=file or sys.stdout, width=PIPE_WIDTH, _environ=environ)
     return console
 
 
@@ -210,7 +225,12 @@ def render_table(rows: list[dict], columns: list[Column], *, title: str | None =
                              overflow="fold")
         for row_cells in cells:
             table.add_row(*(row_cells[i] for i in chunk))
-        console.print(table)
+        # a table whose unbreakable cells (a model's name, a figure) are wider than the terminal
+        # even split is printed wider, for the terminal to wrap whole lines: rich would otherwise
+        # squeeze it and break a name to type mid-word
+        needed = sum(widths) + _COLUMN_OVERHEAD * len(widths) + _TABLE_OVERHEAD
+        wider = _Console(file=console.file, width=needed, _environ=_environ()) if needed > console.width else console
+        wider.print(table)
 
 
 def render_report(report, fmt: OutputFormat | str, file: IO[str] | None = None, width: int | None = None) -> None:
@@ -219,19 +239,24 @@ def render_report(report, fmt: OutputFormat | str, file: IO[str] | None = None, 
     fmt = OutputFormat(fmt)
     file = file or sys.stdout
     if fmt is OutputFormat.json:
-        json.dump(report.as_json(), file, indent=2)  # ASCII whatever the text: JSON escapes the rest
+        # strict JSON (RFC 8259), which has no NaN or Infinity: a non-finite figure (a model
+        # with NaN weights) is null; ASCII whatever the text: JSON escapes the rest
+        json.dump(strict_json(report.as_json()), file, indent=2, allow_nan=False)
         file.write("\n")
     elif fmt is OutputFormat.csv:
         rows = report.csv_rows()
-        keys = list(dict.fromkeys(key for row in rows for key in row))
+        # no buckets (`ponder runs` before any run): the header of the metadata alone, not a blank line
+        keys = list(dict.fromkeys(key for row in rows for key in row)) or \
+            [key for key, value in report.meta.items() if not isinstance(value, dict)]
         text = io.StringIO()
         writer = csv.DictWriter(text, fieldnames=keys, lineterminator="\n")
         writer.writeheader()
         writer.writerows({key: _csv_cell(row.get(key)) for key in keys} for row in rows)
         file.write(spelling_for(file)(text.getvalue()))
     else:
-        render_table(report.rows, report.columns, title=report.title, caption=report.caption or None, file=file,
-                     width=width)
+        if report.rows or not report.footer:  # a table of no rows says less than its footer alone
+            render_table(report.rows, report.columns, title=report.title, caption=report.caption or None,
+                         file=file, width=width)
         if report.detail is not None:
             title, rows, columns = report.detail
             render_table(rows, columns, title=title, file=file, width=width)

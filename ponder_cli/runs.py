@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
-from . import PonderError, __version__
+from . import PonderError, __version__, file_problem
 from .checkpoint import load_checkpoint
 from .config import PonderConfig, inapplicable, spelled
 from .config_file import render_config
 from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST,  # noqa: F401
                       METRICS_FILE, RUNS_DIR, Resolved, RunLock, accepted_forms, check_unlocked,
-                      newest_run_checkpoint, resolve_checkpoint)
+                      newest_run_checkpoint, resolve_checkpoint, run_files_in)
 from .shipped import package_problem
 from .tasks import get_task
 
@@ -82,7 +82,8 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     unless overwrite is set.
     """
     if out is not None and out.exists() and not out.is_dir():
-        raise PonderError(f"--out {out} is a file; --out names the folder for best.pt and last.pt")
+        raise PonderError(f"--out {out} {file_problem(out) or 'is a file'}; --out names the folder for best.pt and "
+                          f"last.pt")
     problem = package_problem(out, f"--out {out}") if out is not None else None
     if problem:
         raise PonderError(f"{problem}; name a folder outside it, or leave out --out for a fresh folder under "
@@ -132,13 +133,20 @@ def _same_path(a: Path, b: Path) -> bool:
 
 
 def refuse_foreign_checkpoints(directory: Path, overwrite: bool) -> None:
-    """A folder that already holds checkpoints belongs to another run: never replace them silently."""
-    found = [name for name in CHECKPOINT_FILES if (directory / name).exists()]
+    """A folder that already holds any file a run writes (checkpoints, config.json, metrics.csv,
+    ...: another run's, or the user's own) is never written into silently: nothing of theirs is
+    replaced without --overwrite."""
+    found = run_files_in(directory)
     if not found or overwrite:
         return
-    raise PonderError(f"{directory} already holds another run's checkpoints ({', '.join(found)}); leave out --out "
-                      f"for a fresh folder under runs/, name another one, continue that run with "
-                      f"--resume {directory / 'last.pt'}, or pass --overwrite to replace them")
+    named = ", ".join(found[:6]) + (f" and {len(found) - 6} more" if len(found) > 6 else "")
+    if any(name in CHECKPOINT_FILES for name in found):
+        raise PonderError(f"{directory} already holds another run's checkpoints ({named}); leave out --out "
+                          f"for a fresh folder under runs/, name another one, continue that run with "
+                          f"--resume {directory / 'last.pt'}, or pass --overwrite to replace them")
+    raise PonderError(f"{directory} already holds files a run writes ({named}), which training would replace; "
+                      f"name another --out (or leave it out for a fresh folder under runs/), or pass --overwrite "
+                      f"to replace them")
 
 
 def run_dir_name(cfg: PonderConfig) -> str:

@@ -22,8 +22,8 @@ def _command_names():
 
 
 def test_every_command_is_covered_here():
-    assert _command_names() == ["calibrate", "compare", "eval", "extrapolate", "info", "models", "predict", "sweep",
-                                "train"]
+    assert _command_names() == ["calibrate", "compare", "eval", "extrapolate", "info", "models", "predict", "runs",
+                                "sweep", "train"]
 
 
 @pytest.mark.parametrize("command", [[]] + [[name] for name in _command_names()])
@@ -87,7 +87,7 @@ def test_one_json_contract(command, checkpoint, tiny_mnist, ponder):
     assert tuple(data)[:len(META_KEYS)] == META_KEYS and "buckets" in data
     assert data["command"] == command and data["checkpoints"] == [str(checkpoint)]
     assert (data["method"], data["step"], data["protocol"], data["halting"]) == ("pondernet", "mlp", "uniform", "sample")
-    assert data["seed"] == 1234
+    assert data["seed"] == 1234 and data["device"] == "cpu"
     assert [b["rotation"] for b in data["buckets"]] == [10.0, 20.0]
     for bucket in data["buckets"]:
         assert bucket["method"] == "pondernet" and bucket["step"] == "mlp" and bucket["images"] == 200
@@ -294,11 +294,11 @@ def test_columns_that_are_no_width_leave_the_table_whole(columns, monkeypatch):
     from ponder_cli.render import render_report
 
     monkeypatch.setenv("COLUMNS", columns)
-    out = io.StringIO()  # not a terminal: 200 columns, as when COLUMNS is unset
+    out = io.StringIO()  # not a terminal: 80 columns, as when COLUMNS is unset
     render_report(_eval_report("a.pt"), "table", file=out)
     text = out.getvalue()
     assert "0.9988" in text and "pondernet on the MNIST test set (a.pt)" in text
-    assert max(cell_len(line) for line in text.splitlines()) <= 200
+    assert max(cell_len(line) for line in text.splitlines()) <= 80
 
 
 @pytest.mark.parametrize("name,title", [("act", "act on the MNIST test set"), ("plain", "plain on the MNIST test set")])

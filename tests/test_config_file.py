@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -73,11 +74,31 @@ def test_a_mistake_in_a_file_is_one_message_naming_the_file_and_the_key(tmp_path
     assert message in str(caught.value)
 
 
-def test_a_missing_file_or_a_folder_is_named(tmp_path):
-    with pytest.raises(PonderError, match="no such file"):
+def test_a_missing_file_a_folder_or_a_device_is_named(tmp_path):
+    with pytest.raises(PonderError, match="nope.toml does not exist"):
         read_config_file(tmp_path / "nope.toml")
     with pytest.raises(PonderError, match="is a directory"):
         read_config_file(tmp_path)
+    # the same check as for checkpoints and predict's inputs: never "no such file" for /dev/null
+    with pytest.raises(PonderError, match="^--config /dev/null is a character device, not a regular file"):
+        read_config_file(Path("/dev/null"))
+    os.mkfifo(tmp_path / "fifo")  # never opened: reading a pipe would wait for a writer
+    with pytest.raises(PonderError, match="is a named pipe \\(FIFO\\), not a regular file"):
+        read_config_file(tmp_path / "fifo")
+
+
+def test_a_setting_that_does_not_apply_names_the_file_and_the_key(tmp_path, ponder, one_error_line):
+    config = tmp_path / "parity.toml"
+    config.write_text('[task]\ntask = "parity"\ntrain_rotation = 30\n')
+    line = one_error_line(ponder("train", "--config", config, "--print-config"))
+    assert line == f"Error: --config {config}: train_rotation applies to --task mnist, not parity"
+    config.write_text("[task]\ntrain_rotation = 30\n")  # the task from the command line, the key from the file
+    line = one_error_line(ponder("train", "--config", config, "--task", "parity", "--out", tmp_path / "run"))
+    assert line == f"Error: --config {config}: train_rotation applies to --task mnist, not parity"
+    assert not (tmp_path / "run").exists()
+    # a flag the user typed is still named as the flag
+    line = one_error_line(ponder("train", "--task", "parity", "--train-rotation", 30, "--print-config"))
+    assert line == "Error: --train-rotation applies to --task mnist, not parity"
 
 
 OPTION_SETS = [{}, {"step": "align"}, {"method": "act", "tau": 0.02}, {"method": "plain"},

@@ -290,6 +290,17 @@ def test_evaluation_on_cuda_agrees_with_the_cpu(tiny_mnist):
     assert on_gpu.mean_steps == pytest.approx(on_cpu.mean_steps, abs=0.02)
 
 
+def test_every_command_names_the_gpu_it_used(checkpoint, tiny_mnist, ponder):
+    """`--device auto` on a GPU machine: the stderr line names the GPU and why, the JSON `device`."""
+    import json
+
+    result = ponder("eval", checkpoint, "--angles", 10, "--data-dir", tiny_mnist, "-f", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["device"] == "cuda:0"
+    assert f"device cuda:0 ({torch.cuda.get_device_name(0)}) (--device auto: a CUDA GPU available)" in \
+        result.stderr.splitlines()
+
+
 # --- the shipped models on CUDA against the CPU ----------------------------------------------
 
 @pytest.mark.parametrize("name", ["reference", "align"])

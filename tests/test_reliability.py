@@ -160,8 +160,9 @@ def test_truncated_real_checkpoint(checkpoint, tmp_path, tiny_mnist, invoke, one
     path = tmp_path / "cut.pt"
     path.write_bytes(data[: len(data) // 2])
     line = one_error_line(invoke("eval", path, "--data-dir", tiny_mnist))
-    # torch's cause, its first sentence whole, and not the paragraph of advice after it
-    assert line.endswith("(PytorchStreamReader failed reading zip archive: failed finding central directory.)"), line
+    # what is wrong with the file, not torch's words for it ("failed finding central directory")
+    assert line.startswith(f"Error: checkpoint {path} is cut short or damaged: its zip archive has no end"), line
+    assert "central directory" not in line
 
 
 def test_long_messages_are_cut_at_a_word():
@@ -469,7 +470,7 @@ def test_latest_reads_the_newest_run_and_says_which(checkpoint, tiny_mnist, tmp_
     result = invoke("extrapolate", "latest", "--angles", 10, "--data-dir", tiny_mnist, "-f", "json")
     assert result.exit_code == 0, result.output
     newer = str(Path("runs") / "newer" / "best.pt")
-    assert result.stderr.splitlines() == [f"using {newer} (latest: the newest run under runs/)"]
+    assert result.stderr.splitlines()[0] == f"using {newer} (latest: the newest run under runs/)"
     assert json.loads(result.stdout)["checkpoints"] == [newer]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import math
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence, Union
@@ -22,7 +23,8 @@ from ..registry import DEFAULT_HALTING, DEFAULT_PROTOCOL
 from ..reports import (Report, calibration_report, combine_draws, comparison_report, evaluation_report,
                        group_by_configuration, mean_ci, sweep_report)
 from ..tasks import BUCKETS, derived_seed, get_task, task_names
-from .loading import check_halting, device_and_amp, load_one, resolve_named
+from .loading import check_halting, device_and_amp, load_one, on_device, resolve_named
+from .signals import stops_cleanly
 
 
 @dataclass(frozen=True)
@@ -71,11 +73,42 @@ def _test_set(task, options: EvalOptions, device):
     return task.test_data(options, device)
 
 
-def _progress_bar(total: int, enabled: bool):
-    """One tick per bucket evaluated (per checkpoint and angle), on stderr."""
+PROGRESS_EVERY = 5.0  # seconds between progress lines where stderr is no terminal
+
+
+class _Ticker:
+    """Evaluation progress where stderr is a log or a pipe, where a bar would be noise: a line
+    every PROGRESS_EVERY seconds (`evaluating: 3 of 8 buckets, 15 s, about 25 s to go`), the
+    last when all are done; an evaluation quicker than that prints none."""
+
+    def __init__(self, total: int, log: Callable[[str], None]):
+        self.total, self.log, self.done = total, log, 0
+        self.started = self.said = time.perf_counter()
+
+    def update(self, count: int = 1) -> None:
+        self.done += count
+        now = time.perf_counter()
+        if now - self.said < PROGRESS_EVERY and not (self.done == self.total and self.said > self.started):
+            return
+        self.said, elapsed = now, now - self.started
+        left = elapsed / self.done * (self.total - self.done)
+        self.log(f"evaluating: {self.done} of {self.total} buckets, {elapsed:.0f} s"
+                 + (f", about {left:.0f} s to go" if self.done < self.total else ", done"))
+
+    def __enter__(self) -> "_Ticker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def _progress_bar(total: int, enabled: bool, log: Callable[[str], None]):
+    """One tick per bucket evaluated (per checkpoint and angle), on stderr: a bar on a
+    terminal (`enabled`), else lines through `log` (_Ticker)."""
+    if not enabled:
+        return _Ticker(total, log)
     from tqdm import tqdm
-    return tqdm(total=total, desc="evaluating", unit="bucket", file=sys.stderr, disable=not enabled, leave=False,
-                dynamic_ncols=True)
+    return tqdm(total=total, desc="evaluating", unit="bucket", file=sys.stderr, leave=False, dynamic_ncols=True)
 
 
 def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int, amp: bool, *,
@@ -115,6 +148,7 @@ def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int
     return combined, rho, rho_ci
 
 
+@stops_cleanly("evaluation")
 def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], buckets: Buckets, options: EvalOptions,
                         *, log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
     """eval (with the loss) and extrapolate: one checkpoint, one bucket per spec the task reads
@@ -128,15 +162,15 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], bucket
     task = get_task(cfg)
     options = _with_protocol(task, options)
     specs = task.parse_buckets(spelled(buckets), command)
-    with _progress_bar(len(specs) * options.repeats, progress) as bar:
+    with _progress_bar(len(specs) * options.repeats, progress, log) as bar:
         test = _test_set(task, options, dev)
         seed = cfg.training.seed if options.seed is None else options.seed
         with_loss = command == "eval"
         buckets, rho, rho_ci = _bucket_dicts(model, cfg, test, specs, options, seed, amp, with_loss=with_loss,
                                              on_bucket=bar.update)
-    return evaluation_report(command, str(path), cfg, buckets, rho, protocol=_protocol(cfg, options),
-                             halting=buckets[0]["halting"], seed=seed, with_loss=with_loss, detail=options.detail,
-                             rho_ci=rho_ci, view=task.view())
+    return on_device(evaluation_report(command, str(path), cfg, buckets, rho, protocol=_protocol(cfg, options),
+                                       halting=buckets[0]["halting"], seed=seed, with_loss=with_loss,
+                                       detail=options.detail, rho_ci=rho_ci, view=task.view()), dev)
 
 
 def _with_protocol(task, options: EvalOptions) -> EvalOptions:
@@ -157,6 +191,7 @@ def _protocol(cfg, options: EvalOptions) -> Optional[str]:
     return options.protocol if get_task(cfg).uses_protocol else None
 
 
+@stops_cleanly("evaluation")
 def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float], stop: Optional[float],
                      every: Optional[float], options: EvalOptions, *,
                      log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
@@ -169,14 +204,16 @@ def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float],
     task = get_task(cfg)
     specs = task.sweep_specs(start, stop, every)
     fixed = replace(options, protocol="fixed")
-    with _progress_bar(len(specs) * options.repeats, progress) as bar:
+    with _progress_bar(len(specs) * options.repeats, progress, log) as bar:
         test = _test_set(task, options, dev)
         seed = cfg.training.seed if options.seed is None else options.seed
         buckets, rho, _ = _bucket_dicts(model, cfg, test, specs, fixed, seed, amp, with_loss=False,
                                         on_bucket=bar.update)
-    return sweep_report(str(path), cfg, buckets, rho, halting=buckets[0]["halting"], seed=seed, view=task.view())
+    return on_device(sweep_report(str(path), cfg, buckets, rho, halting=buckets[0]["halting"], seed=seed,
+                                  view=task.view()), dev)
 
 
+@stops_cleanly("evaluation")
 def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, options: EvalOptions, *,
                          tolerance: float = 0.005,
                          rules: Optional[list[str]] = None, log: Callable[[str], None] = lambda line: None,
@@ -207,7 +244,7 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
     specs = task.parse_buckets(spelled(buckets), "calibrate")
     seed = cfg.training.seed if options.seed is None else options.seed
     draws = derived_seed("calibrate", seed)
-    with _progress_bar(len(specs) * options.repeats, progress) as bar:
+    with _progress_bar(len(specs) * options.repeats, progress, log) as bar:
         data = task.calibration_data(options, dev)
 
         def buckets():
@@ -216,10 +253,11 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
                     yield task.bucket(data, spec, specs, model.max_steps, draws + k, options.protocol, draw=k)
                     bar.update()
         outcomes = rule_outcomes(model, buckets(), rules, batch_size=options.batch_size, amp=amp)
-    return calibration_report(str(path), cfg, outcomes, choose_rule(outcomes, tolerance), tolerance=tolerance,
-                              data=task.calibration_split,
-                              sets=[task.bucket_fields(spec, options.protocol) for spec in specs],
-                              protocol=_protocol(cfg, options), seed=seed, repeats=options.repeats, view=task.view())
+    return on_device(calibration_report(str(path), cfg, outcomes, choose_rule(outcomes, tolerance),
+                                        tolerance=tolerance, data=task.calibration_split,
+                                        sets=[task.bucket_fields(spec, options.protocol) for spec in specs],
+                                        protocol=_protocol(cfg, options), seed=seed, repeats=options.repeats,
+                                        view=task.view()), dev)
 
 
 def _weights_digest(state_dict: dict) -> str:
@@ -230,16 +268,17 @@ def _weights_digest(state_dict: dict) -> str:
     return digest.hexdigest()
 
 
+@stops_cleanly("evaluation")
 def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, options: EvalOptions, *,
                         log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
     """Several checkpoints on the same buckets (same inputs, same coin flips); checkpoints that
     differ only in the seed are one method, reported as mean ± sd over its distinct models. They
     must be of one task (parity: of one vector size); buckets as evaluate_checkpoint's."""
 
-    dev, amp = device_and_amp(options.device, options.amp)
     seed = options.seed if options.seed is not None else _default_seed()
     models, seen = {}, {}
     paths = [resolve_named(checkpoint, log) for checkpoint in checkpoints]  # every name checked before loading
+    dev, amp = device_and_amp(options.device, options.amp, log)
     for path in paths:  # load every file first: a bad one fails before any evaluation
         model, cfg, _ = load_model(path, dev)
         digest = _weights_digest(model.state_dict())
@@ -256,14 +295,15 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
     # one rule for every checkpoint, each method halting by its own where it has one
     options = _with_protocol(task, replace(options, halting=options.halting or DEFAULT_HALTING))
     specs = task.parse_buckets(spelled(buckets), "compare")
-    with _progress_bar(len(models) * len(specs) * options.repeats, progress) as bar:
+    with _progress_bar(len(models) * len(specs) * options.repeats, progress, log) as bar:
         test = _test_set(task, options, dev)
         groups = group_by_configuration([(path, cfg) for path, (_, cfg) in models.items()])
         results = [[_bucket_dicts(models[path][0], cfg, test, specs, options, seed, amp, with_loss=False,
                                   on_bucket=bar.update)[0]
                     for path, cfg in group.members] for group in groups]
-    return comparison_report(groups, results, specs, protocol=_protocol(first, options), halting=options.halting,
-                             seed=seed, repeats=options.repeats, view=task.view())
+    return on_device(comparison_report(groups, results, specs, protocol=_protocol(first, options),
+                                       halting=options.halting, seed=seed, repeats=options.repeats,
+                                       view=task.view()), dev)
 
 
 def _default_seed() -> int:

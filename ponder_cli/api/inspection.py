@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import json
-import math
+import warnings
 from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
-from .. import PonderError
+from .. import PonderError, PonderWarning, file_problem
 from ..checkpoint import load_checkpoint, load_model
 from ..config import seed_problems
-from ..folders import BEST, CONFIG_FILE, LAST, LOCK_FILE, Resolved, lock_holder, resolve_checkpoint
+from ..folders import (BEST, CONFIG_FILE, LAST, LOCK_FILE, RUN_FILES, RUNS_DIR, Resolved, is_run_folder, lock_holder,
+                       resolve_checkpoint)
 from ..methods import get_method
 from ..render import Column
-from ..reports import Report, info_report, make_meta, prediction_report
+from ..reports import Report, info_report, make_meta, prediction_report, runs_report
 from ..shipped import DEFAULT, SHIPPED, shipped_path
 from ..tasks import InputOptions, get_task
-from .loading import check_halting, device_and_amp, resolve_named
+from .loading import check_halting, device_and_amp, on_device, resolve_named
+from .signals import stops_cleanly
 
 
 PLOT_INPUTS = 16  # strips in one --plot figure: more would not be readable
@@ -39,12 +42,15 @@ class PredictOptions:
 
     def __post_init__(self) -> None:
         problems = seed_problems(self.seed, "--seed") if self.seed is not None else []
-        if self.rotate is not None and not math.isfinite(self.rotate):
-            problems.append(f"--rotate must be a finite number of degrees (got {self.rotate})")
+        # one turn either way: beyond it an angle means nothing more, and past float32's range
+        # (1e39) it is no angle at all; NaN fails the comparison too
+        if self.rotate is not None and not -360 <= self.rotate <= 360:
+            problems.append(f"--rotate must be a number of degrees from -360 to 360 (got {self.rotate:g})")
         if problems:
             raise PonderError(problems[0])
 
 
+@stops_cleanly("prediction")
 def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, Path]], options: PredictOptions, *,
                    log: Callable[[str], None] = lambda line: None) -> Report:
     """A model on the user's own files: the task reads them (MNIST: images and .npy arrays;
@@ -55,7 +61,7 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
     if not inputs:
         raise PonderError("predict needs at least one INPUT file")
     path = resolve_named(checkpoint, log)
-    dev, _ = device_and_amp(options.device, False)
+    dev, _ = device_and_amp(options.device, False, log)
     model, cfg, _ = load_model(path, dev)
     options = replace(options, halting=check_halting(cfg, options.halting))
     task, method = get_task(cfg), get_method(cfg)
@@ -95,8 +101,8 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
     if options.views and count > PLOT_INPUTS:
         log(f"--plot draws the first {PLOT_INPUTS} of the {count} inputs")
     view = task.view()
-    return prediction_report(str(path), cfg, buckets, halting=used, seed=seed, steps=options.steps, views=views,
-                             view=view, rotate=options.rotate, invert=options.invert)
+    return on_device(prediction_report(str(path), cfg, buckets, halting=used, seed=seed, steps=options.steps,
+                                       views=views, view=view, rotate=options.rotate, invert=options.invert), dev)
 
 
 def _info_file(target: Union[str, Path, None]):
@@ -105,10 +111,54 @@ def _info_file(target: Union[str, Path, None]):
 
     folder = Path(target) if target is not None else None
     if folder is not None and folder.is_dir() and not any((folder / name).is_file() for name in (LAST, BEST)):
-        raise PonderError(f"{folder} holds no {LAST} or {BEST}: name a run folder, a checkpoint file, "
-                          f"latest or a shipped model")
+        if is_run_folder(folder):
+            raise PonderError(f"{folder} is a run folder with no checkpoint yet: {_without_checkpoint(folder)}")
+        if not any(is_run_folder(sub) for sub in folder.iterdir() if sub.is_dir()):
+            raise PonderError(f"{folder} holds no {LAST} or {BEST}: name a run folder, a checkpoint file, "
+                              f"latest or a shipped model")
+        return resolve_checkpoint(target, file=LAST)  # a folder of runs: said there
     file = BEST if folder is not None and folder.is_dir() and not (folder / LAST).is_file() else LAST
     return resolve_checkpoint(target, file=file)
+
+
+def _without_checkpoint(folder: Path) -> str:
+    """What a run folder with no checkpoint is: a run in its first epoch, or one that ended before."""
+    holder = lock_holder(folder / LOCK_FILE)
+    if holder is not None:
+        return f"training now (PID {holder}), its first epoch not finished"
+    return "no epoch was saved (the run failed or was stopped before its first epoch ended)"
+
+
+def run_status(state, path: Path) -> tuple[str, str]:
+    """How the run whose checkpoint `path` holds `state` went, as a word (finished, stopped
+    early, interrupted, running, best epoch) and as a sentence for `info`."""
+    cfg, folder = state.config, path.parent
+    patience = cfg.training.patience
+    stopped_early = bool(patience) and state.epochs_without_improvement >= patience
+    holder = lock_holder(folder / LOCK_FILE)
+    resumable = all(getattr(state, key) is not None for key in state.RESUME_KEYS)
+    if path.name != LAST and state.epoch == state.best_epoch:
+        # a best.pt (the shipped models among them) is a snapshot of the best epoch: it cannot tell
+        # how its run went on
+        text = f"its run's best epoch, saved after epoch {state.epoch} of {cfg.training.epochs}"
+        if (folder / LAST).is_file():
+            text += f"; the run's latest state is {folder / LAST}"
+        return "best epoch", text
+    if holder is not None:
+        return "running", f"training now (PID {holder})"
+    if stopped_early:
+        return "stopped early", (f"stopped early after epoch {state.epoch} (no better validation accuracy for "
+                                 f"{patience} epochs)")
+    if state.epoch < cfg.training.epochs:
+        text = f"interrupted after epoch {state.epoch} of {cfg.training.epochs}"
+        if resumable:
+            text += f"; resume with: ponder train --resume {path}"
+        return "interrupted", text
+    return "finished", "finished"
+
+
+def _best(state) -> Optional[dict]:
+    return next((h for h in state.history if h.get("epoch") == state.best_epoch), None)
 
 
 def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lambda line: None) -> Report:
@@ -122,34 +172,13 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
     state = load_checkpoint(resolved.path)
     cfg, folder = state.config, resolved.path.parent
     sources = {}
-    if (folder / CONFIG_FILE).is_file():
-        try:
-            saved = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
-            if saved.get("config") == cfg.to_dict():  # the same run's record, not a stale one
-                sources = saved.get("sources") or {}
-        except (OSError, ValueError, AttributeError):
-            pass
+    saved = _saved_run_config(folder)
+    if saved is not None and saved.get("config") == cfg.to_dict():  # the same run's record, not a stale one
+        sources = saved.get("sources") or {}
+    _, status = run_status(state, resolved.path)
     stopped_early = bool(cfg.training.patience) and state.epochs_without_improvement >= cfg.training.patience
-    holder = lock_holder(folder / LOCK_FILE)
     resumable = all(getattr(state, key) is not None for key in state.RESUME_KEYS)
-    if resolved.path.name != LAST and state.epoch == state.best_epoch:
-        # a best.pt (the shipped models among them) is a snapshot of the best epoch: it cannot tell
-        # how its run went on
-        status = f"its run's best epoch, saved after epoch {state.epoch} of {cfg.training.epochs}"
-        if (folder / LAST).is_file():
-            status += f"; the run's latest state is {folder / LAST}"
-    elif holder is not None:
-        status = f"training now (PID {holder})"
-    elif stopped_early:
-        status = (f"stopped early after epoch {state.epoch} (no better validation accuracy for "
-                  f"{cfg.training.patience} epochs)")
-    elif state.epoch < cfg.training.epochs:
-        status = f"interrupted after epoch {state.epoch} of {cfg.training.epochs}"
-        if resumable:
-            status += f"; resume with: ponder train --resume {resolved.path}"
-    else:
-        status = "finished"
-    best = next((h for h in state.history if h.get("epoch") == state.best_epoch), None)
+    best = _best(state)
     summary = {"file": str(resolved.path), "status": status, "epochs_trained": state.epoch,
                "epochs_planned": cfg.training.epochs, "best_epoch": state.best_epoch or None,
                "best_val_accuracy": best["val_accuracy"] if best else None,
@@ -191,3 +220,74 @@ def shipped_models(*, log: Callable[[str], None] = lambda line: None) -> Report:
     return Report(meta=meta, buckets=buckets, columns=MODEL_COLUMNS, title="Shipped models",
                   caption=f"val: the best epoch's validation figures · default: {DEFAULT}\n"
                           "evaluate one by name: ponder eval NAME; more: ponder info NAME")
+
+
+def _saved_run_config(folder: Path) -> Optional[dict]:
+    """A run folder's config.json, or None where there is none or it is not readable JSON."""
+    try:
+        saved = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
+# runs ------------------------------------------------------------------------------------------
+
+def list_runs(folders: Sequence[Union[str, Path]] = (), *, log: Callable[[str], None] = lambda line: None) -> Report:
+    """`ponder runs`: every run folder under runs/ (or under each of `folders`, or each of them
+    that is itself a run folder), oldest first: its task, method and step, status (finished,
+    stopped early, interrupted, running, empty: no checkpoint, unreadable; best epoch: only a
+    best.pt), the epochs trained
+    and planned, the best epoch and its validation figures, and when it last wrote."""
+
+    roots = [Path(f) for f in folders] or [RUNS_DIR]
+    found: list[Path] = []
+    for root in roots:
+        problem = file_problem(root)
+        if problem is not None and problem != "is a directory":
+            if root == RUNS_DIR and not folders and problem == "does not exist":
+                continue  # no run trained here yet: an empty list, not an error
+            raise PonderError(f"{root} {problem}; name a folder of runs (default: {RUNS_DIR}/) or a run folder")
+        if problem is None:
+            raise PonderError(f"{root} is a file; name a folder of runs (default: {RUNS_DIR}/) or a run folder")
+        if is_run_folder(root):
+            found.append(root)
+        else:
+            found += sorted(p for p in root.iterdir() if p.is_dir() and is_run_folder(p))
+    rows = sorted((_run_row(folder) for folder in dict.fromkeys(found)), key=lambda row: (row["when"] or "", row["run"]))
+    return runs_report(rows, [str(root) for root in roots])
+
+
+def _run_row(folder: Path) -> dict:
+    """One run folder as a row of `ponder runs`, from its last.pt (else its best.pt), or its
+    config.json when it holds no checkpoint yet."""
+    row = {"run": str(folder), "task": None, "method": None, "step": None, "status": "empty", "epoch": None,
+           "epochs": None, "best_epoch": None, "best_val_accuracy": None, "best_val_steps": None,
+           "checkpoint": None, "when": None}
+    files = [folder / name for name in (*RUN_FILES, LOCK_FILE) if (folder / name).is_file()]
+    if files:
+        stamp = max(f.stat().st_mtime for f in files)
+        row["when"] = datetime.fromtimestamp(stamp).astimezone().isoformat(timespec="seconds")
+    saved = _saved_run_config(folder)
+    config = saved.get("config") if saved is not None and isinstance(saved.get("config"), dict) else {}
+    row.update({key: config.get(key) for key in ("task", "method", "step")})
+    row["epochs"] = config.get("epochs")
+    path = next((folder / name for name in (LAST, BEST) if (folder / name).is_file()), None)
+    if path is None:
+        if lock_holder(folder / LOCK_FILE) is not None:
+            row["status"] = "running"
+        return row
+    row["checkpoint"] = str(path)
+    try:
+        with warnings.catch_warnings():  # a model whose weights are not finite is listed all the same
+            warnings.simplefilter("ignore", PonderWarning)
+            state = load_checkpoint(path)
+    except PonderError:
+        row["status"] = "unreadable"
+        return row
+    cfg, best = state.config, _best(state)
+    row.update(task=cfg.task.name, method=cfg.method.name, step=cfg.step.name, epoch=state.epoch,
+               epochs=cfg.training.epochs, status=run_status(state, path)[0], best_epoch=state.best_epoch or None,
+               best_val_accuracy=best["val_accuracy"] if best else None,
+               best_val_steps=best["val_steps"] if best else None)
+    return row

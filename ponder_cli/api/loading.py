@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+import torch
+
 from .. import PonderError
 from ..checkpoint import load_model
 from ..methods import get_method
@@ -13,10 +15,38 @@ from ..runs import resolve_checkpoint
 from ..runtime import resolve_device
 
 
-def device_and_amp(device: str, amp: Optional[bool]):
-
+def device_and_amp(device: str, amp: Optional[bool], log: Optional[Callable[[str], None]] = None):
+    """The device --device names (`auto`: CUDA when there is a GPU) and whether to use mixed
+    precision; with `log`, the device said on stderr (device_line)."""
     dev = resolve_device(device)
+    if log is not None:
+        log(device_line(dev, device))
     return dev, (dev.type == "cuda" if amp is None else amp)
+
+
+def device_line(dev, asked: str) -> str:
+    """`device cpu (--device auto: no CUDA GPU available)`, `device cuda:0 (NVIDIA H100 80GB
+    HBM3)`: what a command computes on, and why where --device auto chose. The same words on
+    every machine without a GPU, so that examples of the output hold anywhere."""
+    name = device_name(dev)
+    if dev.type == "cuda":
+        name += f" ({torch.cuda.get_device_name(dev)})"
+    if asked.strip().lower() != "auto":
+        return f"device {name}"
+    return f"device {name} (--device auto: {'a CUDA GPU' if dev.type == 'cuda' else 'no CUDA GPU'} available)"
+
+
+def device_name(dev) -> str:
+    """"cpu", "cuda:0": a CUDA device by its index, which --device auto leaves out."""
+    if dev.type == "cuda" and dev.index is None:
+        return f"cuda:{torch.cuda.current_device()}"
+    return str(dev)
+
+
+def on_device(report, dev):
+    """The report with the device it was computed on in its metadata (the JSON's `device`)."""
+    report.meta["device"] = device_name(dev)
+    return report
 
 
 def resolve_named(checkpoint, log: Callable[[str], None]):
@@ -31,7 +61,7 @@ def load_one(checkpoint, options, log: Callable[[str], None]):
     """The model a CHECKPOINT argument names (default: the shipped reference model) and its device."""
 
     path = resolve_named(checkpoint, log)
-    dev, amp = device_and_amp(options.device, options.amp)
+    dev, amp = device_and_amp(options.device, options.amp, log)
     model, cfg, _ = load_model(path, dev)
     return path, dev, amp, model, cfg
 

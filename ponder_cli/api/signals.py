@@ -1,24 +1,28 @@
-"""Training stops cleanly on a signal: SIGTERM interrupts like Ctrl-C (the last completed epoch
-is saved and the error says how to resume), and under torchrun only the first signal counts."""
+"""Commands stop cleanly on a signal, one mechanism for all (`interruptible`): Ctrl-C, and
+SIGTERM like it, end in one `Interrupted:` (exit 130) or `Terminated:` (143) line saying what was
+kept: training's last completed epoch and how to resume, an evaluation's nothing. Under torchrun
+only the first signal counts."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import threading
+from typing import Callable
 
 from .. import PonderError
 
 
 class Interrupted(PonderError):
-    """Training stopped by Ctrl-C: the last completed epoch is saved."""
+    """A command stopped by Ctrl-C (training: the last completed epoch is saved)."""
     exit_code = 130
     headline = "Interrupted"
     run_wide = True  # under torchrun every rank stops; rank 0 alone says where the run is saved
 
 
 class Terminated(Interrupted):
-    """Training stopped by SIGTERM (kill, a job scheduler, a container stopping): as Ctrl-C,
+    """A command stopped by SIGTERM (kill, a job scheduler, a container stopping): as Ctrl-C,
     with the shell's exit status for that signal, 128 + 15."""
     exit_code = 143
     headline = "Terminated"
@@ -77,3 +81,27 @@ def sigterm_as_interrupt(torchrun: bool = False):
         else:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def interruptible(kept: Callable[[], str], torchrun: bool = False):
+    """Ctrl-C or SIGTERM inside becomes Interrupted or Terminated, whose message is `kept()`
+    (what was saved, asked once the signal came: training's resume hint); SIGTERM interrupts
+    like Ctrl-C (sigterm_as_interrupt). Cleanup inside (a `finally`) runs before `kept` is asked."""
+    with sigterm_as_interrupt(torchrun):
+        try:
+            yield
+        except KeyboardInterrupt as exc:
+            raise (Terminated if isinstance(exc, _SigTerm) else Interrupted)(kept()) from None
+
+
+def stops_cleanly(what: str):
+    """A command's api function, interruptible: `Interrupted: evaluation stopped before its
+    results; nothing was written` rather than a silent exit 130 or a traceback."""
+    def decorate(function):
+        @functools.wraps(function)
+        def run(*args, **kwargs):
+            with interruptible(lambda: f"{what} stopped before its results; nothing was written"):
+                return function(*args, **kwargs)
+        return run
+    return decorate

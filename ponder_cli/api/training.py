@@ -21,9 +21,9 @@ from ..runs import plan_training, resolve_config
 from ..runtime import amp_dtype
 from ..tasks import get_task
 from ..train import train
-from .loading import device_and_amp
+from .loading import device_and_amp, device_name, on_device
 from .run_folder import RunFolder
-from .signals import Interrupted, Terminated, _SigTerm, ignore_signals, sigterm_as_interrupt
+from .signals import ignore_signals, interruptible
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -
         log(epoch_line(stats, cfg.training.epochs))
 
     finished = False
-    with sigterm_as_interrupt(torchrun=where is not None):
+    with interruptible(folder.resume_hint, torchrun=where is not None):
         try:
             task = get_task(cfg)
             train_set, val_set = task.load_training(resolve_data_dir(options.data_dir), options.download)
@@ -137,8 +137,6 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -
                            on_epoch=on_epoch, progress=options.progress and main, log=log,
                            cuda_graphs=options.cuda_graphs)
             finished = True
-        except KeyboardInterrupt as exc:
-            raise (Terminated if isinstance(exc, _SigTerm) else Interrupted)(folder.resume_hint()) from None
         except RuntimeError as exc:
             if not distributed.lost_peer(exc):
                 raise
@@ -149,12 +147,13 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -
         finally:
             folder.release(finished)
     distributed.teardown()
-    return training_report(cfg, result, time.perf_counter() - started, view=get_task(cfg).view()) if main else None
+    return on_device(training_report(cfg, result, time.perf_counter() - started, view=get_task(cfg).view()),
+                     dev) if main else None
 
 
 def _training_line(cfg, data: str, dev, amp: bool, where, plan) -> str:
     """What is trained on what: `training pondernet (step mlp) on 55000 images, ..., device cpu`."""
-    return (f"training {cfg.method.name} (step {cfg.step.name}) {data}, device {dev}"
+    return (f"training {cfg.method.name} (step {cfg.step.name}) {data}, device {device_name(dev)}"
             f"{', amp ' + str(amp_dtype(dev)).removeprefix('torch.') if amp else ''}"
             f"{f', {where.world_size} processes, global batch {cfg.training.batch_size}' if where else ''}"
             f"{', resuming after epoch ' + str(plan.resume.epoch) if plan.resume else ''}")

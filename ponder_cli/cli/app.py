@@ -44,6 +44,10 @@ class PonderGroup(TyperGroup):
             raise
         except PonderError as exc:
             _fail(f"{exc.headline}: {exc}", exc.exit_code, exc)
+        except KeyboardInterrupt as exc:
+            # Ctrl-C before a command's own handling began (api.signals.interruptible says what
+            # it kept): nothing was written yet; the shell's status for SIGINT, not click's "Aborted!"
+            _fail("Interrupted: stopped before any result; nothing was written", 130, exc)
         except OSError as exc:
             _fail(f"Error: {exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}", 1, exc)
 

@@ -15,7 +15,7 @@ from ..cli_options import (
     RequiredCheckpointArgument,
     path_option,
 )
-from ..folders import LATEST
+from ..folders import LATEST, RUNS_DIR
 from ..render import OutputFormat
 from ..shipped import DEFAULT
 from .app import app, chatter, render_and_plot
@@ -86,3 +86,17 @@ def models(
     from ..api.inspection import shipped_models
 
     render_and_plot(shipped_models(log=chatter(quiet)), fmt, None, quiet)
+
+
+@app.command()
+def runs(
+    folders: Optional[List[Path]] = typer.Argument(None, metavar="FOLDER", show_default=False,
+                                                   help=f"Folders of runs, or run folders. [default: {RUNS_DIR}]"),
+    quiet: bool = QuietOption,
+    fmt: OutputFormat = FormatOption,
+) -> None:
+    """Your training runs: each run folder's task, method, step, status (finished, stopped early, interrupted,
+    running, empty), epochs, best epoch and validation accuracy, and when it last wrote."""
+    from ..api import list_runs
+
+    render_and_plot(list_runs(folders or [], log=chatter(quiet)), fmt, None, quiet)

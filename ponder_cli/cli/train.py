@@ -97,8 +97,9 @@ PRINT_CONFIG_OPTION = typer.Option(False, "--print-config", help="Print the sett
                                    "JSON), and exit.")
 OUT_OPTION = path_option("--out", show_default=False, help="Folder for best.pt and last.pt. "
                           "[default: a new runs/METHOD-STEP-seedSEED, or the resumed run's folder]")
-OVERWRITE_OPTION = typer.Option(False, "--overwrite", help="Replace the checkpoints of another run in "
-                                "--out.")
+OVERWRITE_OPTION = typer.Option(False, "--overwrite", help="Replace the files of another run in --out "
+                                "(checkpoints, config.json, metrics.csv, ...): without it such a folder is "
+                                "refused.")
 AMP_OPTION = typer.Option(None, "--amp/--no-amp", hidden=True)
 CUDA_GRAPHS_OPTION = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", hidden=True)
 RESUME_OPTION = typer.Option(None, "--resume", metavar="CHECKPOINT",

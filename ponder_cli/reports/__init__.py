@@ -27,4 +27,5 @@ from .evaluation import (  # noqa: F401
     sweep_columns,
     sweep_report,
 )
-from .runs import HISTORY_COLUMNS, PREDICT_COLUMNS, TRAIN_COLUMNS, info_report, prediction_report, training_report  # noqa: F401
+from .runs import (HISTORY_COLUMNS, PREDICT_COLUMNS, RUNS_COLUMNS, TRAIN_COLUMNS, info_report,  # noqa: F401
+                   prediction_report, runs_report, training_report)

@@ -9,7 +9,8 @@ from typing import Callable, Optional
 
 from ..render import Column
 
-META_KEYS = ("command", "task", "checkpoints", "method", "step", "protocol", "halting", "seed")
+# device: what the figures were computed on ("cpu", "cuda:0"); null where nothing was (info, models, runs)
+META_KEYS = ("command", "task", "checkpoints", "method", "step", "protocol", "halting", "seed", "device")
 
 
 @dataclass
@@ -40,14 +41,15 @@ class Report:
 
 def make_meta(command: str, checkpoints: list[str], methods: list[str], steps: list[str], *,
               protocol: Optional[str], halting: Optional[str], seed: Optional[int], task: str,
-              **extra) -> dict:
+              device: Optional[str] = None, **extra) -> dict:
     """The shared metadata; method and step are null when the checkpoints differ in them (every
-    bucket then carries its own). protocol: MNIST's rotation protocol, null for parity."""
+    bucket then carries its own). protocol: MNIST's rotation protocol, null for parity; device: set
+    by the api function that computed the figures (api.loading.on_device)."""
     def one(values):
         distinct = sorted(set(values))
         return distinct[0] if len(distinct) == 1 else None
     return {"command": command, "task": task, "checkpoints": checkpoints, "method": one(methods),
-            "step": one(steps), "protocol": protocol, "halting": halting, "seed": seed, **extra}
+            "step": one(steps), "protocol": protocol, "halting": halting, "seed": seed, "device": device, **extra}
 
 
 @dataclass(frozen=True)

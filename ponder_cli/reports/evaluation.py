@@ -109,14 +109,18 @@ def per_step_table(buckets: list[dict], *, expected: bool,
 
 # sweep: the "mental rotation" view -------------------------------------------------------------
 
-def least_squares(xs: list[float], ys: list[float]) -> tuple[float, float, Optional[float]]:
-    """Slope, intercept and r^2 of the least-squares line y = slope * x + intercept."""
+def least_squares(xs: list[float], ys: list[float]) -> tuple[Optional[float], Optional[float], Optional[float]]:
+    """Slope, intercept and r^2 of the least-squares line y = slope * x + intercept; a line needs
+    two distinct x: with fewer, slope and intercept are None (undefined, not 0), and so is r^2
+    when every y is the same."""
     mx, my = statistics.mean(xs), statistics.mean(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
+    if not sxx:
+        return None, None, None
     sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
     syy = sum((y - my) ** 2 for y in ys)
-    slope = sxy / sxx if sxx else 0.0
-    return slope, my - slope * mx, (sxy * sxy / (sxx * syy) if sxx and syy else None)
+    slope = sxy / sxx
+    return slope, my - slope * mx, (sxy * sxy / (sxx * syy) if syy else None)
 
 
 def sweep_columns(first: Column) -> list[Column]:
@@ -138,12 +142,16 @@ def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float]
                                protocol="fixed" if view.protocol is not None else None, halting=halting, seed=seed,
                                with_loss=False, detail=False, view=view)
     slope, intercept, r2 = least_squares([b[words.sweep_key] for b in buckets], [b["mean_steps"] for b in buckets])
-    report.meta["fit"] = {words.sweep_fit: words.sweep_scale * slope, "steps_at_0": intercept, "r2": r2}
+    report.meta["fit"] = {words.sweep_fit: None if slope is None else words.sweep_scale * slope,
+                          "steps_at_0": intercept, "r2": r2}
     report.columns = sweep_columns(Column(words.sweep_key, words.sweep_header, "g"))
     report.title = f"{cfg.method.name} {words.sweep_name} sweep ({checkpoint})"
-    report.caption += (f"\nleast squares: steps = {intercept:.2f} {'-' if slope < 0 else '+'} "
-                       f"{abs(words.sweep_scale * slope):.3f} per {words.sweep_unit}"
-                       + (f" (r² {r2:.2f})" if r2 is not None else ""))
+    if slope is None:
+        report.caption += f"\nleast squares: undefined (one {words.sweep_header} only; a slope needs two)"
+    else:
+        report.caption += (f"\nleast squares: steps = {intercept:.2f} {'-' if slope < 0 else '+'} "
+                           f"{abs(words.sweep_scale * slope):.3f} per {words.sweep_unit}"
+                           + (f" (r² {r2:.2f})" if r2 is not None else ""))
     report.plot_kind = "sweep"
     return report
 

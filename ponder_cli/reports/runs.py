@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+from typing import Optional
 
 from ..render import Column, cell_text, value_text
 from .contract import Report, TaskView, describe_model, make_meta
@@ -115,3 +118,60 @@ def info_report(checkpoint: str, cfg, history: list[dict], summary: dict, *, sho
                   detail=("History", table, HISTORY_COLUMNS) if history else None,
                   footer="" if history else "no per-epoch history in this checkpoint",
                   plot_series={"history": history, "best": [{"epoch": best}]}, plot_kind="history")
+
+
+# runs ------------------------------------------------------------------------------------------
+
+def age(when: Optional[str], now: Optional[datetime] = None) -> str:
+    """An ISO time as a table shows it: how long ago (5 min ago, 3 h ago, 2 days ago), its date
+    once two months old; "-" for none."""
+    if not when:
+        return "-"
+    then = datetime.fromisoformat(when)
+    seconds = ((now or datetime.now(then.tzinfo)) - then).total_seconds()
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            count = int(seconds // size)
+            return then.date().isoformat() if unit == "days" and count > 60 else \
+                f"{count} {'day' if unit == 'days' and count == 1 else unit} ago"
+    return "just now"
+
+
+def _model(row: dict) -> str:
+    return " ".join(p for p in (row["method"], row["step"], row["task"]) if p) or "-"
+
+
+def _status(row: dict) -> str:
+    return row["status"] if row["epoch"] is None else f"{row['status']} at {row['epoch']}/{row['epochs']}"
+
+
+def _best(row: dict) -> str:
+    if row["best_epoch"] is None:
+        return "-"
+    return f"{cell_text(row['best_val_accuracy'], '.4f')} (epoch {row['best_epoch']})"
+
+
+# narrow enough for 80 columns with a parity run's 32-character name: the epochs go with the
+# status, the best epoch with its figure, the time as an age (the JSON has each on its own)
+RUNS_COLUMNS = [
+    # the folder's own name: the title names the folders they are in (the JSON: every path)
+    Column("run", "run", text=lambda row: Path(row["run"]).name or row["run"], wrap=True),
+    Column("model", "method step task", text=_model, wrap=True),
+    Column("status", "status at epoch", text=_status, wrap=True),
+    Column("best_val_accuracy", "best val acc", text=_best, wrap=True),
+    Column("when", "last written", text=lambda row: age(row["when"]), wrap=True),
+]
+
+
+def runs_report(rows: list[dict], folders: list[str]) -> Report:
+    """runs: one bucket per run folder (api.inspection.list_runs), oldest first."""
+    def one(key):
+        values = {row[key] for row in rows}
+        return values.pop() if len(values) == 1 else None
+    meta = {"command": "runs", "task": one("task"), "checkpoints": [row["checkpoint"] for row in rows
+                                                                   if row["checkpoint"]],
+            "method": one("method"), "step": one("step"), "protocol": None, "halting": None, "seed": None,
+            "device": None, "folders": folders, "runs": len(rows)}
+    where = ", ".join(f"{folder}/" for folder in folders)
+    return Report(meta=meta, buckets=rows, columns=RUNS_COLUMNS, title=f"Runs under {where}",
+                  footer="" if rows else f"no run under {where} yet: `ponder train` writes one there")

@@ -40,7 +40,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Optional
 
-from .. import PonderError, special_file_kind
+from .. import PonderError, file_problem
 from ..registry import TASKS, task_class
 
 BUCKETS = "--buckets"  # the spelling of buckets that every task reads, in its own terms
@@ -203,9 +203,17 @@ def load_array(path):
     import numpy as np  # the CLI imports this package's torch-free modules at start-up: no numpy then
 
     try:
-        return np.load(path, allow_pickle=False)
+        # mapped first: a header that promises more than the file holds (a file cut short, or
+        # made to exhaust memory) fails here, before anything is allocated
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+        return np.array(array) if isinstance(array, np.memmap) else array
     except (ValueError, OSError, EOFError) as exc:
+        if "mmap length is greater than file size" in str(exc):  # numpy's words for it
+            raise PonderError(f"{path}: a .npy array cut short: its header promises more data than the file "
+                              f"holds") from None
         raise PonderError(f"{path}: not a readable .npy array ({exc})") from None
+    except MemoryError:
+        raise PonderError(f"{path}: too large to load into memory; give fewer inputs per file") from None
 
 
 def load_inputs(path, shape: tuple, what: str):
@@ -231,10 +239,8 @@ def check_input_file(path, wanted: str) -> None:
     """A user's INPUT must be an existing regular file; `wanted` names what this task reads, for
     the message about anything else."""
 
-    if not path.exists():
+    problem = file_problem(path)
+    if problem == "does not exist":
         raise PonderError(f"{path}: no such file")
-    if path.is_dir():
-        raise PonderError(f"{path} is a directory; name {wanted}")
-    kind = special_file_kind(path)
-    if kind is not None:  # reading a pipe would wait for a writer; a device holds no inputs
-        raise PonderError(f"{path} is {kind}, not a regular file; name {wanted}")
+    if problem is not None:  # reading a pipe would wait for a writer; a device holds no inputs
+        raise PonderError(f"{path} {problem}; name {wanted}")

@@ -103,7 +103,20 @@ def _gray(path):
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     try:
-        with Image.open(path) as image:
+        with warnings.catch_warnings():
+            # Pillow's guard against decompression bombs (a few hundred KB that decode to
+            # gigabytes) only warns below twice its limit: here every image over it is refused
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(path)
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError):
+        raise PonderError(f"{path}: refused, an image of more than {Image.MAX_IMAGE_PIXELS:,} pixels (Pillow's guard "
+                          f"against decompression bombs); scale it down, a digit needs few pixels") from None
+    except UnidentifiedImageError:
+        raise PonderError(f"{path}: not an image file Pillow can read (PNG, JPEG, ...) nor a .npy array") from None
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise PonderError(f"{path}: cannot read the image ({getattr(exc, 'strerror', None) or exc})") from None
+    try:
+        with image:
             image = ImageOps.exif_transpose(image)  # a photo as the camera held it
             if image.mode in ("I", "I;16", "I;16B", "I;16L", "F"):
                 pixels = np.asarray(image, dtype=np.float64)
@@ -114,8 +127,6 @@ def _gray(path):
                 white = Image.new("RGBA", image.size, (255, 255, 255, 255))
                 image = Image.alpha_composite(white, image)
             return np.asarray(image.convert("L"), dtype=np.float64) / 255
-    except UnidentifiedImageError:
-        raise PonderError(f"{path}: not an image file Pillow can read (PNG, JPEG, ...) nor a .npy array") from None
     except (OSError, ValueError, SyntaxError) as exc:  # truncated or corrupt image data
         raise PonderError(f"{path}: cannot read the image ({getattr(exc, 'strerror', None) or exc})") from None
 
