@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synthe
 from ponder_cli.config import PonderConfig  # noqa: E402
 from ponder_cli.data import default_data_dir, load_mnist, prepare_batch, train_val_split  # noqa: E402
 from ponder_cli.tasks.mnist import evaluate, evaluation_draws  # noqa: E402
-from ponder_cli.losses import geometric_log_prior, ponder_loss  # noqa: E402
+from ponder_cli.methods import geometric_log_prior, ponder_loss  # noqa: E402
 from ponder_cli.checkpoint import new_model
 from ponder_cli.methods import get_method  # noqa: E402
 from ponder_cli.model import PonderNet, PonderOutput  # noqa: E402

@@ -23,7 +23,7 @@ CONFIG_TOML = "config.toml"  # the settings as `ponder train --config` reads the
 ENVIRONMENT_FILE = "environment.json"  # what the run ran on (api/run_folder.py)
 LATEST = "latest"  # the CHECKPOINT word for the newest run under runs/
 LOCK_FILE = ".ponder.lock"
-TENSORBOARD_EVENTS = "events.out.tfevents.*"  # what `train --tensorboard` writes (tensorboard_log.py)
+TENSORBOARD_EVENTS = "events.out.tfevents.*"  # what `train --tensorboard` writes (api/run_folder.py)
 # every file a run writes into its folder: a folder holding any of them is not a fresh one
 RUN_FILES = (*CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, METRICS_FILE, ENVIRONMENT_FILE)
 

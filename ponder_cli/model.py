@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 from .halting import EarlyExitRule
-from .truncation import StopAfterFirstStep
+from .halting import StopAfterFirstStep
 from .registry import step_class
 from .steps import select_rows
 

@@ -17,14 +17,14 @@ TASKS = {
 STEPS = {
     "mlp": "ponder_cli.steps.mlp:MLPStep",  # the reference: CNN once per image, MLP steps
     "align": "ponder_cli.steps.align:AlignStep",  # re-reads the image through a learnt rotation
-    "rnn": "ponder_cli.steps.rnn:RNNStep",  # vectors: the paper's tanh RNN, the input read at every step
-    "gru": "ponder_cli.steps.gru:GRUStep",  # vectors: a GRU cell, the input read at every step
+    "rnn": "ponder_cli.steps.vectors:RNNStep",  # vectors: the paper's tanh RNN, the input read at every step
+    "gru": "ponder_cli.steps.vectors:GRUStep",  # vectors: a GRU cell, the input read at every step
 }
 
 METHODS = {
-    "pondernet": "ponder_cli.methods.pondernet:PonderNetMethod",
-    "act": "ponder_cli.methods.act:ACTMethod",
-    "plain": "ponder_cli.methods.plain:PlainMethod",
+    "pondernet": "ponder_cli.methods:PonderNetMethod",
+    "act": "ponder_cli.methods:ACTMethod",
+    "plain": "ponder_cli.methods:PlainMethod",
 }
 
 # what the halting head sees: the step's readout, plus any of its top class probability, the

@@ -19,9 +19,8 @@ from ponder_cli.checkpoint import load_checkpoint, save_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
 from ponder_cli.checkpoint import new_model
-from ponder_cli.methods import get_method
 from ponder_cli.tasks import get_task
-from ponder_cli.methods.pondernet import PonderNetMethod
+from ponder_cli.methods import PonderNetMethod
 from ponder_cli.train import batch_step, make_optimizer, train, train_one_epoch
 
 REPO = Path(ponder_cli.__file__).resolve().parent.parent

@@ -11,7 +11,7 @@ from ponder_cli.data import prepare_batch
 from synthetic_data import synthetic_digits
 from ponder_cli.tasks.mnist import evaluate, evaluation_draws
 from ponder_cli.halting import logits_at, sample_halting_steps
-from ponder_cli.losses import geometric_log_prior, ponder_loss
+from ponder_cli.methods import geometric_log_prior, ponder_loss
 from ponder_cli.checkpoint import load_model, new_model
 from ponder_cli.data import load_mnist
 from ponder_cli.methods import get_method

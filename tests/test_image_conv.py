@@ -1,8 +1,8 @@
-"""The first convolution's input gradient (steps/image_conv.py): the sum aten computes, in another order."""
+"""The first convolution's input gradient (steps/mlp.py (`image_conv`)): the sum aten computes, in another order."""
 
 import torch
 
-from ponder_cli.steps.image_conv import _ImageConv, image_conv, input_gradient
+from ponder_cli.steps.mlp import _ImageConv, image_conv, input_gradient
 from ponder_cli.steps.mlp import ImageEncoder
 
 

@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from ponder_cli.losses import geometric_log_prior, kl_to_prior, ponder_loss, reconstruction_loss
+from ponder_cli.methods import geometric_log_prior, kl_to_prior, ponder_loss, reconstruction_loss
 from ponder_cli.halting import halting_log_probs
 
 

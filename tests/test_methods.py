@@ -11,9 +11,9 @@ from ponder_cli.checkpoint import load_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.checkpoint import new_model
 from ponder_cli.halting import ActExit, act_halting, act_prediction
-from ponder_cli.truncation import ActHalted
+from ponder_cli.halting import ActHalted
 from ponder_cli.methods import get_method
-from ponder_cli.methods.act import act_loss
+from ponder_cli.methods import act_loss
 from ponder_cli.registry import METHODS
 
 

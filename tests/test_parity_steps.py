@@ -12,7 +12,7 @@ from ponder_cli.config import PonderConfig
 from ponder_cli.halting import ActExit, SampleExit, act_prediction, sample_halting_steps
 from ponder_cli.methods import get_method
 from ponder_cli.model import PonderNet
-from ponder_cli.steps.gru import GRUStep
+from ponder_cli.steps.vectors import GRUStep
 from ponder_cli.tasks.parity import CLASSES, parity_batch
 
 

@@ -19,8 +19,8 @@ from ponder_cli import PonderError
 from ponder_cli.checkpoint import load_checkpoint, load_model, save_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
-from ponder_cli.losses import geometric_log_prior, ponder_loss
-from ponder_cli.methods.pondernet import PonderNetMethod
+from ponder_cli.methods import geometric_log_prior, ponder_loss
+from ponder_cli.methods import PonderNetMethod
 from ponder_cli.train import train
 
 TINY = ["--val-size", "100", "--max-steps", "3", "--batch-size", "64"]

@@ -16,7 +16,7 @@ from ponder_cli.data import prepare_batch
 from ponder_cli.halting import halting_log_probs
 from ponder_cli.methods import get_method
 from ponder_cli.model import FORCED_HALT_LOGIT, halting_as_computed
-from ponder_cli.truncation import ContinueBelow, roulette_weights
+from ponder_cli.halting import ContinueBelow, roulette_weights
 
 STEPS = 5
 

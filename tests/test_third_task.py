@@ -176,7 +176,7 @@ def test_an_installed_package_registers_a_step_by_entry_point(sums_task, monkeyp
     """Steps (and methods) are found the same way: here the tanh RNN again, under a name of its own."""
     from importlib import metadata
 
-    point = metadata.EntryPoint("tanh", "ponder_cli.steps.rnn:RNNStep", registry.ENTRY_POINTS["step"])
+    point = metadata.EntryPoint("tanh", "ponder_cli.steps.vectors:RNNStep", registry.ENTRY_POINTS["step"])
     monkeypatch.setattr(metadata, "entry_points", lambda group: [point] if group == registry.ENTRY_POINTS["step"] else [])
     assert one_error_line(ponder("train", "--step", "nothing")) == (
         "Error: Invalid value for '--step': 'nothing' is not one of 'mlp', 'align', 'rnn', 'gru'.")

@@ -7,12 +7,9 @@ import torch
 from ponder_cli.checkpoint import load_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
-from ponder_cli import duration
 from ponder_cli import train as training
 from ponder_cli.checkpoint import new_model
-from ponder_cli.methods import get_method
-from ponder_cli.runtime import grad_scaler
-from ponder_cli.train import batch_step, make_optimizer, train, train_one_epoch
+from ponder_cli.train import batch_step, train, train_one_epoch
 from ponder_cli.methods import Method
 
 CFG = PonderConfig.of(epochs=2, max_steps=4, batch_size=64, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16)
@@ -123,7 +120,7 @@ class _CountingSource(training.TrainingSource):
 ])
 def test_the_run_s_duration_is_estimated_once_from_its_first_batches(batches, startup, per_batch, expected):
     lines, now = [], [0.0]
-    source = duration.TimedSource(_CountingSource(batches), 20, lines.append, clock=lambda: now[0])
+    source = training.TimedSource(_CountingSource(batches), 20, lines.append, clock=lambda: now[0])
     for epoch in range(2):
         assert source.start_epoch() == batches
         for index in range(min(batches, 100)):
@@ -136,14 +133,14 @@ def test_the_run_s_duration_is_estimated_once_from_its_first_batches(batches, st
 
 
 def test_durations_read_as_a_person_says_them():
-    assert [duration.rough_duration(s) for s in (0.2, 45, 89.6, 200, 5399, 5400, 50_000)] == [
+    assert [training.rough_duration(s) for s in (0.2, 45, 89.6, 200, 5399, 5400, 50_000)] == [
         "1 s", "45 s", "90 s", "3 min", "90 min", "1.5 h", "14 h"]
-    assert duration.duration_estimate(59.0, 1) is None  # under a minute in all
-    assert duration.duration_estimate(90.0, 1) == "about 2 min for 1 epoch"
+    assert training.duration_estimate(59.0, 1) is None  # under a minute in all
+    assert training.duration_estimate(90.0, 1) == "about 2 min for 1 epoch"
 
 
 def test_train_states_its_estimate_among_the_chatter(ponder, tiny_mnist, tmp_path, monkeypatch):
-    monkeypatch.setattr(duration, "ESTIMATE_FROM_SECONDS", 0.0)  # a tiny run gets one too
+    monkeypatch.setattr(training, "ESTIMATE_FROM_SECONDS", 0.0)  # a tiny run gets one too
     args = ["train", "--epochs", "1", "--max-steps", "2", "--val-size", "100", "--train-size", "200",
             "--batch-size", "8", "--no-progress", "--data-dir", tiny_mnist]  # 25 batches: 20 timed
     result = ponder(*args, "--out", tmp_path / "a")

@@ -36,7 +36,7 @@ class TrainOptions:
     amp: Optional[bool] = None
     progress: bool = True
     overwrite: bool = False  # write into a folder that holds another run's checkpoints (or the shipped ones)
-    tensorboard: bool = False  # TensorBoard event files in the run folder too (tensorboard_log.py)
+    tensorboard: bool = False  # TensorBoard event files in the run folder too (api/run_folder.py)
     config_file: Optional[Path] = None  # settings read from a file (config_file.py); `given` overrides them
     deterministic: bool = False  # only deterministic kernels (deterministic_kernels): a training option, not a model's
     cuda_graphs: bool = True  # on CUDA, capture the training batch once and replay it (train.BatchStep)
@@ -92,7 +92,7 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
     """
 
     if options.tensorboard:
-        from ..tensorboard_log import require_tensorboard
+        from .run_folder import require_tensorboard
         require_tensorboard()
     with deterministic_kernels(options.deterministic):
         return _train_run(given, options, log)

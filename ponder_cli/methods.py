@@ -1,0 +1,318 @@
+"""Halting methods: what differs between PonderNet, ACT and a one-step network sharing one model.
+
+A method owns its training loss, how it predicts from a forward pass over every step, the rule
+the early-exit loop applies at inference, the truncation rule training may use, the metrics of a
+training batch, its halting-bias initialisation and any constraint it puts on the config.
+Register a new one in `registry.METHODS` (or an entry point in the group `ponder_cli.methods`).
+
+- PonderNet (Banino et al. 2021): expected loss under the halting distribution plus a KL term
+  towards a geometric prior; halting by Bernoulli coins (or the median, expected, quantile:Q,
+  patience:K or confidence:C rules: halting_rules.py).
+- ACT (Graves 2016) on the same network: halting units h_n = sigmoid(halting head); the network
+  stops at the first step N where h_1 + ... + h_N >= 1 - epsilon (or at max_steps); the remainder
+  R = 1 - sum_{n<N} h_n takes the last step's weight, so p = (h_1, ..., h_{N-1}, R) sums to 1.
+  The prediction is the p-weighted mean of the step outputs and the ponder cost N + R is added
+  to the loss, weighted by tau. Deterministic at inference: the ponder steps are N, whatever
+  halting rule is asked for.
+- plain: the "couldn't a plain network do as well?" baseline, PonderNet's network run for one step.
+
+PonderNet's loss is per-sample expected cross-entropy plus beta * KL(p || geometric prior). Two
+flaws of the reference notebook are fixed here:
+1. The reconstruction term weights each image's own cross-entropy by that image's own p_n.
+   (The reference multiplied p_n by a batch-averaged loss, so halting could not depend on the
+   image.)
+2. The KL term is finite for every input without dropping samples: it is computed from log p in
+   float32, so a p_n that underflows to 0 contributes 0 * finite = 0. (The reference removed
+   every sample with a zero p_n from the batch.)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from .halting import (ActExit, ActHalted, ContinueBelow, EarlyExitRule, TruncateBelow, act_halting, act_mean_field,
+                      act_prediction, expected_prediction, halting_log_probs, logits_at, roulette_weights, rule_exit,
+                      rule_halting_steps)
+from .halting_rules import parse_halting_rule
+from .model import PonderNet, halting_as_computed
+from .registry import method_class
+
+
+# PonderNet's loss -------------------------------------------------------------------------------
+
+# The prior's log is clamped here so that lambda_p = 1 (all mass on step 1) stays finite.
+_MIN_LOG_PRIOR = math.log(torch.finfo(torch.float32).tiny)
+
+
+class LossParts(NamedTuple):
+    total: torch.Tensor
+    reconstruction: torch.Tensor
+    regularisation: torch.Tensor
+
+
+def geometric_log_prior(lambda_p: float, max_steps: int, device=None) -> torch.Tensor:
+    """log p_G(n) for n = 1..max_steps, p_G(n) proportional to lambda_p (1 - lambda_p)^(n-1).
+
+    Choice: the geometric distribution truncated at max_steps is renormalised to sum to 1, so
+    that KL(p || p_G) compares two distributions over the same support (p also sums to 1, its
+    last step taking all remaining mass). The paper leaves the truncation implicit.
+    """
+    k = torch.arange(max_steps, dtype=torch.float64)
+    # xlog1py gives 0 for k = 0 even when lambda_p = 1 (0 * log 0).
+    log_unnormalised = math.log(lambda_p) + torch.special.xlog1py(k, -lambda_p)
+    log_prior = log_unnormalised - torch.logsumexp(log_unnormalised, dim=0)
+    return log_prior.clamp_min(_MIN_LOG_PRIOR).to(device=device, dtype=torch.float32)  # (steps,)
+
+
+def reconstruction_loss(logits: torch.Tensor, targets: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """mean over images of sum_n p_n(image) * CE(y_n(image), target(image))."""
+    steps, batch, classes = logits.shape
+    ce = F.cross_entropy(
+        logits.float().reshape(steps * batch, classes),
+        targets.expand(steps, batch).reshape(-1),
+        reduction="none",
+    ).view(steps, batch)  # (steps, B): each image's own loss at each step
+    return (p * ce).sum(dim=0).mean()
+
+
+def kl_to_prior(p: torch.Tensor, log_p: torch.Tensor, log_prior: torch.Tensor) -> torch.Tensor:
+    """mean over images of KL(p || p_G) = sum_n p_n (log p_n - log p_G(n)); the paper's direction.
+
+    p (steps, B) is log_p.exp(), passed in because the caller already has it.
+    """
+    return (p * (log_p - log_prior[:, None])).sum(dim=0).mean()
+
+
+def ponder_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor,
+                log_prior: torch.Tensor, beta: float, weights: torch.Tensor | None = None) -> LossParts:
+    """Always in float32, also when the forward pass ran under autocast. `weights` (steps, B)
+    scale each step's terms of both sums (truncation.roulette_weights: an unbiased estimate of
+    them from the steps a truncated forward computed)."""
+    log_p = halting_log_probs(lambda_logits)  # (steps, B), float32
+    p = log_p.exp()
+    if weights is not None:
+        p = p * weights  # the terms' weights; log_p stays the halting distribution's
+    reconstruction = reconstruction_loss(logits, targets, p)
+    regularisation = kl_to_prior(p, log_p, log_prior)
+    return LossParts(reconstruction + beta * regularisation, reconstruction, regularisation)
+
+
+# The methods ------------------------------------------------------------------------------------
+
+class Method:
+    name: str = ""
+    # config values this method implies when the user leaves them out (plain: one step)
+    implied: dict = {}
+    # the config fields this method reads among those that some method reads (config.inapplicable:
+    # an option no chosen piece reads is refused)
+    reads: tuple = ()
+
+    def __init__(self, cfg, device=None):
+        self.cfg = cfg
+        self.device = torch.device("cpu" if device is None else device)  # where its losses will run
+
+    @classmethod
+    def config_problems(cls, cfg) -> list[str]:
+        """What this method cannot train with beside the other settings, as messages for the user
+        (each value's own range is its field's, config.py)."""
+        return []
+
+    def halting_label(self, rule: str) -> str:
+        """The halting rule that really applies when the user asks for `rule`."""
+        return rule
+
+    def halting_problem(self, rule: str) -> str | None:
+        """Why this method cannot halt by `rule`, as a message for the user (None: it can)."""
+        return None
+
+    def needs_all_steps(self, rule: str) -> bool:
+        """Whether predicting under `rule` needs every step of every image (no early exit)."""
+        return False
+
+    def loss(self, logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor,
+             computed: torch.Tensor | None = None) -> LossParts:
+        """The training loss of a forward pass; `computed` (B,), the steps a truncated forward
+        computed per input (PonderOutput.computed), None when it computed every step."""
+        raise NotImplementedError
+
+    def predict(self, logits: torch.Tensor, lambda_logits: torch.Tensor, uniforms: torch.Tensor,
+                rule: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Class scores (B, classes) and ponder steps (B,) from a forward pass over every step;
+        uniforms (steps, B) are the halting coin flips."""
+        raise NotImplementedError
+
+    def halting_distribution(self, lambda_logits: torch.Tensor) -> torch.Tensor:
+        """p_n (steps, B): the weight this method gives each step's output (PonderNet: the
+        halting distribution; ACT: h_1, ..., h_{N-1}, R, 0, ...)."""
+        return halting_log_probs(lambda_logits).exp()
+
+    def batch_metrics(self, out, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A training batch's correct predictions and halting steps, each summed over the batch
+        (float32 scalars on the device) from its forward `out` (model.PonderOutput, truncated or
+        not): their expectations under the halting distribution, so no coin is drawn (PonderNet:
+        sum_n p_n [y_n right] and sum_n n p_n)."""
+        p = self.halting_distribution(halting_as_computed(out))  # (steps, B)
+        right = (out.logits.argmax(dim=-1) == targets).to(p.dtype)  # (steps, B)
+        n = torch.arange(1, p.shape[0] + 1, device=p.device, dtype=p.dtype)[:, None]
+        return (p * right).sum(), (p * n).sum()
+
+    def probabilities(self, scores: torch.Tensor, rule: str) -> torch.Tensor:
+        """Class probabilities (B, classes) from `predict`'s scores under `rule`."""
+        return torch.softmax(scores.float(), dim=-1)
+
+    def early_exit(self, rule: str, uniforms: torch.Tensor) -> EarlyExitRule:
+        """The rule `PonderNet.infer` applies so that it predicts exactly as `predict` does."""
+        raise NotImplementedError
+
+    def truncation(self, batch: int, device) -> EarlyExitRule | None:
+        """The rule that lets training drop an image from later steps (None: every step); any
+        randomness it needs comes from the training stream (torch's default generator), as dropout's."""
+        return None
+
+
+def get_method(cfg, device=None) -> Method:
+    """The config's method; `device`, where its losses will run (what it builds once goes there)."""
+    return method_class(cfg.method.name)(cfg, device)
+
+
+def build_model(cfg, classes: int, input_shape: tuple) -> torch.nn.Module:
+    """The model for a config predicting `classes` classes of inputs of `input_shape` (the
+    task's; one input's, without the batch), its halting head's
+    initial bias the config's halting_bias, else the one the method implies (ACT: Graves' +1; a
+    config built without from_options has none), else PyTorch's default initialisation."""
+    model = PonderNet(cfg, classes=classes, input_shape=input_shape)
+    bias = cfg.method.halting_bias
+    if bias is None:
+        bias = method_class(cfg.method.name).implied.get("halting_bias")
+    if bias is not None:
+        with torch.no_grad():
+            model.halting_head.bias.fill_(bias)
+    return model
+
+
+class PonderNetMethod(Method):
+    name = "pondernet"
+    reads = ("max_steps", "halting_input", "halting_bias", "turn_gate", "lambda_p", "beta", "truncation",
+             "truncation_rule")
+
+    def __init__(self, cfg, device=None):
+        super().__init__(cfg, device)
+        # built once, on the device: a captured training batch copies nothing from the host
+        self._log_prior = geometric_log_prior(cfg.method.lambda_p, cfg.method.max_steps, self.device)
+
+    def log_prior(self, device) -> torch.Tensor:
+        if self._log_prior.device != torch.device(device):  # a method built for another device
+            self._log_prior = self._log_prior.to(device)
+        return self._log_prior
+
+    def needs_all_steps(self, rule):
+        return parse_halting_rule(rule).name == "expected"
+
+    def loss(self, logits, lambda_logits, targets, computed=None):
+        weights = None
+        if computed is not None and self.cfg.method.truncation_rule == "roulette":
+            weights = roulette_weights(lambda_logits, computed, self.cfg.method.truncation)
+        return ponder_loss(logits, lambda_logits, targets, self.log_prior(logits.device), self.cfg.method.beta, weights)
+
+    def predict(self, logits, lambda_logits, uniforms, rule):
+        rule = parse_halting_rule(rule)
+        if rule.name == "expected":
+            return expected_prediction(logits, lambda_logits)
+        steps = rule_halting_steps(rule, logits, lambda_logits, uniforms)
+        return logits_at(logits, steps), steps
+
+    def probabilities(self, scores, rule):
+        # the expected rule's scores are already the p-weighted class probabilities
+        return scores.float() if parse_halting_rule(rule).name == "expected" else super().probabilities(scores, rule)
+
+    def early_exit(self, rule, uniforms):
+        return rule_exit(parse_halting_rule(rule), uniforms)
+
+    def truncation(self, batch, device):
+        if self.cfg.method.truncation <= 0 or self.cfg.method.max_steps == 1:
+            return None
+        if self.cfg.method.truncation_rule == "roulette":
+            return ContinueBelow(self.cfg.method.truncation, torch.rand(self.cfg.method.max_steps, batch, device=device))
+        return TruncateBelow(batch, self.cfg.method.truncation, device)
+
+
+class PlainMethod(PonderNetMethod):
+    name = "plain"
+    implied = {"max_steps": 1}
+    # one step: p_1 = 1 whatever the halting head says, so no halting or prior setting matters
+    reads = ()
+
+    @classmethod
+    def config_problems(cls, cfg):
+        problems = super().config_problems(cfg)
+        if cfg.method.max_steps != 1:
+            # only a saved config gets here: --max-steps given with plain is refused as not read
+            problems.append(f"method plain runs exactly one step (got max-steps {cfg.method.max_steps})")
+        return problems
+
+    def halting_label(self, rule):
+        return "one step"
+
+    def needs_all_steps(self, rule):
+        return False  # one step: every rule is the same prediction
+
+
+# ACT (Graves 2016) ------------------------------------------------------------------------------
+
+# Graves: a positive halting bias makes early training ponder little
+INITIAL_HALTING_BIAS = 1.0
+
+
+def act_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor, tau: float,
+             epsilon: float) -> LossParts:
+    """CE of the mean-field prediction plus tau * (N + R); gradients reach the halting units
+    through R (N is discrete). Reported as (total, task loss, ponder cost)."""
+    halting = act_halting(lambda_logits, epsilon)
+    mean_field = act_mean_field(halting.p, logits)  # (B, classes)
+    task = F.cross_entropy(mean_field, targets)
+    ponder = (halting.steps.float() + halting.remainder).mean()
+    return LossParts(task + tau * ponder, task, ponder)
+
+
+class ACTMethod(Method):
+    name = "act"
+    # Graves' bias, also where a step implies another (align: 'prior'): the method's implied
+    # values win over the step's (config.implied_values)
+    implied = {"halting_bias": INITIAL_HALTING_BIAS}
+    reads = ("max_steps", "halting_input", "halting_bias", "turn_gate", "tau", "act_epsilon", "truncation")
+
+    def halting_label(self, rule):
+        return "act"
+
+    def halting_problem(self, rule):
+        # every --halting rule is PonderNet's: ACT halts by its own alone, so a rule asked for is
+        # refused rather than silently replaced (compare, where one --halting serves every
+        # method, shows each method's own instead)
+        return (f"--halting {rule} applies to pondernet checkpoints; this one is act, which halts by its own "
+                f"rule (halting units summing to 1 - epsilon)")
+
+    def loss(self, logits, lambda_logits, targets, computed=None):
+        return act_loss(logits, lambda_logits, targets, self.cfg.method.tau, self.cfg.method.act_epsilon)
+
+    def predict(self, logits, lambda_logits, uniforms, rule):
+        return act_prediction(logits, lambda_logits, self.cfg.method.act_epsilon)
+
+    def batch_metrics(self, out, targets):
+        # ACT predicts deterministically: its mean-field prediction and N
+        scores, steps = act_prediction(out.logits, halting_as_computed(out), self.cfg.method.act_epsilon)
+        return (scores.argmax(dim=1) == targets).float().sum(), steps.float().sum()
+
+    def halting_distribution(self, lambda_logits):
+        return act_halting(lambda_logits, self.cfg.method.act_epsilon).p
+
+    def early_exit(self, rule, uniforms):
+        return ActExit(uniforms.shape[1], self.cfg.method.act_epsilon, uniforms.device)
+
+    def truncation(self, batch, device):
+        if self.cfg.method.truncation <= 0:
+            return None
+        return ActHalted(batch, self.cfg.method.act_epsilon, device)
