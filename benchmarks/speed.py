@@ -211,7 +211,7 @@ def main() -> None:
     print(f"  train images/s          {len(train_set) / train_s:10.0f}")
     print(f"  seconds per epoch       {train_s + val_s:10.2f}   (train {train_s:.2f} + validation {val_s:.2f})")
     print(f"  20 epochs, estimated    {20 * (train_s + val_s) / 60:10.2f} min")
-    print(f"  sampled steps (training){stats['steps']:10.2f}")
+    print(f"  expected steps (training){stats['steps']:10.2f}")
     print(f"  GradScaler {'on' if scaler.is_enabled() else 'off'}, back-offs {stats['scaler_backoffs']}, "
           f"skipped {stats['skipped_batches']}; Adam fused: {bool(optimizer.defaults['fused'])}")
     if args.profile is not None:
