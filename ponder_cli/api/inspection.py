@@ -70,7 +70,6 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
     count = len(read.names)
     # input i's coins from (seed, i), as evaluation draws them: the same whatever follows it
     uniforms = draw_uniforms(seed, "coins", ("predict",), torch.arange(count), model.max_steps, torch.float32).T
-
     used = method.halting_label(options.halting)
     whole = not method.needs_all_steps(options.halting)  # whole steps, not the expected rule's sum_n n p_n
     buckets, views = [], []

@@ -3,7 +3,8 @@
 Training images are the seeded split of MNIST's training set (data.train_val_split), shuffled
 every epoch from torch's shared stream and rotated uniformly within +-train_rotation; validation
 rotates the held-out images the same way with the run's seed. Evaluation buckets are rotation
-angles under a protocol (uniform, band, fixed: rotation.protocol_angles).
+angles under a protocol (uniform, band, fixed: rotation.protocol_angles), every image's rotation
+and halting coins drawn from (seed, bucket, image index) (evaluation_draws).
 """
 
 from __future__ import annotations
