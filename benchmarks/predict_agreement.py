@@ -2,7 +2,7 @@
 
 Writes the first N MNIST test digits as PNG files with Pillow (the independent tool), upright and
 rotated by Pillow by exactly the angles `ponder eval --protocol fixed --angles DEG` draws for
-them (+-DEG, the sign from eval's seeded generator: rotation.protocol_angles picks the signs,
+them (+-DEG, the sign eval draws for each image: tasks.mnist.evaluation_draws picks the signs,
 Pillow does the rotating; `predict --rotate` is shown too), runs `ponder predict` on the files and `ponder eval --limit N` on the
 same images, and prints both accuracies under the median rule (deterministic: the two should
 agree image for image) and the sample rule (each command draws its own coins). Then: the same
@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 
 from ponder_cli.data import default_data_dir, load_mnist
-from ponder_cli.rotation import protocol_angles
+from ponder_cli.tasks.mnist import evaluation_draws
 
 
 def ponder(*args) -> dict:
@@ -76,8 +76,8 @@ def main() -> None:
     os.environ.setdefault("PONDER_DATA_DIR", str(data_dir))
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        # eval's draws for the fixed protocol: angles first, from a generator seeded by `seed`
-        angles = protocol_angles(args.count, args.angle, "fixed", generator=torch.Generator().manual_seed(seed))
+        # eval's draws for the fixed protocol: each image's angle from (seed, bucket, its index)
+        angles, _ = evaluation_draws(args.count, 1, args.angle, seed, "cpu", protocol="fixed")
         sets = {"upright": write_pngs(tmp / "upright", images, labels),
                 f"±{args.angle:g}°": write_pngs(tmp / "rotated", images, labels, angles)}
         print(f"{args.checkpoint}: the first {args.count} MNIST test digits as PNG files (Pillow)\n")

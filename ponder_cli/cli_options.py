@@ -137,8 +137,9 @@ CheckpointArgument = typer.Argument(
          f"model: {'; '.join(f'{name} ({text})' for name, (_, text) in SHIPPED.items())}. [default: {DEFAULT}]")
 QuietOption = typer.Option(False, "--quiet", "-q", help="No progress bars or messages on stderr; errors, "
                            "warnings and results still show.")
-EvalSeedOption = typer.Option(None, "--seed", help="Seed of the test rotations and halting coin flips. "
-                              "[default: the checkpoint's training seed]")
+EvalSeedOption = typer.Option(None, "--seed", help="Seed of the test rotations and halting coin flips, drawn "
+                              "per input (MNIST: --limit N evaluates the first N images exactly as the full "
+                              "evaluation does). [default: the checkpoint's training seed]")
 RepeatsOption = typer.Option(1, "--repeats", min=1, help="Independent draws of rotations and halting coins "
                              "(seeds seed, seed+1, ...): means and 95% intervals per bucket.")
 LimitOption = typer.Option(0, "--limit", min=0, help="Evaluate only the first N test images (0: all); parity: N "

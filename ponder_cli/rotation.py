@@ -55,18 +55,18 @@ def uniform_angles(count: int, max_angle: float, *, generator: torch.Generator |
     return (2 * u - 1) * max_angle
 
 
-def protocol_angles(count: int, angle: float, protocol: str = "uniform", *, lower: float = 0.0,
-                    generator: torch.Generator | None = None) -> torch.Tensor:
-    """(count,) test rotations in degrees for one bucket.
+def protocol_angles(draws: torch.Tensor, angle: float, protocol: str = "uniform", *,
+                    lower: float = 0.0) -> torch.Tensor:
+    """(N,) test rotations in degrees (float64) for one bucket, from two uniforms per image
+    `draws` (N, 2) in [0, 1): the size of the turn and its sign.
 
     uniform: uniformly within +-angle (the reference protocol); band: |rotation| uniform between
     the previous bucket's angle `lower` and `angle`, random sign, so buckets do not overlap;
-    fixed: exactly +-angle, random sign.
+    fixed: exactly +-angle, random sign. float64 arithmetic: the same angles on every CPU.
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}")
-    u = torch.rand(count, generator=generator)
-    sign = torch.randint(0, 2, (count,), generator=generator) * 2.0 - 1.0
+    u, sign = draws[:, 0].double(), torch.where(draws[:, 1] < 0.5, -1.0, 1.0).double()
     if protocol == "uniform":
         return (2 * u - 1) * angle
     if protocol == "band":

@@ -1,6 +1,7 @@
 """Evaluation: early exit against forced full steps, and device-side accumulation against a
 straightforward per-image computation."""
 
+import json
 import math
 
 import pytest
@@ -16,6 +17,9 @@ from ponder_cli.checkpoint import load_model, new_model
 from ponder_cli.data import load_mnist
 from ponder_cli.methods import get_method
 from ponder_cli.train import batch_step, train_one_epoch
+from ponder_cli.api.evaluation import EvalOptions
+from ponder_cli.evaluate import evaluate_bucket
+from ponder_cli.tasks import derived_seed, get_task, uniforms
 
 CFG = PonderConfig.of(max_steps=8, hidden=16, hidden_cnn=16, hidden_lin=16, batch_size=50)
 
@@ -109,3 +113,87 @@ def test_training_metrics_accumulated_on_device_equal_per_batch_values(monkeypat
     assert math.isclose(stats["regularisation"], expected_reg, rel_tol=1e-6)
     assert stats["skipped_batches"] == 0 and stats["batches"] == 4
     assert 0 <= stats["accuracy"] <= 1 and 1 <= stats["steps"] <= CFG.method.max_steps
+
+
+# Evaluation's draws: per input, from (seed, stream, bucket, index) ----------------------------------
+
+def _splitmix64_uniform(seed, stream, key, index, column):
+    """tasks.uniforms written out in Python integers: splitmix64's finaliser over the input's
+    counter, then over the column's."""
+    mask, golden = (1 << 64) - 1, 0x9E3779B97F4A7C15
+
+    def mix(z):
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return z ^ (z >> 31)
+
+    row = mix((index * golden + derived_seed(stream, seed, *key)) & mask)
+    return (mix((row + (column + 1) * golden) & mask) >> 11) * 2.0 ** -53
+
+
+def test_uniforms_are_splitmix64_bit_for_bit_whatever_the_inputs_around_them():
+    index = torch.tensor([0, 1, 7, 9999, 2 ** 40])
+    drawn = uniforms(5, "coins", ("uniform", 45.0), index, 3)
+    assert drawn.dtype == torch.float64
+    assert drawn.tolist() == [[_splitmix64_uniform(5, "coins", ("uniform", 45.0), i, j) for j in range(3)]
+                              for i in index.tolist()]
+    # an input's numbers do not depend on which inputs are drawn beside it, nor on the row's length
+    assert torch.equal(uniforms(5, "coins", ("uniform", 45.0), torch.tensor([7]), 5)[0, :3], drawn[2])
+    coins = uniforms(5, "coins", ("uniform", 45.0), torch.arange(20_000), 20, torch.float32)
+    assert coins.dtype == torch.float32 and 0 <= coins.min() and coins.max() < 1  # 24 bits: never 1.0
+    assert abs(float(coins.mean()) - 0.5) < 0.005 and abs(float(coins.std()) - 12 ** -0.5) < 0.005
+
+
+def test_a_limited_evaluation_is_exactly_the_first_images_of_the_full_one(runs, tiny_mnist):
+    """`--limit 50` (the task's test data, as every command reads it) gives the first 50 images
+    of the full evaluation, image by image: the same rotation, steps and answer each."""
+    model, cfg, _ = load_model(runs / "pn1" / "best.pt", "cpu")
+    task = get_task(cfg)
+    for protocol, spec, specs in (("uniform", 45.0, [45.0]), ("band", 90.0, [45.0, 90.0]), ("fixed", 30.0, [30.0])):
+        results = {}
+        for limit in (50, 0):
+            data = task.test_data(EvalOptions(limit=limit, data_dir=tiny_mnist, download=False), "cpu")
+            bucket = task.bucket(data, spec, specs, model.max_steps, 9, protocol)
+            results[limit] = evaluate_bucket(model, bucket, cfg, batch_size=64 if limit else 37).samples
+        limited, full = results[50], results[0]
+        assert len(full.steps) == 200 and len(limited.steps) == 50
+        for field in ("difficulty", "steps", "correct"):
+            assert torch.equal(getattr(limited, field), getattr(full, field)[:50]), (protocol, field)
+        assert full.steps.std() > 0 and full.difficulty.max() > 0
+
+
+def test_each_bucket_draws_its_own_rotations_and_coins_whatever_buckets_stand_beside_it():
+    draws = {spec: evaluation_draws(2000, 8, spec[1], 4, "cpu", protocol=spec[0], lower=spec[2])
+             for spec in (("uniform", 45.0, 0.0), ("uniform", 45.0, 22.5), ("uniform", 90.0, 45.0),
+                          ("band", 90.0, 45.0), ("band", 90.0, 67.5), ("fixed", 90.0, 0.0))}
+    # a uniform bucket has no inner edge: the same draws whichever bucket comes before it
+    first, again = draws[("uniform", 45.0, 0.0)], draws[("uniform", 45.0, 22.5)]
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    # every other pair of buckets: unrelated coins, and unrelated rotations (as fractions of the bucket)
+    distinct = [spec for spec in draws if spec != ("uniform", 45.0, 22.5)]
+    for a, b in ((a, b) for i, a in enumerate(distinct) for b in distinct[i + 1:]):
+        coins = torch.corrcoef(torch.stack([draws[a][1].flatten(), draws[b][1].flatten()]).double())[0, 1]
+        assert abs(float(coins)) < 0.03, (a, b)
+        signs = torch.corrcoef(torch.stack([draws[a][0].sign(), draws[b][0].sign()]))[0, 1]
+        assert abs(float(signs)) < 0.1, (a, b)
+    assert draws[("fixed", 90.0, 0.0)][0].abs().eq(90).all()
+    band = draws[("band", 90.0, 67.5)][0].abs()
+    assert band.min() >= 67.5 and band.max() <= 90
+
+
+def test_every_command_draws_with_the_checkpoints_training_seed_by_default(runs, tiny_mnist, ponder):
+    """One seed rule: --seed, else the checkpoint's training seed (pn1: seed 1); compare takes its
+    first checkpoint's, so the first model's figures there are its eval figures."""
+    common = ["--angles", 45, 90, "--limit", 120, "--data-dir", tiny_mnist, "-f", "json"]
+    alone = json.loads(ponder("extrapolate", runs / "pn1", *common).stdout)
+    beside = json.loads(ponder("compare", runs / "pn1", runs / "act", *common).stdout)
+    swept = json.loads(ponder("sweep", runs / "pn1", "--to", 0, "--limit", 20, "--data-dir", tiny_mnist, "-f", "json").stdout)
+    calibrated = json.loads(ponder("calibrate", runs / "pn1", "--limit", 50, "--data-dir", tiny_mnist, "-f", "json").stdout)
+    assert alone["seed"] == beside["seed"] == swept["seed"] == calibrated["seed"] == 1
+    mine = [b for b in beside["buckets"] if b["method"] == "pondernet"]
+    assert [(b["accuracy"], b["mean_steps"]) for b in mine] == [(b["accuracy"], b["mean_steps"]) for b in alone["buckets"]]
+    other = json.loads(ponder("compare", runs / "act", runs / "pn1", *common).stdout)
+    assert other["seed"] == 1234
+    given = json.loads(ponder("compare", runs / "act", runs / "pn1", *common, "--seed", 1).stdout)
+    assert given["seed"] == 1
+    assert [b["accuracy"] for b in given["buckets"] if b["method"] == "pondernet"] == [b["accuracy"] for b in mine]

@@ -33,16 +33,16 @@ def model_and_data():
 
 
 def test_protocol_angles_lie_in_their_bucket():
-    g = torch.Generator().manual_seed(0)
-    uniform = protocol_angles(5000, 45.0, "uniform", generator=g)
-    band = protocol_angles(5000, 45.0, "band", lower=22.5, generator=g)
-    fixed = protocol_angles(5000, 45.0, "fixed", lower=22.5, generator=g)
+    draws = torch.rand(5000, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    uniform = protocol_angles(draws, 45.0, "uniform")
+    band = protocol_angles(draws, 45.0, "band", lower=22.5)
+    fixed = protocol_angles(draws, 45.0, "fixed", lower=22.5)
     assert uniform.abs().max() <= 45 and uniform.min() < -40 and uniform.max() > 40
     assert band.abs().min() >= 22.5 and band.abs().max() <= 45
     assert (band < 0).any() and (band > 0).any()
     assert set(fixed.tolist()) == {-45.0, 45.0}
     with pytest.raises(ValueError):
-        protocol_angles(3, 10.0, "spiral")
+        protocol_angles(draws[:3], 10.0, "spiral")
 
 
 def test_median_rule_by_hand():

@@ -14,7 +14,7 @@ from ponder_cli.checkpoint import load_model
 from ponder_cli.evaluate import EvalBucket, evaluate_bucket
 from ponder_cli.halting import quantile_halting_steps
 from ponder_cli.reports import TaskView, Terms
-from ponder_cli.tasks import Task, TrainingSource, UserInputs, load_inputs
+from ponder_cli.tasks import Task, TrainingSource, UserInputs, load_inputs, uniforms
 
 WIDTH, TRAINED = 6, 3  # vectors of 6 small integers; training uses the first 1-3 of them
 
@@ -87,7 +87,7 @@ class SumsTask(Task):
     def bucket(self, test, spec, specs, max_steps, seed, protocol, draw=0):
         x, labels = sums(spec, test or 32, seed=1000 * spec + draw)
         return EvalBucket(labels=labels, inputs=lambda start, end: x[start:end],
-                          uniforms=torch.rand(max_steps, len(x), generator=torch.Generator().manual_seed(seed)),
+                          uniforms=uniforms(seed, "coins", (spec,), torch.arange(len(x)), max_steps, torch.float32).T,
                           difficulty=torch.full((len(x),), float(spec), dtype=torch.float64))
 
     def bucket_fields(self, spec, protocol):

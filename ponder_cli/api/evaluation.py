@@ -14,7 +14,6 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 from .. import PonderError
 from ..calibrate import choose_rule, rule_outcomes
 from ..checkpoint import load_model
-from ..config import PonderConfig
 from ..config import seed_problems
 from ..evaluate import evaluate_buckets, uncertainty
 from ..halting_rules import CALIBRATION_RULES, parse_exit_rule, parse_halting_rule
@@ -23,7 +22,7 @@ from ..registry import DEFAULT_HALTING, DEFAULT_PROTOCOL
 from ..reports import (Report, calibration_report, combine_draws, comparison_report, evaluation_report,
                        group_by_configuration, mean_ci, sweep_report)
 from ..tasks import BUCKETS, derived_seed, get_task, task_names
-from .loading import check_halting, device_and_amp, load_one, on_device, resolve_named
+from .loading import check_halting, device_and_amp, evaluation_seed, load_one, on_device, resolve_named
 from .signals import stops_cleanly
 
 
@@ -32,7 +31,7 @@ class EvalOptions:
     """How to evaluate: shared by eval, extrapolate and compare."""
     protocol: Optional[str] = None  # how test images are rotated; None: the task's default (MNIST: uniform)
     halting: Optional[str] = None  # None: the method's own (loading.check_halting)
-    seed: Optional[int] = None  # None: the checkpoint's training seed (compare: the default seed)
+    seed: Optional[int] = None  # None: the checkpoint's training seed (evaluation_seed)
     limit: int = 0  # first N test images (0: all)
     batch_size: int = 1000
     data_dir: Optional[Path] = None  # None: data.default_data_dir()
@@ -164,7 +163,7 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], bucket
     specs = task.parse_buckets(spelled(buckets), command)
     with _progress_bar(len(specs) * options.repeats, progress, log) as bar:
         test = _test_set(task, options, dev)
-        seed = cfg.training.seed if options.seed is None else options.seed
+        seed = evaluation_seed(options.seed, cfg)
         with_loss = command == "eval"
         buckets, rho, rho_ci = _bucket_dicts(model, cfg, test, specs, options, seed, amp, with_loss=with_loss,
                                              on_bucket=bar.update)
@@ -206,7 +205,7 @@ def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float],
     fixed = replace(options, protocol="fixed")
     with _progress_bar(len(specs) * options.repeats, progress, log) as bar:
         test = _test_set(task, options, dev)
-        seed = cfg.training.seed if options.seed is None else options.seed
+        seed = evaluation_seed(options.seed, cfg)
         buckets, rho, _ = _bucket_dicts(model, cfg, test, specs, fixed, seed, amp, with_loss=False,
                                         on_bucket=bar.update)
     return on_device(sweep_report(str(path), cfg, buckets, rho, halting=buckets[0]["halting"], seed=seed,
@@ -242,7 +241,7 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
     task = get_task(cfg)
     options = _with_protocol(task, options)
     specs = task.parse_buckets(spelled(buckets), "calibrate")
-    seed = cfg.training.seed if options.seed is None else options.seed
+    seed = evaluation_seed(options.seed, cfg)
     draws = derived_seed("calibrate", seed)
     with _progress_bar(len(specs) * options.repeats, progress, log) as bar:
         data = task.calibration_data(options, dev)
@@ -275,7 +274,6 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
     differ only in the seed are one method, reported as mean ± sd over its distinct models. They
     must be of one task (parity: of one vector size); buckets as evaluate_checkpoint's."""
 
-    seed = options.seed if options.seed is not None else _default_seed()
     models, seen = {}, {}
     paths = [resolve_named(checkpoint, log) for checkpoint in checkpoints]  # every name checked before loading
     dev, amp = device_and_amp(options.device, options.amp, log)
@@ -291,6 +289,7 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
     if len(kinds) > 1:
         raise PonderError(f"compare needs checkpoints of one task, evaluated on the same inputs (got {', '.join(kinds)})")
     first = next(iter(models.values()))[1]
+    seed = evaluation_seed(options.seed, first)  # one draw for all: the first checkpoint's
     task = get_task(first)
     # one rule for every checkpoint, each method halting by its own where it has one
     options = _with_protocol(task, replace(options, halting=options.halting or DEFAULT_HALTING))
@@ -304,7 +303,3 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
     return on_device(comparison_report(groups, results, specs, protocol=_protocol(first, options),
                                        halting=options.halting, seed=seed, repeats=options.repeats,
                                        view=task.view()), dev)
-
-
-def _default_seed() -> int:
-    return PonderConfig.default("seed")

@@ -20,8 +20,8 @@ from ..methods import get_method
 from ..render import Column
 from ..reports import Report, info_report, make_meta, prediction_report, runs_report
 from ..shipped import DEFAULT, SHIPPED, shipped_path
-from ..tasks import InputOptions, get_task
-from .loading import check_halting, device_and_amp, on_device, resolve_named
+from ..tasks import InputOptions, get_task, uniforms as draw_uniforms
+from .loading import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named
 from .signals import stops_cleanly
 
 
@@ -56,7 +56,7 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
     """A model on the user's own files: the task reads them (MNIST: images and .npy arrays;
     parity: vectors), every step runs (the full forward pass), and the method picks the
     prediction and halting step under `options.halting` exactly as evaluation does, with the
-    halting coins drawn from a generator seeded by `options.seed`. One bucket per input."""
+    halting coins of input i drawn from (`options.seed`, i) (tasks.uniforms). One bucket per input."""
 
     if not inputs:
         raise PonderError("predict needs at least one INPUT file")
@@ -66,9 +66,10 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
     options = replace(options, halting=check_halting(cfg, options.halting))
     task, method = get_task(cfg), get_method(cfg)
     read = task.read_inputs([Path(p) for p in inputs], InputOptions(options.invert, options.rotate))
-    seed = cfg.training.seed if options.seed is None else options.seed
+    seed = evaluation_seed(options.seed, cfg)
     count = len(read.names)
-    uniforms = torch.rand(model.max_steps, count, generator=torch.Generator().manual_seed(seed))
+    # input i's coins from (seed, i), as evaluation draws them: the same whatever follows it
+    uniforms = draw_uniforms(seed, "coins", ("predict",), torch.arange(count), model.max_steps, torch.float32).T
     used = method.halting_label(options.halting)
     whole = not method.needs_all_steps(options.halting)  # whole steps, not the expected rule's sum_n n p_n
     buckets, views = [], []

@@ -77,3 +77,10 @@ def check_halting(cfg, rule: Optional[str]) -> str:
     if problem is not None:
         raise PonderError(problem)
     return rule
+
+
+def evaluation_seed(seed: Optional[int], cfg) -> int:
+    """The seed of an evaluation's draws, one rule for every command that runs a model (eval,
+    extrapolate, sweep, calibrate, predict; compare with its first checkpoint's config): the
+    --seed given, else the checkpoint's training seed."""
+    return cfg.training.seed if seed is None else seed

@@ -31,7 +31,6 @@ from ..cli_options import (
     counts_option,
     halting_rules,
 )
-from ..config import PonderConfig
 from ..render import OutputFormat
 from ..registry import EVAL_ANGLES, EXTRAPOLATION_ANGLES
 from .app import app, bars, chatter, evaluation_options, render_and_plot, run_evaluation, spelled_buckets
@@ -141,8 +140,9 @@ def compare(
     protocol: Optional[Protocol] = ProtocolOption,
     halting: Optional[str] = HaltingOption,
     plot: Optional[Path] = PlotOption,
-    seed: int = typer.Option(PonderConfig.default("seed"), "--seed", help="Seed of the test rotations and halting "
-                             "coin flips (the same for every checkpoint, so all see the same images)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the test rotations and halting coin flips, the "
+                                       "same for every checkpoint, so all see the same images. [default: the first "
+                                       "checkpoint's training seed]"),
     repeats: int = RepeatsOption,
     limit: int = LimitOption,
     batch_size: int = EvalBatchOption,

@@ -180,12 +180,56 @@ class Task:
         raise NotImplementedError
 
 
-def derived_seed(stream: str, *parts: int) -> int:
+def derived_seed(stream: str, *parts) -> int:
     """A generator seed for one named stream of random draws ("coins", "vectors", "calibrate")
-    and the integers that pick its member (a seed, a count, an image index): distinct streams
-    and members give unrelated seeds, so no two draws share a generator by accident."""
+    and the values that pick its member (a seed, a count, a bucket's protocol and angle): distinct
+    streams and members give unrelated seeds, so no two draws share a generator by accident."""
     text = ":".join([stream, *map(str, parts)]).encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
+
+
+_GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: consecutive counters far apart
+
+
+def _int64(value: int) -> int:
+    """A 64-bit pattern as the signed int64 torch stores (its arithmetic wraps modulo 2**64)."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _shift_right(z, bits: int):
+    """A logical right shift of int64 tensors (torch's >> keeps the sign bit)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix(z):
+    """splitmix64's finaliser (Steele, Lea and Flood 2014) on int64 tensors: integer arithmetic
+    only, so the same bits on every CPU, vector unit and device."""
+    z = (z ^ _shift_right(z, 30)) * _int64(0xBF58476D1CE4E5B9)
+    z = (z ^ _shift_right(z, 27)) * _int64(0x94D049BB133111EB)
+    return z ^ _shift_right(z, 31)
+
+
+def uniforms(seed: int, stream: str, key: tuple, index, count: int, dtype=None):
+    """The random numbers of evaluation, one row per input: (N, count) uniforms in [0, 1) for
+    the inputs numbered `index` (N,) in the stream `stream` ("coins", "rotation") of the bucket
+    `key` (e.g. its protocol and angle), from `seed`.
+
+    Counter-based (splitmix64 over (seed, stream, key, input, column)): input i's numbers depend
+    on nothing else, so a --limit evaluation is exactly the first inputs of the full one, buckets
+    draw independently, and neither batch size, device nor early exit changes a draw; a longer
+    row (more steps) only appends numbers. float64 (53 random bits) by default, exact on every
+    CPU; torch.float32 gives 24 random bits, so a number never rounds up to 1."""
+
+    import torch  # the CLI imports this package at start-up, before torch is needed
+
+    dtype = torch.float64 if dtype is None else dtype
+    base = derived_seed(stream, seed, *key)
+    index = torch.as_tensor(index, dtype=torch.int64).cpu()
+    rows = _mix(index * _int64(_GOLDEN) + base)  # (N,): one counter per input
+    z = _mix(rows[:, None] + torch.arange(1, count + 1, dtype=torch.int64) * _int64(_GOLDEN))  # (N, count)
+    if dtype == torch.float64:
+        return _shift_right(z, 11).to(torch.float64) * 2.0 ** -53
+    return (_shift_right(z, 40).to(torch.float32) * 2.0 ** -24).to(dtype)
 
 
 def get_task(cfg) -> Task:

@@ -3,7 +3,8 @@
 Training images are the seeded split of MNIST's training set (data.train_val_split), shuffled
 every epoch from torch's shared stream and rotated uniformly within +-train_rotation; validation
 rotates the held-out images the same way with the run's seed. Evaluation buckets are rotation
-angles under a protocol (uniform, band, fixed: rotation.protocol_angles).
+angles under a protocol (uniform, band, fixed: rotation.protocol_angles), every image's rotation
+and halting coins drawn from (seed, bucket, image index) (evaluation_draws).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..data import ImageSet, load_mnist, prepare_batch, resolve_data_dir, train_
 from ..evaluate import EvalBucket, EvalResult, evaluate_bucket
 from ..reports import TaskView, Terms
 from ..rotation import protocol_angles, uniform_angles
-from . import Task, TrainingSource, UserInputs, check_input_file, load_inputs
+from . import Task, TrainingSource, UserInputs, check_input_file, load_inputs, uniforms
 from ..registry import EVAL_ANGLES, EXTRAPOLATION_ANGLES
 
 SIDE = 28  # MNIST's images are 28x28
@@ -61,30 +62,39 @@ def parse_angles(texts: list[str], what: str = "--angles") -> list[float]:
 
 # Evaluation buckets: the images rotated under a protocol -----------------------------------------
 
+def bucket_key(angle: float, protocol: str, lower: float = 0.0) -> tuple:
+    """What names a bucket's draws (tasks.uniforms): its protocol and angle, and for the band
+    protocol its inner edge; so one bucket draws the same whatever other buckets are asked for,
+    and different buckets draw independently."""
+    return (protocol, float(angle), *((float(lower),) if protocol == "band" else ()))
+
+
 def evaluation_draws(count: int, max_steps: int, angle: float, seed: int, device, *,
                      protocol: str = "uniform", lower: float = 0.0) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """All random numbers of one evaluation, drawn up front from one seeded CPU generator.
-
-    The same seed gives the same rotations and coin flips on any device and for any batch size,
-    halting rule or early-exit setting. Returns angles (N,), or None when no image is rotated,
-    and halting uniforms (steps, N).
+    """Every random number of a bucket of images 0..count-1, image by image (tasks.uniforms):
+    image i's rotation (its size and sign) and halting coins depend only on (seed, the bucket's
+    key, i), so a --limit evaluation is exactly the first images of the full one, and neither
+    the device, batch size, halting rule nor early exit changes a draw. Returns angles (N,)
+    float64, or None when no image is rotated, and halting uniforms (steps, N) float32.
     """
-    generator = torch.Generator().manual_seed(seed)
-    angles = protocol_angles(count, angle, protocol, lower=lower, generator=generator)
-    uniforms = torch.rand(max_steps, count, generator=generator)
+    index, key = torch.arange(count), bucket_key(angle, protocol, lower)
+    angles = protocol_angles(uniforms(seed, "rotation", key, index, 2), angle, protocol, lower=lower)
+    coins = uniforms(seed, "coins", key, index, max_steps, torch.float32).T.contiguous()
     rotated = bool(angles.abs().max() > 0) if count else False
-    return (angles.to(device) if rotated else None), uniforms.to(device)
+    return (angles.to(device) if rotated else None), coins.to(device)
 
 
 def image_bucket(data: ImageSet, max_steps: int, max_angle: float, seed: int, *, protocol: str = "uniform",
                  lower: float = 0.0) -> EvalBucket:
-    """The images rotated by the protocol's angles, all draws from one seeded generator."""
+    """The images rotated by the protocol's angles; every draw per image (evaluation_draws), so
+    image i of the set (a --limit takes the first images: they keep their numbers) draws the same
+    in any evaluation of this bucket and seed."""
     device = data.images.device
-    angles, uniforms = evaluation_draws(len(data), max_steps, max_angle, seed, device, protocol=protocol, lower=lower)
+    angles, coins = evaluation_draws(len(data), max_steps, max_angle, seed, device, protocol=protocol, lower=lower)
     return EvalBucket(
-        labels=data.labels, uniforms=uniforms,
+        labels=data.labels, uniforms=coins,
         inputs=lambda start, end: prepare_batch(data.images[start:end], None if angles is None else angles[start:end]),
-        difficulty=angles.abs().cpu() if angles is not None else torch.zeros(len(data)))
+        difficulty=angles.abs().cpu() if angles is not None else torch.zeros(len(data), dtype=torch.float64))
 
 
 def evaluate(model: torch.nn.Module, data: ImageSet, cfg: PonderConfig, *, max_angle: float = 0.0,
