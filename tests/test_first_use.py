@@ -5,7 +5,6 @@ interrupts, tables in a pipe (issue 39's findings, each at the mechanism that fi
 import csv
 import io
 import json
-import math
 import os
 import struct
 import subprocess
@@ -17,7 +16,6 @@ import pytest
 import torch
 from rich.cells import cell_len
 
-from ponder_cli import PonderError
 from ponder_cli.checkpoint import load_checkpoint, save_checkpoint
 from ponder_cli.reports import least_squares
 
