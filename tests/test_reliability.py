@@ -348,8 +348,10 @@ def test_same_seed_same_training_and_evaluation(tiny_mnist, tmp_path, invoke):
 
 def _start_training(tiny_mnist: Path, out: Path) -> subprocess.Popen:
     # Ctrl-C reaches a command in the foreground; a suite started with a shell's & (or nohup)
-    # hands its children SIGINT ignored, which would make the SIGINT case wait forever
+    # hands its children SIGINT ignored, which would make the SIGINT case train on to the end.
+    # Unblocked too, whatever the mask the suite was started with.
     code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})\n"
             "from ponder_cli.cli import app; app(sys.argv[1:], prog_name='ponder')")
     args = [sys.executable, "-c", code, "train", "--epochs", "500", "--val-size", "100", "--max-steps", "2",
             "--batch-size", "100", "--data-dir", str(tiny_mnist), "--out", str(out), "--no-progress",
