@@ -17,6 +17,14 @@ from typer.testing import CliRunner
 from ponder_cli.cli import app
 from synthetic_data import synthetic_digits
 
+# One thread for the suite and the processes it starts (unless OMP_NUM_THREADS says otherwise):
+# the tests' models are tiny, so a second thread only adds synchronisation, and when other work
+# shares the cores, OpenMP's spinning threads make every operator wait (a run took 10-13 minutes
+# under load with torch's default threads, a third of that with one).
+if "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 
 def _write_idx(path: Path, data: torch.Tensor) -> None:
     kind = 0x08  # unsigned byte

@@ -3,6 +3,7 @@ command quietly (exit 141), and losing stderr never stops training."""
 
 import csv
 import io
+import json
 import os
 import subprocess
 import sys
@@ -71,18 +72,45 @@ def test_a_stdout_open_for_reading_only_is_refused(checkpoint, tmp_path):
     assert done.returncode == 1 and done.stderr.startswith("Error: standard output is closed")
 
 
-@pytest.mark.parametrize("args", [["extrapolate", "--angles", "10", "20"], ["sweep", "--to", "20", "-f", "csv"],
-                                  ["eval", "-f", "json"]], ids=["table", "csv", "json"])
-def test_a_reader_gone_before_the_results_ends_quietly(args, checkpoint, tiny_mnist):
-    """`ponder ... | head` where head has left: exit 141 and no message, whatever the format."""
+# Each command in a process of its own, forked from one that imported torch and ponder_cli once: a real process whose stdout is a pipe nobody reads, which exits as any process does (its
+# buffers flushed at exit), with its status and stderr reported back as JSON.
+_FORKED = """
+import json, os, sys, tempfile
+import ponder_cli.api, torch  # what the commands load first (the command line alone loads no torch)
+from ponder_cli.cli import app
+results = []
+for args in json.loads(sys.argv[1]):
     read_end, write_end = os.pipe()
     os.close(read_end)  # nobody will ever read: the first write of results fails with EPIPE
-    try:
-        done = subprocess.run([*PONDER, *args, str(checkpoint), "--data-dir", str(tiny_mnist), "-q"],
-                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
-    finally:
-        os.close(write_end)
-    assert done.returncode == READER_GONE and done.stderr == ""
+    err = tempfile.TemporaryFile()
+    sys.stdout.flush(); sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.dup2(write_end, 1)
+            os.dup2(err.fileno(), 2)
+            app(args, prog_name="ponder")
+        except SystemExit:
+            raise  # leave as the interpreter leaves, flushing stdout
+        except BaseException:
+            os._exit(99)
+    os.close(write_end)
+    _, status = os.waitpid(pid, 0)
+    err.seek(0)
+    results.append({"code": os.waitstatus_to_exitcode(status), "stderr": err.read().decode()})
+print(json.dumps(results))
+"""
+
+
+def test_a_reader_gone_before_the_results_ends_quietly(checkpoint, tiny_mnist):
+    """`ponder ... | head` where head has left: exit 141 and no message, whatever the format
+    (a table, CSV and JSON)."""
+    commands = [["extrapolate", "--angles", "10", "20"], ["sweep", "--to", "20", "-f", "csv"], ["eval", "-f", "json"]]
+    commands = [[*args, str(checkpoint), "--data-dir", str(tiny_mnist), "-q"] for args in commands]
+    done = subprocess.run([sys.executable, "-c", _FORKED, json.dumps(commands)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [{"code": READER_GONE, "stderr": ""}] * 3
 
 
 class _Gone(io.StringIO):
