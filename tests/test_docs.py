@@ -112,7 +112,11 @@ def test_programs_are_the_first_words_of_each_command(line, expected):
 
 # Every fast example prints what it shows -----------------------------------------------------
 
-@pytest.mark.parametrize("example", [pytest.param(e, marks=[pytest.mark.mnist] if e.needs_mnist() else [])
+# Each starts `ponder` afresh (torch's start-up, ~1.7 s a command): `python tools/docs_examples.py
+# --check` runs them, as .ci/run does under three instruction sets; the suite leaves them out
+# unless asked (-m docs_examples).
+@pytest.mark.parametrize("example", [pytest.param(e, marks=[pytest.mark.docs_examples,
+                                                            *([pytest.mark.mnist] if e.needs_mnist() else [])])
                                      for e in EXAMPLES if not e.slow], ids=lambda e: e.where)
 def test_fast_example_prints_what_it_shows(example):
     if example.needs_mnist() and not HAVE_MNIST:
