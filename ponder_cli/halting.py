@@ -326,12 +326,13 @@ class ActExit(EarlyExitRule):
 
 
 # Truncation in training ------------------------------------------------------------------------
-# Truncation in training: rules that decide when a training forward needs no more steps for an
+# Rules that decide when a training forward needs no more steps for an
 # input, in two forms with one arithmetic: step by step (halting.EarlyExitRule's `decide`, which
 # PonderNet.forward with `stop` drives, dropping the inputs that are done) and over every step at
 # once (`computed_steps`, a mask over the fixed step count: fixed shapes, no host read, what a
 # captured CUDA graph runs; model.truncate applies it). Also the weights that keep the roulette
 # rule's loss unbiased.
+
 
 class TruncationRule(EarlyExitRule):
     """A rule whose decision reads only the halting logits."""

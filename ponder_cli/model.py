@@ -46,11 +46,10 @@ def truncate(out: PonderOutput, computed: torch.Tensor, forces_halt: bool = True
     PonderNet.forward). The masked steps get no gradient: the loss and its gradients are the
     truncated forward's. Fixed shapes, no host read (a captured training batch runs this)."""
     n = torch.arange(1, out.lambda_logits.shape[0] + 1, device=out.lambda_logits.device)[:, None]  # (steps, 1)
-    kept = n <= computed  # (steps, B)
-    logits = torch.where(kept[..., None], out.logits, torch.zeros_like(out.logits))
-    lambda_logits = torch.where(kept, out.lambda_logits, torch.full_like(out.lambda_logits, FORCED_HALT_LOGIT))
-    masked = PonderOutput(logits, lambda_logits, computed)
-    return masked._replace(lambda_logits=halting_as_computed(masked)) if forces_halt else masked
+    logits = torch.where((n <= computed)[..., None], out.logits, torch.zeros_like(out.logits))
+    forced = n >= computed if forces_halt else n > computed  # (steps, B)
+    lambda_logits = torch.where(forced, torch.full_like(out.lambda_logits, FORCED_HALT_LOGIT), out.lambda_logits)
+    return PonderOutput(logits, lambda_logits, computed)
 
 
 class PonderNet(nn.Module):

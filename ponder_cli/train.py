@@ -280,23 +280,22 @@ def make_optimizer(model: torch.nn.Module, cfg: PonderConfig, device: torch.devi
 _IMPLEMENTATION_FLAGS = ("fused", "foreach", "capturable")
 
 
-def learning_rate(group: dict) -> float:
-    """A param group's learning rate as a float: the float32 tensor's value read back to the decimal
-    it was given as (float32 holds 7 significant digits: 1e-3, not 0.0010000000474974513)."""
-    rate = group["lr"]
+def learning_rate(rate) -> float:
+    """A learning rate as a float: a float32 tensor's value read back to the decimal it was given
+    as (float32 holds 7 significant digits: 1e-3, not 0.0010000000474974513)."""
     return float(f"{float(rate):.7g}") if isinstance(rate, torch.Tensor) else rate
 
 
 def _optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
     """The optimizer's state for a checkpoint, its learning rate a float as every version wrote it."""
     saved = optimizer.state_dict()
-    return {**saved, "param_groups": [{**group, "lr": learning_rate(group)} for group in saved["param_groups"]]}
+    return {**saved, "param_groups": [{**group, "lr": learning_rate(group["lr"])} for group in saved["param_groups"]]}
 
 
 def _scheduler_state(scheduler) -> dict:
     """The plateau schedule's state for a checkpoint, the rates it last set as floats."""
     saved = scheduler.state_dict()
-    return {**saved, "_last_lr": [learning_rate({"lr": rate}) for rate in saved.get("_last_lr", [])]}
+    return {**saved, "_last_lr": [learning_rate(rate) for rate in saved.get("_last_lr", [])]}
 
 
 def _load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
@@ -367,7 +366,7 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
         stats = train_one_epoch(step, desc=f"epoch {epoch}/{cfg.training.epochs}", progress=progress)
         _check_some_step_was_taken(stats, epoch, out_dir)
         val_accuracy, val_steps, halting_histogram = _validate(task, model, val_set, cfg, device, amp)
-        lr = learning_rate(optimizer.param_groups[0])
+        lr = learning_rate(optimizer.param_groups[0]["lr"])
         scheduler.step(val_accuracy)
         improved = _all_finite(model, stats) and val_accuracy > result.best_accuracy
         if improved:

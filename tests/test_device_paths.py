@@ -169,7 +169,7 @@ def test_an_unfused_adam_checkpoint_resumes_fused_and_the_other_way(tmp_path):
     rate = fused.param_groups[0]["lr"]
     train_module._load_optimizer_state(fused, plain.state_dict())
     assert fused.param_groups[0]["fused"] is True and fused.param_groups[0]["lr"] is rate
-    assert train_module.learning_rate(fused.param_groups[0]) == 5e-4
+    assert train_module.learning_rate(fused.param_groups[0]["lr"]) == 5e-4
     step = fused.state[next(iter(model.parameters()))]["step"]
     assert step.device.type == "cpu" and float(step) == 1
     fused.step()  # fused needs its step counters as float32 tensors beside the parameters
@@ -197,7 +197,7 @@ def test_the_plateau_schedule_cuts_the_learning_rate_tensor_in_place():
     for accuracy in (0.5, 0.4):
         scheduler.step(accuracy)
     assert optimizer.param_groups[0]["lr"] is rate
-    assert train_module.learning_rate(optimizer.param_groups[0]) == CFG.training.lr * 0.1
+    assert train_module.learning_rate(optimizer.param_groups[0]["lr"]) == CFG.training.lr * 0.1
 
 
 # --- DDP: which configurations need the unused-parameter search -----------------------------------

@@ -14,10 +14,10 @@ import torch.nn.functional as F
 
 from . import StepFunction
 
-# conv1's weight gradient without the input gradient it does not need ---------------------------
+# The first convolution's input gradient, at the pace of its arithmetic ---------------------------
 # The first convolution of a CNN that reads a one-channel image, with an input gradient the CPU
 # computes at the pace of its arithmetic.
-# 
+#
 # The align step reads the image through a warp that depends on the turn, so its training needs
 # the gradient w.r.t. the warped image: the transposed convolution from conv1's channels back to
 # one. oneDNN computes it on the CPU far slower than conv1's weight gradient, the same arithmetic
