@@ -262,6 +262,8 @@ class PonderConfig:
         unknown = sorted(set(values) - set(PLACES))
         if unknown:
             raise PonderError(f"unknown config keys {unknown}")
+        if values.get("halting_bias") == "prior":  # the one place the word becomes its number
+            values = {**values, "halting_bias": prior_bias(values)}
         chosen = {kind: values.get(kind, cls.default(kind)) for kind in KINDS}
         if all(known(kind, piece) for kind, piece in chosen.items()):  # else __post_init__ says so
             problems = (fit_problems(chosen) or [p for key in given for p in problems_of(key, values[key], origins)]
@@ -293,8 +295,6 @@ class PonderConfig:
         chosen = {kind: settings.get(kind, cls.default(kind)) for kind in KINDS}
         fixed = {key: value for key, (value, _) in implied_values(chosen).items()
                  if key not in settings and not applies(key, chosen)}
-        if "halting_bias" in fixed:
-            fixed["halting_bias"] = prior_bias({**settings, **fixed})
         return cls.build({**fixed, **settings}, given=settings)
 
     @classmethod
@@ -315,8 +315,6 @@ class PonderConfig:
             except ValueError:
                 raise PonderError(f"{spelled('halting_bias', origins)} must be a number or 'prior' "
                                   f"(got {values['halting_bias']!r})") from None
-        if "halting_bias" in values:
-            values["halting_bias"] = prior_bias(values)
         return cls.build(values, given, origins)
 
     @classmethod

@@ -305,11 +305,9 @@ def barrier() -> None:
 
 
 def even_length(count: int) -> int:
-    """The images an epoch uses: the largest multiple of the world size <= count.
-
-    Global batches split evenly (the batch size is a multiple of the world size), so only the
-    last, partial batch loses images: count % world_size of them, at most world_size - 1 per
-    epoch and different ones each epoch. Equal slices keep DDP's mean of the ranks' gradients
+    """The largest multiple of the world size <= count: the size of a global batch that splits
+    evenly over the ranks, where the training set is smaller than one batch (an epoch's batches
+    are whole, tasks.mnist.ImageBatches). Equal slices keep DDP's mean of the ranks' gradients
     equal to the gradient of the global batch's mean loss.
     """
     return count - count % world_size()

@@ -140,3 +140,16 @@ def test_a_runs_config_json_with_a_setting_its_pieces_do_not_read_warns_once_and
     assert result.stderr.splitlines() == \
         [f"Warning: --config {path}: lambda_p = 0.3 applies to --method pondernet, not act; it has no effect"]
     assert "lambda_p" not in result.stdout and 'method = "act"' in result.stdout and "max_steps = 5" in result.stdout
+
+
+def test_the_prior_halting_bias_is_its_logit_by_every_way_in():
+    """halting_bias "prior" is the logit of lambda_p, whether given as an option, to `of`, to
+    `replace`, or saved: one place turns the word into its number."""
+    import math
+
+    logit = math.log(0.3 / 0.7)
+    assert PonderConfig.from_options(step="align", halting_bias="prior", lambda_p=0.3).method.halting_bias == logit
+    assert PonderConfig.of(step="align", halting_bias="prior", lambda_p=0.3).method.halting_bias == logit
+    assert PonderConfig.of(step="align", lambda_p=0.3).replace(halting_bias="prior").method.halting_bias == logit
+    assert PonderConfig.from_dict({"step": "align", "lambda_p": 0.3, "halting_bias": "prior"}).method.halting_bias \
+        == logit

@@ -183,17 +183,21 @@ def test_each_bucket_draws_its_own_rotations_and_coins_whatever_buckets_stand_be
 
 def test_every_command_draws_with_the_checkpoints_training_seed_by_default(runs, tiny_mnist, ponder):
     """One seed rule: --seed, else the checkpoint's training seed (pn1: seed 1); compare takes its
-    first checkpoint's, so the first model's figures there are its eval figures."""
+    checkpoints' when they share one (a model's figures there are its eval figures), else 1234,
+    whatever order they are named in."""
     common = ["--angles", 45, 90, "--limit", 120, "--data-dir", tiny_mnist, "-f", "json"]
     alone = json.loads(ponder("extrapolate", runs / "pn1", *common).stdout)
-    beside = json.loads(ponder("compare", runs / "pn1", runs / "act", *common).stdout)
+    beside = json.loads(ponder("compare", runs / "pn1", runs / "pn1" / "last.pt", *common).stdout)
     swept = json.loads(ponder("sweep", runs / "pn1", "--to", 0, "--limit", 20, "--data-dir", tiny_mnist, "-f", "json").stdout)
     calibrated = json.loads(ponder("calibrate", runs / "pn1", "--limit", 50, "--data-dir", tiny_mnist, "-f", "json").stdout)
     assert alone["seed"] == beside["seed"] == swept["seed"] == calibrated["seed"] == 1
     mine = [b for b in beside["buckets"] if b["method"] == "pondernet"]
     assert [(b["accuracy"], b["mean_steps"]) for b in mine] == [(b["accuracy"], b["mean_steps"]) for b in alone["buckets"]]
-    other = json.loads(ponder("compare", runs / "act", runs / "pn1", *common).stdout)
-    assert other["seed"] == 1234
+    mixed = [json.loads(ponder("compare", *pair, *common).stdout) for pair in ((runs / "act", runs / "pn1"),
+                                                                               (runs / "pn1", runs / "act"))]
+    assert mixed[0]["seed"] == mixed[1]["seed"] == 1234
+    rows = [sorted((b["method"], b["rotation"], b["accuracy"], b["mean_steps"]) for b in m["buckets"]) for m in mixed]
+    assert rows[0] == rows[1]  # the same figures in either order
     given = json.loads(ponder("compare", runs / "act", runs / "pn1", *common, "--seed", 1).stdout)
     assert given["seed"] == 1
     assert [b["accuracy"] for b in given["buckets"] if b["method"] == "pondernet"] == [b["accuracy"] for b in mine]

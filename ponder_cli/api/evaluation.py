@@ -289,7 +289,7 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
     if len(kinds) > 1:
         raise PonderError(f"compare needs checkpoints of one task, evaluated on the same inputs (got {', '.join(kinds)})")
     first = next(iter(models.values()))[1]
-    seed = evaluation_seed(options.seed, first)  # one draw for all: the first checkpoint's
+    seed = evaluation_seed(options.seed, *(cfg for _, cfg in models.values()))  # one draw for all
     task = get_task(first)
     # one rule for every checkpoint, each method halting by its own where it has one
     options = _with_protocol(task, replace(options, halting=options.halting or DEFAULT_HALTING))

@@ -87,10 +87,13 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
                        "p": method.halting_distribution(out.lambda_logits),
                        **{key: torch.stack([t.values[key] for t in traces]).float() for key in traces[0].values}}
             figures = {key: value.cpu().T.tolist() for key, value in figures.items()}  # (B, steps)
+            # read from the device once per batch, not once per input
+            predictions, probabilities = chosen.argmax(-1).tolist(), chosen.amax(-1).float().tolist()
+            halting_steps = halted.tolist()
             for row in range(end - start):
-                bucket = {"input": read.names[start + row], "prediction": int(chosen[row].argmax()),
-                          "probability": float(chosen[row].max()), "halting": used,
-                          "halting_step": int(halted[row]) if whole else float(halted[row])}
+                bucket = {"input": read.names[start + row], "prediction": predictions[row],
+                          "probability": probabilities[row], "halting": used,
+                          "halting_step": int(halting_steps[row]) if whole else float(halting_steps[row])}
                 if options.steps or options.views:
                     bucket["steps"] = [{"step": n + 1, **{key: values[row][n] for key, values in figures.items()}}
                                        for n in range(model.max_steps)]

@@ -9,6 +9,7 @@ import torch
 
 from .. import PonderError
 from ..checkpoint import load_model
+from ..config import PonderConfig
 from ..methods import get_method
 from ..registry import DEFAULT_HALTING
 from ..runs import resolve_checkpoint
@@ -79,8 +80,12 @@ def check_halting(cfg, rule: Optional[str]) -> str:
     return rule
 
 
-def evaluation_seed(seed: Optional[int], cfg) -> int:
+def evaluation_seed(seed: Optional[int], *cfgs) -> int:
     """The seed of an evaluation's draws, one rule for every command that runs a model (eval,
-    extrapolate, sweep, calibrate, predict; compare with its first checkpoint's config): the
-    --seed given, else the checkpoint's training seed."""
-    return cfg.training.seed if seed is None else seed
+    extrapolate, sweep, calibrate, predict, compare): the --seed given, else the checkpoints'
+    training seed when they share one, else the default seed (compare's checkpoints trained with
+    other seeds: the same draws whatever order they are named in)."""
+    if seed is not None:
+        return seed
+    seeds = {cfg.training.seed for cfg in cfgs}
+    return seeds.pop() if len(seeds) == 1 else PonderConfig.default("seed")

@@ -141,8 +141,8 @@ def compare(
     halting: Optional[str] = HaltingOption,
     plot: Optional[Path] = PlotOption,
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the test rotations and halting coin flips, the "
-                                       "same for every checkpoint, so all see the same images. [default: the first "
-                                       "checkpoint's training seed]"),
+                                       "same for every checkpoint, so all see the same images. [default: the "
+                                       "checkpoints' training seed if they share one, else 1234]"),
     repeats: int = RepeatsOption,
     limit: int = LimitOption,
     batch_size: int = EvalBatchOption,
