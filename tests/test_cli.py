@@ -3,7 +3,6 @@ import io
 import json
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -14,6 +13,8 @@ from ponder_cli.checkpoint import load_checkpoint
 from ponder_cli.cli import app, expand_angles
 from ponder_cli.reports import META_KEYS
 from ponder_cli.tasks import get_task
+
+import processes
 
 
 def _command_names():
@@ -330,12 +331,10 @@ def test_evaluation_shows_a_bar_on_a_terminal_and_fits_80_columns(checkpoint, ti
     import struct
     import termios
 
-    code = "import sys; from ponder_cli.cli import app; app(sys.argv[1:], prog_name='ponder')"
-    args = [sys.executable, "-c", code, "extrapolate", str(checkpoint), "--angles", "10", "20", "112.5",
-            "--data-dir", str(tiny_mnist)]
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # an 80 x 24 terminal
-    proc = subprocess.Popen(args, stdin=follower, stdout=follower, stderr=follower, env={**os.environ, "COLUMNS": "80"})
+    proc = processes.ponder("extrapolate", checkpoint, "--angles", "10", "20", "112.5", "--data-dir", tiny_mnist,
+                            stdin=follower, stdout=follower, stderr=follower, env={**os.environ, "COLUMNS": "80"})
     os.close(follower)
     output = b""
     while True:

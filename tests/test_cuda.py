@@ -8,6 +8,7 @@ where tests/test_graph_safe.py proves on the CPU what makes the capture possible
 """
 
 import math
+from collections import Counter
 
 import pytest
 import torch
@@ -22,6 +23,8 @@ from ponder_cli.checkpoint import new_model
 from ponder_cli.methods import get_method
 from ponder_cli.shipped import shipped_path
 from ponder_cli.train import WARMUP_BATCHES, batch_step, train, train_one_epoch
+
+from host_reads import DEVICE_SYNC, Watch, count_syncs
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -112,11 +115,9 @@ def test_no_sync_inside_a_captured_epoch_but_its_one_read(amp, task, tiny_mnist)
     assert step.graph is not None and math.isfinite(stats["loss"])
     step.source.start_epoch()
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with Watch(step.source.generators()) as watch:  # the device's sync debug mode, and every operator staged
         _batches(step, 5)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    assert watch.reads == Counter() and watch.problems == []
     assert math.isfinite(float(step.totals[0]))
 
 
@@ -175,16 +176,9 @@ def test_an_evaluation_on_cuda_reads_the_host_once_per_bucket(tiny_mnist):
     test = load_mnist(tiny_mnist, train=False, download=False).to(GPU)
     evaluate(model, test, cfg, max_angle=45, seed=7, batch_size=64)  # warm-up
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("warn")
-    import warnings
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        evaluate(model, test, cfg, max_angle=45, seed=7, batch_size=64)
-    torch.cuda.set_sync_debug_mode("default")
-    syncs = [w for w in caught if "synchroniz" in str(w.message) and "prototype" not in str(w.message)]
+    syncs = count_syncs(lambda: evaluate(model, test, cfg, max_angle=45, seed=7, batch_size=64))
     # the coins and angles copied up once, the per-image results read once: a handful, never one per step
-    assert len(syncs) <= 6, [str(w.message) for w in syncs]
+    assert syncs[DEVICE_SYNC] <= 6, syncs
 
 
 def test_resume_cpu_then_cuda_then_cpu(tiny_mnist, tmp_path):

@@ -4,9 +4,8 @@ DDP's unused-parameter search, and the signal watcher that unblocks a rank stuck
 
 import math
 import os
-import subprocess
-import sys
-import textwrap
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,8 @@ from ponder_cli.checkpoint import new_model
 from ponder_cli.tasks import get_task
 from ponder_cli.methods import PonderNetMethod
 from ponder_cli.train import batch_step, make_optimizer, train, train_one_epoch
+
+import processes
 
 REPO = Path(ponder_cli.__file__).resolve().parent.parent
 CFG = PonderConfig.of(epochs=2, max_steps=3, batch_size=8, val_size=50, hidden=16, hidden_cnn=16, hidden_lin=16)
@@ -225,37 +226,42 @@ def test_parameters_a_one_step_forward_leaves_out(options, left_out):
 
 # --- nccl: a rank blocked on a dead peer ----------------------------------------------------------
 
-_WATCHER = textwrap.dedent("""
-    import os, signal, threading, time
-    from ponder_cli import distributed
+def _watched(on_signal, wait: float) -> None:
+    import threading
     unblock, started = threading.Event(), time.monotonic()
 
     def handler(signum, frame):
-        print(f"handler ran after {{time.monotonic() - started:.1f}} s", flush=True)
-        {on_signal}
+        print(f"handler ran after {time.monotonic() - started:.1f} s", flush=True)
+        on_signal()
 
     signal.signal(signal.SIGTERM, handler)
     distributed.abort_when_signal_unanswered(1.0, abort=lambda: (print("aborted", flush=True), unblock.set()))
     # The main thread cannot run the handler, as inside a CUDA wait: the signal, sent once it
     # waits, goes to the watcher's thread, and the main thread waits on what only the abort ends.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGTERM}})
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
-    unblock.wait({wait})
+    unblock.wait(wait)
     for _ in range(100):  # Python code again: the pending handler runs
         pass
     print("no handler ran", flush=True)
-""")
 
 
-def _run_watcher(on_signal: str, wait: float) -> list[str]:
-    code = _WATCHER.format(on_signal=on_signal, wait=wait)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={"PYTHONPATH": str(REPO), "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
-    return done.stdout.splitlines()
+def _raise_143():
+    raise SystemExit(143)
+
+
+def _exit_143():
+    os._exit(143)
+
+
+def _run_watcher(on_signal, wait: float) -> list[str]:
+    with processes.fork(_watched, on_signal, wait) as proc:
+        stdout, _ = proc.communicate(timeout=60)
+    return stdout.splitlines()
 
 
 def test_an_unanswered_sigterm_aborts_the_process_group_so_the_handler_runs():
-    lines = _run_watcher("raise SystemExit(143)", wait=30)
+    lines = _run_watcher(_raise_143, wait=30)
     assert len(lines) == 2 and lines[0] == "aborted" and lines[1].startswith("handler ran after"), lines
     assert 1.1 <= float(lines[1].split()[3]) < 10  # signal + grace, long before the wait would end
 
@@ -263,7 +269,7 @@ def test_an_unanswered_sigterm_aborts_the_process_group_so_the_handler_runs():
 def test_a_process_that_acts_on_the_signal_is_not_aborted():
     # the main thread's wait ends by itself, after the signal but before the grace is over, and
     # the handler leaves at once
-    lines = _run_watcher("os._exit(143)", wait=0.5)
+    lines = _run_watcher(_exit_143, wait=0.5)
     assert len(lines) == 1 and lines[0].startswith("handler ran after"), lines
 
 

@@ -7,8 +7,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -27,6 +25,8 @@ from ponder_cli.data import load_mnist, train_val_split
 from ponder_cli.halting import StopAfterFirstStep
 from ponder_cli.model import PonderNet
 from ponder_cli.train import train
+
+import processes
 
 REPO = Path(ponder_cli.__file__).resolve().parent.parent
 TINY = ["--val-size", "100", "--train-size", "256", "--max-steps", "3", "--batch-size", "64", "--no-progress"]
@@ -161,20 +161,19 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def two_ranks(tiny_mnist, tmp_path_factory):
-    """Runs both ranks once (about 20 s on 2 cores, much of it two Python processes importing torch)."""
+    """Runs both ranks once, each a process forked from this one (no second import of torch)."""
     out = tmp_path_factory.mktemp("ddp")
     (out / "work" / "runs" / "pondernet-align-seed1234").mkdir(parents=True)  # taken: the run gets -2
     ports = (_free_port(), _free_port(), _free_port(), _free_port())
-    context = torch.multiprocessing.start_processes(_rank_main, args=(2, ports, tiny_mnist, out), nprocs=2,
-                                                    join=False, start_method="spawn")
-    deadline = time.monotonic() + 180
+    ranks = [processes.fork(_rank_main, rank, 2, ports, tiny_mnist, out) for rank in (0, 1)]
     try:
-        while not context.join(timeout=1):
-            assert time.monotonic() < deadline, "the 2-rank run hung"
+        for rank in ranks:
+            rank.wait(timeout=180)  # else "the 2-rank run hung"
+        for rank in ranks:
+            assert rank.returncode == 0, rank.communicate()[1]
     finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
+        for rank in ranks:
+            rank.__exit__()
     return out
 
 
@@ -331,12 +330,17 @@ def test_which_process_prints_an_error_under_torchrun(rank, local_rank, error, s
     assert distributed.error_line(f"{error.headline}: {error}", error) == shown
 
 
-def _torchrun(*args: str, **popen) -> subprocess.Popen:
+def _launch(args: list) -> None:
+    from torch.distributed.run import main
+    main(["--standalone", "--nproc_per_node=2", "-m", "ponder_cli", "train", *args])
+
+
+def _torchrun(*args: str, **fork) -> processes.Process:
+    """`torchrun --standalone --nproc_per_node=2 -m ponder_cli train ARGS`: torchrun's own launcher
+    in a forked process, its two workers fresh interpreters as torchrun starts them."""
     env = {k: v for k, v in os.environ.items() if k not in TORCH_ENV}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]))
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             "-m", "ponder_cli", "train", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **popen)
+    return processes.fork(_launch, [str(arg) for arg in args], env=env, **fork)
 
 
 def _rank_of_children(pid: int) -> dict:
@@ -355,7 +359,7 @@ def _rank_of_children(pid: int) -> dict:
 def test_sigterm_to_one_rank_stops_every_rank_with_a_resume_hint(tiny_mnist, tmp_path):
     out = tmp_path / "run"
     proc = _torchrun("--epochs", "500", "--patience", "0", *TINY, "--data-dir", str(tiny_mnist),
-                     "--out", str(out), start_new_session=True)
+                     "--out", str(out), new_session=True)
     try:
         deadline = time.monotonic() + 90
         while not (out / "last.pt").exists():

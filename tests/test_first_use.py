@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from rich.cells import cell_len
 
 from ponder_cli.checkpoint import load_checkpoint, save_checkpoint
 from ponder_cli.reports import least_squares
+
+import processes
 
 PARITY16 = Path(__file__).resolve().parent.parent / "ponder_cli" / "checkpoints" / "parity" / "interpolation16.pt"
 PARITY = ["--task", "parity", "--elems", "8", "--batches-per-epoch", "3", "--max-steps", "3", "--batch-size", "32"]
@@ -366,25 +369,23 @@ def test_evaluation_progress_goes_to_a_log_as_lines(checkpoint, tiny_mnist, monk
 @pytest.mark.parametrize("signal_name,code,headline", [("SIGINT", 130, "Interrupted"), ("SIGTERM", 143, "Terminated")])
 def test_a_signal_during_an_evaluation_is_one_line(signal_name, code, headline, checkpoint, tiny_mnist):
     """A real signal to a real process, once its first bucket is done: one line, the shell's status."""
-    script = (
-        "import os, signal, sys\n"
-        "signal.signal(signal.SIGINT, signal.default_int_handler)  # not ignored, as a shell's & leaves it\n"
-        "from ponder_cli import evaluate\n"
-        "real = evaluate.evaluate_bucket\n"
-        "def once_then_signal(*a, **k):\n"
-        "    result = real(*a, **k)\n"
-        f"    os.kill(os.getpid(), signal.{signal_name})\n"
-        "    return result\n"
-        "evaluate.evaluate_bucket = once_then_signal\n"
-        "from ponder_cli.cli import app\n"
-        "sys.argv = ['ponder'] + sys.argv[1:]\n"
-        "app()\n")
-    result = subprocess.run([sys.executable, "-c", script, "eval", str(checkpoint), "--angles", "10", "20",
-                             "--data-dir", str(tiny_mnist)], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
-    assert result.returncode == code, result.stderr
-    assert result.stdout == "" and "Traceback" not in result.stderr
-    assert result.stderr.splitlines()[-1] == f"{headline}: evaluation stopped before its results; nothing was written"
+    def eval_signalled_after_one_bucket():
+        from ponder_cli import evaluate
+        real = evaluate.evaluate_bucket
+
+        def once_then_signal(*args, **kwargs):
+            result = real(*args, **kwargs)
+            os.kill(os.getpid(), getattr(signal, signal_name))
+            return result
+
+        evaluate.evaluate_bucket = once_then_signal  # in the child alone
+        processes.run_cli(["eval", str(checkpoint), "--angles", "10", "20", "--data-dir", str(tiny_mnist)])
+
+    with processes.fork(eval_signalled_after_one_bucket) as proc:
+        stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == code, stderr
+    assert stdout == "" and "Traceback" not in stderr
+    assert stderr.splitlines()[-1] == f"{headline}: evaluation stopped before its results; nothing was written"
 
 
 # found by a fresh new-user pass ------------------------------------------------------------------

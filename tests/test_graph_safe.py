@@ -11,7 +11,6 @@ Evaluation's full forward with a rule applied on the device is held to the same.
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ponder_cli.checkpoint import new_model
 from ponder_cli.config import PonderConfig
@@ -19,41 +18,8 @@ from ponder_cli.methods import get_method
 from ponder_cli.model import truncate
 from ponder_cli.runtime import autocast
 from ponder_cli.train import WARMUP_BATCHES, BatchStep, batch_step, step_unless
+from host_reads import Watch
 from synthetic_data import synthetic_digits
-
-# operators that make the host wait for the device, or need a value on the host to shape their output
-HOST_READS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "nonzero_static", "masked_select",
-              "_unique2", "unique_consecutive", "unique_dim", "repeat_interleave", "bincount", "histc",
-              "masked_scatter", "equal", "allclose"}
-# a tensor made from Python data: on CUDA a copy from the host, which a capture cannot hold
-FROM_PYTHON_DATA = {"lift_fresh", "lift_fresh_copy"}
-
-
-class Watch(TorchDispatchMode):
-    """Records every operator (name, the shapes of its tensor arguments) and fails on a host read,
-    on a tensor from Python data, or on a draw from a generator not among `owned`."""
-
-    def __init__(self, owned=()):
-        super().__init__()
-        self.owned, self.ops, self.problems = tuple(owned), [], []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = func._schema.name.split("::")[-1]
-        if name in HOST_READS:
-            self.problems.append(f"{name} reads on the host")
-        if name in FROM_PYTHON_DATA:
-            self.problems.append(f"{name}: a tensor from Python data")
-        generator = kwargs.get("generator")
-        # the generator reaches the operator in a wrapper of its own: the same one has the same state
-        if generator is not None and not any(torch.equal(generator.get_state(), g.get_state()) for g in self.owned):
-            self.problems.append(f"{name} draws from a generator the step does not own")
-        shapes = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else
-                       tuple(tuple(t.shape) for t in a if isinstance(t, torch.Tensor)) if isinstance(a, (list, tuple))
-                       else None for a in args)
-        self.ops.append((str(func), shapes))
-        return func(*args, **kwargs)
-
 
 SMALL_IMAGES = dict(hidden=12, hidden_cnn=12, batch_size=16)
 SMALL_VECTORS = dict(task="parity", elems=8, hidden=12, batch_size=16, batches_per_epoch=8, curriculum=6,
@@ -138,10 +104,12 @@ def test_mixed_precision_batches_are_graph_safe_too(scaled):
 
 
 def test_the_watch_catches_a_host_read():
+    x = torch.ones(2)
     with Watch() as watch:
-        bool(torch.ones(2).sum() > 0)
+        bool(x.sum() > 0)
         torch.tensor([1.0, 2.0])
-    assert [p.split(" ")[0].rstrip(":") for p in watch.problems] == ["_local_scalar_dense", "lift_fresh"]
+        x[x > 0]  # a boolean mask: its indices on the host
+    assert [p.split(" ")[0].rstrip(":") for p in watch.problems] == ["_local_scalar_dense", "lift_fresh", "nonzero"]
 
 
 # Truncation as a mask equals the shrinking truncated forward -----------------------------------

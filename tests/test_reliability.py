@@ -4,6 +4,7 @@ import errno
 import io
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -21,6 +22,8 @@ from ponder_cli.data import load_mnist, train_val_split
 from ponder_cli.methods import geometric_log_prior, ponder_loss
 from ponder_cli.methods import PonderNetMethod
 from ponder_cli.train import train
+
+import processes
 
 TINY = ["--val-size", "100", "--max-steps", "3", "--batch-size", "64"]
 
@@ -346,20 +349,12 @@ def test_same_seed_same_training_and_evaluation(tiny_mnist, tmp_path, invoke):
 
 # --- crashes and interrupts ---------------------------------------------------------------------
 
-def _start_training(tiny_mnist: Path, out: Path) -> subprocess.Popen:
-    # Ctrl-C reaches a command in the foreground; a suite started with a shell's & (or nohup)
-    # hands its children SIGINT ignored, which would make the SIGINT case train on to the end.
-    # Unblocked too, whatever the mask the suite was started with.
-    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})\n"
-            "from ponder_cli.cli import app; app(sys.argv[1:], prog_name='ponder')")
-    args = [sys.executable, "-c", code, "train", "--epochs", "500", "--val-size", "100", "--max-steps", "2",
-            "--batch-size", "100", "--data-dir", str(tiny_mnist), "--out", str(out), "--no-progress",
-            "--patience", "0"]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _start_training(tiny_mnist: Path, out: Path) -> processes.Process:
+    return processes.ponder("train", "--epochs", "500", "--val-size", "100", "--max-steps", "2", "--batch-size", "100",
+                            "--data-dir", tiny_mnist, "--out", out, "--no-progress", "--patience", "0")
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+def _wait_for(path: Path, proc: processes.Process, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         assert proc.poll() is None, proc.communicate()
@@ -367,52 +362,29 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
-# Four runs of one folder, each a process forked from one that imported torch and ponder_cli once:
-# the first trains afresh, each next resumes where the last was killed (taking over its stale
-# lock). Once a run has saved an epoch of its own, it is killed at a random moment (an epoch here
-# takes ~0.1 s: kills land anywhere, saves included) and what it left is copied aside.
-_KILLS = """
-import os, random, shutil, sys, time
-from pathlib import Path
-import ponder_cli.api, torch
-from ponder_cli.cli import app
-out, data, left = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-rng = random.Random(0)
-for run in range(4):
-    saved = (out / "last.pt").stat().st_mtime_ns if run else None
-    sys.stdout.flush(); sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            where = ["--resume", str(out / "last.pt")] if run else ["--out", str(out), "--epochs", "500",
-                "--val-size", "100", "--max-steps", "2", "--batch-size", "100", "--patience", "0"]
-            app(["train", *where, "--data-dir", data, "--no-progress", "-q"], prog_name="ponder")
-        finally:
-            os._exit(1)  # never back into the loop
-    deadline = time.monotonic() + 60
-    while not (out / "last.pt").exists() or (out / "last.pt").stat().st_mtime_ns == saved:
-        assert os.waitpid(pid, os.WNOHANG) == (0, 0), f"run {run} ended"
-        assert time.monotonic() < deadline, f"run {run} saved no epoch"
-        time.sleep(0.02)
-    time.sleep(rng.uniform(0.0, 0.3))
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    (left / str(run)).mkdir(parents=True)
-    for name in ("last.pt", "best.pt"):
-        shutil.copy(out / name, left / str(run) / name)
-"""
-
-
 def test_sigkill_never_leaves_a_broken_checkpoint(tiny_mnist, tmp_path):
-    done = subprocess.run([sys.executable, "-c", _KILLS, str(tmp_path / "run"), str(tiny_mnist), str(tmp_path / "left")],
-                          capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr
-    epochs = []
+    """Four runs of one folder: the first trains afresh, each next resumes where the last was
+    killed (taking over its stale lock). Once a run has saved an epoch of its own, it is killed at
+    a random moment (an epoch here takes ~0.1 s: kills land anywhere, saves included), and what
+    it left must load."""
+    out, rng, epochs = tmp_path / "run", random.Random(0), []
     for run in range(4):
+        saved = (out / "last.pt").stat().st_mtime_ns if run else None
+        where = ["--resume", out / "last.pt"] if run else ["--out", out, "--epochs", "500", "--val-size", "100",
+                                                           "--max-steps", "2", "--batch-size", "100", "--patience", "0"]
+        with processes.ponder("train", *where, "--data-dir", tiny_mnist, "--no-progress", "-q") as proc:
+            deadline = time.monotonic() + 60
+            while not (out / "last.pt").exists() or (out / "last.pt").stat().st_mtime_ns == saved:
+                assert proc.poll() is None, (run, proc.communicate())
+                assert time.monotonic() < deadline, f"run {run} saved no epoch"
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0.0, 0.3))
+            proc.kill()
+            assert proc.wait() == -signal.SIGKILL
         for name in ("last.pt", "best.pt"):
-            model, cfg, state = load_model(tmp_path / "left" / str(run) / name, "cpu")
+            model, cfg, state = load_model(out / name, "cpu")
             assert cfg.method.max_steps == 2 and state.epoch >= 1
-        epochs.append(load_checkpoint(tmp_path / "left" / str(run) / "last.pt").epoch)
+        epochs.append(load_checkpoint(out / "last.pt").epoch)
     assert epochs == sorted(set(epochs)), epochs  # each run trained on from where the last was killed
 
 

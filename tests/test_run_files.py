@@ -16,6 +16,8 @@ from ponder_cli.checkpoint import load_checkpoint
 from ponder_cli.render import config_lines
 from ponder_cli.train import EpochStats
 
+import processes
+
 COLUMNS = [f.name for f in dataclasses.fields(EpochStats)]
 
 
@@ -106,21 +108,17 @@ def test_switches_show_as_the_flags_that_set_them():
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_sigterm_before_the_first_epoch_leaves_no_run_folder(tiny_mnist, tmp_path):
     """Nothing saved, nothing left: the next run takes the same name instead of -2."""
-    code = "import sys; from ponder_cli.cli import app; app(sys.argv[1:], prog_name='ponder')"
     # small batches and many steps: the first epoch takes seconds, the signal lands inside it
-    proc = subprocess.Popen([sys.executable, "-c", code, "train", "--val-size", "100", "--batch-size", "2",
-                             "--max-steps", "20", "--data-dir", str(tiny_mnist), "--no-progress"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = processes.ponder("train", "--val-size", "100", "--batch-size", "2", "--max-steps", "20", "--data-dir",
+                            tiny_mnist, "--no-progress", cwd=tmp_path)
     run = tmp_path / "runs" / "pondernet-mlp-seed1234"
-    try:
+    with proc:
         deadline = time.monotonic() + 60
         while not (run / "metrics.csv").exists():
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
     assert proc.returncode == 143, stderr
     assert stderr.splitlines()[-1] == "Terminated: no epoch had completed; nothing was saved"
     assert not run.exists() and (tmp_path / "runs").exists()

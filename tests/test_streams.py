@@ -3,7 +3,6 @@ command quietly (exit 141), and losing stderr never stops training."""
 
 import csv
 import io
-import json
 import os
 import subprocess
 import sys
@@ -12,6 +11,8 @@ import pytest
 
 from ponder_cli.checkpoint import load_checkpoint
 from ponder_cli.streams import READER_GONE, Chatter
+
+import processes
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX pipes and descriptors")
 
@@ -35,13 +36,15 @@ def _rows(path):
 def test_training_goes_on_when_its_reader_leaves_after_one_line(tiny_mnist, tmp_path):
     """`ponder train ... 2>&1 | head -1`: every epoch trained and saved, then a quiet exit 141
     when the summary finds no reader."""
-    reader = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"], stdin=subprocess.PIPE)
+    read_end, write_end = os.pipe()
     out = tmp_path / "run"
-    trainer = subprocess.Popen([*PONDER, *TRAIN, "--data-dir", str(tiny_mnist), "--out", str(out)],
-                               stdout=reader.stdin, stderr=reader.stdin)
-    reader.stdin.close()
-    assert trainer.wait(timeout=120) == READER_GONE
-    assert reader.wait(timeout=10) == 0
+    with processes.ponder(*TRAIN, "--data-dir", tiny_mnist, "--out", out, stdout=write_end,
+                          stderr=write_end) as trainer:
+        os.close(write_end)
+        while os.read(read_end, 1) != b"\n":  # head -1 reads its line and leaves
+            pass
+        os.close(read_end)
+        assert trainer.wait(timeout=120) == READER_GONE
     assert sorted(p.name for p in out.iterdir()) == ["best.pt", "config.json", "config.toml", "environment.json", "last.pt", "metrics.csv"]
     assert load_checkpoint(out / "last.pt").epoch == 3
     assert [row["epoch"] for row in _rows(out / "metrics.csv")] == ["1", "2", "3"]
@@ -72,45 +75,17 @@ def test_a_stdout_open_for_reading_only_is_refused(checkpoint, tmp_path):
     assert done.returncode == 1 and done.stderr.startswith("Error: standard output is closed")
 
 
-# Each command in a process of its own, forked from one that imported torch and ponder_cli once: a real process whose stdout is a pipe nobody reads, which exits as any process does (its
-# buffers flushed at exit), with its status and stderr reported back as JSON.
-_FORKED = """
-import json, os, sys, tempfile
-import ponder_cli.api, torch  # what the commands load first (the command line alone loads no torch)
-from ponder_cli.cli import app
-results = []
-for args in json.loads(sys.argv[1]):
-    read_end, write_end = os.pipe()
-    os.close(read_end)  # nobody will ever read: the first write of results fails with EPIPE
-    err = tempfile.TemporaryFile()
-    sys.stdout.flush(); sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.dup2(write_end, 1)
-            os.dup2(err.fileno(), 2)
-            app(args, prog_name="ponder")
-        except SystemExit:
-            raise  # leave as the interpreter leaves, flushing stdout
-        except BaseException:
-            os._exit(99)
-    os.close(write_end)
-    _, status = os.waitpid(pid, 0)
-    err.seek(0)
-    results.append({"code": os.waitstatus_to_exitcode(status), "stderr": err.read().decode()})
-print(json.dumps(results))
-"""
-
-
 def test_a_reader_gone_before_the_results_ends_quietly(checkpoint, tiny_mnist):
     """`ponder ... | head` where head has left: exit 141 and no message, whatever the format
     (a table, CSV and JSON)."""
     commands = [["extrapolate", "--angles", "10", "20"], ["sweep", "--to", "20", "-f", "csv"], ["eval", "-f", "json"]]
-    commands = [[*args, str(checkpoint), "--data-dir", str(tiny_mnist), "-q"] for args in commands]
-    done = subprocess.run([sys.executable, "-c", _FORKED, json.dumps(commands)], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == [{"code": READER_GONE, "stderr": ""}] * 3
+    for args in commands:
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # nobody will ever read: the first write of results fails with EPIPE
+        with processes.ponder(*args, checkpoint, "--data-dir", tiny_mnist, "-q", stdout=write_end) as command:
+            os.close(write_end)
+            assert command.communicate(timeout=120) == (None, ""), args
+            assert command.returncode == READER_GONE, args
 
 
 class _Gone(io.StringIO):

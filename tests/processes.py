@@ -1,0 +1,164 @@
+"""Real processes for the tests, forked from the test's own.
+
+A test of signals, pipes, exit statuses or the files a killed run leaves needs a process of its
+own. A fresh interpreter imports torch again, about 1.9 s here: most of such a test's time. A
+child forked from the test process, which imported torch and ponder_cli once, is as real a
+process (its own pid, signals, file descriptors and exit status) and starts in milliseconds.
+
+What a fresh interpreter sets up as it starts is set up here: the standard streams on file
+descriptors 0-2 and no other (stdout block-buffered, line-buffered on a terminal; stderr line-buffered, as
+Python's own), SIGINT raising KeyboardInterrupt and SIGTERM ending the process, no signal
+blocked (whatever the suite was started with: a shell's `&` leaves SIGINT ignored), the
+environment and working directory asked for; and its ending: the exit status an uncaught
+exception or `SystemExit` gives, stdout flushed, non-daemon threads joined. What depends on the
+interpreter's own start (which modules it imports, its streams' encoding, a standard stream
+closed before it starts) is tested with a fresh interpreter (`subprocess`) instead.
+
+torch's thread pools are single-threaded in the suite (conftest), so nothing is lost to fork.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from typing import Callable, Optional
+
+CAPTURE = -1  # a stream written to a file of its own, read back by communicate()
+
+
+class Process:
+    """A forked child, as much like `subprocess.Popen` as the tests need: `pid`, `poll()`,
+    `wait()`, `communicate()` (text), `send_signal()`, `kill()`, `returncode` (-N: killed by
+    signal N). As a context manager it kills a child still running at its end."""
+
+    def __init__(self, pid: int, captured: dict):
+        self.pid, self.returncode, self._captured = pid, None, captured
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float = 60) -> int:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"forked pid {self.pid}", timeout)
+            time.sleep(0.005)
+        return self.returncode
+
+    def communicate(self, timeout: float = 60) -> tuple:
+        self.wait(timeout)
+        texts = []
+        for name in ("stdout", "stderr"):
+            file = self._captured.get(name)
+            if file is None:
+                texts.append(None)
+            else:
+                file.seek(0)
+                texts.append(file.read().decode("utf-8", "backslashreplace"))
+        return tuple(texts)
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def __enter__(self) -> "Process":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.poll() is None:
+            self.kill()
+            self.wait()
+
+
+def fork(target: Callable, *args, stdin: Optional[int] = None, stdout: Optional[int] = CAPTURE,
+         stderr: Optional[int] = CAPTURE, env: Optional[dict] = None, cwd=None,
+         new_session: bool = False) -> Process:
+    """`target(*args)` in a child process, its exit status as Python's would be. Each stream is
+    CAPTURE (the default for stdout and stderr), a file descriptor, or None (this process's)."""
+    captured = {}
+    fds = {}
+    for fd, name, source in ((0, "stdin", stdin), (1, "stdout", stdout), (2, "stderr", stderr)):
+        if source == CAPTURE:
+            captured[name] = tempfile.TemporaryFile()
+            source = captured[name].fileno()
+        if source is not None:
+            fds[fd] = source
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child never returns into the test
+        status = 1
+        try:
+            status = _child(target, args, fds, env, cwd, new_session)
+        finally:
+            os._exit(status)
+    return Process(pid, captured)
+
+
+def ponder(*args, **kwargs) -> Process:
+    """`ponder ARGS` in a forked child: the command line as the console script runs it."""
+    return fork(run_cli, [str(arg) for arg in args], **kwargs)
+
+
+def run_cli(args: list) -> None:
+    from ponder_cli.cli import app
+    app(args, prog_name="ponder")
+
+
+def _child(target, args, fds: dict, env, cwd, new_session: bool) -> int:
+    if new_session:
+        os.setsid()
+    for fd, source in fds.items():
+        os.dup2(source, fd)
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # as Popen's close_fds: no pipe end of the test's held open
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
+    if cwd is not None:
+        os.chdir(cwd)
+    sys.stdin = sys.__stdin__ = open(0, closefd=False, encoding="utf-8")
+    sys.stdout = sys.__stdout__ = open(1, "w", closefd=False, encoding="utf-8")
+    sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False, encoding="utf-8",
+                                       errors="backslashreplace")
+    try:
+        target(*args)
+        status = 0
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        if not isinstance(exc.code, (int, type(None))):
+            print(exc.code, file=sys.stderr)
+    except KeyboardInterrupt:  # as Python ends on one: the traceback, then killed by SIGINT
+        traceback.print_exc()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        status = 130
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    threading._shutdown()  # as the interpreter does at exit: join the threads that are not daemons
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        status = 120  # Python's status when stdout cannot be flushed at exit
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    return status
