@@ -32,7 +32,7 @@ from .. import PonderError, distributed
 from ..config import parse_count_range
 from ..evaluate import EvalBucket, evaluate_bucket
 from ..reports import TaskView, Terms
-from . import Task, TrainingSource, UserInputs, check_input_file, derived_seed, load_inputs
+from . import Task, TrainingSource, UserInputs, check_input_file, derived_seed, load_inputs, uniforms
 
 CLASSES = 2
 # the paper's largest vectors have 96 entries; the fixed evaluation sets hold a few hundred rows
@@ -46,9 +46,6 @@ CALIBRATION_SEED = 3
 VAL_PER_COUNT = 64  # validation rows per non-zero count of the training range
 TEST_PER_COUNT = 256  # evaluation rows per non-zero count of a bucket (--limit lowers it)
 CALIBRATION_PER_COUNT = 256  # calibration rows per non-zero count (--limit sets it)
-# Splits a (seed, elems, count) triple into one generator seed (an odd 64-bit multiplier, so
-# distinct triples give distinct seeds for any realistic sizes).
-_MIX = 0x9E3779B97F4A7C15
 
 
 class ParityBatch(NamedTuple):
@@ -91,23 +88,17 @@ def check_counts(elems: int, lo: int, hi: int) -> None:
         raise ValueError(f"non-zero counts must satisfy 1 <= lo <= hi <= elems (got {lo}-{hi} of {elems})")
 
 
-def count_seed(seed: int, elems: int, count: int) -> int:
-    """The seed of one count's rows of a fixed set (and of their halting coins). A mixer apart
-    from tasks.derived_seed: the fixed test and validation sets, and so every published parity
-    figure, are drawn from it."""
-    return (seed * _MIX + elems * 1_000_003 + count) % 2 ** 63
-
-
 def evaluation_set(elems: int, lo: int, hi: int, per_count: int, seed: int, device=None) -> ParityBatch:
     """A fixed set: `per_count` rows for every non-zero count in [lo, hi], in count order.
 
-    Drawn on the CPU (the same rows on every device) from a generator per count seeded by
-    (seed, elems, count): the rows of one count are the same whatever range they are part of.
+    Drawn on the CPU (the same rows on every device) from a generator per count, seeded by
+    (seed, elems, count) through tasks.derived_seed: the rows of one count are the same whatever
+    range they are part of.
     """
     check_counts(elems, lo, hi)
     parts = []
     for count in range(lo, hi + 1):
-        generator = torch.Generator().manual_seed(count_seed(seed, elems, count))
+        generator = torch.Generator().manual_seed(derived_seed("vectors", seed, elems, count))
         parts.append(vectors_with_counts(torch.full((per_count,), count), elems, generator))
     x, labels, counts = (torch.cat(column) for column in zip(*parts))
     return ParityBatch(x.to(device), labels.to(device), counts.to(device))
@@ -181,13 +172,12 @@ class ParityBatches(TrainingSource):
 
 
 def halting_coins(counts: torch.Tensor, elems: int, max_steps: int, seed: int) -> torch.Tensor:
-    """The halting coins (max_steps, N) of rows grouped by non-zero count: each count's rows from
-    a generator of their own, seeded by (seed, elems, count), row j of a count getting the j-th
-    max_steps numbers it draws; so a row's coins depend neither on the other counts of its
-    bucket nor on how many rows follow it."""
+    """The halting coins (max_steps, N) of rows grouped by non-zero count: row j of a count draws
+    the j-th row of that count's own stream (tasks.uniforms, as every task's per-input numbers),
+    so a row's coins depend neither on the other counts of its bucket nor on how many rows follow it."""
     values, sizes = torch.unique_consecutive(counts.cpu(), return_counts=True)
-    parts = [torch.rand(size, max_steps, generator=torch.Generator().manual_seed(
-        count_seed(derived_seed("coins", seed), elems, count))) for count, size in zip(values.tolist(), sizes.tolist())]
+    parts = [uniforms(seed, "coins", (elems, count), torch.arange(size), max_steps, torch.float32)
+             for count, size in zip(values.tolist(), sizes.tolist())]
     return torch.cat(parts).T.contiguous()
 
 
@@ -195,9 +185,9 @@ def vector_bucket(data: ParityBatch, max_steps: int, seed: int):
     """An evaluation bucket of vectors (grouped by count, as evaluation_set draws them); the
     halting coins per count from `seed` (halting_coins)."""
 
-    uniforms = halting_coins(data.counts, data.x.shape[1], max_steps, seed)
+    coins = halting_coins(data.counts, data.x.shape[1], max_steps, seed)
     return EvalBucket(labels=data.labels, inputs=lambda start, end: data.x[start:end],
-                      uniforms=uniforms.to(data.x.device), difficulty=data.counts.double().cpu())
+                      uniforms=coins.to(data.x.device), difficulty=data.counts.double().cpu())
 
 
 def _terms():
