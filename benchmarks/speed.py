@@ -31,13 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synthetic_data: digits without MNIST
 
 from ponder_cli.config import PonderConfig  # noqa: E402
-from ponder_cli.data import default_data_dir, load_mnist, prepare_batch, train_val_split  # noqa: E402
+from ponder_cli.data import default_data_dir, load_mnist, prepare_batch, train_val_split, uniform_angles  # noqa: E402
 from ponder_cli.tasks.mnist import evaluate, evaluation_draws  # noqa: E402
 from ponder_cli.methods import geometric_log_prior, ponder_loss  # noqa: E402
 from ponder_cli.checkpoint import new_model
 from ponder_cli.methods import get_method  # noqa: E402
 from ponder_cli.model import PonderNet, PonderOutput  # noqa: E402
-from ponder_cli.rotation import uniform_angles  # noqa: E402
 from ponder_cli.runtime import grad_scaler, resolve_device  # noqa: E402
 from synthetic_data import synthetic_digits  # noqa: E402
 from ponder_cli.train import WARMUP_BATCHES, batch_step, make_optimizer, train_one_epoch  # noqa: E402

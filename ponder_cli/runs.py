@@ -22,8 +22,7 @@ from .config import PonderConfig, inapplicable, spelled
 from .config_file import render_config
 from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST,  # noqa: F401
                       METRICS_FILE, RUNS_DIR, Resolved, RunLock, accepted_forms, check_unlocked,
-                      newest_run_checkpoint, resolve_checkpoint, run_files_in)
-from .shipped import package_problem
+                      newest_run_checkpoint, package_problem, resolve_checkpoint, run_files_in)
 from .tasks import get_task
 
 # options that may differ from the checkpoint's config when resuming: how long to go on

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ponder_cli.runs import resolve_checkpoint
-from ponder_cli.shipped import SHIPPED, shipped_dir, shipped_path
+from ponder_cli.folders import SHIPPED, resolve_checkpoint, shipped_dir, shipped_path
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "ponder_cli"
@@ -174,7 +173,7 @@ def test_ponder_models_lists_every_shipped_model_from_its_checkpoint(ponder):
     import json
 
     from ponder_cli.checkpoint import load_checkpoint
-    from ponder_cli.shipped import SHIPPED, shipped_path
+    from ponder_cli.folders import SHIPPED, shipped_path
 
     result = ponder("models", "-f", "json")
     assert result.exit_code == 0, result.output

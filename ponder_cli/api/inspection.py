@@ -14,12 +14,11 @@ import torch
 from .. import PonderError, PonderWarning, file_problem
 from ..checkpoint import load_checkpoint, load_model
 from ..config import seed_problems
-from ..folders import (BEST, CONFIG_FILE, LAST, LOCK_FILE, RUN_FILES, RUNS_DIR, Resolved, is_run_folder, lock_holder,
-                       resolve_checkpoint)
+from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUN_FILES, RUNS_DIR, SHIPPED, Resolved,
+                       is_run_folder, lock_holder, resolve_checkpoint, shipped_path)
 from ..methods import get_method
 from ..render import Column
 from ..reports import Report, info_report, make_meta, prediction_report, runs_report
-from ..shipped import DEFAULT, SHIPPED, shipped_path
 from ..tasks import InputOptions, get_task, uniforms as draw_uniforms
 from .loading import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named
 from .signals import stops_cleanly

@@ -24,7 +24,7 @@ from typing import Callable, Optional
 from .. import PonderError, __version__
 from ..checkpoint import load_checkpoint
 from ..config import applies
-from ..folders import ENVIRONMENT_FILE, LAST, RunLock
+from ..folders import ENVIRONMENT_FILE, LAST, RunLock, package_dir
 from ..runs import (
     MetricsFile,
     _replace_atomically,
@@ -34,7 +34,6 @@ from ..runs import (
     remove_if_empty_run_dir,
     write_run_config,
 )
-from ..shipped import package_dir
 from ..train import EpochStats
 
 

@@ -15,9 +15,8 @@ from ..cli_options import (
     RequiredCheckpointArgument,
     path_option,
 )
-from ..folders import LATEST, RUNS_DIR
+from ..folders import DEFAULT, LATEST, RUNS_DIR
 from ..render import OutputFormat
-from ..shipped import DEFAULT
 from .app import app, chatter, render_and_plot
 
 # predict, info -----------------------------------------------------------------------------------
