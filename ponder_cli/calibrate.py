@@ -1,5 +1,5 @@
 """Choosing an exit rule on held-out data, as CALM (Schuster et al. 2022) calibrates its exit
-threshold: every candidate rule (halting_rules.CALIBRATION_RULES) is applied to the same forward
+threshold: every candidate rule (registry.CALIBRATION_RULES) is applied to the same forward
 passes over every step, and the cheapest rule whose halting-step prediction agrees with the last
 step's (the full model's) on all but a `tolerance` share of the inputs is chosen, the share
 taken at its one-sided 95% lower bound (Wilson) rather than as measured: with 95% confidence,
@@ -19,7 +19,7 @@ from typing import Iterable, Optional
 import torch
 
 from .halting import rule_halting_steps
-from .halting_rules import parse_halting_rule
+from .registry import parse_halting_rule
 from .intervals import wilson_lower
 from .runtime import autocast
 

@@ -13,8 +13,8 @@ from typer.core import TyperCommand
 
 from .config import PonderConfig
 from .folders import DEFAULT, LATEST, RUNS_DIR, SHIPPED
-from .halting_rules import parse_exit_rule, parse_halting_rule, rule_choices
-from .registry import CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, PIECES, PROTOCOLS, known
+from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, PIECES, PROTOCOLS, known, parse_exit_rule,
+                       parse_halting_rule, rule_choices)
 from .render import OutputFormat, value_text
 
 

@@ -15,7 +15,7 @@ import torch
 
 from .config import PonderConfig
 from .halting import halting_log_probs
-from .halting_rules import parse_halting_rule
+from .registry import parse_halting_rule
 from .intervals import standard_error, wilson_interval
 from .methods import get_method
 from .runtime import autocast

@@ -20,7 +20,7 @@ from ponder_cli.halting import (ActExit, ConfidenceExit, PatienceExit, QuantileE
                                 quantile_halting_steps, rule_exit, rule_halting_steps, sample_halting_steps)
 from ponder_cli.halting import ActHalted, TruncateBelow
 from ponder_cli.tasks.mnist import evaluate
-from ponder_cli.halting_rules import CALIBRATION_RULES, HaltingRule, parse_halting_rule
+from ponder_cli.registry import CALIBRATION_RULES, HaltingRule, parse_halting_rule
 from ponder_cli.checkpoint import new_model
 from ponder_cli.methods import get_method
 from ponder_cli.reports import META_KEYS

@@ -16,9 +16,8 @@ from ..calibrate import choose_rule, rule_outcomes
 from ..checkpoint import load_model
 from ..config import seed_problems
 from ..evaluate import evaluate_buckets, uncertainty
-from ..halting_rules import CALIBRATION_RULES, parse_exit_rule, parse_halting_rule
 from ..methods import get_method
-from ..registry import DEFAULT_HALTING, DEFAULT_PROTOCOL
+from ..registry import CALIBRATION_RULES, DEFAULT_HALTING, DEFAULT_PROTOCOL, parse_exit_rule, parse_halting_rule
 from ..reports import (Report, calibration_report, combine_draws, comparison_report, evaluation_report,
                        group_by_configuration, mean_ci, sweep_report)
 from ..tasks import BUCKETS, derived_seed, get_task, task_names
@@ -217,7 +216,7 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
                          tolerance: float = 0.005,
                          rules: Optional[list[str]] = None, log: Callable[[str], None] = lambda line: None,
                          progress: bool = False) -> Report:
-    """calibrate: every candidate exit rule (default halting_rules.CALIBRATION_RULES) on the
+    """calibrate: every candidate exit rule (default registry.CALIBRATION_RULES) on the
     task's calibration data (MNIST: the held-out training images, rotated within the training
     rotation, or by the angles of `buckets` under options.protocol; parity: vectors of
     calibrate's own, of the training range or of the count ranges of `buckets`), and the cheapest rule whose agreement with the last step has
