@@ -20,7 +20,7 @@ import torch
 
 from .halting import rule_halting_steps
 from .registry import parse_halting_rule
-from .intervals import wilson_lower
+from .reports import wilson_lower
 from .runtime import autocast
 
 

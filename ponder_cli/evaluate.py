@@ -16,8 +16,8 @@ import torch
 from .config import PonderConfig
 from .halting import halting_log_probs
 from .registry import parse_halting_rule
-from .intervals import standard_error, wilson_interval
 from .methods import get_method
+from .reports import standard_error, wilson_interval
 from .runtime import autocast
 
 

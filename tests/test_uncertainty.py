@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ponder_cli.api import EvalOptions, evaluate_checkpoint
-from ponder_cli.intervals import standard_error, wilson_interval, wilson_lower
+from ponder_cli.reports import standard_error, wilson_interval, wilson_lower
 from ponder_cli.tasks.parity import TEST_SEED, VALIDATION_SEED, evaluation_set, halting_coins
 
 

@@ -6,7 +6,7 @@ import statistics
 from typing import Callable, Optional
 
 from ..render import Column, cell_text, sparkline
-from .contract import Report, TaskView, Terms, describe_model, make_meta
+from . import Report, TaskView, Terms, describe_model, make_meta
 
 # eval and extrapolate --------------------------------------------------------------------------
 
