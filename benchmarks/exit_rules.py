@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ponder_cli.api import EvalOptions  # noqa: E402
-from ponder_cli.calibrate import rule_outcomes  # noqa: E402
+from ponder_cli.evaluate import rule_outcomes  # noqa: E402
 from ponder_cli.checkpoint import load_model  # noqa: E402
 from ponder_cli.registry import CALIBRATION_RULES  # noqa: E402
 from ponder_cli.runs import resolve_checkpoint  # noqa: E402

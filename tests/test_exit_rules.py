@@ -11,10 +11,10 @@ import torch
 from rich.cells import cell_len
 
 from ponder_cli.api import EvalOptions, calibrate_checkpoint
-from ponder_cli.calibrate import RuleOutcome, choose_rule
 from ponder_cli.checkpoint import load_checkpoint, save_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
+from ponder_cli.evaluate import RuleOutcome, choose_rule
 from ponder_cli.halting import (ActExit, ConfidenceExit, PatienceExit, QuantileExit, SampleExit, act_halting,
                                 confidence_halting_steps, log_survivals, patience_halting_steps,
                                 quantile_halting_steps, rule_exit, rule_halting_steps, sample_halting_steps)

@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence, Union
 
 from .. import PonderError
-from ..calibrate import choose_rule, rule_outcomes
 from ..checkpoint import load_model
 from ..config import seed_problems
-from ..evaluate import evaluate_buckets, uncertainty
+from ..evaluate import choose_rule, evaluate_buckets, rule_outcomes, uncertainty
 from ..methods import get_method
 from ..registry import CALIBRATION_RULES, DEFAULT_HALTING, DEFAULT_PROTOCOL, parse_exit_rule, parse_halting_rule
 from ..reports import (Report, calibration_report, combine_draws, comparison_report, evaluation_report,
@@ -220,7 +219,7 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
     task's calibration data (MNIST: the held-out training images, rotated within the training
     rotation, or by the angles of `buckets` under options.protocol; parity: vectors of
     calibrate's own, of the training range or of the count ranges of `buckets`), and the cheapest rule whose agreement with the last step has
-    a one-sided 95% lower bound of at least 1 - tolerance (calibrate.choose_rule). Rotations,
+    a one-sided 95% lower bound of at least 1 - tolerance (evaluate.choose_rule). Rotations,
     vectors redrawn and coins come from a stream of calibrate's own (derived from the seed), never
     the draws that validated training; options.repeats draws are pooled."""
 
