@@ -20,15 +20,14 @@ from ..registry import CALIBRATION_RULES, DEFAULT_HALTING, DEFAULT_PROTOCOL, par
 from ..reports import (Report, calibration_report, combine_draws, comparison_report, evaluation_report,
                        group_by_configuration, mean_ci, sweep_report)
 from ..tasks import BUCKETS, derived_seed, get_task, task_names
-from .loading import check_halting, device_and_amp, evaluation_seed, load_one, on_device, resolve_named
-from .signals import stops_cleanly
+from . import check_halting, device_and_amp, evaluation_seed, load_one, on_device, resolve_named, stops_cleanly
 
 
 @dataclass(frozen=True)
 class EvalOptions:
     """How to evaluate: shared by eval, extrapolate and compare."""
     protocol: Optional[str] = None  # how test images are rotated; None: the task's default (MNIST: uniform)
-    halting: Optional[str] = None  # None: the method's own (loading.check_halting)
+    halting: Optional[str] = None  # None: the method's own (api.check_halting)
     seed: Optional[int] = None  # None: the checkpoint's training seed (evaluation_seed)
     limit: int = 0  # first N test images (0: all)
     batch_size: int = 1000

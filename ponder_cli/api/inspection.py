@@ -20,8 +20,7 @@ from ..methods import get_method
 from ..render import Column
 from ..reports import Report, info_report, make_meta, prediction_report, runs_report
 from ..tasks import InputOptions, get_task, uniforms as draw_uniforms
-from .loading import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named
-from .signals import stops_cleanly
+from . import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named, stops_cleanly
 
 
 PLOT_INPUTS = 16  # strips in one --plot figure: more would not be readable
@@ -30,7 +29,7 @@ PLOT_INPUTS = 16  # strips in one --plot figure: more would not be readable
 @dataclass(frozen=True)
 class PredictOptions:
     """How `ponder predict` reads the inputs and halts."""
-    halting: Optional[str] = None  # None: the method's own (loading.check_halting)
+    halting: Optional[str] = None  # None: the method's own (api.check_halting)
     seed: Optional[int] = None  # the halting coins' seed; None: the checkpoint's training seed (as eval)
     invert: Optional[bool] = None  # images: None detects a dark digit on a light background
     rotate: Optional[float] = None  # images: degrees, counter-clockwise, before anything else

@@ -21,9 +21,8 @@ from ..runs import plan_training, resolve_config
 from ..runtime import amp_dtype
 from ..tasks import get_task
 from ..train import train
-from .loading import device_and_amp, device_name, on_device
+from . import device_and_amp, device_name, ignore_signals, interruptible, on_device
 from .run_folder import RunFolder
-from .signals import ignore_signals, interruptible
 
 
 @dataclass(frozen=True)

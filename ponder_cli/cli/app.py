@@ -55,7 +55,7 @@ class PonderGroup(TyperGroup):
         except PonderError as exc:
             _fail(f"{exc.headline}: {exc}", exc.exit_code, exc)
         except KeyboardInterrupt as exc:
-            # Ctrl-C before a command's own handling began (api.signals.interruptible says what
+            # Ctrl-C before a command's own handling began (api.interruptible says what
             # it kept): nothing was written yet; the shell's status for SIGINT, not click's "Aborted!"
             _fail("Interrupted: stopped before any result; nothing was written", 130, exc)
         except OSError as exc:

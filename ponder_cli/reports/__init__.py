@@ -48,7 +48,7 @@ def make_meta(command: str, checkpoints: list[str], methods: list[str], steps: l
               device: Optional[str] = None, **extra) -> dict:
     """The shared metadata; method and step are null when the checkpoints differ in them (every
     bucket then carries its own). protocol: MNIST's rotation protocol, null for parity; device: set
-    by the api function that computed the figures (api.loading.on_device)."""
+    by the api function that computed the figures (api.on_device)."""
     def one(values):
         distinct = sorted(set(values))
         return distinct[0] if len(distinct) == 1 else None
