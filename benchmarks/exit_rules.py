@@ -26,7 +26,7 @@ from ponder_cli.api import EvalOptions  # noqa: E402
 from ponder_cli.evaluate import rule_outcomes  # noqa: E402
 from ponder_cli.checkpoint import load_model  # noqa: E402
 from ponder_cli.registry import CALIBRATION_RULES  # noqa: E402
-from ponder_cli.runs import resolve_checkpoint  # noqa: E402
+from ponder_cli.folders import resolve_checkpoint  # noqa: E402
 from ponder_cli.tasks import get_task  # noqa: E402
 
 DEFAULT_RULES = ["median", *CALIBRATION_RULES[1:]]  # quantile:0.5 is the median

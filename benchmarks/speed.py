@@ -219,7 +219,7 @@ def main() -> None:
         return
     if args.checkpoint is not None:
         from ponder_cli.checkpoint import load_model
-        from ponder_cli.runs import resolve_checkpoint
+        from ponder_cli.folders import resolve_checkpoint
         args.checkpoint = resolve_checkpoint(args.checkpoint).path  # a file, a run folder or a shipped name
         model, cfg, _ = load_model(args.checkpoint, device)
         print(f"\nevaluating {args.checkpoint} (step {cfg.step.name}, max {cfg.method.max_steps} steps)")

@@ -26,10 +26,10 @@ BEST, LAST = "best.pt", "last.pt"
 CHECKPOINT_FILES = (BEST, LAST)  # what `ponder train` writes into its folder
 CONFIG_FILE, METRICS_FILE = "config.json", "metrics.csv"  # beside them, readable without torch
 CONFIG_TOML = "config.toml"  # the settings as `ponder train --config` reads them
-ENVIRONMENT_FILE = "environment.json"  # what the run ran on (api/run_folder.py)
+ENVIRONMENT_FILE = "environment.json"  # what the run ran on (runs.py)
 LATEST = "latest"  # the CHECKPOINT word for the newest run under runs/
 LOCK_FILE = ".ponder.lock"
-TENSORBOARD_EVENTS = "events.out.tfevents.*"  # what `train --tensorboard` writes (api/run_folder.py)
+TENSORBOARD_EVENTS = "events.out.tfevents.*"  # what `train --tensorboard` writes (runs.py)
 # every file a run writes into its folder: a folder holding any of them is not a fresh one
 RUN_FILES = (*CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, METRICS_FILE, ENVIRONMENT_FILE)
 

@@ -512,7 +512,7 @@ def test_latest_reads_the_newest_run_and_says_which(checkpoint, tiny_mnist, tmp_
 
 
 def test_run_lock_is_exclusive_and_stale_locks_are_taken_over(tmp_path):
-    from ponder_cli.runs import RunLock
+    from ponder_cli.folders import RunLock
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (tmp_path / ".ponder.lock").write_text(dead.stdout)  # a process that no longer exists
