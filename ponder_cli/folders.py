@@ -160,7 +160,7 @@ def resolve_checkpoint(given: Union[str, Path, None], file: str = BEST) -> Resol
             why = f" (it has {other}: name that file)" if other is not None else \
                 f": its first epoch has not ended, or the run stopped before it did (`ponder runs {path}` says which)"
             raise PonderError(f"{path} is a run folder with no {file}{why}; name {accepted_forms(file)}")
-        runs = [p.name for p in sorted(path.iterdir()) if p.is_dir() and any((p / n).is_file() for n in (BEST, LAST))]
+        runs = [p.name for p in runs_in(path)]
         if runs:
             raise PonderError(f"{path} is a folder of runs ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''}), "
                               f"not one run: `ponder runs {path}` lists them; name one, or {accepted_forms(file)}")
@@ -288,3 +288,9 @@ def is_run_folder(folder: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(saved, dict) and "ponder_cli" in saved
+
+
+def runs_in(folder: Path) -> list[Path]:
+    """The run folders directly inside a folder of runs (runs/, say), by name: what `ponder runs`
+    lists and what a CHECKPOINT argument naming the folder is told to pick from."""
+    return sorted(p for p in folder.iterdir() if p.is_dir() and is_run_folder(p))

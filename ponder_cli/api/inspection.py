@@ -15,7 +15,7 @@ from .. import PonderError, PonderWarning, file_problem
 from ..checkpoint import load_checkpoint, load_model
 from ..config import seed_problems
 from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUN_FILES, RUNS_DIR, SHIPPED, Resolved,
-                       is_run_folder, lock_holder, resolve_checkpoint, shipped_path)
+                       is_run_folder, lock_holder, resolve_checkpoint, runs_in, shipped_path)
 from ..methods import get_method
 from ..render import Column
 from ..reports import Report, info_report, make_meta, prediction_report, runs_report
@@ -109,13 +109,13 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
 
 def _info_file(target: Union[str, Path, None]):
     """What `ponder info` reads: a run folder's last.pt (the whole history; best.pt when the
-    folder has no last.pt, as the shipped models' folders), else as runs.resolve_checkpoint."""
+    folder has no last.pt, as the shipped models' folders), else as folders.resolve_checkpoint."""
 
     folder = Path(target) if target is not None else None
     if folder is not None and folder.is_dir() and not any((folder / name).is_file() for name in (LAST, BEST)):
         if is_run_folder(folder):
             raise PonderError(f"{folder} is a run folder with no checkpoint yet: {_without_checkpoint(folder)}")
-        if not any(is_run_folder(sub) for sub in folder.iterdir() if sub.is_dir()):
+        if not runs_in(folder):
             raise PonderError(f"{folder} holds no {LAST} or {BEST}: name a run folder, a checkpoint file, "
                               f"latest or a shipped model")
         return resolve_checkpoint(target, file=LAST)  # a folder of runs: said there
@@ -255,7 +255,7 @@ def list_runs(folders: Sequence[Union[str, Path]] = (), *, log: Callable[[str], 
         if is_run_folder(root):
             found.append(root)
         else:
-            found += sorted(p for p in root.iterdir() if p.is_dir() and is_run_folder(p))
+            found += runs_in(root)
     rows = sorted((_run_row(folder) for folder in dict.fromkeys(found)), key=lambda row: (row["when"] or "", row["run"]))
     return runs_report(rows, [str(root) for root in roots])
 
