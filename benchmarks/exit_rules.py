@@ -8,7 +8,7 @@ For each rule and angle: accuracy at the rule's halting step, mean steps, and th
 the last step minus accuracy at the halting step, in points). The rules see the same draws of
 rotations (`ponder extrapolate --protocol fixed`'s: seeds seed, seed + 1, ... for the repeats) and
 the same forward pass over every step, so a rule costs no extra pass; each halting rule is the one
-`ponder extrapolate --halting RULE` applies (calibrate.rule_outcomes, per angle). Deterministic
+`ponder extrapolate --halting RULE` applies (evaluate.rule_outcomes, per angle). Deterministic
 rules only (the sample rule's coins are drawn too, but one draw of them is noisy).
 """
 

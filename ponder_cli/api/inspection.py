@@ -213,7 +213,7 @@ def model_bucket(name: str) -> dict:
 
 
 def shipped_models(*, log: Callable[[str], None] = lambda line: None) -> Report:
-    """Every shipped model (shipped.SHIPPED), in its order; `ponder eval NAME` reads one."""
+    """Every shipped model (folders.SHIPPED), in its order; `ponder eval NAME` reads one."""
     buckets = [model_bucket(name) for name in SHIPPED]
     distinct = sorted({b["task"] for b in buckets})
     meta = make_meta("models", [b["file"] for b in buckets], [b["method"] for b in buckets],
