@@ -202,8 +202,8 @@ def stops_cleanly(what: str):
 
 
 # one module per group of commands: after what they share, above, which they import
-from .evaluation import (EvalOptions, calibrate_checkpoint, compare_checkpoints, evaluate_checkpoint,
-                         sweep_checkpoint)  # noqa: E402
+from .evaluation import (EvalOptions, calibrate_checkpoint, compare_checkpoints, evaluate_checkpoint,  # noqa: E402
+                         sweep_checkpoint)
 from .inspection import PLOT_INPUTS, PredictOptions, list_runs, predict_inputs, run_info  # noqa: E402
 from .training import TrainOptions, train_run, training_config  # noqa: E402
 
