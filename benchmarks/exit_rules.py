@@ -8,7 +8,7 @@ For each rule and angle: accuracy at the rule's halting step, mean steps, and th
 the last step minus accuracy at the halting step, in points). The rules see the same draws of
 rotations (`ponder extrapolate --protocol fixed`'s: seeds seed, seed + 1, ... for the repeats) and
 the same forward pass over every step, so a rule costs no extra pass; each halting rule is the one
-`ponder extrapolate --halting RULE` applies (calibrate.rule_outcomes, per angle). Deterministic
+`ponder extrapolate --halting RULE` applies (evaluate.rule_outcomes, per angle). Deterministic
 rules only (the sample rule's coins are drawn too, but one draw of them is noisy).
 """
 
@@ -23,10 +23,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ponder_cli.api import EvalOptions  # noqa: E402
-from ponder_cli.calibrate import rule_outcomes  # noqa: E402
+from ponder_cli.evaluate import rule_outcomes  # noqa: E402
 from ponder_cli.checkpoint import load_model  # noqa: E402
-from ponder_cli.halting_rules import CALIBRATION_RULES  # noqa: E402
-from ponder_cli.runs import resolve_checkpoint  # noqa: E402
+from ponder_cli.registry import CALIBRATION_RULES  # noqa: E402
+from ponder_cli.folders import resolve_checkpoint  # noqa: E402
 from ponder_cli.tasks import get_task  # noqa: E402
 
 DEFAULT_RULES = ["median", *CALIBRATION_RULES[1:]]  # quantile:0.5 is the median

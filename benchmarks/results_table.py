@@ -18,8 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ponder_cli.api import EvalOptions, evaluate_checkpoint
 from ponder_cli.tasks.mnist import parse_angles  # noqa: E402
-from ponder_cli.halting_rules import PARAMETERS, parse_halting_rule  # noqa: E402
-from ponder_cli.registry import HALTING_RULES, PROTOCOLS  # noqa: E402
+from ponder_cli.registry import HALTING_RULES, PROTOCOLS, RULE_PARAMETERS, parse_halting_rule  # noqa: E402
 
 
 def halting_rule(text: str) -> str:
@@ -37,7 +36,7 @@ def main() -> None:
     parser.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=PROTOCOLS)
     # the rules without a parameter by default; quantile:Q and patience:K when named
     parser.add_argument("--halting", nargs="+", type=halting_rule,
-                        default=[rule for rule in HALTING_RULES if rule not in PARAMETERS])
+                        default=[rule for rule in HALTING_RULES if rule not in RULE_PARAMETERS])
     parser.add_argument("--data-dir", type=Path, default=None)
     args = parser.parse_args()
     angles = parse_angles(args.angles)

@@ -31,13 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synthetic_data: digits without MNIST
 
 from ponder_cli.config import PonderConfig  # noqa: E402
-from ponder_cli.data import default_data_dir, load_mnist, prepare_batch, train_val_split  # noqa: E402
+from ponder_cli.data import default_data_dir, load_mnist, prepare_batch, train_val_split, uniform_angles  # noqa: E402
 from ponder_cli.tasks.mnist import evaluate, evaluation_draws  # noqa: E402
 from ponder_cli.methods import geometric_log_prior, ponder_loss  # noqa: E402
 from ponder_cli.checkpoint import new_model
 from ponder_cli.methods import get_method  # noqa: E402
 from ponder_cli.model import PonderNet, PonderOutput  # noqa: E402
-from ponder_cli.rotation import uniform_angles  # noqa: E402
 from ponder_cli.runtime import grad_scaler, resolve_device  # noqa: E402
 from synthetic_data import synthetic_digits  # noqa: E402
 from host_reads import count_syncs  # noqa: E402
@@ -226,7 +225,7 @@ def main() -> None:
         return
     if args.checkpoint is not None:
         from ponder_cli.checkpoint import load_model
-        from ponder_cli.runs import resolve_checkpoint
+        from ponder_cli.folders import resolve_checkpoint
         args.checkpoint = resolve_checkpoint(args.checkpoint).path  # a file, a run folder or a shipped name
         model, cfg, _ = load_model(args.checkpoint, device)
         print(f"\nevaluating {args.checkpoint} (step {cfg.step.name}, max {cfg.method.max_steps} steps)")

@@ -12,11 +12,10 @@ import typer
 from typer.core import TyperCommand
 
 from .config import PonderConfig
-from .halting_rules import parse_exit_rule, parse_halting_rule, rule_choices
-from .registry import CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, PIECES, PROTOCOLS, known
+from .folders import DEFAULT, LATEST, RUNS_DIR, SHIPPED
+from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, PIECES, PROTOCOLS, known, parse_exit_rule,
+                       parse_halting_rule, rule_choices)
 from .render import OutputFormat, value_text
-from .folders import LATEST, RUNS_DIR
-from .shipped import DEFAULT, SHIPPED
 
 
 def _choices(name: str, values) -> type[Enum]:

@@ -1,7 +1,13 @@
 """Run folders by name: the names a run folder's files go by and where runs go by default,
 which file a CHECKPOINT argument names (a checkpoint file, a run folder's best.pt or last.pt,
-`latest`: the newest run under runs/, or a shipped model's name), and the lock that keeps two
-runs out of one folder. No torch: the CLI reads these before torch loads."""
+`latest`: the newest run under runs/, or a shipped model's name), the models shipped inside the
+package, and the lock that keeps two runs out of one folder. No torch: the CLI reads these
+before torch loads.
+
+The shipped models are package data (ponder_cli/checkpoints/, declared in setup.cfg), found
+through importlib.resources: the same files whatever the working directory, from a clone, an
+editable install or a wheel. Shipping another model is one file there and one line in SHIPPED.
+"""
 
 from __future__ import annotations
 
@@ -9,23 +15,97 @@ import contextlib
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
+from importlib import resources
+from pathlib import Path, PurePath
 from typing import Optional, Union
 
 from . import PonderError, file_problem
-from .shipped import DEFAULT, SHIPPED, shipped_name, shipped_path, shipped_under_old_name
 
 RUNS_DIR = Path("runs")
 BEST, LAST = "best.pt", "last.pt"
 CHECKPOINT_FILES = (BEST, LAST)  # what `ponder train` writes into its folder
 CONFIG_FILE, METRICS_FILE = "config.json", "metrics.csv"  # beside them, readable without torch
 CONFIG_TOML = "config.toml"  # the settings as `ponder train --config` reads them
-ENVIRONMENT_FILE = "environment.json"  # what the run ran on (api/run_folder.py)
+ENVIRONMENT_FILE = "environment.json"  # what the run ran on (runs.py)
 LATEST = "latest"  # the CHECKPOINT word for the newest run under runs/
 LOCK_FILE = ".ponder.lock"
-TENSORBOARD_EVENTS = "events.out.tfevents.*"  # what `train --tensorboard` writes (api/run_folder.py)
+TENSORBOARD_EVENTS = "events.out.tfevents.*"  # what `train --tensorboard` writes (runs.py)
 # every file a run writes into its folder: a folder holding any of them is not a fresh one
 RUN_FILES = (*CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, METRICS_FILE, ENVIRONMENT_FILE)
+
+
+# the shipped models -------------------------------------------------------------------------
+
+SHIPPED_FOLDER = "checkpoints"  # inside the package; also how the README's older commands spell them
+
+# name -> (file under ponder_cli/checkpoints/, what it is)
+SHIPPED = {
+    "reference": ("best.pt", "pondernet · step mlp · trained within ±22.5°"),
+    "interpolation": ("interpolation/best.pt", "pondernet · step mlp · trained on unrotated digits"),
+    "align": ("align/best.pt", "pondernet · step align · trained within ±22.5°"),
+    "parity16": ("parity/interpolation16.pt", "pondernet · step gru · parity of 16 elements, counts 1-16"),
+    "parity16-extrapolation": ("parity/extrapolation16.pt", "pondernet · step gru · parity of 16 elements, trained on "
+                                                           "counts 1-8"),
+    "parity16-extrapolation-act": ("parity/extrapolation16-act.pt", "act · step gru · parity of 16 elements, trained "
+                                                                   "on counts 1-8"),
+    "parity32": ("parity/interpolation32.pt", "pondernet · step gru · parity of 32 elements, counts 1-32"),
+}
+DEFAULT = "reference"
+
+
+def shipped_dir() -> Path:
+    """The package's checkpoints/ folder, wherever the package is installed."""
+    return Path(str(resources.files("ponder_cli").joinpath(SHIPPED_FOLDER)))
+
+
+def package_dir() -> Path:
+    """Where the ponder_cli package really is (a clone, site-packages): no command writes there."""
+    import ponder_cli
+    return Path(ponder_cli.__file__).resolve().parent
+
+
+def inside_package(path: Path) -> bool:
+    """Is this path the installed package's folder or anything inside it, whatever its name?"""
+    here, package = Path(path).resolve(), package_dir()
+    return here == package or package in here.parents
+
+
+def package_problem(path: Path, what: str) -> Optional[str]:
+    """Why `what` (an option and its value) may not write to `path`, or None; the caller adds
+    what to do instead."""
+    if not inside_package(path):
+        return None
+    here, shipped = Path(path).resolve(), shipped_dir().resolve()
+    models = ", among the shipped models" if here == shipped or shipped in here.parents else ""
+    return f"{what} is inside the installed ponder_cli package ({package_dir()}){models}, where no command writes"
+
+
+def shipped_path(name: str) -> Path:
+    return shipped_dir() / SHIPPED[name][0]
+
+
+def shipped_name(path: Path) -> Optional[str]:
+    """The name of a shipped model's file, if it is one."""
+    for name in SHIPPED:
+        if path.resolve() == shipped_path(name).resolve():
+            return name
+    return None
+
+
+def shipped_under_old_name(text: str, file: str) -> Optional[Path]:
+    """`checkpoints/align/best.pt` (the README's spelling from before the models moved into the
+    package) -> the shipped file of that relative name, when there is one; a folder there
+    (`checkpoints/align`) -> its `file`."""
+    parts = PurePath(text).parts
+    if len(parts) < 2 or parts[0] != SHIPPED_FOLDER or ".." in parts:
+        return None
+    path = shipped_dir().joinpath(*parts[1:])
+    if path.is_dir():
+        path = path / file
+    return path if path.is_file() else None
+
+
+# which file a CHECKPOINT argument names ------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -80,7 +160,7 @@ def resolve_checkpoint(given: Union[str, Path, None], file: str = BEST) -> Resol
             why = f" (it has {other}: name that file)" if other is not None else \
                 f": its first epoch has not ended, or the run stopped before it did (`ponder runs {path}` says which)"
             raise PonderError(f"{path} is a run folder with no {file}{why}; name {accepted_forms(file)}")
-        runs = [p.name for p in sorted(path.iterdir()) if p.is_dir() and any((p / n).is_file() for n in (BEST, LAST))]
+        runs = [p.name for p in runs_in(path)]
         if runs:
             raise PonderError(f"{path} is a folder of runs ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''}), "
                               f"not one run: `ponder runs {path}` lists them; name one, or {accepted_forms(file)}")
@@ -208,3 +288,9 @@ def is_run_folder(folder: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(saved, dict) and "ponder_cli" in saved
+
+
+def runs_in(folder: Path) -> list[Path]:
+    """The run folders directly inside a folder of runs (runs/, say), by name: what `ponder runs`
+    lists and what a CHECKPOINT argument naming the folder is told to pick from."""
+    return sorted(p for p in folder.iterdir() if p.is_dir() and is_run_folder(p))

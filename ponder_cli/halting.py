@@ -1,6 +1,6 @@
 """Halting arithmetic shared by the model, the losses and evaluation: PonderNet's halting
 distribution and its rules (sample, median, expected, quantile:Q, patience:K, confidence:C;
-spelled in halting_rules.py), ACT's halting units, and the per-row rules that let the one
+spelled in registry.py), ACT's halting units, and the per-row rules that let the one
 early-exit loop (`PonderNet.infer`) stop each image as soon as it halts.
 
 Shapes: lambda_logits (steps, B) are pre-sigmoid conditional halting probabilities; logits
@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .halting_rules import HaltingRule
+from .registry import HaltingRule
 
 # Per-step terms and running sums --------------------------------------------------------------
 # shared by the batch forms (over every step) and the early-exit rules (step by step), so that both

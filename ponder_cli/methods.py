@@ -7,7 +7,7 @@ Register a new one in `registry.METHODS` (or an entry point in the group `ponder
 
 - PonderNet (Banino et al. 2021): expected loss under the halting distribution plus a KL term
   towards a geometric prior; halting by Bernoulli coins (or the median, expected, quantile:Q,
-  patience:K or confidence:C rules: halting_rules.py).
+  patience:K or confidence:C rules: registry.py).
 - ACT (Graves 2016) on the same network: halting units h_n = sigmoid(halting head); the network
   stops at the first step N where h_1 + ... + h_N >= 1 - epsilon (or at max_steps); the remainder
   R = 1 - sum_{n<N} h_n takes the last step's weight, so p = (h_1, ..., h_{N-1}, R) sums to 1.
@@ -37,9 +37,8 @@ import torch.nn.functional as F
 from .halting import (ActExit, ActHalted, ContinueBelow, EarlyExitRule, TruncateBelow, act_halting, act_mean_field,
                       act_prediction, expected_prediction, halting_log_probs, logits_at, roulette_weights, rule_exit,
                       rule_halting_steps)
-from .halting_rules import parse_halting_rule
 from .model import PonderNet, halting_as_computed
-from .registry import method_class
+from .registry import method_class, parse_halting_rule
 
 
 # PonderNet's loss -------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from . import PonderError, file_problem
-from .shipped import package_problem
+from .folders import package_problem
 
 INSTALL_HINT = "--plot needs matplotlib: pip install matplotlib"
 

@@ -17,7 +17,7 @@ from ponder_cli.halting import halting_log_probs
 from ponder_cli.checkpoint import load_checkpoint, new_model
 from ponder_cli.methods import get_method
 from ponder_cli.model import FORCED_HALT_LOGIT
-from ponder_cli.shipped import shipped_path
+from ponder_cli.folders import shipped_path
 from ponder_cli.steps.align import rotate_bilinear
 
 SMALL = dict(step="align", hidden=16, hidden_cnn=16, max_steps=6)

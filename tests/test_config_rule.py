@@ -11,7 +11,7 @@ import torch
 from ponder_cli import PonderError
 from ponder_cli.checkpoint import TrainingState, new_model
 from ponder_cli.config import KINDS, PLACES, PonderConfig, applies, readers
-from ponder_cli.shipped import shipped_path
+from ponder_cli.folders import shipped_path
 
 # a valid value of each setting some pieces read, other than its default and than any piece implies
 OTHER = {"elems": 16, "train_counts": "1-8", "batches_per_epoch": 10, "curriculum": 5, "curriculum_start": 3,

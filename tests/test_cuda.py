@@ -21,7 +21,7 @@ from ponder_cli.data import default_data_dir, load_mnist, train_val_split
 from ponder_cli.tasks.mnist import evaluate
 from ponder_cli.checkpoint import new_model
 from ponder_cli.methods import get_method
-from ponder_cli.shipped import shipped_path
+from ponder_cli.folders import shipped_path
 from ponder_cli.train import WARMUP_BATCHES, batch_step, train, train_one_epoch
 
 from host_reads import DEVICE_SYNC, Watch, count_syncs

@@ -16,7 +16,7 @@ import torch
 
 import ponder_cli
 from ponder_cli import PonderError, distributed
-from ponder_cli import rotation as rotation_module
+from ponder_cli import data as rotation_module  # uniform_angles: the MNIST task's training draws
 from ponder_cli.api import Interrupted
 from ponder_cli.checkpoint import load_checkpoint, load_model
 from ponder_cli.cli import app

@@ -11,16 +11,16 @@ import torch
 from rich.cells import cell_len
 
 from ponder_cli.api import EvalOptions, calibrate_checkpoint
-from ponder_cli.calibrate import RuleOutcome, choose_rule
 from ponder_cli.checkpoint import load_checkpoint, save_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
+from ponder_cli.evaluate import RuleOutcome, choose_rule
 from ponder_cli.halting import (ActExit, ConfidenceExit, PatienceExit, QuantileExit, SampleExit, act_halting,
                                 confidence_halting_steps, log_survivals, patience_halting_steps,
                                 quantile_halting_steps, rule_exit, rule_halting_steps, sample_halting_steps)
 from ponder_cli.halting import ActHalted, TruncateBelow
 from ponder_cli.tasks.mnist import evaluate
-from ponder_cli.halting_rules import CALIBRATION_RULES, HaltingRule, parse_halting_rule
+from ponder_cli.registry import CALIBRATION_RULES, HaltingRule, parse_halting_rule
 from ponder_cli.checkpoint import new_model
 from ponder_cli.methods import get_method
 from ponder_cli.reports import META_KEYS

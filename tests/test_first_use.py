@@ -201,7 +201,7 @@ def test_info_on_a_run_folder_with_no_checkpoint_yet(tmp_path, ponder, one_error
 def test_narrow_tables_keep_every_model_name_whole(width):
     from ponder_cli.api.inspection import shipped_models
     from ponder_cli.render import render_report
-    from ponder_cli.shipped import SHIPPED
+    from ponder_cli.folders import SHIPPED
 
     out = io.StringIO()
     render_report(shipped_models(), "table", file=out, width=width)

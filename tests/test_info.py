@@ -10,7 +10,7 @@ import pytest
 
 from ponder_cli.checkpoint import load_checkpoint, save_checkpoint
 from ponder_cli.reports import META_KEYS
-from ponder_cli.shipped import SHIPPED
+from ponder_cli.folders import SHIPPED
 
 
 def _rows(path):

@@ -18,7 +18,7 @@ from ponder_cli.halting import halting_log_probs, quantile_halting_steps
 from ponder_cli.checkpoint import new_model
 from ponder_cli.plot import require_matplotlib
 from ponder_cli.render import sparkline
-from ponder_cli.rotation import protocol_angles
+from ponder_cli.data import protocol_angles
 
 CFG = PonderConfig.of(max_steps=6, hidden=16, hidden_cnn=16, hidden_lin=16)
 

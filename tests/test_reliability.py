@@ -484,7 +484,7 @@ def test_latest_reads_the_newest_run_and_says_which(checkpoint, tiny_mnist, tmp_
 
 
 def test_run_lock_is_exclusive_and_stale_locks_are_taken_over(tmp_path):
-    from ponder_cli.runs import RunLock
+    from ponder_cli.folders import RunLock
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (tmp_path / ".ponder.lock").write_text(dead.stdout)  # a process that no longer exists
@@ -614,7 +614,7 @@ def test_an_interrupt_while_saving_stays_an_interrupt_and_keeps_the_previous_che
     """Ctrl-C (or SIGTERM) inside torch.save makes its zip writer fail on closing the file, a
     RuntimeError raised while the interrupt unwinds: the interrupt must come out, not that
     error (a traceback), and the earlier last.pt stay as it was, with no temp file left."""
-    from ponder_cli.api.signals import _SigTerm
+    from ponder_cli.api import _SigTerm
     from ponder_cli.checkpoint import save_checkpoint
 
     run = tmp_path / "run"

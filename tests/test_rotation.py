@@ -3,9 +3,8 @@ import torch
 import torchvision.transforms as T
 import torchvision.transforms.functional as TF
 
-from ponder_cli.data import MNIST_MEAN, MNIST_STD, prepare_batch
+from ponder_cli.data import MNIST_MEAN, MNIST_STD, prepare_batch, rotate, uniform_angles
 from synthetic_data import synthetic_digits
-from ponder_cli.rotation import rotate, uniform_angles
 
 
 @pytest.mark.parametrize("angle", [0.0, 5.0, -12.25, 22.5, 45.0, -67.5, 90.0, 133.3, 180.0])

@@ -10,7 +10,7 @@ from ponder_cli import PonderError
 from ponder_cli.checkpoint import load_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.config import SECTION_TYPES, SECTIONS
-from ponder_cli.shipped import shipped_path
+from ponder_cli.folders import shipped_path
 
 
 def test_each_setting_lives_in_its_pieces_section():

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ponder_cli.runs import resolve_checkpoint
-from ponder_cli.shipped import SHIPPED, shipped_dir, shipped_path
+from ponder_cli.folders import SHIPPED, resolve_checkpoint, shipped_dir, shipped_path
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "ponder_cli"
@@ -115,6 +114,21 @@ def test_anything_else_is_one_line_naming_the_accepted_forms(argument, message, 
     assert line.startswith("Error: " + message.format(cwd=tmp_path))
 
 
+def test_a_folder_of_runs_is_one_rule_for_eval_info_and_runs(tmp_path, monkeypatch, ponder, one_error_line):
+    """A folder whose runs have written no checkpoint yet (their first epoch still running) is
+    a folder of runs to eval and info, as it is to `ponder runs`, which lists those runs."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("b-run", "a-run"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / ".ponder.lock").write_text("1\n")
+    (tmp_path / "runs" / "notes").mkdir()  # not a run: nothing of ponder's in it
+    expected = "Error: runs is a folder of runs (a-run, b-run), not one run: `ponder runs runs` lists them"
+    assert one_error_line(ponder("eval", "runs")).startswith(expected)
+    assert one_error_line(ponder("info", "runs")).startswith(expected)
+    listed = json.loads(ponder("runs", "runs", "-f", "json").stdout)["buckets"]
+    assert [row["run"] for row in listed] == ["runs/a-run", "runs/b-run"]
+
+
 def test_every_command_says_which_file_it_read(checkpoint, tiny_mnist, ponder, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run = checkpoint.parent
@@ -174,7 +188,7 @@ def test_ponder_models_lists_every_shipped_model_from_its_checkpoint(ponder):
     import json
 
     from ponder_cli.checkpoint import load_checkpoint
-    from ponder_cli.shipped import SHIPPED, shipped_path
+    from ponder_cli.folders import SHIPPED, shipped_path
 
     result = ponder("models", "-f", "json")
     assert result.exit_code == 0, result.output

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from ponder_cli.checkpoint import load_checkpoint
-from ponder_cli.streams import READER_GONE, Chatter
+from ponder_cli.cli.app import READER_GONE, Chatter
 
 import processes
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ponder_cli.api import EvalOptions, evaluate_checkpoint
-from ponder_cli.intervals import standard_error, wilson_interval, wilson_lower
+from ponder_cli.reports import standard_error, wilson_interval, wilson_lower
 from ponder_cli.tasks.parity import TEST_SEED, VALIDATION_SEED, evaluation_set, halting_coins
 
 
@@ -73,7 +73,7 @@ def test_repeats_redraw_the_vectors_not_only_the_coins():
 
 def test_redrawn_vectors_are_neither_the_test_nor_the_validation_set():
     from ponder_cli.checkpoint import load_model
-    from ponder_cli.runs import resolve_checkpoint
+    from ponder_cli.folders import resolve_checkpoint
     from ponder_cli.tasks import get_task
 
     _, cfg, _ = load_model(resolve_checkpoint("parity16-extrapolation").path, "cpu")

@@ -2,15 +2,210 @@
 
 The CLI parses options, calls one of these and renders the report; everything here is usable
 (and tested) without the CLI. One module per group of commands: evaluation (eval, extrapolate,
-sweep, compare, calibrate), training (train), inspection (predict, info, runs); loading holds what
-they share, signals how training stops on one.
+sweep, compare, calibrate), training (train), inspection (predict, info, runs). Here, what they
+share: what every command that reads a model does first (the device, the CHECKPOINT argument
+resolved and said on stderr, the model loaded, the halting rule checked against its method),
+and how every command stops on a signal (`interruptible`): Ctrl-C, and SIGTERM like it, end in
+one `Interrupted:` (exit 130) or `Terminated:` (143) line saying what was kept: training's last
+completed epoch and how to resume, an evaluation's nothing. Under torchrun only the first
+signal counts.
 """
 
-from .evaluation import (EvalOptions, calibrate_checkpoint, compare_checkpoints, evaluate_checkpoint,
+from __future__ import annotations
+
+import contextlib
+import functools
+import signal
+import threading
+from typing import Callable, Optional
+
+import torch
+
+from .. import PonderError
+from ..checkpoint import load_model
+from ..config import PonderConfig
+from ..folders import resolve_checkpoint
+from ..methods import get_method
+from ..registry import DEFAULT_HALTING
+from ..runtime import resolve_device
+
+# loading: what every command that reads a model does first -------------------------------------
+
+def device_and_amp(device: str, amp: Optional[bool], log: Optional[Callable[[str], None]] = None):
+    """The device --device names (`auto`: CUDA when there is a GPU) and whether to use mixed
+    precision; with `log`, the device said on stderr (device_line)."""
+    dev = resolve_device(device)
+    if log is not None:
+        log(device_line(dev, device))
+    return dev, (dev.type == "cuda" if amp is None else amp)
+
+
+def device_line(dev, asked: str) -> str:
+    """`device cpu (--device auto: no CUDA GPU available)`, `device cuda:0 (NVIDIA H100 80GB
+    HBM3)`: what a command computes on, and why where --device auto chose. The same words on
+    every machine without a GPU, so that examples of the output hold anywhere."""
+    name = device_name(dev)
+    if dev.type == "cuda":
+        name += f" ({torch.cuda.get_device_name(dev)})"
+    if asked.strip().lower() != "auto":
+        return f"device {name}"
+    return f"device {name} (--device auto: {'a CUDA GPU' if dev.type == 'cuda' else 'no CUDA GPU'} available)"
+
+
+def device_name(dev) -> str:
+    """"cpu", "cuda:0": a CUDA device by its index, which --device auto leaves out."""
+    if dev.type == "cuda" and dev.index is None:
+        return f"cuda:{torch.cuda.current_device()}"
+    return str(dev)
+
+
+def on_device(report, dev):
+    """The report with the device it was computed on in its metadata (the JSON's `device`)."""
+    report.meta["device"] = device_name(dev)
+    return report
+
+
+def resolve_named(checkpoint, log: Callable[[str], None]):
+    """The file a CHECKPOINT argument names (folders.resolve_checkpoint), saying which on stderr."""
+
+    resolved = resolve_checkpoint(checkpoint)
+    log(f"using {resolved.path} ({resolved.why})")
+    return resolved.path
+
+
+def load_one(checkpoint, options, log: Callable[[str], None]):
+    """The model a CHECKPOINT argument names (default: the shipped reference model) and its device."""
+
+    path = resolve_named(checkpoint, log)
+    dev, amp = device_and_amp(options.device, options.amp, log)
+    model, cfg, _ = load_model(path, dev)
+    return path, dev, amp, model, cfg
+
+
+def check_halting(cfg, rule: Optional[str]) -> str:
+    """The rule to evaluate by: `rule` (None: not given, DEFAULT_HALTING, which a method with a
+    rule of its own replaces); a rule given that the checkpoint's method cannot halt by is
+    refused, never replaced (compare instead shows each method's own)."""
+
+    if rule is None:
+        return DEFAULT_HALTING
+    problem = get_method(cfg).halting_problem(rule)
+    if problem is not None:
+        raise PonderError(problem)
+    return rule
+
+
+def evaluation_seed(seed: Optional[int], *cfgs) -> int:
+    """The seed of an evaluation's draws, one rule for every command that runs a model (eval,
+    extrapolate, sweep, calibrate, predict, compare): the --seed given, else the checkpoints'
+    training seed when they share one, else the default seed (compare's checkpoints trained with
+    other seeds: the same draws whatever order they are named in)."""
+    if seed is not None:
+        return seed
+    seeds = {cfg.training.seed for cfg in cfgs}
+    return seeds.pop() if len(seeds) == 1 else PonderConfig.default("seed")
+
+
+# signals: how every command stops on one -------------------------------------------------------
+
+class Interrupted(PonderError):
+    """A command stopped by Ctrl-C (training: the last completed epoch is saved)."""
+    exit_code = 130
+    headline = "Interrupted"
+    run_wide = True  # under torchrun every rank stops; rank 0 alone says where the run is saved
+
+
+class Terminated(Interrupted):
+    """A command stopped by SIGTERM (kill, a job scheduler, a container stopping): as Ctrl-C,
+    with the shell's exit status for that signal, 128 + 15."""
+    exit_code = 143
+    headline = "Terminated"
+
+
+class _SigTerm(KeyboardInterrupt):
+    """SIGTERM raised where the training loop is, so that it unwinds as it does for Ctrl-C."""
+
+
+def _raise_sigterm(signum, frame) -> None:
+    raise _SigTerm()
+
+
+def _ignore(signum, frame) -> None:
+    pass
+
+
+def ignore_signals() -> None:
+    # A Python handler that does nothing, not SIG_IGN: a signal that arrived while this runs
+    # would otherwise surface later as "OSError: Signal 15 ignored due to race condition".
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _ignore)
+        signal.signal(signal.SIGTERM, _ignore)
+
+
+def _interrupt_once(signum, frame) -> None:
+    # Under torchrun a Ctrl-C reaches every rank and torchrun follows it with SIGTERM, and it
+    # sends SIGTERM to the remaining ranks as soon as one exits with an error: the first signal
+    # interrupts, later ones are ignored (a second interrupt while unwinding would be a
+    # traceback). torchrun sends SIGKILL 30 s later to anything still running.
+    ignore_signals()
+    raise _SigTerm() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt(torchrun: bool = False):
+    """While training, SIGTERM interrupts like Ctrl-C instead of ending the process on the spot
+    with no message (signal handlers can only be set from the main thread).
+
+    Under torchrun (see _interrupt_once) only the first SIGINT or SIGTERM counts, and once
+    training has failed this process is on its way out: signals stay ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signals = (signal.SIGTERM, signal.SIGINT) if torchrun else (signal.SIGTERM,)
+    previous = {sig: signal.signal(sig, _interrupt_once if torchrun else _raise_sigterm) for sig in signals}
+    failed = False
+    try:
+        yield
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        if failed and torchrun:
+            ignore_signals()
+        else:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def interruptible(kept: Callable[[], str], torchrun: bool = False):
+    """Ctrl-C or SIGTERM inside becomes Interrupted or Terminated, whose message is `kept()`
+    (what was saved, asked once the signal came: training's resume hint); SIGTERM interrupts
+    like Ctrl-C (sigterm_as_interrupt). Cleanup inside (a `finally`) runs before `kept` is asked."""
+    with sigterm_as_interrupt(torchrun):
+        try:
+            yield
+        except KeyboardInterrupt as exc:
+            raise (Terminated if isinstance(exc, _SigTerm) else Interrupted)(kept()) from None
+
+
+def stops_cleanly(what: str):
+    """A command's api function, interruptible: `Interrupted: evaluation stopped before its
+    results; nothing was written` rather than a silent exit 130 or a traceback."""
+    def decorate(function):
+        @functools.wraps(function)
+        def run(*args, **kwargs):
+            with interruptible(lambda: f"{what} stopped before its results; nothing was written"):
+                return function(*args, **kwargs)
+        return run
+    return decorate
+
+
+# one module per group of commands: after what they share, above, which they import
+from .evaluation import (EvalOptions, calibrate_checkpoint, compare_checkpoints, evaluate_checkpoint,  # noqa: E402
                          sweep_checkpoint)
-from .inspection import PLOT_INPUTS, PredictOptions, list_runs, predict_inputs, run_info
-from .signals import Interrupted, Terminated
-from .training import TrainOptions, train_run, training_config
+from .inspection import PLOT_INPUTS, PredictOptions, list_runs, predict_inputs, run_info  # noqa: E402
+from .training import TrainOptions, train_run, training_config  # noqa: E402
 
 __all__ = ["EvalOptions", "calibrate_checkpoint", "compare_checkpoints", "evaluate_checkpoint", "sweep_checkpoint",
            "PLOT_INPUTS", "PredictOptions", "list_runs", "predict_inputs", "run_info", "Interrupted", "Terminated", "TrainOptions",

@@ -12,25 +12,22 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence, Union
 
 from .. import PonderError
-from ..calibrate import choose_rule, rule_outcomes
 from ..checkpoint import load_model
 from ..config import seed_problems
-from ..evaluate import evaluate_buckets, uncertainty
-from ..halting_rules import CALIBRATION_RULES, parse_exit_rule, parse_halting_rule
+from ..evaluate import choose_rule, evaluate_buckets, rule_outcomes, uncertainty
 from ..methods import get_method
-from ..registry import DEFAULT_HALTING, DEFAULT_PROTOCOL
+from ..registry import CALIBRATION_RULES, DEFAULT_HALTING, DEFAULT_PROTOCOL, parse_exit_rule, parse_halting_rule
 from ..reports import (Report, calibration_report, combine_draws, comparison_report, evaluation_report,
                        group_by_configuration, mean_ci, sweep_report)
 from ..tasks import BUCKETS, derived_seed, get_task, task_names
-from .loading import check_halting, device_and_amp, evaluation_seed, load_one, on_device, resolve_named
-from .signals import stops_cleanly
+from . import check_halting, device_and_amp, evaluation_seed, load_one, on_device, resolve_named, stops_cleanly
 
 
 @dataclass(frozen=True)
 class EvalOptions:
     """How to evaluate: shared by eval, extrapolate and compare."""
     protocol: Optional[str] = None  # how test images are rotated; None: the task's default (MNIST: uniform)
-    halting: Optional[str] = None  # None: the method's own (loading.check_halting)
+    halting: Optional[str] = None  # None: the method's own (api.check_halting)
     seed: Optional[int] = None  # None: the checkpoint's training seed (evaluation_seed)
     limit: int = 0  # first N test images (0: all)
     batch_size: int = 1000
@@ -217,11 +214,11 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
                          tolerance: float = 0.005,
                          rules: Optional[list[str]] = None, log: Callable[[str], None] = lambda line: None,
                          progress: bool = False) -> Report:
-    """calibrate: every candidate exit rule (default halting_rules.CALIBRATION_RULES) on the
+    """calibrate: every candidate exit rule (default registry.CALIBRATION_RULES) on the
     task's calibration data (MNIST: the held-out training images, rotated within the training
     rotation, or by the angles of `buckets` under options.protocol; parity: vectors of
     calibrate's own, of the training range or of the count ranges of `buckets`), and the cheapest rule whose agreement with the last step has
-    a one-sided 95% lower bound of at least 1 - tolerance (calibrate.choose_rule). Rotations,
+    a one-sided 95% lower bound of at least 1 - tolerance (evaluate.choose_rule). Rotations,
     vectors redrawn and coins come from a stream of calibrate's own (derived from the seed), never
     the draws that validated training; options.repeats draws are pooled."""
 

@@ -14,15 +14,13 @@ import torch
 from .. import PonderError, PonderWarning, file_problem
 from ..checkpoint import load_checkpoint, load_model
 from ..config import seed_problems
-from ..folders import (BEST, CONFIG_FILE, LAST, LOCK_FILE, RUN_FILES, RUNS_DIR, Resolved, is_run_folder, lock_holder,
-                       resolve_checkpoint)
+from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUN_FILES, RUNS_DIR, SHIPPED, Resolved,
+                       is_run_folder, lock_holder, resolve_checkpoint, runs_in, shipped_path)
 from ..methods import get_method
 from ..render import Column
 from ..reports import Report, info_report, make_meta, prediction_report, runs_report
-from ..shipped import DEFAULT, SHIPPED, shipped_path
 from ..tasks import InputOptions, get_task, uniforms as draw_uniforms
-from .loading import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named
-from .signals import stops_cleanly
+from . import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named, stops_cleanly
 
 
 PLOT_INPUTS = 16  # strips in one --plot figure: more would not be readable
@@ -31,7 +29,7 @@ PLOT_INPUTS = 16  # strips in one --plot figure: more would not be readable
 @dataclass(frozen=True)
 class PredictOptions:
     """How `ponder predict` reads the inputs and halts."""
-    halting: Optional[str] = None  # None: the method's own (loading.check_halting)
+    halting: Optional[str] = None  # None: the method's own (api.check_halting)
     seed: Optional[int] = None  # the halting coins' seed; None: the checkpoint's training seed (as eval)
     invert: Optional[bool] = None  # images: None detects a dark digit on a light background
     rotate: Optional[float] = None  # images: degrees, counter-clockwise, before anything else
@@ -111,13 +109,13 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
 
 def _info_file(target: Union[str, Path, None]):
     """What `ponder info` reads: a run folder's last.pt (the whole history; best.pt when the
-    folder has no last.pt, as the shipped models' folders), else as runs.resolve_checkpoint."""
+    folder has no last.pt, as the shipped models' folders), else as folders.resolve_checkpoint."""
 
     folder = Path(target) if target is not None else None
     if folder is not None and folder.is_dir() and not any((folder / name).is_file() for name in (LAST, BEST)):
         if is_run_folder(folder):
             raise PonderError(f"{folder} is a run folder with no checkpoint yet: {_without_checkpoint(folder)}")
-        if not any(is_run_folder(sub) for sub in folder.iterdir() if sub.is_dir()):
+        if not runs_in(folder):
             raise PonderError(f"{folder} holds no {LAST} or {BEST}: name a run folder, a checkpoint file, "
                               f"latest or a shipped model")
         return resolve_checkpoint(target, file=LAST)  # a folder of runs: said there
@@ -215,7 +213,7 @@ def model_bucket(name: str) -> dict:
 
 
 def shipped_models(*, log: Callable[[str], None] = lambda line: None) -> Report:
-    """Every shipped model (shipped.SHIPPED), in its order; `ponder eval NAME` reads one."""
+    """Every shipped model (folders.SHIPPED), in its order; `ponder eval NAME` reads one."""
     buckets = [model_bucket(name) for name in SHIPPED]
     distinct = sorted({b["task"] for b in buckets})
     meta = make_meta("models", [b["file"] for b in buckets], [b["method"] for b in buckets],
@@ -257,7 +255,7 @@ def list_runs(folders: Sequence[Union[str, Path]] = (), *, log: Callable[[str], 
         if is_run_folder(root):
             found.append(root)
         else:
-            found += sorted(p for p in root.iterdir() if p.is_dir() and is_run_folder(p))
+            found += runs_in(root)
     rows = sorted((_run_row(folder) for folder in dict.fromkeys(found)), key=lambda row: (row["when"] or "", row["run"]))
     return runs_report(rows, [str(root) for root in roots])
 

@@ -17,13 +17,11 @@ from ..config_file import read_config_file
 from ..data import resolve_data_dir
 from ..render import config_lines, epoch_line
 from ..reports import Report, training_report
-from ..runs import plan_training, resolve_config
+from ..runs import RunFolder, plan_training, require_tensorboard, resolve_config
 from ..runtime import amp_dtype
 from ..tasks import get_task
 from ..train import train
-from .loading import device_and_amp, device_name, on_device
-from .run_folder import RunFolder
-from .signals import ignore_signals, interruptible
+from . import device_and_amp, device_name, ignore_signals, interruptible, on_device
 
 
 @dataclass(frozen=True)
@@ -36,7 +34,7 @@ class TrainOptions:
     amp: Optional[bool] = None
     progress: bool = True
     overwrite: bool = False  # write into a folder that holds another run's checkpoints (or the shipped ones)
-    tensorboard: bool = False  # TensorBoard event files in the run folder too (api/run_folder.py)
+    tensorboard: bool = False  # TensorBoard event files in the run folder too (runs.py)
     config_file: Optional[Path] = None  # settings read from a file (config_file.py); `given` overrides them
     deterministic: bool = False  # only deterministic kernels (deterministic_kernels): a training option, not a model's
     cuda_graphs: bool = True  # on CUDA, capture the training batch once and replay it (train.BatchStep)
@@ -92,7 +90,6 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
     """
 
     if options.tensorboard:
-        from .run_folder import require_tensorboard
         require_tensorboard()
     with deterministic_kernels(options.deterministic):
         return _train_run(given, options, log)

@@ -4,7 +4,7 @@ per group of commands; importing them registers their commands on the app."""
 
 from ..cli_options import expand_angles
 # each registers its commands; in this order they appear in `ponder --help`
-from . import train, evaluation, inspection  # noqa: F401, I001
+from . import train, evaluation  # noqa: F401, I001
 from .app import app
 
 __all__ = ["app", "expand_angles", "run"]

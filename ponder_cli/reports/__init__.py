@@ -1,9 +1,104 @@
 """What every command reports, as plain data: metadata, a list of buckets and how to show them
-(no torch). `contract` holds the output contract every command shares; `draws` the figures over
-repeated draws; `evaluation`, `comparison` and `runs` each command group's report.
+(no torch). Here, the one output contract every command shares: every command's JSON is one
+object with the same metadata keys (`META_KEYS`) and a `buckets` array; its CSV has one row per
+bucket with the metadata as columns. A task names its buckets and inputs through its `TaskView`.
+`uncertainty` holds the uncertainty of figures (Wilson's interval, figures over repeated draws);
+`evaluation`, `comparison` and `runs` each command group's report.
 """
 
-from .comparison import (  # noqa: F401
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from ..render import Column
+
+# device: what the figures were computed on ("cpu", "cuda:0"); null where nothing was (info, models, runs)
+META_KEYS = ("command", "task", "checkpoints", "method", "step", "protocol", "halting", "seed", "device")
+
+
+@dataclass
+class Report:
+    meta: dict  # META_KEYS first, then anything command-specific (spearman, train_rotation, ...)
+    buckets: list[dict]
+    columns: list[Column]  # what the table shows of each bucket
+    title: str
+    caption: str = ""
+    detail: Optional[tuple[str, list[dict], list[Column]]] = None  # a second table: title, rows, columns
+    footer: str = ""  # a line after the table (table format only)
+    plot_series: dict[str, list[dict]] = field(default_factory=dict)  # label -> buckets, for --plot
+    table_rows: Optional[list[dict]] = None  # what the table shows, when not the buckets
+    plot_kind: str = "buckets"  # plot.py's figure for this report
+
+    @property
+    def rows(self) -> list[dict]:
+        return self.buckets if self.table_rows is None else self.table_rows
+
+    def as_json(self) -> dict:
+        return {**self.meta, "buckets": self.buckets}
+
+    def csv_rows(self) -> list[dict]:
+        """One row per bucket, the scalar metadata in the first columns."""
+        scalars = {k: v for k, v in self.meta.items() if not isinstance(v, dict)}
+        return [{**scalars, **bucket} for bucket in self.buckets]
+
+
+def make_meta(command: str, checkpoints: list[str], methods: list[str], steps: list[str], *,
+              protocol: Optional[str], halting: Optional[str], seed: Optional[int], task: str,
+              device: Optional[str] = None, **extra) -> dict:
+    """The shared metadata; method and step are null when the checkpoints differ in them (every
+    bucket then carries its own). protocol: MNIST's rotation protocol, null for parity; device: set
+    by the api function that computed the figures (api.on_device)."""
+    def one(values):
+        distinct = sorted(set(values))
+        return distinct[0] if len(distinct) == 1 else None
+    return {"command": command, "task": task, "checkpoints": checkpoints, "method": one(methods),
+            "step": one(steps), "protocol": protocol, "halting": halting, "seed": seed, "device": device, **extra}
+
+
+@dataclass(frozen=True)
+class Terms:
+    """How a task names its buckets and inputs in tables, captions and JSON (each task module
+    holds its own; see tasks/)."""
+    key: str  # the bucket's difficulty key in JSON and the table ("rotation", "counts")
+    header: str  # its table column
+    spec: str
+    difficulty: str  # in "Spearman ρ(..., steps)"
+    between: str  # the JSON's words for the same
+    inputs: str  # "images", "vectors"
+    test_set: str  # what eval measures on
+    label: Callable[[dict], str]  # a bucket's name in headers: "±45°", "counts 1-16"
+    # sweep: the bucket key on the x axis, its header, the slope's scale and unit, the fit's
+    # JSON key and the sweep's name
+    sweep_key: str
+    sweep_header: str
+    sweep_scale: float
+    sweep_unit: str
+    sweep_fit: str
+    sweep_name: str
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """What reports say of a run's task (built by the task from the run's config): its name, its
+    terms, the metadata it adds (MNIST: train_rotation; parity: elems, train_counts), how
+    captions name the training data, its protocol when it has one, and whether titles name the
+    task (not the default task's: "pondernet training (step mlp)")."""
+    name: str
+    terms: Terms
+    meta: dict
+    trained_on: str
+    protocol: Optional[str] = "uniform"
+    named_in_titles: bool = True
+
+
+def describe_model(cfg, view: TaskView) -> str:
+    """How captions and titles name a model: method, step function, what it was trained on."""
+    return f"{cfg.method.name} · step {cfg.step.name} · {view.trained_on}"
+
+
+# each command group's report, and the uncertainty of figures: after the contract, which they import
+from .comparison import (  # noqa: E402, F401
     DIFFICULTY_KEYS,
     Group,
     compare_columns,
@@ -12,9 +107,7 @@ from .comparison import (  # noqa: F401
     mean_and_sd,
     plus_minus,
 )
-from .contract import META_KEYS, Report, TaskView, Terms, describe_model, make_meta  # noqa: F401
-from .draws import combine_draws, mean_ci  # noqa: F401
-from .evaluation import (  # noqa: F401
+from .evaluation import (  # noqa: E402, F401
     CALIBRATION_COLUMNS,
     SWEEP_COLUMNS,
     accuracy_column,
@@ -27,5 +120,6 @@ from .evaluation import (  # noqa: F401
     sweep_columns,
     sweep_report,
 )
-from .runs import (HISTORY_COLUMNS, PREDICT_COLUMNS, RUNS_COLUMNS, TRAIN_COLUMNS, info_report,  # noqa: F401
+from .runs import (HISTORY_COLUMNS, PREDICT_COLUMNS, RUNS_COLUMNS, TRAIN_COLUMNS, info_report,  # noqa: E402, F401
                    prediction_report, runs_report, training_report)
+from .uncertainty import combine_draws, mean_ci, standard_error, wilson_interval, wilson_lower  # noqa: E402, F401

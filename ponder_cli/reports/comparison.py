@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..render import Column
-from .contract import Report, TaskView, Terms, make_meta
+from . import Report, TaskView, Terms, make_meta
 from .evaluation import per_bucket
 
 # compare ---------------------------------------------------------------------------------------

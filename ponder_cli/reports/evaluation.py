@@ -6,7 +6,7 @@ import statistics
 from typing import Callable, Optional
 
 from ..render import Column, cell_text, sparkline
-from .contract import Report, TaskView, Terms, describe_model, make_meta
+from . import Report, TaskView, Terms, describe_model, make_meta
 
 # eval and extrapolate --------------------------------------------------------------------------
 
@@ -168,7 +168,7 @@ CALIBRATION_COLUMNS = [
 def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[str], *, tolerance: float,
                        sets: list[dict], protocol: Optional[str], seed: int, repeats: int = 1,
                        view: TaskView, data: str = "validation") -> Report:
-    """calibrate: one bucket per candidate rule (calibrate.RuleOutcome) on the calibration data
+    """calibrate: one bucket per candidate rule (evaluate.RuleOutcome) on the calibration data
     (`data`: "calibration", inputs of its own, or "validation"); `chosen` the cheapest rule whose
     agreement's lower bound clears 1 - tolerance (None: none does). gap: the last step's
     accuracy minus the halting step's; within_tolerance: the agreement as measured clears it."""

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..render import Column, cell_text, value_text
-from .contract import Report, TaskView, describe_model, make_meta
+from . import Report, TaskView, describe_model, make_meta
 
 # train -----------------------------------------------------------------------------------------
 

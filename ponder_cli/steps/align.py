@@ -194,7 +194,7 @@ class AlignStep(StepFunction):
 
     def trace(self, x, context, before, after, n):
         """The view step n read, and the turn accumulated after it in degrees ("turn_deg"), in
-        rotation.rotate's sense (counter-clockwise positive): a digit rotated by +60° is read
+        data.rotate's sense (counter-clockwise positive): a digit rotated by +60° is read
         upright after a turn of about -60°."""
         (image,), angle_before, angle_after = context, before[1], after[1]
         view = image if n == 0 else rotate_bilinear(image, angle_before)

@@ -3,7 +3,7 @@
 Training images are the seeded split of MNIST's training set (data.train_val_split), shuffled
 every epoch from torch's shared stream and rotated uniformly within +-train_rotation; validation
 rotates the held-out images the same way with the run's seed. Evaluation buckets are rotation
-angles under a protocol (uniform, band, fixed: rotation.protocol_angles), every image's rotation
+angles under a protocol (uniform, band, fixed: data.protocol_angles), every image's rotation
 and halting coins drawn from (seed, bucket, image index) (evaluation_draws).
 """
 
@@ -18,10 +18,10 @@ import torch
 
 from .. import PonderError, PonderWarning, distributed
 from ..config import PonderConfig
-from ..data import ImageSet, load_mnist, prepare_batch, resolve_data_dir, train_val_split
+from ..data import (ImageSet, load_mnist, prepare_batch, protocol_angles, resolve_data_dir, train_val_split,
+                    uniform_angles)
 from ..evaluate import EvalBucket, EvalResult, evaluate_bucket
 from ..reports import TaskView, Terms
-from ..rotation import protocol_angles, uniform_angles
 from . import Task, TrainingSource, UserInputs, check_input_file, load_inputs, uniforms
 from ..registry import EVAL_ANGLES, EXTRAPOLATION_ANGLES
 
