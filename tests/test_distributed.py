@@ -16,7 +16,7 @@ import torch
 
 import ponder_cli
 from ponder_cli import PonderError, distributed
-from ponder_cli import data as rotation_module  # uniform_angles: the MNIST task's training draws
+from ponder_cli.tasks import mnist as mnist_task  # uniform_angles: the MNIST task's training draws
 from ponder_cli.api import Interrupted
 from ponder_cli.checkpoint import load_checkpoint, load_model
 from ponder_cli.cli import app
@@ -120,7 +120,7 @@ def _rank_main(rank: int, world: int, ports: tuple, data_dir: Path, out: Path) -
     cpu = torch.device("cpu")
     distributed.setup(cpu, distributed.launch())
     seen = {"global": [], "mine": [], "angles": []}
-    shard, uniform_angles = distributed.shard, rotation_module.uniform_angles  # the MNIST task's training draws
+    shard, uniform_angles = distributed.shard, mnist_task.uniform_angles  # the MNIST task's training draws
 
     def recording_shard(index):
         seen["global"].append(index.clone())
@@ -131,7 +131,7 @@ def _rank_main(rank: int, world: int, ports: tuple, data_dir: Path, out: Path) -
         seen["angles"].append(uniform_angles(*args, **kwargs).clone())
         return seen["angles"][-1]
 
-    distributed.shard, rotation_module.uniform_angles = recording_shard, recording_angles
+    distributed.shard, mnist_task.uniform_angles = recording_shard, recording_angles
     try:
         step = train(NO_NOISE, *_data(data_dir, NO_NOISE), device=cpu, out_dir=out / "step", progress=False)
         for values in seen.values():
@@ -277,6 +277,7 @@ def test_ranks_share_the_permutation_and_decisions_but_not_the_augmentation(two_
         assert len(rank["global_resumed"]) == 6
         assert all(torch.equal(a, b) for a, b in zip(rank["global"], rank["global_resumed"]))
     # each rank rotates its own images with its own random angles
+    assert [len(a) for a in ranks[0]["angles"]] == [32] * 6
     assert not any(torch.equal(a, b) for a, b in zip(ranks[0]["angles"], ranks[1]["angles"]))
     # validation, the LR schedule and early stopping are rank 0's on every rank
     assert ranks[0]["straight"] == ranks[1]["straight"] and ranks[0]["resumed"] == ranks[1]["resumed"]
