@@ -277,8 +277,8 @@ class PonderConfig:
         task, step = task_class(self.task.name), step_class(self.step.name)
         if task.input_kind and step.input_kind not in ("", task.input_kind):  # a step of no kind fits any task
             fitting = [name for name in STEPS if step_class(name).input_kind == task.input_kind]
-            return [f"--step {self.step.name} does not fit --task {self.task.name} ({task.inputs}); choose "
-                    f"{', '.join(fitting)}"]
+            choose = ", ".join(fitting)
+            return [f"--step {self.step.name} does not fit --task {self.task.name} ({task.inputs}); choose {choose}"]
         return [f"halting-input {self.method.halting_input}: step {self.step.name} has no {part} to show"
                 for part in self.method.halting_input.split("+")[1:]
                 if part not in ("confidence", "previous", step.halting_feature)]
