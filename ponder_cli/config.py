@@ -225,7 +225,8 @@ _warned: set = set()  # each warning about a saved run once per process
 @dataclass(frozen=True)
 class PonderConfig:
     """`cfg.task.name`, `cfg.step.hidden`, `cfg.method.lambda_p`, `cfg.training.epochs`; flat as
-    `to_dict()` / `of(**settings)` / `from_dict`, all through `build`, the one validation."""
+    `to_dict()` / `of(**settings)` / `from_dict` / `replace`, all through `build`, the one
+    validation (the constructor takes the sections as they are)."""
     task: TaskSettings = dataclasses.field(default_factory=TaskSettings)
     step: StepSettings = dataclasses.field(default_factory=StepSettings)
     method: MethodSettings = dataclasses.field(default_factory=MethodSettings)
