@@ -84,7 +84,7 @@ def main() -> None:
     if args.checkpoint:
         start, base, _ = load_model(args.checkpoint, "cpu")
     else:
-        base = PonderConfig.from_options(step="align", seed=args.seed)
+        base = PonderConfig.of(step="align", seed=args.seed)
         torch.manual_seed(base.training.seed)
         start = new_model(base)
     print(f"{'fresh model' if args.checkpoint is None else args.checkpoint}, {args.batches} batches of "

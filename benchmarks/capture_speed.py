@@ -76,7 +76,7 @@ def main() -> None:
     for case in args.cases:
         settings, sizes = CASES[case]
         for size in sizes:
-            cfg = PonderConfig.from_options(batch_size=size, **settings)
+            cfg = PonderConfig.of(batch_size=size, **settings)
             for dtype_name in args.dtypes:
                 dtype = DTYPES[dtype_name]
                 try:

@@ -66,7 +66,7 @@ def measure_epoch(root: Path, changes: dict, batches: int, mnist: bool) -> dict:
         model, cfg, _ = load_model(checkpoint, "cpu")
         cfg = cfg.replace(**changes)
     else:
-        cfg = PonderConfig.from_options(**changes)
+        cfg = PonderConfig.of(**changes)
     count = (batches + 1) * cfg.training.batch_size
     images = load_mnist(default_data_dir(), train=True).subset(slice(0, count)) if mnist else synthetic_digits(count, 0)
     torch.manual_seed(cfg.training.seed)

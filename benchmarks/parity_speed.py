@@ -112,7 +112,7 @@ def main(argv=None) -> None:
                  batches_per_epoch=args.batches_per_epoch, epochs=args.max_epochs, seed=args.seed, patience=0)
     if args.train_counts:
         given["train_counts"] = args.train_counts
-    cfg = PonderConfig.from_options(**given)
+    cfg = PonderConfig.of(**given)
     result = {"elems": cfg.task.elems, "train_counts": cfg.task.train_counts, "step": cfg.step.name,
               "method": cfg.method.name,
               "batch_size": cfg.training.batch_size, "threads": args.threads, "device": str(device)}

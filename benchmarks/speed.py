@@ -175,7 +175,7 @@ def main() -> None:
     device = resolve_device(args.device)
     if args.amp is None:
         args.amp = device.type == "cuda"
-    cfg = PonderConfig.from_options(step=args.step)  # the reference configuration of that step
+    cfg = PonderConfig.of(step=args.step)  # the reference configuration of that step
     if args.synthetic:
         full, test = synthetic_digits(60_000, 0), synthetic_digits(10_000, 1)
         source = "synthetic"

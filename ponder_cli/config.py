@@ -1,4 +1,6 @@
-"""The one frozen configuration that flows through training and lives in every checkpoint.
+"""The one frozen configuration that flows through training and lives in every checkpoint, and
+its files: `ponder train --config FILE` reads one, `--print-config` and every run folder's
+`config.toml` write one.
 
 A section per kind of piece (task, step, method) and one for training; each setting is a field
 with its default and the one check of its value alone. A piece says which settings it reads
@@ -11,13 +13,21 @@ Outside, every setting is known by its flat key, its option's name: checkpoints,
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import json
 import math
 import typing
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
-from . import PonderError, PonderWarning
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from . import PonderError, PonderWarning, file_problem
 from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, STEPS, TASKS, TRUNCATION_RULES, known,
                        method_class, step_class, task_class)
 
@@ -27,24 +37,6 @@ MAX_SEED = 2 ** 63  # torch's generators take seeds below 2**64; we keep them si
 # the kinds of piece, in order: a later kind's implied values win (plain's one step over align's
 # twelve), an earlier kind may imply a later kind's piece (parity: --step gru)
 KINDS = {"task": (TASKS, task_class), "step": (STEPS, step_class), "method": (METHODS, method_class)}
-
-
-def seed_problems(seed, what: str) -> list[str]:
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED:
-        return [f"{what} must be an integer from 0 to 2**63 - 1 (got {seed})"]
-    return []
-
-
-def parse_count_range(text: str, elems: int) -> tuple[int, int]:
-    """'17-32' -> (17, 32), '5' -> (5, 5), checked against 1..elems; a PonderError otherwise."""
-    lo, sep, hi = str(text).partition("-")
-    try:
-        bounds = (int(lo), int(hi) if sep else int(lo))
-    except ValueError:
-        raise PonderError(f"a count range is LO-HI or N (got {text!r})") from None
-    if not 1 <= bounds[0] <= bounds[1] <= elems:
-        raise PonderError(f"count range {text} must satisfy 1 <= LO <= HI <= {elems} (the elements of a vector)")
-    return bounds
 
 
 def setting(default, test=None, rule=""):
@@ -70,7 +62,8 @@ class TaskSettings:
     # mnist digits (rotation as difficulty) or parity vectors (non-zero count as difficulty)
     name: str = setting("mnist", *one_of(TASKS))
     elems: int = 64  # parity: vectors of `elems` entries (checked by parity: its own bound)
-    train_counts: str = ""  # parity: training non-zero counts "LO-HI" ("": 1-elems)
+    # parity: training non-zero counts "LO-HI" (checked by parity); a run saves its own, 1-elems
+    train_counts: str = ""
     batches_per_epoch: int = setting(1000, *ABOVE_0)  # parity: batches drawn on the fly
     # parity's curriculum: over the first `curriculum` batches (0: off) the top training count
     # grows linearly from `curriculum_start` to the top of train_counts
@@ -80,10 +73,6 @@ class TaskSettings:
     train_rotation: float = setting(22.5, *within(0, 180, note=" degrees: images are rotated within +-angle"))
     val_size: int = setting(5000, *ABOVE_0)
     train_size: int = setting(0, *AT_LEAST_0)  # mnist: 0 trains on every image not held out
-
-    def train_range(self) -> tuple[int, int]:
-        """parity: the training non-zero counts (lo, hi)."""
-        return parse_count_range(self.train_counts, self.elems) if self.train_counts else (1, self.elems)
 
 
 @dataclass(frozen=True)
@@ -113,7 +102,8 @@ class MethodSettings:
     max_steps: int = setting(20, lambda v: 0 < v <= MAX_STEPS, f"from 1 to {MAX_STEPS}: every step is computed "
                              "for every training input, so an epoch takes about max-steps times longer")
     halting_input: str = setting("state", *one_of(HALTING_INPUTS))  # what the halting head sees
-    # initial bias of the halting head; None: the method's own (PyTorch's for pondernet, +1 for act)
+    # initial bias of the halting head; None: the method's own (PyTorch's for pondernet, +1 for act);
+    # given as "prior", the logit of lambda_p (lambda starts at the prior's)
     halting_bias: Optional[float] = None
     lambda_p: float = setting(0.2, *within(0, 1, "(]"))  # the geometric prior's parameter
     beta: float = setting(0.01, *AT_LEAST_0)  # weight of KL(p || p_G)
@@ -136,44 +126,49 @@ class TrainingSettings:
     patience: int = setting(5, *AT_LEAST_0)  # early stopping: epochs without a better validation accuracy
     lr_patience: int = setting(2, *AT_LEAST_0)  # ReduceLROnPlateau, in epochs
     lr_factor: float = setting(0.1, *within(0, 1, "()"))
-    seed: int = setting(1234, lambda v: not seed_problems(v, ""), "an integer from 0 to 2**63 - 1")
+    seed: int = setting(1234, lambda v: 0 <= v < MAX_SEED, "an integer from 0 to 2**63 - 1")
 
 
 SECTION_TYPES = {"task": TaskSettings, "step": StepSettings, "method": MethodSettings, "training": TrainingSettings}
-FIELDS = {section: dataclasses.fields(kind) for section, kind in SECTION_TYPES.items()}
-# every setting's flat key -> (section, attribute); a section's `name` is the section's own key
-PLACES = {(section if f.name == "name" else f.name): (section, f) for section, fields in FIELDS.items()
-          for f in fields}
+# every setting's flat key -> (section, field); a section's `name` is the section's own key
+PLACES = {(section if f.name == "name" else f.name): (section, f) for section, kind in SECTION_TYPES.items()
+          for f in dataclasses.fields(kind)}
 SECTIONS = {section: tuple(key for key, (s, _) in PLACES.items() if s == section) for section in SECTION_TYPES}
 TYPES = {key: typing.get_type_hints(SECTION_TYPES[section])[f.name] for key, (section, f) in PLACES.items()}
 
 
-def spelled(key: str, origins: dict, dashes: str = "") -> str:
+def spelled(key: str, origins: dict = {}, dashes: str = "") -> str:
     """How a message names a setting: by the file that gave it (`origins`: key -> file), else by
     its option ("lambda-p", with `dashes` "--lambda-p")."""
     return f"--config {origins[key]}: {key}" if key in origins else dashes + key.replace("_", "-")
 
 
-def problems_of(key: str, value, origins: dict = {}) -> list[str]:
-    """A value alone: its type (a whole number does for a float), finite in float32, its check."""
-    kind, option = TYPES[key], spelled(key, origins)
+def problems_of(key: str, value, name: str = "") -> list[str]:
+    """A value alone, named `name` (else spelled): its type (a whole number does for a float),
+    finite in float32, its field's check."""
+    name, kind = name or spelled(key), TYPES[key]
+    base = float if kind == Optional[float] else kind
     if value is None and kind == Optional[float]:
         return []
-    wanted = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
-    base = float if kind == Optional[float] else kind
     if type(value) is not base and not (base is float and type(value) is int):
-        return [f"{option} must be {wanted[base]} (got {value!r})"]
+        wanted = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}[base]
+        return [f"{name} must be {wanted} (got {value!r})"]
     if base is float and not math.isfinite(value):
-        return [f"{option} must be a finite number"]
+        return [f"{name} must be a finite number"]
     if base is float and abs(value) > FLOAT32_MAX:  # the model's weights and losses are float32
-        return [f"{option} must be at most {FLOAT32_MAX:.3g} in size, what a float32 holds (got {value:g})"]
+        return [f"{name} must be at most {FLOAT32_MAX:.3g} in size, what a float32 holds (got {value:g})"]
     test, rule = PLACES[key][1].metadata.get("test"), PLACES[key][1].metadata.get("rule")
     if test is None or test(value):
         return []
     if not isinstance(rule, str):
-        return [f"{option} must be one of {', '.join(rule)} (got {value!r})"]
+        return [f"{name} must be one of {', '.join(rule)} (got {value!r})"]
     got = rule.find(":") if ":" in rule else len(rule)  # "(got v)" before a rule's reason
-    return [f"{option} must be {rule[:got]} (got {value}){rule[got:]}"]
+    return [f"{name} must be {rule[:got]} (got {value}){rule[got:]}"]
+
+
+def seed_problems(seed, what: str) -> list[str]:
+    """A seed option of another command (eval's --seed), checked as training's seed is."""
+    return problems_of("seed", seed, what)
 
 
 def readers(key: str) -> dict[str, list[str]]:
@@ -193,10 +188,9 @@ def inapplicable(keys, chosen: dict[str, str], name=lambda key: spelled(key, {},
     naming who reads it (`name(key)`: how the user spelled it)."""
     problems = []
     for key in keys:
-        kind, names = next(((kind, names) for kind, names in readers(key).items() if chosen[kind] not in names),
-                           (None, None))
-        if kind is not None:
-            problems.append(f"{name(key)} applies to --{kind} {', '.join(names)}, not {chosen[kind]}")
+        unread = [(kind, names) for kind, names in readers(key).items() if chosen[kind] not in names]
+        problems += [f"{name(key)} applies to --{kind} {', '.join(names)}, not {chosen[kind]}"
+                     for kind, names in unread[:1]]
     return problems
 
 
@@ -212,12 +206,17 @@ def implied_by_pieces(key: str) -> list[tuple[str, object]]:
             if key in load(name).implied]
 
 
-def prior_bias(values: dict):
-    """halting_bias "prior": lambda starts at the prior's lambda_p, its logit."""
-    if values.get("halting_bias") != "prior":
-        return values.get("halting_bias")
-    p = values.get("lambda_p", PonderConfig.default("lambda_p"))
-    return math.log(p / (1 - p)) if isinstance(p, (int, float)) and 0 < p < 1 else float("nan")
+def bias_value(values: dict, name: str = "halting-bias"):
+    """halting_bias as the number it stands for: "prior" is the logit of lambda_p, so lambda
+    starts at the prior's; the text of a number (an option's) is that number."""
+    bias = values.get("halting_bias")
+    if bias == "prior":
+        p = values.get("lambda_p", PonderConfig.default("lambda_p"))
+        return math.log(p / (1 - p)) if isinstance(p, (int, float)) and 0 < p < 1 else float("nan")
+    try:
+        return float(bias) if isinstance(bias, str) else bias
+    except ValueError:
+        raise PonderError(f"{name} must be a number or 'prior' (got {bias!r})") from None
 
 
 _warned: set = set()  # each warning about a saved run once per process
@@ -226,8 +225,8 @@ _warned: set = set()  # each warning about a saved run once per process
 @dataclass(frozen=True)
 class PonderConfig:
     """`cfg.task.name`, `cfg.step.hidden`, `cfg.method.lambda_p`, `cfg.training.epochs`; flat as
-    `to_dict()` / `of(**settings)` / `from_dict`. Each value is checked alone, then each chosen
-    piece checks the settings it reads."""
+    `to_dict()` / `of(**settings)` / `from_dict` / `replace`, all through `build`, the one
+    validation (the constructor takes the sections as they are)."""
     task: TaskSettings = dataclasses.field(default_factory=TaskSettings)
     step: StepSettings = dataclasses.field(default_factory=StepSettings)
     method: MethodSettings = dataclasses.field(default_factory=MethodSettings)
@@ -238,84 +237,67 @@ class PonderConfig:
             if not isinstance(getattr(self, section), kind):
                 raise TypeError(f"PonderConfig.{section} must be a {kind.__name__}; PonderConfig.of(...) takes "
                                 f"flat settings")
-        chosen = self.chosen()
-        for kind, name in chosen.items():
-            known(kind, name)  # a piece an installed package registers joins its table here
-        problems = [problem for key in PLACES for problem in problems_of(key, self.value(key))]
-        if not problems:  # each chosen piece checks what it reads beside the rest (parity its counts)
-            problems = [problem for kind, name in chosen.items()
-                        for problem in KINDS[kind][1](name).config_problems(self)]
-        if not problems:
-            step = step_class(self.step.name)
-            features = {"confidence", "previous", step.halting_feature}
-            problems = [f"halting-input {self.method.halting_input}: step {self.step.name} has no {part} to show"
-                        for part in self.method.halting_input.split("+")[1:] if part not in features]
-        if problems:
-            raise PonderError("; ".join(problems))
 
     @classmethod
     def build(cls, values: dict, given=(), origins: dict = {}, saved: str = "") -> "PonderConfig":
-        """The one way in: `values` by flat key (the rest default), of which the user gave `given`
-        (`origins`: key -> the file that gave it). A given setting the chosen pieces do not read
-        is refused; a saved run's (`saved` names it) holding one at a value other than its default
-        or what its pieces imply is one warning: it never had an effect."""
+        """`values` by flat key (the rest default), of which the user gave `given` (`origins`:
+        key -> the file that gave it). Each value is checked alone, then a given setting the
+        chosen pieces do not read is refused, then each chosen piece checks what it reads beside
+        the rest. A saved run's (`saved` names it) setting its pieces do not read, at a value
+        other than its default or what they imply, is one warning: it never had an effect."""
         unknown = sorted(set(values) - set(PLACES))
         if unknown:
             raise PonderError(f"unknown config keys {unknown}")
-        if values.get("halting_bias") == "prior":  # the one place the word becomes its number
-            values = {**values, "halting_bias": prior_bias(values)}
-        chosen = {kind: values.get(kind, cls.default(kind)) for kind in KINDS}
-        if all(known(kind, piece) for kind, piece in chosen.items()):  # else __post_init__ says so
-            problems = (fit_problems(chosen) or [p for key in given for p in problems_of(key, values[key], origins)]
-                        or inapplicable(given, chosen, lambda key: spelled(key, origins, "--")))
-            if problems:
-                raise PonderError("; ".join(problems))
+        values = {**values, "halting_bias": bias_value(values, spelled("halting_bias", origins))}
         by_section: dict = {section: {} for section in SECTION_TYPES}
-        for key, value in values.items():
-            if TYPES[key] in (float, Optional[float]) and type(value) is int:
-                value = float(value)  # a whole number does for a float
-            by_section[PLACES[key][0]][PLACES[key][1].name] = value
+        for key, value in values.items():  # a whole number does for a float
+            by_section[PLACES[key][0]][PLACES[key][1].name] = float(value) if TYPES[key] in (
+                float, Optional[float]) and type(value) is int else value
         cfg = cls(**{section: kind(**by_section[section]) for section, kind in SECTION_TYPES.items()})
-        if saved:
-            neutral = {key: [value] for key, (value, _) in implied_values(chosen).items()}
-            if neutral.get("halting_bias") == ["prior"]:  # the logit of the saved lambda_p, or of the implied one
-                neutral["halting_bias"] = [prior_bias({"lambda_p": p, "halting_bias": "prior"})
-                                           for p in (values.get("lambda_p"), *neutral.get("lambda_p", []))]
-            idle = [key for key in values if values[key] not in (cls.default(key), *neutral.get(key, []))]
+        chosen = cfg.chosen()
+        for kind, name in chosen.items():
+            known(kind, name)  # a piece an installed package registers joins its table here
+        problems = [problem for key in PLACES for problem in problems_of(key, cfg.value(key), spelled(key, origins))]
+        if not problems:
+            problems = cfg.fit_problems() or inapplicable(given, chosen, lambda key: spelled(key, origins, "--")) \
+                or [problem for kind, (_, load) in KINDS.items() for problem in load(chosen[kind]).config_problems(cfg)]
+        if problems:
+            raise PonderError("; ".join(problems))
+        if saved:  # what a fresh run of these pieces holds is neutral too: what they imply, or derive
+            fresh = cls.of(**chosen)
+            idle = [key for key in values if values[key] not in (cls.default(key), fresh.value(key))]
             for problem in inapplicable(idle, chosen, lambda key: f"{key} = {values[key]!r}"):
                 if (saved, problem) not in _warned:
                     _warned.add((saved, problem))
                     warnings.warn(f"{saved}: {problem}; it has no effect", PonderWarning, stacklevel=3)
         return cfg
 
-    @classmethod
-    def of(cls, **settings) -> "PonderConfig":
-        """A config of these settings, by flat key (`lambda_p=0.3, step="align"`); the rest default,
-        but for what the chosen pieces imply of the settings they do not read (plain's one step)."""
-        chosen = {kind: settings.get(kind, cls.default(kind)) for kind in KINDS}
-        fixed = {key: value for key, (value, _) in implied_values(chosen).items()
-                 if key not in settings and not applies(key, chosen)}
-        return cls.build({**fixed, **settings}, given=settings)
+    def fit_problems(self) -> list[str]:
+        """The pieces beside each other: a step that reads another kind of input than the task
+        gives (mlp on parity vectors), a halting input the step does not show."""
+        task, step = task_class(self.task.name), step_class(self.step.name)
+        if task.input_kind and step.input_kind not in ("", task.input_kind):  # a step of no kind fits any task
+            fitting = [name for name in STEPS if step_class(name).input_kind == task.input_kind]
+            choose = ", ".join(fitting)
+            return [f"--step {self.step.name} does not fit --task {self.task.name} ({task.inputs}); choose {choose}"]
+        return [f"halting-input {self.method.halting_input}: step {self.step.name} has no {part} to show"
+                for part in self.method.halting_input.split("+")[1:]
+                if part not in ("confidence", "previous", step.halting_feature)]
 
     @classmethod
-    def from_options(cls, *, origins: Optional[dict] = None, **given) -> "PonderConfig":
-        """A config from the settings the user gave, on the command line or in a file (`origins`:
-        key -> the file's name); the rest are what the chosen pieces imply (plain: one step) or
-        the defaults."""
-        origins, chosen = origins or {}, {}
+    def of(cls, *, origins: Optional[dict] = None, **given) -> "PonderConfig":
+        """A config of the settings the user gave, by flat key (`lambda_p=0.3, step="align"`; on
+        the command line or in a file, `origins`: key -> the file's name); the rest are what the
+        chosen pieces imply (plain: one step), what the task derives (parity's training counts)
+        or the defaults."""
+        chosen: dict = {}
         for kind in KINDS:  # a piece the user gave, else one an earlier piece implies, else the default
             chosen[kind] = given.get(kind, implied_values(chosen).get(kind, (cls.default(kind),))[0])
             known(kind, chosen[kind])  # a piece an installed package registers joins its table here
         values = {**{key: value for key, (value, _) in implied_values(chosen).items()}, **given, **chosen}
         if chosen["task"] in TASKS:
             values = task_class(chosen["task"]).resolve_options(values, given)
-        if isinstance(values.get("halting_bias"), str) and values["halting_bias"] != "prior":
-            try:
-                values["halting_bias"] = float(values["halting_bias"])
-            except ValueError:
-                raise PonderError(f"{spelled('halting_bias', origins)} must be a number or 'prior' "
-                                  f"(got {values['halting_bias']!r})") from None
-        return cls.build(values, given, origins)
+        return cls.build(values, given, origins or {})
 
     @classmethod
     def from_dict(cls, values: dict, saved: str = "a saved run") -> "PonderConfig":
@@ -323,10 +305,9 @@ class PonderConfig:
         ({"task": {...}}); unknown keys mean another version wrote it."""
         flat = {}
         for key, value in values.items():
-            if key in SECTION_TYPES and isinstance(value, dict):
-                flat.update({key if attribute == "name" else attribute: item for attribute, item in value.items()})
-            else:
-                flat[key] = value
+            sections = key in SECTION_TYPES and isinstance(value, dict)
+            flat.update({key if name == "name" else name: item for name, item in value.items()} if sections
+                        else {key: value})
         return cls.build(flat, saved=saved)
 
     def replace(self, **changes) -> "PonderConfig":
@@ -339,8 +320,7 @@ class PonderConfig:
 
     def value(self, key: str):
         """A setting by its flat key: value("lambda_p") is cfg.method.lambda_p."""
-        section, f = PLACES[key]
-        return getattr(getattr(self, section), f.name)
+        return getattr(getattr(self, PLACES[key][0]), PLACES[key][1].name)
 
     def sources(self, given, origins: Optional[dict] = None) -> dict[str, str]:
         """Where each value came from: "given", "file F" (origins), "implied by --step align",
@@ -375,12 +355,76 @@ class PonderConfig:
         return {key: self.value(key) for key in PLACES}
 
 
-def fit_problems(chosen: dict[str, str]) -> list[str]:
-    """A step function that reads another kind of input than the task gives (mlp on parity
-    vectors, gru on images)."""
-    task, step = chosen["task"], chosen["step"]
-    kind = task_class(task).input_kind
-    if kind and step_class(step).input_kind not in ("", kind):  # a step that names no kind fits any task
-        fitting = [name for name in STEPS if step_class(name).input_kind == kind]
-        return [f"--step {step} does not fit --task {task} ({task_class(task).inputs}); choose {', '.join(fitting)}"]
-    return []
+# Files: a table per section, its settings under their flat keys (the flag `--lambda-p` is the key
+# `lambda_p`); a flat file, JSON of either shape and a run's `config.json` are read too. What a
+# file sets overrides the defaults and what the chosen pieces imply; flags override the file.
+
+def read_config_file(path: Path) -> dict:
+    """The settings a file gives, {key: value}: TOML (.toml) or JSON (anything else)."""
+    path = Path(path)
+    problem = file_problem(path)
+    if problem is not None:
+        raise PonderError(f"--config {path} {problem}; name a .toml or .json configuration (a run folder's "
+                          f"config.toml re-runs that run)")
+    try:
+        data = _parse(path, path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PonderError(f"--config {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    if isinstance(data.get("config"), dict) and "ponder_cli" in data:
+        # a run's config.json holds every setting: those its pieces do not read had no effect on
+        # it (a warning for any not at its neutral value), and are left out
+        saved = {key: value for key, value in data["config"].items() if value is not None}
+        try:
+            chosen = PonderConfig.from_dict(saved, saved=f"--config {path}").chosen()
+        except PonderError as exc:
+            raise PonderError(f"--config {path}: {exc}") from None
+        return {key: value for key, value in saved.items() if applies(key, chosen)}
+    values = {}
+    for table, items in data.items():
+        if isinstance(items, dict) and table not in SECTIONS:
+            raise PonderError(f"--config {path}: unknown table [{table}]; the tables are "
+                              f"{', '.join(f'[{s}]' for s in SECTIONS)}")
+        for key, value in (items.items() if isinstance(items, dict) else [(table, items)]):
+            if key not in PLACES:
+                close = difflib.get_close_matches(key, list(PLACES), n=1)
+                raise PonderError(f"--config {path}: unknown setting {key!r}" +
+                                  (f" (did you mean {close[0]!r}?)" if close else ""))
+            if isinstance(items, dict) and PLACES[key][0] != table:
+                raise PonderError(f"--config {path}: {key} belongs in [{PLACES[key][0]}], not [{table}]")
+            values[key] = value
+    return values
+
+
+def _parse(path: Path, text: str) -> dict:
+    toml = path.suffix.lower() == ".toml"
+    try:
+        data = tomllib.loads(text) if toml else json.loads(text)
+    except ValueError as exc:  # a TOMLDecodeError is one too
+        raise PonderError(f"--config {path}: not valid {'TOML' if toml else 'JSON'} ({exc})" +
+                          ("" if toml else "; TOML files must end in .toml")) from None
+    if not isinstance(data, dict):
+        raise PonderError(f"--config {path}: a JSON object of settings is needed, not a {type(data).__name__}")
+    return data
+
+
+def render_config(cfg: PonderConfig, sources: dict, fmt: str = "toml") -> str:
+    """The settings that matter to the run (`shown_fields`), by table, each with where its value
+    came from (a TOML comment, or a JSON "sources" object); read back, the same configuration. A
+    value the pieces imply but do not read (plain's one step) is a comment; a None (halting_bias:
+    the method's own) is left out."""
+    values, shown = cfg.to_dict(), [key for key in cfg.shown_fields() if cfg.value(key) is not None]
+    settable = [key for key in shown if applies(key, cfg.chosen())]
+    if fmt == "json":
+        tables = {section: {key: values[key] for key in keys if key in settable} for section, keys in SECTIONS.items()}
+        return json.dumps({**tables, "sources": {key: sources.get(key, "default") for key in settable}},
+                          indent=2) + "\n"
+    lines = ["# ponder train --config FILE (flags on the command line override it)"]
+    for section, keys in SECTIONS.items():
+        # the settings, then as comments what the pieces imply but do not read
+        rows = [(f"{key} = {json.dumps(values[key])}", sources.get(key, "default")) for key in keys if key in settable]
+        whose = "method" if section == "method" else "run"
+        rows += [(f"# {key} = {json.dumps(values[key])}", f"{sources.get(key, 'default')}, not a setting of this {whose}")
+                 for key in keys if key in shown and key not in settable]
+        width = max((len(text) for text, _ in rows), default=0)
+        lines += ["", f"[{section}]", *(f"{text.ljust(width)}  # {source}" for text, source in rows)] if rows else []
+    return "\n".join(lines) + "\n"

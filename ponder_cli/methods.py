@@ -182,7 +182,7 @@ def build_model(cfg, classes: int, input_shape: tuple) -> torch.nn.Module:
     """The model for a config predicting `classes` classes of inputs of `input_shape` (the
     task's; one input's, without the batch), its halting head's
     initial bias the config's halting_bias, else the one the method implies (ACT: Graves' +1; a
-    config built without from_options has none), else PyTorch's default initialisation."""
+    saved config may hold none), else PyTorch's default initialisation."""
     model = PonderNet(cfg, classes=classes, input_shape=input_shape)
     bias = cfg.method.halting_bias
     if bias is None:

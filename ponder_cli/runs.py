@@ -32,8 +32,7 @@ from typing import Callable, Iterable, Optional
 
 from . import PonderError, __version__, file_problem
 from .checkpoint import load_checkpoint
-from .config import PonderConfig, applies, inapplicable, spelled
-from .config_file import render_config
+from .config import PonderConfig, applies, inapplicable, render_config, spelled
 from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR,
                       Resolved, RunLock, check_unlocked, package_dir, package_problem, resolve_checkpoint,
                       run_files_in)
@@ -67,7 +66,7 @@ def resolve_config(given: dict, resume: Optional[Path] = None, origins: Optional
     """
     origins = origins or {}
     if resume is None:
-        cfg = PonderConfig.from_options(origins=origins, **given)
+        cfg = PonderConfig.of(origins=origins, **given)
         return cfg, cfg.sources(given, origins), None, None
     resumed = resolve_checkpoint(resume, file=LAST)
     state = load_checkpoint(resumed.path)
@@ -262,7 +261,7 @@ def write_run_config(out_dir: Path, cfg: PonderConfig, sources: dict, **run) -> 
     path = out_dir / CONFIG_FILE
     _replace_atomically(path, lambda f: f.write(json.dumps(payload, indent=2) + "\n"))
     # the same settings as `ponder train --config` reads them: re-running this file trains this run again
-    text = render_config(cfg, sources, cfg.shown_fields())
+    text = render_config(cfg, sources)
     _replace_atomically(out_dir / CONFIG_TOML, lambda f: f.write(text))
     return path
 

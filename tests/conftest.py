@@ -166,7 +166,7 @@ def evil_checkpoint(tmp_path):
 @pytest.fixture(scope="session")
 def vector_config():
     """vector_config(**fields): a PonderConfig for vector inputs of `elems` entries (default 8),
-    as the vector step functions (rnn, gru) read it."""
+    as the vector step functions (rnn, gru) read it; the rest what parity and the step imply."""
     from ponder_cli.config import PonderConfig
 
     return lambda **fields: PonderConfig.of(**{"task": "parity", "step": "gru", "elems": 8, **fields})

@@ -138,7 +138,7 @@ def test_a_setting_of_another_step_is_refused_when_given_and_a_warning_when_save
 
 
 def test_prior_halting_bias():
-    cfg = PonderConfig.from_options(**SMALL, lambda_p=0.2, halting_bias="prior")
+    cfg = PonderConfig.of(**SMALL, lambda_p=0.2, halting_bias="prior")
     assert math.isclose(cfg.method.halting_bias, math.log(0.2 / 0.8))
     assert torch.isclose(torch.sigmoid(new_model(cfg).halting_head.bias), torch.tensor(0.2))
 
@@ -187,16 +187,16 @@ def test_align_through_every_command(method_name, tiny_mnist, tmp_path, ponder):
 
 
 def test_align_implies_its_halting_settings_unless_given():
-    cfg = PonderConfig.from_options(step="align")
+    cfg = PonderConfig.of(step="align")
     assert (cfg.method.max_steps, cfg.method.lambda_p, cfg.method.truncation, cfg.method.halting_input,
             cfg.step.turn_gate) == \
         (12, 0.5, 0.1, "state+turn", 0.2)
     assert math.isclose(cfg.method.halting_bias, 0.0)  # logit(0.5)
-    assert math.isclose(PonderConfig.from_options(step="align", lambda_p=0.2).method.halting_bias, math.log(0.25))
-    assert PonderConfig.from_options(step="align", method="plain").method.max_steps == 1
-    given = PonderConfig.from_options(step="align", truncation=0.0, turn_gate=0.0, halting_input="state")
+    assert math.isclose(PonderConfig.of(step="align", lambda_p=0.2).method.halting_bias, math.log(0.25))
+    assert PonderConfig.of(step="align", method="plain").method.max_steps == 1
+    given = PonderConfig.of(step="align", truncation=0.0, turn_gate=0.0, halting_input="state")
     assert (given.method.truncation, given.step.turn_gate, given.method.halting_input) == (0.0, 0.0, "state")
-    assert PonderConfig.from_options().method.truncation == 0.0  # the mlp reference is untouched
+    assert PonderConfig.of().method.truncation == 0.0  # the mlp reference is untouched
 
 
 @pytest.mark.parametrize("angle", [0.0, math.pi / 2, 0.3, -1.1])
@@ -265,11 +265,11 @@ def test_halting_input_does_not_reach_the_turn():
 
 
 def test_act_keeps_graves_bias_on_align_unless_given():
-    act = PonderConfig.from_options(step="align", method="act")
+    act = PonderConfig.of(step="align", method="act")
     assert act.method.halting_bias == 1.0  # Graves' bias: the method's implied value wins over the step's
     assert act.sources({"step": "align", "method": "act"})["halting_bias"] == "implied by --method act"
-    assert PonderConfig.from_options(step="align", method="act", halting_bias="-2").method.halting_bias == -2.0
-    assert PonderConfig.from_options(step="align", method="pondernet").method.halting_bias == 0.0  # logit(0.5)
+    assert PonderConfig.of(step="align", method="act", halting_bias="-2").method.halting_bias == -2.0
+    assert PonderConfig.of(step="align", method="pondernet").method.halting_bias == 0.0  # logit(0.5)
     assert torch.equal(new_model(act).halting_head.bias, torch.tensor([1.0]))
 
 
@@ -278,4 +278,4 @@ def test_a_saved_config_keeps_the_truncation_it_was_trained_with():
     trained at truncation 0.01, the implied value then, and loads with 0.01."""
     state = load_checkpoint(shipped_path("align"))
     assert state.config.method.truncation == 0.01
-    assert PonderConfig.from_options(step="align").method.truncation == 0.1
+    assert PonderConfig.of(step="align").method.truncation == 0.1

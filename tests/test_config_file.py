@@ -9,9 +9,7 @@ import pytest
 import torch
 
 from ponder_cli import PonderError
-from ponder_cli.config import PonderConfig, readers
-from ponder_cli.config import SECTIONS
-from ponder_cli.config_file import read_config_file, render_config
+from ponder_cli.config import SECTIONS, PonderConfig, read_config_file, readers, render_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,7 +23,7 @@ def write(tmp_path, name, text):
 def from_file(path):
     """The configuration a file gives, its keys' messages naming it, as `ponder train --config`."""
     values = read_config_file(path)
-    return PonderConfig.from_options(origins={key: path for key in values}, **values)
+    return PonderConfig.of(origins={key: path for key in values}, **values)
 
 
 def test_every_setting_sits_in_one_table_and_a_pieces_settings_in_its_own():
@@ -108,19 +106,19 @@ OPTION_SETS = [{}, {"step": "align"}, {"method": "act", "tau": 0.02}, {"method":
 
 @pytest.mark.parametrize("given", OPTION_SETS)
 def test_what_is_printed_reads_back_as_the_same_configuration(tmp_path, given):
-    cfg = PonderConfig.from_options(**given)
-    text = render_config(cfg, cfg.sources(given), cfg.shown_fields())
-    again = PonderConfig.from_options(**read_config_file(write(tmp_path, "c.toml", text)))
+    cfg = PonderConfig.of(**given)
+    text = render_config(cfg, cfg.sources(given))
+    again = PonderConfig.of(**read_config_file(write(tmp_path, "c.toml", text)))
     assert again == cfg
-    as_json = render_config(cfg, cfg.sources(given), cfg.shown_fields(), "json")
+    as_json = render_config(cfg, cfg.sources(given), "json")
     tables = {k: v for k, v in json.loads(as_json).items() if k != "sources"}
-    assert PonderConfig.from_options(**read_config_file(write(tmp_path, "c.json", json.dumps(tables)))) == cfg
+    assert PonderConfig.of(**read_config_file(write(tmp_path, "c.json", json.dumps(tables)))) == cfg
 
 
 def test_each_printed_value_says_where_it_came_from():
     given = {"task": "parity", "lr": 3e-4}
-    cfg = PonderConfig.from_options(**given)
-    lines = render_config(cfg, cfg.sources(given), cfg.shown_fields()).splitlines()
+    cfg = PonderConfig.of(**given)
+    lines = render_config(cfg, cfg.sources(given)).splitlines()
     assert "[task]" in lines and "[step]" in lines and "[method]" in lines and "[training]" in lines
     by_key = {line.split(" = ")[0]: line for line in lines if " = " in line}
     assert by_key["lr"].endswith("# given") and "0.0003" in by_key["lr"]

@@ -30,23 +30,19 @@ def test_every_setting_a_piece_reads_has_another_value_here():
 
 
 @pytest.mark.parametrize("pieces", COMBINATIONS, ids=lambda pieces: "-".join(pieces.values()))
-def test_of_from_options_and_a_saved_config_agree_on_every_setting(pieces):
-    """For each setting: `of` and `from_options` both accept it or both refuse it with the same
-    message, and a saved config holding it warns exactly when they refuse."""
+def test_a_given_setting_and_a_saved_one_agree_on_every_setting(pieces):
+    """For each setting: `of` accepts it exactly when the chosen pieces read it, and a saved
+    config holding it warns exactly when `of` refuses it, in the same words."""
     for key, value in OTHER.items():
-        settings = {**pieces, key: value}
-        outcomes = []
-        for build in (PonderConfig.of, PonderConfig.from_options):
-            try:
-                outcomes.append(build(**settings).value(key))
-            except PonderError as exc:
-                outcomes.append(str(exc))
-        assert outcomes[0] == outcomes[1], (key, outcomes)
+        try:
+            outcome = PonderConfig.of(**pieces, **{key: value}).value(key)
+        except PonderError as exc:
+            outcome = str(exc)
         refused = not applies(key, pieces)
-        assert refused == (outcomes[0] != value), (key, outcomes)
+        assert refused == (outcome != value), (key, outcome)
         if refused:
-            assert outcomes[0].startswith(f"--{key.replace('_', '-')} applies to --")
-        saved = {**PonderConfig.from_options(**pieces).to_dict(), key: value}
+            assert outcome.startswith(f"--{key.replace('_', '-')} applies to --")
+        saved = {**PonderConfig.of(**pieces).to_dict(), key: value}
         if (key, pieces["method"]) == ("max_steps", "plain"):  # not a plain model: refused, saved or not
             with pytest.raises(PonderError, match="plain runs exactly one step"):
                 PonderConfig.from_dict(saved)
@@ -55,12 +51,12 @@ def test_of_from_options_and_a_saved_config_agree_on_every_setting(pieces):
             warnings.simplefilter("always")
             assert PonderConfig.from_dict(saved, saved=f"run {'-'.join(pieces.values())}").value(key) == value
         assert [str(w.message).split(";")[0] for w in caught] == \
-            ([f"run {'-'.join(pieces.values())}: {key} = {value!r}" + outcomes[0][len(key) + 2:]] if refused else [])
+            ([f"run {'-'.join(pieces.values())}: {key} = {value!r}" + outcome[len(key) + 2:]] if refused else [])
 
 
 def test_a_saved_config_at_its_defaults_and_implied_values_is_silent():
     for pieces in COMBINATIONS:
-        saved = PonderConfig.from_options(**pieces).to_dict()
+        saved = PonderConfig.of(**pieces).to_dict()
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert PonderConfig.from_dict(saved, saved="run").to_dict() == saved
@@ -96,7 +92,7 @@ OLD = {
         lambda: _tiny(PonderConfig.of(method="act", **TINY), {"lambda_p": 0.3}),
         "lambda_p = 0.3 applies to --method pondernet, not act; it has no effect"),
     "plain with align's implied halting settings": (
-        lambda: _tiny(PonderConfig.from_options(step="align", method="plain", hidden=8, hidden_cnn=8), {}), None),
+        lambda: _tiny(PonderConfig.of(step="align", method="plain", hidden=8, hidden_cnn=8), {}), None),
     "mlp with the turn gate of align's": (
         lambda: _tiny(PonderConfig.of(**TINY), {"turn_gate": 0.2}),
         "turn_gate = 0.2 applies to --step align, not mlp; it has no effect"),
@@ -143,13 +139,13 @@ def test_a_runs_config_json_with_a_setting_its_pieces_do_not_read_warns_once_and
 
 
 def test_the_prior_halting_bias_is_its_logit_by_every_way_in():
-    """halting_bias "prior" is the logit of lambda_p, whether given as an option, to `of`, to
-    `replace`, or saved: one place turns the word into its number."""
+    """halting_bias "prior" is the logit of lambda_p, whether given to `of` (an option's text
+    too), to `replace`, or saved: one place turns the word into its number."""
     import math
 
     logit = math.log(0.3 / 0.7)
-    assert PonderConfig.from_options(step="align", halting_bias="prior", lambda_p=0.3).method.halting_bias == logit
     assert PonderConfig.of(step="align", halting_bias="prior", lambda_p=0.3).method.halting_bias == logit
+    assert PonderConfig.of(step="align", halting_bias="-1.5").method.halting_bias == -1.5
     assert PonderConfig.of(step="align", lambda_p=0.3).replace(halting_bias="prior").method.halting_bias == logit
     assert PonderConfig.from_dict({"step": "align", "lambda_p": 0.3, "halting_bias": "prior"}).method.halting_bias \
         == logit

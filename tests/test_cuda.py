@@ -35,7 +35,7 @@ SMALL = dict(hidden=16, hidden_cnn=16, val_size=100, batch_size=64)
 
 def _small(step: str = "mlp", **changes) -> PonderConfig:
     """A small config; hidden_lin only where the step reads it (mlp)."""
-    return PonderConfig.from_options(step=step, **SMALL, **({"hidden_lin": 16} if step == "mlp" else {}), **changes)
+    return PonderConfig.of(step=step, **SMALL, **({"hidden_lin": 16} if step == "mlp" else {}), **changes)
 
 
 def _data(tiny_mnist, device=CPU):
@@ -104,7 +104,7 @@ def test_a_learning_rate_cut_changes_the_replayed_update(tiny_mnist):
 @pytest.mark.parametrize("task", ["mnist", "parity"])
 def test_no_sync_inside_a_captured_epoch_but_its_one_read(amp, task, tiny_mnist):
     cfg = _small("mlp", max_steps=6, truncation=0.05) if task == "mnist" else \
-        PonderConfig.from_options(task="parity", elems=16, hidden=32, batch_size=64, batches_per_epoch=12,
+        PonderConfig.of(task="parity", elems=16, hidden=32, batch_size=64, batches_per_epoch=12,
                                   curriculum=8, curriculum_start=2)
     train_set = _data(tiny_mnist, GPU)[0] if task == "mnist" else None
     torch.manual_seed(0)

@@ -216,7 +216,7 @@ TURN = ["step.turn.weight", "step.turn.bias", "step.view_turn.weight", "step.vie
 ])
 def test_parameters_a_one_step_forward_leaves_out(options, left_out):
     torch.manual_seed(0)
-    cfg = PonderConfig.from_options(hidden=16, hidden_cnn=16, **options)
+    cfg = PonderConfig.of(hidden=16, hidden_cnn=16, **options)
     model = new_model(cfg)
     before = torch.get_rng_state()
     assert model.left_out_by_one_step(get_task(cfg).example_input(2, "cpu")) == left_out

@@ -44,7 +44,7 @@ def _config(case: dict) -> PonderConfig:
                                                                            else {}))
     if case["method"] != "plain":
         case = {"max_steps": 5, **case}
-    return PonderConfig.from_options(**sizes, **case)
+    return PonderConfig.of(**sizes, **case)
 
 
 def _step(cfg: PonderConfig, *, amp: bool = False, scaler=None) -> BatchStep:

@@ -97,15 +97,15 @@ def test_plain_needs_one_step():
         PonderConfig.from_dict({"method": "plain", "max_steps": 5})
     with pytest.raises(PonderError, match="method must be one of pondernet, act, plain"):
         PonderConfig.of(method="ut")
-    assert PonderConfig.from_options(method="plain").method.max_steps == 1
-    assert PonderConfig.from_options(method="act").method.max_steps == 20
+    assert PonderConfig.of(method="plain").method.max_steps == 1
+    assert PonderConfig.of(method="act").method.max_steps == 20
 
 
 @pytest.mark.parametrize("name", list(METHODS))
 def test_every_method_predicts_the_same_with_early_exit(name):
     """The one early-exit loop, driven by each method's own rule, equals its prediction from a
     forward pass over every step."""
-    cfg = PonderConfig.from_options(method=name, **({} if name == "plain" else {"max_steps": 6}),
+    cfg = PonderConfig.of(method=name, **({} if name == "plain" else {"max_steps": 6}),
                                     hidden=16, hidden_cnn=16, hidden_lin=16)
     torch.manual_seed(0)
     model, method = new_model(cfg).eval(), get_method(cfg)
@@ -185,7 +185,7 @@ def test_compare_table_and_plot(runs, tiny_mnist, tmp_path, ponder):
 
 def test_compare_labels_name_only_what_sets_a_group_apart():
     from ponder_cli.reports import group_by_configuration
-    mlp, align = PonderConfig.of(), PonderConfig.from_options(step="align")
+    mlp, align = PonderConfig.of(), PonderConfig.of(step="align")
     other_lr = PonderConfig.of(lr=3e-3)
     groups = group_by_configuration([("a", mlp), ("b", align), ("c", other_lr), ("d", mlp.replace(seed=1))])
     # mlp and align differ in many settings, but the step has its own column; the two mlp

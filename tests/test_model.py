@@ -47,7 +47,8 @@ def test_per_step_cnn_mask_on_pooled_maps_equals_masking_conv2_output():
 
 def test_per_step_cnn_mask_gives_each_step_its_own_embedding_only_in_training():
     x = torch.randn(64, 1, 28, 28)
-    shared, fresh = small_model(max_steps=4), small_model(max_steps=4, cnn_dropout_mask="per-step")
+    shared = small_model(max_steps=4, cnn_dropout_mask="shared")
+    fresh = small_model(max_steps=4, cnn_dropout_mask="per-step")
     assert torch.equal(shared(x).logits, fresh(x).logits)  # same weights; eval mode has no dropout
 
     encoder = fresh.train().step.encoder
@@ -254,8 +255,8 @@ def test_a_new_step_function_plugs_in_through_the_registry(monkeypatch):
 
 
 def test_mlp_draws_a_fresh_cnn_mask_per_step_unless_told_to_share():
-    assert PonderConfig.from_options().step.cnn_dropout_mask == "per-step"  # the reference's behaviour
-    assert PonderConfig.from_options(cnn_dropout_mask="shared").step.cnn_dropout_mask == "shared"
+    assert PonderConfig.of().step.cnn_dropout_mask == "per-step"  # the reference's behaviour
+    assert PonderConfig.of(cnn_dropout_mask="shared").step.cnn_dropout_mask == "shared"
     # checkpoints saved before the option trained with the shared mask, and keep it
-    old = {k: v for k, v in PonderConfig.from_options().to_dict().items() if k != "cnn_dropout_mask"}
+    old = {k: v for k, v in PonderConfig.of().to_dict().items() if k != "cnn_dropout_mask"}
     assert PonderConfig.from_dict(old).step.cnn_dropout_mask == "shared"

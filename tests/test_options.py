@@ -35,10 +35,10 @@ def test_an_option_no_chosen_piece_reads_is_refused(args, message, ponder, one_e
 
 
 def test_what_the_chosen_pieces_read_is_accepted():
-    assert PonderConfig.from_options(method="act", tau=0.1, max_steps=5).method.tau == 0.1
-    align = PonderConfig.from_options(step="align", align_turn=20.0, turn_gate=0.1, halting_bias="prior", lambda_p=0.4)
+    assert PonderConfig.of(method="act", tau=0.1, max_steps=5).method.tau == 0.1
+    align = PonderConfig.of(step="align", align_turn=20.0, turn_gate=0.1, halting_bias="prior", lambda_p=0.4)
     assert (align.step.align_turn, align.step.turn_gate, align.method.max_steps) == (20.0, 0.1, 12)
-    plain = PonderConfig.from_options(method="plain", step="align", epochs=3)
+    plain = PonderConfig.of(method="plain", step="align", epochs=3)
     assert plain.method.max_steps == 1 and plain.training.epochs == 3
     assert inapplicable({"epochs": 1, "seed": 2, "lr": 0.1}, {"method": "plain", "step": "mlp"}) == []
 

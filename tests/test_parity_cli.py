@@ -121,7 +121,7 @@ def test_compare_on_count_buckets_and_not_across_tasks(parity_run, checkpoint, p
 
 
 def test_training_batches_come_from_the_seeded_generator():
-    cfg = PonderConfig.from_options(task="parity", elems=8, train_counts="2-5", batch_size=16, seed=7)
+    cfg = PonderConfig.of(task="parity", elems=8, train_counts="2-5", batch_size=16, seed=7)
     source = get_task(cfg).training_source(None, "cpu")
     generator = torch.Generator().manual_seed(7)
     for index in range(3):
@@ -134,7 +134,7 @@ def test_training_batches_come_from_the_seeded_generator():
 
 
 def test_the_generator_state_round_trips():
-    cfg = PonderConfig.from_options(task="parity", elems=8, batch_size=4)
+    cfg = PonderConfig.of(task="parity", elems=8, batch_size=4)
     first = ParityBatches(cfg, "cpu")
     first.stage(0)
     first.batch()
@@ -155,7 +155,7 @@ def test_the_curriculum_raises_the_top_count_linearly_then_holds_it():
 
 
 def test_curriculum_batches_stay_under_the_top_and_resume_where_they_were(tmp_path):
-    cfg = PonderConfig.from_options(task="parity", elems=16, batch_size=64, curriculum=4, curriculum_start=2)
+    cfg = PonderConfig.of(task="parity", elems=16, batch_size=64, curriculum=4, curriculum_start=2)
     source = ParityBatches(cfg, "cpu")
     tops = []
     for index in range(6):
@@ -278,7 +278,7 @@ def test_a_checkpoint_with_a_misfit_step_is_refused(vector_config):
 def test_a_vector_model_probes_with_a_vector(tmp_path):
     from ponder_cli.checkpoint import new_model
 
-    cfg = PonderConfig.from_options(task="parity", elems=8, hidden=8, max_steps=3, truncation=0.01)
+    cfg = PonderConfig.of(task="parity", elems=8, hidden=8, max_steps=3, truncation=0.01)
     probe = get_task(cfg).example_input(2, "cpu")
     assert new_model(cfg).left_out_by_one_step(probe) == ["step.cell.weight_hh"]  # h_0 = 0 meets no W_hh at step 1
 

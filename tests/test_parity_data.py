@@ -8,9 +8,9 @@ import torch
 
 from ponder_cli import PonderError
 from ponder_cli.config import PonderConfig
-from ponder_cli.config import parse_count_range
 from ponder_cli.methods import get_method
-from ponder_cli.tasks.parity import CLASSES, evaluation_set, parity_batch, parity_labels, vectors_with_counts
+from ponder_cli.tasks.parity import (CLASSES, evaluation_set, parity_batch, parity_labels, parse_count_range,
+                                      vectors_with_counts)
 
 
 def test_labels_are_the_parity_of_the_plus_ones_not_of_the_non_zeros():
@@ -99,7 +99,7 @@ def test_the_two_logit_head_is_the_papers_sigmoid_unit_in_pondernets_loss_and_pr
     """The paper's one logistic unit with logit d gives class 1 the probability sigmoid(d) and
     the loss BCE(d); PonderNet's loss and predictions on two logits (a, b) give the same with
     d = b - a."""
-    cfg = PonderConfig.from_options(task="parity", max_steps=2)
+    cfg = PonderConfig.of(task="parity", max_steps=2)
     method = get_method(cfg)
     # d = ln 3 and d = -ln 3 (logits shifted by 1: only the difference counts), the same at both
     # steps so that the loss does not depend on where halting puts its mass

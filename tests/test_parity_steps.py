@@ -63,7 +63,7 @@ def test_rnn_step_is_the_papers_tanh_recurrence(vector_config):
 
 
 def test_gru_step_equals_torchs_gru_cell_from_a_zero_state(vector_config):
-    step = vector_model(vector_config, "gru").step
+    step = vector_model(vector_config, "gru", gru_layer_norm=False, gru_orthogonal=False, gru_update_bias=0.0).step
     x = inputs(4)
     h = torch.zeros(4, 16)
     with torch.no_grad():
@@ -76,7 +76,8 @@ def test_gru_step_equals_torchs_gru_cell_from_a_zero_state(vector_config):
 
 def test_gru_recipe_orthogonal_blocks_update_bias_and_normalised_state(vector_config):
     torch.manual_seed(0)
-    plain = GRUStep(vector_config(step="gru", elems=8, hidden=16), (8,))
+    plain = GRUStep(vector_config(step="gru", elems=8, hidden=16, gru_layer_norm=False, gru_orthogonal=False,
+                                  gru_update_bias=0.0), (8,))
     torch.manual_seed(0)
     recipe = GRUStep(vector_config(step="gru", elems=8, hidden=16, gru_layer_norm=True, gru_orthogonal=True,
                                    gru_update_bias=1.0), (8,))

@@ -39,7 +39,7 @@ def digits(tmp_path_factory):
 
 def _untrained(tmp_path, **fields) -> str:
     """A checkpoint of an untrained model (no training needed to look inside one)."""
-    cfg = PonderConfig.from_options(**fields)
+    cfg = PonderConfig.of(**fields)
     torch.manual_seed(0)
     model = new_model(cfg)
     path = tmp_path / "model.pt"

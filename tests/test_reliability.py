@@ -718,5 +718,5 @@ PIECE_ERRORS = [
 @pytest.mark.parametrize("given,message", PIECE_ERRORS, ids=[str(g) for g, _ in PIECE_ERRORS])
 def test_each_chosen_piece_checks_its_own_settings(given, message):
     with pytest.raises(PonderError) as caught:
-        PonderConfig.from_options(**given)
+        PonderConfig.of(**given)
     assert str(caught.value) == message

@@ -47,8 +47,8 @@ def test_the_rule_goes_on_with_the_ratio_of_reach_probabilities():
 
 def _model(epsilon: float):
     torch.manual_seed(0)
-    cfg = PonderConfig.of(step="align", hidden=16, hidden_cnn=16, max_steps=STEPS, cnn_dropout=0.0,
-                          truncation=epsilon, truncation_rule="roulette")
+    cfg = PonderConfig.of(step="align", hidden=16, hidden_cnn=16, max_steps=STEPS, cnn_dropout=0.0, lambda_p=0.2,
+                          halting_input="state", turn_gate=0.0, truncation=epsilon, truncation_rule="roulette")
     model = new_model(cfg).train()
     with torch.no_grad():
         model.halting_head.bias.fill_(0.5)
@@ -116,8 +116,8 @@ def test_the_last_computed_step_keeps_its_own_halting():
 
 
 def test_the_rule_is_pondernets_and_one_of_two():
-    assert PonderConfig.from_options(step="align", truncation_rule="roulette").method.truncation_rule == "roulette"
+    assert PonderConfig.of(step="align", truncation_rule="roulette").method.truncation_rule == "roulette"
     with pytest.raises(PonderError, match="truncation-rule must be one of cut, roulette"):
-        PonderConfig.from_options(truncation_rule="coin")
+        PonderConfig.of(truncation_rule="coin")
     with pytest.raises(PonderError, match="truncation-rule applies to --method pondernet"):
-        PonderConfig.from_options(method="act", truncation_rule="roulette")
+        PonderConfig.of(method="act", truncation_rule="roulette")

@@ -17,13 +17,13 @@ def test_each_setting_lives_in_its_pieces_section():
     cfg = PonderConfig.of(task="parity", elems=16, step="gru", lambda_p=0.3, epochs=7)
     assert (cfg.task.name, cfg.task.elems, cfg.step.name, cfg.method.lambda_p, cfg.training.epochs) == \
         ("parity", 16, "gru", 0.3, 7)
-    assert (cfg.method.name, cfg.step.hidden, cfg.training.seed) == ("pondernet", 64, 1234)  # defaults
+    assert (cfg.method.name, cfg.step.hidden, cfg.training.seed) == ("pondernet", 128, 1234)  # default, implied
     assert cfg.value("lambda_p") == 0.3 and cfg.value("task") == "parity"
-    assert cfg.task.train_range() == (1, 16)
+    assert cfg.task.train_counts == "1-16"  # what the run trains on, saved
 
 
 def test_the_flat_form_round_trips_and_the_section_form_is_read_too():
-    cfg = PonderConfig.from_options(step="align", lambda_p=0.4, seed=3)
+    cfg = PonderConfig.of(step="align", lambda_p=0.4, seed=3)
     flat = cfg.to_dict()
     assert flat["step"] == "align" and flat["lambda_p"] == 0.4 and flat["seed"] == 3 and "name" not in flat
     assert list(flat) == [key for keys in SECTIONS.values() for key in keys]

@@ -46,7 +46,7 @@ def _model(steps: int, method: str = "pondernet", step: str = "mlp", bias=None, 
     torch.manual_seed(0)
     sizes = dict(hidden=16, hidden_cnn=16, **({"hidden_lin": 16} if step == "mlp" else {}))
     halting = {} if method == "plain" else dict(max_steps=steps, halting_bias=bias)  # plain: one step, no halting
-    cfg = PonderConfig.from_options(method=method, step=step, **sizes, **halting, **changes)
+    cfg = PonderConfig.of(method=method, step=step, **sizes, **halting, **changes)
     assert cfg.method.max_steps == steps
     model = new_model(cfg)
     with torch.no_grad():

@@ -148,7 +148,7 @@ def test_its_buckets_refuse_another_tasks_spelling_and_its_name_the_default_run_
     from ponder_cli.config import PonderConfig
     from ponder_cli.runs import run_dir_name
 
-    assert run_dir_name(PonderConfig.from_options(task="sums")) == "sums-pondernet-rnn-seed1234"
+    assert run_dir_name(PonderConfig.of(task="sums")) == "sums-pondernet-rnn-seed1234"
     assert "--step mlp does not fit --task sums (vectors of 6 integers 0-3); choose rnn, gru" in one_error_line(
         ponder("train", "--task", "sums", "--step", "mlp", "--out", tmp_path / "x"))
 

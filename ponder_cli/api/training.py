@@ -12,8 +12,7 @@ from typing import Callable, Optional, Union
 import torch
 
 from .. import PonderError, brief, distributed
-from ..config import PonderConfig
-from ..config_file import read_config_file
+from ..config import PonderConfig, read_config_file
 from ..data import resolve_data_dir
 from ..render import config_lines, epoch_line
 from ..reports import Report, training_report
@@ -35,7 +34,7 @@ class TrainOptions:
     progress: bool = True
     overwrite: bool = False  # write into a folder that holds another run's checkpoints (or the shipped ones)
     tensorboard: bool = False  # TensorBoard event files in the run folder too (runs.py)
-    config_file: Optional[Path] = None  # settings read from a file (config_file.py); `given` overrides them
+    config_file: Optional[Path] = None  # settings read from a file (config.read_config_file); `given` overrides them
     deterministic: bool = False  # only deterministic kernels (deterministic_kernels): a training option, not a model's
     cuda_graphs: bool = True  # on CUDA, capture the training batch once and replay it (train.BatchStep)
 

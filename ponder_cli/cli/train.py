@@ -22,8 +22,7 @@ from ..cli_options import (
     piece_choice,
     piece_metavar,
 )
-from ..config import PonderConfig
-from ..config_file import render_config
+from ..config import PonderConfig, render_config
 from ..render import OutputFormat
 from .app import app, bars, chatter, render_and_plot
 
@@ -188,4 +187,4 @@ def _print_config(given: dict, options, fmt: OutputFormat, log) -> None:
     from ..api import training_config
 
     cfg, sources = training_config(given, options)
-    sys.stdout.write(render_config(cfg, sources, cfg.shown_fields(), "json" if fmt == OutputFormat.json else "toml"))
+    sys.stdout.write(render_config(cfg, sources, "json" if fmt == OutputFormat.json else "toml"))

@@ -29,7 +29,6 @@ import numpy as np
 import torch
 
 from .. import PonderError, distributed
-from ..config import parse_count_range
 from ..evaluate import EvalBucket, evaluate_bucket
 from ..reports import TaskView, Terms
 from . import Task, TrainingSource, UserInputs, check_input_file, derived_seed, load_inputs, uniforms
@@ -112,6 +111,24 @@ def split_range(lo: int, hi: int, parts: int = 4) -> list[tuple[int, int]]:
     return [(a, b - 1) for a, b in zip(edges, edges[1:])]
 
 
+def parse_count_range(text: str, elems: int) -> tuple[int, int]:
+    """'17-32' -> (17, 32), '5' -> (5, 5), checked against 1..elems; a PonderError otherwise."""
+    lo, sep, hi = str(text).partition("-")
+    try:
+        bounds = (int(lo), int(hi) if sep else int(lo))
+    except ValueError:
+        raise PonderError(f"a count range is LO-HI or N (got {text!r})") from None
+    if not 1 <= bounds[0] <= bounds[1] <= elems:
+        raise PonderError(f"count range {text} must satisfy 1 <= LO <= HI <= {elems} (the elements of a vector)")
+    return bounds
+
+
+def train_range(cfg) -> tuple[int, int]:
+    """The training non-zero counts (lo, hi): --train-counts, "" (a config before the run saved
+    its own) all of them."""
+    return parse_count_range(cfg.task.train_counts, cfg.task.elems) if cfg.task.train_counts else (1, cfg.task.elems)
+
+
 def range_text(lo: int, hi: int) -> str:
     """(17, 32) -> "17-32"; (5, 5) -> "5", as --counts reads them."""
     return str(lo) if lo == hi else f"{lo}-{hi}"
@@ -135,7 +152,7 @@ class ParityBatches(TrainingSource):
 
     def __init__(self, cfg, device):
         self.cfg, self.device = cfg, torch.device(device)
-        self.lo, self.hi = cfg.task.train_range()
+        self.lo, self.hi = train_range(cfg)
         check_counts(cfg.task.elems, self.lo, self.hi)
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.training.seed)
         self.drawn = 0  # batches drawn so far in the run: where the curriculum is
@@ -274,9 +291,6 @@ class ParityTask(Task):
     def example_input(self, batch: int, device) -> torch.Tensor:
         return torch.zeros((batch, *self.input_shape), device=device)
 
-    def _range(self) -> tuple[int, int]:
-        return self.cfg.task.train_range()
-
     @classmethod
     def resolve_options(cls, values: dict, given: dict) -> dict:
         if "train_counts" not in given and isinstance(values.get("elems"), int):
@@ -292,7 +306,7 @@ class ParityTask(Task):
     # training -----------------------------------------------------------------------------
 
     def load_training(self, data_dir, download: bool):
-        lo, hi = self._range()
+        lo, hi = train_range(self.cfg)
         return None, evaluation_set(self.cfg.task.elems, lo, hi, VAL_PER_COUNT, VALIDATION_SEED)
 
     def to_device(self, data, device):
@@ -305,7 +319,7 @@ class ParityTask(Task):
         return evaluate_bucket(model, vector_bucket(data, model.max_steps, self.cfg.training.seed), self.cfg, amp=amp)
 
     def describe(self, train_data, val_data) -> str:
-        lo, hi = self._range()
+        lo, hi = train_range(self.cfg)
         return (f"on {self.cfg.task.batches_per_epoch} batches of {self.cfg.training.batch_size} fresh vectors per "
                 f"epoch ({self.cfg.task.elems} elements, non-zero counts {lo}-{hi}), validating on "
                 f"{val_data.x.shape[0]}")
@@ -325,7 +339,7 @@ class ParityTask(Task):
         return UserInputs(names, torch.cat(rows))
 
     def view(self):
-        lo, hi = self._range()
+        lo, hi = train_range(self.cfg)
         return TaskView("parity", TERMS, {"elems": self.cfg.task.elems, "train_counts": f"{lo}-{hi}"},
                         f"{self.cfg.task.elems} elements, trained on counts {lo}-{hi}", protocol=None)
 
@@ -335,7 +349,7 @@ class ParityTask(Task):
         """eval: the training range in four; extrapolate: the counts beyond it, in four (the
         whole range in four when training saw every count); compare: every count, in four;
         calibrate: the training range, one bucket."""
-        lo, hi = self._range()
+        lo, hi = train_range(self.cfg)
         if command == "extrapolate" and hi < self.cfg.task.elems:
             return split_range(hi + 1, self.cfg.task.elems)
         if command == "eval":
