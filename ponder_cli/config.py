@@ -28,15 +28,12 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from . import PonderError, PonderWarning, file_problem
-from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, STEPS, TASKS, TRUNCATION_RULES, known,
-                       method_class, step_class, task_class)
+from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, PIECES, STEPS, TASKS, TRUNCATION_RULES, known,
+                       piece_class, step_class, task_class)
 
 MAX_STEPS = 100  # a bound on the cost of an epoch (training runs every step for every image)
 FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32: what the model's tensors can hold
 MAX_SEED = 2 ** 63  # torch's generators take seeds below 2**64; we keep them signed 64-bit
-# the kinds of piece, in order: a later kind's implied values win (plain's one step over align's
-# twelve), an earlier kind may imply a later kind's piece (parity: --step gru)
-KINDS = {"task": (TASKS, task_class), "step": (STEPS, step_class), "method": (METHODS, method_class)}
 
 
 def setting(default, test=None, rule=""):
@@ -173,7 +170,7 @@ def seed_problems(seed, what: str) -> list[str]:
 
 def readers(key: str) -> dict[str, list[str]]:
     """For each kind of piece some of whose pieces read `key` (their `reads`), those pieces."""
-    found = {kind: [name for name in table if key in load(name).reads] for kind, (table, load) in KINDS.items()}
+    found = {kind: [name for name in table if key in piece_class(kind, name).reads] for kind, table in PIECES.items()}
     return {kind: names for kind, names in found.items() if names}
 
 
@@ -196,14 +193,14 @@ def inapplicable(keys, chosen: dict[str, str], name=lambda key: spelled(key, {},
 
 def implied_values(chosen: dict[str, str]) -> dict[str, tuple]:
     """key -> (value, "--step align"): what the chosen pieces imply unless the user says otherwise."""
-    return {key: (value, f"--{kind} {chosen[kind]}") for kind, (table, load) in KINDS.items()
-            if chosen.get(kind) in table for key, value in load(chosen[kind]).implied.items()}
+    return {key: (value, f"--{kind} {chosen[kind]}") for kind, table in PIECES.items()
+            if chosen.get(kind) in table for key, value in piece_class(kind, chosen[kind]).implied.items()}
 
 
 def implied_by_pieces(key: str) -> list[tuple[str, object]]:
     """(piece, value) for every piece of any kind that implies a value of `key`, for --help."""
-    return [(name, load(name).implied[key]) for table, load in KINDS.values() for name in table
-            if key in load(name).implied]
+    return [(name, piece_class(kind, name).implied[key]) for kind, table in PIECES.items() for name in table
+            if key in piece_class(kind, name).implied]
 
 
 def bias_value(values: dict, name: str = "halting-bias"):
@@ -260,7 +257,7 @@ class PonderConfig:
         problems = [problem for key in PLACES for problem in problems_of(key, cfg.value(key), spelled(key, origins))]
         if not problems:
             problems = cfg.fit_problems() or inapplicable(given, chosen, lambda key: spelled(key, origins, "--")) \
-                or [problem for kind, (_, load) in KINDS.items() for problem in load(chosen[kind]).config_problems(cfg)]
+                or [problem for kind, name in chosen.items() for problem in piece_class(kind, name).config_problems(cfg)]
         if problems:
             raise PonderError("; ".join(problems))
         if saved:  # what a fresh run of these pieces holds is neutral too: what they imply, or derive
@@ -291,7 +288,7 @@ class PonderConfig:
         chosen pieces imply (plain: one step), what the task derives (parity's training counts)
         or the defaults."""
         chosen: dict = {}
-        for kind in KINDS:  # a piece the user gave, else one an earlier piece implies, else the default
+        for kind in PIECES:  # a piece the user gave, else one an earlier piece implies, else the default
             chosen[kind] = given.get(kind, implied_values(chosen).get(kind, (cls.default(kind),))[0])
             known(kind, chosen[kind])  # a piece an installed package registers joins its table here
         values = {**{key: value for key, (value, _) in implied_values(chosen).items()}, **given, **chosen}
@@ -316,7 +313,7 @@ class PonderConfig:
 
     def chosen(self) -> dict[str, str]:
         """The piece of each kind: {"task": "mnist", "step": "mlp", "method": "pondernet"}."""
-        return {kind: getattr(self, kind).name for kind in KINDS}
+        return {kind: getattr(self, kind).name for kind in PIECES}
 
     def value(self, key: str):
         """A setting by its flat key: value("lambda_p") is cfg.method.lambda_p."""

@@ -34,12 +34,6 @@ def log_continue(lambda_logits: torch.Tensor) -> torch.Tensor:
     return F.logsigmoid(-lambda_logits.float())
 
 
-def accumulate(total: torch.Tensor, term: torch.Tensor) -> torch.Tensor:
-    """One step of a running sum, in float32: the one accumulation behind every threshold rule
-    (quantile, ACT, truncation), whether it runs step by step or over every step."""
-    return total + term
-
-
 def running_sums(terms: torch.Tensor) -> torch.Tensor:
     """The sum of terms[0..n] at every step n, (steps, ...) -> (steps, ...), added one step at a
     time in step order as the early-exit rules add them. (torch.cumsum on the CPU accumulates
@@ -47,7 +41,7 @@ def running_sums(terms: torch.Tensor) -> torch.Tensor:
     step than the early exit.)"""
     total, sums = torch.zeros_like(terms[0]), []
     for term in terms:
-        total = accumulate(total, term)
+        total = total + term
         sums.append(total)
     return torch.stack(sums)
 
@@ -245,7 +239,7 @@ class QuantileExit(EarlyExitRule):
         self.log_survival = torch.zeros(batch, device=device)  # log prod_k (1 - lambda_k), (A,)
 
     def decide(self, n, last, logits, lambda_logits):
-        self.log_survival = accumulate(self.log_survival, log_continue(lambda_logits))
+        self.log_survival = self.log_survival + log_continue(lambda_logits)
         halts = torch.ones_like(self.log_survival, dtype=torch.bool) if last else self.log_survival <= self.threshold
         return halts, logits
 
@@ -314,10 +308,10 @@ class ActExit(EarlyExitRule):
         if self.weighted is None:
             self.weighted = torch.zeros_like(logits, dtype=torch.float32)
         unit = halting_units(lambda_logits)
-        cumulative = accumulate(self.cumulative, unit)
+        cumulative = self.cumulative + unit
         reached = torch.ones_like(cumulative, dtype=torch.bool) if last else act_reached(cumulative, self.epsilon)
         weight = torch.where(reached, 1 - self.cumulative, unit)  # R on the halting step
-        self.weighted = accumulate(self.weighted, weight[:, None] * logits.float())
+        self.weighted = self.weighted + weight[:, None] * logits.float()
         self.cumulative = cumulative
         return reached, self.weighted
 
@@ -360,7 +354,7 @@ class TruncateBelow(TruncationRule):
         self.log_survival = torch.zeros(batch, device=device)  # (A,)
 
     def decide(self, n, last, logits, lambda_logits):
-        self.log_survival = accumulate(self.log_survival, log_continue(lambda_logits.detach()))
+        self.log_survival = self.log_survival + log_continue(lambda_logits.detach())
         done = torch.ones_like(self.log_survival, dtype=torch.bool) if last else self.log_survival < self.log_epsilon
         return done, logits
 
@@ -385,7 +379,7 @@ class ContinueBelow(TruncationRule):
         self.log_reach = torch.zeros_like(self.log_survival)  # log r_n of the step just computed, (A,)
 
     def decide(self, n, last, logits, lambda_logits):
-        self.log_survival = accumulate(self.log_survival, log_continue(lambda_logits.detach()))
+        self.log_survival = self.log_survival + log_continue(lambda_logits.detach())
         log_reach_next = reach_log_prob(self.log_survival, self.log_epsilon)
         going_on = torch.exp(log_reach_next - self.log_reach)  # P(step n + 1 | step n)
         self.log_reach = log_reach_next
@@ -423,7 +417,7 @@ class ActHalted(TruncationRule):
         self.cumulative = torch.zeros(batch, device=device)  # (A,)
 
     def decide(self, n, last, logits, lambda_logits):
-        self.cumulative = accumulate(self.cumulative, halting_units(lambda_logits.detach()))
+        self.cumulative = self.cumulative + halting_units(lambda_logits.detach())
         done = torch.ones_like(self.cumulative, dtype=torch.bool) if last else act_reached(self.cumulative, self.epsilon)
         return done, logits
 

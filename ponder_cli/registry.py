@@ -54,6 +54,8 @@ DEFAULT_PROTOCOL = "uniform"  # the reference notebook's: within ±angle
 EVAL_ANGLES = (0.0,)
 EXTRAPOLATION_ANGLES = (22.5, 45.0, 67.5, 90.0)
 FORMATS = ("table", "json", "csv")
+# the kinds of piece, in order: a later kind's implied values win (plain's one step over align's
+# twelve), an earlier kind may imply a later kind's piece (parity: --step gru)
 PIECES = {"task": TASKS, "step": STEPS, "method": METHODS}
 # where installed packages register pieces of their own, each as name = "module:attribute" as in
 # the tables above
@@ -86,19 +88,22 @@ def known(kind: str, name) -> bool:
     return False
 
 
+def piece_class(kind: str, name: str):
+    """The class of the piece `name` of `kind` ("task", "step", "method")."""
+    known(kind, name)
+    return _load(PIECES[kind], "step function" if kind == "step" else kind, name)
+
+
 def task_class(name: str):
-    known("task", name)
-    return _load(TASKS, "task", name)
+    return piece_class("task", name)
 
 
 def step_class(name: str):
-    known("step", name)
-    return _load(STEPS, "step function", name)
+    return piece_class("step", name)
 
 
 def method_class(name: str):
-    known("method", name)
-    return _load(METHODS, "method", name)
+    return piece_class("method", name)
 
 
 # halting rules ----------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ import torch
 
 from ponder_cli import PonderError
 from ponder_cli.checkpoint import TrainingState, new_model
-from ponder_cli.config import KINDS, PLACES, PonderConfig, applies, readers
+from ponder_cli.config import PLACES, PonderConfig, applies, readers
+from ponder_cli.registry import PIECES
 from ponder_cli.folders import shipped_path
 
 # a valid value of each setting some pieces read, other than its default and than any piece implies
@@ -20,7 +21,7 @@ OTHER = {"elems": 16, "train_counts": "1-8", "batches_per_epoch": 10, "curriculu
          "turn_gate": 0.3, "gru_layer_norm": True, "gru_orthogonal": True, "gru_update_bias": 0.5, "max_steps": 8,
          "halting_input": "state+confidence", "halting_bias": 0.7, "lambda_p": 0.3, "beta": 0.02, "tau": 0.02,
          "act_epsilon": 0.02, "truncation": 0.05, "truncation_rule": "roulette"}
-COMBINATIONS = [dict(zip(KINDS, names)) for names in
+COMBINATIONS = [dict(zip(PIECES, names)) for names in
                 [("mnist", "mlp"), ("mnist", "align"), ("parity", "rnn"), ("parity", "gru")]
                 for names in [(*names, method) for method in ("pondernet", "act", "plain")]]
 

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from ponder_cli import PonderError
-from ponder_cli.config import KINDS, PonderConfig, inapplicable, readers
+from ponder_cli.config import PonderConfig, inapplicable, readers
+from ponder_cli.registry import PIECES, piece_class
 from ponder_cli.reports import combine_draws, per_step_table, sweep_report
 from ponder_cli.tasks import get_task
 from ponder_cli.tasks.mnist import TERMS as MNIST_TERMS
@@ -50,10 +51,10 @@ def test_readers_come_from_the_pieces():
     assert readers("train_rotation") == {"task": ["mnist"]} and readers("elems") == {"task": ["parity"]}
     assert readers("gru_orthogonal") == {"step": ["gru"]}
     fields = set(PonderConfig.field_names())
-    for table, load in KINDS.values():  # a misspelt field in a piece's reads would never apply
+    for kind, table in PIECES.items():  # a misspelt field in a piece's reads would never apply
         for name in table:
-            assert set(load(name).reads) <= fields, name
-            assert set(load(name).implied) <= fields, name
+            assert set(piece_class(kind, name).reads) <= fields, name
+            assert set(piece_class(kind, name).implied) <= fields, name
 
 
 def test_resuming_refuses_what_the_run_does_not_read(checkpoint, ponder, one_error_line):
