@@ -118,15 +118,16 @@ def test_a_folder_of_runs_is_one_rule_for_eval_info_and_runs(tmp_path, monkeypat
     """A folder whose runs have written no checkpoint yet (their first epoch still running) is
     a folder of runs to eval and info, as it is to `ponder runs`, which lists those runs."""
     monkeypatch.chdir(tmp_path)
-    for name in ("b-run", "a-run"):
+    for name, written in (("b-run", 2_000_000_000), ("a-run", 2_000_000_000.5)):  # b-run half a second first
         (tmp_path / "runs" / name).mkdir(parents=True)
         (tmp_path / "runs" / name / ".ponder.lock").write_text("1\n")
+        os.utime(tmp_path / "runs" / name / ".ponder.lock", (written, written))
     (tmp_path / "runs" / "notes").mkdir()  # not a run: nothing of ponder's in it
     expected = "Error: runs is a folder of runs (a-run, b-run), not one run: `ponder runs runs` lists them"
     assert one_error_line(ponder("eval", "runs")).startswith(expected)
     assert one_error_line(ponder("info", "runs")).startswith(expected)
     listed = json.loads(ponder("runs", "runs", "-f", "json").stdout)["buckets"]
-    assert [row["run"] for row in listed] == ["runs/a-run", "runs/b-run"]
+    assert [row["run"] for row in listed] == ["runs/b-run", "runs/a-run"]  # oldest first, within a second too
 
 
 def test_every_command_says_which_file_it_read(checkpoint, tiny_mnist, ponder, tmp_path, monkeypatch):

@@ -256,19 +256,24 @@ def list_runs(folders: Sequence[Union[str, Path]] = (), *, log: Callable[[str], 
             found.append(root)
         else:
             found += runs_in(root)
-    rows = sorted((_run_row(folder) for folder in dict.fromkeys(found)), key=lambda row: (row["when"] or "", row["run"]))
+    # by when each last wrote (the time itself: the text of a local time can change its offset)
+    written = {folder: _last_written(folder) for folder in dict.fromkeys(found)}
+    rows = [_run_row(folder, written[folder]) for folder in sorted(written, key=lambda f: (written[f] or 0, str(f)))]
     return runs_report(rows, [str(root) for root in roots])
 
 
-def _run_row(folder: Path) -> dict:
+def _last_written(folder: Path) -> Optional[float]:
+    stamps = [(folder / name).stat().st_mtime for name in (*RUN_FILES, LOCK_FILE) if (folder / name).is_file()]
+    return max(stamps, default=None)
+
+
+def _run_row(folder: Path, stamp: Optional[float]) -> dict:
     """One run folder as a row of `ponder runs`, from its last.pt (else its best.pt), or its
     config.json when it holds no checkpoint yet."""
     row = {"run": str(folder), "task": None, "method": None, "step": None, "status": "empty", "epoch": None,
            "epochs": None, "best_epoch": None, "best_val_accuracy": None, "best_val_steps": None,
            "checkpoint": None, "when": None}
-    files = [folder / name for name in (*RUN_FILES, LOCK_FILE) if (folder / name).is_file()]
-    if files:
-        stamp = max(f.stat().st_mtime for f in files)
+    if stamp is not None:
         row["when"] = datetime.fromtimestamp(stamp).astimezone().isoformat(timespec="seconds")
     saved = _saved_run_config(folder)
     config = saved.get("config") if saved is not None and isinstance(saved.get("config"), dict) else {}

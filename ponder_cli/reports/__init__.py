@@ -44,16 +44,15 @@ class Report:
 
 
 def make_meta(command: str, checkpoints: list[str], methods: list[str], steps: list[str], *,
-              protocol: Optional[str], halting: Optional[str], seed: Optional[int], task: str,
-              device: Optional[str] = None, **extra) -> dict:
+              protocol: Optional[str], halting: Optional[str], seed: Optional[int], task: str, **extra) -> dict:
     """The shared metadata; method and step are null when the checkpoints differ in them (every
-    bucket then carries its own). protocol: MNIST's rotation protocol, null for parity; device: set
-    by the api function that computed the figures (api.on_device)."""
+    bucket then carries its own). protocol: MNIST's rotation protocol, null for parity; device:
+    null here, set by the api function that computed the figures (api.on_device)."""
     def one(values):
         distinct = sorted(set(values))
         return distinct[0] if len(distinct) == 1 else None
     return {"command": command, "task": task, "checkpoints": checkpoints, "method": one(methods),
-            "step": one(steps), "protocol": protocol, "halting": halting, "seed": seed, "device": device, **extra}
+            "step": one(steps), "protocol": protocol, "halting": halting, "seed": seed, "device": None, **extra}
 
 
 @dataclass(frozen=True)
