@@ -12,18 +12,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from tqdm import tqdm
 from typer.testing import CliRunner
 
 from ponder_cli.cli import app
 from synthetic_data import synthetic_digits
 
-# One thread for the suite and the processes it starts (unless OMP_NUM_THREADS says otherwise):
-# the tests' models are tiny, so a second thread only adds synchronisation, and when other work
-# shares the cores, OpenMP's spinning threads make every operator wait (a run took 10-13 minutes
-# under load with torch's default threads, a third of that with one).
-if "OMP_NUM_THREADS" not in os.environ:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
+# One torch thread for the suite: the tests' models are tiny, so a second thread only adds
+# synchronisation, and when other work shares the cores, OpenMP's spinning threads make every
+# operator wait (a run took 10-13 minutes under load with torch's default threads, a third of
+# that with one). And a process a test forks (tests/processes.py) would hang in OpenMP's pool of
+# threads had this process ever run one. The interpreters the suite starts get one too, unless
+# OMP_NUM_THREADS says otherwise.
+torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+# nor any other thread to copy held by a fork: tqdm's monitor wakes every 10 s holding tqdm's lock
+tqdm.monitor_interval = 0
 
 
 def _write_idx(path: Path, data: torch.Tensor) -> None:

@@ -14,7 +14,8 @@ exception or `SystemExit` gives, stdout flushed, non-daemon threads joined. What
 interpreter's own start (which modules it imports, its streams' encoding, a standard stream
 closed before it starts) is tested with a fresh interpreter (`subprocess`) instead.
 
-torch's thread pools are single-threaded in the suite (conftest), so nothing is lost to fork.
+The test process must have run torch with one thread (conftest sees to it): a child forked
+after OpenMP ran a pool of threads hangs in it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import threading
 import time
 import traceback
 from typing import Callable, Optional
+
+import torch
 
 CAPTURE = -1  # a stream written to a file of its own, read back by communicate()
 
@@ -88,6 +91,9 @@ def fork(target: Callable, *args, stdin: Optional[int] = None, stdout: Optional[
          new_session: bool = False) -> Process:
     """`target(*args)` in a child process, its exit status as Python's would be. Each stream is
     CAPTURE (the default for stdout and stderr), a file descriptor, or None (this process's)."""
+    if torch.get_num_threads() != 1:  # conftest sees to it
+        raise RuntimeError("a process forked after torch ran several OpenMP threads hangs in their pool: "
+                           "torch.set_num_threads(1) first")
     captured = {}
     fds = {}
     for fd, name, source in ((0, "stdin", stdin), (1, "stdout", stdout), (2, "stderr", stderr)):
