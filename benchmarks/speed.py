@@ -39,7 +39,7 @@ from ponder_cli.methods import get_method  # noqa: E402
 from ponder_cli.model import PonderNet, PonderOutput  # noqa: E402
 from ponder_cli.runtime import grad_scaler, resolve_device  # noqa: E402
 from synthetic_data import synthetic_digits  # noqa: E402
-from host_reads import count_syncs  # noqa: E402
+from host_reads import DEVICE_SYNC, count_syncs  # noqa: E402
 from ponder_cli.train import WARMUP_BATCHES, batch_step, make_optimizer, train_one_epoch  # noqa: E402
 
 # a Chrome trace of more batches is too large to open (and to bring back from a GPU machine)
@@ -133,8 +133,11 @@ def profile_training(model, method, optimizer, scaler, data, cfg, device, amp: b
     trace = f"{out}/train_trace.json, " if batches <= TRACE_BATCHES else ""
     print(f"\nprofile of {batches} training batches: {trace}{out}/train_profile_*.txt")
     print(f"  kernel launches per batch  {launches / batches:8.1f}")
+    device_syncs = syncs.pop(DEVICE_SYNC, 0)  # CUDA's own count: the reads above are among them
     print(f"  host reads per batch       {sum(syncs.values()) / counted:8.2f}   {dict(syncs)} "
           f"(over {counted} batches)")
+    if device.type == "cuda":
+        print(f"  device syncs per batch     {device_syncs / counted:8.2f}   (CUDA's sync debug mode)")
     print("\n".join(tables["by_device_time"].splitlines()[:25]))
 
 

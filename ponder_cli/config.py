@@ -12,6 +12,7 @@ Outside, every setting is known by its flat key, its option's name: checkpoints,
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import difflib
 import json
@@ -193,8 +194,8 @@ def inapplicable(keys, chosen: dict[str, str], name=lambda key: spelled(key, {},
 
 def implied_values(chosen: dict[str, str]) -> dict[str, tuple]:
     """key -> (value, "--step align"): what the chosen pieces imply unless the user says otherwise."""
-    return {key: (value, f"--{kind} {chosen[kind]}") for kind, table in PIECES.items()
-            if chosen.get(kind) in table for key, value in piece_class(kind, chosen[kind]).implied.items()}
+    return {key: (value, f"--{kind} {chosen[kind]}") for kind in PIECES if kind in chosen and known(kind, chosen[kind])
+            for key, value in piece_class(kind, chosen[kind]).implied.items()}
 
 
 def implied_by_pieces(key: str) -> list[tuple[str, object]]:
@@ -219,11 +220,14 @@ def bias_value(values: dict, name: str = "halting-bias"):
 _warned: set = set()  # each warning about a saved run once per process
 
 
+_building = contextvars.ContextVar("building", default=False)  # build checks what it builds itself
+
+
 @dataclass(frozen=True)
 class PonderConfig:
     """`cfg.task.name`, `cfg.step.hidden`, `cfg.method.lambda_p`, `cfg.training.epochs`; flat as
-    `to_dict()` / `of(**settings)` / `from_dict` / `replace`, all through `build`, the one
-    validation (the constructor takes the sections as they are)."""
+    `to_dict()` / `of(**settings)` / `from_dict` / `replace`, all through `build`. Every config
+    is checked (`problems`), however it was made."""
     task: TaskSettings = dataclasses.field(default_factory=TaskSettings)
     step: StepSettings = dataclasses.field(default_factory=StepSettings)
     method: MethodSettings = dataclasses.field(default_factory=MethodSettings)
@@ -234,14 +238,16 @@ class PonderConfig:
             if not isinstance(getattr(self, section), kind):
                 raise TypeError(f"PonderConfig.{section} must be a {kind.__name__}; PonderConfig.of(...) takes "
                                 f"flat settings")
+        problems = [] if _building.get() else self.problems()
+        if problems:
+            raise PonderError("; ".join(problems))
 
     @classmethod
     def build(cls, values: dict, given=(), origins: dict = {}, saved: str = "") -> "PonderConfig":
         """`values` by flat key (the rest default), of which the user gave `given` (`origins`:
-        key -> the file that gave it). Each value is checked alone, then a given setting the
-        chosen pieces do not read is refused, then each chosen piece checks what it reads beside
-        the rest. A saved run's (`saved` names it) setting its pieces do not read, at a value
-        other than its default or what they imply, is one warning: it never had an effect."""
+        key -> the file that gave it), checked (`problems`) with the user's spelling. A saved
+        run's (`saved` names it) setting its pieces do not read, at a value other than its
+        default or what they imply, is one warning: it never had an effect."""
         unknown = sorted(set(values) - set(PLACES))
         if unknown:
             raise PonderError(f"unknown config keys {unknown}")
@@ -250,18 +256,16 @@ class PonderConfig:
         for key, value in values.items():  # a whole number does for a float
             by_section[PLACES[key][0]][PLACES[key][1].name] = float(value) if TYPES[key] in (
                 float, Optional[float]) and type(value) is int else value
-        cfg = cls(**{section: kind(**by_section[section]) for section, kind in SECTION_TYPES.items()})
-        chosen = cfg.chosen()
-        for kind, name in chosen.items():
-            known(kind, name)  # a piece an installed package registers joins its table here
-        problems = [problem for key in PLACES for problem in problems_of(key, cfg.value(key), spelled(key, origins))]
-        if not problems:
-            problems = cfg.fit_problems() or inapplicable(given, chosen, lambda key: spelled(key, origins, "--")) \
-                or [problem for kind, name in chosen.items() for problem in piece_class(kind, name).config_problems(cfg)]
+        building = _building.set(True)
+        try:
+            cfg = cls(**{section: kind(**by_section[section]) for section, kind in SECTION_TYPES.items()})
+        finally:
+            _building.reset(building)
+        problems = cfg.problems(given, origins)
         if problems:
             raise PonderError("; ".join(problems))
         if saved:  # what a fresh run of these pieces holds is neutral too: what they imply, or derive
-            fresh = cls.of(**chosen)
+            chosen, fresh = cfg.chosen(), cls.of(**cfg.chosen())
             idle = [key for key in values if values[key] not in (cls.default(key), fresh.value(key))]
             for problem in inapplicable(idle, chosen, lambda key: f"{key} = {values[key]!r}"):
                 if (saved, problem) not in _warned:
@@ -269,17 +273,28 @@ class PonderConfig:
                     warnings.warn(f"{saved}: {problem}; it has no effect", PonderWarning, stacklevel=3)
         return cfg
 
-    def fit_problems(self) -> list[str]:
-        """The pieces beside each other: a step that reads another kind of input than the task
-        gives (mlp on parity vectors), a halting input the step does not show."""
+    def problems(self, given=(), origins: dict = {}) -> list[str]:
+        """What is wrong, first things first: each value alone; a step that reads another kind of
+        input than the task gives (mlp on parity vectors); a setting the user gave (`given`) that
+        the chosen pieces do not read; a halting input the step does not show; then what each
+        chosen piece refuses beside the rest (parity's counts against elems). A setting is named
+        as the user gave it (`origins`: key -> the file that gave it)."""
+        chosen = self.chosen()
+        problems = [problem for key in PLACES for problem in problems_of(key, self.value(key), spelled(key, origins))]
+        if problems:
+            return problems
+        for kind, name in chosen.items():
+            known(kind, name)  # a piece an installed package registers joins its table here
         task, step = task_class(self.task.name), step_class(self.step.name)
         if task.input_kind and step.input_kind not in ("", task.input_kind):  # a step of no kind fits any task
-            fitting = [name for name in STEPS if step_class(name).input_kind == task.input_kind]
-            choose = ", ".join(fitting)
-            return [f"--step {self.step.name} does not fit --task {self.task.name} ({task.inputs}); choose {choose}"]
-        return [f"halting-input {self.method.halting_input}: step {self.step.name} has no {part} to show"
-                for part in self.method.halting_input.split("+")[1:]
-                if part not in ("confidence", "previous", step.halting_feature)]
+            fitting = ", ".join(name for name in STEPS if step_class(name).input_kind == task.input_kind)
+            return [f"--step {self.step.name} does not fit --task {self.task.name} ({task.inputs}); choose {fitting}"]
+        return (inapplicable(given, chosen, lambda key: spelled(key, origins, "--"))
+                or [f"{spelled('halting_input', origins)} {self.method.halting_input}: step {self.step.name} has no "
+                    f"{part} to show" for part in self.method.halting_input.split("+")[1:]
+                    if part not in ("confidence", "previous", step.halting_feature)]
+                or [problem for kind, name in chosen.items()
+                    for problem in piece_class(kind, name).config_problems(self)])
 
     @classmethod
     def of(cls, *, origins: Optional[dict] = None, **given) -> "PonderConfig":
@@ -420,7 +435,8 @@ def render_config(cfg: PonderConfig, sources: dict, fmt: str = "toml") -> str:
         # the settings, then as comments what the pieces imply but do not read
         rows = [(f"{key} = {json.dumps(values[key])}", sources.get(key, "default")) for key in keys if key in settable]
         whose = "method" if section == "method" else "run"
-        rows += [(f"# {key} = {json.dumps(values[key])}", f"{sources.get(key, 'default')}, not a setting of this {whose}")
+        rows += [(f"# {key} = {json.dumps(values[key])}",
+                  f"{sources.get(key, 'default')}, not a setting of this {whose}")
                  for key in keys if key in shown and key not in settable]
         width = max((len(text) for text, _ in rows), default=0)
         lines += ["", f"[{section}]", *(f"{text.ljust(width)}  # {source}" for text, source in rows)] if rows else []

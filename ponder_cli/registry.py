@@ -75,10 +75,10 @@ def known(kind: str, name) -> bool:
     added to the table. The entry points are read only for a name not in the table, so a command
     naming built-in pieces never pays for scanning the installed packages."""
     table = PIECES[kind]
+    if not isinstance(name, str):  # a file's value may be anything (a list): the config says what is wrong
+        return False
     if name in table:
         return True
-    if not isinstance(name, str):
-        return False
     from importlib.metadata import entry_points  # scans every installed package: only when needed
 
     for point in entry_points(group=ENTRY_POINTS[kind]):
@@ -122,7 +122,7 @@ def method_class(name: str):
 
 # what each rule with a parameter calls it and accepts, for help texts and messages
 RULE_PARAMETERS = {"quantile": ("Q", "0 < Q < 1"), "patience": ("K", "a whole number K >= 1"),
-              "confidence": ("C", "0 < C < 1")}
+                   "confidence": ("C", "0 < C < 1")}
 # rules that average every step's outputs rather than halt at one step
 AVERAGING_RULES = ("expected",)
 # the rules `ponder calibrate` chooses among, cheapest first within each family

@@ -6,7 +6,8 @@ model this small each such wait costs more than a step, and a CUDA graph cannot 
 made from Python data (a list, a number) is a copy from the host, which waits too and cannot be
 captured; so is a draw from a generator the capture does not know. A TorchDispatchMode sees every
 operator as it is issued, on the CPU as on a GPU, so these are counted here on any machine.
-On CUDA the device's own sync debug mode counts what no operator shows (a copy to the host).
+On CUDA the device's own sync debug mode counts every sync it sees as well, under DEVICE_SYNC:
+what no operator shows (a copy to the host), and again each host read counted by its operator.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ class Process:
     signal N). As a context manager it kills a child still running at its end."""
 
     def __init__(self, pid: int, captured: dict):
-        self.pid, self.returncode, self._captured = pid, None, captured
+        self.pid, self.returncode, self._captured, self._texts = pid, None, captured, None
 
     def poll(self) -> Optional[int]:
         if self.returncode is None:
@@ -59,16 +59,15 @@ class Process:
         return self.returncode
 
     def communicate(self, timeout: float = 60) -> tuple:
+        """(stdout, stderr) as text, each None where not captured, once the child has ended."""
         self.wait(timeout)
-        texts = []
-        for name in ("stdout", "stderr"):
-            file = self._captured.get(name)
-            if file is None:
-                texts.append(None)
-            else:
-                file.seek(0)
-                texts.append(file.read().decode("utf-8", "backslashreplace"))
-        return tuple(texts)
+        if self._texts is None:
+            self._texts = {}
+            for name, file in self._captured.items():
+                with file:
+                    file.seek(0)
+                    self._texts[name] = file.read().decode("utf-8", "backslashreplace")
+        return self._texts.get("stdout"), self._texts.get("stderr")
 
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
@@ -83,7 +82,7 @@ class Process:
     def __exit__(self, *exc) -> None:
         if self.poll() is None:
             self.kill()
-            self.wait()
+        self.communicate()  # and its captured files closed
 
 
 def fork(target: Callable, *args, stdin: Optional[int] = None, stdout: Optional[int] = CAPTURE,

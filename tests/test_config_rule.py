@@ -2,7 +2,9 @@
 config file), a one-line warning when a saved run holds it; and every kind of checkpoint an
 earlier release wrote loads and evaluates."""
 
+import dataclasses
 import json
+import re
 import warnings
 
 import pytest
@@ -150,3 +152,28 @@ def test_the_prior_halting_bias_is_its_logit_by_every_way_in():
     assert PonderConfig.of(step="align", lambda_p=0.3).replace(halting_bias="prior").method.halting_bias == logit
     assert PonderConfig.from_dict({"step": "align", "lambda_p": 0.3, "halting_bias": "prior"}).method.halting_bias \
         == logit
+
+
+def test_what_the_user_gave_to_the_wrong_piece_is_named_before_what_it_would_mean():
+    """plain reads no halting input: that is the mistake, not that mlp shows no turn."""
+    with pytest.raises(PonderError, match=r"^--halting-input applies to --method pondernet, act, not plain$"):
+        PonderConfig.of(method="plain", halting_input="state+turn")
+    with pytest.raises(PonderError, match=r"^--config f.toml: halting_input state\+turn: step mlp has no turn"):
+        PonderConfig.of(halting_input="state+turn", origins={"halting_input": "f.toml"})
+
+
+@pytest.mark.parametrize("value", [["x"], {"name": "x"}, 3])
+def test_a_piece_of_the_wrong_type_is_named(value):
+    with pytest.raises(PonderError, match="^" + re.escape(f"--config f.json: step must be a string (got {value!r})")):
+        PonderConfig.of(step=value, origins={"step": "f.json"})
+
+
+def test_a_config_made_any_way_is_checked():
+    from ponder_cli.config import MethodSettings, StepSettings
+
+    with pytest.raises(PonderError, match=r"lambda-p must be in \(0, 1\] \(got 5.0\)"):
+        PonderConfig(method=MethodSettings(lambda_p=5.0))
+    with pytest.raises(PonderError, match="halting-bias must be a number"):
+        PonderConfig(method=MethodSettings(halting_bias="prior"))  # the word is build's to turn into its logit
+    with pytest.raises(PonderError, match="--step gru does not fit --task mnist"):
+        dataclasses.replace(PonderConfig.of(), step=StepSettings(name="gru"))

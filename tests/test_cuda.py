@@ -105,7 +105,7 @@ def test_a_learning_rate_cut_changes_the_replayed_update(tiny_mnist):
 def test_no_sync_inside_a_captured_epoch_but_its_one_read(amp, task, tiny_mnist):
     cfg = _small("mlp", max_steps=6, truncation=0.05) if task == "mnist" else \
         PonderConfig.of(task="parity", elems=16, hidden=32, batch_size=64, batches_per_epoch=12,
-                                  curriculum=8, curriculum_start=2)
+                        curriculum=8, curriculum_start=2)
     train_set = _data(tiny_mnist, GPU)[0] if task == "mnist" else None
     torch.manual_seed(0)
     model = new_model(cfg).to(GPU)

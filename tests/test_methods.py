@@ -106,7 +106,7 @@ def test_every_method_predicts_the_same_with_early_exit(name):
     """The one early-exit loop, driven by each method's own rule, equals its prediction from a
     forward pass over every step."""
     cfg = PonderConfig.of(method=name, **({} if name == "plain" else {"max_steps": 6}),
-                                    hidden=16, hidden_cnn=16, hidden_lin=16)
+                          hidden=16, hidden_cnn=16, hidden_lin=16)
     torch.manual_seed(0)
     model, method = new_model(cfg).eval(), get_method(cfg)
     with torch.no_grad():
