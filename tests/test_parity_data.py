@@ -37,11 +37,11 @@ def test_a_batch_has_the_counts_values_and_labels_it_claims():
 
 def test_positions_are_the_first_count_slots_of_a_random_permutation_and_signs_fair_coins():
     counts = torch.tensor([1, 3, 5])
-    batch = vectors_with_counts(counts, 5, torch.Generator().manual_seed(11))
-    # the same draws, redone by hand: uniforms -> permutation -> the first `count` positions
     generator = torch.Generator().manual_seed(11)
-    order = torch.rand(3, 5, generator=generator).argsort(dim=1)
-    plus = torch.rand(3, 5, generator=generator) < 0.5
+    keys, signs = torch.rand(3, 5, generator=generator), torch.rand(3, 5, generator=generator)
+    batch = vectors_with_counts(counts, keys, signs)
+    # redone by hand: uniforms -> permutation -> the first `count` positions
+    order, plus = keys.argsort(dim=1), signs < 0.5
     for row, count in enumerate(counts.tolist()):
         chosen = set(order[row, :count].tolist())
         assert {i for i in range(5) if batch.x[row, i] != 0} == chosen
@@ -66,7 +66,8 @@ def test_counts_positions_signs_and_labels_are_uniform():
     batch = parity_batch(40_000, 8, 1, 4, generator)
     # counts 1..4: 10,000 each expected, sd ~87
     assert (batch.counts.bincount(minlength=5)[1:] - 10_000).abs().max() < 500
-    single = vectors_with_counts(torch.ones(40_000, dtype=torch.long), 8, generator)
+    single = vectors_with_counts(torch.ones(40_000, dtype=torch.long), torch.rand(40_000, 8, generator=generator),
+                                 torch.rand(40_000, 8, generator=generator))
     # one non-zero among 8 slots: 5,000 per slot expected, sd ~66
     assert ((single.x != 0).sum(0) - 5_000).abs().max() < 350
     nonzero = batch.x[batch.x != 0]
@@ -83,6 +84,10 @@ def test_evaluation_sets_are_fixed_by_seed_and_independent_of_the_range_asked_fo
     assert not torch.equal(alone.x, evaluation_set(16, 5, 5, 10, seed=2).x)
     buckets = [evaluation_set(16, lo, hi, 4, seed=1) for lo, hi in [(1, 8), (9, 16)]]
     assert [b.counts.unique().tolist() for b in buckets] == [list(range(1, 9)), list(range(9, 17))]
+    smaller = evaluation_set(16, 3, 6, 4, seed=1)  # --limit 4: each count's first rows of the larger set
+    assert torch.equal(smaller.x, torch.cat([wide.x[i * 10:i * 10 + 4] for i in range(4)]))
+    assert torch.equal(smaller.labels, parity_labels(smaller.x)) and (smaller.x != 0).sum(1).tolist() == \
+        smaller.counts.tolist()
 
 
 def test_count_ranges_parse_and_refuse_what_cannot_be_drawn():

@@ -58,16 +58,16 @@ def parity_labels(x: torch.Tensor) -> torch.Tensor:
     return ((x == 1).sum(dim=-1) % 2).long()
 
 
-def vectors_with_counts(counts: torch.Tensor, elems: int, generator: torch.Generator) -> ParityBatch:
-    """Rows with the given non-zero counts (B,): positions uniform among all subsets of that
-    size (the first `count` entries of a uniformly random permutation), signs +-1 with
-    probability 1/2 each. Drawn on the generator's device."""
-    batch, device = counts.shape[0], counts.device
-    order = torch.rand(batch, elems, generator=generator, device=device).argsort(dim=1)  # random permutations
-    first = torch.arange(elems, device=device) < counts[:, None]  # (B, elems): the first `count` slots
-    nonzero = torch.zeros(batch, elems, dtype=torch.bool, device=device).scatter_(1, order, first)
-    signs = torch.rand(batch, elems, generator=generator, device=device) < 0.5  # True: +1
-    x = torch.where(nonzero, torch.where(signs, 1.0, -1.0), 0.0)  # (B, elems) float32
+def vectors_with_counts(counts: torch.Tensor, keys: torch.Tensor, signs: torch.Tensor) -> ParityBatch:
+    """Rows with the given non-zero counts (B,) from uniforms in [0, 1): the non-zeros at the
+    `count` positions of smallest `keys` (B, elems), the first `count` entries of a uniformly
+    random permutation, so positions uniform among all subsets of that size; +1 where `signs`
+    (B, elems) is below 1/2, else -1."""
+    batch, elems = keys.shape
+    order = keys.argsort(dim=1)  # random permutations
+    first = torch.arange(elems, device=keys.device) < counts[:, None]  # (B, elems): the first `count` slots
+    nonzero = torch.zeros(batch, elems, dtype=torch.bool, device=keys.device).scatter_(1, order, first)
+    x = torch.where(nonzero, torch.where(signs < 0.5, 1.0, -1.0), 0.0)  # (B, elems) float32
     return ParityBatch(x, parity_labels(x), counts)
 
 
@@ -77,9 +77,12 @@ def parity_batch(batch: int, elems: int, lo: int, hi, generator: torch.Generator
     if not isinstance(hi, torch.Tensor):
         check_counts(elems, lo, hi)
     span = hi - lo + 1
-    counts = lo + (torch.rand(batch, generator=generator, device=generator.device) * span).long()
+    device = generator.device
+    counts = lo + (torch.rand(batch, generator=generator, device=device) * span).long()
     # u * span rounds up to span only for u within float32's last bit of 1
-    return vectors_with_counts(counts.clamp_max(hi), elems, generator)
+    keys = torch.rand(batch, elems, generator=generator, device=device)
+    signs = torch.rand(batch, elems, generator=generator, device=device)
+    return vectors_with_counts(counts.clamp_max(hi), keys, signs)
 
 
 def check_counts(elems: int, lo: int, hi: int) -> None:
@@ -90,15 +93,15 @@ def check_counts(elems: int, lo: int, hi: int) -> None:
 def evaluation_set(elems: int, lo: int, hi: int, per_count: int, seed: int, device=None) -> ParityBatch:
     """A fixed set: `per_count` rows for every non-zero count in [lo, hi], in count order.
 
-    Drawn on the CPU (the same rows on every device) from a generator per count, seeded by
-    (seed, elems, count) through tasks.derived_seed: the rows of one count are the same whatever
-    range they are part of.
+    Row j of count c is drawn from (seed, elems, c, j) alone (tasks.uniforms), on the CPU: the
+    same rows on every device, a count's rows the same whatever range they are part of, and a
+    smaller set (`--limit`) the first rows of each count of a larger one.
     """
     check_counts(elems, lo, hi)
     parts = []
     for count in range(lo, hi + 1):
-        generator = torch.Generator().manual_seed(derived_seed("vectors", seed, elems, count))
-        parts.append(vectors_with_counts(torch.full((per_count,), count), elems, generator))
+        draws = uniforms(seed, "vectors", (elems, count), torch.arange(per_count), 2 * elems)
+        parts.append(vectors_with_counts(torch.full((per_count,), count), draws[:, :elems], draws[:, elems:]))
     x, labels, counts = (torch.cat(column) for column in zip(*parts))
     return ParityBatch(x.to(device), labels.to(device), counts.to(device))
 
