@@ -33,18 +33,17 @@ from ponder_cli.model import PonderNet  # noqa: E402
 from ponder_cli.train import batch_step  # noqa: E402
 
 
-def run(model, cfg: PonderConfig, count: int, profile: bool) -> dict:
+def run(model, cfg: PonderConfig, images, count: int, profile: bool) -> dict:
     """Train `model` on the first `count` training batches of an epoch (the first a warm-up) as
     `ponder train` does on the CPU (train.BatchStep, its shrinking truncated forward); steps
     computed per image and ms per batch."""
-    images = load_mnist(default_data_dir(), train=True)
     torch.manual_seed(cfg.training.seed)  # the same permutation, dropout and coins for every truncation
     step = batch_step(model, cfg, images)
     computed, forward = [], PonderNet._forward_truncated
 
     def recording(self, x, stop):
         out = forward(self, x, stop)
-        computed.append(out.computed.float().mean().item())
+        computed.append(out.computed.detach())  # read once timing is done
         return out
 
     PonderNet._forward_truncated = recording
@@ -58,7 +57,8 @@ def run(model, cfg: PonderConfig, count: int, profile: bool) -> dict:
             step()
             if index > 0:
                 times.append(time.perf_counter() - start)
-        result = {"steps": statistics.mean(computed[1:]) if len(computed) > 1 else float(cfg.method.max_steps),
+        means = [float(c.float().mean()) for c in computed[1:count]]
+        result = {"steps": statistics.mean(means) if means else float(cfg.method.max_steps),
                   "ms": 1000 * statistics.median(times), "ms_mean": 1000 * statistics.mean(times)}
         if profile:
             step.source.stage(count)
@@ -89,10 +89,11 @@ def main() -> None:
         start = new_model(base)
     print(f"{'fresh model' if args.checkpoint is None else args.checkpoint}, {args.batches} batches of "
           f"{base.training.batch_size}, {torch.get_num_threads()} thread(s)")
+    images = load_mnist(default_data_dir(), train=True)  # once: every row trains on the same batches
     for rule in args.rule:
         for truncation in args.truncation:
             cfg = base.replace(truncation=truncation, truncation_rule=rule)
-            result = run(copy.deepcopy(start), cfg, args.batches + 1, args.profile)
+            result = run(copy.deepcopy(start), cfg, images, args.batches + 1, args.profile)
             print(f"{rule:<8} truncation {truncation:<5g} computed steps per image {result['steps']:5.2f}   "
                   f"ms per batch {result['ms']:7.1f} (median; mean {result['ms_mean']:.1f})", flush=True)
             if args.profile:

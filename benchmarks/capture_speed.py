@@ -47,14 +47,11 @@ def ms_per_batch(cfg: PonderConfig, device: torch.device, dtype, graphs: bool, b
         runtime.amp_dtype = lambda _device, dtype=dtype: dtype
     step = batch_step(model, cfg, data, amp=amp, graphs=graphs and device.type == "cuda")
     model.train()
-    step.source.start_epoch()
-    for index in range(WARMUP_BATCHES + 2):
-        step.source.stage(index)
-        step()
+    first = step.warm_up()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     started = time.perf_counter()
-    for index in range(WARMUP_BATCHES + 2, WARMUP_BATCHES + 2 + batches):
+    for index in range(first, first + batches):
         step.source.stage(index)
         step()
     float(step.totals[0])  # the epoch's one read: waits for the device

@@ -96,7 +96,7 @@ run() {
 
 ROWS=()
 row() { ROWS+=("$(printf '%-44s %-26s %s' "$1" "$2" "$3")"); }
-met() { awk -v v="$1" -v t="$3" -v op="$2" 'BEGIN { if (v == "") print "-"; else if (op == "<=") print (v <= t ? "met" : "NOT met"); else print (v >= t ? "met" : "NOT met") }'; }
+met() { awk -v v="$1" -v t="$3" -v op="$2" 'BEGIN { if (v == "") print "NOT met (not measured)"; else if (op == "<=") print (v <= t ? "met" : "NOT met"); else print (v >= t ? "met" : "NOT met") }'; }
 
 echo "device $DEV; data ${DATA:-NOT FOUND}; work $WORK; budget $((DEADLINE - STARTED)) s"
 run versions 60 "$PY" -c "

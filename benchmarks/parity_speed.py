@@ -46,16 +46,13 @@ class Reached(Exception):
 
 def iterations_per_second(cfg: PonderConfig, iterations: int, device: torch.device) -> float:
     """Training batches per second as `ponder train` runs them (on CUDA: captured and replayed),
-    after a first epoch of 5 that warms up (and captures)."""
+    after a first epoch whose first batches warm up (and capture: BatchStep.warm_up)."""
     torch.manual_seed(cfg.training.seed)
     model = new_model(cfg).to(device)
     timed = cfg.replace(batches_per_epoch=iterations)
     source = get_task(timed).training_source(None, device)
     step = batch_step(model, timed, source, graphs=device.type == "cuda")
-    source.start_epoch()
-    for index in range(5):  # warm-up (and on CUDA the capture)
-        source.stage(index)
-        step()
+    step.warm_up()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     started = time.perf_counter()

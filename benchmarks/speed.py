@@ -33,14 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synthe
 from ponder_cli.config import PonderConfig  # noqa: E402
 from ponder_cli.data import default_data_dir, load_mnist, prepare_batch, train_val_split, uniform_angles  # noqa: E402
 from ponder_cli.tasks.mnist import evaluate, evaluation_draws  # noqa: E402
-from ponder_cli.methods import geometric_log_prior, ponder_loss  # noqa: E402
 from ponder_cli.checkpoint import new_model
 from ponder_cli.methods import get_method  # noqa: E402
 from ponder_cli.model import PonderNet, PonderOutput  # noqa: E402
 from ponder_cli.runtime import grad_scaler, resolve_device  # noqa: E402
 from synthetic_data import synthetic_digits  # noqa: E402
 from host_reads import DEVICE_SYNC, count_syncs  # noqa: E402
-from ponder_cli.train import WARMUP_BATCHES, batch_step, make_optimizer, train_one_epoch  # noqa: E402
+from ponder_cli.train import batch_step, make_optimizer, train_one_epoch  # noqa: E402
 
 # a Chrome trace of more batches is too large to open (and to bring back from a GPU machine)
 TRACE_BATCHES = 40
@@ -99,7 +98,7 @@ def reference_style_infer(model: PonderNet, x: torch.Tensor, uniforms: torch.Ten
     return steps
 
 
-def profile_training(model, method, optimizer, scaler, data, cfg, device, amp: bool, out: Path) -> None:
+def profile_training(model, optimizer, scaler, data, cfg, device, amp: bool, out: Path) -> None:
     """One pass over `data` under torch.profiler: summary tables (and for a few batches a Chrome
     trace) in `out`, the busiest ops on stdout, the kernel launches per batch that the CUDA runtime
     recorded, and the host reads per batch (tests/host_reads.py)."""
@@ -195,10 +194,9 @@ def main() -> None:
 
     torch.manual_seed(cfg.training.seed)
     model = new_model(cfg).to(device)
-    method = get_method(cfg)
+    method = get_method(cfg, device)
     optimizer = make_optimizer(model, cfg, device)
     scaler = grad_scaler(device, args.amp)
-    log_prior = geometric_log_prior(cfg.method.lambda_p, cfg.method.max_steps, device)
 
     # --- training: one epoch of the reference configuration, then the validation pass
     epoch_set = (train_set if not args.train_batches
@@ -207,10 +205,7 @@ def main() -> None:
     step = batch_step(model, cfg, epoch_set, amp=args.amp, optimizer=optimizer, scaler=scaler,
                       graphs=device.type == "cuda")
     if device.type == "cuda":  # CUDA context, cuDNN and cuBLAS handles, the capture: not an epoch's cost
-        step.source.start_epoch()
-        for index in range(WARMUP_BATCHES + 2):
-            step.source.stage(index)
-            step()
+        step.warm_up()
     train_s, stats = timed(lambda: train_one_epoch(step, progress=False), device)
     train_s *= len(train_set) / len(epoch_set)
     val_s, val = timed(lambda: evaluate(model, val_set, cfg, max_angle=cfg.task.train_rotation, seed=cfg.training.seed,
@@ -223,7 +218,7 @@ def main() -> None:
     print(f"  GradScaler {'on' if scaler.is_enabled() else 'off'}, back-offs {stats['scaler_backoffs']}, "
           f"skipped {stats['skipped_batches']}; Adam fused: {bool(optimizer.defaults['fused'])}")
     if args.profile is not None:
-        profile_training(model, method, optimizer, scaler, epoch_set, cfg, device, args.amp, args.profile)
+        profile_training(model, optimizer, scaler, epoch_set, cfg, device, args.amp, args.profile)
     if args.train_only:
         return
     if args.checkpoint is not None:
@@ -245,7 +240,7 @@ def main() -> None:
 
     def train_step(forward):
         out = forward(x)
-        loss = ponder_loss(out.logits, out.lambda_logits, y, log_prior, cfg.method.beta).total
+        loss = method.loss(out.logits, out.lambda_logits, y, out.computed).total  # the method's own loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         return loss

@@ -306,8 +306,9 @@ class PonderConfig:
         for kind in PIECES:  # a piece the user gave, else one an earlier piece implies, else the default
             chosen[kind] = given.get(kind, implied_values(chosen).get(kind, (cls.default(kind),))[0])
             known(kind, chosen[kind])  # a piece an installed package registers joins its table here
-        values = {**{key: value for key, (value, _) in implied_values(chosen).items()}, **given, **chosen}
-        if chosen["task"] in TASKS:
+        values = {**{key: cls.default(key) for key in PLACES}, **{key: value for key, (value, _) in
+                                                                  implied_values(chosen).items()}, **given, **chosen}
+        if chosen["task"] in TASKS:  # what the task derives, from every value (a default one too)
             values = task_class(chosen["task"]).resolve_options(values, given)
         return cls.build(values, given, origins or {})
 

@@ -30,7 +30,7 @@ from .halting import halting_log_probs, rule_halting_steps
 from .registry import parse_halting_rule
 from .methods import get_method
 from .reports import standard_error, wilson_interval, wilson_lower
-from .runtime import autocast
+from .runtime import autocast, drops_rows
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfi
     uniforms = bucket.uniforms
     method = get_method(cfg, device)
     if early_exit is None:
-        early_exit = device.type == "cpu"
+        early_exit = drops_rows(device)
     expected = method.needs_all_steps(halting)  # steps are then sum_n n p_n, not whole steps
     full_forward = with_loss or detail or expected or not early_exit
     loss_totals = torch.zeros(3, dtype=torch.float64, device=device)  # batch-size-weighted loss parts

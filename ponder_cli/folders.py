@@ -169,12 +169,22 @@ def resolve_checkpoint(given: Union[str, Path, None], file: str = BEST) -> Resol
 
 
 def newest_run_checkpoint(root: Path = RUNS_DIR, name: str = BEST) -> Optional[Path]:
-    """The most recently written runs/<run>/<name>, if any."""
-    found = []
-    for path in root.glob(f"*/{name}"):
-        with contextlib.suppress(OSError):  # a run folder removed while we look
-            found.append((path.stat().st_mtime, str(path), path))
+    """runs/<run>/<name> of the run that wrote last (`last_written`: the order `ponder runs`
+    lists them in) among those that hold one, if any."""
+    if not root.is_dir():
+        return None
+    found = [(last_written(run) or 0.0, str(run), run / name) for run in runs_in(root) if (run / name).is_file()]
     return max(found)[2] if found else None
+
+
+def last_written(folder: Path) -> Optional[float]:
+    """When a run folder's files (or its lock) were last written, None for none: what makes a
+    run the newest."""
+    stamps = []
+    for name in (*RUN_FILES, LOCK_FILE):
+        with contextlib.suppress(OSError):  # not there, or removed while we look
+            stamps.append((folder / name).stat().st_mtime)
+    return max(stamps, default=None)
 
 
 # The run lock: a file naming the process that holds it, taken atomically, released on the way

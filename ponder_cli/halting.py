@@ -331,6 +331,10 @@ class ActExit(EarlyExitRule):
 class TruncationRule(EarlyExitRule):
     """A rule whose decision reads only the halting logits."""
 
+    # whether the full forward's loss and gradients are already those of the truncated one, so
+    # that a batch on every step needs no mask (ACT: every step after its halting step weighs 0)
+    mask_is_identity = False
+
     def computed_steps(self, lambda_logits: torch.Tensor) -> torch.Tensor:
         """The batch form, (steps, B) -> (B,): the 1-based step at which each input is done, from
         `decide` applied to every input at every step (no row dropped, so the same float32
@@ -411,6 +415,8 @@ def roulette_weights(lambda_logits: torch.Tensor, computed: torch.Tensor, epsilo
 class ActHalted(TruncationRule):
     """ACT: an image is done at its halting step N; every later step has weight 0, so dropping
     it changes nothing (exact)."""
+
+    mask_is_identity = True
 
     def __init__(self, batch: int, epsilon: float, device):
         self.epsilon = epsilon

@@ -32,6 +32,13 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def drops_rows(device: torch.device) -> bool:
+    """Whether inputs that are done leave the later steps (training's truncated forward,
+    evaluation's early exit): on the CPU, where fewer rows cost less; on a GPU every step runs on
+    every input at fixed shapes (a mask), which asks the host nothing and can be captured."""
+    return device.type == "cpu"
+
+
 def amp_dtype(device: torch.device) -> torch.dtype:
     """fp16 on CUDA (with a GradScaler), bf16 on CPU (no scaler needed, same code path)."""
     return torch.float16 if device.type == "cuda" else torch.bfloat16

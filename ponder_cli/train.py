@@ -18,7 +18,7 @@ from .config import PonderConfig
 from .folders import BEST, LAST
 from .methods import Method, get_method
 from .model import truncate
-from .runtime import Adam, autocast, grad_scaler
+from .runtime import Adam, autocast, drops_rows, grad_scaler
 from .tasks import TrainingSource, get_task
 
 
@@ -97,7 +97,7 @@ class BatchStep:
         self.amp = amp
         self.params = list(model.parameters())
         self.device = self.params[0].device
-        self.shrink = self.device.type == "cpu" if shrink is None else shrink
+        self.shrink = drops_rows(self.device) if shrink is None else shrink
         # loss, reconstruction, regularisation (each times batch size), correct, halting steps,
         # inputs in batches that were used, batches skipped for a non-finite loss or gradient,
         # GradScaler back-offs: summed on the device, read once per epoch
@@ -116,7 +116,7 @@ class BatchStep:
             # Under DDP no collective happens in the forward (a shrinking one may run fewer steps
             # on one rank than on another); DDP synchronises in backward, once per batch.
             out = self.model(x, stop=truncation if self.shrink else None)
-        if truncation is not None and not self.shrink:
+        if truncation is not None and not self.shrink and not truncation.mask_is_identity:
             out = truncate(out, truncation.computed_steps(out.lambda_logits), truncation.forces_halt)
         loss = method.loss(out.logits, out.lambda_logits, targets, out.computed)  # float32 outside autocast
         # nanoGPT's AMP order: scale -> backward -> unscale_ -> clip -> step -> update (the
@@ -174,6 +174,16 @@ class BatchStep:
         else:
             self.capture()
             self.graph.replay()  # capturing recorded the batch without running it
+
+    def warm_up(self) -> int:
+        """Start an epoch and run its first batches until the graph is captured and replayed
+        once (eagerly: as many), so what follows is what every later batch costs; the index of
+        the next batch. For benchmarks, which time batches apart from these costs."""
+        self.source.start_epoch()
+        for index in range(WARMUP_BATCHES + 2):
+            self.source.stage(index)
+            self()
+        return WARMUP_BATCHES + 2
 
     def capture(self) -> None:
         graph = torch.cuda.CUDAGraph()
@@ -541,14 +551,16 @@ class TimedSource(TrainingSource):
         return self.source.graph_safe
 
     def _time(self, index: int) -> None:
-        self.synchronize()
-        now = self.clock()
         if index == self.skip:  # the batches before it, with their start-up costs, are done: the clock starts
-            self.started = now
+            self.synchronize()
+            self.started = self.clock()
             return
-        timed, seconds = index - self.skip, now - self.started
-        if timed >= ESTIMATE_AFTER_BATCHES or seconds >= ESTIMATE_AFTER_SECONDS:
-            self.started = None  # once
+        timed = index - self.skip
+        # the host's clock alone decides when (the device runs behind it, so this is never
+        # early); the device is waited for only to read the time the estimate is made from
+        if timed >= ESTIMATE_AFTER_BATCHES or self.clock() - self.started >= ESTIMATE_AFTER_SECONDS:
+            self.synchronize()
+            seconds, self.started = self.clock() - self.started, None  # once
             line = duration_estimate(seconds / timed * self.batches, self.epochs)
             if line is not None:
                 self.log(line)

@@ -212,7 +212,7 @@ def test_evaluation_tables_fit_80_columns(command, max_steps):
     buckets = [_bucket(a, i, max_steps, detail=True) for i, a in enumerate(angles)]
     cfg = PonderConfig.of(max_steps=max_steps)
     report = evaluation_report(command, "runs/pondernet-mlp-seed1234-2/best.pt", cfg, buckets, 0.0123,
-                               protocol="uniform", halting="sample", seed=1234, with_loss=command == "eval",
+                               protocol="uniform", seed=1234, with_loss=command == "eval",
                                detail=True, view=get_task(cfg).view())
     text = _at_80_columns(report)
     for b in buckets:
@@ -281,7 +281,7 @@ def _eval_report(checkpoint: str):
 
     cfg = PonderConfig.of()
     return evaluation_report("eval", checkpoint, cfg, [_bucket(22.5, 0, 20)], None, protocol="uniform",
-                             halting="sample", seed=1234, with_loss=True, detail=False, view=get_task(cfg).view())
+                             seed=1234, with_loss=True, detail=False, view=get_task(cfg).view())
 
 
 def test_a_title_wider_than_its_table_breaks_at_spaces_never_inside_a_path():

@@ -45,7 +45,9 @@ def test_a_given_setting_and_a_saved_one_agree_on_every_setting(pieces):
         assert refused == (outcome != value), (key, outcome)
         if refused:
             assert outcome.startswith(f"--{key.replace('_', '-')} applies to --")
-        saved = {**PonderConfig.of(**pieces).to_dict(), key: value}
+        # a run's own saved config (what it derives from the value too: parity's training counts)
+        saved = {**PonderConfig.of(**pieces).to_dict(), key: value} if refused else \
+            PonderConfig.of(**pieces, **{key: value}).to_dict()
         if (key, pieces["method"]) == ("max_steps", "plain"):  # not a plain model: refused, saved or not
             with pytest.raises(PonderError, match="plain runs exactly one step"):
                 PonderConfig.from_dict(saved)
@@ -177,3 +179,11 @@ def test_a_config_made_any_way_is_checked():
         PonderConfig(method=MethodSettings(halting_bias="prior"))  # the word is build's to turn into its logit
     with pytest.raises(PonderError, match="--step gru does not fit --task mnist"):
         dataclasses.replace(PonderConfig.of(), step=StepSettings(name="gru"))
+
+
+def test_what_a_task_derives_is_the_same_whether_its_source_was_typed_or_default():
+    """parity's training counts come from elems, given or not: one run, one config (compare
+    groups them as one method)."""
+    assert PonderConfig.of(task="parity") == PonderConfig.of(task="parity", elems=64)
+    assert PonderConfig.of(task="parity").task.train_counts == "1-64"
+    assert PonderConfig.of(task="parity", elems=16).task.train_counts == "1-16"

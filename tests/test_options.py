@@ -131,7 +131,7 @@ def test_the_sweep_footer_has_one_sign(steps, line):
                 "steps_correct": s, "steps_wrong": s, "histogram": [10, 0, 0], "halting": "sample"}
                for angle, s in zip((0, 10, 20), steps)]
     cfg = PonderConfig.of(max_steps=3)
-    report = sweep_report("ck.pt", cfg, buckets, 0.5, halting="sample", seed=1, view=get_task(cfg).view())
+    report = sweep_report("ck.pt", cfg, buckets, 0.5, seed=1, view=get_task(cfg).view())
     assert report.caption.splitlines()[-1] == f"least squares: {line}"
     assert "+ +" not in report.caption and "+ -" not in report.caption
 
@@ -155,7 +155,7 @@ def test_render_of_a_repeated_detail_report_does_not_raise():
     for bucket in buckets:
         bucket.update(protocol="fixed", halting="median")
     cfg = PonderConfig.of(max_steps=2)
-    report = evaluation_report("extrapolate", "ck.pt", cfg, buckets, None, protocol="fixed", halting="median", seed=1,
+    report = evaluation_report("extrapolate", "ck.pt", cfg, buckets, None, protocol="fixed", seed=1,
                                with_loss=False, detail=True, view=get_task(cfg).view())
     out = io.StringIO()
     render_report(report, "table", file=out, width=80)

@@ -295,3 +295,11 @@ def test_calibrate_uses_vectors_of_its_own_over_the_training_range(parity_run, p
     assert default["protocol"] is None and default["task"] == "parity"
     beyond = report("--counts", "7-8", "--limit", "10")
     assert beyond["sets"] == [{"counts": "7-8", "lo": 7, "hi": 8}] and beyond["images"] == 2 * 10
+
+
+def test_the_limit_help_says_the_parity_sets_sizes(ponder):
+    """The command line reads no torch, so its help spells the sizes out: they must be the task's."""
+    from ponder_cli.tasks.parity import CALIBRATION_PER_COUNT, TEST_PER_COUNT
+
+    for command, size in (("eval", TEST_PER_COUNT), ("extrapolate", TEST_PER_COUNT), ("calibrate", CALIBRATION_PER_COUNT)):
+        assert f"(0: {size})" in " ".join(ponder(command, "--help").stdout.split()), command

@@ -207,3 +207,18 @@ def test_ponder_models_lists_every_shipped_model_from_its_checkpoint(ponder):
     assert (by_name["reference"]["epochs"], by_name["reference"]["best_epoch"]) == (20, 20)
     table = ponder("models").stdout
     assert "Shipped models" in table and all(name in table for name in SHIPPED)
+
+
+def test_latest_is_the_run_that_wrote_last_as_ponder_runs_orders_them(tmp_path):
+    """A run resumed today whose best epoch is old is still the newest run."""
+    from ponder_cli.folders import BEST, LAST, newest_run_checkpoint
+
+    for run, written in (("resumed", {BEST: 100, LAST: 300}), ("other", {BEST: 200, LAST: 200})):
+        for name, when in written.items():
+            (tmp_path / run).mkdir(exist_ok=True)
+            (tmp_path / run / name).write_bytes(b"")
+            os.utime(tmp_path / run / name, (when, when))
+    (tmp_path / "notes").mkdir()  # not a run
+    assert newest_run_checkpoint(tmp_path) == tmp_path / "resumed" / BEST
+    assert newest_run_checkpoint(tmp_path, LAST) == tmp_path / "resumed" / LAST
+    assert newest_run_checkpoint(tmp_path / "none") is None

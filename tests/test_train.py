@@ -121,6 +121,8 @@ class _CountingSource(training.TrainingSource):
 def test_the_run_s_duration_is_estimated_once_from_its_first_batches(batches, startup, per_batch, expected):
     lines, now = [], [0.0]
     source = training.TimedSource(_CountingSource(batches), 20, lines.append, clock=lambda: now[0])
+    waits = []
+    source.synchronize = lambda: waits.append(now[0])  # on CUDA, a wait for the device
     for epoch in range(2):
         assert source.start_epoch() == batches
         for index in range(min(batches, 100)):
@@ -128,6 +130,7 @@ def test_the_run_s_duration_is_estimated_once_from_its_first_batches(batches, st
             source.stage(index)
             assert source.batch() == index
     assert lines == ([expected] if expected else [])
+    assert len(waits) == 2  # where the clock starts and where it is read: never a wait per batch
     source.load_state({"seed": 1})  # the task's own stream passes through
     assert source.state() == {"given": {"seed": 1}}
 

@@ -164,8 +164,8 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], bucket
         with_loss = command == "eval"
         buckets, rho, rho_ci = _bucket_dicts(model, cfg, test, specs, options, seed, amp, with_loss=with_loss,
                                              on_bucket=bar.update)
-    return on_device(evaluation_report(command, str(path), cfg, buckets, rho, protocol=_protocol(cfg, options),
-                                       halting=buckets[0]["halting"], seed=seed, with_loss=with_loss,
+    return on_device(evaluation_report(command, str(path), cfg, buckets, rho, protocol=options.protocol,
+                                       seed=seed, with_loss=with_loss,
                                        detail=options.detail, rho_ci=rho_ci, view=task.view()), dev)
 
 
@@ -180,11 +180,6 @@ def _with_protocol(task, options: EvalOptions) -> EvalOptions:
         raise PonderError(f"--protocol applies to {owners} checkpoints (how test images are rotated); this one is "
                           f"{task.article} {task.name} model, whose buckets are {own}")
     return options
-
-
-def _protocol(cfg, options: EvalOptions) -> Optional[str]:
-    """The rotation protocol where the task has one (MNIST); null for parity."""
-    return options.protocol if get_task(cfg).uses_protocol else None
 
 
 @stops_cleanly("evaluation")
@@ -205,8 +200,7 @@ def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float],
         seed = evaluation_seed(options.seed, cfg)
         buckets, rho, _ = _bucket_dicts(model, cfg, test, specs, fixed, seed, amp, with_loss=False,
                                         on_bucket=bar.update)
-    return on_device(sweep_report(str(path), cfg, buckets, rho, halting=buckets[0]["halting"], seed=seed,
-                                  view=task.view()), dev)
+    return on_device(sweep_report(str(path), cfg, buckets, rho, seed=seed, view=task.view()), dev)
 
 
 @stops_cleanly("evaluation")
@@ -252,7 +246,7 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
     return on_device(calibration_report(str(path), cfg, outcomes, choose_rule(outcomes, tolerance),
                                         tolerance=tolerance, data=task.calibration_split,
                                         sets=[task.bucket_fields(spec, options.protocol) for spec in specs],
-                                        protocol=_protocol(cfg, options), seed=seed, repeats=options.repeats,
+                                        protocol=options.protocol, seed=seed, repeats=options.repeats,
                                         view=task.view()), dev)
 
 
@@ -260,7 +254,7 @@ def _weights_digest(state_dict: dict) -> str:
     digest = hashlib.sha1()
     for key in sorted(state_dict):
         digest.update(key.encode())
-        digest.update(state_dict[key].detach().cpu().contiguous().numpy().tobytes())
+        digest.update(state_dict[key].detach().contiguous().numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -275,8 +269,8 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
     paths = [resolve_named(checkpoint, log) for checkpoint in checkpoints]  # every name checked before loading
     dev, amp = device_and_amp(options.device, options.amp, log)
     for path in paths:  # load every file first: a bad one fails before any evaluation
-        model, cfg, _ = load_model(path, dev)
-        digest = _weights_digest(model.state_dict())
+        model, cfg, state = load_model(path, dev)
+        digest = _weights_digest(state.model)  # the weights as read, on the host: none copied back from a GPU
         if digest in seen:
             log(f"{path}: the same model as {seen[digest]}, counted once")
             continue
@@ -297,6 +291,6 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
         results = [[_bucket_dicts(models[path][0], cfg, test, specs, options, seed, amp, with_loss=False,
                                   on_bucket=bar.update)[0]
                     for path, cfg in group.members] for group in groups]
-    return on_device(comparison_report(groups, results, specs, protocol=_protocol(first, options),
+    return on_device(comparison_report(groups, results, specs, protocol=options.protocol,
                                        halting=options.halting, seed=seed, repeats=options.repeats,
                                        view=task.view()), dev)

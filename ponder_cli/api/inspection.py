@@ -14,8 +14,8 @@ import torch
 from .. import PonderError, PonderWarning, file_problem
 from ..checkpoint import load_checkpoint, load_model
 from ..config import seed_problems
-from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUN_FILES, RUNS_DIR, SHIPPED, Resolved,
-                       is_run_folder, lock_holder, resolve_checkpoint, runs_in, shipped_path)
+from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SHIPPED, Resolved,
+                       is_run_folder, last_written, lock_holder, resolve_checkpoint, runs_in, shipped_path)
 from ..methods import get_method
 from ..render import Column
 from ..reports import Report, info_report, make_meta, prediction_report, runs_report
@@ -62,7 +62,7 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
     dev, _ = device_and_amp(options.device, False, log)
     model, cfg, _ = load_model(path, dev)
     options = replace(options, halting=check_halting(cfg, options.halting))
-    task, method = get_task(cfg), get_method(cfg)
+    task, method = get_task(cfg), get_method(cfg, dev)
     read = task.read_inputs([Path(p) for p in inputs], InputOptions(options.invert, options.rotate))
     seed = evaluation_seed(options.seed, cfg)
     count = len(read.names)
@@ -70,21 +70,23 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
     uniforms = draw_uniforms(seed, "coins", ("predict",), torch.arange(count), model.max_steps, torch.float32).T
     used = method.halting_label(options.halting)
     whole = not method.needs_all_steps(options.halting)  # whole steps, not the expected rule's sum_n n p_n
+    detail = options.steps or options.views
     buckets, views = [], []
     with torch.inference_mode():
         for start in range(0, count, options.batch_size):
             end = min(start + options.batch_size, count)
-            traces: list = []
+            traces = [] if detail else None  # every step's own figures, only when they are shown
             out = model(read.x[start:end].to(dev), traces=traces)
             scores, halted = method.predict(out.logits, out.lambda_logits, uniforms[:, start:end].to(dev),
                                             options.halting)
             chosen = method.probabilities(scores, options.halting)
-            step_probs = torch.softmax(out.logits.float(), dim=-1)  # (steps, B, classes)
-            figures = {"class": step_probs.argmax(-1), "probability": step_probs.amax(-1),
-                       "lambda": torch.sigmoid(out.lambda_logits.float()),
-                       "p": method.halting_distribution(out.lambda_logits),
-                       **{key: torch.stack([t.values[key] for t in traces]).float() for key in traces[0].values}}
-            figures = {key: value.cpu().T.tolist() for key, value in figures.items()}  # (B, steps)
+            if detail:
+                step_probs = torch.softmax(out.logits.float(), dim=-1)  # (steps, B, classes)
+                figures = {"class": step_probs.argmax(-1), "probability": step_probs.amax(-1),
+                           "lambda": torch.sigmoid(out.lambda_logits.float()),
+                           "p": method.halting_distribution(out.lambda_logits),
+                           **{key: torch.stack([t.values[key] for t in traces]).float() for key in traces[0].values}}
+                figures = {key: value.cpu().T.tolist() for key, value in figures.items()}  # (B, steps)
             # read from the device once per batch, not once per input
             predictions, probabilities = chosen.argmax(-1).tolist(), chosen.amax(-1).float().tolist()
             halting_steps = halted.tolist()
@@ -92,7 +94,7 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
                 bucket = {"input": read.names[start + row], "prediction": predictions[row],
                           "probability": probabilities[row], "halting": used,
                           "halting_step": int(halting_steps[row]) if whole else float(halting_steps[row])}
-                if options.steps or options.views:
+                if detail:
                     bucket["steps"] = [{"step": n + 1, **{key: values[row][n] for key, values in figures.items()}}
                                        for n in range(model.max_steps)]
                 buckets.append(bucket)
@@ -257,14 +259,9 @@ def list_runs(folders: Sequence[Union[str, Path]] = (), *, log: Callable[[str], 
         else:
             found += runs_in(root)
     # by when each last wrote (the time itself: the text of a local time can change its offset)
-    written = {folder: _last_written(folder) for folder in dict.fromkeys(found)}
+    written = {folder: last_written(folder) for folder in dict.fromkeys(found)}
     rows = [_run_row(folder, written[folder]) for folder in sorted(written, key=lambda f: (written[f] or 0, str(f)))]
     return runs_report(rows, [str(root) for root in roots])
-
-
-def _last_written(folder: Path) -> Optional[float]:
-    stamps = [(folder / name).stat().st_mtime for name in (*RUN_FILES, LOCK_FILE) if (folder / name).is_file()]
-    return max(stamps, default=None)
 
 
 def _run_row(folder: Path, stamp: Optional[float]) -> dict:

@@ -189,7 +189,7 @@ def calibrate(
     seed: Optional[int] = EvalSeedOption,
     repeats: int = RepeatsOption,
     limit: int = typer.Option(0, "--limit", min=0, help="Only the first N validation images (0: all); parity: N "
-                              "vectors per non-zero count (0: 64)."),
+                              "vectors per non-zero count (0: 256)."),
     batch_size: int = EvalBatchOption,
     data_dir: Optional[Path] = DataDirOption,
     download: bool = DownloadOption,

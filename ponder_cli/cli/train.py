@@ -175,15 +175,16 @@ def train(
                            progress=bars(quiet, progress), overwrite=overwrite, tensorboard=tensorboard,
                            config_file=config, deterministic=deterministic, cuda_graphs=cuda_graphs)
     if print_config:
-        _print_config(given, options, fmt, log=chatter(quiet))
+        _print_config(given, options, fmt)
         return
     report = train_run(given, options, log=chatter(quiet))
     if report is not None:  # None: a torchrun process other than rank 0, which reports nothing
         render_and_plot(report, fmt, None, quiet)
 
 
-def _print_config(given: dict, options, fmt: OutputFormat, log) -> None:
-    """--print-config: the resolved settings as a config file, with where each value came from."""
+def _print_config(given: dict, options, fmt: OutputFormat) -> None:
+    """--print-config: the resolved settings as a config file (TOML; JSON with -f json: a table
+    or CSV has no shape for a config), with where each value came from."""
     from ..api import training_config
 
     cfg, sources = training_config(given, options)

@@ -57,9 +57,10 @@ def bucket_columns(max_steps: int, with_loss: bool, intervals: bool, words: Term
 
 
 def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *,
-                      protocol: Optional[str], halting: str, seed: int, with_loss: bool, detail: bool,
+                      protocol: Optional[str], seed: int, with_loss: bool, detail: bool,
                       rho_ci: Optional[list[float]] = None, view: TaskView) -> Report:
-    """eval / extrapolate: one bucket per rotation angle of one checkpoint."""
+    """eval / extrapolate: one bucket per rotation angle of one checkpoint (the halting rule: the
+    buckets' own)."""
     images = sum(b["images"] for b in buckets)
     for bucket in buckets:
         bucket.update(checkpoint=checkpoint, method=cfg.method.name, step=cfg.step.name)
@@ -132,14 +133,14 @@ def sweep_columns(first: Column) -> list[Column]:
 SWEEP_COLUMNS = sweep_columns(Column("rotation", "|angle|", "g"))
 
 
-def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *, halting: str, seed: int,
+def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *, seed: int,
                  view: TaskView) -> Report:
     """Mean steps and accuracy against the exact difficulty, with the least-squares slope of steps:
     MNIST per 10 degrees of rotation (human response times rise about linearly: Shepard & Metzler
     1971); parity per non-zero count (ACT's paper saw ponder time rise about linearly)."""
     words = view.terms
     report = evaluation_report("sweep", checkpoint, cfg, buckets, rho,
-                               protocol="fixed" if view.protocol is not None else None, halting=halting, seed=seed,
+                               protocol="fixed" if view.protocol is not None else None, seed=seed,
                                with_loss=False, detail=False, view=view)
     slope, intercept, r2 = least_squares([b[words.sweep_key] for b in buckets], [b["mean_steps"] for b in buckets])
     report.meta["fit"] = {words.sweep_fit: None if slope is None else words.sweep_scale * slope,
