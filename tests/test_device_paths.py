@@ -106,13 +106,28 @@ def test_back_offs_leave_the_weights_and_count_in_the_metrics(fp16_on_cpu, monke
     assert math.isfinite(stats["loss"]) and stats["loss"] > 0
 
 
-def test_an_epoch_without_one_step_stops_training(fp16_on_cpu, monkeypatch, tiny_mnist, tmp_path):
-    _overflow_at(monkeypatch, set(range(1, 11)))
+def test_an_epoch_of_non_finite_batches_stops_training(fp16_on_cpu, monkeypatch, tiny_mnist, tmp_path):
+    _nan_loss_at(monkeypatch, set(range(1, 11)))
     with pytest.raises(PonderError) as raised:
         train(CFG.replace(epochs=1), *_data(tiny_mnist), device=CPU, out_dir=tmp_path, amp=True, progress=False)
     # no last.pt to speak of: the first epoch is the one that failed
     assert str(raised.value) == (f"epoch 1: every batch had a non-finite loss or gradient; training stopped, no "
                                  f"epoch was saved in {tmp_path} (try a lower --lr)")
+
+
+def test_an_epoch_of_grad_scaler_back_offs_is_not_an_error(fp16_on_cpu, monkeypatch, tiny_mnist, tmp_path):
+    """Every batch overflowed fp16 at the scale of the time: the scale halved each time and no
+    step was taken, but nothing is wrong with the batches or the learning rate; training goes on."""
+    torch.manual_seed(CFG.training.seed)
+    start = new_model(CFG).state_dict()
+    _overflow_at(monkeypatch, set(range(1, 11)))
+    result = train(CFG.replace(epochs=1), *_data(tiny_mnist), device=CPU, out_dir=tmp_path, amp=True,
+                   progress=False)
+    (epoch,) = result.history
+    assert (epoch.skipped_batches, epoch.scaler_backoffs) == (0, 9) and math.isfinite(epoch.train_loss)
+    state = load_checkpoint(tmp_path / "last.pt")
+    assert state.scaler["scale"] == 2.0 ** 16 / 2 ** 9  # 9 whole batches
+    assert all(torch.equal(start[k], v) for k, v in state.model.items())  # not one step taken
 
 
 def test_fp16_checkpoints_resume_with_their_scale(fp16_on_cpu, monkeypatch, tiny_mnist, tmp_path):
