@@ -264,6 +264,23 @@ def test_halting_input_does_not_reach_the_turn():
     assert torch.autograd.grad(lambda_logits.sum(), extra, allow_unused=True)[0] is None
 
 
+def test_the_work_is_the_net_turn_of_two_steps():
+    """A turn that swings back by as much as it last turned does no work (the shipped model's
+    two-step cycle, docs/align.md), one that keeps turning the same way does: the work is
+    |delta_n + delta_{n-1}| / (2 align-turn) = |theta_n - theta_{n-2}| / (2 align-turn)."""
+    step = new_model(PonderConfig.of(**SMALL)).step.eval()
+    with torch.no_grad():
+        step.turn.bias.fill_(math.atanh(0.5))  # the turn heads' weights are zero: every step turns by +15°
+    x = prepare_batch(synthetic_digits(3, seed=1).images)
+    context, (h, _, _) = step.start(x, SMALL["max_steps"])
+    before = torch.deg2rad(torch.tensor([10.0, 10.0, -20.0]))
+    previous = torch.deg2rad(torch.tensor([-15.0, 15.0, 5.0]))  # the last turns: back, on, on a little
+    (_, after, delta), _, work = step(context, (h, before, previous), 1)
+    assert torch.allclose(torch.rad2deg(delta), torch.full((3,), 15.0))
+    assert torch.allclose(torch.rad2deg(after), torch.tensor([25.0, 25.0, -5.0]))
+    assert torch.allclose(work.squeeze(-1), torch.tensor([0.0, 30 / 60, 20 / 60]), atol=1e-6)
+
+
 def test_act_keeps_graves_bias_on_align_unless_given():
     act = PonderConfig.of(step="align", method="act")
     assert act.method.halting_bias == 1.0  # Graves' bias: the method's implied value wins over the step's

@@ -298,3 +298,24 @@ def test_exit_rules_summary_is_the_mean_and_sd_over_checkpoints(capsys):
     _benchmark("exit_rules").summarise([report([2.0, 0.5], [4.0, 6.0]), report([4.0, 0.1], [5.0, 7.0])])
     lines = capsys.readouterr().out.splitlines()
     assert lines[3:] == ["| median | +3.00 ± 1.41 / 4.50 |", "| confidence:0.99 | +0.30 ± 0.28 / 6.50 |"]
+
+
+def test_align_cycle_pass_is_the_models_and_damps_from_step_3():
+    """benchmarks/align_cycle.py re-runs the align step by hand to damp its turn: at gain 1 it is
+    the model's own forward; at gain 0.5 the first two steps are unchanged and step 3 turns half
+    as far as the model would from the same view."""
+    from ponder_cli.data import prepare_batch
+    torch.manual_seed(0)
+    model = new_model(PonderConfig.of(step="align", hidden=16, hidden_cnn=16, max_steps=4)).eval()
+    with torch.no_grad():
+        for layer in (model.step.turn, model.step.view_turn):
+            layer.weight.normal_(0, 0.5)
+    x = prepare_batch(synthetic_digits(5, seed=2).images, torch.full((5,), 40.0))
+    damped_pass = _benchmark("align_cycle").damped_pass
+    logits, lambda_logits, turns = damped_pass(model, x)
+    with torch.no_grad():
+        out = model(x)
+    assert torch.allclose(logits, out.logits, atol=1e-5) and torch.allclose(lambda_logits, out.lambda_logits, atol=1e-5)
+    _, _, halved = damped_pass(model, x, gain=0.5)
+    assert torch.equal(halved[:2], turns[:2]) and torch.count_nonzero(turns[2] - turns[1]) == 5
+    assert torch.allclose(halved[2] - halved[1], (turns[2] - turns[1]) / 2, atol=1e-4)

@@ -201,15 +201,18 @@ class AlignStep(StepFunction):
             features = (self.encoder.maps(seen, dropout=False) * masks[:, n]).flatten(1)
         h = self.cell(self.encoder.head(features), h)
         delta = self.max_turn * torch.tanh((self.turn(h) + self.view_turn(features)).squeeze(-1))  # (B,)
-        # The work a step does is its net turn over the last two steps: a turn policy that jitters
-        # back and forth around upright does no work, and must not hold halting back.
+        # The work a step does is its net turn over the last two steps, theta_n - theta_{n-2}: a
+        # turn that swings back and forth about upright (the trained models' two-step cycle,
+        # docs/align.md) does no work, and must not hold halting back.
         extra = ((delta + previous).abs() / (2 * self.max_turn)).unsqueeze(-1)  # (B, 1) in [0, 1]
         return (h, angle + delta, delta), h, extra
 
     def trace(self, x, context, before, after, n):
         """The view step n read, and the turn accumulated after it in degrees ("turn_deg"), in
         data.rotate's sense (counter-clockwise positive): a digit rotated by +60° is read
-        upright after a turn of about -60°."""
+        upright after a turn of about -60°; a trained model's turn then swings from step to step
+        between two turns about 27° apart, one reading the digit near upright and one well off it
+        (docs/align.md, "What the turn does while it waits")."""
         image, angle_before, angle_after = context[0], before[1], after[1]
         view = image if n == 0 else rotate_bilinear(image, angle_before)
         return StepTrace(view, {"turn_deg": torch.rad2deg(angle_after)})
