@@ -7,7 +7,8 @@ precision: the figures that choose the CUDA defaults.
 Each row trains a fresh model on synthetic digits (MNIST's shapes) or parity vectors, as `ponder
 train` runs a batch: warm-up batches (on CUDA the capture among them), then `--batches` timed
 batches between two device synchronisations. fp16 runs with the GradScaler, bf16 without;
-"eager" is --no-cuda-graphs. One table on stdout.
+"eager" is --no-cuda-graphs. Beside each time, the peak GPU memory of that row (allocated by
+tensors; on CUDA only): what capture costs in memory, its graph's pool included. One table on stdout.
 """
 
 from __future__ import annotations
@@ -37,7 +38,11 @@ CASES = {  # name: (settings, batch sizes)
 DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def ms_per_batch(cfg: PonderConfig, device: torch.device, dtype, graphs: bool, batches: int) -> float:
+def ms_per_batch(cfg: PonderConfig, device: torch.device, dtype, graphs: bool, batches: int) -> tuple:
+    """Milliseconds per batch, and the peak GPU memory in MiB (None on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
     torch.manual_seed(0)
     model = new_model(cfg).to(device)
     data = synthetic_digits(cfg.training.batch_size * (WARMUP_BATCHES + batches + 2), 0).to(device) \
@@ -55,7 +60,9 @@ def ms_per_batch(cfg: PonderConfig, device: torch.device, dtype, graphs: bool, b
         step.source.stage(index)
         step()
     float(step.totals[0])  # the epoch's one read: waits for the device
-    return 1000 * (time.perf_counter() - started) / batches
+    seconds = time.perf_counter() - started
+    peak = torch.cuda.max_memory_allocated(device) / 2 ** 20 if device.type == "cuda" else None
+    return 1000 * seconds / batches, peak
 
 
 def main() -> None:
@@ -68,7 +75,8 @@ def main() -> None:
     device = runtime.resolve_device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"{name}, torch {torch.__version__}, {args.batches} timed batches per row (ms per batch)")
-    print(f"{'case':<10} {'batch':>6} {'dtype':<5} {'eager':>9} {'replayed':>9} {'speed-up':>9}  vectors/s replayed")
+    print(f"{'case':<10} {'batch':>6} {'dtype':<5} {'eager':>9} {'replayed':>9} {'speed-up':>9}  "
+          f"{'vectors/s replayed':>18} {'peak MiB eager':>14} {'replayed':>9}")
     default_dtype = runtime.amp_dtype
     for case in args.cases:
         settings, sizes = CASES[case]
@@ -77,15 +85,16 @@ def main() -> None:
             for dtype_name in args.dtypes:
                 dtype = DTYPES[dtype_name]
                 try:
-                    eager = ms_per_batch(cfg, device, dtype, False, args.batches)
-                    replayed = ms_per_batch(cfg, device, dtype, True, args.batches)
+                    eager, eager_peak = ms_per_batch(cfg, device, dtype, False, args.batches)
+                    replayed, replayed_peak = ms_per_batch(cfg, device, dtype, True, args.batches)
                 except Exception as exc:  # a row that fails says why, the others go on
                     print(f"{case:<10} {size:>6} {dtype_name:<5} FAILED: {type(exc).__name__}: {exc}"[:300])
                     continue
                 finally:
                     runtime.amp_dtype = default_dtype
+                peaks = "" if eager_peak is None else f" {eager_peak:14,.0f} {replayed_peak:9,.0f}"
                 print(f"{case:<10} {size:>6} {dtype_name:<5} {eager:9.2f} {replayed:9.2f} {eager / replayed:8.1f}x"
-                      f"  {1000 * size / replayed:12,.0f}", flush=True)
+                      f"  {1000 * size / replayed:18,.0f}{peaks}", flush=True)
 
 
 if __name__ == "__main__":

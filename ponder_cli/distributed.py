@@ -43,8 +43,11 @@ TIMEOUT = datetime.timedelta(minutes=5)
 ENVIRONMENT = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 # nccl's watchdog ends a collective that has waited TIMEOUT. Mode 2 aborts the communicator and
 # leaves the process running, so the next collective raises a DistError (lost_peer: the resume
-# hint); torch's default, 3, ends the process on the spot, without a word. The user's setting wins.
+# hint); torch's default, 3, ends the process on the spot, without a word. torchrun hands every
+# process its own value, 1, unless its own environment sets one: that 1 is replaced; a user's
+# other setting wins.
 NCCL_ERROR_HANDLING = "2"
+TORCHRUN_NCCL_ERROR_HANDLING = "1"
 # torchrun sends SIGKILL 30 s after its SIGTERM: a rank that has not acted on a SIGTERM (or Ctrl-C)
 # this many seconds after it arrived is taken to be stuck in a wait on a peer that is gone.
 ABORT_AFTER_SIGNAL_S = 5.0
@@ -153,7 +156,9 @@ def setup(device: torch.device, where: Launch | None) -> None:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", NCCL_ERROR_HANDLING)
+        if os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", TORCHRUN_NCCL_ERROR_HANDLING) == \
+                TORCHRUN_NCCL_ERROR_HANDLING:
+            os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = NCCL_ERROR_HANDLING
     try:
         torch.distributed.init_process_group(backend, rank=where.rank, world_size=where.world_size,
                                              timeout=TIMEOUT, **({"device_id": device} if backend == "nccl" else {}))

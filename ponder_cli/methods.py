@@ -119,6 +119,10 @@ class Method:
     # the config fields this method reads among those that some method reads (config.inapplicable:
     # an option no chosen piece reads is refused)
     reads: tuple = ()
+    # whether its loss, truncation and metrics keep a training batch capturable as a CUDA graph
+    # (fixed shapes, no host read, randomness from torch's default generator): a method that does
+    # not declare it trains eagerly on CUDA (train.use_graphs); tests/test_graph_safe.py proves it
+    graph_safe: bool = False
 
     def __init__(self, cfg, device=None):
         self.cfg = cfg
@@ -208,6 +212,7 @@ def build_model(cfg, classes: int, input_shape: tuple) -> torch.nn.Module:
 
 class PonderNetMethod(Method):
     name = "pondernet"
+    graph_safe = True
     reads = ("max_steps", "halting_input", "halting_bias", "turn_gate", "lambda_p", "prior", "beta", "beta_warmup",
              "truncation", "truncation_rule", "depth_min")
 
@@ -320,6 +325,7 @@ def act_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.T
 
 class ACTMethod(Method):
     name = "act"
+    graph_safe = True
     # Graves' bias, also where a step implies another (align: 'prior'): the method's implied
     # values win over the step's (config.implied_values)
     implied = {"halting_bias": INITIAL_HALTING_BIAS}

@@ -41,6 +41,9 @@ class EpochStats:
     scaler_backoffs: int = 0
     # validation images halting at step 1, 2, ..., max_steps (the halting-step histogram)
     val_halting_histogram: tuple = ()
+    # how the epoch's batches ran (BatchStep.path): "captured" (a CUDA graph, replayed), or
+    # "eager: why" ("eager: on the CPU"); "" in runs saved before it was recorded
+    training_step: str = ""
 
 
 @dataclass
@@ -91,7 +94,8 @@ class BatchStep:
 
     def __init__(self, model: torch.nn.Module, method: Method, optimizer: torch.optim.Optimizer,
                  scaler: torch.amp.GradScaler, source: TrainingSource, cfg: PonderConfig, *, amp: bool,
-                 shrink: bool | None = None, graphs: bool = False):
+                 shrink: bool | None = None, graphs: bool = False, path: str | None = None,
+                 capture: Callable | None = None, log: Callable[[str], None] | None = None):
         self.model, self.method, self.optimizer, self.scaler, self.source, self.cfg = \
             model, method, optimizer, scaler, source, cfg
         self.amp = amp
@@ -103,7 +107,13 @@ class BatchStep:
         # GradScaler back-offs: summed on the device, read once per epoch
         self.totals = torch.zeros(8, dtype=torch.float64, device=self.device)
         self.graphs = graphs
-        self.graph: torch.cuda.CUDAGraph | None = None
+        # how the batches ran: CAPTURED, or "eager: why" (use_graphs; a capture given up on)
+        self.path = path or (CAPTURED if graphs else "eager")
+        self.capture = capture or CudaGraph  # (device, generators) -> the warm-up, capture and replay
+        self.log = log or (lambda line: print(line, file=sys.stderr))
+        self.graph = None  # self.capture's object, once the warm-up begins
+        self.captured = False
+        self.replays = 0
         self.eager_batches = 0  # batches run before the capture (its warm-up)
         # optimizer steps taken, on the device: what a loss that changes over training reads
         # (--beta-warmup); it goes on from the optimizer's own count when a run resumes
@@ -163,22 +173,23 @@ class BatchStep:
 
     def __call__(self) -> None:
         """The batch the source has staged: eagerly, or as a replay of the captured graph (captured
-        after WARMUP_BATCHES eager batches when `graphs`)."""
-        if self.graph is not None:
-            self.graph.replay()
-        elif not self.graphs:
+        after WARMUP_BATCHES eager batches when `graphs`; the first replay checked, and the eager
+        step taken instead from then on if the capture failed)."""
+        if not self.graphs:
             self.run()
+        elif self.captured:
+            self.graph.replay()
+            self.replays += 1
         elif self.eager_batches < WARMUP_BATCHES:
-            # on a side stream, as capture wants its warm-up (the allocator's pools stay apart)
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                self.run()
-            torch.cuda.current_stream(self.device).wait_stream(side)
+            if self.graph is None:
+                self.graph = self.capture(self.device, self.source.generators())
+            self.graph.warm_up(self.run)  # on a side stream, as capture wants (the allocator's pools stay apart)
             self.eager_batches += 1
         else:
-            self.capture()
-            self.graph.replay()  # capturing recorded the batch without running it
+            why = self._capture_and_check()
+            if why is not None:
+                self._fall_back(why)
+                self.run()  # this batch, which the capture did not train
 
     def warm_up(self) -> int:
         """Start an epoch and run its first batches until the graph is captured and replayed
@@ -190,14 +201,90 @@ class BatchStep:
             self()
         return WARMUP_BATCHES + 2
 
-    def capture(self) -> None:
-        graph = torch.cuda.CUDAGraph()
-        for generator in self.source.generators():
-            graph.register_generator_state(generator)
+    def _capture_and_check(self) -> str | None:
+        """Capture the batch and replay it once (capturing records the batch without running
+        it), checked by one host read: the replay advanced the epoch's totals (inputs used or a
+        skipped batch) and Adam's step count (unless the batch was skipped or the GradScaler
+        backed off). A capture on another device than the tensors' records nothing, and its
+        replay does nothing (pytorch/pytorch#87894). None when it trained; else why not."""
+        capturable(self.optimizer, True)  # the update is captured: its step counts stay on the device
         self.optimizer.zero_grad(set_to_none=True)  # the captured backward allocates the gradients
-        with torch.cuda.graph(graph):
-            self.run()
+        try:
+            self.graph.capture(self.run)
+        except RuntimeError as exc:
+            return f"the capture failed ({brief(exc)})"
+        before = self._progress()
+        self.graph.replay()
+        counted, steps, passed = (self._progress() - before).tolist()  # the one read, once a run
+        if counted <= 0:
+            return "the captured batch did nothing when replayed (the epoch's totals stood still)"
+        if steps != 1 and passed == 0:
+            return "the captured batch did nothing when replayed (Adam's step count stood still)"
+        self.captured, self.replays = True, 1
+        return None
+
+    def _progress(self) -> torch.Tensor:
+        """What every batch advances, on the device: inputs used plus batches skipped; Adam's step
+        count; batches skipped plus GradScaler back-offs (the batches that take no step)."""
+        step_count = next(iter(self.optimizer.state.values()))["step"]
+        return torch.stack([self.totals[5] + self.totals[6], step_count.to(self.totals.dtype),
+                            self.totals[6] + self.totals[7]])
+
+    def _fall_back(self, why: str) -> None:
+        self.graph.reset()
+        self.graph, self.graphs, self.captured = None, False, False
+        capturable(self.optimizer, False)
+        self.path = f"eager: {why}"
+        self.log(f"CUDA graphs: off, {why}; batches run eagerly")
+
+
+class CudaGraph:
+    """Where BatchStep's batch is captured and replayed: on the training device, whatever device
+    is current (only torchrun sets it), with one side stream for the warm-up and the capture and
+    a memory pool of its own, the pattern torch.cuda.graph documents. `generators`: the source's
+    own, which every replay advances as it does torch's default one."""
+
+    def __init__(self, device: torch.device, generators: tuple = ()):
+        self.device, self.generators = device, tuple(generators)
+        with torch.cuda.device(device):
+            self.side = torch.cuda.Stream()
+            self.pool = torch.cuda.graph_pool_handle()
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def warm_up(self, run: Callable[[], None]) -> None:
+        with torch.cuda.device(self.device):
+            self.side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.side):
+                run()
+            torch.cuda.current_stream().wait_stream(self.side)
+
+    def capture(self, run: Callable[[], None]) -> None:
+        with torch.cuda.device(self.device):
+            graph = torch.cuda.CUDAGraph()
+            for generator in self.generators:
+                graph.register_generator_state(generator)
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.side):
+                run()
         self.graph = graph
+
+    def replay(self) -> None:
+        with torch.cuda.device(self.device):
+            self.graph.replay()
+
+    def reset(self) -> None:
+        if self.graph is not None:
+            self.graph.reset()
+        self.graph = None
+
+
+def capturable(optimizer: torch.optim.Optimizer, on: bool) -> None:
+    """Mark Adam capturable exactly while its step is captured. The fused Adam's step counts live
+    on the device either way and its kernels do not read the flag; torch reads it only to refuse
+    a capture of a step not marked so, and to warn about a step so marked run outside a capture
+    (the eager warm-up, --no-cuda-graphs, torchrun, a fallback)."""
+    for group in optimizer.param_groups:
+        group["capturable"] = on
+    optimizer.defaults["capturable"] = on
 
 
 def batch_step(model: torch.nn.Module, cfg: PonderConfig, data, *, amp: bool = False, optimizer=None,
@@ -292,9 +379,9 @@ def make_optimizer(model: torch.nn.Module, cfg: PonderConfig, device: torch.devi
     """Adam, fused on every device: one kernel updates every parameter, and it takes a flag on the
     device that skips a step (step_unless, the GradScaler's back-off) without the host reading it.
     The learning rate is a tensor, which the plateau schedule cuts in place: a captured step reads
-    the new value. Capturable on CUDA: its step counts stay on the device."""
-    return Adam(model.parameters(), lr=torch.tensor(cfg.training.lr, device=device), fused=True,
-                capturable=device.type == "cuda")
+    the new value. Its step counts live on the device (fused); it is marked capturable only while
+    BatchStep captures it (`capturable`), so no step run eagerly draws torch's warning."""
+    return Adam(model.parameters(), lr=torch.tensor(cfg.training.lr, device=device), fused=True)
 
 
 # How Adam runs, not what it has learnt: a checkpoint written on one device resumes on another.
@@ -332,18 +419,31 @@ def _load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None
             group["lr"] = rate.fill_(float(group["lr"]))
 
 
-def use_graphs(device: torch.device, wanted: bool, source: TrainingSource,
-               log: Callable[[str], None] | None = None) -> bool:
-    """Whether training captures its batch as a CUDA graph: on CUDA unless turned off
-    (--no-cuda-graphs), where nothing stands in the way; else one line says why it runs eagerly."""
-    if not wanted or device.type != "cuda":
-        return False
-    why = ("under torchrun (DDP's gradient hooks are not captured)" if distributed.active() else
-           None if source.graph_safe else "the task's training batches are not marked graph_safe")
-    if log is not None:
+CAPTURED = "captured"  # BatchStep.path when the batch was captured and its replays train
+
+
+def use_graphs(device: torch.device, wanted: bool, pieces: dict, log: Callable[[str], None] | None = None) -> str:
+    """How training runs its batches, decided once: CAPTURED, as a CUDA graph (on CUDA unless
+    turned off with --no-cuda-graphs, where nothing stands in the way), or "eager: why". `pieces`
+    names what the batch runs, {"step function 'mlp'": the step, ...}: each must declare
+    `graph_safe = True` (a piece of a user's own that does not say so is run eagerly). On CUDA
+    one line says which it is."""
+    if device.type != "cuda":
+        return "eager: on the CPU"
+    unsafe = [name for name, piece in pieces.items() if getattr(piece, "graph_safe", False) is not True]
+    why = ("--no-cuda-graphs" if not wanted else
+           "under torchrun (DDP's gradient hooks are not captured)" if distributed.active() else
+           f"{unsafe[0]} does not declare graph_safe = True" if unsafe else None)
+    if log is not None and wanted:  # --no-cuda-graphs needs no word
         log("CUDA graphs: each training batch is captured once and replayed" if why is None else
-            f"CUDA graphs: off {why}; batches run eagerly")
-    return why is None
+            f"CUDA graphs: off, {why}; batches run eagerly")
+    return CAPTURED if why is None else f"eager: {why}"
+
+
+def graph_pieces(model: torch.nn.Module, method: Method, source: TrainingSource, cfg: PonderConfig) -> dict:
+    """What a training batch runs besides the model's own layers, by name, for use_graphs."""
+    return {f"the task {cfg.task.name!r}'s training source": source,
+            f"the step function {cfg.step.name!r}": model.step, f"the method {cfg.method.name!r}": method}
 
 
 def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
@@ -374,13 +474,13 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
     if resume is not None:
         epochs_without_improvement = _resume(resume, cfg, out_dir, model, optimizer, scheduler, scaler, source, device,
                                              result)
-    graphs = use_graphs(device, cuda_graphs, source, log)
+    path = use_graphs(device, cuda_graphs, graph_pieces(model, method, source, cfg), log)
     if log is not None:
         # the clock starts once the capture is done: it would count as batches
         source = TimedSource(source, cfg.training.epochs - result.last_epoch, log, device=device,
-                             skip=WARMUP_BATCHES + 1 if graphs else 1)
+                             skip=WARMUP_BATCHES + 1 if path == CAPTURED else 1)
     step = BatchStep(_data_parallel(model, cfg, device, task), method, optimizer, scaler, source, cfg, amp=amp,
-                     graphs=graphs)
+                     graphs=path == CAPTURED, path=path, log=log)
 
     for epoch in range(result.last_epoch + 1, cfg.training.epochs + 1):
         started = time.perf_counter()
@@ -396,7 +496,7 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
         else:
             epochs_without_improvement += 1
         record = _epoch_record(epoch, stats, val_accuracy, val_steps, halting_histogram, lr,
-                               time.perf_counter() - started, improved)
+                               time.perf_counter() - started, improved, step.path)
         result.history.append(record)
         result.last_epoch = epoch
         state = TrainingState(config=cfg, model=model.state_dict(), epoch=epoch, optimizer=_optimizer_state(optimizer),
@@ -421,13 +521,13 @@ def _all_finite(model: torch.nn.Module, stats: dict) -> bool:
 
 
 def _epoch_record(epoch: int, stats: dict, val_accuracy: float, val_steps: float, halting_histogram: list,
-                  lr: float, seconds: float, improved: bool) -> EpochStats:
+                  lr: float, seconds: float, improved: bool, path: str) -> EpochStats:
     return EpochStats(
         epoch=epoch, train_loss=stats["loss"], train_reconstruction=stats["reconstruction"],
         train_regularisation=stats["regularisation"], train_accuracy=stats["accuracy"],
         train_steps=stats["steps"], val_accuracy=val_accuracy, val_steps=val_steps, lr=lr, seconds=seconds,
         improved=improved, skipped_batches=stats["skipped_batches"], scaler_backoffs=stats["scaler_backoffs"],
-        val_halting_histogram=tuple(int(count) for count in halting_histogram))
+        val_halting_histogram=tuple(int(count) for count in halting_histogram), training_step=path)
 
 
 def _resume(resume: TrainingState, cfg: PonderConfig, out_dir: Path, model, optimizer, scheduler, scaler,
@@ -472,7 +572,10 @@ def _data_parallel(model: torch.nn.Module, cfg: PonderConfig, device: torch.devi
 
 
 def _check_some_step_was_taken(stats: dict, epoch: int, out_dir: Path) -> None:
-    if stats["skipped_batches"] + stats["scaler_backoffs"] == stats["batches"]:  # not one step taken
+    """An epoch whose every batch was skipped for a non-finite loss (or, without the GradScaler, a
+    non-finite gradient) stops the run. GradScaler back-offs are not faults: the scale halves
+    until the gradients fit fp16, so an epoch made of them (a short one, early) goes on."""
+    if stats["skipped_batches"] == stats["batches"]:
         kept = (f"{out_dir / LAST} still holds the last good epoch" if (out_dir / LAST).is_file()
                 else "no epoch was saved in " + str(out_dir))
         raise PonderError(f"epoch {epoch}: every batch had a non-finite loss or gradient; training "

@@ -8,16 +8,26 @@ captured; so is a draw from a generator the capture does not know. A TorchDispat
 operator as it is issued, on the CPU as on a GPU, so these are counted here on any machine.
 On CUDA the device's own sync debug mode counts every sync it sees as well, under DEVICE_SYNC:
 what no operator shows (a copy to the host), and again each host read counted by its operator.
+
+A capture also freezes what the host hands a kernel: a Python number an operator is given (a
+value that changes per batch stays the captured batch's), a 0-dim tensor made before the batch
+outside the device state (a host scalar on CUDA, read at launch), and a tensor a factory makes
+without a device (`torch.rand(n)`: a host tensor on CUDA, drawn once). The watch records the
+first two in `ops` beside the shapes, so two batches' operators must agree in value as well,
+and flags the third as a problem.
 """
 
 from __future__ import annotations
 
 import sys
 import warnings
+import weakref
 from collections import Counter
 from pathlib import Path
 
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._device import _device_constructors
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ponder_cli
@@ -52,20 +62,69 @@ def _caller() -> tuple:
     return None, 0, in_optimizer
 
 
+def _where(path, line) -> str:
+    return f"{path.relative_to(PACKAGE.parent) if path and path.is_relative_to(PACKAGE.parent) else path}:{line}"
+
+
+class _Factories(TorchFunctionMode):
+    """Each tensor factory (torch.rand, torch.zeros, torch.arange, ...) that the code outside torch
+    calls without a device: torch's default device, the host, where training runs on CUDA."""
+
+    def __init__(self, problems: list):
+        super().__init__()
+        self.problems, self.constructors = problems, _device_constructors()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.constructors and kwargs.get("device") is None:
+            frame = sys._getframe(1)
+            while frame is not None and Path(frame.f_code.co_filename) == Path(__file__):
+                frame = frame.f_back
+            path = Path(frame.f_code.co_filename) if frame is not None else None
+            if path is not None and not path.is_relative_to(TORCH):  # torch places its own tensors
+                self.problems.append(f"{func.__name__} without a device at {_where(path, frame.f_lineno)}: "
+                                     "a host tensor on CUDA")
+        return func(*args, **kwargs)
+
+
 class Watch(TorchDispatchMode):
-    """While it is open, every operator issued: `ops` (each operator with the shapes of its tensor
-    arguments), `reads` (a Counter: each host read by operator, each tensor made from Python data
-    by where, "from Python data at ponder_cli/steps/align.py:12"; on CUDA the device's own syncs)
-    and `problems` (the same, and each draw from a generator not among `owned`).
+    """While it is open, every operator issued: `ops` (each operator with its arguments: a
+    tensor's shape, a Python value as it is, a 0-dim tensor from outside the batch by its value),
+    `reads` (a Counter: each host read by operator, each tensor made from Python data by where,
+    "from Python data at ponder_cli/steps/align.py:12"; on CUDA the device's own syncs) and
+    `problems` (the same, each draw from a generator not among `owned`, and each tensor factory
+    called without a device).
+
+    `state`: the tensors that are the device state of training, which a batch reads and writes in
+    place and whose values differ from batch to batch by design (the weights, the optimizer's and
+    the GradScaler's state, the learning rate, the source's static inputs): their 0-dim values are
+    not recorded. Any other 0-dim tensor made before the batch is, by value.
 
     What a torch optimizer's step does inside is its own bookkeeping, not counted: an unfused
     Adam reads its step counters, which then live on the host, and torch refuses an optimizer that
     is not capturable inside a CUDA graph capture itself."""
 
-    def __init__(self, owned=()):
+    def __init__(self, owned=(), state=()):
         super().__init__()
         self.owned, self.ops, self.reads, self.problems = tuple(owned), [], Counter(), []
+        self.state = {id(t) for t in state}
+        self._made = weakref.WeakValueDictionary()  # the tensors the watched code made, by id
+        self._factories = _Factories(self.problems)
         self._device = torch.cuda.is_available() and torch.cuda.is_initialized()
+
+    def _argument(self, value):
+        """What `ops` records of one argument."""
+        if isinstance(value, torch.Tensor):
+            if value.dim() == 0 and id(value) not in self.state and self._made.get(id(value)) is not value \
+                    and not value.requires_grad and value.device.type != "meta":
+                return ("0-dim", value.dtype, value.item())
+            return tuple(value.shape)
+        if isinstance(value, (list, tuple)):
+            return tuple(self._argument(v) for v in value)
+        if value is None or isinstance(value, (bool, int, float, complex, str, torch.dtype, torch.device,
+                                               torch.layout, torch.memory_format)):
+            return value  # as the kernel gets it
+        return type(value).__name__  # a generator, a profiler's record: what it is
 
     def __enter__(self):
         if self._device:
@@ -73,10 +132,12 @@ class Watch(TorchDispatchMode):
             self._caught = self._warnings.__enter__()
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
+        self._factories.__enter__()
         return super().__enter__()
 
     def __exit__(self, *exc):
         result = super().__exit__(*exc)
+        self._factories.__exit__(*exc)
         if self._device:
             torch.cuda.set_sync_debug_mode("default")
             self._warnings.__exit__(*exc)
@@ -97,9 +158,8 @@ class Watch(TorchDispatchMode):
             if in_optimizer:
                 pass
             elif name in FROM_PYTHON_DATA:
-                where = path.relative_to(PACKAGE.parent) if path and path.is_relative_to(PACKAGE.parent) else path
-                self.reads[f"from Python data at {where}:{line}"] += 1
-                self.problems.append(f"{name}: a tensor from Python data at {where}:{line}")
+                self.reads[f"from Python data at {_where(path, line)}"] += 1
+                self.problems.append(f"{name}: a tensor from Python data at {_where(path, line)}")
             else:
                 self.reads[name] += 1
                 self.problems.append(f"{name} reads on the host")
@@ -107,11 +167,14 @@ class Watch(TorchDispatchMode):
         # the generator reaches the operator in a wrapper of its own: the same one has the same state
         if generator is not None and not any(torch.equal(generator.get_state(), g.get_state()) for g in self.owned):
             self.problems.append(f"{name} draws from a generator the step does not own")
-        shapes = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else
-                       tuple(tuple(t.shape) for t in a if isinstance(t, torch.Tensor)) if isinstance(a, (list, tuple))
-                       else None for a in args)
-        self.ops.append((str(func), shapes))
-        return func(*args, **kwargs)
+        arguments = tuple(self._argument(a) for a in args) + tuple(
+            (key, self._argument(value)) for key, value in sorted(kwargs.items()) if key != "generator")
+        self.ops.append((str(func), arguments))
+        out = func(*args, **kwargs)
+        for tensor in (out if isinstance(out, (list, tuple)) else (out,)):
+            if isinstance(tensor, torch.Tensor):
+                self._made[id(tensor)] = tensor
+        return out
 
 
 def count_syncs(work, owned=()) -> Counter:

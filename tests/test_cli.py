@@ -375,3 +375,17 @@ def test_quiet_silences_chatter_not_results_or_errors(command, checkpoint, tiny_
         assert quiet.stdout == loud.stdout
     mistake = ["--lr", 0] if command == "train" else ["--angles", 500]
     assert "must be" in one_error_line(ponder(command, *args, "-q", *mistake, "--data-dir", tiny_mnist))
+
+
+def test_another_librarys_warning_is_one_line(capsys):
+    """Python shows a warning on two lines or more (its text, then the source line that raised
+    it); the CLI shows every warning as one line, another library's with its category."""
+    import warnings
+
+    from ponder_cli.cli.app import one_line_warnings
+
+    with one_line_warnings():
+        warnings.warn("This instance was constructed with capturable=True\n   but step() ran   outside",
+                      UserWarning)
+    assert capsys.readouterr().err == ("Warning: This instance was constructed with capturable=True but step() ran "
+                                       "outside [UserWarning]\n")

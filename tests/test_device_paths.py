@@ -106,13 +106,28 @@ def test_back_offs_leave_the_weights_and_count_in_the_metrics(fp16_on_cpu, monke
     assert math.isfinite(stats["loss"]) and stats["loss"] > 0
 
 
-def test_an_epoch_without_one_step_stops_training(fp16_on_cpu, monkeypatch, tiny_mnist, tmp_path):
-    _overflow_at(monkeypatch, set(range(1, 11)))
+def test_an_epoch_of_non_finite_batches_stops_training(fp16_on_cpu, monkeypatch, tiny_mnist, tmp_path):
+    _nan_loss_at(monkeypatch, set(range(1, 11)))
     with pytest.raises(PonderError) as raised:
         train(CFG.replace(epochs=1), *_data(tiny_mnist), device=CPU, out_dir=tmp_path, amp=True, progress=False)
     # no last.pt to speak of: the first epoch is the one that failed
     assert str(raised.value) == (f"epoch 1: every batch had a non-finite loss or gradient; training stopped, no "
                                  f"epoch was saved in {tmp_path} (try a lower --lr)")
+
+
+def test_an_epoch_of_grad_scaler_back_offs_is_not_an_error(fp16_on_cpu, monkeypatch, tiny_mnist, tmp_path):
+    """Every batch overflowed fp16 at the scale of the time: the scale halved each time and no
+    step was taken, but nothing is wrong with the batches or the learning rate; training goes on."""
+    torch.manual_seed(CFG.training.seed)
+    start = new_model(CFG).state_dict()
+    _overflow_at(monkeypatch, set(range(1, 11)))
+    result = train(CFG.replace(epochs=1), *_data(tiny_mnist), device=CPU, out_dir=tmp_path, amp=True,
+                   progress=False)
+    (epoch,) = result.history
+    assert (epoch.skipped_batches, epoch.scaler_backoffs) == (0, 9) and math.isfinite(epoch.train_loss)
+    state = load_checkpoint(tmp_path / "last.pt")
+    assert state.scaler["scale"] == 2.0 ** 16 / 2 ** 9  # 9 whole batches
+    assert all(torch.equal(start[k], v) for k, v in state.model.items())  # not one step taken
 
 
 def test_fp16_checkpoints_resume_with_their_scale(fp16_on_cpu, monkeypatch, tiny_mnist, tmp_path):
@@ -273,12 +288,18 @@ def test_a_process_that_acts_on_the_signal_is_not_aborted():
     assert len(lines) == 1 and lines[0].startswith("handler ran after"), lines
 
 
-def test_nccl_stops_on_errors_without_ending_the_process(monkeypatch):
+@pytest.mark.parametrize("environment, handling", [("1", "2"), (None, "2"), ("3", "3"), ("0", "0")],
+                         ids=["torchrun's-own", "unset", "user-3", "user-0"])
+def test_nccl_stops_on_errors_without_ending_the_process(environment, handling, monkeypatch):
     """TORCH_NCCL_ASYNC_ERROR_HANDLING=2: the watchdog aborts the communicators and the next
-    collective raises (torch's default, 3, kills the process with no resume hint). A user's own
-    setting wins. (nccl itself cannot run here; this checks what setup() asks of it.)"""
+    collective raises (torch's default, 3, kills the process with no resume hint). torchrun hands
+    every process 1 unless its own environment says otherwise: that 1 is replaced, a user's other
+    value wins. (nccl itself cannot run here; this checks what setup() asks of it.)"""
     seen = {}
-    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
+    if environment is None:
+        monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", environment)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(torch.distributed, "init_process_group", lambda backend, **kwargs: seen.update(
         backend=backend, handling=os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING")))
@@ -286,10 +307,21 @@ def test_nccl_stops_on_errors_without_ending_the_process(monkeypatch):
     watched = []
     monkeypatch.setattr(distributed, "abort_when_signal_unanswered", lambda grace: watched.append(grace))
     distributed.setup(torch.device("cuda", 0), distributed.Launch(0, 0, 2))
-    assert seen == {"backend": "nccl", "handling": "2"} and watched == [distributed.ABORT_AFTER_SIGNAL_S]
-    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    distributed.setup(torch.device("cuda", 0), distributed.Launch(0, 0, 2))
-    assert seen["handling"] == "1"
+    assert seen == {"backend": "nccl", "handling": handling} and watched == [distributed.ABORT_AFTER_SIGNAL_S]
+
+
+def test_torchrun_hands_its_processes_nccl_error_handling_1():
+    """What the test above stands for: torchrun's agent sets the variable for every worker, 1
+    unless its own environment holds one (read in torch's source, so a torch that changes it
+    fails here)."""
+    import inspect
+
+    from torch.distributed.elastic.agent.server import local_elastic_agent
+
+    source = inspect.getsource(local_elastic_agent)
+    assert '"TORCH_NCCL_ASYNC_ERROR_HANDLING": os.getenv(' in source
+    assert distributed.TORCHRUN_NCCL_ERROR_HANDLING == "1" and \
+        '"TORCH_NCCL_ASYNC_ERROR_HANDLING", str(1)' in source
 
 
 def test_gloo_needs_no_watcher(monkeypatch):

@@ -36,7 +36,7 @@ TINY = ["--val-size", "100", "--train-size", "256", "--max-steps", "3", "--batch
 # with the halting head reading the state alone (not align's default, which shows it the turn)
 # the turn's weights then get no gradient on that rank.
 ALIGN = ["--step", "align", "--truncation", "0.01", "--max-steps", "3", "--halting-input", "state", "--turn-gate", "0",
-         "--halting-bias", "4.62", "--epochs", "1", "--val-size", "100", "--train-size", "256", "--batch-size", "16",
+         "--halting-bias", "4.66", "--epochs", "1", "--val-size", "100", "--train-size", "256", "--batch-size", "16",
          "--no-progress"]
 # The same with align's own halting input and turn gate: halting sees the turn from step 1 on, so
 # every forward reaches every parameter and DDP need not search for unused ones.

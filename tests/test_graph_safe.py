@@ -5,7 +5,11 @@ read a value (`.item()`, `bool(t)`, a boolean mask's `nonzero`), a tensor made f
 (a host-to-device copy), or a draw from a generator the capture does not know, and it replays
 the same kernels on buffers of the same shapes. A TorchDispatchMode sees every operator that
 BatchStep.run issues, for every task x step x method and each truncation rule: none may be one
-of those, and two different batches must issue the same operators on the same shapes.
+of those, and two different batches must issue the same operators on the same shapes with the
+same Python values (a value that changes per batch would stay the captured batch's), none may
+make a tensor without a device (a host tensor on CUDA), and the source's static inputs must keep
+their storage when the next batch is staged (the replay reads the captured storage). Each of
+these hazards is shown caught below, on the real code changed the way it would break.
 Evaluation's full forward with a rule applied on the device is held to the same.
 """
 
@@ -59,8 +63,25 @@ def _step(cfg: PonderConfig, *, amp: bool = False, scaler=None) -> BatchStep:
     return batch_step(model, cfg, data, amp=amp, scaler=scaler, shrink=False)
 
 
+def static_inputs(source) -> dict:
+    """The source's static inputs: the tensors it holds (MNIST's staged rows, parity's top count),
+    by name; the epoch's draws made by start_epoch (MNIST's permutation) are held apart by name."""
+    return {name: value for name, value in vars(source).items() if isinstance(value, torch.Tensor)
+            and name != "order"}
+
+
+def device_state(step: BatchStep) -> list:
+    """The tensors a batch reads and writes in place, whose values differ between batches by design."""
+    optimizer_state = [value for state in step.optimizer.state.values() for value in state.values()]
+    rates = [group["lr"] for group in step.optimizer.param_groups]
+    scaler = [getattr(step.scaler, name) for name in ("_scale", "_growth_tracker") if hasattr(step.scaler, name)]
+    return [*step.params, *optimizer_state, *rates, *scaler, step.totals, step.taken, *static_inputs(step.source).values()]
+
+
 def _watched_batches(step: BatchStep, count: int = 2) -> list[Watch]:
-    """Warm up as a capture would, then watch `count` more batches of the epoch."""
+    """Warm up as a capture would, then watch `count` more batches of the epoch, each staged
+    after the Python side of the source moved on (another index; parity: its curriculum further),
+    the static inputs checked to keep their storage across each stage()."""
     step.model.train()
     step.source.start_epoch()
     for index in range(WARMUP_BATCHES):
@@ -68,8 +89,11 @@ def _watched_batches(step: BatchStep, count: int = 2) -> list[Watch]:
         step.run()
     watches = []
     for index in range(WARMUP_BATCHES, WARMUP_BATCHES + count):
+        storage = {name: tensor.data_ptr() for name, tensor in static_inputs(step.source).items()}
         step.source.stage(index)
-        with Watch(step.source.generators()) as watch:
+        moved = [name for name, tensor in static_inputs(step.source).items() if tensor.data_ptr() != storage[name]]
+        assert not moved, f"stage() re-allocated the static inputs {moved}: a replay would read the old ones"
+        with Watch(step.source.generators(), device_state(step)) as watch:
             step.run()
         watches.append(watch)
     return watches
@@ -80,12 +104,35 @@ def _case_id(case):
                                                                           "truncation_rule", "depth_min", "prior"))
 
 
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_a_training_batch_reads_nothing_on_the_host_and_repeats_its_operators(case):
-    first, second = _watched_batches(_step(_config(case)))
+def assert_graph_safe(step: BatchStep) -> None:
+    """The proof, on two batches of `step`: no problem, and the same operators on the same shapes
+    and values (a replay fits every batch); stage() keeps the static inputs (_watched_batches)."""
+    first, second = _watched_batches(step)
     assert first.problems == [] and second.problems == []
     assert len(first.ops) > 50  # the watch saw the batch
-    assert first.ops == second.ops  # the same operators on the same shapes: a replay fits every batch
+    different = [(a, b) for a, b in zip(first.ops, second.ops) if a != b]
+    assert len(first.ops) == len(second.ops) and not different, different[:3]
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_a_training_batch_reads_nothing_on_the_host_and_repeats_its_operators(case):
+    assert_graph_safe(_step(_config(case)))
+
+
+def test_the_two_batches_compared_differ_on_the_python_side():
+    """What makes the comparison above worth making: between the two batches the source's own
+    Python state moves on (parity's curriculum raises its top count), so a value read from it
+    inside the batch would differ; the batches still issue the same operators."""
+    step = _step(_config(dict(step="gru", method="pondernet", **SMALL_VECTORS)))
+    tops = []
+    original = step.source.stage
+
+    def stage(index):
+        original(index)
+        tops.append(int(step.source.top))
+    step.source.stage = stage
+    _watched_batches(step)
+    assert tops[-2] < tops[-1]  # the curriculum moved between the watched batches
 
 
 def test_the_graph_safe_batch_draws_parity_vectors_from_the_sources_generator_only():
@@ -108,13 +155,92 @@ def test_mixed_precision_batches_are_graph_safe_too(scaled):
     assert first.problems == [] and second.problems == [] and first.ops == second.ops
 
 
+# Each hazard, caught: the real code changed the way it would break a capture --------------------
+
+MLP = dict(step="mlp", method="pondernet", truncation=0.05)
+
+
+def test_a_random_draw_made_on_the_host_and_moved_to_the_device_is_caught(monkeypatch):
+    """`torch.rand(n).to(device)`: on CUDA a host tensor, drawn once at capture and copied up by
+    every replay, the same mask forever. The real dropout mask draws on the device."""
+    from ponder_cli.steps import mlp
+
+    assert_graph_safe(_step(_config(MLP)))
+
+    def on_the_host(shape, p, like):
+        return (torch.rand(shape) < 1 - p).to(like.device).to(like.dtype).div_(1 - p)
+    monkeypatch.setattr(mlp, "dropout_mask", on_the_host)
+    first, _ = _watched_batches(_step(_config(MLP)))
+    # both of the step's dropout draws (the CNN's channels, the MLP's units), and nothing else
+    assert first.problems and {problem.split(":")[0] for problem in first.problems} == \
+        {"rand without a device at tests/test_graph_safe.py"}
+
+
+def test_a_python_value_that_changes_per_batch_read_inside_the_batch_is_caught(monkeypatch):
+    """A Python number read inside the batch (here: the loss weighed by how many batches ran) is
+    captured as the value of the capture's batch and replayed unchanged."""
+    from ponder_cli.methods import PonderNetMethod
+
+    assert_graph_safe(_step(_config(MLP)))
+    real_loss, batches = PonderNetMethod.loss, [0]
+
+    def weighed(self, *args, **kwargs):
+        batches[0] += 1
+        parts = real_loss(self, *args, **kwargs)
+        return parts._replace(total=parts.total * (1 + batches[0] / 100))
+    monkeypatch.setattr(PonderNetMethod, "loss", weighed)
+    with pytest.raises(AssertionError, match="mul"):
+        assert_graph_safe(_step(_config(MLP)))
+
+
+def test_a_host_scalar_made_before_the_batch_is_seen_by_its_value(monkeypatch):
+    """The same value held in a 0-dim tensor made outside the batch (a host scalar on CUDA, read
+    at launch and so frozen by a capture): recorded by value, so two batches differ."""
+    from ponder_cli.methods import PonderNetMethod
+
+    real_loss, weight = PonderNetMethod.loss, {}
+
+    def weighed(self, *args, **kwargs):
+        parts = real_loss(self, *args, **kwargs)
+        return parts._replace(total=parts.total * weight["now"])
+    monkeypatch.setattr(PonderNetMethod, "loss", weighed)
+    step = _step(_config(MLP))
+    original = step.source.stage
+
+    def stage(index):  # the per-batch value set on the host, between batches
+        weight["now"] = torch.tensor(1 + index / 100)
+        original(index)
+    step.source.stage = stage
+    with pytest.raises(AssertionError, match="0-dim"):
+        assert_graph_safe(step)
+
+
+def test_a_static_input_reallocated_instead_of_copied_into_is_caught(monkeypatch):
+    """stage() must copy the next batch into the storage the capture read: a new tensor leaves
+    every replay reading the captured batch."""
+    from ponder_cli import distributed
+    from ponder_cli.tasks.mnist import ImageBatches
+
+    assert_graph_safe(_step(_config(MLP)))
+
+    def reallocating(self, index):
+        start = index * self.batch_size
+        self.rows = distributed.shard(self.order[start:start + self.batch_size]).clone()
+    monkeypatch.setattr(ImageBatches, "stage", reallocating)
+    with pytest.raises(AssertionError, match="re-allocated the static inputs \\['rows'\\]"):
+        assert_graph_safe(_step(_config(MLP)))
+
+
 def test_the_watch_catches_a_host_read():
     x = torch.ones(2)
     with Watch() as watch:
         bool(x.sum() > 0)
         torch.tensor([1.0, 2.0])
         x[x > 0]  # a boolean mask: its indices on the host
-    assert [p.split(" ")[0].rstrip(":") for p in watch.problems] == ["_local_scalar_dense", "lift_fresh", "nonzero"]
+        torch.zeros(2, device=x.device), torch.rand(2, device="cpu")  # a device given: fine
+        torch.arange(3)  # none: a host tensor on CUDA
+    assert [p.split(" ")[0].rstrip(":") for p in watch.problems] == ["_local_scalar_dense", "tensor", "lift_fresh",
+                                                                       "nonzero", "arange"]
 
 
 # Truncation as a mask equals the shrinking truncated forward -----------------------------------

@@ -49,3 +49,21 @@ def test_prepare_batch_normalises_like_to_tensor_normalize():
     reference = T.Normalize((MNIST_MEAN,), (MNIST_STD,))(images.unsqueeze(1).float() / 255)
     assert torch.allclose(prepare_batch(images), reference, atol=1e-6)
     assert prepare_batch(images, torch.zeros(3)).shape == (3, 1, 28, 28)
+
+
+def test_minus_zero_degrees_is_zero_degrees():
+    """`--angles -0` names the bucket `--angles 0` does: the same name and the same draws (the
+    bucket's key is part of the seed of its rotations and coins)."""
+    import math
+
+    from ponder_cli.tasks.mnist import bucket_key, evaluation_draws, parse_angles
+
+    (angle,) = parse_angles(["-0"])
+    assert math.copysign(1.0, angle) == 1.0 and bucket_key(angle, "uniform") == bucket_key(0.0, "uniform")
+    assert str(bucket_key(angle, "fixed")) == str(bucket_key(0.0, "fixed"))  # the seed is made from its text
+    for protocol in ("uniform", "fixed"):
+        zero = evaluation_draws(20, 4, 0.0, 7, "cpu", protocol=protocol)[1]
+        minus = evaluation_draws(20, 4, angle, 7, "cpu", protocol=protocol)[1]
+        assert torch.equal(zero, minus)
+    # unparsed, -0.0 names another bucket and draws other coins: what parsing mends
+    assert not torch.equal(zero, evaluation_draws(20, 4, float("-0"), 7, "cpu", protocol="fixed")[1])

@@ -187,7 +187,8 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
                "epochs_planned": cfg.training.epochs, "best_epoch": state.best_epoch or None,
                "best_val_accuracy": best["val_accuracy"] if best else None,
                "best_val_steps": best["val_steps"] if best else None, "stopped_early": stopped_early,
-               "resumable": resumable}
+               "resumable": resumable,
+               "training_step": (state.history[-1].get("training_step") or None) if state.history else None}
     return info_report(str(resolved.path), cfg, [dict(h) for h in state.history], summary,
                        shown=cfg.shown_fields(), sources=sources, view=get_task(cfg).view())
 

@@ -263,17 +263,16 @@ def guarded_stderr():
 
 @contextlib.contextmanager
 def one_line_warnings():
-    """A PonderWarning as one `Warning: ...` line on stderr, each time it is raised (two blank
-    images are two lines); other warnings as Python shows them."""
+    """Every warning as one line on stderr: a PonderWarning as `Warning: ...`, each time it is
+    raised (two blank images are two lines); another library's as `Warning: ... [its category]`,
+    its text on one line and without Python's source line (once per place, as Python shows it)."""
     with warnings.catch_warnings():  # puts the filters and showwarning back afterwards
         warnings.simplefilter("always", PonderWarning)
-        python_shows = warnings.showwarning
 
         def show(message, category, filename, lineno, file=None, line=None):
-            if issubclass(category, PonderWarning):
-                (file or sys.stderr).write(f"Warning: {message}\n")
-            else:
-                python_shows(message, category, filename, lineno, file, line)
+            text = " ".join(str(message).split())
+            own = issubclass(category, PonderWarning)
+            (file or sys.stderr).write(f"Warning: {text}\n" if own else f"Warning: {text} [{category.__name__}]\n")
 
         warnings.showwarning = show
         yield

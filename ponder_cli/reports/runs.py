@@ -25,7 +25,8 @@ def training_report(cfg, result, seconds: float, view: TaskView) -> Report:
     best = next((h for h in epochs if h["epoch"] == result.best_epoch), None)
     summary = {"epochs": result.last_epoch, "best_epoch": result.best_epoch, "val_accuracy": result.best_accuracy,
                "val_steps": best["val_steps"] if best else None, "stopped_early": result.stopped_early,
-               "seconds": seconds, "out_dir": str(result.out_dir)}
+               "seconds": seconds, "out_dir": str(result.out_dir),
+               "training_step": epochs[-1].get("training_step") or None if epochs else None}
     best_file = result.best_path
     meta = make_meta("train", [str(best_file)] if best_file else [], [cfg.method.name], [cfg.step.name],
                      protocol=view.protocol, halting="sample", seed=cfg.training.seed, task=view.name, **view.meta,
@@ -33,9 +34,19 @@ def training_report(cfg, result, seconds: float, view: TaskView) -> Report:
     return Report(meta=meta, buckets=epochs, columns=TRAIN_COLUMNS, table_rows=[summary],
                   title=(f"{cfg.method.name} training (step {cfg.step.name}"
                          f"{', ' + view.name if view.named_in_titles else ''})"),
-                  footer=f"best checkpoint: {best_file}" if best_file else
-                  f"no best checkpoint in {result.out_dir}: no epoch of this run beat epoch {result.best_epoch}, "
-                  f"whose weights were not found beside the checkpoint resumed")
+                  footer=(f"best checkpoint: {best_file}" if best_file else
+                          f"no best checkpoint in {result.out_dir}: no epoch of this run beat epoch "
+                          f"{result.best_epoch}, whose weights were not found beside the checkpoint resumed")
+                  + _step_line(summary["training_step"], "\n"))
+
+
+# How a run's training batches ran (train.BatchStep.path): said where it is news, on a GPU
+# ("captured", or eager and why); on the CPU every batch runs eagerly.
+ON_THE_CPU = "eager: on the CPU"
+
+
+def _step_line(path: Optional[str], before: str = "") -> str:
+    return f"{before}training batches: {path}" if path and path != ON_THE_CPU else ""
 
 
 # predict ---------------------------------------------------------------------------------------
@@ -111,6 +122,9 @@ def info_report(checkpoint: str, cfg, history: list[dict], summary: dict, *, sho
               f"{best}: val accuracy {cell_text(summary['best_val_accuracy'], '.4f')}, "
               f"val steps {cell_text(summary['best_val_steps'], '.2f')}"),
              ("configuration", configuration)]
+    path = history[-1].get("training_step") if history else None
+    if _step_line(path):
+        facts.insert(-1, ("training batches", path))
     rows = [{"what": what, "value": value} for what, value in facts]
     table = [{**h, "best": "★" if h.get("epoch") == best else ""} for h in history]
     facts_columns = [Column("what", "", "s"), Column("value", "", "s", wrap=True)]  # no headers: no header row

@@ -56,6 +56,10 @@ class StepFunction(nn.Module):
     # the kind of input this step function reads ("images", "vectors"): it fits every task whose
     # `input_kind` is the same
     input_kind: str = ""
+    # whether its start and forward keep a training batch capturable as a CUDA graph (fixed
+    # shapes, no host read, randomness from torch's default generator): a step that does not
+    # declare it trains eagerly on CUDA (train.use_graphs); tests/test_graph_safe.py proves it
+    graph_safe: bool = False
 
     @classmethod
     def config_problems(cls, cfg) -> list[str]:

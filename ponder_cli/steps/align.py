@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import StepFunction, StepTrace
-from .mlp import ImageEncoder
+from .mlp import ImageEncoder, dropout_mask
 
 
 def rotation_grid(angles: torch.Tensor, size: tuple) -> torch.Tensor:
@@ -151,6 +151,7 @@ class AlignStep(StepFunction):
                "halting_bias": "prior"}
     reads = ("hidden", "hidden_cnn", "kernel_size", "cnn_dropout", "align_turn", "turn_gate")
     input_kind = "images"
+    graph_safe = True
 
     def __init__(self, cfg, input_shape):
         super().__init__()
@@ -179,12 +180,25 @@ class AlignStep(StepFunction):
         batch = x.shape[0]
         h = x.new_zeros(batch, self.cell.hidden_size)
         angle, previous = x.new_zeros(batch), x.new_zeros(batch)
-        return (x,), (h, angle, previous)
+        return (x, self.channel_masks(x, steps)), (h, angle, previous)
+
+    def channel_masks(self, x, steps):
+        """Every step's Dropout2d mask in one draw, an input's rows first (B, steps, 20, 1, 1), or
+        None (evaluation, no dropout): drawn per input, not per step's batch, so the shrinking
+        forward (whose later steps see fewer inputs) and the mask over every step train on the
+        same draws."""
+        if not self.training or self.encoder.conv2_drop.p == 0:
+            return None
+        channels = self.encoder.conv2.out_channels
+        return dropout_mask((x.shape[0], steps, channels, 1, 1), self.encoder.conv2_drop.p, x)
 
     def forward(self, context, state, n):
-        (x,), (h, angle, previous) = context, state
+        (x, masks), (h, angle, previous) = context, state
         seen = x if n == 0 else rotate_bilinear(x, angle)  # theta_0 = 0: the image as given
-        features = self.encoder.features(seen)  # (B, 320)
+        if masks is None:
+            features = self.encoder.features(seen)  # (B, 320)
+        else:  # a channel scale commutes with max-pooling and relu: the maps masked after them
+            features = (self.encoder.maps(seen, dropout=False) * masks[:, n]).flatten(1)
         h = self.cell(self.encoder.head(features), h)
         delta = self.max_turn * torch.tanh((self.turn(h) + self.view_turn(features)).squeeze(-1))  # (B,)
         # The work a step does is its net turn over the last two steps: a turn policy that jitters
@@ -196,6 +210,6 @@ class AlignStep(StepFunction):
         """The view step n read, and the turn accumulated after it in degrees ("turn_deg"), in
         data.rotate's sense (counter-clockwise positive): a digit rotated by +60° is read
         upright after a turn of about -60°."""
-        (image,), angle_before, angle_after = context, before[1], after[1]
+        image, angle_before, angle_after = context[0], before[1], after[1]
         view = image if n == 0 else rotate_bilinear(image, angle_before)
         return StepTrace(view, {"turn_deg": torch.rad2deg(angle_after)})

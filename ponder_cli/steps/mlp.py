@@ -172,6 +172,7 @@ class MLPStep(StepFunction):
     implied = {"cnn_dropout_mask": "per-step"}
     reads = ("hidden", "hidden_cnn", "hidden_lin", "kernel_size", "cnn_dropout", "cnn_dropout_mask", "mlp_dropout")
     input_kind = "images"
+    graph_safe = True
 
     def __init__(self, cfg, input_shape):
         super().__init__()

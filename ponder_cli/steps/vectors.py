@@ -32,6 +32,7 @@ from . import StepFunction
 class RNNStep(StepFunction):
     reads = ("hidden",)
     input_kind = "vectors"
+    graph_safe = True
 
     def __init__(self, cfg, input_shape):
         super().__init__()
@@ -53,6 +54,7 @@ class GRUStep(StepFunction):
     implied = {"gru_layer_norm": True, "gru_orthogonal": True, "gru_update_bias": 1.0}
     reads = ("hidden", "gru_layer_norm", "gru_orthogonal", "gru_update_bias")
     input_kind = "vectors"
+    graph_safe = True
 
     def __init__(self, cfg, input_shape):
         super().__init__()

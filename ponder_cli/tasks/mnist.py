@@ -44,7 +44,7 @@ def check_angle(angle: float, what: str) -> float:
     if not 0 <= angle <= MAX_ANGLE:
         raise PonderError(f"{what} must be between 0 and {MAX_ANGLE:g} degrees: images are rotated within "
                           f"+-angle (got {angle:g})")
-    return angle
+    return angle + 0.0  # -0 is 0: the same bucket, named and drawn alike
 
 
 def parse_angles(texts: list[str], what: str = "--angles") -> list[float]:
@@ -340,7 +340,7 @@ class MnistTask(Task):
         """Exact angles --from..--to every --every degrees (default 0 to 180 every 5)."""
         start, stop, every = (0.0 if start is None else start, 180.0 if stop is None else stop,
                               5.0 if every is None else every)
-        check_angle(start, "--from"), check_angle(stop, "--to")
+        start, stop = check_angle(start, "--from"), check_angle(stop, "--to")
         if not every > 0 or stop < start:
             raise PonderError(f"the sweep needs --from <= --to and --every > 0 (got {start:g}, {stop:g}, {every:g})")
         count = int((stop - start) / every + 1e-9) + 1

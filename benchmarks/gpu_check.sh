@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# One GPU session: everything the CUDA path is checked and timed by, in one command of at most 8
+# Everything the CUDA path is checked and timed by, on a GPU machine, in one command of at most 8
 # minutes, ending in one table of targets.
 #
-#   bash benchmarks/gpu_session.sh OUT              # on the GPU machine
-#   bash benchmarks/gpu_session.sh --cpu-smoke OUT  # the same plumbing, tiny, on the CPU (tests this script)
+#   bash benchmarks/gpu_check.sh OUT              # on the GPU machine
+#   bash benchmarks/gpu_check.sh --cpu-smoke OUT  # the same plumbing, tiny, on the CPU (tests this script)
 #
 # Steps, each under its own time limit (the whole within $PONDER_GPU_BUDGET_S, default 470 s):
 #   versions  python, torch, CUDA, the GPU
 #   tests     python -m pytest -m cuda: replays equal eager batches, a learning-rate cut reaches the
 #             replays, a run resumed onto the GPU replays from the loaded state, no sync in a
-#             captured epoch, the shipped models on CUDA within 0.1 points of the CPU (fp32, fp16)
-#   capture   benchmarks/capture_speed.py: ms per batch eager against replayed, fp32 / fp16 / bf16
-#             (which precision to make the default under capture)
+#             captured epoch, each replay draws fresh dropout masks, rotations and coins, parity's
+#             curriculum and the GradScaler's scale move under replay, the capture engaged on the
+#             last visible GPU without a torch warning, the shipped models on CUDA within 0.1
+#             points of the CPU (fp32, fp16)
+#   capture   benchmarks/capture_speed.py: ms per batch and peak GPU memory, eager against
+#             replayed, fp32 / fp16 / bf16 (which precision to make the default under capture)
 #   mlp       ponder train --epochs 20 --device cuda, the whole process (target <= 30 s), with
 #             nvidia-smi sampling how busy the GPU is while it trains (target >= 50%)
 #   align     ponder train --step align --epochs 20 --device cuda, for as long as fits (target <= 120 s)
@@ -21,12 +24,12 @@
 # OUT gets summary.txt (the table, then each step's key lines) and logs.tar.gz (every log).
 #
 # Data: MNIST's four IDX files under $PONDER_DATA_DIR/MNIST/raw, or under .mnist/MNIST/raw in the
-# repository (plain or .gz), carried to the GPU machine. Here, once:
-#     mkdir -p .mnist/MNIST/raw && for f in /work/shared/datasets/MNIST/raw/*; do
+# repository (plain or .gz: a copy of the MNIST folder, compressed, travels light), e.g.
+#     mkdir -p .mnist/MNIST/raw && for f in "$PONDER_DATA_DIR"/MNIST/raw/*; do
 #         gzip -c "$f" > .mnist/MNIST/raw/$(basename "$f").gz; done; echo /.mnist/ >> .git/info/exclude
-# then the device tool's run with carry [".mnist"] and the command
-#     bash benchmarks/gpu_session.sh "$OUT"
-# The machine's python3 holds torch, typer, rich and tqdm; ponder_cli runs from this checkout.
+# with the repository copied to the GPU machine, .mnist included, and there
+#     bash benchmarks/gpu_check.sh OUT
+# The machine's python3 needs torch, typer, rich and tqdm; ponder_cli runs from this checkout.
 
 set -u -o pipefail
 
@@ -58,7 +61,7 @@ fi
 
 find_data() {
     local dir f
-    for dir in "${PONDER_DATA_DIR:-}" "$REPO/.mnist" /work/shared/datasets; do
+    for dir in "${PONDER_DATA_DIR:-}" "$REPO/.mnist"; do
         if [ -n "$dir" ] && [ -f "$dir/MNIST/raw/train-images-idx3-ubyte" ]; then echo "$dir"; return 0; fi
     done
     if [ -f "$REPO/.mnist/MNIST/raw/train-images-idx3-ubyte.gz" ]; then
@@ -113,6 +116,9 @@ row "pytest -m cuda" "${TESTS:-$STATUS}" "$( [ "$STATUS" = OK ] && echo met || e
 row "shipped models, CUDA vs CPU (points)" "${GAP:-?} largest gap" "$(met "$GAP" "<=" 0.1)"
 
 run capture 90 "$PY" benchmarks/capture_speed.py --device "$DEV" "${CAPTURE[@]}"
+# the default mlp batch's peak GPU memory, eager and replayed (capture keeps its graph's pool)
+PEAK=$(awk '$1 == "mlp" && $3 == "fp32" && NF >= 9 { print $(NF - 1) " / " $NF }' "$WORK/logs/capture.log")
+row "peak GPU memory, mlp fp32 (MiB)" "${PEAK:-not measured} eager / replayed" "$( [ -n "$PEAK" ] && echo reported || echo "NOT met (not measured)")"
 
 # the mlp run, with the GPU's utilisation sampled every half second while it trains
 UTIL=$WORK/logs/utilisation.csv
@@ -150,11 +156,11 @@ for batch in 128 2048; do
 done
 
 {
-    echo "gpu_session.sh on ${GPU_NAME:-?}, $(grep '^python' "$WORK/logs/versions.log"), $(date -u +%FT%TZ), $(($(date +%s) - STARTED)) s"
+    echo "gpu_check.sh on ${GPU_NAME:-?}, $(grep '^python' "$WORK/logs/versions.log"), $(date -u +%FT%TZ), $(($(date +%s) - STARTED)) s"
     printf '%-44s %-26s %s\n' "target" "measured" "verdict"
     printf '%s\n' "${ROWS[@]}"
     echo
-    echo "-- capture_speed.py (ms per batch)"
+    echo "-- capture_speed.py (ms per batch; peak GPU memory, MiB, eager and replayed)"
     cat "$WORK/logs/capture.log" 2>/dev/null
     for log in "$WORK"/logs/*.log; do
         echo "-- $(basename "$log")"

@@ -1,0 +1,285 @@
+"""The captured training step's logic, on the CPU: BatchStep warms up, captures, checks its first
+replay and falls back to the eager step when the capture fails or its replay does nothing; which
+path ran is in the run's record; use_graphs asks every piece; Adam is capturable only while
+captured. A stand-in for the CUDA graph (FakeGraph) plays the capture's part here; on a GPU,
+tests/test_cuda.py checks the real one. And the CUDA path's mask on the CPU: `train()` end to end
+with the truncation mask instead of the shrinking forward."""
+
+import json
+
+import pytest
+import torch
+
+from ponder_cli import train as train_module
+from ponder_cli.checkpoint import load_checkpoint, new_model
+from ponder_cli.config import PonderConfig
+from ponder_cli.data import load_mnist, train_val_split
+from ponder_cli.methods import get_method
+from ponder_cli.train import CAPTURED, WARMUP_BATCHES, batch_step, graph_pieces, train, use_graphs
+from synthetic_data import synthetic_digits
+
+CPU, GPU = torch.device("cpu"), torch.device("cuda")
+CFG = PonderConfig.of(max_steps=4, truncation=0.05, batch_size=16, hidden=12, hidden_cnn=12, hidden_lin=12)
+BATCHES = WARMUP_BATCHES + 4
+
+
+class FakeGraph:
+    """CudaGraph's part on the CPU: warm_up runs the batch, capture records it without running
+    it, replay runs what was recorded. `broken`: "empty", a capture that records nothing (a
+    capture on another device than the tensors'); "raises", a capture that fails."""
+
+    def __init__(self, broken: str = "", log: list | None = None):
+        self.broken, self.recorded, self.log = broken, None, log if log is not None else []
+
+    def __call__(self, device, generators):  # the factory BatchStep calls
+        return self
+
+    def warm_up(self, run):
+        self.log.append("warm_up")
+        run()
+
+    def capture(self, run):
+        self.log.append("capture")
+        if self.broken == "raises":
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        self.recorded = None if self.broken == "empty" else run
+
+    def replay(self):
+        self.log.append("replay")
+        if self.recorded is not None:
+            self.recorded()
+
+    def reset(self):
+        self.log.append("reset")
+        self.recorded = None
+
+
+def _trained(graph=None, batches: int = BATCHES, poison_at: int | None = None):
+    """A fresh seeded model trained on `batches` batches, eagerly or through `graph`; the step."""
+    torch.manual_seed(0)
+    model = new_model(CFG)
+    lines = []
+    step = batch_step(model, CFG, synthetic_digits(400, 0), graphs=graph is not None, capture=graph,
+                      log=lines.append, shrink=False)
+    model.train()
+    step.source.start_epoch()
+    for index in range(batches):
+        if index == poison_at:
+            with torch.no_grad():
+                model.output_head.bias.fill_(float("nan"))
+        step.source.stage(index)
+        step()
+    return step, [p.detach().clone() for p in model.parameters()], lines
+
+
+def _equal(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_a_capture_whose_replays_train_stays_captured():
+    _, eager, _ = _trained()
+    log = []
+    step, replayed, lines = _trained(FakeGraph(log=log))
+    assert step.path == CAPTURED and step.captured and lines == []
+    assert log == ["warm_up"] * WARMUP_BATCHES + ["capture"] + ["replay"] * (BATCHES - WARMUP_BATCHES)
+    assert step.replays == BATCHES - WARMUP_BATCHES  # capture engaged, counted
+    assert _equal(eager, replayed)  # the replays trained exactly the eager batches
+
+
+@pytest.mark.parametrize("broken, why", [
+    ("empty", "the captured batch did nothing when replayed (the epoch's totals stood still)"),
+    ("raises", "the capture failed (CUDA error: operation not permitted when stream is capturing)")])
+def test_a_capture_that_fails_or_does_nothing_falls_back_to_the_eager_step(broken, why):
+    _, eager, _ = _trained()
+    log = []
+    step, fallen_back, lines = _trained(FakeGraph(broken, log))
+    assert step.path == f"eager: {why}" and not step.graphs and step.graph is None
+    assert lines == [f"CUDA graphs: off, {why}; batches run eagerly"]  # one line, once
+    assert log[-1] == "reset" and log.count("capture") == 1  # never tried again
+    assert not any(group["capturable"] for group in step.optimizer.param_groups)
+    assert _equal(eager, fallen_back)  # the batch the capture missed ran eagerly: nothing lost
+
+
+def test_a_replay_that_leaves_adam_behind_falls_back(monkeypatch):
+    """A partial capture: the replay counts the batch but the update never runs."""
+    class NoUpdate(FakeGraph):
+        def replay(self):
+            with monkeypatch.context() as patched:
+                patched.setattr(train_module, "step_unless", lambda optimizer, skip: None)
+                super().replay()
+
+    step, _, lines = _trained(NoUpdate())
+    assert step.path == "eager: the captured batch did nothing when replayed (Adam's step count stood still)"
+    assert len(lines) == 1
+
+
+def test_a_first_replay_whose_batch_is_skipped_is_no_false_alarm():
+    """A non-finite batch at the first replay takes no step, by design: the check counts it as work."""
+    step, _, lines = _trained(FakeGraph(), poison_at=WARMUP_BATCHES)
+    assert step.path == CAPTURED and lines == [] and int(step.totals[6]) == BATCHES - WARMUP_BATCHES
+
+
+def test_adam_is_capturable_exactly_while_captured():
+    """torch warns when a step marked capturable runs outside a capture, and refuses a capture of
+    one that is not: eager warm-up unmarked, the capture and its replays marked."""
+    seen = []
+
+    class Watching(FakeGraph):
+        def warm_up(self, run):
+            seen.append(("warm_up", step.optimizer.param_groups[0]["capturable"]))
+            run()
+
+        def capture(self, run):
+            seen.append(("capture", step.optimizer.param_groups[0]["capturable"]))
+            super().capture(run)
+
+    torch.manual_seed(0)
+    model = new_model(CFG)
+    step = batch_step(model, CFG, synthetic_digits(400, 0), graphs=True, capture=Watching(), shrink=False)
+    assert step.optimizer.defaults["capturable"] is False  # made unmarked, whatever the device
+    step.source.start_epoch()
+    for index in range(WARMUP_BATCHES + 1):
+        step.source.stage(index)
+        step()
+    assert seen == [("warm_up", False)] * WARMUP_BATCHES + [("capture", True)]
+
+
+class _Piece:
+    pass
+
+
+def test_every_piece_must_declare_itself_graph_safe(monkeypatch):
+    cfg = PonderConfig.of(max_steps=3)
+    model, method = new_model(cfg), get_method(cfg)
+    source = train_module._source(synthetic_digits(64, 0), cfg, CPU)
+    pieces = graph_pieces(model, method, source, cfg)
+    assert all(piece.graph_safe is True for piece in pieces.values())  # the built-ins say so
+    lines = []
+    assert use_graphs(GPU, True, pieces, lines.append) == CAPTURED
+    assert lines == ["CUDA graphs: each training batch is captured once and replayed"]
+    assert use_graphs(CPU, True, pieces, lines.append) == "eager: on the CPU" and len(lines) == 1
+    assert use_graphs(GPU, False, pieces, lines.append) == "eager: --no-cuda-graphs" and len(lines) == 1
+    # a piece of a user's own (an entry point's step) that does not declare it: eager, one line naming it
+    third = {**pieces, "the step function 'mean'": _Piece()}
+    assert use_graphs(GPU, True, third, lines.append) == \
+        "eager: the step function 'mean' does not declare graph_safe = True"
+    assert lines[-1] == "CUDA graphs: off, the step function 'mean' does not declare graph_safe = True; " \
+                        "batches run eagerly"
+    monkeypatch.setattr(train_module.distributed, "active", lambda: True)
+    assert use_graphs(GPU, True, pieces) == "eager: under torchrun (DDP's gradient hooks are not captured)"
+
+
+# The path a run took, in its record ---------------------------------------------------------------
+
+def _data(tiny_mnist, cfg):
+    return train_val_split(load_mnist(tiny_mnist, train=True, download=False), val_size=cfg.task.val_size,
+                           train_size=cfg.task.train_size, seed=cfg.training.seed)
+
+
+RUN = PonderConfig.of(epochs=2, max_steps=4, batch_size=64, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16,
+                      lr_patience=0)
+
+
+def test_the_path_each_epoch_took_is_in_the_checkpoint_and_reports(tiny_mnist, tmp_path, monkeypatch):
+    """A CPU run: "eager: on the CPU"; a run whose capture fell back: that, and why, in each epoch
+    of the checkpoint's history, the train report's JSON and footer, and `ponder info`."""
+    from ponder_cli.api.inspection import run_info
+    from ponder_cli.reports.runs import training_report
+    import io
+
+    from ponder_cli.render import render_report
+
+    def render(report, fmt):
+        out = io.StringIO()
+        render_report(report, fmt, file=out, width=200)
+        return out.getvalue()
+    from ponder_cli.tasks import get_task
+
+    result = train(RUN.replace(epochs=1), *_data(tiny_mnist, RUN), device=CPU, out_dir=tmp_path / "cpu",
+                   progress=False)
+    assert [h.training_step for h in result.history] == ["eager: on the CPU"]
+
+    monkeypatch.setattr(train_module, "use_graphs", lambda *args: CAPTURED)  # as on CUDA
+    monkeypatch.setattr(train_module, "CudaGraph", FakeGraph("empty"))
+    lines = []
+    result = train(RUN, *_data(tiny_mnist, RUN), device=CPU, out_dir=tmp_path / "gpu", progress=False,
+                   log=lines.append)
+    why = "eager: the captured batch did nothing when replayed (the epoch's totals stood still)"
+    assert [h.training_step for h in result.history] == [why, why]
+    assert [line for line in lines if line.startswith("CUDA graphs")] == [f"CUDA graphs: off, {why[7:]}; "
+                                                                          "batches run eagerly"]
+    assert [h["training_step"] for h in load_checkpoint(tmp_path / "gpu" / "last.pt").history] == [why, why]
+    report = training_report(RUN, result, 1.0, get_task(RUN).view())
+    assert json.loads(render(report, "json"))["training_step"] == why
+    assert f"training batches: {why}" in render(report, "table")
+    info = run_info(tmp_path / "gpu")
+    assert info.meta["training_step"] == why and {"what": "training batches", "value": why} in info.table_rows
+    assert "training batches" not in [row["what"] for row in run_info(tmp_path / "cpu").table_rows]
+
+
+# The CUDA path's mask, on the CPU -------------------------------------------------------------------
+
+def test_train_end_to_end_with_the_truncation_mask_resumes_exactly_and_cuts_the_rate(tiny_mnist, tmp_path,
+                                                                                    monkeypatch, truncated_steps):
+    """What CUDA trains with (every step of every input at fixed shapes, truncation as a mask),
+    run by `train()` on the CPU: checkpoints, a learning-rate cut, and a resume equal to training
+    straight through; and the same training as the CPU's shrinking forward, to float rounding."""
+    cfg = RUN.replace(epochs=3, truncation=0.1, lr_factor=0.5)
+    validations = iter([0.5, 0.4, 0.3] * 3)  # epoch 1 the best, then none better: the rate is cut
+    monkeypatch.setattr(train_module, "_validate", lambda *args: (next(validations), 2.0, [0, 1, 0, 0]))
+
+    def run(out, epochs=3, resume=None):
+        return train(cfg.replace(epochs=epochs), *_data(tiny_mnist, cfg), device=CPU, out_dir=tmp_path / out,
+                     progress=False, resume=resume)
+
+    monkeypatch.setattr(train_module, "drops_rows", lambda device: False)
+    straight = run("straight")
+    assert truncated_steps == []  # the mask, never the shrinking forward
+    assert [h.lr for h in straight.history] == [cfg.training.lr, cfg.training.lr, cfg.training.lr * 0.5]
+    run("resumed", epochs=1)
+    resumed = run("resumed", resume=load_checkpoint(tmp_path / "resumed" / "last.pt"))
+    assert [h.epoch for h in resumed.history] == [1, 2, 3]
+    a, b = (load_checkpoint(tmp_path / name / "last.pt").model for name in ("straight", "resumed"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+    monkeypatch.setattr(train_module, "drops_rows", lambda device: True)
+    validations = iter([0.5, 0.4, 0.3])
+    shrinking = run("shrinking")
+    assert truncated_steps  # the shrinking forward this time
+    c = load_checkpoint(tmp_path / "shrinking" / "last.pt").model
+    for key in a:
+        torch.testing.assert_close(a[key], c[key], rtol=0, atol=1e-4)
+    assert [h.lr for h in shrinking.history] == [h.lr for h in straight.history]
+
+
+def _fresh(cfg) -> list:
+    torch.manual_seed(0)
+    return [p.detach() for p in new_model(cfg).parameters()]
+
+
+@pytest.mark.parametrize("case", [dict(step="align"), dict(step="mlp", hidden_lin=12, truncation=0.2),
+                                  dict(step="mlp", hidden_lin=12, method="act", truncation=0.05),
+                                  dict(task="parity", step="gru", elems=8, truncation=0.2, batches_per_epoch=8,
+                                       curriculum=0)],
+                         ids=["align", "mlp", "mlp-act", "gru"])
+def test_the_mask_and_the_shrinking_forward_train_on_the_same_draws(case):
+    """In training mode, dropout on: every step's dropout is drawn per input before the steps run
+    (align's and mlp's per-step masks), so the forward that drops inputs and the mask over every
+    step draw the same numbers and train the same weights."""
+    sizes = {} if case.get("task") == "parity" else dict(hidden=12, hidden_cnn=12)
+    cfg = PonderConfig.of(max_steps=5, batch_size=16, **sizes, **case)
+    weights = []
+    for shrink in (True, False):
+        torch.manual_seed(0)
+        model = new_model(cfg)
+        step = batch_step(model, cfg, synthetic_digits(200, 0) if cfg.task.name == "mnist" else None, shrink=shrink)
+        model.train()
+        step.source.start_epoch()
+        for index in range(6):
+            step.source.stage(index)
+            step.run()
+        weights.append([p.detach().clone() for p in model.parameters()])
+    moved = max(float((p - q).abs().max()) for p, q in zip(weights[0], _fresh(cfg)))
+    assert moved > 1e-3  # six steps of training, not a model left as it was
+    for shrunk, masked in zip(*weights):
+        torch.testing.assert_close(shrunk, masked, rtol=0, atol=1e-5)
