@@ -13,7 +13,7 @@ from typer.core import TyperCommand
 
 from .config import PonderConfig
 from .folders import DEFAULT, LATEST, RUNS_DIR, SHIPPED
-from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, PIECES, PROTOCOLS, known, parse_exit_rule,
+from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, PIECES, PRIORS, PROTOCOLS, known, parse_exit_rule,
                        parse_halting_rule, rule_choices)
 from .render import OutputFormat, value_text
 
@@ -24,6 +24,7 @@ def _choices(name: str, values) -> type[Enum]:
 
 HaltingInput = _choices("HaltingInput", HALTING_INPUTS)
 CnnDropoutMask = _choices("CnnDropoutMask", CNN_DROPOUT_MASKS)
+Prior = _choices("Prior", PRIORS)
 Protocol = _choices("Protocol", PROTOCOLS)
 
 

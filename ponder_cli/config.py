@@ -29,7 +29,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from . import PonderError, PonderWarning, file_problem
-from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, PIECES, STEPS, TASKS, TRUNCATION_RULES, known,
+from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, PIECES, PRIORS, STEPS, TASKS, TRUNCATION_RULES, known,
                        piece_class, step_class, task_class)
 
 MAX_STEPS = 100  # a bound on the cost of an epoch (training runs every step for every image)
@@ -104,7 +104,13 @@ class MethodSettings:
     # given as "prior", the logit of lambda_p (lambda starts at the prior's)
     halting_bias: Optional[float] = None
     lambda_p: float = setting(0.2, *within(0, 1, "(]"))  # the geometric prior's parameter
+    prior: str = setting("geometric", *one_of(PRIORS))  # the prior's shape: geometric (lambda_p) or uniform
     beta: float = setting(0.01, *AT_LEAST_0)  # weight of KL(p || p_G)
+    # the KL weight grows linearly from 0 to beta over the first this many optimizer steps (0: off)
+    beta_warmup: int = setting(0, *AT_LEAST_0)
+    # random-depth training: each input trains at a depth drawn uniformly from [depth_min,
+    # max_steps], its halting forced there (0: off: every input may run to max_steps)
+    depth_min: int = setting(0, *AT_LEAST_0)
     tau: float = setting(0.01, *AT_LEAST_0)  # ACT: weight of the ponder cost N + R
     act_epsilon: float = setting(0.01, *within(0, 1, "()"))  # ACT: halt once the units sum to 1 - epsilon
     # training drops an input from later steps once its remaining halting mass is below this

@@ -431,6 +431,38 @@ class ActHalted(TruncationRule):
         self.cumulative = self.cumulative.index_select(0, rows)
 
 
+class RandomDepth(TruncationRule):
+    """Random-depth training: input b is done at its own depth depths[b] (1-based, drawn by the
+    method), where its halting is forced, so every depth from the lowest drawn on trains its
+    halting as the last step would (Huginn's recurrence sampled at a random depth)."""
+
+    def __init__(self, depths: torch.Tensor):
+        self.depths = depths  # (A,)
+
+    def decide(self, n, last, logits, lambda_logits):
+        done = torch.ones_like(self.depths, dtype=torch.bool) if last else self.depths <= n + 1
+        return done, logits
+
+    def keep(self, rows):
+        self.depths = self.depths.index_select(0, rows)
+
+
+class EitherDone(TruncationRule):
+    """An input is done when either of two rules (each forcing its halt) says so."""
+
+    def __init__(self, first: TruncationRule, second: TruncationRule):
+        self.first, self.second = first, second
+
+    def decide(self, n, last, logits, lambda_logits):
+        done_first, _ = self.first.decide(n, last, logits, lambda_logits)
+        done_second, _ = self.second.decide(n, last, logits, lambda_logits)
+        return done_first | done_second, logits
+
+    def keep(self, rows):
+        self.first.keep(rows)
+        self.second.keep(rows)
+
+
 class StopAfterFirstStep(TruncationRule):
     """Every image is done after its first step: the least that any forward pass computes."""
 

@@ -34,7 +34,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .halting import (ActExit, ActHalted, ContinueBelow, EarlyExitRule, TruncateBelow, act_halting, act_mean_field,
+from .halting import (ActExit, ActHalted, ContinueBelow, EarlyExitRule, EitherDone, RandomDepth, TruncateBelow,
+                      act_halting, act_mean_field,
                       act_prediction, expected_prediction, halting_log_probs, logits_at, roulette_weights, rule_exit,
                       rule_halting_steps)
 from .model import PonderNet, halting_as_computed
@@ -67,6 +68,14 @@ def geometric_log_prior(lambda_p: float, max_steps: int, device=None) -> torch.T
     return log_prior.clamp_min(_MIN_LOG_PRIOR).to(device=device, dtype=torch.float32)  # (steps,)
 
 
+def log_prior(shape: str, lambda_p: float, max_steps: int, device=None) -> torch.Tensor:
+    """log p_G(n) for n = 1..max_steps of the prior named `shape` (registry.PRIORS): the
+    geometric one above, or uniform, 1 / max_steps at every step."""
+    if shape == "uniform":
+        return torch.full((max_steps,), -math.log(max_steps), dtype=torch.float32, device=device)
+    return geometric_log_prior(lambda_p, max_steps, device)
+
+
 def reconstruction_loss(logits: torch.Tensor, targets: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """mean over images of sum_n p_n(image) * CE(y_n(image), target(image))."""
     steps, batch, classes = logits.shape
@@ -87,10 +96,11 @@ def kl_to_prior(p: torch.Tensor, log_p: torch.Tensor, log_prior: torch.Tensor) -
 
 
 def ponder_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor,
-                log_prior: torch.Tensor, beta: float, weights: torch.Tensor | None = None) -> LossParts:
+                log_prior: torch.Tensor, beta: float | torch.Tensor, weights: torch.Tensor | None = None) -> LossParts:
     """Always in float32, also when the forward pass ran under autocast. `weights` (steps, B)
     scale each step's terms of both sums (truncation.roulette_weights: an unbiased estimate of
-    them from the steps a truncated forward computed)."""
+    them from the steps a truncated forward computed). `beta` may be a 0-dim tensor on the
+    device (a warm-up's, `kl_weight`)."""
     log_p = halting_log_probs(lambda_logits)  # (steps, B), float32
     p = log_p.exp()
     if weights is not None:
@@ -137,9 +147,12 @@ class Method:
         return False
 
     def loss(self, logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor,
-             computed: torch.Tensor | None = None) -> LossParts:
+             computed: torch.Tensor | None = None, progress: torch.Tensor | None = None) -> LossParts:
         """The training loss of a forward pass; `computed` (B,), the steps a truncated forward
-        computed per input (PonderOutput.computed), None when it computed every step."""
+        computed per input (PonderOutput.computed), None when it computed every step;
+        `progress`, the optimizer steps taken so far (a 0-dim tensor on the device, which a
+        captured batch reads at every replay), for a loss that changes over training (a
+        warm-up); None: a trained model's loss (evaluation)."""
         raise NotImplementedError
 
     def predict(self, logits: torch.Tensor, lambda_logits: torch.Tensor, uniforms: torch.Tensor,
@@ -200,13 +213,34 @@ def build_model(cfg, classes: int, input_shape: tuple) -> torch.nn.Module:
 class PonderNetMethod(Method):
     name = "pondernet"
     graph_safe = True
-    reads = ("max_steps", "halting_input", "halting_bias", "turn_gate", "lambda_p", "beta", "truncation",
-             "truncation_rule")
+    reads = ("max_steps", "halting_input", "halting_bias", "turn_gate", "lambda_p", "prior", "beta", "beta_warmup",
+             "truncation", "truncation_rule", "depth_min")
 
     def __init__(self, cfg, device=None):
         super().__init__(cfg, device)
         # built once, on the device: a captured training batch copies nothing from the host
-        self._log_prior = geometric_log_prior(cfg.method.lambda_p, cfg.method.max_steps, self.device)
+        m = cfg.method
+        self._log_prior = log_prior(m.prior, m.lambda_p, m.max_steps, self.device)
+
+    @classmethod
+    def config_problems(cls, cfg):
+        problems, m = super().config_problems(cfg), cfg.method
+        if "depth_min" not in cls.reads:  # plain: one step, no depth to draw
+            return problems
+        if m.depth_min > m.max_steps:
+            problems.append(f"depth-min {m.depth_min} is above max-steps {m.max_steps}: inputs train at a depth "
+                            f"drawn from depth-min to max-steps")
+        if m.depth_min and m.truncation > 0 and m.truncation_rule == "roulette":
+            problems.append("depth-min trains with truncation-rule cut, not roulette (roulette's loss weights "
+                            "assume its own coins alone decide where an input stops)")
+        return problems
+
+    def kl_weight(self, progress: torch.Tensor | None):
+        """beta, or during the warm-up beta * progress / beta_warmup (a tensor: no host read)."""
+        beta, warmup = self.cfg.method.beta, self.cfg.method.beta_warmup
+        if progress is None or warmup == 0:
+            return beta
+        return beta * (progress.float() / warmup).clamp(max=1.0)
 
     def log_prior(self, device) -> torch.Tensor:
         if self._log_prior.device != torch.device(device):  # a method built for another device
@@ -216,11 +250,12 @@ class PonderNetMethod(Method):
     def needs_all_steps(self, rule):
         return parse_halting_rule(rule).name == "expected"
 
-    def loss(self, logits, lambda_logits, targets, computed=None):
+    def loss(self, logits, lambda_logits, targets, computed=None, progress=None):
         weights = None
-        if computed is not None and self.cfg.method.truncation_rule == "roulette":
+        if computed is not None and self.cfg.method.truncation_rule == "roulette" and self.cfg.method.truncation > 0:
             weights = roulette_weights(lambda_logits, computed, self.cfg.method.truncation)
-        return ponder_loss(logits, lambda_logits, targets, self.log_prior(logits.device), self.cfg.method.beta, weights)
+        return ponder_loss(logits, lambda_logits, targets, self.log_prior(logits.device), self.kl_weight(progress),
+                           weights)
 
     def predict(self, logits, lambda_logits, uniforms, rule):
         rule = parse_halting_rule(rule)
@@ -237,11 +272,17 @@ class PonderNetMethod(Method):
         return rule_exit(parse_halting_rule(rule), uniforms)
 
     def truncation(self, batch, device):
-        if self.cfg.method.truncation <= 0 or self.cfg.method.max_steps == 1:
+        m = self.cfg.method
+        if m.max_steps == 1:
             return None
-        if self.cfg.method.truncation_rule == "roulette":
-            return ContinueBelow(self.cfg.method.truncation, torch.rand(self.cfg.method.max_steps, batch, device=device))
-        return TruncateBelow(batch, self.cfg.method.truncation, device)
+        depth = RandomDepth(torch.randint(m.depth_min, m.max_steps + 1, (batch,), device=device)) \
+            if m.depth_min else None
+        if m.truncation <= 0:
+            return depth
+        if m.truncation_rule == "roulette":  # (config_problems: never with a random depth)
+            return ContinueBelow(m.truncation, torch.rand(m.max_steps, batch, device=device))
+        cut = TruncateBelow(batch, m.truncation, device)
+        return cut if depth is None else EitherDone(cut, depth)
 
 
 class PlainMethod(PonderNetMethod):
@@ -300,7 +341,7 @@ class ACTMethod(Method):
         return (f"--halting {rule} applies to pondernet checkpoints; this one is act, which halts by its own "
                 f"rule (halting units summing to 1 - epsilon)")
 
-    def loss(self, logits, lambda_logits, targets, computed=None):
+    def loss(self, logits, lambda_logits, targets, computed=None, progress=None):
         return act_loss(logits, lambda_logits, targets, self.cfg.method.tau, self.cfg.method.act_epsilon)
 
     def predict(self, logits, lambda_logits, uniforms, rule):

@@ -43,6 +43,10 @@ CNN_DROPOUT_MASKS = ("shared", "per-step")
 # truncation: stop it, its last computed step taking that mass (cut: biased), or go on with a
 # probability that falls with the mass, later steps weighted by its inverse (roulette: unbiased)
 TRUNCATION_RULES = ("cut", "roulette")
+# the prior PonderNet's KL term pulls the halting distribution towards: geometric (lambda_p,
+# truncated at max_steps and renormalised; the paper's) or uniform over the steps (Ouro: the
+# geometric prior gives the later steps too little weight to train them)
+PRIORS = ("geometric", "uniform")
 # how PonderNet picks its halting step at inference; quantile, patience and confidence take a
 # parameter (quantile:0.9, patience:2, confidence:0.95), parsed below (parse_halting_rule)
 HALTING_RULES = ("sample", "median", "expected", "quantile", "patience", "confidence")

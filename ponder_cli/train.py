@@ -115,6 +115,9 @@ class BatchStep:
         self.captured = False
         self.replays = 0
         self.eager_batches = 0  # batches run before the capture (its warm-up)
+        # optimizer steps taken, on the device: what a loss that changes over training reads
+        # (--beta-warmup); it goes on from the optimizer's own count when a run resumes
+        self.taken = torch.full((), steps_taken(optimizer), dtype=torch.float32, device=self.device)
 
     def run(self) -> None:
         """The batch, eagerly: what the captured graph replays."""
@@ -128,7 +131,8 @@ class BatchStep:
             out = self.model(x, stop=truncation if self.shrink else None)
         if truncation is not None and not self.shrink and not truncation.mask_is_identity:
             out = truncate(out, truncation.computed_steps(out.lambda_logits), truncation.forces_halt)
-        loss = method.loss(out.logits, out.lambda_logits, targets, out.computed)  # float32 outside autocast
+        # float32 outside autocast
+        loss = method.loss(out.logits, out.lambda_logits, targets, out.computed, progress=self.taken)
         # nanoGPT's AMP order: scale -> backward -> unscale_ -> clip -> step -> update (the
         # GradScaler is off unless fp16)
         self.optimizer.zero_grad(set_to_none=True)
@@ -165,6 +169,7 @@ class BatchStep:
             self.totals[5] += used.double() * batch
             self.totals[6] += skipped.double()
             self.totals[7] += backed_off.double()
+            self.taken += (finite_loss & finite_grads).float()  # as the optimizer counts its steps
 
     def __call__(self) -> None:
         """The batch the source has staged: eagerly, or as a replay of the captured graph (captured
@@ -289,6 +294,12 @@ def batch_step(model: torch.nn.Module, cfg: PonderConfig, data, *, amp: bool = F
     device = next(model.parameters()).device
     return BatchStep(model, get_method(cfg, device), optimizer or make_optimizer(model, cfg, device),
                      scaler or grad_scaler(device, amp), _source(data, cfg, device), cfg, amp=amp, **options)
+
+
+def steps_taken(optimizer: torch.optim.Optimizer) -> float:
+    """The optimizer steps taken so far (0 before the first): Adam's own count."""
+    steps = [state["step"] for state in optimizer.state.values() if "step" in state]
+    return float(steps[0]) if steps else 0.0
 
 
 def step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:

@@ -22,7 +22,8 @@ OTHER = {"elems": 16, "train_counts": "1-8", "batches_per_epoch": 10, "curriculu
          "kernel_size": 3, "cnn_dropout": 0.3, "cnn_dropout_mask": "per-step", "mlp_dropout": 0.3, "align_turn": 20.0,
          "turn_gate": 0.3, "gru_layer_norm": True, "gru_orthogonal": True, "gru_update_bias": 0.5, "max_steps": 8,
          "halting_input": "state+confidence", "halting_bias": 0.7, "lambda_p": 0.3, "beta": 0.02, "tau": 0.02,
-         "act_epsilon": 0.02, "truncation": 0.05, "truncation_rule": "roulette"}
+         "act_epsilon": 0.02, "truncation": 0.05, "truncation_rule": "roulette", "prior": "uniform",
+         "beta_warmup": 10, "depth_min": 2}
 COMBINATIONS = [dict(zip(PIECES, names)) for names in
                 [("mnist", "mlp"), ("mnist", "align"), ("parity", "rnn"), ("parity", "gru")]
                 for names in [(*names, method) for method in ("pondernet", "act", "plain")]]
@@ -187,3 +188,20 @@ def test_what_a_task_derives_is_the_same_whether_its_source_was_typed_or_default
     assert PonderConfig.of(task="parity") == PonderConfig.of(task="parity", elems=64)
     assert PonderConfig.of(task="parity").task.train_counts == "1-64"
     assert PonderConfig.of(task="parity", elems=16).task.train_counts == "1-16"
+
+
+def test_the_halting_study_settings_are_pondernets_and_checked_together():
+    cfg = PonderConfig.of(prior="uniform", beta_warmup=100, depth_min=3, max_steps=6)
+    assert (cfg.method.prior, cfg.method.beta_warmup, cfg.method.depth_min) == ("uniform", 100, 3)
+    for given in (dict(method="act", prior="uniform"), dict(method="act", depth_min=2),
+                  dict(method="plain", beta_warmup=10)):
+        with pytest.raises(PonderError, match="applies to --method pondernet"):
+            PonderConfig.of(**given)
+    with pytest.raises(PonderError, match="depth-min 7 is above max-steps 6"):
+        PonderConfig.of(depth_min=7, max_steps=6)
+    with pytest.raises(PonderError, match="not roulette"):
+        PonderConfig.of(depth_min=2, truncation=0.1, truncation_rule="roulette")
+    with pytest.raises(PonderError, match="prior must be one of geometric, uniform"):
+        PonderConfig.of(prior="flat")
+    with pytest.raises(PonderError, match="beta-warmup must be >= 0"):
+        PonderConfig.of(beta_warmup=-1)

@@ -97,8 +97,8 @@ def test_training_metrics_accumulated_on_device_equal_per_batch_values(monkeypat
     recorded = []
     loss = method.loss
 
-    def recording(logits, lambda_logits, targets, computed=None):
-        parts = loss(logits, lambda_logits, targets, computed)
+    def recording(logits, lambda_logits, targets, computed=None, progress=None):
+        parts = loss(logits, lambda_logits, targets, computed, progress)
         recorded.append((parts.total.item(), parts.regularisation.item(), targets.shape[0]))
         return parts
 

@@ -40,6 +40,11 @@ CASES = [
     dict(step="gru", method="plain", **SMALL_VECTORS), dict(step="rnn", method="pondernet", **SMALL_VECTORS),
     dict(step="rnn", method="act", truncation=0.05, **SMALL_VECTORS), dict(step="rnn", method="plain", **SMALL_VECTORS),
     dict(step="gru", method="pondernet", truncation=0.2, truncation_rule="roulette", **SMALL_VECTORS),
+    # the halting study's training settings: a warm-up read from the device, a uniform prior, a
+    # random depth drawn on the device, alone and with the cut
+    dict(step="align", method="pondernet", max_steps=4, beta_warmup=3, prior="uniform", depth_min=2),
+    dict(step="mlp", method="pondernet", truncation=0.05, depth_min=1),
+    dict(step="gru", method="pondernet", depth_min=3, beta_warmup=2, **SMALL_VECTORS),
 ]
 
 
@@ -70,7 +75,7 @@ def device_state(step: BatchStep) -> list:
     optimizer_state = [value for state in step.optimizer.state.values() for value in state.values()]
     rates = [group["lr"] for group in step.optimizer.param_groups]
     scaler = [getattr(step.scaler, name) for name in ("_scale", "_growth_tracker") if hasattr(step.scaler, name)]
-    return [*step.params, *optimizer_state, *rates, *scaler, step.totals, *static_inputs(step.source).values()]
+    return [*step.params, *optimizer_state, *rates, *scaler, step.totals, step.taken, *static_inputs(step.source).values()]
 
 
 def _watched_batches(step: BatchStep, count: int = 2) -> list[Watch]:
@@ -96,7 +101,7 @@ def _watched_batches(step: BatchStep, count: int = 2) -> list[Watch]:
 
 def _case_id(case):
     return "-".join(f"{value}" for key, value in case.items() if key in ("task", "step", "method", "truncation",
-                                                                          "truncation_rule"))
+                                                                          "truncation_rule", "depth_min", "prior"))
 
 
 def assert_graph_safe(step: BatchStep) -> None:
@@ -242,11 +247,12 @@ def test_the_watch_catches_a_host_read():
 
 TRUNCATIONS = [dict(method="pondernet", truncation=0.2), dict(method="pondernet", truncation=0.3,
                                                                 truncation_rule="roulette"),
-               dict(method="act", truncation=0.05)]
+               dict(method="act", truncation=0.05), dict(method="pondernet", depth_min=2),
+               dict(method="pondernet", truncation=0.2, depth_min=3)]
 
 
 @pytest.mark.parametrize("step_name", ["mlp", "align", "gru"])
-@pytest.mark.parametrize("rule", TRUNCATIONS, ids=lambda r: r.get("truncation_rule", r["method"]))
+@pytest.mark.parametrize("rule", TRUNCATIONS, ids=lambda r: "-".join(f"{k}{v}" for k, v in r.items()))
 def test_truncation_as_a_mask_gives_the_truncated_forwards_loss_and_gradients(rule, step_name):
     case = dict(step=step_name, max_steps=6, **rule, **(SMALL_VECTORS if step_name == "gru" else {}))
     cfg = _config(case)

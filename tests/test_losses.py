@@ -1,5 +1,7 @@
 import math
 
+import pytest
+
 import torch
 
 from ponder_cli.methods import geometric_log_prior, kl_to_prior, ponder_loss, reconstruction_loss
@@ -88,3 +90,34 @@ def test_kl_by_hand_in_the_papers_direction():
     assert abs(kl_to_prior(log_p.exp()[:, 1:], log_p[:, 1:], log_prior).item()) < 1e-7
     # the batch's KL is the mean over its images
     assert math.isclose(kl_to_prior(log_p.exp(), log_p, log_prior).item(), kl_a / 2, rel_tol=1e-5)
+
+
+# The halting study's training settings: the prior's shape, the KL warm-up ----------------------
+
+def test_the_uniform_prior_is_one_over_the_steps_and_pulls_towards_even_halting():
+    from ponder_cli.methods import log_prior
+    assert torch.allclose(log_prior("uniform", 0.2, 4).exp(), torch.full((4,), 0.25))
+    assert torch.equal(log_prior("geometric", 0.2, 4), geometric_log_prior(0.2, 4))
+    # halting spread evenly over 4 steps is at KL 0 from the uniform prior, not from the geometric one
+    even = torch.tensor([[1 / 4], [1 / 3], [1 / 2], [0.0]]).logit()  # lambda_n = 1 / (steps left)
+    log_p = halting_log_probs(even)
+    assert torch.allclose(log_p.exp()[:, 0], torch.full((4,), 0.25), atol=1e-6)
+    assert kl_to_prior(log_p.exp(), log_p, log_prior("uniform", 0.2, 4)).abs() < 1e-6
+    # 1/4 sum_n log((1/4) / p_G(n)), p_G(n) = 0.2 * 0.8^(n-1) / (1 - 0.8^4): 0.0309
+    assert float(kl_to_prior(log_p.exp(), log_p, log_prior("geometric", 0.2, 4))) == pytest.approx(0.03090, abs=1e-4)
+
+
+def test_the_kl_weight_warms_up_linearly_over_the_optimizer_steps_then_stays_at_beta():
+    from ponder_cli.config import PonderConfig
+    from ponder_cli.methods import get_method
+    method = get_method(PonderConfig.of(beta=0.04, beta_warmup=8, max_steps=3))
+    weights = [float(method.kl_weight(torch.tensor(float(t)))) for t in (0, 2, 4, 8, 100)]
+    assert weights == pytest.approx([0.0, 0.01, 0.02, 0.04, 0.04])
+    assert method.kl_weight(None) == 0.04  # an evaluation's loss: the trained weight
+    assert get_method(PonderConfig.of(beta=0.04, max_steps=3)).kl_weight(torch.tensor(0.0)) == 0.04  # off
+    # the loss reads it: at step 0 of the warm-up the total is the reconstruction alone
+    logits, lambda_logits, targets = torch.randn(3, 5, 10), torch.randn(3, 5), torch.arange(5)
+    parts = method.loss(logits, lambda_logits, targets, progress=torch.tensor(0.0))
+    assert parts.regularisation > 0 and parts.total == parts.reconstruction
+    parts = method.loss(logits, lambda_logits, targets, progress=torch.tensor(4.0))
+    torch.testing.assert_close(parts.total, parts.reconstruction + 0.02 * parts.regularisation)

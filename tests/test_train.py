@@ -152,3 +152,28 @@ def test_train_states_its_estimate_among_the_chatter(ponder, tiny_mnist, tmp_pat
     start = next(i for i, line in enumerate(lines) if line.startswith("training pondernet"))
     assert re.fullmatch(r"about \d+ s for 1 epoch", lines[start + 1]) and lines[start + 2].startswith("epoch  1/1")
     assert ponder(*args, "--out", tmp_path / "b", "-q").stderr == ""
+
+
+def test_the_step_counts_the_optimizer_steps_it_takes_and_resumes_from_adams_count(tiny_mnist, tmp_path):
+    """What a warm-up reads (--beta-warmup): the steps taken, as Adam counts them, on resume too."""
+    train_set, val_set = _data(tiny_mnist)
+    cfg = CFG.replace(epochs=1, beta_warmup=50)
+    step = batch_step(new_model(cfg), cfg, train_set)
+    batches = train_one_epoch(step, progress=False)["batches"]
+    assert float(step.taken) == batches == training.steps_taken(step.optimizer)
+    resumed = batch_step(new_model(cfg), cfg, train_set, optimizer=step.optimizer)
+    assert float(resumed.taken) == batches
+
+
+def test_random_depth_training_stops_each_input_at_its_drawn_depth(tiny_mnist, tmp_path):
+    train_set, val_set = _data(tiny_mnist)
+    cfg = CFG.replace(max_steps=6, depth_min=2)
+    torch.manual_seed(0)
+    rule = batch_step(new_model(cfg), cfg, train_set).method.truncation(400, torch.device("cpu"))
+    computed = rule.computed_steps(torch.full((6, 400), -10.0))  # halting never near: the depth decides
+    assert computed.min() == 2 and computed.max() == 6
+    assert sorted(set(computed.tolist())) == [2, 3, 4, 5, 6]  # every depth drawn, uniformly
+    assert abs(computed.float().mean() - 4.0) < 0.25
+    result = train(cfg, train_set, val_set, device=torch.device("cpu"), out_dir=tmp_path, progress=False)
+    # the expected steps under the halting distribution stay within each input's depth (mean 4)
+    assert 1 <= result.history[0].train_steps <= 4.25 and math.isfinite(result.history[0].train_loss)

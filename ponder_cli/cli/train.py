@@ -15,6 +15,7 @@ from ..cli_options import (
     DeviceOption,
     FormatOption,
     HaltingInput,
+    Prior,
     QuietOption,
     TrainCommand,
     hyper,
@@ -60,6 +61,12 @@ MAX_STEPS_OPTION = hyper("max_steps", "Maximum ponder steps.")
 HIDDEN_OPTION = hyper("hidden", "Size of the recurrent state (rnn: the paper's 128 tanh units).")
 LAMBDA_P_OPTION = hyper("lambda_p", "Geometric prior parameter, in (0, 1].")
 BETA_OPTION = hyper("beta", "Weight of the KL regularisation.")
+PRIOR_OPTION = hyper("prior", "The prior's shape: geometric (--lambda-p, the paper's) or uniform over the steps.",
+                     "--prior", case_sensitive=False, hidden=True)
+BETA_WARMUP_OPTION = hyper("beta_warmup", "The KL weight grows from 0 to --beta over this many optimizer steps "
+                                          "(0: off).", hidden=True)
+DEPTH_MIN_OPTION = hyper("depth_min", "Random-depth training: each input trains at a depth drawn from this to "
+                                      "--max-steps, its halting forced there (0: off).", hidden=True)
 TAU_OPTION = hyper("tau", "ACT: weight of the ponder cost N + R.")
 HALTING_INPUT_OPTION = hyper("halting_input", "What the halting head sees besides the state: the step's top "
                              "class probability, the previous step's state, the step's turn (align), in that "
@@ -131,6 +138,9 @@ def train(
     hidden: Optional[int] = HIDDEN_OPTION,
     lambda_p: Optional[float] = LAMBDA_P_OPTION,
     beta: Optional[float] = BETA_OPTION,
+    prior: Optional[Prior] = PRIOR_OPTION,
+    beta_warmup: Optional[int] = BETA_WARMUP_OPTION,
+    depth_min: Optional[int] = DEPTH_MIN_OPTION,
     tau: Optional[float] = TAU_OPTION,
     halting_input: Optional[HaltingInput] = HALTING_INPUT_OPTION,
     grad_clip: Optional[float] = GRAD_CLIP_OPTION,
