@@ -141,6 +141,7 @@ def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int
                     bucket.pop(key)
             if not options.detail:
                 bucket.pop("accuracy_at_step")
+                bucket.pop("budget_accuracy")
             buckets.append(bucket)
         draws.append(buckets)
     combined = [{**combine_draws([draw[b] for draw in draws]), **uncertainty(samples[b])} for b in range(len(specs))]

@@ -50,7 +50,9 @@ def mean_and_sd(values: list[float]) -> tuple[float, Optional[float]]:
 
 
 def plus_minus(mean: float, sd: Optional[float], spec: str) -> str:
-    return format(mean, spec) if sd is None else f"{format(mean, spec)} ± {format(sd, spec)}"
+    """"0.9871 ±0.0007": the sd bound to its sign, as the evaluation tables write an interval, so
+    that a cell too wide breaks between the two figures, never inside one."""
+    return format(mean, spec) if sd is None else f"{format(mean, spec)} ±{format(sd, spec)}"
 
 
 # what names a bucket, in the built-in tasks' terms; another task's is its terms' key
@@ -85,7 +87,8 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
         for b, _ in enumerate(angles):
             accuracy, accuracy_sd = mean_and_sd([r[b]["accuracy"] for r in per_model])
             steps, steps_sd = mean_and_sd([r[b]["mean_steps"] for r in per_model])
-            budget, budget_sd = mean_and_sd([r[b]["budget_accuracy"] for r in per_model])
+            budgets = [r[b].get("budget_accuracy") for r in per_model]
+            budget, budget_sd = (None, None) if None in budgets else mean_and_sd(budgets)
             bucket = {"method": group.cfg.method.name, "step": group.cfg.step.name, "label": group.label,
                       **{k: v for k, v in per_model[0][b].items() if k in names}, "seeds": len(per_model), "accuracy": accuracy, "accuracy_sd": accuracy_sd,
                       "mean_steps": steps, "mean_steps_sd": steps_sd, "budget_accuracy": budget,
@@ -94,7 +97,7 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
                       "images": per_model[0][b]["images"], "checkpoints": [p for p, _ in group.members],
                       "accuracy_text": plus_minus(accuracy, accuracy_sd, ".4f"),
                       "steps_text": plus_minus(steps, steps_sd, ".2f"),
-                      "budget_text": plus_minus(budget, budget_sd, ".4f")}
+                      "budget_text": "-" if budget is None else format(budget, ".4f")}
             buckets.append(bucket)
             series[name].append({**bucket, "std_steps": steps_sd or 0.0, "histogram": [
                 sum(r[b]["histogram"][k] for r in per_model) for k in range(len(per_model[0][b]["histogram"]))]})
@@ -115,6 +118,7 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
                           f"{'step ' + step_names[0] + ' · ' if len(step_names) == 1 else ''}{how}"
                           f"seed {seed}\n{per_bucket(buckets, 'test ' + words.inputs)}\n"
                           f"fixed at same steps: a fixed budget's accuracy at the rule's mean steps"
+                          + (" (mean over seeds)" if any(len(g.members) > 1 for g in groups) else "")
                           + (f"\nrun to {max_steps} steps (--max-steps; a one-step method keeps its one)"
                              if max_steps is not None else ""),
                   plot_series=series)

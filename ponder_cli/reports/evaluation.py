@@ -64,6 +64,11 @@ def bucket_columns(max_steps: int, with_loss: bool, intervals: bool, words: Term
     return columns + ([Column("loss", "loss", ".4f")] if with_loss else [])
 
 
+def steps_of(cfg, steps: Optional[dict]) -> dict:
+    """The steps a model ran and trained with (api.steps_run); None: as trained."""
+    return steps or {"max_steps": cfg.method.max_steps, "trained_max_steps": cfg.method.max_steps}
+
+
 def steps_caption(steps: dict) -> str:
     """A caption's line for a model run for other steps than it trained with (--max-steps), else ""."""
     if steps["max_steps"] == steps["trained_max_steps"]:
@@ -73,9 +78,11 @@ def steps_caption(steps: dict) -> str:
 
 def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *,
                       protocol: Optional[str], seed: int, with_loss: bool, detail: bool,
-                      rho_ci: Optional[list[float]] = None, view: TaskView, steps: dict) -> Report:
+                      rho_ci: Optional[list[float]] = None, view: TaskView, steps: Optional[dict] = None) -> Report:
     """eval / extrapolate: one bucket per rotation angle of one checkpoint (the halting rule: the
-    buckets' own). steps: {"max_steps": the steps run, "trained_max_steps": those trained}."""
+    buckets' own). steps: {"max_steps": the steps run, "trained_max_steps": those trained}
+    (None: as trained)."""
+    steps = steps_of(cfg, steps)
     images = sum(b["images"] for b in buckets)
     for bucket in buckets:
         bucket.update(checkpoint=checkpoint, method=cfg.method.name, step=cfg.step.name)
@@ -151,7 +158,7 @@ SWEEP_COLUMNS = sweep_columns(Column("rotation", "|angle|", "g"))
 
 
 def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *, seed: int,
-                 view: TaskView, steps: dict) -> Report:
+                 view: TaskView, steps: Optional[dict] = None) -> Report:
     """Mean steps and accuracy against the exact difficulty, with the least-squares slope of steps:
     MNIST per 10 degrees of rotation (human response times rise about linearly: Shepard & Metzler
     1971); parity per non-zero count (ACT's paper saw ponder time rise about linearly)."""
@@ -185,12 +192,12 @@ CALIBRATION_COLUMNS = [
 
 def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[str], *, tolerance: float,
                        sets: list[dict], protocol: Optional[str], seed: int, repeats: int = 1,
-                       view: TaskView, data: str = "validation", steps: dict) -> Report:
+                       view: TaskView, data: str = "validation", steps: Optional[dict] = None) -> Report:
     """calibrate: one bucket per candidate rule (evaluate.RuleOutcome) on the calibration data
     (`data`: "calibration", inputs of its own, or "validation"); `chosen` the cheapest rule whose
     agreement's lower bound clears 1 - tolerance (None: none does). gap: the last step's
     accuracy minus the halting step's; within_tolerance: the agreement as measured clears it."""
-    words = view.terms
+    words, steps = view.terms, steps_of(cfg, steps)
     floor = 1 - tolerance
     buckets = []
     for outcome in outcomes:
