@@ -105,8 +105,12 @@ def ponder_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torc
 # The methods ------------------------------------------------------------------------------------
 
 def _budget(rule: str) -> bool:
-    """Whether `rule` is a fixed budget (fixed:N), which every method halts by alike."""
-    return parse_halting_rule(rule).budget is not None
+    """Whether `rule` is a fixed budget (fixed:N), which every method halts by alike (a method's
+    own label, ACT's "act", is no budget)."""
+    try:
+        return parse_halting_rule(rule).budget is not None
+    except ValueError:
+        return False
 
 
 class Method:
