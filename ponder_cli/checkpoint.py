@@ -22,8 +22,9 @@ from typing import Any
 import torch
 
 from . import PonderError, PonderWarning, brief, file_problem
-from .config import PonderConfig
+from .config import MAX_STEPS, PonderConfig
 from .methods import build_model
+from .registry import method_class
 from .tasks import get_task
 
 FORMAT = "ponder_cli"
@@ -289,12 +290,45 @@ def new_model(cfg: PonderConfig) -> torch.nn.Module:
     return build_model(cfg, classes=task.classes, input_shape=task.input_shape)
 
 
-def load_model(path: Path | str, device) -> tuple[torch.nn.Module, PonderConfig, TrainingState]:
-    """Rebuild the model from the config stored in the checkpoint itself."""
+def load_model(path: Path | str, device, max_steps: int | None = None, *, every_method: bool = True
+               ) -> tuple[torch.nn.Module, PonderConfig, TrainingState]:
+    """Rebuild the model from the config stored in the checkpoint itself. `max_steps` (an
+    evaluation's --max-steps) runs it for that many steps instead of those it trained with: the
+    config's max_steps, checked as any config's (a method that runs one step refuses it), sizes
+    the model's loop, its halting (forced at the last step) and everything drawn per step; no
+    weight depends on it. A method that runs one step (plain) refuses it, or, with
+    `every_method` False (compare: several methods, one --max-steps), keeps its one step. The
+    config returned is the one run; state.config is the one trained."""
     state = load_checkpoint(path)
-    model = new_model(state.config)
+    cfg = state.config
+    if max_steps is not None and (every_method or "max_steps" in method_class(cfg.method.name).reads):
+        cfg = _run_for(cfg, max_steps)
+    model = new_model(cfg)
     try:
         model.load_state_dict(state.model)
     except (RuntimeError, TypeError, AttributeError) as exc:
         raise PonderError(f"checkpoint {path}: weights do not match its config ({brief(exc)})") from None
-    return model.to(device).eval(), state.config, state
+    return model.to(device).eval(), cfg, state
+
+
+def _run_for(cfg: PonderConfig, max_steps: int) -> PonderConfig:
+    """The config with max_steps set for an evaluation, in the range training allows; a method
+    that does not read max_steps (plain: one step) refuses another, and a piece whose steps are
+    bounded says so in its config_problems, which the new config runs."""
+    problem = steps_problem(max_steps)
+    if problem is not None:
+        raise PonderError(problem)
+    if max_steps == cfg.method.max_steps:
+        return cfg
+    if "max_steps" not in method_class(cfg.method.name).reads:
+        raise PonderError(f"--max-steps applies to models that run several steps; this one is "
+                          f"{cfg.method.name}, which runs {cfg.method.max_steps}")
+    return cfg.replace(max_steps=max_steps)
+
+
+def steps_problem(max_steps) -> str | None:
+    """What is wrong with an evaluation's --max-steps on its own (None: nothing): the range that
+    training allows (config.MAX_STEPS)."""
+    if type(max_steps) is not int or not 1 <= max_steps <= MAX_STEPS:
+        return f"--max-steps must be a whole number from 1 to {MAX_STEPS} (got {max_steps!r})"
+    return None

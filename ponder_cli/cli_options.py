@@ -202,9 +202,14 @@ HaltingOption = typer.Option(None, "--halting", metavar="RULE", callback=_haltin
                                   "first step where the cumulative halting probability reaches 0.5; quantile:Q: "
                                   "where it reaches Q (median = quantile:0.5); patience:K: first step whose "
                                   "predicted class is also that of the K steps before it; confidence:C: first "
-                                  "step whose top class probability reaches C; expected: p-weighted "
-                                  "average of all steps' outputs, steps = Σ n·p_n. Default: sample; ACT halts by its own rule and refuses "
-                                  "every other. See ponder calibrate.")
+                                  "step whose top class probability reaches C; fixed:N: every input stops at "
+                                  "step N (a fixed budget, the control; any method); expected: p-weighted "
+                                  "average of all steps' outputs, steps = Σ n·p_n. Default: sample; ACT halts by "
+                                  "its own rule and refuses every other but fixed:N. See ponder calibrate.")
+MaxStepsOption = typer.Option(None, "--max-steps", metavar="N", show_default=False,
+                              help="Run up to N steps, whatever the checkpoint trained with (1 to 100; more than "
+                                   "it trained with too): the halting forced at step N, as at training's last "
+                                   "step. A one-step model (plain) refuses it. [default: the checkpoint's]")
 DetailOption = typer.Option(False, "--detail", help="Also show, per halting step, how many images halted there "
                             "and the accuracy if every image stopped there (runs all steps).")
 PlotOption = path_option("--plot", help="Write a figure (PNG, or another format matplotlib knows by the "

@@ -1,6 +1,6 @@
 """Halting arithmetic shared by the model, the losses and evaluation: PonderNet's halting
-distribution and its rules (sample, median, expected, quantile:Q, patience:K, confidence:C;
-spelled in registry.py), ACT's halting units, and the per-row rules that let the one
+distribution and its rules (sample, median, expected, quantile:Q, patience:K, confidence:C,
+and the fixed budget fixed:N; spelled in registry.py), ACT's halting units, and the per-row rules that let the one
 early-exit loop (`PonderNet.infer`) stop each image as soon as it halts.
 
 Shapes: lambda_logits (steps, B) are pre-sigmoid conditional halting probabilities; logits
@@ -119,10 +119,21 @@ def confident(logits: torch.Tensor, confidence: float) -> torch.Tensor:
     return torch.logsumexp(logits - top, dim=-1) <= -math.log(confidence)
 
 
+def fixed_halting_steps(lambda_logits: torch.Tensor, budget: int) -> torch.Tensor:
+    """Step `budget` (1-based) for every image: the fixed budget fixed:N. (steps, B) -> (B,).
+    A budget beyond the steps computed is refused, never cut to them."""
+    steps = lambda_logits.shape[0]
+    if not 1 <= budget <= steps:
+        raise ValueError(f"fixed:{budget} stops at step {budget}, beyond the {steps} steps run")
+    return torch.full(lambda_logits.shape[1:], budget, dtype=torch.long, device=lambda_logits.device)
+
+
 def rule_halting_steps(rule: HaltingRule, logits: torch.Tensor, lambda_logits: torch.Tensor,
                        uniforms: torch.Tensor) -> torch.Tensor:
     """The 1-based halting step (B,) of each image under a rule that halts at one step, from a
     forward pass over every step: what `rule_exit` decides step by step."""
+    if rule.budget is not None:
+        return fixed_halting_steps(lambda_logits, rule.budget)
     if rule.name == "sample":
         return sample_halting_steps(lambda_logits, uniforms)
     if rule.quantile is not None:
@@ -280,10 +291,28 @@ class ConfidenceExit(EarlyExitRule):
         return halts, logits
 
 
+class FixedExit(EarlyExitRule):
+    """Every row halts at step `budget` (`fixed_halting_steps`): no row leaves before it, so the
+    batch that reaches it is the whole batch, as in the forward over every step."""
+
+    def __init__(self, budget: int, steps: int):
+        if not 1 <= budget <= steps:
+            raise ValueError(f"fixed:{budget} stops at step {budget}, beyond the {steps} steps run")
+        self.budget = budget
+
+    def decide(self, n, last, logits, lambda_logits):
+        # a Python decision: the same for every row, so no tensor is compared on the device
+        halts = last or n + 1 >= self.budget
+        return torch.full(lambda_logits.shape, halts, dtype=torch.bool, device=lambda_logits.device), logits
+
+
 def rule_exit(rule: HaltingRule, uniforms: torch.Tensor) -> EarlyExitRule:
     """The early-exit form of a rule that halts at one step (see `rule_halting_steps`);
-    uniforms (steps, B) are the sample rule's coins, and give the batch size and device."""
+    uniforms (steps, B) are the sample rule's coins, and give the steps run, the batch size and
+    the device."""
     batch, device = uniforms.shape[1], uniforms.device
+    if rule.budget is not None:
+        return FixedExit(rule.budget, uniforms.shape[0])
     if rule.name == "sample":
         return SampleExit(uniforms)
     if rule.quantile is not None:

@@ -12,9 +12,11 @@ Register a new one in `registry.METHODS` (or an entry point in the group `ponder
   stops at the first step N where h_1 + ... + h_N >= 1 - epsilon (or at max_steps); the remainder
   R = 1 - sum_{n<N} h_n takes the last step's weight, so p = (h_1, ..., h_{N-1}, R) sums to 1.
   The prediction is the p-weighted mean of the step outputs and the ponder cost N + R is added
-  to the loss, weighted by tau. Deterministic at inference: the ponder steps are N, whatever
-  halting rule is asked for.
-- plain: the "couldn't a plain network do as well?" baseline, PonderNet's network run for one step.
+  to the loss, weighted by tau. Deterministic at inference: the ponder steps are N; of the
+  --halting rules it takes only the fixed budget fixed:N, which reads step N's output y_N as for
+  every method (a budget does not depend on how a method halts).
+- plain: the "couldn't a plain network do as well?" baseline, PonderNet's network run for one step
+  (every rule halts there).
 
 PonderNet's loss is per-sample expected cross-entropy plus beta * KL(p || geometric prior). Two
 flaws of the reference notebook are fixed here:
@@ -112,6 +114,15 @@ def ponder_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torc
 
 # The methods ------------------------------------------------------------------------------------
 
+def _budget(rule: str) -> bool:
+    """Whether `rule` is a fixed budget (fixed:N), which every method halts by alike (a method's
+    own label, ACT's "act", is no budget)."""
+    try:
+        return parse_halting_rule(rule).budget is not None
+    except ValueError:
+        return False
+
+
 class Method:
     name: str = ""
     # config values this method implies when the user leaves them out (plain: one step)
@@ -139,7 +150,13 @@ class Method:
         return rule
 
     def halting_problem(self, rule: str) -> str | None:
-        """Why this method cannot halt by `rule`, as a message for the user (None: it can)."""
+        """Why this method cannot halt by `rule`, as a message for the user (None: it can): a
+        fixed budget beyond the steps the model runs (its max_steps, as trained or as --max-steps
+        sets it at evaluation)."""
+        budget, steps = parse_halting_rule(rule).budget, self.cfg.method.max_steps
+        if budget is not None and budget > steps:
+            return (f"--halting {rule} stops at step {budget}, beyond the {steps} step{'s' * (steps > 1)} this "
+                    f"{self.name} model runs" + (" (--max-steps runs more)" if self.cfg.method.name != "plain" else ""))
         return None
 
     def needs_all_steps(self, rule: str) -> bool:
@@ -305,8 +322,17 @@ class PlainMethod(PonderNetMethod):
     def needs_all_steps(self, rule):
         return False  # one step: every rule is the same prediction
 
+    # one step: every rule halts there, a budget too (compare asks every method for one; eval
+    # refuses a budget beyond it: halting_problem)
+    def predict(self, logits, lambda_logits, uniforms, rule):
+        return super().predict(logits, lambda_logits, uniforms, "fixed:1" if _budget(rule) else rule)
+
+    def early_exit(self, rule, uniforms):
+        return super().early_exit("fixed:1" if _budget(rule) else rule, uniforms)
+
 
 # ACT (Graves 2016) ------------------------------------------------------------------------------
+
 
 # Graves: a positive halting bias makes early training ponder little
 INITIAL_HALTING_BIAS = 1.0
@@ -332,19 +358,24 @@ class ACTMethod(Method):
     reads = ("max_steps", "halting_input", "halting_bias", "turn_gate", "tau", "act_epsilon", "truncation")
 
     def halting_label(self, rule):
-        return "act"
+        return parse_halting_rule(rule).spelling if _budget(rule) else "act"
 
     def halting_problem(self, rule):
-        # every --halting rule is PonderNet's: ACT halts by its own alone, so a rule asked for is
-        # refused rather than silently replaced (compare, where one --halting serves every
-        # method, shows each method's own instead)
+        # every --halting rule but a fixed budget is PonderNet's: ACT halts by its own alone, so a
+        # rule asked for is refused rather than silently replaced (compare, where one --halting
+        # serves every method, shows each method's own instead)
+        if _budget(rule):
+            return super().halting_problem(rule)
         return (f"--halting {rule} applies to pondernet checkpoints; this one is act, which halts by its own "
-                f"rule (halting units summing to 1 - epsilon)")
+                f"rule (halting units summing to 1 - epsilon) or at a fixed budget (fixed:N)")
 
     def loss(self, logits, lambda_logits, targets, computed=None, progress=None):
         return act_loss(logits, lambda_logits, targets, self.cfg.method.tau, self.cfg.method.act_epsilon)
 
     def predict(self, logits, lambda_logits, uniforms, rule):
+        if _budget(rule):
+            steps = rule_halting_steps(parse_halting_rule(rule), logits, lambda_logits, uniforms)
+            return logits_at(logits, steps), steps
         return act_prediction(logits, lambda_logits, self.cfg.method.act_epsilon)
 
     def batch_metrics(self, out, targets):
@@ -356,6 +387,8 @@ class ACTMethod(Method):
         return act_halting(lambda_logits, self.cfg.method.act_epsilon).p
 
     def early_exit(self, rule, uniforms):
+        if _budget(rule):
+            return rule_exit(parse_halting_rule(rule), uniforms)
         return ActExit(uniforms.shape[1], self.cfg.method.act_epsilon, uniforms.device)
 
     def truncation(self, batch, device):

@@ -47,9 +47,9 @@ TRUNCATION_RULES = ("cut", "roulette")
 # truncated at max_steps and renormalised; the paper's) or uniform over the steps (Ouro: the
 # geometric prior gives the later steps too little weight to train them)
 PRIORS = ("geometric", "uniform")
-# how PonderNet picks its halting step at inference; quantile, patience and confidence take a
-# parameter (quantile:0.9, patience:2, confidence:0.95), parsed below (parse_halting_rule)
-HALTING_RULES = ("sample", "median", "expected", "quantile", "patience", "confidence")
+# how a model picks its halting step at inference; quantile, patience, confidence and fixed take a
+# parameter (quantile:0.9, patience:2, confidence:0.95, fixed:4), parsed below (parse_halting_rule)
+HALTING_RULES = ("sample", "median", "expected", "quantile", "patience", "confidence", "fixed")
 PROTOCOLS = ("uniform", "band", "fixed")  # how test images are rotated per angle bucket
 DEFAULT_HALTING = "sample"  # the paper's; a method with a rule of its own (ACT) halts by that instead
 DEFAULT_PROTOCOL = "uniform"  # the reference notebook's: within ±angle
@@ -120,13 +120,18 @@ def method_class(name: str):
 # - patience:K (K >= 1): halt at the first step n whose predicted class argmax y_n is also that of
 #   each of the K steps before it (n >= K + 1), or at the last step (PABEE);
 # - confidence:C (0 < C < 1): halt at the first step whose top class probability max softmax(y_n)
-#   reaches C, or at the last step (CALM's softmax-response exit).
+#   reaches C, or at the last step (CALM's softmax-response exit);
+# - fixed:N (N >= 1): every input stops at step N, whatever its halting says: the fixed budget
+#   that adaptive halting is measured against, the same for every method (ACT's too). N is
+#   checked against the steps a model runs where the model is known (api.check_halting).
 #
 # A rule keeps the user's spelling (`HaltingRule.spelling`): reports show it as it was given.
 
 # what each rule with a parameter calls it and accepts, for help texts and messages
 RULE_PARAMETERS = {"quantile": ("Q", "0 < Q < 1"), "patience": ("K", "a whole number K >= 1"),
-                   "confidence": ("C", "0 < C < 1")}
+                   "confidence": ("C", "0 < C < 1"), "fixed": ("N", "a whole number N >= 1")}
+# rules whose parameter is a whole number of steps
+WHOLE_PARAMETERS = ("patience", "fixed")
 # rules that average every step's outputs rather than halt at one step
 AVERAGING_RULES = ("expected",)
 # the rules `ponder calibrate` chooses among, cheapest first within each family
@@ -139,13 +144,18 @@ CALIBRATION_RULES = ("quantile:0.5", "quantile:0.6", "quantile:0.7", "quantile:0
 @dataclass(frozen=True)
 class HaltingRule:
     name: str  # one of HALTING_RULES
-    parameter: Union[float, int, None]  # Q of quantile, K of patience, C of confidence
+    parameter: Union[float, int, None]  # Q of quantile, K of patience, C of confidence, N of fixed
     spelling: str  # as given (the name lower-cased)
 
     @property
     def quantile(self) -> Optional[float]:
         """The cumulative halting probability at which the rule halts (median: 1/2), or None."""
         return 0.5 if self.name == "median" else self.parameter if self.name == "quantile" else None
+
+    @property
+    def budget(self) -> Optional[int]:
+        """The step at which every input stops (fixed:N), or None: the rule halts by what it sees."""
+        return self.parameter if self.name == "fixed" else None
 
     @property
     def halts_at_one_step(self) -> bool:
@@ -165,7 +175,8 @@ def rule_choices(exit_rules_only: bool = False) -> str:
 
 def parse_halting_rule(text: Union[str, HaltingRule]) -> HaltingRule:
     """'median' -> HaltingRule('median', None, 'median'); 'quantile:0.9' -> ('quantile', 0.9, ...);
-    'patience:2' -> ('patience', 2, ...). Raises ValueError, worded for the user."""
+    'patience:2' -> ('patience', 2, ...); 'fixed:4' -> ('fixed', 4, ...). Raises ValueError, worded
+    for the user."""
     if isinstance(text, HaltingRule):
         return text
     name, sep, value = str(text).strip().partition(":")
@@ -180,9 +191,9 @@ def parse_halting_rule(text: Union[str, HaltingRule]) -> HaltingRule:
     letter, accepted = RULE_PARAMETERS[name]
     if not sep or not value:
         raise ValueError(f"{name} needs its parameter: {name}:{letter} with {accepted} (got {text!r})")
-    if name == "patience":
-        if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"patience:K needs a whole number K >= 1 (got {value!r})")
+    if name in WHOLE_PARAMETERS:
+        if not (value.isascii() and value.isdigit()) or int(value) < 1:
+            raise ValueError(f"{name}:{letter} needs {accepted} (got {value!r})")
         return HaltingRule(name, int(value), spelling)
     try:
         q = float(value)

@@ -117,30 +117,34 @@ def _words(text: str) -> int:
     return max((cell_len(word) for word in text.split()), default=0)
 
 
-def _widths(columns: list[Column], cells: list[list[str]]) -> tuple[list[int], list[int]]:
-    """Each column's natural width (nothing wrapped) and narrowest width: a figure, a no-wrap cell
-    or a header word never breaks; only headers and wrap columns' text wrap, at their spaces."""
-    natural, narrowest = [], []
+def _widths(columns: list[Column], cells: list[list[str]]) -> tuple[list[int], list[int], list[int]]:
+    """Each column's natural width (nothing wrapped), narrowest width (a figure, a no-wrap cell
+    or a header word never breaks; only headers and wrap columns' text wrap, at their spaces)
+    and widest cell."""
+    natural, narrowest, widest = [], [], []
     for i, c in enumerate(columns):
         column = [row[i] for row in cells]
         longest = max((cell_len(text) for text in column), default=0)
         natural.append(max(longest, cell_len(c.header)))
+        widest.append(longest)
         unbreakable = max((_words(text) for text in column), default=0) if c.wrap else longest
         narrowest.append(max(unbreakable, cell_len(c.header) if c.no_wrap else _words(c.header)))
-    return natural, narrowest
+    return natural, narrowest, widest
 
 
-def _fit(natural: list[int], narrowest: list[int], width: int) -> list[int]:
+def _fit(natural: list[int], narrowest: list[int], width: int, cells: list[int] | None = None) -> list[int]:
     """Narrow the widest columns that can wrap, one character at a time, until the table fits
-    (or nothing can wrap any more)."""
+    (or nothing can wrap any more): first only as far as their headers wrap (`cells`: each
+    column's widest cell, whole), then into the cells."""
     widths = list(natural)
     budget = width - _TABLE_OVERHEAD - _COLUMN_OVERHEAD * len(widths)
-    while sum(widths) > budget:
-        slack = [i for i in range(len(widths)) if widths[i] > narrowest[i]]
-        if not slack:
-            break
-        widest = max(slack, key=lambda i: widths[i])
-        widths[widest] -= 1
+    for floor in ([[max(c, n) for c, n in zip(cells, narrowest)]] if cells else []) + [narrowest]:
+        while sum(widths) > budget:
+            slack = [i for i in range(len(widths)) if widths[i] > floor[i]]
+            if not slack:
+                break
+            widest = max(slack, key=lambda i: widths[i])
+            widths[widest] -= 1
     return widths
 
 
@@ -205,11 +209,12 @@ def render_table(rows: list[dict], columns: list[Column], *, title: str | None =
     cells = [[spell(c.text(row) if c.text else cell_text(row.get(c.key), c.spec)) for c in columns] for row in rows]
     columns = [dataclasses.replace(c, header=spell(c.header)) for c in columns]
     title, caption = (spell(title) if title else title), (spell(caption) if caption else caption)
-    natural, narrowest = _widths(columns, cells)
+    natural, narrowest, widest = _widths(columns, cells)
     chunks = _chunks(columns, narrowest, console.width)
     for n, chunk in enumerate(chunks):
         part_title = title if n == 0 or title is None else f"{title} (continued)"
-        widths = _fit([natural[i] for i in chunk], [narrowest[i] for i in chunk], console.width)
+        widths = _fit([natural[i] for i in chunk], [narrowest[i] for i in chunk], console.width,
+                      [widest[i] for i in chunk])
         if part_title is not None and cell_len(part_title) > sum(widths) + _COLUMN_OVERHEAD * len(widths) + \
                 _TABLE_OVERHEAD:
             # wider than the table, which would break it mid-word (a checkpoint's path): a line of

@@ -49,7 +49,7 @@ def test_spellings_parse_to_a_rule_that_keeps_them():
     ("patience:0", "patience:K needs a whole number K >= 1 (got '0')"),
     ("patience:1.5", "patience:K needs a whole number K >= 1 (got '1.5')"),
     ("median:2", "the median rule takes no parameter (got 'median:2')"),
-    ("foo", "unknown halting rule 'foo'; choose from sample, median, expected, quantile:Q, patience:K, confidence:C"),
+    ("foo", "unknown halting rule 'foo'; choose from sample, median, expected, quantile:Q, patience:K, confidence:C, fixed:N"),
 ])
 def test_bad_spellings_are_one_error_line(text, message, ponder, one_error_line):
     with pytest.raises(ValueError, match=f"^{message.replace('(', '[(]').replace(')', '[)]')}$"):
@@ -59,7 +59,7 @@ def test_bad_spellings_are_one_error_line(text, message, ponder, one_error_line)
 
 def test_help_shows_the_spellings(ponder):
     text = " ".join(ponder("extrapolate", "--help").stdout.split())
-    assert "--halting RULE" in text and "sample, median, expected, quantile:Q, patience:K, confidence:C" in text
+    assert "--halting RULE" in text and "sample, median, expected, quantile:Q, patience:K, confidence:C, fixed:N" in text
     assert "median = quantile:0.5" in text
 
 
@@ -271,7 +271,7 @@ def test_act_refuses_every_rule_given_in_one_line_but_compare_shows_its_own(rule
                                                                           one_error_line):
     line = one_error_line(ponder("eval", runs / "act" / "best.pt", "--halting", rule, "--data-dir", tiny_mnist))
     assert line == (f"Error: --halting {rule} applies to pondernet checkpoints; this one is act, which halts by its "
-                    f"own rule (halting units summing to 1 - epsilon)")
+                    f"own rule (halting units summing to 1 - epsilon) or at a fixed budget (fixed:N)")
     result = ponder("compare", runs / "pn1" / "best.pt", runs / "act" / "best.pt", "--angles", 30, "--halting", rule,
                     "--data-dir", tiny_mnist)
     assert result.exit_code == 0 and f"pondernet → {rule} · act → act" in result.stdout
@@ -383,7 +383,7 @@ def test_calibrate_refuses_the_expected_rule_at_the_option(rules, fixed_model, p
     line = one_error_line(ponder("calibrate", fixed_model, "--rules", *rules, "--limit", 100))
     assert line == ("Error: Invalid value for '--rules': the expected rule averages every step's outputs and halts "
                     "at no single step; calibrate compares rules that halt at one step: sample, median, quantile:Q, "
-                    "patience:K, confidence:C")
+                    "patience:K, confidence:C, fixed:N")
 
 
 def test_calibrate_refuses_the_expected_rule_on_a_shipped_parity_model(ponder, one_error_line):
@@ -400,7 +400,8 @@ def test_calibrate_checkpoint_refuses_the_expected_rule_without_the_cli(fixed_mo
 
 
 @pytest.mark.parametrize("run, message", [
-    ("act", "Error: calibrate applies to pondernet checkpoints; this one is act, which halts by its own rule"),
+    ("act", "Error: calibrate applies to pondernet checkpoints; this one is act, which halts by its own rule or at "
+            "a fixed budget (fixed:N)"),
     ("plain", "runs one step: every rule halts there, there is nothing to calibrate"),
 ])
 def test_calibrate_refuses_act_and_one_step(run, message, runs, tiny_mnist, ponder, one_error_line):
@@ -412,7 +413,7 @@ def test_calibrate_on_act_names_the_rules_given_never_a_halting_option(runs, tin
     line = one_error_line(ponder("calibrate", runs / "act" / "best.pt", "--rules", "sample", "patience:2",
                                  "--data-dir", tiny_mnist))
     assert line == ("Error: --rules sample patience:2 applies to pondernet checkpoints; this one is act, which halts "
-                    "by its own rule")
+                    "by its own rule or at a fixed budget (fixed:N)")
 
 
 @pytest.mark.parametrize("tolerance", ["-0.1", "1", "nan"])

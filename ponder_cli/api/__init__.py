@@ -74,18 +74,25 @@ def resolve_named(checkpoint, log: Callable[[str], None]):
 
 
 def load_one(checkpoint, options, log: Callable[[str], None]):
-    """The model a CHECKPOINT argument names (default: the shipped reference model) and its device."""
+    """The model a CHECKPOINT argument names (default: the shipped reference model), its device,
+    and the config it runs (with options.max_steps, --max-steps, where given) and trained with."""
 
     path = resolve_named(checkpoint, log)
     dev, amp = device_and_amp(options.device, options.amp, log)
-    model, cfg, _ = load_model(path, dev)
-    return path, dev, amp, model, cfg
+    model, cfg, state = load_model(path, dev, options.max_steps)
+    return path, dev, amp, model, cfg, state.config
+
+
+def steps_run(cfg, trained) -> dict:
+    """The steps a model runs and those it trained with, for a report's metadata."""
+    return {"max_steps": cfg.method.max_steps, "trained_max_steps": trained.method.max_steps}
 
 
 def check_halting(cfg, rule: Optional[str]) -> str:
     """The rule to evaluate by: `rule` (None: not given, DEFAULT_HALTING, which a method with a
     rule of its own replaces); a rule given that the checkpoint's method cannot halt by is
-    refused, never replaced (compare instead shows each method's own)."""
+    refused, never replaced (compare instead shows each method's own), and so is a fixed budget
+    beyond the steps the model runs (cfg: the config it runs, --max-steps included)."""
 
     if rule is None:
         return DEFAULT_HALTING

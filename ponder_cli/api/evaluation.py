@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence, Union
 
 from .. import PonderError
-from ..checkpoint import load_model
+from ..checkpoint import load_model, steps_problem
 from ..config import seed_problems
 from ..evaluate import choose_rule, evaluate_buckets, rule_outcomes, uncertainty
 from ..methods import get_method
@@ -20,7 +20,8 @@ from ..registry import CALIBRATION_RULES, DEFAULT_HALTING, DEFAULT_PROTOCOL, par
 from ..reports import (Report, calibration_report, combine_draws, comparison_report, evaluation_report,
                        group_by_configuration, mean_ci, sweep_report)
 from ..tasks import BUCKETS, derived_seed, get_task, task_names
-from . import check_halting, device_and_amp, evaluation_seed, load_one, on_device, resolve_named, stops_cleanly
+from . import (check_halting, device_and_amp, evaluation_seed, load_one, on_device, resolve_named, steps_run,
+               stops_cleanly)
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,12 @@ class EvalOptions:
     amp: Optional[bool] = None  # None: on for CUDA, off for the CPU
     detail: bool = False
     repeats: int = 1  # independent draws of rotations and coins (seeds seed, seed + 1, ...)
+    max_steps: Optional[int] = None  # steps to run; None: those the checkpoint trained with
 
     def __post_init__(self) -> None:
         problems = seed_problems(self.seed, "--seed") if self.seed is not None else []
+        if self.max_steps is not None and steps_problem(self.max_steps):
+            problems.append(steps_problem(self.max_steps))
         try:
             if self.halting is not None:
                 parse_halting_rule(self.halting)
@@ -137,6 +141,7 @@ def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int
                     bucket.pop(key)
             if not options.detail:
                 bucket.pop("accuracy_at_step")
+                bucket.pop("budget_accuracy")
             buckets.append(bucket)
         draws.append(buckets)
     combined = [{**combine_draws([draw[b] for draw in draws]), **uncertainty(samples[b])} for b in range(len(specs))]
@@ -153,7 +158,7 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], bucket
     model's name; None: the shipped reference model); a "using ..." line says which file;
     progress: a bar on stderr, one tick per bucket."""
 
-    path, dev, amp, model, cfg = load_one(checkpoint, options, log)
+    path, dev, amp, model, cfg, trained = load_one(checkpoint, options, log)
     options = replace(options, halting=check_halting(cfg, options.halting))
     task = get_task(cfg)
     options = _with_protocol(task, options)
@@ -166,7 +171,8 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], bucket
                                              on_bucket=bar.update)
     return on_device(evaluation_report(command, str(path), cfg, buckets, rho, protocol=options.protocol,
                                        seed=seed, with_loss=with_loss,
-                                       detail=options.detail, rho_ci=rho_ci, view=task.view()), dev)
+                                       detail=options.detail, rho_ci=rho_ci, view=task.view(),
+                                       steps=steps_run(cfg, trained)), dev)
 
 
 def _with_protocol(task, options: EvalOptions) -> EvalOptions:
@@ -190,7 +196,7 @@ def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float],
     degrees (default 0 to 180 every 5); parity: vectors of exactly each non-zero count (default 1
     to elems). Accuracy and mean steps per bucket, and the least-squares slope of steps."""
 
-    path, dev, amp, model, cfg = load_one(checkpoint, options, log)
+    path, dev, amp, model, cfg, trained = load_one(checkpoint, options, log)
     options = replace(options, halting=check_halting(cfg, options.halting))
     task = get_task(cfg)
     specs = task.sweep_specs(start, stop, every)
@@ -200,7 +206,8 @@ def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float],
         seed = evaluation_seed(options.seed, cfg)
         buckets, rho, _ = _bucket_dicts(model, cfg, test, specs, fixed, seed, amp, with_loss=False,
                                         on_bucket=bar.update)
-    return on_device(sweep_report(str(path), cfg, buckets, rho, seed=seed, view=task.view()), dev)
+    return on_device(sweep_report(str(path), cfg, buckets, rho, seed=seed, view=task.view(),
+                                  steps=steps_run(cfg, trained)), dev)
 
 
 @stops_cleanly("evaluation")
@@ -223,12 +230,16 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
         rules = [parse_exit_rule(rule).spelling for rule in (CALIBRATION_RULES if rules is None else rules)]
     except ValueError as exc:
         raise PonderError(f"--rules: {exc}") from None
-    path, dev, amp, model, cfg = load_one(checkpoint, options, log)
+    path, dev, amp, model, cfg, trained = load_one(checkpoint, options, log)
     if model.max_steps == 1:
         raise PonderError(f"{path} runs one step: every rule halts there, there is nothing to calibrate")
-    if any(get_method(cfg).halting_label(rule) != rule for rule in rules):
+    method = get_method(cfg)
+    if any(method.halting_label(rule) != rule for rule in rules):
         raise PonderError(f"{subject} applies to pondernet checkpoints; this one is {cfg.method.name}, which halts "
-                          f"by its own rule")
+                          f"by its own rule" + (" or at a fixed budget (fixed:N)" if cfg.method.name == "act" else ""))
+    problem = next(filter(None, map(method.halting_problem, rules)), None)  # a budget beyond the steps run
+    if problem is not None:
+        raise PonderError(problem.replace("--halting", "--rules"))
     task = get_task(cfg)
     options = _with_protocol(task, options)
     specs = task.parse_buckets(spelled(buckets), "calibrate")
@@ -247,7 +258,7 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
                                         tolerance=tolerance, data=task.calibration_split,
                                         sets=[task.bucket_fields(spec, options.protocol) for spec in specs],
                                         protocol=options.protocol, seed=seed, repeats=options.repeats,
-                                        view=task.view()), dev)
+                                        view=task.view(), steps=steps_run(cfg, trained)), dev)
 
 
 def _weights_digest(state_dict: dict) -> str:
@@ -268,14 +279,17 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
     models, seen = {}, {}
     paths = [resolve_named(checkpoint, log) for checkpoint in checkpoints]  # every name checked before loading
     dev, amp = device_and_amp(options.device, options.amp, log)
+    trained = {}
     for path in paths:  # load every file first: a bad one fails before any evaluation
-        model, cfg, state = load_model(path, dev)
+        # --max-steps for every method that runs several steps; plain keeps its one
+        model, cfg, state = load_model(path, dev, options.max_steps, every_method=False)
         digest = _weights_digest(state.model)  # the weights as read, on the host: none copied back from a GPU
         if digest in seen:
             log(f"{path}: the same model as {seen[digest]}, counted once")
             continue
         seen[digest] = path
         models[str(path)] = (model, cfg)
+        trained[str(path)] = state.config
     kinds = sorted({get_task(cfg).kind_label() for _, cfg in models.values()})
     if len(kinds) > 1:
         raise PonderError(f"compare needs checkpoints of one task, evaluated on the same inputs (got {', '.join(kinds)})")
@@ -284,6 +298,14 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
     task = get_task(first)
     # one rule for every checkpoint, each method halting by its own where it has one
     options = _with_protocol(task, replace(options, halting=options.halting or DEFAULT_HALTING))
+    for path, (_, cfg) in models.items():  # a method that halts by the rule asked for must run its steps
+        method = get_method(cfg)
+        problem = method.halting_problem(options.halting) if method.halting_label(options.halting) == options.halting \
+            else None
+        if problem is not None:
+            raise PonderError(f"{path}: {problem}")
+    # every step of every input: the accuracy at each budget, for a fixed budget at the same mean steps
+    options = replace(options, detail=True)
     specs = task.parse_buckets(spelled(buckets), "compare")
     with _progress_bar(len(models) * len(specs) * options.repeats, progress, log) as bar:
         test = _test_set(task, options, dev)
@@ -293,4 +315,5 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
                     for path, cfg in group.members] for group in groups]
     return on_device(comparison_report(groups, results, specs, protocol=options.protocol,
                                        halting=options.halting, seed=seed, repeats=options.repeats,
-                                       view=task.view()), dev)
+                                       view=task.view(), max_steps=options.max_steps,
+                                       trained={path: cfg.method.max_steps for path, cfg in trained.items()}), dev)

@@ -12,7 +12,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 
 from .. import PonderError, PonderWarning, file_problem
-from ..checkpoint import load_checkpoint, load_model
+from ..checkpoint import load_checkpoint, load_model, steps_problem
 from ..config import seed_problems
 from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SHIPPED, Resolved,
                        is_run_folder, last_written, lock_holder, resolve_checkpoint, runs_in, shipped_path)
@@ -20,7 +20,7 @@ from ..methods import get_method
 from ..render import Column
 from ..reports import Report, info_report, make_meta, prediction_report, runs_report
 from ..tasks import InputOptions, get_task, uniforms as draw_uniforms
-from . import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named, stops_cleanly
+from . import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named, steps_run, stops_cleanly
 
 
 PLOT_INPUTS = 16  # strips in one --plot figure: more would not be readable
@@ -37,9 +37,12 @@ class PredictOptions:
     views: bool = False  # each step's view of the input, for --plot
     device: str = "auto"
     batch_size: int = 256
+    max_steps: Optional[int] = None  # steps to run; None: those the checkpoint trained with
 
     def __post_init__(self) -> None:
         problems = seed_problems(self.seed, "--seed") if self.seed is not None else []
+        if self.max_steps is not None and steps_problem(self.max_steps):
+            problems.append(steps_problem(self.max_steps))
         # one turn either way: beyond it an angle means nothing more, and past float32's range
         # (1e39) it is no angle at all; NaN fails the comparison too
         if self.rotate is not None and not -360 <= self.rotate <= 360:
@@ -60,7 +63,7 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
         raise PonderError("predict needs at least one INPUT file")
     path = resolve_named(checkpoint, log)
     dev, _ = device_and_amp(options.device, False, log)
-    model, cfg, _ = load_model(path, dev)
+    model, cfg, state = load_model(path, dev, options.max_steps)
     options = replace(options, halting=check_halting(cfg, options.halting))
     task, method = get_task(cfg), get_method(cfg, dev)
     read = task.read_inputs([Path(p) for p in inputs], InputOptions(options.invert, options.rotate))
@@ -106,7 +109,8 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
         log(f"--plot draws the first {PLOT_INPUTS} of the {count} inputs")
     view = task.view()
     return on_device(prediction_report(str(path), cfg, buckets, halting=used, seed=seed, steps=options.steps,
-                                       views=views, view=view, rotate=options.rotate, invert=options.invert), dev)
+                                       views=views, view=view, rotate=options.rotate, invert=options.invert,
+                                       **steps_run(cfg, state.config)), dev)
 
 
 def _info_file(target: Union[str, Path, None]):

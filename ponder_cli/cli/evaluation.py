@@ -21,6 +21,7 @@ from ..cli_options import (
     FormatOption,
     HaltingOption,
     LimitOption,
+    MaxStepsOption,
     PlotOption,
     Protocol,
     ProtocolOption,
@@ -52,6 +53,7 @@ def eval_command(
                                              help="The same as --angles with one angle (give one or the other)."),
     protocol: Optional[Protocol] = ProtocolOption,
     halting: Optional[str] = HaltingOption,
+    max_steps: Optional[int] = MaxStepsOption,
     detail: bool = DetailOption,
     plot: Optional[Path] = PlotOption,
     seed: Optional[int] = EvalSeedOption,
@@ -80,6 +82,7 @@ def extrapolate(
                                                   "--counts"),
     protocol: Optional[Protocol] = ProtocolOption,
     halting: Optional[str] = HaltingOption,
+    max_steps: Optional[int] = MaxStepsOption,
     detail: bool = DetailOption,
     plot: Optional[Path] = PlotOption,
     seed: Optional[int] = EvalSeedOption,
@@ -109,6 +112,7 @@ def sweep(
     every: Optional[float] = typer.Option(None, "--every", show_default=False,
                                           help="Degrees (parity: counts) between buckets. [default: 5; parity: 1]"),
     halting: Optional[str] = HaltingOption,
+    max_steps: Optional[int] = MaxStepsOption,
     plot: Optional[Path] = PlotOption,
     seed: Optional[int] = EvalSeedOption,
     repeats: int = RepeatsOption,
@@ -126,8 +130,8 @@ def sweep(
     from ..api import sweep_checkpoint
 
     plot, options = evaluation_options(plot, Protocol("fixed"), halting, seed=seed, repeats=repeats,
-                                          limit=limit, batch_size=batch_size, data_dir=data_dir, download=download,
-                                          device=device, amp=amp)
+                                       limit=limit, batch_size=batch_size, data_dir=data_dir, download=download,
+                                       device=device, amp=amp, max_steps=max_steps)
     report = sweep_checkpoint(checkpoint, start, stop, every, options, log=chatter(quiet), progress=bars(quiet))
     render_and_plot(report, fmt, plot, quiet)
 
@@ -143,6 +147,11 @@ def compare(
     buckets: Optional[List[str]] = buckets_option("the task's: MNIST as --angles, parity as --counts"),
     protocol: Optional[Protocol] = ProtocolOption,
     halting: Optional[str] = HaltingOption,
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", metavar="N", show_default=False,
+                                            help="Run every checkpoint that runs several steps up to N steps, "
+                                                 "whatever it trained with (1 to 100): the halting forced at step "
+                                                 "N. A one-step model (plain) keeps its one. [default: each "
+                                                 "checkpoint's]"),
     plot: Optional[Path] = PlotOption,
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the test rotations and halting coin flips, the "
                                        "same for every checkpoint, so all see the same images. [default: the "
@@ -163,7 +172,7 @@ def compare(
 
     plot, options = evaluation_options(plot, protocol, halting, seed=seed, repeats=repeats, limit=limit,
                                        batch_size=batch_size, data_dir=data_dir, download=download, device=device,
-                                       amp=amp)
+                                       amp=amp, max_steps=max_steps)
     report = compare_checkpoints(checkpoints, spelled_buckets(angles=angles, counts=counts, buckets=buckets), options,
                                  log=chatter(quiet), progress=bars(quiet))
     render_and_plot(report, fmt, plot, quiet)
@@ -181,11 +190,12 @@ def calibrate(
     buckets: Optional[List[str]] = buckets_option("the task's training inputs"),
     rules: Optional[List[str]] = typer.Option(None, "--rules", metavar="RULE...", show_default=False,
                                               callback=halting_rules,
-                                              help="The candidate exit rules, spelled as --halting takes them. "
-                                              "Several values after one flag: --rules quantile:0.9 "
-                                              "confidence:0.995. [default: quantile:0.5 to 0.99, patience:1 "
-                                              "to 4, confidence:0.5 to 0.999]"),
+                                              help="The candidate exit rules, spelled as --halting takes them "
+                                              "(fixed budgets fixed:N too). Several values after one flag: --rules "
+                                              "quantile:0.9 confidence:0.995. [default: quantile:0.5 to 0.99, "
+                                              "patience:1 to 4, confidence:0.5 to 0.999]"),
     protocol: Optional[Protocol] = ProtocolOption,
+    max_steps: Optional[int] = MaxStepsOption,
     seed: Optional[int] = EvalSeedOption,
     repeats: int = RepeatsOption,
     limit: int = typer.Option(0, "--limit", min=0, help="Only the first N validation images (0: all); parity: N "
@@ -203,7 +213,8 @@ def calibrate(
     from ..api import calibrate_checkpoint
 
     _, options = evaluation_options(None, protocol, None, seed=seed, repeats=repeats, limit=limit,
-                                    batch_size=batch_size, data_dir=data_dir, download=download, device=device, amp=amp)
+                                    batch_size=batch_size, data_dir=data_dir, download=download, device=device, amp=amp,
+                                    max_steps=max_steps)
     report = calibrate_checkpoint(checkpoint, spelled_buckets(angles=angles, counts=counts, buckets=buckets), options,
                                   tolerance=tolerance, rules=rules, log=chatter(quiet), progress=bars(quiet))
     render_and_plot(report, fmt, None, quiet)
@@ -220,6 +231,7 @@ def predict(
                                              "arrays of shape (N, 28, 28); parity models: .npy arrays (N, ELEMS) or "
                                              "text files of one vector per line (entries -1, 0, 1)."),
     halting: Optional[str] = HaltingOption,
+    max_steps: Optional[int] = MaxStepsOption,
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the halting coin flips (--halting sample). "
                                        "[default: the checkpoint's training seed]"),
     steps: bool = typer.Option(False, "--steps", help="Also show every step: its top class and probability, λ_n, "
@@ -242,7 +254,7 @@ def predict(
 
     plot = check_destination(plot) if plot is not None else None
     options = PredictOptions(halting=halting, seed=seed, invert=invert, rotate=rotate, steps=steps,
-                             views=plot is not None, device=device)
+                             views=plot is not None, device=device, max_steps=max_steps)
     report = predict_inputs(checkpoint, inputs, options, log=chatter(quiet))
     render_and_plot(report, fmt, plot, quiet)
 

@@ -50,7 +50,9 @@ def mean_and_sd(values: list[float]) -> tuple[float, Optional[float]]:
 
 
 def plus_minus(mean: float, sd: Optional[float], spec: str) -> str:
-    return format(mean, spec) if sd is None else f"{format(mean, spec)} ± {format(sd, spec)}"
+    """"0.9871 ±0.0007": the sd bound to its sign, as the evaluation tables write an interval, so
+    that a cell too wide breaks between the two figures, never inside one."""
+    return format(mean, spec) if sd is None else f"{format(mean, spec)} ±{format(sd, spec)}"
 
 
 # what names a bucket, in the built-in tasks' terms; another task's is its terms' key
@@ -62,14 +64,17 @@ def compare_columns(steps_differ: bool, words: Terms) -> list[Column]:
     return [Column("label", "method", "s", wrap=True)] + ([Column("step", "step", "s")] if steps_differ else []) + [
         Column("seeds", "seeds"), Column(words.key, words.header, words.spec),
         Column("accuracy_text", "accuracy", "s", wrap=True),
-        Column("steps_text", "steps", "s", wrap=True)]
+        Column("steps_text", "steps", "s", wrap=True),
+        Column("budget_text", "fixed at same steps", "s", wrap=True)]
 
 
 def comparison_report(groups: list[Group], results: list[list[list[dict]]], angles: list, *,
                       protocol: Optional[str], halting: str, seed: int, repeats: int = 1,
-                      view: TaskView) -> Report:
+                      view: TaskView, max_steps: Optional[int] = None, trained: Optional[dict] = None) -> Report:
     """results[g][m][b]: the bucket dict of member m of group g in bucket b (an angle, or a
-    non-zero-count range for parity); every checkpoint is of one task."""
+    non-zero-count range for parity), with its budget_accuracy (a fixed budget's at the same mean
+    steps); every checkpoint is of one task. max_steps: --max-steps (None: each as trained),
+    trained: each checkpoint's trained max_steps by path."""
     buckets, series = [], {}
     words = view.terms
     names = {*DIFFICULTY_KEYS, words.key}
@@ -82,18 +87,23 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
         for b, _ in enumerate(angles):
             accuracy, accuracy_sd = mean_and_sd([r[b]["accuracy"] for r in per_model])
             steps, steps_sd = mean_and_sd([r[b]["mean_steps"] for r in per_model])
+            budgets = [r[b].get("budget_accuracy") for r in per_model]
+            budget, budget_sd = (None, None) if None in budgets else mean_and_sd(budgets)
             bucket = {"method": group.cfg.method.name, "step": group.cfg.step.name, "label": group.label,
                       **{k: v for k, v in per_model[0][b].items() if k in names}, "seeds": len(per_model), "accuracy": accuracy, "accuracy_sd": accuracy_sd,
-                      "mean_steps": steps, "mean_steps_sd": steps_sd, "halting": per_model[0][b]["halting"],
+                      "mean_steps": steps, "mean_steps_sd": steps_sd, "budget_accuracy": budget,
+                      "budget_accuracy_sd": budget_sd, "max_steps": group.cfg.method.max_steps,
+                      "halting": per_model[0][b]["halting"],
                       "images": per_model[0][b]["images"], "checkpoints": [p for p, _ in group.members],
                       "accuracy_text": plus_minus(accuracy, accuracy_sd, ".4f"),
-                      "steps_text": plus_minus(steps, steps_sd, ".2f")}
+                      "steps_text": plus_minus(steps, steps_sd, ".2f"),
+                      "budget_text": "-" if budget is None else format(budget, ".4f")}
             buckets.append(bucket)
             series[name].append({**bucket, "std_steps": steps_sd or 0.0, "histogram": [
                 sum(r[b]["histogram"][k] for r in per_model) for k in range(len(per_model[0][b]["histogram"]))]})
     meta = make_meta("compare", [p for g in groups for p, _ in g.members], [g.cfg.method.name for g in groups],
                      [g.cfg.step.name for g in groups], protocol=protocol, halting=halting, seed=seed,
-                     task=view.name, repeats=repeats)
+                     task=view.name, repeats=repeats, max_steps=max_steps, trained_max_steps=trained or {})
     draws = f" · each the mean of {repeats} draws" if repeats > 1 else ""
     # each method's own halting rule (ACT's, one step) or the one asked for: one per method
     rules = {bucket["method"]: bucket["halting"] for bucket in buckets}
@@ -106,5 +116,9 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
                   caption=f"accuracy and steps: mean ± sd over seeds{draws}\nhalting: "
                           f"{' · '.join(f'{method} → {rule}' for method, rule in rules.items())}\n"
                           f"{'step ' + step_names[0] + ' · ' if len(step_names) == 1 else ''}{how}"
-                          f"seed {seed}\n{per_bucket(buckets, 'test ' + words.inputs)}",
+                          f"seed {seed}\n{per_bucket(buckets, 'test ' + words.inputs)}\n"
+                          f"fixed at same steps: a fixed budget's accuracy at the rule's mean steps"
+                          + (" (mean over seeds)" if any(len(g.members) > 1 for g in groups) else "")
+                          + (f"\nrun to {max_steps} steps (--max-steps; a one-step method keeps its one)"
+                             if max_steps is not None else ""),
                   plot_series=series)

@@ -42,25 +42,47 @@ def accuracy_column(intervals: bool) -> Column:
     return Column("accuracy", "accuracy ± 95%", text=_with_interval("accuracy", "accuracy_wilson", ".4f"), wrap=True)
 
 
-def bucket_columns(max_steps: int, with_loss: bool, intervals: bool, words: Terms) -> list[Column]:
+# the accuracy of a fixed budget of the same mean steps as the rule's (evaluate.budget_accuracy):
+# beside the rule's own accuracy, whether adapting beats a fixed budget, in one column
+BUDGET_COLUMN = Column("budget_accuracy", "fixed at same steps", ".4f", wrap=True)
+
+
+def bucket_columns(max_steps: int, with_loss: bool, intervals: bool, words: Terms,
+                   budget: bool = False) -> list[Column]:
     """What eval and extrapolate tables show of a bucket; the image count, the same in every
     bucket, goes in the caption so that the table fits an 80-column terminal. The accuracy
-    carries its interval's half-width where that fits (not beside eval's loss)."""
+    carries its interval's half-width where that fits (not beside eval's loss); with `budget`
+    (--detail), a fixed budget's accuracy at the same mean steps follows it, in the place of the
+    halting steps' sparkline, which the per-step table then shows in full."""
     accuracy = accuracy_column(intervals)
     columns = [
-        Column(words.key, words.header, words.spec), accuracy,
+        Column(words.key, words.header, words.spec), accuracy, *([BUDGET_COLUMN] if budget else []),
         Column("mean_steps", "steps ± sd", text=_pair("mean_steps", "std_steps", ".2f", " ± "), wrap=True),
         Column("steps_correct", "steps ✓ / ✗", text=_pair("steps_correct", "steps_wrong", ".2f", " / "), wrap=True),
-        Column("halting_spark", f"halting steps 1→{max_steps}", "s", no_wrap=True),
+        *([] if budget else [Column("halting_spark", f"halting steps 1→{max_steps}", "s", no_wrap=True)]),
     ]
     return columns + ([Column("loss", "loss", ".4f")] if with_loss else [])
 
 
+def steps_of(cfg, steps: Optional[dict]) -> dict:
+    """The steps a model ran and trained with (api.steps_run); None: as trained."""
+    return steps or {"max_steps": cfg.method.max_steps, "trained_max_steps": cfg.method.max_steps}
+
+
+def steps_caption(steps: dict) -> str:
+    """A caption's line for a model run for other steps than it trained with (--max-steps), else ""."""
+    if steps["max_steps"] == steps["trained_max_steps"]:
+        return ""
+    return f"\nrun to {steps['max_steps']} steps (--max-steps; trained with {steps['trained_max_steps']})"
+
+
 def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *,
                       protocol: Optional[str], seed: int, with_loss: bool, detail: bool,
-                      rho_ci: Optional[list[float]] = None, view: TaskView) -> Report:
+                      rho_ci: Optional[list[float]] = None, view: TaskView, steps: Optional[dict] = None) -> Report:
     """eval / extrapolate: one bucket per rotation angle of one checkpoint (the halting rule: the
-    buckets' own)."""
+    buckets' own). steps: {"max_steps": the steps run, "trained_max_steps": those trained}
+    (None: as trained)."""
+    steps = steps_of(cfg, steps)
     images = sum(b["images"] for b in buckets)
     for bucket in buckets:
         bucket.update(checkpoint=checkpoint, method=cfg.method.name, step=cfg.step.name)
@@ -70,7 +92,7 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
     words = view.terms
     meta = make_meta(command, [checkpoint], [cfg.method.name], [cfg.step.name], protocol=protocol, halting=used,
                      seed=seed,
-                     task=view.name, repeats=repeats, **view.meta,
+                     task=view.name, repeats=repeats, **view.meta, **steps,
                      spearman={"rho": rho, "rho_ci": rho_ci, "images": images, "between": words.between})
     ci = f" (95% interval {rho_ci[0]:+.3f} to {rho_ci[1]:+.3f})" if rho_ci is not None else ""
     name = f"Spearman ρ({words.difficulty}, steps)"
@@ -80,11 +102,13 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
     what = words.test_set if command == "eval" else "extrapolation"
     how = f"protocol {protocol} · " if protocol is not None else ""
     report = Report(
-        meta=meta, buckets=buckets, columns=bucket_columns(cfg.method.max_steps, with_loss, not with_loss, words),
+        meta=meta, buckets=buckets,
+        columns=bucket_columns(cfg.method.max_steps, with_loss, not with_loss, words, budget=detail),
         title=f"{cfg.method.name} on the {what} ({checkpoint})",
-        caption=f"{describe_model(cfg, view)}\n{how}halting {used} · seed {seed}{draws}\n"
+        caption=f"{describe_model(cfg, view)}{steps_caption(steps)}\n{how}halting {used} · seed {seed}{draws}\n"
                 f"{per_bucket(buckets, words.inputs)} · steps ✓ / ✗: on correct / wrong answers\n"
-                f"{rho_text}",
+                f"{rho_text}" + ("\nfixed at same steps: a fixed budget's accuracy at the rule's mean steps"
+                                 if detail else ""),
         plot_series={checkpoint: buckets})
     if detail:
         report.detail = per_step_table(buckets, expected=used == "expected", label=words.label)
@@ -134,14 +158,14 @@ SWEEP_COLUMNS = sweep_columns(Column("rotation", "|angle|", "g"))
 
 
 def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *, seed: int,
-                 view: TaskView) -> Report:
+                 view: TaskView, steps: Optional[dict] = None) -> Report:
     """Mean steps and accuracy against the exact difficulty, with the least-squares slope of steps:
     MNIST per 10 degrees of rotation (human response times rise about linearly: Shepard & Metzler
     1971); parity per non-zero count (ACT's paper saw ponder time rise about linearly)."""
     words = view.terms
     report = evaluation_report("sweep", checkpoint, cfg, buckets, rho,
                                protocol="fixed" if view.protocol is not None else None, seed=seed,
-                               with_loss=False, detail=False, view=view)
+                               with_loss=False, detail=False, view=view, steps=steps)
     slope, intercept, r2 = least_squares([b[words.sweep_key] for b in buckets], [b["mean_steps"] for b in buckets])
     report.meta["fit"] = {words.sweep_fit: None if slope is None else words.sweep_scale * slope,
                           "steps_at_0": intercept, "r2": r2}
@@ -168,12 +192,12 @@ CALIBRATION_COLUMNS = [
 
 def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[str], *, tolerance: float,
                        sets: list[dict], protocol: Optional[str], seed: int, repeats: int = 1,
-                       view: TaskView, data: str = "validation") -> Report:
+                       view: TaskView, data: str = "validation", steps: Optional[dict] = None) -> Report:
     """calibrate: one bucket per candidate rule (evaluate.RuleOutcome) on the calibration data
     (`data`: "calibration", inputs of its own, or "validation"); `chosen` the cheapest rule whose
     agreement's lower bound clears 1 - tolerance (None: none does). gap: the last step's
     accuracy minus the halting step's; within_tolerance: the agreement as measured clears it."""
-    words = view.terms
+    words, steps = view.terms, steps_of(cfg, steps)
     floor = 1 - tolerance
     buckets = []
     for outcome in outcomes:
@@ -184,7 +208,7 @@ def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[st
     images = buckets[0]["images"]
     meta = make_meta("calibrate", [checkpoint], [cfg.method.name], [cfg.step.name], protocol=protocol, halting=None,
                      seed=seed,
-                     task=view.name, repeats=repeats, **view.meta, data=data, sets=sets, images=images,
+                     task=view.name, repeats=repeats, **view.meta, **steps, data=data, sets=sets, images=images,
                      tolerance=tolerance, criterion="agreement", bound="wilson, one-sided 95%", chosen=chosen)
     labels = ", ".join(words.label(s) for s in sets)
     draws = f" · {repeats} draws pooled (seeds {seed}–{seed + repeats - 1})" if repeats > 1 else f" · seed {seed}"
@@ -196,7 +220,8 @@ def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[st
                   f"--tolerance or calibrate on more")
     return Report(meta=meta, buckets=buckets, columns=CALIBRATION_COLUMNS,
                   title=f"Exit rules on the {data} set ({checkpoint})",
-                  caption=f"{describe_model(cfg, view)}\n{images} {data} {words.inputs} ({how}{labels}){draws}\n"
+                  caption=f"{describe_model(cfg, view)}{steps_caption(steps)}\n{images} {data} {words.inputs} "
+                          f"({how}{labels}){draws}\n"
                           f"accuracy at the last step: {buckets[0]['accuracy_last']:.4f} · gap: it minus accuracy\n"
                           f"agrees: share whose class is the last step's · bound: its\n"
                           f"one-sided 95% lower bound (Wilson) · ok: bound ≥ {floor:.1%}",

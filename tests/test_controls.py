@@ -1,0 +1,269 @@
+"""The controls of an evaluation: the fixed budget `--halting fixed:N` (every input stops at step
+N), `--max-steps N` (a model run for other steps than it trained with), and beside a halting
+rule the accuracy of a fixed budget at the same mean steps."""
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ponder_cli.api import EvalOptions, evaluate_checkpoint
+from ponder_cli.checkpoint import load_model
+from ponder_cli.config import PonderConfig
+from ponder_cli.data import load_mnist
+from ponder_cli.evaluate import budget_accuracy, evaluate_bucket
+from ponder_cli.halting import FixedExit, fixed_halting_steps, rule_exit, rule_halting_steps
+from ponder_cli.methods import get_method
+from ponder_cli.checkpoint import new_model
+from ponder_cli.registry import HaltingRule, parse_halting_rule
+from ponder_cli.tasks import get_task
+from ponder_cli.tasks.mnist import evaluate
+
+DATA_DIR = os.environ.get("PONDER_DATA_DIR")
+REAL_MNIST = bool(DATA_DIR) and (Path(DATA_DIR) / "MNIST" / "raw" / "t10k-images-idx3-ubyte").exists()
+needs_mnist = [pytest.mark.mnist, pytest.mark.skipif(not REAL_MNIST, reason="real MNIST not found")]
+
+
+# the spelling ----------------------------------------------------------------------------------
+
+def test_fixed_is_a_halting_rule_with_a_whole_number_of_steps():
+    assert parse_halting_rule("fixed:4") == HaltingRule("fixed", 4, "fixed:4")
+    assert parse_halting_rule(" Fixed:12 ").budget == 12
+    assert parse_halting_rule("median").budget is None and parse_halting_rule("patience:3").budget is None
+    assert parse_halting_rule("fixed:4").halts_at_one_step and parse_halting_rule("fixed:4").quantile is None
+
+
+@pytest.mark.parametrize("text, message", [
+    ("fixed:0", "fixed:N needs a whole number N >= 1 (got '0')"),
+    ("fixed:-2", "fixed:N needs a whole number N >= 1 (got '-2')"),
+    ("fixed:2.5", "fixed:N needs a whole number N >= 1 (got '2.5')"),
+    ("fixed:four", "fixed:N needs a whole number N >= 1 (got 'four')"),
+    ("fixed:²", "fixed:N needs a whole number N >= 1 (got '²')"),  # a digit to str.isdigit, not to int
+    ("fixed", "fixed needs its parameter: fixed:N with a whole number N >= 1 (got 'fixed')"),
+])
+def test_a_bad_budget_is_one_error_line(text, message, ponder, one_error_line):
+    with pytest.raises(ValueError) as caught:
+        parse_halting_rule(text)
+    assert str(caught.value) == message
+    for command in ("eval", "extrapolate", "sweep", "compare reference"):
+        assert one_error_line(ponder(*command.split(), "--halting", text)) == \
+            f"Error: Invalid value for '--halting': {message}"
+
+
+# the two forms of the rule ----------------------------------------------------------------------
+
+def test_the_batch_and_early_exit_forms_stop_every_input_at_step_n(drive):
+    torch.manual_seed(0)
+    logits, lambda_logits = torch.randn(5, 7, 3), torch.randn(5, 7) * 4  # halting would differ per row
+    for n in range(1, 6):
+        assert fixed_halting_steps(lambda_logits, n).tolist() == [n] * 7
+        rule = parse_halting_rule(f"fixed:{n}")
+        assert torch.equal(rule_halting_steps(rule, logits, lambda_logits, torch.rand(5, 7)), torch.full((7,), n))
+        assert drive(rule_exit(rule, torch.rand(5, 7)), logits, lambda_logits).tolist() == [n] * 7
+    with pytest.raises(ValueError, match="fixed:6 stops at step 6, beyond the 5 steps run"):
+        fixed_halting_steps(lambda_logits, 6)
+    with pytest.raises(ValueError, match="fixed:6 stops at step 6, beyond the 5 steps run"):
+        FixedExit(6, 5)
+
+
+def test_the_early_exit_loop_stops_every_image_at_the_budget_and_reads_that_step():
+    cfg = PonderConfig.of(max_steps=6, hidden=16, hidden_cnn=16, hidden_lin=16)
+    torch.manual_seed(1)
+    model = new_model(cfg).eval()
+    x = torch.randn(9, 1, 28, 28)
+    out = model(x)
+    for n in (1, 3, 6):
+        prediction, steps = model.infer(x, rule_exit(parse_halting_rule(f"fixed:{n}"), torch.rand(6, 9)))
+        assert steps.tolist() == [n] * 9
+        assert torch.equal(prediction.argmax(1), out.logits[n - 1].argmax(1))
+
+
+# its accuracy is the per-step accuracy, exactly ---------------------------------------------------
+
+@pytest.mark.parametrize("run", ["pn1", "act"])
+def test_a_fixed_budget_is_exactly_the_per_step_accuracy_of_detail(run, runs, tiny_mnist):
+    """fixed:N's accuracy equals --detail's accuracy at step N, under the early exit (the CPU's)
+    and the full forward (a GPU's), for PonderNet and ACT alike."""
+    model, cfg, _ = load_model(runs / run / "best.pt", "cpu")
+    data = load_mnist(tiny_mnist, train=False, download=False)
+    detail = evaluate(model, data, cfg, max_angle=90, seed=9, batch_size=64, detail=True)
+    per_step = detail.accuracy_at_step
+    assert len(per_step) == 5 and len(set(per_step)) > 1  # the steps differ: the test can tell them apart
+    for n in range(1, 6):
+        for early_exit in (True, False):
+            fixed = evaluate(model, data, cfg, max_angle=90, seed=9, batch_size=64, halting=f"fixed:{n}",
+                             early_exit=early_exit)
+            assert fixed.accuracy == per_step[n - 1], (n, early_exit)
+            assert fixed.mean_steps == n and fixed.std_steps == 0
+            assert fixed.histogram == tuple(200 if k == n else 0 for k in range(1, 6))
+
+
+def test_plain_halts_at_its_one_step_and_refuses_a_budget_beyond_it(runs, tiny_mnist, ponder, one_error_line):
+    model, cfg, _ = load_model(runs / "plain" / "best.pt", "cpu")
+    data = load_mnist(tiny_mnist, train=False, download=False)
+    one = evaluate(model, data, cfg, max_angle=45, seed=9, halting="fixed:1")
+    assert one == evaluate(model, data, cfg, max_angle=45, seed=9)
+    assert get_method(cfg).halting_problem("fixed:2") == \
+        "--halting fixed:2 stops at step 2, beyond the 1 step this plain model runs"
+    line = one_error_line(ponder("eval", runs / "plain", "--halting", "fixed:2", "--data-dir", tiny_mnist))
+    assert line == "Error: --halting fixed:2 stops at step 2, beyond the 1 step this plain model runs"
+
+
+def test_act_takes_a_fixed_budget_and_refuses_every_other_rule(runs, tiny_mnist, ponder, one_error_line):
+    result = ponder("extrapolate", runs / "act", "--halting", "fixed:3", "--angles", "45", "--data-dir", tiny_mnist,
+                    "-f", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["halting"] == "fixed:3" and report["buckets"][0]["mean_steps"] == 3.0
+    line = one_error_line(ponder("extrapolate", runs / "act", "--halting", "median", "--data-dir", tiny_mnist))
+    assert line.endswith("which halts by its own rule (halting units summing to 1 - epsilon) or at a fixed "
+                         "budget (fixed:N)")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--halting", "fixed:6"], "--halting fixed:6 stops at step 6, beyond the 5 steps this pondernet model runs "
+                               "(--max-steps runs more)"),
+    (["--max-steps", "7", "--halting", "fixed:8"], "--halting fixed:8 stops at step 8, beyond the 7 steps this "
+                                                   "pondernet model runs (--max-steps runs more)"),
+    (["--max-steps", "0"], "--max-steps must be a whole number from 1 to 100 (got 0)"),
+    (["--max-steps", "-3"], "--max-steps must be a whole number from 1 to 100 (got -3)"),
+    (["--max-steps", "101"], "--max-steps must be a whole number from 1 to 100 (got 101)"),
+    (["--max-steps", "many"], "Invalid value for '--max-steps': Input should be a valid integer, unable to parse "
+                              "string as an integer"),
+])
+def test_budgets_and_step_counts_out_of_range_are_one_error_line(args, message, runs, tiny_mnist, ponder,
+                                                                 one_error_line):
+    for command in ("eval", "extrapolate", "sweep", "calibrate", "compare"):
+        given = ["--rules" if a == "--halting" and command == "calibrate" else a for a in args]
+        result = ponder(command, runs / "pn1", *given, "--data-dir", tiny_mnist)
+        expected = message.replace("--halting", "--rules") if command == "calibrate" else message
+        line = one_error_line(result)
+        assert line.endswith(expected), (command, line)
+
+
+def test_max_steps_refused_by_a_one_step_model_and_kept_by_it_in_compare(runs, tiny_mnist, ponder, one_error_line):
+    line = one_error_line(ponder("eval", runs / "plain", "--max-steps", "4", "--data-dir", tiny_mnist))
+    assert line == "Error: --max-steps applies to models that run several steps; this one is plain, which runs 1"
+    result = ponder("compare", runs / "pn1", runs / "plain", "--max-steps", "8", "--angles", "45", "--data-dir",
+                    tiny_mnist, "-f", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["max_steps"] == 8
+    assert {b["method"]: b["max_steps"] for b in report["buckets"]} == {"pondernet": 8, "plain": 1}
+    assert report["trained_max_steps"] == {str(runs / "pn1" / "best.pt"): 5, str(runs / "plain" / "best.pt"): 1}
+
+
+# --max-steps -----------------------------------------------------------------------------------
+
+def test_more_steps_than_trained_run_the_same_first_steps_and_move_the_last_steps_mass_on(runs, tiny_mnist):
+    """Run for 8 steps, a 5-step model computes the same first five steps (the step function
+    does not know how many follow); step 5's halting is no longer forced, so some inputs go on."""
+    five, cfg5, _ = load_model(runs / "pn1" / "best.pt", "cpu")
+    eight, cfg8, state = load_model(runs / "pn1" / "best.pt", "cpu", 8)
+    assert (five.max_steps, eight.max_steps, cfg8.method.max_steps, state.config.method.max_steps) == (5, 8, 8, 5)
+    assert cfg8.replace(max_steps=5) == cfg5  # nothing else changed
+    data = load_mnist(tiny_mnist, train=False, download=False)
+    a = evaluate(five, data, cfg5, max_angle=90, seed=9, detail=True)
+    b = evaluate(eight, data, cfg8, max_angle=90, seed=9, detail=True)
+    assert b.accuracy_at_step[:5] == a.accuracy_at_step and len(b.accuracy_at_step) == 8
+    assert len(b.histogram) == 8 and sum(b.histogram) == 200
+    # the same coins for the first five steps: an input halting before step 5 halts where it did
+    assert b.histogram[:4] == a.histogram[:4] and a.histogram[4] == sum(b.histogram[4:])
+    assert sum(b.histogram[5:]) > 0 and b.mean_steps > a.mean_steps
+    # the batch form and the early exit agree past the trained steps too
+    assert evaluate(eight, data, cfg8, max_angle=90, seed=9, early_exit=False) == \
+        evaluate(eight, data, cfg8, max_angle=90, seed=9, early_exit=True)
+
+
+def test_max_steps_on_every_evaluating_command(runs, tiny_mnist, ponder, tmp_path):
+    common = ["--max-steps", "9", "--data-dir", tiny_mnist, "-f", "json"]
+    reports = {}
+    for command in (["eval"], ["extrapolate", "--detail"], ["sweep", "--every", "90"], ["calibrate"],
+                    ["compare", runs / "pn2"]):
+        result = ponder(command[0], runs / "pn1", *command[1:], *common)
+        assert result.exit_code == 0, (command, result.output)
+        reports[command[0]] = json.loads(result.stdout)
+        assert reports[command[0]]["max_steps"] == 9, command
+    for name in ("eval", "extrapolate", "sweep", "calibrate"):
+        assert reports[name]["trained_max_steps"] == 5
+    for name in ("eval", "extrapolate", "sweep"):
+        assert all(len(b["histogram"]) == 9 for b in reports[name]["buckets"])
+    assert all(len(b["accuracy_at_step"]) == 9 for b in reports["extrapolate"]["buckets"])
+    np.save(tmp_path / "two.npy", np.zeros((2, 28, 28), dtype=np.uint8))
+    result = ponder("predict", runs / "pn1", tmp_path / "two.npy", "--max-steps", "9", "--steps", "--halting",
+                    "fixed:7", "-f", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["max_steps"], report["trained_max_steps"]) == (9, 5)
+    assert [b["halting_step"] for b in report["buckets"]] == [7, 7] and len(report["buckets"][0]["steps"]) == 9
+    table = ponder("eval", runs / "pn1", "--max-steps", "9", "--data-dir", tiny_mnist).stdout
+    assert "run to 9 steps (--max-steps; trained with 5)" in table and "halting steps 1→9" in table
+
+
+# a fixed budget at the same mean steps -----------------------------------------------------------
+
+def test_budget_accuracy_interpolates_between_the_neighbouring_budgets():
+    per_step = (0.5, 0.7, 0.9, 0.9)
+    assert budget_accuracy(per_step, 1.0) == 0.5 and budget_accuracy(per_step, 3.0) == 0.9
+    assert budget_accuracy(per_step, 1.25) == pytest.approx(0.55, abs=1e-15)
+    assert budget_accuracy(per_step, 2.5) == pytest.approx(0.8, abs=1e-15)
+    assert budget_accuracy(per_step, 4.0) == 0.9 and budget_accuracy((0.8,), 1.0) == 0.8
+
+
+def test_detail_and_compare_show_a_fixed_budget_at_the_rules_mean_steps(runs, tiny_mnist, ponder):
+    args = [runs / "pn1", "--angles", "45", "90", "--data-dir", tiny_mnist, "--halting", "median"]
+    detail = json.loads(ponder("extrapolate", *args, "--detail", "-f", "json").stdout)
+    compared = json.loads(ponder("compare", *args, "-f", "json").stdout)
+    plain = json.loads(ponder("extrapolate", *args, "-f", "json").stdout)
+    for bucket, other in zip(detail["buckets"], compared["buckets"]):
+        assert bucket["budget_accuracy"] == budget_accuracy(bucket["accuracy_at_step"], bucket["mean_steps"])
+        assert 0 < bucket["budget_accuracy"] < 1 and bucket["mean_steps"] % 1 != 0  # interpolated
+        assert other["budget_accuracy"] == bucket["budget_accuracy"] and other["budget_accuracy_sd"] is None
+    assert all("budget_accuracy" not in b for b in plain["buckets"])  # without --detail: not computed
+    rows = list(csv.DictReader(io.StringIO(ponder("extrapolate", *args, "--detail", "-f", "csv").stdout)))
+    assert [float(r["budget_accuracy"]) for r in rows] == [b["budget_accuracy"] for b in detail["buckets"]]
+    table = ponder("extrapolate", *args, "--detail").stdout
+    assert "fixed at same steps" in table and f"{detail['buckets'][1]['budget_accuracy']:.4f}" in table
+    assert "fixed at same steps" in ponder("compare", *args).stdout
+
+
+# the shipped models ------------------------------------------------------------------------------
+
+def test_a_fixed_budget_is_the_per_step_accuracy_on_a_shipped_parity_model(ponder):
+    args = ["extrapolate", "parity16-extrapolation", "--counts", "9-16", "--limit", "64", "-f", "json"]
+    detail = json.loads(ponder(*args, "--detail").stdout)["buckets"][0]["accuracy_at_step"]
+    for n in (1, 5, 20):
+        fixed = json.loads(ponder(*args, "--halting", f"fixed:{n}").stdout)["buckets"][0]
+        assert fixed["accuracy"] == detail[n - 1] and fixed["mean_steps"] == n
+
+
+@pytest.mark.parametrize("name", ["reference", "align"])
+@needs_mnist[0]
+@needs_mnist[1]
+def test_a_fixed_budget_is_the_per_step_accuracy_on_the_shipped_mnist_models(name, ponder):
+    args = ["extrapolate", name, "--angles", "90", "--limit", "200", "--data-dir", DATA_DIR, "-f", "json"]
+    detail = json.loads(ponder(*args, "--detail").stdout)["buckets"][0]["accuracy_at_step"]
+    for n in (1, 4, len(detail)):
+        fixed = json.loads(ponder(*args, "--halting", f"fixed:{n}").stdout)["buckets"][0]
+        assert fixed["accuracy"] == detail[n - 1], (name, n)
+
+
+@needs_mnist[0]
+@needs_mnist[1]
+def test_the_shipped_align_model_runs_24_steps_on_every_evaluating_command(ponder, tmp_path):
+    common = ["--max-steps", "24", "--limit", "100", "--data-dir", DATA_DIR, "-f", "json"]
+    for command in (["eval", "align"], ["extrapolate", "align", "--angles", "90", "--detail"],
+                    ["sweep", "align", "--from", "90", "--to", "90"], ["calibrate", "align"],
+                    ["compare", "align", "reference", "--angles", "90"]):
+        result = ponder(*command, *common)
+        assert result.exit_code == 0, (command, result.output)
+        assert json.loads(result.stdout)["max_steps"] == 24
+    np.save(tmp_path / "one.npy", np.zeros((1, 28, 28), dtype=np.uint8))
+    result = ponder("predict", "align", tmp_path / "one.npy", "--max-steps", "24", "--halting", "fixed:24", "-f", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["buckets"][0]["halting_step"] == 24
