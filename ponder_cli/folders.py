@@ -43,12 +43,12 @@ SHIPPED = {
     "reference": ("best.pt", "pondernet · step mlp · trained within ±22.5°"),
     "interpolation": ("interpolation/best.pt", "pondernet · step mlp · trained on unrotated digits"),
     "align": ("align/best.pt", "pondernet · step align · trained within ±22.5°"),
-    "parity16": ("parity/interpolation16.pt", "pondernet · step gru · parity of 16 elements, counts 1-16"),
-    "parity16-extrapolation": ("parity/extrapolation16.pt", "pondernet · step gru · parity of 16 elements, trained on "
-                                                           "counts 1-8"),
-    "parity16-extrapolation-act": ("parity/extrapolation16-act.pt", "act · step gru · parity of 16 elements, trained "
+    "parity16": ("parity/interpolation16.pt", "pondernet · step gru · parity of 16 elements · counts 1-16"),
+    "parity16-extrapolation": ("parity/extrapolation16.pt", "pondernet · step gru · parity of 16 elements · trained "
+                                                           "on counts 1-8"),
+    "parity16-extrapolation-act": ("parity/extrapolation16-act.pt", "act · step gru · parity of 16 elements · trained "
                                                                    "on counts 1-8"),
-    "parity32": ("parity/interpolation32.pt", "pondernet · step gru · parity of 32 elements, counts 1-32"),
+    "parity32": ("parity/interpolation32.pt", "pondernet · step gru · parity of 32 elements · counts 1-32"),
 }
 DEFAULT = "reference"
 

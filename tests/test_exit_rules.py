@@ -342,7 +342,7 @@ def test_calibrate_on_a_model_whose_outputs_are_known(fixed_model, tiny_mnist):
     loose = calibrate_checkpoint(fixed_model, None, EvalOptions(data_dir=tiny_mnist, download=False), tolerance=0.03)
     assert loose.meta["chosen"] == "quantile:0.5" and [b["chosen"] for b in loose.buckets].count(True) == 1
     assert (report.meta["data"], report.meta["sets"], report.meta["halting"], report.meta["bound"]) == (
-        "validation", [{"rotation": cfg.task.train_rotation, "protocol": "uniform"}], None, "wilson, one-sided 95%")
+        "validation", [{"rotation": cfg.task.train_rotation, "protocol": "uniform"}], None, "wilson one-sided 95%")
 
 
 def test_calibrate_command_contract(fixed_model, tiny_mnist, ponder, monkeypatch):

@@ -144,7 +144,7 @@ def run_status(state, path: Path) -> tuple[str, str]:
     if path.name != LAST and state.epoch == state.best_epoch:
         # a best.pt (the shipped models among them) is a snapshot of the best epoch: it cannot tell
         # how its run went on
-        text = f"its run's best epoch, saved after epoch {state.epoch} of {cfg.training.epochs}"
+        text = f"its run's best epoch (saved after epoch {state.epoch} of {cfg.training.epochs})"
         if (folder / LAST).is_file():
             text += f"; the run's latest state is {folder / LAST}"
         return "best epoch", text

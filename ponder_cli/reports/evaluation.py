@@ -185,7 +185,7 @@ def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[st
     meta = make_meta("calibrate", [checkpoint], [cfg.method.name], [cfg.step.name], protocol=protocol, halting=None,
                      seed=seed,
                      task=view.name, repeats=repeats, **view.meta, data=data, sets=sets, images=images,
-                     tolerance=tolerance, criterion="agreement", bound="wilson, one-sided 95%", chosen=chosen)
+                     tolerance=tolerance, criterion="agreement", bound="wilson one-sided 95%", chosen=chosen)
     labels = ", ".join(words.label(s) for s in sets)
     draws = f" · {repeats} draws pooled (seeds {seed}–{seed + repeats - 1})" if repeats > 1 else f" · seed {seed}"
     how = f"protocol {protocol} · " if protocol is not None else ""
