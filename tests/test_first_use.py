@@ -366,12 +366,17 @@ def test_evaluation_progress_goes_to_a_log_as_lines(checkpoint, tiny_mnist, monk
     assert not [line for line in lines if line.startswith("evaluating:")]
 
 
-@pytest.mark.parametrize("signal_name,code,headline", [("SIGINT", 130, "Interrupted"), ("SIGTERM", 143, "Terminated")])
-def test_a_signal_during_an_evaluation_is_one_line(signal_name, code, headline, checkpoint, tiny_mnist):
-    """A real signal to a real process, once its first bucket is done: one line, the shell's status."""
+@pytest.mark.parametrize("signal_name,code,headline,ignored", [("SIGINT", 130, "Interrupted", False),
+                                                                ("SIGTERM", 143, "Terminated", False),
+                                                                ("SIGINT", 130, "Interrupted", True)])
+def test_a_signal_during_an_evaluation_is_one_line(signal_name, code, headline, ignored, checkpoint, tiny_mnist):
+    """A real signal to a real process, once its first bucket is done: one line, the shell's status.
+    Also when the process started with SIGINT ignored, as a script's `ponder ... &` starts it."""
     def eval_signalled_after_one_bucket():
         from ponder_cli import evaluate
         real = evaluate.evaluate_bucket
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
         def once_then_signal(*args, **kwargs):
             result = real(*args, **kwargs)
@@ -385,7 +390,7 @@ def test_a_signal_during_an_evaluation_is_one_line(signal_name, code, headline, 
         stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == code, stderr
     assert stdout == "" and "Traceback" not in stderr
-    assert stderr.splitlines()[-1] == f"{headline}: evaluation stopped before its results; nothing was written"
+    assert stderr.splitlines()[-1] == f"{headline}: ponder eval stopped before its results; nothing was written"
 
 
 # found by a fresh new-user pass ------------------------------------------------------------------
@@ -419,12 +424,23 @@ def test_a_folder_of_runs_given_as_a_checkpoint_points_to_ponder_runs(run_folder
                            "not ended")
 
 
-def test_ctrl_c_before_a_command_handles_it_is_still_one_line(monkeypatch, ponder):
+def test_every_command_words_an_interrupt_alike_and_gives_the_handlers_back(monkeypatch, ponder):
+    """One layer: the CLI's boundary, for info, runs and models as for eval; SIGTERM raised as an
+    interrupt only while a command runs."""
+    import ponder_cli.api as api
+    from ponder_cli import SigTerm
     from ponder_cli.api import inspection
 
-    def interrupted(**kwargs):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(inspection, "shipped_models", interrupted)
-    result = ponder("models")
-    assert result.exit_code == 130 and result.stdout == ""
-    assert result.stderr == "Interrupted: stopped before any result; nothing was written\n"
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    for command, function, interrupt, line in [
+            ("models", "shipped_models", KeyboardInterrupt, "Interrupted: ponder models stopped"),
+            ("info", "run_info", KeyboardInterrupt, "Interrupted: ponder info stopped"),
+            ("runs", "list_runs", SigTerm, "Terminated: ponder runs stopped")]:
+        def interrupted(*args, interrupt=interrupt, **kwargs):
+            raise interrupt
+        monkeypatch.setattr(inspection, function, interrupted)
+        monkeypatch.setattr(api, function, interrupted, raising=False)
+        result = ponder(command)
+        assert result.exit_code == (143 if interrupt is SigTerm else 130) and result.stdout == ""
+        assert result.stderr == f"{line} before its results; nothing was written\n"
+        assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers

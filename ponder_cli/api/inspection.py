@@ -20,7 +20,7 @@ from ..methods import get_method
 from ..render import Column
 from ..reports import Report, info_report, make_meta, prediction_report, runs_report
 from ..tasks import InputOptions, get_task, uniforms as draw_uniforms
-from . import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named, stops_cleanly
+from . import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named
 
 
 PLOT_INPUTS = 16  # strips in one --plot figure: more would not be readable
@@ -48,7 +48,6 @@ class PredictOptions:
             raise PonderError(problems[0])
 
 
-@stops_cleanly("prediction")
 def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, Path]], options: PredictOptions, *,
                    log: Callable[[str], None] = lambda line: None) -> Report:
     """A model on the user's own files: the task reads them (MNIST: images and .npy arrays;

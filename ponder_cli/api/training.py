@@ -11,7 +11,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from .. import PonderError, brief, distributed
+from .. import PonderError, brief, distributed, keeping
 from ..config import PonderConfig, read_config_file
 from ..data import resolve_data_dir
 from ..render import config_lines, epoch_line
@@ -20,7 +20,7 @@ from ..runs import RunFolder, plan_training, require_tensorboard, resolve_config
 from ..runtime import amp_dtype
 from ..tasks import get_task
 from ..train import train
-from . import device_and_amp, device_name, ignore_signals, interruptible, on_device
+from . import device_and_amp, device_name, first_signal_only, ignore_signals, on_device
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,9 @@ def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, d
 def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = lambda line: None) -> Optional[Report]:
     """Train with the options the user gave (see runs.plan_training) and report the run.
 
-    The run folder is locked while training (runs.RunLock). SIGTERM stops training like Ctrl-C:
-    the last completed epoch is in last.pt and the error says how to resume.
+    The run folder is locked while training (runs.RunLock). An interrupt (Ctrl-C; SIGTERM too
+    under the CLI) stops training with the last completed epoch in last.pt, and says which and
+    how to resume (ponder_cli.keeping).
 
     Under torchrun (distributed.launch) every process calls this with the same arguments and
     trains on its share of every global batch of --batch-size images, on cuda:LOCAL_RANK on
@@ -119,7 +120,7 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -
         log(epoch_line(stats, cfg.training.epochs))
 
     finished = False
-    with interruptible(folder.resume_hint, torchrun=where is not None):
+    with keeping(folder.resume_hint), first_signal_only(torchrun=where is not None):
         try:
             task = get_task(cfg)
             train_set, val_set = task.load_training(resolve_data_dir(options.data_dir), options.download)

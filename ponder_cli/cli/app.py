@@ -14,7 +14,9 @@ import codecs
 import contextlib
 import io
 import os
+import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Optional, TextIO
@@ -22,20 +24,21 @@ from typing import Optional, TextIO
 import typer
 from typer.core import TyperGroup
 
-from .. import PonderError, PonderWarning, __version__
+from .. import PonderError, PonderWarning, SigTerm, __version__, interruption
 from ..cli_options import Protocol
 from ..render import ASCII_ERRORS, OutputFormat
 
 
 class PonderGroup(TyperGroup):
     """The one error boundary: a PonderError (the user's to fix) or an OSError on a user's path
-    becomes one line on stderr and a non-zero exit, never a traceback. The standard streams are
+    becomes one line on stderr and a non-zero exit, never a traceback; so does an interrupt
+    (Ctrl-C, SIGTERM: signals_interrupt), in every command alike. The standard streams are
     handled here too (below): stderr may be lost without harm; results need a stdout, and
     a reader that leaves it ends the command quietly with READER_GONE."""
 
     def main(self, *args, **kwargs):
         spell_what_encodings_lack()
-        with guarded_stderr():
+        with guarded_stderr(), signals_interrupt():
             return super().main(*args, **kwargs)
 
     def invoke(self, ctx):
@@ -55,9 +58,11 @@ class PonderGroup(TyperGroup):
         except PonderError as exc:
             _fail(f"{exc.headline}: {exc}", exc.exit_code, exc)
         except KeyboardInterrupt as exc:
-            # Ctrl-C before a command's own handling began (api.interruptible says what
-            # it kept): nothing was written yet; the shell's status for SIGINT, not click's "Aborted!"
-            _fail("Interrupted: stopped before any result; nothing was written", 130, exc)
+            # Ctrl-C or SIGTERM (signals_interrupt), in any command: one line, the shell's status
+            # for the signal, not click's "Aborted!"; what was kept, where the command kept any
+            command = " ".join(filter(None, ("ponder", ctx.invoked_subcommand)))
+            stopped = interruption(exc, f"{command} stopped before its results; nothing was written")
+            _fail(f"{stopped.headline}: {stopped}", stopped.exit_code, stopped)
         except OSError as exc:
             _fail(f"Error: {exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}", 1, exc)
 
@@ -140,6 +145,33 @@ def run_evaluation(command: str, checkpoint: Optional[str], angles: Optional[lis
     plot, eval_options = evaluation_options(**options)
     report = evaluate_checkpoint(command, checkpoint, spelled, eval_options, log=chatter(quiet), progress=bars(quiet))
     render_and_plot(report, fmt, plot, quiet)
+
+
+# signals -------------------------------------------------------------------------------------------
+
+def _raise_sigterm(signum, frame) -> None:
+    raise SigTerm()
+
+
+@contextlib.contextmanager
+def signals_interrupt():
+    """While a command runs, Ctrl-C (SIGINT) and SIGTERM interrupt it, however the process was
+    started: a non-interactive shell starts a background job (`ponder train ... &`) with SIGINT
+    ignored, and SIGTERM would end the process on the spot, with no word and no cleanup. The
+    handlers found are put back afterwards (signal handlers belong to the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    if previous[signal.SIGINT] in (signal.SIG_IGN, signal.SIG_DFL):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _raise_sigterm)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:  # None: a handler set from C, which Python cannot put back
+                signal.signal(sig, handler)
 
 
 # the standard streams ---------------------------------------------------------------------------
