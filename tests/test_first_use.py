@@ -288,7 +288,7 @@ def test_runs_lists_every_run_folder_with_its_status(run_folders, checkpoint, po
     assert result.exit_code == 0, result.output
     data = _strict(result.stdout)
     rows = {Path(b["run"]).name: b for b in data["buckets"]}
-    assert data["command"] == "runs" and data["folders"] == ["runs"] and data["device"] is None
+    assert data["command"] == "runs" and data["folders"] == ["."] and data["device"] is None
     assert {name: row["status"] for name, row in rows.items()} == {
         "a-finished": "finished", "b-stopped": "stopped early", "c-interrupted": "interrupted",
         "d-running": "running", "e-empty": "empty", "f-unreadable": "unreadable"}
@@ -313,10 +313,36 @@ def test_runs_of_a_named_folder_a_run_folder_or_none(run_folders, tmp_path, pond
     assert [b["status"] for b in data["buckets"]] == ["finished"]
     monkeypatch.chdir(tmp_path)  # no runs/ here: an empty list, said so
     result = ponder("runs")
-    assert result.exit_code == 0 and result.stdout == "no run under runs/ yet: `ponder train` writes one there\n"
+    assert result.exit_code == 0 and result.stdout == "no run here yet: `ponder train` writes one under runs/\n"
     assert _strict(ponder("runs", "-f", "json").stdout)["buckets"] == []
     assert ponder("runs", "-f", "csv").stdout.startswith("command,task,checkpoints,")  # a header, no blank line
     assert one_error_line(ponder("runs", tmp_path / "nope")).startswith(f"Error: {tmp_path / 'nope'} does not exist")
+
+
+def test_runs_finds_the_runs_trained_with_out_and_a_folder_of_runs_is_one_rule(runs, tmp_path, ponder,
+                                                                                one_error_line, monkeypatch):
+    """`ponder runs` lists every run folder below the current folder (runs/, an --out folder, a
+    sweep's runs/sweep/seed1), as `eval` and `info` name a folder of runs: one rule."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    places = ["runs/pn1", "mine", "sweep/lr/seed1", ".trash/old", "deep/a/b/c"]
+    for place, written in zip(places, range(2_000_000_000, 2_000_000_005)):
+        shutil.copytree(runs / "pn1", tmp_path / place)
+        for file in (tmp_path / place).iterdir():
+            os.utime(file, (written, written))
+    (tmp_path / "mine" / "inside").mkdir()  # nothing inside a run folder is looked into
+    shutil.copy(runs / "act" / "last.pt", tmp_path / "mine" / "inside" / "last.pt")
+    listed = json.loads(ponder("runs", "-f", "json").stdout)
+    # oldest first; hidden folders and what lies deeper than three levels are left out
+    assert [row["run"] for row in listed["buckets"]] == ["runs/pn1", "mine", str(Path("sweep/lr/seed1"))]
+    assert [row["status"] for row in listed["buckets"]] == ["finished"] * 3
+    table = ponder("runs").stdout
+    assert "Runs here" in table and all(name in table for name in ("runs/pn1", "mine", "sweep/lr/seed1"))
+    assert [row["run"] for row in json.loads(ponder("runs", "sweep", "-f", "json").stdout)["buckets"]] == \
+        ["sweep/lr/seed1"]
+    line = one_error_line(ponder("info", "sweep"))
+    assert line.startswith("Error: sweep is a folder of runs (lr/seed1), not one run: `ponder runs sweep` lists them")
 
 
 def test_age_reads_as_a_person_would():
@@ -420,8 +446,8 @@ def test_a_folder_of_runs_given_as_a_checkpoint_points_to_ponder_runs(run_folder
         assert line.startswith(f"Error: {run_folders} is a folder of runs (a-finished, b-stopped, c-interrupted, ...), "
                                f"not one run: `ponder runs {run_folders}` lists them")
     line = one_error_line(ponder("eval", run_folders / "e-empty"))
-    assert line.startswith(f"Error: {run_folders / 'e-empty'} is a run folder with no best.pt: its first epoch has "
-                           "not ended")
+    assert line == (f"Error: {run_folders / 'e-empty'} is a run folder with no checkpoint yet: no epoch was saved (the "
+                    "run failed or was stopped before its first epoch ended)")
 
 
 def test_every_command_words_an_interrupt_alike_and_gives_the_handlers_back(monkeypatch, ponder):

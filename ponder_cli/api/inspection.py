@@ -14,8 +14,8 @@ import torch
 from .. import PonderError, PonderWarning, file_problem
 from ..checkpoint import load_checkpoint, load_model
 from ..config import seed_problems
-from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SHIPPED, Resolved,
-                       is_run_folder, last_written, lock_holder, resolve_checkpoint, runs_in, shipped_path)
+from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, SHIPPED, Resolved, last_written, lock_holder,
+                       resolve_checkpoint, runs_under, shipped_path)
 from ..methods import get_method
 from ..render import Column
 from ..reports import Report, info_report, make_meta, prediction_report, runs_report
@@ -23,6 +23,7 @@ from ..tasks import InputOptions, get_task, uniforms as draw_uniforms
 from . import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named
 
 
+HERE = Path(".")  # where `ponder runs` looks by default: runs/ and any --out folder below the current one
 PLOT_INPUTS = 16  # strips in one --plot figure: more would not be readable
 
 
@@ -109,27 +110,9 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
 
 
 def _info_file(target: Union[str, Path, None]):
-    """What `ponder info` reads: a run folder's last.pt (the whole history; best.pt when the
-    folder has no last.pt, as the shipped models' folders), else as folders.resolve_checkpoint."""
-
-    folder = Path(target) if target is not None else None
-    if folder is not None and folder.is_dir() and not any((folder / name).is_file() for name in (LAST, BEST)):
-        if is_run_folder(folder):
-            raise PonderError(f"{folder} is a run folder with no checkpoint yet: {_without_checkpoint(folder)}")
-        if not runs_in(folder):
-            raise PonderError(f"{folder} holds no {LAST} or {BEST}: name a run folder, a checkpoint file, "
-                              f"latest or a shipped model")
-        return resolve_checkpoint(target, file=LAST)  # a folder of runs: said there
-    file = BEST if folder is not None and folder.is_dir() and not (folder / LAST).is_file() else LAST
-    return resolve_checkpoint(target, file=file)
-
-
-def _without_checkpoint(folder: Path) -> str:
-    """What a run folder with no checkpoint is: a run in its first epoch, or one that ended before."""
-    holder = lock_holder(folder / LOCK_FILE)
-    if holder is not None:
-        return f"training now (PID {holder}), its first epoch not finished"
-    return "no epoch was saved (the run failed or was stopped before its first epoch ended)"
+    """What `ponder info` reads: a run folder's last.pt (the whole history), else its best.pt
+    (as the shipped models' folders); otherwise as folders.resolve_checkpoint."""
+    return resolve_checkpoint(target, file=(LAST, BEST))
 
 
 def run_status(state, path: Path) -> tuple[str, str]:
@@ -237,26 +220,22 @@ def _saved_run_config(folder: Path) -> Optional[dict]:
 # runs ------------------------------------------------------------------------------------------
 
 def list_runs(folders: Sequence[Union[str, Path]] = (), *, log: Callable[[str], None] = lambda line: None) -> Report:
-    """`ponder runs`: every run folder under runs/ (or under each of `folders`, or each of them
-    that is itself a run folder), oldest first: its task, method and step, status (finished,
-    stopped early, interrupted, running, empty: no checkpoint, unreadable; best epoch: only a
-    best.pt), the epochs trained
-    and planned, the best epoch and its validation figures, and when it last wrote."""
+    """`ponder runs`: every run folder under the current folder (or under each of `folders`, or
+    each of them that is itself a run folder: folders.runs_under), oldest first: its task,
+    method and step, status (finished, stopped early, interrupted, running, empty: no
+    checkpoint, unreadable; best epoch: only a best.pt), the epochs trained and planned, the best
+    epoch and its validation figures, and when it last wrote."""
 
-    roots = [Path(f) for f in folders] or [RUNS_DIR]
+    roots = [Path(f) for f in folders] or [HERE]
     found: list[Path] = []
     for root in roots:
         problem = file_problem(root)
         if problem is not None and problem != "is a directory":
-            if root == RUNS_DIR and not folders and problem == "does not exist":
-                continue  # no run trained here yet: an empty list, not an error
-            raise PonderError(f"{root} {problem}; name a folder of runs (default: {RUNS_DIR}/) or a run folder")
+            raise PonderError(f"{root} {problem}; name a folder of runs (default: the current folder) or a run "
+                              f"folder")
         if problem is None:
-            raise PonderError(f"{root} is a file; name a folder of runs (default: {RUNS_DIR}/) or a run folder")
-        if is_run_folder(root):
-            found.append(root)
-        else:
-            found += runs_in(root)
+            raise PonderError(f"{root} is a file; name a folder of runs (default: the current folder) or a run folder")
+        found += runs_under(root)
     # by when each last wrote (the time itself: the text of a local time can change its offset)
     written = {folder: last_written(folder) for folder in dict.fromkeys(found)}
     rows = [_run_row(folder, written[folder]) for folder in sorted(written, key=lambda f: (written[f] or 0, str(f)))]

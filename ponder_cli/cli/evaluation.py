@@ -34,7 +34,7 @@ from ..cli_options import (
     halting_rules,
     path_option,
 )
-from ..folders import DEFAULT, LATEST, RUNS_DIR
+from ..folders import DEFAULT, LATEST, RUNS_DIR, SEARCH_DEPTH
 from ..render import OutputFormat
 from ..registry import EVAL_ANGLES, EXTRAPOLATION_ANGLES
 from .app import app, bars, chatter, evaluation_options, render_and_plot, run_evaluation, spelled_buckets
@@ -280,7 +280,9 @@ def models(
 @app.command()
 def runs(
     folders: Optional[List[Path]] = typer.Argument(None, metavar="FOLDER", show_default=False,
-                                                   help=f"Folders of runs, or run folders. [default: {RUNS_DIR}]"),
+                                                   help=f"Folders of runs (every run folder below, {SEARCH_DEPTH} levels deep), or run "
+                                                        f"folders. [default: the current folder: {RUNS_DIR}/ and "
+                                                        f"any --out folder here]"),
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:
