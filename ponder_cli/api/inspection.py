@@ -120,7 +120,6 @@ def run_status(state, path: Path) -> tuple[str, str]:
     early, interrupted, running, best epoch) and as a sentence for `info`."""
     cfg, folder = state.config, path.parent
     patience = cfg.training.patience
-    stopped_early = bool(patience) and state.epochs_without_improvement >= patience
     holder = lock_holder(folder / LOCK_FILE)
     resumable = all(getattr(state, key) is not None for key in state.RESUME_KEYS)
     if path.name != LAST and state.epoch == state.best_epoch:
@@ -132,7 +131,7 @@ def run_status(state, path: Path) -> tuple[str, str]:
         return "best epoch", text
     if holder is not None:
         return "running", f"training now (PID {holder})"
-    if stopped_early:
+    if state.stopped_early:
         return "stopped early", (f"stopped early after epoch {state.epoch} (no better validation accuracy for "
                                  f"{patience} epochs)")
     if state.epoch < cfg.training.epochs:
@@ -162,13 +161,12 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
     if saved is not None and saved.get("config") == cfg.to_dict():  # the same run's record, not a stale one
         sources = saved.get("sources") or {}
     _, status = run_status(state, resolved.path)
-    stopped_early = bool(cfg.training.patience) and state.epochs_without_improvement >= cfg.training.patience
     resumable = all(getattr(state, key) is not None for key in state.RESUME_KEYS)
     best = _best(state)
     summary = {"file": str(resolved.path), "status": status, "epochs_trained": state.epoch,
                "epochs_planned": cfg.training.epochs, "best_epoch": state.best_epoch or None,
                "best_val_accuracy": best["val_accuracy"] if best else None,
-               "best_val_steps": best["val_steps"] if best else None, "stopped_early": stopped_early,
+               "best_val_steps": best["val_steps"] if best else None, "stopped_early": state.stopped_early,
                "resumable": resumable}
     return info_report(str(resolved.path), cfg, [dict(h) for h in state.history], summary,
                        shown=cfg.shown_fields(), sources=sources, view=get_task(cfg).view())
