@@ -52,8 +52,7 @@ class PonderGroup(TyperGroup):
             reader_gone()
             raise typer.Exit(READER_GONE) from None
         except typer.BadParameter as exc:
-            # Typer words a refused choice as pydantic does, "Value error, 'x' is not one of ..."
-            exc.message = exc.message.removeprefix("Value error, ")
+            exc.message = parameter_message(exc)
             raise
         except PonderError as exc:
             _fail(f"{exc.headline}: {exc}", exc.exit_code, exc)
@@ -65,6 +64,23 @@ class PonderGroup(TyperGroup):
             _fail(f"{stopped.headline}: {stopped}", stopped.exit_code, stopped)
         except OSError as exc:
             _fail(f"Error: {exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}", 1, exc)
+
+
+# What a value typed for a number is, in the words every other option uses: pydantic's error
+# kinds (Typer converts through it) by what the value was meant to be.
+_NOT_A = {"int_parsing": "a whole number", "int_from_float": "a whole number", "int_type": "a whole number",
+          "float_parsing": "a number", "float_type": "a number", "finite_number": "a finite number"}
+
+
+def parameter_message(exc: "typer.BadParameter") -> str:
+    """An option's refused value as `'abc' is not a whole number`, the value echoed, where Typer
+    says `Input should be a valid integer, unable to parse string as an integer`; a refused
+    choice without pydantic's "Value error, "."""
+    errors = getattr(exc.__cause__, "errors", None)
+    first = next(iter(errors()), None) if callable(errors) else None
+    if first is not None and first.get("type") in _NOT_A:
+        return f"{first.get('input')!r} is not {_NOT_A[first['type']]}"
+    return exc.message.removeprefix("Value error, ")
 
 
 def _fail(line: str, code: int, exc: Exception) -> None:
