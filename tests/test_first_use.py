@@ -370,6 +370,12 @@ def test_every_computing_command_says_its_device(checkpoint, tiny_mnist, tmp_pat
         assert _strict(result.stdout)["device"] == "cpu"
         assert "device cpu (--device auto: no CUDA GPU available)" in result.stderr.splitlines() or \
             torch.cuda.is_available()
+    trained = ponder("train", "--epochs", 1, "--max-steps", 2, "--val-size", 100, "--train-size", 100,
+                     "--data-dir", tiny_mnist, "--out", tmp_path / "run", "--no-progress")
+    assert trained.exit_code == 0, trained.output
+    assert [line for line in trained.stderr.splitlines() if line.startswith("training ")] == [
+        "training pondernet (step mlp) on 100 images, validating on 100, device cpu (--device auto: no CUDA GPU "
+        "available)"] or torch.cuda.is_available()
     explicit = ponder("predict", checkpoint, tmp_path / "digit.npy", "--device", "cpu")
     assert explicit.exit_code == 0 and "device cpu" in explicit.stderr.splitlines()
     for command in ("info", "models"):

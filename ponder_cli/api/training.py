@@ -20,7 +20,7 @@ from ..runs import RunFolder, plan_training, require_tensorboard, resolve_config
 from ..runtime import amp_dtype
 from ..tasks import get_task
 from ..train import train
-from . import device_and_amp, device_name, first_signal_only, ignore_signals, on_device
+from . import device_and_amp, device_line, first_signal_only, ignore_signals, on_device
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,8 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -
             plan.out_dir = distributed.on_main(folder.claim)
             log(f"writing checkpoints to {plan.out_dir}/")
             train_set, val_set = task.to_device(train_set, dev), task.to_device(val_set, dev)
-            log(_training_line(cfg, task.describe(train_set, val_set), dev, amp, where, plan))
+            log(_training_line(cfg, task.describe(train_set, val_set), device_line(dev, options.device), dev, amp, where,
+                                   plan))
             started = time.perf_counter()
             result = train(cfg, train_set, val_set, device=dev, out_dir=plan.out_dir, amp=amp, resume=plan.resume,
                            on_epoch=on_epoch, progress=options.progress and main, log=log,
@@ -148,9 +149,10 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -
                      dev) if main else None
 
 
-def _training_line(cfg, data: str, dev, amp: bool, where, plan) -> str:
-    """What is trained on what: `training pondernet (step mlp) on 55000 images, ..., device cpu`."""
-    return (f"training {cfg.method.name} (step {cfg.step.name}) {data}, device {device_name(dev)}"
+def _training_line(cfg, data: str, device: str, dev, amp: bool, where, plan) -> str:
+    """What is trained on what: `training pondernet (step mlp) on 55000 images, ..., device cpu
+    (--device auto: no CUDA GPU available)`, the device as every command says it (device_line)."""
+    return (f"training {cfg.method.name} (step {cfg.step.name}) {data}, {device}"
             f"{', amp ' + str(amp_dtype(dev)).removeprefix('torch.') if amp else ''}"
             f"{f', {where.world_size} processes, global batch {cfg.training.batch_size}' if where else ''}"
             f"{', resuming after epoch ' + str(plan.resume.epoch) if plan.resume else ''}")
