@@ -419,3 +419,11 @@ def test_calibrate_on_act_names_the_rules_given_never_a_halting_option(runs, tin
 def test_calibrate_refuses_a_bad_tolerance(tolerance, checkpoint, ponder, one_error_line):
     line = one_error_line(ponder("calibrate", checkpoint, "--tolerance", tolerance))
     assert line == f"Error: --tolerance must be at least 0 and below 1 (got {float(tolerance):g})"
+
+
+def test_every_calibrate_column_has_a_header(checkpoint, tiny_mnist, ponder):
+    result = ponder("calibrate", checkpoint, "--rules", "quantile:0.5", "patience:1", "--data-dir", tiny_mnist)
+    assert result.exit_code == 0, result.output
+    header = next(line for line in result.stdout.splitlines() if "rule" in line and "steps" in line)
+    assert [cell.strip() for cell in header.strip("┃").split("┃")] == ["rule", "steps", "accuracy", "gap", "agrees",
+                                                                       "bound", "verdict"]

@@ -162,7 +162,7 @@ def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float]
 CALIBRATION_COLUMNS = [
     Column("halting", "rule", "s"), Column("mean_steps", "steps", ".2f"), Column("accuracy", "accuracy", ".4f"),
     Column("gap", "gap", "+.4f"), Column("agreement", "agrees", ".4f"), Column("agreement_lower", "bound", ".4f"),
-    Column("chosen", "", "s", text=lambda row: "chosen" if row["chosen"] else "ok" if row["admitted"] else ""),
+    Column("chosen", "verdict", "s", text=lambda row: "chosen" if row["chosen"] else "ok" if row["admitted"] else ""),
 ]
 
 
