@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 
+from .. import PonderError
 from ..cli_options import (
     AmpOption,
     AnglesCommand,
@@ -215,7 +216,7 @@ def calibrate(
 @app.command()
 def predict(
     checkpoint: str = RequiredCheckpointArgument,
-    inputs: List[Path] = typer.Argument(..., metavar="INPUT...", show_default=False,
+    inputs: Optional[List[Path]] = typer.Argument(None, metavar="INPUT...", show_default=False,
                                         help="MNIST models: image files (PNG, JPEG, ...: any size and mode) or .npy "
                                              "arrays of shape (N, 28, 28); parity models: .npy arrays (N, ELEMS) or "
                                              "text files of one vector per line (entries -1, 0, 1)."),
@@ -237,6 +238,10 @@ def predict(
     fmt: OutputFormat = FormatOption,
 ) -> None:
     """A model on your own inputs: the prediction, its probability and the halting step per input."""
+    if not inputs:  # one argument: the input, taken for the checkpoint
+        raise PonderError(f"predict takes a CHECKPOINT first, then the INPUT files: {checkpoint} was read as the "
+                          f"checkpoint and no input followed; e.g. `ponder predict {DEFAULT} {checkpoint}` (the "
+                          f"shipped model; `ponder models` lists them)")
     from ..api import PredictOptions, predict_inputs
     from ..plot import check_destination
 
