@@ -410,3 +410,22 @@ def test_every_csv_cell_is_free_of_the_separator(checkpoint, runs, tiny_mnist, t
     calibrated = next(csv.DictReader(io.StringIO(ponder("calibrate", checkpoint, "--rules", "quantile:0.5", "-f",
                                                         "csv", "--data-dir", tiny_mnist).stdout)))
     assert calibrated["sets"] == "rotation=22.5 protocol=uniform"
+
+
+def test_shell_completion_is_switched_on_and_works_offline():
+    """`ponder --show-completion bash` prints the script (no network, no shell detection), and
+    the script's request completes commands and options."""
+    import os
+
+    import processes
+
+    with processes.ponder("--show-completion", "bash") as proc:
+        script, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert "complete -o default -F _ponder_completion ponder" in script and "_PONDER_COMPLETE=complete_bash" in script
+    for words, cword, expected in (("ponder ev", 1, ["eval"]), ("ponder eval --proto", 2, ["--protocol"]),
+                                   ("ponder r", 1, ["runs"])):
+        env = {**os.environ, "_PONDER_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(cword)}
+        with processes.fork(processes.run_cli, [], env=env) as proc:
+            out, stderr = proc.communicate(timeout=60)
+        assert out.split() == expected, (words, out, stderr)

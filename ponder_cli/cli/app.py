@@ -97,7 +97,7 @@ def _fail(line: str, code: int, exc: Exception) -> None:
     raise typer.Exit(code) from None
 
 
-app = typer.Typer(cls=PonderGroup, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+app = typer.Typer(cls=PonderGroup, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None,  # plain click errors: one "Error: ..." line, no boxes
                   context_settings={"help_option_names": ["-h", "--help"]})
 
