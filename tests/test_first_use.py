@@ -288,14 +288,14 @@ def test_runs_lists_every_run_folder_with_its_status(run_folders, checkpoint, po
     assert result.exit_code == 0, result.output
     data = _strict(result.stdout)
     rows = {Path(b["run"]).name: b for b in data["buckets"]}
-    assert data["command"] == "runs" and data["folders"] == ["."] and data["device"] is None
+    assert data["command"] == "runs" and data["folders"] == ["runs", "."] and data["device"] is None
     assert {name: row["status"] for name, row in rows.items()} == {
         "a-finished": "finished", "b-stopped": "stopped early", "c-interrupted": "interrupted",
         "d-running": "running", "e-empty": "empty", "f-unreadable": "unreadable"}
     assert data["buckets"][0]["run"] == str(Path("runs") / "a-finished")  # oldest first
     best = load_checkpoint(checkpoint.parent / "last.pt").history[0]["val_accuracy"]
     assert rows["b-stopped"] | {"when": None} == {
-        "run": "runs/b-stopped", "task": "mnist", "method": "pondernet", "step": "mlp", "status": "stopped early",
+        "run": "runs/b-stopped", "name": "b-stopped", "task": "mnist", "method": "pondernet", "step": "mlp", "status": "stopped early",
         "epoch": 4, "epochs": 10, "best_epoch": 1, "best_val_accuracy": best,
         "best_val_steps": rows["b-stopped"]["best_val_steps"], "checkpoint": "runs/b-stopped/last.pt", "when": None}
     assert (rows["e-empty"]["task"], rows["e-empty"]["epoch"], rows["e-empty"]["checkpoint"]) == ("parity", None, None)
@@ -313,7 +313,7 @@ def test_runs_of_a_named_folder_a_run_folder_or_none(run_folders, tmp_path, pond
     assert [b["status"] for b in data["buckets"]] == ["finished"]
     monkeypatch.chdir(tmp_path)  # no runs/ here: an empty list, said so
     result = ponder("runs")
-    assert result.exit_code == 0 and result.stdout == "no run here yet: `ponder train` writes one under runs/\n"
+    assert result.exit_code == 0 and result.stdout == "no run under runs/ and ./ yet: `ponder train` writes one under runs/\n"
     assert _strict(ponder("runs", "-f", "json").stdout)["buckets"] == []
     assert ponder("runs", "-f", "csv").stdout.startswith("command,task,checkpoints,")  # a header, no blank line
     assert one_error_line(ponder("runs", tmp_path / "nope")).startswith(f"Error: {tmp_path / 'nope'} does not exist")
@@ -338,7 +338,8 @@ def test_runs_finds_the_runs_trained_with_out_and_a_folder_of_runs_is_one_rule(r
     assert [row["run"] for row in listed["buckets"]] == ["runs/pn1", "mine", str(Path("sweep/lr/seed1"))]
     assert [row["status"] for row in listed["buckets"]] == ["finished"] * 3
     table = ponder("runs").stdout
-    assert "Runs here" in table and all(name in table for name in ("runs/pn1", "mine", "sweep/lr/seed1"))
+    assert "Runs under runs/ and ./" in table and all(name in table for name in ("│ pn1 ", "│ mine ", "sweep/lr/seed1"))
+    assert [row["name"] for row in listed["buckets"]] == ["pn1", "mine", "sweep/lr/seed1"]
     assert [row["run"] for row in json.loads(ponder("runs", "sweep", "-f", "json").stdout)["buckets"]] == \
         ["sweep/lr/seed1"]
     line = one_error_line(ponder("info", "sweep"))

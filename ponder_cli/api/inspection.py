@@ -14,8 +14,8 @@ import torch
 from .. import PonderError, PonderWarning, file_problem
 from ..checkpoint import load_checkpoint, load_model
 from ..config import seed_problems
-from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, SHIPPED, Resolved, last_written, lock_holder,
-                       resolve_checkpoint, runs_under, shipped_path)
+from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SHIPPED, Resolved, last_written,
+                       lock_holder, resolve_checkpoint, runs_under, shipped_path)
 from ..methods import get_method
 from ..render import Column
 from ..reports import Report, info_report, make_meta, prediction_report, runs_report
@@ -23,7 +23,7 @@ from ..tasks import InputOptions, get_task, uniforms as draw_uniforms
 from . import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named
 
 
-HERE = Path(".")  # where `ponder runs` looks by default: runs/ and any --out folder below the current one
+HERE = Path(".")  # where `ponder runs` looks by default, after runs/: any --out folder below the current one
 PLOT_INPUTS = 16  # strips in one --plot figure: more would not be readable
 
 
@@ -224,19 +224,24 @@ def list_runs(folders: Sequence[Union[str, Path]] = (), *, log: Callable[[str], 
     checkpoint, unreadable; best epoch: only a best.pt), the epochs trained and planned, the best
     epoch and its validation figures, and when it last wrote."""
 
-    roots = [Path(f) for f in folders] or [HERE]
-    found: list[Path] = []
+    roots = [Path(f) for f in folders] or [RUNS_DIR, HERE]
+    found: dict[Path, str] = {}  # each run folder -> its name below the folder it was found under
     for root in roots:
         problem = file_problem(root)
+        if not folders and problem == "does not exist":
+            continue  # no runs/ here yet
         if problem is not None and problem != "is a directory":
-            raise PonderError(f"{root} {problem}; name a folder of runs (default: the current folder) or a run "
-                              f"folder")
+            raise PonderError(f"{root} {problem}; name a folder of runs (default: {RUNS_DIR}/ and the current "
+                              f"folder) or a run folder")
         if problem is None:
-            raise PonderError(f"{root} is a file; name a folder of runs (default: the current folder) or a run folder")
-        found += runs_under(root)
+            raise PonderError(f"{root} is a file; name a folder of runs (default: {RUNS_DIR}/ and the current "
+                              f"folder) or a run folder")
+        for run in runs_under(root):
+            found.setdefault(run, str(run.relative_to(root)) if run != root else run.name or str(run))
     # by when each last wrote (the time itself: the text of a local time can change its offset)
-    written = {folder: last_written(folder) for folder in dict.fromkeys(found)}
-    rows = [_run_row(folder, written[folder]) for folder in sorted(written, key=lambda f: (written[f] or 0, str(f)))]
+    written = {folder: last_written(folder) for folder in found}
+    rows = [{"run": str(folder), "name": found[folder], **_run_row(folder, written[folder])}
+            for folder in sorted(written, key=lambda f: (written[f] or 0, str(f)))]
     return runs_report(rows, [str(root) for root in roots])
 
 

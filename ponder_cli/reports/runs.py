@@ -153,8 +153,8 @@ def _best(row: dict) -> str:
 # narrow enough for 80 columns with a parity run's 32-character name: the epochs go with the
 # status, the best epoch with its figure, the time as an age (the JSON has each on its own)
 RUNS_COLUMNS = [
-    # its path as found (runs/NAME, an --out folder), to paste into `ponder info`
-    Column("run", "run", "s", wrap=True),
+    # its name below the folder it was found under, which the title names (the JSON: its path)
+    Column("name", "run", "s", wrap=True),
     Column("model", "method step task", text=_model, wrap=True),
     Column("status", "status at epoch", text=_status, wrap=True),
     Column("best_val_accuracy", "best val acc", text=_best, wrap=True),
@@ -171,8 +171,8 @@ def runs_report(rows: list[dict], folders: list[str]) -> Report:
                                                                    if row["checkpoint"]],
             "method": one("method"), "step": one("step"), "protocol": None, "halting": None, "seed": None,
             "device": None, "folders": folders, "runs": len(rows)}
-    here = folders == ["."]
-    where = "here" if here else "under " + ", ".join(f"{folder}/" for folder in folders)
-    return Report(meta=meta, buckets=rows, columns=RUNS_COLUMNS, title=f"Runs {where}",
-                  footer="" if rows else f"no run {where} yet" + (": `ponder train` writes one under runs/" if here
-                                                                  else ""))
+    here = folders == ["runs", "."]  # the default: runs/, then any other run folder here
+    where = " and ".join(f"{folder}/" for folder in folders)
+    return Report(meta=meta, buckets=rows, columns=RUNS_COLUMNS, title=f"Runs under {where}",
+                  footer="" if rows else f"no run under {where} yet" + (": `ponder train` writes one under runs/"
+                                                                        if here else ""))
