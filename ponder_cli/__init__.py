@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
+from typing import Callable
 
 __version__ = "0.2.0"
 
@@ -17,6 +19,50 @@ class PonderError(Exception):
     # Under torchrun: the same message on every process of the run (an interrupt, a problem rank
     # 0 met and told the others about), printed by rank 0 alone (distributed.error_line).
     run_wide = False
+
+
+# interrupts ------------------------------------------------------------------------------------
+# How every command stops on a signal, in one place: the CLI's boundary (cli/app.py) makes Ctrl-C
+# and SIGTERM interrupts for the whole command, however the process was started, and turns one into
+# a single Interrupted (130) or Terminated (143) line; what it says was kept is the command's
+# (`keeping`: training's last saved epoch), else that nothing was written.
+
+class Interrupted(PonderError):
+    """A command stopped by Ctrl-C (training: the last completed epoch is saved)."""
+    exit_code = 130
+    headline = "Interrupted"
+    run_wide = True  # under torchrun every rank stops; rank 0 alone says where the run is saved
+
+
+class Terminated(Interrupted):
+    """A command stopped by SIGTERM (kill, a job scheduler, a container stopping): as Ctrl-C,
+    with the shell's exit status for that signal, 128 + 15."""
+    exit_code = 143
+    headline = "Terminated"
+
+
+class SigTerm(KeyboardInterrupt):
+    """SIGTERM raised where the program is, so that it unwinds as it does for Ctrl-C."""
+
+
+@contextlib.contextmanager
+def keeping(kept: Callable[[], str]):
+    """An interrupt inside says `kept()` (asked once it has unwound, cleanup done: training's
+    resume hint) rather than that nothing was written. A library caller sees the interrupt as
+    Python raises it."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        if not hasattr(exc, "kept"):  # the innermost says what it kept
+            exc.kept = kept
+        raise
+
+
+def interruption(exc: KeyboardInterrupt, nothing_kept: str) -> Interrupted:
+    """The one line an interrupt ends a command with: Terminated for SIGTERM, Interrupted for
+    Ctrl-C, saying what `keeping` kept, else `nothing_kept`."""
+    kept = getattr(exc, "kept", None)
+    return (Terminated if isinstance(exc, SigTerm) else Interrupted)(kept() if kept else nothing_kept)
 
 
 class PonderWarning(UserWarning):

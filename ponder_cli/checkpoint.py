@@ -51,6 +51,13 @@ class TrainingState:
 
     RESUME_KEYS = ("optimizer", "scheduler", "scaler", "rng")
 
+    @property
+    def stopped_early(self) -> bool:
+        """Early stopping ended the run before its planned epochs: patience ran out with epochs
+        still to train (running out at the last epoch itself, the run simply finished)."""
+        patience = self.config.training.patience
+        return bool(patience) and self.epochs_without_improvement >= patience and self.epoch < self.config.training.epochs
+
     def to_dict(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "config": self.config.to_dict(), "model": self.model,
                 "epoch": self.epoch, "optimizer": self.optimizer, "scheduler": self.scheduler,

@@ -11,10 +11,11 @@ from typing import Optional
 import typer
 from typer.core import TyperCommand
 
+from . import PonderError
 from .config import PonderConfig
 from .folders import DEFAULT, LATEST, RUNS_DIR, SHIPPED
-from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_RULES, PIECES, PRIORS, PROTOCOLS, known, parse_exit_rule,
-                       parse_halting_rule, rule_choices)
+from .registry import (CNN_DROPOUT_MASKS, DEVICE_CHOICES, HALTING_INPUTS, HALTING_RULES, PIECES, PRIORS, PROTOCOLS,
+                       device_problem, known, parse_exit_rule, parse_halting_rule, rule_choices)
 from .render import OutputFormat, value_text
 
 
@@ -127,7 +128,15 @@ DataDirOption = path_option("--data-dir", help="Where MNIST lives or is download
                              "(MNIST/raw/ inside it). [default: $PONDER_DATA_DIR, else ~/.cache/ponder_cli]")
 DownloadOption = typer.Option(True, "--download/--no-download",
                               help="Download MNIST into --data-dir when it is not there.")
-DeviceOption = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N.")
+def _device(value: str) -> str:
+    """--device, its spelling checked before torch loads (registry.device_problem)."""
+    problem = device_problem(value)
+    if problem is not None:
+        raise PonderError(problem)
+    return value
+
+
+DeviceOption = typer.Option("auto", "--device", callback=_device, help=f"{DEVICE_CHOICES}.")
 AmpOption = typer.Option(None, "--amp/--no-amp", help="Mixed precision: fp16 on CUDA, bf16 on CPU. "
                          "[default: on for CUDA, off for CPU]")
 FormatOption = typer.Option(OutputFormat.table, "--format", "-f", help="Output format.", case_sensitive=False)

@@ -43,12 +43,12 @@ SHIPPED = {
     "reference": ("best.pt", "pondernet · step mlp · trained within ±22.5°"),
     "interpolation": ("interpolation/best.pt", "pondernet · step mlp · trained on unrotated digits"),
     "align": ("align/best.pt", "pondernet · step align · trained within ±22.5°"),
-    "parity16": ("parity/interpolation16.pt", "pondernet · step gru · parity of 16 elements, counts 1-16"),
-    "parity16-extrapolation": ("parity/extrapolation16.pt", "pondernet · step gru · parity of 16 elements, trained on "
-                                                           "counts 1-8"),
-    "parity16-extrapolation-act": ("parity/extrapolation16-act.pt", "act · step gru · parity of 16 elements, trained "
+    "parity16": ("parity/interpolation16.pt", "pondernet · step gru · parity of 16 elements · counts 1-16"),
+    "parity16-extrapolation": ("parity/extrapolation16.pt", "pondernet · step gru · parity of 16 elements · trained "
+                                                           "on counts 1-8"),
+    "parity16-extrapolation-act": ("parity/extrapolation16-act.pt", "act · step gru · parity of 16 elements · trained "
                                                                    "on counts 1-8"),
-    "parity32": ("parity/interpolation32.pt", "pondernet · step gru · parity of 32 elements, counts 1-32"),
+    "parity32": ("parity/interpolation32.pt", "pondernet · step gru · parity of 32 elements · counts 1-32"),
 }
 DEFAULT = "reference"
 
@@ -127,12 +127,15 @@ def accepted_forms(file: str = BEST) -> str:
             f"shipped model: {', '.join(SHIPPED)}")
 
 
-def resolve_checkpoint(given: Union[str, Path, None], file: str = BEST) -> Resolved:
+def resolve_checkpoint(given: Union[str, Path, None], file: Union[str, tuple[str, ...]] = BEST) -> Resolved:
     """The file a CHECKPOINT argument names, tried in this order: an existing file; an existing
-    run folder (its `file`: best.pt to evaluate, last.pt to resume); `latest`, the newest run
-    under runs/; a shipped model's name; `checkpoints/...`, the shipped file of that name (the
-    README's older spelling). None: the shipped reference model. Anything else is one error
-    naming the accepted forms."""
+    run folder (its `file`: best.pt to evaluate, last.pt to resume; several: the first it holds,
+    as `info` reads last.pt, else best.pt); `latest`, the newest run under runs/; a shipped
+    model's name; `checkpoints/...`, the shipped file of that name (the README's older
+    spelling). None: the shipped reference model. Anything else is one error naming the
+    accepted forms."""
+    files = (file,) if isinstance(file, str) else tuple(file)
+    file, named = files[0], " or ".join(files)
     if given is None:
         newest = newest_run_checkpoint(name=file)
         hint = f"; `{LATEST}` reads your newest run" if newest is not None else ""
@@ -140,8 +143,9 @@ def resolve_checkpoint(given: Union[str, Path, None], file: str = BEST) -> Resol
     text, path = str(given), Path(given)
     if path.is_file():
         return Resolved(path, "as given")
-    if path.is_dir() and (path / file).is_file():
-        return Resolved(path / file, f"the {file} of run folder {path}")
+    held = next((name for name in files if (path / name).is_file()), None) if path.is_dir() else None
+    if held is not None:
+        return Resolved(path / held, f"the {held} of run folder {path}")
     if text == LATEST:
         newest = newest_run_checkpoint(name=file)
         if newest is None:
@@ -156,24 +160,28 @@ def resolve_checkpoint(given: Union[str, Path, None], file: str = BEST) -> Resol
         return Resolved.shipped(old, f"the shipped model '{name}'" if name else f"shipped as {text}")
     if path.is_dir():
         if is_run_folder(path):
-            other = next((path / name for name in (BEST, LAST) if (path / name).is_file()), None)
-            why = f" (it has {other}: name that file)" if other is not None else \
-                f": its first epoch has not ended, or the run stopped before it did (`ponder runs {path}` says which)"
-            raise PonderError(f"{path} is a run folder with no {file}{why}; name {accepted_forms(file)}")
-        runs = [p.name for p in runs_in(path)]
+            other = next((path / name for name in CHECKPOINT_FILES if (path / name).is_file()), None)
+            if other is not None:
+                raise PonderError(f"{path} is a run folder with no {named} (it has {other}: name that file); "
+                                  f"name {accepted_forms(file)}")
+            holder = lock_holder(path / LOCK_FILE)
+            why = (f"training now (PID {holder}), its first epoch not finished" if holder is not None else
+                   "no epoch was saved (the run failed or was stopped before its first epoch ended)")
+            raise PonderError(f"{path} is a run folder with no checkpoint yet: {why}")
+        runs = [str(run.relative_to(path)) for run in runs_under(path)]
         if runs:
             raise PonderError(f"{path} is a folder of runs ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''}), "
                               f"not one run: `ponder runs {path}` lists them; name one, or {accepted_forms(file)}")
-        raise PonderError(f"{path} holds no {file}; name {accepted_forms(file)}")
+        raise PonderError(f"{path} holds no {named}; name {accepted_forms(file)}")
     raise PonderError(f"checkpoint {path} {file_problem(path) or 'cannot be read'}; name {accepted_forms(file)}")
 
 
 def newest_run_checkpoint(root: Path = RUNS_DIR, name: str = BEST) -> Optional[Path]:
-    """runs/<run>/<name> of the run that wrote last (`last_written`: the order `ponder runs`
-    lists them in) among those that hold one, if any."""
+    """<run>/<name> of the run under `root` (runs_under) that wrote last (`last_written`: the
+    order `ponder runs` lists them in) among those that hold one, if any."""
     if not root.is_dir():
         return None
-    found = [(last_written(run) or 0.0, str(run), run / name) for run in runs_in(root) if (run / name).is_file()]
+    found = [(last_written(run) or 0.0, str(run), run / name) for run in runs_under(root) if (run / name).is_file()]
     return max(found)[2] if found else None
 
 
@@ -300,7 +308,22 @@ def is_run_folder(folder: Path) -> bool:
     return isinstance(saved, dict) and "ponder_cli" in saved
 
 
-def runs_in(folder: Path) -> list[Path]:
-    """The run folders directly inside a folder of runs (runs/, say), by name: what `ponder runs`
-    lists and what a CHECKPOINT argument naming the folder is told to pick from."""
-    return sorted(p for p in folder.iterdir() if p.is_dir() and is_run_folder(p))
+SEARCH_DEPTH = 3  # folders below the one named that `ponder runs` looks into: runs/sweep/seed1 is 3
+
+
+def runs_under(folder: Path, depth: int = SEARCH_DEPTH) -> list[Path]:
+    """The runs a folder names, the one answer to "which runs are here" (`ponder runs`, `latest`,
+    a CHECKPOINT argument naming a folder of runs): the folder itself when it is a run folder,
+    else every run folder below it, `depth` levels deep at most, by path. Nothing inside a run
+    folder, a hidden folder (.git, .venv) or the installed package (its shipped models) counts."""
+    folder = Path(folder)
+    if is_run_folder(folder):
+        return [folder]
+    if depth <= 0 or inside_package(folder):
+        return []
+    try:
+        below = sorted(entry.name for entry in os.scandir(folder)
+                       if entry.is_dir() and not entry.name.startswith((".", "__")))
+    except OSError:  # not readable, or removed while we look
+        return []
+    return [run for name in below for run in runs_under(folder / name, depth - 1)]

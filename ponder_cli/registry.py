@@ -58,6 +58,26 @@ DEFAULT_PROTOCOL = "uniform"  # the reference notebook's: within ±angle
 EVAL_ANGLES = (0.0,)
 EXTRAPOLATION_ANGLES = (22.5, 45.0, 67.5, 90.0)
 FORMATS = ("table", "json", "csv")
+
+# --device: auto (CUDA when there is a GPU), cpu, cuda, cuda:N. Torch knows other kinds of device,
+# which it would accept by name; none of them is one this program runs on.
+DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
+OTHER_TORCH_DEVICES = ("meta", "mps", "xpu", "hip", "xla", "mtia", "hpu", "ipu", "maia", "ve", "lazy", "vulkan",
+                       "fpga", "opengl", "opencl", "ideep", "mkldnn", "ort", "privateuseone")
+
+
+def device_problem(name: str) -> Optional[str]:
+    """Why --device NAME names no device this program runs on, from its spelling alone (before
+    torch loads); None for auto, cpu, cuda and cuda:N (whether that GPU is there is torch's to say)."""
+    name = name.strip().lower()
+    kind, colon, index = name.partition(":")
+    if name == "auto" or (kind == "cuda" and (not colon or index.isdigit())) or name == "cpu":
+        return None
+    if kind == "cpu" and index.isdigit():  # torch accepts cpu:1 and quietly uses the one CPU device
+        return f"--device {name}: there is one CPU device, use --device cpu"
+    if kind in OTHER_TORCH_DEVICES and (not colon or index.isdigit()):
+        return f"unsupported device {name!r}; use {DEVICE_CHOICES}"
+    return f"unknown device {name!r}; use {DEVICE_CHOICES}"
 # the kinds of piece, in order: a later kind's implied values win (plain's one step over align's
 # twelve), an earlier kind may imply a later kind's piece (parity: --step gru)
 PIECES = {"task": TASKS, "step": STEPS, "method": METHODS}

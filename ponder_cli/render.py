@@ -100,12 +100,31 @@ def strict_json(value: Any) -> Any:
     return value
 
 
-def _csv_cell(value: Any) -> Any:
+LIST_SEPARATOR = ";"  # between a CSV list cell's items: never the CSV's own comma, so `cut -d,` reads every column
+
+
+def csv_cell(value: Any) -> Any:
+    """A value as one CSV cell that holds no comma of ours: a list's items joined by `;`
+    (`0;7;8`, `0.87;0.99`), a dict as `key=value` pairs joined by spaces (a list of dicts:
+    `rotation=22.5 protocol=uniform;...`), None as an empty cell. Text is as it is (a path of
+    the user's with a comma in it is quoted, as CSV does)."""
     if value is None:
         return ""
-    if isinstance(value, (list, tuple, dict)):
-        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return LIST_SEPARATOR.join(_csv_item(item) for item in value)
+    if isinstance(value, dict):
+        return _csv_item(value)
     return value
+
+
+def _csv_item(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, dict):
+        return " ".join(f"{key}={_csv_item(item)}" for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return " ".join(_csv_item(item) for item in value)
+    return str(value)
 
 
 # A rich table with its default box and padding: one border and two spaces of padding around
@@ -256,7 +275,7 @@ def render_report(report, fmt: OutputFormat | str, file: IO[str] | None = None, 
         text = io.StringIO()
         writer = csv.DictWriter(text, fieldnames=keys, lineterminator="\n")
         writer.writeheader()
-        writer.writerows({key: _csv_cell(row.get(key)) for key in keys} for row in rows)
+        writer.writerows({key: csv_cell(row.get(key)) for key in keys} for row in rows)
         file.write(spelling_for(file)(text.getvalue()))
     else:
         if report.rows or not report.footer:  # a table of no rows says less than its footer alone

@@ -26,16 +26,18 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from . import PonderError, __version__, file_problem
+from . import PonderError, PonderWarning, __version__, file_problem
 from .checkpoint import load_checkpoint
 from .config import PonderConfig, applies, inapplicable, render_config, spelled
 from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR,
                       Resolved, RunLock, check_unlocked, package_dir, package_problem, resolve_checkpoint,
                       run_files_in)
+from .render import csv_cell, value_text as spelled_value
 from .tasks import get_task
 from .train import EpochStats
 
@@ -123,8 +125,37 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
         raise PonderError(f"{package_problem(out_dir, str(out_dir))}; continue the run in another folder with "
                           f"--out DIR")
     elif not overwrite:
+        _refuse_another_run(state, Path(resume), out_dir)
         _refuse_rewind(state, Path(resume), out_dir / LAST)
     return TrainingPlan(cfg, out_dir, state, sources=sources, resumed=resumed)
+
+
+def describe_run(cfg: PonderConfig) -> str:
+    """A run's settings in a few words: `pondernet · step mlp · mnist · seed 1234`."""
+    return f"{cfg.method.name} · step {cfg.step.name} · {cfg.task.name} · seed {cfg.training.seed}"
+
+
+def _refuse_another_run(state, resume: Path, folder: Path) -> None:
+    """Resuming in a run's own folder a checkpoint of another run (one copied over its last.pt,
+    or another run's named by mistake) would make the folder that run's: its config.json,
+    config.toml, metrics.csv and best.pt rewritten. The folder's config.json is its record."""
+    try:
+        saved = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+        with warnings.catch_warnings():  # a setting the record's pieces do not read: said when it loads
+            warnings.simplefilter("ignore", PonderWarning)
+            recorded = PonderConfig.from_dict(saved["config"], saved=str(folder / CONFIG_FILE))
+    except (OSError, ValueError, TypeError, KeyError, PonderError):
+        return  # no record to hold it to (a folder of the user's, a config.json another version wrote)
+    if _same_run(recorded, state.config):
+        return
+    theirs, ours = state.config.to_dict(), recorded.to_dict()
+    differ = [f"{key.replace('_', '-')} {spelled_value(theirs[key])} (the folder's: {spelled_value(ours[key])})"
+              for key in ours if key not in RESUMABLE_CHANGES and ours[key] != theirs[key]]
+    raise PonderError(f"{resume} holds another run than the one {folder} records: the checkpoint is "
+                      f"{describe_run(state.config)}, {folder / CONFIG_FILE} says {describe_run(recorded)} "
+                      f"({'; '.join(differ[:4])}{'; ...' if len(differ) > 4 else ''}); resuming would make the "
+                      f"folder that run's. Continue the checkpoint's run in another folder with --out DIR, or pass "
+                      f"--overwrite to replace this folder's run")
 
 
 def _refuse_rewind(state, resume: Path, last: Path) -> None:
@@ -281,9 +312,8 @@ class MetricsFile:
 
     @staticmethod
     def _cells(row: dict) -> dict:
-        """A list (the halting-step histogram) as JSON text in one cell: `[12, 40, 3]`."""
-        return {key: json.dumps(list(value)) if isinstance(value, (list, tuple)) else value
-                for key, value in row.items()}
+        """A list (the halting-step histogram) in one cell as every CSV of ours holds it: `12;40;3`."""
+        return {key: csv_cell(value) for key, value in row.items()}
 
     def start(self, history: Iterable[dict] = ()) -> None:
         def write(f):

@@ -8,27 +8,24 @@ import inspect
 import torch
 
 from . import PonderError
+from .registry import device_problem
 
 
 def resolve_device(name: str) -> torch.device:
     """'auto' picks CUDA when present; an explicit device that is not usable is an error."""
+    problem = device_problem(name)
+    if problem is not None:
+        raise PonderError(problem)
     name = name.strip().lower()
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise PonderError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
+    device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             why = "this PyTorch has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
             raise PonderError(f"--device {name} requested but CUDA is not available ({why}); use --device cpu")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise PonderError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) visible")
-    elif device.type != "cpu":
-        raise PonderError(f"unsupported device {name!r}; use auto, cpu, cuda or cuda:N")
-    elif device.index is not None:  # torch accepts cpu:1 and quietly uses the one CPU device
-        raise PonderError(f"--device {name}: there is one CPU device, use --device cpu")
     return device
 
 

@@ -507,7 +507,7 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
         _save(state, out_dir, improved)
         if on_epoch is not None:
             on_epoch(record)
-        if cfg.training.patience and epochs_without_improvement >= cfg.training.patience:
+        if state.stopped_early:
             result.stopped_early = True
             break
     distributed.barrier()  # under torchrun every rank returns once rank 0 has written the checkpoints

@@ -397,3 +397,55 @@ def test_another_librarys_warning_is_one_line(capsys):
                       UserWarning)
     assert capsys.readouterr().err == ("Warning: This instance was constructed with capturable=True but step() ran "
                                        "outside [UserWarning]\n")
+def _cut_columns(text: str) -> list[list[str]]:
+    """Each line split at every comma, as `cut -d,` reads it."""
+    return [line.split(",") for line in text.splitlines()]
+
+
+def test_every_csv_cell_is_free_of_the_separator(checkpoint, runs, tiny_mnist, tmp_path, ponder):
+    """`ponder ... -f csv | cut -d,` puts every figure under its header: lists (histogram,
+    accuracy_wilson, checkpoints, calibrate's sets, predict's steps) hold no comma, nor our texts."""
+    import numpy as np
+
+    np.save(tmp_path / "two.npy", np.zeros((2, 28, 28), dtype=np.uint8))
+    commands = [["extrapolate", checkpoint, "--angles", 10, 20, "--repeats", 2],
+                ["eval", checkpoint, "--detail", "--angles", 10], ["sweep", checkpoint, "--to", 10, "--every", 10],
+                ["compare", runs / "pn1", runs / "pn2", runs / "act", "--angles", 10],
+                ["calibrate", checkpoint, "--rules", "quantile:0.5", "patience:1"],
+                ["predict", checkpoint, tmp_path / "two.npy", "--steps"],
+                ["info", runs / "pn1"], ["models"], ["runs", runs]]
+    for command in commands:
+        result = ponder(*command, "-f", "csv", "--data-dir", tiny_mnist) if command[0] not in (
+            "predict", "info", "models", "runs") else ponder(*command, "-f", "csv")
+        assert result.exit_code == 0, (command, result.output)
+        rows = list(csv.DictReader(io.StringIO(result.stdout)))
+        cut = _cut_columns(result.stdout)
+        assert len(rows) >= 1 and len(cut) == len(rows) + 1, command
+        for line, row in zip(cut[1:], rows):
+            assert line == [row[key] for key in cut[0]], command
+    compared = list(csv.DictReader(io.StringIO(ponder("compare", runs / "pn1", runs / "pn2", runs / "act",
+                                                      "--angles", 10, "-f", "csv", "--data-dir", tiny_mnist).stdout)))
+    # the pondernet group's two seeds, one cell
+    assert compared[0]["checkpoints"].split(";") == [str(runs / name / "best.pt") for name in ("pn1", "pn2")]
+    calibrated = next(csv.DictReader(io.StringIO(ponder("calibrate", checkpoint, "--rules", "quantile:0.5", "-f",
+                                                        "csv", "--data-dir", tiny_mnist).stdout)))
+    assert calibrated["sets"] == "rotation=22.5 protocol=uniform"
+
+
+def test_shell_completion_is_switched_on_and_works_offline():
+    """`ponder --show-completion bash` prints the script (no network, no shell detection), and
+    the script's request completes commands and options."""
+    import os
+
+    import processes
+
+    with processes.ponder("--show-completion", "bash") as proc:
+        script, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert "complete -o default -F _ponder_completion ponder" in script and "_PONDER_COMPLETE=complete_bash" in script
+    for words, cword, expected in (("ponder ev", 1, ["eval"]), ("ponder eval --proto", 2, ["--protocol"]),
+                                   ("ponder r", 1, ["runs"])):
+        env = {**os.environ, "_PONDER_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(cword)}
+        with processes.fork(processes.run_cli, [], env=env) as proc:
+            out, stderr = proc.communicate(timeout=60)
+        assert out.split() == expected, (words, out, stderr)

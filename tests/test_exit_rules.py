@@ -342,7 +342,7 @@ def test_calibrate_on_a_model_whose_outputs_are_known(fixed_model, tiny_mnist):
     loose = calibrate_checkpoint(fixed_model, None, EvalOptions(data_dir=tiny_mnist, download=False), tolerance=0.03)
     assert loose.meta["chosen"] == "quantile:0.5" and [b["chosen"] for b in loose.buckets].count(True) == 1
     assert (report.meta["data"], report.meta["sets"], report.meta["halting"], report.meta["bound"]) == (
-        "validation", [{"rotation": cfg.task.train_rotation, "protocol": "uniform"}], None, "wilson, one-sided 95%")
+        "validation", [{"rotation": cfg.task.train_rotation, "protocol": "uniform"}], None, "wilson one-sided 95%")
 
 
 def test_calibrate_command_contract(fixed_model, tiny_mnist, ponder, monkeypatch):
@@ -420,3 +420,11 @@ def test_calibrate_on_act_names_the_rules_given_never_a_halting_option(runs, tin
 def test_calibrate_refuses_a_bad_tolerance(tolerance, checkpoint, ponder, one_error_line):
     line = one_error_line(ponder("calibrate", checkpoint, "--tolerance", tolerance))
     assert line == f"Error: --tolerance must be at least 0 and below 1 (got {float(tolerance):g})"
+
+
+def test_every_calibrate_column_has_a_header(checkpoint, tiny_mnist, ponder):
+    result = ponder("calibrate", checkpoint, "--rules", "quantile:0.5", "patience:1", "--data-dir", tiny_mnist)
+    assert result.exit_code == 0, result.output
+    header = next(line for line in result.stdout.splitlines() if "rule" in line and "steps" in line)
+    assert [cell.strip() for cell in header.strip("┃").split("┃")] == ["rule", "steps", "accuracy", "gap", "agrees",
+                                                                       "bound", "verdict"]

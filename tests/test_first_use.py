@@ -288,14 +288,14 @@ def test_runs_lists_every_run_folder_with_its_status(run_folders, checkpoint, po
     assert result.exit_code == 0, result.output
     data = _strict(result.stdout)
     rows = {Path(b["run"]).name: b for b in data["buckets"]}
-    assert data["command"] == "runs" and data["folders"] == ["runs"] and data["device"] is None
+    assert data["command"] == "runs" and data["folders"] == ["runs", "."] and data["device"] is None
     assert {name: row["status"] for name, row in rows.items()} == {
         "a-finished": "finished", "b-stopped": "stopped early", "c-interrupted": "interrupted",
         "d-running": "running", "e-empty": "empty", "f-unreadable": "unreadable"}
     assert data["buckets"][0]["run"] == str(Path("runs") / "a-finished")  # oldest first
     best = load_checkpoint(checkpoint.parent / "last.pt").history[0]["val_accuracy"]
     assert rows["b-stopped"] | {"when": None} == {
-        "run": "runs/b-stopped", "task": "mnist", "method": "pondernet", "step": "mlp", "status": "stopped early",
+        "run": "runs/b-stopped", "name": "b-stopped", "task": "mnist", "method": "pondernet", "step": "mlp", "status": "stopped early",
         "epoch": 4, "epochs": 10, "best_epoch": 1, "best_val_accuracy": best,
         "best_val_steps": rows["b-stopped"]["best_val_steps"], "checkpoint": "runs/b-stopped/last.pt", "when": None}
     assert (rows["e-empty"]["task"], rows["e-empty"]["epoch"], rows["e-empty"]["checkpoint"]) == ("parity", None, None)
@@ -313,10 +313,37 @@ def test_runs_of_a_named_folder_a_run_folder_or_none(run_folders, tmp_path, pond
     assert [b["status"] for b in data["buckets"]] == ["finished"]
     monkeypatch.chdir(tmp_path)  # no runs/ here: an empty list, said so
     result = ponder("runs")
-    assert result.exit_code == 0 and result.stdout == "no run under runs/ yet: `ponder train` writes one there\n"
+    assert result.exit_code == 0 and result.stdout == "no run under runs/ and ./ yet: `ponder train` writes one under runs/\n"
     assert _strict(ponder("runs", "-f", "json").stdout)["buckets"] == []
     assert ponder("runs", "-f", "csv").stdout.startswith("command,task,checkpoints,")  # a header, no blank line
     assert one_error_line(ponder("runs", tmp_path / "nope")).startswith(f"Error: {tmp_path / 'nope'} does not exist")
+
+
+def test_runs_finds_the_runs_trained_with_out_and_a_folder_of_runs_is_one_rule(runs, tmp_path, ponder,
+                                                                                one_error_line, monkeypatch):
+    """`ponder runs` lists every run folder below the current folder (runs/, an --out folder, a
+    sweep's runs/sweep/seed1), as `eval` and `info` name a folder of runs: one rule."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    places = ["runs/pn1", "mine", "sweep/lr/seed1", ".trash/old", "deep/a/b/c"]
+    for place, written in zip(places, range(2_000_000_000, 2_000_000_005)):
+        shutil.copytree(runs / "pn1", tmp_path / place)
+        for file in (tmp_path / place).iterdir():
+            os.utime(file, (written, written))
+    (tmp_path / "mine" / "inside").mkdir()  # nothing inside a run folder is looked into
+    shutil.copy(runs / "act" / "last.pt", tmp_path / "mine" / "inside" / "last.pt")
+    listed = json.loads(ponder("runs", "-f", "json").stdout)
+    # oldest first; hidden folders and what lies deeper than three levels are left out
+    assert [row["run"] for row in listed["buckets"]] == ["runs/pn1", "mine", str(Path("sweep/lr/seed1"))]
+    assert [row["status"] for row in listed["buckets"]] == ["finished"] * 3
+    table = ponder("runs").stdout
+    assert "Runs under runs/ and ./" in table and all(name in table for name in ("│ pn1 ", "│ mine ", "sweep/lr/seed1"))
+    assert [row["name"] for row in listed["buckets"]] == ["pn1", "mine", "sweep/lr/seed1"]
+    assert [row["run"] for row in json.loads(ponder("runs", "sweep", "-f", "json").stdout)["buckets"]] == \
+        ["sweep/lr/seed1"]
+    line = one_error_line(ponder("info", "sweep"))
+    assert line.startswith("Error: sweep is a folder of runs (lr/seed1), not one run: `ponder runs sweep` lists them")
 
 
 def test_age_reads_as_a_person_would():
@@ -344,6 +371,12 @@ def test_every_computing_command_says_its_device(checkpoint, tiny_mnist, tmp_pat
         assert _strict(result.stdout)["device"] == "cpu"
         assert "device cpu (--device auto: no CUDA GPU available)" in result.stderr.splitlines() or \
             torch.cuda.is_available()
+    trained = ponder("train", "--epochs", 1, "--max-steps", 2, "--val-size", 100, "--train-size", 100,
+                     "--data-dir", tiny_mnist, "--out", tmp_path / "run", "--no-progress")
+    assert trained.exit_code == 0, trained.output
+    assert [line for line in trained.stderr.splitlines() if line.startswith("training ")] == [
+        "training pondernet (step mlp) on 100 images, validating on 100, device cpu (--device auto: no CUDA GPU "
+        "available)"] or torch.cuda.is_available()
     explicit = ponder("predict", checkpoint, tmp_path / "digit.npy", "--device", "cpu")
     assert explicit.exit_code == 0 and "device cpu" in explicit.stderr.splitlines()
     for command in ("info", "models"):
@@ -366,12 +399,17 @@ def test_evaluation_progress_goes_to_a_log_as_lines(checkpoint, tiny_mnist, monk
     assert not [line for line in lines if line.startswith("evaluating:")]
 
 
-@pytest.mark.parametrize("signal_name,code,headline", [("SIGINT", 130, "Interrupted"), ("SIGTERM", 143, "Terminated")])
-def test_a_signal_during_an_evaluation_is_one_line(signal_name, code, headline, checkpoint, tiny_mnist):
-    """A real signal to a real process, once its first bucket is done: one line, the shell's status."""
+@pytest.mark.parametrize("signal_name,code,headline,ignored", [("SIGINT", 130, "Interrupted", False),
+                                                                ("SIGTERM", 143, "Terminated", False),
+                                                                ("SIGINT", 130, "Interrupted", True)])
+def test_a_signal_during_an_evaluation_is_one_line(signal_name, code, headline, ignored, checkpoint, tiny_mnist):
+    """A real signal to a real process, once its first bucket is done: one line, the shell's status.
+    Also when the process started with SIGINT ignored, as a script's `ponder ... &` starts it."""
     def eval_signalled_after_one_bucket():
         from ponder_cli import evaluate
         real = evaluate.evaluate_bucket
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
         def once_then_signal(*args, **kwargs):
             result = real(*args, **kwargs)
@@ -385,7 +423,7 @@ def test_a_signal_during_an_evaluation_is_one_line(signal_name, code, headline, 
         stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == code, stderr
     assert stdout == "" and "Traceback" not in stderr
-    assert stderr.splitlines()[-1] == f"{headline}: evaluation stopped before its results; nothing was written"
+    assert stderr.splitlines()[-1] == f"{headline}: ponder eval stopped before its results; nothing was written"
 
 
 # found by a fresh new-user pass ------------------------------------------------------------------
@@ -415,16 +453,27 @@ def test_a_folder_of_runs_given_as_a_checkpoint_points_to_ponder_runs(run_folder
         assert line.startswith(f"Error: {run_folders} is a folder of runs (a-finished, b-stopped, c-interrupted, ...), "
                                f"not one run: `ponder runs {run_folders}` lists them")
     line = one_error_line(ponder("eval", run_folders / "e-empty"))
-    assert line.startswith(f"Error: {run_folders / 'e-empty'} is a run folder with no best.pt: its first epoch has "
-                           "not ended")
+    assert line == (f"Error: {run_folders / 'e-empty'} is a run folder with no checkpoint yet: no epoch was saved (the "
+                    "run failed or was stopped before its first epoch ended)")
 
 
-def test_ctrl_c_before_a_command_handles_it_is_still_one_line(monkeypatch, ponder):
+def test_every_command_words_an_interrupt_alike_and_gives_the_handlers_back(monkeypatch, ponder):
+    """One layer: the CLI's boundary, for info, runs and models as for eval; SIGTERM raised as an
+    interrupt only while a command runs."""
+    import ponder_cli.api as api
+    from ponder_cli import SigTerm
     from ponder_cli.api import inspection
 
-    def interrupted(**kwargs):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(inspection, "shipped_models", interrupted)
-    result = ponder("models")
-    assert result.exit_code == 130 and result.stdout == ""
-    assert result.stderr == "Interrupted: stopped before any result; nothing was written\n"
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    for command, function, interrupt, line in [
+            ("models", "shipped_models", KeyboardInterrupt, "Interrupted: ponder models stopped"),
+            ("info", "run_info", KeyboardInterrupt, "Interrupted: ponder info stopped"),
+            ("runs", "list_runs", SigTerm, "Terminated: ponder runs stopped")]:
+        def interrupted(*args, interrupt=interrupt, **kwargs):
+            raise interrupt
+        monkeypatch.setattr(inspection, function, interrupted)
+        monkeypatch.setattr(api, function, interrupted, raising=False)
+        result = ponder(command)
+        assert result.exit_code == (143 if interrupt is SigTerm else 130) and result.stdout == ""
+        assert result.stderr == f"{line} before its results; nothing was written\n"
+        assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers

@@ -149,7 +149,13 @@ def test_extrapolate_csv_carries_lists_and_metadata(checkpoint, tiny_mnist, pond
     result = ponder("extrapolate", checkpoint, "--angles", "45", "-f", "csv", "--halting", "expected",
                     "--data-dir", tiny_mnist)
     row = next(csv.DictReader(io.StringIO(result.stdout)))
-    assert math.isclose(sum(json.loads(row["histogram"])), 200, rel_tol=1e-6)
+    json_row = json.loads(ponder("extrapolate", checkpoint, "--angles", "45", "-f", "json", "--halting", "expected",
+                                 "--data-dir", tiny_mnist).stdout)["buckets"][0]
+    # lists as `;`-separated items, never a comma: `cut -d,` reads every column
+    assert [float(v) for v in row["histogram"].split(";")] == json_row["histogram"]
+    assert math.isclose(sum(float(v) for v in row["histogram"].split(";")), 200, rel_tol=1e-6)
+    assert [float(v) for v in row["accuracy_wilson"].split(";")] == json_row["accuracy_wilson"]
+    assert row["checkpoints"] == str(checkpoint)
     assert row["halting"] == "expected" and row["checkpoint"] == str(checkpoint)
     assert row["method"] == "pondernet" and row["step"] == "mlp" and row["command"] == "extrapolate"
 

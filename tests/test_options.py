@@ -160,3 +160,16 @@ def test_render_of_a_repeated_detail_report_does_not_raise():
     out = io.StringIO()
     render_report(report, "table", file=out, width=80)
     assert "2.5" in out.getvalue() and "1.5" in out.getvalue()  # the mean counts per step
+
+
+@pytest.mark.parametrize("args,line", [
+    (["eval", "--limit", "abc"], "Error: Invalid value for '--limit': 'abc' is not a whole number"),
+    (["train", "--epochs", "1.5"], "Error: Invalid value for '--epochs': '1.5' is not a whole number"),
+    (["eval", "--seed", "x"], "Error: Invalid value for '--seed': 'x' is not a whole number"),
+    (["calibrate", "--tolerance", "x"], "Error: Invalid value for '--tolerance': 'x' is not a number"),
+    (["eval", "--protocol", "x"], "Error: Invalid value for '--protocol': 'x' is not one of 'uniform', 'band', "
+                                  "'fixed'."),
+])
+def test_a_value_that_is_no_number_is_echoed_in_plain_words(args, line, ponder):
+    result = ponder(*args)
+    assert result.exit_code == 2 and result.stderr.splitlines()[-1] == line

@@ -291,7 +291,7 @@ def test_calibrate_uses_vectors_of_its_own_over_the_training_range(parity_run, p
     default = report()
     # CALIBRATION_PER_COUNT (256) calibration vectors for each count of the training range 1-6
     assert default["sets"] == [{"counts": "1-6", "lo": 1, "hi": 6}] and default["images"] == 6 * 256
-    assert default["data"] == "calibration" and default["bound"] == "wilson, one-sided 95%"
+    assert default["data"] == "calibration" and default["bound"] == "wilson one-sided 95%"
     assert default["protocol"] is None and default["task"] == "parity"
     beyond = report("--counts", "7-8", "--limit", "10")
     assert beyond["sets"] == [{"counts": "7-8", "lo": 7, "hi": 8}] and beyond["images"] == 2 * 10

@@ -269,3 +269,10 @@ def test_a_parity_strip(ponder, tmp_path):
     result = ponder("predict", path, tmp_path / "v.txt", "--plot", tmp_path / "strip.png")
     assert result.exit_code == 0, result.output
     assert (tmp_path / "strip.png").exists()
+
+
+def test_an_input_alone_is_told_that_a_checkpoint_comes_first(tmp_path, ponder, one_error_line):
+    assert one_error_line(ponder("predict", tmp_path / "digit.png")) == (
+        f"Error: predict takes a CHECKPOINT first, then the INPUT files: {tmp_path / 'digit.png'} was read as the "
+        f"checkpoint and no input followed; e.g. `ponder predict reference {tmp_path / 'digit.png'}` (the shipped "
+        "model; `ponder models` lists them)")

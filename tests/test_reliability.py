@@ -614,7 +614,7 @@ def test_an_interrupt_while_saving_stays_an_interrupt_and_keeps_the_previous_che
     """Ctrl-C (or SIGTERM) inside torch.save makes its zip writer fail on closing the file, a
     RuntimeError raised while the interrupt unwinds: the interrupt must come out, not that
     error (a traceback), and the earlier last.pt stay as it was, with no temp file left."""
-    from ponder_cli.api import _SigTerm
+    from ponder_cli import SigTerm as _SigTerm
     from ponder_cli.checkpoint import save_checkpoint
 
     run = tmp_path / "run"

@@ -156,3 +156,25 @@ def test_environment_json_records_what_the_run_ran_on_and_config_json_stays_as_i
     info = ponder("info", out, "-f", "json")
     assert info.exit_code == 0 and json.loads(info.stdout)["epochs_trained"] == 2
     assert json.loads(info.stdout)["sources"]["epochs"] == "given"
+
+
+def test_resuming_another_runs_checkpoint_in_a_run_folder_is_refused_naming_both(runs, tmp_path, ponder,
+                                                                                 one_error_line):
+    """A last.pt copied over from another run: resuming it would rewrite the folder's config.json,
+    config.toml, metrics.csv and best.pt as that run's. Refused, naming both; nothing touched."""
+    import shutil
+
+    folder = tmp_path / "pn1"
+    shutil.copytree(runs / "pn1", folder)
+    shutil.copy(runs / "act" / "last.pt", folder / "last.pt")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    line = one_error_line(ponder("train", "--resume", folder, "--epochs", 3))
+    assert line.startswith(f"Error: {folder / 'last.pt'} holds another run than the one {folder} records: the "
+                           f"checkpoint is act · step mlp · mnist · seed 1234, {folder / 'config.json'} says "
+                           f"pondernet · step mlp · mnist · seed 1 (method act (the folder's: pondernet); ")
+    assert "seed 1234 (the folder's: 1)" in line and line.endswith("or pass --overwrite to replace this folder's run")
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    # the same run's own last.pt resumes as before (epochs and patience may change)
+    shutil.copy(runs / "pn1" / "last.pt", folder / "last.pt")
+    result = ponder("train", "--resume", folder, "--epochs", 2, "--patience", 9)
+    assert one_error_line(result).startswith(f"Error: nothing to do: the run in {folder / 'last.pt'} is complete")

@@ -177,3 +177,19 @@ def test_random_depth_training_stops_each_input_at_its_drawn_depth(tiny_mnist, t
     result = train(cfg, train_set, val_set, device=torch.device("cpu"), out_dir=tmp_path, progress=False)
     # the expected steps under the halting distribution stay within each input's depth (mean 4)
     assert 1 <= result.history[0].train_steps <= 4.25 and math.isfinite(result.history[0].train_loss)
+def test_patience_running_out_at_the_last_epoch_is_a_finished_run(tiny_mnist, tmp_path, quick, ponder):
+    """A learning rate too small to change anything: only epoch 1 improves. With --patience 1,
+    two planned epochs end as planned (finished, not stopped early); three stop after the second."""
+    import json
+
+    for epochs, stopped, status in ((2, False, "finished"), (3, True, "stopped early after epoch 2")):
+        out = tmp_path / f"e{epochs}"
+        result = ponder("train", *quick, "--epochs", epochs, "--patience", 1, "--lr", 1e-9, "--data-dir", tiny_mnist,
+                        "--out", out, "-f", "json")
+        assert result.exit_code == 0, result.output
+        trained = json.loads(result.stdout)
+        assert (trained["epochs"], trained["stopped_early"]) == (2, stopped)
+        info = json.loads(ponder("info", out, "-f", "json").stdout)
+        assert info["stopped_early"] is stopped and info["status"].startswith(status)
+        runs = json.loads(ponder("runs", out, "-f", "json").stdout)["buckets"]
+        assert runs[0]["status"] == status.removesuffix(" after epoch 2")

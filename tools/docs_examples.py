@@ -321,6 +321,8 @@ def parse_problem(args: list[str]) -> Optional[str]:
             command.make_context(args[position], args[position + 1:], parent=ctx)
         except typer.Exit:  # --help or --version: parsed, and would print and stop there
             return None
+        except SystemExit as done:  # --show-completion: parsed, printed its script and stopped there
+            return None if done.code in (0, None) else f"exits with status {done.code}"
         except Exception as exc:  # click's UsageError family, whose module Typer keeps private
             return exc.format_message() if hasattr(exc, "format_message") else str(exc)
     return None

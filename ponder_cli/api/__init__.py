@@ -5,23 +5,20 @@ The CLI parses options, calls one of these and renders the report; everything he
 sweep, compare, calibrate), training (train), inspection (predict, info, runs). Here, what they
 share: what every command that reads a model does first (the device, the CHECKPOINT argument
 resolved and said on stderr, the model loaded, the halting rule checked against its method),
-and how every command stops on a signal (`interruptible`): Ctrl-C, and SIGTERM like it, end in
-one `Interrupted:` (exit 130) or `Terminated:` (143) line saying what was kept: training's last
-completed epoch and how to resume, an evaluation's nothing. Under torchrun only the first
-signal counts.
+and, for training under torchrun, that only the first signal counts. A library function lets
+Ctrl-C out as Python raises it; the CLI ends every command on one (ponder_cli.interruption).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import signal
 import threading
 from typing import Callable, Optional
 
 import torch
 
-from .. import PonderError
+from .. import Interrupted, PonderError, SigTerm, Terminated
 from ..checkpoint import load_model
 from ..config import PonderConfig
 from ..folders import resolve_checkpoint
@@ -113,29 +110,9 @@ def evaluation_seed(seed: Optional[int], *cfgs) -> int:
     return seeds.pop() if len(seeds) == 1 else PonderConfig.default("seed")
 
 
-# signals: how every command stops on one -------------------------------------------------------
-
-class Interrupted(PonderError):
-    """A command stopped by Ctrl-C (training: the last completed epoch is saved)."""
-    exit_code = 130
-    headline = "Interrupted"
-    run_wide = True  # under torchrun every rank stops; rank 0 alone says where the run is saved
-
-
-class Terminated(Interrupted):
-    """A command stopped by SIGTERM (kill, a job scheduler, a container stopping): as Ctrl-C,
-    with the shell's exit status for that signal, 128 + 15."""
-    exit_code = 143
-    headline = "Terminated"
-
-
-class _SigTerm(KeyboardInterrupt):
-    """SIGTERM raised where the training loop is, so that it unwinds as it does for Ctrl-C."""
-
-
-def _raise_sigterm(signum, frame) -> None:
-    raise _SigTerm()
-
+# signals: training under torchrun -----------------------------------------------------------------
+# Every command's interrupts are the CLI's (ponder_cli.interruption, cli/app.py); a command that
+# keeps something says what (ponder_cli.keeping). Here, what torchrun adds.
 
 def _ignore(signum, frame) -> None:
     pass
@@ -155,21 +132,19 @@ def _interrupt_once(signum, frame) -> None:
     # interrupts, later ones are ignored (a second interrupt while unwinding would be a
     # traceback). torchrun sends SIGKILL 30 s later to anything still running.
     ignore_signals()
-    raise _SigTerm() if signum == signal.SIGTERM else KeyboardInterrupt()
+    raise SigTerm() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt(torchrun: bool = False):
-    """While training, SIGTERM interrupts like Ctrl-C instead of ending the process on the spot
-    with no message (signal handlers can only be set from the main thread).
-
-    Under torchrun (see _interrupt_once) only the first SIGINT or SIGTERM counts, and once
-    training has failed this process is on its way out: signals stay ignored."""
-    if threading.current_thread() is not threading.main_thread():
+def first_signal_only(torchrun: bool):
+    """Under torchrun (see _interrupt_once) only the first SIGINT or SIGTERM counts, and once
+    training has failed this process is on its way out: signals stay ignored. A plain process
+    is left as it is (signal handlers can only be set from the main thread)."""
+    if not torchrun or threading.current_thread() is not threading.main_thread():
         yield
         return
-    signals = (signal.SIGTERM, signal.SIGINT) if torchrun else (signal.SIGTERM,)
-    previous = {sig: signal.signal(sig, _interrupt_once if torchrun else _raise_sigterm) for sig in signals}
+    signals = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.signal(sig, _interrupt_once) for sig in signals}
     failed = False
     try:
         yield
@@ -177,35 +152,11 @@ def sigterm_as_interrupt(torchrun: bool = False):
         failed = True
         raise
     finally:
-        if failed and torchrun:
+        if failed:
             ignore_signals()
         else:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-
-
-@contextlib.contextmanager
-def interruptible(kept: Callable[[], str], torchrun: bool = False):
-    """Ctrl-C or SIGTERM inside becomes Interrupted or Terminated, whose message is `kept()`
-    (what was saved, asked once the signal came: training's resume hint); SIGTERM interrupts
-    like Ctrl-C (sigterm_as_interrupt). Cleanup inside (a `finally`) runs before `kept` is asked."""
-    with sigterm_as_interrupt(torchrun):
-        try:
-            yield
-        except KeyboardInterrupt as exc:
-            raise (Terminated if isinstance(exc, _SigTerm) else Interrupted)(kept()) from None
-
-
-def stops_cleanly(what: str):
-    """A command's api function, interruptible: `Interrupted: evaluation stopped before its
-    results; nothing was written` rather than a silent exit 130 or a traceback."""
-    def decorate(function):
-        @functools.wraps(function)
-        def run(*args, **kwargs):
-            with interruptible(lambda: f"{what} stopped before its results; nothing was written"):
-                return function(*args, **kwargs)
-        return run
-    return decorate
 
 
 # one module per group of commands: after what they share, above, which they import

@@ -20,8 +20,7 @@ from ..registry import CALIBRATION_RULES, DEFAULT_HALTING, DEFAULT_PROTOCOL, par
 from ..reports import (Report, calibration_report, combine_draws, comparison_report, evaluation_report,
                        group_by_configuration, mean_ci, sweep_report)
 from ..tasks import BUCKETS, derived_seed, get_task, task_names
-from . import (check_halting, device_and_amp, evaluation_seed, load_one, on_device, resolve_named, steps_run,
-               stops_cleanly)
+from . import check_halting, device_and_amp, evaluation_seed, load_one, on_device, resolve_named, steps_run
 
 
 @dataclass(frozen=True)
@@ -149,7 +148,6 @@ def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int
     return combined, rho, rho_ci
 
 
-@stops_cleanly("evaluation")
 def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], buckets: Buckets, options: EvalOptions,
                         *, log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
     """eval (with the loss) and extrapolate: one checkpoint, one bucket per spec the task reads
@@ -188,7 +186,6 @@ def _with_protocol(task, options: EvalOptions) -> EvalOptions:
     return options
 
 
-@stops_cleanly("evaluation")
 def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float], stop: Optional[float],
                      every: Optional[float], options: EvalOptions, *,
                      log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
@@ -210,7 +207,6 @@ def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float],
                                   steps=steps_run(cfg, trained)), dev)
 
 
-@stops_cleanly("evaluation")
 def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, options: EvalOptions, *,
                          tolerance: float = 0.005,
                          rules: Optional[list[str]] = None, log: Callable[[str], None] = lambda line: None,
@@ -269,7 +265,6 @@ def _weights_digest(state_dict: dict) -> str:
     return digest.hexdigest()
 
 
-@stops_cleanly("evaluation")
 def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, options: EvalOptions, *,
                         log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
     """Several checkpoints on the same buckets (same inputs, same coin flips); checkpoints that

@@ -14,15 +14,16 @@ import torch
 from .. import PonderError, PonderWarning, file_problem
 from ..checkpoint import load_checkpoint, load_model, steps_problem
 from ..config import seed_problems
-from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SHIPPED, Resolved,
-                       is_run_folder, last_written, lock_holder, resolve_checkpoint, runs_in, shipped_path)
+from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SHIPPED, Resolved, last_written,
+                       lock_holder, resolve_checkpoint, runs_under, shipped_path)
 from ..methods import get_method
 from ..render import Column
 from ..reports import Report, info_report, make_meta, prediction_report, runs_report
 from ..tasks import InputOptions, get_task, uniforms as draw_uniforms
-from . import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named, steps_run, stops_cleanly
+from . import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named, steps_run
 
 
+HERE = Path(".")  # where `ponder runs` looks by default, after runs/: any --out folder below the current one
 PLOT_INPUTS = 16  # strips in one --plot figure: more would not be readable
 
 
@@ -51,7 +52,6 @@ class PredictOptions:
             raise PonderError(problems[0])
 
 
-@stops_cleanly("prediction")
 def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, Path]], options: PredictOptions, *,
                    log: Callable[[str], None] = lambda line: None) -> Report:
     """A model on the user's own files: the task reads them (MNIST: images and .npy arrays;
@@ -114,27 +114,9 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
 
 
 def _info_file(target: Union[str, Path, None]):
-    """What `ponder info` reads: a run folder's last.pt (the whole history; best.pt when the
-    folder has no last.pt, as the shipped models' folders), else as folders.resolve_checkpoint."""
-
-    folder = Path(target) if target is not None else None
-    if folder is not None and folder.is_dir() and not any((folder / name).is_file() for name in (LAST, BEST)):
-        if is_run_folder(folder):
-            raise PonderError(f"{folder} is a run folder with no checkpoint yet: {_without_checkpoint(folder)}")
-        if not runs_in(folder):
-            raise PonderError(f"{folder} holds no {LAST} or {BEST}: name a run folder, a checkpoint file, "
-                              f"latest or a shipped model")
-        return resolve_checkpoint(target, file=LAST)  # a folder of runs: said there
-    file = BEST if folder is not None and folder.is_dir() and not (folder / LAST).is_file() else LAST
-    return resolve_checkpoint(target, file=file)
-
-
-def _without_checkpoint(folder: Path) -> str:
-    """What a run folder with no checkpoint is: a run in its first epoch, or one that ended before."""
-    holder = lock_holder(folder / LOCK_FILE)
-    if holder is not None:
-        return f"training now (PID {holder}), its first epoch not finished"
-    return "no epoch was saved (the run failed or was stopped before its first epoch ended)"
+    """What `ponder info` reads: a run folder's last.pt (the whole history), else its best.pt
+    (as the shipped models' folders); otherwise as folders.resolve_checkpoint."""
+    return resolve_checkpoint(target, file=(LAST, BEST))
 
 
 def run_status(state, path: Path) -> tuple[str, str]:
@@ -142,19 +124,18 @@ def run_status(state, path: Path) -> tuple[str, str]:
     early, interrupted, running, best epoch) and as a sentence for `info`."""
     cfg, folder = state.config, path.parent
     patience = cfg.training.patience
-    stopped_early = bool(patience) and state.epochs_without_improvement >= patience
     holder = lock_holder(folder / LOCK_FILE)
     resumable = all(getattr(state, key) is not None for key in state.RESUME_KEYS)
     if path.name != LAST and state.epoch == state.best_epoch:
         # a best.pt (the shipped models among them) is a snapshot of the best epoch: it cannot tell
         # how its run went on
-        text = f"its run's best epoch, saved after epoch {state.epoch} of {cfg.training.epochs}"
+        text = f"its run's best epoch (saved after epoch {state.epoch} of {cfg.training.epochs})"
         if (folder / LAST).is_file():
             text += f"; the run's latest state is {folder / LAST}"
         return "best epoch", text
     if holder is not None:
         return "running", f"training now (PID {holder})"
-    if stopped_early:
+    if state.stopped_early:
         return "stopped early", (f"stopped early after epoch {state.epoch} (no better validation accuracy for "
                                  f"{patience} epochs)")
     if state.epoch < cfg.training.epochs:
@@ -184,13 +165,12 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
     if saved is not None and saved.get("config") == cfg.to_dict():  # the same run's record, not a stale one
         sources = saved.get("sources") or {}
     _, status = run_status(state, resolved.path)
-    stopped_early = bool(cfg.training.patience) and state.epochs_without_improvement >= cfg.training.patience
     resumable = all(getattr(state, key) is not None for key in state.RESUME_KEYS)
     best = _best(state)
     summary = {"file": str(resolved.path), "status": status, "epochs_trained": state.epoch,
                "epochs_planned": cfg.training.epochs, "best_epoch": state.best_epoch or None,
                "best_val_accuracy": best["val_accuracy"] if best else None,
-               "best_val_steps": best["val_steps"] if best else None, "stopped_early": stopped_early,
+               "best_val_steps": best["val_steps"] if best else None, "stopped_early": state.stopped_early,
                "resumable": resumable,
                "training_step": (state.history[-1].get("training_step") or None) if state.history else None}
     return info_report(str(resolved.path), cfg, [dict(h) for h in state.history], summary,
@@ -243,29 +223,30 @@ def _saved_run_config(folder: Path) -> Optional[dict]:
 # runs ------------------------------------------------------------------------------------------
 
 def list_runs(folders: Sequence[Union[str, Path]] = (), *, log: Callable[[str], None] = lambda line: None) -> Report:
-    """`ponder runs`: every run folder under runs/ (or under each of `folders`, or each of them
-    that is itself a run folder), oldest first: its task, method and step, status (finished,
-    stopped early, interrupted, running, empty: no checkpoint, unreadable; best epoch: only a
-    best.pt), the epochs trained
-    and planned, the best epoch and its validation figures, and when it last wrote."""
+    """`ponder runs`: every run folder under the current folder (or under each of `folders`, or
+    each of them that is itself a run folder: folders.runs_under), oldest first: its task,
+    method and step, status (finished, stopped early, interrupted, running, empty: no
+    checkpoint, unreadable; best epoch: only a best.pt), the epochs trained and planned, the best
+    epoch and its validation figures, and when it last wrote."""
 
-    roots = [Path(f) for f in folders] or [RUNS_DIR]
-    found: list[Path] = []
+    roots = [Path(f) for f in folders] or [RUNS_DIR, HERE]
+    found: dict[Path, str] = {}  # each run folder -> its name below the folder it was found under
     for root in roots:
         problem = file_problem(root)
+        if not folders and problem == "does not exist":
+            continue  # no runs/ here yet
         if problem is not None and problem != "is a directory":
-            if root == RUNS_DIR and not folders and problem == "does not exist":
-                continue  # no run trained here yet: an empty list, not an error
-            raise PonderError(f"{root} {problem}; name a folder of runs (default: {RUNS_DIR}/) or a run folder")
+            raise PonderError(f"{root} {problem}; name a folder of runs (default: {RUNS_DIR}/ and the current "
+                              f"folder) or a run folder")
         if problem is None:
-            raise PonderError(f"{root} is a file; name a folder of runs (default: {RUNS_DIR}/) or a run folder")
-        if is_run_folder(root):
-            found.append(root)
-        else:
-            found += runs_in(root)
+            raise PonderError(f"{root} is a file; name a folder of runs (default: {RUNS_DIR}/ and the current "
+                              f"folder) or a run folder")
+        for run in runs_under(root):
+            found.setdefault(run, str(run.relative_to(root)) if run != root else run.name or str(run))
     # by when each last wrote (the time itself: the text of a local time can change its offset)
-    written = {folder: last_written(folder) for folder in dict.fromkeys(found)}
-    rows = [_run_row(folder, written[folder]) for folder in sorted(written, key=lambda f: (written[f] or 0, str(f)))]
+    written = {folder: last_written(folder) for folder in found}
+    rows = [{"run": str(folder), "name": found[folder], **_run_row(folder, written[folder])}
+            for folder in sorted(written, key=lambda f: (written[f] or 0, str(f)))]
     return runs_report(rows, [str(root) for root in roots])
 
 

@@ -11,7 +11,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from .. import PonderError, brief, distributed
+from .. import PonderError, brief, distributed, keeping
 from ..config import PonderConfig, read_config_file
 from ..data import resolve_data_dir
 from ..render import config_lines, epoch_line
@@ -20,7 +20,7 @@ from ..runs import RunFolder, plan_training, require_tensorboard, resolve_config
 from ..runtime import amp_dtype
 from ..tasks import get_task
 from ..train import train
-from . import device_and_amp, device_name, ignore_signals, interruptible, on_device
+from . import device_and_amp, device_line, first_signal_only, ignore_signals, on_device
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,9 @@ def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, d
 def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = lambda line: None) -> Optional[Report]:
     """Train with the options the user gave (see runs.plan_training) and report the run.
 
-    The run folder is locked while training (runs.RunLock). SIGTERM stops training like Ctrl-C:
-    the last completed epoch is in last.pt and the error says how to resume.
+    The run folder is locked while training (runs.RunLock). An interrupt (Ctrl-C; SIGTERM too
+    under the CLI) stops training with the last completed epoch in last.pt, and says which and
+    how to resume (ponder_cli.keeping).
 
     Under torchrun (distributed.launch) every process calls this with the same arguments and
     trains on its share of every global batch of --batch-size images, on cuda:LOCAL_RANK on
@@ -119,7 +120,7 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -
         log(epoch_line(stats, cfg.training.epochs))
 
     finished = False
-    with interruptible(folder.resume_hint, torchrun=where is not None):
+    with keeping(folder.resume_hint), first_signal_only(torchrun=where is not None):
         try:
             task = get_task(cfg)
             train_set, val_set = task.load_training(resolve_data_dir(options.data_dir), options.download)
@@ -127,7 +128,8 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -
             plan.out_dir = distributed.on_main(folder.claim)
             log(f"writing checkpoints to {plan.out_dir}/")
             train_set, val_set = task.to_device(train_set, dev), task.to_device(val_set, dev)
-            log(_training_line(cfg, task.describe(train_set, val_set), dev, amp, where, plan))
+            log(_training_line(cfg, task.describe(train_set, val_set), device_line(dev, options.device), dev, amp, where,
+                                   plan))
             started = time.perf_counter()
             result = train(cfg, train_set, val_set, device=dev, out_dir=plan.out_dir, amp=amp, resume=plan.resume,
                            on_epoch=on_epoch, progress=options.progress and main, log=log,
@@ -147,9 +149,10 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -
                      dev) if main else None
 
 
-def _training_line(cfg, data: str, dev, amp: bool, where, plan) -> str:
-    """What is trained on what: `training pondernet (step mlp) on 55000 images, ..., device cpu`."""
-    return (f"training {cfg.method.name} (step {cfg.step.name}) {data}, device {device_name(dev)}"
+def _training_line(cfg, data: str, device: str, dev, amp: bool, where, plan) -> str:
+    """What is trained on what: `training pondernet (step mlp) on 55000 images, ..., device cpu
+    (--device auto: no CUDA GPU available)`, the device as every command says it (device_line)."""
+    return (f"training {cfg.method.name} (step {cfg.step.name}) {data}, {device}"
             f"{', amp ' + str(amp_dtype(dev)).removeprefix('torch.') if amp else ''}"
             f"{f', {where.world_size} processes, global batch {cfg.training.batch_size}' if where else ''}"
             f"{', resuming after epoch ' + str(plan.resume.epoch) if plan.resume else ''}")

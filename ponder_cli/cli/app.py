@@ -14,7 +14,9 @@ import codecs
 import contextlib
 import io
 import os
+import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Optional, TextIO
@@ -22,20 +24,21 @@ from typing import Optional, TextIO
 import typer
 from typer.core import TyperGroup
 
-from .. import PonderError, PonderWarning, __version__
+from .. import PonderError, PonderWarning, SigTerm, __version__, interruption
 from ..cli_options import Protocol
 from ..render import ASCII_ERRORS, OutputFormat
 
 
 class PonderGroup(TyperGroup):
     """The one error boundary: a PonderError (the user's to fix) or an OSError on a user's path
-    becomes one line on stderr and a non-zero exit, never a traceback. The standard streams are
+    becomes one line on stderr and a non-zero exit, never a traceback; so does an interrupt
+    (Ctrl-C, SIGTERM: signals_interrupt), in every command alike. The standard streams are
     handled here too (below): stderr may be lost without harm; results need a stdout, and
     a reader that leaves it ends the command quietly with READER_GONE."""
 
     def main(self, *args, **kwargs):
         spell_what_encodings_lack()
-        with guarded_stderr():
+        with guarded_stderr(), signals_interrupt():
             return super().main(*args, **kwargs)
 
     def invoke(self, ctx):
@@ -49,17 +52,35 @@ class PonderGroup(TyperGroup):
             reader_gone()
             raise typer.Exit(READER_GONE) from None
         except typer.BadParameter as exc:
-            # Typer words a refused choice as pydantic does, "Value error, 'x' is not one of ..."
-            exc.message = exc.message.removeprefix("Value error, ")
+            exc.message = parameter_message(exc)
             raise
         except PonderError as exc:
             _fail(f"{exc.headline}: {exc}", exc.exit_code, exc)
         except KeyboardInterrupt as exc:
-            # Ctrl-C before a command's own handling began (api.interruptible says what
-            # it kept): nothing was written yet; the shell's status for SIGINT, not click's "Aborted!"
-            _fail("Interrupted: stopped before any result; nothing was written", 130, exc)
+            # Ctrl-C or SIGTERM (signals_interrupt), in any command: one line, the shell's status
+            # for the signal, not click's "Aborted!"; what was kept, where the command kept any
+            command = " ".join(filter(None, ("ponder", ctx.invoked_subcommand)))
+            stopped = interruption(exc, f"{command} stopped before its results; nothing was written")
+            _fail(f"{stopped.headline}: {stopped}", stopped.exit_code, stopped)
         except OSError as exc:
             _fail(f"Error: {exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}", 1, exc)
+
+
+# What a value typed for a number is, in the words every other option uses: pydantic's error
+# kinds (Typer converts through it) by what the value was meant to be.
+_NOT_A = {"int_parsing": "a whole number", "int_from_float": "a whole number", "int_type": "a whole number",
+          "float_parsing": "a number", "float_type": "a number", "finite_number": "a finite number"}
+
+
+def parameter_message(exc: "typer.BadParameter") -> str:
+    """An option's refused value as `'abc' is not a whole number`, the value echoed, where Typer
+    says `Input should be a valid integer, unable to parse string as an integer`; a refused
+    choice without pydantic's "Value error, "."""
+    errors = getattr(exc.__cause__, "errors", None)
+    first = next(iter(errors()), None) if callable(errors) else None
+    if first is not None and first.get("type") in _NOT_A:
+        return f"{first.get('input')!r} is not {_NOT_A[first['type']]}"
+    return exc.message.removeprefix("Value error, ")
 
 
 def _fail(line: str, code: int, exc: Exception) -> None:
@@ -76,7 +97,7 @@ def _fail(line: str, code: int, exc: Exception) -> None:
     raise typer.Exit(code) from None
 
 
-app = typer.Typer(cls=PonderGroup, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+app = typer.Typer(cls=PonderGroup, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None,  # plain click errors: one "Error: ..." line, no boxes
                   context_settings={"help_option_names": ["-h", "--help"]})
 
@@ -140,6 +161,33 @@ def run_evaluation(command: str, checkpoint: Optional[str], angles: Optional[lis
     plot, eval_options = evaluation_options(**options)
     report = evaluate_checkpoint(command, checkpoint, spelled, eval_options, log=chatter(quiet), progress=bars(quiet))
     render_and_plot(report, fmt, plot, quiet)
+
+
+# signals -------------------------------------------------------------------------------------------
+
+def _raise_sigterm(signum, frame) -> None:
+    raise SigTerm()
+
+
+@contextlib.contextmanager
+def signals_interrupt():
+    """While a command runs, Ctrl-C (SIGINT) and SIGTERM interrupt it, however the process was
+    started: a non-interactive shell starts a background job (`ponder train ... &`) with SIGINT
+    ignored, and SIGTERM would end the process on the spot, with no word and no cleanup. The
+    handlers found are put back afterwards (signal handlers belong to the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    if previous[signal.SIGINT] in (signal.SIG_IGN, signal.SIG_DFL):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _raise_sigterm)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:  # None: a handler set from C, which Python cannot put back
+                signal.signal(sig, handler)
 
 
 # the standard streams ---------------------------------------------------------------------------

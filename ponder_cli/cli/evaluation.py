@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 
+from .. import PonderError
 from ..cli_options import (
     AmpOption,
     AnglesCommand,
@@ -35,7 +36,7 @@ from ..cli_options import (
     halting_rules,
     path_option,
 )
-from ..folders import DEFAULT, LATEST, RUNS_DIR
+from ..folders import DEFAULT, LATEST, RUNS_DIR, SEARCH_DEPTH
 from ..render import OutputFormat
 from ..registry import EVAL_ANGLES, EXTRAPOLATION_ANGLES
 from .app import app, bars, chatter, evaluation_options, render_and_plot, run_evaluation, spelled_buckets
@@ -226,7 +227,7 @@ def calibrate(
 @app.command()
 def predict(
     checkpoint: str = RequiredCheckpointArgument,
-    inputs: List[Path] = typer.Argument(..., metavar="INPUT...", show_default=False,
+    inputs: Optional[List[Path]] = typer.Argument(None, metavar="INPUT...", show_default=False,
                                         help="MNIST models: image files (PNG, JPEG, ...: any size and mode) or .npy "
                                              "arrays of shape (N, 28, 28); parity models: .npy arrays (N, ELEMS) or "
                                              "text files of one vector per line (entries -1, 0, 1)."),
@@ -249,6 +250,10 @@ def predict(
     fmt: OutputFormat = FormatOption,
 ) -> None:
     """A model on your own inputs: the prediction, its probability and the halting step per input."""
+    if not inputs:  # one argument: the input, taken for the checkpoint
+        raise PonderError(f"predict takes a CHECKPOINT first, then the INPUT files: {checkpoint} was read as the "
+                          f"checkpoint and no input followed; e.g. `ponder predict {DEFAULT} {checkpoint}` (the "
+                          f"shipped model; `ponder models` lists them)")
     from ..api import PredictOptions, predict_inputs
     from ..plot import check_destination
 
@@ -292,7 +297,9 @@ def models(
 @app.command()
 def runs(
     folders: Optional[List[Path]] = typer.Argument(None, metavar="FOLDER", show_default=False,
-                                                   help=f"Folders of runs, or run folders. [default: {RUNS_DIR}]"),
+                                                   help=f"Folders of runs (every run folder below, {SEARCH_DEPTH} levels deep), or run "
+                                                        f"folders. [default: the current folder: {RUNS_DIR}/ and "
+                                                        f"any --out folder here]"),
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:

@@ -23,7 +23,8 @@ from ..cli_options import (
     piece_choice,
     piece_metavar,
 )
-from ..config import PonderConfig, render_config
+from .. import PonderError
+from ..config import TYPES, PonderConfig, problems_of, render_config
 from ..render import OutputFormat
 from .app import app, bars, chatter, render_and_plot
 
@@ -177,10 +178,11 @@ def train(
     Less common settings (--grad-clip, --lr-patience, --val-size, --truncation, --amp, ...) are
     options too, left out of this list; every setting can be kept in a --config file.
     """
-    from ..api import TrainOptions, train_run
-
     given = {name: value.value if isinstance(value, Enum) else value for name, value in locals().items()
              if name in PonderConfig.field_names() and value is not None}
+    _refuse_bad_values(given)  # before torch loads: a typo costs no start-up
+    from ..api import TrainOptions, train_run
+
     options = TrainOptions(resume=resume, out=out, data_dir=data_dir, download=download, device=device, amp=amp,
                            progress=bars(quiet, progress), overwrite=overwrite, tensorboard=tensorboard,
                            config_file=config, deterministic=deterministic, cuda_graphs=cuda_graphs)
@@ -190,6 +192,17 @@ def train(
     report = train_run(given, options, log=chatter(quiet))
     if report is not None:  # None: a torchrun process other than rank 0, which reports nothing
         render_and_plot(report, fmt, None, quiet)
+
+
+def _refuse_bad_values(given: dict) -> None:
+    """Each value given, checked alone as its setting's field checks it (--epochs 0, --lambda-p 2),
+    before the library (and torch) loads; what the pieces make of them together is checked when
+    the configuration is built. A value spelled as text for a number (--halting-bias prior) is
+    the config's to read."""
+    problems = [problem for key, value in given.items() if not (isinstance(value, str) and TYPES[key] is not str)
+                for problem in problems_of(key, value)]
+    if problems:
+        raise PonderError("; ".join(problems))
 
 
 def _print_config(given: dict, options, fmt: OutputFormat) -> None:

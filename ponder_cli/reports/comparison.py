@@ -39,7 +39,7 @@ def group_by_configuration(models: list[tuple[str, object]]) -> list[Group]:
         differing = sorted({k for other in firsts
                             if other is not cfg and other.chosen() == cfg.chosen()
                             for k, v in other.to_dict().items() if k != "seed" and mine[k] != v})
-        label = cfg.method.name + (f" ({', '.join(f'{k}={mine[k]}' for k in differing)})" if differing else "")
+        label = cfg.method.name + (f" ({' '.join(f'{k}={mine[k]}' for k in differing)})" if differing else "")
         result.append(Group(label, cfg, members))
     return result
 

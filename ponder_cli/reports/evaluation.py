@@ -186,7 +186,7 @@ def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float]
 CALIBRATION_COLUMNS = [
     Column("halting", "rule", "s"), Column("mean_steps", "steps", ".2f"), Column("accuracy", "accuracy", ".4f"),
     Column("gap", "gap", "+.4f"), Column("agreement", "agrees", ".4f"), Column("agreement_lower", "bound", ".4f"),
-    Column("chosen", "", "s", text=lambda row: "chosen" if row["chosen"] else "ok" if row["admitted"] else ""),
+    Column("chosen", "verdict", "s", text=lambda row: "chosen" if row["chosen"] else "ok" if row["admitted"] else ""),
 ]
 
 
@@ -209,7 +209,7 @@ def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[st
     meta = make_meta("calibrate", [checkpoint], [cfg.method.name], [cfg.step.name], protocol=protocol, halting=None,
                      seed=seed,
                      task=view.name, repeats=repeats, **view.meta, **steps, data=data, sets=sets, images=images,
-                     tolerance=tolerance, criterion="agreement", bound="wilson, one-sided 95%", chosen=chosen)
+                     tolerance=tolerance, criterion="agreement", bound="wilson one-sided 95%", chosen=chosen)
     labels = ", ".join(words.label(s) for s in sets)
     draws = f" · {repeats} draws pooled (seeds {seed}–{seed + repeats - 1})" if repeats > 1 else f" · seed {seed}"
     how = f"protocol {protocol} · " if protocol is not None else ""

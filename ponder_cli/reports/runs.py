@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from datetime import datetime
-from pathlib import Path
 from typing import Optional
 
 from ..render import Column, cell_text, value_text
@@ -168,8 +167,8 @@ def _best(row: dict) -> str:
 # narrow enough for 80 columns with a parity run's 32-character name: the epochs go with the
 # status, the best epoch with its figure, the time as an age (the JSON has each on its own)
 RUNS_COLUMNS = [
-    # the folder's own name: the title names the folders they are in (the JSON: every path)
-    Column("run", "run", text=lambda row: Path(row["run"]).name or row["run"], wrap=True),
+    # its name below the folder it was found under, which the title names (the JSON: its path)
+    Column("name", "run", "s", wrap=True),
     Column("model", "method step task", text=_model, wrap=True),
     Column("status", "status at epoch", text=_status, wrap=True),
     Column("best_val_accuracy", "best val acc", text=_best, wrap=True),
@@ -186,6 +185,8 @@ def runs_report(rows: list[dict], folders: list[str]) -> Report:
                                                                    if row["checkpoint"]],
             "method": one("method"), "step": one("step"), "protocol": None, "halting": None, "seed": None,
             "device": None, "folders": folders, "runs": len(rows)}
-    where = ", ".join(f"{folder}/" for folder in folders)
+    here = folders == ["runs", "."]  # the default: runs/, then any other run folder here
+    where = " and ".join(f"{folder}/" for folder in folders)
     return Report(meta=meta, buckets=rows, columns=RUNS_COLUMNS, title=f"Runs under {where}",
-                  footer="" if rows else f"no run under {where} yet: `ponder train` writes one there")
+                  footer="" if rows else f"no run under {where} yet" + (": `ponder train` writes one under runs/"
+                                                                        if here else ""))
