@@ -288,6 +288,10 @@ def test_act_keeps_graves_bias_on_align_unless_given():
     assert PonderConfig.of(step="align", method="act", halting_bias="-2").method.halting_bias == -2.0
     assert PonderConfig.of(step="align", method="pondernet").method.halting_bias == 0.0  # logit(0.5)
     assert torch.equal(new_model(act).halting_head.bias, torch.tensor([1.0]))
+    # the "deep start" of the halting study: -3 given, on both methods, is the head's bias
+    for method in ("act", "pondernet"):
+        deep = PonderConfig.of(**SMALL, method=method, halting_bias=-3.0)
+        assert torch.equal(new_model(deep).halting_head.bias, torch.tensor([-3.0]))
 
 
 def test_a_saved_config_keeps_the_truncation_it_was_trained_with():
