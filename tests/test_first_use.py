@@ -1,6 +1,6 @@
 """What a new user meets: nothing of theirs overwritten, strict JSON, undefined fits said so,
 damaged or odd files named for what they are, `ponder runs`, the device, evaluation progress and
-interrupts, tables in a pipe (issue 39's findings, each at the mechanism that fixes it)."""
+interrupts, tables in a pipe (a first-use review's findings, each at the mechanism that fixes it)."""
 
 import csv
 import io
