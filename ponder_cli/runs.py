@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from . import PonderError, PonderWarning, __version__, file_problem
+from . import PonderError, PonderWarning, __version__, brief, file_problem, name_length_problem
 from .checkpoint import load_checkpoint
 from .config import PonderConfig, applies, inapplicable, render_config, spelled
 from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR,
@@ -96,6 +96,9 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     own folder. A folder holding another run's checkpoints (or the shipped models) is refused
     unless overwrite is set.
     """
+    too_long = name_length_problem(out) if out is not None else None
+    if too_long:
+        raise PonderError(f"--out {brief(str(out), 60)} {too_long}: give --out a shorter name")
     if out is not None and out.exists() and not out.is_dir():
         raise PonderError(f"--out {out} {file_problem(out) or 'is a file'}; --out names the folder for best.pt and "
                           f"last.pt")

@@ -91,6 +91,22 @@ class TaskView:
     named_in_titles: bool = True
 
 
+def band_text(bucket: dict, unit: str = "") -> str:
+    """A bucket that covers a band of difficulty (`band`: [from, to], MNIST's band protocol) as
+    its edges: `45–90`."""
+    low, high = bucket["band"]
+    return f"{low:g}–{high:g}{unit}"
+
+
+def key_column(words: Terms, buckets: list[dict]) -> Column:
+    """The column that names each bucket: its difficulty, or its band's edges where the buckets
+    are bands (`45–90`: the row's |rotation| lies between them)."""
+    if any(bucket.get("band") for bucket in buckets):
+        # the header of the exact difficulty (|angle|): a band holds |rotation| between its edges
+        return Column(words.key, words.sweep_header, text=lambda row: band_text(row) if row.get("band") else "")
+    return Column(words.key, words.header, words.spec)
+
+
 def describe_model(cfg, view: TaskView) -> str:
     """How captions and titles name a model: method, step function, what it was trained on."""
     return f"{cfg.method.name} · step {cfg.step.name} · {view.trained_on}"
