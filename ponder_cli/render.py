@@ -19,10 +19,19 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 
-from .registry import FORMATS
+from .registry import FORMATS, TRAIN_FORMATS
 
 
 OutputFormat = Enum("OutputFormat", {name: name for name in FORMATS}, type=str)
+TrainFormat = Enum("TrainFormat", {name: name for name in TRAIN_FORMATS}, type=str)  # `ponder train`'s: + jsonl
+
+
+def json_line(record: dict, file: IO[str] | None = None) -> None:
+    """One JSON object on one line (`-f jsonl`), strict as `-f json`'s, flushed at once: a
+    pipeline watching a run reads each line as it is written."""
+    file = file or sys.stdout
+    file.write(json.dumps(strict_json(record), allow_nan=False, separators=(",", ":")) + "\n")
+    file.flush()
 
 
 @dataclass(frozen=True)
@@ -301,9 +310,14 @@ def render_table(rows: list[dict], columns: list[Column], *, title: str | None =
 
 def render_report(report, fmt: OutputFormat | str, file: IO[str] | None = None, width: int | None = None) -> None:
     """Write a reports.Report to stdout as a table, one JSON object, or CSV (one row per bucket);
-    width: the table's console width (default: the terminal's)."""
-    fmt = OutputFormat(fmt)
+    width: the table's console width (default: the terminal's). jsonl (`ponder train`'s): the
+    JSON object on one line, `"record": "report"`, after the epochs' lines."""
     file = file or sys.stdout
+    if getattr(fmt, "value", fmt) == "jsonl":
+        document = report.as_json()
+        json_line({"format_version": document.pop("format_version"), "record": "report", **document}, file)
+        return
+    fmt = OutputFormat(fmt)
     if fmt is OutputFormat.json:
         # strict JSON (RFC 8259), which has no NaN or Infinity: a non-finite figure (a model
         # with NaN weights) is null; ASCII whatever the text: JSON escapes the rest

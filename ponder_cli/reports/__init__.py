@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from ..registry import FORMAT_VERSION
 from ..render import Column
 
 # device: what the figures were computed on ("cpu", "cuda:0"); null where nothing was (info, models, runs)
@@ -35,7 +36,7 @@ class Report:
         return self.buckets if self.table_rows is None else self.table_rows
 
     def as_json(self) -> dict:
-        return {**self.meta, "buckets": self.buckets}
+        return {"format_version": FORMAT_VERSION, **self.meta, "buckets": self.buckets}
 
     def csv_rows(self) -> list[dict]:
         """One row per bucket, the scalar metadata in the first columns."""
@@ -135,6 +136,6 @@ from .evaluation import (  # noqa: E402, F401
     sweep_columns,
     sweep_report,
 )
-from .runs import (HISTORY_COLUMNS, PREDICT_COLUMNS, RUNS_COLUMNS, TRAIN_COLUMNS, info_report,  # noqa: E402, F401
-                   prediction_report, runs_report, training_report)
+from .runs import (HISTORY_COLUMNS, PREDICT_COLUMNS, RUNS_COLUMNS, TRAIN_COLUMNS, epoch_record,  # noqa: E402, F401
+                   info_report, prediction_report, runs_report, training_report)
 from .uncertainty import combine_draws, mean_ci, standard_error, wilson_interval, wilson_lower  # noqa: E402, F401

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Optional
 
 from ..render import Column, cell_text, value_text
+from ..registry import FORMAT_VERSION
 from . import Report, TaskView, describe_model, make_meta
 
 # train -----------------------------------------------------------------------------------------
@@ -46,6 +47,12 @@ ON_THE_CPU = "eager: on the CPU"
 
 def _step_line(path: Optional[str], before: str = "") -> str:
     return f"{before}training batches: {path}" if path and path != ON_THE_CPU else ""
+
+
+def epoch_record(stats) -> dict:
+    """An epoch as `ponder train -f jsonl` streams it when the epoch ends: the figures of the
+    JSON's `buckets` entry for it, marked `"record": "epoch"`."""
+    return {"format_version": FORMAT_VERSION, "record": "epoch", "command": "train", **asdict(stats)}
 
 
 # predict ---------------------------------------------------------------------------------------
