@@ -23,7 +23,7 @@ def _command_names():
 
 
 def test_every_command_is_covered_here():
-    assert _command_names() == ["calibrate", "compare", "eval", "extrapolate", "info", "models", "predict", "runs",
+    assert _command_names() == ["calibrate", "compare", "diff", "eval", "extrapolate", "info", "models", "predict", "runs",
                                 "sweep", "train"]
 
 
