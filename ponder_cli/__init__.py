@@ -98,6 +98,32 @@ def special_file_kind(path) -> str | None:
     return next((kind for test, kind in _SPECIAL_FILES if test(mode)), None)
 
 
+NAME_MAX, PATH_MAX = 255, 4096  # bytes: what Linux and macOS file systems take, where pathconf cannot say
+
+
+def name_length_problem(path) -> str | None:
+    """Why `path` cannot be made for its length (a folder or file name longer than the file
+    system takes, or the whole path), worded to follow its name; None when it can. Checked before
+    anything is written, so a run named too long is one line naming the fix, not the OS's error."""
+    text = os.fsencode(os.fspath(path))
+    here = os.path.dirname(os.path.abspath(text)) or b"."
+    while not os.path.isdir(here):  # the nearest folder that exists: its file system's limits
+        here = os.path.dirname(here)
+    def limit(name: str, default: int) -> int:
+        try:
+            return os.pathconf(here, name)
+        except (OSError, ValueError, AttributeError):  # not POSIX, or the file system does not say
+            return default
+    name_max = limit("PC_NAME_MAX", NAME_MAX)
+    longest = max((part for part in text.split(os.fsencode(os.sep)) if part), key=len, default=b"")
+    if len(longest) > name_max:
+        return f"has a name of {len(longest)} bytes; this file system takes names of at most {name_max}"
+    path_max = limit("PC_PATH_MAX", PATH_MAX)
+    if len(os.path.abspath(text)) >= path_max:
+        return f"is {len(os.path.abspath(text))} bytes long in full; this file system takes at most {path_max - 1}"
+    return None
+
+
 def file_problem(path) -> str | None:
     """Why `path` cannot be read as a file, worded to follow its name: "does not exist", "is a
     directory", "is a character device, not a regular file" (/dev/null; a pipe would block the

@@ -29,7 +29,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from . import PonderError, PonderWarning, file_problem
-from .registry import (CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, PIECES, PRIORS, STEPS, TASKS, TRUNCATION_RULES, known,
+from .registry import (FORMAT_VERSION, CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, PIECES, PRIORS, STEPS, TASKS, TRUNCATION_RULES, known,
                        piece_class, step_class, task_class)
 
 MAX_STEPS = 100  # a bound on the cost of an epoch (training runs every step for every image)
@@ -378,6 +378,9 @@ class PonderConfig:
 # `lambda_p`); a flat file, JSON of either shape and a run's `config.json` are read too. What a
 # file sets overrides the defaults and what the chosen pieces imply; flags override the file.
 
+DOCUMENT_KEYS = ("format_version", "sources")  # what `--print-config -f json` writes beside the settings
+
+
 def read_config_file(path: Path) -> dict:
     """The settings a file gives, {key: value}: TOML (.toml) or JSON (anything else)."""
     path = Path(path)
@@ -400,6 +403,8 @@ def read_config_file(path: Path) -> dict:
         return {key: value for key, value in saved.items() if applies(key, chosen)}
     values = {}
     for table, items in data.items():
+        if table in DOCUMENT_KEYS:  # --print-config -f json's own keys, not settings
+            continue
         if isinstance(items, dict) and table not in SECTIONS:
             raise PonderError(f"--config {path}: unknown table [{table}]; the tables are "
                               f"{', '.join(f'[{s}]' for s in SECTIONS)}")
@@ -435,8 +440,8 @@ def render_config(cfg: PonderConfig, sources: dict, fmt: str = "toml") -> str:
     settable = [key for key in shown if applies(key, cfg.chosen())]
     if fmt == "json":
         tables = {section: {key: values[key] for key in keys if key in settable} for section, keys in SECTIONS.items()}
-        return json.dumps({**tables, "sources": {key: sources.get(key, "default") for key in settable}},
-                          indent=2) + "\n"
+        return json.dumps({"format_version": FORMAT_VERSION, **tables,
+                           "sources": {key: sources.get(key, "default") for key in settable}}, indent=2) + "\n"
     lines = ["# ponder train --config FILE (flags on the command line override it)"]
     for section, keys in SECTIONS.items():
         # the settings, then as comments what the pieces imply but do not read

@@ -58,6 +58,12 @@ DEFAULT_PROTOCOL = "uniform"  # the reference notebook's: within ±angle
 EVAL_ANGLES = (0.0,)
 EXTRAPOLATION_ANGLES = (22.5, 45.0, 67.5, 90.0)
 FORMATS = ("table", "json", "csv")
+# `ponder train` streams too: one JSON object a line, an epoch's as it ends, the report last
+TRAIN_FORMATS = (*FORMATS, "jsonl")
+# The version of every JSON document the commands write (stdout's, config.json, environment.json,
+# --print-config's): a key removed or renamed, or its meaning changed, raises it; a key added does
+# not (readers ignore keys they do not know).
+FORMAT_VERSION = 1
 
 # --device: auto (CUDA when there is a GPU), cpu, cuda, cuda:N. Torch knows other kinds of device,
 # which it would accept by name; none of them is one this program runs on.

@@ -19,10 +19,19 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 
-from .registry import FORMATS
+from .registry import FORMATS, TRAIN_FORMATS
 
 
 OutputFormat = Enum("OutputFormat", {name: name for name in FORMATS}, type=str)
+TrainFormat = Enum("TrainFormat", {name: name for name in TRAIN_FORMATS}, type=str)  # `ponder train`'s: + jsonl
+
+
+def json_line(record: dict, file: IO[str] | None = None) -> None:
+    """One JSON object on one line (`-f jsonl`), strict as `-f json`'s, flushed at once: a
+    pipeline watching a run reads each line as it is written."""
+    file = file or sys.stdout
+    file.write(json.dumps(strict_json(record), allow_nan=False, separators=(",", ":")) + "\n")
+    file.flush()
 
 
 @dataclass(frozen=True)
@@ -132,8 +141,43 @@ def _csv_item(value: Any) -> str:
 _COLUMN_OVERHEAD, _TABLE_OVERHEAD = 3, 1
 
 
+# A sign that belongs to the figure after it: a cell wraps before it, never after ("5.91" over
+# "± 3.53", "5.76" over "/ 13.50"), so that no line ends in a sign cut off from its figure; and
+# the separator of a list, which ends the line it wraps on ("pondernet ·" over "step mlp").
+_GLUE, _SEPARATORS = ("±", "/"), ("·",)
+
+
+def _units(line: str) -> list[str]:
+    """A line's unbreakable pieces: its words (a path, a figure, a name: never split), a sign
+    (_GLUE) bound to the word after it, a separator to the word before it."""
+    units: list[str] = []
+    for word in line.split():
+        if units and (units[-1] in _GLUE or word in _SEPARATORS):
+            units[-1] += " " + word
+        else:
+            units.append(word)
+    return units
+
+
 def _words(text: str) -> int:
-    return max((cell_len(word) for word in text.split()), default=0)
+    """The width of the widest piece of `text` that may not be broken (_units)."""
+    return max((cell_len(unit) for line in text.split("\n") for unit in _units(line)), default=0)
+
+
+def wrap_text(text: str, width: int) -> str:
+    """`text` wrapped at its spaces to `width` (each line of it), never inside a piece (_units): a
+    piece wider than `width` stands on a line of its own, whole."""
+    lines = []
+    for line in text.split("\n"):
+        current = ""
+        for unit in _units(line):
+            if current and cell_len(current) + 1 + cell_len(unit) > width:
+                lines.append(current)
+                current = unit
+            else:
+                current = f"{current} {unit}" if current else unit
+        lines.append(current)
+    return "\n".join(lines)
 
 
 def _widths(columns: list[Column], cells: list[list[str]]) -> tuple[list[int], list[int], list[int]]:
@@ -237,31 +281,43 @@ def render_table(rows: list[dict], columns: list[Column], *, title: str | None =
         if part_title is not None and cell_len(part_title) > sum(widths) + _COLUMN_OVERHEAD * len(widths) + \
                 _TABLE_OVERHEAD:
             # wider than the table, which would break it mid-word (a checkpoint's path): a line of
-            # its own, wrapped at spaces only where the terminal is too narrow for it
-            console.print(part_title, justify="default", overflow="fold", highlight=False, markup=False)
+            # its own, wrapped at spaces only where the terminal is too narrow for it, a word wider
+            # than the terminal left whole for the terminal to wrap
+            for line in wrap_text(part_title, console.width).split("\n"):
+                console.print(line, soft_wrap=True, highlight=False, markup=False)
             part_title = None
-        table = Table(title=part_title, caption=caption if n == len(chunks) - 1 else None,
+        needed = sum(widths) + _COLUMN_OVERHEAD * len(widths) + _TABLE_OVERHEAD
+        # the caption wrapped as the cells are, to the table's width
+        part_caption = wrap_text(caption, needed) if caption and n == len(chunks) - 1 else None
+        table = Table(title=part_title, caption=part_caption,
                       show_header=any(c.header for c in columns))  # a table of facts needs no header row
         for i, w in zip(chunk, widths):
             c = columns[i]
             text = c.spec == "s" or c.text is not None
-            table.add_column(c.header, justify="left" if text else "right", width=w, no_wrap=c.no_wrap,
-                             overflow="fold")
+            # headers and wrap columns are wrapped here, at spaces and never inside a piece
+            # (wrap_text), rather than by rich, which would end a line in "±" or split a path
+            table.add_column(c.header if c.no_wrap else wrap_text(c.header, w), justify="left" if text else "right",
+                             width=w, no_wrap=c.no_wrap, overflow="fold")
         for row_cells in cells:
-            table.add_row(*(row_cells[i] for i in chunk))
+            table.add_row(*(wrap_text(row_cells[i], widths[n]) if columns[i].wrap else row_cells[i]
+                            for n, i in enumerate(chunk)))
         # a table whose unbreakable cells (a model's name, a figure) are wider than the terminal
         # even split is printed wider, for the terminal to wrap whole lines: rich would otherwise
         # squeeze it and break a name to type mid-word
-        needed = sum(widths) + _COLUMN_OVERHEAD * len(widths) + _TABLE_OVERHEAD
         wider = _Console(file=console.file, width=needed, _environ=_environ()) if needed > console.width else console
         wider.print(table)
 
 
 def render_report(report, fmt: OutputFormat | str, file: IO[str] | None = None, width: int | None = None) -> None:
     """Write a reports.Report to stdout as a table, one JSON object, or CSV (one row per bucket);
-    width: the table's console width (default: the terminal's)."""
-    fmt = OutputFormat(fmt)
+    width: the table's console width (default: the terminal's). jsonl (`ponder train`'s): the
+    JSON object on one line, `"record": "report"`, after the epochs' lines."""
     file = file or sys.stdout
+    if getattr(fmt, "value", fmt) == "jsonl":
+        document = report.as_json()
+        json_line({"format_version": document.pop("format_version"), "record": "report", **document}, file)
+        return
+    fmt = OutputFormat(fmt)
     if fmt is OutputFormat.json:
         # strict JSON (RFC 8259), which has no NaN or Infinity: a non-finite figure (a model
         # with NaN weights) is null; ASCII whatever the text: JSON escapes the rest

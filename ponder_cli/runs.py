@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from . import PonderError, PonderWarning, __version__, file_problem
+from . import PonderError, PonderWarning, __version__, brief, file_problem, name_length_problem
 from .checkpoint import load_checkpoint
 from .config import PonderConfig, applies, inapplicable, render_config, spelled
+from .registry import FORMAT_VERSION
 from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR,
                       Resolved, RunLock, check_unlocked, package_dir, package_problem, resolve_checkpoint,
                       run_files_in)
@@ -96,6 +97,9 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     own folder. A folder holding another run's checkpoints (or the shipped models) is refused
     unless overwrite is set.
     """
+    too_long = name_length_problem(out) if out is not None else None
+    if too_long:
+        raise PonderError(f"--out {brief(str(out), 60)} {too_long}: give --out a shorter name")
     if out is not None and out.exists() and not out.is_dir():
         raise PonderError(f"--out {out} {file_problem(out) or 'is a file'}; --out names the folder for best.pt and "
                           f"last.pt")
@@ -288,7 +292,8 @@ def write_run_config(out_dir: Path, cfg: PonderConfig, sources: dict, **run) -> 
     """config.json: the resolved configuration, where each value came from (given, implied by the
     method or step, default, checkpoint) and how the run was started; plain JSON. And config.toml:
     the settings that matter to the run, as `ponder train --config` reads them."""
-    payload = {"ponder_cli": __version__, "config": cfg.to_dict(), "sources": sources, **run}
+    payload = {"format_version": FORMAT_VERSION, "ponder_cli": __version__, "config": cfg.to_dict(),
+               "sources": sources, **run}
     path = out_dir / CONFIG_FILE
     _replace_atomically(path, lambda f: f.write(json.dumps(payload, indent=2) + "\n"))
     # the same settings as `ponder train --config` reads them: re-running this file trains this run again
@@ -461,7 +466,7 @@ def write_environment(out_dir: Path, current: dict, keep_earlier: bool) -> Path:
             earlier = list(json.loads(path.read_text(encoding="utf-8")).get("sessions", []))
         except (OSError, ValueError, AttributeError, TypeError):
             earlier = []
-    payload = {"sessions": [*earlier, current]}
+    payload = {"format_version": FORMAT_VERSION, "sessions": [*earlier, current]}
     _replace_atomically(path, lambda f: f.write(json.dumps(payload, indent=2) + "\n"))
     return path
 

@@ -23,7 +23,7 @@ def _command_names():
 
 
 def test_every_command_is_covered_here():
-    assert _command_names() == ["calibrate", "compare", "eval", "extrapolate", "info", "models", "predict", "runs",
+    assert _command_names() == ["calibrate", "compare", "diff", "eval", "extrapolate", "info", "models", "predict", "runs",
                                 "sweep", "train"]
 
 
@@ -59,7 +59,7 @@ def test_train_json_summary(tiny_mnist, tmp_path, ponder):
                     "--data-dir", tiny_mnist, "--out", tmp_path / "run", "--format", "json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert tuple(data)[:len(META_KEYS)] == META_KEYS
+    assert tuple(data)[1:1 + len(META_KEYS)] == META_KEYS
     assert data["command"] == "train" and data["checkpoints"] == [str(tmp_path / "run" / "best.pt")]
     assert [b["epoch"] for b in data["buckets"]] == [1, 2] and data["epochs"] == 2
     assert data["val_accuracy"] == max(b["val_accuracy"] for b in data["buckets"])
@@ -85,7 +85,8 @@ def test_one_json_contract(command, checkpoint, tiny_mnist, ponder):
     result = ponder(command, checkpoint, "--angles", 10, 20, "-f", "json", "--data-dir", tiny_mnist)
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert tuple(data)[:len(META_KEYS)] == META_KEYS and "buckets" in data
+    assert tuple(data)[:1 + len(META_KEYS)] == ("format_version", *META_KEYS) and "buckets" in data
+    assert data["format_version"] == 1
     assert data["command"] == command and data["checkpoints"] == [str(checkpoint)]
     assert (data["method"], data["step"], data["protocol"], data["halting"]) == ("pondernet", "mlp", "uniform", "sample")
     assert data["seed"] == 1234 and data["device"] == "cpu"

@@ -352,7 +352,7 @@ def test_calibrate_command_contract(fixed_model, tiny_mnist, ponder, monkeypatch
     result = ponder(*args, "-f", "json", "--tolerance", 0.02)  # 160 agreeing: bound 160 / 162.7055 = 0.9834
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert list(report)[:len(META_KEYS)] == list(META_KEYS) and report["command"] == "calibrate"
+    assert list(report)[:1 + len(META_KEYS)] == ["format_version", *META_KEYS] and report["command"] == "calibrate"
     assert report["images"] == 40 * 2 * 2  # two angles, two draws, pooled
     assert [b["halting"] for b in report["buckets"]] == list(CALIBRATION_RULES)
     assert report["chosen"] == "quantile:0.5"

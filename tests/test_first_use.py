@@ -95,7 +95,7 @@ def test_json_output_never_holds_nan_or_infinity(tmp_path, ponder):
                     buckets=[{"values": [1.0, float("-inf")], "mean": float("nan")}], columns=[], title="t")
     out = io.StringIO()
     render_report(report, "json", file=out)
-    assert _strict(out.getvalue()) == {"command": "x", "rho": None, "fit": {"slope": None},
+    assert _strict(out.getvalue()) == {"format_version": 1, "command": "x", "rho": None, "fit": {"slope": None},
                                        "buckets": [{"values": [1.0, None], "mean": None}]}
     # a model with NaN weights, end to end: a warning on stderr, JSON any reader takes on stdout
     state = torch.load(PARITY16, weights_only=True)

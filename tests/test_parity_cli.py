@@ -48,7 +48,7 @@ def test_eval_counts_json_contract_and_the_same_numbers_twice(parity_run, ponder
     assert first.exit_code == 0, first.output
     assert first.stdout == second.stdout  # fixed vectors and coins: a checkpoint's figures never change
     report = json.loads(first.stdout)
-    assert list(report)[:len(META_KEYS)] == list(META_KEYS)
+    assert list(report)[:1 + len(META_KEYS)] == ["format_version", *META_KEYS]
     assert (report["command"], report["task"], report["protocol"]) == ("eval", "parity", None)
     assert (report["elems"], report["train_counts"]) == (8, "1-6")
     assert [(b["counts"], b["lo"], b["hi"]) for b in report["buckets"]] == [("1-2", 1, 2), ("3-8", 3, 8)]

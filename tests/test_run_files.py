@@ -135,7 +135,7 @@ def test_environment_json_records_what_the_run_ran_on_and_config_json_stays_as_i
     result = ponder("train", *quick, "--data-dir", tiny_mnist, "--out", out, "--no-progress")
     assert result.exit_code == 0, result.output
     config = json.loads((out / "config.json").read_text())
-    assert set(config) == {"ponder_cli", "config", "sources", "resumed_from", "resumed_after_epoch", "device", "amp",
+    assert set(config) == {"format_version", "ponder_cli", "config", "sources", "resumed_from", "resumed_after_epoch", "device", "amp",
                            "processes", "not_applicable"}
     sessions = json.loads((out / "environment.json").read_text())["sessions"]
     assert len(sessions) == 1

@@ -171,4 +171,5 @@ def test_a_real_ascii_stdout_gets_ascii_tables_and_sparklines(tiny_mnist):
     as_csv, table, _ = done.stdout.decode("ascii").split("-- next --\n")
     spark = list(csv.DictReader(io.StringIO(as_csv)))[0]["halting_spark"]
     assert spark and set(spark) <= set(" .:-=+*#@")
-    assert "steps +- sd" in table and "Spearman rho" in table
+    # the sparkline's legend in the same ASCII levels as its cells
+    assert "steps +- sd" in table and "each step: @ the most, . a few, blank none" in table

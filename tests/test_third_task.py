@@ -90,7 +90,7 @@ class SumsTask(Task):
                           uniforms=uniforms(seed, "coins", (spec,), torch.arange(len(x)), max_steps, torch.float32).T,
                           difficulty=torch.full((len(x),), float(spec), dtype=torch.float64))
 
-    def bucket_fields(self, spec, protocol):
+    def bucket_fields(self, spec, protocol, specs):
         return {"length": spec}
 
     def sweep_specs(self, start, stop, every):

@@ -11,6 +11,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence, Union
 
+import torch
+
 from .. import PonderError
 from ..checkpoint import load_model, steps_problem
 from ..config import seed_problems
@@ -114,14 +116,15 @@ def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int
                   with_loss: bool, on_bucket: Optional[Callable[[], None]] = None):
     """One dict per bucket of the task (means over `options.repeats` draws, seeds seed, seed + 1,
     ...; each draw redraws the inputs the task draws and the coins) with the uncertainty of its
-    figures over every input of every draw (evaluate.uncertainty), and Spearman's rho between
-    difficulty and steps (its mean over draws, with a 95% interval when there are several). A
+    figures over every input of every draw (evaluate.uncertainty), Spearman's rho between
+    difficulty and steps (its mean over draws, with a 95% interval when there are several) and
+    whether the difficulty varied over the inputs (else rho was never a question: `eval` at 0°). A
     bucket names its difficulty in the task's terms (MNIST: "rotation" and "protocol"; parity:
     "counts", "lo", "hi")."""
 
     task = get_task(cfg)
     used = get_method(cfg).halting_label(options.halting)
-    draws, rhos, samples = [], [], [[] for _ in specs]
+    draws, rhos, samples, varied = [], [], [[] for _ in specs], False
     for k in range(options.repeats):
         buckets_in = [lambda spec=spec, k=k: task.bucket(test, spec, specs, model.max_steps, seed + k, options.protocol,
                                                          draw=k)
@@ -130,11 +133,14 @@ def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int
                                         batch_size=options.batch_size, detail=options.detail,
                                         with_loss=with_loss, amp=amp, on_bucket=on_bucket)
         rhos.append(rho)
+        if rho is None and not varied:  # undefined: for want of differences in difficulty, or in steps?
+            difficulty = torch.cat([result.samples.difficulty for result in results])
+            varied = bool(difficulty.numel() and (difficulty != difficulty[0]).any())
         for pooled, result in zip(samples, results):
             pooled.append(result.samples)
         buckets = []
         for spec, result in zip(specs, results):
-            bucket = {**task.bucket_fields(spec, options.protocol), "halting": used, **result.as_dict()}
+            bucket = {**task.bucket_fields(spec, options.protocol, specs), "halting": used, **result.as_dict()}
             if not with_loss:
                 for key in ("loss", "reconstruction", "regularisation"):
                     bucket.pop(key)
@@ -145,7 +151,7 @@ def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int
         draws.append(buckets)
     combined = [{**combine_draws([draw[b] for draw in draws]), **uncertainty(samples[b])} for b in range(len(specs))]
     rho, rho_ci = (None, None) if None in rhos else mean_ci(rhos)
-    return combined, rho, rho_ci
+    return combined, rho, rho_ci, varied or rho is not None
 
 
 def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], buckets: Buckets, options: EvalOptions,
@@ -160,15 +166,15 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], bucket
     options = replace(options, halting=check_halting(cfg, options.halting))
     task = get_task(cfg)
     options = _with_protocol(task, options)
-    specs = task.parse_buckets(spelled(buckets), command)
+    specs = task.parse_buckets(spelled(buckets), command, options.protocol, log)
     with _progress_bar(len(specs) * options.repeats, progress, log) as bar:
         test = _test_set(task, options, dev)
         seed = evaluation_seed(options.seed, cfg)
         with_loss = command == "eval"
-        buckets, rho, rho_ci = _bucket_dicts(model, cfg, test, specs, options, seed, amp, with_loss=with_loss,
-                                             on_bucket=bar.update)
+        buckets, rho, rho_ci, varied = _bucket_dicts(model, cfg, test, specs, options, seed, amp,
+                                                     with_loss=with_loss, on_bucket=bar.update)
     return on_device(evaluation_report(command, str(path), cfg, buckets, rho, protocol=options.protocol,
-                                       seed=seed, with_loss=with_loss,
+                                       seed=seed, with_loss=with_loss, difficulty_varies=varied,
                                        detail=options.detail, rho_ci=rho_ci, view=task.view(),
                                        steps=steps_run(cfg, trained)), dev)
 
@@ -201,9 +207,9 @@ def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float],
     with _progress_bar(len(specs) * options.repeats, progress, log) as bar:
         test = _test_set(task, options, dev)
         seed = evaluation_seed(options.seed, cfg)
-        buckets, rho, _ = _bucket_dicts(model, cfg, test, specs, fixed, seed, amp, with_loss=False,
-                                        on_bucket=bar.update)
-    return on_device(sweep_report(str(path), cfg, buckets, rho, seed=seed, view=task.view(),
+        buckets, rho, _, varied = _bucket_dicts(model, cfg, test, specs, fixed, seed, amp, with_loss=False,
+                                                on_bucket=bar.update)
+    return on_device(sweep_report(str(path), cfg, buckets, rho, seed=seed, view=task.view(), difficulty_varies=varied,
                                   steps=steps_run(cfg, trained)), dev)
 
 
@@ -238,7 +244,7 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
         raise PonderError(problem.replace("--halting", "--rules"))
     task = get_task(cfg)
     options = _with_protocol(task, options)
-    specs = task.parse_buckets(spelled(buckets), "calibrate")
+    specs = task.parse_buckets(spelled(buckets), "calibrate", options.protocol, log)
     seed = evaluation_seed(options.seed, cfg)
     draws = derived_seed("calibrate", seed)
     with _progress_bar(len(specs) * options.repeats, progress, log) as bar:
@@ -252,7 +258,7 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
         outcomes = rule_outcomes(model, buckets(), rules, batch_size=options.batch_size, amp=amp)
     return on_device(calibration_report(str(path), cfg, outcomes, choose_rule(outcomes, tolerance),
                                         tolerance=tolerance, data=task.calibration_split,
-                                        sets=[task.bucket_fields(spec, options.protocol) for spec in specs],
+                                        sets=[task.bucket_fields(spec, options.protocol, specs) for spec in specs],
                                         protocol=options.protocol, seed=seed, repeats=options.repeats,
                                         view=task.view(), steps=steps_run(cfg, trained)), dev)
 
@@ -301,7 +307,7 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
             raise PonderError(f"{path}: {problem}")
     # every step of every input: the accuracy at each budget, for a fixed budget at the same mean steps
     options = replace(options, detail=True)
-    specs = task.parse_buckets(spelled(buckets), "compare")
+    specs = task.parse_buckets(spelled(buckets), "compare", options.protocol, log)
     with _progress_bar(len(models) * len(specs) * options.repeats, progress, log) as bar:
         test = _test_set(task, options, dev)
         groups = group_by_configuration([(path, cfg) for path, (_, cfg) in models.items()])

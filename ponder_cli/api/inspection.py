@@ -13,12 +13,12 @@ import torch
 
 from .. import PonderError, PonderWarning, file_problem
 from ..checkpoint import load_checkpoint, load_model, steps_problem
-from ..config import seed_problems
-from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SHIPPED, Resolved, last_written,
-                       lock_holder, resolve_checkpoint, runs_under, shipped_path)
+from ..config import applies, seed_problems
+from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SHIPPED, Resolved, is_run_folder,
+                       last_written, lock_holder, resolve_checkpoint, runs_under, shipped_path)
 from ..methods import get_method
 from ..render import Column
-from ..reports import Report, info_report, make_meta, prediction_report, runs_report
+from ..reports import Report, diff_report, info_report, make_meta, prediction_report, runs_report
 from ..tasks import InputOptions, get_task, uniforms as draw_uniforms
 from . import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named, steps_run
 
@@ -222,12 +222,116 @@ def _saved_run_config(folder: Path) -> Optional[dict]:
 
 # runs ------------------------------------------------------------------------------------------
 
-def list_runs(folders: Sequence[Union[str, Path]] = (), *, log: Callable[[str], None] = lambda line: None) -> Report:
+# What `ponder runs --where` and `--sort` name: a run's own keys (its JSON's), any setting, and a
+# table header with _ for its spaces (last_written, best_val_acc).
+RUN_KEYS = ("run", "name", "task", "method", "step", "status", "epoch", "epochs", "best_epoch", "best_val_accuracy",
+            "best_val_steps", "checkpoint", "when")
+HEADER_KEYS = {"last_written": "when", "best_val_acc": "best_val_accuracy", "status_at_epoch": "status"}
+SHOWN_ALREADY = ("task", "method", "step", "epochs")  # settings the table shows in their own columns
+_OPERATORS = (">=", "<=", "!=", "=", ">", "<")  # the longest first: `a>=1` is >=, not > "=1"
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One --where: `key op value`, numbers compared as numbers when both sides read as one."""
+    key: str
+    op: str
+    value: str
+
+    def holds(self, row: dict) -> bool:
+        have = row.get(self.key)
+        mine, theirs = _number(have), _number(self.value)
+        if mine is not None and theirs is not None:
+            a, b = mine, theirs
+        elif self.op in ("=", "!="):
+            a, b = _text(have), self.value
+        elif have is None:
+            return False  # no value is neither above nor below one
+        else:
+            a, b = _text(have), self.value
+        return {"=": a == b, "!=": a != b, ">": a > b, "<": a < b, ">=": a >= b, "<=": a <= b}[self.op]
+
+
+def _number(value) -> Optional[float]:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _text(value) -> str:
+    """A value as --where spells it: none, true, false, or as written."""
+    if value is None or isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def run_keys() -> list[str]:
+    """Every key --where and --sort take: the runs' own, then the settings, then header spellings."""
+    from ..config import PonderConfig
+    return [*RUN_KEYS, *(k for k in PonderConfig.field_names() if k not in RUN_KEYS), *HEADER_KEYS]
+
+
+def _known(key: str, option: str) -> str:
+    keys = run_keys()
+    if key not in keys:
+        raise PonderError(f"{option}: no key {key!r}; the keys are {', '.join(keys)}")
+    return HEADER_KEYS.get(key, key)
+
+
+def parse_condition(text: str) -> Condition:
+    """`step=align`, `best_val_accuracy>0.9`, `lambda_p!=0.2` (one PonderError naming --where)."""
+    at = min(((text.find(op), op) for op in _OPERATORS if op in text), key=lambda found: (found[0], -len(found[1])),
+             default=None)
+    if at is None or at[0] == 0:
+        raise PonderError(f"--where {text!r}: write KEY=VALUE, KEY!=VALUE, KEY>V, KEY<V, KEY>=V or KEY<=V "
+                          f"(e.g. --where step=align --where 'best_val_accuracy>0.9')")
+    index, op = at
+    return Condition(_known(text[:index].strip(), "--where"), op, text[index + len(op):].strip())
+
+
+def _sorted(rows: list[dict], key: str, reverse: bool) -> list[dict]:
+    """Figures and times from the highest and newest, text from a to z (`reverse`: the other way);
+    a run without the value last either way."""
+    values = [row.get(key) for row in rows if row.get(key) is not None]
+    descending = key == "when" or (values and all(_number(v) is not None for v in values))
+    present = sorted((row for row in rows if row.get(key) is not None),
+                     key=lambda row: _number(row[key]) if _number(row[key]) is not None else _text(row[key]),
+                     reverse=descending != reverse)
+    return present + [row for row in rows if row.get(key) is None]
+
+
+def _applying(config: Optional[dict]) -> dict:
+    """A run's settings that its task, step and method read (config.applies): a parity run has no
+    rotation to differ in."""
+    config = config or {}
+    chosen = {kind: config.get(kind) for kind in ("task", "step", "method")}
+    return {key: value for key, value in config.items() if applies(key, chosen)}
+
+
+def differing_settings(rows: list[dict]) -> list[str]:
+    """The settings whose values differ between the runs they apply to, in the configuration's
+    order, but those the table shows already (SHOWN_ALREADY)."""
+    configs = [_applying(row["config"]) for row in rows if row.get("config")]
+    keys = list(dict.fromkeys(key for config in configs for key in config))
+    return [key for key in keys if key not in SHOWN_ALREADY
+            and len({json.dumps(c[key]) for c in configs if key in c}) > 1]
+
+
+def list_runs(folders: Sequence[Union[str, Path]] = (), *, where: Sequence[str] = (), sort: Optional[str] = None,
+              reverse: bool = False, log: Callable[[str], None] = lambda line: None) -> Report:
     """`ponder runs`: every run folder under the current folder (or under each of `folders`, or
     each of them that is itself a run folder: folders.runs_under), oldest first: its task,
     method and step, status (finished, stopped early, interrupted, running, empty: no
     checkpoint, unreadable; best epoch: only a best.pt), the epochs trained and planned, the best
-    epoch and its validation figures, and when it last wrote."""
+    epoch and its validation figures, when it last wrote, and the settings that differ between
+    the runs listed. `where`: conditions a run must meet (parse_condition: all of them); `sort`:
+    a key to order by (_sorted; `reverse` turns the order)."""
+
+    conditions = [parse_condition(text) for text in where]
+    sort = _known(sort, "--sort") if sort is not None else None
 
     roots = [Path(f) for f in folders] or [RUNS_DIR, HERE]
     found: dict[Path, str] = {}  # each run folder -> its name below the folder it was found under
@@ -247,7 +351,16 @@ def list_runs(folders: Sequence[Union[str, Path]] = (), *, log: Callable[[str], 
     written = {folder: last_written(folder) for folder in found}
     rows = [{"run": str(folder), "name": found[folder], **_run_row(folder, written[folder])}
             for folder in sorted(written, key=lambda f: (written[f] or 0, str(f)))]
-    return runs_report(rows, [str(root) for root in roots])
+    # each run's settings as keys of its own, to filter on; the table and JSON keep those that differ
+    rows = [{**row, **{k: v for k, v in (row["config"] or {}).items() if k not in row}} for row in rows]
+    rows = [row for row in rows if all(condition.holds(row) for condition in conditions)]
+    if sort is not None:
+        rows = _sorted(rows, sort, reverse)
+    differing = differing_settings(rows)
+    shown = set(RUN_KEYS) | set(differing)
+    rows = [{key: value for key, value in row.items() if key in shown} for row in rows]
+    return runs_report(rows, [str(root) for root in roots], settings=differing,
+                       selection={"where": list(where), "sort": sort, "reverse": reverse})
 
 
 def _run_row(folder: Path, stamp: Optional[float]) -> dict:
@@ -255,13 +368,14 @@ def _run_row(folder: Path, stamp: Optional[float]) -> dict:
     config.json when it holds no checkpoint yet."""
     row = {"run": str(folder), "task": None, "method": None, "step": None, "status": "empty", "epoch": None,
            "epochs": None, "best_epoch": None, "best_val_accuracy": None, "best_val_steps": None,
-           "checkpoint": None, "when": None}
+           "checkpoint": None, "when": None, "config": None}
     if stamp is not None:
         row["when"] = datetime.fromtimestamp(stamp).astimezone().isoformat(timespec="seconds")
     saved = _saved_run_config(folder)
     config = saved.get("config") if saved is not None and isinstance(saved.get("config"), dict) else {}
     row.update({key: config.get(key) for key in ("task", "method", "step")})
     row["epochs"] = config.get("epochs")
+    row["config"] = config or None
     path = next((folder / name for name in (LAST, BEST) if (folder / name).is_file()), None)
     if path is None:
         if lock_holder(folder / LOCK_FILE) is not None:
@@ -279,5 +393,38 @@ def _run_row(folder: Path, stamp: Optional[float]) -> dict:
     row.update(task=cfg.task.name, method=cfg.method.name, step=cfg.step.name, epoch=state.epoch,
                epochs=cfg.training.epochs, status=run_status(state, path)[0], best_epoch=state.best_epoch or None,
                best_val_accuracy=best["val_accuracy"] if best else None,
-               best_val_steps=best["val_steps"] if best else None)
+               best_val_steps=best["val_steps"] if best else None, config=cfg.to_dict())
     return row
+
+
+# diff ------------------------------------------------------------------------------------------
+
+# What `ponder diff` compares of two runs besides their settings: how each went
+DIFF_RESULTS = (("status", "status"), ("epoch", "epochs trained"), ("best_epoch", "best epoch"),
+                ("best_val_accuracy", "best val accuracy"), ("best_val_steps", "best val steps"))
+
+
+def diff_runs(first: Union[str, Path], second: Union[str, Path], *,
+              log: Callable[[str], None] = lambda line: None) -> Report:
+    """`ponder diff`: two run folders' settings (each run's configuration) and how each went
+    (status, epochs trained, best epoch and its validation figures), only what differs: one
+    bucket per difference, `key`, `kind` (setting or result) and the two values."""
+    rows = []
+    for folder in (Path(first), Path(second)):
+        if not folder.is_dir() or not is_run_folder(folder):
+            raise PonderError(f"{folder} {'is not a run folder' if folder.is_dir() else file_problem(folder) or 'is a file'}"
+                              f": ponder diff takes two run folders (`ponder runs` lists them)")
+        rows.append(_run_row(folder, last_written(folder)))
+    a, b = rows
+    configs = [row["config"] or {} for row in rows]
+    if not all(configs):
+        missing = next(folder for folder, config in zip((first, second), configs) if not config)
+        raise PonderError(f"{missing} holds no configuration to compare (no readable checkpoint or config.json)")
+    applying = [_applying(config) for config in configs]
+    keys = list(dict.fromkeys([*configs[0], *configs[1]]))
+    buckets = [{"key": key, "kind": "setting", "first": configs[0].get(key), "second": configs[1].get(key)}
+               for key in keys if (key in applying[0] or key in applying[1])
+               and json.dumps(configs[0].get(key)) != json.dumps(configs[1].get(key))]
+    buckets += [{"key": key, "kind": "result", "first": a[key], "second": b[key]}
+                for key, _ in DIFF_RESULTS if json.dumps(a[key]) != json.dumps(b[key])]
+    return diff_report(str(first), str(second), buckets, [row["checkpoint"] for row in rows], a, b)

@@ -15,7 +15,7 @@ from .. import PonderError, brief, distributed, keeping
 from ..config import PonderConfig, read_config_file
 from ..data import resolve_data_dir
 from ..render import config_lines, epoch_line
-from ..reports import Report, training_report
+from ..reports import Report, epoch_record, training_report
 from ..runs import RunFolder, plan_training, require_tensorboard, resolve_config
 from ..runtime import amp_dtype
 from ..tasks import get_task
@@ -72,8 +72,10 @@ def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, d
     return cfg, sources
 
 
-def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = lambda line: None) -> Optional[Report]:
-    """Train with the options the user gave (see runs.plan_training) and report the run.
+def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = lambda line: None,
+              records: Optional[Callable[[dict], None]] = None) -> Optional[Report]:
+    """Train with the options the user gave (see runs.plan_training) and report the run;
+    `records`, when given, gets each epoch's record (reports.epoch_record) as the epoch ends.
 
     The run folder is locked while training (runs.RunLock). An interrupt (Ctrl-C; SIGTERM too
     under the CLI) stops training with the last completed epoch in last.pt, and says which and
@@ -92,10 +94,11 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
     if options.tensorboard:
         require_tensorboard()
     with deterministic_kernels(options.deterministic):
-        return _train_run(given, options, log)
+        return _train_run(given, options, log, records)
 
 
-def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -> Optional[Report]:
+def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None],
+               records: Optional[Callable[[dict], None]]) -> Optional[Report]:
     where = distributed.launch()  # torchrun's RANK, LOCAL_RANK, WORLD_SIZE; None for a plain process
     main = where is None or where.main
     if not main:
@@ -118,6 +121,8 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None]) -
     def on_epoch(stats) -> None:
         folder.record(stats)
         log(epoch_line(stats, cfg.training.epochs))
+        if records is not None and main:
+            records(epoch_record(stats))
 
     finished = False
     with keeping(folder.resume_hint), first_signal_only(torchrun=where is not None):

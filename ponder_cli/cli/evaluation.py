@@ -300,11 +300,40 @@ def runs(
                                                    help=f"Folders of runs (every run folder below, {SEARCH_DEPTH} levels deep), or run "
                                                         f"folders. [default: the current folder: {RUNS_DIR}/ and "
                                                         f"any --out folder here]"),
+    where: Optional[List[str]] = typer.Option(None, "--where", metavar="EXPR", show_default=False,
+                                              help="Only the runs that meet it: KEY=VALUE, KEY!=VALUE, KEY>V, "
+                                                   "KEY<V, KEY>=V or KEY<=V (numbers compared as numbers), KEY a "
+                                                   "JSON key of the listing (best_val_accuracy, status, when), a "
+                                                   "setting (lambda_p, seed) or a header (last_written). Repeat "
+                                                   "it: all must hold."),
+    sort: Optional[str] = typer.Option(None, "--sort", metavar="KEY", show_default=False,
+                                       help="Order by KEY (as --where's): figures and times from the highest and "
+                                            "newest, text from a to z; runs without it last. [default: oldest "
+                                            "first]"),
+    reverse: bool = typer.Option(False, "--reverse", help="Turn --sort's order round."),
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:
     """Your training runs: each run folder's task, method, step, status (finished, stopped early, interrupted,
-    running, empty), epochs, best epoch and validation accuracy, and when it last wrote."""
+    running, empty), epochs, best epoch and validation accuracy, when it last wrote, and the settings that differ
+    between the runs listed; filtered with --where, ordered with --sort."""
+    if reverse and sort is None:
+        raise PonderError("--reverse turns --sort's order: give --sort KEY too")
     from ..api import list_runs
 
-    render_and_plot(list_runs(folders or [], log=chatter(quiet)), fmt, None, quiet)
+    render_and_plot(list_runs(folders or [], where=where or [], sort=sort, reverse=reverse, log=chatter(quiet)), fmt,
+                    None, quiet)
+
+
+@app.command()
+def diff(
+    first: Path = typer.Argument(..., metavar="RUN", show_default=False, help="A run folder."),
+    second: Path = typer.Argument(..., metavar="RUN", show_default=False, help="Another run folder."),
+    quiet: bool = QuietOption,
+    fmt: OutputFormat = FormatOption,
+) -> None:
+    """Two runs side by side, only what differs: their settings, then how each went (status, epochs trained,
+    best epoch, its validation accuracy and steps)."""
+    from ..api import diff_runs
+
+    render_and_plot(diff_runs(first, second, log=chatter(quiet)), fmt, None, quiet)

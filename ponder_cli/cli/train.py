@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from enum import Enum
 from pathlib import Path
@@ -13,7 +14,6 @@ from ..cli_options import (
     CnnDropoutMask,
     DataDirOption,
     DeviceOption,
-    FormatOption,
     HaltingInput,
     Prior,
     QuietOption,
@@ -25,7 +25,7 @@ from ..cli_options import (
 )
 from .. import PonderError
 from ..config import TYPES, PonderConfig, problems_of, render_config
-from ..render import OutputFormat
+from ..render import TrainFormat, json_line
 from .app import app, bars, chatter, render_and_plot
 
 # train -----------------------------------------------------------------------------------------
@@ -120,6 +120,9 @@ DETERMINISTIC_OPTION = typer.Option(False, "--deterministic", help="Only determi
                                     "(torch.use_deterministic_algorithms): the same seed on the same machine gives "
                                     "the same weights, on CUDA too; slower there.")
 PROGRESS_OPTION = typer.Option(None, "--progress/--no-progress", hidden=True)
+FORMAT_OPTION = typer.Option(TrainFormat.table, "--format", "-f", case_sensitive=False,
+                             help="Output format. jsonl: one JSON object per line on stdout, each epoch's as it "
+                                  "ends, then the report's (progress stays on stderr).")
 
 
 @app.command(cls=TrainCommand)
@@ -171,7 +174,7 @@ def train(
     deterministic: bool = DETERMINISTIC_OPTION,
     progress: Optional[bool] = PROGRESS_OPTION,
     quiet: bool = QuietOption,
-    fmt: OutputFormat = FormatOption,
+    fmt: TrainFormat = FORMAT_OPTION,
 ) -> None:
     """Train PonderNet (or ACT, or a one-step network) on MNIST or parity; writes best.pt and last.pt under --out.
 
@@ -189,7 +192,7 @@ def train(
     if print_config:
         _print_config(given, options, fmt)
         return
-    report = train_run(given, options, log=chatter(quiet))
+    report = train_run(given, options, log=chatter(quiet), records=json_line if fmt == TrainFormat.jsonl else None)
     if report is not None:  # None: a torchrun process other than rank 0, which reports nothing
         render_and_plot(report, fmt, None, quiet)
 
@@ -205,10 +208,13 @@ def _refuse_bad_values(given: dict) -> None:
         raise PonderError("; ".join(problems))
 
 
-def _print_config(given: dict, options, fmt: OutputFormat) -> None:
+def _print_config(given: dict, options, fmt: TrainFormat) -> None:
     """--print-config: the resolved settings as a config file (TOML; JSON with -f json: a table
     or CSV has no shape for a config), with where each value came from."""
     from ..api import training_config
 
     cfg, sources = training_config(given, options)
-    sys.stdout.write(render_config(cfg, sources, "json" if fmt == OutputFormat.json else "toml"))
+    if fmt == TrainFormat.jsonl:  # the same object, on one line
+        json_line(json.loads(render_config(cfg, sources, "json")))
+    else:
+        sys.stdout.write(render_config(cfg, sources, "json" if fmt == TrainFormat.json else "toml"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from ..registry import FORMAT_VERSION
 from ..render import Column
 
 # device: what the figures were computed on ("cpu", "cuda:0"); null where nothing was (info, models, runs)
@@ -35,7 +36,7 @@ class Report:
         return self.buckets if self.table_rows is None else self.table_rows
 
     def as_json(self) -> dict:
-        return {**self.meta, "buckets": self.buckets}
+        return {"format_version": FORMAT_VERSION, **self.meta, "buckets": self.buckets}
 
     def csv_rows(self) -> list[dict]:
         """One row per bucket, the scalar metadata in the first columns."""
@@ -91,6 +92,22 @@ class TaskView:
     named_in_titles: bool = True
 
 
+def band_text(bucket: dict, unit: str = "") -> str:
+    """A bucket that covers a band of difficulty (`band`: [from, to], MNIST's band protocol) as
+    its edges: `45–90`."""
+    low, high = bucket["band"]
+    return f"{low:g}–{high:g}{unit}"
+
+
+def key_column(words: Terms, buckets: list[dict]) -> Column:
+    """The column that names each bucket: its difficulty, or its band's edges where the buckets
+    are bands (`45–90`: the row's |rotation| lies between them)."""
+    if any(bucket.get("band") for bucket in buckets):
+        # the header of the exact difficulty (|angle|): a band holds |rotation| between its edges
+        return Column(words.key, words.sweep_header, text=lambda row: band_text(row) if row.get("band") else "")
+    return Column(words.key, words.header, words.spec)
+
+
 def describe_model(cfg, view: TaskView) -> str:
     """How captions and titles name a model: method, step function, what it was trained on."""
     return f"{cfg.method.name} · step {cfg.step.name} · {view.trained_on}"
@@ -119,6 +136,6 @@ from .evaluation import (  # noqa: E402, F401
     sweep_columns,
     sweep_report,
 )
-from .runs import (HISTORY_COLUMNS, PREDICT_COLUMNS, RUNS_COLUMNS, TRAIN_COLUMNS, info_report,  # noqa: E402, F401
-                   prediction_report, runs_report, training_report)
+from .runs import (HISTORY_COLUMNS, PREDICT_COLUMNS, RUNS_COLUMNS, TRAIN_COLUMNS, diff_report,  # noqa: E402, F401
+                   epoch_record, info_report, prediction_report, runs_report, training_report)
 from .uncertainty import combine_draws, mean_ci, standard_error, wilson_interval, wilson_lower  # noqa: E402, F401

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 from ..render import Column
-from . import Report, TaskView, Terms, make_meta
+from . import Report, TaskView, Terms, key_column, make_meta
 from .evaluation import per_bucket
 
 # compare ---------------------------------------------------------------------------------------
@@ -56,13 +56,13 @@ def plus_minus(mean: float, sd: Optional[float], spec: str) -> str:
 
 
 # what names a bucket, in the built-in tasks' terms; another task's is its terms' key
-DIFFICULTY_KEYS = ("rotation", "counts", "lo", "hi")
+DIFFICULTY_KEYS = ("rotation", "band", "counts", "lo", "hi")
 
 
-def compare_columns(steps_differ: bool, words: Terms) -> list[Column]:
+def compare_columns(steps_differ: bool, words: Terms, buckets: Sequence[dict] = ()) -> list[Column]:
     """The compare table: labels wrap (`pondernet (train_rotation=22.5)`), figures never do."""
     return [Column("label", "method", "s", wrap=True)] + ([Column("step", "step", "s")] if steps_differ else []) + [
-        Column("seeds", "seeds"), Column(words.key, words.header, words.spec),
+        Column("seeds", "seeds"), key_column(words, list(buckets)),
         Column("accuracy_text", "accuracy", "s", wrap=True),
         Column("steps_text", "steps", "s", wrap=True),
         Column("budget_text", "fixed at same steps", "s", wrap=True)]
@@ -111,9 +111,13 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
     rows = [{**bucket, "label": bucket["label"] if i == 0 or buckets[i - 1]["label"] != bucket["label"] else ""}
             for i, bucket in enumerate(buckets)]
     how = f"protocol {protocol} · " if protocol is not None else ""
-    return Report(meta=meta, buckets=buckets, columns=compare_columns(len(step_names) > 1, words), title="Methods compared",
+    seeds = [len(g.members) for g in groups]
+    # the sd needs two seeds: with one per method the figures are that checkpoint's own
+    spread = ("one checkpoint per method" if max(seeds) == 1 else "mean ± sd over seeds" if min(seeds) > 1
+              else "mean ± sd over seeds (a method of one seed: its figure, no sd)")
+    return Report(meta=meta, buckets=buckets, columns=compare_columns(len(step_names) > 1, words, buckets), title="Methods compared",
                   table_rows=rows,
-                  caption=f"accuracy and steps: mean ± sd over seeds{draws}\nhalting: "
+                  caption=f"accuracy and steps: {spread}{draws}\nhalting: "
                           f"{' · '.join(f'{method} → {rule}' for method, rule in rules.items())}\n"
                           f"{'step ' + step_names[0] + ' · ' if len(step_names) == 1 else ''}{how}"
                           f"seed {seed}\n{per_bucket(buckets, 'test ' + words.inputs)}\n"

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import statistics
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from ..render import Column, cell_text, sparkline
-from . import Report, TaskView, Terms, describe_model, make_meta
+from . import Report, TaskView, Terms, describe_model, key_column, make_meta
 
 # eval and extrapolate --------------------------------------------------------------------------
 
@@ -48,7 +48,7 @@ BUDGET_COLUMN = Column("budget_accuracy", "fixed at same steps", ".4f", wrap=Tru
 
 
 def bucket_columns(max_steps: int, with_loss: bool, intervals: bool, words: Terms,
-                   budget: bool = False) -> list[Column]:
+                   budget: bool = False, buckets: Sequence[dict] = ()) -> list[Column]:
     """What eval and extrapolate tables show of a bucket; the image count, the same in every
     bucket, goes in the caption so that the table fits an 80-column terminal. The accuracy
     carries its interval's half-width where that fits (not beside eval's loss); with `budget`
@@ -56,7 +56,7 @@ def bucket_columns(max_steps: int, with_loss: bool, intervals: bool, words: Term
     halting steps' sparkline, which the per-step table then shows in full."""
     accuracy = accuracy_column(intervals)
     columns = [
-        Column(words.key, words.header, words.spec), accuracy, *([BUDGET_COLUMN] if budget else []),
+        key_column(words, list(buckets)), accuracy, *([BUDGET_COLUMN] if budget else []),
         Column("mean_steps", "steps ± sd", text=_pair("mean_steps", "std_steps", ".2f", " ± "), wrap=True),
         Column("steps_correct", "steps ✓ / ✗", text=_pair("steps_correct", "steps_wrong", ".2f", " / "), wrap=True),
         *([] if budget else [Column("halting_spark", f"halting steps 1→{max_steps}", "s", no_wrap=True)]),
@@ -78,10 +78,12 @@ def steps_caption(steps: dict) -> str:
 
 def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *,
                       protocol: Optional[str], seed: int, with_loss: bool, detail: bool,
-                      rho_ci: Optional[list[float]] = None, view: TaskView, steps: Optional[dict] = None) -> Report:
+                      rho_ci: Optional[list[float]] = None, view: TaskView, steps: Optional[dict] = None,
+                      difficulty_varies: bool = True, sparkline_column: bool = True) -> Report:
     """eval / extrapolate: one bucket per rotation angle of one checkpoint (the halting rule: the
     buckets' own). steps: {"max_steps": the steps run, "trained_max_steps": those trained}
-    (None: as trained)."""
+    (None: as trained). difficulty_varies: whether the inputs' difficulty differed at all; when
+    it did not (`eval` at 0°), the caption leaves out Spearman's rho, which nobody asked about."""
     steps = steps_of(cfg, steps)
     images = sum(b["images"] for b in buckets)
     for bucket in buckets:
@@ -96,19 +98,24 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
                      spearman={"rho": rho, "rho_ci": rho_ci, "images": images, "between": words.between})
     ci = f" (95% interval {rho_ci[0]:+.3f} to {rho_ci[1]:+.3f})" if rho_ci is not None else ""
     name = f"Spearman ρ({words.difficulty}, steps)"
-    rho_text = (f"{name} undefined: {words.difficulty.strip('|')} or steps constant ({images} {words.inputs})"
-                if rho is None else f"{name} = {rho:+.3f}{ci} over {images} {words.inputs}")
+    rho_text = ("" if not difficulty_varies else
+                f"\n{name} undefined: steps constant ({images} {words.inputs})" if rho is None else
+                f"\n{name} = {rho:+.3f}{ci} over {images} {words.inputs}")
+    # the sparkline's legend, where the table shows it (--detail's per-step table gives the counts)
+    spark = "" if detail or not sparkline_column else \
+        f"\nhalting steps: {words.inputs} halting at each step: █ the most, ▁ a few, blank none"
     draws = f" · mean of {repeats} draws (seeds {seed}–{seed + repeats - 1})" if repeats > 1 else ""
     what = words.test_set if command == "eval" else "extrapolation"
     how = f"protocol {protocol} · " if protocol is not None else ""
     report = Report(
         meta=meta, buckets=buckets,
-        columns=bucket_columns(cfg.method.max_steps, with_loss, not with_loss, words, budget=detail),
+        columns=bucket_columns(cfg.method.max_steps, with_loss, not with_loss, words, budget=detail,
+                               buckets=buckets),
         title=f"{cfg.method.name} on the {what} ({checkpoint})",
         caption=f"{describe_model(cfg, view)}{steps_caption(steps)}\n{how}halting {used} · seed {seed}{draws}\n"
-                f"{per_bucket(buckets, words.inputs)} · steps ✓ / ✗: on correct / wrong answers\n"
-                f"{rho_text}" + ("\nfixed at same steps: a fixed budget's accuracy at the rule's mean steps"
-                                 if detail else ""),
+                f"{per_bucket(buckets, words.inputs)} · steps ✓ / ✗: on correct / wrong answers"
+                f"{spark}{rho_text}" + ("\nfixed at same steps: a fixed budget's accuracy at the rule's mean steps"
+                                        if detail else ""),
         plot_series={checkpoint: buckets})
     if detail:
         report.detail = per_step_table(buckets, expected=used == "expected", label=words.label)
@@ -158,14 +165,15 @@ SWEEP_COLUMNS = sweep_columns(Column("rotation", "|angle|", "g"))
 
 
 def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *, seed: int,
-                 view: TaskView, steps: Optional[dict] = None) -> Report:
+                 view: TaskView, steps: Optional[dict] = None, difficulty_varies: bool = True) -> Report:
     """Mean steps and accuracy against the exact difficulty, with the least-squares slope of steps:
     MNIST per 10 degrees of rotation (human response times rise about linearly: Shepard & Metzler
     1971); parity per non-zero count (ACT's paper saw ponder time rise about linearly)."""
     words = view.terms
     report = evaluation_report("sweep", checkpoint, cfg, buckets, rho,
                                protocol="fixed" if view.protocol is not None else None, seed=seed,
-                               with_loss=False, detail=False, view=view, steps=steps)
+                               with_loss=False, detail=False, view=view, steps=steps,
+                               difficulty_varies=difficulty_varies, sparkline_column=False)
     slope, intercept, r2 = least_squares([b[words.sweep_key] for b in buckets], [b["mean_steps"] for b in buckets])
     report.meta["fit"] = {words.sweep_fit: None if slope is None else words.sweep_scale * slope,
                           "steps_at_0": intercept, "r2": r2}

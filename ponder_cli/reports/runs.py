@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from datetime import datetime
+from pathlib import Path
 from typing import Optional
 
 from ..render import Column, cell_text, value_text
+from ..registry import FORMAT_VERSION
 from . import Report, TaskView, describe_model, make_meta
 
 # train -----------------------------------------------------------------------------------------
@@ -46,6 +48,12 @@ ON_THE_CPU = "eager: on the CPU"
 
 def _step_line(path: Optional[str], before: str = "") -> str:
     return f"{before}training batches: {path}" if path and path != ON_THE_CPU else ""
+
+
+def epoch_record(stats) -> dict:
+    """An epoch as `ponder train -f jsonl` streams it when the epoch ends: the figures of the
+    JSON's `buckets` entry for it, marked `"record": "epoch"`."""
+    return {"format_version": FORMAT_VERSION, "record": "epoch", "command": "train", **asdict(stats)}
 
 
 # predict ---------------------------------------------------------------------------------------
@@ -176,17 +184,70 @@ RUNS_COLUMNS = [
 ]
 
 
-def runs_report(rows: list[dict], folders: list[str]) -> Report:
-    """runs: one bucket per run folder (api.inspection.list_runs), oldest first."""
+def setting_column(key: str) -> Column:
+    """A setting that differs between the runs listed, under its option's name (`lambda-p`)."""
+    return Column(key, key.replace("_", "-"), text=lambda row: value_text(row.get(key)) if key in row else "-")
+
+
+def runs_report(rows: list[dict], folders: list[str], settings: Optional[list[str]] = None,
+                selection: Optional[dict] = None) -> Report:
+    """runs: one bucket per run folder (api.inspection.list_runs), oldest first unless sorted;
+    `settings`: those that differ between them, a column each (JSON and CSV: a key each);
+    `selection`: the --where conditions and --sort key that chose and ordered them."""
+    settings = settings or []
+    selection = selection or {"where": [], "sort": None, "reverse": False}
     def one(key):
         values = {row[key] for row in rows}
         return values.pop() if len(values) == 1 else None
     meta = {"command": "runs", "task": one("task"), "checkpoints": [row["checkpoint"] for row in rows
                                                                    if row["checkpoint"]],
             "method": one("method"), "step": one("step"), "protocol": None, "halting": None, "seed": None,
-            "device": None, "folders": folders, "runs": len(rows)}
+            "device": None, "folders": folders, "runs": len(rows), "settings": settings, **selection}
     here = folders == ["runs", "."]  # the default: runs/, then any other run folder here
     where = " and ".join(f"{folder}/" for folder in folders)
-    return Report(meta=meta, buckets=rows, columns=RUNS_COLUMNS, title=f"Runs under {where}",
-                  footer="" if rows else f"no run under {where} yet" + (": `ponder train` writes one under runs/"
-                                                                        if here else ""))
+    chosen = " · ".join([*(f"where {text}" for text in selection["where"]),
+                         *([f"sorted by {selection['sort']}{' (reversed)' if selection['reverse'] else ''}"]
+                           if selection["sort"] else [])])
+    if rows:
+        footer = ""
+    elif selection["where"]:
+        footer = f"no run under {where} meets {' and '.join(selection['where'])}"
+    else:
+        footer = f"no run under {where} yet" + (": `ponder train` writes one under runs/" if here else "")
+    return Report(meta=meta, buckets=rows, columns=RUNS_COLUMNS + [setting_column(key) for key in settings],
+                  title=f"Runs under {where}", caption=chosen, footer=footer)
+
+
+# diff ------------------------------------------------------------------------------------------
+
+DIFF_LABELS = {"status": "status", "epoch": "epochs trained", "best_epoch": "best epoch",
+               "best_val_accuracy": "best val accuracy", "best_val_steps": "best val steps"}
+
+
+def _diff_value(value, key: str) -> str:
+    """A setting as the user types it (none: the method's own), a result as `info` shows it."""
+    if key not in DIFF_LABELS:
+        return value_text(value)
+    return cell_text(value, ".2f" if key == "best_val_steps" else ".4f" if isinstance(value, float) else "")
+
+
+def diff_report(first: str, second: str, buckets: list[dict], checkpoints: list, a: dict, b: dict) -> Report:
+    """diff: one bucket per difference between two runs (api.inspection.diff_runs), the settings
+    first, then how each run went; none when they are the same run but for their folders."""
+    def one(key):
+        return a[key] if a[key] == b[key] else None
+    meta = {"command": "diff", "task": one("task"), "checkpoints": [c for c in checkpoints if c],
+            "method": one("method"), "step": one("step"), "protocol": None, "halting": None, "seed": None,
+            "device": None, "runs": [first, second], "differences": len(buckets)}
+    # each run's column under its folder's name (the title gives the paths), its path where both share a name
+    names = [Path(first).name or first, Path(second).name or second]
+    names = names if names[0] != names[1] else [first, second]
+    columns = [Column("what", "", "s", text=lambda row: DIFF_LABELS.get(row["key"], row["key"].replace("_", "-")),
+                      wrap=True),
+               Column("first", names[0], "s", text=lambda row: _diff_value(row["first"], row["key"]), wrap=True),
+               Column("second", names[1], "s", text=lambda row: _diff_value(row["second"], row["key"]), wrap=True)]
+    settings = sum(bucket["kind"] == "setting" for bucket in buckets)
+    return Report(meta=meta, buckets=buckets, columns=columns, title=f"{first} against {second}",
+                  caption=f"{settings} setting{'s' * (settings != 1)} and {len(buckets) - settings} "
+                          f"result{'s' * (len(buckets) - settings != 1)} differ" if buckets else "",
+                  footer="" if buckets else f"{first} and {second}: the same settings and results")

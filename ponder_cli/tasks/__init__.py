@@ -31,14 +31,16 @@ is built from the run's config, `self.cfg`):
   where the task can draw them, parity; MNIST's held-out training images),
   `bucket(test, spec, specs, max_steps, seed, protocol, draw=k)` -> evaluate.EvalBucket (draw k
   of --repeats: a task that draws its inputs redraws them for k >= 1), and
-  `bucket_fields(spec, protocol)`: the bucket's name in the task's own terms for JSON and tables.
+  `bucket_fields(spec, protocol, specs)`: the bucket's name in the task's own terms for JSON and
+  tables (a bucket covering a band of difficulty adds `band`: [from, to], shown as `from–to`);
+  `order_buckets(specs, protocol)`: the order they are evaluated in (by default as given).
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from .. import PonderError, file_problem
 from ..registry import TASKS, task_class
@@ -157,14 +159,17 @@ class Task:
         """What reports say of this task for this run (reports.TaskView: plain data, no torch)."""
         raise NotImplementedError
 
-    def parse_buckets(self, spelled: dict, command: str) -> list:
+    def parse_buckets(self, spelled: dict, command: str, protocol: Optional[str] = None,
+                      log: Callable[[str], None] = lambda line: None) -> list:
         """The bucket specs the user spelled, {option: texts or None (not given)}: the command's
         default buckets when none is given; one option only, --buckets or one of this task's
         own spellings (another task's is refused, naming whose it is), its texts read by
-        `parse_specs`."""
+        `parse_specs`. A bucket given twice (`--angles 45 45`, or `45 45.0`) is evaluated once, in
+        the place first given, and `log` says so; then `order_buckets` orders them for
+        `protocol`."""
         given = {option: texts for option, texts in spelled.items() if texts is not None}
         if not given:
-            return self.default_buckets(command)
+            return self.order_buckets(self.default_buckets(command), protocol)
         if len(given) > 1:
             raise PonderError(f"{' and '.join(given)} are alternatives: give one")
         ((option, texts),) = given.items()
@@ -173,7 +178,19 @@ class Task:
             own = self.bucket_options[0] if self.bucket_options else BUCKETS
             raise PonderError(f"{option} applies to {', '.join(owners)} checkpoints; this one is {self.article} "
                               f"{self.name} model: give {own} {self.bucket_metavar}")
-        return self.parse_specs([str(text) for text in texts], option)
+        texts = [str(text) for text in texts]
+        specs = self.parse_specs(texts, option)
+        distinct, again = [], []
+        for text, spec in zip(texts, specs):
+            (again if spec in distinct else distinct).append(text if spec in distinct else spec)
+        if again:
+            log(f"{option}: {' '.join(again)} given again: each bucket is evaluated once")
+        return self.order_buckets(distinct, protocol)
+
+    def order_buckets(self, specs: list, protocol: Optional[str]) -> list:
+        """The order the buckets are evaluated and reported in: as given (MNIST's band protocol
+        sorts them, each band running from the angle before it)."""
+        return specs
 
     def parse_specs(self, texts: list, option: str) -> list:
         """Bucket specs from the texts given to `option` (a problem: one PonderError naming it)."""

@@ -21,7 +21,7 @@ from ..config import PonderConfig
 from ..data import (ImageSet, load_mnist, prepare_batch, protocol_angles, resolve_data_dir, train_val_split,
                     uniform_angles)
 from ..evaluate import EvalBucket, EvalResult, evaluate_bucket
-from ..reports import TaskView, Terms
+from ..reports import TaskView, Terms, band_text
 from . import Task, TrainingSource, UserInputs, check_input_file, load_inputs, uniforms
 from ..registry import EVAL_ANGLES, EXTRAPOLATION_ANGLES
 
@@ -34,8 +34,13 @@ INK = 0.1  # pixels at least this bright (of the brightest) belong to the digit'
 
 # How reports name MNIST's buckets (rotations) and inputs (images)
 TERMS = Terms("rotation", "±deg", "g", "|angle|", "|rotation angle| and ponder steps", "images",
-              "MNIST test set", lambda b: f"±{b['rotation']:g}°", sweep_key="rotation", sweep_header="|angle|",
+              "MNIST test set", lambda b: band_text(b, "°") if b.get("band") else f"±{b['rotation']:g}°", sweep_key="rotation", sweep_header="|angle|",
               sweep_scale=10.0, sweep_unit="10°", sweep_fit="steps_per_10_degrees", sweep_name="mental rotation")
+
+
+def band_lower(angle: float, angles: list) -> float:
+    """The band protocol's inner edge of `angle`'s bucket: the largest angle below it, else 0."""
+    return max((a for a in angles if a < angle), default=0.0)
 
 
 def check_angle(angle: float, what: str) -> float:
@@ -329,12 +334,18 @@ class MnistTask(Task):
         _, held_out = self.load_training(resolve_data_dir(options.data_dir), options.download)
         return (held_out.subset(slice(0, options.limit)) if options.limit else held_out).to(device)
 
-    def bucket(self, data, spec: float, specs: list, max_steps: int, seed: int, protocol: str, *, draw: int = 0):
-        lower = max((a for a in specs if a < spec), default=0.0)  # the band protocol's inner edge
-        return image_bucket(data, max_steps, spec, seed, protocol=protocol, lower=lower)
+    def order_buckets(self, specs: list, protocol) -> list:
+        # a band runs from the angle below it: ascending, so that each row follows the band it adjoins
+        return sorted(specs) if protocol == "band" else specs
 
-    def bucket_fields(self, spec: float, protocol: str) -> dict:
-        return {"rotation": spec, "protocol": protocol}
+    def bucket(self, data, spec: float, specs: list, max_steps: int, seed: int, protocol: str, *, draw: int = 0):
+        return image_bucket(data, max_steps, spec, seed, protocol=protocol, lower=band_lower(spec, specs))
+
+    def bucket_fields(self, spec: float, protocol: str, specs: list) -> dict:
+        """The bucket's angle and protocol; under band, its edges too (`band`: [45, 90], |rotation|
+        between them), which the tables show as `45–90`."""
+        band = {"band": [band_lower(spec, specs), spec]} if protocol == "band" else {}
+        return {"rotation": spec, "protocol": protocol, **band}
 
     def sweep_specs(self, start: Optional[float], stop: Optional[float], every: Optional[float]) -> list[float]:
         """Exact angles --from..--to every --every degrees (default 0 to 180 every 5)."""

@@ -385,7 +385,7 @@ class ParityTask(Task):
         data = evaluation_set(self.cfg.task.elems, *spec, per_count, set_seed, device)
         return vector_bucket(data, max_steps, seed)
 
-    def bucket_fields(self, spec: tuple[int, int], protocol: str) -> dict:
+    def bucket_fields(self, spec: tuple[int, int], protocol: str, specs: list) -> dict:
         return {"counts": range_text(*spec), "lo": spec[0], "hi": spec[1]}
 
     def sweep_specs(self, start: Optional[float], stop: Optional[float], every: Optional[float]) -> list[tuple[int, int]]:

@@ -1,0 +1,69 @@
+"""`ponder runs --where` and `--sort`, and the columns of the settings that differ between the
+runs listed (the session's tiny runs: pondernet seeds 1 and 2, act and plain)."""
+
+import csv
+import io
+import json
+
+import pytest
+
+
+def _listing(ponder, runs, *args) -> dict:
+    result = ponder("runs", runs, *args, "-f", "json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_where_and_sort_choose_and_order_runs_by_their_figures_and_settings(runs, ponder):
+    everything = _listing(ponder, runs)
+    by_name = {row["name"]: row for row in everything["buckets"]}
+    assert set(by_name) == {"pn1", "pn2", "act", "plain"}
+    # across all four, the seed differs, and the halting bias (the method's own: act's is not
+    # pondernet's); max_steps, 5 wherever a method reads it, does not (plain's one step is no setting of plain's)
+    assert everything["settings"] == ["halting_bias", "seed"]
+    assert by_name["pn1"]["halting_bias"] == by_name["pn2"]["halting_bias"] != by_name["act"]["halting_bias"]
+    assert [by_name[name]["seed"] for name in ("pn1", "pn2", "act", "plain")] == [1, 2, 1234, 1234]
+
+    pondernet = _listing(ponder, runs, "--where", "method=pondernet", "--sort", "seed")
+    assert [row["name"] for row in pondernet["buckets"]] == ["pn2", "pn1"]  # a figure: the highest first
+    assert pondernet["settings"] == ["seed"]  # all the two differ in
+    assert (pondernet["where"], pondernet["sort"], pondernet["reverse"]) == (["method=pondernet"], "seed", False)
+    reversed_ = _listing(ponder, runs, "--where", "method=pondernet", "--sort", "seed", "--reverse")
+    assert [row["name"] for row in reversed_["buckets"]] == ["pn1", "pn2"]
+
+    accuracies = sorted((row["best_val_accuracy"], name) for name, row in by_name.items())
+    ranked = _listing(ponder, runs, "--sort", "best_val_acc")  # a header's spelling
+    assert [row["best_val_accuracy"] for row in ranked["buckets"]] == sorted((a for a, _ in accuracies), reverse=True)
+    low, name = accuracies[1]
+    above = _listing(ponder, runs, "--where", f"best_val_accuracy>={low}")
+    assert {row["name"] for row in above["buckets"]} == {n for a, n in accuracies if a >= low}
+    assert [row["name"] for row in _listing(ponder, runs, "--where", "max_steps<5")["buckets"]] == ["plain"]
+    both = _listing(ponder, runs, "--where", "max_steps=5", "--where", "seed!=1")["buckets"]
+    assert {row["name"] for row in both} == {"pn2", "act"}
+    assert [row["name"] for row in _listing(ponder, runs, "--sort", "method")["buckets"]][:1] == ["act"]  # a to z
+
+
+def test_the_table_and_csv_show_the_settings_that_differ(runs, ponder):
+    table = ponder("runs", runs, "--where", "method=pondernet")
+    assert table.exit_code == 0, table.output
+    header = next(line for line in table.stdout.splitlines() if "seed" in line)
+    assert "seed" in header and "max-steps" not in table.stdout
+    assert "where method=pondernet" in " ".join(table.stdout.split())
+    rows = list(csv.DictReader(io.StringIO(ponder("runs", runs, "-f", "csv", "--sort", "seed").stdout)))
+    assert [(row["name"], row["seed"]) for row in rows] == [("act", "1234"), ("plain", "1234"), ("pn2", "2"),
+                                                            ("pn1", "1")]
+    none = ponder("runs", runs, "--where", "step!=mlp")
+    assert none.exit_code == 0 and f"no run under {runs}/ meets step!=mlp" in none.stdout
+
+
+@pytest.mark.parametrize("args,said", [
+    (("--where", "val=1"), "Error: --where: no key 'val'; the keys are run, name, task, method, step, status, "),
+    (("--sort", "speed"), "Error: --sort: no key 'speed'; the keys are run, "),
+    (("--where", "step"), "Error: --where 'step': write KEY=VALUE, KEY!=VALUE, KEY>V, KEY<V, KEY>=V or KEY<=V"),
+    (("--reverse",), "Error: --reverse turns --sort's order: give --sort KEY too"),
+])
+def test_a_bad_where_or_sort_is_one_line(args, said, runs, ponder, one_error_line):
+    line = one_error_line(ponder("runs", runs, *args))
+    assert line.startswith(said)
+    if "the keys are" in said:
+        assert "best_val_accuracy" in line and "lambda_p" in line and "last_written" in line
