@@ -213,13 +213,16 @@ class BatchStep:
             self.graph.capture(self.run)
         except RuntimeError as exc:
             return f"the capture failed ({brief(exc)})"
-        before = self._progress()
+        before, kept = self._progress(), (self.totals.clone(), self.taken.clone())
         self.graph.replay()
         counted, steps, passed = (self._progress() - before).tolist()  # the one read, once a run
-        if counted <= 0:
-            return "the captured batch did nothing when replayed (the epoch's totals stood still)"
-        if steps != 1 and passed == 0:
-            return "the captured batch did nothing when replayed (Adam's step count stood still)"
+        why = ("the captured batch did nothing when replayed (the epoch's totals stood still)" if counted <= 0 else
+               "the captured batch did nothing when replayed (Adam's step count stood still)"
+               if steps != 1 and passed == 0 else None)
+        if why is not None:  # the eager step reruns the batch: what a partial replay counted goes
+            self.totals.copy_(kept[0])
+            self.taken.copy_(kept[1])
+            return why
         self.captured, self.replays = True, 1
         return None
 

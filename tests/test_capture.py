@@ -15,7 +15,7 @@ from ponder_cli.checkpoint import load_checkpoint, new_model
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
 from ponder_cli.methods import get_method
-from ponder_cli.train import CAPTURED, WARMUP_BATCHES, batch_step, graph_pieces, train, use_graphs
+from ponder_cli.train import CAPTURED, WARMUP_BATCHES, batch_step, graph_pieces, steps_taken, train, use_graphs
 from synthetic_data import synthetic_digits
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda")
@@ -111,6 +111,9 @@ def test_a_replay_that_leaves_adam_behind_falls_back(monkeypatch):
     step, _, lines = _trained(NoUpdate())
     assert step.path == "eager: the captured batch did nothing when replayed (Adam's step count stood still)"
     assert len(lines) == 1
+    # the batch the replay counted, then ran again eagerly, is counted once, as Adam counts it
+    assert int(step.totals[5]) == BATCHES * CFG.training.batch_size
+    assert float(step.taken) == BATCHES == steps_taken(step.optimizer)
 
 
 def test_a_first_replay_whose_batch_is_skipped_is_no_false_alarm():
