@@ -22,6 +22,7 @@ def test_where_and_sort_choose_and_order_runs_by_their_figures_and_settings(runs
     # pondernet's); max_steps, 5 wherever a method reads it, does not (plain's one step is no setting of plain's)
     assert everything["settings"] == ["halting_bias", "seed"]
     assert by_name["pn1"]["halting_bias"] == by_name["pn2"]["halting_bias"] != by_name["act"]["halting_bias"]
+    assert "halting_bias" not in by_name["plain"]  # one step: no halting head to bias, shown as "-"
     assert [by_name[name]["seed"] for name in ("pn1", "pn2", "act", "plain")] == [1, 2, 1234, 1234]
 
     pondernet = _listing(ponder, runs, "--where", "method=pondernet", "--sort", "seed")

@@ -357,8 +357,10 @@ def list_runs(folders: Sequence[Union[str, Path]] = (), *, where: Sequence[str] 
     if sort is not None:
         rows = _sorted(rows, sort, reverse)
     differing = differing_settings(rows)
-    shown = set(RUN_KEYS) | set(differing)
-    rows = [{key: value for key, value in row.items() if key in shown} for row in rows]
+    # a setting's column shows it for the runs whose pieces read it ("-" for the others: an ACT
+    # run has no prior)
+    rows = [{key: value for key, value in row.items()
+             if key in RUN_KEYS or (key in differing and key in _applying(row.get("config")))} for row in rows]
     return runs_report(rows, [str(root) for root in roots], settings=differing,
                        selection={"where": list(where), "sort": sort, "reverse": reverse})
 
