@@ -119,12 +119,18 @@ def confident(logits: torch.Tensor, confidence: float) -> torch.Tensor:
     return torch.logsumexp(logits - top, dim=-1) <= -math.log(confidence)
 
 
+def within_steps(budget: int, steps: int) -> int:
+    """A fixed budget, checked against the steps run: refused beyond them, never cut to them
+    (both forms of fixed:N check it here; the user's message is Method.halting_problem's)."""
+    if not 1 <= budget <= steps:
+        raise ValueError(f"fixed:{budget} stops at step {budget}, beyond the {steps} steps run")
+    return budget
+
+
 def fixed_halting_steps(lambda_logits: torch.Tensor, budget: int) -> torch.Tensor:
     """Step `budget` (1-based) for every image: the fixed budget fixed:N. (steps, B) -> (B,).
     A budget beyond the steps computed is refused, never cut to them."""
-    steps = lambda_logits.shape[0]
-    if not 1 <= budget <= steps:
-        raise ValueError(f"fixed:{budget} stops at step {budget}, beyond the {steps} steps run")
+    within_steps(budget, lambda_logits.shape[0])
     return torch.full(lambda_logits.shape[1:], budget, dtype=torch.long, device=lambda_logits.device)
 
 
@@ -296,9 +302,7 @@ class FixedExit(EarlyExitRule):
     batch that reaches it is the whole batch, as in the forward over every step."""
 
     def __init__(self, budget: int, steps: int):
-        if not 1 <= budget <= steps:
-            raise ValueError(f"fixed:{budget} stops at step {budget}, beyond the {steps} steps run")
-        self.budget = budget
+        self.budget = within_steps(budget, steps)
 
     def decide(self, n, last, logits, lambda_logits):
         # a Python decision: the same for every row, so no tensor is compared on the device
