@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path, PurePath
 from typing import Optional, Union
@@ -105,6 +106,52 @@ def shipped_under_old_name(text: str, file: str) -> Optional[Path]:
     return path if path.is_file() else None
 
 
+# what a researcher calls a run ----------------------------------------------------------------
+
+LABEL_CHARACTERS = 200  # a name, a tag or a note longer than this is a mistake (a pasted file?)
+
+
+@dataclass(frozen=True)
+class Labels:
+    """What a researcher calls a run: its name, tags and a note (`ponder train --name --tag
+    --note`), kept in its config.json beside the settings but none of them: they change nothing
+    the model learns, so resuming keeps them, and takes new ones given (each replaces its own)."""
+    name: Optional[str] = None
+    tags: tuple = ()
+    note: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tags", tuple(dict.fromkeys(self.tags)))  # each once, in the order given
+        for option, text in (("--name", self.name), *(("--tag", tag) for tag in self.tags), ("--note", self.note)):
+            if text is None:
+                continue
+            if not text.strip() or not text.isprintable() or len(text) > LABEL_CHARACTERS:
+                raise PonderError(f"{option} {text!r}: give one line of printable text, {LABEL_CHARACTERS} "
+                                  f"characters at most")
+            if option == "--tag" and any(char in text for char in " ,;="):
+                raise PonderError(f"{option} {text!r}: a tag is one word (no space, comma, semicolon or =); repeat "
+                                  f"--tag for several")
+
+    @classmethod
+    def of(cls, saved: Optional[dict]) -> "Labels":
+        """A run's labels from its config.json (none where it holds none, or holds them garbled)."""
+        labels = saved.get("labels") if isinstance(saved, dict) else None
+        if not isinstance(labels, dict):
+            return cls()
+        try:
+            return cls(labels.get("name"), tuple(labels.get("tags") or ()), labels.get("note"))
+        except (PonderError, TypeError, AttributeError):
+            return cls()
+
+    def replaced_by(self, given: "Labels") -> "Labels":
+        """These labels with those given in their place (a resumed run's, and the new ones)."""
+        return Labels(given.name if given.name is not None else self.name, given.tags or self.tags,
+                      given.note if given.note is not None else self.note)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "tags": list(self.tags), "note": self.note}
+
+
 # which file a CHECKPOINT argument names ------------------------------------------------------
 
 
@@ -177,17 +224,40 @@ def resolve_checkpoint(given: Union[str, Path, None], file: Union[str, tuple[str
 
 
 def newest_run_checkpoint(root: Path = RUNS_DIR, name: str = BEST) -> Optional[Path]:
-    """<run>/<name> of the run under `root` (runs_under) that wrote last (`last_written`: the
-    order `ponder runs` lists them in) among those that hold one, if any."""
+    """<run>/<name> of the run under `root` (runs_under) started last (`run_time`: the order
+    `ponder runs` lists them in) among those that hold one, if any."""
     if not root.is_dir():
         return None
-    found = [(last_written(run) or 0.0, str(run), run / name) for run in runs_under(root) if (run / name).is_file()]
+    found = [(run_time(run) or 0.0, str(run), run / name) for run in runs_under(root) if (run / name).is_file()]
     return max(found)[2] if found else None
 
 
+def run_started(folder: Path) -> Optional[float]:
+    """When the run in a folder last started (a fresh run, or a session resuming it), as the
+    run recorded it in its config.json (`started`: a UTC time), in seconds since the epoch; None
+    where no time is recorded (a folder an earlier version wrote)."""
+    try:
+        saved = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+        return datetime.fromisoformat(saved["started"]).timestamp()
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def started_now() -> str:
+    """What a run records as its start: now, in UTC (never local-time text, which can repeat an
+    hour when the clocks go back)."""
+    return datetime.now(timezone.utc).isoformat()
+
+
+def run_time(folder: Path) -> Optional[float]:
+    """What orders runs, newest last (`ponder runs`, `latest`): when the run started by its own
+    record (run_started), else when its files were last written; None for neither."""
+    started = run_started(folder)
+    return started if started is not None else last_written(folder)
+
+
 def last_written(folder: Path) -> Optional[float]:
-    """When a run folder's files (or its lock) were last written, None for none: what makes a
-    run the newest."""
+    """When a run folder's files (or its lock) were last written, None for none."""
     stamps = []
     for name in (*RUN_FILES, LOCK_FILE):
         with contextlib.suppress(OSError):  # not there, or removed while we look
@@ -308,22 +378,64 @@ def is_run_folder(folder: Path) -> bool:
     return isinstance(saved, dict) and "ponder_cli" in saved
 
 
-SEARCH_DEPTH = 3  # folders below the one named that `ponder runs` looks into: runs/sweep/seed1 is 3
+# folders never looked into for runs: hidden ones (.git, .trash), Python's (__pycache__), a
+# JavaScript project's packages; a virtual environment (a pyvenv.cfg inside) is skipped too
+SKIPPED = ("node_modules",)
 
 
-def runs_under(folder: Path, depth: int = SEARCH_DEPTH) -> list[Path]:
+def runs_under(folder: Path) -> list[Path]:
     """The runs a folder names, the one answer to "which runs are here" (`ponder runs`, `latest`,
     a CHECKPOINT argument naming a folder of runs): the folder itself when it is a run folder,
-    else every run folder below it, `depth` levels deep at most, by path. Nothing inside a run
-    folder, a hidden folder (.git, .venv) or the installed package (its shipped models) counts."""
-    folder = Path(folder)
+    else every run folder below it, at any depth, by path. Nothing inside a run folder, a
+    hidden folder, a virtual environment or the installed package (its shipped models) counts;
+    a folder reached twice through links is read once."""
+    return _runs_below(Path(folder), set(), top=True)
+
+
+def _runs_below(folder: Path, seen: set, top: bool = False) -> list[Path]:
     if is_run_folder(folder):
         return [folder]
-    if depth <= 0 or inside_package(folder):
-        return []
     try:
-        below = sorted(entry.name for entry in os.scandir(folder)
-                       if entry.is_dir() and not entry.name.startswith((".", "__")))
-    except OSError:  # not readable, or removed while we look
+        key = folder.resolve()
+        if key in seen or inside_package(folder):
+            return []
+        seen.add(key)
+        entries = list(os.scandir(folder))
+    except (OSError, RuntimeError):  # not readable, removed while we look, a loop of links
         return []
-    return [run for name in below for run in runs_under(folder / name, depth - 1)]
+    if not top and any(entry.name == "pyvenv.cfg" for entry in entries):
+        return []
+    below = sorted(entry.name for entry in entries if not entry.name.startswith((".", "__"))
+                   and entry.name not in SKIPPED and _is_dir(entry))
+    return [run for name in below for run in _runs_below(folder / name, seen)]
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def runs_inside(folder: Path) -> list[Path]:
+    """The run folders below `folder`, not counting the folder itself: what a run written into
+    it would hide (a run folder is not looked into)."""
+    try:
+        names = sorted(entry.name for entry in os.scandir(folder) if not entry.name.startswith((".", "__"))
+                       and entry.name not in SKIPPED and _is_dir(entry))
+    except OSError:
+        return []
+    seen: set = set()
+    return [run for name in names for run in _runs_below(Path(folder) / name, seen)]
+
+
+def enclosing_run(folder: Path) -> Optional[Path]:
+    """The run folder that `folder` lies inside (below it, at any depth), if any: a run written
+    there would be hidden from `ponder runs` and `latest`, which never look inside a run folder."""
+    here = Path(os.path.abspath(folder))
+    for parent in here.parents:
+        if is_run_folder(parent):
+            with contextlib.suppress(ValueError):
+                return parent.relative_to(Path.cwd())
+            return parent
+    return None

@@ -36,8 +36,8 @@ from .checkpoint import load_checkpoint
 from .config import PonderConfig, applies, inapplicable, render_config, spelled
 from .registry import FORMAT_VERSION
 from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR,
-                      Resolved, RunLock, check_unlocked, package_dir, package_problem, resolve_checkpoint,
-                      run_files_in)
+                      Labels, Resolved, RunLock, check_unlocked, enclosing_run, package_dir, package_problem,
+                      resolve_checkpoint, run_files_in, runs_inside, started_now)
 from .render import csv_cell, value_text as spelled_value
 from .tasks import get_task
 from .train import EpochStats
@@ -54,6 +54,7 @@ class TrainingPlan:
     fresh_folder: bool = False  # out_dir is the default runs/ folder: take the next free name if it is taken
     sources: dict = field(default_factory=dict)  # field -> where its value came from (PonderConfig.sources)
     resumed: Optional["Resolved"] = None  # the checkpoint --resume named, and how
+    labels: Labels = field(default_factory=Labels)  # its name, tags and note (a resumed run's, then those given)
 
 
 def resolve_config(given: dict, resume: Optional[Path] = None, origins: Optional[dict] = None):
@@ -90,7 +91,8 @@ def resolve_config(given: dict, resume: Optional[Path] = None, origins: Optional
 
 
 def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[Path] = None,
-                  overwrite: bool = False, origins: Optional[dict] = None) -> TrainingPlan:
+                  overwrite: bool = False, origins: Optional[dict] = None,
+                  labels: Optional[Labels] = None) -> TrainingPlan:
     """The config (resolve_config) and output folder of a run; writes nothing.
 
     A fresh run writes to a new folder under runs/ unless --out names one; a resumed run to its
@@ -108,12 +110,16 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
         raise PonderError(f"{problem}; name a folder outside it, or leave out --out for a fresh folder under "
                           f"{RUNS_DIR}/")
     cfg, sources, state, resumed = resolve_config(given, resume, origins)
+    labels = labels or Labels()
     if state is None:
         if out is None:
-            return TrainingPlan(cfg, free_run_dir(cfg), fresh_folder=True, sources=sources)
+            refuse_hiding(free_run_dir(cfg), cfg, None)
+            return TrainingPlan(cfg, free_run_dir(cfg), fresh_folder=True, sources=sources, labels=labels)
+        refuse_hiding(out, cfg, "--out")
         check_unlocked(out)
         refuse_foreign_checkpoints(out, overwrite)
-        return TrainingPlan(cfg, out, sources=sources)
+        return TrainingPlan(cfg, out, sources=sources, labels=labels)
+    labels = _recorded_labels(resumed.path.parent, state.config).replaced_by(labels)
     resume = resumed.path
     out_dir = out if out is not None else Path(resume).parent
     check_unlocked(out_dir)
@@ -124,6 +130,7 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
         raise PonderError(f"nothing to do: the run in {resume} {done}; to train it longer, raise --epochs: "
                           f"ponder train --resume {resume} --epochs N (N > {state.epoch})")
     if not _same_path(out_dir, Path(resume).parent):
+        refuse_hiding(out_dir, cfg, "--out")
         refuse_foreign_checkpoints(out_dir, overwrite)  # continuing in another folder: a fresh one
     elif package_problem(out_dir, str(out_dir)):
         raise PonderError(f"{package_problem(out_dir, str(out_dir))}; continue the run in another folder with "
@@ -131,12 +138,47 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     elif not overwrite:
         _refuse_another_run(state, Path(resume), out_dir)
         _refuse_rewind(state, Path(resume), out_dir / LAST)
-    return TrainingPlan(cfg, out_dir, state, sources=sources, resumed=resumed)
+    return TrainingPlan(cfg, out_dir, state, sources=sources, resumed=resumed, labels=labels)
+
+
+def _recorded_labels(folder: Path, cfg: PonderConfig) -> Labels:
+    """The labels a run folder's config.json records for the run `cfg` describes (none for
+    another run's record, or none at all)."""
+    try:
+        saved = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PonderWarning)
+            same = _same_run(PonderConfig.from_dict(saved["config"]), cfg)
+    except (OSError, ValueError, TypeError, KeyError, PonderError):
+        return Labels()
+    return Labels.of(saved) if same else Labels()
 
 
 def describe_run(cfg: PonderConfig) -> str:
     """A run's settings in a few words: `pondernet · step mlp · mnist · seed 1234`."""
     return f"{cfg.method.name} · step {cfg.step.name} · {cfg.task.name} · seed {cfg.training.seed}"
+
+
+def refuse_hiding(folder: Path, cfg: PonderConfig, option: Optional[str]) -> None:
+    """A run folder never hides another: `ponder runs` and `latest` do not look inside a run
+    folder, so a run is refused a folder inside one (it would be hidden) or a folder that holds
+    run folders (they would be); --overwrite does not change that. `option`: how the folder was
+    named (None: the default under runs/)."""
+    named = f"{option} {folder}" if option else f"the default folder {folder}"
+    inside = enclosing_run(folder)
+    if inside is not None:
+        beside = inside.parent / f"{inside.name}-{Path(folder).name}"
+        instead = (f"name a folder outside it, e.g. {option} {beside}" if option else
+                   f"move that run into a folder of its own, or give --out a folder outside it")
+        raise PonderError(f"{named} is inside the run folder {inside}, where `ponder runs` and `latest` would "
+                          f"never find the new run; {instead}")
+    hidden = runs_inside(folder)
+    if hidden:
+        shown = ", ".join(str(run) for run in hidden[:3]) + (", ..." if len(hidden) > 3 else "")
+        raise PonderError(f"{named} holds run folders ({shown}): a run written there would hide "
+                          f"{'it' if len(hidden) == 1 else 'them'} from `ponder runs` and `latest`; name a new folder "
+                          f"for this run, e.g. {option or '--out'} {free_run_dir(cfg, Path(folder))}, or leave out "
+                          f"--out for a fresh one under {RUNS_DIR}/")
 
 
 def _refuse_another_run(state, resume: Path, folder: Path) -> None:
@@ -383,7 +425,8 @@ class RunFolder:
                      f"{plan.resumed.path.parent}")
             self.copies.append(carried.name)
         cfg = plan.cfg
-        write_run_config(out_dir, cfg, plan.sources, resumed_from=str(plan.resumed.path) if plan.resumed else None,
+        write_run_config(out_dir, cfg, plan.sources, started=started_now(), labels=plan.labels.to_dict(),
+                         resumed_from=str(plan.resumed.path) if plan.resumed else None,
                          resumed_after_epoch=plan.resume.epoch if plan.resume else None, device=self.device,
                          amp=self.amp, processes=self.processes,
                          not_applicable=[name for name in cfg.field_names() if not applies(name, cfg.chosen())])

@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import zipfile
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -297,7 +298,8 @@ def test_runs_lists_every_run_folder_with_its_status(run_folders, checkpoint, po
     assert rows["b-stopped"] | {"when": None} == {
         "run": "runs/b-stopped", "name": "b-stopped", "task": "mnist", "method": "pondernet", "step": "mlp", "status": "stopped early",
         "epoch": 4, "epochs": 10, "best_epoch": 1, "best_val_accuracy": best,
-        "best_val_steps": rows["b-stopped"]["best_val_steps"], "checkpoint": "runs/b-stopped/last.pt", "when": None}
+        "best_val_steps": rows["b-stopped"]["best_val_steps"], "checkpoint": "runs/b-stopped/last.pt", "when": None,
+        "tags": [], "note": None}
     assert (rows["e-empty"]["task"], rows["e-empty"]["epoch"], rows["e-empty"]["checkpoint"]) == ("parity", None, None)
     assert rows["a-finished"]["when"].startswith("2001-09-")
     rows = list(csv.DictReader(io.StringIO(ponder("runs", "-f", "csv").stdout)))
@@ -326,20 +328,22 @@ def test_runs_finds_the_runs_trained_with_out_and_a_folder_of_runs_is_one_rule(r
     import shutil
 
     monkeypatch.chdir(tmp_path)
-    places = ["runs/pn1", "mine", "sweep/lr/seed1", ".trash/old", "deep/a/b/c"]
-    for place, written in zip(places, range(2_000_000_000, 2_000_000_005)):
+    places = ["runs/pn1", "mine", "sweep/lr/seed1", ".trash/old", "deep/a/b/c/d", "venv/lib/run"]
+    for place, written in zip(places, range(2_000_000_000, 2_000_000_006)):
         shutil.copytree(runs / "pn1", tmp_path / place)
-        for file in (tmp_path / place).iterdir():
-            os.utime(file, (written, written))
+        config = json.loads((tmp_path / place / "config.json").read_text())  # each started at its own time
+        started = datetime.fromtimestamp(written, timezone.utc).isoformat()
+        (tmp_path / place / "config.json").write_text(json.dumps({**config, "started": started}))
+    (tmp_path / "venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")  # a virtual environment: not looked into
     (tmp_path / "mine" / "inside").mkdir()  # nothing inside a run folder is looked into
     shutil.copy(runs / "act" / "last.pt", tmp_path / "mine" / "inside" / "last.pt")
     listed = json.loads(ponder("runs", "-f", "json").stdout)
-    # oldest first; hidden folders and what lies deeper than three levels are left out
-    assert [row["run"] for row in listed["buckets"]] == ["runs/pn1", "mine", str(Path("sweep/lr/seed1"))]
-    assert [row["status"] for row in listed["buckets"]] == ["finished"] * 3
+    # oldest first, at any depth; hidden folders and virtual environments are left out
+    assert [row["run"] for row in listed["buckets"]] == ["runs/pn1", "mine", "sweep/lr/seed1", "deep/a/b/c/d"]
+    assert [row["status"] for row in listed["buckets"]] == ["finished"] * 4
     table = ponder("runs").stdout
     assert "Runs under runs/ and ./" in table and all(name in table for name in ("│ pn1 ", "│ mine ", "sweep/lr/seed1"))
-    assert [row["name"] for row in listed["buckets"]] == ["pn1", "mine", "sweep/lr/seed1"]
+    assert [row["name"] for row in listed["buckets"]] == ["pn1", "mine", "sweep/lr/seed1", "deep/a/b/c/d"]
     assert [row["run"] for row in json.loads(ponder("runs", "sweep", "-f", "json").stdout)["buckets"]] == \
         ["sweep/lr/seed1"]
     line = one_error_line(ponder("info", "sweep"))

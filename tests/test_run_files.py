@@ -135,8 +135,13 @@ def test_environment_json_records_what_the_run_ran_on_and_config_json_stays_as_i
     result = ponder("train", *quick, "--data-dir", tiny_mnist, "--out", out, "--no-progress")
     assert result.exit_code == 0, result.output
     config = json.loads((out / "config.json").read_text())
-    assert set(config) == {"format_version", "ponder_cli", "config", "sources", "resumed_from", "resumed_after_epoch", "device", "amp",
-                           "processes", "not_applicable"}
+    assert set(config) == {"format_version", "ponder_cli", "config", "sources", "started", "labels", "resumed_from",
+                           "resumed_after_epoch", "device", "amp", "processes", "not_applicable"}
+    from datetime import datetime, timedelta
+
+    started = datetime.fromisoformat(config["started"])  # UTC, never local-time text
+    assert started.utcoffset() == timedelta(0) and abs(time.time() - started.timestamp()) < 600
+    assert config["labels"] == {"name": None, "tags": [], "note": None}
     sessions = json.loads((out / "environment.json").read_text())["sessions"]
     assert len(sessions) == 1
     first = sessions[0]
@@ -178,3 +183,44 @@ def test_resuming_another_runs_checkpoint_in_a_run_folder_is_refused_naming_both
     shutil.copy(runs / "pn1" / "last.pt", folder / "last.pt")
     result = ponder("train", "--resume", folder, "--epochs", 2, "--patience", 9)
     assert one_error_line(result).startswith(f"Error: nothing to do: the run in {folder / 'last.pt'} is complete")
+
+
+def test_no_run_hides_another_and_latest_is_the_run_started_last(tiny_mnist, tmp_path, quick, ponder, one_error_line,
+                                                                  monkeypatch):
+    """A run is refused a folder that holds runs, or one inside a run; `ponder runs` finds them at
+    any depth, and `latest` is the run started last by its own record, whatever the files' times."""
+    import os
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+
+    def train(*args):
+        return ponder("train", *quick, "--data-dir", tiny_mnist, "-q", *args)
+
+    assert train().exit_code == 0
+    first = "runs/pondernet-mlp-seed1234"
+    assert one_error_line(train("--out", "runs")) == (
+        f"Error: --out runs holds run folders ({first}): a run written there would hide it from `ponder runs` and "
+        f"`latest`; name a new folder for this run, e.g. --out {first}-2, or leave out --out for a fresh one under "
+        f"runs/")
+    assert one_error_line(train("--out", "runs", "--overwrite")).startswith("Error: --out runs holds run folders")
+    assert one_error_line(train("--out", f"{first}/inner")) == (
+        f"Error: --out {first}/inner is inside the run folder {first}, where `ponder runs` and `latest` would never "
+        f"find the new run; name a folder outside it, e.g. --out {first}-inner")
+    assert sorted(os.listdir("runs")) == ["pondernet-mlp-seed1234"]  # nothing written by the refused ones
+    assert sorted(os.listdir(first)) == ["best.pt", "config.json", "config.toml", "environment.json", "last.pt",
+                                         "metrics.csv"]
+    assert train("--seed", "3").exit_code == 0
+    for file in (tmp_path / "runs" / "pondernet-mlp-seed3").iterdir():  # its files look older: no matter
+        os.utime(file, (1e9, 1e9))
+    shutil.copytree(first, "a/b/c/d")  # four folders down
+    (tmp_path / "a" / ".venv").mkdir()
+    shutil.copytree(first, "a/.venv/run")  # hidden: not looked into
+    listed = json.loads(ponder("runs", "-f", "json").stdout)["buckets"]
+    # by recorded start (the copy keeps its record: a tie, by path)
+    assert [row["run"] for row in listed] == ["a/b/c/d", first, "runs/pondernet-mlp-seed3"]
+    assert listed[0]["when"] == listed[1]["when"] <= listed[2]["when"]
+    result = ponder("eval", "latest", "--limit", 20, "--data-dir", tiny_mnist, "-f", "json")
+    assert result.exit_code == 0, result.output
+    assert "using runs/pondernet-mlp-seed3/best.pt (latest: the newest run under runs/)" in result.stderr
+    assert json.loads(result.stdout)["seed"] == 3

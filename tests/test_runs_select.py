@@ -67,4 +67,54 @@ def test_a_bad_where_or_sort_is_one_line(args, said, runs, ponder, one_error_lin
     line = one_error_line(ponder("runs", runs, *args))
     assert line.startswith(said)
     if "the keys are" in said:
-        assert "best_val_accuracy" in line and "lambda_p" in line and "last_written" in line
+        assert "best_val_accuracy" in line and "lambda_p" in line and "started" in line
+
+
+@pytest.mark.parametrize("where,said", [
+    ("name>9", "Error: --where 'name>9': name is text, compared only with = or != (e.g. --where name=VALUE)"),
+    ("x>>0.5", "Error: --where: no key 'x'; the keys are run, "),
+    ("best_val_accuracy>>0.5", "Error: --where 'best_val_accuracy>>0.5': best_val_accuracy is a number; '>0.5' is "
+                               "not one (e.g. 0.9)"),
+    ("when>yesterday", "Error: --where 'when>yesterday': when is a time; 'yesterday' is not one (e.g. 2026-11-28"),
+    ("tag>a", "Error: --where 'tag>a': tags is tags, compared only with = or !="),
+    ("gru_layer_norm=maybe", "Error: --where 'gru_layer_norm=maybe': gru_layer_norm is true or false; 'maybe' is not "
+                             "either"),
+])
+def test_a_value_is_read_as_its_keys_kind_or_refused_in_one_line(where, said, runs, ponder, one_error_line):
+    assert one_error_line(ponder("runs", runs, "--where", where)).startswith(said)
+
+
+def test_names_sort_as_text_and_times_as_times_whatever_they_look_like(runs, tmp_path, ponder):
+    """Run folders `2` and `pn1`: a name is text, never a number beside a word; `when` is the
+    recorded UTC time, so a run started an hour later sorts after, whatever the local clock said."""
+    import shutil
+
+    for name, started in (("2", "2026-10-25T01:30:00+00:00"), ("pn1", "2026-10-25T00:45:00+00:00")):
+        shutil.copytree(runs / "pn1", tmp_path / name)
+        config = json.loads((tmp_path / name / "config.json").read_text())
+        (tmp_path / name / "config.json").write_text(json.dumps({**config, "started": started}))
+    table = ponder("runs", tmp_path, "--sort", "name")
+    assert table.exit_code == 0 and "Traceback" not in table.output, table.output
+    assert [row["name"] for row in _listing(ponder, tmp_path, "--sort", "name")["buckets"]] == ["2", "pn1"]
+    assert [row["name"] for row in _listing(ponder, tmp_path, "--sort", "name", "--reverse")["buckets"]] == ["pn1", "2"]
+    newest = _listing(ponder, tmp_path, "--sort", "when")["buckets"]
+    assert [(row["name"], row["when"]) for row in newest] == [("2", "2026-10-25T01:30:00+00:00"),
+                                                               ("pn1", "2026-10-25T00:45:00+00:00")]
+    # a time given with its zone: 02:00 in UTC+01:00 is 01:00 UTC, between the two
+    assert [row["name"] for row in _listing(ponder, tmp_path, "--where", "when>2026-10-25T02:00+01:00")["buckets"]] \
+        == ["2"]
+    assert [row["name"] for row in _listing(ponder, tmp_path, "--where", "started<2026-10-25T01:00")["buckets"]] \
+        == ["pn1"]  # no zone: UTC, as the listing writes it
+
+
+def test_the_setting_columns_keep_one_order_whatever_the_sort(runs, ponder):
+    headers = set()
+    for args in ((), ("--sort", "seed"), ("--sort", "seed", "--reverse"), ("--sort", "method"),
+                 ("--sort", "method", "--reverse")):
+        lines = ponder("runs", runs, "-f", "csv", *args).stdout.splitlines()
+        headers.add(lines[0])
+        settings = _listing(ponder, runs, *args)["settings"]
+        assert settings == ["halting_bias", "seed"]
+    assert len(headers) == 1
+    header = headers.pop().split(",")  # seed: a column of every report's metadata already
+    assert header[-3:] == ["tags", "note", "halting_bias"] and header.count("seed") == 1

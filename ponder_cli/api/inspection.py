@@ -5,17 +5,17 @@ from __future__ import annotations
 import json
 import warnings
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 import torch
 
 from .. import PonderError, PonderWarning, file_problem
-from ..checkpoint import load_checkpoint, load_model, steps_problem
+from ..checkpoint import file_damage, load_checkpoint, load_model, steps_problem
 from ..config import applies, seed_problems
-from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SHIPPED, Resolved, is_run_folder,
-                       last_written, lock_holder, resolve_checkpoint, runs_under, shipped_path)
+from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, is_run_folder,
+                       lock_holder, resolve_checkpoint, run_time, runs_under, shipped_path)
 from ..methods import get_method
 from ..render import Column
 from ..reports import Report, diff_report, info_report, make_meta, prediction_report, runs_report
@@ -222,85 +222,121 @@ def _saved_run_config(folder: Path) -> Optional[dict]:
 
 # runs ------------------------------------------------------------------------------------------
 
-# What `ponder runs --where` and `--sort` name: a run's own keys (its JSON's), any setting, and a
-# table header with _ for its spaces (last_written, best_val_acc).
-RUN_KEYS = ("run", "name", "task", "method", "step", "status", "epoch", "epochs", "best_epoch", "best_val_accuracy",
-            "best_val_steps", "checkpoint", "when")
-HEADER_KEYS = {"last_written": "when", "best_val_acc": "best_val_accuracy", "status_at_epoch": "status"}
+# What `ponder runs --where` and `--sort` name, each key with its kind, which says how a value
+# given for it is read and compared: a run's own keys (its JSON's), any setting (config.TYPES),
+# and a few other spellings (a table header with _ for its spaces; `tag`, one of a run's tags).
+NUMBER, TIME, TEXT, TAGS, SWITCH = "a number", "a time", "text", "tags", "true or false"
+RUN_KEYS = {"run": TEXT, "name": TEXT, "task": TEXT, "method": TEXT, "step": TEXT, "status": TEXT, "epoch": NUMBER,
+            "epochs": NUMBER, "best_epoch": NUMBER, "best_val_accuracy": NUMBER, "best_val_steps": NUMBER,
+            "checkpoint": TEXT, "when": TIME, "tags": TAGS, "note": TEXT}
+OTHER_SPELLINGS = {"started": "when", "best_val_acc": "best_val_accuracy", "status_at_epoch": "status", "tag": "tags"}
 SHOWN_ALREADY = ("task", "method", "step", "epochs")  # settings the table shows in their own columns
-_OPERATORS = (">=", "<=", "!=", "=", ">", "<")  # the longest first: `a>=1` is >=, not > "=1"
+_OPERATORS = (">=", "<=", "!=", "=", ">", "<")  # at one place the longest first: `a>=1` is >=, not > "=1"
+_ORDERED = (">", "<", ">=", "<=")
+_COMPARE = {"=": lambda a, b: a == b, "!=": lambda a, b: a != b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
+            ">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b}
+NONE = "none"  # --where KEY=none: the run has no value for KEY (halting_bias: the method's own)
+
+
+def run_keys() -> dict[str, str]:
+    """Every key --where and --sort take, with its kind: the runs' own, the settings, the other
+    spellings."""
+    from ..config import TYPES
+
+    settings = {key: SWITCH if kind is bool else TEXT if kind is str else NUMBER for key, kind in TYPES.items()}
+    keys = {**RUN_KEYS, **{key: kind for key, kind in settings.items() if key not in RUN_KEYS}}
+    return {**keys, **{other: keys[key] for other, key in OTHER_SPELLINGS.items()}}
+
+
+def _key(key: str, option: str) -> tuple[str, str]:
+    """A key as given -> the row's key and its kind (one PonderError naming the option)."""
+    kinds = run_keys()
+    if key not in kinds:
+        raise PonderError(f"{option}: no key {key!r}; the keys are {', '.join(kinds)}")
+    return OTHER_SPELLINGS.get(key, key), kinds[key]
+
+
+def _typed(value, kind: str):
+    """A run's value as its kind compares: numbers as numbers, a time as seconds since the epoch
+    (from its UTC text), a switch as True/False, text as text; None for no value."""
+    if value is None:
+        return None
+    if kind == TIME:
+        return datetime.fromisoformat(value).timestamp()
+    if kind == NUMBER:
+        return None if isinstance(value, bool) else float(value)
+    if kind == TAGS:
+        return " ".join(value)
+    return value if kind == SWITCH else str(value)
+
+
+def _given(text: str, key: str, kind: str, op: str, value: str):
+    """A --where value read as its key's kind; one PonderError saying what it must be."""
+    def refused(why: str) -> PonderError:
+        return PonderError(f"--where {text!r}: {why}")
+    if kind in (TEXT, TAGS, SWITCH) and op in _ORDERED:
+        raise refused(f"{key} is {kind}, compared only with = or != (e.g. --where {key}=VALUE); numbers and "
+                       f"times take >, <, >= and <=")
+    if value == NONE and op in ("=", "!=") and kind != TAGS:
+        return None
+    try:
+        if kind == NUMBER:
+            number = float(value)
+            if number != number:
+                raise ValueError
+            return number
+        if kind == TIME:
+            when = datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith("Z") else value)
+            return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
+        if kind == SWITCH:
+            return {"true": True, "false": False}[value.lower()]
+    except (ValueError, KeyError):
+        example = {NUMBER: "0.9", TIME: "2026-11-28 or 2026-11-28T09:30 (UTC unless it names its zone, as in "
+                                        "2026-11-28T09:30+01:00)", SWITCH: "true or false"}[kind]
+        raise refused(f"{key} is {kind}; {value!r} is not {'one' if kind != SWITCH else 'either'} (e.g. {example})") \
+            from None
+    if not value:
+        raise refused(f"give a value after {op} ({key}={NONE}: runs without one)")
+    return value
 
 
 @dataclass(frozen=True)
 class Condition:
-    """One --where: `key op value`, numbers compared as numbers when both sides read as one."""
+    """One --where: `key op value`, the value read as the key's kind (_given)."""
     key: str
+    kind: str
     op: str
-    value: str
+    value: object  # a float (numbers, times), True/False, text; None: no value (KEY=none)
 
     def holds(self, row: dict) -> bool:
-        have = row.get(self.key)
-        mine, theirs = _number(have), _number(self.value)
-        if mine is not None and theirs is not None:
-            a, b = mine, theirs
-        elif self.op in ("=", "!="):
-            a, b = _text(have), self.value
-        elif have is None:
-            return False  # no value is neither above nor below one
-        else:
-            a, b = _text(have), self.value
-        return {"=": a == b, "!=": a != b, ">": a > b, "<": a < b, ">=": a >= b, "<=": a <= b}[self.op]
-
-
-def _number(value) -> Optional[float]:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _text(value) -> str:
-    """A value as --where spells it: none, true, false, or as written."""
-    if value is None or isinstance(value, bool):
-        return str(value).lower()
-    return str(value)
-
-
-def run_keys() -> list[str]:
-    """Every key --where and --sort take: the runs' own, then the settings, then header spellings."""
-    from ..config import PonderConfig
-    return [*RUN_KEYS, *(k for k in PonderConfig.field_names() if k not in RUN_KEYS), *HEADER_KEYS]
-
-
-def _known(key: str, option: str) -> str:
-    keys = run_keys()
-    if key not in keys:
-        raise PonderError(f"{option}: no key {key!r}; the keys are {', '.join(keys)}")
-    return HEADER_KEYS.get(key, key)
+        if self.kind == TAGS:  # tag=x: x among the run's tags
+            return (self.value in (row.get("tags") or [])) == (self.op == "=")
+        have = _typed(row.get(self.key), self.kind)
+        if have is None or self.value is None:
+            same = have is None and self.value is None
+            return {"=": same, "!=": not same}.get(self.op, False)  # no value is neither above nor below one
+        return _COMPARE[self.op](have, self.value)
 
 
 def parse_condition(text: str) -> Condition:
-    """`step=align`, `best_val_accuracy>0.9`, `lambda_p!=0.2` (one PonderError naming --where)."""
-    at = min(((text.find(op), op) for op in _OPERATORS if op in text), key=lambda found: (found[0], -len(found[1])),
-             default=None)
-    if at is None or at[0] == 0:
+    """`step=align`, `best_val_accuracy>0.9`, `tag=baseline`, `when>=2026-11-28` (one PonderError
+    naming --where for anything else: an unknown key, an order on text, a value not of its kind)."""
+    at = next((i for i, char in enumerate(text) if char in "<>=!"), None)
+    op = next((op for op in _OPERATORS if at is not None and text.startswith(op, at)), None)
+    if op is None or at == 0:
         raise PonderError(f"--where {text!r}: write KEY=VALUE, KEY!=VALUE, KEY>V, KEY<V, KEY>=V or KEY<=V "
                           f"(e.g. --where step=align --where 'best_val_accuracy>0.9')")
-    index, op = at
-    return Condition(_known(text[:index].strip(), "--where"), op, text[index + len(op):].strip())
+    key, kind = _key(text[:at].strip(), "--where")
+    return Condition(key, kind, op, _given(text, key, kind, op, text[at + len(op):].strip()))
 
 
-def _sorted(rows: list[dict], key: str, reverse: bool) -> list[dict]:
-    """Figures and times from the highest and newest, text from a to z (`reverse`: the other way);
-    a run without the value last either way."""
-    values = [row.get(key) for row in rows if row.get(key) is not None]
-    descending = key == "when" or (values and all(_number(v) is not None for v in values))
-    present = sorted((row for row in rows if row.get(key) is not None),
-                     key=lambda row: _number(row[key]) if _number(row[key]) is not None else _text(row[key]),
-                     reverse=descending != reverse)
-    return present + [row for row in rows if row.get(key) is None]
+def _sorted(rows: list[dict], key: str, kind: str, reverse: bool) -> list[dict]:
+    """Figures and times from the highest and newest, text from a to z (`reverse`: the other
+    way); a run without the value last either way. Each value as its key's kind (_typed)."""
+    descending = kind in (NUMBER, TIME)
+    present = sorted((row for row in rows if _typed(row.get(key), kind) is not None),
+                     key=lambda row: _typed(row[key], kind), reverse=descending != reverse)
+    return present + [row for row in rows if _typed(row.get(key), kind) is None]
 
 
 def _applying(config: Optional[dict]) -> dict:
@@ -314,8 +350,12 @@ def _applying(config: Optional[dict]) -> dict:
 def differing_settings(rows: list[dict]) -> list[str]:
     """The settings whose values differ between the runs they apply to, in the configuration's
     order, but those the table shows already (SHOWN_ALREADY)."""
+    from ..config import PonderConfig
+
     configs = [_applying(row["config"]) for row in rows if row.get("config")]
-    keys = list(dict.fromkeys(key for config in configs for key in config))
+    found = {key for config in configs for key in config}
+    # one order whatever the rows' order (--sort, --reverse): the configuration's, then any other by name
+    keys = [key for key in PonderConfig.field_names() if key in found] + sorted(found - set(PonderConfig.field_names()))
     return [key for key in keys if key not in SHOWN_ALREADY
             and len({json.dumps(c[key]) for c in configs if key in c}) > 1]
 
@@ -331,7 +371,7 @@ def list_runs(folders: Sequence[Union[str, Path]] = (), *, where: Sequence[str] 
     a key to order by (_sorted; `reverse` turns the order)."""
 
     conditions = [parse_condition(text) for text in where]
-    sort = _known(sort, "--sort") if sort is not None else None
+    sort, kind = _key(sort, "--sort") if sort is not None else (None, None)
 
     roots = [Path(f) for f in folders] or [RUNS_DIR, HERE]
     found: dict[Path, str] = {}  # each run folder -> its name below the folder it was found under
@@ -347,15 +387,15 @@ def list_runs(folders: Sequence[Union[str, Path]] = (), *, where: Sequence[str] 
                               f"folder) or a run folder")
         for run in runs_under(root):
             found.setdefault(run, str(run.relative_to(root)) if run != root else run.name or str(run))
-    # by when each last wrote (the time itself: the text of a local time can change its offset)
-    written = {folder: last_written(folder) for folder in found}
-    rows = [{"run": str(folder), "name": found[folder], **_run_row(folder, written[folder])}
+    # by when each started (the time itself: the text of a local time can change its offset)
+    written = {folder: run_time(folder) for folder in found}
+    rows = [_run_row(folder, written[folder], found[folder])
             for folder in sorted(written, key=lambda f: (written[f] or 0, str(f)))]
     # each run's settings as keys of its own, to filter on; the table and JSON keep those that differ
     rows = [{**row, **{k: v for k, v in (row["config"] or {}).items() if k not in row}} for row in rows]
     rows = [row for row in rows if all(condition.holds(row) for condition in conditions)]
     if sort is not None:
-        rows = _sorted(rows, sort, reverse)
+        rows = _sorted(rows, sort, kind, reverse)
     differing = differing_settings(rows)
     # a setting's column shows it for the runs whose pieces read it ("-" for the others: an ACT
     # run has no prior)
@@ -365,20 +405,23 @@ def list_runs(folders: Sequence[Union[str, Path]] = (), *, where: Sequence[str] 
                        selection={"where": list(where), "sort": sort, "reverse": reverse})
 
 
-def _run_row(folder: Path, stamp: Optional[float]) -> dict:
+def _run_row(folder: Path, stamp: Optional[float], name: Optional[str] = None) -> dict:
     """One run folder as a row of `ponder runs`, from its last.pt (else its best.pt), or its
-    config.json when it holds no checkpoint yet."""
-    row = {"run": str(folder), "task": None, "method": None, "step": None, "status": "empty", "epoch": None,
-           "epochs": None, "best_epoch": None, "best_val_accuracy": None, "best_val_steps": None,
-           "checkpoint": None, "when": None, "config": None}
-    if stamp is not None:
-        row["when"] = datetime.fromtimestamp(stamp).astimezone().isoformat(timespec="seconds")
+    config.json when it holds no checkpoint yet; its name (the one `ponder train --name` gave,
+    else `name`: the folder's below the one listed), tags and note from its config.json."""
     saved = _saved_run_config(folder)
+    labels = Labels.of(saved)
+    row = {"run": str(folder), "name": labels.name or name or folder.name or str(folder), "task": None,
+           "method": None, "step": None, "status": "empty", "epoch": None, "epochs": None, "best_epoch": None,
+           "best_val_accuracy": None, "best_val_steps": None, "checkpoint": None, "when": None,
+           "tags": list(labels.tags), "note": labels.note, "config": None}
+    if stamp is not None:
+        row["when"] = datetime.fromtimestamp(stamp, timezone.utc).isoformat(timespec="seconds")
     config = saved.get("config") if saved is not None and isinstance(saved.get("config"), dict) else {}
     row.update({key: config.get(key) for key in ("task", "method", "step")})
     row["epochs"] = config.get("epochs")
     row["config"] = config or None
-    path = next((folder / name for name in (LAST, BEST) if (folder / name).is_file()), None)
+    path = next((folder / file for file in (LAST, BEST) if (folder / file).is_file()), None)
     if path is None:
         if lock_holder(folder / LOCK_FILE) is not None:
             row["status"] = "running"
@@ -396,6 +439,8 @@ def _run_row(folder: Path, stamp: Optional[float]) -> dict:
                epochs=cfg.training.epochs, status=run_status(state, path)[0], best_epoch=state.best_epoch or None,
                best_val_accuracy=best["val_accuracy"] if best else None,
                best_val_steps=best["val_steps"] if best else None, config=cfg.to_dict())
+    if path.name == LAST and (folder / BEST).is_file() and file_damage(folder / BEST) is not None:
+        row["status"] = "damaged"  # its best model is lost, however the run went (`ponder info` says how)
     return row
 
 
@@ -416,7 +461,7 @@ def diff_runs(first: Union[str, Path], second: Union[str, Path], *,
         if not folder.is_dir() or not is_run_folder(folder):
             raise PonderError(f"{folder} {'is not a run folder' if folder.is_dir() else file_problem(folder) or 'is a file'}"
                               f": ponder diff takes two run folders (`ponder runs` lists them)")
-        rows.append(_run_row(folder, last_written(folder)))
+        rows.append(_run_row(folder, run_time(folder)))
     a, b = rows
     configs = [row["config"] or {} for row in rows]
     if not all(configs):

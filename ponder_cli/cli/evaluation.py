@@ -36,7 +36,7 @@ from ..cli_options import (
     halting_rules,
     path_option,
 )
-from ..folders import DEFAULT, LATEST, RUNS_DIR, SEARCH_DEPTH
+from ..folders import DEFAULT, LATEST, RUNS_DIR
 from ..render import OutputFormat
 from ..registry import EVAL_ANGLES, EXTRAPOLATION_ANGLES
 from .app import app, bars, chatter, evaluation_options, render_and_plot, run_evaluation, spelled_buckets
@@ -297,26 +297,29 @@ def models(
 @app.command()
 def runs(
     folders: Optional[List[Path]] = typer.Argument(None, metavar="FOLDER", show_default=False,
-                                                   help=f"Folders of runs (every run folder below, {SEARCH_DEPTH} levels deep), or run "
+                                                   help=f"Folders of runs (every run folder below, at any depth), or run "
                                                         f"folders. [default: the current folder: {RUNS_DIR}/ and "
                                                         f"any --out folder here]"),
     where: Optional[List[str]] = typer.Option(None, "--where", metavar="EXPR", show_default=False,
                                               help="Only the runs that meet it: KEY=VALUE, KEY!=VALUE, KEY>V, "
-                                                   "KEY<V, KEY>=V or KEY<=V (numbers compared as numbers), KEY a "
-                                                   "JSON key of the listing (best_val_accuracy, status, when), a "
-                                                   "setting (lambda_p, seed) or a header (last_written). Repeat "
+                                                   "KEY<V, KEY>=V or KEY<=V, KEY a JSON key of the listing "
+                                                   "(best_val_accuracy, status, name, when), a setting (lambda_p, "
+                                                   "seed), started (when) or tag (one of the run's tags). Numbers "
+                                                   "compare as numbers, times as times (ISO, UTC unless zoned), "
+                                                   "text and tags only with = and !=; KEY=none: no value. Repeat "
                                                    "it: all must hold."),
     sort: Optional[str] = typer.Option(None, "--sort", metavar="KEY", show_default=False,
                                        help="Order by KEY (as --where's): figures and times from the highest and "
                                             "newest, text from a to z; runs without it last. [default: oldest "
-                                            "first]"),
+                                            "first, by when each started]"),
     reverse: bool = typer.Option(False, "--reverse", help="Turn --sort's order round."),
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:
-    """Your training runs: each run folder's task, method, step, status (finished, stopped early, interrupted,
-    running, empty), epochs, best epoch and validation accuracy, when it last wrote, and the settings that differ
-    between the runs listed; filtered with --where, ordered with --sort."""
+    """Your training runs: each run folder's name, task, method, step, status (finished, stopped early,
+    interrupted, running, empty, damaged, unreadable), epochs, best epoch and validation accuracy, when it
+    started, its tags and note, and the settings that differ between the runs listed; filtered with --where,
+    ordered with --sort."""
     if reverse and sort is None:
         raise PonderError("--reverse turns --sort's order: give --sort KEY too")
     from ..api import list_runs

@@ -30,6 +30,7 @@ class Report:
     plot_series: dict[str, list[dict]] = field(default_factory=dict)  # label -> buckets, for --plot
     table_rows: Optional[list[dict]] = None  # what the table shows, when not the buckets
     plot_kind: str = "buckets"  # plot.py's figure for this report
+    keys: Optional[list[str]] = None  # the buckets' keys in one order, for CSV's columns (None: as they come)
 
     @property
     def rows(self) -> list[dict]:
@@ -41,6 +42,8 @@ class Report:
     def csv_rows(self) -> list[dict]:
         """One row per bucket, the scalar metadata in the first columns."""
         scalars = {k: v for k, v in self.meta.items() if not isinstance(v, dict)}
+        if self.keys is not None:  # every row's cells in one order, a key a bucket lacks left empty
+            return [{**scalars, **{key: bucket.get(key) for key in self.keys}} for bucket in self.buckets]
         return [{**scalars, **bucket} for bucket in self.buckets]
 
 

@@ -148,7 +148,7 @@ def age(when: Optional[str], now: Optional[datetime] = None) -> str:
     once two months old; "-" for none."""
     if not when:
         return "-"
-    then = datetime.fromisoformat(when)
+    then = datetime.fromisoformat(when).astimezone()  # a date in the reader's own zone
     seconds = ((now or datetime.now(then.tzinfo)) - then).total_seconds()
     for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
         if seconds >= size:
@@ -180,8 +180,13 @@ RUNS_COLUMNS = [
     Column("model", "method step task", text=_model, wrap=True),
     Column("status", "status at epoch", text=_status, wrap=True),
     Column("best_val_accuracy", "best val acc", text=_best, wrap=True),
-    Column("when", "last written", text=lambda row: age(row["when"]), wrap=True),
+    Column("when", "started", text=lambda row: age(row["when"]), wrap=True),
 ]
+
+
+# what `ponder train --tag/--note` gave, a column each where a run listed has any
+LABEL_COLUMNS = [Column("tags", "tags", text=lambda row: " ".join(row.get("tags") or ()) or "-", wrap=True),
+                 Column("note", "note", text=lambda row: row.get("note") or "-", wrap=True)]
 
 
 def setting_column(key: str) -> Column:
@@ -214,8 +219,10 @@ def runs_report(rows: list[dict], folders: list[str], settings: Optional[list[st
         footer = f"no run under {where} meets {' and '.join(selection['where'])}"
     else:
         footer = f"no run under {where} yet" + (": `ponder train` writes one under runs/" if here else "")
-    return Report(meta=meta, buckets=rows, columns=RUNS_COLUMNS + [setting_column(key) for key in settings],
-                  title=f"Runs under {where}", caption=chosen, footer=footer)
+    labels = [column for column in LABEL_COLUMNS if any(row.get(column.key) for row in rows)]
+    keys = [key for key in dict.fromkeys(key for row in rows for key in row) if key not in settings] + settings
+    return Report(meta=meta, buckets=rows, columns=RUNS_COLUMNS + labels + [setting_column(key) for key in settings],
+                  title=f"Runs under {where}", caption=chosen, footer=footer, keys=keys)
 
 
 # diff ------------------------------------------------------------------------------------------
