@@ -19,6 +19,7 @@ from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SH
 from ..methods import get_method
 from ..render import Column
 from ..reports import Report, diff_report, info_report, make_meta, prediction_report, runs_report
+from ..reports.runs import HEADER_KEYS, RUN_KEYS, run_keys
 from ..tasks import InputOptions, get_task, uniforms as draw_uniforms
 from . import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named, steps_run
 
@@ -222,11 +223,6 @@ def _saved_run_config(folder: Path) -> Optional[dict]:
 
 # runs ------------------------------------------------------------------------------------------
 
-# What `ponder runs --where` and `--sort` name: a run's own keys (its JSON's), any setting, and a
-# table header with _ for its spaces (last_written, best_val_acc).
-RUN_KEYS = ("run", "name", "task", "method", "step", "status", "epoch", "epochs", "best_epoch", "best_val_accuracy",
-            "best_val_steps", "checkpoint", "when")
-HEADER_KEYS = {"last_written": "when", "best_val_acc": "best_val_accuracy", "status_at_epoch": "status"}
 SHOWN_ALREADY = ("task", "method", "step", "epochs")  # settings the table shows in their own columns
 _OPERATORS = (">=", "<=", "!=", "=", ">", "<")  # the longest first: `a>=1` is >=, not > "=1"
 
@@ -266,12 +262,6 @@ def _text(value) -> str:
     if value is None or isinstance(value, bool):
         return str(value).lower()
     return str(value)
-
-
-def run_keys() -> list[str]:
-    """Every key --where and --sort take: the runs' own, then the settings, then header spellings."""
-    from ..config import PonderConfig
-    return [*RUN_KEYS, *(k for k in PonderConfig.field_names() if k not in RUN_KEYS), *HEADER_KEYS]
 
 
 def _known(key: str, option: str) -> str:

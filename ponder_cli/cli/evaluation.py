@@ -32,6 +32,9 @@ from ..cli_options import (
     angles_option,
     angles_text,
     buckets_option,
+    complete_checkpoint,
+    complete_rule,
+    complete_run_key,
     counts_option,
     halting_rules,
     path_option,
@@ -140,6 +143,7 @@ def sweep(
 @app.command(cls=AnglesCommand)
 def compare(
     checkpoints: List[str] = typer.Argument(..., metavar="CHECKPOINT", show_default=False,
+                                            autocompletion=lambda incomplete: complete_checkpoint(incomplete),
                                             help="Checkpoints to compare (each as eval's CHECKPOINT: a file, a run "
                                                  "folder, latest or a shipped model's name): one or more per method; "
                                                  "several of one method (e.g. other seeds) give mean ± sd."),
@@ -190,7 +194,7 @@ def calibrate(
     counts: Optional[List[str]] = counts_option("the training range"),
     buckets: Optional[List[str]] = buckets_option("the task's training inputs"),
     rules: Optional[List[str]] = typer.Option(None, "--rules", metavar="RULE...", show_default=False,
-                                              callback=halting_rules,
+                                              callback=halting_rules, autocompletion=complete_rule(True),
                                               help="The candidate exit rules, spelled as --halting takes them "
                                               "(fixed budgets fixed:N too). Several values after one flag: --rules "
                                               "quantile:0.9 confidence:0.995. [default: quantile:0.5 to 0.99, "
@@ -268,6 +272,7 @@ def predict(
 def info(
     checkpoint: Optional[str] = typer.Argument(
         None, metavar="CHECKPOINT|RUN_DIR", show_default=False,
+        autocompletion=lambda incomplete: complete_checkpoint(incomplete),
         help=f"A checkpoint file, a run folder (its last.pt, else its best.pt), {LATEST} (the newest run) or a shipped "
              f"model's name. [default: {DEFAULT}]"),
     plot: Optional[Path] = path_option("--plot", help="Write the learning curves: loss, accuracy and ponder "
@@ -301,12 +306,14 @@ def runs(
                                                         f"folders. [default: the current folder: {RUNS_DIR}/ and "
                                                         f"any --out folder here]"),
     where: Optional[List[str]] = typer.Option(None, "--where", metavar="EXPR", show_default=False,
+                                              autocompletion=complete_run_key,
                                               help="Only the runs that meet it: KEY=VALUE, KEY!=VALUE, KEY>V, "
                                                    "KEY<V, KEY>=V or KEY<=V (numbers compared as numbers), KEY a "
                                                    "JSON key of the listing (best_val_accuracy, status, when), a "
                                                    "setting (lambda_p, seed) or a header (last_written). Repeat "
                                                    "it: all must hold."),
     sort: Optional[str] = typer.Option(None, "--sort", metavar="KEY", show_default=False,
+                                       autocompletion=complete_run_key,
                                        help="Order by KEY (as --where's): figures and times from the highest and "
                                             "newest, text from a to z; runs without it last. [default: oldest "
                                             "first]"),

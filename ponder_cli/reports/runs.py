@@ -143,6 +143,20 @@ def info_report(checkpoint: str, cfg, history: list[dict], summary: dict, *, sho
 
 # runs ------------------------------------------------------------------------------------------
 
+# What `ponder runs --where` and `--sort` name: a run's own keys (its JSON's), any setting, and a
+# table header with _ for its spaces (last_written, best_val_acc). Here, without torch: a shell
+# completing --sort asks for them.
+RUN_KEYS = ("run", "name", "task", "method", "step", "status", "epoch", "epochs", "best_epoch", "best_val_accuracy",
+            "best_val_steps", "checkpoint", "when")
+HEADER_KEYS = {"last_written": "when", "best_val_acc": "best_val_accuracy", "status_at_epoch": "status"}
+
+
+def run_keys() -> list[str]:
+    """Every key --where and --sort take: the runs' own, then the settings, then header spellings."""
+    from ..config import PonderConfig
+    return [*RUN_KEYS, *(k for k in PonderConfig.field_names() if k not in RUN_KEYS), *HEADER_KEYS]
+
+
 def age(when: Optional[str], now: Optional[datetime] = None) -> str:
     """An ISO time as a table shows it: how long ago (5 min ago, 3 h ago, 2 days ago), its date
     once two months old; "-" for none."""
