@@ -112,6 +112,7 @@ def test_checkpoints_are_offered(tmp_path):
         ["runs/sweep/pondernet-mlp-seed1/best.pt"]
     assert _offered("ponder compare reference l", cwd=tmp_path) == ["latest"]
     assert _offered("ponder train --resume m", cwd=tmp_path) == ["mine.pt"]
+    assert _offered("ponder diff runs/sweep/pondernet-mlp-seed1 al", cwd=tmp_path) == ["align"]
 
 
 def test_completion_loads_no_torch(tmp_path):

@@ -334,13 +334,16 @@ def runs(
 
 @app.command()
 def diff(
-    first: Path = typer.Argument(..., metavar="RUN", show_default=False, help="A run folder."),
-    second: Path = typer.Argument(..., metavar="RUN", show_default=False, help="Another run folder."),
+    targets: List[str] = typer.Argument(..., metavar="RUN...", show_default=False,
+                                        autocompletion=lambda incomplete: complete_checkpoint(incomplete),
+                                        help="Two or more runs, each as info's CHECKPOINT: a run folder (its last.pt, "
+                                             f"else its best.pt), a checkpoint file, {LATEST} or a shipped model's "
+                                             "name."),
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:
-    """Two runs side by side, only what differs: their settings, then how each went (status, epochs trained,
-    best epoch, its validation accuracy and steps)."""
+    """Runs side by side, a column each, only what differs: the settings each reads ('-' where a run does not read
+    one), then how each went (status, epochs trained, best epoch, its validation accuracy and steps)."""
     from ..api import diff_runs
 
-    render_and_plot(diff_runs(first, second, log=chatter(quiet)), fmt, None, quiet)
+    render_and_plot(diff_runs(targets, log=chatter(quiet)), fmt, None, quiet)
