@@ -91,7 +91,12 @@ def expand_lists(args: list[str]) -> list[str]:
 
 class AnglesCommand(TyperCommand):
     def parse_args(self, ctx, args):
-        return super().parse_args(ctx, expand_lists(list(args)))
+        try:
+            args = expand_lists(list(args))
+        except typer.BadParameter:
+            if not ctx.resilient_parsing:  # a shell completing `--rules ` asks before the value is there
+                raise
+        return super().parse_args(ctx, args)
 
 
 class TrainCommand(TyperCommand):
@@ -136,12 +141,13 @@ def _device(value: str) -> str:
     return value
 
 
-DeviceOption = typer.Option("auto", "--device", callback=_device, help=f"{DEVICE_CHOICES}.")
+DeviceOption = typer.Option("auto", "--device", callback=_device, help=f"{DEVICE_CHOICES}.",
+                            autocompletion=lambda incomplete: _offer(("auto", "cpu", "cuda"), incomplete))
 AmpOption = typer.Option(None, "--amp/--no-amp", help="Mixed precision: fp16 on CUDA, bf16 on CPU. "
                          "[default: on for CUDA, off for CPU]")
 FormatOption = typer.Option(OutputFormat.table, "--format", "-f", help="Output format.", case_sensitive=False)
 CheckpointArgument = typer.Argument(
-    None, metavar="CHECKPOINT", show_default=False,
+    None, metavar="CHECKPOINT", show_default=False, autocompletion=lambda incomplete: complete_checkpoint(incomplete),
     help=f"A checkpoint file, a run folder (its best.pt), {LATEST} (the newest run under {RUNS_DIR}/), or a shipped "
          f"model: {'; '.join(f'{name} ({text})' for name, (_, text) in SHIPPED.items())}. [default: {DEFAULT}]")
 QuietOption = typer.Option(False, "--quiet", "-q", help="No progress bars or messages on stderr; errors, "
@@ -207,6 +213,7 @@ def _exit_rule(value: str) -> str:
 
 
 HaltingOption = typer.Option(None, "--halting", metavar="RULE", callback=_halting_rule,
+                             autocompletion=lambda incomplete: complete_rule()(incomplete),
                              help=f"{rule_choices()}. sample: Bernoulli(λ_n) coin per step (paper); median: "
                                   "first step where the cumulative halting probability reaches 0.5; quantile:Q: "
                                   "where it reaches Q (median = quantile:0.5); patience:K: first step whose "
@@ -227,7 +234,7 @@ PlotOption = path_option("--plot", help="Write a figure (PNG, or another format 
 
 
 RequiredCheckpointArgument = typer.Argument(
-    ..., metavar="CHECKPOINT", show_default=False,
+    ..., metavar="CHECKPOINT", show_default=False, autocompletion=lambda incomplete: complete_checkpoint(incomplete),
     help=f"A checkpoint file, a run folder (its best.pt), {LATEST} (the newest run under {RUNS_DIR}/), or a shipped "
          f"model: {', '.join(SHIPPED)}.")
 
@@ -264,3 +271,142 @@ def hyper(name: str, text: str, flag: Optional[str] = None, default_text: Option
     default = value_text(PonderConfig.default(name)) if default_text is None else default_text
     return typer.Option(None, *([flag] if flag else []), help=f"{text} [default: {default}]", show_default=False,
                         **kwargs)
+
+
+# Completion ------------------------------------------------------------------------------------
+# `--show-completion SHELL` and `--install-completion SHELL` for the shell named (without one: the
+# shell ponder runs under), and the values a shell offers at Tab: choices and checkpoints. A shell
+# asks at every Tab, so nothing here loads torch.
+
+SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
+
+
+def _shell(ctx, param, value: Optional[str]) -> Optional[str]:
+    """The shell a completion option names ("" when given bare: the one ponder runs under)."""
+    if value is None or ctx.resilient_parsing:
+        return None
+    shell = value.lower()
+    if not shell:
+        import shellingham
+        try:
+            shell = shellingham.detect_shell()[0]
+        except (shellingham.ShellDetectionFailure, RuntimeError):
+            shell = ""
+        if shell not in SHELLS:
+            raise typer.BadParameter(f"cannot tell which shell this is{f' ({shell})' if shell else ''}; name one: "
+                                     f"{param.opts[0]} {'|'.join(SHELLS[:4])}")
+    elif shell not in SHELLS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(SHELLS)}")
+    return shell
+
+
+def _show_completion(ctx, param, value: Optional[str]) -> None:
+    from typer._completion_shared import get_completion_script
+
+    shell = _shell(ctx, param, value)
+    if shell is not None:
+        typer.echo(get_completion_script(prog_name=_prog(ctx), complete_var=_complete_var(ctx), shell=shell))
+        ctx.exit(0)
+
+
+def _install_completion(ctx, param, value: Optional[str]) -> None:
+    from typer._completion_shared import install
+
+    shell = _shell(ctx, param, value)
+    if shell is None:
+        return
+    try:
+        shell, path = install(shell=shell, prog_name=_prog(ctx), complete_var=_complete_var(ctx))
+    except OSError as exc:  # a profile that cannot be written, PowerShell not installed
+        typer.echo(f"Error: cannot install {shell} completion: {exc.strerror or exc}"
+                   f"{f' ({exc.filename})' if exc.filename else ''}", err=True)
+        ctx.exit(1)
+    typer.echo(f"{shell} completion installed in {path}; it takes effect in a new shell")
+    ctx.exit(0)
+
+
+def _prog(ctx) -> str:
+    return ctx.find_root().info_name or "ponder"
+
+
+def _complete_var(ctx) -> str:
+    return "_{}_COMPLETE".format(_prog(ctx).replace("-", "_").upper())
+
+
+def _offer(values, incomplete: str) -> list[str]:
+    return [value for value in values if value.startswith(incomplete)]
+
+
+COMPLETION_OPTIONS = ("--install-completion", "--show-completion")
+
+
+def bare_completion_options(args: list[str]) -> list[str]:
+    """`ponder --show-completion` alone (no shell after it) as `--show-completion ""`: the shell
+    is then the one ponder runs under. (Typer's own options take no value where the shell can be
+    detected, so `--show-completion zsh` printed bash's script.) Only the app's own options,
+    before the command, are looked at."""
+    args, i = list(args), 0
+    while i < len(args) and args[i].startswith("-"):
+        if args[i] in COMPLETION_OPTIONS and (i + 1 == len(args) or args[i + 1].startswith("-")):
+            args.insert(i + 1, "")
+        i += 1 + (args[i] in COMPLETION_OPTIONS)
+    return args
+
+
+InstallCompletionOption = typer.Option(
+    None, *COMPLETION_OPTIONS[:1], metavar="[SHELL]", callback=_install_completion, expose_value=False, is_eager=True,
+    autocompletion=lambda incomplete: _offer(SHELLS, incomplete), show_default=False,
+    help=f"Install completion for SHELL ({', '.join(SHELLS[:4])}; default: the shell this runs under).")
+ShowCompletionOption = typer.Option(
+    None, *COMPLETION_OPTIONS[1:], metavar="[SHELL]", callback=_show_completion, expose_value=False, is_eager=True,
+    autocompletion=lambda incomplete: _offer(SHELLS, incomplete), show_default=False,
+    help="Print SHELL's completion script (default: the shell this runs under), to copy it or customize the "
+         "installation.")
+
+
+def complete_piece(kind: str):
+    """The values of --task, --step or --method: the registered pieces (entry points too)."""
+    def complete(incomplete: str) -> list[str]:
+        from importlib.metadata import entry_points
+
+        from .registry import ENTRY_POINTS
+        return _offer([*PIECES[kind], *(point.name for point in entry_points(group=ENTRY_POINTS[kind]))], incomplete)
+    return complete
+
+
+def complete_rule(exit_rules_only: bool = False):
+    """--halting's rules (calibrate's --rules: those that halt at one step), a parameter's as
+    `quantile:`, for the user to finish."""
+    def complete(incomplete: str) -> list[str]:
+        from .registry import AVERAGING_RULES, RULE_PARAMETERS
+        return _offer([f"{name}:" if name in RULE_PARAMETERS else name for name in HALTING_RULES
+                       if not (exit_rules_only and name in AVERAGING_RULES)], incomplete)
+    return complete
+
+
+def complete_run_key(incomplete: str) -> list[str]:
+    """--sort's and --where's keys (reports.runs.run_keys)."""
+    from .reports.runs import run_keys
+    return _offer(run_keys(), incomplete)
+
+
+def complete_checkpoint(incomplete: str) -> list[str]:
+    """A CHECKPOINT: the shipped models' names and `latest`, the runs under runs/ (folders.
+    runs_under, as `ponder runs` finds them), then folders and .pt files at the path typed."""
+    from .folders import runs_under
+
+    names = [*SHIPPED, LATEST] + [str(run) for run in runs_under(RUNS_DIR)]
+    start = incomplete.rpartition("/")[2]
+    prefix = incomplete[:len(incomplete) - len(start)]  # the folder typed, up to its last /
+    try:
+        entries = sorted(Path(prefix or ".").iterdir())
+    except OSError:
+        entries = []
+    for entry in entries:
+        hidden = entry.name.startswith((".", "__"))  # .git, __pycache__: only when typed
+        if entry.name.startswith(start) and (start.startswith((".", "_")) or not hidden):
+            if entry.is_dir():
+                names.append(f"{prefix}{entry.name}/")
+            elif entry.suffix == ".pt":
+                names.append(prefix + entry.name)
+    return _offer(list(dict.fromkeys(names)), incomplete)

@@ -1,8 +1,10 @@
-"""`ponder diff RUN RUN`: two run folders' settings and results, only what differs."""
+"""`ponder diff RUN RUN...`: runs' settings (those each reads) and results, a column each, only
+what differs."""
 
 import csv
 import io
 import json
+import os
 
 
 def _diff(ponder, *args) -> dict:
@@ -11,42 +13,102 @@ def _diff(ponder, *args) -> dict:
     return json.loads(result.stdout)
 
 
+def _settings(data) -> dict:
+    return {b["key"]: (b["values"], b["reads"]) for b in data["buckets"] if b["kind"] == "setting"}
+
+
 def test_two_seeds_differ_in_the_seed_and_whatever_their_results_do(runs, ponder):
     listed = {row["name"]: row for row in json.loads(ponder("runs", runs, "-f", "json").stdout)["buckets"]}
     data = _diff(ponder, runs / "pn1", runs / "pn2")
     assert data["format_version"] == 1 and data["command"] == "diff" and data["runs"] == [str(runs / "pn1"),
                                                                                             str(runs / "pn2")]
-    settings = [(b["key"], b["first"], b["second"]) for b in data["buckets"] if b["kind"] == "setting"]
-    assert settings == [("seed", 1, 2)]
-    expected = [(key, listed["pn1"][key], listed["pn2"][key])
+    assert data["checkpoints"] == [str(runs / name / "last.pt") for name in ("pn1", "pn2")]
+    assert _settings(data) == {"seed": ([1, 2], [True, True])}
+    expected = [(key, [listed["pn1"][key], listed["pn2"][key]])
                 for key in ("status", "epoch", "best_epoch", "best_val_accuracy", "best_val_steps")
                 if listed["pn1"][key] != listed["pn2"][key]]
-    assert [(b["key"], b["first"], b["second"]) for b in data["buckets"] if b["kind"] == "result"] == expected
+    assert [(b["key"], b["values"]) for b in data["buckets"] if b["kind"] == "result"] == expected
     assert expected and data["differences"] == 1 + len(expected)  # two seeds train apart
     table = ponder("diff", runs / "pn1", runs / "pn2")
     assert table.exit_code == 0, table.output
     text = " ".join(table.stdout.split())
-    assert f"1 setting and {len(expected)} result" in text
+    assert f"1 setting and {len(expected)} result" in text and "┃ pn1 ┃ pn2 ┃" in text
     best = next(b for b in data["buckets"] if b["key"] == "best_val_accuracy")
-    assert f"best val accuracy │ {best['first']:.4f} │ {best['second']:.4f}" in text
+    assert f"best val accuracy │ {best['values'][0]:.4f} │ {best['values'][1]:.4f}" in text
     rows = list(csv.DictReader(io.StringIO(ponder("diff", runs / "pn1", runs / "pn2", "-f", "csv").stdout)))
-    assert [(r["key"], r["first"], r["second"]) for r in rows][0] == ("seed", "1", "2")
+    assert [(r["key"], r["kind"], r["pn1"], r["pn2"]) for r in rows][0] == ("seed", "setting", "1", "2")
 
 
-def test_methods_differ_in_the_settings_that_apply_to_either(runs, ponder):
+def test_each_method_shows_what_it_reads_and_a_dash_for_what_it_does_not(runs, ponder):
+    """PonderNet reads lambda-p, ACT tau: both runs store both (equal defaults), each shows its own
+    and '-' for the other's, as `ponder runs` shows a setting a run does not read."""
+    configs = [json.loads((runs / name / "config.json").read_text())["config"] for name in ("pn1", "act")]
+    assert configs[0]["lambda_p"] == configs[1]["lambda_p"] and configs[0]["tau"] == configs[1]["tau"]
     data = _diff(ponder, runs / "pn1", runs / "act")
-    settings = {b["key"]: (b["first"], b["second"]) for b in data["buckets"] if b["kind"] == "setting"}
-    assert settings["method"] == ("pondernet", "act") and settings["seed"] == (1, 1234)
-    assert "max_steps" not in settings  # 5 in both
-    table = ponder("diff", runs / "pn1", runs / "act").stdout
-    assert "halting-bias" in table or "halting_bias" not in settings
+    settings = _settings(data)
+    assert settings["method"] == (["pondernet", "act"], [True, True]) and settings["seed"] == ([1, 1234], [True] * 2)
+    assert settings["lambda_p"] == ([configs[0]["lambda_p"], None], [True, False])
+    assert settings["beta"] == ([configs[0]["beta"], None], [True, False])
+    assert settings["tau"] == ([None, configs[1]["tau"]], [False, True])
+    assert "max_steps" not in settings and "train_rotation" not in settings  # the same, read by both
+    text = " ".join(ponder("diff", runs / "pn1", runs / "act").stdout.split())
+    assert f"lambda-p │ {configs[0]['lambda_p']:g} │ - │" in text and f"tau │ - │ {configs[1]['tau']:g} │" in text
+    assert "-: a setting the run does not read" in text
+    rows = {r["key"]: r for r in csv.DictReader(io.StringIO(ponder("diff", runs / "pn1", runs / "act", "-f",
+                                                                   "csv").stdout))}
+    assert (rows["tau"]["pn1"], rows["tau"]["act"]) == ("", f"{configs[1]['tau']}")
 
 
-def test_the_same_run_says_so_and_a_folder_that_is_no_run_is_one_line(runs, ponder, tmp_path, one_error_line):
-    same = ponder("diff", runs / "pn1", runs / "pn1")
-    assert same.exit_code == 0 and same.stdout == f"{runs / 'pn1'} and {runs / 'pn1'}: the same settings and results\n"
-    assert _diff(ponder, runs / "pn1", runs / "pn1")["buckets"] == []
+def test_a_parity_run_shows_no_mnist_setting_and_shipped_names_are_runs(runs, ponder):
+    """reference (MNIST) against parity16 (shipped, by name): val-size is MNIST's alone, elems
+    parity's; both read max-steps (20), which does not differ."""
+    data = _diff(ponder, "reference", "parity16")
+    settings = _settings(data)
+    assert settings["task"] == (["mnist", "parity"], [True, True])
+    assert settings["val_size"] == ([5000, None], [True, False]) and settings["train_rotation"][1] == [True, False]
+    assert settings["elems"] == ([None, 16], [False, True]) and settings["train_counts"] == ([None, "1-16"],
+                                                                                            [False, True])
+    assert "max_steps" not in settings
+    # a shipped model, a run folder and a checkpoint file, a column each
+    data = _diff(ponder, "parity16", runs / "pn1", runs / "act" / "best.pt")
+    assert data["runs"] == ["parity16", str(runs / "pn1"), str(runs / "act" / "best.pt")]
+    assert _settings(data)["method"] == (["pondernet", "pondernet", "act"], [True] * 3)
+    header = ponder("diff", "parity16", runs / "pn1", runs / "act" / "best.pt", "-f", "csv").stdout.splitlines()[0]
+    assert header.endswith(",key,kind,parity16,pn1,best.pt")
+
+
+def test_latest_is_a_run_too(runs, ponder):
+    before = os.getcwd()
+    try:
+        os.chdir(runs.parent)
+        os.symlink(runs, "runs")  # runs/ here: latest is its newest run
+        data = _diff(ponder, "latest", runs / "pn1")
+    finally:
+        os.remove("runs")
+        os.chdir(before)
+    assert data["runs"] == ["latest", str(runs / "pn1")] and data["checkpoints"][0].startswith("runs/")
+
+
+def test_the_same_run_twice_is_refused_naming_it(runs, ponder, tmp_path, one_error_line):
+    line = one_error_line(ponder("diff", runs / "pn1", runs / "pn2", runs / "pn1" / "last.pt"))
+    assert line == f"Error: {runs / 'pn1'} and {runs / 'pn1' / 'last.pt'} name the same run " \
+                   f"({runs / 'pn1' / 'last.pt'}): name different runs"
+    line = one_error_line(ponder("diff", "parity16", "parity16"))
+    assert line.startswith("Error: parity16 and parity16 name the same run (") and \
+        line.endswith("checkpoints/parity/interpolation16.pt): name different runs")
+    assert one_error_line(ponder("diff", runs / "pn1")) == \
+        "Error: ponder diff compares two or more runs: name another (`ponder runs` lists them)"
     line = one_error_line(ponder("diff", runs / "pn1", tmp_path))
-    assert line == f"Error: {tmp_path} is not a run folder: ponder diff takes two run folders (`ponder runs` lists them)"
+    assert line.startswith(f"Error: {tmp_path} holds no last.pt or best.pt; name a checkpoint file")
     line = one_error_line(ponder("diff", tmp_path / "nope", runs / "pn1"))
-    assert line.startswith(f"Error: {tmp_path / 'nope'} does not exist")
+    assert line.startswith(f"Error: checkpoint {tmp_path / 'nope'} does not exist")
+
+
+def test_runs_that_differ_in_nothing_say_so(runs, ponder, tmp_path):
+    import shutil
+
+    shutil.copytree(runs / "pn1", tmp_path / "copy")
+    result = ponder("diff", runs / "pn1", tmp_path / "copy")
+    assert result.exit_code == 0 and result.stdout == f"{runs / 'pn1'} and {tmp_path / 'copy'}: the same settings " \
+                                                      "and results\n"
+    assert _diff(ponder, runs / "pn1", tmp_path / "copy")["buckets"] == []

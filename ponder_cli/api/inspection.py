@@ -19,6 +19,7 @@ from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SH
 from ..methods import get_method
 from ..render import Column
 from ..reports import Report, diff_report, info_report, make_meta, prediction_report, runs_report
+from ..reports.runs import NUMBER, OTHER_SPELLINGS, RUN_KEYS, SWITCH, TAGS, TEXT, TIME, run_keys
 from ..tasks import InputOptions, get_task, uniforms as draw_uniforms
 from . import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named, steps_run
 
@@ -222,30 +223,12 @@ def _saved_run_config(folder: Path) -> Optional[dict]:
 
 # runs ------------------------------------------------------------------------------------------
 
-# What `ponder runs --where` and `--sort` name, each key with its kind, which says how a value
-# given for it is read and compared: a run's own keys (its JSON's), any setting (config.TYPES),
-# and a few other spellings (a table header with _ for its spaces; `tag`, one of a run's tags).
-NUMBER, TIME, TEXT, TAGS, SWITCH = "a number", "a time", "text", "tags", "true or false"
-RUN_KEYS = {"run": TEXT, "name": TEXT, "task": TEXT, "method": TEXT, "step": TEXT, "status": TEXT, "epoch": NUMBER,
-            "epochs": NUMBER, "best_epoch": NUMBER, "best_val_accuracy": NUMBER, "best_val_steps": NUMBER,
-            "checkpoint": TEXT, "when": TIME, "tags": TAGS, "note": TEXT}
-OTHER_SPELLINGS = {"started": "when", "best_val_acc": "best_val_accuracy", "status_at_epoch": "status", "tag": "tags"}
 SHOWN_ALREADY = ("task", "method", "step", "epochs")  # settings the table shows in their own columns
 _OPERATORS = (">=", "<=", "!=", "=", ">", "<")  # at one place the longest first: `a>=1` is >=, not > "=1"
 _ORDERED = (">", "<", ">=", "<=")
 _COMPARE = {"=": lambda a, b: a == b, "!=": lambda a, b: a != b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
             ">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b}
 NONE = "none"  # --where KEY=none: the run has no value for KEY (halting_bias: the method's own)
-
-
-def run_keys() -> dict[str, str]:
-    """Every key --where and --sort take, with its kind: the runs' own, the settings, the other
-    spellings."""
-    from ..config import TYPES
-
-    settings = {key: SWITCH if kind is bool else TEXT if kind is str else NUMBER for key, kind in TYPES.items()}
-    keys = {**RUN_KEYS, **{key: kind for key, kind in settings.items() if key not in RUN_KEYS}}
-    return {**keys, **{other: keys[key] for other, key in OTHER_SPELLINGS.items()}}
 
 
 def _key(key: str, option: str) -> tuple[str, str]:
@@ -347,17 +330,19 @@ def _applying(config: Optional[dict]) -> dict:
     return {key: value for key, value in config.items() if applies(key, chosen)}
 
 
-def differing_settings(rows: list[dict]) -> list[str]:
+def differing_settings(rows: list[dict], unread_differs: bool = False, shown: Sequence[str] = SHOWN_ALREADY) -> list[str]:
     """The settings whose values differ between the runs they apply to, in the configuration's
-    order, but those the table shows already (SHOWN_ALREADY)."""
+    order, but those the table shows already (`shown`), in one order whatever the rows' order.
+    `unread_differs`: a run that does not read a setting differs from one that does (diff:
+    PonderNet's lambda-p against ACT's tau, whatever both store)."""
     from ..config import PonderConfig
 
     configs = [_applying(row["config"]) for row in rows if row.get("config")]
     found = {key for config in configs for key in config}
     # one order whatever the rows' order (--sort, --reverse): the configuration's, then any other by name
     keys = [key for key in PonderConfig.field_names() if key in found] + sorted(found - set(PonderConfig.field_names()))
-    return [key for key in keys if key not in SHOWN_ALREADY
-            and len({json.dumps(c[key]) for c in configs if key in c}) > 1]
+    return [key for key in keys if key not in shown
+            and len({json.dumps(c[key]) if key in c else None for c in configs if unread_differs or key in c}) > 1]
 
 
 def list_runs(folders: Sequence[Union[str, Path]] = (), *, where: Sequence[str] = (), sort: Optional[str] = None,
@@ -405,10 +390,11 @@ def list_runs(folders: Sequence[Union[str, Path]] = (), *, where: Sequence[str] 
                        selection={"where": list(where), "sort": sort, "reverse": reverse})
 
 
-def _run_row(folder: Path, stamp: Optional[float], name: Optional[str] = None) -> dict:
-    """One run folder as a row of `ponder runs`, from its last.pt (else its best.pt), or its
-    config.json when it holds no checkpoint yet; its name (the one `ponder train --name` gave,
-    else `name`: the folder's below the one listed), tags and note from its config.json."""
+def _run_row(folder: Path, stamp: Optional[float], name: Optional[str] = None, path: Optional[Path] = None) -> dict:
+    """One run folder as a row of `ponder runs`, from its last.pt (else its best.pt; `path`: that
+    checkpoint), or its config.json when it holds no checkpoint yet; its name (the one `ponder
+    train --name` gave, else `name`: the folder's below the one listed), tags and note from its
+    config.json."""
     saved = _saved_run_config(folder)
     labels = Labels.of(saved)
     row = {"run": str(folder), "name": labels.name or name or folder.name or str(folder), "task": None,
@@ -421,7 +407,7 @@ def _run_row(folder: Path, stamp: Optional[float], name: Optional[str] = None) -
     row.update({key: config.get(key) for key in ("task", "method", "step")})
     row["epochs"] = config.get("epochs")
     row["config"] = config or None
-    path = next((folder / file for file in (LAST, BEST) if (folder / file).is_file()), None)
+    path = path or next((folder / file for file in (LAST, BEST) if (folder / file).is_file()), None)
     if path is None:
         if lock_holder(folder / LOCK_FILE) is not None:
             row["status"] = "running"
@@ -446,32 +432,46 @@ def _run_row(folder: Path, stamp: Optional[float], name: Optional[str] = None) -
 
 # diff ------------------------------------------------------------------------------------------
 
-# What `ponder diff` compares of two runs besides their settings: how each went
-DIFF_RESULTS = (("status", "status"), ("epoch", "epochs trained"), ("best_epoch", "best epoch"),
-                ("best_val_accuracy", "best val accuracy"), ("best_val_steps", "best val steps"))
+# What `ponder diff` compares of the runs besides their settings: how each went
+DIFF_RESULTS = ("status", "epoch", "best_epoch", "best_val_accuracy", "best_val_steps")
 
 
-def diff_runs(first: Union[str, Path], second: Union[str, Path], *,
-              log: Callable[[str], None] = lambda line: None) -> Report:
-    """`ponder diff`: two run folders' settings (each run's configuration) and how each went
-    (status, epochs trained, best epoch and its validation figures), only what differs: one
-    bucket per difference, `key`, `kind` (setting or result) and the two values."""
-    rows = []
-    for folder in (Path(first), Path(second)):
-        if not folder.is_dir() or not is_run_folder(folder):
-            raise PonderError(f"{folder} {'is not a run folder' if folder.is_dir() else file_problem(folder) or 'is a file'}"
-                              f": ponder diff takes two run folders (`ponder runs` lists them)")
-        rows.append(_run_row(folder, run_time(folder)))
-    a, b = rows
-    configs = [row["config"] or {} for row in rows]
-    if not all(configs):
-        missing = next(folder for folder, config in zip((first, second), configs) if not config)
+def _diff_row(target: Union[str, Path], log: Callable[[str], None]) -> tuple[dict, Path]:
+    """A run as `ponder runs` lists it (_run_row), from anything a CHECKPOINT can be (a run
+    folder: its last.pt, else best.pt, else its config.json), and the file (or folder) read."""
+    folder = Path(target)
+    if folder.is_dir() and is_run_folder(folder):
+        held = next((folder / name for name in (LAST, BEST) if (folder / name).is_file()), None)
+        log(f"using {held or folder} (run folder {folder})")
+        return _run_row(folder, run_time(folder), path=held), held or folder
+    resolved = _info_file(target)
+    log(f"using {resolved.path} ({resolved.why})")
+    return _run_row(resolved.path.parent, run_time(resolved.path.parent), path=resolved.path), resolved.path
+
+
+def diff_runs(targets: Sequence[Union[str, Path]], *, log: Callable[[str], None] = lambda line: None) -> Report:
+    """`ponder diff`: two or more runs (run folders, checkpoint files, `latest`, shipped models'
+    names), a column each, only what differs: the settings each reads (as `ponder runs` shows them:
+    a run that does not read a setting has none, and differs from one that does), then how each
+    went (status, epochs trained, best epoch and its validation figures). One bucket per
+    difference: `key`, `kind` (setting or result), `values` (one per run, in order) and, for a
+    setting, `reads` (whether each run reads it)."""
+    if len(targets) < 2:
+        raise PonderError("ponder diff compares two or more runs: name another (`ponder runs` lists them)")
+    rows, seen = [], {}
+    for target in targets:
+        row, read = _diff_row(target, log)
+        if read.resolve() in seen:
+            raise PonderError(f"{seen[read.resolve()]} and {target} name the same run ({read}): name different runs")
+        seen[read.resolve()] = target
+        rows.append(row)
+    missing = next((target for target, row in zip(targets, rows) if not row["config"]), None)
+    if missing is not None:
         raise PonderError(f"{missing} holds no configuration to compare (no readable checkpoint or config.json)")
-    applying = [_applying(config) for config in configs]
-    keys = list(dict.fromkeys([*configs[0], *configs[1]]))
-    buckets = [{"key": key, "kind": "setting", "first": configs[0].get(key), "second": configs[1].get(key)}
-               for key in keys if (key in applying[0] or key in applying[1])
-               and json.dumps(configs[0].get(key)) != json.dumps(configs[1].get(key))]
-    buckets += [{"key": key, "kind": "result", "first": a[key], "second": b[key]}
-                for key, _ in DIFF_RESULTS if json.dumps(a[key]) != json.dumps(b[key])]
-    return diff_report(str(first), str(second), buckets, [row["checkpoint"] for row in rows], a, b)
+    applying = [_applying(row["config"]) for row in rows]
+    buckets = [{"key": key, "kind": "setting", "values": [read.get(key) for read in applying],
+                "reads": [key in read for read in applying]}
+               for key in differing_settings(rows, unread_differs=True, shown=())]
+    buckets += [{"key": key, "kind": "result", "values": [row[key] for row in rows]}
+                for key in DIFF_RESULTS if len({json.dumps(row[key]) for row in rows}) > 1]
+    return diff_report([str(target) for target in targets], buckets, rows)

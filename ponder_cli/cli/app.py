@@ -25,7 +25,7 @@ import typer
 from typer.core import TyperGroup
 
 from .. import PonderError, PonderWarning, SigTerm, __version__, interruption
-from ..cli_options import Protocol
+from ..cli_options import InstallCompletionOption, Protocol, ShowCompletionOption, bare_completion_options
 from ..render import ASCII_ERRORS, OutputFormat
 
 
@@ -35,6 +35,15 @@ class PonderGroup(TyperGroup):
     (Ctrl-C, SIGTERM: signals_interrupt), in every command alike. The standard streams are
     handled here too (below): stderr may be lost without harm; results need a stdout, and
     a reader that leaves it ends the command quietly with READER_GONE."""
+
+    def parse_args(self, ctx, args):
+        return super().parse_args(ctx, bare_completion_options(args))
+
+    def _main_shell_completion(self, *args, **kwargs):
+        from typer._completion_classes import completion_init
+
+        completion_init()  # Typer's completion for each shell, which its scripts call
+        return super()._main_shell_completion(*args, **kwargs)
 
     def main(self, *args, **kwargs):
         spell_what_encodings_lack()
@@ -97,7 +106,7 @@ def _fail(line: str, code: int, exc: Exception) -> None:
     raise typer.Exit(code) from None
 
 
-app = typer.Typer(cls=PonderGroup, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(cls=PonderGroup, no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
                   rich_markup_mode=None,  # plain click errors: one "Error: ..." line, no boxes
                   context_settings={"help_option_names": ["-h", "--help"]})
 
@@ -110,7 +119,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                      help="Print the version and exit.")) -> None:
+                                      help="Print the version and exit."),
+         install_completion: Optional[str] = InstallCompletionOption,  # Typer's, each taking the shell
+         show_completion: Optional[str] = ShowCompletionOption) -> None:
     """Train PonderNet on MNIST or parity and measure whether it ponders longer on harder inputs."""
 
 

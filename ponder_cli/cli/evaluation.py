@@ -32,6 +32,9 @@ from ..cli_options import (
     angles_option,
     angles_text,
     buckets_option,
+    complete_checkpoint,
+    complete_rule,
+    complete_run_key,
     counts_option,
     halting_rules,
     path_option,
@@ -140,6 +143,7 @@ def sweep(
 @app.command(cls=AnglesCommand)
 def compare(
     checkpoints: List[str] = typer.Argument(..., metavar="CHECKPOINT", show_default=False,
+                                            autocompletion=lambda incomplete: complete_checkpoint(incomplete),
                                             help="Checkpoints to compare (each as eval's CHECKPOINT: a file, a run "
                                                  "folder, latest or a shipped model's name): one or more per method; "
                                                  "several of one method (e.g. other seeds) give mean ± sd."),
@@ -190,7 +194,7 @@ def calibrate(
     counts: Optional[List[str]] = counts_option("the training range"),
     buckets: Optional[List[str]] = buckets_option("the task's training inputs"),
     rules: Optional[List[str]] = typer.Option(None, "--rules", metavar="RULE...", show_default=False,
-                                              callback=halting_rules,
+                                              callback=halting_rules, autocompletion=complete_rule(True),
                                               help="The candidate exit rules, spelled as --halting takes them "
                                               "(fixed budgets fixed:N too). Several values after one flag: --rules "
                                               "quantile:0.9 confidence:0.995. [default: quantile:0.5 to 0.99, "
@@ -268,6 +272,7 @@ def predict(
 def info(
     checkpoint: Optional[str] = typer.Argument(
         None, metavar="CHECKPOINT|RUN_DIR", show_default=False,
+        autocompletion=lambda incomplete: complete_checkpoint(incomplete),
         help=f"A checkpoint file, a run folder (its last.pt, else its best.pt), {LATEST} (the newest run) or a shipped "
              f"model's name. [default: {DEFAULT}]"),
     plot: Optional[Path] = path_option("--plot", help="Write the learning curves: loss, accuracy and ponder "
@@ -301,6 +306,7 @@ def runs(
                                                         f"folders. [default: the current folder: {RUNS_DIR}/ and "
                                                         f"any --out folder here]"),
     where: Optional[List[str]] = typer.Option(None, "--where", metavar="EXPR", show_default=False,
+                                              autocompletion=complete_run_key,
                                               help="Only the runs that meet it: KEY=VALUE, KEY!=VALUE, KEY>V, "
                                                    "KEY<V, KEY>=V or KEY<=V, KEY a JSON key of the listing "
                                                    "(best_val_accuracy, status, name, when), a setting (lambda_p, "
@@ -309,6 +315,7 @@ def runs(
                                                    "text and tags only with = and !=; KEY=none: no value. Repeat "
                                                    "it: all must hold."),
     sort: Optional[str] = typer.Option(None, "--sort", metavar="KEY", show_default=False,
+                                       autocompletion=complete_run_key,
                                        help="Order by KEY (as --where's): figures and times from the highest and "
                                             "newest, text from a to z; runs without it last. [default: oldest "
                                             "first, by when each started]"),
@@ -330,13 +337,16 @@ def runs(
 
 @app.command()
 def diff(
-    first: Path = typer.Argument(..., metavar="RUN", show_default=False, help="A run folder."),
-    second: Path = typer.Argument(..., metavar="RUN", show_default=False, help="Another run folder."),
+    targets: List[str] = typer.Argument(..., metavar="RUN...", show_default=False,
+                                        autocompletion=lambda incomplete: complete_checkpoint(incomplete),
+                                        help="Two or more runs, each as info's CHECKPOINT: a run folder (its last.pt, "
+                                             f"else its best.pt), a checkpoint file, {LATEST} or a shipped model's "
+                                             "name."),
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:
-    """Two runs side by side, only what differs: their settings, then how each went (status, epochs trained,
-    best epoch, its validation accuracy and steps)."""
+    """Runs side by side, a column each, only what differs: the settings each reads ('-' where a run does not read
+    one), then how each went (status, epochs trained, best epoch, its validation accuracy and steps)."""
     from ..api import diff_runs
 
-    render_and_plot(diff_runs(first, second, log=chatter(quiet)), fmt, None, quiet)
+    render_and_plot(diff_runs(targets, log=chatter(quiet)), fmt, None, quiet)

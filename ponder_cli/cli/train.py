@@ -18,6 +18,8 @@ from ..cli_options import (
     Prior,
     QuietOption,
     TrainCommand,
+    complete_checkpoint,
+    complete_piece,
     hyper,
     path_option,
     piece_choice,
@@ -34,14 +36,17 @@ from .app import app, bars, chatter, render_and_plot
 TASK_OPTION = hyper("task", "What to learn: mnist (digits; difficulty: rotation) or parity (the "
                             "parity of +1 entries in vectors of ±1 and 0; difficulty: the non-zero "
                             "count; implies --step gru, see docs/parity.md).", "--task",
-                    metavar=piece_metavar("task"), callback=piece_choice("task"))
+                    metavar=piece_metavar("task"), callback=piece_choice("task"),
+                    autocompletion=complete_piece("task"))
 METHOD_OPTION = hyper("method", "pondernet; act (Adaptive Computation Time, Graves 2016); plain "
                                 "(one step, no pondering: implies --max-steps 1).", "--method",
-                      metavar=piece_metavar("method"), callback=piece_choice("method"))
+                      metavar=piece_metavar("method"), callback=piece_choice("method"),
+                    autocompletion=complete_piece("method"))
 STEP_OPTION = hyper("step", "The step function: mlp (CNN once, MLP steps: the reference); align "
                             "(re-reads the image through a learnt rotation); parity vectors: rnn "
                             "(the paper's tanh RNN), gru.", "--step",
-                    metavar=piece_metavar("step"), callback=piece_choice("step"))
+                    metavar=piece_metavar("step"), callback=piece_choice("step"),
+                    autocompletion=complete_piece("step"))
 TRUNCATION_OPTION = hyper("truncation", "Training drops an image from later steps once its "
                                          "remaining halting mass is below this (0: off).", hidden=True)
 ALIGN_TURN_OPTION = hyper("align_turn", "align: the largest turn of one step, in degrees.", hidden=True)
@@ -110,6 +115,7 @@ OVERWRITE_OPTION = typer.Option(False, "--overwrite", help="Replace the files of
 AMP_OPTION = typer.Option(None, "--amp/--no-amp", hidden=True)
 CUDA_GRAPHS_OPTION = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", hidden=True)
 RESUME_OPTION = typer.Option(None, "--resume", metavar="CHECKPOINT",
+                             autocompletion=lambda incomplete: complete_checkpoint(incomplete),
                              help="Continue the run saved in this checkpoint: a file (e.g. "
                                   "runs/pondernet-mlp-seed1234/last.pt), a run folder (its last.pt) or "
                                   "latest (the newest run under runs/).")

@@ -143,6 +143,27 @@ def info_report(checkpoint: str, cfg, history: list[dict], summary: dict, *, sho
 
 # runs ------------------------------------------------------------------------------------------
 
+# What `ponder runs --where` and `--sort` name, each key with its kind, which says how a value
+# given for it is read and compared: a run's own keys (its JSON's), any setting (config.TYPES),
+# and a few other spellings (a table header with _ for its spaces; `tag`, one of a run's tags).
+# Here, without torch: a shell completing --sort asks for them.
+NUMBER, TIME, TEXT, TAGS, SWITCH = "a number", "a time", "text", "tags", "true or false"
+RUN_KEYS = {"run": TEXT, "name": TEXT, "task": TEXT, "method": TEXT, "step": TEXT, "status": TEXT, "epoch": NUMBER,
+            "epochs": NUMBER, "best_epoch": NUMBER, "best_val_accuracy": NUMBER, "best_val_steps": NUMBER,
+            "checkpoint": TEXT, "when": TIME, "tags": TAGS, "note": TEXT}
+OTHER_SPELLINGS = {"started": "when", "best_val_acc": "best_val_accuracy", "status_at_epoch": "status", "tag": "tags"}
+
+
+def run_keys() -> dict[str, str]:
+    """Every key --where and --sort take, with its kind: the runs' own, the settings, the other
+    spellings."""
+    from ..config import TYPES
+
+    settings = {key: SWITCH if kind is bool else TEXT if kind is str else NUMBER for key, kind in TYPES.items()}
+    keys = {**RUN_KEYS, **{key: kind for key, kind in settings.items() if key not in RUN_KEYS}}
+    return {**keys, **{other: keys[key] for other, key in OTHER_SPELLINGS.items()}}
+
+
 def age(when: Optional[str], now: Optional[datetime] = None) -> str:
     """An ISO time as a table shows it: how long ago (5 min ago, 3 h ago, 2 days ago), its date
     once two months old; "-" for none."""
@@ -229,32 +250,51 @@ def runs_report(rows: list[dict], folders: list[str], settings: Optional[list[st
 
 DIFF_LABELS = {"status": "status", "epoch": "epochs trained", "best_epoch": "best epoch",
                "best_val_accuracy": "best val accuracy", "best_val_steps": "best val steps"}
+NOT_READ = "-"  # a setting the run does not read, as `ponder runs` shows it
 
 
-def _diff_value(value, key: str) -> str:
-    """A setting as the user types it (none: the method's own), a result as `info` shows it."""
+def _diff_value(bucket: dict, i: int) -> str:
+    """Run i's value: a setting as the user types it (none: the method's own; - for one it does
+    not read), a result as `info` shows it."""
+    value, key = bucket["values"][i], bucket["key"]
     if key not in DIFF_LABELS:
-        return value_text(value)
+        return value_text(value) if bucket["reads"][i] else NOT_READ
     return cell_text(value, ".2f" if key == "best_val_steps" else ".4f" if isinstance(value, float) else "")
 
 
-def diff_report(first: str, second: str, buckets: list[dict], checkpoints: list, a: dict, b: dict) -> Report:
-    """diff: one bucket per difference between two runs (api.inspection.diff_runs), the settings
-    first, then how each run went; none when they are the same run but for their folders."""
+class DiffReport(Report):
+    """CSV: a column per run, as the table (the JSON: `values`, one per run)."""
+
+    def csv_rows(self) -> list[dict]:
+        scalars = {k: v for k, v in self.meta.items() if not isinstance(v, dict)}
+        labels = [column.header for column in self.columns[1:]]
+        return [{**scalars, "key": bucket["key"], "kind": bucket["kind"],
+                 **{label: value if bucket.get("reads", [True] * len(labels))[i] else None
+                    for i, (label, value) in enumerate(zip(labels, bucket["values"]))}}
+                for bucket in self.buckets]
+
+
+def diff_report(runs: list[str], buckets: list[dict], rows: list[dict]) -> Report:
+    """diff: one bucket per difference between the runs (api.inspection.diff_runs), the settings
+    first, then how each run went; none when they differ in nothing but their folders."""
     def one(key):
-        return a[key] if a[key] == b[key] else None
-    meta = {"command": "diff", "task": one("task"), "checkpoints": [c for c in checkpoints if c],
+        values = {row[key] for row in rows}
+        return values.pop() if len(values) == 1 else None
+    meta = {"command": "diff", "task": one("task"), "checkpoints": [row["checkpoint"] for row in rows],
             "method": one("method"), "step": one("step"), "protocol": None, "halting": None, "seed": None,
-            "device": None, "runs": [first, second], "differences": len(buckets)}
-    # each run's column under its folder's name (the title gives the paths), its path where both share a name
-    names = [Path(first).name or first, Path(second).name or second]
-    names = names if names[0] != names[1] else [first, second]
+            "device": None, "runs": runs, "differences": len(buckets)}
+    # each run's column under its last name (the title gives them as named), as named where two share one
+    names = [Path(run).name or run for run in runs]
+    names = names if len(set(names)) == len(names) else runs
     columns = [Column("what", "", "s", text=lambda row: DIFF_LABELS.get(row["key"], row["key"].replace("_", "-")),
                       wrap=True),
-               Column("first", names[0], "s", text=lambda row: _diff_value(row["first"], row["key"]), wrap=True),
-               Column("second", names[1], "s", text=lambda row: _diff_value(row["second"], row["key"]), wrap=True)]
+               *(Column(f"run{i}", name, "s", text=lambda row, i=i: _diff_value(row, i), wrap=True)
+                 for i, name in enumerate(names))]
     settings = sum(bucket["kind"] == "setting" for bucket in buckets)
-    return Report(meta=meta, buckets=buckets, columns=columns, title=f"{first} against {second}",
-                  caption=f"{settings} setting{'s' * (settings != 1)} and {len(buckets) - settings} "
-                          f"result{'s' * (len(buckets) - settings != 1)} differ" if buckets else "",
-                  footer="" if buckets else f"{first} and {second}: the same settings and results")
+    named = ", ".join(runs[:-1]) + f" and {runs[-1]}"
+    return DiffReport(meta=meta, buckets=buckets, columns=columns, title=" against ".join(runs),
+                      caption=f"{settings} setting{'s' * (settings != 1)} and {len(buckets) - settings} "
+                              f"result{'s' * (len(buckets) - settings != 1)} differ"
+                              + (f" · {NOT_READ}: a setting the run does not read" if any(
+                                  not all(b.get("reads", [True])) for b in buckets) else "") if buckets else "",
+                      footer="" if buckets else f"{named}: the same settings and results")

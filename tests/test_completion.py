@@ -1,0 +1,130 @@
+"""Shell completion: each shell's own script, installed where that shell reads it, and the values
+a shell offers at Tab (choices, checkpoints), without loading torch."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from ponder_cli.cli import app
+from ponder_cli.folders import SHIPPED
+
+# what only each shell's script holds
+MARKS = {"bash": "complete -o default -F _ponder_completion ponder", "zsh": "#compdef ponder",
+         "fish": "complete --command ponder", "powershell": "Register-ArgumentCompleter -Native -CommandName ponder"}
+
+
+def _run(*args, env=None):
+    return CliRunner().invoke(app, list(args), env=env, prog_name="ponder")
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish", "powershell"])
+def test_show_completion_prints_the_named_shells_script(shell):
+    result = _run("--show-completion", shell)
+    assert result.exit_code == 0, result.output
+    script = result.stdout
+    assert MARKS[shell] in script and "_PONDER_COMPLETE" in script and f"complete_{shell}" in script
+    assert [other for other, mark in MARKS.items() if mark in script] == [shell]
+
+
+def test_bare_show_completion_is_the_shell_it_runs_under(monkeypatch):
+    import shellingham
+
+    monkeypatch.setattr(shellingham, "detect_shell", lambda: ("fish", "/usr/bin/fish"))
+    assert _run("--show-completion").stdout.startswith(MARKS["fish"])
+    monkeypatch.setattr(shellingham, "detect_shell", lambda: ("tcsh", "/bin/tcsh"))
+    result = _run("--show-completion")
+    assert result.exit_code == 2 and "cannot tell which shell this is (tcsh); name one: --show-completion " \
+        "bash|zsh|fish|powershell" in result.stderr
+    result = _run("--show-completion", "train")
+    assert result.exit_code == 2 and "'train' is not one of bash, zsh, fish, powershell, pwsh" in result.stderr
+
+
+@pytest.mark.parametrize("shell, script, rc", [("bash", ".bash_completions/ponder.sh", ".bashrc"),
+                                               ("zsh", ".zfunc/_ponder", ".zshrc"),
+                                               ("fish", ".config/fish/completions/ponder.fish", None)])
+def test_install_completion_writes_the_named_shells_script_into_home(shell, script, rc, tmp_path):
+    if rc:
+        (tmp_path / rc).write_text("alias ll='ls -l'\n")  # the user's own lines stay
+    for _ in range(2):  # installing again adds nothing twice
+        result = _run("--install-completion", shell, env={"HOME": str(tmp_path)})
+        assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"{shell} completion installed in {tmp_path / script}")
+    assert MARKS[shell] in (tmp_path / script).read_text()
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert written == sorted(filter(None, (script, rc)))
+    if rc:
+        text = (tmp_path / rc).read_text()
+        assert text.startswith("alias ll='ls -l'\n")
+        loader = {"bash": f"source '{tmp_path / script}'", "zsh": "fpath+=~/.zfunc"}[shell]
+        assert text.count(loader) == 1
+
+
+def _offered(line: str, shell: str = "bash", cwd=None) -> list[str]:
+    """What `ponder` offers at Tab after `line` (complete words end with a space)."""
+    words = line.split()
+    env = {"_PONDER_COMPLETE": f"complete_{shell}", "_TYPER_COMPLETE_ARGS": line,
+           "COMP_WORDS": line, "COMP_CWORD": str(len(words) - (not line.endswith(" "))),
+           "_TYPER_COMPLETE_FISH_ACTION": "get-args"}
+    before = os.getcwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        result = _run(env=env)
+    finally:
+        os.chdir(before)
+    assert result.exit_code == 0, result.output
+    return result.stdout.splitlines() if shell == "fish" else result.stdout.split()
+
+
+def test_choices_are_offered():
+    assert _offered("ponder train --method ") == ["pondernet", "act", "plain"]
+    assert _offered("ponder train --step ") == ["mlp", "align", "rnn", "gru"]
+    assert _offered("ponder train --task p") == ["parity"]
+    assert _offered("ponder eval --halting ") == ["sample", "median", "expected", "quantile:", "patience:",
+                                                  "confidence:", "fixed:"]
+    # calibrate's rules halt at one step: not expected's average
+    assert _offered("ponder calibrate --rules ") == ["sample", "median", "quantile:", "patience:", "confidence:",
+                                                     "fixed:"]
+    assert _offered("ponder runs --sort best_val") == ["best_val_accuracy", "best_val_steps", "best_val_acc"]
+    assert _offered("ponder eval -f ") == ["table", "json", "csv"]
+    # zsh and fish get the same values in their own formats
+    assert _offered("ponder train --method a", "zsh") == ["_arguments", "'*:", ':(("act"))\'']
+    assert _offered("ponder train --method a", "fish") == ["act"]
+
+
+def test_checkpoints_are_offered(tmp_path):
+    run = tmp_path / "runs" / "sweep" / "pondernet-mlp-seed1"
+    run.mkdir(parents=True)
+    (run / "best.pt").write_bytes(b"")  # a run folder holds a checkpoint
+    (tmp_path / "mine.pt").write_bytes(b"")
+    (tmp_path / "notes.txt").write_text("")
+    (tmp_path / ".hidden").mkdir()
+    assert _offered("ponder eval ", cwd=tmp_path) == [*SHIPPED, "latest", "runs/sweep/pondernet-mlp-seed1",
+                                                     "mine.pt", "runs/"]
+    assert _offered("ponder eval parity16-e", cwd=tmp_path) == ["parity16-extrapolation", "parity16-extrapolation-act"]
+    # the run, and its folder to pick a file from
+    assert _offered("ponder predict runs/sweep/", cwd=tmp_path) == ["runs/sweep/pondernet-mlp-seed1",
+                                                                   "runs/sweep/pondernet-mlp-seed1/"]
+    assert _offered("ponder info runs/sweep/pondernet-mlp-seed1/", cwd=tmp_path) == \
+        ["runs/sweep/pondernet-mlp-seed1/best.pt"]
+    assert _offered("ponder compare reference l", cwd=tmp_path) == ["latest"]
+    assert _offered("ponder train --resume m", cwd=tmp_path) == ["mine.pt"]
+    assert _offered("ponder diff runs/sweep/pondernet-mlp-seed1 al", cwd=tmp_path) == ["align"]
+
+
+def test_completion_loads_no_torch(tmp_path):
+    """A shell asks at every Tab: a CHECKPOINT, --sort and --method complete without torch."""
+    code = ("import atexit, sys\n"
+            "atexit.register(lambda: print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy'))))\n"
+            "from ponder_cli.cli import run\n"
+            "run()")
+    for line, cword in (("ponder eval ", 2), ("ponder runs --sort ", 3), ("ponder train --method ", 3)):
+        env = {**os.environ, "_PONDER_COMPLETE": "complete_bash", "COMP_WORDS": line, "COMP_CWORD": str(cword)}
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        *offered, loaded = done.stdout.splitlines()
+        assert offered and loaded == "[]", (line, done.stdout)
