@@ -115,8 +115,10 @@ class Watch(TorchDispatchMode):
     def _argument(self, value):
         """What `ops` records of one argument."""
         if isinstance(value, torch.Tensor):
-            if value.dim() == 0 and id(value) not in self.state and self._made.get(id(value)) is not value \
-                    and not value.requires_grad and value.device.type != "meta":
+            # a host scalar only: a kernel reads a 0-dim device tensor at replay (nothing frozen),
+            # and reading its value would be the watch's own sync (a parity curriculum's top)
+            if value.dim() == 0 and value.device.type == "cpu" and id(value) not in self.state \
+                    and self._made.get(id(value)) is not value and not value.requires_grad:
                 return ("0-dim", value.dtype, value.item())
             return tuple(value.shape)
         if isinstance(value, (list, tuple)):

@@ -1,11 +1,14 @@
-"""The captured training step's logic, on the CPU: BatchStep warms up, captures, checks its first
-replay and falls back to the eager step when the capture fails or its replay does nothing; which
-path ran is in the run's record; use_graphs asks every piece; Adam is capturable only while
-captured. A stand-in for the CUDA graph (FakeGraph) plays the capture's part here; on a GPU,
-tests/test_cuda.py checks the real one. And the CUDA path's mask on the CPU: `train()` end to end
-with the truncation mask instead of the shrinking forward."""
+"""The captured training step: BatchStep warms up, captures, checks its first replay and falls
+back to the eager step when the capture fails or its replay does nothing; which path ran is in
+the run's record; use_graphs asks every piece; Adam is capturable only while captured. A
+stand-in for the CUDA graph (FakeGraph) plays the capture's part on the CPU. What a replay must
+train and draw (k replayed batches against k eager ones, fresh dropout masks, rotations and
+coins, parity's curriculum, the GradScaler's scale) runs on the CPU with the stand-in and, marked
+`cuda`, with the real graph on a GPU where one is visible. And the CUDA path's mask on the CPU:
+`train()` end to end with the truncation mask instead of the shrinking forward."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -19,6 +22,9 @@ from ponder_cli.train import CAPTURED, WARMUP_BATCHES, batch_step, graph_pieces,
 from synthetic_data import synthetic_digits
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda")
+ON_GPU = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+# the stand-in graph on the CPU, the real one on a GPU
+DEVICES = [pytest.param(CPU, id="cpu"), pytest.param(GPU, id="cuda", marks=ON_GPU)]
 CFG = PonderConfig.of(max_steps=4, truncation=0.05, batch_size=16, hidden=12, hidden_cnn=12, hidden_lin=12)
 BATCHES = WARMUP_BATCHES + 4
 
@@ -286,3 +292,176 @@ def test_the_mask_and_the_shrinking_forward_train_on_the_same_draws(case):
     assert moved > 1e-3  # six steps of training, not a model left as it was
     for shrunk, masked in zip(*weights):
         torch.testing.assert_close(shrunk, masked, rtol=0, atol=1e-5)
+
+
+# What a replay must train and draw: the stand-in graph on the CPU, the real one on a GPU ---------
+
+SMALL = dict(hidden=16, hidden_cnn=16, val_size=100, batch_size=64)
+# no dropout and no rotation: nothing random, so replayed and eager batches train on the same numbers
+STILL = dict(cnn_dropout=0.0, mlp_dropout=0.0, train_rotation=0.0)
+K = WARMUP_BATCHES + 4
+
+
+def _small(step: str = "mlp", **changes) -> PonderConfig:
+    return PonderConfig.of(step=step, **SMALL, **({"hidden_lin": 16} if step == "mlp" else {}), **changes)
+
+
+def _images(tiny_mnist, device):
+    return load_mnist(tiny_mnist, train=True, download=False).subset(slice(0, 600)).to(device)
+
+
+def _graph(device: torch.device):
+    """What captures the batch: the stand-in on the CPU, None (train.CudaGraph) on a GPU."""
+    return FakeGraph() if device.type == "cpu" else None
+
+
+def _first_batches(cfg, data, device, graphs: bool, count: int, model=None):
+    """A seeded model (or `model`) trained on the epoch's first `count` batches; the step and each
+    batch's loss, read from the epoch's totals on the device after the batch."""
+    torch.manual_seed(0)
+    model = model or new_model(cfg).to(device)
+    step = batch_step(model, cfg, data, graphs=graphs, capture=_graph(device) if graphs else None, shrink=False)
+    model.train()
+    torch.manual_seed(1)  # the same permutation
+    step.source.start_epoch()
+    sums = [step.totals[0].clone()]
+    for index in range(count):
+        step.source.stage(index)
+        step()
+        sums.append(step.totals[0].clone())
+    return step, torch.stack(sums).diff() / cfg.training.batch_size
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("step_name, changes", [("mlp", STILL), ("align", dict(cnn_dropout=0.0, train_rotation=0.0,
+                                                                                max_steps=4)),
+                                                ("mlp", dict(STILL, truncation=0.1))], ids=["mlp", "align", "mlp-cut"])
+def test_k_replayed_batches_train_as_k_eager_batches(step_name, changes, device, tiny_mnist):
+    """Compared by each batch's loss, not by the weights: Adam's first steps move a weight by about
+    lr·sign(g), so a kernel's other summation order (a captured one may differ) moves weights by
+    ~1e-3 but a batch's loss by ~1e-6, while a replay that trains a wrong batch, or one twice,
+    moves the loss by ~1e-2. The weights are held to what 2·k Adam steps can move them."""
+    cfg = _small(step_name, **changes)
+    data = _images(tiny_mnist, device)
+    eager, eager_losses = _first_batches(cfg, data, device, False, K)
+    replayed, replayed_losses = _first_batches(cfg, data, device, True, K)
+    assert replayed.path == CAPTURED and replayed.replays == K - WARMUP_BATCHES
+    torch.testing.assert_close(replayed_losses, eager_losses, rtol=1e-5, atol=0)
+    for a, b in zip(eager.params, replayed.params):
+        assert float((a - b).detach().abs().max()) <= 2 * K * cfg.training.lr
+
+    # one more batch from the replayed weights, replayed and eagerly: the same gradients, to rounding
+    # (gradients carry no Adam amplification)
+    weights = {name: value.clone() for name, value in replayed.model.state_dict().items()}
+    replayed.source.stage(K)
+    replayed()
+    torch.manual_seed(0)
+    same = new_model(cfg).to(device)
+    same.load_state_dict(weights)
+    check, _ = _first_batches(cfg, data, device, False, 0, model=same)
+    check.source.stage(K)
+    check.run()
+    for a, b in zip(check.params, replayed.params):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6 * float(a.grad.abs().max()))
+
+
+class Recorded:
+    """Wraps a function so that every call, captured ones included, also copies its result (or
+    `part` of it) into a buffer of its call site's, made at that site's first (eager) call: read
+    after a replay, the buffers hold what that replay drew. One buffer per call site, as the mlp
+    step draws two dropout masks of different shapes (its channels', its units')."""
+
+    def __init__(self, real, part=lambda out: out):
+        self.real, self.part, self.buffers = real, part, {}
+
+    def __call__(self, *args, **kwargs):
+        out = self.real(*args, **kwargs)
+        value = self.part(out)
+        caller = sys._getframe(1)
+        site = (caller.f_code.co_filename, caller.f_lineno)
+        if site not in self.buffers:
+            self.buffers[site] = torch.empty_like(value)
+        self.buffers[site].copy_(value)
+        return out
+
+    def drawn(self) -> dict:
+        return {site: buffer.clone() for site, buffer in self.buffers.items()}
+
+
+def _captured_step(cfg, data, device, **options):
+    """A seeded step warmed up, captured and replayed once."""
+    torch.manual_seed(0)
+    model = new_model(cfg).to(device)
+    step = batch_step(model, cfg, data, graphs=True, capture=_graph(device), shrink=False, **options)
+    model.train()
+    step.source.start_epoch()
+    for index in range(WARMUP_BATCHES + 1):
+        step.source.stage(index)
+        step()
+    assert step.path == CAPTURED and step.replays == 1
+    return step
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_two_replays_draw_fresh_dropout_masks_rotations_and_coins(device, tiny_mnist, monkeypatch):
+    from ponder_cli import methods
+    from ponder_cli.steps import mlp
+    from ponder_cli.tasks import mnist
+
+    recorded = {"dropout masks": Recorded(mlp.dropout_mask), "rotations": Recorded(mnist.uniform_angles),
+                "halting coins": Recorded(methods.ContinueBelow, part=lambda rule: rule.uniforms)}
+    monkeypatch.setattr(mlp, "dropout_mask", recorded["dropout masks"])
+    monkeypatch.setattr(mnist, "uniform_angles", recorded["rotations"])
+    monkeypatch.setattr(methods, "ContinueBelow", recorded["halting coins"])
+    cfg = _small("mlp", max_steps=6, truncation=0.2, truncation_rule="roulette", train_rotation=45.0)
+    step = _captured_step(cfg, _images(tiny_mnist, device), device)
+    draws = []
+    for index in range(WARMUP_BATCHES + 1, WARMUP_BATCHES + 3):
+        step.source.stage(index)
+        step()
+        draws.append({name: record.drawn() for name, record in recorded.items()})
+    assert step.replays == 3
+    assert len(recorded["dropout masks"].buffers) == 2  # the channels' mask and the units'
+    first, second = draws
+    for name in recorded:
+        for site in first[name]:
+            assert not torch.equal(first[name][site], second[name][site]), f"two replays drew the same {name}"
+            assert first[name][site].float().std() > 0, name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_parity_curriculum_advances_under_replay(device, monkeypatch):
+    from ponder_cli.tasks import parity
+
+    tops = Recorded(parity.parity_batch, part=lambda drawn: (drawn.x != 0).sum(1).max())
+    monkeypatch.setattr(parity, "parity_batch", tops)
+    cfg = PonderConfig.of(task="parity", elems=16, hidden=32, batch_size=256, batches_per_epoch=40, curriculum=30,
+                          curriculum_start=1)
+    step = _captured_step(cfg, None, device)
+    largest = []
+    for index in range(WARMUP_BATCHES + 1, 30):
+        step.source.stage(index)
+        step()
+        (drawn,) = tops.drawn().values()
+        largest.append(int(drawn))
+        assert largest[-1] <= int(step.source.top)  # never above the staged top
+    assert largest[-1] > largest[0] + 5  # the curriculum reached the replays
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_grad_scalers_scale_moves_under_replay(device, tiny_mnist, monkeypatch):
+    """A scale far too large overflows fp16 at every batch: each replay halves it (a back-off,
+    counted), as the eager step does. (fp16 autocast runs on the CPU too.)"""
+    from ponder_cli import runtime
+
+    monkeypatch.setattr(runtime, "amp_dtype", lambda device: torch.float16)
+    cfg = _small("mlp", **STILL)
+    scaler = torch.amp.GradScaler(device.type, init_scale=2.0 ** 40)
+    step = _captured_step(cfg, _images(tiny_mnist, device), device, amp=True, scaler=scaler)
+    scales = [float(scaler.get_scale())]
+    for index in range(WARMUP_BATCHES + 1, WARMUP_BATCHES + 4):
+        step.source.stage(index)
+        step()
+        scales.append(float(scaler.get_scale()))
+    assert scales[1:] == [scales[0] / 2 ** k for k in (1, 2, 3)]
+    assert int(step.totals[7]) == WARMUP_BATCHES + 4 and step.replays == 4

@@ -1,10 +1,9 @@
-"""The CUDA path on a real GPU: the training batch captured as a CUDA graph and replayed (equal
-to eager batches, reading the learning-rate tensor, resuming onto a GPU, no sync in an epoch
-but its one read; each replay drawing fresh dropout masks, rotations and coins, parity's
-curriculum advancing and the GradScaler's scale moving; the capture engaged, counted, on
-whichever GPU trains, with no torch warning), fp16 with the GradScaler, evaluation's full
-forward against early exit, resuming across devices, repeatable evaluation, the shipped models
-against the CPU.
+"""The CUDA path on a real GPU: the training batch captured as a CUDA graph and replayed (reading
+the learning-rate tensor, resuming onto a GPU, no sync in an epoch but its one read; the capture
+engaged on whichever GPU trains, with no torch warning), fp16 with the GradScaler, evaluation's
+full forward against early exit, resuming across devices, repeatable evaluation, the shipped
+models against the CPU. What a replay must train and draw runs in tests/test_capture.py, on the
+CPU's stand-in graph and, marked `cuda` too, on a GPU.
 
 Marked `cuda` (`python -m pytest -m cuda`) and skipped where no CUDA GPU is visible, as in CI,
 where tests/test_graph_safe.py proves on the CPU what makes the capture possible.
@@ -57,30 +56,8 @@ def _batches(step, count: int, start: int = 0) -> None:
 
 # --- the captured training batch ----------------------------------------------------------------
 
-# no dropout and no rotation: nothing random, so a replay and an eager batch must agree exactly
+# no dropout and no rotation: nothing random
 STILL = dict(cnn_dropout=0.0, mlp_dropout=0.0, train_rotation=0.0)
-
-
-@pytest.mark.parametrize("step_name, changes", [("mlp", STILL), ("align", dict(cnn_dropout=0.0, train_rotation=0.0,
-                                                                                max_steps=4)),
-                                                ("mlp", dict(STILL, truncation=0.1))])
-def test_k_replayed_batches_equal_k_eager_batches(step_name, changes, tiny_mnist):
-    cfg = _small(step_name, **changes)
-    train_set, _ = _data(tiny_mnist, GPU)
-    weights = []
-    for graphs in (False, True):
-        torch.manual_seed(0)
-        model = new_model(cfg).to(GPU)
-        step = batch_step(model, cfg, train_set, graphs=graphs, shrink=False)
-        model.train()
-        torch.manual_seed(1)  # the same permutation
-        step.source.start_epoch()
-        _batches(step, WARMUP_BATCHES + 4)
-        assert (step.graph is not None) == graphs
-        weights.append([p.detach().clone() for p in model.parameters()])
-        torch.cuda.synchronize()
-    for eager, replayed in zip(*weights):
-        assert torch.equal(eager, replayed)
 
 
 def test_a_learning_rate_cut_changes_the_replayed_update(tiny_mnist):
@@ -209,91 +186,6 @@ def test_resume_cpu_then_cuda_then_cpu(tiny_mnist, tmp_path):
     assert all(math.isfinite(h.train_loss) for h in result.history)
 
 
-# --- what a replay must redo, batch after batch ------------------------------------------------
-
-class Recorded:
-    """Wraps a function so that every call, captured ones included, also copies its result (or
-    `part` of it) into one buffer made at the first (eager) call: read after a replay, the buffer
-    holds what that replay drew."""
-
-    def __init__(self, real, part=lambda out: out):
-        self.real, self.part, self.buffer = real, part, None
-
-    def __call__(self, *args, **kwargs):
-        out = self.real(*args, **kwargs)
-        value = self.part(out)
-        if self.buffer is None:
-            self.buffer = torch.empty_like(value)
-        self.buffer.copy_(value)
-        return out
-
-
-def _captured_step(cfg, data, **options):
-    torch.manual_seed(0)
-    model = new_model(cfg).to(GPU)
-    step = batch_step(model, cfg, data, graphs=True, **options)
-    model.train()
-    step.source.start_epoch()
-    _batches(step, WARMUP_BATCHES + 1)  # warm-up, capture and the first replay
-    assert step.captured and step.path == "captured" and step.replays == 1
-    return step
-
-
-def test_two_replays_draw_fresh_dropout_masks_rotations_and_coins(tiny_mnist, monkeypatch):
-    from ponder_cli import methods
-    from ponder_cli.steps import mlp
-    from ponder_cli.tasks import mnist
-
-    masks, angles = Recorded(mlp.dropout_mask), Recorded(mnist.uniform_angles)
-    coins = Recorded(methods.ContinueBelow, part=lambda rule: rule.uniforms)  # the roulette's coins
-    monkeypatch.setattr(mlp, "dropout_mask", masks)
-    monkeypatch.setattr(mnist, "uniform_angles", angles)
-    monkeypatch.setattr(methods, "ContinueBelow", coins)
-    cfg = _small("mlp", max_steps=6, truncation=0.2, truncation_rule="roulette", train_rotation=45.0)
-    step = _captured_step(cfg, _data(tiny_mnist, GPU)[0])
-    drawn = []
-    for index in range(WARMUP_BATCHES + 1, WARMUP_BATCHES + 3):
-        step.source.stage(index)
-        step()
-        drawn.append([recorded.buffer.clone() for recorded in (masks, angles, coins)])
-    assert step.replays == 3
-    for (first, second, name) in zip(*drawn, ("dropout masks", "rotations", "halting coins")):
-        assert not torch.equal(first, second), f"two replays drew the same {name}"
-        assert first.float().std() > 0, name
-
-
-def test_parity_curriculum_advances_under_replay(monkeypatch):
-    from ponder_cli.tasks import parity
-
-    tops = Recorded(parity.parity_batch, part=lambda drawn: (drawn.x != 0).sum(1).max())
-    monkeypatch.setattr(parity, "parity_batch", tops)
-    cfg = PonderConfig.of(task="parity", elems=16, hidden=32, batch_size=256, batches_per_epoch=40, curriculum=30,
-                          curriculum_start=1)
-    step = _captured_step(cfg, None)
-    largest = []
-    for index in range(WARMUP_BATCHES + 1, 30):
-        step.source.stage(index)
-        step()
-        largest.append(int(tops.buffer))
-        assert largest[-1] <= int(step.source.top)  # never above the staged top
-    assert largest[-1] > largest[0] + 5  # the curriculum reached the replays
-
-
-def test_the_grad_scalers_scale_moves_under_replay(tiny_mnist):
-    """A scale far too large overflows fp16 at every batch: each replay halves it (a back-off,
-    counted), as the eager step does."""
-    cfg = _small("mlp", **STILL)
-    scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 40)
-    step = _captured_step(cfg, _data(tiny_mnist, GPU)[0], amp=True, scaler=scaler)
-    scales = [float(scaler.get_scale())]
-    for index in range(WARMUP_BATCHES + 1, WARMUP_BATCHES + 4):
-        step.source.stage(index)
-        step()
-        scales.append(float(scaler.get_scale()))
-    assert scales[1:] == [scales[0] / 2 ** k for k in (1, 2, 3)]
-    assert int(step.totals[7]) == WARMUP_BATCHES + 4 and step.replays == 4
-
-
 def test_training_on_the_last_gpu_captures_there_without_a_warning(tiny_mnist, tmp_path):
     """The last visible GPU (cuda:1 or further on a machine with several; the current device stays
     cuda:0): the capture happens there, checked by its first replay, and the run says so; no
@@ -301,7 +193,9 @@ def test_training_on_the_last_gpu_captures_there_without_a_warning(tiny_mnist, t
     import warnings
 
     device = torch.device("cuda", torch.cuda.device_count() - 1)
-    cfg = PonderConfig.of(epochs=2, max_steps=4, **SMALL, hidden_lin=16)
+    # nothing random (STILL): the eager run trains on the same numbers, so it is the yardstick;
+    # two tiny epochs' accuracy alone spreads 0.07-0.31 over seeds
+    cfg = PonderConfig.of(epochs=2, max_steps=4, **SMALL, hidden_lin=16, **STILL)
     results = {}
     for graphs in (True, False):
         with warnings.catch_warnings(record=True) as caught:
@@ -311,9 +205,11 @@ def test_training_on_the_last_gpu_captures_there_without_a_warning(tiny_mnist, t
         assert [str(w.message) for w in caught if "capturable" in str(w.message) or "torch" in w.filename] == []
     assert [h.training_step for h in results[True].history] == ["captured", "captured"]
     assert [h.training_step for h in results[False].history] == ["eager: --no-cuda-graphs"] * 2
-    captured = results[True].history
-    assert captured[-1].train_loss < captured[0].train_loss and captured[-1].val_accuracy > 0.2
-    assert captured[-1].train_loss == pytest.approx(results[False].history[-1].train_loss, rel=0.2)
+    captured, eager = results[True].history, results[False].history
+    assert captured[-1].train_loss < captured[0].train_loss
+    for replayed, alike in zip(captured, eager):  # equal up to kernels' rounding, amplified by Adam
+        assert replayed.train_loss == pytest.approx(alike.train_loss, rel=1e-3)
+        assert replayed.val_accuracy == pytest.approx(alike.val_accuracy, abs=0.03)
 
 
 # --- the CUDA generator in checkpoints -------------------------------------------------------
