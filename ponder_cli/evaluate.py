@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional
 
 import torch
 
@@ -64,7 +64,6 @@ class EvalResult:
     steps_wrong: float | None
     histogram: tuple  # images halting at step 1..max_steps (expected halting mass for "expected")
     accuracy_at_step: tuple | None = None  # accuracy if every image stopped at step k (detail)
-    budget_accuracy: float | None = None  # a fixed budget's at the same mean steps (detail; budget_accuracy)
     loss: float | None = None
     reconstruction: float | None = None
     regularisation: float | None = None
@@ -91,8 +90,8 @@ def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfi
     images (align: 10x), and a stall per step on a GPU. None (the default): on the CPU only. Else
     the full forward over every step, and the rule applied to it on the device (method.predict:
     the same predictions and steps; tests/test_evaluate.py). The loss, the per-step accuracy of
-    `detail` (and with it the accuracy of a fixed budget at the same mean steps) and the expected
-    rule need every step of every image, so they always run the full forward pass.
+    `detail` (from which the reports take the best fixed budget at the rule's mean steps) and the
+    expected rule need every step of every image, so they always run the full forward pass.
     """
     parse_halting_rule(halting)  # a bad spelling fails here, before any work
     was_training = model.training
@@ -140,29 +139,16 @@ def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfi
                    losses=(loss_totals / count).tolist() if with_loss else None)
 
 
-def budget_accuracy(accuracy_at_step: Sequence[float], mean_steps: float) -> float:
-    """The accuracy of a fixed budget of `mean_steps` steps: every input stopped at step n has
-    accuracy_at_step[n - 1]; between whole budgets, linearly interpolated (a mix of the two
-    neighbouring budgets with that mean). What an adaptive rule's accuracy at the same mean steps
-    is measured against."""
-    low = min(max(int(math.floor(mean_steps)), 1), len(accuracy_at_step))
-    high = min(low + 1, len(accuracy_at_step))
-    share = min(max(mean_steps - low, 0.0), 1.0) if high > low else 0.0
-    return accuracy_at_step[low - 1] + share * (accuracy_at_step[high - 1] - accuracy_at_step[low - 1])
-
-
 def _result(bucket: EvalBucket, steps: torch.Tensor, correct: torch.Tensor, histogram: tuple, *,
             accuracy_at_step: Optional[tuple], losses: Optional[list]) -> EvalResult:
     """A bucket's figures from its per-input steps (N,) and correctness (N,) on the CPU."""
     count, n_correct = len(bucket), int(correct.sum())
-    mean_steps = float(steps.mean())
     return EvalResult(
-        images=count, accuracy=n_correct / count, mean_steps=mean_steps,
+        images=count, accuracy=n_correct / count, mean_steps=float(steps.mean()),
         std_steps=float(steps.std(correction=0)),
         steps_correct=float(steps[correct].mean()) if n_correct else None,
         steps_wrong=float(steps[~correct].mean()) if n_correct < count else None,
         histogram=histogram, accuracy_at_step=accuracy_at_step,
-        budget_accuracy=None if accuracy_at_step is None else budget_accuracy(accuracy_at_step, mean_steps),
         **(dict(zip(("loss", "reconstruction", "regularisation"), losses)) if losses is not None else {}),
         samples=EvalSamples(bucket.difficulty.double(), steps, correct),
     )

@@ -1,7 +1,7 @@
 """Halting arithmetic shared by the model, the losses and evaluation: PonderNet's halting
 distribution and its rules (sample, median, expected, quantile:Q, patience:K, confidence:C,
-and the fixed budget fixed:N; spelled in registry.py), ACT's halting units, and the per-row rules that let the one
-early-exit loop (`PonderNet.infer`) stop each image as soon as it halts.
+and the fixed budget fixed:N, `FixedBudget`; spelled in registry.py), ACT's halting units, and the
+per-row rules that let the one early-exit loop (`PonderNet.infer`) stop each image as soon as it halts.
 
 Shapes: lambda_logits (steps, B) are pre-sigmoid conditional halting probabilities; logits
 (steps, B, classes) are the class scores y_n of every step.
@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .registry import HaltingRule
+from .registry import HaltingRule, parse_halting_rule
 
 # Per-step terms and running sums --------------------------------------------------------------
 # shared by the batch forms (over every step) and the early-exit rules (step by step), so that both
@@ -119,27 +119,12 @@ def confident(logits: torch.Tensor, confidence: float) -> torch.Tensor:
     return torch.logsumexp(logits - top, dim=-1) <= -math.log(confidence)
 
 
-def within_steps(budget: int, steps: int) -> int:
-    """A fixed budget, checked against the steps run: refused beyond them, never cut to them
-    (both forms of fixed:N check it here; the user's message is Method.halting_problem's)."""
-    if not 1 <= budget <= steps:
-        raise ValueError(f"fixed:{budget} stops at step {budget}, beyond the {steps} steps run")
-    return budget
-
-
-def fixed_halting_steps(lambda_logits: torch.Tensor, budget: int) -> torch.Tensor:
-    """Step `budget` (1-based) for every image: the fixed budget fixed:N. (steps, B) -> (B,).
-    A budget beyond the steps computed is refused, never cut to them."""
-    within_steps(budget, lambda_logits.shape[0])
-    return torch.full(lambda_logits.shape[1:], budget, dtype=torch.long, device=lambda_logits.device)
-
-
 def rule_halting_steps(rule: HaltingRule, logits: torch.Tensor, lambda_logits: torch.Tensor,
                        uniforms: torch.Tensor) -> torch.Tensor:
     """The 1-based halting step (B,) of each image under a rule that halts at one step, from a
     forward pass over every step: what `rule_exit` decides step by step."""
     if rule.budget is not None:
-        return fixed_halting_steps(lambda_logits, rule.budget)
+        return FixedBudget(rule).halting_steps(lambda_logits)
     if rule.name == "sample":
         return sample_halting_steps(lambda_logits, uniforms)
     if rule.quantile is not None:
@@ -297,26 +282,13 @@ class ConfidenceExit(EarlyExitRule):
         return halts, logits
 
 
-class FixedExit(EarlyExitRule):
-    """Every row halts at step `budget` (`fixed_halting_steps`): no row leaves before it, so the
-    batch that reaches it is the whole batch, as in the forward over every step."""
-
-    def __init__(self, budget: int, steps: int):
-        self.budget = within_steps(budget, steps)
-
-    def decide(self, n, last, logits, lambda_logits):
-        # a Python decision: the same for every row, so no tensor is compared on the device
-        halts = last or n + 1 >= self.budget
-        return torch.full(lambda_logits.shape, halts, dtype=torch.bool, device=lambda_logits.device), logits
-
-
 def rule_exit(rule: HaltingRule, uniforms: torch.Tensor) -> EarlyExitRule:
     """The early-exit form of a rule that halts at one step (see `rule_halting_steps`);
     uniforms (steps, B) are the sample rule's coins, and give the steps run, the batch size and
     the device."""
     batch, device = uniforms.shape[1], uniforms.device
     if rule.budget is not None:
-        return FixedExit(rule.budget, uniforms.shape[0])
+        return FixedBudget(rule).within(uniforms.shape[0])
     if rule.name == "sample":
         return SampleExit(uniforms)
     if rule.quantile is not None:
@@ -350,6 +322,54 @@ class ActExit(EarlyExitRule):
 
     def keep(self, rows):
         self.cumulative, self.weighted = self.cumulative.index_select(0, rows), self.weighted.index_select(0, rows)
+
+
+# The fixed budget ------------------------------------------------------------------------------
+
+class FixedBudget(EarlyExitRule):
+    """fixed:N, the control that adaptive halting is measured against: every input stops at
+    step N whatever its halting says, for every method alike (ACT's too: it then reads step N's
+    own output y_N). The budget's one home: which rules are one (`of`), its range (`problem`,
+    `within`: refused beyond the steps run, never cut to them), its per-step form
+    (`halting_steps`, over a forward of every step) and its early-exit form (`decide`). Its
+    accuracy is the per-step accuracy at step N; the best fixed policy at a rule's mean steps is
+    the reports' (reports.evaluation.best_fixed_accuracy)."""
+
+    def __init__(self, rule: HaltingRule):
+        self.rule, self.step = rule, rule.budget
+
+    @classmethod
+    def of(cls, rule: "str | HaltingRule") -> "FixedBudget | None":
+        """The budget `rule` names; None for any other rule, a method's own label ("act", "one
+        step") or a spelling that is no rule."""
+        try:
+            rule = parse_halting_rule(rule)
+        except ValueError:
+            return None
+        return cls(rule) if rule.budget is not None else None
+
+    def problem(self, steps: int, runs: str = "run") -> str | None:
+        """Why it cannot apply where `steps` steps are run (`runs` says by what), else None."""
+        if self.step <= steps:
+            return None
+        return f"{self.rule.spelling} stops at step {self.step}, beyond the {steps} step{'s' * (steps != 1)} {runs}"
+
+    def within(self, steps: int) -> "FixedBudget":
+        problem = self.problem(steps)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+    def halting_steps(self, lambda_logits: torch.Tensor) -> torch.Tensor:
+        """Step N (1-based) for every input, (steps, B) -> (B,)."""
+        self.within(lambda_logits.shape[0])
+        return torch.full(lambda_logits.shape[1:], self.step, dtype=torch.long, device=lambda_logits.device)
+
+    def decide(self, n, last, logits, lambda_logits):
+        # the same for every row: no row leaves before step N, so the batch that reaches it is
+        # the whole batch, and no tensor is compared on the device
+        halts = last or n + 1 >= self.step
+        return torch.full(lambda_logits.shape, halts, dtype=torch.bool, device=lambda_logits.device), logits
 
 
 # Truncation in training ------------------------------------------------------------------------

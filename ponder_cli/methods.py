@@ -36,8 +36,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .halting import (ActExit, ActHalted, ContinueBelow, EarlyExitRule, EitherDone, RandomDepth, TruncateBelow,
-                      act_halting, act_mean_field,
+from .halting import (ActExit, ActHalted, ContinueBelow, EarlyExitRule, EitherDone, FixedBudget, RandomDepth,
+                      TruncateBelow, act_halting, act_mean_field,
                       act_prediction, expected_prediction, halting_log_probs, logits_at, roulette_weights, rule_exit,
                       rule_halting_steps)
 from .model import PonderNet, halting_as_computed
@@ -114,15 +114,6 @@ def ponder_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torc
 
 # The methods ------------------------------------------------------------------------------------
 
-def _budget(rule: str) -> bool:
-    """Whether `rule` is a fixed budget (fixed:N), which every method halts by alike (a method's
-    own label, ACT's "act", is no budget)."""
-    try:
-        return parse_halting_rule(rule).budget is not None
-    except ValueError:
-        return False
-
-
 class Method:
     name: str = ""
     # config values this method implies when the user leaves them out (plain: one step)
@@ -153,11 +144,11 @@ class Method:
         """Why this method cannot halt by `rule`, as a message for the user (None: it can): a
         fixed budget beyond the steps the model runs (its max_steps, as trained or as --max-steps
         sets it at evaluation)."""
-        budget, steps = parse_halting_rule(rule).budget, self.cfg.method.max_steps
-        if budget is not None and budget > steps:
-            return (f"--halting {rule} stops at step {budget}, beyond the {steps} step{'s' * (steps > 1)} this "
-                    f"{self.name} model runs" + (" (--max-steps runs more)" if self.cfg.method.name != "plain" else ""))
-        return None
+        budget = FixedBudget.of(rule)
+        problem = budget and budget.problem(self.cfg.method.max_steps, f"this {self.name} model runs")
+        if not problem:
+            return None
+        return f"--halting {problem}" + (" (--max-steps runs more)" if self.cfg.method.name != "plain" else "")
 
     def needs_all_steps(self, rule: str) -> bool:
         """Whether predicting under `rule` needs every step of every image (no early exit)."""
@@ -325,10 +316,10 @@ class PlainMethod(PonderNetMethod):
     # one step: every rule halts there, a budget too (compare asks every method for one; eval
     # refuses a budget beyond it: halting_problem)
     def predict(self, logits, lambda_logits, uniforms, rule):
-        return super().predict(logits, lambda_logits, uniforms, "fixed:1" if _budget(rule) else rule)
+        return super().predict(logits, lambda_logits, uniforms, "fixed:1" if FixedBudget.of(rule) else rule)
 
     def early_exit(self, rule, uniforms):
-        return super().early_exit("fixed:1" if _budget(rule) else rule, uniforms)
+        return super().early_exit("fixed:1" if FixedBudget.of(rule) else rule, uniforms)
 
 
 # ACT (Graves 2016) ------------------------------------------------------------------------------
@@ -358,13 +349,14 @@ class ACTMethod(Method):
     reads = ("max_steps", "halting_input", "halting_bias", "turn_gate", "tau", "act_epsilon", "truncation")
 
     def halting_label(self, rule):
-        return parse_halting_rule(rule).spelling if _budget(rule) else "act"
+        budget = FixedBudget.of(rule)
+        return budget.rule.spelling if budget else "act"
 
     def halting_problem(self, rule):
         # every --halting rule but a fixed budget is PonderNet's: ACT halts by its own alone, so a
         # rule asked for is refused rather than silently replaced (compare, where one --halting
         # serves every method, shows each method's own instead)
-        if _budget(rule):
+        if FixedBudget.of(rule):
             return super().halting_problem(rule)
         return (f"--halting {rule} applies to pondernet checkpoints; this one is act, which halts by its own "
                 f"rule (halting units summing to 1 - epsilon) or at a fixed budget (fixed:N)")
@@ -373,8 +365,9 @@ class ACTMethod(Method):
         return act_loss(logits, lambda_logits, targets, self.cfg.method.tau, self.cfg.method.act_epsilon)
 
     def predict(self, logits, lambda_logits, uniforms, rule):
-        if _budget(rule):
-            steps = rule_halting_steps(parse_halting_rule(rule), logits, lambda_logits, uniforms)
+        budget = FixedBudget.of(rule)
+        if budget:
+            steps = budget.halting_steps(lambda_logits)
             return logits_at(logits, steps), steps
         return act_prediction(logits, lambda_logits, self.cfg.method.act_epsilon)
 
@@ -387,8 +380,9 @@ class ACTMethod(Method):
         return act_halting(lambda_logits, self.cfg.method.act_epsilon).p
 
     def early_exit(self, rule, uniforms):
-        if _budget(rule):
-            return rule_exit(parse_halting_rule(rule), uniforms)
+        budget = FixedBudget.of(rule)
+        if budget:
+            return budget.within(uniforms.shape[0])
         return ActExit(uniforms.shape[1], self.cfg.method.act_epsilon, uniforms.device)
 
     def truncation(self, batch, device):

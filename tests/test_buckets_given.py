@@ -87,7 +87,7 @@ def test_eval_at_0_degrees_has_no_spearman_line_and_a_sparkline_legend(checkpoin
 def _compare(seeds: list[int]):
     models = [(f"s{seed}.pt", PonderConfig.of(seed=seed)) for seed in seeds] + [("act.pt", PonderConfig.of(method="act"))]
     groups = group_by_configuration(models)
-    results = [[[{"accuracy": 0.9 - 0.01 * m, "mean_steps": 4.0 + m, "budget_accuracy": 0.89, "rotation": 45.0,
+    results = [[[{"accuracy": 0.9 - 0.01 * m, "mean_steps": 4.0 + m, "accuracy_at_step": [0.89] * 20, "rotation": 45.0,
                   "halting": "act" if g.cfg.method.name == "act" else "sample", "images": 100, "histogram": [1] * 20}]
                 for m in range(len(g.members))] for g in groups]
     return comparison_report(groups, results, [45.0], protocol="uniform", halting="sample", seed=1,

@@ -16,11 +16,12 @@ from ponder_cli.api import EvalOptions, evaluate_checkpoint
 from ponder_cli.checkpoint import load_model
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist
-from ponder_cli.evaluate import budget_accuracy, evaluate_bucket
-from ponder_cli.halting import FixedExit, fixed_halting_steps, rule_exit, rule_halting_steps
+from ponder_cli.evaluate import evaluate_bucket
+from ponder_cli.halting import FixedBudget, rule_exit, rule_halting_steps
 from ponder_cli.methods import get_method
 from ponder_cli.checkpoint import new_model
 from ponder_cli.registry import HaltingRule, parse_halting_rule
+from ponder_cli.reports.evaluation import best_fixed_accuracy
 from ponder_cli.tasks import get_task
 from ponder_cli.tasks.mnist import evaluate
 
@@ -61,14 +62,23 @@ def test_the_batch_and_early_exit_forms_stop_every_input_at_step_n(drive):
     torch.manual_seed(0)
     logits, lambda_logits = torch.randn(5, 7, 3), torch.randn(5, 7) * 4  # halting would differ per row
     for n in range(1, 6):
-        assert fixed_halting_steps(lambda_logits, n).tolist() == [n] * 7
+        assert FixedBudget.of(f"fixed:{n}").halting_steps(lambda_logits).tolist() == [n] * 7
         rule = parse_halting_rule(f"fixed:{n}")
         assert torch.equal(rule_halting_steps(rule, logits, lambda_logits, torch.rand(5, 7)), torch.full((7,), n))
         assert drive(rule_exit(rule, torch.rand(5, 7)), logits, lambda_logits).tolist() == [n] * 7
+    six = FixedBudget.of("fixed:6")
     with pytest.raises(ValueError, match="fixed:6 stops at step 6, beyond the 5 steps run"):
-        fixed_halting_steps(lambda_logits, 6)
+        six.halting_steps(lambda_logits)
     with pytest.raises(ValueError, match="fixed:6 stops at step 6, beyond the 5 steps run"):
-        FixedExit(6, 5)
+        rule_exit(six.rule, torch.rand(5, 7))
+    assert six.problem(1, "this plain model runs") == "fixed:6 stops at step 6, beyond the 1 step this plain model runs"
+    assert six.problem(6) is None and six.within(6) is six
+
+
+def test_only_a_budget_is_a_budget():
+    assert FixedBudget.of("fixed:3").step == 3 and FixedBudget.of(parse_halting_rule("Fixed:2")).step == 2
+    assert [FixedBudget.of(rule) for rule in ("median", "sample", "patience:2", "act", "one step", "fixed:0")] == \
+        [None] * 6
 
 
 def test_the_early_exit_loop_stops_every_image_at_the_budget_and_reads_that_step():
@@ -206,12 +216,29 @@ def test_max_steps_on_every_evaluating_command(runs, tiny_mnist, ponder, tmp_pat
 
 # a fixed budget at the same mean steps -----------------------------------------------------------
 
-def test_budget_accuracy_interpolates_between_the_neighbouring_budgets():
+def test_the_best_fixed_budget_on_a_concave_curve_mixes_the_budgets_either_side():
     per_step = (0.5, 0.7, 0.9, 0.9)
-    assert budget_accuracy(per_step, 1.0) == 0.5 and budget_accuracy(per_step, 3.0) == 0.9
-    assert budget_accuracy(per_step, 1.25) == pytest.approx(0.55, abs=1e-15)
-    assert budget_accuracy(per_step, 2.5) == pytest.approx(0.8, abs=1e-15)
-    assert budget_accuracy(per_step, 4.0) == 0.9 and budget_accuracy((0.8,), 1.0) == 0.8
+    assert best_fixed_accuracy(per_step, 1.0) == 0.5 and best_fixed_accuracy(per_step, 3.0) == 0.9
+    assert best_fixed_accuracy(per_step, 1.25) == pytest.approx(0.55, abs=1e-15)
+    assert best_fixed_accuracy(per_step, 2.5) == pytest.approx(0.8, abs=1e-15)
+    assert best_fixed_accuracy(per_step, 4.0) == 0.9 and best_fixed_accuracy((0.8,), 1.0) == 0.8
+
+
+def test_the_best_fixed_budget_on_a_non_concave_curve_is_its_upper_concave_envelope():
+    # the budgets either side of a mean of 2 give 0.50; step 1 alone gives 0.90 in fewer steps,
+    # and half the inputs at step 1, half at step 3 give 0.925 in exactly 2
+    per_step = (0.90, 0.50, 0.95)
+    assert best_fixed_accuracy(per_step, 2.0) == pytest.approx(0.925, abs=1e-15)
+    assert best_fixed_accuracy(per_step, 1.5) == pytest.approx(0.9125, abs=1e-15)  # 3/4 at step 1, 1/4 at step 3
+    assert best_fixed_accuracy(per_step, 3.0) == 0.95
+    # a curve that falls after step 1: no budget beyond it helps, whatever the mean
+    assert best_fixed_accuracy((0.9, 0.8, 0.7, 0.6), 3.3) == 0.9
+    # a dip in the middle: the envelope runs from step 2 to step 5 over it
+    dip = (0.60, 0.80, 0.70, 0.75, 0.95)
+    assert best_fixed_accuracy(dip, 3.5) == pytest.approx(0.80 + 0.5 * 0.15, abs=1e-15)
+    for mean in (1.0, 1.7, 2.0, 2.9, 3.5, 4.2, 5.0):  # never below a budget at or under the mean, or a mix
+        budgets = [a for n, a in enumerate(dip, 1) if n <= mean]
+        assert best_fixed_accuracy(dip, mean) >= max(budgets)
 
 
 def test_detail_and_compare_show_a_fixed_budget_at_the_rules_mean_steps(runs, tiny_mnist, ponder):
@@ -220,15 +247,18 @@ def test_detail_and_compare_show_a_fixed_budget_at_the_rules_mean_steps(runs, ti
     compared = json.loads(ponder("compare", *args, "-f", "json").stdout)
     plain = json.loads(ponder("extrapolate", *args, "-f", "json").stdout)
     for bucket, other in zip(detail["buckets"], compared["buckets"]):
-        assert bucket["budget_accuracy"] == budget_accuracy(bucket["accuracy_at_step"], bucket["mean_steps"])
-        assert 0 < bucket["budget_accuracy"] < 1 and bucket["mean_steps"] % 1 != 0  # interpolated
-        assert other["budget_accuracy"] == bucket["budget_accuracy"] and other["budget_accuracy_sd"] is None
-    assert all("budget_accuracy" not in b for b in plain["buckets"])  # without --detail: not computed
+        per_step, mean = bucket["accuracy_at_step"], bucket["mean_steps"]
+        assert bucket["best_fixed_accuracy"] == best_fixed_accuracy(per_step, mean)
+        assert bucket["best_fixed_accuracy"] >= max(a for n, a in enumerate(per_step, 1) if n <= mean)
+        assert 0 < bucket["best_fixed_accuracy"] < 1 and mean % 1 != 0  # a mix of two budgets
+        assert other["best_fixed_accuracy"] == bucket["best_fixed_accuracy"] and other["best_fixed_accuracy_sd"] is None
+    assert all("best_fixed_accuracy" not in b for b in plain["buckets"])  # without --detail: not computed
+    assert all("budget_accuracy" not in b for b in detail["buckets"] + compared["buckets"])
     rows = list(csv.DictReader(io.StringIO(ponder("extrapolate", *args, "--detail", "-f", "csv").stdout)))
-    assert [float(r["budget_accuracy"]) for r in rows] == [b["budget_accuracy"] for b in detail["buckets"]]
+    assert [float(r["best_fixed_accuracy"]) for r in rows] == [b["best_fixed_accuracy"] for b in detail["buckets"]]
     table = ponder("extrapolate", *args, "--detail").stdout
-    assert "fixed at same steps" in table and f"{detail['buckets'][1]['budget_accuracy']:.4f}" in table
-    assert "fixed at same steps" in ponder("compare", *args).stdout
+    assert "best fixed ≤ steps" in table and f"{detail['buckets'][1]['best_fixed_accuracy']:.4f}" in table
+    assert "best fixed ≤ steps" in ponder("compare", *args).stdout
 
 
 # the shipped models ------------------------------------------------------------------------------

@@ -146,7 +146,6 @@ def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int
                     bucket.pop(key)
             if not options.detail:
                 bucket.pop("accuracy_at_step")
-                bucket.pop("budget_accuracy")
             buckets.append(bucket)
         draws.append(buckets)
     combined = [{**combine_draws([draw[b] for draw in draws]), **uncertainty(samples[b])} for b in range(len(specs))]
@@ -305,7 +304,7 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
             else None
         if problem is not None:
             raise PonderError(f"{path}: {problem}")
-    # every step of every input: the accuracy at each budget, for a fixed budget at the same mean steps
+    # every step of every input: the accuracy at each budget, for the best fixed budget at the same mean steps
     options = replace(options, detail=True)
     specs = task.parse_buckets(spelled(buckets), "compare", options.protocol, log)
     with _progress_bar(len(models) * len(specs) * options.repeats, progress, log) as bar:

@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 
 from ..render import Column
 from . import Report, TaskView, Terms, key_column, make_meta
-from .evaluation import per_bucket
+from .evaluation import ACT_CAVEAT, BEST_FIXED_CAPTION, best_fixed_accuracy, per_bucket
 
 # compare ---------------------------------------------------------------------------------------
 
@@ -65,15 +65,14 @@ def compare_columns(steps_differ: bool, words: Terms, buckets: Sequence[dict] = 
         Column("seeds", "seeds"), key_column(words, list(buckets)),
         Column("accuracy_text", "accuracy", "s", wrap=True),
         Column("steps_text", "steps", "s", wrap=True),
-        Column("budget_text", "fixed at same steps", "s", wrap=True)]
+        Column("best_fixed_text", "best fixed ≤ steps", "s", wrap=True)]
 
 
 def comparison_report(groups: list[Group], results: list[list[list[dict]]], angles: list, *,
                       protocol: Optional[str], halting: str, seed: int, repeats: int = 1,
                       view: TaskView, max_steps: Optional[int] = None, trained: Optional[dict] = None) -> Report:
     """results[g][m][b]: the bucket dict of member m of group g in bucket b (an angle, or a
-    non-zero-count range for parity), with its budget_accuracy (a fixed budget's at the same mean
-    steps); every checkpoint is of one task. max_steps: --max-steps (None: each as trained),
+    non-zero-count range for parity), with its accuracy_at_step; every checkpoint is of one task. max_steps: --max-steps (None: each as trained),
     trained: each checkpoint's trained max_steps by path."""
     buckets, series = [], {}
     words = view.terms
@@ -87,17 +86,18 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
         for b, _ in enumerate(angles):
             accuracy, accuracy_sd = mean_and_sd([r[b]["accuracy"] for r in per_model])
             steps, steps_sd = mean_and_sd([r[b]["mean_steps"] for r in per_model])
-            budgets = [r[b].get("budget_accuracy") for r in per_model]
-            budget, budget_sd = (None, None) if None in budgets else mean_and_sd(budgets)
+            curves = [(r[b].get("accuracy_at_step"), r[b]["mean_steps"]) for r in per_model]
+            best, best_sd = (None, None) if any(curve is None for curve, _ in curves) \
+                else mean_and_sd([best_fixed_accuracy(curve, mean) for curve, mean in curves])
             bucket = {"method": group.cfg.method.name, "step": group.cfg.step.name, "label": group.label,
                       **{k: v for k, v in per_model[0][b].items() if k in names}, "seeds": len(per_model), "accuracy": accuracy, "accuracy_sd": accuracy_sd,
-                      "mean_steps": steps, "mean_steps_sd": steps_sd, "budget_accuracy": budget,
-                      "budget_accuracy_sd": budget_sd, "max_steps": group.cfg.method.max_steps,
+                      "mean_steps": steps, "mean_steps_sd": steps_sd, "best_fixed_accuracy": best,
+                      "best_fixed_accuracy_sd": best_sd, "max_steps": group.cfg.method.max_steps,
                       "halting": per_model[0][b]["halting"],
                       "images": per_model[0][b]["images"], "checkpoints": [p for p, _ in group.members],
                       "accuracy_text": plus_minus(accuracy, accuracy_sd, ".4f"),
                       "steps_text": plus_minus(steps, steps_sd, ".2f"),
-                      "budget_text": "-" if budget is None else format(budget, ".4f")}
+                      "best_fixed_text": "-" if best is None else format(best, ".4f")}
             buckets.append(bucket)
             series[name].append({**bucket, "std_steps": steps_sd or 0.0, "histogram": [
                 sum(r[b]["histogram"][k] for r in per_model) for k in range(len(per_model[0][b]["histogram"]))]})
@@ -121,8 +121,9 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
                           f"{' · '.join(f'{method} → {rule}' for method, rule in rules.items())}\n"
                           f"{'step ' + step_names[0] + ' · ' if len(step_names) == 1 else ''}{how}"
                           f"seed {seed}\n{per_bucket(buckets, 'test ' + words.inputs)}\n"
-                          f"fixed at same steps: a fixed budget's accuracy at the rule's mean steps"
+                          f"{BEST_FIXED_CAPTION}"
                           + (" (mean over seeds)" if any(len(g.members) > 1 for g in groups) else "")
+                          + (f"\n{ACT_CAVEAT}" if "act" in rules else "")
                           + (f"\nrun to {max_steps} steps (--max-steps; a one-step method keeps its one)"
                              if max_steps is not None else ""),
                   plot_series=series)
