@@ -12,7 +12,7 @@ import typer
 from typer.core import TyperCommand
 
 from . import PonderError
-from .config import PonderConfig
+from .config import PonderConfig, parse_duration
 from .folders import DEFAULT, LATEST, RUNS_DIR, SHIPPED
 from .registry import (CNN_DROPOUT_MASKS, DEVICE_CHOICES, HALTING_INPUTS, HALTING_RULES, PIECES, PRIORS, PROTOCOLS,
                        device_problem, known, parse_exit_rule, parse_halting_rule, rule_choices)
@@ -141,6 +141,16 @@ def _device(value: str) -> str:
     return value
 
 
+def _time_limit(value: Optional[str]) -> Optional[float]:
+    """--time-limit, in seconds, checked before torch loads (config.parse_duration)."""
+    return None if value is None else parse_duration(value)
+
+
+TimeLimitOption = typer.Option(None, "--time-limit", metavar="DURATION", callback=_time_limit, show_default=False,
+                               help="Stop cleanly after the last epoch that fits in this long (90s, 9m, 2h, "
+                                    "1h30m), counted from when training starts in this process; judged from the "
+                                    "epochs it has timed (the first always runs), it saves and prints the resume "
+                                    "command. Not a setting of the run: --resume may give another.")
 DeviceOption = typer.Option("auto", "--device", callback=_device, help=f"{DEVICE_CHOICES}.",
                             autocompletion=lambda incomplete: _offer(("auto", "cpu", "cuda"), incomplete))
 AmpOption = typer.Option(None, "--amp/--no-amp", help="Mixed precision: fp16 on CUDA, bf16 on CPU. "

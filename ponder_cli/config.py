@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import json
 import math
+import re
 import typing
 import warnings
 from dataclasses import dataclass
@@ -170,6 +171,34 @@ def problems_of(key: str, value, name: str = "") -> list[str]:
     return [f"{name} must be {rule[:got]} (got {value}){rule[got:]}"]
 
 
+DURATION_UNITS = {"h": 3600, "m": 60, "s": 1}
+
+
+def parse_duration(text: str, name: str = "--time-limit") -> float:
+    """A duration as a person writes it, in seconds: 90s, 9m, 2h, 1h30m, 1.5h. Not a setting of
+    the run (it changes nothing the model learns: a resumed run may take another), but its value
+    is checked here, with the settings', before torch loads."""
+    spelled = str(text).strip().lower().replace(" ", "")
+    parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)([hms])", spelled)
+    if not spelled or "".join(number + unit for number, unit in parts) != spelled or \
+            len({unit for _, unit in parts}) != len(parts):
+        raise PonderError(f"{name} must be a duration such as 90s, 9m, 2h or 1h30m (got {text!r})")
+    seconds = sum(float(number) * DURATION_UNITS[unit] for number, unit in parts)
+    if not 0 < seconds < math.inf:
+        raise PonderError(f"{name} must be longer than 0 s (got {text!r})")
+    return seconds
+
+
+def duration_text(seconds: float) -> str:
+    """Seconds as parse_duration reads them back: 90 -> 1m30s, 540 -> 9m, 7200 -> 2h."""
+    whole, text = round(seconds), ""
+    for unit, size in DURATION_UNITS.items():
+        if whole >= size or (unit == "s" and not text):
+            count, whole = divmod(whole, size)
+            text += f"{count}{unit}" if count else ""
+    return text or "0s"
+
+
 def seed_problems(seed, what: str) -> list[str]:
     """A seed option of another command (eval's --seed), checked as training's seed is."""
     return problems_of("seed", seed, what)
@@ -205,9 +234,13 @@ def implied_values(chosen: dict[str, str]) -> dict[str, tuple]:
 
 
 def implied_by_pieces(key: str) -> list[tuple[str, object]]:
-    """(piece, value) for every piece of any kind that implies a value of `key`, for --help."""
-    return [(name, piece_class(kind, name).implied[key]) for kind, table in PIECES.items() for name in table
-            if key in piece_class(kind, name).implied]
+    """(piece, value) for every piece of any kind that implies a value of `key`, then (when,
+    value) for what a piece derives from another value (a task's `derived`: "parity --elems >
+    32"), for --help."""
+    return ([(name, piece_class(kind, name).implied[key]) for kind, table in PIECES.items() for name in table
+             if key in piece_class(kind, name).implied]
+            + [getattr(piece_class(kind, name), "derived", {})[key] for kind, table in PIECES.items() for name in table
+               if key in getattr(piece_class(kind, name), "derived", {})])
 
 
 def bias_value(values: dict, name: str = "halting-bias"):

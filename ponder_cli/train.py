@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -46,6 +47,12 @@ class EpochStats:
     training_step: str = ""
 
 
+# Why a run's training ended (TrainResult.stop_reason, the report's "stop_reason"): every planned
+# epoch trained; early stopping; its time limit (resumable: the next epoch would not have fitted);
+# or a run that never left chance with its learning rate cut to the floor (at_chance).
+FINISHED, EARLY_STOP, TIME_LIMIT, AT_CHANCE = "finished", "early stop", "time limit", "at chance"
+
+
 @dataclass
 class TrainResult:
     out_dir: Path
@@ -54,6 +61,8 @@ class TrainResult:
     last_epoch: int
     stopped_early: bool
     history: list[EpochStats] = field(default_factory=list)
+    stop_reason: str = FINISHED
+    stop_note: str = ""  # the one line that says why, where the run did not simply finish
 
     @property
     def best_path(self) -> Optional[Path]:
@@ -452,15 +461,20 @@ def graph_pieces(model: torch.nn.Module, method: Method, source: TrainingSource,
 def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
           out_dir: Path, amp: bool = False, resume: TrainingState | None = None,
           on_epoch: Callable[[EpochStats], None] | None = None, progress: bool = True,
-          log: Callable[[str], None] | None = None, cuda_graphs: bool = True) -> TrainResult:
+          log: Callable[[str], None] | None = None, cuda_graphs: bool = True,
+          time_limit: float | None = None, clock: Callable[[], float] | None = None) -> TrainResult:
     """Train, validating once per epoch; write last.pt every epoch and best.pt on improvement.
     train_set and val_set are the task's (MNIST: ImageSets; parity: None, batches drawn on the fly,
     and a fixed ParityBatch). `resume`: a checkpoint whose config equals cfg up to the epochs and
     patience (runs.plan_training), continued at the next epoch. `log` gets the run's estimated
     duration once the first batches are timed. `cuda_graphs`: on CUDA, capture the batch once and
-    replay it (BatchStep). Under torchrun every rank calls train() with the same arguments; rank 0
-    alone validates and writes, and every rank returns the same result.
+    replay it (BatchStep). `time_limit`: seconds from this call, read on `clock` (TimeLimit;
+    default CLOCK);
+    training ends after the last epoch that fits. Under torchrun every rank calls train() with
+    the same arguments; rank 0 alone validates, writes and decides when time is up, and every
+    rank returns the same result.
     """
+    limit = TimeLimit(time_limit, clock or CLOCK) if time_limit is not None else None
     out_dir = Path(out_dir)
     torch.manual_seed(cfg.training.seed)
     task = get_task(cfg)
@@ -487,6 +501,8 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
 
     for epoch in range(result.last_epoch + 1, cfg.training.epochs + 1):
         started = time.perf_counter()
+        if limit is not None:
+            limit.epoch_starts()
         stats = train_one_epoch(step, desc=f"epoch {epoch}/{cfg.training.epochs}", progress=progress)
         _check_some_step_was_taken(stats, epoch, out_dir)
         val_accuracy, val_steps, halting_histogram = _validate(task, model, val_set, cfg, device, amp)
@@ -511,10 +527,82 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
         if on_epoch is not None:
             on_epoch(record)
         if state.stopped_early:
-            result.stopped_early = True
+            result.stopped_early, result.stop_reason = True, EARLY_STOP
             break
+        if limit is not None and epoch < cfg.training.epochs and not limit.next_epoch_fits(device):
+            result.stop_reason, result.stop_note = TIME_LIMIT, limit.why_stopped(epoch)
+            break
+    if result.stop_reason != TIME_LIMIT:
+        result.stop_note = at_chance(result, cfg, task.classes, learning_rate(optimizer.param_groups[0]["lr"])) or ""
+        result.stop_reason = AT_CHANCE if result.stop_note else result.stop_reason
     distributed.barrier()  # under torchrun every rank returns once rank 0 has written the checkpoints
     return result
+
+
+CLOCK = time.monotonic  # what a time limit is measured on (a test gives its own)
+
+
+class TimeLimit:
+    """`ponder train --time-limit`: training ends after the last epoch that fits. Each epoch of
+    this process is timed whole (its batches, validation, the checkpoints, the metrics files);
+    the next one is expected to take as long as the slowest of the last few, leaving out this
+    process's first (it pays one-time costs: the first batches, the capture on CUDA, the first
+    validation) once another has been timed. The first epoch always runs: nothing is known of it
+    before. Under torchrun rank 0's clock decides, and every rank gets its decision."""
+
+    RECENT = 3  # epochs the next one is judged from
+
+    def __init__(self, seconds: float, clock: Callable[[], float]):
+        self.seconds, self.clock = float(seconds), clock
+        self.started = clock()
+        self.epochs: list[float] = []  # seconds each epoch of this process took, in order
+        self.epoch_started = self.started
+
+    def epoch_starts(self) -> None:
+        self.epoch_started = self.clock()
+
+    def next_epoch(self) -> float:
+        """The seconds the next epoch is expected to take."""
+        steady = self.epochs[1:] or self.epochs
+        return max(steady[-self.RECENT:])
+
+    def left(self) -> float:
+        return self.seconds - (self.clock() - self.started)
+
+    def next_epoch_fits(self, device: torch.device) -> bool:
+        """Times the epoch just ended; whether the next fits in what is left (rank 0's answer on
+        every rank)."""
+        self.epochs.append(self.clock() - self.epoch_started)
+        fits = self.next_epoch() <= self.left()
+        return bool(distributed.broadcast_from_main([float(fits)], device)[0])
+
+    def why_stopped(self, epoch: int) -> str:
+        from .config import duration_text
+
+        left = self.left()
+        return (f"stopped at its time limit ({duration_text(self.seconds)}) after epoch {epoch}: the next epoch "
+                f"would take about {rough_duration(self.next_epoch())}, "
+                + (f"{rough_duration(left)} {'is' if left < 1.5 else 'are'} left" if left >= 0.5 else "the time is up"))
+
+
+# A run "at chance": its best validation accuracy within three standard errors of guessing, and its
+# learning rate cut to a thousandth of where it started or below (Adam's steps no longer move it)
+LR_FLOOR = 1e-3
+
+
+def at_chance(result: TrainResult, cfg: PonderConfig, classes: int, lr: float) -> Optional[str]:
+    """The line that says a run never left chance and its learning rate was cut to the floor;
+    None when it learnt something or may still (its learning rate not cut that far)."""
+    if not result.history or lr > cfg.training.lr * LR_FLOOR * (1 + 1e-6):
+        return None
+    chance = 1 / classes
+    inputs = sum(result.history[-1].val_halting_histogram) or 1
+    if result.best_accuracy > chance + 3 * math.sqrt(chance * (1 - chance) / inputs):
+        return None
+    return (f"the run sits at chance: its best validation accuracy is {result.best_accuracy:.4f} (chance "
+            f"{chance:g}) and its learning rate was cut from {cfg.training.lr:g} to {lr:.0e}; it did not learn "
+            f"(what learns where the defaults did not: a larger --batch-size, the learning rate held by a large "
+            f"--lr-patience, --patience 0)")
 
 
 def _all_finite(model: torch.nn.Module, stats: dict) -> bool:
@@ -608,7 +696,7 @@ def _save(state: TrainingState, out_dir: Path, improved: bool) -> None:
 # How long a run will take: the first epoch's batches timed, one line said once ---------------
 
 # The run's duration is estimated once from the first epoch's batches (the first left out: it
-# pays start-up costs), as soon as this many are timed or this many seconds have passed; a run
+# pays start-up costs; on the CPU the median batch, so that the slow ones after it count little), as soon as this many are timed or this many seconds have passed; a run
 # estimated to take less than ESTIMATE_FROM_SECONDS gets no estimate: its epoch lines come soon.
 ESTIMATE_AFTER_BATCHES, ESTIMATE_AFTER_SECONDS, ESTIMATE_FROM_SECONDS = 20, 5.0, 60.0
 
@@ -635,17 +723,21 @@ def duration_estimate(epoch_seconds: float, epochs: int) -> Optional[str]:
 class TimedSource(TrainingSource):
     """A task's training batches, timed during the first epoch of a session until they give the
     run's duration_estimate, which goes to `log` once. The clock starts after the first `skip`
-    batches (start-up costs; on CUDA the capture of the batch as well); on CUDA the device is
-    waited for where the clock is read, twice a run (its work runs behind the host's).
-    Everything else passes through."""
+    batches (start-up costs; on CUDA the capture of the batch as well). On the CPU each batch is
+    timed and the estimate takes their median: the first batches after start-up are still slow
+    (threads, allocations, kernels chosen on first use), and a mean over them made short runs'
+    estimates several times too long. On CUDA the host runs ahead of the device, so one batch's
+    time means nothing: the device is waited for where the clock starts and where it is read,
+    twice a run, and the mean over the batches between is taken. Everything else passes through."""
 
     def __init__(self, source: TrainingSource, epochs: int, log: Callable[[str], None],
                  clock: Callable[[], float] = time.perf_counter, *, device=None, skip: int = 1):
         self.source, self.epochs, self.log, self.clock = source, epochs, log, clock
         self.batches, self.started, self.epochs_started = 0, 0.0, 0
         self.skip = skip
-        self.synchronize = (lambda: torch.cuda.synchronize(device)) if device is not None and \
-            torch.device(device).type == "cuda" else (lambda: None)
+        self.on_cuda = device is not None and torch.device(device).type == "cuda"
+        self.synchronize = (lambda: torch.cuda.synchronize(device)) if self.on_cuda else (lambda: None)
+        self.stamps: list[float] = []  # when each timed batch was staged (the CPU's per-batch times)
 
     def start_epoch(self) -> int:
         self.epochs_started += 1
@@ -671,14 +763,20 @@ class TimedSource(TrainingSource):
         if index == self.skip:  # the batches before it, with their start-up costs, are done: the clock starts
             self.synchronize()
             self.started = self.clock()
+            self.stamps = [self.started]
             return
-        timed = index - self.skip
+        timed, now = index - self.skip, self.clock()
+        self.stamps.append(now)
         # the host's clock alone decides when (the device runs behind it, so this is never
         # early); the device is waited for only to read the time the estimate is made from
-        if timed >= ESTIMATE_AFTER_BATCHES or self.clock() - self.started >= ESTIMATE_AFTER_SECONDS:
+        if timed >= ESTIMATE_AFTER_BATCHES or now - self.started >= ESTIMATE_AFTER_SECONDS:
             self.synchronize()
-            seconds, self.started = self.clock() - self.started, None  # once
-            line = duration_estimate(seconds / timed * self.batches, self.epochs)
+            if self.on_cuda:
+                per_batch = (self.clock() - self.started) / timed
+            else:
+                per_batch = statistics.median(b - a for a, b in zip(self.stamps, self.stamps[1:]))
+            self.started, self.stamps = None, []  # once
+            line = duration_estimate(per_batch * self.batches, self.epochs)
             if line is not None:
                 self.log(line)
 

@@ -149,6 +149,16 @@ def _rank_main(rank: int, world: int, ports: tuple, data_dir: Path, out: Path) -
                     "global": seen["global"][:recorded], "mine": seen["mine"][:recorded],
                     "angles": seen["angles"][:recorded], "global_resumed": seen["global"][recorded:]},
                    out / f"rank{rank}.pt")
+        # --time-limit: rank 0's clock runs 10 s a read, rank 1's a millisecond: alone, rank 0
+        # would stop after epoch 2 of 3 and rank 1 train all three; rank 0's decision holds on both
+        now = [0.0]
+
+        def clock():
+            now[0] += 10.0 if rank == 0 else 0.001
+            return now[0]
+        limited = train(NOISY.replace(epochs=3), *_data(data_dir, NOISY), device=cpu, out_dir=out / "limited",
+                        progress=False, time_limit=65.0, clock=clock)
+        (out / f"limited{rank}.json").write_text(json.dumps([limited.last_epoch, limited.stop_reason]))
     finally:
         distributed.teardown()
 
@@ -385,3 +395,8 @@ def test_sigterm_to_one_rank_stops_every_rank_with_a_resume_hint(tiny_mnist, tmp
                                                                                      "environment.json", "last.pt",
                                                                                      "metrics.csv"]
     load_model(out / "last.pt", "cpu")
+
+
+def test_under_torchrun_every_rank_stops_at_its_time_limit_after_the_same_epoch(two_ranks):
+    assert [json.loads((two_ranks / f"limited{r}.json").read_text()) for r in (0, 1)] == [[2, "time limit"]] * 2
+    assert load_checkpoint(two_ranks / "limited" / "last.pt").epoch == 2

@@ -303,3 +303,58 @@ def test_the_limit_help_says_the_parity_sets_sizes(ponder):
 
     for command, size in (("eval", TEST_PER_COUNT), ("extrapolate", TEST_PER_COUNT), ("calibrate", CALIBRATION_PER_COUNT)):
         assert f"(0: {size})" in " ".join(ponder(command, "--help").stdout.split()), command
+
+
+def test_above_32_elements_parity_defaults_to_the_recipe_that_learnt_at_64(ponder):
+    """The documented 16- and 32-element runs keep their defaults; above 32 elements batches of
+    2048, the learning rate held and no early stop, derived through the one settings rule (a
+    value given, by option or file, wins), and shown by --print-config and --help."""
+    def training(**given):
+        cfg = PonderConfig.of(task="parity", **given)
+        return cfg.training.batch_size, cfg.training.lr_patience, cfg.training.patience
+
+    assert training(elems=16) == training(elems=32) == (128, 2, 5)
+    assert training(elems=33) == training(elems=64) == training(elems=96) == training() == (2048, 1000, 0)
+    assert training(elems=64, batch_size=512, patience=3) == (512, 1000, 3)
+    cfg = PonderConfig.of(task="parity", elems=96, train_counts="1-48", lr_patience=4)
+    assert cfg.sources({"task", "elems", "train_counts", "lr_patience"})["batch_size"] == "derived by --task parity"
+    printed = ponder("train", "--task", "parity", "--elems", "64", "--print-config").stdout
+    for line in ("batch_size = 2048", "patience = 0", "lr_patience = 1000"):
+        assert f"{line}  " in printed and printed.split(f"{line}  ")[1].split("\n")[0].endswith(
+            "# derived by --task parity"), printed
+    assert "batch_size = 128" in ponder("train", "--task", "parity", "--elems", "32", "--print-config").stdout
+    help_text = " ".join(ponder("train", "--help").stdout.split())
+    assert "[default: 128; parity --elems > 32: 2048]" in help_text
+    assert "(0: off). [default: 5; parity --elems > 32: 0]" in help_text
+
+
+def test_a_time_limit_stops_after_a_whole_epoch_says_so_and_resume_goes_on(ponder, tmp_path, monkeypatch):
+    """A clock that moves 1 s at every read (three reads an epoch): a 10 s limit fits four
+    epochs of ten. The run saves, says why it stopped and how to go on, and its JSON says why;
+    resumed with a new limit it goes on from epoch 5."""
+    from ponder_cli import train as training
+
+    reads = iter(range(10_000))
+    monkeypatch.setattr(training, "CLOCK", lambda: float(next(reads)))
+    out = tmp_path / "run"
+    result = ponder("train", *PARITY, "--epochs", "10", "--time-limit", "10s", "--out", out, "-f", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["epochs"], report["stop_reason"], report["stopped_early"]) == (4, "time limit", False)
+    assert load_checkpoint(out / "last.pt").epoch == 4
+    assert (f"stopped at its time limit (10s) after epoch 4: the next epoch would take about 1 s, the time is "
+            f"up; epoch 4 is saved in {out / 'last.pt'}; resume with: ponder train --resume {out / 'last.pt'} "
+            f"--time-limit 10s") in result.stderr.splitlines()
+    again = ponder("train", "--resume", out, "--time-limit", "1h", "-f", "json", "--no-progress")
+    assert again.exit_code == 0, again.output
+    report = json.loads(again.stdout)
+    assert (report["epochs"], report["stop_reason"]) == (10, "finished")
+    assert [bucket["epoch"] for bucket in report["buckets"]] == list(range(1, 11))
+    assert "time limit" not in again.stderr
+
+
+@pytest.mark.parametrize("value", ["9", "9x", "0s", "1h1h", "-5m"])
+def test_a_time_limit_that_is_not_a_duration_is_one_line(value, ponder, one_error_line, tmp_path):
+    line = one_error_line(ponder("train", *PARITY, "--time-limit", value, "--out", tmp_path / "run"))
+    assert line.startswith("Error: --time-limit must be ") and repr(value) in line
+    assert not (tmp_path / "run").exists()

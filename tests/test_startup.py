@@ -55,18 +55,20 @@ def test_the_optimizer_updates_exactly_as_torch_adam():
 
 
 def test_a_typo_is_refused_before_torch_loads():
-    """--device tpu, --epochs 0, --lambda-p 2: one error line before torch is imported (seconds
+    """--device tpu, --epochs 0, --lambda-p 2, --time-limit 90 (no unit): one error line before torch is imported (seconds
     of start-up for a typo); the same message the library gives."""
     code = ("import sys; from ponder_cli.cli import app\n"
             "for args in (['train', '--epochs', '0'], ['train', '--device', 'tpu'], ['eval', '--device', 'cpu:1'],\n"
-            "             ['train', '--lambda-p', '2', '--max-steps', '0'], ['predict', 'x', 'y', '--device', 'meta']):\n"
+            "             ['train', '--lambda-p', '2', '--max-steps', '0'], ['predict', 'x', 'y', '--device', 'meta'],\n"
+            "             ['train', '--time-limit', '90']):\n"
             "    try: app(args, prog_name='ponder')\n"
             "    except SystemExit as done: print(done.code, 'torch' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.stdout.splitlines() == ["1 False"] * 5, done.stderr
+    assert done.stdout.splitlines() == ["1 False"] * 6, done.stderr
     assert done.stderr.splitlines() == [
         "Error: epochs must be > 0 (got 0)", "Error: unknown device 'tpu'; use auto, cpu, cuda or cuda:N",
         "Error: --device cpu:1: there is one CPU device, use --device cpu",
         "Error: max-steps must be from 1 to 100 (got 0): every step is computed for every training input, so an epoch "
         "takes about max-steps times longer; lambda-p must be in (0, 1] (got 2.0)",
-        "Error: unsupported device 'meta'; use auto, cpu, cuda or cuda:N"]
+        "Error: unsupported device 'meta'; use auto, cpu, cuda or cuda:N",
+        "Error: --time-limit must be a duration such as 90s, 9m, 2h or 1h30m (got '90')"]

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 import re
 
@@ -11,6 +12,7 @@ from ponder_cli import train as training
 from ponder_cli.checkpoint import new_model
 from ponder_cli.train import batch_step, train, train_one_epoch
 from ponder_cli.methods import Method
+from ponder_cli.tasks import get_task
 
 CFG = PonderConfig.of(epochs=2, max_steps=4, batch_size=64, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16)
 
@@ -193,3 +195,67 @@ def test_patience_running_out_at_the_last_epoch_is_a_finished_run(tiny_mnist, tm
         assert info["stopped_early"] is stopped and info["status"].startswith(status)
         runs = json.loads(ponder("runs", out, "-f", "json").stdout)["buckets"]
         assert runs[0]["status"] == status.removesuffix(" after epoch 2")
+
+
+def test_the_estimate_takes_the_steady_batches_not_the_slow_ones_after_start_up():
+    """On the CPU the first batches after start-up are still slow; the estimate is the median
+    batch's: three batches of 1 s among seventeen of 0.1 s give 0.1 s a batch (their mean, 0.235
+    s, made the estimate more than twice too long)."""
+    lines, now = [], [0.0]
+    source = training.TimedSource(_CountingSource(1000), 20, lines.append, clock=lambda: now[0])
+    times = [1.0] * 3 + [0.1] * 17
+    source.start_epoch()
+    for index in range(22):
+        now[0] = 3.0 + sum(times[:max(index - 1, 0)]) if index else 0.0
+        source.stage(index)
+    assert lines == ["about 2 min an epoch, 33 min for 20 epochs"]  # 100 s an epoch of 1,000
+
+
+PARITY = PonderConfig.of(task="parity", elems=4, hidden=8, max_steps=2, batch_size=16, batches_per_epoch=2, epochs=8)
+
+
+def _ticking(seconds: list):
+    """A clock and an on_epoch that advances it by each epoch's seconds in turn: epochs that take
+    exactly that long, with no sleeping."""
+    now = [0.0]
+
+    def on_epoch(record):
+        now[0] += seconds[record.epoch - 1]
+    return (lambda: now[0]), on_epoch
+
+
+def test_a_time_limit_ends_the_run_after_the_last_epoch_that_fits_and_resume_goes_on(tmp_path):
+    """Epoch 1 takes 30 s (one-time costs), the rest 10 s; 75 s fit five epochs. Judged by the
+    first epoch's 30 s the run would stop after three; judged by the slowest of the steady ones
+    it starts the fifth at 60 s, ends it at 70 s, and does not start a sixth it cannot finish."""
+    cpu = torch.device("cpu")
+    clock, on_epoch = _ticking([30.0] + [10.0] * 7)
+    result = train(PARITY, None, get_task(PARITY).load_training(None, False)[1], device=cpu, out_dir=tmp_path,
+                   progress=False, time_limit=75.0, clock=clock, on_epoch=on_epoch)
+    assert (result.last_epoch, result.stop_reason, result.stopped_early) == (5, training.TIME_LIMIT, False)
+    assert result.stop_note == ("stopped at its time limit (1m15s) after epoch 5: the next epoch would take "
+                                "about 10 s, 5 s are left")
+    state = load_checkpoint(tmp_path / "last.pt")
+    assert state.epoch == 5 and not state.stopped_early
+    clock, on_epoch = _ticking([0.0] * 5 + [40.0, 40.0, 40.0])  # resumed with a new limit: epoch 6 fits, 7 not
+    resumed = train(PARITY, None, get_task(PARITY).load_training(None, False)[1], device=cpu, out_dir=tmp_path,
+                    progress=False, time_limit=70.0, clock=clock, on_epoch=on_epoch, resume=state)
+    assert (resumed.last_epoch, resumed.stop_reason) == (6, training.TIME_LIMIT)
+    assert [h.epoch for h in resumed.history] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_run_at_chance_with_its_learning_rate_at_the_floor_says_so(tmp_path):
+    """A learning rate too small to move anything, cut after every epoch without improvement:
+    after epoch 3 it is 1e-5 x 0.03^2, below a thousandth of its start, and validation never
+    left chance (two classes: 0.5, within 3 standard errors of 256 vectors). The run does not
+    report a normal finish; one that learnt, at the same learning rate cuts, does."""
+    cfg = PARITY.replace(epochs=3, lr=1e-5, lr_patience=0, lr_factor=0.03, patience=0)
+    val = get_task(cfg).load_training(None, False)[1]
+    result = train(cfg, None, val, device=torch.device("cpu"), out_dir=tmp_path / "a", progress=False)
+    assert result.stop_reason == training.AT_CHANCE and abs(result.best_accuracy - 0.5) < 0.094
+    assert result.stop_note.startswith(f"the run sits at chance: its best validation accuracy is "
+                                       f"{result.best_accuracy:.4f} (chance 0.5) and its learning rate was cut "
+                                       f"from 1e-05 to 9e-09")
+    learnt = dataclasses.replace(result, best_accuracy=0.7)
+    assert training.at_chance(learnt, cfg, 2, 9e-9) is None
+    assert training.at_chance(result, cfg, 2, 1e-7) is None  # a learning rate not yet at the floor

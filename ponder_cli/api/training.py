@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -12,14 +13,14 @@ from typing import Callable, Optional, Union
 import torch
 
 from .. import PonderError, brief, distributed, keeping
-from ..config import PonderConfig, read_config_file
+from ..config import PonderConfig, duration_text, parse_duration, read_config_file
 from ..data import resolve_data_dir
 from ..render import config_lines, epoch_line
 from ..reports import Report, epoch_record, training_report
 from ..runs import RunFolder, plan_training, require_tensorboard, resolve_config
 from ..runtime import amp_dtype
 from ..tasks import get_task
-from ..train import train
+from ..train import TIME_LIMIT, train
 from . import device_and_amp, device_line, first_signal_only, ignore_signals, on_device
 
 
@@ -37,6 +38,9 @@ class TrainOptions:
     config_file: Optional[Path] = None  # settings read from a file (config.read_config_file); `given` overrides them
     deterministic: bool = False  # only deterministic kernels (deterministic_kernels): a training option, not a model's
     cuda_graphs: bool = True  # on CUDA, capture the training batch once and replay it (train.BatchStep)
+    # end after the last epoch that fits in this long (seconds, or a duration as --time-limit
+    # spells it: "9m"), counted from when training starts in this process (train.TimeLimit)
+    time_limit: Union[float, str, None] = None
 
 
 @contextlib.contextmanager
@@ -93,6 +97,10 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
 
     if options.tensorboard:
         require_tensorboard()
+    if isinstance(options.time_limit, str):
+        options = dataclasses.replace(options, time_limit=parse_duration(options.time_limit))
+    elif options.time_limit is not None and not options.time_limit > 0:
+        raise PonderError(f"time_limit must be a number of seconds > 0 (got {options.time_limit!r})")
     with deterministic_kernels(options.deterministic):
         return _train_run(given, options, log, records)
 
@@ -138,7 +146,10 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None],
             started = time.perf_counter()
             result = train(cfg, train_set, val_set, device=dev, out_dir=plan.out_dir, amp=amp, resume=plan.resume,
                            on_epoch=on_epoch, progress=options.progress and main, log=log,
-                           cuda_graphs=options.cuda_graphs)
+                           cuda_graphs=options.cuda_graphs, time_limit=options.time_limit)
+            if result.stop_note:  # a time limit (with how to go on) or a run at chance: one line
+                log(f"{result.stop_note}; {folder.resume_hint()} --time-limit {duration_text(options.time_limit)}"
+                    if result.stop_reason == TIME_LIMIT else result.stop_note)
             finished = True
         except RuntimeError as exc:
             if not distributed.lost_peer(exc):

@@ -15,6 +15,7 @@ from ..cli_options import (
     DataDirOption,
     DeviceOption,
     HaltingInput,
+    TimeLimitOption,
     Prior,
     QuietOption,
     TrainCommand,
@@ -176,6 +177,7 @@ def train(
     amp: Optional[bool] = AMP_OPTION,
     cuda_graphs: bool = CUDA_GRAPHS_OPTION,
     resume: Optional[str] = RESUME_OPTION,
+    time_limit: Optional[str] = TimeLimitOption,
     tensorboard: bool = TENSORBOARD_OPTION,
     deterministic: bool = DETERMINISTIC_OPTION,
     progress: Optional[bool] = PROGRESS_OPTION,
@@ -194,7 +196,8 @@ def train(
 
     options = TrainOptions(resume=resume, out=out, data_dir=data_dir, download=download, device=device, amp=amp,
                            progress=bars(quiet, progress), overwrite=overwrite, tensorboard=tensorboard,
-                           config_file=config, deterministic=deterministic, cuda_graphs=cuda_graphs)
+                           config_file=config, deterministic=deterministic, cuda_graphs=cuda_graphs,
+                           time_limit=time_limit)
     if print_config:
         _print_config(given, options, fmt)
         return

@@ -26,7 +26,7 @@ def training_report(cfg, result, seconds: float, view: TaskView) -> Report:
     best = next((h for h in epochs if h["epoch"] == result.best_epoch), None)
     summary = {"epochs": result.last_epoch, "best_epoch": result.best_epoch, "val_accuracy": result.best_accuracy,
                "val_steps": best["val_steps"] if best else None, "stopped_early": result.stopped_early,
-               "seconds": seconds, "out_dir": str(result.out_dir),
+               "stop_reason": result.stop_reason, "seconds": seconds, "out_dir": str(result.out_dir),
                "training_step": epochs[-1].get("training_step") or None if epochs else None}
     best_file = result.best_path
     meta = make_meta("train", [str(best_file)] if best_file else [], [cfg.method.name], [cfg.step.name],
@@ -38,7 +38,9 @@ def training_report(cfg, result, seconds: float, view: TaskView) -> Report:
                   footer=(f"best checkpoint: {best_file}" if best_file else
                           f"no best checkpoint in {result.out_dir}: no epoch of this run beat epoch "
                           f"{result.best_epoch}, whose weights were not found beside the checkpoint resumed")
-                  + _step_line(summary["training_step"], "\n"))
+                  + _step_line(summary["training_step"], "\n")
+                  # a run that did not simply finish or stop early says why (its line on stderr says more)
+                  + (f"\nstopped: {result.stop_reason}" if result.stop_reason in ("time limit", "at chance") else ""))
 
 
 # How a run's training batches ran (train.BatchStep.path): said where it is news, on a GPU

@@ -15,7 +15,8 @@ is built from the run's config, `self.cfg`):
   "counts"), `uses_protocol`, `implied` (values, and pieces of later kinds: parity implies
   --step gru), `reads` (config.inapplicable's rule, as for steps and methods);
 - the config and the run: `resolve_options(values, given)` (what it derives before the config
-  is built: parity saves train_counts), `run_name_prefix()` (the run folder's name), `kind_label()`
+  is built: parity saves train_counts, and above 32 elements its paper-scale recipe; `derived`
+  says so for --help), `run_name_prefix()` (the run folder's name), `kind_label()`
   (what checkpoints `compare` sets side by side share);
 - training: `load_training(data_dir, download)` -> (training data, validation data) on the CPU,
   `to_device(data, device)`, `training_source(data, device)` -> a `TrainingSource` (batches of one
@@ -113,6 +114,8 @@ class Task:
     uses_protocol: bool = False  # whether --protocol (how test images are rotated) means anything
     calibration_split: str = ""  # what calibrate chooses on: "calibration" (data of its own) or "validation"
     implied: dict = {}
+    # what resolve_options derives from other values, for --help: key -> (when, value)
+    derived: dict = {}
     reads: tuple = ()
     # how the command line spells its buckets besides --buckets (MNIST: --angles), the first the
     # one messages name, with its metavar; "a" or "an" before its name ("an mnist model")

@@ -45,6 +45,12 @@ CALIBRATION_SEED = 3
 VAL_PER_COUNT = 64  # validation rows per non-zero count of the training range
 TEST_PER_COUNT = 256  # evaluation rows per non-zero count of a bucket (--limit lowers it)
 CALIBRATION_PER_COUNT = 256  # calibration rows per non-zero count (--limit sets it)
+# Above 32 elements the defaults of smaller vectors are a dead end (docs/parity.md): batches of
+# 128 stay at chance, the plateau schedule cuts the learning rate to nothing and early stopping
+# ends the run. What learnt 64 elements on a GPU: batches of 2048, the learning rate held (no cut
+# within any run's length) and no early stop on a plateau of a noisy validation.
+PAPER_SCALE_ELEMS = 33
+PAPER_SCALE = {"batch_size": 2048, "lr_patience": 1000, "patience": 0}
 
 
 class ParityBatch(NamedTuple):
@@ -294,10 +300,16 @@ class ParityTask(Task):
     def example_input(self, batch: int, device) -> torch.Tensor:
         return torch.zeros((batch, *self.input_shape), device=device)
 
+    # for --help and the configuration reference: key -> (when, value) of what it derives
+    derived = {key: (f"parity --elems > {PAPER_SCALE_ELEMS - 1}", value) for key, value in PAPER_SCALE.items()}
+
     @classmethod
     def resolve_options(cls, values: dict, given: dict) -> dict:
-        if "train_counts" not in given and isinstance(values.get("elems"), int):
+        elems = values.get("elems")
+        if "train_counts" not in given and isinstance(elems, int):
             values["train_counts"] = f"1-{values['elems']}"  # saved explicitly: the run says what it trained on
+        if isinstance(elems, int) and not isinstance(elems, bool) and elems >= PAPER_SCALE_ELEMS:
+            values.update({key: value for key, value in PAPER_SCALE.items() if key not in given})
         return values
 
     def run_name_prefix(self) -> str:

@@ -1,0 +1,226 @@
+"""The paper's parity runs carried forward one GPU window at a time (benchmarks/gpu_parity.sh).
+
+    python benchmarks/parity_campaign.py --out OUT --budget-s 540   # one window on a GPU machine
+    python benchmarks/parity_campaign.py --out OUT --cpu-smoke      # the plumbing, tiny, on the CPU
+
+The campaign is a list of stages, each one run kept in benchmarks/parity_campaign/ as one
+resumable checkpoint (STAGE.pt) and one log of every window (log.md, a Markdown table):
+
+    parity64            64 elements, trained on every count 1-64, PonderNet;
+                        tested on counts 1-16, 17-32, 33-48, 49-64
+    parity96-pondernet  96 elements trained on counts 1-48 (the paper's extrapolation);
+                        tested on 1-24, 25-48 (trained) and 49-72, 73-96 (never seen)
+    parity96-act        the same with ACT
+
+A window works on the first stage not done: it resumes that stage's checkpoint (or starts the
+run, with what `--task parity` derives above 32 elements), trains with `--time-limit` for what
+the budget leaves after evaluating, evaluates the new last.pt per count range (Wilson 95%
+intervals, mean steps, Spearman rho(count, steps) over every vector), replaces the stage's
+checkpoint with it and appends one row to the log. A stage is done once every range it trained
+on reaches TARGET (64 elements: every range; 96: 1-24 and 25-48, the extrapolation being what
+is measured, not demanded).
+
+--cpu-smoke rehearses all of it in OUT on the CPU: the tracked 64-element checkpoint copied and
+evaluated on a few vectors (it cannot train on a CPU in minutes), then stand-in stages of 8 and
+12 elements, trained for seconds: a window that leaves its stage undone, one that resumes it,
+one for each stage after, and one that finds the campaign complete. The tracked files are
+never touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+STARTED = time.monotonic()  # the budget counts from here: importing torch is part of a window
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CAMPAIGN = ROOT / "benchmarks" / "parity_campaign"
+TARGET = 0.99
+MAX_BYTES = 2 * 2 ** 20  # a tracked checkpoint stays a small file
+EPOCHS = 100_000  # the run's planned epochs: a window ends at its time limit, never at this
+LOG_HEADER = ("| date (UTC) | stage | GPU | torch | epochs | vectors | minutes | accuracy [95%] / mean steps, "
+              "by count range | ρ(count, steps) |\n|---|---|---|---|---|---|---|---|---|\n")
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    settings: dict  # what `ponder train` is given when the stage starts
+    ranges: tuple  # the count ranges it is tested on, "LO-HI"
+    trained: tuple  # those that must reach TARGET
+
+
+STAGES = (
+    Stage("parity64", dict(task="parity", elems=64, seed=1), ("1-16", "17-32", "33-48", "49-64"),
+          ("1-16", "17-32", "33-48", "49-64")),
+    Stage("parity96-pondernet", dict(task="parity", elems=96, train_counts="1-48", seed=1),
+          ("1-24", "25-48", "49-72", "73-96"), ("1-24", "25-48")),
+    Stage("parity96-act", dict(task="parity", elems=96, train_counts="1-48", method="act", seed=1),
+          ("1-24", "25-48", "49-72", "73-96"), ("1-24", "25-48")),
+)
+# the same plumbing at sizes a CPU trains in seconds
+TINY = dict(hidden=16, max_steps=3, batch_size=32, batches_per_epoch=4)
+SMOKE_STAGES = (
+    Stage("parity64", dict(task="parity", elems=8, seed=1, **TINY), ("1-2", "3-4", "5-6", "7-8"),
+          ("1-2", "3-4", "5-6", "7-8")),
+    Stage("parity96-pondernet", dict(task="parity", elems=12, train_counts="1-6", seed=1, **TINY),
+          ("1-3", "4-6", "7-9", "10-12"), ("1-3", "4-6")),
+    Stage("parity96-act", dict(task="parity", elems=12, train_counts="1-6", method="act", seed=1, **TINY),
+          ("1-3", "4-6", "7-9", "10-12"), ("1-3", "4-6")),
+)
+
+
+def logged_accuracies(log: Path) -> dict:
+    """stage -> {range: accuracy} of its latest row in the log."""
+    latest = {}
+    if log.is_file():
+        for line in log.read_text(encoding="utf-8").splitlines():
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            if len(cells) >= 8 and re.fullmatch(r"\d{4}-\d\d-\d\d.*", cells[0]):
+                latest[cells[1]] = {lo_hi: float(acc) for lo_hi, acc in re.findall(r"(\d+-\d+): ([0-9.]+)", cells[7])}
+    return latest
+
+
+def done(stage: Stage, latest: dict, target: float) -> bool:
+    accuracies = latest.get(stage.name)
+    return bool(accuracies) and all(accuracies.get(lo_hi, 0.0) >= target for lo_hi in stage.trained)
+
+
+def window(campaign: Path, work: Path, stages: tuple, *, budget_s: float, eval_s: float, limit: int,
+           target: float, device: str, say=print, started: float | None = None) -> dict | None:
+    """One window: the first stage not done, trained for what the budget (seconds from
+    `started`, default now) leaves, evaluated, its checkpoint replaced and one row appended to
+    the log; None once every stage is done."""
+    from ponder_cli import PonderError
+    from ponder_cli.api import EvalOptions, TrainOptions, evaluate_checkpoint, train_run
+
+    started, log = time.monotonic() if started is None else started, campaign / "log.md"
+    stage = next((s for s in stages if not done(s, logged_accuracies(log), target)), None)
+    if stage is None:
+        say(f"the campaign is complete: every stage reached {target} on its trained counts ({log})")
+        return None
+    tracked, run = campaign / f"{stage.name}.pt", work / stage.name
+    shutil.rmtree(run, ignore_errors=True)
+    if tracked.is_file():
+        from ponder_cli.checkpoint import load_checkpoint
+
+        epoch = load_checkpoint(tracked).epoch
+        given, resume = {"epochs": epoch + EPOCHS}, tracked
+        say(f"{stage.name}: resuming {tracked} (epoch {epoch})")
+    else:
+        given, resume = {**stage.settings, "epochs": EPOCHS}, None
+        say(f"{stage.name}: starting the run ({', '.join(f'{k} {v}' for k, v in stage.settings.items())})")
+    seconds = budget_s - eval_s - (time.monotonic() - started)
+    if seconds < 1:
+        raise PonderError(f"the budget leaves {seconds:.0f} s to train; give more than {eval_s:.0f} s")
+    lines = []
+    trained = train_run(given, TrainOptions(resume=resume, out=run, device=device, progress=False,
+                                            time_limit=seconds), log=lines.append)
+    for line in lines:
+        if line.startswith(("epoch", "stopped", "using", "about", "CUDA")):
+            say(f"  {line}")
+    train_minutes = (time.monotonic() - started) / 60
+    report = evaluate_checkpoint("eval", run / "last.pt", list(stage.ranges),
+                                 EvalOptions(limit=limit, device=device))
+    _replace(run / "last.pt", tracked)
+    row = _row(stage, trained.meta, report, train_minutes, device)
+    if not log.is_file():
+        log.write_text(LOG_HEADER, encoding="utf-8")
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(row + "\n")
+    say(row)
+    size = tracked.stat().st_size
+    if size > MAX_BYTES:
+        say(f"WARNING: {tracked} is {size / 2 ** 20:.1f} MiB, over the {MAX_BYTES / 2 ** 20:.0f} MiB a tracked file keeps to")
+    return {"stage": stage.name, "epochs": trained.meta["epochs"], "stop_reason": trained.meta["stop_reason"],
+            "done": done(stage, logged_accuracies(log), target), "row": row}
+
+
+def _replace(source: Path, target: Path) -> None:
+    """The tracked checkpoint replaced whole or not at all."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    os.close(fd)
+    shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+
+
+def _row(stage: Stage, meta: dict, report, minutes: float, device: str) -> str:
+    import torch
+
+    cfg = meta["config"]
+    gpu = torch.cuda.get_device_name(0) if device != "cpu" and torch.cuda.is_available() else "CPU"
+    vectors = meta["epochs"] * cfg["batches_per_epoch"] * cfg["batch_size"]
+    ranges = "; ".join(f"{b['counts']}: {b['accuracy']:.4f} [{b['accuracy_wilson'][0]:.4f}, "
+                       f"{b['accuracy_wilson'][1]:.4f}] / {b['mean_steps']:.1f}" for b in report.buckets)
+    rho = report.meta["spearman"]["rho"]  # None where every vector took the same steps
+    return (f"| {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} | {stage.name} | {gpu} | {torch.__version__} | "
+            f"{meta['epochs']} | {vectors / 1e6:.1f}M | {minutes:.1f} | {ranges} | "
+            f"{'-' if rho is None else format(rho, '+.3f')} |")
+
+
+def smoke(out: Path, say=print) -> None:
+    """The whole plumbing on the CPU, in OUT: see the module's docstring."""
+    from ponder_cli.api import EvalOptions, evaluate_checkpoint
+
+    campaign, work = out / "campaign", out / "work"
+    shutil.rmtree(campaign, ignore_errors=True)
+    campaign.mkdir(parents=True)
+    real = campaign / "tracked-parity64.pt"
+    shutil.copyfile(CAMPAIGN / "parity64.pt", real)
+    report = evaluate_checkpoint("eval", real, list(STAGES[0].ranges), EvalOptions(limit=2, device="cpu"))
+    say("the tracked 64-element checkpoint, on 2 vectors per count: " +
+        "; ".join(f"{b['counts']}: {b['accuracy']:.2f}" for b in report.buckets))
+    # a target no run reaches keeps the first stage going (its second window resumes it); then
+    # one that every run reaches moves the campaign on, stage after stage
+    windows = ((1.01, "parity64"), (1.01, "parity64"), (0.0, "parity96-pondernet"), (0.0, "parity96-act"))
+    epochs = []
+    for target, expected in windows:
+        result = window(campaign, work, SMOKE_STAGES, budget_s=5.0, eval_s=1.5, limit=4, target=target,
+                        device="cpu", say=say)
+        assert result is not None and result["stage"] == expected, result
+        assert result["stop_reason"] == "time limit" and result["done"] == (target == 0.0), result
+        epochs.append(result["epochs"])
+    assert epochs[1] > epochs[0], epochs  # the second window went on from the first's checkpoint
+    assert window(campaign, work, SMOKE_STAGES, budget_s=5.0, eval_s=1.5, limit=4, target=0.0, device="cpu",
+                  say=say) is None
+    rows = logged_accuracies(campaign / "log.md")
+    assert sorted(rows) == sorted(stage.name for stage in SMOKE_STAGES), rows
+    say(f"smoke: OK ({campaign / 'log.md'}: {len((campaign / 'log.md').read_text().splitlines()) - 2} rows)")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="where the window's run and logs go")
+    parser.add_argument("--campaign", type=Path, default=CAMPAIGN, help="the tracked checkpoints and log")
+    parser.add_argument("--budget-s", type=float, default=480.0,
+                        help="seconds for the whole window from this process's start: training and evaluating")
+    parser.add_argument("--eval-s", type=float, default=60.0, help="seconds kept back for the evaluation")
+    parser.add_argument("--limit", type=int, default=2000, help="test vectors per non-zero count")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--cpu-smoke", action="store_true")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.cpu_smoke:
+        with contextlib.redirect_stderr(io.StringIO()):  # the library's progress: the smoke says what it checks
+            smoke(args.out)
+        return 0
+    result = window(args.campaign, args.out / "work", STAGES, budget_s=args.budget_s, eval_s=args.eval_s,
+                    limit=args.limit, target=TARGET, device=args.device, started=STARTED)
+    (args.out / "window.json").write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""The GPU machine's scripts, rehearsed on the CPU with their --cpu-smoke: the plumbing a window
+on a GPU depends on is proven here, where a GPU is rarely lent."""
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CAMPAIGN = REPO / "benchmarks" / "parity_campaign"
+
+
+def _digests() -> dict:
+    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in sorted(CAMPAIGN.iterdir())}
+
+
+@pytest.mark.gpu_scripts
+def test_the_parity_window_rehearses_every_stage_on_the_cpu_and_leaves_the_tracked_files_alone(tmp_path):
+    """gpu_parity.sh --cpu-smoke: the tracked checkpoint evaluated from a copy, a stage trained to
+    its time limit and resumed the next window, each later stage started once the one before is
+    done, one log row per window, then the campaign complete (parity_campaign.smoke asserts each)."""
+    before = _digests()
+    assert (CAMPAIGN / "parity64.pt").stat().st_size < 2 * 2 ** 20
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_parity.sh"), "--cpu-smoke", str(tmp_path)],
+                          capture_output=True, text=True, timeout=150, env={"PYTHON": sys.executable,
+                                                                             "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[-2].startswith("smoke: OK") and lines[-1].startswith("gpu_parity.sh: exit 0")
+    assert sum(line.startswith("| 20") for line in lines) == 4  # a row per window that trained
+    assert any(line.startswith("parity64: resuming") for line in lines)
+    rows = (tmp_path / "campaign" / "log.md").read_text().splitlines()
+    assert [row.split(" | ")[1] for row in rows[2:]] == ["parity64", "parity64", "parity96-pondernet", "parity96-act"]
+    assert (tmp_path / "summary.txt").read_text() == done.stdout
+    assert _digests() == before
