@@ -28,7 +28,7 @@ from ponder_cli.methods import get_method
 from ponder_cli.folders import shipped_path
 from ponder_cli.train import WARMUP_BATCHES, batch_step, train, train_one_epoch
 
-from host_reads import DEVICE_SYNC, Watch, count_syncs
+from host_reads import DeviceSyncs, Operators
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -97,9 +97,9 @@ def test_no_sync_inside_a_captured_epoch_but_its_one_read(amp, task, tiny_mnist)
     assert step.graph is not None and math.isfinite(stats["loss"])
     step.source.start_epoch()
     torch.cuda.synchronize()
-    with Watch(step.source.generators()) as watch:  # the device's sync debug mode, and every operator staged
+    with DeviceSyncs() as syncs, Operators(step.source.generators()) as staged:
         _batches(step, 5)
-    assert watch.reads == Counter() and watch.problems == []
+    assert syncs.count == 0 and staged.reads == Counter() and staged.problems == []
     assert math.isfinite(float(step.totals[0]))
 
 
@@ -158,9 +158,10 @@ def test_an_evaluation_on_cuda_reads_the_host_once_per_bucket(tiny_mnist):
     test = load_mnist(tiny_mnist, train=False, download=False).to(GPU)
     evaluate(model, test, cfg, max_angle=45, seed=7, batch_size=64)  # warm-up
     torch.cuda.synchronize()
-    syncs = count_syncs(lambda: evaluate(model, test, cfg, max_angle=45, seed=7, batch_size=64))
+    with DeviceSyncs() as syncs:
+        evaluate(model, test, cfg, max_angle=45, seed=7, batch_size=64)
     # the coins and angles copied up once, the per-image results read once: a handful, never one per step
-    assert syncs[DEVICE_SYNC] <= 6, syncs
+    assert syncs.count <= 6, syncs.count
 
 
 def test_resume_cpu_then_cuda_then_cpu(tiny_mnist, tmp_path):
