@@ -10,8 +10,8 @@ early exit and with all 20 steps forced (and checks they agree), a four-angle ex
 and the same figures for a reference-style step function that recomputes the CNN at every step.
 
 Training runs what `ponder train` runs: the library's epoch (train.train_one_epoch) with its
-optimizer (Adam, fused on CUDA) and GradScaler (on with fp16), and AMP on for CUDA unless
---no-amp, as `ponder train` has it.
+optimizer (Adam, fused on CUDA) and GradScaler (on with fp16), in float32 unless --amp, as
+`ponder train` has it.
 
 Its figures are single runs: to compare two versions or two configurations on a busy machine,
 use benchmarks/paired.py (paired, alternating runs and their ratios).
@@ -161,9 +161,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto")
     parser.add_argument("--step", default="mlp", help="step function (its own defaults apply: see PonderConfig)")
-    parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
-                        help="mixed precision (fp16 with the GradScaler on CUDA, bf16 on CPU); default: on for CUDA, "
-                             "as in ponder train")
+    parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=False,
+                        help="mixed precision (fp16 with the GradScaler on CUDA, bf16 on CPU); default: off, as in "
+                             "ponder train")
     parser.add_argument("--checkpoint", default=None,
                         help="time evaluation on this trained model: a file, a run folder or a shipped name such as align "
                              "(its config replaces --step's)")
@@ -180,8 +180,6 @@ def main() -> None:
     args = parser.parse_args()
 
     device = resolve_device(args.device)
-    if args.amp is None:
-        args.amp = device.type == "cuda"
     cfg = PonderConfig.of(step=args.step)  # the reference configuration of that step
     if args.synthetic:
         full, test = synthetic_digits(60_000, 0), synthetic_digits(10_000, 1)

@@ -137,8 +137,8 @@ def _device(value: str) -> str:
 
 
 DeviceOption = typer.Option("auto", "--device", callback=_device, help=f"{DEVICE_CHOICES}.")
-AmpOption = typer.Option(None, "--amp/--no-amp", help="Mixed precision: fp16 on CUDA, bf16 on CPU. "
-                         "[default: on for CUDA, off for CPU]")
+AmpOption = typer.Option(None, "--amp/--no-amp", help="Mixed precision: fp16 with a GradScaler on CUDA, bf16 on "
+                         "the CPU. [default: off, float32]")
 FormatOption = typer.Option(OutputFormat.table, "--format", "-f", help="Output format.", case_sensitive=False)
 CheckpointArgument = typer.Argument(
     None, metavar="CHECKPOINT", show_default=False,

@@ -9,6 +9,7 @@ Marked `cuda` (`python -m pytest -m cuda`) and skipped where no CUDA GPU is visi
 where tests/test_graph_safe.py proves on the CPU what makes the capture possible.
 """
 
+import json
 import math
 import os
 from collections import Counter
@@ -323,3 +324,18 @@ def test_the_shipped_models_on_cuda_agree_with_the_cpu_within_a_tenth_of_a_point
     gaps = [100 * abs(a - b) for a, b in zip(figures["cpu"], figures["cuda"])]
     print(name, "amp" if amp else "fp32", "gaps in points", [round(g, 3) for g in gaps])
     assert max(gaps) <= 0.1
+
+
+# --- precision ------------------------------------------------------------------------------------
+
+def test_a_gpu_trains_in_float32_unless_asked_and_fp16_with_the_grad_scaler_when_asked(tiny_mnist, tmp_path, ponder):
+    args = ["train", "--epochs", 1, "--max-steps", 3, "--val-size", 100, "--train-size", 300, "--batch-size", 50,
+            "--device", "cuda", "--no-progress", "--data-dir", tiny_mnist]
+    for amp, flag in ((False, []), (True, ["--amp"])):
+        result = ponder(*args, *flag, "--out", tmp_path / str(amp))
+        assert result.exit_code == 0, result.output
+        assert json.loads((tmp_path / str(amp) / "config.json").read_text())["amp"] is amp
+        assert (", amp float16" in result.stderr) is amp
+        state = load_checkpoint(tmp_path / str(amp) / "last.pt")
+        assert bool(state.scaler) is amp and (not amp or state.scaler["scale"] > 0)
+        assert [h["training_step"] for h in state.history] == ["captured"]

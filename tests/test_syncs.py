@@ -132,7 +132,7 @@ def test_a_cpu_training_batch_syncs_only_in_its_shrinking_forward(truncation, ti
 
 @pytest.mark.parametrize("fused, syncs_per_batch", [(True, 0), (None, 1)])
 def test_fp16_training_with_fused_adam_never_waits_for_the_device(fused, syncs_per_batch, tiny_mnist, monkeypatch):
-    """The CUDA default, fp16 with the GradScaler and a fused Adam: the scaler hands its overflow
+    """CUDA's --amp, fp16 with the GradScaler and a fused Adam: the scaler hands its overflow
     flag to the fused kernel, which skips the update on the device. An unfused Adam makes the
     scaler read the flag on the host instead, once per batch. (fp16 autocast and fused Adam run
     on the CPU as well, standing in for CUDA here.)"""
