@@ -10,8 +10,8 @@ early exit and with all 20 steps forced (and checks they agree), a four-angle ex
 and the same figures for a reference-style step function that recomputes the CNN at every step.
 
 Training runs what `ponder train` runs: the library's epoch (train.train_one_epoch) with its
-optimizer (Adam, fused on CUDA) and GradScaler (on with fp16), and AMP on for CUDA unless
---no-amp, as `ponder train` has it.
+optimizer (Adam, fused on CUDA) and GradScaler (on with fp16), in float32 unless --amp, as
+`ponder train` has it.
 
 Its figures are single runs: to compare two versions or two configurations on a busy machine,
 use benchmarks/paired.py (paired, alternating runs and their ratios).
@@ -38,12 +38,12 @@ from ponder_cli.methods import get_method  # noqa: E402
 from ponder_cli.model import PonderNet, PonderOutput  # noqa: E402
 from ponder_cli.runtime import grad_scaler, resolve_device  # noqa: E402
 from synthetic_data import synthetic_digits  # noqa: E402
-from host_reads import DEVICE_SYNC, count_syncs  # noqa: E402
+from host_reads import DeviceSyncs, count_host_reads  # noqa: E402
 from ponder_cli.train import batch_step, make_optimizer, train_one_epoch  # noqa: E402
 
 # a Chrome trace of more batches is too large to open (and to bring back from a GPU machine)
 TRACE_BATCHES = 40
-# batches whose host reads are counted (host_reads.count_syncs, the suite's one counter)
+# batches whose host reads are counted (host_reads.count_host_reads, the suite's one counter)
 COUNTED_BATCHES = 8
 
 
@@ -127,16 +127,21 @@ def profile_training(model, optimizer, scaler, data, cfg, device, amp: bool, out
     # watches, and a replay issues no operator): what a captured batch would have to do without
     counted = min(batches, COUNTED_BATCHES)
     subset = data.subset(slice(0, counted * cfg.training.batch_size))
-    syncs = count_syncs(lambda: train_one_epoch(batch_step(model, cfg, subset, amp=amp, optimizer=optimizer,
-                                                           scaler=scaler, graphs=False), progress=False))
+    def counted_pass():
+        return count_host_reads(lambda: train_one_epoch(batch_step(model, cfg, subset, amp=amp, optimizer=optimizer,
+                                                                   scaler=scaler, graphs=False), progress=False))
+    if device.type == "cuda":
+        with DeviceSyncs() as device_syncs:  # CUDA's own count: the reads below are among them
+            syncs = counted_pass()
+    else:
+        syncs = counted_pass()
     trace = f"{out}/train_trace.json, " if batches <= TRACE_BATCHES else ""
     print(f"\nprofile of {batches} training batches: {trace}{out}/train_profile_*.txt")
     print(f"  kernel launches per batch  {launches / batches:8.1f}")
-    device_syncs = syncs.pop(DEVICE_SYNC, 0)  # CUDA's own count: the reads above are among them
     print(f"  host reads per batch       {sum(syncs.values()) / counted:8.2f}   {dict(syncs)} "
           f"(over {counted} batches)")
     if device.type == "cuda":
-        print(f"  device syncs per batch     {device_syncs / counted:8.2f}   (CUDA's sync debug mode)")
+        print(f"  device syncs per batch     {device_syncs.count / counted:8.2f}   (CUDA's sync debug mode)")
     print("\n".join(tables["by_device_time"].splitlines()[:25]))
 
 
@@ -156,9 +161,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto")
     parser.add_argument("--step", default="mlp", help="step function (its own defaults apply: see PonderConfig)")
-    parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
-                        help="mixed precision (fp16 with the GradScaler on CUDA, bf16 on CPU); default: on for CUDA, "
-                             "as in ponder train")
+    parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=False,
+                        help="mixed precision (fp16 with the GradScaler on CUDA, bf16 on CPU); default: off, as in "
+                             "ponder train")
     parser.add_argument("--checkpoint", default=None,
                         help="time evaluation on this trained model: a file, a run folder or a shipped name such as align "
                              "(its config replaces --step's)")
@@ -175,8 +180,6 @@ def main() -> None:
     args = parser.parse_args()
 
     device = resolve_device(args.device)
-    if args.amp is None:
-        args.amp = device.type == "cuda"
     cfg = PonderConfig.of(step=args.step)  # the reference configuration of that step
     if args.synthetic:
         full, test = synthetic_digits(60_000, 0), synthetic_digits(10_000, 1)

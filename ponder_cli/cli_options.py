@@ -153,8 +153,8 @@ TimeLimitOption = typer.Option(None, "--time-limit", metavar="DURATION", callbac
                                     "command. Not a setting of the run: --resume may give another.")
 DeviceOption = typer.Option("auto", "--device", callback=_device, help=f"{DEVICE_CHOICES}.",
                             autocompletion=lambda incomplete: _offer(("auto", "cpu", "cuda"), incomplete))
-AmpOption = typer.Option(None, "--amp/--no-amp", help="Mixed precision: fp16 on CUDA, bf16 on CPU. "
-                         "[default: on for CUDA, off for CPU]")
+AmpOption = typer.Option(None, "--amp/--no-amp", help="Mixed precision: fp16 with a GradScaler on CUDA, bf16 on "
+                         "the CPU. [default: off, float32]")
 FormatOption = typer.Option(OutputFormat.table, "--format", "-f", help="Output format.", case_sensitive=False)
 CheckpointArgument = typer.Argument(
     None, metavar="CHECKPOINT", show_default=False, autocompletion=lambda incomplete: complete_checkpoint(incomplete),

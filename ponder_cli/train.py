@@ -221,6 +221,9 @@ class BatchStep:
         try:
             self.graph.capture(self.run)
         except RuntimeError as exc:
+            # the batch's Python ran up to the failure: the GradScaler may hold its record of an
+            # unscale_, which the eager rerun would refuse; its scale stays (nothing captured ran)
+            self.scaler.update(self.scaler.get_scale())
             return f"the capture failed ({brief(exc)})"
         before, kept = self._progress(), (self.totals.clone(), self.taken.clone())
         self.graph.replay()
@@ -275,8 +278,12 @@ class CudaGraph:
             graph = torch.cuda.CUDAGraph()
             for generator in self.generators:
                 graph.register_generator_state(generator)
-            with torch.cuda.graph(graph, pool=self.pool, stream=self.side):
-                run()
+            stream = torch.cuda.current_stream()
+            try:
+                with torch.cuda.graph(graph, pool=self.pool, stream=self.side):
+                    run()
+            finally:  # a failed capture's end raises before torch puts the stream back
+                torch.cuda.set_stream(stream)
         self.graph = graph
 
     def replay(self) -> None:

@@ -315,12 +315,13 @@ def _graph(device: torch.device):
     return FakeGraph() if device.type == "cpu" else None
 
 
-def _first_batches(cfg, data, device, graphs: bool, count: int, model=None):
+def _first_batches(cfg, data, device, graphs: bool, count: int, model=None, capture=None, **options):
     """A seeded model (or `model`) trained on the epoch's first `count` batches; the step and each
     batch's loss, read from the epoch's totals on the device after the batch."""
     torch.manual_seed(0)
     model = model or new_model(cfg).to(device)
-    step = batch_step(model, cfg, data, graphs=graphs, capture=_graph(device) if graphs else None, shrink=False)
+    capture = (capture or _graph(device)) if graphs else None
+    step = batch_step(model, cfg, data, graphs=graphs, capture=capture, shrink=False, **options)
     model.train()
     torch.manual_seed(1)  # the same permutation
     step.source.start_epoch()
@@ -465,3 +466,76 @@ def test_the_grad_scalers_scale_moves_under_replay(device, tiny_mnist, monkeypat
         scales.append(float(scaler.get_scale()))
     assert scales[1:] == [scales[0] / 2 ** k for k in (1, 2, 3)]
     assert int(step.totals[7]) == WARMUP_BATCHES + 4 and step.replays == 4
+
+
+# A capture that fails after the GradScaler's unscale_ ---------------------------------------------
+
+def _failing_after_unscale(device, monkeypatch):
+    """What BatchStep captures with: a capture that fails right after the batch's unscale_ (on a
+    GPU by a host read, which torch refuses while the stream captures)."""
+    real = torch.amp.GradScaler.unscale_
+
+    def unscale_then_fail(scaler, optimizer):
+        real(scaler, optimizer)
+        if device.type == "cuda":
+            torch.ones((), device=device).item()
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    class Failing(FakeGraph if device.type == "cpu" else train_module.CudaGraph):
+        def capture(self, run):
+            with monkeypatch.context() as patched:
+                patched.setattr(torch.amp.GradScaler, "unscale_", unscale_then_fail)
+                # a capture runs the batch's Python to the failure (the stand-in its kernels too)
+                run() if device.type == "cpu" else super().capture(run)
+    return Failing() if device.type == "cpu" else Failing
+
+
+def _fp16(monkeypatch) -> dict:
+    """fp16 autocast with the GradScaler, on the CPU as well."""
+    from ponder_cli import runtime
+
+    monkeypatch.setattr(runtime, "amp_dtype", lambda device: torch.float16)
+    return dict(amp=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_capture_failing_after_unscale_falls_back_and_trains_on_under_fp16(device, tiny_mnist, monkeypatch):
+    """torch refuses a second unscale_ of one optimizer between two updates: the eager rerun of the
+    batch the capture failed on must not meet the record of the first."""
+    cfg = _small("mlp", **STILL)
+    data = _images(tiny_mnist, device)
+    amp = _fp16(monkeypatch)
+    eager, eager_losses = _first_batches(cfg, data, device, False, K, **amp)
+    lines = []
+    fallen, fallen_losses = _first_batches(cfg, data, device, True, K, capture=_failing_after_unscale(device, monkeypatch),
+                                           log=lines.append, **amp)
+    assert fallen.scaler.is_enabled() and fallen.path.startswith("eager: the capture failed (") and len(lines) == 1
+    torch.testing.assert_close(fallen_losses, eager_losses, rtol=1e-5, atol=0)  # every batch trained, once
+    assert float(fallen.taken) == float(eager.taken) and fallen.scaler.get_scale() == eager.scaler.get_scale()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_after_a_failed_capture_the_eager_batches_draw_fresh_dropout_masks(device, tiny_mnist, monkeypatch):
+    """A capture puts the generators it draws from in capture mode (a draw becomes an offset into
+    the graph's) and the capture stream in use: one that fails must leave both, so that the
+    eager batches after it draw afresh, batch after batch, where they ran before."""
+    from ponder_cli.steps import mlp
+
+    masks = Recorded(mlp.dropout_mask)
+    monkeypatch.setattr(mlp, "dropout_mask", masks)
+    amp = _fp16(monkeypatch)
+    step, _ = _first_batches(_small("mlp", max_steps=4), _images(tiny_mnist, device), device, True,
+                             WARMUP_BATCHES + 1, capture=_failing_after_unscale(device, monkeypatch),
+                             log=[].append, **amp)
+    assert step.path.startswith("eager: the capture failed (")
+    if device.type == "cuda":
+        assert not torch.cuda.is_current_stream_capturing()
+        assert torch.cuda.current_stream(device) == torch.cuda.default_stream(device)
+    draws = []
+    for index in (WARMUP_BATCHES + 1, WARMUP_BATCHES + 2):
+        step.source.stage(index)
+        step()
+        draws.append(masks.drawn())
+    assert len(draws[0]) == 2  # the channels' mask and the units'
+    for site in draws[0]:
+        assert not torch.equal(draws[0][site], draws[1][site]), "two eager batches drew the same dropout mask"

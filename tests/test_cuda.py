@@ -9,6 +9,7 @@ Marked `cuda` (`python -m pytest -m cuda`) and skipped where no CUDA GPU is visi
 where tests/test_graph_safe.py proves on the CPU what makes the capture possible.
 """
 
+import json
 import math
 import os
 from collections import Counter
@@ -28,7 +29,7 @@ from ponder_cli.methods import get_method
 from ponder_cli.folders import shipped_path
 from ponder_cli.train import WARMUP_BATCHES, batch_step, train, train_one_epoch
 
-from host_reads import DEVICE_SYNC, Watch, count_syncs
+from host_reads import DeviceSyncs, Operators
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -97,9 +98,9 @@ def test_no_sync_inside_a_captured_epoch_but_its_one_read(amp, task, tiny_mnist)
     assert step.graph is not None and math.isfinite(stats["loss"])
     step.source.start_epoch()
     torch.cuda.synchronize()
-    with Watch(step.source.generators()) as watch:  # the device's sync debug mode, and every operator staged
+    with DeviceSyncs() as syncs, Operators(step.source.generators()) as staged:
         _batches(step, 5)
-    assert watch.reads == Counter() and watch.problems == []
+    assert syncs.count == 0 and staged.reads == Counter() and staged.problems == []
     assert math.isfinite(float(step.totals[0]))
 
 
@@ -158,9 +159,10 @@ def test_an_evaluation_on_cuda_reads_the_host_once_per_bucket(tiny_mnist):
     test = load_mnist(tiny_mnist, train=False, download=False).to(GPU)
     evaluate(model, test, cfg, max_angle=45, seed=7, batch_size=64)  # warm-up
     torch.cuda.synchronize()
-    syncs = count_syncs(lambda: evaluate(model, test, cfg, max_angle=45, seed=7, batch_size=64))
+    with DeviceSyncs() as syncs:
+        evaluate(model, test, cfg, max_angle=45, seed=7, batch_size=64)
     # the coins and angles copied up once, the per-image results read once: a handful, never one per step
-    assert syncs[DEVICE_SYNC] <= 6, syncs
+    assert syncs.count <= 6, syncs.count
 
 
 def test_resume_cpu_then_cuda_then_cpu(tiny_mnist, tmp_path):
@@ -322,3 +324,18 @@ def test_the_shipped_models_on_cuda_agree_with_the_cpu_within_a_tenth_of_a_point
     gaps = [100 * abs(a - b) for a, b in zip(figures["cpu"], figures["cuda"])]
     print(name, "amp" if amp else "fp32", "gaps in points", [round(g, 3) for g in gaps])
     assert max(gaps) <= 0.1
+
+
+# --- precision ------------------------------------------------------------------------------------
+
+def test_a_gpu_trains_in_float32_unless_asked_and_fp16_with_the_grad_scaler_when_asked(tiny_mnist, tmp_path, ponder):
+    args = ["train", "--epochs", 1, "--max-steps", 3, "--val-size", 100, "--train-size", 300, "--batch-size", 50,
+            "--device", "cuda", "--no-progress", "--data-dir", tiny_mnist]
+    for amp, flag in ((False, []), (True, ["--amp"])):
+        result = ponder(*args, *flag, "--out", tmp_path / str(amp))
+        assert result.exit_code == 0, result.output
+        assert json.loads((tmp_path / str(amp) / "config.json").read_text())["amp"] is amp
+        assert (", amp float16" in result.stderr) is amp
+        state = load_checkpoint(tmp_path / str(amp) / "last.pt")
+        assert bool(state.scaler) is amp and (not amp or state.scaler["scale"] > 0)
+        assert [h["training_step"] for h in state.history] == ["captured"]

@@ -76,6 +76,18 @@ def test_bf16_needs_no_grad_scaler():
     assert runtime.amp_dtype(CPU) == torch.bfloat16 and not runtime.grad_scaler(CPU, True).is_enabled()
 
 
+def test_mixed_precision_is_off_unless_asked_on_a_gpu_too(monkeypatch):
+    """float32 by default everywhere (under CUDA graphs it is the faster choice for align and
+    parity); --amp is fp16 with the GradScaler on CUDA, bf16 on the CPU."""
+    import ponder_cli.api as api
+
+    monkeypatch.setattr(api, "resolve_device", torch.device)  # a GPU, as far as the rule can tell
+    for device in ("cuda", "cuda:1", "cpu"):
+        assert api.device_and_amp(device, None) == (torch.device(device), False)
+        assert api.device_and_amp(device, True) == (torch.device(device), True)
+    assert runtime.amp_dtype(torch.device("cuda")) == torch.float16
+
+
 def test_fp16_back_offs_are_told_from_non_finite_batches(fp16_on_cpu, monkeypatch, tiny_mnist, tmp_path):
     _overflow_at(monkeypatch, {2, 5})  # epoch 1: two overflows...
     _nan_loss_at(monkeypatch, {7})  # ... and one batch whose loss is NaN

@@ -22,7 +22,7 @@ from ponder_cli.methods import get_method
 from ponder_cli.model import truncate
 from ponder_cli.runtime import autocast
 from ponder_cli.train import WARMUP_BATCHES, BatchStep, batch_step, step_unless
-from host_reads import Watch
+from host_reads import Operators
 from synthetic_data import synthetic_digits
 
 SMALL_IMAGES = dict(hidden=12, hidden_cnn=12, batch_size=16)
@@ -78,7 +78,7 @@ def device_state(step: BatchStep) -> list:
     return [*step.params, *optimizer_state, *rates, *scaler, step.totals, step.taken, *static_inputs(step.source).values()]
 
 
-def _watched_batches(step: BatchStep, count: int = 2) -> list[Watch]:
+def _watched_batches(step: BatchStep, count: int = 2) -> list[Operators]:
     """Warm up as a capture would, then watch `count` more batches of the epoch, each staged
     after the Python side of the source moved on (another index; parity: its curriculum further),
     the static inputs checked to keep their storage across each stage()."""
@@ -93,7 +93,7 @@ def _watched_batches(step: BatchStep, count: int = 2) -> list[Watch]:
         step.source.stage(index)
         moved = [name for name, tensor in static_inputs(step.source).items() if tensor.data_ptr() != storage[name]]
         assert not moved, f"stage() re-allocated the static inputs {moved}: a replay would read the old ones"
-        with Watch(step.source.generators(), device_state(step)) as watch:
+        with Operators(step.source.generators(), device_state(step)) as watch:
             step.run()
         watches.append(watch)
     return watches
@@ -142,7 +142,7 @@ def test_the_graph_safe_batch_draws_parity_vectors_from_the_sources_generator_on
     assert drawing and watch.problems == []
     # and a generator the watch does not know is caught
     with pytest.raises(AssertionError):
-        with Watch() as stranger:
+        with Operators() as stranger:
             torch.rand(3, generator=torch.Generator().manual_seed(0))
         assert stranger.problems == []
 
@@ -231,9 +231,9 @@ def test_a_static_input_reallocated_instead_of_copied_into_is_caught(monkeypatch
         assert_graph_safe(_step(_config(MLP)))
 
 
-def test_the_watch_catches_a_host_read():
+def test_the_recorder_catches_a_host_read():
     x = torch.ones(2)
-    with Watch() as watch:
+    with Operators() as watch:
         bool(x.sum() > 0)
         torch.tensor([1.0, 2.0])
         x[x > 0]  # a boolean mask: its indices on the host
@@ -241,6 +241,16 @@ def test_the_watch_catches_a_host_read():
         torch.arange(3)  # none: a host tensor on CUDA
     assert [p.split(" ")[0].rstrip(":") for p in watch.problems] == ["_local_scalar_dense", "tensor", "lift_fresh",
                                                                        "nonzero", "arange"]
+
+
+def test_the_recorder_never_reads_a_value_off_a_device():
+    """A 0-dim device tensor is recorded by its shape: a kernel reads it at replay (nothing is
+    frozen), and reading it would be the recorder's own sync. A meta tensor stands in for a
+    device's here: it has no value to read, so a read would raise."""
+    top, scalar = torch.zeros((), device="meta"), torch.tensor(2.0)
+    with Operators() as watch:
+        top + 1, scalar * 3
+    assert [arguments[0] for _, arguments in watch.ops] == [(), ("0-dim", torch.float32, 2.0)]
 
 
 # Truncation as a mask equals the shrinking truncated forward -----------------------------------
@@ -344,7 +354,7 @@ def test_an_evaluation_batch_on_the_full_forward_reads_nothing_on_the_host(metho
     method_object = get_method(cfg)
     x = synthetic_digits(32, 2).images.unsqueeze(1).float() / 255
     uniforms = torch.rand(cfg.method.max_steps, 32)
-    with torch.inference_mode(), Watch() as watch, autocast(torch.device("cpu"), False):
+    with torch.inference_mode(), Operators() as watch, autocast(torch.device("cpu"), False):
         out = model(x)
         scores, steps = method_object.predict(out.logits, out.lambda_logits, uniforms, rule)
         (scores.argmax(dim=1) == 0).sum(), steps.sum()

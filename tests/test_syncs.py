@@ -2,7 +2,7 @@
 
 On a GPU every op whose result size or value the host must know (a boolean mask's `nonzero`, an
 `.item()`, `bool(tensor)`) waits for the device to finish all queued work: with a model this
-small, each such wait costs more than a step. host_reads.Watch sees these operators on the CPU
+small, each such wait costs more than a step. host_reads.Operators sees these operators on the CPU
 too, so counting them here counts the stalls a GPU would have, and the tensors built from Python
 data (a copy from the host on a GPU) with them.
 """
@@ -20,7 +20,7 @@ from ponder_cli.methods import get_method
 from ponder_cli.runtime import grad_scaler
 from ponder_cli.train import batch_step, make_optimizer, train_one_epoch
 
-from host_reads import PACKAGE, count_syncs
+from host_reads import PACKAGE, count_host_reads
 
 
 @pytest.mark.parametrize("build", ["torch.tensor([0.5, 2.0])", "torch.as_tensor([0.5])", "x.new_tensor([0.5, 2.0])"])
@@ -29,14 +29,14 @@ def test_a_tensor_built_from_python_data_counts_where_it_is_built(build):
     align step), and the same call elsewhere."""
     x = torch.zeros(2)
     inside = compile(build, str(PACKAGE / "steps" / "align.py"), "eval")
-    assert count_syncs(lambda: eval(inside, {"torch": torch, "x": x})) == Counter(
+    assert count_host_reads(lambda: eval(inside, {"torch": torch, "x": x})) == Counter(
         {"from Python data at ponder_cli/steps/align.py:1": 1})
-    assert count_syncs(lambda: eval(build, {"torch": torch, "x": x})) == Counter({"from Python data at <string>:1": 1})
+    assert count_host_reads(lambda: eval(build, {"torch": torch, "x": x})) == Counter({"from Python data at <string>:1": 1})
 
 
 def test_a_host_read_counts_by_its_operator():
     x = torch.arange(4.0)
-    assert count_syncs(lambda: (x[x > 1].sum().item(), bool(x.sum() > 0))) == Counter(
+    assert count_host_reads(lambda: (x[x > 1].sum().item(), bool(x.sum() > 0))) == Counter(
         {"nonzero": 1, "_local_scalar_dense": 2})
 
 
@@ -80,7 +80,7 @@ def test_early_exit_inference_makes_at_most_one_host_sync_per_step(step, method,
     rule_object = get_method(cfg).early_exit(rule, uniforms)
     result = {}
     with torch.inference_mode():
-        syncs = count_syncs(lambda: result.update(out=model.infer(_INPUTS, rule_object)))
+        syncs = count_host_reads(lambda: result.update(out=model.infer(_INPUTS, rule_object)))
     halted_at = result["out"][1]
     steps_run = int(halted_at.max())
     if method != "plain":
@@ -106,7 +106,7 @@ def test_truncated_training_forward_makes_at_most_one_host_sync_per_step(step, m
         (out.logits.sum() + out.lambda_logits.sum()).backward()
         result["computed"] = out.computed
 
-    syncs = count_syncs(forward_and_backward)
+    syncs = count_host_reads(forward_and_backward)
     computed = result["computed"]
     steps_run = int(computed.max())
     assert int(computed.min()) < steps_run  # rows really stop at different steps
@@ -124,7 +124,7 @@ def test_a_cpu_training_batch_syncs_only_in_its_shrinking_forward(truncation, ti
     data = load_mnist(tiny_mnist, train=True, download=False).subset(slice(0, 300))  # three batches
     device = torch.device("cpu")
     optimizer = make_optimizer(model, cfg, device)
-    syncs = count_syncs(lambda: train_one_epoch(batch_step(model, cfg, data, optimizer=optimizer), progress=False))
+    syncs = count_host_reads(lambda: train_one_epoch(batch_step(model, cfg, data, optimizer=optimizer), progress=False))
     loop = sum(_loop_syncs(int(c.max()), cfg.method.max_steps) for c in truncated_steps)
     assert len(truncated_steps) == (3 if truncation else 0)
     assert syncs == Counter({"nonzero": loop} if loop else {})
@@ -132,7 +132,7 @@ def test_a_cpu_training_batch_syncs_only_in_its_shrinking_forward(truncation, ti
 
 @pytest.mark.parametrize("fused, syncs_per_batch", [(True, 0), (None, 1)])
 def test_fp16_training_with_fused_adam_never_waits_for_the_device(fused, syncs_per_batch, tiny_mnist, monkeypatch):
-    """The CUDA default, fp16 with the GradScaler and a fused Adam: the scaler hands its overflow
+    """CUDA's --amp, fp16 with the GradScaler and a fused Adam: the scaler hands its overflow
     flag to the fused kernel, which skips the update on the device. An unfused Adam makes the
     scaler read the flag on the host instead, once per batch. (fp16 autocast and fused Adam run
     on the CPU as well, standing in for CUDA here.)"""
@@ -143,5 +143,5 @@ def test_fp16_training_with_fused_adam_never_waits_for_the_device(fused, syncs_p
     scaler = grad_scaler(torch.device("cpu"), True)
     assert scaler.is_enabled()
     step = batch_step(model, cfg, data, amp=True, optimizer=optimizer, scaler=scaler)
-    syncs = count_syncs(lambda: train_one_epoch(step, progress=False))
+    syncs = count_host_reads(lambda: train_one_epoch(step, progress=False))
     assert syncs == Counter({"_local_scalar_dense": 3 * syncs_per_batch} if syncs_per_batch else {})

@@ -30,11 +30,13 @@ from ..runtime import resolve_device
 
 def device_and_amp(device: str, amp: Optional[bool], log: Optional[Callable[[str], None]] = None):
     """The device --device names (`auto`: CUDA when there is a GPU) and whether to use mixed
-    precision; with `log`, the device said on stderr (device_line)."""
+    precision: only when asked (--amp), float32 by default on every device, the faster choice
+    under CUDA graphs for align and parity (docs/performance.md#precision); with `log`, the
+    device said on stderr (device_line)."""
     dev = resolve_device(device)
     if log is not None:
         log(device_line(dev, device))
-    return dev, (dev.type == "cuda" if amp is None else amp)
+    return dev, bool(amp)
 
 
 def device_line(dev, asked: str) -> str:

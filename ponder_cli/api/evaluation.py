@@ -36,7 +36,7 @@ class EvalOptions:
     data_dir: Optional[Path] = None  # None: data.default_data_dir()
     download: bool = True
     device: str = "auto"
-    amp: Optional[bool] = None  # None: on for CUDA, off for the CPU
+    amp: Optional[bool] = None  # None: off, float32 (device_and_amp)
     detail: bool = False
     repeats: int = 1  # independent draws of rotations and coins (seeds seed, seed + 1, ...)
     max_steps: Optional[int] = None  # steps to run; None: those the checkpoint trained with
