@@ -22,10 +22,14 @@ class PonderError(Exception):
 
 
 # interrupts ------------------------------------------------------------------------------------
-# How every command stops on a signal, in one place: the CLI's boundary (cli/app.py) makes Ctrl-C
-# and SIGTERM interrupts for the whole command, however the process was started, and turns one into
-# a single Interrupted (130) or Terminated (143) line; what it says was kept is the command's
-# (`keeping`: training's last saved epoch), else that nothing was written.
+# How every command stops on a signal, in one place. The CLI's one signal handler (cli/app.py)
+# raises the first SIGINT or SIGTERM where the program is (KeyboardInterrupt; SigTerm) and
+# ignores those that follow; its boundary ends the command with one Interrupted (130) or
+# Terminated (143) line, saying what the command kept (`keeping`: training's last saved epoch),
+# else that nothing was written. A reader of stdout that leaves (BrokenPipeError) stops a command
+# that kept something the same way (StdoutClosed, 141). The library has one say: a checkpoint is
+# written whole (`uninterrupted`), the interrupt raised once it is. A library caller without the
+# CLI sees an interrupt as Python raises it.
 
 class Interrupted(PonderError):
     """A command stopped by Ctrl-C (training: the last completed epoch is saved)."""
@@ -41,28 +45,69 @@ class Terminated(Interrupted):
     headline = "Terminated"
 
 
+class StdoutClosed(Interrupted):
+    """A command that had kept something (training: an epoch saved) stopped because the reader of
+    its stdout left (`ponder train -f jsonl | head -1`), with the status a shell gives any program
+    whose reader left, 128 + SIGPIPE (13). A command that kept nothing ends quietly."""
+    exit_code = 141
+    headline = "stdout closed"
+
+
 class SigTerm(KeyboardInterrupt):
     """SIGTERM raised where the program is, so that it unwinds as it does for Ctrl-C."""
 
 
+class _Held:
+    depth = 0  # `uninterrupted` blocks entered and not yet left
+    interrupt: "KeyboardInterrupt | None" = None
+
+
 @contextlib.contextmanager
-def keeping(kept: Callable[[], str]):
-    """An interrupt inside says `kept()` (asked once it has unwound, cleanup done: training's
-    resume hint) rather than that nothing was written. A library caller sees the interrupt as
-    Python raises it."""
+def uninterrupted():
+    """Inside, an interrupt the CLI's signal handler receives waits, and is raised once the block
+    is done: a checkpoint (or best.pt and last.pt together) is written whole. A block that fails
+    drops it: the command is stopping already."""
+    _Held.depth += 1
+    held = None
     try:
         yield
-    except KeyboardInterrupt as exc:
+    finally:
+        _Held.depth -= 1
+        if _Held.depth == 0:
+            held, _Held.interrupt = _Held.interrupt, None
+    if held is not None:
+        raise held
+
+
+def hold_interrupt(interrupt: KeyboardInterrupt) -> bool:
+    """For the CLI's signal handler: inside `uninterrupted`, keep `interrupt` for the block's end
+    (True); outside, False: raise it now."""
+    if _Held.depth == 0:
+        return False
+    _Held.interrupt = interrupt
+    return True
+
+
+@contextlib.contextmanager
+def keeping(kept: Callable[[], str]):
+    """An interrupt inside (or stdout's reader leaving) says `kept()` (asked once it has unwound,
+    cleanup done: training's resume hint) rather than that nothing was written. A library caller
+    sees the exception as Python raises it."""
+    try:
+        yield
+    except (KeyboardInterrupt, BrokenPipeError) as exc:
         if not hasattr(exc, "kept"):  # the innermost says what it kept
             exc.kept = kept
         raise
 
 
-def interruption(exc: KeyboardInterrupt, nothing_kept: str) -> Interrupted:
-    """The one line an interrupt ends a command with: Terminated for SIGTERM, Interrupted for
-    Ctrl-C, saying what `keeping` kept, else `nothing_kept`."""
+def interruption(exc: BaseException, nothing_kept: str) -> Interrupted:
+    """The one line an interrupt ends a command with: Terminated for SIGTERM, StdoutClosed for a
+    reader gone, Interrupted for Ctrl-C, saying what `keeping` kept, else `nothing_kept`."""
     kept = getattr(exc, "kept", None)
-    return (Terminated if isinstance(exc, SigTerm) else Interrupted)(kept() if kept else nothing_kept)
+    kind = (Terminated if isinstance(exc, SigTerm) else StdoutClosed if isinstance(exc, BrokenPipeError)
+            else Interrupted)
+    return kind(kept() if kept else nothing_kept)
 
 
 class PonderWarning(UserWarning):

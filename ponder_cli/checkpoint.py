@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from . import PonderError, PonderWarning, brief, file_problem
+from . import PonderError, PonderWarning, brief, file_problem, uninterrupted
 from .config import MAX_STEPS, PonderConfig
 from .methods import build_model
 from .registry import method_class
@@ -127,38 +127,57 @@ def _upgrade_v1_key(key: str) -> str:
     return key
 
 
+class CheckpointNotSaved(PonderError):
+    """A checkpoint the file system would not take (full, read-only, over quota): `problem` names
+    the file and the cause; the message adds that the previous file is intact, where there is
+    one (training says instead which epoch its run has saved and how to resume)."""
+
+    def __init__(self, path: Path, cause: str):
+        self.problem = f"cannot save checkpoint {path}: {cause}"
+        super().__init__(self.problem + (f"; the previous {path.name} is intact" if path.exists() else ""))
+
+
 def save_checkpoint(state: TrainingState, path: Path) -> None:
     """Temp file in the same directory, flushed and fsynced, then os.replace: never a torn file.
+    An interrupt that the CLI receives meanwhile waits until the file is written (uninterrupted).
 
-    A full disk (or any other failure to write) is one PonderError naming the file and the
+    A full disk (or any other failure to write) is one CheckpointNotSaved naming the file and the
     cause; the temp file is removed and the previous checkpoint at `path` is left as it was.
     """
     path = Path(path)
     tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600 files; a checkpoint is an ordinary file
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state.to_dict(), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with uninterrupted():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600 files; a checkpoint is an ordinary file
+            with os.fdopen(fd, "wb") as f:
+                torch.save(state.to_dict(), f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
     except BaseException as exc:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
-        interrupt = _interrupt_behind(exc)
+        interrupt = next((seen for seen in _chain(exc) if isinstance(seen, KeyboardInterrupt)), None)
         if interrupt is not None and interrupt is not exc:
-            # Ctrl-C or SIGTERM mid-write: torch.save's zip writer then fails to close the file
-            # ("unexpected pos"), and that error would hide the interrupt the caller handles
+            # Ctrl-C as Python raises it (a library caller's) inside torch.save makes its zip
+            # writer fail to close the file ("unexpected pos"), an error that would hide it
             raise interrupt from None
         cause = _write_failure(exc, path.parent)
         if cause is None:
             raise
-        kept = f"; the previous {path.name} is intact" if path.exists() else ""
-        raise PonderError(f"cannot save checkpoint {path}: {cause}{kept}") from None
+        raise CheckpointNotSaved(path, cause) from None
+
+
+def save_checkpoints(state: TrainingState, paths: list) -> None:
+    """`state` to each of `paths` in turn (save_checkpoint), as one: an interrupt that the CLI
+    receives meanwhile waits until the last is written."""
+    with uninterrupted():
+        for path in paths:
+            save_checkpoint(state, path)
 
 
 _DISK_ERRORS = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded",
@@ -170,11 +189,6 @@ def _chain(exc: BaseException):
     while exc is not None:
         yield exc
         exc = exc.__cause__ or exc.__context__
-
-
-def _interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
-    """The Ctrl-C (or SIGTERM raised as one) that `exc` is, or was raised while handling."""
-    return next((seen for seen in _chain(exc) if isinstance(seen, KeyboardInterrupt)), None)
 
 
 def _write_failure(exc: BaseException, folder: Path) -> str | None:

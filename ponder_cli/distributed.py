@@ -14,8 +14,8 @@ others need to take the same decisions (the run folder, the validation numbers).
 
 When a rank dies, its peers' next collective fails at once on the CPU (gloo: the connection
 closes); when it stalls, after TIMEOUT. Under torchrun, the agent also sends SIGTERM to the other
-ranks as soon as one exits with an error, and api.train_run treats SIGTERM like Ctrl-C, so every
-rank stops. On CUDA (nccl) a dead peer goes unnoticed: the survivors' collectives wait on the GPU
+ranks as soon as one exits with an error, and the CLI's signal handler treats SIGTERM like Ctrl-C,
+so every rank stops. On CUDA (nccl) a dead peer goes unnoticed: the survivors' collectives wait on the GPU
 and the host waits inside a CUDA call, where Python cannot run the SIGTERM handler. setup() makes
 such a rank stop with the resume hint all the same (see NCCL_ERROR_HANDLING and
 abort_when_signal_unanswered).

@@ -445,22 +445,36 @@ class RunFolder:
         for file in self.files:
             file.append(dataclasses.asdict(stats))
 
-    def saved_epoch(self) -> Optional[int]:
-        """The epoch last.pt holds: read from disk, since an interrupt may land between saving an
-        epoch and recording it, in either order of the two."""
-        last = self.plan.out_dir / LAST
+    def kept(self) -> Optional[tuple[int, Path]]:
+        """The newest epoch this run has on disk and the file holding it: last.pt, or best.pt
+        where last.pt's write failed after it (train._save writes best.pt first). Read from disk,
+        since an interrupt may land between saving an epoch and recording it, in either order."""
+        last, best = self.plan.out_dir / LAST, self.plan.out_dir / BEST
+        after = self.plan.resume.epoch if self.plan.resume is not None else 0
+        kept = None
         if last.exists() and (self.saved or self.plan.resume is not None or last.stat().st_mtime >= self.launched):
-            try:
-                return load_checkpoint(last).epoch
-            except PonderError:
-                pass
-        return self.saved[-1] if self.saved else None
+            kept = self._epoch_in(last)
+        if best.exists() and best.stat().st_mtime >= self.launched:  # not an earlier run's, nor a copy
+            epoch = self._epoch_in(best)
+            if epoch is not None and epoch > max(after, kept or 0):
+                return epoch, best
+        if kept is None and self.saved:
+            kept = self.saved[-1]
+        return (kept, last) if kept is not None else None
+
+    @staticmethod
+    def _epoch_in(path: Path) -> Optional[int]:
+        try:
+            return load_checkpoint(path).epoch
+        except PonderError:
+            return None
 
     def resume_hint(self) -> str:
-        epoch, last = self.saved_epoch(), self.plan.out_dir / LAST
-        if epoch is None:
+        kept = self.kept()
+        if kept is None:
             return "no epoch had completed; nothing was saved"
-        return f"epoch {epoch} is saved in {last}; resume with: {self.command} --resume {last}"
+        epoch, path = kept
+        return f"epoch {epoch} is saved in {path}; resume with: {self.command} --resume {path}"
 
     def release(self, finished: bool) -> None:
         if self.lock is not None:

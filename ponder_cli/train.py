@@ -14,7 +14,7 @@ import torch
 from tqdm import tqdm
 
 from . import PonderError, brief, distributed
-from .checkpoint import TrainingState, new_model, save_checkpoint
+from .checkpoint import TrainingState, new_model, save_checkpoints
 from .config import PonderConfig
 from .folders import BEST, LAST
 from .methods import Method, get_method
@@ -694,10 +694,12 @@ def _validate(task, model: torch.nn.Module, val_set, cfg: PonderConfig, device: 
 
 
 def _save(state: TrainingState, out_dir: Path, improved: bool) -> None:
+    """best.pt (on improvement) before last.pt, as one (an interrupt waits for both): a write that
+    fails between them (a full disk, a crash) leaves best.pt ahead of last.pt, never behind the
+    epoch last.pt names, whose record of its best epoch would then point past best.pt for good
+    (a run resumed from last.pt redoes the epoch, and its best.pt)."""
     if distributed.is_main():  # every rank holds this same state; one writes it
-        save_checkpoint(state, out_dir / LAST)
-        if improved:
-            save_checkpoint(state, out_dir / BEST)
+        save_checkpoints(state, [out_dir / BEST] * improved + [out_dir / LAST])
 
 
 # How long a run will take: the first epoch's batches timed, one line said once ---------------

@@ -349,9 +349,12 @@ def test_same_seed_same_training_and_evaluation(tiny_mnist, tmp_path, invoke):
 
 # --- crashes and interrupts ---------------------------------------------------------------------
 
-def _start_training(tiny_mnist: Path, out: Path) -> processes.Process:
-    return processes.ponder("train", "--epochs", "500", "--val-size", "100", "--max-steps", "2", "--batch-size", "100",
-                            "--data-dir", tiny_mnist, "--out", out, "--no-progress", "--patience", "0")
+LONG_RUN = ["train", "--epochs", "500", "--val-size", "100", "--max-steps", "2", "--batch-size", "100", "--no-progress",
+            "--patience", "0"]
+
+
+def _start_training(tiny_mnist: Path, out: Path, *more) -> processes.Process:
+    return processes.ponder(*LONG_RUN, "--data-dir", tiny_mnist, "--out", out, *more)
 
 
 def _wait_for(path: Path, proc: processes.Process, timeout: float = 60) -> None:
@@ -392,14 +395,15 @@ def test_sigkill_never_leaves_a_broken_checkpoint(tiny_mnist, tmp_path):
 @pytest.mark.parametrize("sent,code,headline", [(signal.SIGINT, 130, "Interrupted"), (signal.SIGTERM, 143, "Terminated")])
 def test_interrupt_saves_and_prints_the_resume_hint(sent, code, headline, tiny_mnist, tmp_path):
     """Ctrl-C and SIGTERM (kill, docker stop, schedulers) alike: the last epoch is saved, one line
-    says which and how to resume, the lock is released."""
+    says which and how to resume, the lock is released; a jsonl stream ends with a record saying
+    why it stopped."""
     out = tmp_path / "run"
-    proc = _start_training(tiny_mnist, out)
+    proc = _start_training(tiny_mnist, out, "-f", "jsonl")
     try:
         _wait_for(out / "last.pt", proc)
         time.sleep(0.3)
         proc.send_signal(sent)
-        _, stderr = proc.communicate(timeout=60)
+        stdout, stderr = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == code, stderr
@@ -407,13 +411,127 @@ def test_interrupt_saves_and_prints_the_resume_hint(sent, code, headline, tiny_m
     assert f"resume with: ponder train --resume {out / 'last.pt'}" in stderr and "Traceback" not in stderr
     epoch = load_checkpoint(out / "last.pt").epoch
     # the message names the epoch on disk, also when the signal lands between saving and the epoch line
-    assert epoch >= 1 and f"epoch {epoch} is saved in {out / 'last.pt'}" in stderr
+    hint = f"epoch {epoch} is saved in {out / 'last.pt'}; resume with: ponder train --resume {out / 'last.pt'}"
+    assert epoch >= 1 and stderr.splitlines()[-1] == f"{headline}: {hint}"
+    records = [json.loads(line) for line in stdout.splitlines()]
+    assert [r["record"] for r in records] == ["epoch"] * (len(records) - 1) + ["stopped"]
+    assert records[-1] == {"format_version": 1, "record": "stopped", "command": "train", "why": headline.lower(),
+                           "epoch": epoch, "checkpoint": str(out / "last.pt"), "message": hint}
     assert not (out / ".ponder.lock").exists()
     # `ponder info` on the folder tells the interrupted run, and how to go on
     from ponder_cli.api import run_info
     info = run_info(out).meta
     assert info["status"].startswith(f"interrupted after epoch {epoch} of ") and info["epochs_trained"] == epoch
     assert info["status"].endswith(f"resume with: ponder train --resume {out / 'last.pt'}")
+
+
+def _signal_self_when(module, name: str, *signals):
+    """Patch module.name (in the forked child alone) to send this process `signals` the first
+    time it is called, then do what it did."""
+    real = getattr(module, name)
+    sent = []
+
+    def signalling(*args, **kwargs):
+        if not sent:
+            sent.append(True)
+            for signum in signals:
+                os.kill(os.getpid(), signum)
+        return real(*args, **kwargs)
+
+    setattr(module, name, signalling)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_signals_while_an_interrupt_unwinds_are_ignored(tiny_mnist, tmp_path):
+    """A second Ctrl-C (or torchrun's SIGTERM after one) while the first unwinds: still the first's
+    one line and status, no traceback. They arrive here as the resume hint is being worked out."""
+    from ponder_cli.runs import RunFolder
+    out = tmp_path / "run"
+
+    def train_twice_signalled():
+        _signal_self_when(RunFolder, "resume_hint", signal.SIGINT, signal.SIGTERM, signal.SIGINT)
+        processes.run_cli([*map(str, LONG_RUN), "--data-dir", str(tiny_mnist), "--out", str(out)])
+
+    with processes.fork(train_twice_signalled) as proc:
+        _wait_for(out / "last.pt", proc)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    epoch = load_checkpoint(out / "last.pt").epoch
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr
+    assert stderr.splitlines()[-1] == (f"Interrupted: epoch {epoch} is saved in {out / 'last.pt'}; resume with: "
+                                       f"ponder train --resume {out / 'last.pt'}")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_a_signal_while_checkpoints_are_written_waits_for_both(tiny_mnist, tmp_path):
+    """SIGTERM as epoch 1's best.pt is being written: best.pt and last.pt are both written, then
+    training stops with epoch 1 saved (the signal was raised inside torch.save, leaving neither)."""
+    from ponder_cli import checkpoint
+    out = tmp_path / "run"
+
+    def train_signalled_while_saving():
+        _signal_self_when(checkpoint.torch, "save", signal.SIGTERM)
+        processes.run_cli([*map(str, LONG_RUN), "--data-dir", str(tiny_mnist), "--out", str(out)])
+
+    with processes.fork(train_signalled_while_saving) as proc:
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    assert stderr.splitlines()[-1] == (f"Terminated: epoch 1 is saved in {out / 'last.pt'}; resume with: "
+                                       f"ponder train --resume {out / 'last.pt'}")
+    assert load_checkpoint(out / "best.pt").epoch == load_checkpoint(out / "last.pt").epoch == 1
+
+
+def test_an_interrupt_held_while_writing_is_raised_once_written():
+    """ponder_cli.uninterrupted, as the CLI's signal handler uses it: held inside (nested too),
+    raised when the outermost block ends; dropped when the block fails."""
+    from ponder_cli import hold_interrupt, uninterrupted
+
+    assert not hold_interrupt(KeyboardInterrupt())  # outside: the handler raises it at once
+    interrupt, done = KeyboardInterrupt(), []
+    with pytest.raises(KeyboardInterrupt) as raised:
+        with uninterrupted():
+            with uninterrupted():
+                assert hold_interrupt(interrupt)
+            done.append("inner")  # the inner block's end does not raise it
+            done.append("outer")
+    assert raised.value is interrupt and done == ["inner", "outer"]
+    with pytest.raises(PonderError):
+        with uninterrupted():
+            hold_interrupt(KeyboardInterrupt())
+            raise PonderError("disk full")
+    with uninterrupted():  # nothing left over from the failed block
+        pass
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and shells")
+def test_a_background_run_from_a_script_ignores_sigint_and_stops_on_sigterm(tiny_mnist, tmp_path):
+    """`ponder train … &` in a script: the shell starts it with SIGINT ignored, so that a Ctrl-C
+    meant for the foreground leaves it alone; it keeps that ignore (as Python does) and stops
+    cleanly on SIGTERM."""
+    out = tmp_path / "run"
+    code = "import sys; from ponder_cli.cli import app; app(sys.argv[1:], prog_name='ponder')"
+    command = [sys.executable, "-c", code, *map(str, LONG_RUN), "--data-dir", str(tiny_mnist), "--out", str(out)]
+    with subprocess.Popen(["sh", "-c", '"$@" & echo $!; wait $!', "sh", *command], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as script:
+        try:
+            pid = int(script.stdout.readline())
+            deadline = time.monotonic() + 60
+            while not (out / "last.pt").exists():
+                assert script.poll() is None and time.monotonic() < deadline, script.communicate()
+                time.sleep(0.05)
+            os.kill(pid, signal.SIGINT)
+            interrupted_at = load_checkpoint(out / "last.pt").epoch
+            while load_checkpoint(out / "last.pt").epoch < interrupted_at + 2:  # trains on after the SIGINT
+                assert script.poll() is None and time.monotonic() < deadline, script.communicate()
+                time.sleep(0.05)
+            os.kill(pid, signal.SIGTERM)
+            _, stderr = script.communicate(timeout=60)
+        finally:
+            script.kill()
+    epoch = load_checkpoint(out / "last.pt").epoch
+    assert script.returncode == 143 and "Traceback" not in stderr, stderr
+    assert stderr.splitlines()[-1] == (f"Terminated: epoch {epoch} is saved in {out / 'last.pt'}; resume with: "
+                                       f"ponder train --resume {out / 'last.pt'}")
 
 
 # --- losing work: run folders, the shipped models, the lock ---------------------------------------
@@ -600,13 +718,43 @@ def test_disk_full_while_saving_is_one_line_and_keeps_earlier_checkpoints(checkp
     before = {name: (run / name).read_bytes() for name in ("best.pt", "last.pt")}
     real_save = torch.save
     monkeypatch.setattr(torch, "save", lambda obj, f: real_save(obj, _FullDisk(f, 50_000)))
-    result = invoke("train", "--resume", run / "last.pt", "--epochs", 2, "--data-dir", tiny_mnist, "--no-progress")
+    result = invoke("train", "--resume", run / "last.pt", "--epochs", 2, "--data-dir", tiny_mnist, "--no-progress",
+                    "-f", "jsonl")
     line = one_error_line(result)
-    assert line == (f"Error: cannot save checkpoint {run / 'last.pt'}: No space left on device; "
-                    "the previous last.pt is intact")
+    # epoch 2 improves: best.pt is written first, and fails; what the run has, and how to go on
+    hint = f"epoch 1 is saved in {run / 'last.pt'}; resume with: ponder train --resume {run / 'last.pt'}"
+    assert line == f"Error: cannot save checkpoint {run / 'best.pt'}: No space left on device; {hint}"
+    assert json.loads(result.stdout.splitlines()[-1]) == {
+        "format_version": 1, "record": "stopped", "command": "train", "why": "error", "epoch": 1,
+        "checkpoint": str(run / "last.pt"), "message": line.removeprefix("Error: ")}
     assert {name: (run / name).read_bytes() for name in ("best.pt", "last.pt")} == before
     # no temp file, no lock left
     assert sorted(p.name for p in run.iterdir()) == ["best.pt", "config.json", "config.toml", "environment.json", "last.pt", "metrics.csv"]
+
+
+def test_best_is_written_before_last_so_a_failure_between_never_leaves_it_behind(tiny_mnist, tmp_path, quick,
+                                                                                 monkeypatch, invoke, one_error_line):
+    """A disk that takes best.pt and refuses last.pt: epoch 1 is in best.pt, and the line says so and
+    how to resume from it, which works once the disk takes files again."""
+    from ponder_cli import checkpoint as checkpoint_module
+    out = tmp_path / "run"
+    real_save, saves = torch.save, []
+
+    def refusing_the_second(obj, f):  # epoch 1's best.pt, then its last.pt
+        saves.append(f)
+        if len(saves) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_save(obj, f)
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", refusing_the_second)
+    line = one_error_line(invoke("train", *quick, "--epochs", 2, "--data-dir", tiny_mnist, "--out", out))
+    assert line == (f"Error: cannot save checkpoint {out / 'last.pt'}: No space left on device; epoch 1 is saved in "
+                    f"{out / 'best.pt'}; resume with: ponder train --resume {out / 'best.pt'}")
+    assert not (out / "last.pt").exists() and load_checkpoint(out / "best.pt").epoch == 1
+    monkeypatch.setattr(checkpoint_module.torch, "save", real_save)
+    result = invoke("train", "--resume", out / "best.pt", "--data-dir", tiny_mnist, "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert load_checkpoint(out / "last.pt").epoch == 2
 
 
 def test_an_interrupt_while_saving_stays_an_interrupt_and_keeps_the_previous_checkpoint(checkpoint, tmp_path,
@@ -646,7 +794,7 @@ def _can_mount_tmpfs(path: Path) -> bool:
 
 @pytest.mark.skipif(sys.platform != "linux", reason="tmpfs in a private mount namespace")
 def test_disk_full_on_a_real_tmpfs(checkpoint, tiny_mnist, tmp_path):
-    """A 1.5-checkpoint tmpfs as --out: last.pt of epoch 1 fits, best.pt does not."""
+    """A 1.5-checkpoint tmpfs as --out: best.pt of epoch 1 fits, last.pt does not."""
     out = tmp_path / "small"
     out.mkdir()
     if not _can_mount_tmpfs(out):
@@ -659,11 +807,13 @@ def test_disk_full_on_a_real_tmpfs(checkpoint, tiny_mnist, tmp_path):
     done = subprocess.run(["unshare", "-m", "sh", "-c", script, str(out), *command], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 1, done.stderr
-    assert done.stderr.splitlines()[-1] == (f"Error: cannot save checkpoint {out / 'best.pt'}: No space left on "
-                                            "device")
+    # best.pt, written first, fits; last.pt does not: the line names the epoch saved and how to resume
+    assert done.stderr.splitlines()[-1] == (f"Error: cannot save checkpoint {out / 'last.pt'}: No space left on "
+                                            f"device; epoch 1 is saved in {out / 'best.pt'}; resume with: ponder "
+                                            f"train --resume {out / 'best.pt'}")
     assert "Traceback" not in done.stderr
     # epoch 1 saved; no temp file, no lock
-    assert done.stdout.split() == [".", "..", "config.json", "config.toml", "environment.json", "last.pt", "metrics.csv"]
+    assert done.stdout.split() == [".", "..", "best.pt", "config.json", "config.toml", "environment.json", "metrics.csv"]
 
 
 def test_nothing_is_written_inside_the_installed_package_whatever_the_names(tmp_path, monkeypatch, invoke,

@@ -3,6 +3,7 @@ command quietly (exit 141), and losing stderr never stops training."""
 
 import csv
 import io
+import json
 import os
 import subprocess
 import sys
@@ -48,6 +49,29 @@ def test_training_goes_on_when_its_reader_leaves_after_one_line(tiny_mnist, tmp_
     assert sorted(p.name for p in out.iterdir()) == ["best.pt", "config.json", "config.toml", "environment.json", "last.pt", "metrics.csv"]
     assert load_checkpoint(out / "last.pt").epoch == 3
     assert [row["epoch"] for row in _rows(out / "metrics.csv")] == ["1", "2", "3"]
+
+
+def test_a_jsonl_reader_that_leaves_stops_training_as_an_interrupt_does(tiny_mnist, tmp_path):
+    """`ponder train -f jsonl | head -1` (or a jq with a typo): the run stops at its next record,
+    saved, with one line naming the epoch and how to resume, exit 141; the run is interrupted."""
+    from ponder_cli.api import list_runs, run_info
+
+    read_end, write_end = os.pipe()
+    out = tmp_path / "run"
+    with processes.ponder(*TRAIN, "--epochs", "50", "--patience", "0", "-f", "jsonl", "--data-dir", tiny_mnist,
+                          "--out", out, stdout=write_end) as trainer:
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as reader:  # head -1 reads its line and leaves
+            first = json.loads(reader.readline())
+        _, stderr = trainer.communicate(timeout=120)
+    assert first["record"] == "epoch" and first["epoch"] == 1
+    assert trainer.returncode == READER_GONE and "Traceback" not in stderr
+    epoch = load_checkpoint(out / "last.pt").epoch
+    assert 1 < epoch < 50
+    assert stderr.splitlines()[-1] == (f"stdout closed: epoch {epoch} is saved in {out / 'last.pt'}; resume with: "
+                                       f"ponder train --resume {out / 'last.pt'}")
+    assert run_info(out).meta["status"].startswith(f"interrupted after epoch {epoch} of 50")
+    assert [row["status"] for row in list_runs([tmp_path]).rows] == ["interrupted"]
 
 
 def test_training_with_stderr_closed_trains_and_reports(tiny_mnist, tmp_path):

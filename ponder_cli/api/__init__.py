@@ -4,21 +4,18 @@ The CLI parses options, calls one of these and renders the report; everything he
 (and tested) without the CLI. One module per group of commands: evaluation (eval, extrapolate,
 sweep, compare, calibrate), training (train), inspection (predict, info, runs). Here, what they
 share: what every command that reads a model does first (the device, the CHECKPOINT argument
-resolved and said on stderr, the model loaded, the halting rule checked against its method),
-and, for training under torchrun, that only the first signal counts. A library function lets
-Ctrl-C out as Python raises it; the CLI ends every command on one (ponder_cli.interruption).
+resolved and said on stderr, the model loaded, the halting rule checked against its method).
+A library function lets Ctrl-C out as Python raises it; the CLI's one signal handler and error
+boundary end every command on one (cli/app.py, ponder_cli.interruption).
 """
 
 from __future__ import annotations
 
-import contextlib
-import signal
-import threading
 from typing import Callable, Optional
 
 import torch
 
-from .. import Interrupted, PonderError, SigTerm, Terminated
+from .. import Interrupted, PonderError, Terminated
 from ..checkpoint import load_model
 from ..config import PonderConfig
 from ..folders import resolve_checkpoint
@@ -110,55 +107,6 @@ def evaluation_seed(seed: Optional[int], *cfgs) -> int:
         return seed
     seeds = {cfg.training.seed for cfg in cfgs}
     return seeds.pop() if len(seeds) == 1 else PonderConfig.default("seed")
-
-
-# signals: training under torchrun -----------------------------------------------------------------
-# Every command's interrupts are the CLI's (ponder_cli.interruption, cli/app.py); a command that
-# keeps something says what (ponder_cli.keeping). Here, what torchrun adds.
-
-def _ignore(signum, frame) -> None:
-    pass
-
-
-def ignore_signals() -> None:
-    # A Python handler that does nothing, not SIG_IGN: a signal that arrived while this runs
-    # would otherwise surface later as "OSError: Signal 15 ignored due to race condition".
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, _ignore)
-        signal.signal(signal.SIGTERM, _ignore)
-
-
-def _interrupt_once(signum, frame) -> None:
-    # Under torchrun a Ctrl-C reaches every rank and torchrun follows it with SIGTERM, and it
-    # sends SIGTERM to the remaining ranks as soon as one exits with an error: the first signal
-    # interrupts, later ones are ignored (a second interrupt while unwinding would be a
-    # traceback). torchrun sends SIGKILL 30 s later to anything still running.
-    ignore_signals()
-    raise SigTerm() if signum == signal.SIGTERM else KeyboardInterrupt()
-
-
-@contextlib.contextmanager
-def first_signal_only(torchrun: bool):
-    """Under torchrun (see _interrupt_once) only the first SIGINT or SIGTERM counts, and once
-    training has failed this process is on its way out: signals stay ignored. A plain process
-    is left as it is (signal handlers can only be set from the main thread)."""
-    if not torchrun or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    signals = (signal.SIGTERM, signal.SIGINT)
-    previous = {sig: signal.signal(sig, _interrupt_once) for sig in signals}
-    failed = False
-    try:
-        yield
-    except BaseException:
-        failed = True
-        raise
-    finally:
-        if failed:
-            ignore_signals()
-        else:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
 
 # one module per group of commands: after what they share, above, which they import

@@ -12,16 +12,17 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from .. import PonderError, brief, distributed, keeping
+from .. import PonderError, SigTerm, brief, distributed, keeping
+from ..checkpoint import CheckpointNotSaved
 from ..config import PonderConfig, duration_text, parse_duration, read_config_file
 from ..data import resolve_data_dir
 from ..render import config_lines, epoch_line
-from ..reports import Report, epoch_record, training_report
+from ..reports import Report, epoch_record, stopped_record, training_report
 from ..runs import RunFolder, plan_training, require_tensorboard, resolve_config
 from ..runtime import amp_dtype
 from ..tasks import get_task
 from ..train import TIME_LIMIT, train
-from . import device_and_amp, device_line, first_signal_only, ignore_signals, on_device
+from . import device_and_amp, device_line, on_device
 
 
 @dataclass(frozen=True)
@@ -79,11 +80,14 @@ def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, d
 def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = lambda line: None,
               records: Optional[Callable[[dict], None]] = None) -> Optional[Report]:
     """Train with the options the user gave (see runs.plan_training) and report the run;
-    `records`, when given, gets each epoch's record (reports.epoch_record) as the epoch ends.
+    `records`, when given, gets each epoch's record (reports.epoch_record) as the epoch ends,
+    and a last one when training stops short (reports.stopped_record: interrupted, terminated,
+    an error), where it can still be written.
 
     The run folder is locked while training (runs.RunLock). An interrupt (Ctrl-C; SIGTERM too
-    under the CLI) stops training with the last completed epoch in last.pt, and says which and
-    how to resume (ponder_cli.keeping).
+    under the CLI; a reader of `records` that left) stops training with the last completed
+    epoch in last.pt, and says which and how to resume (ponder_cli.keeping); so does a
+    checkpoint the disk would not take.
 
     Under torchrun (distributed.launch) every process calls this with the same arguments and
     trains on its share of every global batch of --batch-size images, on cuda:LOCAL_RANK on
@@ -133,7 +137,7 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None],
             records(epoch_record(stats))
 
     finished = False
-    with keeping(folder.resume_hint), first_signal_only(torchrun=where is not None):
+    with keeping(folder.resume_hint), _said_when_stopped(records if main else None, folder):
         try:
             task = get_task(cfg)
             train_set, val_set = task.load_training(resolve_data_dir(options.data_dir), options.download)
@@ -151,10 +155,11 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None],
                 log(f"{result.stop_note}; {folder.resume_hint()} --time-limit {duration_text(options.time_limit)}"
                     if result.stop_reason == TIME_LIMIT else result.stop_note)
             finished = True
+        except CheckpointNotSaved as exc:  # a full or read-only disk: what the run has, how to go on
+            raise PonderError(f"{exc.problem}; {folder.resume_hint()}") from None
         except RuntimeError as exc:
             if not distributed.lost_peer(exc):
                 raise
-            ignore_signals()  # torchrun's SIGTERM follows: this rank is on its way out already
             # Another rank died or stalled: the collective this rank was in failed instead of hanging.
             raise PonderError(f"training stopped: another process of the run failed or stopped answering "
                               f"({brief(exc)}); {folder.resume_hint()}") from None
@@ -163,6 +168,24 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None],
     distributed.teardown()
     return on_device(training_report(cfg, result, time.perf_counter() - started, view=get_task(cfg).view()),
                      dev) if main else None
+
+
+@contextlib.contextmanager
+def _said_when_stopped(records: Optional[Callable[[dict], None]], folder: RunFolder):
+    """Training that stops short ends its stream of records with one saying why and what the run
+    kept; not where the stream itself is gone (BrokenPipeError), nor where it can no longer be
+    written."""
+    try:
+        yield
+    except (KeyboardInterrupt, PonderError) as exc:
+        if records is not None:
+            why = ("terminated" if isinstance(exc, SigTerm) else "interrupted" if isinstance(exc, KeyboardInterrupt)
+                   else "error")
+            kept = folder.kept()
+            with contextlib.suppress(OSError, ValueError):  # the reader left too (Ctrl-C in a pipeline)
+                records(stopped_record(why, *(kept or (None, None)),
+                                       folder.resume_hint() if why != "error" else str(exc)))
+        raise
 
 
 def _training_line(cfg, data: str, device: str, dev, amp: bool, where, plan) -> str:

@@ -3,9 +3,10 @@ edge, and what the commands share: chatter on stderr, progress bars, rendering a
 evaluation options (no torch until a command runs).
 
 Results go to stdout: a closed one (`>&-`) is refused before any work, and a reader that leaves
-(`| head`) ends the command quietly with READER_GONE. Chatter goes to stderr: losing it (a
-closed stream, a reader that left) never stops or corrupts the work, training above all; what
-follows is dropped quietly.
+(`| head`) ends the command with READER_GONE: quietly, or with one line where the command had
+kept something (training's saved epoch: ponder_cli.StdoutClosed). Chatter goes to stderr:
+losing it (a closed stream, a reader that left) never stops or corrupts the work, training
+above all; what follows is dropped quietly.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Optional, TextIO
 import typer
 from typer.core import TyperGroup
 
-from .. import PonderError, PonderWarning, SigTerm, __version__, interruption
+from .. import PonderError, PonderWarning, SigTerm, StdoutClosed, __version__, hold_interrupt, interruption
 from ..cli_options import InstallCompletionOption, Protocol, ShowCompletionOption, bare_completion_options
 from ..render import ASCII_ERRORS, OutputFormat
 
@@ -34,7 +35,8 @@ class PonderGroup(TyperGroup):
     becomes one line on stderr and a non-zero exit, never a traceback; so does an interrupt
     (Ctrl-C, SIGTERM: signals_interrupt), in every command alike. The standard streams are
     handled here too (below): stderr may be lost without harm; results need a stdout, and
-    a reader that leaves it ends the command quietly with READER_GONE."""
+    a reader that leaves it ends the command with READER_GONE, as an interrupt where the
+    command had kept something."""
 
     def parse_args(self, ctx, args):
         return super().parse_args(ctx, bare_completion_options(args))
@@ -57,20 +59,18 @@ class PonderGroup(TyperGroup):
             if sys.stdout is not None:
                 sys.stdout.flush()  # buffered results meet a closed pipe here, inside the boundary
             return result
-        except BrokenPipeError:  # stdout's reader left (stderr's are dropped by Chatter)
+        except BrokenPipeError as exc:  # stdout's reader left (stderr's are dropped by Chatter)
             reader_gone()
-            raise typer.Exit(READER_GONE) from None
+            if not hasattr(exc, "kept"):  # nothing kept to speak of (`ponder runs | head`): quietly
+                raise typer.Exit(READER_GONE) from None
+            _stopped(ctx, exc)
         except typer.BadParameter as exc:
             exc.message = parameter_message(exc)
             raise
         except PonderError as exc:
             _fail(f"{exc.headline}: {exc}", exc.exit_code, exc)
-        except KeyboardInterrupt as exc:
-            # Ctrl-C or SIGTERM (signals_interrupt), in any command: one line, the shell's status
-            # for the signal, not click's "Aborted!"; what was kept, where the command kept any
-            command = " ".join(filter(None, ("ponder", ctx.invoked_subcommand)))
-            stopped = interruption(exc, f"{command} stopped before its results; nothing was written")
-            _fail(f"{stopped.headline}: {stopped}", stopped.exit_code, stopped)
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (signals_interrupt), in any command
+            _stopped(ctx, exc)
         except OSError as exc:
             _fail(f"Error: {exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}", 1, exc)
 
@@ -92,9 +92,25 @@ def parameter_message(exc: "typer.BadParameter") -> str:
     return exc.message.removeprefix("Value error, ")
 
 
+def _stopped(ctx, exc: BaseException) -> None:
+    """An interrupt or a reader gone as one line, the shell's status for the signal, not click's
+    "Aborted!": what was kept, where the command kept any."""
+    command = " ".join(filter(None, ("ponder", ctx.invoked_subcommand)))
+    stopped = interruption(exc, f"{command} stopped before its results; nothing was written")
+    _fail(f"{stopped.headline}: {stopped}", stopped.exit_code, stopped)
+
+
 def _fail(line: str, code: int, exc: Exception) -> None:
-    """Print the error line and exit with `code`. Under torchrun, the processes that print it are
-    those distributed.error_line picks, and one still in a process group leaves at once."""
+    """Print the error line and exit with `code`; a signal from here on is ignored (the command
+    is ending), and results left unwritten for a reader that left are dropped. Under torchrun,
+    the processes that print it are those distributed.error_line picks, and one still in a
+    process group leaves at once."""
+    _Signals.ending = True
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except (OSError, ValueError):  # else the interpreter's last flush fails at exit, with a message
+        reader_gone()
     if "WORLD_SIZE" in os.environ:  # under torchrun (only then is torch imported here)
         from ..distributed import error_line, leave_now
         line = error_line(line, exc)
@@ -174,30 +190,47 @@ def run_evaluation(command: str, checkpoint: Optional[str], angles: Optional[lis
     render_and_plot(report, fmt, plot, quiet)
 
 
-# signals -------------------------------------------------------------------------------------------
+# signals: the one handler ------------------------------------------------------------------------
 
-def _raise_sigterm(signum, frame) -> None:
-    raise SigTerm()
+class _Signals:
+    ending = False  # a signal has interrupted the command, or it is ending anyway: ignore the rest
+
+
+def _interrupt(signum, frame) -> None:
+    """The process's one SIGINT and SIGTERM handler while a command runs: the first is raised
+    where the program is (SIGTERM as SigTerm), or, while a checkpoint is being written, once it
+    is (ponder_cli.uninterrupted). Those that follow are ignored: a second Ctrl-C while the
+    first unwinds would be a traceback, and under torchrun a Ctrl-C reaches every rank, followed
+    by torchrun's SIGTERM, which it also sends to the other ranks when one exits."""
+    if _Signals.ending:
+        return
+    _Signals.ending = True
+    interrupt = SigTerm() if signum == signal.SIGTERM else KeyboardInterrupt()
+    if not hold_interrupt(interrupt):
+        raise interrupt
 
 
 @contextlib.contextmanager
 def signals_interrupt():
-    """While a command runs, Ctrl-C (SIGINT) and SIGTERM interrupt it, however the process was
-    started: a non-interactive shell starts a background job (`ponder train ... &`) with SIGINT
-    ignored, and SIGTERM would end the process on the spot, with no word and no cleanup. The
-    handlers found are put back afterwards (signal handlers belong to the main thread)."""
+    """While a command runs, SIGINT (Ctrl-C) and SIGTERM interrupt it (_interrupt), rather than
+    end it on the spot with no word and no cleanup (SIGTERM's default). A signal the process
+    started with ignored stays ignored, as Python keeps it: a non-interactive shell starts a
+    background job (`ponder train … &`) with SIGINT ignored, so that a Ctrl-C meant for the
+    foreground leaves it alone; SIGTERM stops it. The handlers found are put back afterwards
+    (signal handlers belong to the main thread)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    _Signals.ending = False
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    if previous[signal.SIGINT] in (signal.SIG_IGN, signal.SIG_DFL):
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _raise_sigterm)
+    for sig, handler in previous.items():
+        if handler != signal.SIG_IGN:
+            signal.signal(sig, _interrupt)
     try:
         yield
     finally:
         for sig, handler in previous.items():
-            if handler is not None:  # None: a handler set from C, which Python cannot put back
+            if handler not in (None, signal.SIG_IGN):  # None: set from C, which Python cannot put back
                 signal.signal(sig, handler)
 
 
@@ -205,7 +238,7 @@ def signals_interrupt():
 
 # 128 + SIGPIPE: the status a shell gives any tool whose reader left (`git log | head`), so a
 # script with `set -o pipefail` sees ponder as it sees every other program.
-READER_GONE = 141
+READER_GONE = StdoutClosed.exit_code
 
 
 def _fileno(stream) -> Optional[int]:

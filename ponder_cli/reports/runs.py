@@ -58,6 +58,14 @@ def epoch_record(stats) -> dict:
     return {"format_version": FORMAT_VERSION, "record": "epoch", "command": "train", **asdict(stats)}
 
 
+def stopped_record(why: str, epoch: Optional[int], checkpoint, message: str) -> dict:
+    """The last record of `ponder train -f jsonl` when training stops short: why (interrupted,
+    terminated, error), the epoch saved and its checkpoint (null: none), and the message that
+    ends the command on stderr (for an interrupt, the resume hint)."""
+    return {"format_version": FORMAT_VERSION, "record": "stopped", "command": "train", "why": why, "epoch": epoch,
+            "checkpoint": None if checkpoint is None else str(checkpoint), "message": message}
+
+
 # predict ---------------------------------------------------------------------------------------
 
 PREDICT_COLUMNS = [Column("input", "input", "s", wrap=True), Column("prediction", "prediction"),
