@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -152,6 +153,46 @@ def _recorded_labels(folder: Path, cfg: PonderConfig) -> Labels:
     except (OSError, ValueError, TypeError, KeyError, PonderError):
         return Labels()
     return Labels.of(saved) if same else Labels()
+
+
+def reproducing_command(cfg: PonderConfig, init_from: Optional[str] = None) -> str:
+    """The `ponder train` command that trains this configuration again, shell-quoted, with only
+    what a fresh run would not take by itself: the pieces that are not the defaults (nor implied
+    by an earlier one), then each setting they read whose value differs from what a fresh run of
+    them takes (default, implied or derived), in the configuration's order."""
+    given: dict = {}
+    for kind in ("task", "step", "method"):
+        if PonderConfig.of(**given).value(kind) != cfg.value(kind):
+            given[kind] = cfg.value(kind)
+    chosen = cfg.chosen()
+    for _ in range(3):  # a setting given can change what another derives (parity's counts from --elems)
+        fresh = PonderConfig.of(**given)
+        more = {key: cfg.value(key) for key in cfg.field_names()
+                if key not in given and applies(key, chosen) and cfg.value(key) != fresh.value(key)}
+        if not more:
+            break
+        given.update(more)
+
+    def same(settings: dict) -> bool:
+        try:
+            fresh = PonderConfig.of(**settings)
+        except PonderError:
+            return False
+        return all(fresh.value(key) == cfg.value(key) for key in cfg.field_names() if applies(key, chosen))
+    for key in [key for key in given if key not in chosen]:  # what another setting derives goes unsaid
+        fewer = {k: v for k, v in given.items() if k != key}
+        if same(fewer):
+            given = fewer
+    words = ["ponder", "train"]
+    for key in (key for key in cfg.field_names() if key in given):
+        option, value = "--" + key.replace("_", "-"), given[key]
+        if isinstance(value, bool):
+            words.append(option if value else "--no-" + option[2:])
+        else:
+            words += [option, repr(value) if isinstance(value, float) else str(value)]
+    if init_from is not None:
+        words += ["--init-from", init_from]
+    return " ".join(shlex.quote(word) for word in words)
 
 
 def describe_run(cfg: PonderConfig) -> str:

@@ -18,6 +18,7 @@ from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SH
                        lock_holder, resolve_checkpoint, run_time, runs_under, shipped_path)
 from ..methods import get_method
 from ..render import Column
+from ..runs import reproducing_command
 from ..reports import Report, diff_report, info_report, make_meta, prediction_report, runs_report
 from ..tasks import InputOptions, get_task, uniforms as draw_uniforms
 from . import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named, steps_run
@@ -164,6 +165,9 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
     saved = _saved_run_config(folder)
     if saved is not None and saved.get("config") == cfg.to_dict():  # the same run's record, not a stale one
         sources = saved.get("sources") or {}
+    else:
+        saved = None
+    labels, init_from = Labels.of(saved), saved.get("init_from") if saved else None
     _, status = run_status(state, resolved.path)
     resumable = all(getattr(state, key) is not None for key in state.RESUME_KEYS)
     best = _best(state)
@@ -172,7 +176,8 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
                "best_val_accuracy": best["val_accuracy"] if best else None,
                "best_val_steps": best["val_steps"] if best else None, "stopped_early": state.stopped_early,
                "resumable": resumable,
-               "training_step": (state.history[-1].get("training_step") or None) if state.history else None}
+               "training_step": (state.history[-1].get("training_step") or None) if state.history else None,
+               **labels.to_dict(), "init_from": init_from, "train_command": reproducing_command(cfg, init_from)}
     return info_report(str(resolved.path), cfg, [dict(h) for h in state.history], summary,
                        shown=cfg.shown_fields(), sources=sources, view=get_task(cfg).view())
 

@@ -14,6 +14,7 @@ import torch
 from .. import PonderError, brief, distributed, keeping
 from ..config import PonderConfig, read_config_file
 from ..data import resolve_data_dir
+from ..folders import Labels
 from ..render import config_lines, epoch_line
 from ..reports import Report, epoch_record, training_report
 from ..runs import RunFolder, plan_training, require_tensorboard, resolve_config
@@ -37,6 +38,7 @@ class TrainOptions:
     config_file: Optional[Path] = None  # settings read from a file (config.read_config_file); `given` overrides them
     deterministic: bool = False  # only deterministic kernels (deterministic_kernels): a training option, not a model's
     cuda_graphs: bool = True  # on CUDA, capture the training batch once and replay it (train.BatchStep)
+    labels: Labels = Labels()  # the run's name, tags and note (folders.Labels): kept in config.json, no setting
 
 
 @contextlib.contextmanager
@@ -105,7 +107,7 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None],
         log = lambda line: None  # noqa: E731  rank 0 alone speaks
     settings, origins = _settings(given, options.config_file)
     plan = plan_training(settings, resume=options.resume, out=options.out, overwrite=options.overwrite,
-                         origins=origins)
+                         origins=origins, labels=options.labels)
     cfg = plan.cfg
     if plan.resumed is not None:
         log(f"using {plan.resumed.path} ({plan.resumed.why})")

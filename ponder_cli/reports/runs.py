@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
@@ -129,6 +130,9 @@ def info_report(checkpoint: str, cfg, history: list[dict], summary: dict, *, sho
               f"{best}: val accuracy {cell_text(summary['best_val_accuracy'], '.4f')}, "
               f"val steps {cell_text(summary['best_val_steps'], '.2f')}"),
              ("configuration", configuration)]
+    labels = [("name", summary.get("name")), ("tags", " ".join(summary.get("tags") or ())), ("note", summary.get("note")),
+              ("initialised from", summary.get("init_from"))]
+    facts[1:1] = [(what, value) for what, value in labels if value]  # what the researcher called it, first
     path = history[-1].get("training_step") if history else None
     if _step_line(path):
         facts.insert(-1, ("training batches", path))
@@ -137,8 +141,29 @@ def info_report(checkpoint: str, cfg, history: list[dict], summary: dict, *, sho
     facts_columns = [Column("what", "", "s"), Column("value", "", "s", wrap=True)]  # no headers: no header row
     return Report(meta=meta, buckets=history, columns=facts_columns, table_rows=rows, title=checkpoint,
                   detail=("History", table, HISTORY_COLUMNS) if history else None,
-                  footer="" if history else "no per-epoch history in this checkpoint",
+                  footer="\n".join(([] if history else ["no per-epoch history in this checkpoint"])
+                                    + [shell_lines("reproduce:", summary["train_command"])]),
                   plot_series={"history": history, "best": [{"epoch": best}]}, plot_kind="history")
+
+
+def shell_lines(prefix: str, command: str, width: int = 80) -> str:
+    """`prefix` and a long shell command over lines of `width` at most, each but the last ending
+    in ` \\`: the command's lines pasted into a shell run it whole. An option stays with its value."""
+    pieces: list[str] = []
+    for word in shlex.split(command):
+        quoted = shlex.quote(word)
+        if pieces and pieces[-1].startswith("-") and " " not in pieces[-1] and not word.startswith("-"):
+            pieces[-1] += " " + quoted
+        else:
+            pieces.append(quoted)
+    lines = [prefix]
+    for piece in pieces:
+        if len(lines[-1]) > len(prefix) and len(lines[-1]) + 1 + len(piece) > width - 2:
+            lines[-1] += " \\"
+            lines.append("  " + piece)
+        else:
+            lines[-1] += " " + piece
+    return "\n".join(lines)
 
 
 # runs ------------------------------------------------------------------------------------------
