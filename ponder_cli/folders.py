@@ -30,6 +30,7 @@ CONFIG_TOML = "config.toml"  # the settings as `ponder train --config` reads the
 ENVIRONMENT_FILE = "environment.json"  # what the run ran on (runs.py)
 LATEST = "latest"  # the CHECKPOINT word for the newest run under runs/
 LOCK_FILE = ".ponder.lock"
+TRASH = ".trash"  # where `ponder runs rm` moves a run: beside it (one file system), hidden from listings
 TENSORBOARD_EVENTS = "events.out.tfevents.*"  # what `train --tensorboard` writes (runs.py)
 # every file a run writes into its folder: a folder holding any of them is not a fresh one
 RUN_FILES = (*CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, METRICS_FILE, ENVIRONMENT_FILE)
@@ -439,3 +440,27 @@ def enclosing_run(folder: Path) -> Optional[Path]:
                 return parent.relative_to(Path.cwd())
             return parent
     return None
+
+
+def trashes_under(folder: Path) -> list[Path]:
+    """The trash folders (.trash, of `ponder runs rm`) in `folder` and below it, at any depth, as
+    runs_under looks (never inside a run folder, a hidden folder or a virtual environment)."""
+    found, seen, todo = [], set(), [Path(folder)]
+    while todo:
+        here = todo.pop()
+        if is_run_folder(here) or inside_package(here):
+            continue
+        try:
+            key = here.resolve()
+            if key in seen:
+                continue
+            seen.add(key)
+            entries = list(os.scandir(here))
+        except (OSError, RuntimeError):
+            continue
+        if any(entry.name == "pyvenv.cfg" for entry in entries) and here != Path(folder):
+            continue
+        found += [here / TRASH for entry in entries if entry.name == TRASH and _is_dir(entry)]
+        todo += sorted((here / entry.name for entry in entries if not entry.name.startswith((".", "__"))
+                        and entry.name not in SKIPPED and _is_dir(entry)), reverse=True)
+    return found

@@ -29,6 +29,7 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
@@ -37,8 +38,9 @@ from .checkpoint import load_checkpoint
 from .config import PonderConfig, applies, inapplicable, render_config, spelled
 from .registry import FORMAT_VERSION
 from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR,
-                      Labels, Resolved, RunLock, check_unlocked, enclosing_run, package_dir, package_problem,
-                      resolve_checkpoint, run_files_in, runs_inside, started_now)
+                      LOCK_FILE, TRASH, Labels, Resolved, RunLock, check_unlocked, enclosing_run, is_run_folder,
+                      package_dir, package_problem, resolve_checkpoint, run_files_in, runs_inside, started_now,
+                      trashes_under)
 from .render import csv_cell, value_text as spelled_value
 from .tasks import get_task
 from .train import EpochStats
@@ -615,3 +617,104 @@ class EventLog:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+
+# The trash: `ponder runs rm` moves a run folder into .trash/ beside it, with a note of where it
+# was; `--restore` moves it back as it was, and `--empty` alone deletes. -----------------------
+
+TRASH_NOTE = "trashed.json"  # in each trash entry, beside the run folder it holds (`run/`)
+
+
+def trash_run(folder: Path) -> dict:
+    """Move a run folder into <its parent>/.trash/<name>.<UTC time>/run, with trashed.json saying
+    where it was and when it left. A run being trained is refused: its lock is taken while the
+    folder moves, so no `ponder train` starts there meanwhile."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise PonderError(f"{folder} {file_problem(folder) or 'is a file'}: `ponder runs rm` takes run folders "
+                          f"(`ponder runs` lists them)")
+    if not is_run_folder(folder):
+        below = runs_inside(folder)
+        what = (f"a folder of runs ({', '.join(str(run) for run in below[:3])}{', ...' if len(below) > 3 else ''}): "
+                f"name each run to remove" if below else "not a run folder: `ponder runs` lists them")
+        raise PonderError(f"{folder} is {what}")
+    if _same_path(folder, Path.cwd()) or any(_same_path(folder, parent) for parent in Path.cwd().parents):
+        raise PonderError(f"{folder} holds the current folder; run `ponder runs rm` from outside it")
+    lock = RunLock(folder).acquire()  # refused, naming its PID, when a live run holds the folder
+    try:
+        stamp = datetime.now(timezone.utc)
+        trash = folder.parent / TRASH
+        trash.mkdir(exist_ok=True)
+        entry = trash / f"{folder.name}.{stamp.strftime('%Y%m%dT%H%M%S.%fZ')}"
+        entry.mkdir()
+        note = {"format_version": FORMAT_VERSION, "run": str(folder), "original": os.path.abspath(folder),
+                "removed": stamp.isoformat()}
+        _replace_atomically(entry / TRASH_NOTE, lambda f: f.write(json.dumps(note, indent=2) + "\n"))
+        os.rename(folder, entry / "run")
+    except OSError as exc:
+        lock.release()
+        raise PonderError(f"cannot move {folder} to the trash: {exc.strerror or exc}") from None
+    (entry / "run" / LOCK_FILE).unlink(missing_ok=True)  # ours, taken for the move: the run as it was
+    lock.held = False
+    return {"run": str(folder), "trash": str(entry), "removed": note["removed"]}
+
+
+def _trashed(entry: Path) -> Optional[dict]:
+    """A trash entry's note, when it is one (its run folder there too)."""
+    try:
+        note = json.loads((entry / TRASH_NOTE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return note if isinstance(note, dict) and (entry / "run").is_dir() and "original" in note else None
+
+
+def restore_run(given: Path) -> dict:
+    """Move a trashed run back where it was, as it was: `given` is the path it had (the newest
+    entry of that path in the trash beside it) or a trash entry's own."""
+    given = Path(given)
+    if _trashed(given) is not None:
+        entry = given
+    else:
+        original = os.path.abspath(given)
+        entries = sorted(((note["removed"], entry) for entry in _entries(given.parent / TRASH)
+                          for note in [_trashed(entry)] if note["original"] == original), reverse=True)
+        if not entries:
+            raise PonderError(f"no run {given} in {given.parent / TRASH}/: `ponder runs rm --restore` takes the path "
+                              f"a removed run had (or its entry in the trash)")
+        entry = entries[0][1]
+    note = _trashed(entry)
+    target = Path(note["original"])
+    if os.path.lexists(target):
+        raise PonderError(f"{given} exists again (something else is there now): move it aside, then restore; the "
+                          f"removed run stays in {entry}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(entry / "run", target)
+    except OSError as exc:
+        raise PonderError(f"cannot restore {given}: {exc.strerror or exc}; it stays in {entry}") from None
+    (entry / TRASH_NOTE).unlink()
+    entry.rmdir()
+    with contextlib.suppress(OSError):
+        entry.parent.rmdir()  # the trash, when this was its last run
+    return {"run": note.get("run") or str(given), "trash": str(entry), "removed": note.get("removed")}
+
+
+def _entries(trash: Path) -> list[Path]:
+    try:
+        return sorted(path for path in trash.iterdir() if _trashed(path) is not None)
+    except OSError:
+        return []
+
+
+def empty_trash(folders: Iterable[Path]) -> list[dict]:
+    """Delete every trashed run under these folders (in each .trash beside runs, at any depth):
+    the one way `ponder` deletes a run."""
+    done = []
+    for trash in dict.fromkeys(trash.resolve() for folder in folders for trash in trashes_under(Path(folder))):
+        for entry in _entries(trash):
+            note = _trashed(entry)
+            shutil.rmtree(entry)
+            done.append({"run": note.get("run"), "trash": str(entry), "removed": note.get("removed")})
+        with contextlib.suppress(OSError):
+            trash.rmdir()
+    return done

@@ -250,6 +250,26 @@ def runs_report(rows: list[dict], folders: list[str], settings: Optional[list[st
                   title=f"Runs under {where}", caption=chosen, footer=footer, keys=keys)
 
 
+TRASH_TITLES = {"removed": "Moved to the trash", "restored": "Restored from the trash",
+                "deleted": "Deleted from the trash"}
+
+
+def trash_report(rows: list[dict], action: str, folders: list[str]) -> Report:
+    """runs rm: one bucket per run moved to the trash, restored, or deleted from it (`action`)."""
+    meta = {"command": "runs rm", "task": None, "checkpoints": [], "method": None, "step": None, "protocol": None,
+            "halting": None, "seed": None, "device": None, "action": action, "runs": len(rows)}
+    if action == "removed":
+        footer = (f"restore with: ponder runs rm --restore {' '.join(shlex.quote(row['run']) for row in rows)}\n"
+                  f"delete for good: ponder runs rm --empty")
+    elif action == "deleted" and not rows:
+        footer = f"no trash under {' and '.join(f'{folder}/' for folder in folders)}: nothing deleted"
+    else:
+        footer = ""
+    columns = [Column("run", "run", "s", wrap=True), Column("trash", "in the trash" if action == "removed" else "was in",
+                                                            "s", wrap=True)]
+    return Report(meta=meta, buckets=rows, columns=columns, title=TRASH_TITLES[action], footer=footer)
+
+
 # diff ------------------------------------------------------------------------------------------
 
 DIFF_LABELS = {"status": "status", "epoch": "epochs trained", "best_epoch": "best epoch",
