@@ -31,10 +31,10 @@ import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Union
 
 from . import PonderError, PonderWarning, __version__, brief, file_problem, name_length_problem
-from .checkpoint import load_checkpoint
+from .checkpoint import load_checkpoint, new_model
 from .config import PonderConfig, applies, inapplicable, render_config, spelled
 from .registry import FORMAT_VERSION
 from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR,
@@ -58,6 +58,47 @@ class TrainingPlan:
     sources: dict = field(default_factory=dict)  # field -> where its value came from (PonderConfig.sources)
     resumed: Optional["Resolved"] = None  # the checkpoint --resume named, and how
     labels: Labels = field(default_factory=Labels)  # its name, tags and note (a resumed run's, then those given)
+    init: Optional["StartingWeights"] = None  # --init-from: the weights a fresh run starts from
+    init_from: Optional[str] = None  # the checkpoint those came from, as config.json records it (a resumed run's too)
+
+
+@dataclass(frozen=True)
+class StartingWeights:
+    """--init-from: another run's weights, which a fresh run starts from (a new run: epoch 1, a
+    fresh optimizer, its own folder), the settings it did not give taken from that run."""
+    path: Path  # the checkpoint read
+    why: str  # how the argument led there (folders.Resolved)
+    state: object  # its checkpoint.TrainingState
+
+    @classmethod
+    def read(cls, given: Union[str, Path]) -> "StartingWeights":
+        resolved = resolve_checkpoint(given, file=BEST)
+        with warnings.catch_warnings():  # a setting its pieces do not read: said when its settings are taken
+            warnings.simplefilter("ignore", PonderWarning)
+            return cls(resolved.path, resolved.why, load_checkpoint(resolved.path))
+
+    def settings(self, given: dict) -> dict:
+        """Its run's settings that the pieces of the new run read (the pieces given, else its own),
+        for those not given."""
+        saved = self.state.config
+        chosen = {kind: given.get(kind, saved.value(kind)) for kind in ("task", "step", "method")}
+        return {key: value for key, value in saved.to_dict().items()
+                if key not in given and applies(key, chosen) and value is not None}
+
+    def check_fits(self, cfg: PonderConfig) -> None:
+        """Its weights load into the model `cfg` builds, tensor for tensor, or one error naming
+        those that differ (a step, a size changed) and what to do."""
+        model = new_model(cfg).state_dict()
+        theirs = self.state.model
+        differ = [f"{name} {tuple(model[name].shape)} here, {tuple(theirs[name].shape)} there"
+                  for name in model if name in theirs and tuple(model[name].shape) != tuple(theirs[name].shape)]
+        missing, extra = [n for n in model if n not in theirs], [n for n in theirs if n not in model]
+        if differ or missing or extra:
+            what = "; ".join([*differ[:3], *([f"{len(missing)} tensors of this model not in it ({missing[0]}, ...)"] if missing else []),
+                              *([f"{len(extra)} of its tensors not in this model ({extra[0]}, ...)"] if extra else [])])
+            raise PonderError(f"--init-from {self.path}: its weights do not fit this run's model ({what}); keep the "
+                              f"settings that shape the model (step, hidden sizes, task) as that run had them "
+                              f"(`ponder info {self.path}` shows them)")
 
 
 def resolve_config(given: dict, resume: Optional[Path] = None, origins: Optional[dict] = None):
@@ -95,7 +136,7 @@ def resolve_config(given: dict, resume: Optional[Path] = None, origins: Optional
 
 def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[Path] = None,
                   overwrite: bool = False, origins: Optional[dict] = None,
-                  labels: Optional[Labels] = None) -> TrainingPlan:
+                  labels: Optional[Labels] = None, init: Optional[StartingWeights] = None) -> TrainingPlan:
     """The config (resolve_config) and output folder of a run; writes nothing.
 
     A fresh run writes to a new folder under runs/ unless --out names one; a resumed run to its
@@ -112,17 +153,23 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     if problem:
         raise PonderError(f"{problem}; name a folder outside it, or leave out --out for a fresh folder under "
                           f"{RUNS_DIR}/")
+    if init is not None and resume is not None:
+        raise PonderError("--init-from starts a new run from another's weights, --resume continues a run: give one")
     cfg, sources, state, resumed = resolve_config(given, resume, origins)
     labels = labels or Labels()
     if state is None:
+        if init is not None:
+            init.check_fits(cfg)
+        started = dict(sources=sources, labels=labels, init=init, init_from=str(init.path) if init else None)
         if out is None:
             refuse_hiding(free_run_dir(cfg), cfg, None)
-            return TrainingPlan(cfg, free_run_dir(cfg), fresh_folder=True, sources=sources, labels=labels)
+            return TrainingPlan(cfg, free_run_dir(cfg), fresh_folder=True, **started)
         refuse_hiding(out, cfg, "--out")
         check_unlocked(out)
         refuse_foreign_checkpoints(out, overwrite)
-        return TrainingPlan(cfg, out, sources=sources, labels=labels)
-    labels = _recorded_labels(resumed.path.parent, state.config).replaced_by(labels)
+        return TrainingPlan(cfg, out, **started)
+    recorded = _recorded(resumed.path.parent, state.config)
+    labels = Labels.of(recorded).replaced_by(labels)
     resume = resumed.path
     out_dir = out if out is not None else Path(resume).parent
     check_unlocked(out_dir)
@@ -141,20 +188,21 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     elif not overwrite:
         _refuse_another_run(state, Path(resume), out_dir)
         _refuse_rewind(state, Path(resume), out_dir / LAST)
-    return TrainingPlan(cfg, out_dir, state, sources=sources, resumed=resumed, labels=labels)
+    return TrainingPlan(cfg, out_dir, state, sources=sources, resumed=resumed, labels=labels,
+                        init_from=recorded.get("init_from") if recorded else None)
 
 
-def _recorded_labels(folder: Path, cfg: PonderConfig) -> Labels:
-    """The labels a run folder's config.json records for the run `cfg` describes (none for
-    another run's record, or none at all)."""
+def _recorded(folder: Path, cfg: PonderConfig) -> Optional[dict]:
+    """A run folder's config.json when it records the run `cfg` describes (its labels, where its
+    weights started), else None (another run's record, or none at all)."""
     try:
         saved = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", PonderWarning)
             same = _same_run(PonderConfig.from_dict(saved["config"]), cfg)
     except (OSError, ValueError, TypeError, KeyError, PonderError):
-        return Labels()
-    return Labels.of(saved) if same else Labels()
+        return None
+    return saved if same else None
 
 
 def reproducing_command(cfg: PonderConfig, init_from: Optional[str] = None) -> str:
@@ -469,6 +517,7 @@ class RunFolder:
             self.copies.append(carried.name)
         cfg = plan.cfg
         write_run_config(out_dir, cfg, plan.sources, started=started_now(), labels=plan.labels.to_dict(),
+                         init_from=plan.init_from,
                          resumed_from=str(plan.resumed.path) if plan.resumed else None,
                          resumed_after_epoch=plan.resume.epoch if plan.resume else None, device=self.device,
                          amp=self.amp, processes=self.processes,

@@ -452,20 +452,23 @@ def graph_pieces(model: torch.nn.Module, method: Method, source: TrainingSource,
 def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
           out_dir: Path, amp: bool = False, resume: TrainingState | None = None,
           on_epoch: Callable[[EpochStats], None] | None = None, progress: bool = True,
-          log: Callable[[str], None] | None = None, cuda_graphs: bool = True) -> TrainResult:
+          log: Callable[[str], None] | None = None, cuda_graphs: bool = True, init: dict | None = None) -> TrainResult:
     """Train, validating once per epoch; write last.pt every epoch and best.pt on improvement.
     train_set and val_set are the task's (MNIST: ImageSets; parity: None, batches drawn on the fly,
     and a fixed ParityBatch). `resume`: a checkpoint whose config equals cfg up to the epochs and
     patience (runs.plan_training), continued at the next epoch. `log` gets the run's estimated
     duration once the first batches are timed. `cuda_graphs`: on CUDA, capture the batch once and
     replay it (BatchStep). Under torchrun every rank calls train() with the same arguments; rank 0
-    alone validates and writes, and every rank returns the same result.
+    alone validates and writes, and every rank returns the same result. `init`: weights the fresh
+    model starts from (--init-from, checked to fit by runs.StartingWeights).
     """
     out_dir = Path(out_dir)
     torch.manual_seed(cfg.training.seed)
     task = get_task(cfg)
     method = get_method(cfg, device)
     model = new_model(cfg).to(device)
+    if init is not None:
+        model.load_state_dict(init)
     source = _source(train_set, cfg, device)
     optimizer = make_optimizer(model, cfg, device)
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(

@@ -17,7 +17,7 @@ from ..data import resolve_data_dir
 from ..folders import Labels
 from ..render import config_lines, epoch_line
 from ..reports import Report, epoch_record, training_report
-from ..runs import RunFolder, plan_training, require_tensorboard, resolve_config
+from ..runs import RunFolder, StartingWeights, plan_training, require_tensorboard, resolve_config
 from ..runtime import amp_dtype
 from ..tasks import get_task
 from ..train import train
@@ -39,6 +39,7 @@ class TrainOptions:
     deterministic: bool = False  # only deterministic kernels (deterministic_kernels): a training option, not a model's
     cuda_graphs: bool = True  # on CUDA, capture the training batch once and replay it (train.BatchStep)
     labels: Labels = Labels()  # the run's name, tags and note (folders.Labels): kept in config.json, no setting
+    init_from: Union[str, Path, None] = None  # a CHECKPOINT whose weights a new run starts from (runs.StartingWeights)
 
 
 @contextlib.contextmanager
@@ -59,17 +60,24 @@ def deterministic_kernels(on: bool):
         torch.use_deterministic_algorithms(was)
 
 
-def _settings(given: dict, config_file: Optional[Path]) -> tuple[dict, dict]:
-    """The settings of a run: the file's, overridden by the options given; and the file that gave
-    each setting no option overrode."""
+def _settings(given: dict, options: TrainOptions) -> tuple[dict, dict, Optional[StartingWeights]]:
+    """The settings of a run: --init-from's run's (those its pieces read), overridden by the
+    file's, overridden by the options given; the file (or checkpoint) that gave each setting no
+    option overrode; and the weights to start from."""
+    config_file = options.config_file
     from_file = read_config_file(config_file) if config_file is not None else {}
-    return {**from_file, **given}, {name: str(config_file) for name in from_file if name not in given}
+    settings, origins = {**from_file, **given}, {name: str(config_file) for name in from_file if name not in given}
+    init = StartingWeights.read(options.init_from) if options.init_from is not None else None
+    if init is not None:
+        taken = init.settings(settings)
+        settings, origins = {**taken, **settings}, {**{name: str(init.path) for name in taken}, **origins}
+    return settings, origins, init
 
 
 def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, dict]:
     """What `ponder train` would train with, and where each value comes from, without training
     (`--print-config`): the resumed run's configuration with --resume."""
-    settings, origins = _settings(given, options.config_file)
+    settings, origins, _ = _settings(given, options)
     cfg, sources, _, _ = resolve_config(settings, options.resume, origins)
     return cfg, sources
 
@@ -105,12 +113,14 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None],
     main = where is None or where.main
     if not main:
         log = lambda line: None  # noqa: E731  rank 0 alone speaks
-    settings, origins = _settings(given, options.config_file)
+    settings, origins, init = _settings(given, options)
     plan = plan_training(settings, resume=options.resume, out=options.out, overwrite=options.overwrite,
-                         origins=origins, labels=options.labels)
+                         origins=origins, labels=options.labels, init=init)
     cfg = plan.cfg
     if plan.resumed is not None:
         log(f"using {plan.resumed.path} ({plan.resumed.why})")
+    if init is not None:
+        log(f"starting from the weights of {init.path} ({init.why}), epoch {init.state.epoch}")
     distributed.check_batch_size(cfg.training.batch_size, where)
     dev, amp = device_and_amp(options.device, options.amp)
     dev = distributed.device_for(dev, where)
@@ -140,7 +150,7 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None],
             started = time.perf_counter()
             result = train(cfg, train_set, val_set, device=dev, out_dir=plan.out_dir, amp=amp, resume=plan.resume,
                            on_epoch=on_epoch, progress=options.progress and main, log=log,
-                           cuda_graphs=options.cuda_graphs)
+                           cuda_graphs=options.cuda_graphs, init=init.state.model if init is not None else None)
             finished = True
         except RuntimeError as exc:
             if not distributed.lost_peer(exc):

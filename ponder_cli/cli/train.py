@@ -127,6 +127,10 @@ RESUME_OPTION = typer.Option(None, "--resume", metavar="CHECKPOINT",
                              help="Continue the run saved in this checkpoint: a file (e.g. "
                                   "runs/pondernet-mlp-seed1234/last.pt), a run folder (its last.pt) or "
                                   "latest (the newest run under runs/).")
+INIT_FROM_OPTION = typer.Option(None, "--init-from", metavar="CHECKPOINT",
+                                help="Start a new run from this checkpoint's weights (a file, a run folder: its "
+                                     "best.pt, latest, or a shipped model), its settings but those given: new ones "
+                                     "where the model keeps its shapes (--lr, --epochs, --beta, ...).")
 TENSORBOARD_OPTION = typer.Option(False, "--tensorboard", help="Also write TensorBoard event files into the run "
                                   "folder: every epoch's figures and the halting-step histogram (needs "
                                   "tensorboard: pip install tensorboard); view with tensorboard --logdir runs.")
@@ -201,6 +205,7 @@ def train(
     amp: Optional[bool] = AMP_OPTION,
     cuda_graphs: bool = CUDA_GRAPHS_OPTION,
     resume: Optional[str] = RESUME_OPTION,
+    init_from: Optional[str] = INIT_FROM_OPTION,
     tensorboard: bool = TENSORBOARD_OPTION,
     name: Optional[str] = NAME_OPTION,
     tag: Optional[List[str]] = TAG_OPTION,
@@ -223,7 +228,8 @@ def train(
 
     options = TrainOptions(resume=resume, out=out, data_dir=data_dir, download=download, device=device, amp=amp,
                            progress=bars(quiet, progress), overwrite=overwrite, tensorboard=tensorboard,
-                           config_file=config, deterministic=deterministic, cuda_graphs=cuda_graphs, labels=labels)
+                           config_file=config, deterministic=deterministic, cuda_graphs=cuda_graphs, labels=labels,
+                           init_from=init_from)
     if print_config:
         _print_config(given, options, fmt)
         return
