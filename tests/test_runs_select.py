@@ -172,3 +172,23 @@ def test_rm_refuses_a_run_being_trained_and_what_is_no_run_moving_nothing(runs, 
     assert one_error_line(ponder("runs", "rm", tmp_path)).startswith(f"Error: {tmp_path} is a folder of runs (")
     assert one_error_line(ponder("runs", "rm")).startswith("Error: name the runs to move to the trash")
     assert (tmp_path / "pn1" / "last.pt").is_file() and not (tmp_path / ".trash").exists()
+
+
+def test_a_run_whose_best_pt_fails_its_checksum_is_listed_as_damaged(runs, tmp_path, ponder):
+    import shutil
+    import struct
+    import zipfile
+
+    shutil.copytree(runs / "pn1", tmp_path / "pn1")
+    best = tmp_path / "pn1" / "best.pt"
+    whole = best.read_bytes()
+    with zipfile.ZipFile(best) as archive:  # a byte of tensor data changed: only the CRC tells
+        member = next(i for i in archive.infolist() if "/data/" in i.filename and i.file_size > 16)
+    name_length, extra_length = struct.unpack("<HH", whole[member.header_offset + 26:member.header_offset + 30])
+    damaged = bytearray(whole)
+    damaged[member.header_offset + 30 + name_length + extra_length + 8] ^= 0xFF
+    best.write_bytes(bytes(damaged))
+    row = _listing(ponder, tmp_path)["buckets"][0]
+    assert (row["status"], row["epoch"], row["checkpoint"]) == ("damaged", 2, str(tmp_path / "pn1" / "last.pt"))
+    assert "damaged at 2/2" in ponder("runs", tmp_path).stdout
+    assert [r["name"] for r in _listing(ponder, tmp_path, "--where", "status=damaged")["buckets"]] == ["pn1"]
