@@ -30,6 +30,7 @@ CONFIG_TOML = "config.toml"  # the settings as `ponder train --config` reads the
 ENVIRONMENT_FILE = "environment.json"  # what the run ran on (runs.py)
 LATEST = "latest"  # the CHECKPOINT word for the newest run under runs/
 LOCK_FILE = ".ponder.lock"
+TRASH = ".trash"  # where `ponder runs rm` moves a run: beside it (one file system), hidden from listings
 TENSORBOARD_EVENTS = "events.out.tfevents.*"  # what `train --tensorboard` writes (runs.py)
 # every file a run writes into its folder: a folder holding any of them is not a fresh one
 RUN_FILES = (*CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, METRICS_FILE, ENVIRONMENT_FILE)
@@ -383,31 +384,32 @@ def is_run_folder(folder: Path) -> bool:
 SKIPPED = ("node_modules",)
 
 
-def runs_under(folder: Path) -> list[Path]:
-    """The runs a folder names, the one answer to "which runs are here" (`ponder runs`, `latest`,
-    a CHECKPOINT argument naming a folder of runs): the folder itself when it is a run folder,
-    else every run folder below it, at any depth, by path. Nothing inside a run folder, a
-    hidden folder, a virtual environment or the installed package (its shipped models) counts;
-    a folder reached twice through links is read once."""
-    return _runs_below(Path(folder), set(), top=True)
-
-
-def _runs_below(folder: Path, seen: set, top: bool = False) -> list[Path]:
-    if is_run_folder(folder):
-        return [folder]
-    try:
-        key = folder.resolve()
-        if key in seen or inside_package(folder):
-            return []
-        seen.add(key)
-        entries = list(os.scandir(folder))
-    except (OSError, RuntimeError):  # not readable, removed while we look, a loop of links
-        return []
-    if not top and any(entry.name == "pyvenv.cfg" for entry in entries):
-        return []
-    below = sorted(entry.name for entry in entries if not entry.name.startswith((".", "__"))
-                   and entry.name not in SKIPPED and _is_dir(entry))
-    return [run for name in below for run in _runs_below(folder / name, seen)]
+def _walk(folder: Path, into_top: bool = False):
+    """The one walk that finds runs: each folder at or below `folder`, by path, as (path, names
+    of what it holds), None for a run folder, which is not looked into (nor, with `into_top`,
+    is `folder` taken for one). A hidden folder, a virtual environment, the installed package
+    (its shipped models) and a folder reached a second time through links are passed by."""
+    seen, todo = set(), [(Path(folder), True)]
+    while todo:
+        here, top = todo.pop()
+        if not (top and into_top) and is_run_folder(here):
+            yield here, None
+            continue
+        try:
+            key = here.resolve()
+            if key in seen or inside_package(here):
+                continue
+            seen.add(key)
+            entries = list(os.scandir(here))
+        except (OSError, RuntimeError):  # not readable, removed while we look, a loop of links
+            continue
+        names = [entry.name for entry in entries]
+        if not top and "pyvenv.cfg" in names:
+            continue
+        yield here, names
+        below = sorted(entry.name for entry in entries if not entry.name.startswith((".", "__"))
+                       and entry.name not in SKIPPED and _is_dir(entry))
+        todo += [(here / name, False) for name in reversed(below)]
 
 
 def _is_dir(entry: os.DirEntry) -> bool:
@@ -417,16 +419,24 @@ def _is_dir(entry: os.DirEntry) -> bool:
         return False
 
 
+def runs_under(folder: Path) -> list[Path]:
+    """The runs a folder names, the one answer to "which runs are here" (`ponder runs`, `latest`,
+    a CHECKPOINT argument naming a folder of runs): the folder itself when it is a run folder,
+    else every run folder below it, at any depth, by path (_walk)."""
+    return [path for path, names in _walk(folder) if names is None]
+
+
 def runs_inside(folder: Path) -> list[Path]:
     """The run folders below `folder`, not counting the folder itself: what a run written into
-    it would hide (a run folder is not looked into)."""
-    try:
-        names = sorted(entry.name for entry in os.scandir(folder) if not entry.name.startswith((".", "__"))
-                       and entry.name not in SKIPPED and _is_dir(entry))
-    except OSError:
-        return []
-    seen: set = set()
-    return [run for name in names for run in _runs_below(Path(folder) / name, seen)]
+    it would hide."""
+    return [path for path, names in _walk(folder, into_top=True) if names is None]
+
+
+def trashes_under(folder: Path) -> list[Path]:
+    """The trash folders (.trash, of `ponder runs rm`) in `folder` and below it, where _walk
+    looks for runs."""
+    return [path / TRASH for path, names in _walk(folder) if names is not None and TRASH in names
+            and (path / TRASH).is_dir()]
 
 
 def enclosing_run(folder: Path) -> Optional[Path]:
@@ -439,3 +449,4 @@ def enclosing_run(folder: Path) -> Optional[Path]:
                 return parent.relative_to(Path.cwd())
             return parent
     return None
+

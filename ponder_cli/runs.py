@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -28,16 +29,18 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Union
 
 from . import PonderError, PonderWarning, __version__, brief, file_problem, name_length_problem
-from .checkpoint import load_checkpoint
+from .checkpoint import load_checkpoint, new_model
 from .config import PonderConfig, applies, inapplicable, render_config, spelled
 from .registry import FORMAT_VERSION
 from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR,
-                      Labels, Resolved, RunLock, check_unlocked, enclosing_run, package_dir, package_problem,
-                      resolve_checkpoint, run_files_in, runs_inside, started_now)
+                      LOCK_FILE, TRASH, Labels, Resolved, RunLock, check_unlocked, enclosing_run, is_run_folder,
+                      package_dir, package_problem, resolve_checkpoint, run_files_in, runs_inside, started_now,
+                      trashes_under)
 from .render import csv_cell, value_text as spelled_value
 from .tasks import get_task
 from .train import EpochStats
@@ -55,6 +58,47 @@ class TrainingPlan:
     sources: dict = field(default_factory=dict)  # field -> where its value came from (PonderConfig.sources)
     resumed: Optional["Resolved"] = None  # the checkpoint --resume named, and how
     labels: Labels = field(default_factory=Labels)  # its name, tags and note (a resumed run's, then those given)
+    init: Optional["StartingWeights"] = None  # --init-from: the weights a fresh run starts from
+    init_from: Optional[str] = None  # the checkpoint those came from, as config.json records it (a resumed run's too)
+
+
+@dataclass(frozen=True)
+class StartingWeights:
+    """--init-from: another run's weights, which a fresh run starts from (a new run: epoch 1, a
+    fresh optimizer, its own folder), the settings it did not give taken from that run."""
+    path: Path  # the checkpoint read
+    why: str  # how the argument led there (folders.Resolved)
+    state: object  # its checkpoint.TrainingState
+
+    @classmethod
+    def read(cls, given: Union[str, Path]) -> "StartingWeights":
+        resolved = resolve_checkpoint(given, file=BEST)
+        with warnings.catch_warnings():  # a setting its pieces do not read: said when its settings are taken
+            warnings.simplefilter("ignore", PonderWarning)
+            return cls(resolved.path, resolved.why, load_checkpoint(resolved.path))
+
+    def settings(self, given: dict) -> dict:
+        """Its run's settings that the pieces of the new run read (the pieces given, else its own),
+        for those not given."""
+        saved = self.state.config
+        chosen = {kind: given.get(kind, saved.value(kind)) for kind in ("task", "step", "method")}
+        return {key: value for key, value in saved.to_dict().items()
+                if key not in given and applies(key, chosen) and value is not None}
+
+    def check_fits(self, cfg: PonderConfig) -> None:
+        """Its weights load into the model `cfg` builds, tensor for tensor, or one error naming
+        those that differ (a step, a size changed) and what to do."""
+        model = new_model(cfg).state_dict()
+        theirs = self.state.model
+        differ = [f"{name} {tuple(model[name].shape)} here, {tuple(theirs[name].shape)} there"
+                  for name in model if name in theirs and tuple(model[name].shape) != tuple(theirs[name].shape)]
+        missing, extra = [n for n in model if n not in theirs], [n for n in theirs if n not in model]
+        if differ or missing or extra:
+            what = "; ".join([*differ[:3], *([f"{len(missing)} tensors of this model not in it ({missing[0]}, ...)"] if missing else []),
+                              *([f"{len(extra)} of its tensors not in this model ({extra[0]}, ...)"] if extra else [])])
+            raise PonderError(f"--init-from {self.path}: its weights do not fit this run's model ({what}); keep the "
+                              f"settings that shape the model (step, hidden sizes, task) as that run had them "
+                              f"(`ponder info {self.path}` shows them)")
 
 
 def resolve_config(given: dict, resume: Optional[Path] = None, origins: Optional[dict] = None):
@@ -92,7 +136,7 @@ def resolve_config(given: dict, resume: Optional[Path] = None, origins: Optional
 
 def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[Path] = None,
                   overwrite: bool = False, origins: Optional[dict] = None,
-                  labels: Optional[Labels] = None) -> TrainingPlan:
+                  labels: Optional[Labels] = None, init: Optional[StartingWeights] = None) -> TrainingPlan:
     """The config (resolve_config) and output folder of a run; writes nothing.
 
     A fresh run writes to a new folder under runs/ unless --out names one; a resumed run to its
@@ -109,17 +153,23 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     if problem:
         raise PonderError(f"{problem}; name a folder outside it, or leave out --out for a fresh folder under "
                           f"{RUNS_DIR}/")
+    if init is not None and resume is not None:
+        raise PonderError("--init-from starts a new run from another's weights, --resume continues a run: give one")
     cfg, sources, state, resumed = resolve_config(given, resume, origins)
     labels = labels or Labels()
     if state is None:
+        if init is not None:
+            init.check_fits(cfg)
+        started = dict(sources=sources, labels=labels, init=init, init_from=str(init.path) if init else None)
         if out is None:
             refuse_hiding(free_run_dir(cfg), cfg, None)
-            return TrainingPlan(cfg, free_run_dir(cfg), fresh_folder=True, sources=sources, labels=labels)
+            return TrainingPlan(cfg, free_run_dir(cfg), fresh_folder=True, **started)
         refuse_hiding(out, cfg, "--out")
         check_unlocked(out)
         refuse_foreign_checkpoints(out, overwrite)
-        return TrainingPlan(cfg, out, sources=sources, labels=labels)
-    labels = _recorded_labels(resumed.path.parent, state.config).replaced_by(labels)
+        return TrainingPlan(cfg, out, **started)
+    recorded = _recorded(resumed.path.parent, state.config)
+    labels = Labels.of(recorded).replaced_by(labels)
     resume = resumed.path
     out_dir = out if out is not None else Path(resume).parent
     check_unlocked(out_dir)
@@ -138,20 +188,61 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     elif not overwrite:
         _refuse_another_run(state, Path(resume), out_dir)
         _refuse_rewind(state, Path(resume), out_dir / LAST)
-    return TrainingPlan(cfg, out_dir, state, sources=sources, resumed=resumed, labels=labels)
+    return TrainingPlan(cfg, out_dir, state, sources=sources, resumed=resumed, labels=labels,
+                        init_from=recorded.get("init_from") if recorded else None)
 
 
-def _recorded_labels(folder: Path, cfg: PonderConfig) -> Labels:
-    """The labels a run folder's config.json records for the run `cfg` describes (none for
-    another run's record, or none at all)."""
+def _recorded(folder: Path, cfg: PonderConfig) -> Optional[dict]:
+    """A run folder's config.json when it records the run `cfg` describes (its labels, where its
+    weights started), else None (another run's record, or none at all)."""
     try:
         saved = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", PonderWarning)
             same = _same_run(PonderConfig.from_dict(saved["config"]), cfg)
     except (OSError, ValueError, TypeError, KeyError, PonderError):
-        return Labels()
-    return Labels.of(saved) if same else Labels()
+        return None
+    return saved if same else None
+
+
+def reproducing_command(cfg: PonderConfig, init_from: Optional[str] = None) -> str:
+    """The `ponder train` command that trains this configuration again, shell-quoted, with only
+    what a fresh run would not take by itself: the pieces that are not the defaults (nor implied
+    by an earlier one), then each setting they read whose value differs from what a fresh run of
+    them takes (default, implied or derived), in the configuration's order."""
+    given: dict = {}
+    for kind in ("task", "step", "method"):
+        if PonderConfig.of(**given).value(kind) != cfg.value(kind):
+            given[kind] = cfg.value(kind)
+    chosen = cfg.chosen()
+    for _ in range(3):  # a setting given can change what another derives (parity's counts from --elems)
+        fresh = PonderConfig.of(**given)
+        more = {key: cfg.value(key) for key in cfg.field_names()
+                if key not in given and applies(key, chosen) and cfg.value(key) != fresh.value(key)}
+        if not more:
+            break
+        given.update(more)
+
+    def same(settings: dict) -> bool:
+        try:
+            fresh = PonderConfig.of(**settings)
+        except PonderError:
+            return False
+        return all(fresh.value(key) == cfg.value(key) for key in cfg.field_names() if applies(key, chosen))
+    for key in [key for key in given if key not in chosen]:  # what another setting derives goes unsaid
+        fewer = {k: v for k, v in given.items() if k != key}
+        if same(fewer):
+            given = fewer
+    words = ["ponder", "train"]
+    for key in (key for key in cfg.field_names() if key in given):
+        option, value = "--" + key.replace("_", "-"), given[key]
+        if isinstance(value, bool):
+            words.append(option if value else "--no-" + option[2:])
+        else:
+            words += [option, repr(value) if isinstance(value, float) else str(value)]
+    if init_from is not None:
+        words += ["--init-from", init_from]
+    return " ".join(shlex.quote(word) for word in words)
 
 
 def describe_run(cfg: PonderConfig) -> str:
@@ -426,6 +517,7 @@ class RunFolder:
             self.copies.append(carried.name)
         cfg = plan.cfg
         write_run_config(out_dir, cfg, plan.sources, started=started_now(), labels=plan.labels.to_dict(),
+                         init_from=plan.init_from,
                          resumed_from=str(plan.resumed.path) if plan.resumed else None,
                          resumed_after_epoch=plan.resume.epoch if plan.resume else None, device=self.device,
                          amp=self.amp, processes=self.processes,
@@ -588,3 +680,104 @@ class EventLog:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+
+# The trash: `ponder runs rm` moves a run folder into .trash/ beside it, with a note of where it
+# was; `--restore` moves it back as it was, and `--empty` alone deletes. -----------------------
+
+TRASH_NOTE = "trashed.json"  # in each trash entry, beside the run folder it holds (`run/`)
+
+
+def trash_run(folder: Path) -> dict:
+    """Move a run folder into <its parent>/.trash/<name>.<UTC time>/run, with trashed.json saying
+    where it was and when it left. A run being trained is refused: its lock is taken while the
+    folder moves, so no `ponder train` starts there meanwhile."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise PonderError(f"{folder} {file_problem(folder) or 'is a file'}: `ponder runs rm` takes run folders "
+                          f"(`ponder runs` lists them)")
+    if not is_run_folder(folder):
+        below = runs_inside(folder)
+        what = (f"a folder of runs ({', '.join(str(run) for run in below[:3])}{', ...' if len(below) > 3 else ''}): "
+                f"name each run to remove" if below else "not a run folder: `ponder runs` lists them")
+        raise PonderError(f"{folder} is {what}")
+    if _same_path(folder, Path.cwd()) or any(_same_path(folder, parent) for parent in Path.cwd().parents):
+        raise PonderError(f"{folder} holds the current folder; run `ponder runs rm` from outside it")
+    lock = RunLock(folder).acquire()  # refused, naming its PID, when a live run holds the folder
+    try:
+        stamp = datetime.now(timezone.utc)
+        trash = folder.parent / TRASH
+        trash.mkdir(exist_ok=True)
+        entry = trash / f"{folder.name}.{stamp.strftime('%Y%m%dT%H%M%S.%fZ')}"
+        entry.mkdir()
+        note = {"format_version": FORMAT_VERSION, "run": str(folder), "original": os.path.abspath(folder),
+                "removed": stamp.isoformat()}
+        _replace_atomically(entry / TRASH_NOTE, lambda f: f.write(json.dumps(note, indent=2) + "\n"))
+        os.rename(folder, entry / "run")
+    except OSError as exc:
+        lock.release()
+        raise PonderError(f"cannot move {folder} to the trash: {exc.strerror or exc}") from None
+    (entry / "run" / LOCK_FILE).unlink(missing_ok=True)  # ours, taken for the move: the run as it was
+    lock.held = False
+    return {"run": str(folder), "trash": str(entry), "removed": note["removed"]}
+
+
+def _trashed(entry: Path) -> Optional[dict]:
+    """A trash entry's note, when it is one (its run folder there too)."""
+    try:
+        note = json.loads((entry / TRASH_NOTE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return note if isinstance(note, dict) and (entry / "run").is_dir() and "original" in note else None
+
+
+def restore_run(given: Path) -> dict:
+    """Move a trashed run back where it was, as it was: `given` is the path it had (the newest
+    entry of that path in the trash beside it) or a trash entry's own."""
+    given = Path(given)
+    if _trashed(given) is not None:
+        entry = given
+    else:
+        original = os.path.abspath(given)
+        entries = sorted(((note["removed"], entry) for entry in _entries(given.parent / TRASH)
+                          for note in [_trashed(entry)] if note["original"] == original), reverse=True)
+        if not entries:
+            raise PonderError(f"no run {given} in {given.parent / TRASH}/: `ponder runs rm --restore` takes the path "
+                              f"a removed run had (or its entry in the trash)")
+        entry = entries[0][1]
+    note = _trashed(entry)
+    target = Path(note["original"])
+    if os.path.lexists(target):
+        raise PonderError(f"{given} exists again (something else is there now): move it aside, then restore; the "
+                          f"removed run stays in {entry}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(entry / "run", target)
+    except OSError as exc:
+        raise PonderError(f"cannot restore {given}: {exc.strerror or exc}; it stays in {entry}") from None
+    (entry / TRASH_NOTE).unlink()
+    entry.rmdir()
+    with contextlib.suppress(OSError):
+        entry.parent.rmdir()  # the trash, when this was its last run
+    return {"run": note.get("run") or str(given), "trash": str(entry), "removed": note.get("removed")}
+
+
+def _entries(trash: Path) -> list[Path]:
+    try:
+        return sorted(path for path in trash.iterdir() if _trashed(path) is not None)
+    except OSError:
+        return []
+
+
+def empty_trash(folders: Iterable[Path]) -> list[dict]:
+    """Delete every trashed run under these folders (in each .trash beside runs, at any depth):
+    the one way `ponder` deletes a run."""
+    done = []
+    for trash in dict.fromkeys(trash.resolve() for folder in folders for trash in trashes_under(Path(folder))):
+        for entry in _entries(trash):
+            note = _trashed(entry)
+            shutil.rmtree(entry)
+            done.append({"run": note.get("run"), "trash": str(entry), "removed": note.get("removed")})
+        with contextlib.suppress(OSError):
+            trash.rmdir()
+    return done

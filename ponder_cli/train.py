@@ -469,7 +469,8 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
           out_dir: Path, amp: bool = False, resume: TrainingState | None = None,
           on_epoch: Callable[[EpochStats], None] | None = None, progress: bool = True,
           log: Callable[[str], None] | None = None, cuda_graphs: bool = True,
-          time_limit: float | None = None, clock: Callable[[], float] | None = None) -> TrainResult:
+          time_limit: float | None = None, clock: Callable[[], float] | None = None,
+          init: dict | None = None) -> TrainResult:
     """Train, validating once per epoch; write last.pt every epoch and best.pt on improvement.
     train_set and val_set are the task's (MNIST: ImageSets; parity: None, batches drawn on the fly,
     and a fixed ParityBatch). `resume`: a checkpoint whose config equals cfg up to the epochs and
@@ -479,7 +480,8 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
     default CLOCK);
     training ends after the last epoch that fits. Under torchrun every rank calls train() with
     the same arguments; rank 0 alone validates, writes and decides when time is up, and every
-    rank returns the same result.
+    rank returns the same result. `init`: weights the fresh model starts from (--init-from,
+    checked to fit by runs.StartingWeights).
     """
     limit = TimeLimit(time_limit, clock or CLOCK) if time_limit is not None else None
     out_dir = Path(out_dir)
@@ -487,6 +489,8 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
     task = get_task(cfg)
     method = get_method(cfg, device)
     model = new_model(cfg).to(device)
+    if init is not None:
+        model.load_state_dict(init)
     source = _source(train_set, cfg, device)
     optimizer = make_optimizer(model, cfg, device)
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(

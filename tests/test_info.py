@@ -113,3 +113,72 @@ def test_tensorboard_missing_is_one_error_line_before_training(ponder, one_error
     assert line == ("Error: --tensorboard needs the tensorboard package: pip install tensorboard "
                     "(or pip install 'ponder_cli[tensorboard]')")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_runs_name_tags_and_note_are_kept_shown_found_and_survive_resuming(tiny_mnist, tmp_path, quick, ponder,
+                                                                            one_error_line):
+    def train(*args):
+        result = ponder("train", *quick, "--data-dir", tiny_mnist, "-q", *args)
+        assert result.exit_code == 0, result.output
+
+    train("--out", tmp_path / "a", "--name", "first try", "--tag", "baseline", "--tag", "mlp", "--tag", "baseline",
+          "--note", "lr from the paper")
+    train("--out", tmp_path / "b", "--tag", "other", "--seed", "2")
+    saved = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert saved["labels"] == {"name": "first try", "tags": ["baseline", "mlp"], "note": "lr from the paper"}
+
+    def names(*where):
+        listed = json.loads(ponder("runs", tmp_path, *(w for text in where for w in ("--where", text)), "-f",
+                                   "json").stdout)
+        return [row["name"] for row in listed["buckets"]]
+    assert names() == ["first try", "b"]  # a run's own name, else its folder's
+    assert names("tag=baseline") == ["first try"] and names("tag!=baseline") == ["b"]
+    assert names("name=first try") == ["first try"] and names("tag=mlp", "seed=2") == []
+    table = ponder("runs", tmp_path).stdout
+    assert all(word in table.split() for word in ("tags", "note", "baseline", "mlp", "paper", "other"))
+    info = json.loads(ponder("info", tmp_path / "a", "-f", "json").stdout)
+    assert (info["name"], info["tags"], info["note"]) == ("first try", ["baseline", "mlp"], "lr from the paper")
+    assert "│ note " in ponder("info", tmp_path / "a").stdout
+
+    # no setting: resuming keeps them, and takes a new one in its place
+    result = ponder("train", "--resume", tmp_path / "a", "--epochs", 2, "--note", "two epochs", "--data-dir",
+                    tiny_mnist, "-q")
+    assert result.exit_code == 0, result.output
+    saved = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert saved["labels"] == {"name": "first try", "tags": ["baseline", "mlp"], "note": "two epochs"}
+    assert one_error_line(ponder("train", "--tag", "a b")).startswith(
+        "Error: --tag 'a b': a tag is one word (no space, comma, semicolon or =)")
+    assert one_error_line(ponder("train", "--name", "")).startswith("Error: --name '': give one line of printable text")
+
+
+@pytest.mark.parametrize("run", ["pn1", "act", "plain"])
+def test_info_gives_the_command_that_trains_the_run_again(run, runs, ponder):
+    """Only what a fresh run would not take, shell-quoted: read back, the run's own settings."""
+    import shlex
+
+    info = json.loads(ponder("info", runs / run, "-f", "json").stdout)
+    command = info["train_command"]
+    table = ponder("info", runs / run).stdout
+    assert f"reproduce: {command}" in table.replace(" \\\n  ", " ")  # over lines a shell joins
+    assert max(len(line) for line in table.splitlines()) <= 80
+    words = shlex.split(command)
+    assert words[:2] == ["ponder", "train"] and "--val-size" in words and "--lr" in words
+    assert "--step" not in words and "--task" not in words  # the defaults go unsaid
+    assert ("--method" in words) == (run != "pondernet" and run != "pn1")
+    printed = json.loads(ponder("train", *words[2:], "--print-config", "-f", "json").stdout)
+    settings = {key: value for section in ("task", "step", "method", "training") for key, value in printed[section].items()}
+    assert settings == {key: info["config"][key] for key in settings}
+    assert len(settings) > 10
+
+
+def test_every_setting_is_an_option_of_train():
+    """What the command `info` gives can say every setting (the rarer ones are hidden from --help)."""
+    import typer.main
+
+    from ponder_cli.cli import app
+    from ponder_cli.config import PonderConfig
+
+    train = typer.main.get_command(app).commands["train"]
+    options = {param.name: param.opts for param in train.params}
+    assert {key: options.get(key) for key in PonderConfig.field_names()} == \
+        {key: ["--" + key.replace("_", "-")] for key in PonderConfig.field_names()}

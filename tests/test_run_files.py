@@ -135,13 +135,14 @@ def test_environment_json_records_what_the_run_ran_on_and_config_json_stays_as_i
     result = ponder("train", *quick, "--data-dir", tiny_mnist, "--out", out, "--no-progress")
     assert result.exit_code == 0, result.output
     config = json.loads((out / "config.json").read_text())
-    assert set(config) == {"format_version", "ponder_cli", "config", "sources", "started", "labels", "resumed_from",
+    assert set(config) == {"format_version", "ponder_cli", "config", "sources", "started", "labels", "init_from",
+                           "resumed_from",
                            "resumed_after_epoch", "device", "amp", "processes", "not_applicable"}
     from datetime import datetime, timedelta
 
     started = datetime.fromisoformat(config["started"])  # UTC, never local-time text
     assert started.utcoffset() == timedelta(0) and abs(time.time() - started.timestamp()) < 600
-    assert config["labels"] == {"name": None, "tags": [], "note": None}
+    assert config["labels"] == {"name": None, "tags": [], "note": None} and config["init_from"] is None
     sessions = json.loads((out / "environment.json").read_text())["sessions"]
     assert len(sessions) == 1
     first = sessions[0]
@@ -224,3 +225,41 @@ def test_no_run_hides_another_and_latest_is_the_run_started_last(tiny_mnist, tmp
     assert result.exit_code == 0, result.output
     assert "using runs/pondernet-mlp-seed3/best.pt (latest: the newest run under runs/)" in result.stderr
     assert json.loads(result.stdout)["seed"] == 3
+
+
+def test_init_from_starts_a_new_run_from_another_runs_weights_with_new_settings(tiny_mnist, tmp_path, quick, ponder,
+                                                                                one_error_line):
+    import torch
+
+    def train(*args):
+        return ponder("train", *quick, "--data-dir", tiny_mnist, "-q", *args)
+
+    assert train("--out", tmp_path / "a", "--max-steps", 3).exit_code == 0
+    source = tmp_path / "a" / "best.pt"
+    # a learning rate too small to move a weight: the new run's model is the one it started from
+    result = ponder("train", "--init-from", tmp_path / "a", "--lr", "1e-30", "--epochs", 1, "--out", tmp_path / "b",
+                    "--data-dir", tiny_mnist, "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert f"starting from the weights of {source} (the best.pt of run folder {tmp_path / 'a'}), epoch 1" in \
+        result.stderr
+    started, trained = load_checkpoint(source), load_checkpoint(tmp_path / "b" / "best.pt")
+    assert all(torch.allclose(started.model[name], trained.model[name], atol=1e-6) for name in started.model)
+    assert trained.config.method.max_steps == 3 and trained.config.training.lr == 1e-30  # its settings, and the new
+    assert trained.config.task.train_size == 200 and trained.epoch == 1
+    saved = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert saved["init_from"] == str(source) and saved["sources"]["max_steps"] == f"file {source}"
+    assert train("--out", tmp_path / "c", "--max-steps", 3, "--lr", "1e-30").exit_code == 0  # the same seed, no init
+    fresh = load_checkpoint(tmp_path / "c" / "best.pt")
+    assert not all(torch.allclose(started.model[name], fresh.model[name], atol=1e-6) for name in started.model)
+    info = json.loads(ponder("info", tmp_path / "b", "-f", "json").stdout)
+    assert info["init_from"] == str(source) and info["train_command"].endswith(f"--init-from {source}")
+    assert "initialised from" in ponder("info", tmp_path / "b").stdout
+    resumed = ponder("train", "--resume", tmp_path / "b", "--epochs", 2, "--data-dir", tiny_mnist, "-q")
+    assert resumed.exit_code == 0, resumed.output  # where its weights started stays on record
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["init_from"] == str(source)
+
+    line = one_error_line(train("--init-from", source, "--hidden", 32, "--out", tmp_path / "d"))
+    assert line.startswith(f"Error: --init-from {source}: its weights do not fit this run's model (")
+    assert "(64,) there" in line and not (tmp_path / "d").exists()
+    assert one_error_line(train("--init-from", source, "--resume", tmp_path / "b")) == (
+        "Error: --init-from starts a new run from another's weights, --resume continues a run: give one")

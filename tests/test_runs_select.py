@@ -118,3 +118,77 @@ def test_the_setting_columns_keep_one_order_whatever_the_sort(runs, ponder):
     assert len(headers) == 1
     header = headers.pop().split(",")  # seed: a column of every report's metadata already
     assert header[-3:] == ["tags", "note", "halting_bias"] and header.count("seed") == 1
+
+
+def _files(folder) -> dict:
+    """Every file below a folder: its bytes, mode and modification time."""
+    return {str(path.relative_to(folder)): (path.read_bytes(), path.stat().st_mode, path.stat().st_mtime_ns)
+            for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def test_rm_moves_runs_to_the_trash_restore_brings_them_back_bit_for_bit_and_only_empty_deletes(
+        runs, tmp_path, ponder, one_error_line, monkeypatch):
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("pn1", "act"):
+        shutil.copytree(runs / name, tmp_path / "runs" / name)
+    before = _files(tmp_path / "runs" / "pn1")
+    removed = ponder("runs", "rm", "runs/pn1", "runs/pn1", "-f", "json")  # named twice: moved once
+    assert removed.exit_code == 0, removed.output
+    report = json.loads(removed.stdout)
+    assert (report["command"], report["action"], [row["run"] for row in report["buckets"]]) == \
+        ("runs rm", "removed", ["runs/pn1"])
+    entry = tmp_path / report["buckets"][0]["trash"]
+    assert entry.parent == tmp_path / "runs" / ".trash" and _files(entry / "run") == before
+    assert json.loads((entry / "trashed.json").read_text())["original"] == str(tmp_path / "runs" / "pn1")
+    assert [row["name"] for row in _listing(ponder, "runs")["buckets"]] == ["act"]  # the trash is hidden
+    assert "restore with: ponder runs rm --restore runs/act" in ponder("runs", "rm", "runs/act").stdout
+
+    restored = ponder("runs", "rm", "--restore", "runs/pn1")
+    assert restored.exit_code == 0, restored.output
+    assert _files(tmp_path / "runs" / "pn1") == before and not entry.exists()
+    assert one_error_line(ponder("runs", "rm", "--restore", "runs/pn1")).startswith(
+        "Error: no run runs/pn1 in runs/.trash/")
+    deleted = json.loads(ponder("runs", "rm", "--empty", "-f", "json").stdout)
+    assert [row["run"] for row in deleted["buckets"]] == ["runs/act"] and not (tmp_path / "runs" / ".trash").exists()
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["pn1"]
+    assert "no trash under runs/ and ./: nothing deleted" in ponder("runs", "rm", "--empty").stdout
+
+
+def test_rm_refuses_a_run_being_trained_and_what_is_no_run_moving_nothing(runs, tmp_path, ponder, one_error_line):
+    import os
+    import shutil
+
+    for name in ("pn1", "act"):
+        shutil.copytree(runs / name, tmp_path / name)
+    (tmp_path / "act" / ".ponder.lock").write_text(f"{os.getppid()}\n")  # a live process holds it
+    line = one_error_line(ponder("runs", "rm", tmp_path / "pn1", tmp_path / "act"))
+    assert line == (f"Error: {tmp_path / 'act'} is being trained (PID {os.getppid()}): stop that run first (Ctrl-C, or "
+                    f"kill -TERM PID), then remove it; nothing was moved")
+    (tmp_path / "notes").mkdir()
+    assert one_error_line(ponder("runs", "rm", tmp_path / "pn1", tmp_path / "notes")) == \
+        f"Error: {tmp_path / 'notes'} is not a run folder: `ponder runs` lists them"
+    assert one_error_line(ponder("runs", "rm", tmp_path)).startswith(f"Error: {tmp_path} is a folder of runs (")
+    assert one_error_line(ponder("runs", "rm")).startswith("Error: name the runs to move to the trash")
+    assert (tmp_path / "pn1" / "last.pt").is_file() and not (tmp_path / ".trash").exists()
+
+
+def test_a_run_whose_best_pt_fails_its_checksum_is_listed_as_damaged(runs, tmp_path, ponder):
+    import shutil
+    import struct
+    import zipfile
+
+    shutil.copytree(runs / "pn1", tmp_path / "pn1")
+    best = tmp_path / "pn1" / "best.pt"
+    whole = best.read_bytes()
+    with zipfile.ZipFile(best) as archive:  # a byte of tensor data changed: only the CRC tells
+        member = next(i for i in archive.infolist() if "/data/" in i.filename and i.file_size > 16)
+    name_length, extra_length = struct.unpack("<HH", whole[member.header_offset + 26:member.header_offset + 30])
+    damaged = bytearray(whole)
+    damaged[member.header_offset + 30 + name_length + extra_length + 8] ^= 0xFF
+    best.write_bytes(bytes(damaged))
+    row = _listing(ponder, tmp_path)["buckets"][0]
+    assert (row["status"], row["epoch"], row["checkpoint"]) == ("damaged", 2, str(tmp_path / "pn1" / "last.pt"))
+    assert "damaged at 2/2" in ponder("runs", tmp_path).stdout
+    assert [r["name"] for r in _listing(ponder, tmp_path, "--where", "status=damaged")["buckets"]] == ["pn1"]

@@ -18,7 +18,8 @@ from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SH
                        lock_holder, resolve_checkpoint, run_time, runs_under, shipped_path)
 from ..methods import get_method
 from ..render import Column
-from ..reports import Report, diff_report, info_report, make_meta, prediction_report, runs_report
+from ..runs import empty_trash, reproducing_command, restore_run, trash_run
+from ..reports import Report, diff_report, info_report, make_meta, prediction_report, runs_report, trash_report
 from ..reports.runs import NUMBER, OTHER_SPELLINGS, RUN_KEYS, SWITCH, TAGS, TEXT, TIME, run_keys
 from ..tasks import InputOptions, get_task, uniforms as draw_uniforms
 from . import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named, steps_run
@@ -165,6 +166,9 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
     saved = _saved_run_config(folder)
     if saved is not None and saved.get("config") == cfg.to_dict():  # the same run's record, not a stale one
         sources = saved.get("sources") or {}
+    else:
+        saved = None
+    labels, init_from = Labels.of(saved), saved.get("init_from") if saved else None
     _, status = run_status(state, resolved.path)
     resumable = all(getattr(state, key) is not None for key in state.RESUME_KEYS)
     best = _best(state)
@@ -173,7 +177,8 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
                "best_val_accuracy": best["val_accuracy"] if best else None,
                "best_val_steps": best["val_steps"] if best else None, "stopped_early": state.stopped_early,
                "resumable": resumable,
-               "training_step": (state.history[-1].get("training_step") or None) if state.history else None}
+               "training_step": (state.history[-1].get("training_step") or None) if state.history else None,
+               **labels.to_dict(), "init_from": init_from, "train_command": reproducing_command(cfg, init_from)}
     return info_report(str(resolved.path), cfg, [dict(h) for h in state.history], summary,
                        shown=cfg.shown_fields(), sources=sources, view=get_task(cfg).view())
 
@@ -388,6 +393,30 @@ def list_runs(folders: Sequence[Union[str, Path]] = (), *, where: Sequence[str] 
              if key in RUN_KEYS or (key in differing and key in _applying(row.get("config")))} for row in rows]
     return runs_report(rows, [str(root) for root in roots], settings=differing,
                        selection={"where": list(where), "sort": sort, "reverse": reverse})
+
+
+def remove_runs(runs: Sequence[Union[str, Path]] = (), *, restore: bool = False, empty: bool = False,
+                log: Callable[[str], None] = lambda line: None) -> Report:
+    """`ponder runs rm`: move run folders to the trash beside them (runs.trash_run), bring them
+    back (`restore`: runs.restore_run), or delete what the trash holds under `runs`, default
+    runs/ and the current folder (`empty`: runs.empty_trash, the one deletion). Every run named is
+    checked before any moves: a folder that is no run, or one being trained, moves nothing."""
+    if empty:
+        roots = [Path(f) for f in runs] or [RUNS_DIR, HERE]
+        return trash_report(empty_trash(root for root in roots if root.is_dir()), "deleted", [str(r) for r in roots])
+    if not runs:
+        raise PonderError(f"name the runs to {'restore' if restore else 'move to the trash'} (`ponder runs` lists "
+                          f"them), or give --empty to delete what the trash holds")
+    named = list(dict.fromkeys(Path(run) for run in runs))
+    if restore:
+        return trash_report([restore_run(run) for run in named], "restored", [])
+    for run in named:  # all of them fit before any moves
+        if run.is_dir() and is_run_folder(run) and lock_holder(run / LOCK_FILE) is not None:
+            raise PonderError(f"{run} is being trained (PID {lock_holder(run / LOCK_FILE)}): stop that run first "
+                              f"(Ctrl-C, or kill -TERM PID), then remove it; nothing was moved")
+        if not run.is_dir() or not is_run_folder(run):
+            trash_run(run)  # says what it is instead
+    return trash_report([trash_run(run) for run in named], "removed", [])
 
 
 def _run_row(folder: Path, stamp: Optional[float], name: Optional[str] = None, path: Optional[Path] = None) -> dict:

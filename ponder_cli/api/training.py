@@ -16,9 +16,10 @@ from .. import PonderError, SigTerm, brief, distributed, keeping
 from ..checkpoint import CheckpointNotSaved
 from ..config import PonderConfig, duration_text, parse_duration, read_config_file
 from ..data import resolve_data_dir
+from ..folders import Labels
 from ..render import config_lines, epoch_line
 from ..reports import Report, epoch_record, stopped_record, training_report
-from ..runs import RunFolder, plan_training, require_tensorboard, resolve_config
+from ..runs import RunFolder, StartingWeights, plan_training, require_tensorboard, resolve_config
 from ..runtime import amp_dtype
 from ..tasks import get_task
 from ..train import TIME_LIMIT, train
@@ -42,6 +43,8 @@ class TrainOptions:
     # end after the last epoch that fits in this long (seconds, or a duration as --time-limit
     # spells it: "9m"), counted from when training starts in this process (train.TimeLimit)
     time_limit: Union[float, str, None] = None
+    labels: Labels = Labels()  # the run's name, tags and note (folders.Labels): kept in config.json, no setting
+    init_from: Union[str, Path, None] = None  # a CHECKPOINT whose weights a new run starts from (runs.StartingWeights)
 
 
 @contextlib.contextmanager
@@ -62,17 +65,24 @@ def deterministic_kernels(on: bool):
         torch.use_deterministic_algorithms(was)
 
 
-def _settings(given: dict, config_file: Optional[Path]) -> tuple[dict, dict]:
-    """The settings of a run: the file's, overridden by the options given; and the file that gave
-    each setting no option overrode."""
+def _settings(given: dict, options: TrainOptions) -> tuple[dict, dict, Optional[StartingWeights]]:
+    """The settings of a run: --init-from's run's (those its pieces read), overridden by the
+    file's, overridden by the options given; the file (or checkpoint) that gave each setting no
+    option overrode; and the weights to start from."""
+    config_file = options.config_file
     from_file = read_config_file(config_file) if config_file is not None else {}
-    return {**from_file, **given}, {name: str(config_file) for name in from_file if name not in given}
+    settings, origins = {**from_file, **given}, {name: str(config_file) for name in from_file if name not in given}
+    init = StartingWeights.read(options.init_from) if options.init_from is not None else None
+    if init is not None:
+        taken = init.settings(settings)
+        settings, origins = {**taken, **settings}, {**{name: str(init.path) for name in taken}, **origins}
+    return settings, origins, init
 
 
 def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, dict]:
     """What `ponder train` would train with, and where each value comes from, without training
     (`--print-config`): the resumed run's configuration with --resume."""
-    settings, origins = _settings(given, options.config_file)
+    settings, origins, _ = _settings(given, options)
     cfg, sources, _, _ = resolve_config(settings, options.resume, origins)
     return cfg, sources
 
@@ -115,12 +125,14 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None],
     main = where is None or where.main
     if not main:
         log = lambda line: None  # noqa: E731  rank 0 alone speaks
-    settings, origins = _settings(given, options.config_file)
+    settings, origins, init = _settings(given, options)
     plan = plan_training(settings, resume=options.resume, out=options.out, overwrite=options.overwrite,
-                         origins=origins)
+                         origins=origins, labels=options.labels, init=init)
     cfg = plan.cfg
     if plan.resumed is not None:
         log(f"using {plan.resumed.path} ({plan.resumed.why})")
+    if init is not None:
+        log(f"starting from the weights of {init.path} ({init.why}), epoch {init.state.epoch}")
     distributed.check_batch_size(cfg.training.batch_size, where)
     dev, amp = device_and_amp(options.device, options.amp)
     dev = distributed.device_for(dev, where)
@@ -150,7 +162,8 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None],
             started = time.perf_counter()
             result = train(cfg, train_set, val_set, device=dev, out_dir=plan.out_dir, amp=amp, resume=plan.resume,
                            on_epoch=on_epoch, progress=options.progress and main, log=log,
-                           cuda_graphs=options.cuda_graphs, time_limit=options.time_limit)
+                           cuda_graphs=options.cuda_graphs, time_limit=options.time_limit,
+                           init=init.state.model if init is not None else None)
             if result.stop_note:  # a time limit (with how to go on) or a run at chance: one line
                 log(f"{result.stop_note}; {folder.resume_hint()} --time-limit {duration_text(options.time_limit)}"
                     if result.stop_reason == TIME_LIMIT else result.stop_note)

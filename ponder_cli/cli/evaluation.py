@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from .. import PonderError
 from ..cli_options import (
@@ -299,7 +300,28 @@ def models(
     render_and_plot(shipped_models(log=chatter(quiet)), fmt, None, quiet)
 
 
-@app.command()
+class RunsGroup(TyperGroup):
+    """`ponder runs [FOLDER...]` lists runs and `ponder runs rm RUN...` removes them: a word after
+    `runs` that is no subcommand of it begins the listing's arguments."""
+
+    def parse_args(self, ctx, args):
+        if not args or args[0] not in self.commands:
+            args = [LIST, *args]
+        return super().parse_args(ctx, args)
+
+
+class ListingCommand(TyperCommand):
+    def format_usage(self, ctx, formatter):  # the listing is `ponder runs`, its hidden name unsaid
+        formatter.write_usage("ponder runs", "[OPTIONS] [FOLDER]...")
+
+
+LIST = "list"
+runs_app = typer.Typer(cls=RunsGroup, add_completion=False, rich_markup_mode=None)
+app.add_typer(runs_app, name="runs", help="Your training runs, listed (ponder runs [FOLDER]...), removed to the trash "
+              "and restored (ponder runs rm).")
+
+
+@runs_app.command(LIST, cls=ListingCommand, hidden=True)
 def runs(
     folders: Optional[List[Path]] = typer.Argument(None, metavar="FOLDER", show_default=False,
                                                    help=f"Folders of runs (every run folder below, at any depth), or run "
@@ -326,13 +348,33 @@ def runs(
     """Your training runs: each run folder's name, task, method, step, status (finished, stopped early,
     interrupted, running, empty, damaged, unreadable), epochs, best epoch and validation accuracy, when it
     started, its tags and note, and the settings that differ between the runs listed; filtered with --where,
-    ordered with --sort."""
+    ordered with --sort. `ponder runs rm RUN...` moves runs to the trash."""
     if reverse and sort is None:
         raise PonderError("--reverse turns --sort's order: give --sort KEY too")
     from ..api import list_runs
 
     render_and_plot(list_runs(folders or [], where=where or [], sort=sort, reverse=reverse, log=chatter(quiet)), fmt,
                     None, quiet)
+
+@runs_app.command("rm")
+def runs_rm(
+    runs: Optional[List[Path]] = typer.Argument(None, metavar="RUN", show_default=False,
+                                                help="Run folders (with --empty: folders whose trash to empty; "
+                                                     f"default: {RUNS_DIR}/ and the current folder)."),
+    restore: bool = typer.Option(False, "--restore", help="Bring the runs named (by the path each had) back from "
+                                 "the trash, as they were."),
+    empty: bool = typer.Option(False, "--empty", help="Delete every run the trash holds: the one command that "
+                               "deletes a run."),
+    quiet: bool = QuietOption,
+    fmt: OutputFormat = FormatOption,
+) -> None:
+    """Move runs to the trash (a .trash folder beside each), bring them back with --restore, delete them for good
+    with --empty. A run being trained is refused."""
+    if restore and empty:
+        raise PonderError("--restore brings runs back, --empty deletes them: give one")
+    from ..api import remove_runs
+
+    render_and_plot(remove_runs(runs or [], restore=restore, empty=empty, log=chatter(quiet)), fmt, None, quiet)
 
 
 @app.command()

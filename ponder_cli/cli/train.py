@@ -6,7 +6,7 @@ import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -28,6 +28,7 @@ from ..cli_options import (
 )
 from .. import PonderError
 from ..config import TYPES, PonderConfig, problems_of, render_config
+from ..folders import Labels
 from ..render import TrainFormat, json_line
 from .app import app, bars, chatter, render_and_plot
 
@@ -99,6 +100,19 @@ GRU_ORTHOGONAL_OPTION = hyper("gru_orthogonal", "gru: orthogonal recurrent weigh
                               "--gru-orthogonal/--no-gru-orthogonal", hidden=True)
 GRU_UPDATE_BIAS_OPTION = hyper("gru_update_bias", "gru: added to the update gate's bias (keeps more "
                                                    "of the previous state).", hidden=True)
+# settings kept out of --help (a --config file holds them too): each has its option all the same, so
+# that every setting is one, and the command `ponder info` gives for a run reproduces it
+CURRICULUM_OPTION = hyper("curriculum", "parity: over the first this many batches the top training count grows from "
+                                        "--curriculum-start (0: off).", hidden=True)
+CURRICULUM_START_OPTION = hyper("curriculum_start", "parity: the curriculum's first top count.", hidden=True)
+HIDDEN_CNN_OPTION = hyper("hidden_cnn", "Size of the image embedding.", hidden=True)
+HIDDEN_LIN_OPTION = hyper("hidden_lin", "mlp: the step MLP's hidden layer.", hidden=True)
+KERNEL_SIZE_OPTION = hyper("kernel_size", "The CNN's kernel size.", hidden=True)
+CNN_DROPOUT_OPTION = hyper("cnn_dropout", "Dropout2d after the CNN's second convolution.", hidden=True)
+MLP_DROPOUT_OPTION = hyper("mlp_dropout", "Dropout in the step MLP.", hidden=True)
+ACT_EPSILON_OPTION = hyper("act_epsilon", "ACT: halt once the halting units sum to 1 - this.", hidden=True)
+TRUNCATION_RULE_OPTION = hyper("truncation_rule", "Below --truncation: cut, or roulette (unbiased).", hidden=True)
+LR_FACTOR_OPTION = hyper("lr_factor", "The LR's cut when it is reduced.", hidden=True)
 SEED_OPTION = hyper("seed", "Seed of the split, initialisation and sampling.")
 DOWNLOAD_OPTION = typer.Option(True, "--download/--no-download", hidden=True)
 CONFIG_OPTION = typer.Option(None, "--config", "-c", metavar="FILE", show_default=False,
@@ -120,12 +134,23 @@ RESUME_OPTION = typer.Option(None, "--resume", metavar="CHECKPOINT",
                              help="Continue the run saved in this checkpoint: a file (e.g. "
                                   "runs/pondernet-mlp-seed1234/last.pt), a run folder (its last.pt) or "
                                   "latest (the newest run under runs/).")
+INIT_FROM_OPTION = typer.Option(None, "--init-from", metavar="CHECKPOINT",
+                                help="Start a new run from this checkpoint's weights (a file, a run folder: its "
+                                     "best.pt, latest, or a shipped model), its settings but those given: new ones "
+                                     "where the model keeps its shapes (--lr, --epochs, --beta, ...).")
 TENSORBOARD_OPTION = typer.Option(False, "--tensorboard", help="Also write TensorBoard event files into the run "
                                   "folder: every epoch's figures and the halting-step histogram (needs "
                                   "tensorboard: pip install tensorboard); view with tensorboard --logdir runs.")
 DETERMINISTIC_OPTION = typer.Option(False, "--deterministic", help="Only deterministic kernels "
                                     "(torch.use_deterministic_algorithms): the same seed on the same machine gives "
                                     "the same weights, on CUDA too; slower there.")
+NAME_OPTION = typer.Option(None, "--name", metavar="TEXT", help="A name for the run, which `ponder runs` shows and "
+                           "--where name=... finds (the folder keeps its own).")
+TAG_OPTION = typer.Option(None, "--tag", metavar="TAG", help="A tag for the run (one word; repeat it for several): "
+                          "`ponder runs --where tag=TAG` finds them.")
+NOTE_OPTION = typer.Option(None, "--note", metavar="TEXT", help="A line about the run, which `ponder info` and "
+                           "`ponder runs` show. None of these three changes training: resuming keeps them or takes "
+                           "new ones.")
 PROGRESS_OPTION = typer.Option(None, "--progress/--no-progress", hidden=True)
 FORMAT_OPTION = typer.Option(TrainFormat.table, "--format", "-f", case_sensitive=False,
                              help="Output format. jsonl: one JSON object per line on stdout, each epoch's as it "
@@ -167,6 +192,16 @@ def train(
     gru_orthogonal: Optional[bool] = GRU_ORTHOGONAL_OPTION,
     gru_update_bias: Optional[float] = GRU_UPDATE_BIAS_OPTION,
     seed: Optional[int] = SEED_OPTION,
+    curriculum: Optional[int] = CURRICULUM_OPTION,
+    curriculum_start: Optional[int] = CURRICULUM_START_OPTION,
+    hidden_cnn: Optional[int] = HIDDEN_CNN_OPTION,
+    hidden_lin: Optional[int] = HIDDEN_LIN_OPTION,
+    kernel_size: Optional[int] = KERNEL_SIZE_OPTION,
+    cnn_dropout: Optional[float] = CNN_DROPOUT_OPTION,
+    mlp_dropout: Optional[float] = MLP_DROPOUT_OPTION,
+    act_epsilon: Optional[float] = ACT_EPSILON_OPTION,
+    truncation_rule: Optional[str] = TRUNCATION_RULE_OPTION,
+    lr_factor: Optional[float] = LR_FACTOR_OPTION,
     data_dir: Optional[Path] = DataDirOption,
     download: bool = DOWNLOAD_OPTION,
     config: Optional[Path] = CONFIG_OPTION,
@@ -178,7 +213,11 @@ def train(
     cuda_graphs: bool = CUDA_GRAPHS_OPTION,
     resume: Optional[str] = RESUME_OPTION,
     time_limit: Optional[str] = TimeLimitOption,
+    init_from: Optional[str] = INIT_FROM_OPTION,
     tensorboard: bool = TENSORBOARD_OPTION,
+    name: Optional[str] = NAME_OPTION,
+    tag: Optional[List[str]] = TAG_OPTION,
+    note: Optional[str] = NOTE_OPTION,
     deterministic: bool = DETERMINISTIC_OPTION,
     progress: Optional[bool] = PROGRESS_OPTION,
     quiet: bool = QuietOption,
@@ -192,12 +231,13 @@ def train(
     given = {name: value.value if isinstance(value, Enum) else value for name, value in locals().items()
              if name in PonderConfig.field_names() and value is not None}
     _refuse_bad_values(given)  # before torch loads: a typo costs no start-up
+    labels = Labels(name, tuple(tag or ()), note)
     from ..api import TrainOptions, train_run
 
     options = TrainOptions(resume=resume, out=out, data_dir=data_dir, download=download, device=device, amp=amp,
                            progress=bars(quiet, progress), overwrite=overwrite, tensorboard=tensorboard,
-                           config_file=config, deterministic=deterministic, cuda_graphs=cuda_graphs,
-                           time_limit=time_limit)
+                           config_file=config, deterministic=deterministic, cuda_graphs=cuda_graphs, labels=labels,
+                           init_from=init_from, time_limit=time_limit)
     if print_config:
         _print_config(given, options, fmt)
         return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
@@ -139,6 +140,9 @@ def info_report(checkpoint: str, cfg, history: list[dict], summary: dict, *, sho
               f"{best}: val accuracy {cell_text(summary['best_val_accuracy'], '.4f')}, "
               f"val steps {cell_text(summary['best_val_steps'], '.2f')}"),
              ("configuration", configuration)]
+    labels = [("name", summary.get("name")), ("tags", " ".join(summary.get("tags") or ())), ("note", summary.get("note")),
+              ("initialised from", summary.get("init_from"))]
+    facts[1:1] = [(what, value) for what, value in labels if value]  # what the researcher called it, first
     path = history[-1].get("training_step") if history else None
     if _step_line(path):
         facts.insert(-1, ("training batches", path))
@@ -147,8 +151,29 @@ def info_report(checkpoint: str, cfg, history: list[dict], summary: dict, *, sho
     facts_columns = [Column("what", "", "s"), Column("value", "", "s", wrap=True)]  # no headers: no header row
     return Report(meta=meta, buckets=history, columns=facts_columns, table_rows=rows, title=checkpoint,
                   detail=("History", table, HISTORY_COLUMNS) if history else None,
-                  footer="" if history else "no per-epoch history in this checkpoint",
+                  footer="\n".join(([] if history else ["no per-epoch history in this checkpoint"])
+                                    + [shell_lines("reproduce:", summary["train_command"])]),
                   plot_series={"history": history, "best": [{"epoch": best}]}, plot_kind="history")
+
+
+def shell_lines(prefix: str, command: str, width: int = 80) -> str:
+    """`prefix` and a long shell command over lines of `width` at most, each but the last ending
+    in ` \\`: the command's lines pasted into a shell run it whole. An option stays with its value."""
+    pieces: list[str] = []
+    for word in shlex.split(command):
+        quoted = shlex.quote(word)
+        if pieces and pieces[-1].startswith("-") and " " not in pieces[-1] and not word.startswith("-"):
+            pieces[-1] += " " + quoted
+        else:
+            pieces.append(quoted)
+    lines = [prefix]
+    for piece in pieces:
+        if len(lines[-1]) > len(prefix) and len(lines[-1]) + 1 + len(piece) > width - 2:
+            lines[-1] += " \\"
+            lines.append("  " + piece)
+        else:
+            lines[-1] += " " + piece
+    return "\n".join(lines)
 
 
 # runs ------------------------------------------------------------------------------------------
@@ -254,6 +279,26 @@ def runs_report(rows: list[dict], folders: list[str], settings: Optional[list[st
     keys = [key for key in dict.fromkeys(key for row in rows for key in row) if key not in settings] + settings
     return Report(meta=meta, buckets=rows, columns=RUNS_COLUMNS + labels + [setting_column(key) for key in settings],
                   title=f"Runs under {where}", caption=chosen, footer=footer, keys=keys)
+
+
+TRASH_TITLES = {"removed": "Moved to the trash", "restored": "Restored from the trash",
+                "deleted": "Deleted from the trash"}
+
+
+def trash_report(rows: list[dict], action: str, folders: list[str]) -> Report:
+    """runs rm: one bucket per run moved to the trash, restored, or deleted from it (`action`)."""
+    meta = {"command": "runs rm", "task": None, "checkpoints": [], "method": None, "step": None, "protocol": None,
+            "halting": None, "seed": None, "device": None, "action": action, "runs": len(rows)}
+    if action == "removed":
+        footer = (f"restore with: ponder runs rm --restore {' '.join(shlex.quote(row['run']) for row in rows)}\n"
+                  f"delete for good: ponder runs rm --empty")
+    elif action == "deleted" and not rows:
+        footer = f"no trash under {' and '.join(f'{folder}/' for folder in folders)}: nothing deleted"
+    else:
+        footer = ""
+    columns = [Column("run", "run", "s", wrap=True), Column("trash", "in the trash" if action == "removed" else "was in",
+                                                            "s", wrap=True)]
+    return Report(meta=meta, buckets=rows, columns=columns, title=TRASH_TITLES[action], footer=footer)
 
 
 # diff ------------------------------------------------------------------------------------------
