@@ -1,5 +1,5 @@
 """Halting arithmetic shared by the model, the losses and evaluation: PonderNet's halting
-distribution and its rules (sample, median, expected, quantile:Q, patience:K, confidence:C,
+distribution and its rules (sample, median, expected, quantile:Q, patience:K, confidence:C, threshold:T,
 and the fixed budget fixed:N; spelled in registry.py), ACT's halting units, and the per-row rules that let the one
 early-exit loop (`PonderNet.infer`) stop each image as soon as it halts.
 
@@ -119,6 +119,19 @@ def confident(logits: torch.Tensor, confidence: float) -> torch.Tensor:
     return torch.logsumexp(logits - top, dim=-1) <= -math.log(confidence)
 
 
+def threshold_halting_steps(lambda_logits: torch.Tensor, threshold: float) -> torch.Tensor:
+    """1-based first step whose halting probability lambda_n reaches `threshold`, or the last
+    step. (steps, B) -> (B,)"""
+    fires = reaches(lambda_logits, threshold)  # (steps, B)
+    fires[-1].fill_(True)
+    return fires.to(torch.uint8).argmax(dim=0) + 1
+
+
+def reaches(lambda_logits: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Whether sigmoid(z) >= threshold, compared as logits in float32 (no rounding of lambda to 1)."""
+    return lambda_logits.float() >= math.log(threshold) - math.log1p(-threshold)
+
+
 def within_steps(budget: int, steps: int) -> int:
     """A fixed budget, checked against the steps run: refused beyond them, never cut to them
     (both forms of fixed:N check it here; the user's message is Method.halting_problem's)."""
@@ -148,6 +161,8 @@ def rule_halting_steps(rule: HaltingRule, logits: torch.Tensor, lambda_logits: t
         return patience_halting_steps(logits, rule.parameter)
     if rule.name == "confidence":
         return confidence_halting_steps(logits, rule.parameter)
+    if rule.name == "threshold":
+        return threshold_halting_steps(lambda_logits, rule.parameter)
     raise ValueError(f"the {rule} rule does not halt at one step")
 
 
@@ -297,6 +312,18 @@ class ConfidenceExit(EarlyExitRule):
         return halts, logits
 
 
+class ThresholdExit(EarlyExitRule):
+    """Halt once lambda_n reaches `threshold` (`threshold_halting_steps`)."""
+
+    def __init__(self, threshold: float):
+        self.threshold = threshold
+
+    def decide(self, n, last, logits, lambda_logits):
+        halts = torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device) if last \
+            else reaches(lambda_logits, self.threshold)
+        return halts, logits
+
+
 class FixedExit(EarlyExitRule):
     """Every row halts at step `budget` (`fixed_halting_steps`): no row leaves before it, so the
     batch that reaches it is the whole batch, as in the forward over every step."""
@@ -325,6 +352,8 @@ def rule_exit(rule: HaltingRule, uniforms: torch.Tensor) -> EarlyExitRule:
         return PatienceExit(batch, rule.parameter, device)
     if rule.name == "confidence":
         return ConfidenceExit(rule.parameter)
+    if rule.name == "threshold":
+        return ThresholdExit(rule.parameter)
     raise ValueError(f"the {rule} rule needs every step; it has no early exit")
 
 

@@ -12,7 +12,9 @@ from typing import Callable, Optional, Union
 import torch
 
 from .. import PonderError, brief, distributed, keeping
-from ..config import PonderConfig, read_config_file
+from ..checkpoint import load_checkpoint
+from ..config import PonderConfig, applies, read_config_file
+from ..folders import resolve_checkpoint
 from ..data import resolve_data_dir
 from ..render import config_lines, epoch_line
 from ..reports import Report, epoch_record, training_report
@@ -57,17 +59,29 @@ def deterministic_kernels(on: bool):
         torch.use_deterministic_algorithms(was)
 
 
-def _settings(given: dict, config_file: Optional[Path]) -> tuple[dict, dict]:
+def _settings(given: dict, config_file: Optional[Path], resume=None) -> tuple[dict, dict]:
     """The settings of a run: the file's, overridden by the options given; and the file that gave
-    each setting no option overrode."""
+    each setting no option overrode. A fresh refit (--refit-halting CHECKPOINT) starts from the
+    settings of the checkpoint it refits that its pieces read, below the file's and the options'."""
     from_file = read_config_file(config_file) if config_file is not None else {}
-    return {**from_file, **given}, {name: str(config_file) for name in from_file if name not in given}
+    settings = {**from_file, **given}
+    if settings.get("refit_halting") and resume is None:
+        settings = {**refit_settings(settings["refit_halting"]), **settings}
+    return settings, {name: str(config_file) for name in from_file if name not in given}
+
+
+def refit_settings(checkpoint: str) -> dict:
+    """The settings of the checkpoint a refit starts from, those its pieces read (the others are
+    the defaults' and refused when given)."""
+    saved = load_checkpoint(resolve_checkpoint(checkpoint).path).config
+    return {key: value for key, value in saved.to_dict().items() if applies(key, saved.chosen())
+            and key != "refit_halting"}
 
 
 def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, dict]:
     """What `ponder train` would train with, and where each value comes from, without training
     (`--print-config`): the resumed run's configuration with --resume."""
-    settings, origins = _settings(given, options.config_file)
+    settings, origins = _settings(given, options.config_file, options.resume)
     cfg, sources, _, _ = resolve_config(settings, options.resume, origins)
     return cfg, sources
 
@@ -103,7 +117,7 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None],
     main = where is None or where.main
     if not main:
         log = lambda line: None  # noqa: E731  rank 0 alone speaks
-    settings, origins = _settings(given, options.config_file)
+    settings, origins = _settings(given, options.config_file, options.resume)
     plan = plan_training(settings, resume=options.resume, out=options.out, overwrite=options.overwrite,
                          origins=origins)
     cfg = plan.cfg
