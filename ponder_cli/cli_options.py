@@ -14,7 +14,7 @@ from typer.core import TyperCommand
 from . import PonderError
 from .config import PonderConfig, parse_duration
 from .folders import DEFAULT, LATEST, RUNS_DIR, SHIPPED
-from .registry import (CNN_DROPOUT_MASKS, DEVICE_CHOICES, HALTING_INPUTS, HALTING_RULES, PIECES, PRIORS, PROTOCOLS,
+from .registry import (CNN_DROPOUT_MASKS, DEVICE_CHOICES, HALTING_INPUTS, HALTING_RULES, HALTING_TARGETS, PIECES, PRIORS, PROTOCOLS,
                        device_problem, known, parse_exit_rule, parse_halting_rule, rule_choices)
 from .render import OutputFormat, value_text
 
@@ -26,6 +26,7 @@ def _choices(name: str, values) -> type[Enum]:
 HaltingInput = _choices("HaltingInput", HALTING_INPUTS)
 CnnDropoutMask = _choices("CnnDropoutMask", CNN_DROPOUT_MASKS)
 Prior = _choices("Prior", PRIORS)
+HaltingTarget = _choices("HaltingTarget", HALTING_TARGETS)
 Protocol = _choices("Protocol", PROTOCOLS)
 
 
@@ -228,7 +229,8 @@ HaltingOption = typer.Option(None, "--halting", metavar="RULE", callback=_haltin
                                   "first step where the cumulative halting probability reaches 0.5; quantile:Q: "
                                   "where it reaches Q (median = quantile:0.5); patience:K: first step whose "
                                   "predicted class is also that of the K steps before it; confidence:C: first "
-                                  "step whose top class probability reaches C; fixed:N: every input stops at "
+                                  "step whose top class probability reaches C; threshold:T: first step whose λ_n reaches T (a "
+                                  "head trained by --halting-target final or correct); fixed:N: every input stops at "
                                   "step N (a fixed budget, the control; any method); expected: p-weighted "
                                   "average of all steps' outputs, steps = Σ n·p_n. Default: sample; ACT halts by "
                                   "its own rule and refuses every other but fixed:N. See ponder calibrate.")

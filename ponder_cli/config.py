@@ -30,7 +30,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from . import PonderError, PonderWarning, file_problem
-from .registry import (FORMAT_VERSION, CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, PIECES, PRIORS, STEPS, TASKS, TRUNCATION_RULES, known,
+from .registry import (FORMAT_VERSION, CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_TARGETS, METHODS, PIECES, PRIORS, STEPS, TASKS, TRUNCATION_RULES, known,
                        piece_class, step_class, task_class)
 
 MAX_STEPS = 100  # a bound on the cost of an epoch (training runs every step for every image)
@@ -106,6 +106,9 @@ class MethodSettings:
     halting_bias: Optional[float] = None
     lambda_p: float = setting(0.2, *within(0, 1, "(]"))  # the geometric prior's parameter
     prior: str = setting("geometric", *one_of(PRIORS))  # the prior's shape: geometric (lambda_p) or uniform
+    # what the halting head learns from: the prior's KL pull (the paper's), or binary cross-entropy
+    # towards whether no later step changes the answer (final) or the answer is right (correct)
+    halting_target: str = setting("prior", *one_of(HALTING_TARGETS))
     beta: float = setting(0.01, *AT_LEAST_0)  # weight of KL(p || p_G)
     # the KL weight grows linearly from 0 to beta over the first this many optimizer steps (0: off)
     beta_warmup: int = setting(0, *AT_LEAST_0)
@@ -132,6 +135,9 @@ class TrainingSettings:
     lr_patience: int = setting(2, *AT_LEAST_0)  # ReduceLROnPlateau, in epochs
     lr_factor: float = setting(0.1, *within(0, 1, "()"))
     seed: int = setting(1234, lambda v: 0 <= v < MAX_SEED, "an integer from 0 to 2**63 - 1")
+    # a checkpoint whose weights start the run, every one of them frozen but the halting head's
+    # ("": off, a fresh model); the head is new when its inputs differ from the checkpoint's
+    refit_halting: str = ""
 
 
 SECTION_TYPES = {"task": TaskSettings, "step": StepSettings, "method": MethodSettings, "training": TrainingSettings}
@@ -331,7 +337,7 @@ class PonderConfig:
         return (inapplicable(given, chosen, lambda key: spelled(key, origins, "--"))
                 or [f"{spelled('halting_input', origins)} {self.method.halting_input}: step {self.step.name} has no "
                     f"{part} to show" for part in self.method.halting_input.split("+")[1:]
-                    if part not in ("confidence", "previous", step.halting_feature)]
+                    if part not in ("confidence", "previous", "answer", step.halting_feature)]
                 or [problem for kind, name in chosen.items()
                     for problem in piece_class(kind, name).config_problems(self)])
 

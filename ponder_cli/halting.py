@@ -1,7 +1,8 @@
 """Halting arithmetic shared by the model, the losses and evaluation: PonderNet's halting
 distribution and its rules (sample, median, expected, quantile:Q, patience:K, confidence:C,
-and the fixed budget fixed:N, `FixedBudget`; spelled in registry.py), ACT's halting units, and the
-per-row rules that let the one early-exit loop (`PonderNet.infer`) stop each image as soon as it halts.
+threshold:T, and the fixed budget fixed:N, `FixedBudget`; spelled in registry.py), ACT's halting
+units, and the per-row rules that let the one early-exit loop (`PonderNet.infer`) stop each image
+as soon as it halts.
 
 Shapes: lambda_logits (steps, B) are pre-sigmoid conditional halting probabilities; logits
 (steps, B, classes) are the class scores y_n of every step.
@@ -119,6 +120,19 @@ def confident(logits: torch.Tensor, confidence: float) -> torch.Tensor:
     return torch.logsumexp(logits - top, dim=-1) <= -math.log(confidence)
 
 
+def threshold_halting_steps(lambda_logits: torch.Tensor, threshold: float) -> torch.Tensor:
+    """1-based first step whose halting probability lambda_n reaches `threshold`, or the last
+    step. (steps, B) -> (B,)"""
+    fires = reaches(lambda_logits, threshold)  # (steps, B)
+    fires[-1].fill_(True)
+    return fires.to(torch.uint8).argmax(dim=0) + 1
+
+
+def reaches(lambda_logits: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Whether sigmoid(z) >= threshold, compared as logits in float32 (no rounding of lambda to 1)."""
+    return lambda_logits.float() >= math.log(threshold) - math.log1p(-threshold)
+
+
 def rule_halting_steps(rule: HaltingRule, logits: torch.Tensor, lambda_logits: torch.Tensor,
                        uniforms: torch.Tensor) -> torch.Tensor:
     """The 1-based halting step (B,) of each image under a rule that halts at one step, from a
@@ -133,6 +147,8 @@ def rule_halting_steps(rule: HaltingRule, logits: torch.Tensor, lambda_logits: t
         return patience_halting_steps(logits, rule.parameter)
     if rule.name == "confidence":
         return confidence_halting_steps(logits, rule.parameter)
+    if rule.name == "threshold":
+        return threshold_halting_steps(lambda_logits, rule.parameter)
     raise ValueError(f"the {rule} rule does not halt at one step")
 
 
@@ -282,6 +298,18 @@ class ConfidenceExit(EarlyExitRule):
         return halts, logits
 
 
+class ThresholdExit(EarlyExitRule):
+    """Halt once lambda_n reaches `threshold` (`threshold_halting_steps`)."""
+
+    def __init__(self, threshold: float):
+        self.threshold = threshold
+
+    def decide(self, n, last, logits, lambda_logits):
+        halts = torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device) if last \
+            else reaches(lambda_logits, self.threshold)
+        return halts, logits
+
+
 def rule_exit(rule: HaltingRule, uniforms: torch.Tensor) -> EarlyExitRule:
     """The early-exit form of a rule that halts at one step (see `rule_halting_steps`);
     uniforms (steps, B) are the sample rule's coins, and give the steps run, the batch size and
@@ -297,6 +325,8 @@ def rule_exit(rule: HaltingRule, uniforms: torch.Tensor) -> EarlyExitRule:
         return PatienceExit(batch, rule.parameter, device)
     if rule.name == "confidence":
         return ConfidenceExit(rule.parameter)
+    if rule.name == "threshold":
+        return ThresholdExit(rule.parameter)
     raise ValueError(f"the {rule} rule needs every step; it has no early exit")
 
 

@@ -112,6 +112,37 @@ def ponder_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torc
     return LossParts(reconstruction + beta * regularisation, reconstruction, regularisation)
 
 
+# The halting head trained on the answer (--halting-target final or correct) -------------------
+
+def halting_targets(logits: torch.Tensor, targets: torch.Tensor, kind: str,
+                    computed: torch.Tensor | None = None) -> torch.Tensor:
+    """t_n (steps, B) in {0, 1}, what lambda_n is trained towards: "final", no later computed step
+    changes the answer (argmax y_m = argmax y_n for every computed m > n); "correct", the answer
+    at step n is the label. Steps after `computed` (B,) are not looked at (their t_n is not
+    trained: halting_bce). Read from the answers alone, with no gradient; fixed shapes, no host
+    read."""
+    answers = logits.detach().argmax(dim=-1)  # (steps, B)
+    if kind == "correct":
+        return (answers == targets).float()
+    n = torch.arange(1, answers.shape[0] + 1, device=answers.device)[:, None]  # (steps, 1)
+    last = answers.shape[0] if computed is None else computed  # (B,) or an int
+    at_last = answers[-1:] if computed is None else answers.gather(0, (computed - 1)[None])  # (1, B)
+    differs = ((answers != at_last) & (n <= last)).to(torch.uint8)  # (steps, B): unlike the last computed answer
+    # final at n: no step from n on differs from the last answer (a reverse running maximum)
+    return 1.0 - differs.flip(0).cummax(dim=0).values.flip(0).float()
+
+
+def halting_bce(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor, kind: str,
+                computed: torch.Tensor | None = None) -> torch.Tensor:
+    """The mean binary cross-entropy of lambda_n against halting_targets over every step before
+    the last computed one (at that step halting is forced, whatever lambda says)."""
+    t = halting_targets(logits, targets, kind, computed)
+    n = torch.arange(1, t.shape[0] + 1, device=t.device)[:, None]
+    trained = (n < (t.shape[0] if computed is None else computed)).float().expand(t.shape)  # (steps, B)
+    bce = F.binary_cross_entropy_with_logits(lambda_logits.float(), t, reduction="none")
+    return (bce * trained).sum() / trained.sum().clamp_min(1.0)
+
+
 # The methods ------------------------------------------------------------------------------------
 
 class Method:
@@ -222,7 +253,7 @@ class PonderNetMethod(Method):
     name = "pondernet"
     graph_safe = True
     reads = ("max_steps", "halting_input", "halting_bias", "turn_gate", "lambda_p", "prior", "beta", "beta_warmup",
-             "truncation", "truncation_rule", "depth_min")
+             "truncation", "truncation_rule", "depth_min", "halting_target")
 
     def __init__(self, cfg, device=None):
         super().__init__(cfg, device)
@@ -238,6 +269,10 @@ class PonderNetMethod(Method):
         if m.depth_min > m.max_steps:
             problems.append(f"depth-min {m.depth_min} is above max-steps {m.max_steps}: inputs train at a depth "
                             f"drawn from depth-min to max-steps")
+        if m.halting_target != "prior" and (m.truncation > 0 or m.depth_min):
+            problems.append(f"halting-target {m.halting_target} trains on every step's answer: give truncation 0 "
+                            f"and depth-min 0 (got {m.truncation:g} and {m.depth_min}; --step align implies "
+                            f"truncation 0.1)")
         if m.depth_min and m.truncation > 0 and m.truncation_rule == "roulette":
             problems.append("depth-min trains with truncation-rule cut, not roulette (roulette's loss weights "
                             "assume its own coins alone decide where an input stops)")
@@ -259,6 +294,15 @@ class PonderNetMethod(Method):
         return parse_halting_rule(rule).name == "expected"
 
     def loss(self, logits, lambda_logits, targets, computed=None, progress=None):
+        kind = self.cfg.method.halting_target
+        if kind != "prior":
+            # The steps and the class head learn the expected loss under the halting distribution,
+            # as PonderNet's; the halting head learns from the cross-entropy alone (p detached:
+            # halting does not learn to stop where the loss is low, nor the steps to be cheap).
+            p = halting_log_probs(lambda_logits.detach()).exp()
+            reconstruction = reconstruction_loss(logits, targets, p)
+            bce = halting_bce(logits, lambda_logits, targets, kind, computed)
+            return LossParts(reconstruction + bce, reconstruction, bce)
         weights = None
         if computed is not None and self.cfg.method.truncation_rule == "roulette" and self.cfg.method.truncation > 0:
             weights = roulette_weights(lambda_logits, computed, self.cfg.method.truncation)

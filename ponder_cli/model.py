@@ -8,6 +8,7 @@ Knows nothing of data loading, training, the halting methods' losses or the CLI.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -21,6 +22,35 @@ from .steps import select_rows
 # A halting logit whose sigmoid is 1.0 in float32: how a truncated image's last computed step
 # takes all its remaining halting mass (see PonderNet.forward).
 FORCED_HALT_LOGIT = 80.0
+
+
+ANSWER_FEATURES = 7  # answer_features' width
+
+
+def answer_features(logits: torch.Tensor, earlier: torch.Tensor | None, n, first) -> torch.Tensor:
+    """What the halting head reads of step n's answer (--halting-input ...+answer), (..., classes)
+    -> (..., 7); n and first an int and a bool, or tensors broadcasting over (...); detached and in float32: the top class probability, its margin over the second,
+    the entropy (in units of log classes), log(1 - top probability) in tens of nats (how sure, where
+    the probability itself rounds to 1), the total-variation distance from the step before's class
+    probabilities and whether the top class changed (at the first step, `first`, the step before is
+    the uniform distribution: the answer has changed from none), and 1 / (n + 1) for the 0-based
+    step n (no scale of the steps run, which --max-steps changes). `earlier` (..., classes): the
+    step before's logits, ignored where `first`; fixed shapes, no host read."""
+    log_p = torch.log_softmax(logits.detach().float(), dim=-1)
+    p = log_p.exp()
+    top2, top = p.topk(2, dim=-1)
+    classes = p.shape[-1]
+    entropy = -(p * log_p).sum(dim=-1) / math.log(classes)
+    others = log_p.scatter(-1, top[..., :1], float("-inf")).logsumexp(dim=-1).clamp_min(-30.0) / 10
+    if earlier is None:
+        earlier = torch.zeros_like(logits)
+    first = torch.as_tensor(first, device=p.device).expand(p.shape[:-1])
+    q = torch.where(first[..., None], torch.full_like(p, 1 / classes), torch.softmax(earlier.detach().float(), dim=-1))
+    change = (p - q).abs().sum(dim=-1) / 2
+    changed = first | (earlier.detach().argmax(dim=-1) != top[..., 0])
+    inverse = (1 / (torch.as_tensor(n, device=p.device, dtype=p.dtype) + 1)).expand(p.shape[:-1])
+    return torch.stack([top2[..., 0], top2[..., 0] - top2[..., 1], entropy, others, change, changed.float(), inverse],
+                       dim=-1)
 
 
 class PonderOutput(NamedTuple):
@@ -65,8 +95,10 @@ class PonderNet(nn.Module):
         self.confidence_input = "confidence" in inputs
         self.previous_input = "previous" in inputs
         self.extra_input = self.step.halting_feature in inputs
+        self.answer_input = "answer" in inputs  # answer_features: how sure the step is, how it changed
         self.halting_head = nn.Linear(self.step.readout_size * (1 + self.previous_input) + self.confidence_input
-                                      + self.extra_input * self.step.halting_extra_size, 1)
+                                      + self.extra_input * self.step.halting_extra_size
+                                      + self.answer_input * ANSWER_FEATURES, 1)
 
     def forward(self, x: torch.Tensor, stop: EarlyExitRule | None = None, traces: list | None = None) -> PonderOutput:
         """Run the steps for training and losses: every step of every image, or, with a `stop`
@@ -95,13 +127,16 @@ class PonderNet(nn.Module):
         readouts = torch.stack(readouts)  # (steps, B, readout)
         extra = None if extras[0] is None else torch.stack(extras)  # (steps, B, extra)
         previous = torch.cat([torch.zeros_like(readouts[:1]), readouts[:-1]]) if self.previous_input else None
-        return PonderOutput(*self.heads(readouts, extra, previous))
+        return PonderOutput(*self.heads(readouts, extra, previous, n=None))
 
     def heads(self, readout: torch.Tensor, extra: torch.Tensor | None = None,
-              previous: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Class logits (..., classes) and halting logits (...) from readouts (..., readout);
+              previous: torch.Tensor | None = None, earlier: torch.Tensor | None = None,
+              n: int | None = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Class logits (..., classes) and halting logits (...) from readouts (..., readout) of
+        step `n` (0-based), or, with n None, of every step stacked (steps, B, readout);
         `previous`, the readouts one step earlier (zeros at the first step), when the halting
-        head reads them."""
+        head reads them; `earlier`, the class logits one step earlier (None at the first step),
+        when it reads the answer (n None: taken from the stack)."""
         logits = self.output_head(readout)
         halting_input = [readout]
         if self.confidence_input:
@@ -116,6 +151,14 @@ class PonderNet(nn.Module):
             # halting early) must not reach the step through them, or training could teach the
             # step to work less in order to halt sooner
             halting_input.append(extra.detach().to(readout.dtype))
+        if self.answer_input:
+            if n is None:  # every step stacked: step n's earlier answer is step n - 1's
+                n = torch.arange(logits.shape[0], device=logits.device)[:, None]  # (steps, 1)
+                earlier = torch.cat([torch.zeros_like(logits[:1]), logits[:-1]])
+                first = n == 0
+            else:
+                first = earlier is None
+            halting_input.append(answer_features(logits, earlier, n, first).to(readout.dtype))
         halting_input = halting_input[0] if len(halting_input) == 1 else torch.cat(halting_input, dim=-1)
         lambda_logits = self.halting_head(halting_input).squeeze(-1)
         return logits, lambda_logits if extra is None else self.step.gate_halting(lambda_logits, extra)
@@ -132,10 +175,12 @@ class PonderNet(nn.Module):
         context, state = self.step.start(x, self.max_steps)
         active = torch.arange(x.shape[0], device=x.device)  # rows of the batch still running
         previous = None  # the last step's readouts of the running rows, when the halting head reads them
+        earlier = None  # the last step's class logits of the running rows, when it reads the answer
         for n in range(self.max_steps):
             state, readout, extra = self.step(context, state, n)  # (A, ...)
-            logits, lambda_logits = self.heads(readout, extra, previous)
+            logits, lambda_logits = self.heads(readout, extra, previous, earlier, n)
             previous = readout if self.previous_input else None
+            earlier = logits if self.answer_input else None
             last = n == self.max_steps - 1
             done, chosen = rule.decide(n, last, logits, lambda_logits)
             yield n, active, logits, lambda_logits, done, chosen
@@ -148,6 +193,7 @@ class PonderNet(nn.Module):
                 active = active.index_select(0, going_on)
                 context, state = select_rows(context, going_on), select_rows(state, going_on)
                 previous = None if previous is None else previous.index_select(0, going_on)
+                earlier = None if earlier is None else earlier.index_select(0, going_on)
                 rule.keep(going_on)
 
     def _forward_truncated(self, x: torch.Tensor, stop: EarlyExitRule) -> PonderOutput:

@@ -32,10 +32,18 @@ METHODS = {
 }
 
 # what the halting head sees: the step's readout, plus any of its top class probability, the
-# previous step's readout (the change between steps) and the step function's own halting
-# features (align: the size of its turn), in that order
+# previous step's readout (the change between steps), the step function's own halting features
+# (align: the size of its turn) and the step's answer (model.answer_features: how sure it is and
+# how it changed since the last step), in that order
 HALTING_INPUTS = ("state", "state+confidence", "state+previous", "state+turn", "state+confidence+previous",
-                  "state+confidence+turn", "state+previous+turn", "state+confidence+previous+turn")
+                  "state+confidence+turn", "state+previous+turn", "state+confidence+previous+turn",
+                  "state+answer", "state+confidence+answer", "state+previous+answer", "state+turn+answer",
+                  "state+confidence+previous+answer", "state+confidence+turn+answer", "state+previous+turn+answer",
+                  "state+confidence+previous+turn+answer")
+# what PonderNet trains its halting head towards: the prior (the paper's KL term), or, by binary
+# cross-entropy of lambda_n, whether no later step changes the answer (final) or whether the
+# answer is right (correct); methods.halting_targets
+HALTING_TARGETS = ("prior", "final", "correct")
 # mlp: one Dropout2d mask per image shared by every step (the CNN runs once), or a fresh mask
 # at every step, as the reference gets by recomputing its CNN at every step
 CNN_DROPOUT_MASKS = ("shared", "per-step")
@@ -49,7 +57,7 @@ TRUNCATION_RULES = ("cut", "roulette")
 PRIORS = ("geometric", "uniform")
 # how a model picks its halting step at inference; quantile, patience, confidence and fixed take a
 # parameter (quantile:0.9, patience:2, confidence:0.95, fixed:4), parsed below (parse_halting_rule)
-HALTING_RULES = ("sample", "median", "expected", "quantile", "patience", "confidence", "fixed")
+HALTING_RULES = ("sample", "median", "expected", "quantile", "patience", "confidence", "threshold", "fixed")
 PROTOCOLS = ("uniform", "band", "fixed")  # how test images are rotated per angle bucket
 DEFAULT_HALTING = "sample"  # the paper's; a method with a rule of its own (ACT) halts by that instead
 DEFAULT_PROTOCOL = "uniform"  # the reference notebook's: within ±angle
@@ -147,6 +155,9 @@ def method_class(name: str):
 #   each of the K steps before it (n >= K + 1), or at the last step (PABEE);
 # - confidence:C (0 < C < 1): halt at the first step whose top class probability max softmax(y_n)
 #   reaches C, or at the last step (CALM's softmax-response exit);
+# - threshold:T (0 < T < 1): halt at the first step whose halting probability lambda_n reaches T,
+#   or at the last step: the natural rule for a lambda trained as a "done" probability
+#   (--halting-target final or correct), whose cumulative product the coins would read too early;
 # - fixed:N (N >= 1): every input stops at step N, whatever its halting says: the fixed budget
 #   that adaptive halting is measured against, the same for every method (ACT's too). N is
 #   checked against the steps a model runs where the model is known (api.check_halting).
@@ -155,7 +166,8 @@ def method_class(name: str):
 
 # what each rule with a parameter calls it and accepts, for help texts and messages
 RULE_PARAMETERS = {"quantile": ("Q", "0 < Q < 1"), "patience": ("K", "a whole number K >= 1"),
-                   "confidence": ("C", "0 < C < 1"), "fixed": ("N", "a whole number N >= 1")}
+                   "confidence": ("C", "0 < C < 1"), "threshold": ("T", "0 < T < 1"),
+                   "fixed": ("N", "a whole number N >= 1")}
 # rules whose parameter is a whole number of steps
 WHOLE_PARAMETERS = ("patience", "fixed")
 # rules that average every step's outputs rather than halt at one step

@@ -14,9 +14,9 @@ import torch
 from tqdm import tqdm
 
 from . import PonderError, brief, distributed
-from .checkpoint import TrainingState, new_model, save_checkpoints
+from .checkpoint import TrainingState, load_checkpoint, new_model, save_checkpoints
 from .config import PonderConfig
-from .folders import BEST, LAST
+from .folders import BEST, LAST, resolve_checkpoint
 from .methods import Method, get_method
 from .model import truncate
 from .runtime import Adam, autocast, drops_rows, grad_scaler
@@ -341,6 +341,8 @@ def train_one_epoch(step: BatchStep, *, desc: str = "train", progress: bool = Tr
     of cfg.training.batch_size inputs; the metrics returned cover the whole epoch, all ranks together.
     """
     step.model.train()
+    if step.cfg.training.refit_halting:  # a frozen body runs as at evaluation: the answers the head will see
+        frozen_body(step.model).eval()
     source, device = step.source, step.device
     count = source.start_epoch()  # what the epoch draws up front (MNIST: the permutation, shared stream)
     # Under torchrun rotations, dropout, truncation and coin flips come from this rank's own RNG
@@ -394,13 +396,39 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(cuda, device)
 
 
+def refit_halting(model: torch.nn.Module, cfg: PonderConfig, fresh: bool) -> None:
+    """--refit-halting CHECKPOINT: every weight but the halting head's frozen; a fresh run takes
+    them from the checkpoint (its halting head stays this model's own, newly initialised: the
+    head learns anew, whatever its inputs), a resumed one has them from its own checkpoint."""
+    if fresh:
+        path = resolve_checkpoint(cfg.training.refit_halting).path
+        saved = load_checkpoint(path).model
+        body = {key: value for key, value in saved.items() if not key.startswith("halting_head.")}
+        try:
+            missing, unexpected = model.load_state_dict(body, strict=False)
+        except RuntimeError as exc:
+            raise PonderError(f"--refit-halting {path}: its model does not fit this run's settings ({brief(exc)})") \
+                from None
+        missing = [key for key in missing if not key.startswith("halting_head.")]
+        if missing or unexpected:
+            raise PonderError(f"--refit-halting {path}: its model does not fit this run's settings "
+                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(name.startswith("halting_head."))
+
+
+def frozen_body(model: torch.nn.Module) -> torch.nn.Module:
+    """What a refit freezes that has a training mode (dropout): the step function."""
+    return getattr(model, "module", model).step
+
+
 def make_optimizer(model: torch.nn.Module, cfg: PonderConfig, device: torch.device) -> torch.optim.Adam:
     """Adam, fused on every device: one kernel updates every parameter, and it takes a flag on the
     device that skips a step (step_unless, the GradScaler's back-off) without the host reading it.
     The learning rate is a tensor, which the plateau schedule cuts in place: a captured step reads
     the new value. Its step counts live on the device (fused); it is marked capturable only while
     BatchStep captures it (`capturable`), so no step run eagerly draws torch's warning."""
-    return Adam(model.parameters(), lr=torch.tensor(cfg.training.lr, device=device), fused=True)
+    return Adam([p for p in model.parameters() if p.requires_grad], lr=torch.tensor(cfg.training.lr, device=device), fused=True)
 
 
 # How Adam runs, not what it has learnt: a checkpoint written on one device resumes on another.
@@ -491,6 +519,8 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
     model = new_model(cfg).to(device)
     if init is not None:
         model.load_state_dict(init)
+    if cfg.training.refit_halting:
+        refit_halting(model, cfg, fresh=resume is None)
     source = _source(train_set, cfg, device)
     optimizer = make_optimizer(model, cfg, device)
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(

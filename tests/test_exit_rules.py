@@ -15,7 +15,7 @@ from ponder_cli.checkpoint import load_checkpoint, save_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
 from ponder_cli.evaluate import RuleOutcome, choose_rule
-from ponder_cli.halting import (ActExit, ConfidenceExit, PatienceExit, QuantileExit, SampleExit, act_halting,
+from ponder_cli.halting import (ActExit, ConfidenceExit, PatienceExit, QuantileExit, SampleExit, ThresholdExit, act_halting,
                                 confidence_halting_steps, log_survivals, patience_halting_steps,
                                 quantile_halting_steps, rule_exit, rule_halting_steps, sample_halting_steps)
 from ponder_cli.halting import ActHalted, TruncateBelow
@@ -49,7 +49,7 @@ def test_spellings_parse_to_a_rule_that_keeps_them():
     ("patience:0", "patience:K needs a whole number K >= 1 (got '0')"),
     ("patience:1.5", "patience:K needs a whole number K >= 1 (got '1.5')"),
     ("median:2", "the median rule takes no parameter (got 'median:2')"),
-    ("foo", "unknown halting rule 'foo'; choose from sample, median, expected, quantile:Q, patience:K, confidence:C, fixed:N"),
+    ("foo", "unknown halting rule 'foo'; choose from sample, median, expected, quantile:Q, patience:K, confidence:C, threshold:T, fixed:N"),
 ])
 def test_bad_spellings_are_one_error_line(text, message, ponder, one_error_line):
     with pytest.raises(ValueError, match=f"^{message.replace('(', '[(]').replace(')', '[)]')}$"):
@@ -59,7 +59,7 @@ def test_bad_spellings_are_one_error_line(text, message, ponder, one_error_line)
 
 def test_help_shows_the_spellings(ponder):
     text = " ".join(ponder("extrapolate", "--help").stdout.split())
-    assert "--halting RULE" in text and "sample, median, expected, quantile:Q, patience:K, confidence:C, fixed:N" in text
+    assert "--halting RULE" in text and "sample, median, expected, quantile:Q, patience:K, confidence:C, threshold:T, fixed:N" in text
     assert "median = quantile:0.5" in text
 
 
@@ -233,7 +233,9 @@ def test_the_sample_rule_compares_the_same_lambda_step_by_step(drive):
 
 
 # confidence:0.1244: near the median top class probability of this untrained model's outputs
-@pytest.mark.parametrize("rule", ["quantile:0.8", "quantile:0.95", "patience:1", "patience:3", "confidence:0.1244"])
+# threshold:0.27: near lambda = sigmoid(-1) of the head's bias
+@pytest.mark.parametrize("rule", ["quantile:0.8", "quantile:0.95", "patience:1", "patience:3", "confidence:0.1244",
+                                  "threshold:0.27"])
 def test_early_exit_predicts_as_every_step_on_a_model(rule):
     cfg = PonderConfig.of(max_steps=6, hidden=16, hidden_cnn=16, hidden_lin=16)
     torch.manual_seed(0)
@@ -249,9 +251,10 @@ def test_early_exit_predicts_as_every_step_on_a_model(rule):
     assert torch.equal(early_steps, full_steps) and torch.equal(early.argmax(1), full.argmax(1))
     assert torch.equal(full_steps, rule_halting_steps(parse_halting_rule(rule), out.logits, out.lambda_logits,
                                                       uniforms))
-    if rule.startswith("confidence"):
+    if rule.startswith(("confidence", "threshold")):
         assert len(set(full_steps.tolist())) > 1  # some rows halt at once, others run on
-    exits = {"quantile": QuantileExit, "patience": PatienceExit, "confidence": ConfidenceExit}
+    exits = {"quantile": QuantileExit, "patience": PatienceExit, "confidence": ConfidenceExit,
+             "threshold": ThresholdExit}
     assert isinstance(rule_exit(parse_halting_rule(rule), uniforms), exits[parse_halting_rule(rule).name])
 
 
@@ -383,7 +386,7 @@ def test_calibrate_refuses_the_expected_rule_at_the_option(rules, fixed_model, p
     line = one_error_line(ponder("calibrate", fixed_model, "--rules", *rules, "--limit", 100))
     assert line == ("Error: Invalid value for '--rules': the expected rule averages every step's outputs and halts "
                     "at no single step; calibrate compares rules that halt at one step: sample, median, quantile:Q, "
-                    "patience:K, confidence:C, fixed:N")
+                    "patience:K, confidence:C, threshold:T, fixed:N")
 
 
 def test_calibrate_refuses_the_expected_rule_on_a_shipped_parity_model(ponder, one_error_line):

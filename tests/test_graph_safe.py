@@ -45,6 +45,10 @@ CASES = [
     dict(step="align", method="pondernet", max_steps=4, beta_warmup=3, prior="uniform", depth_min=2),
     dict(step="mlp", method="pondernet", truncation=0.05, depth_min=1),
     dict(step="gru", method="pondernet", depth_min=3, beta_warmup=2, **SMALL_VECTORS),
+    # a halting head trained on the answer it reads: the targets and the features made on the device
+    dict(step="align", method="pondernet", max_steps=4, truncation=0.0, halting_target="final",
+         halting_input="state+turn+answer"),
+    dict(step="mlp", method="pondernet", halting_target="correct", halting_input="state+confidence+answer"),
 ]
 
 
@@ -101,7 +105,8 @@ def _watched_batches(step: BatchStep, count: int = 2) -> list[Operators]:
 
 def _case_id(case):
     return "-".join(f"{value}" for key, value in case.items() if key in ("task", "step", "method", "truncation",
-                                                                          "truncation_rule", "depth_min", "prior"))
+                                                                          "truncation_rule", "depth_min", "prior",
+                                                                          "halting_target"))
 
 
 def assert_graph_safe(step: BatchStep) -> None:
@@ -346,6 +351,7 @@ def test_a_non_finite_batch_is_skipped_on_the_device_and_counted():
 @pytest.mark.parametrize("method, rule", [("pondernet", "sample"), ("pondernet", "median"),
                                           ("pondernet", "expected"), ("pondernet", "quantile:0.8"),
                                           ("pondernet", "patience:2"), ("pondernet", "confidence:0.5"),
+                                          ("pondernet", "threshold:0.5"),
                                           ("act", "act"), ("plain", "sample")])
 def test_an_evaluation_batch_on_the_full_forward_reads_nothing_on_the_host(method, rule):
     cfg = _config(dict(step="mlp", method=method))

@@ -13,8 +13,9 @@ from typing import Callable, Optional, Union
 import torch
 
 from .. import PonderError, SigTerm, brief, distributed, keeping
-from ..checkpoint import CheckpointNotSaved
-from ..config import PonderConfig, duration_text, parse_duration, read_config_file
+from ..checkpoint import CheckpointNotSaved, load_checkpoint
+from ..config import PonderConfig, applies, duration_text, parse_duration, read_config_file
+from ..folders import resolve_checkpoint
 from ..data import resolve_data_dir
 from ..folders import Labels
 from ..render import config_lines, epoch_line
@@ -68,15 +69,27 @@ def deterministic_kernels(on: bool):
 def _settings(given: dict, options: TrainOptions) -> tuple[dict, dict, Optional[StartingWeights]]:
     """The settings of a run: --init-from's run's (those its pieces read), overridden by the
     file's, overridden by the options given; the file (or checkpoint) that gave each setting no
-    option overrode; and the weights to start from."""
+    option overrode; and the weights to start from. A fresh refit (--refit-halting CHECKPOINT)
+    starts from the settings of the checkpoint it refits that its pieces read, below the file's
+    and the options'."""
     config_file = options.config_file
     from_file = read_config_file(config_file) if config_file is not None else {}
     settings, origins = {**from_file, **given}, {name: str(config_file) for name in from_file if name not in given}
+    if settings.get("refit_halting") and options.resume is None:
+        settings = {**refit_settings(settings["refit_halting"]), **settings}
     init = StartingWeights.read(options.init_from) if options.init_from is not None else None
     if init is not None:
         taken = init.settings(settings)
         settings, origins = {**taken, **settings}, {**{name: str(init.path) for name in taken}, **origins}
     return settings, origins, init
+
+
+def refit_settings(checkpoint: str) -> dict:
+    """The settings of the checkpoint a refit starts from, those its pieces read (the others are
+    the defaults' and refused when given)."""
+    saved = load_checkpoint(resolve_checkpoint(checkpoint).path).config
+    return {key: value for key, value in saved.to_dict().items() if applies(key, saved.chosen())
+            and key != "refit_halting"}
 
 
 def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, dict]:

@@ -16,6 +16,7 @@ from ..cli_options import (
     DeviceOption,
     HaltingInput,
     TimeLimitOption,
+    HaltingTarget,
     Prior,
     QuietOption,
     TrainCommand,
@@ -71,6 +72,15 @@ LAMBDA_P_OPTION = hyper("lambda_p", "Geometric prior parameter, in (0, 1].")
 BETA_OPTION = hyper("beta", "Weight of the KL regularisation.")
 PRIOR_OPTION = hyper("prior", "The prior's shape: geometric (--lambda-p, the paper's) or uniform over the steps.",
                      "--prior", case_sensitive=False, hidden=True)
+HALTING_TARGET_OPTION = hyper("halting_target", "What the halting head learns: prior (the KL pull towards the "
+                              "prior, the paper's), or, by binary cross-entropy, final (no later step changes the "
+                              "answer) or correct (the answer is right); halt such a head by --halting "
+                              "threshold:T (docs/halting.md). Needs --truncation 0.", "--halting-target",
+                              case_sensitive=False)
+REFIT_HALTING_OPTION = hyper("refit_halting", "Refit the halting head of this checkpoint: its weights and "
+                             "settings, every weight frozen but a new halting head's (options given here override "
+                             "its settings: --halting-target, --halting-input, --turn-gate, --epochs, ...).",
+                             "--refit-halting", default_text="off", metavar="CHECKPOINT")
 BETA_WARMUP_OPTION = hyper("beta_warmup", "The KL weight grows from 0 to --beta over this many optimizer steps "
                                           "(0: off).", hidden=True)
 DEPTH_MIN_OPTION = hyper("depth_min", "Random-depth training: each input trains at a depth drawn from this to "
@@ -78,8 +88,10 @@ DEPTH_MIN_OPTION = hyper("depth_min", "Random-depth training: each input trains 
 TAU_OPTION = hyper("tau", "ACT: weight of the ponder cost N + R.")
 HALTING_INPUT_OPTION = hyper("halting_input", "What the halting head sees besides the state: the step's top "
                              "class probability, the previous step's state, the step's turn (align), in that "
-                             "order: state+confidence+previous+turn or a part of it.", "--halting-input",
-                             case_sensitive=False, metavar="<state[+confidence][+previous][+turn]>", hidden=True)
+                             "order, and the step's answer (how sure, how it changed: docs/halting.md): "
+                             "state+confidence+previous+turn+answer or a part of it.", "--halting-input",
+                             case_sensitive=False, metavar="<state[+confidence][+previous][+turn][+answer]>",
+                             hidden=True)
 GRAD_CLIP_OPTION = hyper("grad_clip", "Gradient-norm clip (0: off).", hidden=True)
 PATIENCE_OPTION = hyper("patience", "Early stopping: epochs without a better validation accuracy "
                                      "(0: off).")
@@ -175,6 +187,8 @@ def train(
     lambda_p: Optional[float] = LAMBDA_P_OPTION,
     beta: Optional[float] = BETA_OPTION,
     prior: Optional[Prior] = PRIOR_OPTION,
+    halting_target: Optional[HaltingTarget] = HALTING_TARGET_OPTION,
+    refit_halting: Optional[str] = REFIT_HALTING_OPTION,
     beta_warmup: Optional[int] = BETA_WARMUP_OPTION,
     depth_min: Optional[int] = DEPTH_MIN_OPTION,
     tau: Optional[float] = TAU_OPTION,
