@@ -84,7 +84,7 @@ def test_choices_are_offered():
     assert _offered("ponder train --step ") == ["mlp", "align", "rnn", "gru"]
     assert _offered("ponder train --task p") == ["parity"]
     assert _offered("ponder eval --halting ") == ["sample", "median", "expected", "quantile:", "patience:",
-                                                  "confidence:", "fixed:"]
+                                                  "confidence:", "threshold:", "fixed:"]
     # calibrate's rules halt at one step: not expected's average
     assert _offered("ponder calibrate --rules ") == ["sample", "median", "quantile:", "patience:", "confidence:",
                                                      "fixed:"]
