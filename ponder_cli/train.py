@@ -461,11 +461,10 @@ def _load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None
 
 
 def use_graphs(device: torch.device, wanted: bool, pieces: dict, log: Callable[[str], None] | None = None) -> str:
-    """How training runs its batches, decided once: CAPTURED, as a CUDA graph (on CUDA unless
-    turned off with --no-cuda-graphs, where nothing stands in the way), or "eager: why". `pieces`
-    names what the batch runs, {"step function 'mlp'": the step, ...}: each must declare
-    `graph_safe = True` (a piece of a user's own that does not say so is run eagerly). On CUDA
-    one line says which it is."""
+    """How training means to run its batches: CAPTURED on CUDA, unless --no-cuda-graphs,
+    torchrun or one of `pieces` (graph_pieces: what the batch runs, by name) that does not
+    declare `graph_safe = True` (a piece of a user's own, say) stands in the way: "eager: why".
+    On CUDA graphs_line says which."""
     if device.type != "cuda":
         return "eager: on the CPU"
     unsafe = [name for name, piece in pieces.items() if getattr(piece, "graph_safe", False) is not True]

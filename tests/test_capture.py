@@ -299,7 +299,7 @@ def test_the_mask_and_the_shrinking_forward_train_on_the_same_draws(case):
 SMALL = dict(hidden=16, hidden_cnn=16, val_size=100, batch_size=64)
 # no dropout and no rotation: nothing random, so replayed and eager batches train on the same numbers
 STILL = dict(cnn_dropout=0.0, mlp_dropout=0.0, train_rotation=0.0)
-K = WARMUP_BATCHES + 4
+K = WARMUP_BATCHES + 3  # the warm-up, the capture and two replays
 
 
 def _small(step: str = "mlp", **changes) -> PonderConfig:
@@ -436,7 +436,7 @@ def test_parity_curriculum_advances_under_replay(device, monkeypatch):
 
     tops = Recorded(parity.parity_batch, part=lambda drawn: (drawn.x != 0).sum(1).max())
     monkeypatch.setattr(parity, "parity_batch", tops)
-    cfg = PonderConfig.of(task="parity", elems=16, hidden=32, batch_size=256, batches_per_epoch=40, curriculum=30,
+    cfg = PonderConfig.of(task="parity", elems=16, hidden=32, batch_size=64, batches_per_epoch=40, curriculum=30,
                           curriculum_start=1)
     step = _captured_step(cfg, None, device)
     largest = []
@@ -505,10 +505,11 @@ def test_a_capture_failing_after_unscale_falls_back_and_trains_on_under_fp16(dev
     cfg = _small("mlp", **STILL)
     data = _images(tiny_mnist, device)
     amp = _fp16(monkeypatch)
-    eager, eager_losses = _first_batches(cfg, data, device, False, K, **amp)
+    count = WARMUP_BATCHES + 2
+    eager, eager_losses = _first_batches(cfg, data, device, False, count, **amp)
     lines = []
-    fallen, fallen_losses = _first_batches(cfg, data, device, True, K, graph=_failing_after_unscale(device, monkeypatch),
-                                           log=lines.append, **amp)
+    fallen, fallen_losses = _first_batches(cfg, data, device, True, count, log=lines.append,
+                                           graph=_failing_after_unscale(device, monkeypatch), **amp)
     assert fallen.scaler.is_enabled() and fallen.path.startswith("eager: the capture failed (") and len(lines) == 1
     torch.testing.assert_close(fallen_losses, eager_losses, rtol=1e-5, atol=0)  # every batch trained, once
     assert float(fallen.taken) == float(eager.taken) and fallen.scaler.get_scale() == eager.scaler.get_scale()
