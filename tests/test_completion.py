@@ -87,7 +87,7 @@ def test_choices_are_offered():
                                                   "confidence:", "threshold:", "fixed:"]
     # calibrate's rules halt at one step: not expected's average
     assert _offered("ponder calibrate --rules ") == ["sample", "median", "quantile:", "patience:", "confidence:",
-                                                     "fixed:"]
+                                                     "threshold:", "fixed:"]
     assert _offered("ponder runs --sort best_val") == ["best_val_accuracy", "best_val_steps", "best_val_acc"]
     assert _offered("ponder eval -f ") == ["table", "json", "csv"]
     # zsh and fish get the same values in their own formats
