@@ -149,7 +149,7 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None],
         except OSError as exc:
             if isinstance(exc, BrokenPipeError):  # stdout's reader left: an interrupt (keeping)
                 raise
-            # the same under metrics.csv or the TensorBoard events, in the CLI's words for an OSError
+            # the same under metrics.csv, in the CLI's words for an OSError
             raise PonderError(f"{exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}; "
                               f"{folder.resume_hint()}") from None
         except RuntimeError as exc:
