@@ -757,6 +757,20 @@ def test_best_is_written_before_last_so_a_failure_between_never_leaves_it_behind
     assert load_checkpoint(out / "last.pt").epoch == 2
 
 
+def test_a_full_disk_under_metrics_says_what_the_run_has_saved(tiny_mnist, tmp_path, quick, monkeypatch, invoke,
+                                                               one_error_line):
+    from ponder_cli.runs import MetricsFile
+    out = tmp_path / "run"
+
+    def full(self, row):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+
+    monkeypatch.setattr(MetricsFile, "append", full)
+    line = one_error_line(invoke("train", *quick, "--epochs", 2, "--data-dir", tiny_mnist, "--out", out))
+    assert line == (f"Error: No space left on device ({out / 'metrics.csv'}); epoch 1 is saved in {out / 'last.pt'}; "
+                    f"resume with: ponder train --resume {out / 'last.pt'}")
+
+
 def test_an_interrupt_while_saving_stays_an_interrupt_and_keeps_the_previous_checkpoint(checkpoint, tmp_path,
                                                                                          monkeypatch):
     """Ctrl-C (or SIGTERM) inside torch.save makes its zip writer fail on closing the file, a
