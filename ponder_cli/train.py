@@ -699,6 +699,9 @@ def _save(state: TrainingState, out_dir: Path, improved: bool) -> None:
 # pays start-up costs; on the CPU the median batch, so that the slow ones after it count little), as soon as this many are timed or this many seconds have passed; a run
 # estimated to take less than ESTIMATE_FROM_SECONDS gets no estimate: its epoch lines come soon.
 ESTIMATE_AFTER_BATCHES, ESTIMATE_AFTER_SECONDS, ESTIMATE_FROM_SECONDS = 20, 5.0, 60.0
+# ... but never from fewer batches than this: the first few after start-up are slow (an epoch of
+# fewer gets no estimate: its line comes soon)
+ESTIMATE_MIN_BATCHES = 10
 
 
 def rough_duration(seconds: float) -> str:
@@ -726,7 +729,8 @@ class TimedSource(TrainingSource):
     batches (start-up costs; on CUDA the capture of the batch as well). On the CPU each batch is
     timed and the estimate takes their median: the first batches after start-up are still slow
     (threads, allocations, kernels chosen on first use), and a mean over them made short runs'
-    estimates several times too long. On CUDA the host runs ahead of the device, so one batch's
+    estimates several times too long; nor is an estimate made from fewer than
+    ESTIMATE_MIN_BATCHES. On CUDA the host runs ahead of the device, so one batch's
     time means nothing: the device is waited for where the clock starts and where it is read,
     twice a run, and the mean over the batches between is taken. Everything else passes through."""
 
@@ -769,7 +773,8 @@ class TimedSource(TrainingSource):
         self.stamps.append(now)
         # the host's clock alone decides when (the device runs behind it, so this is never
         # early); the device is waited for only to read the time the estimate is made from
-        if timed >= ESTIMATE_AFTER_BATCHES or now - self.started >= ESTIMATE_AFTER_SECONDS:
+        if timed >= ESTIMATE_AFTER_BATCHES or (timed >= ESTIMATE_MIN_BATCHES and
+                                               now - self.started >= ESTIMATE_AFTER_SECONDS):
             self.synchronize()
             if self.on_cuda:
                 per_batch = (self.clock() - self.started) / timed

@@ -211,6 +211,20 @@ def test_the_estimate_takes_the_steady_batches_not_the_slow_ones_after_start_up(
     assert lines == ["about 2 min an epoch, 33 min for 20 epochs"]  # 100 s an epoch of 1,000
 
 
+def test_a_few_slow_batches_after_start_up_make_no_estimate():
+    """An epoch of six batches of 8 s after start-up (a slow first epoch, under DDP say) where the
+    next epochs take 1 s a batch: the five-second rule alone estimated 48 s an epoch from one
+    batch; an estimate waits for ESTIMATE_MIN_BATCHES, and such an epoch's line comes soon."""
+    lines, now = [], [0.0]
+    source = training.TimedSource(_CountingSource(6), 31, lines.append, clock=lambda: now[0])
+    for seconds in (8.0, 1.0, 1.0):
+        source.start_epoch()
+        for index in range(6):
+            now[0] += seconds
+            source.stage(index)
+    assert lines == []
+
+
 PARITY = PonderConfig.of(task="parity", elems=4, hidden=8, max_steps=2, batch_size=16, batches_per_epoch=2, epochs=8)
 
 
