@@ -579,10 +579,14 @@ class TimeLimit:
     def why_stopped(self, epoch: int) -> str:
         from .config import duration_text
 
+        def spoken(seconds: float) -> str:  # tenths under 10 s, where the two figures are close
+            return f"{seconds:.1f} s" if seconds < 10 else rough_duration(seconds)
+
         left = self.left()
         return (f"stopped at its time limit ({duration_text(self.seconds)}) after epoch {epoch}: the next epoch "
-                f"would take about {rough_duration(self.next_epoch())}, "
-                + (f"{rough_duration(left)} {'is' if left < 1.5 else 'are'} left" if left >= 0.5 else "the time is up"))
+                f"would take about {spoken(self.next_epoch())}, "
+                + (f"{spoken(left)} {'is' if spoken(left) == '1.0 s' else 'are'} left" if left >= 0.05 else
+                   "the time is up"))
 
 
 # A run "at chance": its best validation accuracy within three standard errors of guessing, and its

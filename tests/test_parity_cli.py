@@ -342,8 +342,8 @@ def test_a_time_limit_stops_after_a_whole_epoch_says_so_and_resume_goes_on(ponde
     report = json.loads(result.stdout)
     assert (report["epochs"], report["stop_reason"], report["stopped_early"]) == (4, "time limit", False)
     assert load_checkpoint(out / "last.pt").epoch == 4
-    assert (f"stopped at its time limit (10s) after epoch 4: the next epoch would take about 1 s, the time is "
-            f"up; epoch 4 is saved in {out / 'last.pt'}; resume with: ponder train --resume {out / 'last.pt'} "
+    assert (f"stopped at its time limit (10s) after epoch 4: the next epoch would take about 1.0 s, the time "
+            f"is up; epoch 4 is saved in {out / 'last.pt'}; resume with: ponder train --resume {out / 'last.pt'} "
             f"--time-limit 10s") in result.stderr.splitlines()
     again = ponder("train", "--resume", out, "--time-limit", "1h", "-f", "json", "--no-progress")
     assert again.exit_code == 0, again.output

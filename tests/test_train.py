@@ -248,7 +248,7 @@ def test_a_time_limit_ends_the_run_after_the_last_epoch_that_fits_and_resume_goe
                    progress=False, time_limit=75.0, clock=clock, on_epoch=on_epoch)
     assert (result.last_epoch, result.stop_reason, result.stopped_early) == (5, training.TIME_LIMIT, False)
     assert result.stop_note == ("stopped at its time limit (1m15s) after epoch 5: the next epoch would take "
-                                "about 10 s, 5 s are left")
+                                "about 10 s, 5.0 s are left")
     state = load_checkpoint(tmp_path / "last.pt")
     assert state.epoch == 5 and not state.stopped_early
     clock, on_epoch = _ticking([0.0] * 5 + [40.0, 40.0, 40.0])  # resumed with a new limit: epoch 6 fits, 7 not
