@@ -5,7 +5,8 @@
 #   bash benchmarks/gpu_check.sh OUT              # on the GPU machine
 #   bash benchmarks/gpu_check.sh --cpu-smoke OUT  # the same plumbing, tiny, on the CPU (tests this script)
 #
-# Steps, each under its own time limit (the whole within $PONDER_GPU_BUDGET_S, default 470 s):
+# Steps, each under its own time limit (the whole within $PONDER_GPU_BUDGET_S, default 470 s;
+# about 200 s of it before torchrun and the precision table were added):
 #   versions  python, torch, CUDA, the GPU
 #   tests     python -m pytest -m cuda: replays equal eager batches, a learning-rate cut reaches the
 #             replays, a run resumed onto the GPU replays from the loaded state, no sync in a
@@ -20,6 +21,11 @@
 #   align     ponder train --step align --epochs 20 --device cuda, for as long as fits (target <= 120 s)
 #   parity    benchmarks/parity_speed.py --only speed, 64 elements, batch 128 and 2048
 #             (targets >= 500 iterations/s, >= 250,000 vectors/s)
+#   torchrun  ponder train under torchrun --nproc_per_node 1, 2 epochs: the NCCL backend on the
+#             GPU (gloo on the CPU), DDP's eager batches (target: both epochs, the run's report)
+#   precision benchmarks/precision_table.py: fp32, bf16 autocast and fp16 with a GradScaler under
+#             capture, 2 epochs each of mlp, align and parity 64: seconds an epoch, back-offs,
+#             accuracy (the figures the CUDA default is chosen from)
 #
 # OUT gets summary.txt (the table, then each step's key lines) and logs.tar.gz (every log).
 #
@@ -55,8 +61,10 @@ if [ "$SMOKE" = 1 ]; then
     DEV=cpu SIZE=(--train-size 300 --val-size 100 --max-steps 3 --batch-size 50) EPOCHS=1 ITER=3
     PYTEST=(--co -q)  # collect only: the cuda tests skip without a GPU anyway
     CAPTURE=(--batches 2 --cases mlp --dtypes fp32)
+    PRECISION=(--cases mlp --dtypes fp32 bf16 --epochs 1 --train-size 300 --val-size 100 --max-steps 3
+               --batch-size 50)
 else
-    DEV=cuda SIZE=() EPOCHS=20 ITER=500 PYTEST=(-q -rA) CAPTURE=(--batches 50)
+    DEV=cuda SIZE=() EPOCHS=20 ITER=500 PYTEST=(-q -rA) CAPTURE=(--batches 50) PRECISION=()
 fi
 
 find_data() {
@@ -155,6 +163,21 @@ for batch in 128 2048; do
     fi
 done
 
+# DDP on the GPU, one process: NCCL's own line says which version ran (gloo on the CPU)
+run torchrun 90 env NCCL_DEBUG=VERSION "$PY" -m torch.distributed.run --standalone --nproc_per_node 1 \
+    -m ponder_cli train --device "$DEV" --epochs 2 --patience 0 "${SIZE[@]}" "${COMMON[@]}" \
+    --out "$WORK/runs/torchrun" -f json
+DDP_EPOCHS=$(grep -cE "^epoch +[0-9]+/2" "$WORK/logs/torchrun.log")
+NCCL=$(grep -o "NCCL version [0-9.]*" "$WORK/logs/torchrun.log" | head -n 1)
+DDP_ACC=$(grep -o '"val_accuracy": [0-9.]*' "$WORK/logs/torchrun.log" | head -n 1 | awk '{printf "val acc %.4f", $2}')
+row "torchrun, 1 process, 2 epochs" "$STATUS $DDP_EPOCHS epochs ${NCCL:-no NCCL} ${DDP_ACC}" \
+    "$( [ "$STATUS" = OK ] && [ "$DDP_EPOCHS" = 2 ] && grep -q "1 processes, global batch" "$WORK/logs/torchrun.log" \
+        && echo met || echo "NOT met")"
+
+run precision 170 "$PY" benchmarks/precision_table.py --device "$DEV" --data-dir "$PONDER_DATA_DIR" "${PRECISION[@]}"
+ROWS_DONE=$(grep -cE "^(mlp|align|parity64) .* (captured|eager)" "$WORK/logs/precision.log")
+row "precision table (rows trained)" "$ROWS_DONE $STATUS" "$( [ "$STATUS" = OK ] && echo reported || echo "NOT met")"
+
 {
     echo "gpu_check.sh on ${GPU_NAME:-?}, $(grep '^python' "$WORK/logs/versions.log"), $(date -u +%FT%TZ), $(($(date +%s) - STARTED)) s"
     printf '%-44s %-26s %s\n' "target" "measured" "verdict"
@@ -162,6 +185,9 @@ done
     echo
     echo "-- capture_speed.py (ms per batch; peak GPU memory, MiB, eager and replayed)"
     cat "$WORK/logs/capture.log" 2>/dev/null
+    echo
+    echo "-- precision_table.py (trained under capture: seconds, GradScaler back-offs, accuracy)"
+    cat "$WORK/logs/precision.log" 2>/dev/null
     for log in "$WORK"/logs/*.log; do
         echo "-- $(basename "$log")"
         grep -E "^epoch +[0-9]+/|best |passed|failed|Error|Traceback|CUDA graphs|about .* an epoch|iterations/s" "$log" \

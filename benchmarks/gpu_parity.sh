@@ -12,7 +12,7 @@
 #     begins at epoch 90 of a run on an H200), or starts the stage, and trains with --time-limit
 #     for what the budget leaves after the evaluation;
 #   - evaluates the new last.pt per count range (1-16 ... 49-64; 1-24 ... 73-96), with Wilson 95%
-#     intervals, mean steps and Spearman rho(count, steps), 2,000 test vectors per count;
+#     intervals, mean steps and Spearman rho(count, steps), 1,000 test vectors per count;
 #   - replaces STAGE.pt with it (one tracked file, under 2 MB) and appends one row to
 #     benchmarks/parity_campaign/log.md (date, GPU, torch, epochs, vectors, minutes, accuracy
 #     per range);

@@ -207,7 +207,7 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=float, default=480.0,
                         help="seconds for the whole window from this process's start: training and evaluating")
     parser.add_argument("--eval-s", type=float, default=60.0, help="seconds kept back for the evaluation")
-    parser.add_argument("--limit", type=int, default=2000, help="test vectors per non-zero count")
+    parser.add_argument("--limit", type=int, default=1000, help="test vectors per non-zero count")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--cpu-smoke", action="store_true")
     args = parser.parse_args(argv)

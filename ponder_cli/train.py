@@ -647,10 +647,14 @@ class TimeLimit:
     def why_stopped(self, epoch: int) -> str:
         from .config import duration_text
 
+        def spoken(seconds: float) -> str:  # tenths under 10 s, where the two figures are close
+            return f"{seconds:.1f} s" if seconds < 10 else rough_duration(seconds)
+
         left = self.left()
         return (f"stopped at its time limit ({duration_text(self.seconds)}) after epoch {epoch}: the next epoch "
-                f"would take about {rough_duration(self.next_epoch())}, "
-                + (f"{rough_duration(left)} {'is' if left < 1.5 else 'are'} left" if left >= 0.5 else "the time is up"))
+                f"would take about {spoken(self.next_epoch())}, "
+                + (f"{spoken(left)} {'is' if spoken(left) == '1.0 s' else 'are'} left" if left >= 0.05 else
+                   "the time is up"))
 
 
 # A run "at chance": its best validation accuracy within three standard errors of guessing, and its
@@ -769,6 +773,9 @@ def _save(state: TrainingState, out_dir: Path, improved: bool) -> None:
 # pays start-up costs; on the CPU the median batch, so that the slow ones after it count little), as soon as this many are timed or this many seconds have passed; a run
 # estimated to take less than ESTIMATE_FROM_SECONDS gets no estimate: its epoch lines come soon.
 ESTIMATE_AFTER_BATCHES, ESTIMATE_AFTER_SECONDS, ESTIMATE_FROM_SECONDS = 20, 5.0, 60.0
+# ... but never from fewer batches than this: the first few after start-up are slow (an epoch of
+# fewer gets no estimate: its line comes soon)
+ESTIMATE_MIN_BATCHES = 10
 
 
 def rough_duration(seconds: float) -> str:
@@ -796,7 +803,8 @@ class TimedSource(TrainingSource):
     batches (start-up costs; on CUDA the capture of the batch as well). On the CPU each batch is
     timed and the estimate takes their median: the first batches after start-up are still slow
     (threads, allocations, kernels chosen on first use), and a mean over them made short runs'
-    estimates several times too long. On CUDA the host runs ahead of the device, so one batch's
+    estimates several times too long; nor is an estimate made from fewer than
+    ESTIMATE_MIN_BATCHES. On CUDA the host runs ahead of the device, so one batch's
     time means nothing: the device is waited for where the clock starts and where it is read,
     twice a run, and the mean over the batches between is taken. Everything else passes through."""
 
@@ -839,7 +847,8 @@ class TimedSource(TrainingSource):
         self.stamps.append(now)
         # the host's clock alone decides when (the device runs behind it, so this is never
         # early); the device is waited for only to read the time the estimate is made from
-        if timed >= ESTIMATE_AFTER_BATCHES or now - self.started >= ESTIMATE_AFTER_SECONDS:
+        if timed >= ESTIMATE_AFTER_BATCHES or (timed >= ESTIMATE_MIN_BATCHES and
+                                               now - self.started >= ESTIMATE_AFTER_SECONDS):
             self.synchronize()
             if self.on_cuda:
                 per_batch = (self.clock() - self.started) / timed

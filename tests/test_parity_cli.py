@@ -342,8 +342,8 @@ def test_a_time_limit_stops_after_a_whole_epoch_says_so_and_resume_goes_on(ponde
     report = json.loads(result.stdout)
     assert (report["epochs"], report["stop_reason"], report["stopped_early"]) == (4, "time limit", False)
     assert load_checkpoint(out / "last.pt").epoch == 4
-    assert (f"stopped at its time limit (10s) after epoch 4: the next epoch would take about 1 s, the time is "
-            f"up; epoch 4 is saved in {out / 'last.pt'}; resume with: ponder train --resume {out / 'last.pt'} "
+    assert (f"stopped at its time limit (10s) after epoch 4: the next epoch would take about 1.0 s, the time "
+            f"is up; epoch 4 is saved in {out / 'last.pt'}; resume with: ponder train --resume {out / 'last.pt'} "
             f"--time-limit 10s") in result.stderr.splitlines()
     again = ponder("train", "--resume", out, "--time-limit", "1h", "-f", "json", "--no-progress")
     assert again.exit_code == 0, again.output
@@ -358,3 +358,17 @@ def test_a_time_limit_that_is_not_a_duration_is_one_line(value, ponder, one_erro
     line = one_error_line(ponder("train", *PARITY, "--time-limit", value, "--out", tmp_path / "run"))
     assert line.startswith("Error: --time-limit must be ") and repr(value) in line
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_at_chance_says_so_in_one_line_and_its_report_says_why(ponder, tmp_path):
+    """A learning rate too small to learn, cut after every epoch without improvement (to 9e-9,
+    under a thousandth of 1e-5, by epoch 3): one line on stderr, and not a normal finish."""
+    config = tmp_path / "cut.toml"
+    config.write_text("[training]\nlr = 1e-5\nlr_patience = 0\nlr_factor = 0.03\npatience = 0\n")
+    result = ponder("train", *PARITY, "--epochs", "3", "--config", config, "--out", tmp_path / "run", "-f", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["stop_reason"], report["epochs"], report["stopped_early"]) == ("at chance", 3, False)
+    said = [line for line in result.stderr.splitlines() if "at chance" in line]
+    assert len(said) == 1 and said[0].startswith("the run sits at chance: its best validation accuracy is ")
+    assert "its learning rate was cut from 1e-05 to 9e-09; it did not learn" in said[0]

@@ -211,6 +211,20 @@ def test_the_estimate_takes_the_steady_batches_not_the_slow_ones_after_start_up(
     assert lines == ["about 2 min an epoch, 33 min for 20 epochs"]  # 100 s an epoch of 1,000
 
 
+def test_a_few_slow_batches_after_start_up_make_no_estimate():
+    """An epoch of six batches of 8 s after start-up (a slow first epoch, under DDP say) where the
+    next epochs take 1 s a batch: the five-second rule alone estimated 48 s an epoch from one
+    batch; an estimate waits for ESTIMATE_MIN_BATCHES, and such an epoch's line comes soon."""
+    lines, now = [], [0.0]
+    source = training.TimedSource(_CountingSource(6), 31, lines.append, clock=lambda: now[0])
+    for seconds in (8.0, 1.0, 1.0):
+        source.start_epoch()
+        for index in range(6):
+            now[0] += seconds
+            source.stage(index)
+    assert lines == []
+
+
 PARITY = PonderConfig.of(task="parity", elems=4, hidden=8, max_steps=2, batch_size=16, batches_per_epoch=2, epochs=8)
 
 
@@ -234,7 +248,7 @@ def test_a_time_limit_ends_the_run_after_the_last_epoch_that_fits_and_resume_goe
                    progress=False, time_limit=75.0, clock=clock, on_epoch=on_epoch)
     assert (result.last_epoch, result.stop_reason, result.stopped_early) == (5, training.TIME_LIMIT, False)
     assert result.stop_note == ("stopped at its time limit (1m15s) after epoch 5: the next epoch would take "
-                                "about 10 s, 5 s are left")
+                                "about 10 s, 5.0 s are left")
     state = load_checkpoint(tmp_path / "last.pt")
     assert state.epoch == 5 and not state.stopped_early
     clock, on_epoch = _ticking([0.0] * 5 + [40.0, 40.0, 40.0])  # resumed with a new limit: epoch 6 fits, 7 not
