@@ -168,7 +168,7 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
         check_unlocked(out)
         refuse_foreign_checkpoints(out, overwrite)
         return TrainingPlan(cfg, out, **started)
-    recorded = _recorded(resumed.path.parent, state.config)
+    recorded = recorded_run(resumed.path.parent, state.config)
     labels = Labels.of(recorded).replaced_by(labels)
     resume = resumed.path
     out_dir = out if out is not None else Path(resume).parent
@@ -192,7 +192,7 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
                         init_from=recorded.get("init_from") if recorded else None)
 
 
-def _recorded(folder: Path, cfg: PonderConfig) -> Optional[dict]:
+def recorded_run(folder: Path, cfg: PonderConfig) -> Optional[dict]:
     """A run folder's config.json when it records the run `cfg` describes (its labels, where its
     weights started), else None (another run's record, or none at all)."""
     try:

@@ -257,6 +257,8 @@ def test_init_from_starts_a_new_run_from_another_runs_weights_with_new_settings(
     resumed = ponder("train", "--resume", tmp_path / "b", "--epochs", 2, "--data-dir", tiny_mnist, "-q")
     assert resumed.exit_code == 0, resumed.output  # where its weights started stays on record
     assert json.loads((tmp_path / "b" / "config.json").read_text())["init_from"] == str(source)
+    best = json.loads(ponder("info", tmp_path / "b" / "best.pt", "-f", "json").stdout)  # planned 1 epoch, the run 2
+    assert (best["epochs_planned"], best["init_from"]) == (1, str(source))
 
     line = one_error_line(train("--init-from", source, "--hidden", 32, "--out", tmp_path / "d"))
     assert line.startswith(f"Error: --init-from {source}: its weights do not fit this run's model (")

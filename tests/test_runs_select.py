@@ -75,8 +75,9 @@ def test_a_bad_where_or_sort_is_one_line(args, said, runs, ponder, one_error_lin
     ("x>>0.5", "Error: --where: no key 'x'; the keys are run, "),
     ("best_val_accuracy>>0.5", "Error: --where 'best_val_accuracy>>0.5': best_val_accuracy is a number; '>0.5' is "
                                "not one (e.g. 0.9)"),
-    ("when>yesterday", "Error: --where 'when>yesterday': when is a time; 'yesterday' is not one (e.g. 2026-11-28"),
-    ("tag>a", "Error: --where 'tag>a': tags is tags, compared only with = or !="),
+    ("started>yesterday", "Error: --where 'started>yesterday': started is a time; 'yesterday' is not one (e.g. "
+                          "2026-11-28"),
+    ("tag>a", "Error: --where 'tag>a': tag is a tag, compared only with = or != (e.g. --where tag=VALUE)"),
     ("gru_layer_norm=maybe", "Error: --where 'gru_layer_norm=maybe': gru_layer_norm is true or false; 'maybe' is not "
                              "either"),
 ])

@@ -18,7 +18,7 @@ from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SH
                        lock_holder, resolve_checkpoint, run_time, runs_under, shipped_path)
 from ..methods import get_method
 from ..render import Column
-from ..runs import empty_trash, reproducing_command, restore_run, trash_run
+from ..runs import empty_trash, recorded_run, reproducing_command, restore_run, trash_run
 from ..reports import Report, diff_report, info_report, make_meta, prediction_report, runs_report, trash_report
 from ..reports.runs import NUMBER, OTHER_SPELLINGS, RUN_KEYS, SWITCH, TAGS, TEXT, TIME, run_keys
 from ..tasks import InputOptions, get_task, uniforms as draw_uniforms
@@ -166,9 +166,10 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
     saved = _saved_run_config(folder)
     if saved is not None and saved.get("config") == cfg.to_dict():  # the same run's record, not a stale one
         sources = saved.get("sources") or {}
-    else:
-        saved = None
-    labels, init_from = Labels.of(saved), saved.get("init_from") if saved else None
+    # its name and where it started: the record of the same run, resumed since or not (a best.pt's
+    # epochs may be fewer than the folder's run has now)
+    recorded = recorded_run(folder, cfg)
+    labels, init_from = Labels.of(recorded), recorded.get("init_from") if recorded else None
     _, status = run_status(state, resolved.path)
     resumable = all(getattr(state, key) is not None for key in state.RESUME_KEYS)
     best = _best(state)
@@ -314,8 +315,9 @@ def parse_condition(text: str) -> Condition:
     if op is None or at == 0:
         raise PonderError(f"--where {text!r}: write KEY=VALUE, KEY!=VALUE, KEY>V, KEY<V, KEY>=V or KEY<=V "
                           f"(e.g. --where step=align --where 'best_val_accuracy>0.9')")
-    key, kind = _key(text[:at].strip(), "--where")
-    return Condition(key, kind, op, _given(text, key, kind, op, text[at + len(op):].strip()))
+    named = text[:at].strip()
+    key, kind = _key(named, "--where")
+    return Condition(key, kind, op, _given(text, named, kind, op, text[at + len(op):].strip()))
 
 
 def _sorted(rows: list[dict], key: str, kind: str, reverse: bool) -> list[dict]:

@@ -182,7 +182,7 @@ def shell_lines(prefix: str, command: str, width: int = 80) -> str:
 # given for it is read and compared: a run's own keys (its JSON's), any setting (config.TYPES),
 # and a few other spellings (a table header with _ for its spaces; `tag`, one of a run's tags).
 # Here, without torch: a shell completing --sort asks for them.
-NUMBER, TIME, TEXT, TAGS, SWITCH = "a number", "a time", "text", "tags", "true or false"
+NUMBER, TIME, TEXT, TAGS, SWITCH = "a number", "a time", "text", "a tag", "true or false"
 RUN_KEYS = {"run": TEXT, "name": TEXT, "task": TEXT, "method": TEXT, "step": TEXT, "status": TEXT, "epoch": NUMBER,
             "epochs": NUMBER, "best_epoch": NUMBER, "best_val_accuracy": NUMBER, "best_val_steps": NUMBER,
             "checkpoint": TEXT, "when": TIME, "tags": TAGS, "note": TEXT}
