@@ -279,7 +279,7 @@ def test_align_targets_reads_the_fixed_protocol_figures():
 def _benchmark(name):
     import importlib.util
     from pathlib import Path
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    path = Path(__file__).resolve().parent.parent / "tools" / "figures" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -307,7 +307,7 @@ def test_exit_rules_summary_is_the_mean_and_sd_over_checkpoints(capsys):
 
 
 def test_align_cycle_pass_is_the_models_and_damps_from_step_3():
-    """benchmarks/align_cycle.py re-runs the align step by hand to damp its turn: at gain 1 it is
+    """tools/figures/align_cycle.py re-runs the align step by hand to damp its turn: at gain 1 it is
     the model's own forward; at gain 0.5 the first two steps are unchanged and step 3 turns half
     as far as the model would from the same view."""
     from ponder_cli.data import prepare_batch

@@ -33,7 +33,7 @@ def parity_run(ponder, tmp_path_factory):
 def test_the_checkpoint_names_its_task_and_training_range(parity_run):
     cfg = load_checkpoint(parity_run / "best.pt").config
     assert (cfg.task.name, cfg.task.elems, cfg.task.train_counts, cfg.step.name) == ("parity", 8, "1-6", "gru")
-    # what the task and the step imply: the recipe that learns (benchmarks/parity_results.md)
+    # what the task and the step imply: the recipe that learns (docs/parity-results.md)
     assert (cfg.step.hidden, cfg.method.lambda_p, cfg.training.lr, cfg.training.grad_clip) == (16, 0.1, 1e-3, 1.0)
     assert (cfg.step.gru_layer_norm, cfg.step.gru_orthogonal, cfg.step.gru_update_bias) == (True, True, 1.0)
     saved = json.loads((parity_run / "config.json").read_text())

@@ -63,8 +63,7 @@ def best_fixed_accuracy(accuracy_at_step: Sequence[float], mean_steps: float) ->
 
 # beside the rule's own accuracy, whether adapting beats every fixed budget of no more steps, in one column
 BEST_FIXED_COLUMN = Column("best_fixed_accuracy", "best fixed ≤ steps", ".4f", wrap=True)
-BEST_FIXED_CAPTION = ("best fixed ≤ steps: the best accuracy of a fixed budget, or a mix of two, in no more "
-                      "than the rule's mean steps")
+BEST_FIXED_CAPTION = "best fixed ≤ steps: best fixed budget, or mix of two, in ≤ the mean steps"
 # fixed:N reads step N's own output, while ACT trains and predicts on the p-weighted mean of its steps' outputs
 ACT_CAVEAT = "ACT's fixed budget reads step N's y_N, not the mean-field prediction ACT trains on: a weak control"
 

@@ -18,7 +18,7 @@ update equals nn.GRUCell's.
 Optional, after the min-pondernet recipe: LayerNorm on the new state, orthogonal recurrent
 weights, and a positive update-gate bias (each step keeps more of the previous state). The
 config's gru_* fields choose them; `ponder train --step gru` implies all three (the recipe
-that learns parity here: benchmarks/parity_results.md), the dataclass defaults are off.
+that learns parity here: docs/parity-results.md), the dataclass defaults are off.
 """
 
 from __future__ import annotations

@@ -270,7 +270,7 @@ class ParityTask(Task):
     input_kind = "vectors"
     difficulty = "counts"
     bucket_options, bucket_metavar = ("--counts",), "LO-HI..."
-    # what learns here (benchmarks/parity_results.md): the gru step with its recipe, 128
+    # what learns here (docs/parity-results.md): the gru step with its recipe, 128
     # units, lambda_p 0.1 (the paper's best for interpolation), clipping at 1 (and the default
     # Adam 1e-3)
     implied = {"step": "gru", "hidden": 128, "lambda_p": 0.1, "grad_clip": 1.0}

@@ -4,7 +4,7 @@
       ponder extrapolate runs/pondernet-align-seed$s/best.pt --angles 0 22.5 45 67.5 90 \\
         --protocol fixed --halting median --detail --repeats 5 -f json > fixed-pondernet-$s.json
     done
-    python benchmarks/align_targets.py fixed-*.json
+    python tools/figures/align_targets.py fixed-*.json
 
 Reads `extrapolate --protocol fixed --detail -f json` reports (any methods and halting rules;
 grouped by both) and prints a Markdown table: accuracy at exactly ±45° and ±67.5°, mean steps at

@@ -1,8 +1,8 @@
 """Every exit rule on the MNIST test digits at exactly each angle, from one forward pass per batch.
 
-    python benchmarks/exit_rules.py CHECKPOINT [--angles 0 22.5 45 67.5 90] [--repeats 1] \\
+    python tools/figures/exit_rules.py CHECKPOINT [--angles 0 22.5 45 67.5 90] [--repeats 1] \\
         [--rules median quantile:0.9 confidence:0.99 ...] [--limit N] [-f json]
-    python benchmarks/exit_rules.py rules-*.json     # several checkpoints' -f json: mean and sd
+    python tools/figures/exit_rules.py rules-*.json     # several checkpoints' -f json: mean and sd
 
 For each rule and angle: accuracy at the rule's halting step, mean steps, and the gap (accuracy at
 the last step minus accuracy at the halting step, in points). The rules see the same draws of
@@ -20,7 +20,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ponder_cli.api import EvalOptions  # noqa: E402
 from ponder_cli.evaluate import rule_outcomes  # noqa: E402
@@ -32,7 +32,7 @@ from ponder_cli.tasks import get_task  # noqa: E402
 DEFAULT_RULES = ["median", *CALIBRATION_RULES[1:]]  # quantile:0.5 is the median
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", nargs="+", help="a checkpoint, or reports of this script's -f json")
     parser.add_argument("--angles", type=float, nargs="+", default=[0, 22.5, 45, 67.5, 90])
@@ -40,7 +40,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--limit", type=int, default=0, help="only the first N test digits (0: all)")
     parser.add_argument("-f", "--format", choices=("table", "json"), default="table")
-    args = parser.parse_args()
+    parser.add_argument("--data-dir", type=Path, default=None, help="the MNIST folder (default: PONDER_DATA_DIR)")
+    args = parser.parse_args(argv)
     if all(name.endswith(".json") for name in args.checkpoint):
         summarise([json.loads(Path(name).read_text()) for name in args.checkpoint])
         return
@@ -50,7 +51,7 @@ def main() -> None:
     path = resolve_checkpoint(args.checkpoint[0]).path
     model, cfg, _ = load_model(path, "cpu")
     task = get_task(cfg)
-    test = task.test_data(EvalOptions(limit=args.limit), "cpu")
+    test = task.test_data(EvalOptions(limit=args.limit, data_dir=args.data_dir), "cpu")
     rows = []
     for angle in args.angles:
         buckets = [lambda k=k: task.bucket(test, angle, args.angles, model.max_steps, cfg.training.seed + k, "fixed")

@@ -1,6 +1,6 @@
 """Print the README's extrapolation results as Markdown: every protocol x halting rule.
 
-    python benchmarks/results_table.py [CHECKPOINT] [--angles 22.5 45 67.5 90]   # default: reference
+    python tools/figures/results_table.py [CHECKPOINT] [--angles 22.5 45 67.5 90]   # default: reference
 
 Evaluates the checkpoint through the library (`api.evaluate_checkpoint`, full test set, the
 checkpoint's seed) for each combination and prints one table per halting rule with accuracy /
@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ponder_cli.api import EvalOptions, evaluate_checkpoint
 from ponder_cli.tasks.mnist import parse_angles  # noqa: E402
@@ -28,7 +28,7 @@ def halting_rule(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("checkpoint", nargs="?", default="reference",
                         help="as ponder eval's CHECKPOINT: a file, a run folder, latest or a shipped model's name")
@@ -38,7 +38,8 @@ def main() -> None:
     parser.add_argument("--halting", nargs="+", type=halting_rule,
                         default=[rule for rule in HALTING_RULES if rule not in RULE_PARAMETERS])
     parser.add_argument("--data-dir", type=Path, default=None)
-    args = parser.parse_args()
+    parser.add_argument("--limit", type=int, default=0, help="the first N test digits (0: all)")
+    args = parser.parse_args(argv)
     angles = parse_angles(args.angles)
     for rule in args.halting:
         print(f"\nhalting `{rule}`:\n")
@@ -46,7 +47,8 @@ def main() -> None:
         print("|---" * (len(angles) + 3) + "|")
         for protocol in args.protocols:
             report = evaluate_checkpoint("extrapolate", args.checkpoint, angles,
-                                         EvalOptions(protocol=protocol, halting=rule, data_dir=args.data_dir))
+                                         EvalOptions(protocol=protocol, halting=rule, data_dir=args.data_dir,
+                                                     limit=args.limit))
             buckets = report.buckets
             cells = [f"{b['accuracy']:.4f} / {b['mean_steps']:.2f}" for b in buckets]
             n = sum(b["images"] for b in buckets)

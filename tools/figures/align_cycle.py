@@ -1,7 +1,7 @@
 """What the align step's turn does while it waits: a two-step cycle about each digit's upright.
 
-    OMP_NUM_THREADS=1 python benchmarks/align_cycle.py                # the shipped `align`, 2,000 digits
-    OMP_NUM_THREADS=1 python benchmarks/align_cycle.py --checkpoint runs/NAME --limit 500
+    OMP_NUM_THREADS=1 python tools/figures/align_cycle.py                # the shipped `align`, 2,000 digits
+    OMP_NUM_THREADS=1 python tools/figures/align_cycle.py --checkpoint runs/NAME --limit 500
 
 The first `--limit` MNIST test digits, each rotated by exactly each angle (the sign given, as
 `ponder predict --rotate` does), run through all the model's steps. Three tables:
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ponder_cli.checkpoint import load_model  # noqa: E402
 from ponder_cli.data import default_data_dir, load_mnist, prepare_batch  # noqa: E402
@@ -117,9 +117,10 @@ def cycle_row(model, images, labels, angle: float, seed: int) -> list[str]:
 def turn_map(model, images, after_step: int) -> list[str]:
     step = model.step
     x = prepare_batch(images)
-    (image,), state = step.start(x, model.max_steps)
+    context, state = step.start(x, model.max_steps)  # eval: no dropout masks
+    image = context[0]
     for n in range(after_step):
-        state, _, _ = step((image,), state, n)
+        state, _, _ = step(context, state, n)
     rs = torch.arange(-45.0, 45.5, 1.0)
     turns = []
     for r in rs:
@@ -194,17 +195,18 @@ def table(title: str, header: list[str], rows: list[list[str]]) -> None:
         print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, default=None, help="an align model (default: the shipped align)")
     parser.add_argument("--limit", type=int, default=2000, help="the first N test digits")
     parser.add_argument("--seed", type=int, default=1234, help="the sample rule's coins")
-    args = parser.parse_args()
+    parser.add_argument("--data-dir", type=Path, default=None, help="the MNIST folder (default: PONDER_DATA_DIR)")
+    args = parser.parse_args(argv)
     torch.set_grad_enabled(False)
     model, cfg, _ = load_model(args.checkpoint or shipped_path("align"), "cpu")
     if cfg.step.name != "align":
         parser.error(f"{args.checkpoint} is a {cfg.step.name} model: this reads the align step's turn")
-    test = load_mnist(default_data_dir(), train=False)
+    test = load_mnist(args.data_dir or default_data_dir(), train=False)
     images, labels = test.images[:args.limit], test.labels[:args.limit]
     print(f"{args.checkpoint or 'align'}: the first {len(images)} test digits, rotated by exactly each angle")
     table("1. The turn's cycle (last two steps; U: the one whose view was nearer upright, T: the other)",

@@ -1,0 +1,81 @@
+"""Every script that makes a doc's figures (tools/figures/, listed in its README.md) runs end to
+end at a tiny size, so that none rots between the times its figures are remade."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+FIGURES = Path(__file__).resolve().parent.parent / "tools" / "figures"
+
+
+def script(name: str):
+    spec = importlib.util.spec_from_file_location(f"figures_{name}", FIGURES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readme_names_every_script_and_every_script_names_its_doc():
+    readme = (FIGURES / "README.md").read_text()
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    for path in sorted(FIGURES.glob("*.py")):
+        assert f"`{path.name}`" in readme, path.name
+        # the doc it feeds names it, with the command that remakes its figures
+        assert any(f"tools/figures/{path.name}" in doc.read_text() for doc in docs.glob("*.md")), path.name
+
+
+def test_halting_study_tabulates_draws_with_their_standard_error(runs, tiny_mnist, capsys):
+    script("halting_study").main([f"pn={runs / 'pn1'}", "--angles", "45", "90", "--limit", "40", "--draws", "2",
+                                  "--data-dir", str(tiny_mnist)])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| pn |")]
+    assert len(rows) == 3 and "± the standard error over draws: pn: 1 checkpoint(s) ± SE over draws" in out
+    assert "best fixed ≤ steps | adapting − best fixed" in out and "seeds 1234–1235" in out
+    cells = rows[0].split(" | ")
+    assert " ±" in cells[2] and cells[1] == "45"  # accuracy: a mean over two draws, with its SE
+
+
+def test_halting_study_averages_seeds_with_their_interval(runs, tiny_mnist, capsys, tmp_path):
+    script("halting_study").main([f"two={runs / 'pn1'},{runs / 'pn2'}", "--angles", "90", "--limit", "40",
+                                  "--data-dir", str(tiny_mnist), "--json", str(tmp_path / "raw.json")])
+    out = capsys.readouterr().out
+    assert "two: 2 checkpoint(s)." in out and "Evaluation seed 1234," in out
+    raw = json.loads((tmp_path / "raw.json").read_text())["two"]
+    assert len(raw) == 2 and all(len(draws) == 1 for draws in raw.values())
+    figures = next(iter(raw.values()))[0]
+    assert figures["adapting"][0] == pytest.approx(figures["accuracy"][0] - figures["budget"][0])
+
+
+def test_exit_rules_runs_every_rule_on_a_checkpoint(runs, tiny_mnist, capsys):
+    script("exit_rules").main([str(runs / "pn1"), "--angles", "0", "90", "--rules", "median", "patience:1",
+                               "--limit", "40", "--data-dir", str(tiny_mnist), "-f", "json"])
+    report = json.loads(capsys.readouterr().out)
+    assert [(b["rotation"], b["halting"]) for b in report["buckets"]] == [
+        (0, "median"), (0, "patience:1"), (90, "median"), (90, "patience:1")]
+    assert all(b["images"] == 40 and 1 <= b["mean_steps"] <= 5 for b in report["buckets"])
+
+
+def test_results_table_prints_a_table_per_rule(runs, tiny_mnist, capsys):
+    script("results_table").main([str(runs / "pn1"), "--angles", "45", "--protocols", "uniform", "fixed",
+                                  "--halting", "median", "--limit", "40", "--data-dir", str(tiny_mnist)])
+    lines = capsys.readouterr().out.splitlines()
+    assert "halting `median`:" in lines and sum(line.startswith(("| uniform |", "| fixed |")) for line in lines) == 2
+
+
+def test_align_targets_reads_reports_that_ponder_writes(runs, tiny_mnist, ponder, tmp_path, capsys):
+    result = ponder("extrapolate", runs / "pn1", "--angles", "0", "22.5", "45", "67.5", "90", "--protocol", "fixed",
+                    "--halting", "median", "--detail", "--limit", "40", "--data-dir", tiny_mnist, "-f", "json")
+    assert result.exit_code == 0, result.output
+    (tmp_path / "fixed.json").write_text(result.stdout)
+    script("align_targets").main([str(tmp_path / "fixed.json")])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| model | acc ±45°") and lines[2].startswith("| pn1, median |")
+
+
+def test_align_cycle_runs_on_the_shipped_align_model(tiny_mnist, capsys):
+    script("align_cycle").main(["--limit", "6", "--data-dir", str(tiny_mnist)])
+    out = capsys.readouterr().out
+    assert "the first 6 test digits" in out
+    assert all(f"{n}. " in out for n in (1, 2, 3, 4))  # its four tables
