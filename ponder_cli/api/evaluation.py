@@ -16,7 +16,7 @@ import torch
 from .. import PonderError
 from ..checkpoint import load_model, steps_problem
 from ..config import seed_problems
-from ..evaluate import choose_rule, evaluate_buckets, rule_outcomes, uncertainty
+from ..evaluate import LOSSES, choose_rule, evaluate_buckets, rule_outcomes, uncertainty
 from ..methods import get_method
 from ..registry import CALIBRATION_RULES, DEFAULT_HALTING, DEFAULT_PROTOCOL, parse_exit_rule, parse_halting_rule
 from ..reports import (Report, calibration_report, combine_draws, comparison_report, evaluation_report,
@@ -141,8 +141,10 @@ def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int
         buckets = []
         for spec, result in zip(specs, results):
             bucket = {**task.bucket_fields(spec, options.protocol, specs), "halting": used, **result.as_dict()}
-            if not with_loss:
-                for key in ("loss", "reconstruction", "regularisation"):
+            if with_loss:
+                bucket["loss_halting"] = used  # the rule `loss` is taken under, said beside it
+            else:
+                for key in LOSSES:
                     bucket.pop(key)
             if not options.detail:
                 bucket.pop("accuracy_at_step")
