@@ -28,7 +28,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from . import PonderError, PonderWarning, file_problem
+from . import BadValue, PonderError, PonderWarning, file_problem
 from .registry import (FORMAT_VERSION, CNN_DROPOUT_MASKS, HALTING_INPUTS, METHODS, PIECES, PRIORS, STEPS, TASKS, TRUNCATION_RULES, known,
                        piece_class, step_class, task_class)
 
@@ -246,7 +246,7 @@ class PonderConfig:
                                 f"flat settings")
         problems = [] if _building.get() else self.problems()
         if problems:
-            raise PonderError("; ".join(problems))
+            raise BadValue("; ".join(problems))
 
     @classmethod
     def build(cls, values: dict, given=(), origins: dict = {}, saved: str = "") -> "PonderConfig":
@@ -269,7 +269,7 @@ class PonderConfig:
             _building.reset(building)
         problems = cfg.problems(given, origins)
         if problems:
-            raise PonderError("; ".join(problems))
+            raise BadValue("; ".join(problems))
         if saved:  # what a fresh run of these pieces holds is neutral too: what they imply, or derive
             chosen, fresh = cfg.chosen(), cls.of(**cfg.chosen())
             idle = [key for key in values if values[key] not in (cls.default(key), fresh.value(key))]

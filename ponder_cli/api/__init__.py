@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .. import Interrupted, PonderError, SigTerm, Terminated
+from .. import BadValue, Interrupted, SigTerm, Terminated
 from ..checkpoint import load_model
 from ..config import PonderConfig
 from ..folders import resolve_checkpoint
@@ -95,7 +95,7 @@ def check_halting(cfg, rule: Optional[str]) -> str:
         return DEFAULT_HALTING
     problem = get_method(cfg).halting_problem(rule)
     if problem is not None:
-        raise PonderError(problem)
+        raise BadValue(problem)
     return rule
 
 

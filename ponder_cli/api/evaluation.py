@@ -13,7 +13,7 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 
 import torch
 
-from .. import PonderError
+from .. import BadValue, PonderError
 from ..checkpoint import load_model, steps_problem
 from ..config import seed_problems
 from ..evaluate import LOSSES, choose_rule, evaluate_buckets, rule_outcomes, uncertainty
@@ -53,7 +53,7 @@ class EvalOptions:
         if not 1 <= self.repeats <= 1000:
             problems.append(f"--repeats must be between 1 and 1000 (got {self.repeats})")
         if problems:
-            raise PonderError(problems[0])
+            raise BadValue(problems[0])
 
 
 # The buckets as the user spelled them: {option: texts} ({"--angles": ["0", "45"]}; None: not
@@ -228,12 +228,12 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
     the draws that validated training; options.repeats draws are pooled."""
 
     if not (math.isfinite(tolerance) and 0 <= tolerance < 1):
-        raise PonderError(f"--tolerance must be at least 0 and below 1 (got {tolerance:g})")
+        raise BadValue(f"--tolerance must be at least 0 and below 1 (got {tolerance:g})")
     subject = "calibrate" if rules is None else f"--rules {' '.join(map(str, rules))}"
     try:
         rules = [parse_exit_rule(rule).spelling for rule in (CALIBRATION_RULES if rules is None else rules)]
     except ValueError as exc:
-        raise PonderError(f"--rules: {exc}") from None
+        raise BadValue(f"--rules: {exc}") from None
     path, dev, amp, model, cfg, trained = load_one(checkpoint, options, log)
     if model.max_steps == 1:
         raise PonderError(f"{path} runs one step: every rule halts there, there is nothing to calibrate")
@@ -243,7 +243,7 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
                           f"by its own rule" + (" or at a fixed budget (fixed:N)" if cfg.method.name == "act" else ""))
     problem = next(filter(None, map(method.halting_problem, rules)), None)  # a budget beyond the steps run
     if problem is not None:
-        raise PonderError(problem.replace("--halting", "--rules"))
+        raise BadValue(problem.replace("--halting", "--rules"))
     task = get_task(cfg)
     options = _with_protocol(task, options)
     specs = task.parse_buckets(spelled(buckets), "calibrate", options.protocol, log)
