@@ -323,7 +323,8 @@ def _applying(config: Optional[dict]) -> dict:
     return {key: value for key, value in config.items() if applies(key, chosen)}
 
 
-def differing_settings(rows: list[dict], unread_differs: bool = False, shown: Sequence[str] = SHOWN_ALREADY) -> list[str]:
+def differing_settings(rows: list[dict], unread_differs: bool = False,
+                       shown: Sequence[str] = SHOWN_ALREADY) -> list[str]:
     """The settings whose values differ between the runs they apply to, in the configuration's
     order, but those the table shows already (`shown`). `unread_differs`: a run that does not
     read a setting differs from one that does (diff: PonderNet's lambda-p against ACT's tau,

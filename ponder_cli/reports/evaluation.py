@@ -114,8 +114,9 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
         title=f"{cfg.method.name} on the {what} ({checkpoint})",
         caption=f"{describe_model(cfg, view)}{steps_caption(steps)}\n{how}halting {used} · seed {seed}{draws}\n"
                 f"{per_bucket(buckets, words.inputs)} · steps ✓ / ✗: on correct / wrong answers"
-                f"{spark}{rho_text}" + (f"\nloss: cross-entropy of the prediction under halting {used}"
-                                        if with_loss else "") + ("\nfixed at same steps: a fixed budget's accuracy at the rule's mean steps"
+                f"{spark}{rho_text}"
+                + (f"\nloss: cross-entropy of the prediction under halting {used}" if with_loss else "")
+                + ("\nfixed at same steps: a fixed budget's accuracy at the rule's mean steps"
                                         if detail else ""),
         plot_series={checkpoint: buckets})
     if detail:
