@@ -116,8 +116,7 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
                 f"{per_bucket(buckets, words.inputs)} · steps ✓ / ✗: on correct / wrong answers"
                 f"{spark}{rho_text}"
                 + (f"\nloss: cross-entropy of the prediction under halting {used}" if with_loss else "")
-                + ("\nfixed at same steps: a fixed budget's accuracy at the rule's mean steps"
-                                        if detail else ""),
+                + ("\nfixed at same steps: a fixed budget's accuracy at the rule's mean steps" if detail else ""),
         plot_series={checkpoint: buckets})
     if detail:
         report.detail = per_step_table(buckets, expected=used == "expected", label=words.label)
