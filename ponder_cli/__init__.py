@@ -21,6 +21,14 @@ class PonderError(Exception):
     run_wide = False
 
 
+class BadValue(PonderError):
+    """A value given that the command does not take: out of its range (--max-steps 1000, --epochs
+    0, an angle of 400), not one it knows (--device tpu), or not for this checkpoint (fixed:30 of
+    a 20-step model). A usage mistake, so its exit status is click's for the mistakes its parser
+    catches (`--limit -1`, `--format xml`): 2, whichever check finds it."""
+    exit_code = 2
+
+
 # interrupts ------------------------------------------------------------------------------------
 # How every command stops on a signal, in one place. The CLI's one signal handler (cli/app.py)
 # raises the first SIGINT or SIGTERM where the program is (KeyboardInterrupt; SigTerm) and

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from . import PonderError, PonderWarning, brief, file_problem, uninterrupted
+from . import BadValue, PonderError, PonderWarning, brief, file_problem, uninterrupted
 from .config import MAX_STEPS, PonderConfig
 from .methods import build_model
 from .registry import method_class
@@ -345,11 +345,11 @@ def _run_for(cfg: PonderConfig, max_steps: int) -> PonderConfig:
     bounded says so in its config_problems, which the new config runs."""
     problem = steps_problem(max_steps)
     if problem is not None:
-        raise PonderError(problem)
+        raise BadValue(problem)
     if max_steps == cfg.method.max_steps:
         return cfg
     if "max_steps" not in method_class(cfg.method.name).reads:
-        raise PonderError(f"--max-steps applies to models that run several steps; this one is "
+        raise BadValue(f"--max-steps applies to models that run several steps; this one is "
                           f"{cfg.method.name}, which runs {cfg.method.max_steps}")
     return cfg.replace(max_steps=max_steps)
 

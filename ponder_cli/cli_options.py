@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 from typer.core import TyperCommand
 
-from . import PonderError
+from . import BadValue
 from .config import PonderConfig, parse_duration
 from .folders import DEFAULT, LATEST, RUNS_DIR, SHIPPED
 from .registry import (CNN_DROPOUT_MASKS, DEVICE_CHOICES, HALTING_INPUTS, HALTING_RULES, HALTING_TARGETS, PIECES, PRIORS, PROTOCOLS,
@@ -138,7 +138,7 @@ def _device(value: str) -> str:
     """--device, its spelling checked before torch loads (registry.device_problem)."""
     problem = device_problem(value)
     if problem is not None:
-        raise PonderError(problem)
+        raise BadValue(problem)
     return value
 
 

@@ -29,7 +29,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from . import PonderError, PonderWarning, file_problem
+from . import BadValue, PonderError, PonderWarning, file_problem
 from .registry import (FORMAT_VERSION, CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_TARGETS, METHODS, PIECES, PRIORS, STEPS, TASKS, TRUNCATION_RULES, known,
                        piece_class, step_class, task_class)
 
@@ -188,10 +188,10 @@ def parse_duration(text: str, name: str = "--time-limit") -> float:
     parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)([hms])", spelled)
     if not spelled or "".join(number + unit for number, unit in parts) != spelled or \
             len({unit for _, unit in parts}) != len(parts):
-        raise PonderError(f"{name} must be a duration such as 90s, 9m, 2h or 1h30m (got {text!r})")
+        raise BadValue(f"{name} must be a duration such as 90s, 9m, 2h or 1h30m (got {text!r})")
     seconds = sum(float(number) * DURATION_UNITS[unit] for number, unit in parts)
     if not 0 < seconds < math.inf:
-        raise PonderError(f"{name} must be longer than 0 s (got {text!r})")
+        raise BadValue(f"{name} must be longer than 0 s (got {text!r})")
     return seconds
 
 
@@ -285,7 +285,7 @@ class PonderConfig:
                                 f"flat settings")
         problems = [] if _building.get() else self.problems()
         if problems:
-            raise PonderError("; ".join(problems))
+            raise BadValue("; ".join(problems))
 
     @classmethod
     def build(cls, values: dict, given=(), origins: dict = {}, saved: str = "") -> "PonderConfig":
@@ -308,7 +308,7 @@ class PonderConfig:
             _building.reset(building)
         problems = cfg.problems(given, origins)
         if problems:
-            raise PonderError("; ".join(problems))
+            raise BadValue("; ".join(problems))
         if saved:  # what a fresh run of these pieces holds is neutral too: what they imply, or derive
             chosen, fresh = cfg.chosen(), cls.of(**cfg.chosen())
             idle = [key for key in values if values[key] not in (cls.default(key), fresh.value(key))]

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import PonderError, brief
+from . import BadValue, PonderError, brief
 from .registry import PROTOCOLS
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
@@ -135,9 +135,9 @@ def train_val_split(full: ImageSet, *, val_size: int, train_size: int, seed: int
     """Seeded split into training and held-out validation images (train_size 0: all the rest)."""
     available = len(full) - val_size
     if available <= 0:
-        raise PonderError(f"val-size {val_size} leaves no training images out of {len(full)}")
+        raise BadValue(f"val-size {val_size} leaves no training images out of {len(full)}")
     if train_size > available:
-        raise PonderError(f"train-size {train_size} exceeds the {available} images left after validation")
+        raise BadValue(f"train-size {train_size} exceeds the {available} images left after validation")
     order = torch.randperm(len(full), generator=torch.Generator().manual_seed(seed))
     train_index = order[val_size:val_size + (train_size or available)]
     return full.subset(train_index), full.subset(order[:val_size])

@@ -64,7 +64,8 @@ class EvalResult:
     steps_wrong: float | None
     histogram: tuple  # images halting at step 1..max_steps (expected halting mass for "expected")
     accuracy_at_step: tuple | None = None  # accuracy if every image stopped at step k (detail)
-    loss: float | None = None
+    loss: float | None = None  # cross-entropy of the prediction under the halting rule used
+    objective: float | None = None  # the training loss (reconstruction + beta * regularisation), rule-free
     reconstruction: float | None = None
     regularisation: float | None = None
     samples: EvalSamples | None = field(default=None, compare=False, repr=False)
@@ -72,6 +73,9 @@ class EvalResult:
     def as_dict(self) -> dict:
         return {f.name: (list(v) if isinstance(v, tuple) else v)
                 for f in fields(self) if f.name != "samples" for v in [getattr(self, f.name)]}
+
+
+LOSSES = ("loss", "objective", "reconstruction", "regularisation")  # eval's alone (with_loss)
 
 
 @torch.inference_mode()
@@ -92,6 +96,11 @@ def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfi
     the same predictions and steps; tests/test_evaluate.py). The loss, the per-step accuracy of
     `detail` (from which the reports take the best fixed budget at the rule's mean steps) and the
     expected rule need every step of every image, so they always run the full forward pass.
+
+    with_loss: `loss`, each input's cross-entropy of the class probabilities it is predicted
+    with under `halting` (fixed:N: y_N's; sample and the other exit rules: the halted step's;
+    expected and ACT: the weighted mean's), averaged; and `objective`, the training loss on
+    these inputs (method.loss: its reconstruction and regularisation), which no rule changes.
     """
     parse_halting_rule(halting)  # a bad spelling fails here, before any work
     was_training = model.training
@@ -104,7 +113,7 @@ def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfi
         early_exit = drops_rows(device)
     expected = method.needs_all_steps(halting)  # steps are then sum_n n p_n, not whole steps
     full_forward = with_loss or detail or expected or not early_exit
-    loss_totals = torch.zeros(3, dtype=torch.float64, device=device)  # batch-size-weighted loss parts
+    loss_totals = torch.zeros(4, dtype=torch.float64, device=device)  # summed over inputs: EvalResult's losses
     halting_mass = torch.zeros(max_steps, dtype=torch.float64, device=device)  # expected rule: sum of p_n
     correct_at_step = torch.zeros(max_steps, dtype=torch.float64, device=device)
     all_steps, all_correct = [], []  # per image, kept on the device until the end
@@ -124,8 +133,10 @@ def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfi
             if detail:
                 correct_at_step += (out.logits.argmax(dim=-1) == targets).sum(dim=1).double()
             if with_loss:
+                chosen = method.probabilities(logits, halting).gather(1, targets[:, None]).squeeze(1)
+                halted = -chosen.double().clamp_min(torch.finfo(torch.float32).tiny).log().sum()
                 parts = method.loss(out.logits, out.lambda_logits, targets)
-                loss_totals += torch.stack(list(parts)).double() * (end - start)
+                loss_totals += torch.cat([halted[None], torch.stack(list(parts)).double() * (end - start)])
         all_steps.append(steps.double())
         all_correct.append(logits.argmax(dim=1) == targets)
     model.train(was_training)
@@ -149,7 +160,7 @@ def _result(bucket: EvalBucket, steps: torch.Tensor, correct: torch.Tensor, hist
         steps_correct=float(steps[correct].mean()) if n_correct else None,
         steps_wrong=float(steps[~correct].mean()) if n_correct < count else None,
         histogram=histogram, accuracy_at_step=accuracy_at_step,
-        **(dict(zip(("loss", "reconstruction", "regularisation"), losses)) if losses is not None else {}),
+        **(dict(zip(LOSSES, losses)) if losses is not None else {}),
         samples=EvalSamples(bucket.difficulty.double(), steps, correct),
     )
 

@@ -454,3 +454,26 @@ def test_shell_completion_is_switched_on_and_works_offline():
         with processes.fork(processes.run_cli, [], env=env) as proc:
             out, stderr = proc.communicate(timeout=60)
         assert out.split() == expected, (words, out, stderr)
+
+
+@pytest.mark.parametrize("args, line", [
+    (["eval", "--limit", "-1"], "Error: Invalid value for '--limit': Input should be greater than or equal to 0"),
+    (["eval", "--max-steps", "1000"], "Error: --max-steps must be a whole number from 1 to 100 (got 1000)"),
+    (["train", "--epochs", "0"], "Error: epochs must be > 0 (got 0)"),
+    (["train", "--lambda-p", "2"], "Error: lambda-p must be in (0, 1] (got 2.0)"),
+    (["train", "--device", "tpu"], "Error: unknown device 'tpu'; use auto, cpu, cuda or cuda:N"),
+    (["eval", "--angles", "400"], "Error: --angles must be between 0 and 180 degrees: images are rotated within "
+                                  "+-angle (got 400)"),
+    (["eval", "--seed", "-1"], "Error: --seed must be an integer from 0 to 2**63 - 1 (got -1)"),
+    (["calibrate", "--tolerance", "2"], "Error: --tolerance must be at least 0 and below 1 (got 2)"),
+    (["sweep", "--from", "90", "--to", "10"], "Error: the sweep needs --from <= --to and --every > 0 (got 90, 10, 5)"),
+    (["eval", "parity16", "--halting", "fixed:30"], "Error: --halting fixed:30 stops at step 30, beyond the 20 steps "
+                                                   "this pondernet model runs (--max-steps runs more)"),
+    (["eval", "parity16", "--counts", "1-40"], "Error: count range 1-40 must satisfy 1 <= LO <= HI <= 16 (the "
+                                              "elements of a vector)"),
+])
+def test_a_value_out_of_range_exits_2_whichever_check_finds_it(args, line, ponder, one_error_line):
+    """click's parser gives 2 for what it checks (--limit -1); ponder's own range checks give the
+    same, so a script sees every usage mistake alike (and 1 for the rest: a missing file)."""
+    result = ponder(*args)
+    assert one_error_line(result) == line and result.exit_code == 2

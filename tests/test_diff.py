@@ -52,7 +52,8 @@ def test_each_method_shows_what_it_reads_and_a_dash_for_what_it_does_not(runs, p
     assert settings["tau"] == ([None, configs[1]["tau"]], [False, True])
     assert "max_steps" not in settings and "train_rotation" not in settings  # the same, read by both
     text = " ".join(ponder("diff", runs / "pn1", runs / "act").stdout.split())
-    assert f"lambda-p │ {configs[0]['lambda_p']:g} │ - │" in text and f"tau │ - │ {configs[1]['tau']:g} │" in text
+    assert f"lambda-p │ {configs[0]['lambda_p']:g} │ - │" in text
+    assert f"tau │ - │ {configs[1]['tau']:g} │" in text
     assert "-: a setting the run does not read" in text
     rows = {r["key"]: r for r in csv.DictReader(io.StringIO(ponder("diff", runs / "pn1", runs / "act", "-f",
                                                                    "csv").stdout))}

@@ -88,7 +88,35 @@ def test_eval_loss_equals_batch_weighted_mean_of_batch_losses():
         out = model(prepare_batch(data.images))
         full = ponder_loss(out.logits, out.lambda_logits, data.labels, log_prior, CFG.method.beta).total.item()
     result = evaluate(model, data, CFG, max_angle=0, seed=1, batch_size=50, with_loss=True)
-    assert math.isclose(result.loss, full, rel_tol=1e-5)  # batches of 50, 50, 30 re-weighted exactly
+    assert math.isclose(result.objective, full, rel_tol=1e-5)  # batches of 50, 50, 30 re-weighted exactly
+
+
+@pytest.mark.parametrize("rule", ["fixed:1", "fixed:8", "sample", "median", "patience:1", "expected"])
+def test_eval_loss_is_the_cross_entropy_of_the_prediction_under_the_halting_used(rule):
+    """fixed:N: y_N's cross-entropy; an exit rule: each input's at the step it halted at;
+    expected: the p-weighted mean prediction's. The training objective stays what it was."""
+    model, data = _model_and_data(130)
+    model.eval()
+    with torch.no_grad():
+        out = model(prepare_batch(data.images))
+    steps, images = out.logits.shape[:2]
+    ce = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), data.labels.repeat(steps),
+                                           reduction="none").view(steps, images).double()  # (steps, B)
+    result = evaluate(model, data, CFG, max_angle=0, seed=1, batch_size=50, with_loss=True, halting=rule)
+    if rule == "expected":
+        p = get_method(CFG).halting_distribution(out.lambda_logits)  # (steps, B)
+        mixed = (p[..., None] * torch.softmax(out.logits, -1)).sum(0)  # (B, classes)
+        direct = -mixed.gather(1, data.labels[:, None]).log().mean().item()
+    else:
+        halted = result.samples.steps.long()  # each input's halting step, as evaluated
+        direct = ce.gather(0, halted[None] - 1).mean().item()
+    assert math.isclose(result.loss, direct, rel_tol=1e-5)
+    if rule.startswith("fixed:"):
+        assert math.isclose(result.loss, ce[int(rule[6:]) - 1].mean().item(), rel_tol=1e-5)
+    log_prior = geometric_log_prior(CFG.method.lambda_p, CFG.method.max_steps)
+    objective = ponder_loss(out.logits, out.lambda_logits, data.labels, log_prior, CFG.method.beta)
+    assert math.isclose(result.objective, objective.total.item(), rel_tol=1e-5)
+    assert math.isclose(result.reconstruction, objective.reconstruction.item(), rel_tol=1e-5)
 
 
 def test_training_metrics_accumulated_on_device_equal_per_batch_values(monkeypatch):

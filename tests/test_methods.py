@@ -137,7 +137,7 @@ def test_methods_are_stored_and_read_back(runs, tiny_mnist, ponder):
 
 def test_plain_rejects_more_steps(tiny_mnist, tmp_path, ponder):
     result = ponder("train", "--method", "plain", "--max-steps", "5", "--data-dir", tiny_mnist, "--out", tmp_path / "x")
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a setting the method does not take: a usage mistake
     assert result.stderr.splitlines()[-1] == "Error: --max-steps applies to --method pondernet, act, not plain"
     assert not (tmp_path / "x").exists()
 

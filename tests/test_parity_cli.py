@@ -372,3 +372,20 @@ def test_a_run_at_chance_says_so_in_one_line_and_its_report_says_why(ponder, tmp
     said = [line for line in result.stderr.splitlines() if "at chance" in line]
     assert len(said) == 1 and said[0].startswith("the run sits at chance: its best validation accuracy is ")
     assert "its learning rate was cut from 1e-05 to 9e-09; it did not learn" in said[0]
+def test_eval_loss_is_taken_under_the_halting_asked_for(ponder):
+    """parity16 stopped at step 1 is at chance and says so in its loss (it once showed the
+    training objective, 0.0112, whatever the halting); the JSON and caption name the rule."""
+    def run(rule, fmt="json"):
+        result = ponder("eval", "parity16", "--halting", rule, "--counts", "13-16", "--limit", "32", "-f", fmt, "-q")
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout) if fmt == "json" else " ".join(result.stdout.split())
+    first, last = run("fixed:1"), run("fixed:20")
+    one, twenty = first["buckets"][0], last["buckets"][0]
+    assert (one["loss_halting"], twenty["loss_halting"]) == ("fixed:1", "fixed:20")
+    assert one["images"] == 128 and 0.35 < one["accuracy"] < 0.65 and one["loss"] > 1.0  # confidently at chance
+    assert twenty["accuracy"] > 0.9 and twenty["loss"] < 0.3
+    # the training objective does not depend on the halting: the same figures under both
+    assert (one["objective"], one["reconstruction"]) == (twenty["objective"], twenty["reconstruction"])
+    assert one["objective"] < 0.05
+    assert f"{one['loss']:.4f}" in run("fixed:1", "table")
+    assert "loss: cross-entropy of the prediction under halting fixed:1" in run("fixed:1", "table")

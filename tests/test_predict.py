@@ -276,3 +276,42 @@ def test_an_input_alone_is_told_that_a_checkpoint_comes_first(tmp_path, ponder, 
         f"Error: predict takes a CHECKPOINT first, then the INPUT files: {tmp_path / 'digit.png'} was read as the "
         f"checkpoint and no input followed; e.g. `ponder predict reference {tmp_path / 'digit.png'}` (the shipped "
         "model; `ponder models` lists them)")
+
+
+def test_vectors_from_standard_input(tmp_path, one_error_line):
+    """`-` reads parity vectors from standard input, as a file of them reads: the same predictions."""
+    from typer.testing import CliRunner
+
+    from ponder_cli.cli import app
+
+    def run(*args, input=None):
+        return CliRunner().invoke(app, [str(a) for a in args], input=input, prog_name="ponder")
+
+    path = _untrained(tmp_path, task="parity", elems=4, max_steps=3, hidden=8)
+    lines = "# vectors\n1 0 -1 1\n\n0,0,1,-1\n"
+    (tmp_path / "v.txt").write_text(lines)
+    piped = json.loads(run("predict", path, "-", "--steps", "-f", "json", input=lines).stdout)
+    read = json.loads(run("predict", path, tmp_path / "v.txt", "--steps", "-f", "json").stdout)
+    assert [b["input"] for b in piped["buckets"]] == ["-:2", "-:4"]
+    assert [{k: v for k, v in b.items() if k != "input"} for b in piped["buckets"]] == \
+        [{k: v for k, v in b.items() if k != "input"} for b in read["buckets"]]
+    assert one_error_line(run("predict", path, "-", input="")) == "Error: -: no vectors in it (one per line, 4 " \
+                                                                   "entries each)"
+    assert one_error_line(run("predict", path, "-", "-", input=lines)) == \
+        "Error: - (standard input) is named 2 times; it can be read once"
+    (tmp_path / "mnist").mkdir()
+    mnist = _untrained(tmp_path / "mnist", max_steps=2)
+    assert one_error_line(run("predict", mnist, "-", input=lines)) == (
+        "Error: - (standard input) holds the vectors of parity models; this MNIST model reads image files or .npy "
+        "arrays: name them")
+
+
+def test_more_steps_than_trained_are_said_on_stderr(ponder, tmp_path):
+    path = _untrained(tmp_path, task="parity", elems=4, max_steps=3, hidden=8)
+    (tmp_path / "v.txt").write_text("1 0 -1 1\n")
+    result = ponder("predict", path, tmp_path / "v.txt", "--max-steps", "5", "-q")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ("Warning: --max-steps 5 runs this model past the 3 steps it trained with: steps 4-5 "
+                             "were never trained, and its halting is forced at step 5\n")
+    for steps in ("3", "2"):  # within the trained steps: nothing to say
+        assert ponder("predict", path, tmp_path / "v.txt", "--max-steps", steps, "-q").stderr == ""

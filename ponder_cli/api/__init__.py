@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .. import Interrupted, PonderError, Terminated
+from .. import BadValue, Interrupted, PonderError, Terminated
 from ..checkpoint import load_model
 from ..config import PonderConfig
 from ..folders import resolve_checkpoint
@@ -94,7 +94,7 @@ def check_halting(cfg, rule: Optional[str]) -> str:
         return DEFAULT_HALTING
     problem = get_method(cfg).halting_problem(rule)
     if problem is not None:
-        raise PonderError(problem)
+        raise BadValue(problem)
     return rule
 
 

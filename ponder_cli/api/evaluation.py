@@ -13,10 +13,10 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 
 import torch
 
-from .. import PonderError
+from .. import BadValue, PonderError
 from ..checkpoint import load_model, steps_problem
 from ..config import seed_problems
-from ..evaluate import choose_rule, evaluate_buckets, rule_outcomes, uncertainty
+from ..evaluate import LOSSES, choose_rule, evaluate_buckets, rule_outcomes, uncertainty
 from ..methods import get_method
 from ..registry import CALIBRATION_RULES, DEFAULT_HALTING, DEFAULT_PROTOCOL, parse_exit_rule, parse_halting_rule
 from ..reports import (Report, calibration_report, combine_draws, comparison_report, evaluation_report,
@@ -53,7 +53,7 @@ class EvalOptions:
         if not 1 <= self.repeats <= 1000:
             problems.append(f"--repeats must be between 1 and 1000 (got {self.repeats})")
         if problems:
-            raise PonderError(problems[0])
+            raise BadValue(problems[0])
 
 
 # The buckets as the user spelled them: {option: texts} ({"--angles": ["0", "45"]}; None: not
@@ -141,8 +141,10 @@ def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int
         buckets = []
         for spec, result in zip(specs, results):
             bucket = {**task.bucket_fields(spec, options.protocol, specs), "halting": used, **result.as_dict()}
-            if not with_loss:
-                for key in ("loss", "reconstruction", "regularisation"):
+            if with_loss:
+                bucket["loss_halting"] = used  # the rule `loss` is taken under, said beside it
+            else:
+                for key in LOSSES:
                     bucket.pop(key)
             if not options.detail:
                 bucket.pop("accuracy_at_step")
@@ -225,12 +227,12 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
     the draws that validated training; options.repeats draws are pooled."""
 
     if not (math.isfinite(tolerance) and 0 <= tolerance < 1):
-        raise PonderError(f"--tolerance must be at least 0 and below 1 (got {tolerance:g})")
+        raise BadValue(f"--tolerance must be at least 0 and below 1 (got {tolerance:g})")
     subject = "calibrate" if rules is None else f"--rules {' '.join(map(str, rules))}"
     try:
         rules = [parse_exit_rule(rule).spelling for rule in (CALIBRATION_RULES if rules is None else rules)]
     except ValueError as exc:
-        raise PonderError(f"--rules: {exc}") from None
+        raise BadValue(f"--rules: {exc}") from None
     path, dev, amp, model, cfg, trained = load_one(checkpoint, options, log)
     if model.max_steps == 1:
         raise PonderError(f"{path} runs one step: every rule halts there, there is nothing to calibrate")
@@ -240,7 +242,7 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
                           f"by its own rule" + (" or at a fixed budget (fixed:N)" if cfg.method.name == "act" else ""))
     problem = next(filter(None, map(method.halting_problem, rules)), None)  # a budget beyond the steps run
     if problem is not None:
-        raise PonderError(problem.replace("--halting", "--rules"))
+        raise BadValue(problem.replace("--halting", "--rules"))
     task = get_task(cfg)
     options = _with_protocol(task, options)
     specs = task.parse_buckets(spelled(buckets), "calibrate", options.protocol, log)

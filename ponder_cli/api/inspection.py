@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import warnings
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -11,7 +12,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import torch
 
-from .. import PonderError, PonderWarning, file_problem
+from .. import BadValue, PonderError, PonderWarning, file_problem
 from ..checkpoint import file_damage, load_checkpoint, load_model, steps_problem
 from ..config import applies, seed_problems
 from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, is_run_folder,
@@ -21,7 +22,7 @@ from ..render import Column
 from ..runs import empty_trash, recorded_run, reproducing_command, restore_run, trash_run
 from ..reports import Report, diff_report, info_report, make_meta, prediction_report, runs_report, trash_report
 from ..reports.runs import NUMBER, OTHER_SPELLINGS, RUN_KEYS, SWITCH, TAGS, TEXT, TIME, run_keys
-from ..tasks import InputOptions, get_task, uniforms as draw_uniforms
+from ..tasks import STDIN, InputOptions, get_task, uniforms as draw_uniforms
 from . import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named, steps_run
 
 
@@ -51,7 +52,7 @@ class PredictOptions:
         if self.rotate is not None and not -360 <= self.rotate <= 360:
             problems.append(f"--rotate must be a number of degrees from -360 to 360 (got {self.rotate:g})")
         if problems:
-            raise PonderError(problems[0])
+            raise BadValue(problems[0])
 
 
 def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, Path]], options: PredictOptions, *,
@@ -66,9 +67,15 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
     path = resolve_named(checkpoint, log)
     dev, _ = device_and_amp(options.device, False, log)
     model, cfg, state = load_model(path, dev, options.max_steps)
+    ran, trained = cfg.method.max_steps, state.config.method.max_steps
+    if ran > trained:  # eval says it in its caption; predict's per-input table has no room
+        warnings.warn(f"--max-steps {ran} runs this model past the {trained} step{'s' * (trained > 1)} it trained "
+                      f"with: steps {trained + 1}-{ran} were never trained, and its halting is forced at step "
+                      f"{ran}", PonderWarning)
     options = replace(options, halting=check_halting(cfg, options.halting))
     task, method = get_task(cfg), get_method(cfg, dev)
-    read = task.read_inputs([Path(p) for p in inputs], InputOptions(options.invert, options.rotate))
+    read = task.read_inputs([Path(p) for p in inputs], InputOptions(options.invert, options.rotate,
+                                                                    _standard_input(inputs)))
     seed = evaluation_seed(options.seed, cfg)
     count = len(read.names)
     # input i's coins from (seed, i), as evaluation draws them: the same whatever follows it
@@ -113,6 +120,21 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
     return on_device(prediction_report(str(path), cfg, buckets, halting=used, seed=seed, steps=options.steps,
                                        views=views, view=view, rotate=options.rotate, invert=options.invert,
                                        **steps_run(cfg, state.config)), dev)
+
+
+def _standard_input(inputs) -> Optional[str]:
+    """The text of standard input when an INPUT is STDIN (`-`), read once; None otherwise."""
+    named = sum(str(p) == STDIN for p in inputs)
+    if not named:
+        return None
+    if named > 1:
+        raise PonderError(f"{STDIN} (standard input) is named {named} times; it can be read once")
+    if sys.stdin is None:
+        raise PonderError(f"{STDIN}: there is no standard input to read vectors from")
+    try:
+        return sys.stdin.read()
+    except UnicodeDecodeError:
+        raise PonderError(f"{STDIN}: standard input is not text (vectors, one per line)") from None
 
 
 def _info_file(target: Union[str, Path, None]):
@@ -337,7 +359,8 @@ def _applying(config: Optional[dict]) -> dict:
     return {key: value for key, value in config.items() if applies(key, chosen)}
 
 
-def differing_settings(rows: list[dict], unread_differs: bool = False, shown: Sequence[str] = SHOWN_ALREADY) -> list[str]:
+def differing_settings(rows: list[dict], unread_differs: bool = False,
+                       shown: Sequence[str] = SHOWN_ALREADY) -> list[str]:
     """The settings whose values differ between the runs they apply to, in the configuration's
     order, but those the table shows already (`shown`), in one order whatever the rows' order.
     `unread_differs`: a run that does not read a setting differs from one that does (diff:

@@ -235,7 +235,8 @@ def predict(
     inputs: Optional[List[Path]] = typer.Argument(None, metavar="INPUT...", show_default=False,
                                         help="MNIST models: image files (PNG, JPEG, ...: any size and mode) or .npy "
                                              "arrays of shape (N, 28, 28); parity models: .npy arrays (N, ELEMS) or "
-                                             "text files of one vector per line (entries -1, 0, 1)."),
+                                             "text files of one vector per line (entries -1, 0, 1); - reads such "
+                                             "lines from standard input."),
     halting: Optional[str] = HaltingOption,
     max_steps: Optional[int] = MaxStepsOption,
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the halting coin flips (--halting sample). "

@@ -27,7 +27,7 @@ from ..cli_options import (
     piece_choice,
     piece_metavar,
 )
-from .. import PonderError
+from .. import BadValue
 from ..config import TYPES, PonderConfig, problems_of, render_config
 from ..folders import Labels
 from ..render import TrainFormat, json_line
@@ -268,7 +268,7 @@ def _refuse_bad_values(given: dict) -> None:
     problems = [problem for key, value in given.items() if not (isinstance(value, str) and TYPES[key] is not str)
                 for problem in problems_of(key, value)]
     if problems:
-        raise PonderError("; ".join(problems))
+        raise BadValue("; ".join(problems))
 
 
 def _print_config(given: dict, options, fmt: TrainFormat) -> None:

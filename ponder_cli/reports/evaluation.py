@@ -147,7 +147,9 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
         title=f"{cfg.method.name} on the {what} ({checkpoint})",
         caption=f"{describe_model(cfg, view)}{steps_caption(steps)}\n{how}halting {used} · seed {seed}{draws}\n"
                 f"{per_bucket(buckets, words.inputs)} · steps ✓ / ✗: on correct / wrong answers"
-                f"{spark}{rho_text}" + (f"\n{BEST_FIXED_CAPTION}" if detail else "")
+                f"{spark}{rho_text}"
+                + (f"\nloss: cross-entropy of the prediction under halting {used}" if with_loss else "")
+                + (f"\n{BEST_FIXED_CAPTION}" if detail else "")
                 + (f"\n{ACT_CAVEAT}" if detail and cfg.method.name == "act" else ""),
         plot_series={checkpoint: buckets})
     if detail:

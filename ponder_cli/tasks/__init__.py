@@ -53,9 +53,14 @@ BUCKETS = "--buckets"  # the spelling of buckets that every task reads, in its o
 class InputOptions:
     """How `ponder predict` reads the user's files: `invert` True/False forces or forbids
     swapping dark and light (None: detected per image), `rotate` turns every input by that many
-    degrees first (None: not at all). Only image tasks read them."""
+    degrees first (None: not at all). Only image tasks read them. `stdin`: the text of standard
+    input, for an INPUT spelled STDIN (a task that reads text inputs reads it there)."""
     invert: Optional[bool] = None
     rotate: Optional[float] = None
+    stdin: Optional[str] = None
+
+
+STDIN = "-"  # the INPUT that names standard input, as for cat and most tools
 
 
 @dataclass(frozen=True)

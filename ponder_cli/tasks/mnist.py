@@ -16,13 +16,13 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .. import PonderError, PonderWarning, distributed
+from .. import BadValue, PonderError, PonderWarning, distributed
 from ..config import PonderConfig
 from ..data import (ImageSet, load_mnist, prepare_batch, protocol_angles, resolve_data_dir, train_val_split,
                     uniform_angles)
 from ..evaluate import EvalBucket, EvalResult, evaluate_bucket
 from ..reports import TaskView, Terms, band_text
-from . import Task, TrainingSource, UserInputs, check_input_file, load_inputs, uniforms
+from . import STDIN, Task, TrainingSource, UserInputs, check_input_file, load_inputs, uniforms
 from ..registry import EVAL_ANGLES, EXTRAPOLATION_ANGLES
 
 SIDE = 28  # MNIST's images are 28x28
@@ -45,9 +45,9 @@ def band_lower(angle: float, angles: list) -> float:
 
 def check_angle(angle: float, what: str) -> float:
     if not math.isfinite(angle):
-        raise PonderError(f"{what} must be a finite number of degrees (got {angle})")
+        raise BadValue(f"{what} must be a finite number of degrees (got {angle})")
     if not 0 <= angle <= MAX_ANGLE:
-        raise PonderError(f"{what} must be between 0 and {MAX_ANGLE:g} degrees: images are rotated within "
+        raise BadValue(f"{what} must be between 0 and {MAX_ANGLE:g} degrees: images are rotated within "
                           f"+-angle (got {angle:g})")
     return angle + 0.0  # -0 is 0: the same bucket, named and drawn alike
 
@@ -58,7 +58,7 @@ def parse_angles(texts: list[str], what: str = "--angles") -> list[float]:
         try:
             angle = float(text)
         except ValueError:
-            raise PonderError(f"{what}: {text!r} is not a number of degrees") from None
+            raise BadValue(f"{what}: {text!r} is not a number of degrees") from None
         angles.append(check_angle(angle, what))
     if not angles:
         raise PonderError(f"{what} needs at least one angle")
@@ -302,6 +302,9 @@ class MnistTask(Task):
         return ""  # the first task: its runs are <method>-<step>-seed<seed>
 
     def read_inputs(self, paths, options):
+        if any(str(path) == STDIN for path in paths):  # images are files; vectors are text (parity)
+            raise PonderError(f"{STDIN} (standard input) holds the vectors of parity models; this MNIST model reads "
+                              "image files or .npy arrays: name them")
         names, x = read_images(paths, invert=options.invert, rotate=options.rotate)
         return UserInputs(names, x)
 
@@ -353,8 +356,8 @@ class MnistTask(Task):
                               5.0 if every is None else every)
         start, stop = check_angle(start, "--from"), check_angle(stop, "--to")
         if not every > 0 or stop < start:
-            raise PonderError(f"the sweep needs --from <= --to and --every > 0 (got {start:g}, {stop:g}, {every:g})")
+            raise BadValue(f"the sweep needs --from <= --to and --every > 0 (got {start:g}, {stop:g}, {every:g})")
         count = int((stop - start) / every + 1e-9) + 1
         if count > 400:
-            raise PonderError(f"{count} angles is too many for one sweep; use a larger --every")
+            raise BadValue(f"{count} angles is too many for one sweep; use a larger --every")
         return [start + i * every for i in range(count)]

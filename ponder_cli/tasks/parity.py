@@ -28,10 +28,10 @@ from typing import NamedTuple, Optional
 import numpy as np
 import torch
 
-from .. import PonderError, distributed
+from .. import BadValue, PonderError, distributed
 from ..evaluate import EvalBucket, evaluate_bucket
 from ..reports import TaskView, Terms
-from . import Task, TrainingSource, UserInputs, check_input_file, derived_seed, load_inputs, uniforms
+from . import STDIN, Task, TrainingSource, UserInputs, check_input_file, derived_seed, load_inputs, uniforms
 
 CLASSES = 2
 # the paper's largest vectors have 96 entries; the fixed evaluation sets hold a few hundred rows
@@ -126,9 +126,9 @@ def parse_count_range(text: str, elems: int) -> tuple[int, int]:
     try:
         bounds = (int(lo), int(hi) if sep else int(lo))
     except ValueError:
-        raise PonderError(f"a count range is LO-HI or N (got {text!r})") from None
+        raise BadValue(f"a count range is LO-HI or N (got {text!r})") from None
     if not 1 <= bounds[0] <= bounds[1] <= elems:
-        raise PonderError(f"count range {text} must satisfy 1 <= LO <= HI <= {elems} (the elements of a vector)")
+        raise BadValue(f"count range {text} must satisfy 1 <= LO <= HI <= {elems} (the elements of a vector)")
     return bounds
 
 
@@ -226,17 +226,18 @@ def _terms():
 TERMS = _terms()  # how reports name parity's buckets and inputs
 
 
-def _vector_rows(path, elems: int) -> tuple[list[str], torch.Tensor]:
+def _vector_rows(path, elems: int, text: Optional[str] = None) -> tuple[list[str], torch.Tensor]:
     """A .npy array (N, elems) or (elems,), or a text file of one vector per line (entries apart
-    by spaces or commas; blank lines and lines starting with # are skipped) -> names and rows."""
+    by spaces or commas; blank lines and lines starting with # are skipped) -> names and rows.
+    `text`: the lines themselves (standard input's, `path` naming it)."""
 
-    if path.suffix.lower() == ".npy":
+    if text is None and path.suffix.lower() == ".npy":
         array = load_inputs(path, (elems,), f"vectors of {elems} entries")
         rows = torch.from_numpy(array.astype(np.float32))
         names = [f"{path}[{i}]" for i in range(rows.shape[0])] if rows.shape[0] > 1 else [str(path)]
     else:
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
+            lines = (path.read_text(encoding="utf-8") if text is None else text).splitlines()
         except UnicodeDecodeError:
             raise PonderError(f"{path}: not a text file of vectors nor a .npy array") from None
         names, parsed = [], []
@@ -347,8 +348,9 @@ class ParityTask(Task):
                 raise PonderError(f"{name} applies to mnist models; this one is a parity model")
         names, rows = [], []
         for path in paths:
-            check_input_file(path, ".npy arrays or text files of vectors")
-            found_names, found = _vector_rows(path, self.cfg.task.elems)
+            if str(path) != STDIN:
+                check_input_file(path, ".npy arrays or text files of vectors")
+            found_names, found = _vector_rows(path, self.cfg.task.elems, options.stdin if str(path) == STDIN else None)
             names += found_names
             rows.append(found)
         return UserInputs(names, torch.cat(rows))
@@ -406,10 +408,10 @@ class ParityTask(Task):
         values = (1 if start is None else start, self.cfg.task.elems if stop is None else stop,
                   1 if every is None else every)
         if any(float(v) != int(v) for v in values):
-            raise PonderError(f"a parity sweep runs over whole non-zero counts: --from, --to and --every must be "
+            raise BadValue(f"a parity sweep runs over whole non-zero counts: --from, --to and --every must be "
                               f"integers (got {', '.join(f'{float(v):g}' for v in values)})")
         start, stop, every = (int(v) for v in values)
         if not 1 <= start <= stop <= self.cfg.task.elems or every < 1:
-            raise PonderError(f"the sweep needs 1 <= --from <= --to <= {self.cfg.task.elems} (the elements of a "
+            raise BadValue(f"the sweep needs 1 <= --from <= --to <= {self.cfg.task.elems} (the elements of a "
                               f"vector) and --every >= 1 (got {start}, {stop}, {every})")
         return [(count, count) for count in range(start, stop + 1, every)]
