@@ -94,8 +94,9 @@ class StartingWeights:
                   for name in model if name in theirs and tuple(model[name].shape) != tuple(theirs[name].shape)]
         missing, extra = [n for n in model if n not in theirs], [n for n in theirs if n not in model]
         if differ or missing or extra:
-            what = "; ".join([*differ[:3], *([f"{len(missing)} tensors of this model not in it ({missing[0]}, ...)"] if missing else []),
-                              *([f"{len(extra)} of its tensors not in this model ({extra[0]}, ...)"] if extra else [])])
+            lacking = [f"{len(missing)} tensors of this model not in it ({missing[0]}, ...)"] if missing else []
+            extra_ones = [f"{len(extra)} of its tensors not in this model ({extra[0]}, ...)"] if extra else []
+            what = "; ".join([*differ[:3], *lacking, *extra_ones])
             raise PonderError(f"--init-from {self.path}: its weights do not fit this run's model ({what}); keep the "
                               f"settings that shape the model (step, hidden sizes, task) as that run had them "
                               f"(`ponder info {self.path}` shows them)")
@@ -260,7 +261,7 @@ def refuse_hiding(folder: Path, cfg: PonderConfig, option: Optional[str]) -> Non
     if inside is not None:
         beside = inside.parent / f"{inside.name}-{Path(folder).name}"
         instead = (f"name a folder outside it, e.g. {option} {beside}" if option else
-                   f"move that run into a folder of its own, or give --out a folder outside it")
+                   "move that run into a folder of its own, or give --out a folder outside it")
         raise PonderError(f"{named} is inside the run folder {inside}, where `ponder runs` and `latest` would "
                           f"never find the new run; {instead}")
     hidden = runs_inside(folder)

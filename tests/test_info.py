@@ -166,7 +166,8 @@ def test_info_gives_the_command_that_trains_the_run_again(run, runs, ponder):
     assert "--step" not in words and "--task" not in words  # the defaults go unsaid
     assert ("--method" in words) == (run != "pondernet" and run != "pn1")
     printed = json.loads(ponder("train", *words[2:], "--print-config", "-f", "json").stdout)
-    settings = {key: value for section in ("task", "step", "method", "training") for key, value in printed[section].items()}
+    settings = {key: value for section in ("task", "step", "method", "training")
+                for key, value in printed[section].items()}
     assert settings == {key: info["config"][key] for key in settings}
     assert len(settings) > 10
 

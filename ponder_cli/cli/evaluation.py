@@ -325,8 +325,8 @@ app.add_typer(runs_app, name="runs", help="Your training runs, listed (ponder ru
 @runs_app.command(LIST, cls=ListingCommand, hidden=True)
 def runs(
     folders: Optional[List[Path]] = typer.Argument(None, metavar="FOLDER", show_default=False,
-                                                   help=f"Folders of runs (every run folder below, at any depth), or run "
-                                                        f"folders. [default: the current folder: {RUNS_DIR}/ and "
+                                                   help="Folders of runs (every run folder below, at any depth), or "
+                                                        f"run folders. [default: the current folder: {RUNS_DIR}/ and "
                                                         f"any --out folder here]"),
     where: Optional[List[str]] = typer.Option(None, "--where", metavar="EXPR", show_default=False,
                                               autocompletion=complete_run_key,

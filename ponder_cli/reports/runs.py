@@ -140,8 +140,8 @@ def info_report(checkpoint: str, cfg, history: list[dict], summary: dict, *, sho
               f"{best}: val accuracy {cell_text(summary['best_val_accuracy'], '.4f')}, "
               f"val steps {cell_text(summary['best_val_steps'], '.2f')}"),
              ("configuration", configuration)]
-    labels = [("name", summary.get("name")), ("tags", " ".join(summary.get("tags") or ())), ("note", summary.get("note")),
-              ("initialised from", summary.get("init_from"))]
+    labels = [("name", summary.get("name")), ("tags", " ".join(summary.get("tags") or ())),
+              ("note", summary.get("note")), ("initialised from", summary.get("init_from"))]
     facts[1:1] = [(what, value) for what, value in labels if value]  # what the researcher called it, first
     path = history[-1].get("training_step") if history else None
     if _step_line(path):
@@ -296,8 +296,8 @@ def trash_report(rows: list[dict], action: str, folders: list[str]) -> Report:
         footer = f"no trash under {' and '.join(f'{folder}/' for folder in folders)}: nothing deleted"
     else:
         footer = ""
-    columns = [Column("run", "run", "s", wrap=True), Column("trash", "in the trash" if action == "removed" else "was in",
-                                                            "s", wrap=True)]
+    where = "in the trash" if action == "removed" else "was in"
+    columns = [Column("run", "run", "s", wrap=True), Column("trash", where, "s", wrap=True)]
     return Report(meta=meta, buckets=rows, columns=columns, title=TRASH_TITLES[action], footer=footer)
 
 
