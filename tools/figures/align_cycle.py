@@ -195,6 +195,7 @@ def table(title: str, header: list[str], rows: list[list[str]]) -> None:
         print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
 
 
+@torch.no_grad()  # as a decorator: the caller's grad mode is left as it was (a test runs this in-process)
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, default=None, help="an align model (default: the shipped align)")
@@ -202,7 +203,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=1234, help="the sample rule's coins")
     parser.add_argument("--data-dir", type=Path, default=None, help="the MNIST folder (default: PONDER_DATA_DIR)")
     args = parser.parse_args(argv)
-    torch.set_grad_enabled(False)
     model, cfg, _ = load_model(args.checkpoint or shipped_path("align"), "cpu")
     if cfg.step.name != "align":
         parser.error(f"{args.checkpoint} is a {cfg.step.name} model: this reads the align step's turn")
