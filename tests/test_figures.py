@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 FIGURES = Path(__file__).resolve().parent.parent / "tools" / "figures"
 
@@ -76,6 +77,7 @@ def test_align_targets_reads_reports_that_ponder_writes(runs, tiny_mnist, ponder
 
 def test_align_cycle_runs_on_the_shipped_align_model(tiny_mnist, capsys):
     script("align_cycle").main(["--limit", "6", "--data-dir", str(tiny_mnist)])
+    assert torch.is_grad_enabled()  # the process's grad mode is left as it was
     out = capsys.readouterr().out
     assert "the first 6 test digits" in out
     assert all(f"{n}. " in out for n in (1, 2, 3, 4))  # its four tables

@@ -195,7 +195,7 @@ def table(title: str, header: list[str], rows: list[list[str]]) -> None:
         print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
 
 
-@torch.no_grad()  # restored on return: the test suite calls main in its own process
+@torch.no_grad()  # as a decorator: the caller's grad mode is left as it was (a test runs this in-process)
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, default=None, help="an align model (default: the shipped align)")
