@@ -121,7 +121,8 @@ def draw_figures(buckets: list[dict], rule: str) -> dict:
 def mean_over_draws(draws: list[dict]) -> dict:
     keys = [key for key in draws[0] if key != "rho"]
     figures = {key: [sum(d[key][b] for d in draws) / len(draws) for b in range(len(draws[0][key]))] for key in keys}
-    figures["rho"] = sum(float("nan") if d["rho"] is None else d["rho"] for d in draws) / len(draws)  # None: steps constant
+    # None: the steps were constant over the draw's digits
+    figures["rho"] = sum(float("nan") if d["rho"] is None else d["rho"] for d in draws) / len(draws)
     # the ±90° gap's spread over the draws: its 95% interval from the draws alone
     figures["gap90_draws"] = [d["gap"][-1] for d in draws]
     return figures
@@ -183,9 +184,11 @@ def table(name: str, runs: list[dict]) -> list[str]:
         gap = pick("gap") if len(runs) > 1 else runs[0]["figures"]["gap90_draws"] if b == len(ANGLES) - 1 \
             else pick("gap")
         lines.append(f"| {angle:g} | {cell(pick('accuracy'))} | {cell(pick('steps'), 2)} | "
-                     f"{cell(pick('accuracy', 'median'))} / {cell(pick('steps', 'median'), 2)} | {cell(pick('last'))} | "
+                     f"{cell(pick('accuracy', 'median'))} / {cell(pick('steps', 'median'), 2)} | "
+                     f"{cell(pick('last'))} | "
                      f"{cell(gap, signed=True)} | {cell(pick('budget'))} | {cell(pick('adapting'), signed=True)} |")
-    lines += ["", f"ρ(|angle|, steps): {cell([run['figures']['rho'] for run in runs], 3, signed=True)}; per checkpoint: "
+    rho = cell([run['figures']['rho'] for run in runs], 3, signed=True)
+    lines += ["", f"ρ(|angle|, steps): {rho}; per checkpoint: "
               + "; ".join(f"{run['rule']}, ±90° gap {run['figures']['gap'][-1] * 100:+.2f} points at "
                           f"{run['figures']['steps'][-1]:.2f} steps, ±22.5° {run['figures']['steps'][0]:.2f} steps, "
                           f"ρ {run['figures']['rho']:+.3f}, target {'met' if run['meets'] else 'missed'}"
