@@ -229,9 +229,9 @@ HaltingOption = typer.Option(None, "--halting", metavar="RULE", callback=_haltin
                                   "first step where the cumulative halting probability reaches 0.5; quantile:Q: "
                                   "where it reaches Q (median = quantile:0.5); patience:K: first step whose "
                                   "predicted class is also that of the K steps before it; confidence:C: first "
-                                  "step whose top class probability reaches C; threshold:T: first step whose λ_n reaches T (a "
-                                  "head trained by --halting-target final or correct); fixed:N: every input stops at "
-                                  "step N (a fixed budget, the control; any method); expected: p-weighted "
+                                  "step whose top class probability reaches C; threshold:T: first step whose λ_n "
+                                  "reaches T (a head trained by --halting-target final or correct); fixed:N: every "
+                                  "input stops at step N (a fixed budget, the control; any method); expected: p-weighted "
                                   "average of all steps' outputs, steps = Σ n·p_n. Default: sample; ACT halts by "
                                   "its own rule and refuses every other but fixed:N. See ponder calibrate.")
 MaxStepsOption = typer.Option(None, "--max-steps", metavar="N", show_default=False,

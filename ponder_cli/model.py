@@ -29,13 +29,14 @@ ANSWER_FEATURES = 7  # answer_features' width
 
 def answer_features(logits: torch.Tensor, earlier: torch.Tensor | None, n, first) -> torch.Tensor:
     """What the halting head reads of step n's answer (--halting-input ...+answer), (..., classes)
-    -> (..., 7); n and first an int and a bool, or tensors broadcasting over (...); detached and in float32: the top class probability, its margin over the second,
+    -> (..., 7), detached and in float32: the top class probability, its margin over the second,
     the entropy (in units of log classes), log(1 - top probability) in tens of nats (how sure, where
     the probability itself rounds to 1), the total-variation distance from the step before's class
     probabilities and whether the top class changed (at the first step, `first`, the step before is
     the uniform distribution: the answer has changed from none), and 1 / (n + 1) for the 0-based
     step n (no scale of the steps run, which --max-steps changes). `earlier` (..., classes): the
-    step before's logits, ignored where `first`; fixed shapes, no host read."""
+    step before's logits, ignored where `first`; n and first an int and a bool, or tensors that
+    broadcast over (...); fixed shapes, no host read."""
     log_p = torch.log_softmax(logits.detach().float(), dim=-1)
     p = log_p.exp()
     top2, top = p.topk(2, dim=-1)

@@ -459,7 +459,8 @@ def make_optimizer(model: torch.nn.Module, cfg: PonderConfig, device: torch.devi
     The learning rate is a tensor, which the plateau schedule cuts in place: a captured step reads
     the new value. Its step counts live on the device (fused); it is marked capturable only while
     BatchStep captures it (`capturable`), so no step run eagerly draws torch's warning."""
-    return Adam([p for p in model.parameters() if p.requires_grad], lr=torch.tensor(cfg.training.lr, device=device), fused=True)
+    trained = [p for p in model.parameters() if p.requires_grad]  # a refit freezes all but the halting head
+    return Adam(trained, lr=torch.tensor(cfg.training.lr, device=device), fused=True)
 
 
 # How Adam runs, not what it has learnt: a checkpoint written on one device resumes on another.

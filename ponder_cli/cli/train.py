@@ -76,10 +76,10 @@ HALTING_TARGET_OPTION = hyper("halting_target", "What the halting head learns: p
                               "prior, the paper's), or, by binary cross-entropy, final (no later step changes the "
                               "answer) or correct (the answer is right); halt such a head by --halting "
                               "threshold:T (docs/halting.md). Needs --truncation 0.", "--halting-target",
-                              case_sensitive=False)
+                              case_sensitive=False, hidden=True)
 REFIT_HALTING_OPTION = hyper("refit_halting", "Refit the halting head of this checkpoint: its weights and "
                              "settings, every weight frozen but a new halting head's (options given here override "
-                             "its settings: --halting-target, --halting-input, --turn-gate, --epochs, ...).",
+                             "its settings: the halting ones, --epochs, ...; docs/halting.md).",
                              "--refit-halting", default_text="off", metavar="CHECKPOINT")
 BETA_WARMUP_OPTION = hyper("beta_warmup", "The KL weight grows from 0 to --beta over this many optimizer steps "
                                           "(0: off).", hidden=True)
