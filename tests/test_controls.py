@@ -130,6 +130,9 @@ def test_act_takes_a_fixed_budget_and_refuses_every_other_rule(runs, tiny_mnist,
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["halting"] == "fixed:3" and report["buckets"][0]["mean_steps"] == 3.0
+    # its own rule beside the best fixed budget: the caption says that a budget is a weak control for ACT
+    table = ponder("extrapolate", runs / "act", "--angles", "45", "--detail", "--data-dir", tiny_mnist).stdout
+    assert "best fixed ≤ steps" in table and "weak control" in " ".join(table.split())
     line = one_error_line(ponder("extrapolate", runs / "act", "--halting", "median", "--data-dir", tiny_mnist))
     assert line.endswith("which halts by its own rule (halting units summing to 1 - epsilon) or at a fixed "
                          "budget (fixed:N)")
