@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -169,6 +170,8 @@ def study(checkpoint: str, args) -> dict:
 
 
 def cell(values: list[float], digits: int = 4, signed: bool = False) -> str:
+    if any(math.isnan(value) for value in values):  # ρ where a rule's steps were constant
+        return "n/a"
     mean, ci = mean_ci(values)
     text = f"{mean:+.{digits}f}" if signed else f"{mean:.{digits}f}"
     return text if ci is None else f"{text} ±{(ci[1] - ci[0]) / 2:.{digits}f}"

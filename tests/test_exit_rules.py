@@ -233,9 +233,9 @@ def test_the_sample_rule_compares_the_same_lambda_step_by_step(drive):
 
 
 # confidence:0.1244: near the median top class probability of this untrained model's outputs
-# threshold:0.27: near lambda = sigmoid(-1) of the head's bias
+# threshold:0.2913: near the median lambda of this untrained model (sigmoid(-1) and what the state adds)
 @pytest.mark.parametrize("rule", ["quantile:0.8", "quantile:0.95", "patience:1", "patience:3", "confidence:0.1244",
-                                  "threshold:0.27"])
+                                  "threshold:0.2913"])
 def test_early_exit_predicts_as_every_step_on_a_model(rule):
     cfg = PonderConfig.of(max_steps=6, hidden=16, hidden_cnn=16, hidden_lin=16)
     torch.manual_seed(0)
