@@ -263,7 +263,7 @@ def _key(key: str, option: str) -> tuple[str, str]:
     """A key as given -> the row's key and its kind (one PonderError naming the option)."""
     kinds = run_keys()
     if key not in kinds:
-        raise PonderError(f"{option}: no key {key!r}; the keys are {', '.join(kinds)}")
+        raise BadValue(f"{option}: no key {key!r}; the keys are {', '.join(kinds)}")
     return OTHER_SPELLINGS.get(key, key), kinds[key]
 
 
@@ -284,7 +284,7 @@ def _typed(value, kind: str):
 def _given(text: str, key: str, kind: str, op: str, value: str):
     """A --where value read as its key's kind; one PonderError saying what it must be."""
     def refused(why: str) -> PonderError:
-        return PonderError(f"--where {text!r}: {why}")
+        return BadValue(f"--where {text!r}: {why}")
     if kind in (TEXT, TAGS, SWITCH) and op in _ORDERED:
         raise refused(f"{key} is {kind}, compared only with = or != (e.g. --where {key}=VALUE); numbers and "
                        f"times take >, <, >= and <=")
@@ -335,7 +335,7 @@ def parse_condition(text: str) -> Condition:
     at = next((i for i, char in enumerate(text) if char in "<>=!"), None)
     op = next((op for op in _OPERATORS if at is not None and text.startswith(op, at)), None)
     if op is None or at == 0:
-        raise PonderError(f"--where {text!r}: write KEY=VALUE, KEY!=VALUE, KEY>V, KEY<V, KEY>=V or KEY<=V "
+        raise BadValue(f"--where {text!r}: write KEY=VALUE, KEY!=VALUE, KEY>V, KEY<V, KEY>=V or KEY<=V "
                           f"(e.g. --where step=align --where 'best_val_accuracy>0.9')")
     named = text[:at].strip()
     key, kind = _key(named, "--where")
@@ -511,7 +511,7 @@ def diff_runs(targets: Sequence[Union[str, Path]], *, log: Callable[[str], None]
     difference: `key`, `kind` (setting or result), `values` (one per run, in order) and, for a
     setting, `reads` (whether each run reads it)."""
     if len(targets) < 2:
-        raise PonderError("ponder diff compares two or more runs: name another (`ponder runs` lists them)")
+        raise BadValue("ponder diff compares two or more runs: name another (`ponder runs` lists them)")
     rows, seen = [], {}
     for target in targets:
         row, read = _diff_row(target, log)
