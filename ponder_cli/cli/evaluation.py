@@ -347,9 +347,9 @@ def runs(
     fmt: OutputFormat = FormatOption,
 ) -> None:
     """Your training runs: each run folder's name, task, method, step, status (finished, stopped early,
-    interrupted, running, empty, damaged, unreadable), epochs, best epoch and validation accuracy, when it
-    started, its tags and note, and the settings that differ between the runs listed; filtered with --where,
-    ordered with --sort. `ponder runs rm RUN...` moves runs to the trash."""
+    time limit, interrupted, running, empty, damaged, unreadable), epochs, best epoch and validation
+    accuracy, when it started, its tags and note, and the settings that differ between the runs listed;
+    filtered with --where, ordered with --sort. `ponder runs rm RUN...` moves runs to the trash."""
     if reverse and sort is None:
         raise BadValue("--reverse turns --sort's order: give --sort KEY too")
     from ..api import list_runs
