@@ -5,17 +5,18 @@
 #   bash benchmarks/gpu_check.sh OUT              # on the GPU machine
 #   bash benchmarks/gpu_check.sh --cpu-smoke OUT  # the same plumbing, tiny, on the CPU (tests this script)
 #
-# Steps, each under its own time limit (the whole within $PONDER_GPU_BUDGET_S, default 470 s;
-# about 200 s of it before torchrun and the precision table were added):
+# Steps, each under its own time limit (the whole within $PONDER_GPU_BUDGET_S, default 470 s):
 #   versions  python, torch, CUDA, the GPU
-#   tests     python -m pytest -m cuda: replays equal eager batches, a learning-rate cut reaches the
-#             replays, a run resumed onto the GPU replays from the loaded state, no sync in a
-#             captured epoch, each replay draws fresh dropout masks, rotations and coins, parity's
-#             curriculum and the GradScaler's scale move under replay, the capture engaged on the
-#             last visible GPU without a torch warning, the shipped models on CUDA within 0.1
-#             points of the CPU (fp32, fp16)
+#   tests     python -m pytest -m cuda tests: every CUDA test of the suite (tests/test_cuda.py and
+#             tests/test_capture.py's GPU cases): k replayed batches train as k eager batches
+#             (their per-batch losses), a learning-rate cut reaches the replays, a run resumed onto
+#             the GPU replays from the loaded state, no sync in a captured epoch but its one read,
+#             two replays draw fresh dropout masks, rotations and coins, parity's curriculum and the
+#             GradScaler's scale move under replay, a failed capture falls back and trains on, the
+#             capture on the last visible GPU without a torch warning, float32 unless fp16 is asked,
+#             the shipped models on CUDA within 0.1 points of the CPU (fp32, fp16)
 #   capture   benchmarks/capture_speed.py: ms per batch and peak GPU memory, eager against
-#             replayed, fp32 / fp16 / bf16 (which precision to make the default under capture)
+#             replayed, fp32 / fp16 / bf16
 #   mlp       ponder train --epochs 20 --device cuda, the whole process (target <= 30 s), with
 #             nvidia-smi sampling how busy the GPU is while it trains (target >= 50%)
 #   align     ponder train --step align --epochs 20 --device cuda, for as long as fits (target <= 120 s)
@@ -25,7 +26,7 @@
 #             GPU (gloo on the CPU), DDP's eager batches (target: both epochs, the run's report)
 #   precision benchmarks/precision_table.py: fp32, bf16 autocast and fp16 with a GradScaler under
 #             capture, 2 epochs each of mlp, align and parity 64: seconds an epoch, back-offs,
-#             accuracy (the figures the CUDA default is chosen from)
+#             accuracy (the figures behind float32 as the CUDA default)
 #
 # OUT gets summary.txt (the table, then each step's key lines) and logs.tar.gz (every log).
 #
@@ -117,7 +118,7 @@ print('GPU:', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'n
 cat "$WORK/logs/versions.log"
 GPU_NAME=$(grep '^GPU:' "$WORK/logs/versions.log" | cut -c6-)
 
-run tests 170 "$PY" -m pytest -m cuda -p no:cacheprovider "${PYTEST[@]}" tests/test_cuda.py
+run tests 170 "$PY" -m pytest -m cuda -p no:cacheprovider "${PYTEST[@]}" tests
 TESTS=$(grep -E "[0-9]+ (passed|failed|skipped|selected)|tests collected" "$WORK/logs/tests.log" | tail -n 1)
 GAP=$(grep -o "gaps in points \[.*\]" "$WORK/logs/tests.log" | tr -d '[],' | awk '{for (i = 4; i <= NF; i++) if ($i > m) m = $i} END { if (NR) print m }')
 row "pytest -m cuda" "${TESTS:-$STATUS}" "$( [ "$STATUS" = OK ] && echo met || echo "NOT met")"

@@ -48,6 +48,7 @@ class TrainingState:
     epochs_without_improvement: int = 0
     history: list = field(default_factory=list)  # one dict per epoch (train.EpochStats fields)
     rng: dict | None = None  # {"torch": ByteTensor, "cuda": the training GPU's (older: a list, every GPU's)}
+    stop_reason: str | None = None  # "time limit": training ended there short of its epochs, to be resumed
 
     RESUME_KEYS = ("optimizer", "scheduler", "scaler", "rng")
 
@@ -63,7 +64,7 @@ class TrainingState:
                 "epoch": self.epoch, "optimizer": self.optimizer, "scheduler": self.scheduler,
                 "scaler": self.scaler, "best_accuracy": self.best_accuracy, "best_epoch": self.best_epoch,
                 "epochs_without_improvement": self.epochs_without_improvement, "history": self.history,
-                "rng": self.rng}
+                "rng": self.rng, "stop_reason": self.stop_reason}
 
     @classmethod
     def from_dict(cls, payload: Any, path: Path | str = "checkpoint") -> "TrainingState":
@@ -99,7 +100,8 @@ class TrainingState:
                                     ("epochs_without_improvement", int, "an integer"),
                                     ("best_accuracy", (int, float), "a number"), ("history", list, "a list"),
                                     ("optimizer", dict, "a dict"), ("scheduler", dict, "a dict"),
-                                    ("scaler", dict, "a dict"), ("rng", dict, "a dict")):
+                                    ("scaler", dict, "a dict"), ("rng", dict, "a dict"),
+                                    ("stop_reason", str, "a string")):
             if payload.get(key) is None and key != "epoch":
                 continue  # optional: absent from checkpoints that were never meant to be resumed
             if isinstance(payload[key], bool) or not isinstance(payload[key], kind):

@@ -328,13 +328,64 @@ def _install_completion(ctx, param, value: Optional[str]) -> None:
     if shell is None:
         return
     try:
-        shell, path = install(shell=shell, prog_name=_prog(ctx), complete_var=_complete_var(ctx))
+        if shell in POWERSHELLS:
+            path, done = _install_powershell(shell, _prog(ctx), _complete_var(ctx))
+        else:
+            (shell, path), done = install(shell=shell, prog_name=_prog(ctx), complete_var=_complete_var(ctx)), True
     except OSError as exc:  # a profile that cannot be written, PowerShell not installed
         typer.echo(f"Error: cannot install {shell} completion: {exc.strerror or exc}"
                    f"{f' ({exc.filename})' if exc.filename else ''}", err=True)
         ctx.exit(1)
-    typer.echo(f"{shell} completion installed in {path}; it takes effect in a new shell")
+    typer.echo(f"{shell} completion {'installed' if done else 'already'} in {path}; it takes effect in a new shell"
+               + ("; PowerShell must allow profile scripts (Get-ExecutionPolicy; ponder changes no policy)"
+                  if shell in POWERSHELLS else ""))
     ctx.exit(0)
+
+
+POWERSHELLS = ("powershell", "pwsh")
+
+
+def _install_powershell(shell: str, prog: str, complete_var: str) -> tuple[Path, bool]:
+    """The completion script appended once to the user's PowerShell profile, found as Typer finds it
+    (the shell's own $profile), the lines already there kept. Typer's installer also runs
+    `Set-ExecutionPolicy Unrestricted -Scope CurrentUser`, a change to the user's security policy that
+    installing completion must not make: none is made here. Returns the profile and whether it was
+    written (False: the script was there already)."""
+    import subprocess
+
+    from typer._completion_shared import get_completion_script
+
+    found = None
+    for command in (shell, *(other for other in POWERSHELLS if other != shell)):  # Linux and macOS: pwsh
+        try:
+            found = subprocess.run([command, "-NoProfile", "-Command", "echo", "$profile"], capture_output=True)
+            break
+        except FileNotFoundError:
+            continue
+    if found is None:
+        raise OSError(f"neither {' nor '.join(POWERSHELLS)} is on PATH")
+    profile = next((text.strip() for text in (_decoded(found.stdout),) if text and text.strip()), None)
+    if found.returncode != 0 or not profile:
+        raise OSError(f"PowerShell did not say where its profile is (exit {found.returncode})")
+    path = Path(profile)
+    script = get_completion_script(prog_name=prog, complete_var=complete_var, shell=shell)
+    mark = f"Register-ArgumentCompleter -Native -CommandName {prog} "
+    text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+    if mark in text:
+        return path, False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as profile_file:
+        profile_file.write(("\n" if text and not text.endswith("\n") else "") + script.rstrip("\n") + "\n")
+    return path, True
+
+
+def _decoded(raw: bytes) -> str:
+    for encoding in ("utf-8", "windows-1252", "cp850"):  # PowerShell on Windows may answer in its code page
+        try:
+            return raw.decode(encoding)
+        except UnicodeDecodeError:
+            continue
+    return ""
 
 
 def _prog(ctx) -> str:

@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Union
 
-from . import PonderError, PonderWarning, __version__, brief, file_problem, name_length_problem
+from . import BadValue, PonderError, PonderWarning, __version__, brief, file_problem, name_length_problem
 from .checkpoint import load_checkpoint, new_model
 from .config import PonderConfig, applies, inapplicable, render_config, spelled
 from .registry import FORMAT_VERSION
@@ -97,7 +97,7 @@ class StartingWeights:
             lacking = [f"{len(missing)} tensors of this model not in it ({missing[0]}, ...)"] if missing else []
             extra_ones = [f"{len(extra)} of its tensors not in this model ({extra[0]}, ...)"] if extra else []
             what = "; ".join([*differ[:3], *lacking, *extra_ones])
-            raise PonderError(f"--init-from {self.path}: its weights do not fit this run's model ({what}); keep the "
+            raise BadValue(f"--init-from {self.path}: its weights do not fit this run's model ({what}); keep the "
                               f"settings that shape the model (step, hidden sizes, task) as that run had them "
                               f"(`ponder info {self.path}` shows them)")
 
@@ -123,12 +123,12 @@ def resolve_config(given: dict, resume: Optional[Path] = None, origins: Optional
     saved = state.config
     problems = inapplicable(given, saved.chosen(), lambda key: spelled(key, origins, "--"))
     if problems:
-        raise PonderError(f"cannot resume {resumed.path} ({saved.method.name}, step {saved.step.name}): "
+        raise BadValue(f"cannot resume {resumed.path} ({saved.method.name}, step {saved.step.name}): "
                           f"{'; '.join(problems)}")
     conflicts = [f"{spelled(k, origins, '--')} {v} (checkpoint: {saved.value(k)})"
                  for k, v in given.items() if k not in RESUMABLE_CHANGES and saved.value(k) != v]
     if conflicts:
-        raise PonderError(f"cannot resume {resumed.path} with options that contradict its config: "
+        raise BadValue(f"cannot resume {resumed.path} with options that contradict its config: "
                           f"{'; '.join(conflicts)}")
     cfg = saved.replace(**{k: given[k] for k in RESUMABLE_CHANGES if k in given})
     sources = {name: source if name in given else "checkpoint" for name, source in cfg.sources(given, origins).items()}
@@ -155,7 +155,7 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
         raise PonderError(f"{problem}; name a folder outside it, or leave out --out for a fresh folder under "
                           f"{RUNS_DIR}/")
     if init is not None and resume is not None:
-        raise PonderError("--init-from starts a new run from another's weights, --resume continues a run: give one")
+        raise BadValue("--init-from starts a new run from another's weights, --resume continues a run: give one")
     cfg, sources, state, resumed = resolve_config(given, resume, origins)
     labels = labels or Labels()
     if state is None:

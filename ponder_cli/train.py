@@ -600,6 +600,10 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
             break
         if limit is not None and epoch < cfg.training.epochs and not limit.next_epoch_fits(device):
             result.stop_reason, result.stop_note = TIME_LIMIT, limit.why_stopped(epoch)
+            # last.pt again, saying why it ended (`ponder runs`: "time limit", not "interrupted"); the
+            # decision needs the epoch timed whole, its first save included
+            state.stop_reason = TIME_LIMIT
+            _save(state, out_dir, improved=False)
             break
     if result.stop_reason != TIME_LIMIT:
         result.stop_note = at_chance(result, cfg, task.classes, learning_rate(optimizer.param_groups[0]["lr"])) or ""

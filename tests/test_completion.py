@@ -128,3 +128,36 @@ def test_completion_loads_no_torch(tmp_path):
         assert done.returncode == 0, done.stderr
         *offered, loaded = done.stdout.splitlines()
         assert offered and loaded == "[]", (line, done.stdout)
+
+
+@pytest.mark.parametrize("shell", ["powershell", "pwsh"])
+def test_install_completion_appends_to_the_powershell_profile_and_changes_no_policy(shell, tmp_path):
+    """A stand-in pwsh on PATH answers $profile and logs every call: the script goes into that
+    profile once, after the user's lines, and no call touches the execution policy (Typer's own
+    installer sets it to Unrestricted)."""
+    bin_dir, home = tmp_path / "bin", tmp_path / "home"
+    bin_dir.mkdir()
+    profile = home / ".config" / "powershell" / "Microsoft.PowerShell_profile.ps1"
+    calls = tmp_path / "calls"
+    fake = bin_dir / "pwsh"  # on Linux PowerShell is pwsh, whichever name was given
+    fake.write_text(f'#!/bin/sh\necho "$@" >> "{calls}"\necho "{profile}"\n')
+    fake.chmod(0o755)
+    profile.parent.mkdir(parents=True)
+    profile.write_text("Set-Alias ll Get-ChildItem")  # the user's own line, with no newline at its end
+    env = {"HOME": str(home), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    first, again = (_run("--install-completion", shell, env=env) for _ in range(2))
+    assert first.exit_code == 0 and again.exit_code == 0, first.output + again.output
+    assert first.stdout == (f"{shell} completion installed in {profile}; it takes effect in a new shell; PowerShell "
+                            "must allow profile scripts (Get-ExecutionPolicy; ponder changes no policy)\n")
+    assert again.stdout.startswith(f"{shell} completion already in {profile}")
+    text = profile.read_text()
+    assert text.startswith("Set-Alias ll Get-ChildItem\nImport-Module PSReadLine\n")
+    assert text.count(MARKS["powershell"]) == 1 and text.endswith("-ScriptBlock $scriptblock\n")
+    assert "ExecutionPolicy" not in calls.read_text() and calls.read_text().count("-NoProfile -Command echo") == 2
+
+
+def test_install_completion_without_powershell_is_one_error_line(tmp_path):
+    result = _run("--install-completion", "pwsh", env={"HOME": str(tmp_path), "PATH": str(tmp_path)})
+    assert result.exit_code == 1 and result.stderr == \
+        "Error: cannot install pwsh completion: neither powershell nor pwsh is on PATH\n"
+    assert not any(tmp_path.iterdir())

@@ -97,8 +97,10 @@ def test_the_same_run_twice_is_refused_naming_it(runs, ponder, tmp_path, one_err
     line = one_error_line(ponder("diff", "parity16", "parity16"))
     assert line.startswith("Error: parity16 and parity16 name the same run (") and \
         line.endswith("checkpoints/parity/interpolation16.pt): name different runs")
-    assert one_error_line(ponder("diff", runs / "pn1")) == \
+    alone = ponder("diff", runs / "pn1")
+    assert one_error_line(alone) == \
         "Error: ponder diff compares two or more runs: name another (`ponder runs` lists them)"
+    assert alone.exit_code == 2  # a usage mistake, as a missing argument is
     line = one_error_line(ponder("diff", runs / "pn1", tmp_path))
     assert line.startswith(f"Error: {tmp_path} holds no last.pt or best.pt; name a checkpoint file")
     line = one_error_line(ponder("diff", tmp_path / "nope", runs / "pn1"))

@@ -342,6 +342,10 @@ def test_a_time_limit_stops_after_a_whole_epoch_says_so_and_resume_goes_on(ponde
     report = json.loads(result.stdout)
     assert (report["epochs"], report["stop_reason"], report["stopped_early"]) == (4, "time limit", False)
     assert load_checkpoint(out / "last.pt").epoch == 4
+    listed = json.loads(ponder("runs", out, "-f", "json").stdout)["buckets"]  # its own status, not "interrupted"
+    assert [(run["status"], run["epoch"]) for run in listed] == [("time limit", 4)]
+    assert f"stopped at its time limit after epoch 4 of 10; resume with: ponder train --resume {out / 'last.pt'}" \
+        in ponder("info", out, "-f", "json").stdout
     assert (f"stopped at its time limit (10s) after epoch 4: the next epoch would take about 1.0 s, the time "
             f"is up; epoch 4 is saved in {out / 'last.pt'}; resume with: ponder train --resume {out / 'last.pt'} "
             f"--time-limit 10s") in result.stderr.splitlines()
@@ -351,6 +355,7 @@ def test_a_time_limit_stops_after_a_whole_epoch_says_so_and_resume_goes_on(ponde
     assert (report["epochs"], report["stop_reason"]) == (10, "finished")
     assert [bucket["epoch"] for bucket in report["buckets"]] == list(range(1, 11))
     assert "time limit" not in again.stderr
+    assert json.loads(ponder("runs", out, "-f", "json").stdout)["buckets"][0]["status"] == "finished"
 
 
 @pytest.mark.parametrize("value", ["9", "9x", "0s", "1h1h", "-5m"])

@@ -79,6 +79,7 @@ def test_train_states_the_configuration_it_resolved(tiny_mnist, tmp_path, ponder
     assert block[3:5] == ["  implied by --step align: turn-gate 0.2 · max-steps 12",
                           "    halting-input state+turn · halting-bias -0.405465 · truncation 0.1"]  # log(0.4 / 0.6)
     assert block[5].startswith("  defaults: task mnist · train-rotation 22.5 · hidden 64 · hidden-cnn 64")
+    assert block[-1].endswith(" · refit-halting off")  # not given: off, as its --help says, never a blank
     assert all(len(line) <= 80 for line in block)
     assert "tau" not in result.stderr and "hidden-lin" not in result.stderr  # act's and the mlp step's
     assert "elems" not in result.stderr and "gru-" not in result.stderr  # parity's and the gru step's
@@ -260,8 +261,11 @@ def test_init_from_starts_a_new_run_from_another_runs_weights_with_new_settings(
     best = json.loads(ponder("info", tmp_path / "b" / "best.pt", "-f", "json").stdout)  # planned 1 epoch, the run 2
     assert (best["epochs_planned"], best["init_from"]) == (1, str(source))
 
-    line = one_error_line(train("--init-from", source, "--hidden", 32, "--out", tmp_path / "d"))
+    misfit = train("--init-from", source, "--hidden", 32, "--out", tmp_path / "d")
+    line = one_error_line(misfit)
     assert line.startswith(f"Error: --init-from {source}: its weights do not fit this run's model (")
-    assert "(64,) there" in line and not (tmp_path / "d").exists()
-    assert one_error_line(train("--init-from", source, "--resume", tmp_path / "b")) == (
+    assert "(64,) there" in line and not (tmp_path / "d").exists() and misfit.exit_code == 2
+    both = train("--init-from", source, "--resume", tmp_path / "b")
+    assert one_error_line(both) == (
         "Error: --init-from starts a new run from another's weights, --resume continues a run: give one")
+    assert both.exit_code == 2  # settings that do not go together: a usage mistake

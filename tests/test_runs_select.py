@@ -64,8 +64,9 @@ def test_the_table_and_csv_show_the_settings_that_differ(runs, ponder):
     (("--reverse",), "Error: --reverse turns --sort's order: give --sort KEY too"),
 ])
 def test_a_bad_where_or_sort_is_one_line(args, said, runs, ponder, one_error_line):
-    line = one_error_line(ponder("runs", runs, *args))
-    assert line.startswith(said)
+    result = ponder("runs", runs, *args)
+    line = one_error_line(result)
+    assert line.startswith(said) and result.exit_code == 2  # a usage mistake
     if "the keys are" in said:
         assert "best_val_accuracy" in line and "lambda_p" in line and "started" in line
 
@@ -82,7 +83,8 @@ def test_a_bad_where_or_sort_is_one_line(args, said, runs, ponder, one_error_lin
                              "either"),
 ])
 def test_a_value_is_read_as_its_keys_kind_or_refused_in_one_line(where, said, runs, ponder, one_error_line):
-    assert one_error_line(ponder("runs", runs, "--where", where)).startswith(said)
+    result = ponder("runs", runs, "--where", where)
+    assert one_error_line(result).startswith(said) and result.exit_code == 2
 
 
 def test_names_sort_as_text_and_times_as_times_whatever_they_look_like(runs, tmp_path, ponder):

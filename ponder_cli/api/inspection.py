@@ -22,6 +22,7 @@ from ..render import Column
 from ..runs import empty_trash, recorded_run, reproducing_command, restore_run, trash_run
 from ..reports import Report, diff_report, info_report, make_meta, prediction_report, runs_report, trash_report
 from ..reports.runs import NUMBER, OTHER_SPELLINGS, RUN_KEYS, SWITCH, TAGS, TEXT, TIME, run_keys
+from ..train import TIME_LIMIT
 from ..tasks import STDIN, InputOptions, get_task, uniforms as draw_uniforms
 from . import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named, steps_run
 
@@ -145,7 +146,7 @@ def _info_file(target: Union[str, Path, None]):
 
 def run_status(state, path: Path) -> tuple[str, str]:
     """How the run whose checkpoint `path` holds `state` went, as a word (finished, stopped
-    early, interrupted, running, best epoch) and as a sentence for `info`."""
+    early, time limit, interrupted, running, best epoch) and as a sentence for `info`."""
     cfg, folder = state.config, path.parent
     patience = cfg.training.patience
     holder = lock_holder(folder / LOCK_FILE)
@@ -163,10 +164,12 @@ def run_status(state, path: Path) -> tuple[str, str]:
         return "stopped early", (f"stopped early after epoch {state.epoch} (no better validation accuracy for "
                                  f"{patience} epochs)")
     if state.epoch < cfg.training.epochs:
-        text = f"interrupted after epoch {state.epoch} of {cfg.training.epochs}"
+        timed = state.stop_reason == TIME_LIMIT
+        text = (f"stopped at its time limit after epoch {state.epoch} of {cfg.training.epochs}" if timed else
+                f"interrupted after epoch {state.epoch} of {cfg.training.epochs}")
         if resumable:
             text += f"; resume with: ponder train --resume {path}"
-        return "interrupted", text
+        return (TIME_LIMIT if timed else "interrupted"), text
     return "finished", "finished"
 
 
@@ -263,7 +266,7 @@ def _key(key: str, option: str) -> tuple[str, str]:
     """A key as given -> the row's key and its kind (one PonderError naming the option)."""
     kinds = run_keys()
     if key not in kinds:
-        raise PonderError(f"{option}: no key {key!r}; the keys are {', '.join(kinds)}")
+        raise BadValue(f"{option}: no key {key!r}; the keys are {', '.join(kinds)}")
     return OTHER_SPELLINGS.get(key, key), kinds[key]
 
 
@@ -284,7 +287,7 @@ def _typed(value, kind: str):
 def _given(text: str, key: str, kind: str, op: str, value: str):
     """A --where value read as its key's kind; one PonderError saying what it must be."""
     def refused(why: str) -> PonderError:
-        return PonderError(f"--where {text!r}: {why}")
+        return BadValue(f"--where {text!r}: {why}")
     if kind in (TEXT, TAGS, SWITCH) and op in _ORDERED:
         raise refused(f"{key} is {kind}, compared only with = or != (e.g. --where {key}=VALUE); numbers and "
                        f"times take >, <, >= and <=")
@@ -335,7 +338,7 @@ def parse_condition(text: str) -> Condition:
     at = next((i for i, char in enumerate(text) if char in "<>=!"), None)
     op = next((op for op in _OPERATORS if at is not None and text.startswith(op, at)), None)
     if op is None or at == 0:
-        raise PonderError(f"--where {text!r}: write KEY=VALUE, KEY!=VALUE, KEY>V, KEY<V, KEY>=V or KEY<=V "
+        raise BadValue(f"--where {text!r}: write KEY=VALUE, KEY!=VALUE, KEY>V, KEY<V, KEY>=V or KEY<=V "
                           f"(e.g. --where step=align --where 'best_val_accuracy>0.9')")
     named = text[:at].strip()
     key, kind = _key(named, "--where")
@@ -379,9 +382,9 @@ def list_runs(folders: Sequence[Union[str, Path]] = (), *, where: Sequence[str] 
               reverse: bool = False, log: Callable[[str], None] = lambda line: None) -> Report:
     """`ponder runs`: every run folder under the current folder (or under each of `folders`, or
     each of them that is itself a run folder: folders.runs_under), oldest first: its task,
-    method and step, status (finished, stopped early, interrupted, running, empty: no
+    method and step, status (finished, stopped early, time limit, interrupted, running, empty: no
     checkpoint, unreadable; best epoch: only a best.pt), the epochs trained and planned, the best
-    epoch and its validation figures, when it last wrote, and the settings that differ between
+    epoch and its validation figures, when it started, and the settings that differ between
     the runs listed. `where`: conditions a run must meet (parse_condition: all of them); `sort`:
     a key to order by (_sorted; `reverse` turns the order)."""
 
@@ -511,7 +514,7 @@ def diff_runs(targets: Sequence[Union[str, Path]], *, log: Callable[[str], None]
     difference: `key`, `kind` (setting or result), `values` (one per run, in order) and, for a
     setting, `reads` (whether each run reads it)."""
     if len(targets) < 2:
-        raise PonderError("ponder diff compares two or more runs: name another (`ponder runs` lists them)")
+        raise BadValue("ponder diff compares two or more runs: name another (`ponder runs` lists them)")
     rows, seen = [], {}
     for target in targets:
         row, read = _diff_row(target, log)

@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from .. import PonderError
+from .. import BadValue, PonderError
 from ..cli_options import (
     AmpOption,
     AnglesCommand,
@@ -257,7 +257,7 @@ def predict(
 ) -> None:
     """A model on your own inputs: the prediction, its probability and the halting step per input."""
     if not inputs:  # one argument: the input, taken for the checkpoint
-        raise PonderError(f"predict takes a CHECKPOINT first, then the INPUT files: {checkpoint} was read as the "
+        raise BadValue(f"predict takes a CHECKPOINT first, then the INPUT files: {checkpoint} was read as the "
                           f"checkpoint and no input followed; e.g. `ponder predict {DEFAULT} {checkpoint}` (the "
                           f"shipped model; `ponder models` lists them)")
     from ..api import PredictOptions, predict_inputs
@@ -347,11 +347,11 @@ def runs(
     fmt: OutputFormat = FormatOption,
 ) -> None:
     """Your training runs: each run folder's name, task, method, step, status (finished, stopped early,
-    interrupted, running, empty, damaged, unreadable), epochs, best epoch and validation accuracy, when it
-    started, its tags and note, and the settings that differ between the runs listed; filtered with --where,
-    ordered with --sort. `ponder runs rm RUN...` moves runs to the trash."""
+    time limit, interrupted, running, empty, damaged, unreadable), epochs, best epoch and validation
+    accuracy, when it started, its tags and note, and the settings that differ between the runs listed;
+    filtered with --where, ordered with --sort. `ponder runs rm RUN...` moves runs to the trash."""
     if reverse and sort is None:
-        raise PonderError("--reverse turns --sort's order: give --sort KEY too")
+        raise BadValue("--reverse turns --sort's order: give --sort KEY too")
     from ..api import list_runs
 
     render_and_plot(list_runs(folders or [], where=where or [], sort=sort, reverse=reverse, log=chatter(quiet)), fmt,
@@ -372,7 +372,7 @@ def runs_rm(
     """Move runs to the trash (a .trash folder beside each), bring them back with --restore, delete them for good
     with --empty. A run being trained is refused."""
     if restore and empty:
-        raise PonderError("--restore brings runs back, --empty deletes them: give one")
+        raise BadValue("--restore brings runs back, --empty deletes them: give one")
     from ..api import remove_runs
 
     render_and_plot(remove_runs(runs or [], restore=restore, empty=empty, log=chatter(quiet)), fmt, None, quiet)

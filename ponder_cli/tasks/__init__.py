@@ -43,7 +43,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from .. import PonderError, file_problem
+from .. import BadValue, PonderError, file_problem
 from ..registry import TASKS, task_class
 
 BUCKETS = "--buckets"  # the spelling of buckets that every task reads, in its own terms
@@ -179,7 +179,7 @@ class Task:
         if not given:
             return self.order_buckets(self.default_buckets(command), protocol)
         if len(given) > 1:
-            raise PonderError(f"{' and '.join(given)} are alternatives: give one")
+            raise BadValue(f"{' and '.join(given)} are alternatives: give one")
         ((option, texts),) = given.items()
         if option != BUCKETS and option not in self.bucket_options:
             owners = task_names(lambda task: option in task.bucket_options) or ["other"]
