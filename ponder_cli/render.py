@@ -358,6 +358,8 @@ def value_text(value: Any) -> str:
     """A config value as the user would type it: 0.001, 12, state+turn, none."""
     if value is None:
         return "none"
+    if value == "":  # an empty text setting (refit-halting: off) as a file or the shell spells it
+        return '""'
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
