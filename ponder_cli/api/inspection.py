@@ -489,7 +489,9 @@ def _run_row(folder: Path, stamp: Optional[float], name: Optional[str] = None, p
 
 # diff ------------------------------------------------------------------------------------------
 
-# What `ponder diff` compares of the runs besides their settings: how each went
+# What `ponder diff` compares of the runs besides their settings: what each is labelled (its name
+# heads its column) and where its weights started, then how each went
+DIFF_LABELS = ("tags", "note", "init_from")
 DIFF_RESULTS = ("status", "epoch", "best_epoch", "best_val_accuracy", "best_val_steps")
 
 
@@ -500,18 +502,25 @@ def _diff_row(target: Union[str, Path], log: Callable[[str], None]) -> tuple[dic
     if folder.is_dir() and is_run_folder(folder):
         held = next((folder / name for name in (LAST, BEST) if (folder / name).is_file()), None)
         log(f"using {held or folder} (run folder {folder})")
-        return _run_row(folder, run_time(folder), path=held), held or folder
-    resolved = _info_file(target)
-    log(f"using {resolved.path} ({resolved.why})")
-    return _run_row(resolved.path.parent, run_time(resolved.path.parent), path=resolved.path), resolved.path
+        row, read = _run_row(folder, run_time(folder), path=held), held or folder
+    else:
+        resolved = _info_file(target)
+        log(f"using {resolved.path} ({resolved.why})")
+        folder, read = resolved.path.parent, resolved.path
+        row = _run_row(folder, run_time(folder), path=resolved.path)
+    saved = _saved_run_config(folder) or {}
+    row["init_from"] = saved.get("init_from")  # where its weights started
+    row["given_name"] = Labels.of(saved).name  # `train --name`'s, which heads its column
+    return row, read
 
 
 def diff_runs(targets: Sequence[Union[str, Path]], *, log: Callable[[str], None] = lambda line: None) -> Report:
     """`ponder diff`: two or more runs (run folders, checkpoint files, `latest`, shipped models'
     names), a column each, only what differs: the settings each reads (as `ponder runs` shows them:
     a run that does not read a setting has none, and differs from one that does), then how each
-    went (status, epochs trained, best epoch and its validation figures). One bucket per
-    difference: `key`, `kind` (setting or result), `values` (one per run, in order) and, for a
+    went (status, epochs trained, best epoch and its validation figures), after its labels (tags,
+    note, the checkpoint its weights started from: --init-from). One bucket per difference:
+    `key`, `kind` (label, setting or result), `values` (one per run, in order) and, for a
     setting, `reads` (whether each run reads it)."""
     if len(targets) < 2:
         raise BadValue("ponder diff compares two or more runs: name another (`ponder runs` lists them)")
@@ -526,9 +535,11 @@ def diff_runs(targets: Sequence[Union[str, Path]], *, log: Callable[[str], None]
     if missing is not None:
         raise PonderError(f"{missing} holds no configuration to compare (no readable checkpoint or config.json)")
     applying = [_applying(row["config"]) for row in rows]
-    buckets = [{"key": key, "kind": "setting", "values": [read.get(key) for read in applying],
-                "reads": [key in read for read in applying]}
-               for key in differing_settings(rows, unread_differs=True, shown=())]
+    buckets = [{"key": key, "kind": "label", "values": [row[key] for row in rows]}
+               for key in DIFF_LABELS if len({json.dumps(row[key]) for row in rows}) > 1]
+    buckets += [{"key": key, "kind": "setting", "values": [read.get(key) for read in applying],
+                 "reads": [key in read for read in applying]}
+                for key in differing_settings(rows, unread_differs=True, shown=())]
     buckets += [{"key": key, "kind": "result", "values": [row[key] for row in rows]}
                 for key in DIFF_RESULTS if len({json.dumps(row[key]) for row in rows}) > 1]
     return diff_report([str(target) for target in targets], buckets, rows)
