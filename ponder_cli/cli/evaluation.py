@@ -388,8 +388,9 @@ def diff(
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:
-    """Runs side by side, a column each, only what differs: the settings each reads ('-' where a run does not read
-    one), then how each went (status, epochs trained, best epoch, its validation accuracy and steps)."""
+    """Runs side by side, a column each (under its --name), only what differs: tags, note and --init-from's
+    checkpoint, the settings each reads ('-' where a run does not read one), then how each went (status, epochs
+    trained, best epoch, its validation accuracy and steps)."""
     from ..api import diff_runs
 
     render_and_plot(diff_runs(targets, log=chatter(quiet)), fmt, None, quiet)
