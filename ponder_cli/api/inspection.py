@@ -129,7 +129,7 @@ def _standard_input(inputs) -> Optional[str]:
     if not named:
         return None
     if named > 1:
-        raise PonderError(f"{STDIN} (standard input) is named {named} times; it can be read once")
+        raise BadValue(f"{STDIN} (standard input) is named {named} times; it can be read once")
     if sys.stdin is None:
         raise PonderError(f"{STDIN}: there is no standard input to read vectors from")
     try:
