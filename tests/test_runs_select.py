@@ -200,3 +200,16 @@ def test_a_run_whose_best_pt_fails_its_checksum_is_listed_as_damaged(runs, tmp_p
     assert (row["status"], row["epoch"], row["checkpoint"]) == ("damaged", 2, str(tmp_path / "pn1" / "last.pt"))
     assert "damaged at 2/2" in ponder("runs", tmp_path).stdout
     assert [r["name"] for r in _listing(ponder, tmp_path, "--where", "status=damaged")["buckets"]] == ["pn1"]
+
+
+def test_runs_without_tags_sort_last_by_tag_either_way(runs, tmp_path, ponder):
+    """--sort tag: text from a to z, a run without tags last (as any key a run has no value for)."""
+    import shutil
+
+    for name, tags in (("a", []), ("b", ["zeta"]), ("c", ["alpha"])):
+        shutil.copytree(runs / "pn1", tmp_path / name)
+        saved = json.loads((tmp_path / name / "config.json").read_text())
+        (tmp_path / name / "config.json").write_text(json.dumps({**saved, "labels": {"name": name, "tags": tags}}))
+    assert [row["name"] for row in _listing(ponder, tmp_path, "--sort", "tag")["buckets"]] == ["c", "b", "a"]
+    assert [row["name"] for row in _listing(ponder, tmp_path, "--sort", "tags", "--reverse")["buckets"]] == \
+        ["b", "c", "a"]

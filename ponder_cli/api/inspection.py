@@ -282,7 +282,7 @@ def _typed(value, kind: str):
     if kind == NUMBER:
         return None if isinstance(value, bool) else float(value)
     if kind == TAGS:
-        return " ".join(value)
+        return " ".join(value) or None  # no tags: no value, sorted last
     return value if kind == SWITCH else str(value)
 
 
