@@ -38,7 +38,8 @@ from .checkpoint import load_checkpoint, new_model
 from .config import PonderConfig, applies, inapplicable, render_config, spelled
 from .registry import FORMAT_VERSION
 from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR,
-                      LOCK_FILE, TRASH, TRASH_NOTE, Labels, Resolved, RunLock, check_unlocked, enclosing_run, is_run_folder,
+                      LOCK_FILE, TRASH, TRASH_NOTE, Labels, Resolved, RunLock, check_unlocked, enclosing_run,
+                      is_run_folder,
                       package_dir, package_problem, resolve_checkpoint, run_files_in, runs_inside, started_now,
                       trash_entries, trashed, trashes_under)
 from .render import csv_cell, value_text as spelled_value
