@@ -3,6 +3,7 @@ choices come from the registry, defaults from the config)."""
 
 from __future__ import annotations
 
+import os
 import re
 from enum import Enum
 from pathlib import Path
@@ -453,23 +454,45 @@ def complete_run_key(incomplete: str) -> list[str]:
     return _offer(run_keys(), incomplete)
 
 
-def complete_checkpoint(incomplete: str) -> list[str]:
-    """A CHECKPOINT: the shipped models' names and `latest`, the runs under runs/ (folders.
-    runs_under, as `ponder runs` finds them), then folders and .pt files at the path typed."""
-    from .folders import runs_under
+def complete_run(ctx: typer.Context, incomplete: str) -> list[str]:
+    """`ponder runs rm RUN`: the runs under runs/ and here, then folders at the path typed; with
+    --restore, the paths the runs in the trash had (beside runs under runs/ and here)."""
+    from .folders import runs_under, trash_entries, trashed, trashes_under
 
-    names = [*SHIPPED, LATEST] + [str(run) for run in runs_under(RUNS_DIR)]
+    if ctx.params.get("restore"):
+        names = []
+        for trash in dict.fromkeys([*trashes_under(Path(".")), *trashes_under(Path(RUNS_DIR))]):
+            for entry in trash_entries(trash):
+                original = Path(trashed(entry)["original"])
+                names.append(os.path.relpath(original) if original.is_relative_to(Path.cwd()) else str(original))
+        return _offer(list(dict.fromkeys(names)), incomplete)
+    runs = [str(run) for run in dict.fromkeys([*runs_under(Path(RUNS_DIR)), *runs_under(Path("."))]) if str(run) != "."]
+    return _offer(list(dict.fromkeys([*runs, *_folders(incomplete)])), incomplete)
+
+
+def _folders(incomplete: str, suffix: Optional[str] = None) -> list[str]:
+    """The folders (and files ending in `suffix`) at the path typed, hidden ones only when typed."""
     start = incomplete.rpartition("/")[2]
     prefix = incomplete[:len(incomplete) - len(start)]  # the folder typed, up to its last /
     try:
         entries = sorted(Path(prefix or ".").iterdir())
     except OSError:
         entries = []
+    names = []
     for entry in entries:
         hidden = entry.name.startswith((".", "__"))  # .git, __pycache__: only when typed
         if entry.name.startswith(start) and (start.startswith((".", "_")) or not hidden):
             if entry.is_dir():
                 names.append(f"{prefix}{entry.name}/")
-            elif entry.suffix == ".pt":
+            elif suffix is not None and entry.suffix == suffix:
                 names.append(prefix + entry.name)
+    return names
+
+
+def complete_checkpoint(incomplete: str) -> list[str]:
+    """A CHECKPOINT: the shipped models' names and `latest`, the runs under runs/ (folders.
+    runs_under, as `ponder runs` finds them), then folders and .pt files at the path typed."""
+    from .folders import runs_under
+
+    names = [*SHIPPED, LATEST] + [str(run) for run in runs_under(RUNS_DIR)] + _folders(incomplete, ".pt")
     return _offer(list(dict.fromkeys(names)), incomplete)

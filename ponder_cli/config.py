@@ -148,10 +148,22 @@ SECTIONS = {section: tuple(key for key, (s, _) in PLACES.items() if s == section
 TYPES = {key: typing.get_type_hints(SECTION_TYPES[section])[f.name] for key, (section, f) in PLACES.items()}
 
 
+class Origin(str):
+    """The file a setting came from (`origins`' values), knowing the option that named it: a
+    --config file, or the checkpoint of --init-from or --refit-halting."""
+
+    def __new__(cls, path, option: str = "--config"):
+        origin = super().__new__(cls, str(path))
+        origin.option = option
+        return origin
+
+
 def spelled(key: str, origins: dict = {}, dashes: str = "") -> str:
-    """How a message names a setting: by the file that gave it (`origins`: key -> file), else by
-    its option ("lambda-p", with `dashes` "--lambda-p")."""
-    return f"--config {origins[key]}: {key}" if key in origins else dashes + key.replace("_", "-")
+    """How a message names a setting: by the file that gave it (`origins`: key -> file, an Origin
+    or a --config file's path), else by its option ("lambda-p", with `dashes` "--lambda-p")."""
+    if key not in origins:
+        return dashes + key.replace("_", "-")
+    return f"{getattr(origins[key], 'option', '--config')} {origins[key]}: {key}"
 
 
 def problems_of(key: str, value, name: str = "") -> list[str]:

@@ -439,6 +439,26 @@ def trashes_under(folder: Path) -> list[Path]:
             and (path / TRASH).is_dir()]
 
 
+TRASH_NOTE = "trashed.json"  # in each trash entry, beside the run folder it holds (`run/`)
+
+
+def trashed(entry: Path) -> Optional[dict]:
+    """A trash entry's note (where its run was: "original"), when it is one (its run folder there too)."""
+    try:
+        note = json.loads((entry / TRASH_NOTE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return note if isinstance(note, dict) and (entry / "run").is_dir() and "original" in note else None
+
+
+def trash_entries(trash: Path) -> list[Path]:
+    """A trash folder's entries, each a removed run."""
+    try:
+        return sorted(path for path in trash.iterdir() if trashed(path) is not None)
+    except OSError:
+        return []
+
+
 def enclosing_run(folder: Path) -> Optional[Path]:
     """The run folder that `folder` lies inside (below it, at any depth), if any: a run written
     there would be hidden from `ponder runs` and `latest`, which never look inside a run folder."""

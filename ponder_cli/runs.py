@@ -38,9 +38,10 @@ from .checkpoint import load_checkpoint, new_model
 from .config import PonderConfig, applies, inapplicable, render_config, spelled
 from .registry import FORMAT_VERSION
 from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR,
-                      LOCK_FILE, TRASH, Labels, Resolved, RunLock, check_unlocked, enclosing_run, is_run_folder,
+                      LOCK_FILE, TRASH, TRASH_NOTE, Labels, Resolved, RunLock, check_unlocked, enclosing_run,
+                      is_run_folder,
                       package_dir, package_problem, resolve_checkpoint, run_files_in, runs_inside, started_now,
-                      trashes_under)
+                      trash_entries, trashed, trashes_under)
 from .render import csv_cell, value_text as spelled_value
 from .tasks import get_task
 from .train import EpochStats
@@ -686,7 +687,6 @@ class EventLog:
 # The trash: `ponder runs rm` moves a run folder into .trash/ beside it, with a note of where it
 # was; `--restore` moves it back as it was, and `--empty` alone deletes. -----------------------
 
-TRASH_NOTE = "trashed.json"  # in each trash entry, beside the run folder it holds (`run/`)
 
 
 def trash_run(folder: Path) -> dict:
@@ -723,30 +723,21 @@ def trash_run(folder: Path) -> dict:
     return {"run": str(folder), "trash": str(entry), "removed": note["removed"]}
 
 
-def _trashed(entry: Path) -> Optional[dict]:
-    """A trash entry's note, when it is one (its run folder there too)."""
-    try:
-        note = json.loads((entry / TRASH_NOTE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return note if isinstance(note, dict) and (entry / "run").is_dir() and "original" in note else None
-
-
 def restore_run(given: Path) -> dict:
     """Move a trashed run back where it was, as it was: `given` is the path it had (the newest
     entry of that path in the trash beside it) or a trash entry's own."""
     given = Path(given)
-    if _trashed(given) is not None:
+    if trashed(given) is not None:
         entry = given
     else:
         original = os.path.abspath(given)
-        entries = sorted(((note["removed"], entry) for entry in _entries(given.parent / TRASH)
-                          for note in [_trashed(entry)] if note["original"] == original), reverse=True)
+        entries = sorted(((note["removed"], entry) for entry in trash_entries(given.parent / TRASH)
+                          for note in [trashed(entry)] if note["original"] == original), reverse=True)
         if not entries:
             raise PonderError(f"no run {given} in {given.parent / TRASH}/: `ponder runs rm --restore` takes the path "
                               f"a removed run had (or its entry in the trash)")
         entry = entries[0][1]
-    note = _trashed(entry)
+    note = trashed(entry)
     target = Path(note["original"])
     if os.path.lexists(target):
         raise PonderError(f"{given} exists again (something else is there now): move it aside, then restore; the "
@@ -763,20 +754,13 @@ def restore_run(given: Path) -> dict:
     return {"run": note.get("run") or str(given), "trash": str(entry), "removed": note.get("removed")}
 
 
-def _entries(trash: Path) -> list[Path]:
-    try:
-        return sorted(path for path in trash.iterdir() if _trashed(path) is not None)
-    except OSError:
-        return []
-
-
 def empty_trash(folders: Iterable[Path]) -> list[dict]:
     """Delete every trashed run under these folders (in each .trash beside runs, at any depth):
     the one way `ponder` deletes a run."""
     done = []
     for trash in dict.fromkeys(trash.resolve() for folder in folders for trash in trashes_under(Path(folder))):
-        for entry in _entries(trash):
-            note = _trashed(entry)
+        for entry in trash_entries(trash):
+            note = trashed(entry)
             shutil.rmtree(entry)
             done.append({"run": note.get("run"), "trash": str(entry), "removed": note.get("removed")})
         with contextlib.suppress(OSError):

@@ -1,6 +1,7 @@
 """Shell completion: each shell's own script, installed where that shell reads it, and the values
 a shell offers at Tab (choices, checkpoints), without loading torch."""
 
+import json
 import os
 import subprocess
 import sys
@@ -113,6 +114,22 @@ def test_checkpoints_are_offered(tmp_path):
     assert _offered("ponder compare reference l", cwd=tmp_path) == ["latest"]
     assert _offered("ponder train --resume m", cwd=tmp_path) == ["mine.pt"]
     assert _offered("ponder diff runs/sweep/pondernet-mlp-seed1 al", cwd=tmp_path) == ["align"]
+    assert _offered("ponder train --init-from l", cwd=tmp_path) == ["latest"]
+    assert _offered("ponder train --refit-halting m", cwd=tmp_path) == ["mine.pt"]
+
+
+def test_runs_rm_offers_the_runs_and_restore_the_trashed_ones(tmp_path):
+    """`runs rm` offers run folders (never a shipped model: they are not runs to remove); with
+    --restore the path each trashed run had, as `ponder runs rm --restore` takes it."""
+    for run in ("runs/a", "runs/sweep/b", "mine"):
+        (tmp_path / run).mkdir(parents=True)
+        (tmp_path / run / "last.pt").write_bytes(b"")
+    entry = tmp_path / "runs" / ".trash" / "old.20261128T090000Z"
+    (entry / "run").mkdir(parents=True)
+    (entry / "trashed.json").write_text(json.dumps({"original": str(tmp_path / "runs" / "old"), "removed": "x"}))
+    assert _offered("ponder runs rm ", cwd=tmp_path) == ["runs/a", "runs/sweep/b", "mine", "mine/", "runs/"]
+    assert _offered("ponder runs rm runs/s", cwd=tmp_path) == ["runs/sweep/b", "runs/sweep/"]
+    assert _offered("ponder runs rm --restore ", cwd=tmp_path) == ["runs/old"]
 
 
 def test_completion_loads_no_torch(tmp_path):
@@ -121,7 +138,10 @@ def test_completion_loads_no_torch(tmp_path):
             "atexit.register(lambda: print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy'))))\n"
             "from ponder_cli.cli import run\n"
             "run()")
-    for line, cword in (("ponder eval ", 2), ("ponder runs --sort ", 3), ("ponder train --method ", 3)):
+    (tmp_path / "runs" / "r").mkdir(parents=True)
+    (tmp_path / "runs" / "r" / "last.pt").write_bytes(b"")
+    for line, cword in (("ponder eval ", 2), ("ponder runs --sort ", 3), ("ponder train --method ", 3),
+                        ("ponder runs rm ", 3)):
         env = {**os.environ, "_PONDER_COMPLETE": "complete_bash", "COMP_WORDS": line, "COMP_CWORD": str(cword)}
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
                               timeout=60)

@@ -139,6 +139,17 @@ def test_a_given_setting_from_a_file_names_the_files_key(tmp_path, ponder, one_e
         "Error: --lambda-p applies to --method pondernet, not act"
 
 
+def test_a_setting_taken_from_a_checkpoint_names_the_option_that_read_it(ponder, one_error_line):
+    """--init-from's and --refit-halting's checkpoint give settings as a --config file does: a
+    clash names that option and the checkpoint, never --config nor a flag the user did not give."""
+    line = one_error_line(ponder("train", "--init-from", "align", "--step", "mlp", "--print-config"))
+    assert line.startswith("Error: --init-from ") and line.endswith(
+        "checkpoints/align/best.pt: halting_input state+turn: step mlp has no turn to show")
+    assert one_error_line(ponder("train", "--refit-halting", "align", "--step", "mlp", "--print-config")) == \
+        ("Error: --refit-halting align: align_turn applies to --step align, not mlp; --refit-halting align: "
+         "turn_gate applies to --step align, not mlp")
+
+
 def test_a_runs_config_json_with_a_setting_its_pieces_do_not_read_warns_once_and_re_runs(tmp_path, ponder):
     path = tmp_path / "config.json"
     saved = {**PonderConfig.of(method="act", max_steps=5).to_dict(), "lambda_p": 0.3}

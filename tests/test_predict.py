@@ -297,13 +297,15 @@ def test_vectors_from_standard_input(tmp_path, one_error_line):
         [{k: v for k, v in b.items() if k != "input"} for b in read["buckets"]]
     assert one_error_line(run("predict", path, "-", input="")) == "Error: -: no vectors in it (one per line, 4 " \
                                                                    "entries each)"
-    assert one_error_line(run("predict", path, "-", "-", input=lines)) == \
-        "Error: - (standard input) is named 2 times; it can be read once"
+    twice = run("predict", path, "-", "-", input=lines)
+    assert one_error_line(twice) == "Error: - (standard input) is named 2 times; it can be read once"
     (tmp_path / "mnist").mkdir()
     mnist = _untrained(tmp_path / "mnist", max_steps=2)
-    assert one_error_line(run("predict", mnist, "-", input=lines)) == (
+    images = run("predict", mnist, "-", input=lines)
+    assert one_error_line(images) == (
         "Error: - (standard input) holds the vectors of parity models; this MNIST model reads image files or .npy "
         "arrays: name them")
+    assert (twice.exit_code, images.exit_code) == (2, 2)  # usage mistakes; garbage read from it is a bad file: 1
 
 
 def test_more_steps_than_trained_are_said_on_stderr(ponder, tmp_path):

@@ -147,6 +147,9 @@ def test_rm_moves_runs_to_the_trash_restore_brings_them_back_bit_for_bit_and_onl
     assert json.loads((entry / "trashed.json").read_text())["original"] == str(tmp_path / "runs" / "pn1")
     assert [row["name"] for row in _listing(ponder, "runs")["buckets"]] == ["act"]  # the trash is hidden
     assert "restore with: ponder runs rm --restore runs/act" in ponder("runs", "rm", "runs/act").stdout
+    bare = ponder("runs", "rm", "--restore")  # the trashed runs are in no listing: the error names them
+    assert one_error_line(bare) == "Error: name the runs to restore, by the path each had: the trash here holds " \
+        "runs/act, runs/pn1" and bare.exit_code == 2
 
     restored = ponder("runs", "rm", "--restore", "runs/pn1")
     assert restored.exit_code == 0, restored.output
@@ -157,6 +160,7 @@ def test_rm_moves_runs_to_the_trash_restore_brings_them_back_bit_for_bit_and_onl
     assert [row["run"] for row in deleted["buckets"]] == ["runs/act"] and not (tmp_path / "runs" / ".trash").exists()
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["pn1"]
     assert "no trash under runs/ and ./: nothing deleted" in ponder("runs", "rm", "--empty").stdout
+    assert one_error_line(ponder("runs", "rm", "--restore")).endswith("no trash under runs/ or ./ holds any run")
 
 
 def test_rm_refuses_a_run_being_trained_and_what_is_no_run_moving_nothing(runs, tmp_path, ponder, one_error_line):
@@ -173,7 +177,8 @@ def test_rm_refuses_a_run_being_trained_and_what_is_no_run_moving_nothing(runs, 
     assert one_error_line(ponder("runs", "rm", tmp_path / "pn1", tmp_path / "notes")) == \
         f"Error: {tmp_path / 'notes'} is not a run folder: `ponder runs` lists them"
     assert one_error_line(ponder("runs", "rm", tmp_path)).startswith(f"Error: {tmp_path} is a folder of runs (")
-    assert one_error_line(ponder("runs", "rm")).startswith("Error: name the runs to move to the trash")
+    bare = ponder("runs", "rm")
+    assert one_error_line(bare).startswith("Error: name the runs to move to the trash") and bare.exit_code == 2
     assert (tmp_path / "pn1" / "last.pt").is_file() and not (tmp_path / ".trash").exists()
 
 
@@ -195,3 +200,16 @@ def test_a_run_whose_best_pt_fails_its_checksum_is_listed_as_damaged(runs, tmp_p
     assert (row["status"], row["epoch"], row["checkpoint"]) == ("damaged", 2, str(tmp_path / "pn1" / "last.pt"))
     assert "damaged at 2/2" in ponder("runs", tmp_path).stdout
     assert [r["name"] for r in _listing(ponder, tmp_path, "--where", "status=damaged")["buckets"]] == ["pn1"]
+
+
+def test_runs_without_tags_sort_last_by_tag_either_way(runs, tmp_path, ponder):
+    """--sort tag: text from a to z, a run without tags last (as any key a run has no value for)."""
+    import shutil
+
+    for name, tags in (("a", []), ("b", ["zeta"]), ("c", ["alpha"])):
+        shutil.copytree(runs / "pn1", tmp_path / name)
+        saved = json.loads((tmp_path / name / "config.json").read_text())
+        (tmp_path / name / "config.json").write_text(json.dumps({**saved, "labels": {"name": name, "tags": tags}}))
+    assert [row["name"] for row in _listing(ponder, tmp_path, "--sort", "tag")["buckets"]] == ["c", "b", "a"]
+    assert [row["name"] for row in _listing(ponder, tmp_path, "--sort", "tags", "--reverse")["buckets"]] == \
+        ["b", "c", "a"]

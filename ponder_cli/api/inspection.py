@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from dataclasses import dataclass, replace
@@ -16,7 +17,8 @@ from .. import BadValue, PonderError, PonderWarning, file_problem
 from ..checkpoint import file_damage, load_checkpoint, load_model, steps_problem
 from ..config import applies, seed_problems
 from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, is_run_folder,
-                       lock_holder, resolve_checkpoint, run_time, runs_under, shipped_path)
+                       lock_holder, resolve_checkpoint, run_time, runs_under, shipped_path, trash_entries, trashed,
+                       trashes_under)
 from ..methods import get_method
 from ..render import Column
 from ..runs import empty_trash, recorded_run, reproducing_command, restore_run, trash_run
@@ -129,7 +131,7 @@ def _standard_input(inputs) -> Optional[str]:
     if not named:
         return None
     if named > 1:
-        raise PonderError(f"{STDIN} (standard input) is named {named} times; it can be read once")
+        raise BadValue(f"{STDIN} (standard input) is named {named} times; it can be read once")
     if sys.stdin is None:
         raise PonderError(f"{STDIN}: there is no standard input to read vectors from")
     try:
@@ -280,7 +282,7 @@ def _typed(value, kind: str):
     if kind == NUMBER:
         return None if isinstance(value, bool) else float(value)
     if kind == TAGS:
-        return " ".join(value)
+        return " ".join(value) or None  # no tags: no value, sorted last
     return value if kind == SWITCH else str(value)
 
 
@@ -432,9 +434,17 @@ def remove_runs(runs: Sequence[Union[str, Path]] = (), *, restore: bool = False,
     if empty:
         roots = [Path(f) for f in runs] or [RUNS_DIR, HERE]
         return trash_report(empty_trash(root for root in roots if root.is_dir()), "deleted", [str(r) for r in roots])
+    if not runs and restore:  # the trash's runs are in no listing: name what it holds
+        held = [trashed(entry)["original"] for trash in dict.fromkeys([*trashes_under(Path(RUNS_DIR)),
+                                                                        *trashes_under(HERE)])
+                for entry in trash_entries(trash)]
+        held = [os.path.relpath(path) if Path(path).is_relative_to(Path.cwd()) else path for path in held]
+        raise BadValue("name the runs to restore, by the path each had: " + (
+            f"the trash here holds {', '.join(dict.fromkeys(held))}" if held else
+            f"no trash under {RUNS_DIR}/ or ./ holds any run"))
     if not runs:
-        raise PonderError(f"name the runs to {'restore' if restore else 'move to the trash'} (`ponder runs` lists "
-                          f"them), or give --empty to delete what the trash holds")
+        raise BadValue("name the runs to move to the trash (`ponder runs` lists them), or give --empty to delete "
+                       "what the trash holds")
     named = list(dict.fromkeys(Path(run) for run in runs))
     if restore:
         return trash_report([restore_run(run) for run in named], "restored", [])
@@ -489,7 +499,9 @@ def _run_row(folder: Path, stamp: Optional[float], name: Optional[str] = None, p
 
 # diff ------------------------------------------------------------------------------------------
 
-# What `ponder diff` compares of the runs besides their settings: how each went
+# What `ponder diff` compares of the runs besides their settings: what each is labelled (its name
+# heads its column) and where its weights started, then how each went
+DIFF_LABELS = ("tags", "note", "init_from")
 DIFF_RESULTS = ("status", "epoch", "best_epoch", "best_val_accuracy", "best_val_steps")
 
 
@@ -500,18 +512,25 @@ def _diff_row(target: Union[str, Path], log: Callable[[str], None]) -> tuple[dic
     if folder.is_dir() and is_run_folder(folder):
         held = next((folder / name for name in (LAST, BEST) if (folder / name).is_file()), None)
         log(f"using {held or folder} (run folder {folder})")
-        return _run_row(folder, run_time(folder), path=held), held or folder
-    resolved = _info_file(target)
-    log(f"using {resolved.path} ({resolved.why})")
-    return _run_row(resolved.path.parent, run_time(resolved.path.parent), path=resolved.path), resolved.path
+        row, read = _run_row(folder, run_time(folder), path=held), held or folder
+    else:
+        resolved = _info_file(target)
+        log(f"using {resolved.path} ({resolved.why})")
+        folder, read = resolved.path.parent, resolved.path
+        row = _run_row(folder, run_time(folder), path=resolved.path)
+    saved = _saved_run_config(folder) or {}
+    row["init_from"] = saved.get("init_from")  # where its weights started
+    row["given_name"] = Labels.of(saved).name  # `train --name`'s, which heads its column
+    return row, read
 
 
 def diff_runs(targets: Sequence[Union[str, Path]], *, log: Callable[[str], None] = lambda line: None) -> Report:
     """`ponder diff`: two or more runs (run folders, checkpoint files, `latest`, shipped models'
     names), a column each, only what differs: the settings each reads (as `ponder runs` shows them:
     a run that does not read a setting has none, and differs from one that does), then how each
-    went (status, epochs trained, best epoch and its validation figures). One bucket per
-    difference: `key`, `kind` (setting or result), `values` (one per run, in order) and, for a
+    went (status, epochs trained, best epoch and its validation figures), after its labels (tags,
+    note, the checkpoint its weights started from: --init-from). One bucket per difference:
+    `key`, `kind` (label, setting or result), `values` (one per run, in order) and, for a
     setting, `reads` (whether each run reads it)."""
     if len(targets) < 2:
         raise BadValue("ponder diff compares two or more runs: name another (`ponder runs` lists them)")
@@ -526,9 +545,11 @@ def diff_runs(targets: Sequence[Union[str, Path]], *, log: Callable[[str], None]
     if missing is not None:
         raise PonderError(f"{missing} holds no configuration to compare (no readable checkpoint or config.json)")
     applying = [_applying(row["config"]) for row in rows]
-    buckets = [{"key": key, "kind": "setting", "values": [read.get(key) for read in applying],
-                "reads": [key in read for read in applying]}
-               for key in differing_settings(rows, unread_differs=True, shown=())]
+    buckets = [{"key": key, "kind": "label", "values": [row[key] for row in rows]}
+               for key in DIFF_LABELS if len({json.dumps(row[key]) for row in rows}) > 1]
+    buckets += [{"key": key, "kind": "setting", "values": [read.get(key) for read in applying],
+                 "reads": [key in read for read in applying]}
+                for key in differing_settings(rows, unread_differs=True, shown=())]
     buckets += [{"key": key, "kind": "result", "values": [row[key] for row in rows]}
                 for key in DIFF_RESULTS if len({json.dumps(row[key]) for row in rows}) > 1]
     return diff_report([str(target) for target in targets], buckets, rows)

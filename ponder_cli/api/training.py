@@ -14,7 +14,7 @@ import torch
 
 from .. import PonderError, SigTerm, brief, distributed, keeping
 from ..checkpoint import CheckpointNotSaved, load_checkpoint
-from ..config import PonderConfig, applies, duration_text, parse_duration, read_config_file
+from ..config import Origin, PonderConfig, applies, duration_text, parse_duration, read_config_file
 from ..folders import resolve_checkpoint
 from ..data import resolve_data_dir
 from ..folders import Labels
@@ -76,11 +76,14 @@ def _settings(given: dict, options: TrainOptions) -> tuple[dict, dict, Optional[
     from_file = read_config_file(config_file) if config_file is not None else {}
     settings, origins = {**from_file, **given}, {name: str(config_file) for name in from_file if name not in given}
     if settings.get("refit_halting") and options.resume is None:
-        settings = {**refit_settings(settings["refit_halting"]), **settings}
+        refit = settings["refit_halting"]
+        taken = {key: value for key, value in refit_settings(refit).items() if key not in settings}
+        settings, origins = {**taken, **settings}, {**dict.fromkeys(taken, Origin(refit, "--refit-halting")), **origins}
     init = StartingWeights.read(options.init_from) if options.init_from is not None else None
     if init is not None:
         taken = init.settings(settings)
-        settings, origins = {**taken, **settings}, {**{name: str(init.path) for name in taken}, **origins}
+        settings = {**taken, **settings}
+        origins = {**dict.fromkeys(taken, Origin(init.path, "--init-from")), **origins}
     return settings, origins, init
 
 

@@ -34,6 +34,7 @@ from ..cli_options import (
     angles_text,
     buckets_option,
     complete_checkpoint,
+    complete_run,
     complete_rule,
     complete_run_key,
     counts_option,
@@ -359,7 +360,7 @@ def runs(
 
 @runs_app.command("rm")
 def runs_rm(
-    runs: Optional[List[Path]] = typer.Argument(None, metavar="RUN", show_default=False,
+    runs: Optional[List[Path]] = typer.Argument(None, metavar="RUN", show_default=False, autocompletion=complete_run,
                                                 help="Run folders (with --empty: folders whose trash to empty; "
                                                      f"default: {RUNS_DIR}/ and the current folder)."),
     restore: bool = typer.Option(False, "--restore", help="Bring the runs named (by the path each had) back from "
@@ -388,8 +389,9 @@ def diff(
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:
-    """Runs side by side, a column each, only what differs: the settings each reads ('-' where a run does not read
-    one), then how each went (status, epochs trained, best epoch, its validation accuracy and steps)."""
+    """Runs side by side, a column each (under its --name), only what differs: tags, note and --init-from's
+    checkpoint, the settings each reads ('-' where a run does not read one), then how each went (status, epochs
+    trained, best epoch, its validation accuracy and steps)."""
     from ..api import diff_runs
 
     render_and_plot(diff_runs(targets, log=chatter(quiet)), fmt, None, quiet)

@@ -80,7 +80,8 @@ HALTING_TARGET_OPTION = hyper("halting_target", "What the halting head learns: p
 REFIT_HALTING_OPTION = hyper("refit_halting", "Refit the halting head of this checkpoint: its weights and "
                              "settings, every weight frozen but a new halting head's (options given here override "
                              "its settings: the halting ones, --epochs, ...; docs/halting.md).",
-                             "--refit-halting", default_text="off", metavar="CHECKPOINT")
+                             "--refit-halting", default_text="off", metavar="CHECKPOINT",
+                             autocompletion=lambda incomplete: complete_checkpoint(incomplete))
 BETA_WARMUP_OPTION = hyper("beta_warmup", "The KL weight grows from 0 to --beta over this many optimizer steps "
                                           "(0: off).", hidden=True)
 DEPTH_MIN_OPTION = hyper("depth_min", "Random-depth training: each input trains at a depth drawn from this to "
@@ -147,6 +148,7 @@ RESUME_OPTION = typer.Option(None, "--resume", metavar="CHECKPOINT",
                                   "runs/pondernet-mlp-seed1234/last.pt), a run folder (its last.pt) or "
                                   "latest (the newest run under runs/).")
 INIT_FROM_OPTION = typer.Option(None, "--init-from", metavar="CHECKPOINT",
+                                autocompletion=lambda incomplete: complete_checkpoint(incomplete),
                                 help="Start a new run from this checkpoint's weights (a file, a run folder: its "
                                      "best.pt, latest, or a shipped model), its settings but those given: new ones "
                                      "where the model keeps its shapes (--lr, --epochs, --beta, ...).")

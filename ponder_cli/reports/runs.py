@@ -304,7 +304,8 @@ def trash_report(rows: list[dict], action: str, folders: list[str]) -> Report:
 # diff ------------------------------------------------------------------------------------------
 
 DIFF_LABELS = {"status": "status", "epoch": "epochs trained", "best_epoch": "best epoch",
-               "best_val_accuracy": "best val accuracy", "best_val_steps": "best val steps"}
+               "best_val_accuracy": "best val accuracy", "best_val_steps": "best val steps",
+               "tags": "tags", "note": "note", "init_from": "initialised from"}
 NOT_READ = "-"  # a setting the run does not read, as `ponder runs` shows it
 
 
@@ -312,8 +313,10 @@ def _diff_value(bucket: dict, i: int) -> str:
     """Run i's value: a setting as the user types it (none: the method's own; - for one it does
     not read), a result as `info` shows it."""
     value, key = bucket["values"][i], bucket["key"]
-    if key not in DIFF_LABELS:
+    if bucket["kind"] == "setting":
         return value_text(value) if bucket["reads"][i] else NOT_READ
+    if bucket["kind"] == "label":
+        return " ".join(value) if key == "tags" and value else value if value else NOT_READ
     return cell_text(value, ".2f" if key == "best_val_steps" else ".4f" if isinstance(value, float) else "")
 
 
@@ -338,18 +341,22 @@ def diff_report(runs: list[str], buckets: list[dict], rows: list[dict]) -> Repor
     meta = {"command": "diff", "task": one("task"), "checkpoints": [row["checkpoint"] for row in rows],
             "method": one("method"), "step": one("step"), "protocol": None, "halting": None, "seed": None,
             "device": None, "runs": runs, "differences": len(buckets)}
-    # each run's column under its last name (the title gives them as named), as named where two share one
-    names = [Path(run).name or run for run in runs]
+    # each run's column under its name (`train --name`, else its folder's; the title gives them as
+    # named), as named where two share one
+    names = [row.get("given_name") or Path(run).name or run for run, row in zip(runs, rows)]
     names = names if len(set(names)) == len(names) else runs
     columns = [Column("what", "", "s", text=lambda row: DIFF_LABELS.get(row["key"], row["key"].replace("_", "-")),
                       wrap=True),
                *(Column(f"run{i}", name, "s", text=lambda row, i=i: _diff_value(row, i), wrap=True)
                  for i, name in enumerate(names))]
+    labels = sum(bucket["kind"] == "label" for bucket in buckets)
     settings = sum(bucket["kind"] == "setting" for bucket in buckets)
+    results = len(buckets) - labels - settings
     named = ", ".join(runs[:-1]) + f" and {runs[-1]}"
     return DiffReport(meta=meta, buckets=buckets, columns=columns, title=" against ".join(runs),
-                      caption=f"{settings} setting{'s' * (settings != 1)} and {len(buckets) - settings} "
-                              f"result{'s' * (len(buckets) - settings != 1)} differ"
+                      caption=(f"{labels} label{'s' * (labels != 1)}, " if labels else "")
+                              + f"{settings} setting{'s' * (settings != 1)} and {results} "
+                              f"result{'s' * (results != 1)} differ"
                               + (f" · {NOT_READ}: a setting the run does not read" if any(
                                   not all(b.get("reads", [True])) for b in buckets) else "") if buckets else "",
                       footer="" if buckets else f"{named}: the same settings and results")

@@ -303,7 +303,7 @@ class MnistTask(Task):
 
     def read_inputs(self, paths, options):
         if any(str(path) == STDIN for path in paths):  # images are files; vectors are text (parity)
-            raise PonderError(f"{STDIN} (standard input) holds the vectors of parity models; this MNIST model reads "
+            raise BadValue(f"{STDIN} (standard input) holds the vectors of parity models; this MNIST model reads "
                               "image files or .npy arrays: name them")
         names, x = read_images(paths, invert=options.invert, rotate=options.rotate)
         return UserInputs(names, x)
