@@ -135,9 +135,9 @@ class TrainingSettings:
     lr_patience: int = setting(2, *AT_LEAST_0)  # ReduceLROnPlateau, in epochs
     lr_factor: float = setting(0.1, *within(0, 1, "()"))
     seed: int = setting(1234, lambda v: 0 <= v < MAX_SEED, "an integer from 0 to 2**63 - 1")
-    # a checkpoint whose weights start the run, every one of them frozen but the halting head's
-    # ("": off, a fresh model); the head is new when its inputs differ from the checkpoint's
-    refit_halting: str = ""
+    # with --init-from: every weight it gives frozen, the halting head alone new and trained (its
+    # inputs may differ from the checkpoint's); a resumed refit keeps its body frozen by this
+    refit_halting: bool = False
 
 
 SECTION_TYPES = {"task": TaskSettings, "step": StepSettings, "method": MethodSettings, "training": TrainingSettings}
@@ -150,7 +150,7 @@ TYPES = {key: typing.get_type_hints(SECTION_TYPES[section])[f.name] for key, (se
 
 class Origin(str):
     """The file a setting came from (`origins`' values), knowing the option that named it: a
-    --config file, or the checkpoint of --init-from or --refit-halting."""
+    --config file, or the checkpoint of --init-from."""
 
     def __new__(cls, path, option: str = "--config"):
         origin = super().__new__(cls, str(path))

@@ -358,14 +358,14 @@ def value_text(value: Any) -> str:
     """A config value as the user would type it: 0.001, 12, state+turn, none."""
     if value is None:
         return "none"
-    if value == "":  # an empty text setting (refit-halting: off) as a file or the shell spells it
+    if value == "":  # an empty text setting as a file or the shell spells it
         return '""'
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def setting_text(value: Any) -> str:
-    """A resolved setting's value as value_text says it; a text setting left empty is off (in a
-    resolved configuration only --refit-halting's can be: train_counts is derived when empty)."""
+    """A resolved setting's value as value_text says it; a text setting left empty is off (none
+    is in a resolved configuration today: train_counts is derived when empty)."""
     return "off" if value == "" else value_text(value)
 
 

@@ -44,7 +44,7 @@ from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONM
                       trash_entries, trashed, trashes_under)
 from .render import csv_cell, value_text as spelled_value
 from .tasks import get_task
-from .train import EpochStats
+from .train import HALTING_HEAD, EpochStats
 
 # options that may differ from the checkpoint's config when resuming: how long to go on
 RESUMABLE_CHANGES = ("epochs", "patience")
@@ -80,17 +80,27 @@ class StartingWeights:
 
     def settings(self, given: dict) -> dict:
         """Its run's settings that the pieces of the new run read (the pieces given, else its own),
-        for those not given."""
+        for those not given; not --refit-halting, which says how that run trained, not what its
+        model is (starting from a refit, a run keeps the head it learnt unless it asks again)."""
         saved = self.state.config
         chosen = {kind: given.get(kind, saved.value(kind)) for kind in ("task", "step", "method")}
         return {key: value for key, value in saved.to_dict().items()
-                if key not in given and applies(key, chosen) and value is not None}
+                if key not in given and key != "refit_halting" and applies(key, chosen) and value is not None}
+
+    def weights(self, cfg: PonderConfig) -> dict:
+        """The tensors the run `cfg` takes from it: every one, or under --refit-halting all but the
+        halting head's, which the run's own model starts anew (its inputs, so its shape, may differ)."""
+        if not cfg.training.refit_halting:
+            return self.state.model
+        return {name: tensor for name, tensor in self.state.model.items() if not name.startswith(HALTING_HEAD)}
 
     def check_fits(self, cfg: PonderConfig) -> None:
-        """Its weights load into the model `cfg` builds, tensor for tensor, or one error naming
-        those that differ (a step, a size changed) and what to do."""
+        """The tensors it gives (weights) load into the model `cfg` builds, tensor for tensor, or
+        one error naming those that differ (a step, a size changed) and what to do."""
         model = new_model(cfg).state_dict()
-        theirs = self.state.model
+        theirs = self.weights(cfg)
+        if cfg.training.refit_halting:  # the new head is the run's own
+            model = {name: tensor for name, tensor in model.items() if not name.startswith(HALTING_HEAD)}
         differ = [f"{name} {tuple(model[name].shape)} here, {tuple(theirs[name].shape)} there"
                   for name in model if name in theirs and tuple(model[name].shape) != tuple(theirs[name].shape)]
         missing, extra = [n for n in model if n not in theirs], [n for n in theirs if n not in model]
@@ -159,6 +169,9 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
         raise BadValue("--init-from starts a new run from another's weights, --resume continues a run: give one")
     cfg, sources, state, resumed = resolve_config(given, resume, origins)
     labels = labels or Labels()
+    if state is None and cfg.training.refit_halting and init is None:
+        raise BadValue("--refit-halting refits the halting head of a trained model: name the model with "
+                       "--init-from CHECKPOINT")
     if state is None:
         if init is not None:
             init.check_fits(cfg)

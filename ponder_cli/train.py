@@ -14,9 +14,9 @@ import torch
 from tqdm import tqdm
 
 from . import PonderError, brief, distributed
-from .checkpoint import TrainingState, load_checkpoint, new_model, save_checkpoints
+from .checkpoint import TrainingState, new_model, save_checkpoints
 from .config import PonderConfig
-from .folders import BEST, LAST, resolve_checkpoint
+from .folders import BEST, LAST
 from .methods import Method, get_method
 from .model import truncate
 from .runtime import Adam, autocast, drops_rows, grad_scaler
@@ -371,9 +371,7 @@ def train_one_epoch(step: BatchStep, *, desc: str = "train", progress: bool = Tr
     Under torchrun the model is DDP-wrapped and each rank trains on its slice of every global batch
     of cfg.training.batch_size inputs; the metrics returned cover the whole epoch, all ranks together.
     """
-    step.model.train()
-    if step.cfg.training.refit_halting:  # a frozen body runs as at evaluation: the answers the head will see
-        frozen_body(step.model).eval()
+    training_mode(step.model, step.cfg)
     source, device = step.source, step.device
     count = source.start_epoch()  # what the epoch draws up front (MNIST: the permutation, shared stream)
     # Under torchrun rotations, dropout, truncation and coin flips come from this rank's own RNG
@@ -427,30 +425,22 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(cuda, device)
 
 
-def refit_halting(model: torch.nn.Module, cfg: PonderConfig, fresh: bool) -> None:
-    """--refit-halting CHECKPOINT: every weight but the halting head's frozen; a fresh run takes
-    them from the checkpoint (its halting head stays this model's own, newly initialised: the
-    head learns anew, whatever its inputs), a resumed one has them from its own checkpoint."""
-    if fresh:
-        path = resolve_checkpoint(cfg.training.refit_halting).path
-        saved = load_checkpoint(path).model
-        body = {key: value for key, value in saved.items() if not key.startswith("halting_head.")}
-        try:
-            missing, unexpected = model.load_state_dict(body, strict=False)
-        except RuntimeError as exc:
-            raise PonderError(f"--refit-halting {path}: its model does not fit this run's settings ({brief(exc)})") \
-                from None
-        missing = [key for key in missing if not key.startswith("halting_head.")]
-        if missing or unexpected:
-            raise PonderError(f"--refit-halting {path}: its model does not fit this run's settings "
-                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+HALTING_HEAD = "halting_head."  # the tensors a refit (--refit-halting) starts anew and trains alone
+
+
+def freeze_body(model: torch.nn.Module) -> None:
+    """--refit-halting: every weight frozen but the halting head's (the others came from
+    --init-from's checkpoint, or from a resumed refit's own)."""
     for name, parameter in model.named_parameters():
-        parameter.requires_grad_(name.startswith("halting_head."))
+        parameter.requires_grad_(name.startswith(HALTING_HEAD))
 
 
-def frozen_body(model: torch.nn.Module) -> torch.nn.Module:
-    """What a refit freezes that has a training mode (dropout): the step function."""
-    return getattr(model, "module", model).step
+def training_mode(model: torch.nn.Module, cfg: PonderConfig) -> None:
+    """The model in training mode for an epoch; a refit's frozen body (the step function, whose
+    dropout is all there is to switch) as at evaluation: the answers the head will see."""
+    model.train()
+    if cfg.training.refit_halting:
+        getattr(model, "module", model).step.eval()
 
 
 def make_optimizer(model: torch.nn.Module, cfg: PonderConfig, device: torch.device) -> torch.optim.Adam:
@@ -537,7 +527,7 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
     training ends after the last epoch that fits. Under torchrun every rank calls train() with
     the same arguments; rank 0 alone validates, writes and decides when time is up, and every
     rank returns the same result. `init`: weights the fresh model starts from (--init-from,
-    checked to fit by runs.StartingWeights).
+    checked to fit by runs.StartingWeights; a refit's lack the halting head).
     """
     limit = TimeLimit(time_limit, clock or CLOCK) if time_limit is not None else None
     out_dir = Path(out_dir)
@@ -545,10 +535,10 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
     task = get_task(cfg)
     method = get_method(cfg, device)
     model = new_model(cfg).to(device)
-    if init is not None:
-        model.load_state_dict(init)
+    if init is not None:  # under --refit-halting without the halting head: the model's own, new
+        model.load_state_dict({**model.state_dict(), **init})
     if cfg.training.refit_halting:
-        refit_halting(model, cfg, fresh=resume is None)
+        freeze_body(model)
     source = _source(train_set, cfg, device)
     optimizer = make_optimizer(model, cfg, device)
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(

@@ -115,7 +115,6 @@ def test_checkpoints_are_offered(tmp_path):
     assert _offered("ponder train --resume m", cwd=tmp_path) == ["mine.pt"]
     assert _offered("ponder diff runs/sweep/pondernet-mlp-seed1 al", cwd=tmp_path) == ["align"]
     assert _offered("ponder train --init-from l", cwd=tmp_path) == ["latest"]
-    assert _offered("ponder train --refit-halting m", cwd=tmp_path) == ["mine.pt"]
 
 
 def test_runs_rm_offers_the_runs_and_restore_the_trashed_ones(tmp_path):

@@ -21,7 +21,7 @@ from ponder_cli.config import PonderConfig
 from ponder_cli.methods import get_method
 from ponder_cli.model import truncate
 from ponder_cli.runtime import autocast
-from ponder_cli.train import WARMUP_BATCHES, BatchStep, batch_step, step_unless
+from ponder_cli.train import WARMUP_BATCHES, BatchStep, batch_step, freeze_body, step_unless, training_mode
 from host_reads import Operators
 from synthetic_data import synthetic_digits
 
@@ -86,7 +86,7 @@ def _watched_batches(step: BatchStep, count: int = 2) -> list[Operators]:
     """Warm up as a capture would, then watch `count` more batches of the epoch, each staged
     after the Python side of the source moved on (another index; parity: its curriculum further),
     the static inputs checked to keep their storage across each stage()."""
-    step.model.train()
+    training_mode(step.model, step.cfg)
     step.source.start_epoch()
     for index in range(WARMUP_BATCHES):
         step.source.stage(index)
@@ -122,6 +122,22 @@ def assert_graph_safe(step: BatchStep) -> None:
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_a_training_batch_reads_nothing_on_the_host_and_repeats_its_operators(case):
     assert_graph_safe(_step(_config(case)))
+
+
+def test_a_refit_batch_trains_the_new_head_alone_and_is_graph_safe():
+    # --init-from CHECKPOINT --refit-halting: the body frozen (no gradient, no optimizer state) and
+    # run without dropout, the head reading the answer; the batch as safe to capture as any
+    cfg = _config(dict(step="mlp", method="pondernet", halting_target="final", halting_input="state+answer",
+                       refit_halting=True))
+    torch.manual_seed(0)
+    model = new_model(cfg)
+    freeze_body(model)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    step = batch_step(model, cfg, synthetic_digits(80, 0), shrink=False)
+    assert_graph_safe(step)
+    assert not model.step.training and model.training  # the body as at evaluation, the rest training
+    changed = sorted(name for name, p in model.named_parameters() if not torch.equal(p, before[name]))
+    assert changed == ["halting_head.bias", "halting_head.weight"]
 
 
 def test_the_two_batches_compared_differ_on_the_python_side():
@@ -331,7 +347,7 @@ def test_a_skipped_step_leaves_weights_moments_and_step_count_as_they_were():
 def test_a_non_finite_batch_is_skipped_on_the_device_and_counted():
     cfg = _config(dict(step="mlp", method="pondernet"))
     step = _step(cfg)
-    step.model.train()
+    training_mode(step.model, step.cfg)
     step.source.start_epoch()
     step.source.stage(0)
     step.run()

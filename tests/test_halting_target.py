@@ -1,7 +1,8 @@
 """A halting head trained on the answer (--halting-target final | correct), the answer it reads
 (--halting-input ...+answer), the threshold:T rule and the refit of a trained model's halting head
-(--refit-halting)."""
+(--init-from CHECKPOINT --refit-halting)."""
 
+import json
 import math
 
 import pytest
@@ -16,6 +17,7 @@ from ponder_cli.halting import ThresholdExit, rule_exit, threshold_halting_steps
 from ponder_cli.methods import get_method, halting_bce, halting_targets
 from ponder_cli.model import answer_features
 from ponder_cli.registry import parse_halting_rule
+from ponder_cli.runs import StartingWeights
 from ponder_cli.train import train
 
 SMALL = dict(max_steps=4, batch_size=64, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16)
@@ -122,8 +124,10 @@ def test_a_refit_trains_the_halting_head_alone_and_resumes_as_straight_through(t
     train_set, val_set = _data(tiny_mnist, cfg)
     train(cfg, train_set, val_set, device=cpu, out_dir=tmp_path / "source", progress=False)
     source = load_checkpoint(tmp_path / "source" / "last.pt").model
-    refit = cfg.replace(refit_halting=str(tmp_path / "source" / "last.pt"), epochs=2, seed=5, truncation=0.0, **FINAL)
-    train(refit, train_set, val_set, device=cpu, out_dir=tmp_path / "a", progress=False)
+    refit = cfg.replace(refit_halting=True, epochs=2, seed=5, truncation=0.0, **FINAL)
+    init = StartingWeights.read(tmp_path / "source" / "last.pt")
+    init.check_fits(refit)  # the head's new shape is no misfit: the refit starts it anew
+    train(refit, train_set, val_set, device=cpu, out_dir=tmp_path / "a", progress=False, init=init.weights(refit))
     refitted = load_checkpoint(tmp_path / "a" / "last.pt").model
     body = [key for key in source if not key.startswith("halting_head.")]
     assert body and all(torch.equal(refitted[key], source[key]) for key in body)  # bit-equal after two epochs
@@ -131,21 +135,48 @@ def test_a_refit_trains_the_halting_head_alone_and_resumes_as_straight_through(t
     torch.manual_seed(5)
     assert not torch.equal(refitted["halting_head.weight"], new_model(refit).halting_head.weight)  # it learnt
     # resumed after its first epoch, the refit ends where the straight one did
-    train(refit.replace(epochs=1), train_set, val_set, device=cpu, out_dir=tmp_path / "b", progress=False)
+    train(refit.replace(epochs=1), train_set, val_set, device=cpu, out_dir=tmp_path / "b", progress=False,
+          init=init.weights(refit))
     train(refit, train_set, val_set, device=cpu, out_dir=tmp_path / "b", progress=False,
           resume=load_checkpoint(tmp_path / "b" / "last.pt"))
     resumed = load_checkpoint(tmp_path / "b" / "last.pt").model
     assert all(torch.equal(resumed[key], refitted[key]) for key in refitted)
 
 
-def test_train_refit_halting_takes_the_checkpoints_settings(checkpoint, tiny_mnist, tmp_path, ponder):
-    result = ponder("train", "--refit-halting", checkpoint, "--halting-target", "final", "--halting-input",
-                    "state+answer", "--epochs", "1", "--val-size", "100", "--batch-size", "64", "--no-progress",
-                    "--data-dir", tiny_mnist, "--out", tmp_path / "refit")
+def test_train_refit_halting_takes_the_checkpoints_settings(checkpoint, tiny_mnist, tmp_path, ponder, one_error_line):
+    common = ["--val-size", "100", "--batch-size", "64", "--no-progress", "--data-dir", tiny_mnist]
+    result = ponder("train", "--init-from", checkpoint, "--refit-halting", "--halting-target", "final",
+                    "--halting-input", "state+answer", "--epochs", "1", *common, "--out", tmp_path / "refit")
     assert result.exit_code == 0, result.output
-    saved, refit = load_checkpoint(checkpoint).config, load_checkpoint(tmp_path / "refit" / "best.pt").config
+    assert "every weight frozen but a new halting head's" in result.stderr
+    saved, refit = load_checkpoint(checkpoint).config, load_checkpoint(tmp_path / "refit" / "last.pt").config
     assert refit.replace(halting_target="prior", halting_input="state", epochs=saved.training.epochs,
-                         refit_halting="") == saved
-    assert refit.training.refit_halting == str(checkpoint)
+                         refit_halting=False) == saved
+    assert refit.training.refit_halting is True
+    info = json.loads(ponder("info", tmp_path / "refit", "-f", "json").stdout)
+    assert info["init_from"] == str(checkpoint)
+    words = info["train_command"].split()  # the command reproduces the refit, the body's origin with it
+    assert "--refit-halting" in words and words[words.index("--init-from") + 1] == str(checkpoint)
+    # a run from the refit's weights keeps the head it learnt unless it asks for a refit again
+    again = ponder("train", "--init-from", tmp_path / "refit" / "last.pt", "--print-config", "-f", "json")
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["training"]["refit_halting"] is False
+    # resumed, the stored switch keeps the body frozen: bit-equal to the checkpoint's after epoch 2
+    resumed = ponder("train", "--resume", tmp_path / "refit", "--epochs", "2", "--data-dir", tiny_mnist,
+                     "--no-progress")
+    assert resumed.exit_code == 0, resumed.output
+    source, after = load_checkpoint(checkpoint).model, load_checkpoint(tmp_path / "refit" / "last.pt")
+    assert after.epoch == 2 and after.config.training.refit_halting is True
+    assert all(torch.equal(after.model[key], value) for key, value in source.items() if not key.startswith("halting_"))
+    # a refit names the model it refits; a body that does not fit is --init-from's one error
+    alone = ponder("train", "--refit-halting", *common, "--out", tmp_path / "alone")
+    assert alone.exit_code == 2 and one_error_line(alone) == (
+        "Error: --refit-halting refits the halting head of a trained model: name the model with --init-from "
+        "CHECKPOINT")
+    misfit = ponder("train", "--init-from", checkpoint, "--refit-halting", "--hidden", "32", *common,
+                    "--out", tmp_path / "misfit")
+    line = one_error_line(misfit)
+    assert misfit.exit_code == 2 and line.startswith(f"Error: --init-from {checkpoint}: its weights do not fit")
+    assert "halting_head" not in line and not (tmp_path / "alone").exists() and not (tmp_path / "misfit").exists()
     help_text = ponder("train", "--help").stdout  # the refit shown; the target a study setting, as --prior
     assert "--refit-halting" in help_text and "--halting-target" not in help_text

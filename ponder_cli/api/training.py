@@ -13,9 +13,8 @@ from typing import Callable, Optional, Union
 import torch
 
 from .. import PonderError, SigTerm, brief, distributed, keeping
-from ..checkpoint import CheckpointNotSaved, load_checkpoint
-from ..config import Origin, PonderConfig, applies, duration_text, parse_duration, read_config_file
-from ..folders import resolve_checkpoint
+from ..checkpoint import CheckpointNotSaved
+from ..config import Origin, PonderConfig, duration_text, parse_duration, read_config_file
 from ..data import resolve_data_dir
 from ..folders import Labels
 from ..render import config_lines, epoch_line
@@ -69,30 +68,16 @@ def deterministic_kernels(on: bool):
 def _settings(given: dict, options: TrainOptions) -> tuple[dict, dict, Optional[StartingWeights]]:
     """The settings of a run: --init-from's run's (those its pieces read), overridden by the
     file's, overridden by the options given; the file (or checkpoint) that gave each setting no
-    option overrode; and the weights to start from. A fresh refit (--refit-halting CHECKPOINT)
-    starts from the settings of the checkpoint it refits that its pieces read, below the file's
-    and the options'."""
+    option overrode; and the weights to start from (a refit, --refit-halting, is one of these)."""
     config_file = options.config_file
     from_file = read_config_file(config_file) if config_file is not None else {}
     settings, origins = {**from_file, **given}, {name: str(config_file) for name in from_file if name not in given}
-    if settings.get("refit_halting") and options.resume is None:
-        refit = settings["refit_halting"]
-        taken = {key: value for key, value in refit_settings(refit).items() if key not in settings}
-        settings, origins = {**taken, **settings}, {**dict.fromkeys(taken, Origin(refit, "--refit-halting")), **origins}
     init = StartingWeights.read(options.init_from) if options.init_from is not None else None
     if init is not None:
         taken = init.settings(settings)
         settings = {**taken, **settings}
         origins = {**dict.fromkeys(taken, Origin(init.path, "--init-from")), **origins}
     return settings, origins, init
-
-
-def refit_settings(checkpoint: str) -> dict:
-    """The settings of the checkpoint a refit starts from, those its pieces read (the others are
-    the defaults' and refused when given)."""
-    saved = load_checkpoint(resolve_checkpoint(checkpoint).path).config
-    return {key: value for key, value in saved.to_dict().items() if applies(key, saved.chosen())
-            and key != "refit_halting"}
 
 
 def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, dict]:
@@ -148,7 +133,8 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None],
     if plan.resumed is not None:
         log(f"using {plan.resumed.path} ({plan.resumed.why})")
     if init is not None:
-        log(f"starting from the weights of {init.path} ({init.why}), epoch {init.state.epoch}")
+        refit = "; every weight frozen but a new halting head's" if cfg.training.refit_halting else ""
+        log(f"starting from the weights of {init.path} ({init.why}), epoch {init.state.epoch}{refit}")
     distributed.check_batch_size(cfg.training.batch_size, where)
     dev, amp = device_and_amp(options.device, options.amp)
     dev = distributed.device_for(dev, where)
@@ -179,7 +165,7 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None],
             result = train(cfg, train_set, val_set, device=dev, out_dir=plan.out_dir, amp=amp, resume=plan.resume,
                            on_epoch=on_epoch, progress=options.progress and main, log=log,
                            cuda_graphs=options.cuda_graphs, time_limit=options.time_limit,
-                           init=init.state.model if init is not None else None)
+                           init=init.weights(cfg) if init is not None else None)
             if result.stop_note:  # a time limit (with how to go on) or a run at chance: one line
                 log(f"{result.stop_note}; {folder.resume_hint()} --time-limit {duration_text(options.time_limit)}"
                     if result.stop_reason == TIME_LIMIT else result.stop_note)

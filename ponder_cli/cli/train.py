@@ -77,11 +77,10 @@ HALTING_TARGET_OPTION = hyper("halting_target", "What the halting head learns: p
                               "answer) or correct (the answer is right); halt such a head by --halting "
                               "threshold:T (docs/halting.md). Needs --truncation 0.", "--halting-target",
                               case_sensitive=False, hidden=True)
-REFIT_HALTING_OPTION = hyper("refit_halting", "Refit the halting head of this checkpoint: its weights and "
-                             "settings, every weight frozen but a new halting head's (options given here override "
-                             "its settings: the halting ones, --epochs, ...; docs/halting.md).",
-                             "--refit-halting", default_text="off", metavar="CHECKPOINT",
-                             autocompletion=lambda incomplete: complete_checkpoint(incomplete))
+REFIT_HALTING_OPTION = hyper("refit_halting", "With --init-from: refit that model's halting head alone, every "
+                             "other weight frozen, the head new (options given here override its settings: the "
+                             "halting ones, --epochs, ...; docs/halting.md).", "--refit-halting/--no-refit-halting",
+                             default_text="off")
 BETA_WARMUP_OPTION = hyper("beta_warmup", "The KL weight grows from 0 to --beta over this many optimizer steps "
                                           "(0: off).", hidden=True)
 DEPTH_MIN_OPTION = hyper("depth_min", "Random-depth training: each input trains at a depth drawn from this to "
@@ -190,7 +189,7 @@ def train(
     beta: Optional[float] = BETA_OPTION,
     prior: Optional[Prior] = PRIOR_OPTION,
     halting_target: Optional[HaltingTarget] = HALTING_TARGET_OPTION,
-    refit_halting: Optional[str] = REFIT_HALTING_OPTION,
+    refit_halting: Optional[bool] = REFIT_HALTING_OPTION,
     beta_warmup: Optional[int] = BETA_WARMUP_OPTION,
     depth_min: Optional[int] = DEPTH_MIN_OPTION,
     tau: Optional[float] = TAU_OPTION,
