@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from ponder_cli.checkpoint import load_checkpoint
+
 FIGURES = Path(__file__).resolve().parent.parent / "tools" / "figures"
 
 
@@ -81,3 +83,25 @@ def test_align_cycle_runs_on_the_shipped_align_model(tiny_mnist, capsys):
     out = capsys.readouterr().out
     assert "the first 6 test digits" in out
     assert all(f"{n}. " in out for n in (1, 2, 3, 4))  # its four tables
+
+
+def test_answer_halting_chooses_a_threshold_on_the_digits_a_refit_body_never_trained_on(runs, tiny_mnist, ponder,
+                                                                                      tmp_path, capsys):
+    # a refit of pn1 (seed 1) with its own seed: its validation digits are pn1's held-out ones
+    result = ponder("train", "--init-from", runs / "pn1", "--refit-halting", "--halting-target", "final",
+                    "--halting-input", "state+answer", "--truncation", "0", "--seed", "7", "--train-size", "128",
+                    "--epochs", "1", "--data-dir", tiny_mnist, "--out", tmp_path / "refit")
+    assert result.exit_code == 0, result.output
+    answer_halting = script("answer_halting")
+    refit = load_checkpoint(tmp_path / "refit" / "last.pt").config
+    assert answer_halting.validation_task(refit, tmp_path / "refit" / "last.pt").cfg.training.seed == 1
+    answer_halting.main([f"refit={tmp_path / 'refit' / 'last.pt'}", "--limit", "40", "--repeats", "2",
+                         "--resamples", "2", "--tolerance", "0.5", "--data-dir", str(tiny_mnist),
+                         "--json", str(tmp_path / "raw.json")])
+    out = capsys.readouterr().out
+    run = json.loads((tmp_path / "raw.json").read_text())["refit"][0]
+    assert run["rule"].startswith("threshold:") and len(run["resampled"]) == 2
+    assert len(run["figures"]["accuracy"]) == 4 and len(run["figures"]["gap90_draws"]) == 2  # four buckets, two draws
+    assert run["figures"]["adapting"][3] == pytest.approx(run["figures"]["accuracy"][3] - run["figures"]["budget"][3])
+    rows = [line.split(" | ")[0] for line in out.splitlines() if line.startswith("| ")]
+    assert "### refit" in out and rows == ["| ±deg", "| 22.5", "| 45", "| 67.5", "| 90"]

@@ -1,7 +1,7 @@
 """The answer-trained halting study (docs/halting.md): each checkpoint's threshold chosen on its
 validation digits by calibrate's rule, then the test buckets, figures averaged over draws and seeds.
 
-    python benchmarks/answer_halting.py NAME=CHECKPOINT[,CHECKPOINT...] ... [--limit N] [--repeats R]
+    python tools/figures/answer_halting.py NAME=CHECKPOINT[,CHECKPOINT...] ... [--limit N] [--repeats R]
         [--tolerance T] [--resamples B] [--rule RULE]
 
 For each checkpoint (one per seed):
@@ -14,8 +14,8 @@ For each checkpoint (one per seed):
    (sample: PonderNet's coins, the shipped head's own).
 2. The test buckets (MNIST test digits rotated within ±22.5° ... ±90°, the uniform protocol), R
    draws (seeds S, S + 1, ...: the rotations and coins `ponder extrapolate --repeats R` draws),
-   each bucket's accuracy, mean steps, last step's accuracy, the gap (last − rule), the fixed
-   budget at the same mean steps (evaluate.budget_accuracy, the column `--detail` shows) and
+   each bucket's accuracy, mean steps, last step's accuracy, the gap (last − rule), the best
+   fixed budget in no more steps (best_fixed_accuracy, the column `--detail` shows) and
    Spearman's ρ(|angle|, steps) over every bucket's digits.
 3. B bootstrap resamples of the validation digits (drawn with replacement, seeded), the threshold
    chosen again on each and the test figures recomputed: how often a resample moves the threshold,
@@ -35,15 +35,17 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ponder_cli.api import EvalOptions  # noqa: E402
 from ponder_cli.checkpoint import load_checkpoint, load_model  # noqa: E402
-from ponder_cli.evaluate import RuleOutcome, budget_accuracy, choose_rule, spearman  # noqa: E402
+from ponder_cli.evaluate import RuleOutcome, choose_rule, spearman  # noqa: E402
 from ponder_cli.folders import resolve_checkpoint  # noqa: E402
 from ponder_cli.halting import rule_halting_steps  # noqa: E402
 from ponder_cli.registry import parse_halting_rule  # noqa: E402
+from ponder_cli.reports.evaluation import best_fixed_accuracy  # noqa: E402
 from ponder_cli.reports.uncertainty import mean_ci  # noqa: E402
+from ponder_cli.runs import recorded_run  # noqa: E402
 from ponder_cli.tasks import derived_seed, get_task  # noqa: E402
 
 ANGLES = [22.5, 45.0, 67.5, 90.0]
@@ -73,12 +75,14 @@ def halting_steps(out: dict, rule: str, rows=None) -> torch.Tensor:
     return rule_halting_steps(parse_halting_rule(rule), logits, lambdas, uniforms)
 
 
-def validation_task(cfg):
-    """The task whose held-out digits are the model's validation digits: a refit's (--refit-halting)
-    are those of the checkpoint it refits, which its body never trained on (the refit's own seed
-    splits the digits otherwise)."""
-    if cfg.training.refit_halting:
-        source = load_checkpoint(resolve_checkpoint(cfg.training.refit_halting).path).config
+def validation_task(cfg, path: Path):
+    """The task whose held-out digits are the model's validation digits: a refit's (--init-from
+    CHECKPOINT --refit-halting) are those of the checkpoint it refits (its run folder's
+    config.json records which), which its body never trained on (the refit's own seed splits the
+    digits otherwise)."""
+    recorded = recorded_run(path.parent, cfg) if cfg.training.refit_halting else None
+    if recorded and recorded.get("init_from"):
+        source = load_checkpoint(recorded["init_from"]).config
         return get_task(cfg.replace(seed=source.training.seed))
     return get_task(cfg)
 
@@ -109,7 +113,7 @@ def draw_figures(buckets: list[dict], rule: str) -> dict:
         correct_at = (predictions == out["labels"]).double().mean(1).tolist()  # accuracy at each budget
         accuracy = float((predictions.gather(0, (steps - 1)[None]).squeeze(0) == out["labels"]).double().mean())
         mean_steps = float(steps.double().mean())
-        budget = budget_accuracy(correct_at, mean_steps)
+        budget = best_fixed_accuracy(correct_at, mean_steps)
         row = dict(accuracy=accuracy, steps=mean_steps, last=correct_at[-1], gap=correct_at[-1] - accuracy,
                    budget=budget, adapting=accuracy - budget)
         for key, value in row.items():
@@ -147,7 +151,7 @@ def study(checkpoint: str, args) -> dict:
     if args.rule:
         rule = args.rule
     else:
-        held_out = validation_task(cfg).calibration_data(EvalOptions(data_dir=args.data_dir), torch.device("cpu"))
+        held_out = validation_task(cfg, path).calibration_data(EvalOptions(data_dir=args.data_dir), torch.device("cpu"))
         spec = cfg.task.train_rotation
         val = outputs(model, task.bucket(held_out, spec, [spec], model.max_steps, derived_seed("calibrate", args.seed),
                                          "uniform", draw=0))
@@ -180,8 +184,8 @@ def cell(values: list[float], digits: int = 4, signed: bool = False) -> str:
 def table(name: str, runs: list[dict]) -> list[str]:
     """The variant's rows, each figure's mean over its checkpoints ± half its 95% interval (one
     checkpoint: over its draws, for the gap; the rest as measured)."""
-    lines = [f"### {name}", "", "| ±deg | accuracy | steps | median acc / steps | last step | gap | fixed at same "
-             "steps | adapting − fixed |", "|---|---|---|---|---|---|---|---|"]
+    lines = [f"### {name}", "", "| ±deg | accuracy | steps | median acc / steps | last step | gap | best fixed ≤ "
+             "steps | adapting − best fixed |", "|---|---|---|---|---|---|---|---|"]
     for b, angle in enumerate(ANGLES):
         pick = lambda key, source="figures": [run[source][key][b] for run in runs]  # noqa: E731
         gap = pick("gap") if len(runs) > 1 else runs[0]["figures"]["gap90_draws"] if b == len(ANGLES) - 1 \
@@ -204,7 +208,7 @@ def table(name: str, runs: list[dict]) -> list[str]:
     return lines + [""]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("variants", nargs="+", metavar="NAME=CHECKPOINT[,CHECKPOINT...]")
     parser.add_argument("--limit", type=int, default=2000, help="first N test digits per bucket (0: all 10,000)")
@@ -215,7 +219,7 @@ def main() -> None:
     parser.add_argument("--rule", default=None, help="evaluate this rule instead of a calibrated threshold")
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="also write every figure per checkpoint here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     results = {}
     for spec in args.variants:
         name, _, checkpoints = spec.partition("=")
