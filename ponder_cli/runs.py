@@ -113,6 +113,16 @@ class StartingWeights:
                               f"(`ponder info {self.path}` shows them)")
 
 
+def refuse_starting(init, resume, cfg: Optional[PonderConfig] = None) -> None:
+    """What a run cannot start from, for training and --print-config alike: --init-from with
+    --resume; and (once the configuration is known) a refit with no model to refit."""
+    if init is not None and resume is not None:
+        raise BadValue("--init-from starts a new run from another's weights, --resume continues a run: give one")
+    if cfg is not None and resume is None and cfg.training.refit_halting and init is None:
+        raise BadValue("--refit-halting refits the halting head of a trained model: name the model with "
+                       "--init-from CHECKPOINT")
+
+
 def resolve_config(given: dict, resume: Optional[Path] = None, origins: Optional[dict] = None):
     """The configuration of a run from the options the user gave, where each value comes from,
     and, when resuming, the checkpoint it continues (checkpoint.TrainingState) and how its name
@@ -165,13 +175,10 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     if problem:
         raise PonderError(f"{problem}; name a folder outside it, or leave out --out for a fresh folder under "
                           f"{RUNS_DIR}/")
-    if init is not None and resume is not None:
-        raise BadValue("--init-from starts a new run from another's weights, --resume continues a run: give one")
+    refuse_starting(init, resume)
     cfg, sources, state, resumed = resolve_config(given, resume, origins)
     labels = labels or Labels()
-    if state is None and cfg.training.refit_halting and init is None:
-        raise BadValue("--refit-halting refits the halting head of a trained model: name the model with "
-                       "--init-from CHECKPOINT")
+    refuse_starting(init, resume, cfg)
     if state is None:
         if init is not None:
             init.check_fits(cfg)

@@ -173,6 +173,8 @@ def test_train_refit_halting_takes_the_checkpoints_settings(checkpoint, tiny_mni
     assert alone.exit_code == 2 and one_error_line(alone) == (
         "Error: --refit-halting refits the halting head of a trained model: name the model with --init-from "
         "CHECKPOINT")
+    printed = ponder("train", "--refit-halting", *common, "--print-config")  # what it would train: the same refusal
+    assert printed.exit_code == 2 and one_error_line(printed) == one_error_line(alone)
     misfit = ponder("train", "--init-from", checkpoint, "--refit-halting", "--hidden", "32", *common,
                     "--out", tmp_path / "misfit")
     line = one_error_line(misfit)

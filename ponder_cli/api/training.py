@@ -19,7 +19,7 @@ from ..data import resolve_data_dir
 from ..folders import Labels
 from ..render import config_lines, epoch_line
 from ..reports import Report, epoch_record, stopped_record, training_report
-from ..runs import RunFolder, StartingWeights, plan_training, require_tensorboard, resolve_config
+from ..runs import RunFolder, StartingWeights, plan_training, refuse_starting, require_tensorboard, resolve_config
 from ..runtime import amp_dtype
 from ..tasks import get_task
 from ..train import TIME_LIMIT, train
@@ -83,8 +83,10 @@ def _settings(given: dict, options: TrainOptions) -> tuple[dict, dict, Optional[
 def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, dict]:
     """What `ponder train` would train with, and where each value comes from, without training
     (`--print-config`): the resumed run's configuration with --resume."""
-    settings, origins, _ = _settings(given, options)
+    settings, origins, init = _settings(given, options)
+    refuse_starting(init, options.resume)
     cfg, sources, _, _ = resolve_config(settings, options.resume, origins)
+    refuse_starting(init, options.resume, cfg)
     return cfg, sources
 
 
