@@ -40,18 +40,7 @@
 
 set -u -o pipefail
 
-SMOKE=0
-if [ "${1:-}" = "--cpu-smoke" ]; then SMOKE=1; shift; fi
-if [ $# -ne 1 ]; then
-    echo "usage: $0 [--cpu-smoke] OUT" >&2
-    exit 2
-fi
-OUT=$1
-REPO=$(cd "$(dirname "$0")/.." && pwd)
-cd "$REPO" || exit 2
-PY=${PYTHON:-python3}
-command -v "$PY" >/dev/null || PY=python
-export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+. "$(dirname "$0")/gpu_args.sh"  # [--cpu-smoke] OUT: SMOKE, OUT, REPO, PY
 PONDER="$PY -m ponder_cli"
 WORK=$(mktemp -d)
 mkdir -p "$OUT" "$WORK/logs" "$WORK/runs"
