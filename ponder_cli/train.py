@@ -556,7 +556,7 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
         source = TimedSource(source, cfg.training.epochs - result.last_epoch, log, device=device,
                              skip=WARMUP_BATCHES + 1 if path == CAPTURED else 1)
     step = BatchStep(_data_parallel(model, cfg, device, task), method, optimizer, scaler, source, cfg, amp=amp,
-                     graphs=path == CAPTURED, path=path, log=log)
+                     path=path, log=log)
 
     for epoch in range(result.last_epoch + 1, cfg.training.epochs + 1):
         started = time.perf_counter()
