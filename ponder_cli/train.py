@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from . import PonderError, brief, distributed
 from .checkpoint import TrainingState, new_model, save_checkpoints
-from .config import PonderConfig
+from .config import PonderConfig, duration_text
 from .folders import BEST, LAST
 from .methods import Method, get_method
 from .model import truncate
@@ -640,8 +640,6 @@ class TimeLimit:
         return bool(distributed.broadcast_from_main([float(fits)], device)[0])
 
     def why_stopped(self, epoch: int) -> str:
-        from .config import duration_text
-
         def spoken(seconds: float) -> str:  # tenths under 10 s, where the two figures are close
             return f"{seconds:.1f} s" if seconds < 10 else rough_duration(seconds)
 
