@@ -184,8 +184,9 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
             init.check_fits(cfg)
         started = dict(sources=sources, labels=labels, init=init, init_from=str(init.path) if init else None)
         if out is None:
-            refuse_hiding(free_run_dir(cfg), cfg, None)
-            return TrainingPlan(cfg, free_run_dir(cfg), fresh_folder=True, **started)
+            folder = free_run_dir(cfg)
+            refuse_hiding(folder, cfg, None)
+            return TrainingPlan(cfg, folder, fresh_folder=True, **started)
         refuse_hiding(out, cfg, "--out")
         check_unlocked(out)
         refuse_foreign_checkpoints(out, overwrite)
