@@ -174,10 +174,9 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None],
             finished = True
         except CheckpointNotSaved as exc:  # a full or read-only disk: what the run has, how to go on
             raise PonderError(f"{exc.problem}; {folder.resume_hint()}") from None
-        except OSError as exc:
-            if isinstance(exc, BrokenPipeError):  # stdout's reader left: an interrupt (keeping)
-                raise
-            # the same under metrics.csv, in the CLI's words for an OSError
+        except BrokenPipeError:  # stdout's reader left: an interrupt (keeping)
+            raise
+        except OSError as exc:  # the same under metrics.csv, in the CLI's words for an OSError
             raise PonderError(f"{exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}; "
                               f"{folder.resume_hint()}") from None
         except RuntimeError as exc:
