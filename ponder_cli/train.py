@@ -763,8 +763,9 @@ def _save(state: TrainingState, out_dir: Path, improved: bool) -> None:
 # How long a run will take: the first epoch's batches timed, one line said once ---------------
 
 # The run's duration is estimated once from the first epoch's batches (the first left out: it
-# pays start-up costs; on the CPU the median batch, so that the slow ones after it count little), as soon as this many are timed or this many seconds have passed; a run
-# estimated to take less than ESTIMATE_FROM_SECONDS gets no estimate: its epoch lines come soon.
+# pays start-up costs; on the CPU the median batch, so that the slow ones after it count little),
+# as soon as this many are timed or this many seconds have passed; a run estimated to take less
+# than ESTIMATE_FROM_SECONDS gets no estimate: its epoch lines come soon.
 ESTIMATE_AFTER_BATCHES, ESTIMATE_AFTER_SECONDS, ESTIMATE_FROM_SECONDS = 20, 5.0, 60.0
 # ... but never from fewer batches than this: the first few after start-up are slow (an epoch of
 # fewer gets no estimate: its line comes soon)
