@@ -523,10 +523,9 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
     patience (runs.plan_training), continued at the next epoch. `log` gets the run's estimated
     duration once the first batches are timed. `cuda_graphs`: on CUDA, capture the batch once and
     replay it (BatchStep). `time_limit`: seconds from this call, read on `clock` (TimeLimit;
-    default CLOCK);
-    training ends after the last epoch that fits. Under torchrun every rank calls train() with
-    the same arguments; rank 0 alone validates, writes and decides when time is up, and every
-    rank returns the same result. `init`: weights the fresh model starts from (--init-from,
+    default CLOCK); training ends after the last epoch that fits. Under torchrun every rank calls
+    train() with the same arguments; rank 0 alone validates, writes and decides when time is up,
+    and every rank returns the same result. `init`: weights the fresh model starts from (--init-from,
     checked to fit by runs.StartingWeights; a refit's lack the halting head).
     """
     limit = TimeLimit(time_limit, clock or CLOCK) if time_limit is not None else None
