@@ -282,28 +282,37 @@ class PatienceExit(EarlyExitRule):
         self.streak, self.previous = self.streak.index_select(0, rows), self.previous.index_select(0, rows)
 
 
-class ConfidenceExit(EarlyExitRule):
+class FiringExit(EarlyExitRule):
+    """A rule that looks at the current step alone: halt once `fires` holds, or at the last step
+    (`first_firing`, step by step)."""
+
+    def fires(self, logits: torch.Tensor, lambda_logits: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def decide(self, n, last, logits, lambda_logits):
+        halts = torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device) if last \
+            else self.fires(logits, lambda_logits)
+        return halts, logits
+
+
+class ConfidenceExit(FiringExit):
     """Halt once the top class probability reaches `confidence` (`confidence_halting_steps`)."""
 
     def __init__(self, confidence: float):
         self.confidence = confidence
 
-    def decide(self, n, last, logits, lambda_logits):
-        halts = torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device) if last \
-            else confident(logits, self.confidence)
-        return halts, logits
+    def fires(self, logits, lambda_logits):
+        return confident(logits, self.confidence)
 
 
-class ThresholdExit(EarlyExitRule):
+class ThresholdExit(FiringExit):
     """Halt once lambda_n reaches `threshold` (`threshold_halting_steps`)."""
 
     def __init__(self, threshold: float):
         self.threshold = threshold
 
-    def decide(self, n, last, logits, lambda_logits):
-        halts = torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device) if last \
-            else reaches(lambda_logits, self.threshold)
-        return halts, logits
+    def fires(self, logits, lambda_logits):
+        return reaches(lambda_logits, self.threshold)
 
 
 def rule_exit(rule: HaltingRule, uniforms: torch.Tensor) -> EarlyExitRule:
