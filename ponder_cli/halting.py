@@ -70,18 +70,21 @@ def halting_log_probs(lambda_logits: torch.Tensor) -> torch.Tensor:
 
 def sample_halting_steps(lambda_logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """1-based step at which each image halts: the first n with uniforms[n] < lambda_n."""
-    fires = uniforms < halting_units(lambda_logits)  # (steps, B)
-    fires[-1].fill_(True)  # lambda_N = 1
-    return fires.to(torch.uint8).argmax(dim=0) + 1  # argmax returns the first maximum; (B,)
+    return first_firing(uniforms < halting_units(lambda_logits))  # lambda_N = 1: the last step halts
+
+
+def first_firing(fires: torch.Tensor) -> torch.Tensor:
+    """1-based first step n where fires[n] holds, or the last step: every rule that halts at
+    one step ends so. (steps, B) bool, overwritten at the last step -> (B,)"""
+    fires[-1].fill_(True)
+    return fires.to(torch.uint8).argmax(dim=0) + 1  # argmax returns the first maximum
 
 
 def quantile_halting_steps(lambda_logits: torch.Tensor, q: float) -> torch.Tensor:
     """1-based first step where the cumulative halting probability 1 - prod_{k<=n}(1 - lambda_k)
     reaches q, i.e. the survival prod_{k<=n}(1 - lambda_k) falls to 1 - q: a deterministic
     halting rule (q = 1/2: the median). (steps, B) -> (B,)"""
-    fires = log_survivals(lambda_logits) <= survival_threshold(q)  # (steps, B)
-    fires[-1].fill_(True)
-    return fires.to(torch.uint8).argmax(dim=0) + 1
+    return first_firing(log_survivals(lambda_logits) <= survival_threshold(q))
 
 
 def survival_threshold(q: float) -> float:
@@ -99,16 +102,13 @@ def patience_halting_steps(logits: torch.Tensor, patience: int) -> torch.Tensor:
     for n in range(1, predictions.shape[0]):
         streak = torch.where(predictions[n] == predictions[n - 1], streak + 1, torch.zeros_like(streak))
         fires[n] = streak >= patience
-    fires[-1].fill_(True)
-    return fires.to(torch.uint8).argmax(dim=0) + 1
+    return first_firing(fires)
 
 
 def confidence_halting_steps(logits: torch.Tensor, confidence: float) -> torch.Tensor:
     """1-based first step whose top class probability max softmax(y_n) reaches `confidence`, or
     the last step (CALM's softmax-response exit). (steps, B, classes) -> (B,)"""
-    fires = confident(logits, confidence)  # (steps, B)
-    fires[-1].fill_(True)
-    return fires.to(torch.uint8).argmax(dim=0) + 1
+    return first_firing(confident(logits, confidence))
 
 
 def confident(logits: torch.Tensor, confidence: float) -> torch.Tensor:
@@ -123,9 +123,7 @@ def confident(logits: torch.Tensor, confidence: float) -> torch.Tensor:
 def threshold_halting_steps(lambda_logits: torch.Tensor, threshold: float) -> torch.Tensor:
     """1-based first step whose halting probability lambda_n reaches `threshold`, or the last
     step. (steps, B) -> (B,)"""
-    fires = reaches(lambda_logits, threshold)  # (steps, B)
-    fires[-1].fill_(True)
-    return fires.to(torch.uint8).argmax(dim=0) + 1
+    return first_firing(reaches(lambda_logits, threshold))
 
 
 def reaches(lambda_logits: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -180,9 +178,7 @@ def act_halting(lambda_logits: torch.Tensor, epsilon: float) -> ActHalting:
     (or the last step); R = 1 - sum_{n<N} h_n; p = (h_1, ..., h_{N-1}, R, 0, ...)."""
     h = halting_units(lambda_logits)  # (steps, B)
     cumulative = running_sums(h)  # sum_{k<=n} h_k
-    reached = act_reached(cumulative, epsilon)
-    reached[-1].fill_(True)  # max_steps caps N
-    steps = reached.to(torch.uint8).argmax(dim=0) + 1  # (B,)
+    steps = first_firing(act_reached(cumulative, epsilon))  # max_steps caps N; (B,)
     n = torch.arange(1, h.shape[0] + 1, device=h.device)[:, None]  # (steps, 1)
     # sum_{n<N} h_n read off the same running sum that chose N (0 when N = 1)
     before = torch.where(steps > 1, cumulative.gather(0, (steps - 2).clamp_min(0)[None]).squeeze(0),
@@ -286,28 +282,37 @@ class PatienceExit(EarlyExitRule):
         self.streak, self.previous = self.streak.index_select(0, rows), self.previous.index_select(0, rows)
 
 
-class ConfidenceExit(EarlyExitRule):
+class FiringExit(EarlyExitRule):
+    """A rule that looks at the current step alone: halt once `fires` holds, or at the last step
+    (`first_firing`, step by step)."""
+
+    def fires(self, logits: torch.Tensor, lambda_logits: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def decide(self, n, last, logits, lambda_logits):
+        halts = torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device) if last \
+            else self.fires(logits, lambda_logits)
+        return halts, logits
+
+
+class ConfidenceExit(FiringExit):
     """Halt once the top class probability reaches `confidence` (`confidence_halting_steps`)."""
 
     def __init__(self, confidence: float):
         self.confidence = confidence
 
-    def decide(self, n, last, logits, lambda_logits):
-        halts = torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device) if last \
-            else confident(logits, self.confidence)
-        return halts, logits
+    def fires(self, logits, lambda_logits):
+        return confident(logits, self.confidence)
 
 
-class ThresholdExit(EarlyExitRule):
+class ThresholdExit(FiringExit):
     """Halt once lambda_n reaches `threshold` (`threshold_halting_steps`)."""
 
     def __init__(self, threshold: float):
         self.threshold = threshold
 
-    def decide(self, n, last, logits, lambda_logits):
-        halts = torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device) if last \
-            else reaches(lambda_logits, self.threshold)
-        return halts, logits
+    def fires(self, logits, lambda_logits):
+        return reaches(lambda_logits, self.threshold)
 
 
 def rule_exit(rule: HaltingRule, uniforms: torch.Tensor) -> EarlyExitRule:

@@ -9,6 +9,7 @@ Adding a task, a step function or a method is one module and one line here. The 
 from __future__ import annotations
 
 import importlib
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Optional, Union
@@ -34,12 +35,9 @@ METHODS = {
 # what the halting head sees: the step's readout, plus any of its top class probability, the
 # previous step's readout (the change between steps), the step function's own halting features
 # (align: the size of its turn) and the step's answer (model.answer_features: how sure it is and
-# how it changed since the last step), in that order
-HALTING_INPUTS = ("state", "state+confidence", "state+previous", "state+turn", "state+confidence+previous",
-                  "state+confidence+turn", "state+previous+turn", "state+confidence+previous+turn",
-                  "state+answer", "state+confidence+answer", "state+previous+answer", "state+turn+answer",
-                  "state+confidence+previous+answer", "state+confidence+turn+answer", "state+previous+turn+answer",
-                  "state+confidence+previous+turn+answer")
+# how it changed since the last step), in that order: every subset of the four, after "state"
+HALTING_INPUTS = tuple("+".join(("state", *parts, *answer)) for answer in ((), ("answer",)) for size in range(4)
+                       for parts in itertools.combinations(("confidence", "previous", "turn"), size))
 # what PonderNet trains its halting head towards: the prior (the paper's KL term), or, by binary
 # cross-entropy of lambda_n, whether no later step changes the answer (final) or whether the
 # answer is right (correct); methods.halting_targets

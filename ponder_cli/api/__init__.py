@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .. import BadValue, Interrupted, PonderError, Terminated
+from .. import BadValue, Interrupted, Terminated
 from ..checkpoint import load_model
 from ..config import PonderConfig
 from ..folders import resolve_checkpoint

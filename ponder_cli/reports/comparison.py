@@ -72,8 +72,9 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
                       protocol: Optional[str], halting: str, seed: int, repeats: int = 1,
                       view: TaskView, max_steps: Optional[int] = None, trained: Optional[dict] = None) -> Report:
     """results[g][m][b]: the bucket dict of member m of group g in bucket b (an angle, or a
-    non-zero-count range for parity), with its accuracy_at_step; every checkpoint is of one task. max_steps: --max-steps (None: each as trained),
-    trained: each checkpoint's trained max_steps by path."""
+    non-zero-count range for parity), with its accuracy_at_step; every checkpoint is of one
+    task. max_steps: --max-steps (None: each as trained), trained: each checkpoint's trained
+    max_steps by path."""
     buckets, series = [], {}
     words = view.terms
     names = {*DIFFICULTY_KEYS, words.key}
