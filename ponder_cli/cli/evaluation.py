@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from .. import BadValue, PonderError
+from .. import BadValue
 from ..cli_options import (
     AmpOption,
     AnglesCommand,
