@@ -467,6 +467,16 @@ def trash_entries(trash: Path) -> list[Path]:
         return []
 
 
+def trashed_runs(roots) -> list[str]:
+    """Where each run in the trash under `roots` was (`ponder runs rm --restore` takes it so),
+    relative to the current folder where it lay below it, each once."""
+    held = [trashed(entry)["original"] for trash in dict.fromkeys(trash for root in roots
+                                                                  for trash in trashes_under(Path(root)))
+            for entry in trash_entries(trash)]
+    return list(dict.fromkeys(os.path.relpath(path) if Path(path).is_relative_to(Path.cwd()) else path
+                              for path in held))
+
+
 def enclosing_run(folder: Path) -> Optional[Path]:
     """The run folder that `folder` lies inside (below it, at any depth), if any: a run written
     there would be hidden from `ponder runs` and `latest`, which never look inside a run folder."""

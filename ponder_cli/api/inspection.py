@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import warnings
 from dataclasses import dataclass, replace
@@ -17,8 +16,7 @@ from .. import BadValue, PonderError, PonderWarning, file_problem
 from ..checkpoint import file_damage, load_checkpoint, load_model, steps_problem
 from ..config import applies, seed_problems
 from ..folders import (BEST, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, is_run_folder, lock_holder,
-                       resolve_checkpoint, run_time, runs_under, saved_config, shipped_path, trash_entries, trashed,
-                       trashes_under)
+                       resolve_checkpoint, run_time, runs_under, saved_config, shipped_path, trashed_runs)
 from ..methods import get_method
 from ..render import Column
 from ..runs import empty_trash, recorded_run, reproducing_command, restore_run, trash_run
@@ -426,12 +424,9 @@ def remove_runs(runs: Sequence[Union[str, Path]] = (), *, restore: bool = False,
         roots = [Path(f) for f in runs] or [RUNS_DIR, HERE]
         return trash_report(empty_trash(root for root in roots if root.is_dir()), "deleted", [str(r) for r in roots])
     if not runs and restore:  # the trash's runs are in no listing: name what it holds
-        held = [trashed(entry)["original"] for trash in dict.fromkeys([*trashes_under(Path(RUNS_DIR)),
-                                                                        *trashes_under(HERE)])
-                for entry in trash_entries(trash)]
-        held = [os.path.relpath(path) if Path(path).is_relative_to(Path.cwd()) else path for path in held]
+        held = trashed_runs([RUNS_DIR, HERE])
         raise BadValue("name the runs to restore, by the path each had: " + (
-            f"the trash here holds {', '.join(dict.fromkeys(held))}" if held else
+            f"the trash here holds {', '.join(held)}" if held else
             f"no trash under {RUNS_DIR}/ or ./ holds any run"))
     if not runs:
         raise BadValue("name the runs to move to the trash (`ponder runs` lists them), or give --empty to delete "
