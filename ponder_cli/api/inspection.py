@@ -187,14 +187,12 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
     log(f"using {resolved.path} ({resolved.why})")
     state = load_checkpoint(resolved.path)
     cfg, folder = state.config, resolved.path.parent
-    sources = {}
-    saved = saved_config(folder)
-    if saved is not None and saved.get("config") == cfg.to_dict():  # the same run's record, not a stale one
-        sources = saved.get("sources") or {}
     # its name and where it started: the record of the same run, resumed since or not (a best.pt's
-    # epochs may be fewer than the folder's run has now)
+    # epochs may be fewer than the folder's run has now); where each value came from only when
+    # the record holds this very configuration
     recorded = recorded_run(folder, cfg)
     labels, init_from = Labels.of(recorded), recorded.get("init_from") if recorded else None
+    sources = (recorded.get("sources") or {}) if recorded and recorded.get("config") == cfg.to_dict() else {}
     _, status = run_status(state, resolved.path)
     resumable = all(getattr(state, key) is not None for key in state.RESUME_KEYS)
     best = _best(state)
