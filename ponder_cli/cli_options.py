@@ -3,7 +3,6 @@ choices come from the registry, defaults from the config)."""
 
 from __future__ import annotations
 
-import os
 import re
 from enum import Enum
 from pathlib import Path
@@ -457,15 +456,10 @@ def complete_run_key(incomplete: str) -> list[str]:
 def complete_run(ctx: typer.Context, incomplete: str) -> list[str]:
     """`ponder runs rm RUN`: the runs under runs/ and here, then folders at the path typed; with
     --restore, the paths the runs in the trash had (beside runs under runs/ and here)."""
-    from .folders import runs_under, trash_entries, trashed, trashes_under
+    from .folders import runs_under, trashed_runs
 
     if ctx.params.get("restore"):
-        names = []
-        for trash in dict.fromkeys([*trashes_under(Path(".")), *trashes_under(Path(RUNS_DIR))]):
-            for entry in trash_entries(trash):
-                original = Path(trashed(entry)["original"])
-                names.append(os.path.relpath(original) if original.is_relative_to(Path.cwd()) else str(original))
-        return _offer(list(dict.fromkeys(names)), incomplete)
+        return _offer(trashed_runs([".", RUNS_DIR]), incomplete)
     runs = [str(run) for run in dict.fromkeys([*runs_under(Path(RUNS_DIR)), *runs_under(Path("."))]) if str(run) != "."]
     return _offer(list(dict.fromkeys([*runs, *_folders(incomplete)])), incomplete)
 

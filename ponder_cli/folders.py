@@ -233,14 +233,22 @@ def newest_run_checkpoint(root: Path = RUNS_DIR, name: str = BEST) -> Optional[P
     return max(found)[2] if found else None
 
 
+def saved_config(folder: Path) -> Optional[dict]:
+    """A run folder's config.json, or None where there is none or it is not readable JSON."""
+    try:
+        saved = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
 def run_started(folder: Path) -> Optional[float]:
     """When the run in a folder last started (a fresh run, or a session resuming it), as the
     run recorded it in its config.json (`started`: a UTC time), in seconds since the epoch; None
     where no time is recorded (a folder an earlier version wrote)."""
     try:
-        saved = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
-        return datetime.fromisoformat(saved["started"]).timestamp()
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return datetime.fromisoformat(saved_config(folder)["started"]).timestamp()
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None
 
 
@@ -373,10 +381,10 @@ def is_run_folder(folder: Path) -> bool:
         found = run_files_in(folder)
         if any(name in CHECKPOINT_FILES for name in found) or os.path.lexists(folder / LOCK_FILE):
             return True
-        saved = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8")) if CONFIG_FILE in found else None
-    except (OSError, ValueError):
+    except OSError:
         return False
-    return isinstance(saved, dict) and "ponder_cli" in saved
+    saved = saved_config(folder) if CONFIG_FILE in found else None
+    return saved is not None and "ponder_cli" in saved
 
 
 # folders never looked into for runs: hidden ones (.git, .trash), Python's (__pycache__), a
@@ -457,6 +465,16 @@ def trash_entries(trash: Path) -> list[Path]:
         return sorted(path for path in trash.iterdir() if trashed(path) is not None)
     except OSError:
         return []
+
+
+def trashed_runs(roots) -> list[str]:
+    """Where each run in the trash under `roots` was (`ponder runs rm --restore` takes it so),
+    relative to the current folder where it lay below it, each once."""
+    held = [trashed(entry)["original"] for trash in dict.fromkeys(trash for root in roots
+                                                                  for trash in trashes_under(Path(root)))
+            for entry in trash_entries(trash)]
+    return list(dict.fromkeys(os.path.relpath(path) if Path(path).is_relative_to(Path.cwd()) else path
+                              for path in held))
 
 
 def enclosing_run(folder: Path) -> Optional[Path]:

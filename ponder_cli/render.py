@@ -363,17 +363,11 @@ def value_text(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def setting_text(value: Any) -> str:
-    """A resolved setting's value as value_text says it; a text setting left empty is off (none
-    is in a resolved configuration today: train_counts is derived when empty)."""
-    return "off" if value == "" else value_text(value)
-
-
 def config_item(option: str, value) -> str:
     """`max-steps 12`; a switch as the flag that sets it: `gru-layer-norm`, `no-gru-layer-norm`."""
     if isinstance(value, bool):
         return option if value else f"no-{option}"
-    return f"{option} {setting_text(value)}"
+    return f"{option} {value_text(value)}"
 
 
 def config_lines(values: dict, sources: dict, shown: list[str], width: int = 80) -> list[str]:

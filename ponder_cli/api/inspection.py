@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import warnings
 from dataclasses import dataclass, replace
@@ -16,9 +15,8 @@ import torch
 from .. import BadValue, PonderError, PonderWarning, file_problem
 from ..checkpoint import file_damage, load_checkpoint, load_model, steps_problem
 from ..config import applies, seed_problems
-from ..folders import (BEST, CONFIG_FILE, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, is_run_folder,
-                       lock_holder, resolve_checkpoint, run_time, runs_under, shipped_path, trash_entries, trashed,
-                       trashes_under)
+from ..folders import (BEST, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, is_run_folder, lock_holder,
+                       resolve_checkpoint, run_time, runs_under, saved_config, shipped_path, trashed_runs)
 from ..methods import get_method
 from ..render import Column
 from ..runs import empty_trash, recorded_run, reproducing_command, restore_run, trash_run
@@ -189,14 +187,12 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
     log(f"using {resolved.path} ({resolved.why})")
     state = load_checkpoint(resolved.path)
     cfg, folder = state.config, resolved.path.parent
-    sources = {}
-    saved = _saved_run_config(folder)
-    if saved is not None and saved.get("config") == cfg.to_dict():  # the same run's record, not a stale one
-        sources = saved.get("sources") or {}
     # its name and where it started: the record of the same run, resumed since or not (a best.pt's
-    # epochs may be fewer than the folder's run has now)
+    # epochs may be fewer than the folder's run has now); where each value came from only when
+    # the record holds this very configuration
     recorded = recorded_run(folder, cfg)
     labels, init_from = Labels.of(recorded), recorded.get("init_from") if recorded else None
+    sources = (recorded.get("sources") or {}) if recorded and recorded.get("config") == cfg.to_dict() else {}
     _, status = run_status(state, resolved.path)
     resumable = all(getattr(state, key) is not None for key in state.RESUME_KEYS)
     best = _best(state)
@@ -243,15 +239,6 @@ def shipped_models(*, log: Callable[[str], None] = lambda line: None) -> Report:
     return Report(meta=meta, buckets=buckets, columns=MODEL_COLUMNS, title="Shipped models",
                   caption=f"val: the best epoch's validation figures · default: {DEFAULT}\n"
                           "evaluate one by name: ponder eval NAME; more: ponder info NAME")
-
-
-def _saved_run_config(folder: Path) -> Optional[dict]:
-    """A run folder's config.json, or None where there is none or it is not readable JSON."""
-    try:
-        saved = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return saved if isinstance(saved, dict) else None
 
 
 # runs ------------------------------------------------------------------------------------------
@@ -435,12 +422,9 @@ def remove_runs(runs: Sequence[Union[str, Path]] = (), *, restore: bool = False,
         roots = [Path(f) for f in runs] or [RUNS_DIR, HERE]
         return trash_report(empty_trash(root for root in roots if root.is_dir()), "deleted", [str(r) for r in roots])
     if not runs and restore:  # the trash's runs are in no listing: name what it holds
-        held = [trashed(entry)["original"] for trash in dict.fromkeys([*trashes_under(Path(RUNS_DIR)),
-                                                                        *trashes_under(HERE)])
-                for entry in trash_entries(trash)]
-        held = [os.path.relpath(path) if Path(path).is_relative_to(Path.cwd()) else path for path in held]
+        held = trashed_runs([RUNS_DIR, HERE])
         raise BadValue("name the runs to restore, by the path each had: " + (
-            f"the trash here holds {', '.join(dict.fromkeys(held))}" if held else
+            f"the trash here holds {', '.join(held)}" if held else
             f"no trash under {RUNS_DIR}/ or ./ holds any run"))
     if not runs:
         raise BadValue("name the runs to move to the trash (`ponder runs` lists them), or give --empty to delete "
@@ -462,7 +446,7 @@ def _run_row(folder: Path, stamp: Optional[float], name: Optional[str] = None, p
     checkpoint), or its config.json when it holds no checkpoint yet; its name (the one `ponder
     train --name` gave, else `name`: the folder's below the one listed), tags and note from its
     config.json."""
-    saved = _saved_run_config(folder)
+    saved = saved_config(folder)
     labels = Labels.of(saved)
     row = {"run": str(folder), "name": labels.name or name or folder.name or str(folder), "task": None,
            "method": None, "step": None, "status": "empty", "epoch": None, "epochs": None, "best_epoch": None,
@@ -518,7 +502,7 @@ def _diff_row(target: Union[str, Path], log: Callable[[str], None]) -> tuple[dic
         log(f"using {resolved.path} ({resolved.why})")
         folder, read = resolved.path.parent, resolved.path
         row = _run_row(folder, run_time(folder), path=resolved.path)
-    saved = _saved_run_config(folder) or {}
+    saved = saved_config(folder) or {}
     row["init_from"] = saved.get("init_from")  # where its weights started
     row["given_name"] = Labels.of(saved).name  # `train --name`'s, which heads its column
     return row, read

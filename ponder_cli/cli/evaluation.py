@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from .. import BadValue, PonderError
+from .. import BadValue
 from ..cli_options import (
     AmpOption,
     AnglesCommand,
@@ -145,7 +145,7 @@ def sweep(
 @app.command(cls=AnglesCommand)
 def compare(
     checkpoints: List[str] = typer.Argument(..., metavar="CHECKPOINT", show_default=False,
-                                            autocompletion=lambda incomplete: complete_checkpoint(incomplete),
+                                            autocompletion=complete_checkpoint,
                                             help="Checkpoints to compare (each as eval's CHECKPOINT: a file, a run "
                                                  "folder, latest or a shipped model's name): one or more per method; "
                                                  "several of one method (e.g. other seeds) give mean ± sd."),
@@ -275,7 +275,7 @@ def predict(
 def info(
     checkpoint: Optional[str] = typer.Argument(
         None, metavar="CHECKPOINT|RUN_DIR", show_default=False,
-        autocompletion=lambda incomplete: complete_checkpoint(incomplete),
+        autocompletion=complete_checkpoint,
         help=f"A checkpoint file, a run folder (its last.pt, else its best.pt), {LATEST} (the newest run) or a shipped "
              f"model's name. [default: {DEFAULT}]"),
     plot: Optional[Path] = path_option("--plot", help="Write the learning curves: loss, accuracy and ponder "
@@ -382,7 +382,7 @@ def runs_rm(
 @app.command()
 def diff(
     targets: List[str] = typer.Argument(..., metavar="RUN...", show_default=False,
-                                        autocompletion=lambda incomplete: complete_checkpoint(incomplete),
+                                        autocompletion=complete_checkpoint,
                                         help="Two or more runs, each as info's CHECKPOINT: a run folder (its last.pt, "
                                              f"else its best.pt), a checkpoint file, {LATEST} or a shipped model's "
                                              "name."),

@@ -8,7 +8,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Optional
 
-from ..render import Column, cell_text, setting_text, value_text
+from ..render import Column, cell_text, value_text
 from ..registry import FORMAT_VERSION
 from . import Report, TaskView, describe_model, make_meta
 
@@ -129,7 +129,7 @@ def info_report(checkpoint: str, cfg, history: list[dict], summary: dict, *, sho
                      seed=cfg.training.seed, task=view.name, **view.meta, **summary, config=cfg.to_dict(),
                      sources=sources)
     values = cfg.to_dict()
-    configuration = " · ".join(f"{name.replace('_', '-')} {setting_text(values[name])}"
+    configuration = " · ".join(f"{name.replace('_', '-')} {value_text(values[name])}"
                                + ("" if sources.get(name, "default") == "default" else f" ({sources[name]})")
                                for name in shown)
     best = summary["best_epoch"]
