@@ -8,8 +8,8 @@ process (its own pid, signals, file descriptors and exit status) and starts in m
 What a fresh interpreter sets up as it starts is set up here: the standard streams on file
 descriptors 0-2 and no other (stdout block-buffered, line-buffered on a terminal; stderr line-buffered, as
 Python's own), SIGINT raising KeyboardInterrupt and SIGTERM ending the process, no signal
-blocked (whatever the suite was started with: a shell's `&` leaves SIGINT ignored), the
-environment and working directory asked for; and its ending: the exit status an uncaught
+blocked (whatever the suite was started with: a shell's `&` leaves SIGINT ignored), a tqdm lock
+of its own (not the semaphore the fork shares), the environment and working directory asked for; and its ending: the exit status an uncaught
 exception or `SystemExit` gives, stdout flushed, non-daemon threads joined. What depends on the
 interpreter's own start (which modules it imports, its streams' encoding, a standard stream
 closed before it starts) is tested with a fresh interpreter (`subprocess`) instead.
@@ -123,6 +123,18 @@ def run_cli(args: list) -> None:
     app(args, prog_name="ponder")
 
 
+def _fresh_tqdm_lock() -> None:
+    """tqdm's write lock holds a multiprocessing semaphore, which a fork shares with the parent
+    and every other child. A child killed while holding it (a bar is made at each epoch, bars left
+    off included, and a test kills at random moments) would leave every later child, and the test
+    process, waiting on it for ever. A fresh interpreter makes a lock of its own; so does a child."""
+    from tqdm.std import TqdmDefaultWriteLock, tqdm
+
+    for owner, name in ((tqdm, "_lock"), (TqdmDefaultWriteLock, "mp_lock")):
+        if name in vars(owner):
+            delattr(owner, name)
+
+
 def _child(target, args, fds: dict, env, cwd, new_session: bool) -> int:
     if new_session:
         os.setsid()
@@ -132,6 +144,7 @@ def _child(target, args, fds: dict, env, cwd, new_session: bool) -> int:
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _fresh_tqdm_lock()
     if env is not None:
         os.environ.clear()
         os.environ.update(env)

@@ -391,6 +391,35 @@ def test_sigkill_never_leaves_a_broken_checkpoint(tiny_mnist, tmp_path):
     assert epochs == sorted(set(epochs)), epochs  # each run trained on from where the last was killed
 
 
+def _hold_tqdms_lock() -> None:
+    from tqdm import tqdm
+
+    tqdm.get_lock().acquire()
+    time.sleep(60)
+
+
+def _make_a_bar() -> None:
+    from tqdm import tqdm
+
+    tqdm(range(3), disable=True).close()  # every epoch makes one, progress off or on
+
+
+def test_a_child_killed_holding_tqdms_lock_stalls_no_other_process():
+    """The kills above can land while a run holds tqdm's lock, a semaphore a fork would share:
+    the next child, and this process, must not wait on it (a CI run once hung here for an hour)."""
+    from tqdm import tqdm
+
+    tqdm(disable=True).close()  # this process has made tqdm's lock, as the tests' trainings do
+    with processes.fork(_hold_tqdms_lock) as holder:
+        time.sleep(0.5)
+        holder.kill()
+    with processes.fork(_make_a_bar) as child:
+        assert child.wait(timeout=20) == 0
+    shared = type(tqdm.get_lock()).mp_lock  # the semaphore itself: its acquire says whether it got it
+    assert shared.acquire(timeout=5)
+    shared.release()
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 @pytest.mark.parametrize("sent,code,headline", [(signal.SIGINT, 130, "Interrupted"), (signal.SIGTERM, 143, "Terminated")])
 def test_interrupt_saves_and_prints_the_resume_hint(sent, code, headline, tiny_mnist, tmp_path):
