@@ -70,6 +70,11 @@ TRAIN_FORMATS = (*FORMATS, "jsonl")
 # --print-config's): a key removed or renamed, or its meaning changed, raises it; a key added does
 # not (readers ignore keys they do not know).
 FORMAT_VERSION = 1
+# Why a run's training ended (the report's "stop_reason", last.pt's): every planned epoch
+# trained; early stopping; its time limit (resumable: the next epoch would not have fitted); or a
+# run that never left chance with its learning rate cut to the floor. The last two are news: the
+# report says them.
+FINISHED, EARLY_STOP, TIME_LIMIT, AT_CHANCE = "finished", "early stop", "time limit", "at chance"
 
 # --device: auto (CUDA when there is a GPU), cpu, cuda, cuda:N. Torch knows other kinds of device,
 # which it would accept by name; none of them is one this program runs on.

@@ -19,6 +19,7 @@ from .config import PonderConfig, duration_text
 from .folders import BEST, LAST
 from .methods import Method, get_method
 from .model import truncate
+from .registry import AT_CHANCE, EARLY_STOP, FINISHED, TIME_LIMIT
 from .runtime import Adam, autocast, drops_rows, grad_scaler
 from .tasks import TrainingSource, get_task
 
@@ -47,10 +48,6 @@ class EpochStats:
     training_step: str = ""
 
 
-# Why a run's training ended (TrainResult.stop_reason, the report's "stop_reason"): every planned
-# epoch trained; early stopping; its time limit (resumable: the next epoch would not have fitted);
-# or a run that never left chance with its learning rate cut to the floor (at_chance).
-FINISHED, EARLY_STOP, TIME_LIMIT, AT_CHANCE = "finished", "early stop", "time limit", "at chance"
 
 
 @dataclass
@@ -61,7 +58,7 @@ class TrainResult:
     last_epoch: int
     stopped_early: bool
     history: list[EpochStats] = field(default_factory=list)
-    stop_reason: str = FINISHED
+    stop_reason: str = FINISHED  # registry's FINISHED, EARLY_STOP, TIME_LIMIT or AT_CHANCE
     stop_note: str = ""  # the one line that says why, where the run did not simply finish
 
     @property

@@ -18,11 +18,11 @@ from ..config import applies, seed_problems
 from ..folders import (BEST, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, is_run_folder, lock_holder,
                        resolve_checkpoint, run_time, runs_under, saved_config, shipped_path, trashed_runs)
 from ..methods import get_method
+from ..registry import TIME_LIMIT
 from ..render import Column
 from ..runs import empty_trash, recorded_run, reproducing_command, restore_run, trash_run
 from ..reports import Report, diff_report, info_report, make_meta, prediction_report, runs_report, trash_report
 from ..reports.runs import NUMBER, OTHER_SPELLINGS, RUN_KEYS, SWITCH, TAGS, TEXT, TIME, run_keys
-from ..train import TIME_LIMIT
 from ..tasks import STDIN, InputOptions, get_task, uniforms as draw_uniforms
 from . import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named, steps_run
 

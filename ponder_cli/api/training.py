@@ -17,12 +17,13 @@ from ..checkpoint import CheckpointNotSaved
 from ..config import Origin, PonderConfig, duration_text, parse_duration, read_config_file
 from ..data import resolve_data_dir
 from ..folders import Labels
+from ..registry import TIME_LIMIT
 from ..render import config_lines, epoch_line
 from ..reports import Report, epoch_record, stopped_record, training_report
 from ..runs import RunFolder, StartingWeights, plan_training, refuse_starting, require_tensorboard, resolve_config
 from ..runtime import amp_dtype
 from ..tasks import get_task
-from ..train import TIME_LIMIT, train
+from ..train import train
 from . import device_and_amp, device_line, on_device
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..render import Column, cell_text, value_text
-from ..registry import FORMAT_VERSION
+from ..registry import AT_CHANCE, FORMAT_VERSION, TIME_LIMIT
 from . import Report, TaskView, describe_model, make_meta
 
 # train -----------------------------------------------------------------------------------------
@@ -41,7 +41,7 @@ def training_report(cfg, result, seconds: float, view: TaskView) -> Report:
                           f"{result.best_epoch}, whose weights were not found beside the checkpoint resumed")
                   + _step_line(summary["training_step"], "\n")
                   # a run that did not simply finish or stop early says why (its line on stderr says more)
-                  + (f"\nstopped: {result.stop_reason}" if result.stop_reason in ("time limit", "at chance") else ""))
+                  + (f"\nstopped: {result.stop_reason}" if result.stop_reason in (TIME_LIMIT, AT_CHANCE) else ""))
 
 
 # How a run's training batches ran (train.BatchStep.path): said where it is news, on a GPU
