@@ -22,7 +22,7 @@ import typing
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 try:
     import tomllib
@@ -245,6 +245,16 @@ def inapplicable(keys, chosen: dict[str, str], name=lambda key: spelled(key, {},
     return problems
 
 
+def idle(chosen: dict[str, str], value: Callable[[str], object]) -> dict[str, str]:
+    """The settings the chosen pieces read that another value leaves unread (each piece's `idle`,
+    given `value`: key -> the run's value): key -> the value that would read it, and the one set
+    ("--halting-target prior, not final")."""
+    found: dict = {}
+    for kind, name in chosen.items():
+        found.update(getattr(piece_class(kind, name), "idle", lambda value: {})(value))
+    return found
+
+
 def implied_values(chosen: dict[str, str]) -> dict[str, tuple]:
     """key -> (value, "--step align"): what the chosen pieces imply unless the user says otherwise."""
     return {key: (value, f"--{kind} {chosen[kind]}") for kind in PIECES if kind in chosen and known(kind, chosen[kind])
@@ -333,7 +343,8 @@ class PonderConfig:
     def problems(self, given=(), origins: dict = {}) -> list[str]:
         """What is wrong, first things first: each value alone; a step that reads another kind of
         input than the task gives (mlp on parity vectors); a setting the user gave (`given`) that
-        the chosen pieces do not read; a halting input the step does not show; then what each
+        the chosen pieces do not read, or that another value leaves unread (a piece's `idle`:
+        --beta with --halting-target final); a halting input the step does not show; then what each
         chosen piece refuses beside the rest (parity's counts against elems). A setting is named
         as the user gave it (`origins`: key -> the file that gave it)."""
         chosen = self.chosen()
@@ -347,6 +358,8 @@ class PonderConfig:
             fitting = ", ".join(name for name in STEPS if step_class(name).input_kind == task.input_kind)
             return [f"--step {self.step.name} does not fit --task {self.task.name} ({task.inputs}); choose {fitting}"]
         return (inapplicable(given, chosen, lambda key: spelled(key, origins, "--"))
+                or [f"{spelled(key, origins, '--')} applies to {where}"
+                    for key, where in idle(chosen, self.value).items() if key in given]
                 or [f"{spelled('halting_input', origins)} {self.method.halting_input}: step {self.step.name} has no "
                     f"{part} to show" for part in self.method.halting_input.split("+")[1:]
                     if part not in ("confidence", "previous", "answer", step.halting_feature)]

@@ -167,6 +167,14 @@ class Method:
         (each value's own range is its field's, config.py)."""
         return []
 
+    @classmethod
+    def idle(cls, value) -> dict[str, str]:
+        """Of the settings it reads, those that another of the run's values (`value`: key -> value)
+        leaves unread: key -> the value that reads it and the one set ("--halting-target prior, not
+        final"). Given, such a setting is refused as one no chosen piece reads is; a checkpoint's
+        is not carried into a run from it (config.idle)."""
+        return {}
+
     def halting_label(self, rule: str) -> str:
         """The halting rule that really applies when the user asks for `rule`."""
         return rule
@@ -277,6 +285,13 @@ class PonderNetMethod(Method):
             problems.append("depth-min trains with truncation-rule cut, not roulette (roulette's loss weights "
                             "assume its own coins alone decide where an input stops)")
         return problems
+
+    @classmethod
+    def idle(cls, value):
+        # a head trained on the answer (final, correct) has no KL term: its prior is never read
+        target = value("halting_target")
+        return {} if target == "prior" else {key: f"--halting-target prior, not {target}"
+                                             for key in ("lambda_p", "prior", "beta", "beta_warmup")}
 
     def kl_weight(self, progress: torch.Tensor | None):
         """beta, or during the warm-up beta * progress / beta_warmup (a tensor: no host read)."""

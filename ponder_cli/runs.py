@@ -35,7 +35,7 @@ from typing import Callable, Iterable, Optional, Union
 
 from . import BadValue, PonderError, PonderWarning, __version__, brief, file_problem, name_length_problem
 from .checkpoint import load_checkpoint, new_model
-from .config import PonderConfig, applies, inapplicable, render_config, spelled
+from .config import PonderConfig, applies, idle, inapplicable, render_config, spelled
 from .registry import FORMAT_VERSION
 from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR,
                       LOCK_FILE, TRASH, TRASH_NOTE, Labels, Resolved, RunLock, check_unlocked, enclosing_run,
@@ -84,8 +84,9 @@ class StartingWeights:
         model is (starting from a refit, a run keeps the head it learnt unless it asks again)."""
         saved = self.state.config
         chosen = {kind: given.get(kind, saved.value(kind)) for kind in ("task", "step", "method")}
-        return {key: value for key, value in saved.to_dict().items()
-                if key not in given and key != "refit_halting" and applies(key, chosen) and value is not None}
+        unread = idle(chosen, lambda key: given.get(key, saved.value(key)))  # a prior's, under an answer target
+        return {key: value for key, value in saved.to_dict().items() if key not in given and key != "refit_halting"
+                and applies(key, chosen) and key not in unread and value is not None}
 
     def weights(self, cfg: PonderConfig) -> dict:
         """The tensors the run `cfg` takes from it: every one, or under --refit-halting all but the

@@ -2,6 +2,7 @@
 (--halting-input ...+answer), the threshold:T rule and the refit of a trained model's halting head
 (--init-from CHECKPOINT --refit-halting)."""
 
+import dataclasses
 import json
 import math
 
@@ -111,6 +112,37 @@ def test_an_answer_target_refuses_truncation_and_random_depth():
         PonderConfig.of(halting_target="correct", depth_min=2)
     with pytest.raises(PonderError, match="--halting-target applies to --method pondernet"):
         PonderConfig.of(method="act", halting_target="final")
+
+
+@pytest.mark.parametrize("target", ["final", "correct"])
+def test_an_answer_target_refuses_the_kl_terms_settings_it_never_reads(target, ponder, one_error_line, tmp_path,
+                                                                       checkpoint):
+    """No KL term under an answer target: --beta, --lambda-p, --prior and --beta-warmup given
+    would change nothing, so they are refused as a setting no chosen piece reads is; the same
+    values left to the defaults, or in the checkpoint a run starts from, are not (a checkpoint's
+    are not carried: they would say the run has a prior it never reads)."""
+    answer = dict(halting_target=target, truncation=0.0)
+    for key, value in (("beta", 0.1), ("lambda_p", 0.3), ("prior", "uniform"), ("beta_warmup", 5)):
+        with pytest.raises(PonderError, match=f"^--{key.replace('_', '-')} applies to --halting-target prior, "
+                                              f"not {target}$"):
+            PonderConfig.of(**answer, **{key: value})
+        assert PonderConfig.of(**{key: value}).value(key) == value  # under the prior it is read
+    assert PonderConfig.of(**answer).method.lambda_p == PonderConfig.of().method.lambda_p
+    assert one_error_line(ponder("train", "--halting-target", target, "--truncation", "0", "--beta", "0.1",
+                                 "--data-dir", tmp_path)) == f"Error: --beta applies to --halting-target prior, " \
+                                                             f"not {target}"
+    config = tmp_path / "answer.toml"
+    config.write_text(f'halting_target = "{target}"\ntruncation = 0.0\nlambda_p = 0.3\n')
+    result = ponder("train", "--config", config, "--data-dir", tmp_path)
+    assert result.exit_code == 2
+    assert one_error_line(result) == f"Error: --config {config}: lambda_p applies to --halting-target prior, not {target}"
+    prior_run = tmp_path / "prior.pt"  # a model trained under the prior, with a beta of its own
+    state = load_checkpoint(checkpoint)
+    torch.save(dataclasses.replace(state, config=state.config.replace(beta=0.05)).to_dict(), prior_run)
+    printed = ponder("train", "--init-from", prior_run, "--halting-target", target, "--truncation", "0",
+                     "--print-config", "-f", "json")
+    assert printed.exit_code == 0, printed.output
+    assert json.loads(printed.stdout)["method"]["beta"] == PonderConfig.default("beta") != 0.05
 
 
 def _data(tiny_mnist, cfg):
