@@ -40,7 +40,7 @@ from .registry import FORMAT_VERSION
 from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR,
                       LOCK_FILE, TRASH, TRASH_NOTE, Labels, Resolved, RunLock, check_unlocked, enclosing_run,
                       is_run_folder,
-                      package_dir, package_problem, resolve_checkpoint, run_files_in, runs_inside, started_now,
+                      package_dir, package_problem, resolve_checkpoint, run_files_in, runs_inside, saved_config, started_now,
                       trash_entries, trashed, trashes_under)
 from .render import csv_cell, value_text as spelled_value
 from .tasks import get_task
@@ -216,17 +216,24 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
                         init_from=recorded.get("init_from") if recorded else None)
 
 
+def _record(folder: Path) -> Optional[tuple[dict, PonderConfig]]:
+    """A run folder's config.json and the configuration it records; None where there is no
+    record to read (none, or one another version wrote). A setting the record's pieces do not
+    read is said when its checkpoint loads, not here."""
+    saved = saved_config(folder)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PonderWarning)
+            return saved, PonderConfig.from_dict(saved["config"])
+    except (ValueError, TypeError, KeyError, PonderError):
+        return None
+
+
 def recorded_run(folder: Path, cfg: PonderConfig) -> Optional[dict]:
     """A run folder's config.json when it records the run `cfg` describes (its labels, where its
     weights started), else None (another run's record, or none at all)."""
-    try:
-        saved = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", PonderWarning)
-            same = _same_run(PonderConfig.from_dict(saved["config"]), cfg)
-    except (OSError, ValueError, TypeError, KeyError, PonderError):
-        return None
-    return saved if same else None
+    record = _record(folder)
+    return record[0] if record is not None and _same_run(record[1], cfg) else None
 
 
 def reproducing_command(cfg: PonderConfig, init_from: Optional[str] = None) -> str:
@@ -300,15 +307,10 @@ def _refuse_another_run(state, resume: Path, folder: Path) -> None:
     """Resuming in a run's own folder a checkpoint of another run (one copied over its last.pt,
     or another run's named by mistake) would make the folder that run's: its config.json,
     config.toml, metrics.csv and best.pt rewritten. The folder's config.json is its record."""
-    try:
-        saved = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
-        with warnings.catch_warnings():  # a setting the record's pieces do not read: said when it loads
-            warnings.simplefilter("ignore", PonderWarning)
-            recorded = PonderConfig.from_dict(saved["config"], saved=str(folder / CONFIG_FILE))
-    except (OSError, ValueError, TypeError, KeyError, PonderError):
+    record = _record(folder)
+    if record is None or _same_run(record[1], state.config):
         return  # no record to hold it to (a folder of the user's, a config.json another version wrote)
-    if _same_run(recorded, state.config):
-        return
+    recorded = record[1]
     theirs, ours = state.config.to_dict(), recorded.to_dict()
     differ = [f"{key.replace('_', '-')} {spelled_value(theirs[key])} (the folder's: {spelled_value(ours[key])})"
               for key in ours if key not in RESUMABLE_CHANGES and ours[key] != theirs[key]]
