@@ -228,10 +228,12 @@ def readers(key: str) -> dict[str, list[str]]:
     return {kind: names for kind, names in found.items() if names}
 
 
-def applies(key: str, chosen: dict[str, str]) -> bool:
+def applies(key: str, chosen: dict[str, str], value: Optional[Callable[[str], object]] = None) -> bool:
     """Whether a setting matters to the chosen pieces: every kind with readers of it has it read
-    by the chosen piece (one no piece declares, like epochs, applies to every run)."""
-    return all(chosen[kind] in names for kind, names in readers(key).items())
+    by the chosen piece (one no piece declares, like epochs, applies to every run); given the
+    run's values (`value`: key -> value), and no other of them leaves it unread (idle)."""
+    return all(chosen[kind] in names for kind, names in readers(key).items()) and \
+        (value is None or key not in idle(chosen, value))
 
 
 def inapplicable(keys, chosen: dict[str, str], name=lambda key: spelled(key, {}, "--")) -> list[str]:
@@ -251,7 +253,8 @@ def idle(chosen: dict[str, str], value: Callable[[str], object]) -> dict[str, st
     ("--halting-target prior, not final")."""
     found: dict = {}
     for kind, name in chosen.items():
-        found.update(getattr(piece_class(kind, name), "idle", lambda value: {})(value))
+        if name in PIECES[kind]:  # a piece no longer installed reads nothing here
+            found.update(getattr(piece_class(kind, name), "idle", lambda value: {})(value))
     return found
 
 
@@ -461,10 +464,10 @@ def read_config_file(path: Path) -> dict:
         # it (a warning for any not at its neutral value), and are left out
         saved = {key: value for key, value in data["config"].items() if value is not None}
         try:
-            chosen = PonderConfig.from_dict(saved, saved=f"--config {path}").chosen()
+            recorded = PonderConfig.from_dict(saved, saved=f"--config {path}")
         except PonderError as exc:
             raise PonderError(f"--config {path}: {exc}") from None
-        return {key: value for key, value in saved.items() if applies(key, chosen)}
+        return {key: value for key, value in saved.items() if applies(key, recorded.chosen(), recorded.value)}
     values = {}
     for table, items in data.items():
         if table in DOCUMENT_KEYS:  # --print-config -f json's own keys, not settings
@@ -501,7 +504,7 @@ def render_config(cfg: PonderConfig, sources: dict, fmt: str = "toml") -> str:
     value the pieces imply but do not read (plain's one step) is a comment; a None (halting_bias:
     the method's own) is left out."""
     values, shown = cfg.to_dict(), [key for key in cfg.shown_fields() if cfg.value(key) is not None]
-    settable = [key for key in shown if applies(key, cfg.chosen())]
+    settable = [key for key in shown if applies(key, cfg.chosen(), cfg.value)]
     if fmt == "json":
         tables = {section: {key: values[key] for key in keys if key in settable} for section, keys in SECTIONS.items()}
         return json.dumps({"format_version": FORMAT_VERSION, **tables,

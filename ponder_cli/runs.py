@@ -35,7 +35,7 @@ from typing import Callable, Iterable, Optional, Union
 
 from . import BadValue, PonderError, PonderWarning, __version__, brief, file_problem, name_length_problem
 from .checkpoint import load_checkpoint, new_model
-from .config import PonderConfig, applies, idle, inapplicable, render_config, spelled
+from .config import PonderConfig, applies, inapplicable, render_config, spelled
 from .registry import FORMAT_VERSION
 from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR,
                       LOCK_FILE, TRASH, TRASH_NOTE, Labels, Resolved, RunLock, check_unlocked, enclosing_run,
@@ -84,9 +84,11 @@ class StartingWeights:
         model is (starting from a refit, a run keeps the head it learnt unless it asks again)."""
         saved = self.state.config
         chosen = {kind: given.get(kind, saved.value(kind)) for kind in ("task", "step", "method")}
-        unread = idle(chosen, lambda key: given.get(key, saved.value(key)))  # a prior's, under an answer target
+
+        def new_value(key):  # the new run's, as far as it is known here
+            return given.get(key, saved.value(key))
         return {key: value for key, value in saved.to_dict().items() if key not in given and key != "refit_halting"
-                and applies(key, chosen) and key not in unread and value is not None}
+                and applies(key, chosen, new_value) and value is not None}
 
     def weights(self, cfg: PonderConfig) -> dict:
         """The tensors the run `cfg` takes from it: every one, or under --refit-halting all but the
@@ -249,7 +251,7 @@ def reproducing_command(cfg: PonderConfig, init_from: Optional[str] = None) -> s
     for _ in range(3):  # a setting given can change what another derives (parity's counts from --elems)
         fresh = PonderConfig.of(**given)
         more = {key: cfg.value(key) for key in cfg.field_names()
-                if key not in given and applies(key, chosen) and cfg.value(key) != fresh.value(key)}
+                if key not in given and applies(key, chosen, cfg.value) and cfg.value(key) != fresh.value(key)}
         if not more:
             break
         given.update(more)
@@ -259,7 +261,8 @@ def reproducing_command(cfg: PonderConfig, init_from: Optional[str] = None) -> s
             fresh = PonderConfig.of(**settings)
         except PonderError:
             return False
-        return all(fresh.value(key) == cfg.value(key) for key in cfg.field_names() if applies(key, chosen))
+        return all(fresh.value(key) == cfg.value(key) for key in cfg.field_names()
+                   if applies(key, chosen, cfg.value))
     for key in [key for key in given if key not in chosen]:  # what another setting derives goes unsaid
         fewer = {k: v for k, v in given.items() if k != key}
         if same(fewer):
@@ -547,7 +550,8 @@ class RunFolder:
                          resumed_from=str(plan.resumed.path) if plan.resumed else None,
                          resumed_after_epoch=plan.resume.epoch if plan.resume else None, device=self.device,
                          amp=self.amp, processes=self.processes,
-                         not_applicable=[name for name in cfg.field_names() if not applies(name, cfg.chosen())])
+                         not_applicable=[name for name in cfg.field_names()
+                                         if not applies(name, cfg.chosen(), cfg.value)])
         same_folder = plan.resume is not None and out_dir.resolve() == plan.resumed.path.parent.resolve()
         write_environment(out_dir, session(self.device, self.processes), keep_earlier=same_folder)
         # a resumed run's rows so far come from its checkpoint's history

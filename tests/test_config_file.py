@@ -101,7 +101,8 @@ def test_a_setting_that_does_not_apply_names_the_file_and_the_key(tmp_path, pond
 
 OPTION_SETS = [{}, {"step": "align"}, {"method": "act", "tau": 0.02}, {"method": "plain"},
                {"task": "parity", "elems": 16}, {"task": "parity", "step": "rnn", "lr": 3e-4, "elems": 8},
-               {"step": "align", "turn_gate": 0.1, "halting_input": "state+confidence+turn", "truncation": 0.05}]
+               {"step": "align", "turn_gate": 0.1, "halting_input": "state+confidence+turn", "truncation": 0.05},
+               {"halting_target": "final", "halting_input": "state+answer", "truncation": 0.0}]  # no prior to set
 
 
 @pytest.mark.parametrize("given", OPTION_SETS)

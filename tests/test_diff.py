@@ -60,6 +60,24 @@ def test_each_method_shows_what_it_reads_and_a_dash_for_what_it_does_not(runs, p
     assert (rows["tau"]["pn1"], rows["tau"]["act"]) == ("", f"{configs[1]['tau']}")
 
 
+def test_an_answer_trained_head_shows_a_dash_for_the_priors_settings(runs, ponder, tmp_path):
+    """Under --halting-target final there is no KL term: lambda-p, prior, beta and beta-warmup are
+    not read, and show as a setting of another method does."""
+    import dataclasses
+
+    import torch
+
+    from ponder_cli.checkpoint import load_checkpoint
+
+    state = load_checkpoint(runs / "pn1" / "last.pt")
+    final = state.config.replace(halting_target="final", truncation=0.0)
+    torch.save(dataclasses.replace(state, config=final).to_dict(), tmp_path / "final.pt")
+    settings = _settings(_diff(ponder, runs / "pn1", tmp_path / "final.pt"))
+    assert settings["halting_target"] == (["prior", "final"], [True, True])
+    for key in ("lambda_p", "prior", "beta", "beta_warmup"):
+        assert settings[key] == ([state.config.value(key), None], [True, False]), key
+
+
 def test_a_parity_run_shows_no_mnist_setting_and_shipped_names_are_runs(runs, ponder):
     """reference (MNIST) against parity16 (shipped, by name): val-size is MNIST's alone, elems
     parity's; both read max-steps (20), which does not differ."""

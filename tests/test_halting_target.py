@@ -142,7 +142,10 @@ def test_an_answer_target_refuses_the_kl_terms_settings_it_never_reads(target, p
     printed = ponder("train", "--init-from", prior_run, "--halting-target", target, "--truncation", "0",
                      "--print-config", "-f", "json")
     assert printed.exit_code == 0, printed.output
-    assert json.loads(printed.stdout)["method"]["beta"] == PonderConfig.default("beta") != 0.05
+    assert "beta" not in json.loads(printed.stdout)["method"]  # no setting of this run, nor of its config.toml
+    carried = StartingWeights.read(prior_run).settings({"halting_target": target, "truncation": 0.0})
+    assert "beta" not in carried and "lambda_p" not in carried and carried["max_steps"] == state.config.method.max_steps
+    assert StartingWeights.read(prior_run).settings({})["beta"] == 0.05  # under its own prior it is carried
 
 
 def _data(tiny_mnist, cfg):

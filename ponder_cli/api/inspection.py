@@ -14,7 +14,7 @@ import torch
 
 from .. import BadValue, PonderError, PonderWarning, file_problem
 from ..checkpoint import file_damage, load_checkpoint, load_model, steps_problem
-from ..config import applies, seed_problems
+from ..config import PonderConfig, applies, seed_problems
 from ..folders import (BEST, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, is_run_folder, lock_holder,
                        resolve_checkpoint, run_time, runs_under, saved_config, shipped_path, trashed_runs)
 from ..methods import get_method
@@ -348,7 +348,8 @@ def _applying(config: Optional[dict]) -> dict:
     rotation to differ in."""
     config = config or {}
     chosen = {kind: config.get(kind) for kind in ("task", "step", "method")}
-    return {key: value for key, value in config.items() if applies(key, chosen)}
+    recorded = {key: config.get(key, PonderConfig.default(key)) for key in PonderConfig.field_names()}  # an older run's too
+    return {key: value for key, value in config.items() if applies(key, chosen, recorded.get)}
 
 
 def differing_settings(rows: list[dict], unread_differs: bool = False,
@@ -357,8 +358,6 @@ def differing_settings(rows: list[dict], unread_differs: bool = False,
     order, but those the table shows already (`shown`), in one order whatever the rows' order.
     `unread_differs`: a run that does not read a setting differs from one that does (diff:
     PonderNet's lambda-p against ACT's tau, whatever both store)."""
-    from ..config import PonderConfig
-
     configs = [_applying(row["config"]) for row in rows if row.get("config")]
     found = {key for config in configs for key in config}
     # one order whatever the rows' order (--sort, --reverse): the configuration's, then any other by name
