@@ -426,7 +426,7 @@ class PonderConfig:
         """The settings that matter to this config's pieces, and whatever they imply: what the
         configuration lines, `ponder info` and a saved config.toml show."""
         implied = implied_values(self.chosen())
-        return [key for key in PLACES if applies(key, self.chosen()) or key in implied]
+        return [key for key in PLACES if applies(key, self.chosen(), self.value) or key in implied]
 
     @staticmethod
     def field_names() -> tuple[str, ...]:

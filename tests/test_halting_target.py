@@ -128,6 +128,9 @@ def test_an_answer_target_refuses_the_kl_terms_settings_it_never_reads(target, p
             PonderConfig.of(**answer, **{key: value})
         assert PonderConfig.of(**{key: value}).value(key) == value  # under the prior it is read
     assert PonderConfig.of(**answer).method.lambda_p == PonderConfig.of().method.lambda_p
+    shown = PonderConfig.of(**answer).shown_fields()  # what config.toml, info and training's lines show
+    assert "halting_target" in shown and not {"lambda_p", "prior", "beta", "beta_warmup"} & set(shown)
+    assert {"lambda_p", "beta"} <= set(PonderConfig.of().shown_fields())
     assert one_error_line(ponder("train", "--halting-target", target, "--truncation", "0", "--beta", "0.1",
                                  "--data-dir", tmp_path)) == f"Error: --beta applies to --halting-target prior, " \
                                                              f"not {target}"
