@@ -40,8 +40,8 @@ from .registry import FORMAT_VERSION
 from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR,
                       LOCK_FILE, TRASH, TRASH_NOTE, Labels, Resolved, RunLock, check_unlocked, enclosing_run,
                       is_run_folder,
-                      package_dir, package_problem, resolve_checkpoint, run_files_in, runs_inside, saved_config, started_now,
-                      trash_entries, trashed, trashes_under)
+                      package_dir, package_problem, resolve_checkpoint, run_files_in, runs_inside, saved_config,
+                      started_now, trash_entries, trashed, trashes_under)
 from .render import csv_cell, value_text as spelled_value
 from .tasks import get_task
 from .train import HALTING_HEAD, EpochStats

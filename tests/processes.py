@@ -6,11 +6,12 @@ child forked from the test process, which imported torch and ponder_cli once, is
 process (its own pid, signals, file descriptors and exit status) and starts in milliseconds.
 
 What a fresh interpreter sets up as it starts is set up here: the standard streams on file
-descriptors 0-2 and no other (stdout block-buffered, line-buffered on a terminal; stderr line-buffered, as
-Python's own), SIGINT raising KeyboardInterrupt and SIGTERM ending the process, no signal
-blocked (whatever the suite was started with: a shell's `&` leaves SIGINT ignored), a tqdm lock
-of its own (not the semaphore the fork shares), the environment and working directory asked for; and its ending: the exit status an uncaught
-exception or `SystemExit` gives, stdout flushed, non-daemon threads joined. What depends on the
+descriptors 0-2 and no other (stdout block-buffered, line-buffered on a terminal; stderr
+line-buffered, as Python's own), SIGINT raising KeyboardInterrupt and SIGTERM ending the
+process, no signal blocked (whatever the suite was started with: a shell's `&` leaves SIGINT
+ignored), a tqdm lock of its own (not the semaphore the fork would share), the environment and
+working directory asked for; and its ending: the exit status an uncaught exception or
+`SystemExit` gives, stdout flushed, non-daemon threads joined. What depends on the
 interpreter's own start (which modules it imports, its streams' encoding, a standard stream
 closed before it starts) is tested with a fresh interpreter (`subprocess`) instead.
 

@@ -138,7 +138,8 @@ def test_an_answer_target_refuses_the_kl_terms_settings_it_never_reads(target, p
     config.write_text(f'halting_target = "{target}"\ntruncation = 0.0\nlambda_p = 0.3\n')
     result = ponder("train", "--config", config, "--data-dir", tmp_path)
     assert result.exit_code == 2
-    assert one_error_line(result) == f"Error: --config {config}: lambda_p applies to --halting-target prior, not {target}"
+    assert one_error_line(result) == (f"Error: --config {config}: lambda_p applies to --halting-target prior, "
+                                      f"not {target}")
     prior_run = tmp_path / "prior.pt"  # a model trained under the prior, with a beta of its own
     state = load_checkpoint(checkpoint)
     torch.save(dataclasses.replace(state, config=state.config.replace(beta=0.05)).to_dict(), prior_run)

@@ -348,7 +348,8 @@ def _applying(config: Optional[dict]) -> dict:
     rotation to differ in."""
     config = config or {}
     chosen = {kind: config.get(kind) for kind in ("task", "step", "method")}
-    recorded = {key: config.get(key, PonderConfig.default(key)) for key in PonderConfig.field_names()}  # an older run's too
+    # every value, an older run's too (one saved before a setting existed holds its default)
+    recorded = {key: config.get(key, PonderConfig.default(key)) for key in PonderConfig.field_names()}
     return {key: value for key, value in config.items() if applies(key, chosen, recorded.get)}
 
 
