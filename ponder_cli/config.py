@@ -236,14 +236,18 @@ def applies(key: str, chosen: dict[str, str], value: Optional[Callable[[str], ob
         (value is None or key not in idle(chosen, value))
 
 
-def inapplicable(keys, chosen: dict[str, str], name=lambda key: spelled(key, {}, "--")) -> list[str]:
-    """The one rule: each setting among `keys` that the chosen pieces do not read, as a message
-    naming who reads it (`name(key)`: how the user spelled it)."""
-    problems = []
+def inapplicable(keys, chosen: dict[str, str], name=lambda key: spelled(key, {}, "--"),
+                 value: Optional[Callable[[str], object]] = None) -> list[str]:
+    """The one rule: each setting among `keys` that the chosen pieces do not read, or (given the
+    run's values, `value`) that another of its values leaves unread, as a message naming who reads
+    it (`name(key)`: how the user spelled it)."""
+    problems, unread_by_value = [], idle(chosen, value) if value is not None else {}
     for key in keys:
         unread = [(kind, names) for kind, names in readers(key).items() if chosen[kind] not in names]
         problems += [f"{name(key)} applies to --{kind} {', '.join(names)}, not {chosen[kind]}"
                      for kind, names in unread[:1]]
+        if not unread and key in unread_by_value:
+            problems.append(f"{name(key)} applies to {unread_by_value[key]}")
     return problems
 
 
@@ -336,8 +340,8 @@ class PonderConfig:
             raise BadValue("; ".join(problems))
         if saved:  # what a fresh run of these pieces holds is neutral too: what they imply, or derive
             chosen, fresh = cfg.chosen(), cls.of(**cfg.chosen())
-            idle = [key for key in values if values[key] not in (cls.default(key), fresh.value(key))]
-            for problem in inapplicable(idle, chosen, lambda key: f"{key} = {values[key]!r}"):
+            set_apart = [key for key in values if values[key] not in (cls.default(key), fresh.value(key))]
+            for problem in inapplicable(set_apart, chosen, lambda key: f"{key} = {values[key]!r}", cfg.value):
                 if (saved, problem) not in _warned:
                     _warned.add((saved, problem))
                     warnings.warn(f"{saved}: {problem}; it has no effect", PonderWarning, stacklevel=3)
@@ -360,9 +364,7 @@ class PonderConfig:
         if task.input_kind and step.input_kind not in ("", task.input_kind):  # a step of no kind fits any task
             fitting = ", ".join(name for name in STEPS if step_class(name).input_kind == task.input_kind)
             return [f"--step {self.step.name} does not fit --task {self.task.name} ({task.inputs}); choose {fitting}"]
-        return (inapplicable(given, chosen, lambda key: spelled(key, origins, "--"))
-                or [f"{spelled(key, origins, '--')} applies to {where}"
-                    for key, where in idle(chosen, self.value).items() if key in given]
+        return (inapplicable(given, chosen, lambda key: spelled(key, origins, "--"), self.value)
                 or [f"{spelled('halting_input', origins)} {self.method.halting_input}: step {self.step.name} has no "
                     f"{part} to show" for part in self.method.halting_input.split("+")[1:]
                     if part not in ("confidence", "previous", "answer", step.halting_feature)]

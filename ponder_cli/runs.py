@@ -145,7 +145,7 @@ def resolve_config(given: dict, resume: Optional[Path] = None, origins: Optional
     state = load_checkpoint(resumed.path)
     state.require_resumable(resumed.path)
     saved = state.config
-    problems = inapplicable(given, saved.chosen(), lambda key: spelled(key, origins, "--"))
+    problems = inapplicable(given, saved.chosen(), lambda key: spelled(key, origins, "--"), saved.value)
     if problems:
         raise BadValue(f"cannot resume {resumed.path} ({saved.method.name}, step {saved.step.name}): "
                           f"{'; '.join(problems)}")

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ponder_cli import PonderError
+from ponder_cli import PonderError, PonderWarning
 from ponder_cli.checkpoint import load_checkpoint, new_model
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
@@ -18,7 +18,7 @@ from ponder_cli.halting import ThresholdExit, rule_exit, threshold_halting_steps
 from ponder_cli.methods import get_method, halting_bce, halting_targets
 from ponder_cli.model import answer_features
 from ponder_cli.registry import parse_halting_rule
-from ponder_cli.runs import StartingWeights
+from ponder_cli.runs import StartingWeights, resolve_config
 from ponder_cli.train import train
 
 SMALL = dict(max_steps=4, batch_size=64, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16)
@@ -128,6 +128,11 @@ def test_an_answer_target_refuses_the_kl_terms_settings_it_never_reads(target, p
             PonderConfig.of(**answer, **{key: value})
         assert PonderConfig.of(**{key: value}).value(key) == value  # under the prior it is read
     assert PonderConfig.of(**answer).method.lambda_p == PonderConfig.of().method.lambda_p
+    # a saved run that holds one (an earlier version carried it from --init-from) says it had no effect
+    saved = {**PonderConfig.of(**answer).to_dict(), "lambda_p": 0.3}
+    with pytest.warns(PonderWarning, match=f"lambda_p = 0.3 applies to --halting-target prior, not {target}; it "
+                                           f"has no effect"):
+        PonderConfig.from_dict(saved, saved=f"run-{target}")
     shown = PonderConfig.of(**answer).shown_fields()  # what config.toml, info and training's lines show
     assert "halting_target" in shown and not {"lambda_p", "prior", "beta", "beta_warmup"} & set(shown)
     assert {"lambda_p", "beta"} <= set(PonderConfig.of().shown_fields())
@@ -150,6 +155,10 @@ def test_an_answer_target_refuses_the_kl_terms_settings_it_never_reads(target, p
     carried = StartingWeights.read(prior_run).settings({"halting_target": target, "truncation": 0.0})
     assert "beta" not in carried and "lambda_p" not in carried and carried["max_steps"] == state.config.method.max_steps
     assert StartingWeights.read(prior_run).settings({})["beta"] == 0.05  # under its own prior it is carried
+    answer_run = tmp_path / "answer.pt"  # resumed, an answer-trained run refuses them as any run refuses another's
+    torch.save(dataclasses.replace(state, config=state.config.replace(**answer)).to_dict(), answer_run)
+    with pytest.raises(PonderError, match=f"cannot resume .*--beta applies to --halting-target prior, not {target}"):
+        resolve_config({"beta": PonderConfig.default("beta")}, str(answer_run))
 
 
 def _data(tiny_mnist, cfg):
