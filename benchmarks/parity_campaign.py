@@ -1,18 +1,29 @@
-"""The paper's parity runs carried forward one GPU window at a time (benchmarks/gpu_parity.sh).
+"""The paper's parity runs carried forward one working stretch (a window) at a time, on a GPU
+machine (benchmarks/gpu_parity.sh) or on this CPU, in the background.
 
     python benchmarks/parity_campaign.py --out OUT --budget-s 540   # one window on a GPU machine
+    OMP_NUM_THREADS=1 nohup python benchmarks/parity_campaign.py --out OUT --device cpu \
+        --stage parity64-prefix --budget-s 2h &                     # a long window on the CPU
     python benchmarks/parity_campaign.py --out OUT --cpu-smoke      # the plumbing, tiny, on the CPU
 
 The campaign is a list of stages, each one run kept in benchmarks/parity_campaign/ as one
-resumable checkpoint (STAGE.pt) and one log of every window (log.md, a Markdown table):
+resumable checkpoint (STAGE.pt), its epochs (STAGE.metrics.csv) and one log of every window
+(log.md, a Markdown table). 64 elements, trained on every count 1-64 and tested on counts 1-16,
+17-32, 33-48, 49-64:
 
-    parity64            64 elements, trained on every count 1-64, PonderNet;
-                        tested on counts 1-16, 17-32, 33-48, 49-64
-    parity96-pondernet  96 elements trained on counts 1-48 (the paper's extrapolation);
-                        tested on 1-24, 25-48 (trained) and 49-72, 73-96 (never seen)
-    parity96-act        the same with ACT
+    parity64             scattered, raw: the run a GPU machine began (batch 2048)
+    parity64-prefix      the ACT line's prefix layout, PonderNet, batch 128 (Fojo et al.'s)
+    parity64-prefix-act  the same with ACT, tau 1e-2 (Fojo et al.'s ACT anchor)
+    parity64-onehot      scattered, each entry one-hot over {-1, 0, +1}, PonderNet, batch 128
 
-A window works on the first stage not done: it resumes that stage's checkpoint (or starts the
+96 elements trained on counts 1-48 (the paper's extrapolation), one-hot, batch 128; tested on
+1-24, 25-48 (trained) and 49-72, 73-96 (never seen):
+
+    parity96-pondernet   PonderNet
+    parity96-act         ACT, tau 1e-2
+
+A window works on the stage named (--stage), else the first one not done: it resumes that
+stage's checkpoint (or starts the
 run, with what `--task parity` derives above 32 elements), trains with `--time-limit` for what
 the budget leaves after evaluating, evaluates the new last.pt per count range (Wilson 95%
 intervals, mean steps, Spearman rho(count, steps) over every vector), replaces the stage's
@@ -62,13 +73,22 @@ class Stage:
     trained: tuple  # those that must reach TARGET
 
 
+RANGES_64, RANGES_96 = ("1-16", "17-32", "33-48", "49-64"), ("1-24", "25-48", "49-72", "73-96")
+# Fojo et al.'s recipe where the stages follow it: batches of 128, the learning rate held, no early stop
+SMALL_BATCHES = dict(batch_size=128, lr_patience=1000, patience=0)
+ACT = dict(method="act", tau=0.01)
 STAGES = (
-    Stage("parity64", dict(task="parity", elems=64, seed=1), ("1-16", "17-32", "33-48", "49-64"),
-          ("1-16", "17-32", "33-48", "49-64")),
-    Stage("parity96-pondernet", dict(task="parity", elems=96, train_counts="1-48", seed=1),
-          ("1-24", "25-48", "49-72", "73-96"), ("1-24", "25-48")),
-    Stage("parity96-act", dict(task="parity", elems=96, train_counts="1-48", method="act", seed=1),
-          ("1-24", "25-48", "49-72", "73-96"), ("1-24", "25-48")),
+    Stage("parity64", dict(task="parity", elems=64, seed=1), RANGES_64, RANGES_64),
+    Stage("parity64-prefix", dict(task="parity", elems=64, layout="prefix", seed=1, **SMALL_BATCHES),
+          RANGES_64, RANGES_64),
+    Stage("parity64-prefix-act", dict(task="parity", elems=64, layout="prefix", seed=1, **SMALL_BATCHES, **ACT),
+          RANGES_64, RANGES_64),
+    Stage("parity64-onehot", dict(task="parity", elems=64, encoding="onehot", seed=1, **SMALL_BATCHES),
+          RANGES_64, RANGES_64),
+    Stage("parity96-pondernet", dict(task="parity", elems=96, train_counts="1-48", encoding="onehot", seed=1,
+                                     **SMALL_BATCHES), RANGES_96, RANGES_96[:2]),
+    Stage("parity96-act", dict(task="parity", elems=96, train_counts="1-48", encoding="onehot", seed=1,
+                               **SMALL_BATCHES, **ACT), RANGES_96, RANGES_96[:2]),
 )
 # the same plumbing at sizes a CPU trains in seconds, with the recipe of the real sizes (no early
 # stop, the learning rate held: what --task parity derives above 32 elements)
@@ -100,17 +120,22 @@ def done(stage: Stage, latest: dict, target: float) -> bool:
 
 
 def window(campaign: Path, work: Path, stages: tuple, *, budget_s: float, eval_s: float, limit: int,
-           target: float, device: str, say=print, started: float | None = None) -> dict | None:
-    """One window: the first stage not done, trained for what the budget (seconds from
-    `started`, default now) leaves, evaluated, its checkpoint replaced and one row appended to
-    the log; None once every stage is done."""
+           target: float, device: str, say=print, started: float | None = None,
+           only: str | None = None) -> dict | None:
+    """One window: the stage named `only`, else the first stage not done, trained for what the
+    budget (seconds from `started`, default now) leaves, evaluated, its checkpoint and epochs
+    replaced and one row appended to the log; None once every stage is done (or the one named)."""
     from ponder_cli import PonderError
     from ponder_cli.api import EvalOptions, TrainOptions, evaluate_checkpoint, train_run
 
     started, log = time.monotonic() if started is None else started, campaign / "log.md"
-    stage = next((s for s in stages if not done(s, logged_accuracies(log), target)), None)
+    candidates = [s for s in stages if only is None or s.name == only]
+    if not candidates:
+        raise PonderError(f"no stage {only!r}; the stages are {', '.join(s.name for s in stages)}")
+    stage = next((s for s in candidates if not done(s, logged_accuracies(log), target)), None)
     if stage is None:
-        say(f"the campaign is complete: every stage reached {target} on its trained counts ({log})")
+        say(f"{'the stage' if only else 'the campaign'} is complete: "
+            f"{only or 'every stage'} reached {target} on its trained counts ({log})")
         return None
     tracked, run = campaign / f"{stage.name}.pt", work / stage.name
     shutil.rmtree(run, ignore_errors=True)
@@ -126,16 +151,18 @@ def window(campaign: Path, work: Path, stages: tuple, *, budget_s: float, eval_s
     seconds = budget_s - eval_s - (time.monotonic() - started)
     if seconds <= 0:
         raise PonderError(f"the budget leaves no time to train; give more than {eval_s:.0f} s")
-    lines = []
-    trained = train_run(given, TrainOptions(resume=resume, out=run, device=device, progress=False,
-                                            time_limit=seconds), log=lines.append)
-    for line in lines:
+    def said(line: str) -> None:  # as it comes: a long window on the CPU is watched by its log
         if line.startswith(("epoch", "stopped", "using", "about", "CUDA")):
             say(f"  {line}")
+
+    trained = train_run(given, TrainOptions(resume=resume, out=run, device=device, progress=False,
+                                            time_limit=seconds), log=said)
     train_minutes = (time.monotonic() - started) / 60
     report = evaluate_checkpoint("eval", run / "last.pt", list(stage.ranges),
                                  EvalOptions(limit=limit, device=device))
     _replace(run / "last.pt", tracked)
+    if (run / "metrics.csv").is_file():  # every epoch of the run so far (the history rides in the checkpoint)
+        _replace(run / "metrics.csv", campaign / f"{stage.name}.metrics.csv")
     row = _row(stage, trained.meta, report, train_minutes, device)
     if not log.is_file():
         log.write_text(LOG_HEADER, encoding="utf-8")
@@ -161,7 +188,8 @@ def _row(stage: Stage, meta: dict, report, minutes: float, device: str) -> str:
     import torch
 
     cfg = meta["config"]
-    gpu = torch.cuda.get_device_name(0) if device != "cpu" and torch.cuda.is_available() else "CPU"
+    gpu = (torch.cuda.get_device_name(0) if device != "cpu" and torch.cuda.is_available()
+           else f"CPU, {torch.get_num_threads()} thread{'s' * (torch.get_num_threads() > 1)}")
     vectors = meta["epochs"] * cfg["batches_per_epoch"] * cfg["batch_size"]
     ranges = "; ".join(f"{b['counts']}: {b['accuracy']:.4f} [{b['accuracy_wilson'][0]:.4f}, "
                        f"{b['accuracy_wilson'][1]:.4f}] / {b['mean_steps']:.1f}" for b in report.buckets)
@@ -201,13 +229,28 @@ def smoke(out: Path, say=print) -> None:
     say(f"smoke: OK ({campaign / 'log.md'}: {len((campaign / 'log.md').read_text().splitlines()) - 2} rows)")
 
 
+def _seconds(text: str) -> float:
+    """--budget-s: seconds (540), or a duration as ponder train's --time-limit takes it (2h)."""
+    try:
+        return float(text)
+    except ValueError:
+        from ponder_cli.config import parse_duration
+        try:
+            return parse_duration(text, "--budget-s")
+        except Exception as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="where the window's run and logs go")
     parser.add_argument("--campaign", type=Path, default=CAMPAIGN, help="the tracked checkpoints and log")
-    parser.add_argument("--budget-s", type=float, default=480.0,
-                        help="seconds for the whole window from this process's start: training and evaluating")
-    parser.add_argument("--eval-s", type=float, default=60.0, help="seconds kept back for the evaluation")
+    parser.add_argument("--budget-s", type=_seconds, default=480.0,
+                        help="the whole window from this process's start, training and evaluating: seconds, "
+                             "or a duration (90m, 2h)")
+    parser.add_argument("--stage", help="the stage to work on (default: the first one not done)")
+    parser.add_argument("--eval-s", type=float, default=None,
+                        help="seconds kept back for the evaluation [default: 60 on a GPU, 240 on the CPU]")
     parser.add_argument("--limit", type=int, default=1000, help="test vectors per non-zero count")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--cpu-smoke", action="store_true")
@@ -217,8 +260,9 @@ def main(argv=None) -> int:
         with contextlib.redirect_stderr(io.StringIO()):  # the library's progress: the smoke says what it checks
             smoke(args.out)
         return 0
-    result = window(args.campaign, args.out / "work", STAGES, budget_s=args.budget_s, eval_s=args.eval_s,
-                    limit=args.limit, target=TARGET, device=args.device, started=STARTED)
+    eval_s = args.eval_s if args.eval_s is not None else (240.0 if args.device == "cpu" else 60.0)
+    result = window(args.campaign, args.out / "work", STAGES, budget_s=args.budget_s, eval_s=eval_s,
+                    limit=args.limit, target=TARGET, device=args.device, started=STARTED, only=args.stage)
     (args.out / "window.json").write_text(json.dumps(result, indent=2) + "\n")
     return 0
 

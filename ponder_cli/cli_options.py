@@ -14,7 +14,7 @@ from typer.core import TyperCommand
 from . import BadValue
 from .config import PonderConfig, parse_duration
 from .folders import DEFAULT, LATEST, RUNS_DIR, SHIPPED
-from .registry import (CNN_DROPOUT_MASKS, DEVICE_CHOICES, HALTING_INPUTS, HALTING_RULES, HALTING_TARGETS, PIECES, PRIORS, PROTOCOLS,
+from .registry import (CNN_DROPOUT_MASKS, DEVICE_CHOICES, ENCODINGS, LAYOUTS, HALTING_INPUTS, HALTING_RULES, HALTING_TARGETS, PIECES, PRIORS, PROTOCOLS,
                        device_problem, known, parse_exit_rule, parse_halting_rule, rule_choices)
 from .render import OutputFormat, value_text
 
@@ -28,6 +28,8 @@ CnnDropoutMask = _choices("CnnDropoutMask", CNN_DROPOUT_MASKS)
 Prior = _choices("Prior", PRIORS)
 HaltingTarget = _choices("HaltingTarget", HALTING_TARGETS)
 Protocol = _choices("Protocol", PROTOCOLS)
+Layout = _choices("Layout", LAYOUTS)
+Encoding = _choices("Encoding", ENCODINGS)
 
 
 def _is_number(token: str) -> bool:

@@ -30,7 +30,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from . import BadValue, PonderError, PonderWarning, file_problem
-from .registry import (FORMAT_VERSION, CNN_DROPOUT_MASKS, HALTING_INPUTS, HALTING_TARGETS, METHODS, PIECES, PRIORS, STEPS, TASKS, TRUNCATION_RULES, known,
+from .registry import (FORMAT_VERSION, CNN_DROPOUT_MASKS, ENCODINGS, HALTING_INPUTS, LAYOUTS, HALTING_TARGETS, METHODS, PIECES, PRIORS, STEPS, TASKS, TRUNCATION_RULES, known,
                        piece_class, step_class, task_class)
 
 MAX_STEPS = 100  # a bound on the cost of an epoch (training runs every step for every image)
@@ -68,6 +68,14 @@ class TaskSettings:
     # grows linearly from `curriculum_start` to the top of train_counts
     curriculum: int = setting(0, *AT_LEAST_0)
     curriculum_start: int = 2
+    # parity's curriculum by progress (0: off): the top count is raised once validation accuracy on
+    # the counts up to it reaches this; each raise adds an eighth of the training range
+    curriculum_advance: float = setting(0.0, *within(0, 1, "[)"))
+    # parity's curriculum looking back: this share of every batch is drawn from the whole training
+    # range, the rest from the curriculum's current range (Zaremba & Sutskever's "combined")
+    curriculum_mix: float = setting(0.0, *within(0, 1))
+    # parity: where the non-zeros sit, at random positions or in the first `count` positions
+    layout: str = setting("scattered", *one_of(LAYOUTS))
     # mnist: training images rotated uniformly within +-this many degrees
     train_rotation: float = setting(22.5, *within(0, 180, note=" degrees: images are rotated within +-angle"))
     val_size: int = setting(5000, *ABOVE_0)
@@ -92,6 +100,8 @@ class StepSettings:
     gru_layer_norm: bool = False
     gru_orthogonal: bool = False
     gru_update_bias: float = 0.0
+    # vector steps: each entry read as its value, or one-hot over {-1, 0, +1}
+    encoding: str = setting("raw", *one_of(ENCODINGS))
 
 
 @dataclass(frozen=True)

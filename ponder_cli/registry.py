@@ -53,6 +53,12 @@ TRUNCATION_RULES = ("cut", "roulette")
 # truncated at max_steps and renormalised; the paper's) or uniform over the steps (Ouro: the
 # geometric prior gives the later steps too little weight to train them)
 PRIORS = ("geometric", "uniform")
+# where a parity vector's non-zeros sit: at random positions (the PonderNet line's generators, and
+# this tool's from the start) or in the first `count` positions (the ACT line's: Graves, Fojo et al.)
+LAYOUTS = ("scattered", "prefix")
+# how a vector step reads each entry: its value, or one-hot over {-1, 0, +1} (which entries are
+# non-zero shown apart, so the count of +1 entries is linear in the input)
+ENCODINGS = ("raw", "onehot")
 # how a model picks its halting step at inference; quantile, patience, confidence and fixed take a
 # parameter (quantile:0.9, patience:2, confidence:0.95, fixed:4), parsed below (parse_halting_rule)
 HALTING_RULES = ("sample", "median", "expected", "quantile", "patience", "confidence", "threshold", "fixed")

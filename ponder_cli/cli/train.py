@@ -12,6 +12,8 @@ import typer
 
 from ..cli_options import (
     CnnDropoutMask,
+    Encoding,
+    Layout,
     DataDirOption,
     DeviceOption,
     HaltingInput,
@@ -117,6 +119,16 @@ GRU_UPDATE_BIAS_OPTION = hyper("gru_update_bias", "gru: added to the update gate
 CURRICULUM_OPTION = hyper("curriculum", "parity: over the first this many batches the top training count grows from "
                                         "--curriculum-start (0: off).", hidden=True)
 CURRICULUM_START_OPTION = hyper("curriculum_start", "parity: the curriculum's first top count.", hidden=True)
+CURRICULUM_ADVANCE_OPTION = hyper("curriculum_advance", "parity: a curriculum by progress: the top training count, "
+                                  "from --curriculum-start, is raised by an eighth of the range once validation "
+                                  "accuracy on the counts up to it reaches this (0: off).", hidden=True)
+CURRICULUM_MIX_OPTION = hyper("curriculum_mix", "parity: this share of every batch of a curriculum drawn from the "
+                              "whole training range, the rest from its current range (0: none).", hidden=True)
+LAYOUT_OPTION = hyper("layout", "parity: where a vector's non-zeros sit: at random positions (scattered, the PonderNet "
+                      "line's) or in the first COUNT positions (prefix, the ACT line's).", "--layout",
+                      metavar="<scattered|prefix>", case_sensitive=False, hidden=True)
+ENCODING_OPTION = hyper("encoding", "rnn, gru: each entry read as its value (raw) or one-hot over {-1, 0, +1} "
+                        "(onehot).", "--encoding", metavar="<raw|onehot>", case_sensitive=False, hidden=True)
 HIDDEN_CNN_OPTION = hyper("hidden_cnn", "Size of the image embedding.", hidden=True)
 HIDDEN_LIN_OPTION = hyper("hidden_lin", "mlp: the step MLP's hidden layer.", hidden=True)
 KERNEL_SIZE_OPTION = hyper("kernel_size", "The CNN's kernel size.", hidden=True)
@@ -209,6 +221,10 @@ def train(
     seed: Optional[int] = SEED_OPTION,
     curriculum: Optional[int] = CURRICULUM_OPTION,
     curriculum_start: Optional[int] = CURRICULUM_START_OPTION,
+    curriculum_advance: Optional[float] = CURRICULUM_ADVANCE_OPTION,
+    curriculum_mix: Optional[float] = CURRICULUM_MIX_OPTION,
+    layout: Optional[Layout] = LAYOUT_OPTION,
+    encoding: Optional[Encoding] = ENCODING_OPTION,
     hidden_cnn: Optional[int] = HIDDEN_CNN_OPTION,
     hidden_lin: Optional[int] = HIDDEN_LIN_OPTION,
     kernel_size: Optional[int] = KERNEL_SIZE_OPTION,

@@ -15,6 +15,10 @@ the gates (W_ih x + b_ih) does not change across steps and is computed once per 
 step then costs one (hidden x 3 hidden) matmul. The parameters are an nn.GRUCell's, and the
 update equals nn.GRUCell's.
 
+Both read each entry as its value (`--encoding raw`) or one-hot over {-1, 0, +1} (`onehot`,
+three inputs an entry: which entries are non-zero is then shown apart from their signs, and the
+count of +1 entries is linear in the input, as AdaTape feeds parity).
+
 Optional, after the min-pondernet recipe: LayerNorm on the new state, orthogonal recurrent
 weights, and a positive update-gate bias (each step keeps more of the previous state). The
 config's gru_* fields choose them; `ponder train --step gru` implies all three (the recipe
@@ -28,21 +32,39 @@ import torch.nn as nn
 
 from . import StepFunction
 
+ONEHOT_VALUES = (-1.0, 0.0, 1.0)
+
+
+def input_width(cfg, input_shape) -> int:
+    """The width the step's first layer reads: the vector's, three times it one-hot."""
+    (width,) = input_shape
+    return width * len(ONEHOT_VALUES) if cfg.step.encoding == "onehot" else width
+
+
+def encoded(x: torch.Tensor, encoding: str) -> torch.Tensor:
+    """The entries (B, width) as the step reads them: as they are (raw), or (B, 3 width) one-hot,
+    entry i's indicators of -1, 0 and +1 at 3i, 3i + 1 and 3i + 2."""
+    if encoding == "raw":
+        return x
+    # comparisons with Python numbers: no tensor made from the host inside a batch (capturable)
+    return torch.stack([x == value for value in ONEHOT_VALUES], dim=2).to(x.dtype).flatten(1)
+
+
 
 class RNNStep(StepFunction):
-    reads = ("hidden",)
+    reads = ("hidden", "encoding")
     input_kind = "vectors"
     graph_safe = True
 
     def __init__(self, cfg, input_shape):
         super().__init__()
-        (width,) = input_shape
-        self.from_input = nn.Linear(width, cfg.step.hidden)
+        self.encoding = cfg.step.encoding
+        self.from_input = nn.Linear(input_width(cfg, input_shape), cfg.step.hidden)
         self.from_state = nn.Linear(cfg.step.hidden, cfg.step.hidden, bias=False)
         self.readout_size = cfg.step.hidden
 
     def start(self, x, steps):
-        return (self.from_input(x),), (None,)  # (B, hidden) once per input; h_0 = 0
+        return (self.from_input(encoded(x, self.encoding)),), (None,)  # (B, hidden) once per input; h_0 = 0
 
     def forward(self, context, state, n):
         (input_part,), (h,) = context, state
@@ -52,15 +74,15 @@ class RNNStep(StepFunction):
 
 class GRUStep(StepFunction):
     implied = {"gru_layer_norm": True, "gru_orthogonal": True, "gru_update_bias": 1.0}
-    reads = ("hidden", "gru_layer_norm", "gru_orthogonal", "gru_update_bias")
+    reads = ("hidden", "gru_layer_norm", "gru_orthogonal", "gru_update_bias", "encoding")
     input_kind = "vectors"
     graph_safe = True
 
     def __init__(self, cfg, input_shape):
         super().__init__()
         layer_norm, orthogonal, update_bias = cfg.step.gru_layer_norm, cfg.step.gru_orthogonal, cfg.step.gru_update_bias
-        (width,) = input_shape
-        self.cell = nn.GRUCell(width, cfg.step.hidden)
+        self.encoding = cfg.step.encoding
+        self.cell = nn.GRUCell(input_width(cfg, input_shape), cfg.step.hidden)
         self.norm = nn.LayerNorm(cfg.step.hidden) if layer_norm else None
         hidden = cfg.step.hidden
         with torch.no_grad():
@@ -72,7 +94,8 @@ class GRUStep(StepFunction):
         self.readout_size = hidden
 
     def start(self, x, steps):
-        input_gates = nn.functional.linear(x, self.cell.weight_ih, self.cell.bias_ih)  # (B, 3 hidden)
+        input_gates = nn.functional.linear(encoded(x, self.encoding), self.cell.weight_ih,
+                                           self.cell.bias_ih)  # (B, 3 hidden)
         return (input_gates,), (None,)
 
     def forward(self, context, state, n):

@@ -64,31 +64,44 @@ def parity_labels(x: torch.Tensor) -> torch.Tensor:
     return ((x == 1).sum(dim=-1) % 2).long()
 
 
-def vectors_with_counts(counts: torch.Tensor, keys: torch.Tensor, signs: torch.Tensor) -> ParityBatch:
-    """Rows with the given non-zero counts (B,) from uniforms in [0, 1): the non-zeros at the
-    `count` positions of smallest `keys` (B, elems), the first `count` entries of a uniformly
-    random permutation, so positions uniform among all subsets of that size; +1 where `signs`
-    (B, elems) is below 1/2, else -1."""
+def vectors_with_counts(counts: torch.Tensor, keys: torch.Tensor, signs: torch.Tensor,
+                        layout: str = "scattered") -> ParityBatch:
+    """Rows with the given non-zero counts (B,) from uniforms in [0, 1): scattered, the non-zeros
+    at the `count` positions of smallest `keys` (B, elems), the first `count` entries of a
+    uniformly random permutation, so positions uniform among all subsets of that size; prefix, in
+    the first `count` positions (`keys` unread, so both layouts draw the same stream); +1 where
+    `signs` (B, elems) is below 1/2, else -1."""
     batch, elems = keys.shape
-    order = keys.argsort(dim=1)  # random permutations
     first = torch.arange(elems, device=keys.device) < counts[:, None]  # (B, elems): the first `count` slots
-    nonzero = torch.zeros(batch, elems, dtype=torch.bool, device=keys.device).scatter_(1, order, first)
+    if layout == "prefix":
+        nonzero = first
+    else:
+        order = keys.argsort(dim=1)  # random permutations
+        nonzero = torch.zeros(batch, elems, dtype=torch.bool, device=keys.device).scatter_(1, order, first)
     x = torch.where(nonzero, torch.where(signs < 0.5, 1.0, -1.0), 0.0)  # (B, elems) float32
     return ParityBatch(x, parity_labels(x), counts)
 
 
-def parity_batch(batch: int, elems: int, lo: int, hi, generator: torch.Generator) -> ParityBatch:
-    """A training batch: non-zero counts uniform in [lo, hi], on the generator's device. `hi` may
-    be a tensor (the curriculum's top, staged on the device: nothing read by the host)."""
-    if not isinstance(hi, torch.Tensor):
-        check_counts(elems, lo, hi)
-    span = hi - lo + 1
+def parity_batch(batch: int, elems: int, lo: int, hi, generator: torch.Generator, layout: str = "scattered",
+                 mix: float = 0.0, top=None) -> ParityBatch:
+    """A training batch: non-zero counts uniform in [lo, top] (top: hi unless given), on the
+    generator's device; with `mix` > 0 that share of the rows (in expectation) uniform in [lo, hi]
+    instead. `top` may be a tensor (the curriculum's, staged on the device: nothing read by the
+    host)."""
+    top = hi if top is None else top
+    if not isinstance(top, torch.Tensor):
+        check_counts(elems, lo, top)
     device = generator.device
-    counts = lo + (torch.rand(batch, generator=generator, device=device) * span).long()
+    counts = lo + (torch.rand(batch, generator=generator, device=device) * (top - lo + 1)).long()
     # u * span rounds up to span only for u within float32's last bit of 1
+    counts = counts.clamp_max(top)
     keys = torch.rand(batch, elems, generator=generator, device=device)
     signs = torch.rand(batch, elems, generator=generator, device=device)
-    return vectors_with_counts(counts.clamp_max(hi), keys, signs)
+    if mix > 0:  # drawn after the rest: a run without it keeps the stream it always had
+        whole = lo + (torch.rand(batch, generator=generator, device=device) * (hi - lo + 1)).long()
+        looking_back = torch.rand(batch, generator=generator, device=device) < mix
+        counts = torch.where(looking_back, whole.clamp_max(hi), counts)
+    return vectors_with_counts(counts, keys, signs, layout)
 
 
 def check_counts(elems: int, lo: int, hi: int) -> None:
@@ -96,7 +109,8 @@ def check_counts(elems: int, lo: int, hi: int) -> None:
         raise ValueError(f"non-zero counts must satisfy 1 <= lo <= hi <= elems (got {lo}-{hi} of {elems})")
 
 
-def evaluation_set(elems: int, lo: int, hi: int, per_count: int, seed: int, device=None) -> ParityBatch:
+def evaluation_set(elems: int, lo: int, hi: int, per_count: int, seed: int, device=None,
+                   layout: str = "scattered") -> ParityBatch:
     """A fixed set: `per_count` rows for every non-zero count in [lo, hi], in count order.
 
     Row j of count c is drawn from (seed, elems, c, j) alone (tasks.uniforms), on the CPU: the
@@ -107,7 +121,7 @@ def evaluation_set(elems: int, lo: int, hi: int, per_count: int, seed: int, devi
     parts = []
     for count in range(lo, hi + 1):
         draws = uniforms(seed, "vectors", (elems, count), torch.arange(per_count), 2 * elems)
-        parts.append(vectors_with_counts(torch.full((per_count,), count), draws[:, :elems], draws[:, elems:]))
+        parts.append(vectors_with_counts(torch.full((per_count,), count), draws[:, :elems], draws[:, elems:], layout))
     x, labels, counts = (torch.cat(column) for column in zip(*parts))
     return ParityBatch(x.to(device), labels.to(device), counts.to(device))
 
@@ -152,10 +166,17 @@ def curriculum_top(drawn: int, lo: int, hi: int, batches: int, start: int) -> in
     return start + (hi - start) * drawn // batches
 
 
+def curriculum_raise(lo: int, hi: int) -> int:
+    """How many counts a curriculum by progress adds at each raise: an eighth of the range."""
+    return max(1, -(-(hi - lo + 1) // 8))
+
+
 class ParityBatches(TrainingSource):
     """An epoch: `batches_per_epoch` batches drawn on the training device from the run's own
-    generator, the counts uniform up to the curriculum's top (curriculum_top). Under torchrun
-    every rank draws the same global batch and keeps its slice."""
+    generator, the counts uniform up to the curriculum's top: on a schedule (curriculum_top), or
+    by progress (--curriculum-advance: raised by curriculum_raise once validation is that accurate
+    on the counts up to it, `advance`); --curriculum-mix of each batch from the whole range. Under
+    torchrun every rank draws the same global batch and keeps its slice."""
 
     graph_safe = True
 
@@ -164,20 +185,42 @@ class ParityBatches(TrainingSource):
         self.lo, self.hi = train_range(cfg)
         check_counts(cfg.task.elems, self.lo, self.hi)
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.training.seed)
-        self.drawn = 0  # batches drawn so far in the run: where the curriculum is
+        self.drawn = 0  # batches drawn so far in the run: where the schedule is
+        # the curriculum by progress: its top count now (raised by `advance`)
+        self.level = min(max(self.lo, cfg.task.curriculum_start), self.hi)
         self.top = torch.full((), self.hi, dtype=torch.long, device=self.device)  # the staged batch's top count
         self.rows = distributed.shard(torch.arange(cfg.training.batch_size, device=self.device))  # this rank's
 
+    @property
+    def by_progress(self) -> bool:
+        return self.cfg.task.curriculum_advance > 0
+
     def start_epoch(self) -> int:
+        if self.by_progress and distributed.active():  # validation (rank 0's) raised it there
+            self.level = int(distributed.broadcast_from_main([float(self.level)], self.device)[0])
         return self.cfg.task.batches_per_epoch
 
+    def current_top(self) -> int:
+        if self.by_progress:
+            return self.level
+        return curriculum_top(self.drawn, self.lo, self.hi, self.cfg.task.curriculum, self.cfg.task.curriculum_start)
+
     def stage(self, index: int) -> None:
-        self.top.fill_(curriculum_top(self.drawn, self.lo, self.hi, self.cfg.task.curriculum,
-                                      self.cfg.task.curriculum_start))
+        self.top.fill_(self.current_top())
         self.drawn += 1
 
+    def advance(self, counts: torch.Tensor, correct: torch.Tensor) -> None:
+        """After validation (each row's non-zero count and whether it was right, on the CPU): the
+        curriculum by progress raises its top once the counts up to it are learnt."""
+        if not self.by_progress or self.level >= self.hi:
+            return
+        within = counts <= self.level
+        if within.any() and float(correct[within].double().mean()) >= self.cfg.task.curriculum_advance:
+            self.level = min(self.hi, self.level + curriculum_raise(self.lo, self.hi))
+
     def batch(self):
-        drawn = parity_batch(self.cfg.training.batch_size, self.cfg.task.elems, self.lo, self.top, self.generator)
+        drawn = parity_batch(self.cfg.training.batch_size, self.cfg.task.elems, self.lo, self.hi, self.generator,
+                             self.cfg.task.layout, self.cfg.task.curriculum_mix, top=self.top)
         if not distributed.active():
             return drawn.x, drawn.labels
         return drawn.x[self.rows], drawn.labels[self.rows]  # every rank draws the global batch, keeps its slice
@@ -186,7 +229,8 @@ class ParityBatches(TrainingSource):
         return (self.generator,)
 
     def state(self) -> Optional[dict]:
-        return {"generator": self.generator.get_state(), "device": self.device.type, "drawn": self.drawn}
+        return {"generator": self.generator.get_state(), "device": self.device.type, "drawn": self.drawn,
+                "level": self.level}
 
     def load_state(self, state: Optional[dict]) -> None:
         # A generator's state belongs to its device type: a run resumed on another kind of
@@ -195,6 +239,7 @@ class ParityBatches(TrainingSource):
             self.generator.set_state(state["generator"])
         if state:
             self.drawn = int(state.get("drawn", 0))
+            self.level = int(state.get("level", self.level))
 
 
 def halting_coins(counts: torch.Tensor, elems: int, max_steps: int, seed: int) -> torch.Tensor:
@@ -275,7 +320,8 @@ class ParityTask(Task):
     # units, lambda_p 0.1 (the paper's best for interpolation), clipping at 1 (and the default
     # Adam 1e-3)
     implied = {"step": "gru", "hidden": 128, "lambda_p": 0.1, "grad_clip": 1.0}
-    reads = ("elems", "train_counts", "batches_per_epoch", "curriculum", "curriculum_start")
+    reads = ("elems", "train_counts", "batches_per_epoch", "curriculum", "curriculum_start", "curriculum_advance",
+             "curriculum_mix", "layout")
     calibration_split = "calibration"  # what calibrate's inputs are (calibration_data)
 
     @classmethod
@@ -289,9 +335,16 @@ class ParityTask(Task):
                 parse_count_range(cfg.task.train_counts, cfg.task.elems)
             except PonderError as exc:
                 problems.append(f"train-counts: {exc}")
-        if cfg.task.curriculum and not 1 <= cfg.task.curriculum_start <= cfg.task.elems:
+        curriculum = cfg.task.curriculum or cfg.task.curriculum_advance
+        if curriculum and not 1 <= cfg.task.curriculum_start <= cfg.task.elems:
             problems.append(f"curriculum-start must be a count from 1 to elems ({cfg.task.elems}) "
                             f"(got {cfg.task.curriculum_start})")
+        if cfg.task.curriculum and cfg.task.curriculum_advance:
+            problems.append("--curriculum (a schedule) and --curriculum-advance (by progress) are two curricula; "
+                            "choose one")
+        if cfg.task.curriculum_mix and not curriculum:
+            problems.append("--curriculum-mix is a share of a curriculum's batches: it needs --curriculum or "
+                            "--curriculum-advance")
         return problems
 
     @property
@@ -323,22 +376,36 @@ class ParityTask(Task):
 
     def load_training(self, data_dir, download: bool):
         lo, hi = train_range(self.cfg)
-        return None, evaluation_set(self.cfg.task.elems, lo, hi, VAL_PER_COUNT, VALIDATION_SEED)
+        return None, evaluation_set(self.cfg.task.elems, lo, hi, VAL_PER_COUNT, VALIDATION_SEED,
+                                    layout=self.cfg.task.layout)
 
     def to_device(self, data, device):
         return None if data is None else ParityBatch(*(t.to(device) for t in data))
 
     def training_source(self, data, device) -> TrainingSource:
-        return ParityBatches(self.cfg, device)
+        self.source = ParityBatches(self.cfg, device)  # validation moves a curriculum by progress on
+        return self.source
 
     def validate(self, model, data, amp: bool):
-        return evaluate_bucket(model, vector_bucket(data, model.max_steps, self.cfg.training.seed), self.cfg, amp=amp)
+        result = evaluate_bucket(model, vector_bucket(data, model.max_steps, self.cfg.training.seed), self.cfg, amp=amp)
+        if getattr(self, "source", None) is not None:
+            self.source.advance(result.samples.difficulty.long(), result.samples.correct)
+        return result
 
     def describe(self, train_data, val_data) -> str:
         lo, hi = train_range(self.cfg)
         return (f"on {self.cfg.task.batches_per_epoch} batches of {self.cfg.training.batch_size} fresh vectors per "
-                f"epoch ({self.cfg.task.elems} elements, non-zero counts {lo}-{hi}), validating on "
-                f"{val_data.x.shape[0]}")
+                f"epoch ({self.cfg.task.elems} elements, non-zero counts {lo}-{hi}, {self.layout_text()}), "
+                f"validating on {val_data.x.shape[0]}")
+
+    def layout_text(self) -> str:
+        """How the model's vectors were laid out and read: "scattered layout" ("prefix layout,
+        one-hot"); a prefix trained on fewer counts than elems never saw a non-zero past them."""
+        lo, hi = train_range(self.cfg)
+        text = f"{self.cfg.task.layout} layout" + (", one-hot" if self.cfg.step.encoding == "onehot" else "")
+        if self.cfg.task.layout == "prefix" and hi < self.cfg.task.elems:
+            text += f"; training never put a non-zero past position {hi}"
+        return text
 
     def read_inputs(self, paths, options):
         """.npy arrays (N, elems) and text files of vectors (see _vector_rows), entries -1, 0, +1."""
@@ -357,8 +424,10 @@ class ParityTask(Task):
 
     def view(self):
         lo, hi = train_range(self.cfg)
-        return TaskView("parity", TERMS, {"elems": self.cfg.task.elems, "train_counts": f"{lo}-{hi}"},
-                        f"{self.cfg.task.elems} elements, trained on counts {lo}-{hi}", protocol=None)
+        return TaskView("parity", TERMS, {"elems": self.cfg.task.elems, "train_counts": f"{lo}-{hi}",
+                                          "layout": self.cfg.task.layout, "encoding": self.cfg.step.encoding},
+                        f"{self.cfg.task.elems} elements, trained on counts {lo}-{hi} ({self.layout_text()})",
+                        protocol=None)
 
     # evaluation ---------------------------------------------------------------------------
 
@@ -396,7 +465,7 @@ class ParityTask(Task):
         vectors from `seed` (the evaluation's seed + k), per (elems, count) as ever."""
         device, per_count, set_seed = test
         set_seed = set_seed if draw == 0 else derived_seed("vectors", seed)
-        data = evaluation_set(self.cfg.task.elems, *spec, per_count, set_seed, device)
+        data = evaluation_set(self.cfg.task.elems, *spec, per_count, set_seed, device, self.cfg.task.layout)
         return vector_bucket(data, max_steps, seed)
 
     def bucket_fields(self, spec: tuple[int, int], protocol: str, specs: list) -> dict:
