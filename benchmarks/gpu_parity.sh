@@ -6,8 +6,9 @@
 #   bash benchmarks/gpu_parity.sh --cpu-smoke OUT  # the same plumbing, tiny, on the CPU (a test runs it)
 #
 # What a window does (benchmarks/parity_campaign.py says it in full):
-#   - takes the first stage of the campaign not done: 64 elements (PonderNet), then 96 elements
-#     trained on counts 1-48 (PonderNet, then ACT);
+#   - takes the first stage of the campaign not done: 64 elements scattered (PonderNet, the
+#     slowest, begun on an H200), then the prefix and one-hot stages a CPU also runs, then 96
+#     elements trained on counts 1-48 (PonderNet, then ACT); parity_campaign.py lists them;
 #   - resumes that stage's checkpoint, benchmarks/parity_campaign/STAGE.pt (the 64-element one
 #     begins at epoch 90 of a run on an H200), or starts the stage, and trains with --time-limit
 #     for what the budget leaves after the evaluation;

@@ -224,6 +224,11 @@ def smoke(out: Path, say=print) -> None:
     assert epochs[1] > epochs[0], epochs  # the second window went on from the first's checkpoint
     assert window(campaign, work, SMOKE_STAGES, budget_s=2.5, eval_s=0.5, limit=4, target=0.0, device="cpu",
                   say=say) is None
+    # a stage named works on that stage alone, done or not (the first one again, past its target)
+    named = window(campaign, work, SMOKE_STAGES, budget_s=2.5, eval_s=0.5, limit=4, target=1.01, device="cpu",
+                   say=say, only="parity96-act")
+    assert named is not None and named["stage"] == "parity96-act" and named["epochs"] > epochs[3], named
+    assert (campaign / "parity96-act.metrics.csv").is_file()
     rows = logged_accuracies(campaign / "log.md")
     assert sorted(rows) == sorted(stage.name for stage in SMOKE_STAGES), rows
     say(f"smoke: OK ({campaign / 'log.md'}: {len((campaign / 'log.md').read_text().splitlines()) - 2} rows)")
