@@ -15,6 +15,7 @@ resumable checkpoint (STAGE.pt), its epochs (STAGE.metrics.csv) and one log of e
     parity64-prefix      the ACT line's prefix layout, PonderNet, batch 128 (Fojo et al.'s)
     parity64-prefix-act  the same with ACT, tau 1e-2 (Fojo et al.'s ACT anchor)
     parity64-onehot      scattered, each entry one-hot over {-1, 0, +1}, PonderNet, batch 128
+    parity64-square      scattered, each entry as x and x^2, PonderNet, batch 128
 
 96 elements trained on counts 1-48 (the paper's extrapolation), one-hot, batch 128; tested on
 1-24, 25-48 (trained) and 49-72, 73-96 (never seen):
@@ -85,6 +86,8 @@ STAGES = (
           RANGES_64, RANGES_64),
     Stage("parity64-onehot", dict(task="parity", elems=64, encoding="onehot", seed=1, **SMALL_BATCHES),
           RANGES_64, RANGES_64),
+    Stage("parity64-square", dict(task="parity", elems=64, encoding="square", seed=1, **SMALL_BATCHES),
+          RANGES_64, RANGES_64),
     Stage("parity96-pondernet", dict(task="parity", elems=96, train_counts="1-48", encoding="onehot", seed=1,
                                      **SMALL_BATCHES), RANGES_96, RANGES_96[:2]),
     Stage("parity96-act", dict(task="parity", elems=96, train_counts="1-48", encoding="onehot", seed=1,
@@ -96,6 +99,8 @@ TINY = dict(hidden=16, max_steps=3, batch_size=32, batches_per_epoch=4, patience
 SMOKE_STAGES = (
     Stage("parity64", dict(task="parity", elems=8, seed=1, **TINY), ("1-2", "3-4", "5-6", "7-8"),
           ("1-2", "3-4", "5-6", "7-8")),
+    Stage("parity64-square", dict(task="parity", elems=64, encoding="square", seed=1, **SMALL_BATCHES),
+          RANGES_64, RANGES_64),
     Stage("parity96-pondernet", dict(task="parity", elems=12, train_counts="1-6", seed=1, **TINY),
           ("1-3", "4-6", "7-9", "10-12"), ("1-3", "4-6")),
     Stage("parity96-act", dict(task="parity", elems=12, train_counts="1-6", method="act", seed=1, **TINY),

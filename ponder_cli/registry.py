@@ -56,9 +56,10 @@ PRIORS = ("geometric", "uniform")
 # where a parity vector's non-zeros sit: at random positions (the PonderNet line's generators, and
 # this tool's from the start) or in the first `count` positions (the ACT line's: Graves, Fojo et al.)
 LAYOUTS = ("scattered", "prefix")
-# how a vector step reads each entry: its value, or one-hot over {-1, 0, +1} (which entries are
-# non-zero shown apart, so the count of +1 entries is linear in the input)
-ENCODINGS = ("raw", "onehot")
+# how a vector step reads each entry: its value; one-hot over {-1, 0, +1}; or its value and its
+# square side by side (x, x^2). The last two show which entries are non-zero apart from their
+# signs, so the count of +1 entries, (sum x + sum x^2) / 2, is linear in the input
+ENCODINGS = ("raw", "onehot", "square")
 # how a model picks its halting step at inference; quantile, patience, confidence and fixed take a
 # parameter (quantile:0.9, patience:2, confidence:0.95, fixed:4), parsed below (parse_halting_rule)
 HALTING_RULES = ("sample", "median", "expected", "quantile", "patience", "confidence", "threshold", "fixed")

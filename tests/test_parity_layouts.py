@@ -41,6 +41,9 @@ def test_onehot_shows_each_entry_as_three_indicators():
     x = torch.tensor([[1.0, 0.0, -1.0]])
     assert encoded(x, "onehot").tolist() == [[0, 0, 1, 0, 1, 0, 1, 0, 0]]
     assert encoded(x, "raw") is x
+    assert encoded(x, "square").tolist() == [[1, 0, -1, 1, 0, 1]]
+    # the count of +1 entries is linear in either: (sum x + sum x^2) / 2
+    assert float(encoded(x, "square").sum()) / 2 == 1.0
 
 
 def test_an_onehot_step_reads_three_inputs_an_entry_and_the_same_input_gives_the_same_answer():

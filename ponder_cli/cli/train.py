@@ -127,8 +127,9 @@ CURRICULUM_MIX_OPTION = hyper("curriculum_mix", "parity: this share of every bat
 LAYOUT_OPTION = hyper("layout", "parity: where a vector's non-zeros sit: at random positions (scattered, the PonderNet "
                       "line's) or in the first COUNT positions (prefix, the ACT line's).", "--layout",
                       metavar="<scattered|prefix>", case_sensitive=False, hidden=True)
-ENCODING_OPTION = hyper("encoding", "rnn, gru: each entry read as its value (raw) or one-hot over {-1, 0, +1} "
-                        "(onehot).", "--encoding", metavar="<raw|onehot>", case_sensitive=False, hidden=True)
+ENCODING_OPTION = hyper("encoding", "rnn, gru: each entry read as its value (raw), one-hot over {-1, 0, +1} "
+                        "(onehot) or as its value and its square side by side (square).", "--encoding",
+                        metavar="<raw|onehot|square>", case_sensitive=False, hidden=True)
 HIDDEN_CNN_OPTION = hyper("hidden_cnn", "Size of the image embedding.", hidden=True)
 HIDDEN_LIN_OPTION = hyper("hidden_lin", "mlp: the step MLP's hidden layer.", hidden=True)
 KERNEL_SIZE_OPTION = hyper("kernel_size", "The CNN's kernel size.", hidden=True)

@@ -15,9 +15,12 @@ the gates (W_ih x + b_ih) does not change across steps and is computed once per 
 step then costs one (hidden x 3 hidden) matmul. The parameters are an nn.GRUCell's, and the
 update equals nn.GRUCell's.
 
-Both read each entry as its value (`--encoding raw`) or one-hot over {-1, 0, +1} (`onehot`,
-three inputs an entry: which entries are non-zero is then shown apart from their signs, and the
-count of +1 entries is linear in the input, as AdaTape feeds parity).
+Both read each entry as its value (`--encoding raw`), one-hot over {-1, 0, +1} (`onehot`, three
+inputs an entry, as AdaTape feeds parity) or as its value and its square (`square`: x and x^2
+side by side, two inputs an entry). The last two show which entries are non-zero apart from
+their signs, so the count of +1 entries, (sum x + sum x^2) / 2, is linear in the input. They
+carry the same information, but one-hot also gives every zero entry an input of its own: a
+vector with few non-zeros is mostly the zeros' indicators, where x^2 leaves zeros silent.
 
 Optional, after the min-pondernet recipe: LayerNorm on the new state, orthogonal recurrent
 weights, and a positive update-gate bias (each step keeps more of the previous state). The
@@ -36,16 +39,18 @@ ONEHOT_VALUES = (-1.0, 0.0, 1.0)
 
 
 def input_width(cfg, input_shape) -> int:
-    """The width the step's first layer reads: the vector's, three times it one-hot."""
+    """The width the step's first layer reads: the vector's, three times it one-hot, twice squared."""
     (width,) = input_shape
-    return width * len(ONEHOT_VALUES) if cfg.step.encoding == "onehot" else width
+    return width * {"raw": 1, "onehot": len(ONEHOT_VALUES), "square": 2}[cfg.step.encoding]
 
 
 def encoded(x: torch.Tensor, encoding: str) -> torch.Tensor:
-    """The entries (B, width) as the step reads them: as they are (raw), or (B, 3 width) one-hot,
-    entry i's indicators of -1, 0 and +1 at 3i, 3i + 1 and 3i + 2."""
+    """The entries (B, width) as the step reads them: as they are (raw); (B, 3 width) one-hot,
+    entry i's indicators of -1, 0 and +1 at 3i, 3i + 1 and 3i + 2; or (B, 2 width) squared."""
     if encoding == "raw":
         return x
+    if encoding == "square":  # (B, 2 width): the values, then their squares
+        return torch.cat([x, x * x], dim=1)
     # comparisons with Python numbers: no tensor made from the host inside a batch (capturable)
     return torch.stack([x == value for value in ONEHOT_VALUES], dim=2).to(x.dtype).flatten(1)
 
