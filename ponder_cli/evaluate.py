@@ -29,7 +29,7 @@ from .config import PonderConfig
 from .halting import halting_log_probs, rule_halting_steps
 from .registry import parse_halting_rule
 from .methods import get_method
-from .reports import standard_error, wilson_interval, wilson_lower
+from .reports import binomial_cdf, clopper_pearson_upper, standard_error, wilson_interval, wilson_lower
 from .runtime import autocast, drops_rows
 
 
@@ -278,3 +278,94 @@ def choose_rule(outcomes: list[RuleOutcome], tolerance: float) -> Optional[str]:
 def admits(outcome: RuleOutcome, tolerance: float) -> bool:
     # a hair of slack so that a bound of exactly 1 - tolerance counts
     return outcome.agreement_lower >= 1 - tolerance - 1e-12
+
+
+# risk-controlled calibration: a rule whose loss is bounded with a stated risk ----------------------
+#
+# `calibrate --max-loss E --risk D` (Learn then Test, Angelopoulos et al. 2021; risk-controlled
+# early exit, Jazbec et al. 2024). The loss of a rule on an input is 1 when its halted answer
+# differs from the last step's (it bounds the accuracy lost: the two accuracies differ by at most
+# the share that differs); its risk is the expected loss over inputs drawn as the calibration
+# inputs were. Each candidate's null hypothesis "risk > E" is rejected when the exact binomial
+# p-value P(Binomial(n, E) <= losses) is at most its level, i.e. when the Clopper–Pearson upper
+# 1 - level bound on the risk is at most E.
+#
+# Fixed-sequence testing needs an order fixed before any loss is seen. Here it is each family's
+# parameter: within quantile:Q, confidence:C, threshold:T, patience:K and fixed:N a larger
+# parameter halts every input at the same step or later (the condition that fires at a larger
+# parameter fires at the smaller one too), so the order from the largest parameter down is the
+# order from the most steps to the fewest, on any input, before anything is measured (mean steps
+# on the calibration inputs would follow it, but would be read off the very data being tested).
+# Each family is tested down its order at level D / F (F families: Bonferroni), stopping at its
+# first failure; every rule that passed is then covered at once with probability at least 1 - D,
+# so the cheapest of them (fewest mean steps, over every family) may be chosen.
+
+
+def rule_family(rule) -> tuple[str, Optional[float]]:
+    """A candidate's family and the parameter that orders it (larger: as many steps or more on
+    every input); median is quantile:0.5, and a rule without a parameter (sample) is a family of
+    its own."""
+    rule = parse_halting_rule(rule)
+    if rule.quantile is not None:
+        return "quantile", rule.quantile
+    return rule.name, rule.parameter
+
+
+def fixed_sequences(rules: list[str]) -> dict[str, list[str]]:
+    """The candidates by family (in the order the families first appear), each family from its
+    largest parameter to its smallest (ties as given): the order each is tested in."""
+    families: dict[str, list[tuple[float, int, str]]] = {}
+    for position, rule in enumerate(rules):
+        family, parameter = rule_family(rule)
+        families.setdefault(family, []).append((-(parameter if parameter is not None else 0.0), position, rule))
+    return {family: [rule for *_, rule in sorted(members)] for family, members in families.items()}
+
+
+@dataclass(frozen=True)
+class RiskTest:
+    """One candidate under fixed-sequence testing."""
+    halting: str
+    family: str
+    position: int  # 1-based place in its family's sequence (1: the most steps)
+    images: int
+    losses: int  # inputs whose halted answer differs from the last step's
+    loss: float  # their share
+    level: float  # the risk each test in its family is run at (--risk / families)
+    bound: float  # the Clopper–Pearson upper 1 - level bound on the loss
+    p_value: float  # P(Binomial(images, max_loss) <= losses)
+    tested: bool  # reached by its sequence (not after a failure)
+    passed: bool  # tested and its bound at most max_loss
+    mean_steps: float
+    accuracy: float
+    accuracy_last: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def risk_controlled_rule(outcomes: list[RuleOutcome], max_loss: float, risk: float
+                         ) -> tuple[Optional[str], list[RiskTest]]:
+    """The cheapest rule (fewest mean steps; the first listed on a tie) among those that pass
+    fixed-sequence testing of "loss > max_loss" at total risk `risk`, and every candidate's
+    test, in the order tested (family by family); None when no candidate passes."""
+    by_rule = {outcome.halting: outcome for outcome in outcomes}
+    sequences = fixed_sequences([outcome.halting for outcome in outcomes])
+    level = risk / len(sequences)
+    tests = []
+    for family, rules in sequences.items():
+        going = True
+        for position, rule in enumerate(rules, 1):
+            outcome = by_rule[rule]
+            n = outcome.images
+            losses = round((1 - outcome.agreement) * n)  # a count: the agreement is one over n
+            p_value = binomial_cdf(losses, n, max_loss)
+            passed = going and p_value <= level
+            tests.append(RiskTest(rule, family, position, n, losses, losses / n, level,
+                                  clopper_pearson_upper(losses, n, level), p_value, going, passed,
+                                  outcome.mean_steps, outcome.accuracy, outcome.accuracy_last))
+            going = passed
+    passed = [test for test in tests if test.passed]
+    if not passed:
+        return None, tests
+    order = {outcome.halting: i for i, outcome in enumerate(outcomes)}
+    return min(passed, key=lambda t: (t.mean_steps, order[t.halting])).halting, tests

@@ -142,4 +142,5 @@ from .evaluation import (  # noqa: E402, F401
 from .runs import (HISTORY_COLUMNS, PREDICT_COLUMNS, RUNS_COLUMNS, TRAIN_COLUMNS, diff_report,  # noqa: E402, F401
                    epoch_record, info_report, prediction_report, runs_report, stopped_record,
                    training_report, trash_report)
-from .uncertainty import combine_draws, mean_ci, standard_error, wilson_interval, wilson_lower  # noqa: E402, F401
+from .uncertainty import (binomial_cdf, clopper_pearson_upper, combine_draws, mean_ci, standard_error,  # noqa: E402, F401
+                          wilson_interval, wilson_lower)

@@ -269,3 +269,58 @@ def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[st
                           f"agrees: share whose class is the last step's · bound: its\n"
                           f"one-sided 95% lower bound (Wilson) · ok: bound ≥ {floor:.1%}",
                   footer=footer)
+
+
+# calibrate --max-loss --risk: a rule whose loss is bounded ---------------------------------------
+
+def confidence_text(risk: float) -> str:
+    """The confidence 1 - risk as a percentage: risk 0.1 -> "90%", 0.025 -> "97.5%", 0.1 / 3 -> "96.67%"."""
+    return f"{(1 - risk) * 100:.4g}%"
+
+
+def _risk_verdict(row: dict) -> str:
+    return "chosen" if row["chosen"] else "pass" if row["passed"] else "fail" if row["tested"] else "not tested"
+
+
+RISK_COLUMNS = [
+    Column("halting", "rule", "s"), Column("mean_steps", "steps", ".2f"), Column("accuracy", "accuracy", ".4f"),
+    Column("losses", "differ", "d"), Column("loss", "loss", ".4f"), Column("bound", "bound", ".4f"),
+    Column("chosen", "verdict", "s", text=_risk_verdict),
+]
+
+
+def risk_calibration_report(checkpoint: str, cfg, tests: list, chosen: Optional[str], *, max_loss: float,
+                            risk: float, sets: list[dict], protocol: Optional[str], seed: int, view: TaskView,
+                            data: str = "validation", steps: Optional[dict] = None) -> Report:
+    """calibrate --max-loss --risk: one bucket per candidate (evaluate.RiskTest), in the order
+    tested (family by family, from the most steps), with its loss against the last step, the
+    Clopper–Pearson bound on it, and whether it passed; `chosen` the cheapest that passed."""
+    words, steps = view.terms, steps_of(cfg, steps)
+    buckets = [{**test.as_dict(), "gap": test.accuracy_last - test.accuracy, "chosen": test.halting == chosen}
+               for test in tests]
+    images, families = buckets[0]["images"], len({test.family for test in tests})
+    level = buckets[0]["level"]
+    picked = next((b for b in buckets if b["chosen"]), None)
+    meta = make_meta("calibrate", [checkpoint], [cfg.method.name], [cfg.step.name], protocol=protocol, halting=None,
+                     seed=seed, task=view.name, repeats=1, **view.meta, **steps, data=data, sets=sets, images=images,
+                     criterion="risk", max_loss=max_loss, risk=risk, bound="clopper-pearson upper",
+                     test="fixed sequence", families=families, level=level, chosen=chosen,
+                     chosen_bound=picked["bound"] if picked else None,
+                     chosen_mean_steps=picked["mean_steps"] if picked else None)
+    labels = ", ".join(words.label(s) for s in sets)
+    how = f"protocol {protocol} · " if protocol is not None else ""
+    split = (f"{families} families, each at risk {level:.4g} (--risk / {families})" if families > 1
+             else f"at risk {level:g}")
+    footer = (f"chosen: {chosen} (loss ≤ {picked['bound']:.4f} at {confidence_text(risk)}, "
+              f"{picked['mean_steps']:.2f} steps): --halting {chosen}" if picked else
+              f"chosen: none (no candidate's bound reaches {max_loss:g})")
+    return Report(meta=meta, buckets=buckets, columns=RISK_COLUMNS,
+                  title=f"Bounded-loss exit rules ({checkpoint})",
+                  caption=f"{describe_model(cfg, view)}{steps_caption(steps)}\n{images} {data} {words.inputs} "
+                          f"({how}{labels}) · seed {seed}\n"
+                          f"loss: share whose class differs from the last step's ({images} {words.inputs})\n"
+                          f"bound: its exact upper {confidence_text(level)} bound (Clopper–Pearson)\n"
+                          f"tested family by family from the most steps, {split}:\n"
+                          f"a family stops at its first bound above --max-loss {max_loss:g}\n"
+                          f"chosen: the fewest mean steps of those that passed",
+                  footer=footer)
