@@ -15,7 +15,7 @@ import torch
 from .. import BadValue, PonderError
 from ..checkpoint import load_model, steps_problem
 from ..config import seed_problems
-from ..evaluate import LOSSES, choose_rule, evaluate_buckets, risk_controlled_rule, rule_outcomes, uncertainty
+from ..evaluate import CONTROLS, LOSSES, choose_rule, evaluate_buckets, risk_controlled_rule, rule_outcomes, uncertainty
 from ..methods import get_method
 from ..registry import CALIBRATION_RULES, DEFAULT_HALTING, DEFAULT_PROTOCOL, parse_exit_rule, parse_halting_rule
 from ..reports import (Report, calibration_report, combine_draws, comparison_report, evaluation_report,
@@ -149,6 +149,8 @@ def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int
                     bucket.pop(key)
             if not options.detail:
                 bucket.pop("accuracy_at_step")
+                for key in CONTROLS:
+                    bucket.pop(key)
             buckets.append(bucket)
         draws.append(buckets)
     combined = [{**combine_draws([draw[b] for draw in draws]), **uncertainty(samples[b])} for b in range(len(specs))]

@@ -26,6 +26,7 @@ class Report:
     title: str
     caption: str = ""
     detail: Optional[tuple[str, list[dict], list[Column]]] = None  # a second table: title, rows, columns
+    controls: Optional[tuple[str, list[dict], list[Column], str]] = None  # one more: title, rows, columns, caption
     footer: str = ""  # a line after the table (table format only)
     plot_series: dict[str, list[dict]] = field(default_factory=dict)  # label -> buckets, for --plot
     table_rows: Optional[list[dict]] = None  # what the table shows, when not the buckets

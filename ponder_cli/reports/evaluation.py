@@ -6,6 +6,7 @@ import statistics
 from typing import Callable, Optional, Sequence
 
 from ..render import Column, cell_text, sparkline
+from ..registry import SHUFFLES
 from . import Report, TaskView, Terms, describe_model, key_column, make_meta
 
 # eval and extrapolate --------------------------------------------------------------------------
@@ -64,6 +65,36 @@ def best_fixed_accuracy(accuracy_at_step: Sequence[float], mean_steps: float) ->
 # beside the rule's own accuracy, whether adapting beats every fixed budget of no more steps, in one column
 BEST_FIXED_COLUMN = Column("best_fixed_accuracy", "best fixed ≤ steps", ".4f", wrap=True)
 BEST_FIXED_CAPTION = "best fixed ≤ steps: best fixed budget, or mix of two, in ≤ the mean steps"
+
+
+def _difference_text(key: str, se: str) -> Callable[[dict], str]:
+    """"+0.0125 ±0.0040": a difference and its standard error; "-" where there is none."""
+    def text(row: dict) -> str:
+        if row.get(key) is None:
+            return "-"
+        return f"{row[key]:+.4f}" + (f" ±{row[se]:.4f}" if row.get(se) is not None else "")
+    return text
+
+
+CONTROL_KEYS = ("shuffled_accuracy", "adapting_minus_shuffled", "adapting_minus_shuffled_se", "premature_halts",
+                "late_halts")
+
+
+def controls_table(rows: list[dict], first: list[Column], figures: bool = True
+                   ) -> tuple[str, list[dict], list[Column], str]:
+    """--detail's and compare's table of the controls, a row per bucket (`first`: the columns
+    that name it): the accuracy and the best fixed policy (`figures`; compare's table beside has
+    them), the shuffled-halting null (evaluate.shuffled_null) and adapting minus it with its
+    standard error, and the halts that went wrong; its caption."""
+    columns = [*first, *([Column("accuracy", "accuracy", ".4f"), BEST_FIXED_COLUMN] if figures else []),
+               Column("shuffled_accuracy", "shuffled", ".4f"),
+               Column("adapting_minus_shuffled", "adapting − shuffled",
+                      text=_difference_text("adapting_minus_shuffled", "adapting_minus_shuffled_se")),
+               Column("premature_halts", "premature", ".4f"), Column("late_halts", "late", ".4f")]
+    caption = (f"shuffled: the same halting steps dealt to the inputs at random (mean of {SHUFFLES}\n"
+               "permutations), each answered at the step it is dealt · ± its standard error\n"
+               "premature / late: wrong where halted, right at the last step / at a step before")
+    return "Controls", rows, columns, caption
 # fixed:N reads step N's own output, while ACT trains and predicts on the p-weighted mean of its steps' outputs
 ACT_CAVEAT = "ACT's fixed budget reads step N's y_N, not the mean-field prediction ACT trains on: a weak control"
 
@@ -122,6 +153,9 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
             with_best_fixed(bucket)
         bucket.update(checkpoint=checkpoint, method=cfg.method.name, step=cfg.step.name)
         bucket["halting_spark"] = sparkline(bucket["histogram"], width=20)
+        for key in CONTROL_KEYS:  # --detail's controls after every key that came before them
+            if key in bucket:
+                bucket[key] = bucket.pop(key)
     used = buckets[0]["halting"]
     repeats = buckets[0].get("repeats", 1)
     words = view.terms
@@ -154,6 +188,8 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
         plot_series={checkpoint: buckets})
     if detail:
         report.detail = per_step_table(buckets, expected=used == "expected", label=words.label)
+        if any(bucket.get("shuffled_accuracy") is not None for bucket in buckets):
+            report.controls = controls_table(buckets, [key_column(words, buckets)])
     return report
 
 
