@@ -98,5 +98,5 @@ def test_compare_reports_the_controls_and_act_has_none(runs, tiny_mnist, ponder)
     assert 0 <= pn["premature_halts"] <= 1 and pn["adapting_minus_shuffled_se"] > 0
     # ACT predicts from the p-weighted mean of its steps, not its halting step's answer: no null
     assert act["shuffled_accuracy"] is None and act["premature_halts"] is None
-    table = ponder("compare", runs / "pn1", runs / "act", "--data-dir", tiny_mnist, "--angles", 45).stdout
-    assert "Controls" in table
+    args = ["compare", runs / "pn1", runs / "act", "--data-dir", tiny_mnist, "--angles", 45]
+    assert "Controls" in ponder(*args, "--detail").stdout and "Controls" not in ponder(*args).stdout

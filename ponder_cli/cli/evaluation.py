@@ -159,6 +159,9 @@ def compare(
                                                  "whatever it trained with (1 to 100): the halting forced at step "
                                                  "N. A one-step model (plain) keeps its one. [default: each "
                                                  "checkpoint's]"),
+    detail: bool = typer.Option(False, "--detail", help="Also show the Controls table: each row's shuffled-halting "
+                                "null, adapting minus it, and its premature and late halts (JSON and CSV hold them "
+                                "always)."),
     plot: Optional[Path] = PlotOption,
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the test rotations and halting coin flips, the "
                                        "same for every checkpoint, so all see the same images. [default: the "
@@ -182,6 +185,8 @@ def compare(
                                        amp=amp, max_steps=max_steps)
     report = compare_checkpoints(checkpoints, spelled_buckets(angles=angles, counts=counts, buckets=buckets), options,
                                  log=chatter(quiet), progress=bars(quiet))
+    if not detail:
+        report.controls = None
     render_and_plot(report, fmt, plot, quiet)
 
 
