@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, NamedTuple, Optional
 
 import torch
 
 from .config import PonderConfig
 from .halting import halting_log_probs, rule_halting_steps
-from .registry import parse_halting_rule
+from .registry import SHUFFLES, parse_halting_rule
 from .methods import get_method
-from .reports import standard_error, wilson_interval, wilson_lower
+from .reports import binomial_cdf, clopper_pearson_upper, standard_error, wilson_interval, wilson_lower
 from .runtime import autocast, drops_rows
 
 
@@ -52,6 +52,9 @@ class EvalSamples:
     difficulty: torch.Tensor  # (N,) the task's difficulty of each input (|rotation|, non-zero count)
     steps: torch.Tensor  # (N,) float64 ponder steps (fractional for the expected rule)
     correct: torch.Tensor  # (N,) bool
+    # detail: each input's correctness under the shuffled-halting null (float64, its mean over the
+    # permutations; shuffled_null), None where the null is not defined or not asked for
+    shuffled: Optional[torch.Tensor] = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,12 @@ class EvalResult:
     objective: float | None = None  # the training loss (reconstruction + beta * regularisation), rule-free
     reconstruction: float | None = None
     regularisation: float | None = None
+    # detail, the controls beside the best fixed policy (shuffled_null; None where a rule does not
+    # halt at one step, or the method predicts from more than its halting step's answer)
+    shuffled_accuracy: float | None = None  # the same halting steps, permuted across the inputs
+    adapting_minus_shuffled: float | None = None
+    premature_halts: float | None = None  # share wrong where halted, right at the last step
+    late_halts: float | None = None  # share wrong where halted, right at an earlier step
     samples: EvalSamples | None = field(default=None, compare=False, repr=False)
 
     def as_dict(self) -> dict:
@@ -76,6 +85,7 @@ class EvalResult:
 
 
 LOSSES = ("loss", "objective", "reconstruction", "regularisation")  # eval's alone (with_loss)
+CONTROLS = ("shuffled_accuracy", "adapting_minus_shuffled", "premature_halts", "late_halts")  # --detail's alone
 
 
 @torch.inference_mode()
@@ -94,8 +104,10 @@ def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfi
     images (align: 10x), and a stall per step on a GPU. None (the default): on the CPU only. Else
     the full forward over every step, and the rule applied to it on the device (method.predict:
     the same predictions and steps; tests/test_evaluate.py). The loss, the per-step accuracy of
-    `detail` (from which the reports take the best fixed budget at the rule's mean steps) and the
-    expected rule need every step of every image, so they always run the full forward pass.
+    `detail` (from which the reports take the best fixed budget at the rule's mean steps; and
+    the shuffled-halting null and the premature and late halts, `shuffled_null`, for a rule that
+    halts at one step and predicts with that step's answer) and the expected rule need every step
+    of every image, so they always run the full forward pass.
 
     with_loss: `loss`, each input's cross-entropy of the class probabilities it is predicted
     with under `halting` (fixed:N: y_N's; sample and the other exit rules: the halted step's;
@@ -117,6 +129,9 @@ def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfi
     halting_mass = torch.zeros(max_steps, dtype=torch.float64, device=device)  # expected rule: sum of p_n
     correct_at_step = torch.zeros(max_steps, dtype=torch.float64, device=device)
     all_steps, all_correct = [], []  # per image, kept on the device until the end
+    # detail: every step's correctness per image, (steps, B) per batch, for the shuffled null
+    per_step = [] if detail and method.halting_label(halting) == halting and \
+        parse_halting_rule(halting).halts_at_one_step else None
     for start in range(0, count, batch_size):
         end = min(start + batch_size, count)
         x = bucket.inputs(start, end)
@@ -131,7 +146,10 @@ def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfi
             if expected:  # steps are sum_n n p_n: the histogram collects the halting mass p_n
                 halting_mass += halting_log_probs(out.lambda_logits).exp().double().sum(dim=1)
             if detail:
-                correct_at_step += (out.logits.argmax(dim=-1) == targets).sum(dim=1).double()
+                right = out.logits.argmax(dim=-1) == targets  # (steps, B)
+                correct_at_step += right.sum(dim=1).double()
+                if per_step is not None:
+                    per_step.append(right)
             if with_loss:
                 chosen = method.probabilities(logits, halting).gather(1, targets[:, None]).squeeze(1)
                 halted = -chosen.double().clamp_min(torch.finfo(torch.float32).tiny).log().sum()
@@ -145,35 +163,83 @@ def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfi
     steps, correct = torch.cat(all_steps).cpu(), torch.cat(all_correct).cpu()  # (N,)
     histogram = (tuple(halting_mass.tolist()) if expected
                  else tuple(torch.bincount(steps.long() - 1, minlength=max_steps).tolist()))
+    controls = shuffled_null(torch.cat(per_step, dim=1).cpu(), steps, correct) if per_step else None
     return _result(bucket, steps, correct, histogram,
                    accuracy_at_step=tuple((correct_at_step / count).tolist()) if detail else None,
-                   losses=(loss_totals / count).tolist() if with_loss else None)
+                   losses=(loss_totals / count).tolist() if with_loss else None, controls=controls)
 
 
 def _result(bucket: EvalBucket, steps: torch.Tensor, correct: torch.Tensor, histogram: tuple, *,
-            accuracy_at_step: Optional[tuple], losses: Optional[list]) -> EvalResult:
+            accuracy_at_step: Optional[tuple], losses: Optional[list],
+            controls: Optional["HaltingControls"] = None) -> EvalResult:
     """A bucket's figures from its per-input steps (N,) and correctness (N,) on the CPU."""
     count, n_correct = len(bucket), int(correct.sum())
+    shares = {} if controls is None else dict(
+        shuffled_accuracy=controls.shuffled_accuracy, adapting_minus_shuffled=n_correct / count -
+        controls.shuffled_accuracy, premature_halts=controls.premature, late_halts=controls.late)
     return EvalResult(
         images=count, accuracy=n_correct / count, mean_steps=float(steps.mean()),
         std_steps=float(steps.std(correction=0)),
         steps_correct=float(steps[correct].mean()) if n_correct else None,
         steps_wrong=float(steps[~correct].mean()) if n_correct < count else None,
         histogram=histogram, accuracy_at_step=accuracy_at_step,
-        **(dict(zip(LOSSES, losses)) if losses is not None else {}),
-        samples=EvalSamples(bucket.difficulty.double(), steps, correct),
+        **(dict(zip(LOSSES, losses)) if losses is not None else {}), **shares,
+        samples=EvalSamples(bucket.difficulty.double(), steps, correct,
+                            controls.shuffled if controls is not None else None),
     )
+
+
+# the controls beside the best fixed policy ---------------------------------------------------------
+
+SHUFFLE_SEED = 0  # the permutations' generator: the same permutations of a bucket on every run
+
+
+class HaltingControls(NamedTuple):
+    shuffled: torch.Tensor  # (N,) float64: each input's correctness at the steps it is dealt, averaged
+    shuffled_accuracy: float
+    premature: float  # share wrong at the halting step, right at the last
+    late: float  # share wrong at the halting step, right at some step before it
+
+
+def shuffled_null(right: torch.Tensor, steps: torch.Tensor, correct: torch.Tensor) -> HaltingControls:
+    """Whether halting adapts or only spends an average: the shuffled-halting null deals the
+    bucket's own halting steps out at random (a permutation across its inputs, SHUFFLES of them
+    from a seeded generator), each input answered by its own answer at the step it is dealt, so
+    the steps' distribution is the rule's while which input waits is chance; and the halts that
+    went wrong, premature (wrong where it halted, right at the last step) and late (wrong where it
+    halted, right at a step before). right: (steps, N) bool, each step's answer right; steps (N,)
+    1-based halting steps; correct (N,) the answer where each halted."""
+    count = right.shape[1]
+    index = steps.long() - 1
+    inputs = torch.arange(count)
+    generator = torch.Generator().manual_seed(SHUFFLE_SEED)
+    shuffled = torch.zeros(count, dtype=torch.float64)
+    for _ in range(SHUFFLES):
+        shuffled += right[index[torch.randperm(count, generator=generator)], inputs].double()
+    shuffled /= SHUFFLES
+    # right at some step before the halting one: the running "any" up to step n - 1
+    seen = right.to(torch.uint8).cummax(dim=0).values.bool()  # right at step n or before
+    before = torch.cat([torch.zeros_like(seen[:1]), seen[:-1]])[index, inputs]
+    wrong = ~correct
+    return HaltingControls(shuffled, float(shuffled.mean()), float((wrong & right[-1]).double().mean()),
+                           float((wrong & before).double().mean()))
 
 
 def uncertainty(samples: list[EvalSamples]) -> dict:
     """How far a bucket's figures could be from the model's true ones, over every input its
     draws evaluated (pooled): `accuracy_wilson`, Wilson's 95% interval [low, high] of the
-    accuracy, and `steps_se`, the standard error of the mean steps."""
+    accuracy, and `steps_se`, the standard error of the mean steps; with --detail's null,
+    `adapting_minus_shuffled_se`, the standard error of adapting - shuffled over the inputs
+    (each input's own difference, paired)."""
     correct = torch.cat([s.correct for s in samples])
     steps = torch.cat([s.steps for s in samples])
     count = correct.shape[0]
-    return {"accuracy_wilson": wilson_interval(int(correct.sum()), count),
-            "steps_se": standard_error(float(steps.std(correction=0)), count) if count else None}
+    figures = {"accuracy_wilson": wilson_interval(int(correct.sum()), count),
+               "steps_se": standard_error(float(steps.std(correction=0)), count) if count else None}
+    if count and all(s.shuffled is not None for s in samples):  # --detail: adapting - shuffled, input by input
+        differences = correct.double() - torch.cat([s.shuffled for s in samples])
+        figures["adapting_minus_shuffled_se"] = standard_error(float(differences.std(correction=0)), count)
+    return figures
 
 
 def evaluate_buckets(model: torch.nn.Module, buckets, cfg: PonderConfig, *,
@@ -278,3 +344,94 @@ def choose_rule(outcomes: list[RuleOutcome], tolerance: float) -> Optional[str]:
 def admits(outcome: RuleOutcome, tolerance: float) -> bool:
     # a hair of slack so that a bound of exactly 1 - tolerance counts
     return outcome.agreement_lower >= 1 - tolerance - 1e-12
+
+
+# risk-controlled calibration: a rule whose loss is bounded with a stated risk ----------------------
+#
+# `calibrate --max-loss E --risk D` (Learn then Test, Angelopoulos et al. 2021; risk-controlled
+# early exit, Jazbec et al. 2024). The loss of a rule on an input is 1 when its halted answer
+# differs from the last step's (it bounds the accuracy lost: the two accuracies differ by at most
+# the share that differs); its risk is the expected loss over inputs drawn as the calibration
+# inputs were. Each candidate's null hypothesis "risk > E" is rejected when the exact binomial
+# p-value P(Binomial(n, E) <= losses) is at most its level, i.e. when the Clopper–Pearson upper
+# 1 - level bound on the risk is at most E.
+#
+# Fixed-sequence testing needs an order fixed before any loss is seen. Here it is each family's
+# parameter: within quantile:Q, confidence:C, threshold:T, patience:K and fixed:N a larger
+# parameter halts every input at the same step or later (the condition that fires at a larger
+# parameter fires at the smaller one too), so the order from the largest parameter down is the
+# order from the most steps to the fewest, on any input, before anything is measured (mean steps
+# on the calibration inputs would follow it, but would be read off the very data being tested).
+# Each family is tested down its order at level D / F (F families: Bonferroni), stopping at its
+# first failure; every rule that passed is then covered at once with probability at least 1 - D,
+# so the cheapest of them (fewest mean steps, over every family) may be chosen.
+
+
+def rule_family(rule) -> tuple[str, Optional[float]]:
+    """A candidate's family and the parameter that orders it (larger: as many steps or more on
+    every input); median is quantile:0.5, and a rule without a parameter (sample) is a family of
+    its own."""
+    rule = parse_halting_rule(rule)
+    if rule.quantile is not None:
+        return "quantile", rule.quantile
+    return rule.name, rule.parameter
+
+
+def fixed_sequences(rules: list[str]) -> dict[str, list[str]]:
+    """The candidates by family (in the order the families first appear), each family from its
+    largest parameter to its smallest (ties as given): the order each is tested in."""
+    families: dict[str, list[tuple[float, int, str]]] = {}
+    for position, rule in enumerate(rules):
+        family, parameter = rule_family(rule)
+        families.setdefault(family, []).append((-(parameter if parameter is not None else 0.0), position, rule))
+    return {family: [rule for *_, rule in sorted(members)] for family, members in families.items()}
+
+
+@dataclass(frozen=True)
+class RiskTest:
+    """One candidate under fixed-sequence testing."""
+    halting: str
+    family: str
+    position: int  # 1-based place in its family's sequence (1: the most steps)
+    images: int
+    losses: int  # inputs whose halted answer differs from the last step's
+    loss: float  # their share
+    level: float  # the risk each test in its family is run at (--risk / families)
+    bound: float  # the Clopper–Pearson upper 1 - level bound on the loss
+    p_value: float  # P(Binomial(images, max_loss) <= losses)
+    tested: bool  # reached by its sequence (not after a failure)
+    passed: bool  # tested and its bound at most max_loss
+    mean_steps: float
+    accuracy: float
+    accuracy_last: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def risk_controlled_rule(outcomes: list[RuleOutcome], max_loss: float, risk: float
+                         ) -> tuple[Optional[str], list[RiskTest]]:
+    """The cheapest rule (fewest mean steps; the first listed on a tie) among those that pass
+    fixed-sequence testing of "loss > max_loss" at total risk `risk`, and every candidate's
+    test, in the order tested (family by family); None when no candidate passes."""
+    by_rule = {outcome.halting: outcome for outcome in outcomes}
+    sequences = fixed_sequences([outcome.halting for outcome in outcomes])
+    level = risk / len(sequences)
+    tests = []
+    for family, rules in sequences.items():
+        going = True
+        for position, rule in enumerate(rules, 1):
+            outcome = by_rule[rule]
+            n = outcome.images
+            losses = round((1 - outcome.agreement) * n)  # a count: the agreement is one over n
+            p_value = binomial_cdf(losses, n, max_loss)
+            passed = going and p_value <= level
+            tests.append(RiskTest(rule, family, position, n, losses, losses / n, level,
+                                  clopper_pearson_upper(losses, n, level), p_value, going, passed,
+                                  outcome.mean_steps, outcome.accuracy, outcome.accuracy_last))
+            going = passed
+    passed = [test for test in tests if test.passed]
+    if not passed:
+        return None, tests
+    order = {outcome.halting: i for i, outcome in enumerate(outcomes)}
+    return min(passed, key=lambda t: (t.mean_steps, order[t.halting])).halting, tests

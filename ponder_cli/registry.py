@@ -182,6 +182,9 @@ RULE_PARAMETERS = {"quantile": ("Q", "0 < Q < 1"), "patience": ("K", "a whole nu
 WHOLE_PARAMETERS = ("patience", "fixed")
 # rules that average every step's outputs rather than halt at one step
 AVERAGING_RULES = ("expected",)
+# --detail's and compare's shuffled-halting null: the mean over this many permutations of the
+# halting steps across a bucket's inputs (evaluate.shuffled_null)
+SHUFFLES = 10
 # the rules `ponder calibrate` chooses among, cheapest first within each family
 CALIBRATION_RULES = ("quantile:0.5", "quantile:0.6", "quantile:0.7", "quantile:0.8", "quantile:0.9",
                      "quantile:0.95", "quantile:0.99", "patience:1", "patience:2", "patience:3", "patience:4",

@@ -794,3 +794,85 @@ def empty_trash(folders: Iterable[Path]) -> list[dict]:
         with contextlib.suppress(OSError):
             trash.rmdir()
     return done
+
+
+# a run's saved halting rule ---------------------------------------------------------------------
+# `ponder calibrate --save` writes the rule it chose into the run folder, beside the checkpoints,
+# as halting.json; `eval`, `extrapolate` and `sweep` halt by it where --halting is not given, and
+# `ponder info` shows it. It names the checkpoint file it was calibrated on and a digest of that
+# file's weights: a rule calibrated on other weights (training resumed since, or another run
+# written over the folder) is not used.
+
+HALTING_FILE = "halting.json"
+SAVED_BY = "ponder calibrate --save"  # marks the file as calibrate's: any other is the user's, never replaced
+
+
+def weights_digest(weights: dict) -> str:
+    """A digest of a state dict's tensors (on the host), key by key in sorted order."""
+    import hashlib
+
+    digest = hashlib.sha1()
+    for key in sorted(weights):
+        digest.update(key.encode())
+        digest.update(weights[key].detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def saved_halting(folder: Path) -> Optional[dict]:
+    """The rule calibrate saved in `folder` (its record, as written), or None where there is
+    none, or the file is not calibrate's."""
+    try:
+        record = json.loads((Path(folder) / HALTING_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(record, dict) and record.get("saved_by") == SAVED_BY and isinstance(record.get("halting"), str)
+    return record if ok else None
+
+
+def saved_halting_for(path: Path) -> tuple[Optional[dict], Optional[str]]:
+    """The saved rule of the run folder holding checkpoint `path`, when it was calibrated on
+    these very weights: (record, None); (record, why it does not apply) when it was not;
+    (None, None) where nothing is saved."""
+    record = saved_halting(Path(path).parent)
+    if record is None:
+        return None, None
+    if record.get("checkpoint") != Path(path).name:
+        return record, f"calibrated on {record.get('checkpoint')}, not {Path(path).name}"
+    try:
+        same = record.get("weights") == weights_digest(load_checkpoint(path).model)
+    except PonderError:
+        same = False
+    return (record, None) if same else (record, f"calibrated on other weights of {Path(path).name} (training went "
+                                                f"on since, or another run was written over the folder)")
+
+
+def halting_save_problem(path: Path) -> None:
+    """Refuse --save where the rule cannot go: a shipped model (no run folder), a checkpoint
+    file outside a run folder, a run training now, or a halting.json of the user's own."""
+    from .folders import inside_package
+
+    folder = Path(path).parent
+    if inside_package(path):
+        raise PonderError(f"--save writes into a run folder, and {path} is a shipped model, not a run: calibrate "
+                          f"without --save and pass the rule to --halting, or refit it into a run of your own "
+                          f"(ponder train --init-from ...)")
+    if not is_run_folder(folder):
+        raise PonderError(f"--save writes into the run folder of the checkpoint, and {folder} is not a run folder "
+                          f"(no run of ponder's wrote it): pass the rule to --halting instead")
+    check_unlocked(folder)
+    if (folder / HALTING_FILE).exists() and saved_halting(folder) is None:
+        raise PonderError(f"{folder / HALTING_FILE} exists and is not a rule calibrate saved: move it away first, "
+                          f"nothing of yours is overwritten")
+
+
+def save_halting(path: Path, record: dict) -> tuple[Path, Optional[str]]:
+    """Write `record` (the chosen rule and how it was chosen) as the run's saved rule, naming
+    checkpoint `path` and its weights; returns the file and the rule it replaced (None: none)."""
+    halting_save_problem(path)
+    target = Path(path).parent / HALTING_FILE
+    before = saved_halting(target.parent)
+    payload = {"format_version": FORMAT_VERSION, "saved_by": SAVED_BY, **record, "checkpoint": Path(path).name,
+               "weights": weights_digest(load_checkpoint(path).model),
+               "saved": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    _replace_atomically(target, lambda f: f.write(json.dumps(payload, indent=2) + "\n"))
+    return target, before["halting"] if before else None

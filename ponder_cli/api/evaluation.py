@@ -3,7 +3,6 @@ one report each."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 import sys
 import time
@@ -16,11 +15,13 @@ import torch
 from .. import BadValue, PonderError
 from ..checkpoint import load_model, steps_problem
 from ..config import seed_problems
-from ..evaluate import LOSSES, choose_rule, evaluate_buckets, rule_outcomes, uncertainty
+from ..evaluate import CONTROLS, LOSSES, choose_rule, evaluate_buckets, risk_controlled_rule, rule_outcomes, uncertainty
 from ..methods import get_method
 from ..registry import CALIBRATION_RULES, DEFAULT_HALTING, DEFAULT_PROTOCOL, parse_exit_rule, parse_halting_rule
 from ..reports import (Report, calibration_report, combine_draws, comparison_report, evaluation_report,
                        group_by_configuration, mean_ci, sweep_report)
+from ..reports.evaluation import confidence_text, risk_calibration_report
+from ..runs import HALTING_FILE, halting_save_problem, save_halting, saved_halting_for, weights_digest
 from ..tasks import BUCKETS, derived_seed, get_task, task_names
 from . import check_halting, device_and_amp, evaluation_seed, load_one, on_device, resolve_named, steps_run
 
@@ -148,6 +149,8 @@ def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int
                     bucket.pop(key)
             if not options.detail:
                 bucket.pop("accuracy_at_step")
+                for key in CONTROLS:
+                    bucket.pop(key)
             buckets.append(bucket)
         draws.append(buckets)
     combined = [{**combine_draws([draw[b] for draw in draws]), **uncertainty(samples[b])} for b in range(len(specs))]
@@ -164,7 +167,7 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], bucket
     progress: a bar on stderr, one tick per bucket."""
 
     path, dev, amp, model, cfg, trained = load_one(checkpoint, options, log)
-    options = replace(options, halting=check_halting(cfg, options.halting))
+    options = replace(options, halting=check_halting(cfg, options.halting or saved_rule(path, cfg, log)))
     task = get_task(cfg)
     options = _with_protocol(task, options)
     specs = task.parse_buckets(spelled(buckets), command, options.protocol, log)
@@ -201,7 +204,7 @@ def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float],
     to elems). Accuracy and mean steps per bucket, and the least-squares slope of steps."""
 
     path, dev, amp, model, cfg, trained = load_one(checkpoint, options, log)
-    options = replace(options, halting=check_halting(cfg, options.halting))
+    options = replace(options, halting=check_halting(cfg, options.halting or saved_rule(path, cfg, log)))
     task = get_task(cfg)
     specs = task.sweep_specs(start, stop, every)
     fixed = replace(options, protocol="fixed")
@@ -217,17 +220,25 @@ def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float],
 def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, options: EvalOptions, *,
                          tolerance: float = 0.005,
                          rules: Optional[list[str]] = None, log: Callable[[str], None] = lambda line: None,
-                         progress: bool = False) -> Report:
+                         progress: bool = False, max_loss: Optional[float] = None, risk: Optional[float] = None,
+                         save: bool = False) -> Report:
     """calibrate: every candidate exit rule (default registry.CALIBRATION_RULES) on the
     task's calibration data (MNIST: the held-out training images, rotated within the training
     rotation, or by the angles of `buckets` under options.protocol; parity: vectors of
     calibrate's own, of the training range or of the count ranges of `buckets`), and the cheapest rule whose agreement with the last step has
     a one-sided 95% lower bound of at least 1 - tolerance (evaluate.choose_rule). Rotations,
     vectors redrawn and coins come from a stream of calibrate's own (derived from the seed), never
-    the draws that validated training; options.repeats draws are pooled."""
+    the draws that validated training; options.repeats draws are pooled.
+
+    With max_loss and risk (--max-loss, --risk): the cheapest rule whose loss against the last
+    step passes fixed-sequence testing at that risk (evaluate.risk_controlled_rule), refused in
+    one error when none does. save: the chosen rule written into the run folder (save_rule)."""
 
     if not (math.isfinite(tolerance) and 0 <= tolerance < 1):
         raise BadValue(f"--tolerance must be at least 0 and below 1 (got {tolerance:g})")
+    risk_problem = _risk_problem(max_loss, risk)
+    if risk_problem is not None:
+        raise BadValue(risk_problem)
     subject = "calibrate" if rules is None else f"--rules {' '.join(map(str, rules))}"
     try:
         rules = [parse_exit_rule(rule).spelling for rule in (CALIBRATION_RULES if rules is None else rules)]
@@ -246,6 +257,13 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
     task = get_task(cfg)
     options = _with_protocol(task, options)
     specs = task.parse_buckets(spelled(buckets), "calibrate", options.protocol, log)
+    if risk is not None and task.buckets_share_inputs and len(specs) * options.repeats > 1:
+        raise BadValue(f"--risk bounds the loss on independent inputs, and every {'bucket' if len(specs) > 1 else 'draw'} "
+                       f"of {task.article} {task.name} model's calibration reuses the same {task.view().terms.inputs}: "
+                       f"give one {task.bucket_options[0] if task.bucket_options else BUCKETS} value and no --repeats "
+                       f"(--protocol uniform within the widest angle covers the narrower ones)")
+    if save:
+        save_problem(path)  # refused before any work
     seed = evaluation_seed(options.seed, cfg)
     draws = derived_seed("calibrate", seed)
     with _progress_bar(len(specs) * options.repeats, progress, log) as bar:
@@ -257,19 +275,82 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
                     yield task.bucket(data, spec, specs, model.max_steps, draws + k, options.protocol, draw=k)
                     bar.update()
         outcomes = rule_outcomes(model, buckets(), rules, batch_size=options.batch_size, amp=amp)
-    return on_device(calibration_report(str(path), cfg, outcomes, choose_rule(outcomes, tolerance),
-                                        tolerance=tolerance, data=task.calibration_split,
-                                        sets=[task.bucket_fields(spec, options.protocol, specs) for spec in specs],
-                                        protocol=options.protocol, seed=seed, repeats=options.repeats,
-                                        view=task.view(), steps=steps_run(cfg, trained)), dev)
+    sets = [task.bucket_fields(spec, options.protocol, specs) for spec in specs]
+    if risk is not None:
+        chosen, tests = risk_controlled_rule(outcomes, max_loss, risk)
+        report = risk_calibration_report(str(path), cfg, tests, chosen, max_loss=max_loss, risk=risk,
+                                         data=task.calibration_split, sets=sets, protocol=options.protocol, seed=seed,
+                                         view=task.view(), steps=steps_run(cfg, trained))
+        if chosen is None:
+            best = min(tests, key=lambda test: test.bound)
+            raise PonderError(f"no candidate's {confidence_text(risk)} bound on the loss reaches --max-loss {max_loss:g} on "
+                              f"{tests[0].images} {task.calibration_split} {task.view().terms.inputs} (the lowest: "
+                              f"{best.halting}, {best.losses} differing, bound {best.bound:.4f}): raise --max-loss or "
+                              f"--risk, or calibrate on more inputs")
+    else:
+        chosen = choose_rule(outcomes, tolerance)
+        if save and chosen is None:
+            raise PonderError(f"--save: no rule's bound reaches {1 - tolerance:.1%}, there is nothing to save; raise "
+                              f"--tolerance or calibrate on more")
+        report = calibration_report(str(path), cfg, outcomes, chosen, tolerance=tolerance,
+                                    data=task.calibration_split, sets=sets, protocol=options.protocol, seed=seed,
+                                    repeats=options.repeats, view=task.view(), steps=steps_run(cfg, trained))
+    if save:
+        report.meta["saved"] = str(save_rule(path, report, log))
+    return on_device(report, dev)
 
 
-def _weights_digest(state_dict: dict) -> str:
-    digest = hashlib.sha1()
-    for key in sorted(state_dict):
-        digest.update(key.encode())
-        digest.update(state_dict[key].detach().contiguous().numpy().tobytes())
-    return digest.hexdigest()
+# risk-controlled calibration and the run's saved rule --------------------------------------------
+
+def _risk_problem(max_loss: Optional[float], risk: Optional[float]) -> Optional[str]:
+    """Why --max-loss and --risk cannot be taken as given, or None: both or neither, each a
+    share strictly between 0 and 1."""
+    if (max_loss is None) != (risk is None):
+        given, missing = ("--max-loss", "--risk") if risk is None else ("--risk", "--max-loss")
+        return f"{given} bounds the loss together with {missing}: give both (e.g. --max-loss 0.003 --risk 0.1)"
+    for option, value in (("--max-loss", max_loss), ("--risk", risk)):
+        if value is not None and not (math.isfinite(value) and 0 < value < 1):
+            return f"{option} must be above 0 and below 1 (got {value:g})"
+    return None
+
+
+def save_problem(path: Path) -> None:
+    """Refuse calibrate --save before any work where the rule could not be saved."""
+    halting_save_problem(path)
+
+
+def save_rule(path: Path, report: Report, log: Callable[[str], None]) -> Path:
+    """Write calibrate's chosen rule into the run folder of checkpoint `path` (runs.save_halting),
+    with how it was chosen, saying so on stderr."""
+    meta = report.meta
+    chosen = next(bucket for bucket in report.buckets if bucket["halting"] == meta["chosen"])
+    how = ({"criterion": "risk", "max_loss": meta["max_loss"], "risk": meta["risk"], "bound": chosen["bound"],
+            "loss": chosen["loss"]} if meta["criterion"] == "risk" else
+           {"criterion": "agreement", "tolerance": meta["tolerance"], "bound": chosen["agreement_lower"]})
+    record = {"halting": meta["chosen"], **how, "mean_steps": chosen["mean_steps"], "images": meta["images"],
+              "data": meta["data"], "sets": meta["sets"], "protocol": meta["protocol"], "seed": meta["seed"],
+              "max_steps": meta["max_steps"], "trained_max_steps": meta["trained_max_steps"]}
+    target, before = save_halting(path, record)
+    log(f"saved {meta['chosen']} as the run's halting rule in {target}"
+        + (f" (replacing {before})" if before else "") + ": eval, extrapolate and sweep halt by it unless --halting "
+        "says otherwise")
+    return target
+
+
+def saved_rule(path: Path, cfg, log: Callable[[str], None]) -> Optional[str]:
+    """The rule calibrate saved for checkpoint `path` (runs.saved_halting_for), said on stderr,
+    or None: none saved, or saved for other weights (said too)."""
+    record, why_not = saved_halting_for(path)
+    if record is None:
+        return None
+    if why_not is not None:
+        log(f"the halting rule saved in {path.parent / HALTING_FILE} ({record['halting']}) is not used: {why_not}; "
+            f"calibrate again with --save")
+        return None
+    steps = "" if record.get("max_steps") == cfg.method.max_steps else \
+        f"; calibrated at {record.get('max_steps')} steps, run to {cfg.method.max_steps} here"
+    log(f"halting {record['halting']}: the run's saved rule ({path.parent / HALTING_FILE}{steps})")
+    return record["halting"]
 
 
 def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, options: EvalOptions, *,
@@ -285,7 +366,7 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
     for path in paths:  # load every file first: a bad one fails before any evaluation
         # --max-steps for every method that runs several steps; plain keeps its one
         model, cfg, state = load_model(path, dev, options.max_steps, every_method=False)
-        digest = _weights_digest(state.model)  # the weights as read, on the host: none copied back from a GPU
+        digest = weights_digest(state.model)  # the weights as read, on the host: none copied back from a GPU
         if digest in seen:
             log(f"{path}: the same model as {seen[digest]}, counted once")
             continue

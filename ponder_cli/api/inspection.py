@@ -202,9 +202,24 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
                "best_val_steps": best["val_steps"] if best else None, "stopped_early": state.stopped_early,
                "resumable": resumable,
                "training_step": (state.history[-1].get("training_step") or None) if state.history else None,
-               **labels.to_dict(), "init_from": init_from, "train_command": reproducing_command(cfg, init_from)}
+               **labels.to_dict(), "init_from": init_from, "train_command": reproducing_command(cfg, init_from),
+               **_saved_halting_summary(folder)}
     return info_report(str(resolved.path), cfg, [dict(h) for h in state.history], summary,
                        shown=cfg.shown_fields(), sources=sources, view=get_task(cfg).view())
+
+
+def _saved_halting_summary(folder: Path) -> dict:
+    """What `info` says of the rule calibrate saved in the run folder: `halting_rule`, the rule
+    eval and extrapolate halt by (None: none saved, or saved for other weights), and
+    `saved_halting`, the record as saved with whether it applies (`current`, `why_not`)."""
+    from ..runs import saved_halting, saved_halting_for
+
+    record = saved_halting(folder)
+    if record is None:
+        return {"halting_rule": None, "saved_halting": None}
+    _, why_not = saved_halting_for(folder / str(record.get("checkpoint")))
+    return {"halting_rule": None if why_not else record["halting"],
+            "saved_halting": {**record, "current": why_not is None, "why_not": why_not}}
 
 
 # `ponder models`: the models shipped inside the package, one bucket each: its name (what a

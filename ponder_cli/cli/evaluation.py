@@ -159,6 +159,9 @@ def compare(
                                                  "whatever it trained with (1 to 100): the halting forced at step "
                                                  "N. A one-step model (plain) keeps its one. [default: each "
                                                  "checkpoint's]"),
+    detail: bool = typer.Option(False, "--detail", help="Also show the Controls table: each row's shuffled-halting "
+                                "null, adapting minus it, and its premature and late halts (JSON and CSV hold them "
+                                "always)."),
     plot: Optional[Path] = PlotOption,
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the test rotations and halting coin flips, the "
                                        "same for every checkpoint, so all see the same images. [default: the "
@@ -182,19 +185,32 @@ def compare(
                                        amp=amp, max_steps=max_steps)
     report = compare_checkpoints(checkpoints, spelled_buckets(angles=angles, counts=counts, buckets=buckets), options,
                                  log=chatter(quiet), progress=bars(quiet))
+    if not detail:
+        report.controls = None
     render_and_plot(report, fmt, plot, quiet)
 
 
 @app.command(cls=AnglesCommand)
 def calibrate(
     checkpoint: Optional[str] = CheckpointArgument,
-    tolerance: float = typer.Option(0.005, "--tolerance", help="Choose the cheapest rule whose predicted class "
-                                    "agrees with the last step's on at least 1 - this share of the validation "
-                                    "inputs."),
+    tolerance: Optional[float] = typer.Option(None, "--tolerance", show_default=False,
+                                              help="Choose the cheapest rule whose predicted class agrees with the "
+                                                   "last step's on at least 1 - this share of the validation inputs "
+                                                   "(a one-sided 95% bound). [default: 0.005]"),
     angles: Optional[List[str]] = angles_option(["the training rotation"], "Rotate the validation images within "
                                                 "±angle (see --protocol); one bucket per angle, pooled."),
     counts: Optional[List[str]] = counts_option("the training range"),
     buckets: Optional[List[str]] = buckets_option("the task's training inputs"),
+    max_loss: Optional[float] = typer.Option(None, "--max-loss", metavar="E", show_default=False,
+                                             help="With --risk: choose the cheapest rule whose loss (the share of "
+                                                  "inputs whose class differs from the last step's) has an exact "
+                                                  "upper 1 - D confidence bound of at most E, by fixed-sequence "
+                                                  "testing from the most steps down (instead of --tolerance)."),
+    risk: Optional[float] = typer.Option(None, "--risk", metavar="D", show_default=False,
+                                         help="With --max-loss: the chance D (e.g. 0.1) that the chosen rule's "
+                                              "loss on inputs drawn as the calibration inputs were exceeds E."),
+    save: bool = typer.Option(False, "--save", help="Write the chosen rule into the run folder (halting.json): "
+                              "eval, extrapolate and sweep then halt by it unless --halting says otherwise."),
     rules: Optional[List[str]] = typer.Option(None, "--rules", metavar="RULE...", show_default=False,
                                               callback=halting_rules, autocompletion=complete_rule(True),
                                               help="The candidate exit rules, spelled as --halting takes them "
@@ -216,14 +232,18 @@ def calibrate(
     fmt: OutputFormat = FormatOption,
 ) -> None:
     """Choose an exit rule on held-out data: quantile:Q, patience:K and confidence:C rules on the validation set
-    (not the test set), and the cheapest that agrees with the last step; paste it into --halting."""
+    (not the test set), and the cheapest that agrees with the last step; paste it into --halting, or --save it."""
     from ..api import calibrate_checkpoint
+
+    if tolerance is not None and (risk is not None or max_loss is not None):
+        raise BadValue("--tolerance and --max-loss with --risk choose a rule each their own way: give one")
 
     _, options = evaluation_options(None, protocol, None, seed=seed, repeats=repeats, limit=limit,
                                     batch_size=batch_size, data_dir=data_dir, download=download, device=device, amp=amp,
                                     max_steps=max_steps)
     report = calibrate_checkpoint(checkpoint, spelled_buckets(angles=angles, counts=counts, buckets=buckets), options,
-                                  tolerance=tolerance, rules=rules, log=chatter(quiet), progress=bars(quiet))
+                                  tolerance=0.005 if tolerance is None else tolerance, rules=rules, log=chatter(quiet), progress=bars(quiet),
+                                  max_loss=max_loss, risk=risk, save=save)
     render_and_plot(report, fmt, None, quiet)
 
 

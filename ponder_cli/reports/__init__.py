@@ -26,6 +26,7 @@ class Report:
     title: str
     caption: str = ""
     detail: Optional[tuple[str, list[dict], list[Column]]] = None  # a second table: title, rows, columns
+    controls: Optional[tuple[str, list[dict], list[Column], str]] = None  # one more: title, rows, columns, caption
     footer: str = ""  # a line after the table (table format only)
     plot_series: dict[str, list[dict]] = field(default_factory=dict)  # label -> buckets, for --plot
     table_rows: Optional[list[dict]] = None  # what the table shows, when not the buckets
@@ -142,4 +143,5 @@ from .evaluation import (  # noqa: E402, F401
 from .runs import (HISTORY_COLUMNS, PREDICT_COLUMNS, RUNS_COLUMNS, TRAIN_COLUMNS, diff_report,  # noqa: E402, F401
                    epoch_record, info_report, prediction_report, runs_report, stopped_record,
                    training_report, trash_report)
-from .uncertainty import combine_draws, mean_ci, standard_error, wilson_interval, wilson_lower  # noqa: E402, F401
+from .uncertainty import (binomial_cdf, clopper_pearson_upper, combine_draws, mean_ci, standard_error,  # noqa: E402, F401
+                          wilson_interval, wilson_lower)

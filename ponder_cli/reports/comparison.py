@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 
 from ..render import Column
 from . import Report, TaskView, Terms, key_column, make_meta
-from .evaluation import ACT_CAVEAT, BEST_FIXED_CAPTION, best_fixed_accuracy, per_bucket
+from .evaluation import ACT_CAVEAT, BEST_FIXED_CAPTION, best_fixed_accuracy, controls_table, per_bucket
 
 # compare ---------------------------------------------------------------------------------------
 
@@ -53,6 +53,26 @@ def plus_minus(mean: float, sd: Optional[float], spec: str) -> str:
     """"0.9871 ±0.0007": the sd bound to its sign, as the evaluation tables write an interval, so
     that a cell too wide breaks between the two figures, never inside one."""
     return format(mean, spec) if sd is None else f"{format(mean, spec)} ±{format(sd, spec)}"
+
+
+def _controls(per_model: list[list[dict]], b: int) -> dict:
+    """Bucket b's shuffled-halting null and premature and late halts over a group's models
+    (reports.evaluation.controls_table): means over seeds, the sd over seeds, and the standard
+    error of the mean difference from each model's own over its inputs; None where a model has
+    none (a method that does not halt at one step of its own answers: ACT, plain)."""
+    rows = [r[b] for r in per_model]
+    if any(row.get("shuffled_accuracy") is None for row in rows):
+        return dict.fromkeys(("shuffled_accuracy", "shuffled_accuracy_sd", "adapting_minus_shuffled",
+                              "adapting_minus_shuffled_sd", "adapting_minus_shuffled_se", "premature_halts",
+                              "late_halts"))
+    shuffled, shuffled_sd = mean_and_sd([row["shuffled_accuracy"] for row in rows])
+    difference, difference_sd = mean_and_sd([row["adapting_minus_shuffled"] for row in rows])
+    errors = [row.get("adapting_minus_shuffled_se") for row in rows]
+    se = None if None in errors else sum(e * e for e in errors) ** 0.5 / len(errors)
+    return {"shuffled_accuracy": shuffled, "shuffled_accuracy_sd": shuffled_sd, "adapting_minus_shuffled": difference,
+            "adapting_minus_shuffled_sd": difference_sd, "adapting_minus_shuffled_se": se,
+            "premature_halts": statistics.mean(row["premature_halts"] for row in rows),
+            "late_halts": statistics.mean(row["late_halts"] for row in rows)}
 
 
 # what names a bucket, in the built-in tasks' terms; another task's is its terms' key
@@ -99,6 +119,7 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
                       "accuracy_text": plus_minus(accuracy, accuracy_sd, ".4f"),
                       "steps_text": plus_minus(steps, steps_sd, ".2f"),
                       "best_fixed_text": "-" if best is None else format(best, ".4f")}
+            bucket.update(_controls(per_model, b))
             buckets.append(bucket)
             series[name].append({**bucket, "std_steps": steps_sd or 0.0, "histogram": [
                 sum(r[b]["histogram"][k] for r in per_model) for k in range(len(per_model[0][b]["histogram"]))]})
@@ -116,8 +137,13 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
     # the sd needs two seeds: with one per method the figures are that checkpoint's own
     spread = ("one checkpoint per method" if max(seeds) == 1 else "mean ± sd over seeds" if min(seeds) > 1
               else "mean ± sd over seeds (a method of one seed: its figure, no sd)")
+    controls = None
+    if any(bucket["shuffled_accuracy"] is not None for bucket in buckets):
+        first = [Column("label", "method", "s", wrap=True), *([Column("step", "step", "s")] if len(step_names) > 1
+                                                              else []), key_column(words, buckets)]
+        controls = controls_table(rows, first, figures=False)
     return Report(meta=meta, buckets=buckets, columns=compare_columns(len(step_names) > 1, words, buckets), title="Methods compared",
-                  table_rows=rows,
+                  table_rows=rows, controls=controls,
                   caption=f"accuracy and steps: {spread}{draws}\nhalting: "
                           f"{' · '.join(f'{method} → {rule}' for method, rule in rules.items())}\n"
                           f"{'step ' + step_names[0] + ' · ' if len(step_names) == 1 else ''}{how}"

@@ -6,6 +6,7 @@ import statistics
 from typing import Callable, Optional, Sequence
 
 from ..render import Column, cell_text, sparkline
+from ..registry import SHUFFLES
 from . import Report, TaskView, Terms, describe_model, key_column, make_meta
 
 # eval and extrapolate --------------------------------------------------------------------------
@@ -64,6 +65,36 @@ def best_fixed_accuracy(accuracy_at_step: Sequence[float], mean_steps: float) ->
 # beside the rule's own accuracy, whether adapting beats every fixed budget of no more steps, in one column
 BEST_FIXED_COLUMN = Column("best_fixed_accuracy", "best fixed ≤ steps", ".4f", wrap=True)
 BEST_FIXED_CAPTION = "best fixed ≤ steps: best fixed budget, or mix of two, in ≤ the mean steps"
+
+
+def _difference_text(key: str, se: str) -> Callable[[dict], str]:
+    """"+0.0125 ±0.0040": a difference and its standard error; "-" where there is none."""
+    def text(row: dict) -> str:
+        if row.get(key) is None:
+            return "-"
+        return f"{row[key]:+.4f}" + (f" ±{row[se]:.4f}" if row.get(se) is not None else "")
+    return text
+
+
+CONTROL_KEYS = ("shuffled_accuracy", "adapting_minus_shuffled", "adapting_minus_shuffled_se", "premature_halts",
+                "late_halts")
+
+
+def controls_table(rows: list[dict], first: list[Column], figures: bool = True
+                   ) -> tuple[str, list[dict], list[Column], str]:
+    """--detail's and compare's table of the controls, a row per bucket (`first`: the columns
+    that name it): the accuracy and the best fixed policy (`figures`; compare's table beside has
+    them), the shuffled-halting null (evaluate.shuffled_null) and adapting minus it with its
+    standard error, and the halts that went wrong; its caption."""
+    columns = [*first, *([Column("accuracy", "accuracy", ".4f"), BEST_FIXED_COLUMN] if figures else []),
+               Column("shuffled_accuracy", "shuffled", ".4f"),
+               Column("adapting_minus_shuffled", "adapting − shuffled",
+                      text=_difference_text("adapting_minus_shuffled", "adapting_minus_shuffled_se")),
+               Column("premature_halts", "premature", ".4f"), Column("late_halts", "late", ".4f")]
+    caption = (f"shuffled: the same halting steps dealt to the inputs at random (mean of {SHUFFLES}\n"
+               "permutations), each answered at the step it is dealt · ± its standard error\n"
+               "premature / late: wrong where halted, right at the last step / at a step before")
+    return "Controls", rows, columns, caption
 # fixed:N reads step N's own output, while ACT trains and predicts on the p-weighted mean of its steps' outputs
 ACT_CAVEAT = "ACT's fixed budget reads step N's y_N, not the mean-field prediction ACT trains on: a weak control"
 
@@ -122,6 +153,9 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
             with_best_fixed(bucket)
         bucket.update(checkpoint=checkpoint, method=cfg.method.name, step=cfg.step.name)
         bucket["halting_spark"] = sparkline(bucket["histogram"], width=20)
+        for key in CONTROL_KEYS:  # --detail's controls after every key that came before them
+            if key in bucket:
+                bucket[key] = bucket.pop(key)
     used = buckets[0]["halting"]
     repeats = buckets[0].get("repeats", 1)
     words = view.terms
@@ -154,6 +188,8 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
         plot_series={checkpoint: buckets})
     if detail:
         report.detail = per_step_table(buckets, expected=used == "expected", label=words.label)
+        if any(bucket.get("shuffled_accuracy") is not None for bucket in buckets):
+            report.controls = controls_table(buckets, [key_column(words, buckets)])
     return report
 
 
@@ -268,4 +304,59 @@ def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[st
                           f"accuracy at the last step: {buckets[0]['accuracy_last']:.4f} · gap: it minus accuracy\n"
                           f"agrees: share whose class is the last step's · bound: its\n"
                           f"one-sided 95% lower bound (Wilson) · ok: bound ≥ {floor:.1%}",
+                  footer=footer)
+
+
+# calibrate --max-loss --risk: a rule whose loss is bounded ---------------------------------------
+
+def confidence_text(risk: float) -> str:
+    """The confidence 1 - risk as a percentage: risk 0.1 -> "90%", 0.025 -> "97.5%", 0.1 / 3 -> "96.67%"."""
+    return f"{(1 - risk) * 100:.4g}%"
+
+
+def _risk_verdict(row: dict) -> str:
+    return "chosen" if row["chosen"] else "pass" if row["passed"] else "fail" if row["tested"] else "not tested"
+
+
+RISK_COLUMNS = [
+    Column("halting", "rule", "s"), Column("mean_steps", "steps", ".2f"), Column("accuracy", "accuracy", ".4f"),
+    Column("losses", "differ", "d"), Column("loss", "loss", ".4f"), Column("bound", "bound", ".4f"),
+    Column("chosen", "verdict", "s", text=_risk_verdict),
+]
+
+
+def risk_calibration_report(checkpoint: str, cfg, tests: list, chosen: Optional[str], *, max_loss: float,
+                            risk: float, sets: list[dict], protocol: Optional[str], seed: int, view: TaskView,
+                            data: str = "validation", steps: Optional[dict] = None) -> Report:
+    """calibrate --max-loss --risk: one bucket per candidate (evaluate.RiskTest), in the order
+    tested (family by family, from the most steps), with its loss against the last step, the
+    Clopper–Pearson bound on it, and whether it passed; `chosen` the cheapest that passed."""
+    words, steps = view.terms, steps_of(cfg, steps)
+    buckets = [{**test.as_dict(), "gap": test.accuracy_last - test.accuracy, "chosen": test.halting == chosen}
+               for test in tests]
+    images, families = buckets[0]["images"], len({test.family for test in tests})
+    level = buckets[0]["level"]
+    picked = next((b for b in buckets if b["chosen"]), None)
+    meta = make_meta("calibrate", [checkpoint], [cfg.method.name], [cfg.step.name], protocol=protocol, halting=None,
+                     seed=seed, task=view.name, repeats=1, **view.meta, **steps, data=data, sets=sets, images=images,
+                     criterion="risk", max_loss=max_loss, risk=risk, bound="clopper-pearson upper",
+                     test="fixed sequence", families=families, level=level, chosen=chosen,
+                     chosen_bound=picked["bound"] if picked else None,
+                     chosen_mean_steps=picked["mean_steps"] if picked else None)
+    labels = ", ".join(words.label(s) for s in sets)
+    how = f"protocol {protocol} · " if protocol is not None else ""
+    split = (f"{families} families, each at risk {level:.4g} (--risk / {families})" if families > 1
+             else f"at risk {level:g}")
+    footer = (f"chosen: {chosen} (loss ≤ {picked['bound']:.4f} at {confidence_text(risk)}, "
+              f"{picked['mean_steps']:.2f} steps): --halting {chosen}" if picked else
+              f"chosen: none (no candidate's bound reaches {max_loss:g})")
+    return Report(meta=meta, buckets=buckets, columns=RISK_COLUMNS,
+                  title=f"Bounded-loss exit rules ({checkpoint})",
+                  caption=f"{describe_model(cfg, view)}{steps_caption(steps)}\n{images} {data} {words.inputs} "
+                          f"({how}{labels}) · seed {seed}\n"
+                          f"loss: share whose class differs from the last step's ({images} {words.inputs})\n"
+                          f"bound: its exact upper {confidence_text(level)} bound (Clopper–Pearson)\n"
+                          f"tested family by family from the most steps, {split}:\n"
+                          f"a family stops at its first bound above --max-loss {max_loss:g}\n"
+                          f"chosen: the fewest mean steps of those that passed",
                   footer=footer)

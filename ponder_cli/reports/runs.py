@@ -143,6 +143,8 @@ def info_report(checkpoint: str, cfg, history: list[dict], summary: dict, *, sho
     labels = [("name", summary.get("name")), ("tags", " ".join(summary.get("tags") or ())),
               ("note", summary.get("note")), ("initialised from", summary.get("init_from"))]
     facts[1:1] = [(what, value) for what, value in labels if value]  # what the researcher called it, first
+    if summary.get("saved_halting"):
+        facts.insert(-1, ("halting rule", saved_halting_text(summary["saved_halting"])))
     path = history[-1].get("training_step") if history else None
     if _step_line(path):
         facts.insert(-1, ("training batches", path))
@@ -154,6 +156,21 @@ def info_report(checkpoint: str, cfg, history: list[dict], summary: dict, *, sho
                   footer="\n".join(([] if history else ["no per-epoch history in this checkpoint"])
                                     + [shell_lines("reproduce:", summary["train_command"])]),
                   plot_series={"history": history, "best": [{"epoch": best}]}, plot_kind="history")
+
+
+def saved_halting_text(saved: dict) -> str:
+    """info's line for the rule calibrate saved: the rule, how it was chosen, and whether the
+    evaluating commands use it."""
+    rule, file = saved["halting"], saved.get("checkpoint")
+    if saved.get("criterion") == "risk":
+        how = (f"loss ≤ {cell_text(saved.get('bound'), '.4f')} at risk {saved.get('risk')} "
+               f"(--max-loss {saved.get('max_loss')})")
+    else:
+        how = f"agreement ≥ {cell_text(saved.get('bound'), '.4f')} (--tolerance {saved.get('tolerance')})"
+    where = f"on {saved.get('images')} {saved.get('data')} inputs of {file}, {cell_text(saved.get('mean_steps'), '.2f')} steps"
+    if not saved.get("current"):
+        return f"{rule}, saved by calibrate but not used: {saved.get('why_not')}"
+    return f"{rule} (calibrate --save: {how} {where}); eval, extrapolate and sweep halt by it"
 
 
 def shell_lines(prefix: str, command: str, width: int = 80) -> str:

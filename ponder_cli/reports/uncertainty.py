@@ -113,3 +113,61 @@ def combine_draws(draws: list[dict]) -> dict:
     combined["mean_steps"], combined["mean_steps_ci"] = mean_ci([d["mean_steps"] for d in draws])
     combined["repeats"] = len(draws)
     return combined
+
+
+# an exact binomial bound ------------------------------------------------------------------------
+
+def regularized_beta(a: float, b: float, x: float) -> float:
+    """I_x(a, b), the regularized incomplete beta function (the Beta(a, b) distribution's CDF at
+    x), by its continued fraction (Lentz's method, as in Numerical Recipes' betacf), to double
+    precision; the fraction converges fast for x < (a + 1) / (a + b + 2), so above it the
+    symmetry I_x(a, b) = 1 - I_{1-x}(b, a) is taken."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):
+        return 1.0 - regularized_beta(b, a, 1.0 - x)
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    fraction = d
+    for m in range(1, 100_000):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            fraction *= c * d
+        if abs(c * d - 1.0) < 1e-16:
+            break
+    return math.exp(log_front) * fraction / a
+
+
+def binomial_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k) for X ~ Binomial(n, p), exactly (I_{1-p}(n - k, k + 1))."""
+    if k < 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    return regularized_beta(n - k, k + 1, 1.0 - p)
+
+
+def clopper_pearson_upper(k: int, n: int, risk: float) -> float:
+    """The exact (Clopper–Pearson) upper 1 - risk confidence bound on a binomial share from k
+    successes in n trials: the p at which P(Binomial(n, p) <= k) = risk, the Beta(k + 1, n - k)
+    distribution's 1 - risk quantile, found by bisection on `binomial_cdf` (decreasing in p); 1
+    when k = n. With probability at least 1 - risk the true share is at most this."""
+    if k >= n:
+        return 1.0
+    low, high = k / n, 1.0
+    for _ in range(200):
+        middle = (low + high) / 2
+        if binomial_cdf(k, n, middle) > risk:
+            low = middle
+        else:
+            high = middle
+        if high - low < 1e-15:
+            break
+    return high

@@ -118,6 +118,9 @@ class Task:
     difficulty: str = ""  # the key naming a bucket's difficulty in reports
     uses_protocol: bool = False  # whether --protocol (how test images are rotated) means anything
     calibration_split: str = ""  # what calibrate chooses on: "calibration" (data of its own) or "validation"
+    # whether calibrate's buckets and draws reuse the same inputs (MNIST: the held-out digits, rotated
+    # again), so that only one bucket of one draw holds independent inputs (calibrate --risk)
+    buckets_share_inputs: bool = False
     implied: dict = {}
     # what resolve_options derives from other values, for --help: key -> (when, value)
     derived: dict = {}

@@ -277,6 +277,7 @@ class MnistTask(Task):
     bucket_options, bucket_metavar, article = ("--angles", "--rotation"), "DEG...", "an"
     reads = ("train_rotation", "val_size", "train_size")
     calibration_split = "validation"  # what calibrate's inputs are (calibration_data)
+    buckets_share_inputs = True  # every bucket and draw rotates the same held-out digits
 
     # training -----------------------------------------------------------------------------
 
