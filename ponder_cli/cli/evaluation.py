@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-import click
 import typer
 from typer.core import TyperCommand, TyperGroup
 
@@ -408,7 +407,7 @@ def ask_to_delete(rows: list[dict]) -> bool:
                    err=True)
     try:
         return typer.confirm(f"Delete these {what} for good?", default=False, err=True)
-    except click.exceptions.Abort as exc:  # Ctrl-C, SIGTERM or the end of input at the question: an interrupt
+    except typer.Abort as exc:  # Ctrl-C, SIGTERM or the end of input at the question: an interrupt
         raise exc.__context__ if isinstance(exc.__context__, KeyboardInterrupt) else KeyboardInterrupt() from None
 
 
