@@ -300,7 +300,7 @@ class InUse(PonderError):
 
 def _in_use(directory: Path, pid: int) -> PonderError:
     return InUse(f"{directory} is in use by another ponder command (PID {pid}: a `ponder train`, or a "
-                       "`ponder runs rm` moving it); wait for it to finish, or train into another folder")
+                 "`ponder runs rm` moving it); wait for it to finish, or train into another folder")
 
 
 def check_unlocked(directory: Path) -> None:

@@ -539,11 +539,11 @@ class RunFolder:
         existed = plan.out_dir.exists() and not plan.fresh_folder
         out_dir = claim_run_dir(plan)
         self.made = not existed
+        self.lock = RunLock.held_on(out_dir) or RunLock(out_dir).acquire()  # a resume's, taken before it read
         hidden = hidden_folder_of(out_dir)
         if hidden is not None:
             self.log(f"{hidden} is a hidden folder, which a bare `ponder runs` passes by: `ponder runs {hidden}` "
                      f"lists this run")
-        self.lock = RunLock.held_on(out_dir) or RunLock(out_dir).acquire()  # a resume's, taken before it read
         carried = carry_best_checkpoint(plan)
         source = RunLock.held_on(plan.resumed.path.parent) if plan.resumed is not None else None
         if source is not None and source is not self.lock:

@@ -287,6 +287,7 @@ def _start(args: list, cwd: Path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.timeout(60 * MOMENTS if FRESH else 240)  # the full check takes minutes on a busy machine
 def test_rm_and_a_starting_resume_never_both_win(runs, tiny_mnist, tmp_path):
     """`ponder runs rm` started at MOMENTS moments after a `--resume` of the same run starts:
     whichever wins, the run is whole. The full check (docs/reliability.md):
