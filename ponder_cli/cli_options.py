@@ -92,7 +92,29 @@ def expand_lists(args: list[str]) -> list[str]:
     return expand_angles(args, "--rules", _is_rule, "halting rule")
 
 
-class AnglesCommand(TyperCommand):
+class CompletesHidden:
+    """A command whose hidden options (rarer ones, kept out of --help) are completed too, once
+    their name is begun (`--halting-t`): click offers visible ones alone."""
+
+    def shell_complete(self, ctx, incomplete: str):
+        from typer._click.core import ParameterSource  # the click that Typer carries, whose objects these are
+        from typer.core import TyperOption
+        from typer._click.shell_completion import CompletionItem
+
+        results = super().shell_complete(ctx, incomplete)
+        if not incomplete.startswith("--") or len(incomplete) < 3:
+            return results
+        offered = {item.value for item in results}
+        for param in self.get_params(ctx):
+            if not isinstance(param, TyperOption) or not param.hidden or (
+                    not param.multiple and ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE):
+                continue
+            results += [CompletionItem(name, help=param.help) for name in [*param.opts, *param.secondary_opts]
+                        if name.startswith(incomplete) and name not in offered]
+        return results
+
+
+class AnglesCommand(CompletesHidden, TyperCommand):
     def parse_args(self, ctx, args):
         try:
             args = expand_lists(list(args))
@@ -102,7 +124,7 @@ class AnglesCommand(TyperCommand):
         return super().parse_args(ctx, args)
 
 
-class TrainCommand(TyperCommand):
+class TrainCommand(CompletesHidden, TyperCommand):
     """`ponder train`: its help shows, beside each default, the values the methods and steps
     imply instead (`[default: 20; align: 12; plain: 1]`), read from the pieces' `implied`."""
 
@@ -316,6 +338,7 @@ def _shell(ctx, param, value: Optional[str]) -> Optional[str]:
 
 def _show_completion(ctx, param, value: Optional[str]) -> None:
     from typer._completion_shared import get_completion_script
+    use_ponder_completion()
 
     shell = _shell(ctx, param, value)
     if shell is not None:
@@ -325,6 +348,7 @@ def _show_completion(ctx, param, value: Optional[str]) -> None:
 
 def _install_completion(ctx, param, value: Optional[str]) -> None:
     from typer._completion_shared import install
+    use_ponder_completion()
 
     shell = _shell(ctx, param, value)
     if shell is None:
@@ -404,6 +428,51 @@ def _offer(values, incomplete: str) -> list[str]:
 
 COMPLETION_OPTIONS = ("--install-completion", "--show-completion")
 
+# bash and zsh, as Typer's scripts run them, put a space after every value offered; a value that
+# is not a whole word (a rule's prefix, `threshold:`, or a folder, `runs/`) is to be typed on
+# from, so each shell is told to add none after it: bash's script asks compopt when it is the one
+# reply, zsh's answer adds those values with an empty suffix.
+UNFINISHED = (":", "/")
+
+BASH_SCRIPT = """
+%(complete_func)s() {
+    local IFS=$'\\n'
+    COMPREPLY=( $( env COMP_WORDS="${COMP_WORDS[*]}" \\
+                   COMP_CWORD=$COMP_CWORD \\
+                   %(autocomplete_var)s=complete_bash $1 ) )
+    if [[ ${#COMPREPLY[@]} -eq 1 && ${COMPREPLY[0]} == *[:/] ]]; then
+        compopt -o nospace  # a rule's prefix (threshold:) or a folder (runs/): go on typing after it
+    fi
+    return 0
+}
+
+complete -o default -F %(complete_func)s %(prog_name)s
+"""
+
+
+def use_ponder_completion() -> None:
+    """Typer's completion for each shell, bash's script and zsh's answers as above (UNFINISHED);
+    before a script is shown or installed, and before a shell's question is answered."""
+    from typer._click.shell_completion import add_completion_class
+    from typer import _completion_shared
+    from typer._completion_classes import ZshComplete, completion_init
+
+    class ZshCompletion(ZshComplete):
+        def complete(self) -> str:
+            args, incomplete = self.get_completion_args()
+            items = self.get_completions(args, incomplete)
+            words = [self.format_completion(item) for item in items if not item.value.endswith(UNFINISHED)]
+            unfinished = [item.value for item in items if item.value.endswith(UNFINISHED)]
+            said = [f"_arguments '*: :(({chr(10).join(words)}))'"] if words else []
+            if unfinished:
+                said.append("compadd -S '' -- " + " ".join("'" + value.replace("'", "'\\''") + "'"
+                                                           for value in unfinished))
+            return "; ".join(said) or "_files"
+
+    completion_init()
+    add_completion_class(ZshCompletion, "zsh")
+    _completion_shared._completion_scripts["bash"] = BASH_SCRIPT
+
 
 def bare_completion_options(args: list[str]) -> list[str]:
     """`ponder --show-completion` alone (no shell after it) as `--show-completion ""`: the shell
@@ -463,7 +532,7 @@ def complete_run(ctx: typer.Context, incomplete: str) -> list[str]:
     if ctx.params.get("restore"):
         return _offer(trashed_runs([".", RUNS_DIR]), incomplete)
     runs = [str(run) for run in dict.fromkeys([*runs_under(Path(RUNS_DIR)), *runs_under(Path("."))]) if str(run) != "."]
-    return _offer(list(dict.fromkeys([*runs, *_folders(incomplete)])), incomplete)
+    return _offer(_once([*runs, *_folders(incomplete)], runs), incomplete)
 
 
 def _folders(incomplete: str, suffix: Optional[str] = None) -> list[str]:
@@ -488,7 +557,24 @@ def _folders(incomplete: str, suffix: Optional[str] = None) -> list[str]:
 def complete_checkpoint(incomplete: str) -> list[str]:
     """A CHECKPOINT: the shipped models' names and `latest`, the runs under runs/ (folders.
     runs_under, as `ponder runs` finds them), then folders and .pt files at the path typed."""
+    return _checkpoints(incomplete, shipped=True)
+
+
+def complete_resumable(incomplete: str) -> list[str]:
+    """--resume's CHECKPOINT: as complete_checkpoint, but no shipped model (--resume refuses them)."""
+    return _checkpoints(incomplete, shipped=False)
+
+
+def _checkpoints(incomplete: str, shipped: bool) -> list[str]:
     from .folders import runs_under
 
-    names = [*SHIPPED, LATEST] + [str(run) for run in runs_under(RUNS_DIR)] + _folders(incomplete, ".pt")
-    return _offer(list(dict.fromkeys(names)), incomplete)
+    runs = [str(run) for run in runs_under(RUNS_DIR)]
+    names = [*(SHIPPED if shipped else ()), LATEST, *runs, *_folders(incomplete, ".pt")]
+    return _offer(_once(names, runs), incomplete)
+
+
+def _once(names: list[str], runs: list[str]) -> list[str]:
+    """Each candidate once: a run offered by its path is not offered again as a folder (`run/`);
+    typing its `/` offers what it holds."""
+    taken = {f"{run}/" for run in runs}
+    return [name for name in dict.fromkeys(names) if name not in taken]

@@ -294,9 +294,13 @@ def lock_holder(path: Path) -> Optional[int]:
     return pid
 
 
+class InUse(PonderError):
+    """A folder whose lock a live process holds."""
+
+
 def _in_use(directory: Path, pid: int) -> PonderError:
-    return PonderError(f"{directory} is in use by another `ponder train` (PID {pid}); wait for it to finish, "
-                       "or train into another folder")
+    return InUse(f"{directory} is in use by another ponder command (PID {pid}: a `ponder train`, or a "
+                 "`ponder runs rm` moving it); wait for it to finish, or train into another folder")
 
 
 def check_unlocked(directory: Path) -> None:
@@ -328,13 +332,24 @@ class RunLock:
 
     Created atomically (O_CREAT | O_EXCL); a lock left by a process that no longer exists (one
     killed with SIGKILL, say) is taken over, a live one is refused naming its PID. Released
-    (removed) on exit, errors and interrupts included.
+    (removed) on exit, errors and interrupts included. `ponder runs rm` takes it to move a run,
+    and a resume before it reads the run (`resumed_lock`), so that only one of them wins. The
+    locks this process holds are kept by folder (`held_on`): a resume's lock is the run's.
     """
+
+    held_here: dict = {}  # resolved folder -> the RunLock this process holds on it
 
     def __init__(self, directory: Path):
         self.directory = Path(directory)
         self.path = self.directory / LOCK_FILE
         self.held = False
+
+    @classmethod
+    def held_on(cls, directory: Path) -> Optional["RunLock"]:
+        """The lock this process holds on `directory`, if any."""
+        with contextlib.suppress(OSError, RuntimeError):
+            return cls.held_here.get(Path(directory).resolve())
+        return None
 
     def acquire(self) -> "RunLock":
         try:
@@ -351,6 +366,7 @@ class RunLock:
                     with os.fdopen(fd, "w") as f:
                         f.write(f"{os.getpid()}\n")
                     self.held = True
+                    RunLock.held_here[self.directory.resolve()] = self
                     return self
         except OSError as exc:
             raise PonderError(f"cannot write checkpoints to {self.directory}: {exc.strerror or exc}") from None
@@ -358,14 +374,48 @@ class RunLock:
     def release(self) -> None:
         if self.held:
             self.held = False
+            self.forget()
             with contextlib.suppress(OSError):
                 self.path.unlink()
+
+    def forget(self) -> None:
+        """No longer held by this process (released, or moved away with its folder)."""
+        for key in [key for key, lock in RunLock.held_here.items() if lock is self]:
+            del RunLock.held_here[key]
 
     def __enter__(self) -> "RunLock":
         return self.acquire()
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+@contextlib.contextmanager
+def resumed_lock(given: Union[str, Path, None]):
+    """`ponder train --resume CHECKPOINT`: the run folder it names locked before anything of the
+    run is read, until training is done with it, so that a `ponder runs rm` and a resume starting
+    at once cannot both go ahead (the one that takes the lock first wins; the other is refused, or
+    finds the run gone). Nothing is locked for a checkpoint outside a run folder or among the
+    shipped models, nor where the folder is gone or cannot take a lock: the resume then says
+    what it finds."""
+    lock = None
+    if given is not None:
+        try:
+            folder = resolve_checkpoint(given, file=LAST).path.parent
+        except PonderError:
+            folder = None  # the resume itself says why
+        if folder is not None and is_run_folder(folder) and not inside_package(folder):
+            try:
+                lock = RunLock(folder).acquire()
+            except InUse:
+                raise
+            except PonderError:
+                lock = None  # gone (moved to the trash meanwhile) or read-only: the resume says what it finds
+    try:
+        yield lock
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def run_files_in(directory: Path) -> list[str]:
@@ -396,7 +446,7 @@ def _walk(folder: Path, into_top: bool = False):
     """The one walk that finds runs: each folder at or below `folder`, by path, as (path, names
     of what it holds), None for a run folder, which is not looked into (nor, with `into_top`,
     is `folder` taken for one). A hidden folder, a virtual environment, the installed package
-    (its shipped models) and a folder reached a second time through links are passed by."""
+    (its shipped models) and a link are passed by (`folder` itself is taken as named)."""
     seen, todo = set(), [(Path(folder), True)]
     while todo:
         here, top = todo.pop()
@@ -421,10 +471,24 @@ def _walk(folder: Path, into_top: bool = False):
 
 
 def _is_dir(entry: os.DirEntry) -> bool:
+    """A folder itself, not a link to one: a link below a folder named may lead to another
+    project, or back to a run already seen."""
     try:
-        return entry.is_dir()
+        return entry.is_dir(follow_symlinks=False)
     except OSError:
         return False
+
+
+def hidden_folder_of(folder: Path) -> Optional[Path]:
+    """The first hidden folder on the way from the current folder down to `folder` (`.exp` for
+    .exp/run1), if any: a bare `ponder runs` passes it by, `ponder runs .exp` lists what it holds."""
+    here = Path(os.path.abspath(folder))
+    try:
+        parts = here.relative_to(Path.cwd()).parts
+    except ValueError:
+        return None  # not below the current folder: no bare `ponder runs` here lists it anyway
+    hidden = next((i for i, part in enumerate(parts) if part.startswith((".", "__"))), None)
+    return Path(*parts[:hidden + 1]) if hidden is not None else None
 
 
 def runs_under(folder: Path) -> list[Path]:
@@ -444,7 +508,7 @@ def trashes_under(folder: Path) -> list[Path]:
     """The trash folders (.trash, of `ponder runs rm`) in `folder` and below it, where _walk
     looks for runs."""
     return [path / TRASH for path, names in _walk(folder) if names is not None and TRASH in names
-            and (path / TRASH).is_dir()]
+            and (path / TRASH).is_dir() and not os.path.islink(path / TRASH)]
 
 
 TRASH_NOTE = "trashed.json"  # in each trash entry, beside the run folder it holds (`run/`)
@@ -456,7 +520,9 @@ def trashed(entry: Path) -> Optional[dict]:
         note = json.loads((entry / TRASH_NOTE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return note if isinstance(note, dict) and (entry / "run").is_dir() and "original" in note else None
+    run = entry / "run"
+    ours = not os.path.islink(entry) and not os.path.islink(run) and run.is_dir()  # a link is no entry of ours
+    return note if ours and isinstance(note, dict) and "original" in note else None
 
 
 def trash_entries(trash: Path) -> list[Path]:

@@ -33,15 +33,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Union
 
-from . import BadValue, PonderError, PonderWarning, __version__, brief, file_problem, name_length_problem
+from . import (BadValue, PonderError, PonderWarning, __version__, brief, file_problem, keeping, name_length_problem,
+               uninterrupted)
 from .checkpoint import load_checkpoint, new_model
 from .config import PonderConfig, applies, inapplicable, render_config, spelled
 from .registry import FORMAT_VERSION
 from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR,
                       LOCK_FILE, TRASH, TRASH_NOTE, Labels, Resolved, RunLock, check_unlocked, enclosing_run,
-                      is_run_folder,
+                      hidden_folder_of, is_run_folder,
                       package_dir, package_problem, resolve_checkpoint, run_files_in, runs_inside, saved_config,
-                      started_now, trash_entries, trashed, trashes_under)
+                      started_now, trash_entries, trashed)
 from .render import csv_cell, value_text as spelled_value
 from .tasks import get_task
 from .train import HALTING_HEAD, EpochStats
@@ -538,8 +539,15 @@ class RunFolder:
         existed = plan.out_dir.exists() and not plan.fresh_folder
         out_dir = claim_run_dir(plan)
         self.made = not existed
-        self.lock = RunLock(out_dir).acquire()
+        self.lock = RunLock.held_on(out_dir) or RunLock(out_dir).acquire()  # a resume's, taken before it read
+        hidden = hidden_folder_of(out_dir)
+        if hidden is not None:
+            self.log(f"{hidden} is a hidden folder, which a bare `ponder runs` passes by: `ponder runs {hidden}` "
+                     f"lists this run")
         carried = carry_best_checkpoint(plan)
+        source = RunLock.held_on(plan.resumed.path.parent) if plan.resumed is not None else None
+        if source is not None and source is not self.lock:
+            source.release()  # resumed into another folder: the run read is done with
         if carried is not None:
             self.log(f"{carried}: the run's best epoch so far (epoch {plan.resume.best_epoch}), copied from "
                      f"{plan.resumed.path.parent}")
@@ -713,15 +721,55 @@ class EventLog:
 
 
 # The trash: `ponder runs rm` moves a run folder into .trash/ beside it, with a note of where it
-# was; `--restore` moves it back as it was, and `--empty` alone deletes. -----------------------
+# was; `--restore` moves it back as it was, and `--empty` alone deletes. The trash holds only
+# what those two reach: a run folder itself (never a link, nor anything already in a trash), in
+# an entry made whole or not at all. -------------------------------------------------------------
 
+ENTRY_RUN = "run"  # the run folder inside a trash entry, beside trashed.json
+
+
+def in_a_trash(path: Path) -> bool:
+    """Does `path` lie inside a trash folder (as given, or once its links are resolved)?"""
+    parts = set(Path(os.path.abspath(path)).parts)
+    with contextlib.suppress(OSError, RuntimeError):
+        parts |= set(Path(path).resolve().parts)
+    return TRASH in parts
+
+
+def entry_name(name: str, stamp: str, limit: int = 255) -> str:
+    """<run's name>.<UTC time>, the name cut short (its start kept) where the whole would be longer
+    than the file system takes (`limit` bytes): trashed.json keeps the path it had in full."""
+    suffix = os.fsencode(f".{stamp}")
+    head = os.fsencode(name)[:max(1, limit - len(suffix))]
+    while head:  # not inside a character
+        try:
+            return head.decode("utf-8", "strict") + suffix.decode()
+        except UnicodeDecodeError:
+            head = head[:-1]
+    return os.fsdecode(os.fsencode(name)[:max(1, limit - len(suffix))] + suffix)
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 255
 
 
 def trash_run(folder: Path) -> dict:
     """Move a run folder into <its parent>/.trash/<name>.<UTC time>/run, with trashed.json saying
     where it was and when it left. A run being trained is refused: its lock is taken while the
-    folder moves, so no `ponder train` starts there meanwhile."""
+    folder moves, so no `ponder train` starts there meanwhile, and a resume takes it before it
+    reads the run (folders.resumed_lock). A link, and anything inside a trash, are refused. The
+    entry is made whole or not at all: a move that fails (a full disk) or is interrupted leaves
+    no entry behind."""
     folder = Path(folder)
+    if os.path.islink(folder):
+        raise PonderError(f"{folder} is a link (to {os.readlink(folder)}): `ponder runs rm` moves run folders "
+                          f"themselves, never a link; name the run folder itself, or remove the link with rm")
+    if in_a_trash(folder):
+        raise PonderError(f"{folder} is in a trash already: `ponder runs rm --restore` brings a trashed run back, "
+                          f"`ponder runs rm --empty` deletes it")
     if not folder.is_dir():
         raise PonderError(f"{folder} {file_problem(folder) or 'is a file'}: `ponder runs rm` takes run folders "
                           f"(`ponder runs` lists them)")
@@ -732,30 +780,55 @@ def trash_run(folder: Path) -> dict:
         raise PonderError(f"{folder} is {what}")
     if _same_path(folder, Path.cwd()) or any(_same_path(folder, parent) for parent in Path.cwd().parents):
         raise PonderError(f"{folder} holds the current folder; run `ponder runs rm` from outside it")
+    trash = folder.parent / TRASH
+    if os.path.islink(trash) or (os.path.lexists(trash) and not trash.is_dir()):
+        raise PonderError(f"{trash} is {'a link' if os.path.islink(trash) else 'not a folder'}, not a trash of "
+                          f"ponder's: move it aside, then remove {folder}")
     lock = RunLock(folder).acquire()  # refused, naming its PID, when a live run holds the folder
+    made_trash, entry, moved = not trash.exists(), None, False
     try:
-        stamp = datetime.now(timezone.utc)
-        trash = folder.parent / TRASH
-        trash.mkdir(exist_ok=True)
-        entry = trash / f"{folder.name}.{stamp.strftime('%Y%m%dT%H%M%S.%fZ')}"
-        entry.mkdir()
-        note = {"format_version": FORMAT_VERSION, "run": str(folder), "original": os.path.abspath(folder),
-                "removed": stamp.isoformat()}
-        _replace_atomically(entry / TRASH_NOTE, lambda f: f.write(json.dumps(note, indent=2) + "\n"))
-        os.rename(folder, entry / "run")
-    except OSError as exc:
-        lock.release()
-        raise PonderError(f"cannot move {folder} to the trash: {exc.strerror or exc}") from None
-    (entry / "run" / LOCK_FILE).unlink(missing_ok=True)  # ours, taken for the move: the run as it was
+        with uninterrupted():  # a signal waits until the entry is whole, or undone
+            stamp = datetime.now(timezone.utc)
+            trash.mkdir(exist_ok=True)
+            named = trash / entry_name(folder.name, stamp.strftime('%Y%m%dT%H%M%S.%fZ'), _name_max(trash))
+            named.mkdir()
+            entry = named  # ours from here: undone if the move does not finish
+            note = {"format_version": FORMAT_VERSION, "run": str(folder), "original": os.path.abspath(folder),
+                    "removed": stamp.isoformat()}
+            _replace_atomically(entry / TRASH_NOTE, lambda f: f.write(json.dumps(note, indent=2) + "\n"))
+            os.rename(folder, entry / ENTRY_RUN)
+            moved = True
+    except BaseException as exc:
+        if not moved:
+            _undo_entry(entry, trash if made_trash else None)
+            lock.release()
+        if isinstance(exc, OSError):
+            raise PonderError(f"cannot move {folder} to the trash: {exc.strerror or exc}; it stays where it was")\
+                from None
+        raise
+    (entry / ENTRY_RUN / LOCK_FILE).unlink(missing_ok=True)  # ours, taken for the move: the run as it was
     lock.held = False
+    lock.forget()
     return {"run": str(folder), "trash": str(entry), "removed": note["removed"]}
+
+
+def _undo_entry(entry: Optional[Path], trash: Optional[Path]) -> None:
+    """A trash entry whose run never moved in: removed, and the trash this move made."""
+    if entry is not None:
+        for path in (entry / TRASH_NOTE, *entry.glob(f".{TRASH_NOTE}.*.tmp")):
+            with contextlib.suppress(OSError):
+                path.unlink()
+    for folder in (entry, trash):
+        if folder is not None:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def restore_run(given: Path) -> dict:
     """Move a trashed run back where it was, as it was: `given` is the path it had (the newest
     entry of that path in the trash beside it) or a trash entry's own."""
     given = Path(given)
-    if trashed(given) is not None:
+    if not os.path.islink(given) and trashed(given) is not None:
         entry = given
     else:
         original = os.path.abspath(given)
@@ -768,11 +841,12 @@ def restore_run(given: Path) -> dict:
     note = trashed(entry)
     target = Path(note["original"])
     if os.path.lexists(target):
-        raise PonderError(f"{given} exists again (something else is there now): move it aside, then restore; the "
+        shown = note.get("run") or str(target)
+        raise PonderError(f"{shown} exists again (something else is there now): move it aside, then restore; the "
                           f"removed run stays in {entry}")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(entry / "run", target)
+        os.rename(entry / ENTRY_RUN, target)
     except OSError as exc:
         raise PonderError(f"cannot restore {given}: {exc.strerror or exc}; it stays in {entry}") from None
     (entry / TRASH_NOTE).unlink()
@@ -782,17 +856,61 @@ def restore_run(given: Path) -> dict:
     return {"run": note.get("run") or str(given), "trash": str(entry), "removed": note.get("removed")}
 
 
-def empty_trash(folders: Iterable[Path]) -> list[dict]:
-    """Delete every trashed run under these folders (in each .trash beside runs, at any depth):
-    the one way `ponder` deletes a run."""
-    done = []
-    for trash in dict.fromkeys(trash.resolve() for folder in folders for trash in trashes_under(Path(folder))):
+def trash_of(folder: Path) -> Optional[Path]:
+    """The trash `--empty` empties for a folder named: its own .trash, never one below it, and
+    never through a link (a .trash that is a link is no trash of ponder's)."""
+    trash = Path(folder) / TRASH
+    return trash if not os.path.islink(trash) and trash.is_dir() else None
+
+
+def disk_size(path: Path) -> int:
+    """The bytes of the files at and below `path`, links not followed."""
+    total = 0
+    for top, folders, files in os.walk(path, followlinks=False):
+        for name in files + [name for name in folders if os.path.islink(os.path.join(top, name))]:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(top, name)).st_size
+    return total
+
+
+def trash_contents(folders: Iterable[Path]) -> list[dict]:
+    """What `--empty` would delete for these folders: each entry of each one's own trash (trash_of),
+    its run's old path, the entry, when it was removed and its size in bytes."""
+    rows, trashes = [], {}
+    for folder in folders:
+        trash = trash_of(folder)
+        if trash is not None:
+            trashes.setdefault(trash.resolve(), trash)  # each once (runs/ named twice), as named
+    for trash in trashes.values():
         for entry in trash_entries(trash):
             note = trashed(entry)
-            shutil.rmtree(entry)
-            done.append({"run": note.get("run"), "trash": str(entry), "removed": note.get("removed")})
-        with contextlib.suppress(OSError):
-            trash.rmdir()
+            rows.append({"run": note.get("run"), "trash": str(entry), "removed": note.get("removed"),
+                         "bytes": disk_size(entry)})
+    return rows
+
+
+def empty_trash(rows: list[dict]) -> list[dict]:
+    """Delete these trash entries (trash_contents): the one way `ponder` deletes a run. Each entry
+    goes whole (an interrupt waits for the one being deleted); an interrupt or a failure says how
+    many were deleted and how many are still in the trash."""
+    done: list[dict] = []
+
+    def said() -> str:
+        left = len(rows) - len(done)
+        return (f"{len(done)} of {len(rows)} trashed runs deleted for good, "
+                f"{left} still in the trash" + (" (`ponder runs rm --empty` deletes them)" if left else ""))
+    with keeping(said):
+        for row in rows:
+            entry = Path(row["trash"])
+            try:
+                with uninterrupted():  # counted as gone before an interrupt held meanwhile is raised
+                    shutil.rmtree(entry / ENTRY_RUN)  # the run first: an entry cut short by a failure still has its note
+                    shutil.rmtree(entry)
+                    done.append(row)
+                    with contextlib.suppress(OSError):
+                        entry.parent.rmdir()  # the trash, once its last entry is gone
+            except OSError as exc:
+                raise PonderError(f"cannot delete {entry}: {exc.strerror or exc}; {said()}") from None
     return done
 
 

@@ -3,6 +3,7 @@ a shell offers at Tab (choices, checkpoints), without loading torch."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -106,13 +107,16 @@ def test_checkpoints_are_offered(tmp_path):
     assert _offered("ponder eval ", cwd=tmp_path) == [*SHIPPED, "latest", "runs/sweep/pondernet-mlp-seed1",
                                                      "mine.pt", "runs/"]
     assert _offered("ponder eval parity16-e", cwd=tmp_path) == ["parity16-extrapolation", "parity16-extrapolation-act"]
-    # the run, and its folder to pick a file from
-    assert _offered("ponder predict runs/sweep/", cwd=tmp_path) == ["runs/sweep/pondernet-mlp-seed1",
-                                                                   "runs/sweep/pondernet-mlp-seed1/"]
+    # the run, once (not again as a folder: typing its / offers what it holds)
+    assert _offered("ponder predict runs/sweep/", cwd=tmp_path) == ["runs/sweep/pondernet-mlp-seed1"]
     assert _offered("ponder info runs/sweep/pondernet-mlp-seed1/", cwd=tmp_path) == \
         ["runs/sweep/pondernet-mlp-seed1/best.pt"]
     assert _offered("ponder compare reference l", cwd=tmp_path) == ["latest"]
     assert _offered("ponder train --resume m", cwd=tmp_path) == ["mine.pt"]
+    # --resume refuses a shipped model: none is offered there, as after --init-from they are
+    assert _offered("ponder train --resume ", cwd=tmp_path) == ["latest", "runs/sweep/pondernet-mlp-seed1",
+                                                               "mine.pt", "runs/"]
+    assert _offered("ponder train --init-from al", cwd=tmp_path) == ["align"]
     assert _offered("ponder diff runs/sweep/pondernet-mlp-seed1 al", cwd=tmp_path) == ["align"]
     assert _offered("ponder train --init-from l", cwd=tmp_path) == ["latest"]
 
@@ -126,9 +130,51 @@ def test_runs_rm_offers_the_runs_and_restore_the_trashed_ones(tmp_path):
     entry = tmp_path / "runs" / ".trash" / "old.20261128T090000Z"
     (entry / "run").mkdir(parents=True)
     (entry / "trashed.json").write_text(json.dumps({"original": str(tmp_path / "runs" / "old"), "removed": "x"}))
-    assert _offered("ponder runs rm ", cwd=tmp_path) == ["runs/a", "runs/sweep/b", "mine", "mine/", "runs/"]
+    assert _offered("ponder runs rm ", cwd=tmp_path) == ["runs/a", "runs/sweep/b", "mine", "runs/"]
     assert _offered("ponder runs rm runs/s", cwd=tmp_path) == ["runs/sweep/b", "runs/sweep/"]
     assert _offered("ponder runs rm --restore ", cwd=tmp_path) == ["runs/old"]
+
+
+def test_hidden_options_are_completed_once_their_name_is_begun():
+    assert _offered("ponder train --halting-t") == ["--halting-target"]
+    assert "--cuda-graphs" in _offered("ponder train --cuda")
+    assert "--halting-target" not in _offered("ponder train --")  # the bare list stays --help's
+
+
+def test_zsh_adds_no_space_after_a_rules_prefix_or_a_folder(tmp_path):
+    """zsh: whole words through _arguments, as Typer answers; a prefix (`threshold:`) or a folder
+    (`runs/`) with compadd -S '' (no space after it)."""
+    assert _offered("ponder eval --halting thr", "zsh") == ["compadd", "-S", "''", "--", "'threshold:'"]
+    both = _offered("ponder eval --halting ", "zsh")
+    assert both[:2] == ["_arguments", "'*:"] and '"sample"' in " ".join(both)
+    assert " ".join(both).endswith("compadd -S '' -- 'quantile:' 'patience:' 'confidence:' 'threshold:' 'fixed:'")
+    (tmp_path / "runs").mkdir()
+    assert _offered("ponder eval ru", "zsh", cwd=tmp_path) == ["compadd", "-S", "''", "--", "'runs/'"]
+
+
+@pytest.mark.skipif(not shutil.which("bash"), reason="needs bash")
+def test_bash_adds_no_space_after_a_rules_prefix_or_a_folder(tmp_path):
+    """The script `--show-completion bash` prints, run by bash as Tab runs it (compopt, which only
+    works inside a real completion, stood in for): one reply that is a prefix or a folder asks for
+    no space; a whole word leaves bash's space."""
+    script = tmp_path / "ponder.sh"
+    script.write_text(_run("--show-completion", "bash").stdout)
+    program = tmp_path / "ponder"
+    program.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "from ponder_cli.cli import run; run()" "$@"\n')
+    program.chmod(0o755)
+    (tmp_path / "runs").mkdir()
+
+    def tab(*words):
+        shell = (f"source {script}; compopt() {{ echo \"compopt $*\"; }}; COMP_WORDS=({' '.join(words)}); "
+                 f"COMP_CWORD={len(words) - 1}; _ponder_completion {program}; printf '%s\\n' \"${{COMPREPLY[@]}}\"")
+        done = subprocess.run(["bash", "--norc", "-c", shell], capture_output=True, text=True, cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    assert tab("ponder", "eval", "--halting", "thr") == ["compopt", "-o", "nospace", "threshold:"]
+    assert tab("ponder", "eval", "--halting", "med") == ["median"]
+    assert tab("ponder", "eval", "ru") == ["compopt", "-o", "nospace", "runs/"]
 
 
 def test_completion_loads_no_torch(tmp_path):

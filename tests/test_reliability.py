@@ -641,7 +641,7 @@ def test_run_lock_is_exclusive_and_stale_locks_are_taken_over(tmp_path):
     (tmp_path / ".ponder.lock").write_text("")  # died between creating and writing it
     RunLock(tmp_path).acquire().release()
     (tmp_path / ".ponder.lock").write_text(f"{os.getppid()}\n")  # alive: our parent
-    with pytest.raises(PonderError, match=f"in use by another `ponder train` \\(PID {os.getppid()}\\)"):
+    with pytest.raises(PonderError, match=f"in use by another ponder command \\(PID {os.getppid()}"):
         RunLock(tmp_path).acquire()
     assert (tmp_path / ".ponder.lock").read_text().strip() == str(os.getppid())
 
@@ -657,7 +657,7 @@ def test_two_runs_on_one_folder(tiny_mnist, tmp_path, invoke, one_error_line):
         for args in (["--resume", out / "last.pt"], ["--out", out, "--overwrite"]):
             epochs = load_checkpoint(out / "last.pt").epoch + 3
             line = one_error_line(invoke("train", *args, "--epochs", epochs, "--data-dir", tiny_mnist))
-            assert f"in use by another `ponder train` (PID {proc.pid})" in line
+            assert f"in use by another ponder command (PID {proc.pid}" in line
     finally:
         proc.kill()
         proc.communicate()

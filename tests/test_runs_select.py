@@ -156,7 +156,7 @@ def test_rm_moves_runs_to_the_trash_restore_brings_them_back_bit_for_bit_and_onl
     assert _files(tmp_path / "runs" / "pn1") == before and not entry.exists()
     assert one_error_line(ponder("runs", "rm", "--restore", "runs/pn1")).startswith(
         "Error: no run runs/pn1 in runs/.trash/")
-    deleted = json.loads(ponder("runs", "rm", "--empty", "-f", "json").stdout)
+    deleted = json.loads(ponder("runs", "rm", "--empty", "--yes", "-f", "json").stdout)
     assert [row["run"] for row in deleted["buckets"]] == ["runs/act"] and not (tmp_path / "runs" / ".trash").exists()
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["pn1"]
     assert "no trash under runs/ and ./: nothing deleted" in ponder("runs", "rm", "--empty").stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from dataclasses import dataclass, replace
@@ -15,12 +16,14 @@ import torch
 from .. import BadValue, PonderError, PonderWarning, file_problem
 from ..checkpoint import file_damage, load_checkpoint, load_model, steps_problem
 from ..config import PonderConfig, applies, seed_problems
-from ..folders import (BEST, DEFAULT, LAST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, is_run_folder, lock_holder,
-                       resolve_checkpoint, run_time, runs_under, saved_config, shipped_path, trashed_runs)
+from ..folders import (BEST, DEFAULT, LAST, LATEST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, is_run_folder,
+                       lock_holder, resolve_checkpoint, run_time, runs_under, saved_config, shipped_path, trash_entries,
+                       trashed_runs, trashes_under)
 from ..methods import get_method
 from ..registry import TIME_LIMIT
 from ..render import Column
-from ..runs import empty_trash, recorded_run, reproducing_command, restore_run, trash_run
+from ..runs import (empty_trash, in_a_trash, recorded_run, reproducing_command, restore_run, trash_contents,
+                    trash_run)
 from ..reports import Report, diff_report, info_report, make_meta, prediction_report, runs_report, trash_report
 from ..reports.runs import NUMBER, OTHER_SPELLINGS, RUN_KEYS, SWITCH, TAGS, TEXT, TIME, run_keys
 from ..tasks import STDIN, InputOptions, get_task, uniforms as draw_uniforms
@@ -428,14 +431,25 @@ def list_runs(folders: Sequence[Union[str, Path]] = (), *, where: Sequence[str] 
 
 
 def remove_runs(runs: Sequence[Union[str, Path]] = (), *, restore: bool = False, empty: bool = False,
+                confirm: Optional[Callable[[list[dict]], bool]] = None,
                 log: Callable[[str], None] = lambda line: None) -> Report:
-    """`ponder runs rm`: move run folders to the trash beside them (runs.trash_run), bring them
-    back (`restore`: runs.restore_run), or delete what the trash holds under `runs`, default
-    runs/ and the current folder (`empty`: runs.empty_trash, the one deletion). Every run named is
-    checked before any moves: a folder that is no run, or one being trained, moves nothing."""
+    """`ponder runs rm`: move run folders to the trash beside them (runs.trash_run; `latest`: the
+    newest run under runs/, as other commands read it), bring them back (`restore`:
+    runs.restore_run), or delete what the trash of each folder in `runs` holds, default runs/ and
+    the current folder, never a trash below them nor through a link (`empty`: runs.empty_trash,
+    the one deletion; `confirm` gets what would go, each with its size, and says whether to).
+    Every run named is checked before any moves: a folder that is no run, or one being trained,
+    moves nothing."""
     if empty:
         roots = [Path(f) for f in runs] or [RUNS_DIR, HERE]
-        return trash_report(empty_trash(root for root in roots if root.is_dir()), "deleted", [str(r) for r in roots])
+        rows = trash_contents(root for root in roots if root.is_dir())
+        if rows and confirm is not None and not confirm(rows):
+            return trash_report([], "deleted", [str(r) for r in roots], declined=True)
+        deleted = empty_trash(rows)
+        elsewhere = [str(trash) for trash in dict.fromkeys(trash for root in roots if root.is_dir()
+                                                           for trash in trashes_under(root))
+                     if trash_entries(trash)]  # --empty FOLDER reaches each of them
+        return trash_report(deleted, "deleted", [str(r) for r in roots], elsewhere=elsewhere)
     if not runs and restore:  # the trash's runs are in no listing: name what it holds
         held = trashed_runs([RUNS_DIR, HERE])
         raise BadValue("name the runs to restore, by the path each had: " + (
@@ -444,16 +458,26 @@ def remove_runs(runs: Sequence[Union[str, Path]] = (), *, restore: bool = False,
     if not runs:
         raise BadValue("name the runs to move to the trash (`ponder runs` lists them), or give --empty to delete "
                        "what the trash holds")
-    named = list(dict.fromkeys(Path(run) for run in runs))
     if restore:
-        return trash_report([restore_run(run) for run in named], "restored", [])
+        return trash_report([restore_run(run) for run in dict.fromkeys(Path(run) for run in runs)], "restored", [])
+    named = list(dict.fromkeys(_run_named(run, log) for run in runs))
     for run in named:  # all of them fit before any moves
         if run.is_dir() and is_run_folder(run) and lock_holder(run / LOCK_FILE) is not None:
             raise PonderError(f"{run} is being trained (PID {lock_holder(run / LOCK_FILE)}): stop that run first "
                               f"(Ctrl-C, or kill -TERM PID), then remove it; nothing was moved")
-        if not run.is_dir() or not is_run_folder(run):
+        if os.path.islink(run) or not run.is_dir() or not is_run_folder(run) or in_a_trash(run):
             trash_run(run)  # says what it is instead
     return trash_report([trash_run(run) for run in named], "removed", [])
+
+
+def _run_named(run: Union[str, Path], log: Callable[[str], None]) -> Path:
+    """The run folder `ponder runs rm` takes: as named, or for `latest` (where no such folder is
+    here) the newest run under runs/, the one `ponder info latest` and `--resume latest` read."""
+    if str(run) != LATEST or os.path.lexists(run):
+        return Path(run)
+    folder = resolve_checkpoint(LATEST, file=LAST).path.parent
+    log(f"{LATEST}: {folder}, the newest run under {RUNS_DIR}/")
+    return folder
 
 
 def _run_row(folder: Path, stamp: Optional[float], name: Optional[str] = None, path: Optional[Path] = None) -> dict:

@@ -16,7 +16,7 @@ from .. import PonderError, SigTerm, brief, distributed, keeping
 from ..checkpoint import CheckpointNotSaved
 from ..config import Origin, PonderConfig, duration_text, parse_duration, read_config_file
 from ..data import resolve_data_dir
-from ..folders import Labels
+from ..folders import Labels, resumed_lock
 from ..registry import TIME_LIMIT
 from ..render import config_lines, epoch_line
 from ..reports import Report, epoch_record, stopped_record, training_report
@@ -119,7 +119,8 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
         options = dataclasses.replace(options, time_limit=parse_duration(options.time_limit))
     elif options.time_limit is not None and not options.time_limit > 0:
         raise PonderError(f"time_limit must be a number of seconds > 0 (got {options.time_limit!r})")
-    with deterministic_kernels(options.deterministic):
+    # a resume locks its run before reading it (under torchrun, rank 0 locks when it claims the folder)
+    with deterministic_kernels(options.deterministic), resumed_lock(None if distributed.launch() else options.resume):
         return _train_run(given, options, log, records)
 
 

@@ -26,7 +26,8 @@ import typer
 from typer.core import TyperGroup
 
 from .. import PonderError, PonderWarning, SigTerm, StdoutClosed, __version__, hold_interrupt, interruption
-from ..cli_options import InstallCompletionOption, Protocol, ShowCompletionOption, bare_completion_options
+from ..cli_options import (InstallCompletionOption, Protocol, ShowCompletionOption, bare_completion_options,
+                           use_ponder_completion)
 from ..render import ASCII_ERRORS, OutputFormat
 
 
@@ -42,9 +43,7 @@ class PonderGroup(TyperGroup):
         return super().parse_args(ctx, bare_completion_options(args))
 
     def _main_shell_completion(self, *args, **kwargs):
-        from typer._completion_classes import completion_init
-
-        completion_init()  # Typer's completion for each shell, which its scripts call
+        use_ponder_completion()  # Typer's completion for each shell, which its scripts call (bash's, zsh's ours)
         return super()._main_shell_completion(*args, **kwargs)
 
     def main(self, *args, **kwargs):

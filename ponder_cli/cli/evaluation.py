@@ -3,6 +3,7 @@ and `runs`: every command but `train`, in the order `ponder --help` lists them."
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -385,18 +386,49 @@ def runs_rm(
                                                      f"default: {RUNS_DIR}/ and the current folder)."),
     restore: bool = typer.Option(False, "--restore", help="Bring the runs named (by the path each had) back from "
                                  "the trash, as they were."),
-    empty: bool = typer.Option(False, "--empty", help="Delete every run the trash holds: the one command that "
-                               "deletes a run."),
+    empty: bool = typer.Option(False, "--empty", help="Delete the runs in the trash of the folders named (their own "
+                               ".trash, not one below; no link followed): the one command that deletes a run. Lists "
+                               "them with their sizes and asks first."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="With --empty: delete without asking (needed where no "
+                             "terminal can be asked: a script, a pipe)."),
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:
     """Move runs to the trash (a .trash folder beside each), bring them back with --restore, delete them for good
-    with --empty. A run being trained is refused."""
+    with --empty. A run being trained is refused, and so are links and what is in a trash already."""
     if restore and empty:
         raise BadValue("--restore brings runs back, --empty deletes them: give one")
+    if yes and not empty:
+        raise BadValue("--yes answers --empty's question: give it with --empty")
     from ..api import remove_runs
 
-    render_and_plot(remove_runs(runs or [], restore=restore, empty=empty, log=chatter(quiet)), fmt, None, quiet)
+    confirm = None if yes else ask_to_delete
+    render_and_plot(remove_runs(runs or [], restore=restore, empty=empty, confirm=confirm, log=chatter(quiet)), fmt,
+                    None, quiet)
+
+
+def on_a_terminal() -> bool:
+    """Can the user be asked: stdin and stderr (where the question goes) both a terminal."""
+    return sys.stdin is not None and sys.stdin.isatty() and sys.stderr.isatty()
+
+
+def ask_to_delete(rows: list[dict]) -> bool:
+    """`runs rm --empty`: what would be deleted, each with its size, on stderr, and the user's yes
+    or no; refused in one line where nobody can be asked (no terminal) and --yes was not given."""
+    from ..reports.runs import size_text
+
+    total = size_text(sum(row["bytes"] for row in rows))
+    what = f"{len(rows)} trashed run{'s' if len(rows) != 1 else ''} ({total})"
+    if not on_a_terminal():
+        raise BadValue(f"--empty would delete {what} for good, and there is no terminal to ask: give --yes to "
+                       f"delete them (`ponder runs rm --empty -f json --yes` lists what went)")
+    for row in rows:
+        typer.echo(f"  {row['run']}  {size_text(row['bytes'])}  (removed {row['removed'] or '?'}; {row['trash']})",
+                   err=True)
+    try:
+        return typer.confirm(f"Delete these {what} for good?", default=False, err=True)
+    except typer.Abort as exc:  # Ctrl-C, SIGTERM or the end of input at the question: an interrupt
+        raise exc.__context__ if isinstance(exc.__context__, KeyboardInterrupt) else KeyboardInterrupt() from None
 
 
 @app.command()

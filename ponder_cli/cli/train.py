@@ -23,6 +23,7 @@ from ..cli_options import (
     QuietOption,
     TrainCommand,
     complete_checkpoint,
+    complete_resumable,
     complete_piece,
     hyper,
     path_option,
@@ -154,8 +155,8 @@ OVERWRITE_OPTION = typer.Option(False, "--overwrite", help="Replace the files of
                                 "refused.")
 AMP_OPTION = typer.Option(None, "--amp/--no-amp", hidden=True)
 CUDA_GRAPHS_OPTION = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", hidden=True)
-RESUME_OPTION = typer.Option(None, "--resume", metavar="CHECKPOINT",
-                             autocompletion=lambda incomplete: complete_checkpoint(incomplete),
+RESUME_OPTION = typer.Option(None, "--resume", metavar="CHECKPOINT",  # a shipped model is no run to continue
+                             autocompletion=lambda incomplete: complete_resumable(incomplete),
                              help="Continue the run saved in this checkpoint: a file (e.g. "
                                   "runs/pondernet-mlp-seed1234/last.pt), a run folder (its last.pt) or "
                                   "latest (the newest run under runs/).")

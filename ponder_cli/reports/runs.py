@@ -6,7 +6,7 @@ import shlex
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from ..render import Column, cell_text, value_text
 from ..registry import AT_CHANCE, FORMAT_VERSION, TIME_LIMIT
@@ -302,20 +302,46 @@ TRASH_TITLES = {"removed": "Moved to the trash", "restored": "Restored from the 
                 "deleted": "Deleted from the trash"}
 
 
-def trash_report(rows: list[dict], action: str, folders: list[str]) -> Report:
-    """runs rm: one bucket per run moved to the trash, restored, or deleted from it (`action`)."""
+def size_text(size: Optional[int]) -> str:
+    """Bytes as a person reads them: 812 B, 3.4 KB, 12.0 MB (powers of 1000)."""
+    if size is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} TB"
+
+
+def trash_report(rows: list[dict], action: str, folders: list[str], elsewhere: Sequence[str] = (),
+                 declined: bool = False) -> Report:
+    """runs rm: one bucket per run moved to the trash, restored, or deleted from it (`action`;
+    deleted: each with its size, `elsewhere` the trashes below the folders emptied that still hold
+    runs, `declined` when the user said no)."""
     meta = {"command": "runs rm", "task": None, "checkpoints": [], "method": None, "step": None, "protocol": None,
             "halting": None, "seed": None, "device": None, "action": action, "runs": len(rows)}
+    if action == "deleted":
+        meta["bytes"] = sum(row.get("bytes") or 0 for row in rows)
     if action == "removed":
         footer = (f"restore with: ponder runs rm --restore {' '.join(shlex.quote(row['run']) for row in rows)}\n"
                   f"delete for good: ponder runs rm --empty")
+    elif action == "deleted" and declined:
+        footer = "nothing deleted"
     elif action == "deleted" and not rows:
         footer = f"no trash under {' and '.join(f'{folder}/' for folder in folders)}: nothing deleted"
+    elif action == "deleted":
+        footer = f"{len(rows)} run{'s' if len(rows) != 1 else ''} deleted, {size_text(meta['bytes'])}"
     else:
         footer = ""
+    if elsewhere:  # --empty empties the trash of the folders named, never one below them
+        parents = " ".join(shlex.quote(str(Path(trash).parent)) for trash in elsewhere)
+        footer += (f"\n{', '.join(elsewhere)} still hold{'s' if len(elsewhere) == 1 else ''} runs (below the folders "
+                   f"emptied): ponder runs rm --empty {parents}")
     where = "in the trash" if action == "removed" else "was in"
     columns = [Column("run", "run", "s", wrap=True), Column("trash", where, "s", wrap=True)]
-    return Report(meta=meta, buckets=rows, columns=columns, title=TRASH_TITLES[action], footer=footer)
+    if action == "deleted":
+        columns.append(Column("bytes", "size", text=lambda row: size_text(row.get("bytes"))))
+    return Report(meta=meta, buckets=rows, columns=columns, title=TRASH_TITLES[action], footer=footer.strip("\n"))
 
 
 # diff ------------------------------------------------------------------------------------------
