@@ -87,8 +87,32 @@ class StartingWeights:
 
         def new_value(key):  # the new run's, as far as it is known here
             return given.get(key, saved.value(key))
-        return {key: value for key, value in saved.to_dict().items() if key not in given and key != "refit_halting"
-                and applies(key, chosen, new_value) and value is not None}
+        taken = {key: value for key, value in saved.to_dict().items() if key not in given and key != "refit_halting"
+                 and applies(key, chosen, new_value) and value is not None}
+        return {**taken, **self.split(given, chosen)}
+
+    def split(self, given: dict, chosen: dict) -> dict:
+        """Its held-out split, which the new run keeps whatever its --seed (its split_seed: the
+        source's, else the source's seed), so that the digits it validates and calibrates on are
+        none the source trained on; refused: another split seed, or more held-out digits than the
+        source held out (those past its --val-size are digits it trained on). Fewer are its own
+        held-out digits still."""
+        saved = self.state.config
+        if not (applies("split_seed", saved.chosen()) and applies("split_seed", chosen)):
+            return {}
+        seed = saved.training.seed if saved.task.split_seed is None else saved.task.split_seed
+        problems = []
+        if given.get("split_seed", seed) != seed:
+            problems.append(f"--split-seed {given['split_seed']} splits the digits anew (its held-out digits are "
+                            f"split seed {seed}'s)")
+        if given.get("val_size", saved.task.val_size) > saved.task.val_size:
+            problems.append(f"--val-size {given['val_size']} holds out more digits than its {saved.task.val_size}, "
+                            f"so the rest are digits it trained on")
+        if problems:
+            raise BadValue(f"--init-from {self.path}: {'; '.join(problems)}; a run from its weights validates on "
+                           f"its held-out digits: leave --split-seed out and give --val-size at most "
+                           f"{saved.task.val_size}")
+        return {} if "split_seed" in given else {"split_seed": seed}
 
     def weights(self, cfg: PonderConfig) -> dict:
         """The tensors the run `cfg` takes from it: every one, or under --refit-halting all but the
