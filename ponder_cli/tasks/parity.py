@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from .. import BadValue, PonderError, distributed
+from ..config import default_halting
 from ..evaluate import EvalBucket, evaluate_bucket
 from ..reports import TaskView, Terms
 from . import STDIN, Task, TrainingSource, UserInputs, check_input_file, derived_seed, load_inputs, uniforms
@@ -332,7 +333,8 @@ class ParityTask(Task):
         return ParityBatches(self.cfg, device)
 
     def validate(self, model, data, amp: bool):
-        return evaluate_bucket(model, vector_bucket(data, model.max_steps, self.cfg.training.seed), self.cfg, amp=amp)
+        return evaluate_bucket(model, vector_bucket(data, model.max_steps, self.cfg.training.seed), self.cfg, amp=amp,
+                               halting=default_halting(self.cfg))
 
     def describe(self, train_data, val_data) -> str:
         lo, hi = train_range(self.cfg)
@@ -384,6 +386,10 @@ class ParityTask(Task):
         """Where and how many: the vectors are drawn per bucket (see bucket); --limit N gives N
         vectors per non-zero count instead of TEST_PER_COUNT."""
         return device, options.limit or TEST_PER_COUNT, TEST_SEED
+
+    def more_calibration(self, options) -> str:
+        return (f"--limit {2 * (options.limit or CALIBRATION_PER_COUNT)} (vectors per non-zero count), or --repeats "
+                f"{max(2, 2 * options.repeats)} (more draws pooled)")
 
     def calibration_data(self, options, device):
         """Vectors of calibrate's own (CALIBRATION_SEED, CALIBRATION_PER_COUNT per count; --limit
