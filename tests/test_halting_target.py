@@ -199,7 +199,8 @@ def test_train_refit_halting_takes_the_checkpoints_settings(checkpoint, tiny_mni
     assert "every weight frozen but a new halting head's" in result.stderr
     saved, refit = load_checkpoint(checkpoint).config, load_checkpoint(tmp_path / "refit" / "last.pt").config
     assert refit.replace(halting_target="prior", halting_input="state", epochs=saved.training.epochs,
-                         refit_halting=False) == saved
+                         refit_halting=False, split_seed=None) == saved
+    assert refit.task.split_seed == saved.training.seed  # its held-out digits are the checkpoint's
     assert refit.training.refit_halting is True
     info = json.loads(ponder("info", tmp_path / "refit", "-f", "json").stdout)
     assert info["init_from"] == str(checkpoint)

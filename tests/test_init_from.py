@@ -83,3 +83,49 @@ def test_init_from_refuses_a_split_that_would_validate_on_trained_digits(body, t
     body_trained, _ = get_task(load_checkpoint(body / "best.pt").config).load_training(tiny_mnist, False)
     _, validated = get_task(refit_cfg).load_training(tiny_mnist, False)
     assert len(validated) == 60 and not _digits(validated) & _digits(body_trained)
+
+
+def test_init_from_refuses_a_setting_that_changes_what_a_copied_tensor_means(body, checkpoint, runs, ponder,
+                                                                              one_error_line, tmp_path):
+    source = load_checkpoint(body / "best.pt").config
+    other = "state+confidence" if source.method.halting_input != "state+confidence" else "state+turn"
+    refused = {
+        # the same width on align, another meaning: the turn's weight would be read as the confidence's
+        (str(body), "--halting-input", other): "--halting-input",
+        (str(checkpoint), "--method", "act"): "--method",  # ACT would keep PonderNet's head
+        (str(body), "--align-turn", "45"): "--align-turn",
+        # what the copied weights override: the head's bias is the source's, whatever --halting-bias says
+        (str(checkpoint), "--halting-bias", "-3"): "--halting-bias",
+        # a refit's frozen body runs without dropout; a plain model's one step reads no halting head
+        (str(checkpoint), "--refit-halting", "--cnn-dropout", "0.9"): "--cnn-dropout",
+        (str(runs / "plain"), "--refit-halting"): "--refit-halting",
+    }
+    for (model, *args), named in refused.items():
+        for printing in ([], ["--print-config"]):  # --print-config refuses what training refuses
+            result = ponder("train", "--init-from", model, *args, *printing, "--epochs", "1", "--out",
+                            tmp_path / "never")
+            line = one_error_line(result)
+            assert result.exit_code == 2 and named in line and "--init-from" in line, line
+    assert not (tmp_path / "never").exists()
+    # where the head starts anew, a new input and a new bias are what it gets
+    refit = ponder("train", "--init-from", body, "--refit-halting", "--halting-input", other, "--halting-bias", "-3",
+                   "--print-config", "-f", "json")
+    assert refit.exit_code == 0, refit.output
+    printed = json.loads(refit.stdout)["method"]
+    assert printed["halting_input"] == other and printed["halting_bias"] == -3
+
+
+def test_print_config_refuses_weights_that_do_not_fit_and_names_the_cause(checkpoint, ponder, one_error_line):
+    result = ponder("train", "--init-from", checkpoint, "--hidden", "32", "--print-config")
+    line = one_error_line(result)
+    assert result.exit_code == 2 and "do not fit" in line and "--hidden 32" in line
+
+
+def test_a_run_from_anothers_weights_reproduces_by_its_command(tiny_mnist, tmp_path, ponder):
+    common = ["--max-steps", "3", "--val-size", "100", "--train-size", "100", "--batch-size", "100", "--epochs", "1",
+              "--no-progress", "--data-dir", tiny_mnist]
+    assert ponder("train", *common, "--halting-bias", "-3", "--out", tmp_path / "a").exit_code == 0
+    assert ponder("train", *common, "--init-from", tmp_path / "a", "--out", tmp_path / "b").exit_code == 0
+    command = json.loads(ponder("info", tmp_path / "b", "-f", "json").stdout)["train_command"].split()
+    assert command[command.index("--halting-bias") + 1] == "-3.0"  # the source's, carried: no refusal
+    assert ponder(*command[1:], "--print-config").exit_code == 0

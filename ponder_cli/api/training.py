@@ -88,6 +88,8 @@ def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, d
     refuse_starting(init, options.resume)
     cfg, sources, _, _ = resolve_config(settings, options.resume, origins)
     refuse_starting(init, options.resume, cfg)
+    if init is not None:  # what training would refuse: weights that do not fit
+        init.check_fits(cfg)
     return cfg, sources
 
 
