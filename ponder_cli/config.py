@@ -341,6 +341,11 @@ class PonderConfig:
         unknown = sorted(set(values) - set(PLACES))
         if unknown:
             raise PonderError(f"unknown config keys {unknown}")
+        target = values.get("halting_target", cls.default("halting_target"))
+        if "halting_bias" in given and values.get("halting_bias") == "prior" and target != "prior":
+            # the prior's logit would read --lambda-p, which a head trained on the answer refuses
+            raise BadValue(f"{spelled('halting_bias', origins, '--')} prior is the logit of lambda-p, the prior's "
+                           f"parameter, which --halting-target {target} has none of: give the bias as a number")
         values = {**values, "halting_bias": bias_value(values, spelled("halting_bias", origins))}
         by_section: dict = {section: {} for section in SECTION_TYPES}
         for key, value in values.items():  # a whole number does for a float
