@@ -13,4 +13,13 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO" || exit 2
 PY=${PYTHON:-python3}
 command -v "$PY" >/dev/null || PY=python
+# what the scripts import, checked first: one line and exit 1 where it is missing, not a traceback
+MISSING=$("$PY" -c "import importlib.util as u; print(' '.join(m for m in ('torch', 'typer', 'rich', 'tqdm')
+if u.find_spec(m) is None))" 2>/dev/null) || { echo "Error: $PY does not run; set PYTHON to a python3 with torch" >&2
+    exit 1; }
+if [ -n "$MISSING" ]; then
+    echo "Error: $PY ($(command -v "$PY")) lacks $MISSING, which $(basename "$0") needs; install them there" \
+        "(pip install torch typer rich tqdm) or set PYTHON to a python3 that has them" >&2
+    exit 1
+fi
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

@@ -30,7 +30,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from . import BadValue, PonderError, PonderWarning, file_problem
-from .registry import (FORMAT_VERSION, CNN_DROPOUT_MASKS, ENCODINGS, HALTING_INPUTS, LAYOUTS, HALTING_TARGETS, METHODS, PIECES, PRIORS, STEPS, TASKS, TRUNCATION_RULES, known,
+from .registry import (DEFAULT_HALTING, FORMAT_VERSION, CNN_DROPOUT_MASKS, ENCODINGS, HALTING_INPUTS, LAYOUTS, HALTING_TARGETS, METHODS, PIECES, PRIORS, STEPS, TASKS, TRUNCATION_RULES, known,
                        piece_class, step_class, task_class)
 
 MAX_STEPS = 100  # a bound on the cost of an epoch (training runs every step for every image)
@@ -80,6 +80,9 @@ class TaskSettings:
     train_rotation: float = setting(22.5, *within(0, 180, note=" degrees: images are rotated within +-angle"))
     val_size: int = setting(5000, *ABOVE_0)
     train_size: int = setting(0, *AT_LEAST_0)  # mnist: 0 trains on every image not held out
+    # mnist: the seed of the held-out split; none: the run's --seed. A run from --init-from keeps
+    # its source's split whatever its --seed, so that it never validates on digits its source trained on
+    split_seed: Optional[int] = setting(None, lambda v: 0 <= v < MAX_SEED, "an integer from 0 to 2**63 - 1")
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,9 @@ class MethodSettings:
     # what the halting head learns from: the prior's KL pull (the paper's), or binary cross-entropy
     # towards whether no later step changes the answer (final) or the answer is right (correct)
     halting_target: str = setting("prior", *one_of(HALTING_TARGETS))
+    # such a head's own rule (final, correct): halt at the first lambda_n >= this, which validation,
+    # best.pt's choice and every evaluation without --halting use (default_halting)
+    halting_threshold: float = setting(0.99, *within(0, 1, "(]"))
     beta: float = setting(0.01, *AT_LEAST_0)  # weight of KL(p || p_G)
     # the KL weight grows linearly from 0 to beta over the first this many optimizer steps (0: off)
     beta_warmup: int = setting(0, *AT_LEAST_0)
@@ -180,8 +186,8 @@ def problems_of(key: str, value, name: str = "") -> list[str]:
     """A value alone, named `name` (else spelled): its type (a whole number does for a float),
     finite in float32, its field's check."""
     name, kind = name or spelled(key), TYPES[key]
-    base = float if kind == Optional[float] else kind
-    if value is None and kind == Optional[float]:
+    base = {Optional[float]: float, Optional[int]: int}.get(kind, kind)
+    if value is None and base is not kind:
         return []
     if type(value) is not base and not (base is float and type(value) is int):
         wanted = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}[base]
@@ -301,6 +307,16 @@ def bias_value(values: dict, name: str = "halting-bias"):
         raise PonderError(f"{name} must be a number or 'prior' (got {bias!r})") from None
 
 
+def default_halting(cfg: "PonderConfig") -> str:
+    """The rule a model halts by when none is asked for: the one it was trained for. A head trained
+    on the answer (--halting-target final, correct) halts at its threshold (threshold:T); one
+    trained towards the prior, as the paper's, by its coins (sample); ACT and plain by their own
+    whatever the rule's name."""
+    if applies("halting_threshold", cfg.chosen(), cfg.value):
+        return f"threshold:{cfg.method.halting_threshold!r}"
+    return DEFAULT_HALTING
+
+
 _warned: set = set()  # each warning about a saved run once per process
 
 
@@ -335,6 +351,11 @@ class PonderConfig:
         unknown = sorted(set(values) - set(PLACES))
         if unknown:
             raise PonderError(f"unknown config keys {unknown}")
+        target = values.get("halting_target", cls.default("halting_target"))
+        if "halting_bias" in given and values.get("halting_bias") == "prior" and target != "prior":
+            # the prior's logit would read --lambda-p, which a head trained on the answer refuses
+            raise BadValue(f"{spelled('halting_bias', origins, '--')} prior is the logit of lambda-p, the prior's "
+                           f"parameter, which --halting-target {target} has none of: give the bias as a number")
         values = {**values, "halting_bias": bias_value(values, spelled("halting_bias", origins))}
         by_section: dict = {section: {} for section in SECTION_TYPES}
         for key, value in values.items():  # a whole number does for a float

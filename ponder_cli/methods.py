@@ -261,7 +261,7 @@ class PonderNetMethod(Method):
     name = "pondernet"
     graph_safe = True
     reads = ("max_steps", "halting_input", "halting_bias", "turn_gate", "lambda_p", "prior", "beta", "beta_warmup",
-             "truncation", "truncation_rule", "depth_min", "halting_target")
+             "truncation", "truncation_rule", "depth_min", "halting_target", "halting_threshold")
 
     def __init__(self, cfg, device=None):
         super().__init__(cfg, device)
@@ -290,8 +290,9 @@ class PonderNetMethod(Method):
     def idle(cls, value):
         # a head trained on the answer (final, correct) has no KL term: its prior is never read
         target = value("halting_target")
-        return {} if target == "prior" else {key: f"--halting-target prior, not {target}"
-                                             for key in ("lambda_p", "prior", "beta", "beta_warmup")}
+        if target == "prior":  # nor its threshold: the prior's head halts by its coins
+            return {"halting_threshold": "--halting-target final or correct, not prior"}
+        return {key: f"--halting-target prior, not {target}" for key in ("lambda_p", "prior", "beta", "beta_warmup")}
 
     def kl_weight(self, progress: torch.Tensor | None):
         """beta, or during the warm-up beta * progress / beta_warmup (a tensor: no host read)."""

@@ -190,6 +190,12 @@ CALIBRATION_RULES = ("quantile:0.5", "quantile:0.6", "quantile:0.7", "quantile:0
                      "quantile:0.95", "quantile:0.99", "patience:1", "patience:2", "patience:3", "patience:4",
                      "confidence:0.5", "confidence:0.7", "confidence:0.9", "confidence:0.95", "confidence:0.99",
                      "confidence:0.999")
+# calibrate's candidates for a head trained on the answer (--halting-target final, correct): its own
+# rule, threshold:T, evenly in log(1 - T) near 1 where such a head puts most lambdas (docs/halting.md),
+# beside the rules that read the answer alone; PonderNet's quantiles compound a "done" probability
+THRESHOLD_CALIBRATION_RULES = (*(f"threshold:{t}" for t in (0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.998, 0.999,
+                                                            0.9995, 0.9998, 0.9999)),
+                               *(rule for rule in CALIBRATION_RULES if not rule.startswith("quantile:")))
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from typing import Callable, Iterable, Optional, Union
 from . import (BadValue, PonderError, PonderWarning, __version__, brief, file_problem, keeping, name_length_problem,
                uninterrupted)
 from .checkpoint import load_checkpoint, new_model
-from .config import PonderConfig, applies, inapplicable, render_config, spelled
+from .config import SECTIONS, PonderConfig, applies, bias_value, inapplicable, render_config, spelled
 from .registry import FORMAT_VERSION
 from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR,
                       LOCK_FILE, TRASH, TRASH_NOTE, Labels, Resolved, RunLock, check_unlocked, enclosing_run,
@@ -88,8 +88,65 @@ class StartingWeights:
 
         def new_value(key):  # the new run's, as far as it is known here
             return given.get(key, saved.value(key))
-        return {key: value for key, value in saved.to_dict().items() if key not in given and key != "refit_halting"
-                and applies(key, chosen, new_value) and value is not None}
+        self.refuse_overridden(given)
+        taken = {key: value for key, value in saved.to_dict().items() if key not in given and key != "refit_halting"
+                 and applies(key, chosen, new_value) and value is not None}
+        return {**taken, **self.split(given, chosen)}
+
+    def refuse_overridden(self, given: dict) -> None:
+        """A setting given that its weights would contradict, refused in one line: one that changes
+        what a copied tensor means (another method, another halting input for the copied head, the
+        turn its align step scales), one that only sets a new model's first weights (its copied
+        ones override it: --halting-bias, unless the head starts anew under --refit-halting), and
+        under --refit-halting one its frozen body never reads (dropout: it runs as at evaluation)
+        or a model whose one step reads no halting head (plain)."""
+        saved, refit = self.state.config, bool(given.get("refit_halting"))
+        differs = [key for key in given if key in PonderConfig.field_names() and key != "refit_halting"
+                   and _given_value(given, key, saved) != saved.value(key)]
+        problems = []
+        for key in differs:
+            ours, theirs = spelled_value(_given_value(given, key, saved)), spelled_value(saved.value(key))
+            option = f"--{key.replace('_', '-')} {ours}"
+            if key in ("method", "halting_input") and not refit:
+                what = "its halting head was trained as" if key == "method" else "its halting head reads"
+                problems.append(f"{option}: {what} {theirs}, and its weights would be read as {ours}'s; refit "
+                                f"the head anew (--refit-halting) or keep {theirs}")
+            elif key == "align_turn":
+                problems.append(f"{option}: its align step learnt turns of at most {theirs} degrees, which its "
+                                f"weights would scale to {ours}")
+            elif key in INITIALISING and not (refit and key == "halting_bias"):
+                problems.append(f"{option} sets a new model's first weights, which the weights it copies override" +
+                                ("; --refit-halting starts the halting head anew" if key == "halting_bias" else ""))
+            elif key in REFIT_UNREAD and refit:
+                problems.append(f"{option}: a refit runs its frozen body as at evaluation, without dropout")
+        plain = "plain" in (saved.method.name, given.get("method"))
+        if refit and plain:
+            problems.append("--refit-halting: a plain model's one step reads no halting head, there is none to refit")
+        if problems:
+            raise BadValue(f"--init-from {self.path}: {'; '.join(problems)}")
+
+    def split(self, given: dict, chosen: dict) -> dict:
+        """Its held-out split, which the new run keeps whatever its --seed (its split_seed: the
+        source's, else the source's seed), so that the digits it validates and calibrates on are
+        none the source trained on; refused: another split seed, or more held-out digits than the
+        source held out (those past its --val-size are digits it trained on). Fewer are its own
+        held-out digits still."""
+        saved = self.state.config
+        if not (applies("split_seed", saved.chosen()) and applies("split_seed", chosen)):
+            return {}
+        seed = saved.training.seed if saved.task.split_seed is None else saved.task.split_seed
+        problems = []
+        if given.get("split_seed", seed) != seed:
+            problems.append(f"--split-seed {given['split_seed']} splits the digits anew (its held-out digits are "
+                            f"split seed {seed}'s)")
+        if given.get("val_size", saved.task.val_size) > saved.task.val_size:
+            problems.append(f"--val-size {given['val_size']} holds out more digits than its {saved.task.val_size}, "
+                            f"so the rest are digits it trained on")
+        if problems:
+            raise BadValue(f"--init-from {self.path}: {'; '.join(problems)}; a run from its weights validates on "
+                           f"its held-out digits: leave --split-seed out and give --val-size at most "
+                           f"{saved.task.val_size}")
+        return {} if "split_seed" in given else {"split_seed": seed}
 
     def weights(self, cfg: PonderConfig) -> dict:
         """The tensors the run `cfg` takes from it: every one, or under --refit-halting all but the
@@ -112,9 +169,27 @@ class StartingWeights:
             lacking = [f"{len(missing)} tensors of this model not in it ({missing[0]}, ...)"] if missing else []
             extra_ones = [f"{len(extra)} of its tensors not in this model ({extra[0]}, ...)"] if extra else []
             what = "; ".join([*differ[:3], *lacking, *extra_ones])
-            raise BadValue(f"--init-from {self.path}: its weights do not fit this run's model ({what}); keep the "
-                              f"settings that shape the model (step, hidden sizes, task) as that run had them "
-                              f"(`ponder info {self.path}` shows them)")
+            saved = self.state.config  # the cause: what shapes the model, set otherwise than it was
+            shaping = [key for key in cfg.field_names() if key in SECTIONS["step"] + ("task", "halting_input")
+                       and cfg.value(key) != saved.value(key)]
+            cause = ", ".join(f"--{key.replace('_', '-')} {spelled_value(cfg.value(key))} (it has "
+                              f"{spelled_value(saved.value(key))})" for key in shaping)
+            raise BadValue(f"--init-from {self.path}: its weights do not fit this run's model ({what})"
+                           + (f", for {cause}" if cause else "") + "; keep the settings that shape the model "
+                           f"(step, hidden sizes, task) as that run had them (`ponder info {self.path}` shows them)")
+
+
+# settings that only set a new model's first weights: the weights --init-from copies override them
+INITIALISING = ("halting_bias", "gru_orthogonal", "gru_update_bias")
+# what a refit's frozen body never reads: it runs as at evaluation, without dropout
+REFIT_UNREAD = ("cnn_dropout", "mlp_dropout", "cnn_dropout_mask")
+
+
+def _given_value(given: dict, key: str, saved: PonderConfig):
+    """A setting's value as given (an option's text for --halting-bias: a number or 'prior')."""
+    if key != "halting_bias":
+        return given[key]
+    return bias_value({"halting_bias": given[key], "lambda_p": given.get("lambda_p", saved.method.lambda_p)})
 
 
 def refuse_starting(init, resume, cfg: Optional[PonderConfig] = None) -> None:

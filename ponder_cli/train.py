@@ -264,8 +264,13 @@ class Capture:
         step.optimizer.zero_grad(set_to_none=True)  # the captured backward allocates the gradients
         try:
             self.graph.capture(step.run)
-        except RuntimeError as exc:
-            # the batch's Python ran up to the failure: the GradScaler may hold its record of an
+        except PonderError:  # the user's to hear, captured or not
+            raise
+        except Exception as exc:
+            # whatever a capture raises: CUDA's errors (RuntimeError and its kin), torch.cuda.graph's
+            # own checks (AssertionError), an operation that cannot be captured (TypeError,
+            # NotImplementedError, ...); a fault of the batch itself raises again in the eager rerun.
+            # The batch's Python ran up to the failure: the GradScaler may hold its record of an
             # unscale_, which the eager rerun would refuse; its scale stays (nothing captured ran)
             step.scaler.update(step.scaler.get_scale())
             return f"the capture failed ({brief(exc)})"

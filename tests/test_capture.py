@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 
+from ponder_cli import PonderError
 from ponder_cli import train as train_module
 from ponder_cli.checkpoint import load_checkpoint, new_model
 from ponder_cli.config import PonderConfig
@@ -48,6 +49,8 @@ class FakeGraph:
         self.log.append("capture")
         if self.broken == "raises":
             raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        if isinstance(self.broken, BaseException):  # what else a capture raises
+            raise self.broken
         self.recorded = None if self.broken == "empty" else run
 
     def replay(self):
@@ -104,6 +107,24 @@ def test_a_capture_that_fails_or_does_nothing_falls_back_to_the_eager_step(broke
     assert log[-1] == "reset" and log.count("capture") == 1  # never tried again
     assert not any(group["capturable"] for group in step.optimizer.param_groups)
     assert _equal(eager, fallen_back)  # the batch the capture missed ran eagerly: nothing lost
+
+
+@pytest.mark.parametrize("error", [
+    AssertionError("capture_stream must not be None"),  # torch.cuda.graph's own checks
+    NotImplementedError("an operation with no capturable kernel"),
+    TypeError("cannot capture a host read")])
+def test_a_capture_that_raises_anything_but_a_runtime_error_falls_back_too(error):
+    _, eager, _ = _trained()
+    step, fallen_back, lines = _trained(FakeGraph(error))
+    assert step.path.startswith("eager: the capture failed") and str(error) in step.path
+    assert len(lines) == 1 and lines[0].startswith("CUDA graphs: off, the capture failed")
+    assert _equal(eager, fallen_back)
+
+
+def test_an_interrupt_or_a_users_error_during_the_capture_is_not_swallowed():
+    for error in (KeyboardInterrupt(), PonderError("the disk is full")):
+        with pytest.raises(type(error)):
+            _trained(FakeGraph(error))
 
 
 def test_a_replay_that_leaves_adam_behind_falls_back(monkeypatch):

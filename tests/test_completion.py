@@ -136,7 +136,8 @@ def test_runs_rm_offers_the_runs_and_restore_the_trashed_ones(tmp_path):
 
 
 def test_hidden_options_are_completed_once_their_name_is_begun():
-    assert _offered("ponder train --halting-t") == ["--halting-target"]
+    assert _offered("ponder train --halting-ta") == ["--halting-target"]
+    assert set(_offered("ponder train --halting-t")) == {"--halting-target", "--halting-threshold"}
     assert "--cuda-graphs" in _offered("ponder train --cuda")
     assert "--halting-target" not in _offered("ponder train --")  # the bare list stays --help's
 

@@ -23,8 +23,8 @@ OTHER = {"elems": 16, "train_counts": "1-8", "batches_per_epoch": 10, "curriculu
          "turn_gate": 0.3, "gru_layer_norm": True, "gru_orthogonal": True, "gru_update_bias": 0.5, "max_steps": 8,
          "halting_input": "state+confidence", "halting_bias": 0.7, "lambda_p": 0.3, "beta": 0.02, "tau": 0.02,
          "act_epsilon": 0.02, "truncation": 0.05, "truncation_rule": "roulette", "prior": "uniform",
-         "beta_warmup": 10, "depth_min": 2, "halting_target": "final", "layout": "prefix", "encoding": "onehot",
-         "curriculum_advance": 0.9, "curriculum_mix": 0.25}
+         "beta_warmup": 10, "depth_min": 2, "halting_target": "final", "split_seed": 7, "halting_threshold": 0.9,
+         "layout": "prefix", "encoding": "onehot", "curriculum_advance": 0.9, "curriculum_mix": 0.25}
 COMBINATIONS = [dict(zip(PIECES, names)) for names in
                 [("mnist", "mlp"), ("mnist", "align"), ("parity", "rnn"), ("parity", "gru")]
                 for names in [(*names, method) for method in ("pondernet", "act", "plain")]]
@@ -44,6 +44,12 @@ def test_a_given_setting_and_a_saved_one_agree_on_every_setting(pieces):
             with pytest.raises(PonderError, match="give truncation 0"):
                 PonderConfig.of(**pieces, **{key: value})
             assert PonderConfig.of(**pieces, **{key: value}, truncation=0.0).value(key) == value
+            continue
+        if (key, pieces["method"]) == ("halting_threshold", "pondernet"):
+            # the threshold of a head trained on the answer: beside the prior's target, not read
+            with pytest.raises(PonderError, match="applies to --halting-target final or correct, not prior"):
+                PonderConfig.of(**pieces, **{key: value})
+            assert PonderConfig.of(**pieces, **{key: value}, halting_target="final", truncation=0.0).value(key) == value
             continue
         if key == "curriculum_mix" and pieces["task"] == "parity":  # a share of a curriculum's batches
             with pytest.raises(PonderError, match="--curriculum-advance"):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ponder_cli.checkpoint import load_checkpoint
+from ponder_cli.tasks.mnist import split_seed
 
 FIGURES = Path(__file__).resolve().parent.parent / "tools" / "figures"
 
@@ -94,7 +95,7 @@ def test_answer_halting_chooses_a_threshold_on_the_digits_a_refit_body_never_tra
     assert result.exit_code == 0, result.output
     answer_halting = script("answer_halting")
     refit = load_checkpoint(tmp_path / "refit" / "last.pt").config
-    assert answer_halting.validation_task(refit, tmp_path / "refit" / "last.pt").cfg.training.seed == 1
+    assert split_seed(answer_halting.validation_task(refit, tmp_path / "refit" / "last.pt").cfg) == 1
     answer_halting.main([f"refit={tmp_path / 'refit' / 'last.pt'}", "--limit", "40", "--repeats", "2",
                          "--resamples", "2", "--tolerance", "0.5", "--data-dir", str(tiny_mnist),
                          "--json", str(tmp_path / "raw.json")])

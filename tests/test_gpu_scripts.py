@@ -35,3 +35,16 @@ def test_the_parity_window_rehearses_every_stage_on_the_cpu_and_leaves_the_track
     assert [row.split(" | ")[1] for row in rows[2:]] == ["parity64", "parity64", "parity96-pondernet", "parity96-act"]
     assert (tmp_path / "summary.txt").read_text() == done.stdout
     assert _digests() == before
+
+
+@pytest.mark.parametrize("script", ["gpu_parity.sh", "gpu_check.sh"])
+def test_a_python_without_torch_is_one_error_line_not_a_traceback(script, tmp_path):
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    (shims / "python3").write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")  # no site-packages: no torch
+    (shims / "python3").chmod(0o755)
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / script), str(tmp_path / "out")], capture_output=True,
+                          text=True, timeout=60, env={"PATH": f"{shims}:/usr/bin:/bin"})
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:") and "torch" in lines[0], done.stderr

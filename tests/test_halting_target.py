@@ -199,7 +199,8 @@ def test_train_refit_halting_takes_the_checkpoints_settings(checkpoint, tiny_mni
     assert "every weight frozen but a new halting head's" in result.stderr
     saved, refit = load_checkpoint(checkpoint).config, load_checkpoint(tmp_path / "refit" / "last.pt").config
     assert refit.replace(halting_target="prior", halting_input="state", epochs=saved.training.epochs,
-                         refit_halting=False) == saved
+                         refit_halting=False, split_seed=None) == saved
+    assert refit.task.split_seed == saved.training.seed  # its held-out digits are the checkpoint's
     assert refit.training.refit_halting is True
     info = json.loads(ponder("info", tmp_path / "refit", "-f", "json").stdout)
     assert info["init_from"] == str(checkpoint)
@@ -230,3 +231,17 @@ def test_train_refit_halting_takes_the_checkpoints_settings(checkpoint, tiny_mni
     assert "halting_head" not in line and not (tmp_path / "alone").exists() and not (tmp_path / "misfit").exists()
     help_text = ponder("train", "--help").stdout  # the refit shown; the target a study setting, as --prior
     assert "--refit-halting" in help_text and "--halting-target" not in help_text
+
+
+@pytest.mark.parametrize("target", ["final", "correct"])
+def test_a_prior_bias_is_refused_with_a_target_that_refuses_the_priors_parameter(target, ponder, one_error_line):
+    # --halting-bias prior reads lambda-p; a head trained on the answer reads neither
+    for given in (["--halting-bias", "prior"], ["--lambda-p", "0.3"], ["--halting-bias", "prior", "--lambda-p", "0.3"]):
+        result = ponder("train", *given, "--halting-target", target, "--truncation", "0", "--print-config")
+        line = one_error_line(result)
+        assert result.exit_code == 2 and given[0] in line and "--halting-target" in line, line
+    with pytest.raises(PonderError, match="--halting-bias prior"):
+        PonderConfig.of(halting_bias="prior", halting_target=target, truncation=0.0)
+    # a number is the bias itself; what align implies (the logit of its own lambda-p) is no setting given
+    assert PonderConfig.of(halting_bias=-1.0, halting_target=target, truncation=0.0).method.halting_bias == -1.0
+    assert PonderConfig.of(step="align", halting_target=target, truncation=0.0).method.halting_bias == 0.0

@@ -17,10 +17,9 @@ import torch
 
 from .. import BadValue, Interrupted, Terminated
 from ..checkpoint import load_model
-from ..config import PonderConfig
+from ..config import PonderConfig, default_halting
 from ..folders import resolve_checkpoint
 from ..methods import get_method
-from ..registry import DEFAULT_HALTING
 from ..runtime import resolve_device
 
 # loading: what every command that reads a model does first -------------------------------------
@@ -85,13 +84,14 @@ def steps_run(cfg, trained) -> dict:
 
 
 def check_halting(cfg, rule: Optional[str]) -> str:
-    """The rule to evaluate by: `rule` (None: not given, DEFAULT_HALTING, which a method with a
-    rule of its own replaces); a rule given that the checkpoint's method cannot halt by is
+    """The rule to evaluate by: `rule` (None: not given, the model's own, config.default_halting:
+    sample, or the threshold of a head trained on the answer, which a method with a rule of its
+    own replaces); a rule given that the checkpoint's method cannot halt by is
     refused, never replaced (compare instead shows each method's own), and so is a fixed budget
     beyond the steps the model runs (cfg: the config it runs, --max-steps included)."""
 
     if rule is None:
-        return DEFAULT_HALTING
+        return default_halting(cfg)
     problem = get_method(cfg).halting_problem(rule)
     if problem is not None:
         raise BadValue(problem)

@@ -14,10 +14,10 @@ import torch
 
 from .. import BadValue, PonderError
 from ..checkpoint import load_model, steps_problem
-from ..config import seed_problems
+from ..config import default_halting, seed_problems
 from ..evaluate import CONTROLS, LOSSES, choose_rule, evaluate_buckets, risk_controlled_rule, rule_outcomes, uncertainty
 from ..methods import get_method
-from ..registry import CALIBRATION_RULES, DEFAULT_HALTING, DEFAULT_PROTOCOL, parse_exit_rule, parse_halting_rule
+from ..registry import CALIBRATION_RULES, DEFAULT_PROTOCOL, THRESHOLD_CALIBRATION_RULES, parse_exit_rule, parse_halting_rule
 from ..reports import (Report, calibration_report, combine_draws, comparison_report, evaluation_report,
                        group_by_configuration, mean_ci, sweep_report)
 from ..reports.evaluation import confidence_text, risk_calibration_report
@@ -241,10 +241,14 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
         raise BadValue(risk_problem)
     subject = "calibrate" if rules is None else f"--rules {' '.join(map(str, rules))}"
     try:
-        rules = [parse_exit_rule(rule).spelling for rule in (CALIBRATION_RULES if rules is None else rules)]
+        given = None if rules is None else [parse_exit_rule(rule).spelling for rule in rules]
     except ValueError as exc:
         raise BadValue(f"--rules: {exc}") from None
     path, dev, amp, model, cfg, trained = load_one(checkpoint, options, log)
+    # by default the candidates of the rule the model was trained for: a threshold's for a head
+    # trained on the answer
+    rules = given or list(THRESHOLD_CALIBRATION_RULES if default_halting(cfg).startswith("threshold:")
+                          else CALIBRATION_RULES)
     if model.max_steps == 1:
         raise PonderError(f"{path} runs one step: every rule halts there, there is nothing to calibrate")
     method = get_method(cfg)
@@ -294,7 +298,8 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
                               f"--tolerance or calibrate on more")
         report = calibration_report(str(path), cfg, outcomes, chosen, tolerance=tolerance,
                                     data=task.calibration_split, sets=sets, protocol=options.protocol, seed=seed,
-                                    repeats=options.repeats, view=task.view(), steps=steps_run(cfg, trained))
+                                    repeats=options.repeats, view=task.view(), steps=steps_run(cfg, trained),
+                                    more=task.more_calibration(options))
     if save:
         report.meta["saved"] = str(save_rule(path, report, log))
     return on_device(report, dev)
@@ -379,12 +384,13 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
     first = next(iter(models.values()))[1]
     seed = evaluation_seed(options.seed, *(cfg for _, cfg in models.values()))  # one draw for all
     task = get_task(first)
-    # one rule for every checkpoint, each method halting by its own where it has one
-    options = _with_protocol(task, replace(options, halting=options.halting or DEFAULT_HALTING))
+    # the rule asked for, for every checkpoint, else each model's own (config.default_halting: a head
+    # trained on the answer halts at its threshold); a method with a rule of its own halts by that
+    rule_of = {path: options.halting or default_halting(cfg) for path, (_, cfg) in models.items()}
+    options = _with_protocol(task, options)
     for path, (_, cfg) in models.items():  # a method that halts by the rule asked for must run its steps
-        method = get_method(cfg)
-        problem = method.halting_problem(options.halting) if method.halting_label(options.halting) == options.halting \
-            else None
+        method, rule = get_method(cfg), rule_of[path]
+        problem = method.halting_problem(rule) if method.halting_label(rule) == rule else None
         if problem is not None:
             raise PonderError(f"{path}: {problem}")
     # every step of every input: the accuracy at each budget, for the best fixed budget at the same mean steps
@@ -393,10 +399,11 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
     with _progress_bar(len(models) * len(specs) * options.repeats, progress, log) as bar:
         test = _test_set(task, options, dev)
         groups = group_by_configuration([(path, cfg) for path, (_, cfg) in models.items()])
-        results = [[_bucket_dicts(models[path][0], cfg, test, specs, options, seed, amp, with_loss=False,
-                                  on_bucket=bar.update)[0]
+        results = [[_bucket_dicts(models[path][0], cfg, test, specs, replace(options, halting=rule_of[path]), seed,
+                                  amp, with_loss=False, on_bucket=bar.update)[0]
                     for path, cfg in group.members] for group in groups]
+    rules = set(rule_of.values())
+    shared_rule = rules.pop() if len(rules) == 1 else None  # None: each its own, which its buckets name
     return on_device(comparison_report(groups, results, specs, protocol=options.protocol,
-                                       halting=options.halting, seed=seed, repeats=options.repeats,
-                                       view=task.view(), max_steps=options.max_steps,
+                                       halting=shared_rule, seed=seed, repeats=options.repeats, view=task.view(), max_steps=options.max_steps,
                                        trained={path: cfg.method.max_steps for path, cfg in trained.items()}), dev)

@@ -14,10 +14,10 @@ import torch
 
 from .. import PonderError, SigTerm, brief, distributed, keeping
 from ..checkpoint import CheckpointNotSaved
-from ..config import Origin, PonderConfig, duration_text, parse_duration, read_config_file
+from ..config import Origin, PonderConfig, default_halting, duration_text, parse_duration, read_config_file
 from ..data import resolve_data_dir
 from ..folders import Labels, resumed_lock
-from ..registry import TIME_LIMIT
+from ..registry import DEFAULT_HALTING, TIME_LIMIT
 from ..render import config_lines, epoch_line
 from ..reports import Report, epoch_record, stopped_record, training_report
 from ..runs import RunFolder, StartingWeights, plan_training, refuse_starting, require_tensorboard, resolve_config
@@ -88,6 +88,8 @@ def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, d
     refuse_starting(init, options.resume)
     cfg, sources, _, _ = resolve_config(settings, options.resume, origins)
     refuse_starting(init, options.resume, cfg)
+    if init is not None:  # what training would refuse: weights that do not fit
+        init.check_fits(cfg)
     return cfg, sources
 
 
@@ -215,6 +217,8 @@ def _said_when_stopped(records: Optional[Callable[[dict], None]], folder: RunFol
 def _training_line(cfg, data: str, device: str, dev, amp: bool, where, plan) -> str:
     """What is trained on what: `training pondernet (step mlp) on 55000 images, ..., device cpu
     (--device auto: no CUDA GPU available)`, the device as every command says it (device_line)."""
+    rule = default_halting(cfg)  # what the validation figures halt by, where it is not the paper's coins
+    data += f" (halting by {rule})" if rule != DEFAULT_HALTING else ""
     return (f"training {cfg.method.name} (step {cfg.step.name}) {data}, {device}"
             f"{', amp ' + str(amp_dtype(dev)).removeprefix('torch.') if amp else ''}"
             f"{f', {where.world_size} processes, global batch {cfg.training.batch_size}' if where else ''}"

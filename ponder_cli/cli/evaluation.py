@@ -217,7 +217,9 @@ def calibrate(
                                               help="The candidate exit rules, spelled as --halting takes them "
                                               "(fixed budgets fixed:N too). Several values after one flag: --rules "
                                               "quantile:0.9 confidence:0.995. [default: quantile:0.5 to 0.99, "
-                                              "patience:1 to 4, confidence:0.5 to 0.999]"),
+                                              "patience:1 to 4, confidence:0.5 to 0.999; a head trained with "
+                                              "--halting-target final|correct: threshold:0.5 to 0.9999 in place of "
+                                              "the quantiles]"),
     protocol: Optional[Protocol] = ProtocolOption,
     max_steps: Optional[int] = MaxStepsOption,
     seed: Optional[int] = EvalSeedOption,

@@ -80,6 +80,9 @@ HALTING_TARGET_OPTION = hyper("halting_target", "What the halting head learns: p
                               "answer) or correct (the answer is right); halt such a head by --halting "
                               "threshold:T (docs/halting.md). Needs --truncation 0.", "--halting-target",
                               case_sensitive=False, hidden=True)
+HALTING_THRESHOLD_OPTION = hyper("halting_threshold", "With --halting-target final|correct: the head's own rule, "
+                                 "threshold:T (halt at the first lambda >= T), by which validation chooses best.pt "
+                                 "and every command halts without --halting.", hidden=True)
 REFIT_HALTING_OPTION = hyper("refit_halting", "With --init-from: refit that model's halting head alone, every "
                              "other weight frozen, the head new (options given here override its settings: the "
                              "halting ones, --epochs, ...; docs/halting.md).", "--refit-halting/--no-refit-halting",
@@ -102,6 +105,9 @@ LR_PATIENCE_OPTION = hyper("lr_patience", "Epochs without improvement before the
 TRAIN_ROTATION_OPTION = hyper("train_rotation", "Rotate training images uniformly within "
                                                  "+-this many degrees (0: plain MNIST).")
 VAL_SIZE_OPTION = hyper("val_size", "Training images held out for validation.", hidden=True)
+SPLIT_SEED_OPTION = hyper("split_seed", "Seed of the held-out split (with --init-from: its source's, which keeps "
+                                        "the digits that model trained on out of validation).", hidden=True,
+                          default_text="--seed")
 TRAIN_SIZE_OPTION = hyper("train_size", "Training images used (0: all not held out).")
 ELEMS_OPTION = hyper("elems", "parity: entries per vector.")
 TRAIN_COUNTS_OPTION = hyper("train_counts", "parity: non-zero counts of training vectors, LO-HI "
@@ -203,6 +209,7 @@ def train(
     beta: Optional[float] = BETA_OPTION,
     prior: Optional[Prior] = PRIOR_OPTION,
     halting_target: Optional[HaltingTarget] = HALTING_TARGET_OPTION,
+    halting_threshold: Optional[float] = HALTING_THRESHOLD_OPTION,
     refit_halting: Optional[bool] = REFIT_HALTING_OPTION,
     beta_warmup: Optional[int] = BETA_WARMUP_OPTION,
     depth_min: Optional[int] = DEPTH_MIN_OPTION,
@@ -213,6 +220,7 @@ def train(
     lr_patience: Optional[int] = LR_PATIENCE_OPTION,
     train_rotation: Optional[float] = TRAIN_ROTATION_OPTION,
     val_size: Optional[int] = VAL_SIZE_OPTION,
+    split_seed: Optional[int] = SPLIT_SEED_OPTION,
     train_size: Optional[int] = TRAIN_SIZE_OPTION,
     elems: Optional[int] = ELEMS_OPTION,
     train_counts: Optional[str] = TRAIN_COUNTS_OPTION,

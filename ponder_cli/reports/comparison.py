@@ -89,7 +89,7 @@ def compare_columns(steps_differ: bool, words: Terms, buckets: Sequence[dict] = 
 
 
 def comparison_report(groups: list[Group], results: list[list[list[dict]]], angles: list, *,
-                      protocol: Optional[str], halting: str, seed: int, repeats: int = 1,
+                      protocol: Optional[str], halting: Optional[str], seed: int, repeats: int = 1,
                       view: TaskView, max_steps: Optional[int] = None, trained: Optional[dict] = None) -> Report:
     """results[g][m][b]: the bucket dict of member m of group g in bucket b (an angle, or a
     non-zero-count range for parity), with its accuracy_at_step; every checkpoint is of one
@@ -129,6 +129,8 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
     draws = f" · each the mean of {repeats} draws" if repeats > 1 else ""
     # each method's own halting rule (ACT's, one step) or the one asked for: one per method
     rules = {bucket["method"]: bucket["halting"] for bucket in buckets}
+    if len({(b["method"], b["halting"]) for b in buckets}) > len(rules):  # models of one method, rules of their own
+        rules = {bucket["label"]: bucket["halting"] for bucket in buckets}
     # the table names each group once, on its first row: long labels wrap over several lines
     rows = [{**bucket, "label": bucket["label"] if i == 0 or buckets[i - 1]["label"] != bucket["label"] else ""}
             for i, bucket in enumerate(buckets)]
@@ -150,7 +152,7 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
                           f"seed {seed}\n{per_bucket(buckets, 'test ' + words.inputs)}\n"
                           f"{BEST_FIXED_CAPTION}"
                           + (" (mean over seeds)" if any(len(g.members) > 1 for g in groups) else "")
-                          + (f"\n{ACT_CAVEAT}" if "act" in rules else "")
+                          + (f"\n{ACT_CAVEAT}" if any(b["method"] == "act" for b in buckets) else "")
                           + (f"\nrun to {max_steps} steps (--max-steps; a one-step method keeps its one)"
                              if max_steps is not None else ""),
                   plot_series=series)

@@ -271,11 +271,14 @@ CALIBRATION_COLUMNS = [
 
 def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[str], *, tolerance: float,
                        sets: list[dict], protocol: Optional[str], seed: int, repeats: int = 1,
-                       view: TaskView, data: str = "validation", steps: Optional[dict] = None) -> Report:
+                       view: TaskView, data: str = "validation", steps: Optional[dict] = None,
+                       more: str = "--repeats N (more draws pooled)") -> Report:
     """calibrate: one bucket per candidate rule (evaluate.RuleOutcome) on the calibration data
     (`data`: "calibration", inputs of its own, or "validation"); `chosen` the cheapest rule whose
     agreement's lower bound clears 1 - tolerance (None: none does). gap: the last step's
-    accuracy minus the halting step's; within_tolerance: the agreement as measured clears it."""
+    accuracy minus the halting step's; within_tolerance: the agreement as measured clears it.
+    `more`: the options that calibrate on more inputs, which the advice names when no rule is
+    admitted."""
     words, steps = view.terms, steps_of(cfg, steps)
     floor = 1 - tolerance
     buckets = []
@@ -296,7 +299,7 @@ def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[st
         footer = f"chosen: {chosen} (fewest steps with bound ≥ {floor:.1%}): --halting {chosen}"
     else:
         footer = (f"chosen: none (no rule's bound reaches {floor:.1%} on {images} {words.inputs}): raise "
-                  f"--tolerance or calibrate on more")
+                  f"--tolerance, or calibrate on more: {more}")
     return Report(meta=meta, buckets=buckets, columns=CALIBRATION_COLUMNS,
                   title=f"Exit rules on the {data} set ({checkpoint})",
                   caption=f"{describe_model(cfg, view)}{steps_caption(steps)}\n{images} {data} {words.inputs} "

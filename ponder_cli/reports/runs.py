@@ -8,6 +8,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ..config import default_halting
 from ..render import Column, cell_text, value_text
 from ..registry import AT_CHANCE, FORMAT_VERSION, TIME_LIMIT
 from . import Report, TaskView, describe_model, make_meta
@@ -31,7 +32,7 @@ def training_report(cfg, result, seconds: float, view: TaskView) -> Report:
                "training_step": epochs[-1].get("training_step") or None if epochs else None}
     best_file = result.best_path
     meta = make_meta("train", [str(best_file)] if best_file else [], [cfg.method.name], [cfg.step.name],
-                     protocol=view.protocol, halting="sample", seed=cfg.training.seed, task=view.name, **view.meta,
+                     protocol=view.protocol, halting=default_halting(cfg), seed=cfg.training.seed, task=view.name, **view.meta,
                      **summary, config=cfg.to_dict())
     return Report(meta=meta, buckets=epochs, columns=TRAIN_COLUMNS, table_rows=[summary],
                   title=(f"{cfg.method.name} training (step {cfg.step.name}"

@@ -198,6 +198,10 @@ class Task:
             log(f"{option}: {' '.join(again)} given again: each bucket is evaluated once")
         return self.order_buckets(distinct, protocol)
 
+    def more_calibration(self, options) -> str:
+        """How calibrate chooses on more inputs (its advice when no rule is admitted): the options."""
+        return f"--repeats {max(2, 2 * options.repeats)} (more draws pooled)"
+
     def order_buckets(self, specs: list, protocol: Optional[str]) -> list:
         """The order the buckets are evaluated and reported in: as given (MNIST's band protocol
         sorts them, each band running from the angle before it)."""

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .. import BadValue, PonderError, PonderWarning, distributed
-from ..config import PonderConfig
+from ..config import PonderConfig, default_halting
 from ..data import (ImageSet, load_mnist, prepare_batch, protocol_angles, resolve_data_dir, train_val_split,
                     uniform_angles)
 from ..evaluate import EvalBucket, EvalResult, evaluate_bucket
@@ -266,6 +266,12 @@ class ImageBatches(TrainingSource):
         return prepare_batch(self.data.images[self.rows], angles), self.data.labels[self.rows]
 
 
+def split_seed(cfg) -> int:
+    """The seed of a run's held-out split: its own --split-seed (what --init-from carries from
+    the run it starts from), else its --seed."""
+    return cfg.training.seed if cfg.task.split_seed is None else cfg.task.split_seed
+
+
 class MnistTask(Task):
     name = "mnist"
     classes = 10
@@ -275,7 +281,7 @@ class MnistTask(Task):
     difficulty = "rotation"
     uses_protocol = True
     bucket_options, bucket_metavar, article = ("--angles", "--rotation"), "DEG...", "an"
-    reads = ("train_rotation", "val_size", "train_size")
+    reads = ("train_rotation", "val_size", "train_size", "split_seed")
     calibration_split = "validation"  # what calibrate's inputs are (calibration_data)
     buckets_share_inputs = True  # every bucket and draw rotates the same held-out digits
 
@@ -284,7 +290,7 @@ class MnistTask(Task):
     def load_training(self, data_dir, download: bool):
         full = load_mnist(data_dir, train=True, download=download)
         return train_val_split(full, val_size=self.cfg.task.val_size, train_size=self.cfg.task.train_size,
-                               seed=self.cfg.training.seed)
+                               seed=split_seed(self.cfg))
 
     def to_device(self, data, device):
         return data.to(device)
@@ -294,7 +300,7 @@ class MnistTask(Task):
 
     def validate(self, model, data, amp: bool):
         return evaluate(model, data, self.cfg, max_angle=self.cfg.task.train_rotation, seed=self.cfg.training.seed,
-                        amp=amp)
+                        amp=amp, halting=default_halting(self.cfg))
 
     def describe(self, train_data, val_data) -> str:
         return f"on {len(train_data)} images, validating on {len(val_data)}"
@@ -331,12 +337,18 @@ class MnistTask(Task):
         return (test.subset(slice(0, options.limit)) if options.limit else test).to(device)
 
     def calibration_data(self, options, device):
-        """The held-out training images (data.train_val_split with the run's seed), the first
+        """The held-out training images (data.train_val_split with the run's split_seed), the first
         --limit of them, for calibrate: MNIST has no other held-out digits, so these are the ones
         training validated on (and chose its best epoch by); calibrate rotates them, and flips
         their coins, from a stream of its own (api.evaluation.calibrate_checkpoint)."""
         _, held_out = self.load_training(resolve_data_dir(options.data_dir), options.download)
         return (held_out.subset(slice(0, options.limit)) if options.limit else held_out).to(device)
+
+    def more_calibration(self, options) -> str:
+        draws = f"--repeats {max(2, 2 * options.repeats)} (more rotations and coins of these digits, pooled)"
+        if options.limit:  # the held-out digits left out first
+            return f"--limit 0 (every one of the {self.cfg.task.val_size} held-out digits), or {draws}"
+        return f"{draws}, or a run holding out more digits (--val-size at training)"
 
     def order_buckets(self, specs: list, protocol) -> list:
         # a band runs from the angle below it: ascending, so that each row follows the band it adjoins

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from .. import BadValue, PonderError, distributed
+from ..config import default_halting
 from ..evaluate import EvalBucket, evaluate_bucket
 from ..reports import TaskView, Terms
 from . import STDIN, Task, TrainingSource, UserInputs, check_input_file, derived_seed, load_inputs, uniforms
@@ -387,7 +388,8 @@ class ParityTask(Task):
         return self.source
 
     def validate(self, model, data, amp: bool):
-        result = evaluate_bucket(model, vector_bucket(data, model.max_steps, self.cfg.training.seed), self.cfg, amp=amp)
+        result = evaluate_bucket(model, vector_bucket(data, model.max_steps, self.cfg.training.seed), self.cfg, amp=amp,
+                                 halting=default_halting(self.cfg))
         if getattr(self, "source", None) is not None:
             self.source.advance(result.samples.difficulty.long(), result.samples.correct)
         return result
@@ -453,6 +455,10 @@ class ParityTask(Task):
         """Where and how many: the vectors are drawn per bucket (see bucket); --limit N gives N
         vectors per non-zero count instead of TEST_PER_COUNT."""
         return device, options.limit or TEST_PER_COUNT, TEST_SEED
+
+    def more_calibration(self, options) -> str:
+        return (f"--limit {2 * (options.limit or CALIBRATION_PER_COUNT)} (vectors per non-zero count), or --repeats "
+                f"{max(2, 2 * options.repeats)} (more draws pooled)")
 
     def calibration_data(self, options, device):
         """Vectors of calibrate's own (CALIBRATION_SEED, CALIBRATION_PER_COUNT per count; --limit

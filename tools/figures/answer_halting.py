@@ -77,10 +77,10 @@ def halting_steps(out: dict, rule: str, rows=None) -> torch.Tensor:
 
 def validation_task(cfg, path: Path):
     """The task whose held-out digits are the model's validation digits: a refit's (--init-from
-    CHECKPOINT --refit-halting) are those of the checkpoint it refits (its run folder's
-    config.json records which), which its body never trained on (the refit's own seed splits the
-    digits otherwise)."""
-    recorded = recorded_run(path.parent, cfg) if cfg.training.refit_halting else None
+    CHECKPOINT --refit-halting) are those of the checkpoint it refits, which its body never trained
+    on: its split_seed says so; a refit saved before runs kept their source's split has none (its
+    own seed split the digits), and its run folder's config.json names the source."""
+    recorded = recorded_run(path.parent, cfg) if cfg.training.refit_halting and cfg.task.split_seed is None else None
     if recorded and recorded.get("init_from"):
         source = load_checkpoint(recorded["init_from"]).config
         return get_task(cfg.replace(seed=source.training.seed))
