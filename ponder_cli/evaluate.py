@@ -26,9 +26,9 @@ from typing import Callable, Iterable, NamedTuple, Optional
 import torch
 
 from .config import PonderConfig
-from .halting import halting_log_probs, rule_halting_steps
+from .halting import halting_steps, rule_of
 from .registry import SHUFFLES, parse_halting_rule
-from .methods import get_method
+from .methods import get_method, halting_log_probs
 from .reports import binomial_cdf, clopper_pearson_upper, standard_error, wilson_interval, wilson_lower
 from .runtime import autocast, drops_rows
 
@@ -138,7 +138,7 @@ def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfi
         targets = bucket.labels[start:end]
         with autocast(device, amp):
             if not full_forward:
-                logits, steps = model.infer(x, method.early_exit(halting, uniforms[:, start:end]))
+                logits, steps = model.infer(x, method.exit_rule(halting, uniforms[:, start:end]))
             else:
                 out = model(x)
         if full_forward:
@@ -301,7 +301,7 @@ def rule_outcomes(model: torch.nn.Module, buckets: Iterable, rules: list[str], *
                   amp: bool = False) -> list[RuleOutcome]:
     """Every rule's accuracy, agreement with the last step and mean steps over the inputs of all
     `buckets` (evaluate.EvalBuckets, or callables that build one), pooled; one full forward pass
-    per batch serves every rule (a rule halting early computes the same steps: `rule_exit`)."""
+    per batch serves every rule (a rule halting early computes the same steps: halting.halting_steps)."""
     parsed = [parse_halting_rule(rule) for rule in rules]
     was_training = model.training
     model.eval()
@@ -321,7 +321,7 @@ def rule_outcomes(model: torch.nn.Module, buckets: Iterable, rules: list[str], *
             predictions = out.logits.argmax(dim=-1)  # (steps, B)
             last = predictions[-1]
             for i, rule in enumerate(parsed):
-                steps = rule_halting_steps(rule, out.logits, out.lambda_logits, bucket.uniforms[:, start:end])
+                steps, _ = halting_steps(rule_of(rule, bucket.uniforms[:, start:end]), out.logits, out.lambda_logits)
                 chosen = predictions.gather(0, (steps - 1)[None]).squeeze(0)  # (B,)
                 totals[i] += torch.stack([(chosen == targets).sum(), (chosen == last).sum(), steps.sum()]).double()
             correct_last += (last == targets).sum().double()

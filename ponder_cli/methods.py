@@ -36,15 +36,51 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .halting import (ActExit, ActHalted, ContinueBelow, EarlyExitRule, EitherDone, FixedBudget, RandomDepth,
-                      TruncateBelow, act_halting, act_mean_field,
-                      act_prediction, expected_prediction, halting_log_probs, logits_at, roulette_weights, rule_exit,
-                      rule_halting_steps)
+from .halting import (Act, Cut, FixedBudget, Roulette, Rule, act_reached, halting_steps, halting_units,
+                      log_continue, reach_log_prob, rule_of, running_sums)
 from .model import PonderNet, halting_as_computed
 from .registry import method_class, parse_halting_rule
 
 
-# PonderNet's loss -------------------------------------------------------------------------------
+# PonderNet's halting distribution and loss -----------------------------------------------------
+
+def log_survivals(lambda_logits: torch.Tensor) -> torch.Tensor:
+    """log prod_{k<=n} (1 - lambda_k) at every step n: the log of the halting mass not yet
+    spent after step n. (steps, B) -> (steps, B), float32."""
+    return running_sums(log_continue(lambda_logits))
+
+
+def halting_log_probs(lambda_logits: torch.Tensor) -> torch.Tensor:
+    """log p_n = log lambda_n + sum_{k<n} log(1 - lambda_k), with lambda forced to 1 at the last step.
+
+    Computed in log space and float32 so it stays finite even where p_n underflows:
+    log(1 - sigmoid(z)) = logsigmoid(-z) never takes the log of 0.
+    """
+    z = lambda_logits.float()  # (steps, B)
+    log_lambda = F.logsigmoid(z)
+    log_lambda = torch.cat([log_lambda[:-1], torch.zeros_like(log_lambda[-1:])])  # lambda_N = 1
+    log_survive = torch.cat([torch.zeros_like(z[:1]), log_survivals(z)[:-1]])
+    return log_lambda + log_survive  # (steps, B)
+
+
+def expected_prediction(logits: torch.Tensor, lambda_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The p-weighted average of every step's class probabilities (B, classes) and the expected
+    number of steps sum_n n p_n (B,): the 'expected' halting rule, which runs every step."""
+    p = halting_log_probs(lambda_logits).exp()  # (steps, B)
+    probs = torch.softmax(logits.float(), dim=-1)  # (steps, B, classes)
+    n = torch.arange(1, p.shape[0] + 1, device=p.device, dtype=p.dtype)[:, None]
+    return (p[..., None] * probs).sum(dim=0), (n * p).sum(dim=0)
+
+
+def roulette_weights(lambda_logits: torch.Tensor, computed: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """1 / r_n for the steps each image computed under halting.Roulette (r_n its probability of
+    computing step n), 0 after them: (steps, B), float32, detached. lambda_logits (steps, B) as
+    the truncated forward gave them, computed (B,) the steps it computed."""
+    log_survival = log_survivals(lambda_logits.detach())  # log S_n after step n
+    log_reach = reach_log_prob(torch.cat([torch.zeros_like(log_survival[:1]), log_survival[:-1]]), math.log(epsilon))
+    n = torch.arange(1, lambda_logits.shape[0] + 1, device=lambda_logits.device)[:, None]  # (steps, 1)
+    return torch.where(n <= computed, torch.exp(-log_reach), torch.zeros_like(log_reach))
+
 
 # The prior's log is clamped here so that lambda_p = 1 (all mass on step 1) stays finite.
 _MIN_LOG_PRIOR = math.log(torch.finfo(torch.float32).tiny)
@@ -100,7 +136,7 @@ def kl_to_prior(p: torch.Tensor, log_p: torch.Tensor, log_prior: torch.Tensor) -
 def ponder_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor,
                 log_prior: torch.Tensor, beta: float | torch.Tensor, weights: torch.Tensor | None = None) -> LossParts:
     """Always in float32, also when the forward pass ran under autocast. `weights` (steps, B)
-    scale each step's terms of both sums (truncation.roulette_weights: an unbiased estimate of
+    scale each step's terms of both sums (roulette_weights: an unbiased estimate of
     them from the steps a truncated forward computed). `beta` may be a 0-dim tensor on the
     device (a warm-up's, `kl_weight`)."""
     log_p = halting_log_probs(lambda_logits)  # (steps, B), float32
@@ -202,11 +238,18 @@ class Method:
         warm-up); None: a trained model's loss (evaluation)."""
         raise NotImplementedError
 
+    def exit_rule(self, rule: str, uniforms: torch.Tensor) -> Rule:
+        """The halting.Rule this method halts by when asked for `rule`, fresh for one batch, both
+        for the early-exit loop (PonderNet.infer) and over a forward of every step (`predict`);
+        uniforms (steps, B) are the halting coin flips."""
+        raise NotImplementedError
+
     def predict(self, logits: torch.Tensor, lambda_logits: torch.Tensor, uniforms: torch.Tensor,
                 rule: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Class scores (B, classes) and ponder steps (B,) from a forward pass over every step;
         uniforms (steps, B) are the halting coin flips."""
-        raise NotImplementedError
+        steps, scores = halting_steps(self.exit_rule(rule, uniforms), logits, lambda_logits)
+        return scores, steps
 
     def halting_distribution(self, lambda_logits: torch.Tensor) -> torch.Tensor:
         """p_n (steps, B): the weight this method gives each step's output (PonderNet: the
@@ -227,11 +270,7 @@ class Method:
         """Class probabilities (B, classes) from `predict`'s scores under `rule`."""
         return torch.softmax(scores.float(), dim=-1)
 
-    def early_exit(self, rule: str, uniforms: torch.Tensor) -> EarlyExitRule:
-        """The rule `PonderNet.infer` applies so that it predicts exactly as `predict` does."""
-        raise NotImplementedError
-
-    def truncation(self, batch: int, device) -> EarlyExitRule | None:
+    def truncation(self, batch: int, device) -> Rule | None:
         """The rule that lets training drop an image from later steps (None: every step); any
         randomness it needs comes from the training stream (torch's default generator), as dropout's."""
         return None
@@ -325,32 +364,27 @@ class PonderNetMethod(Method):
         return ponder_loss(logits, lambda_logits, targets, self.log_prior(logits.device), self.kl_weight(progress),
                            weights)
 
+    def exit_rule(self, rule, uniforms):
+        return rule_of(rule, uniforms)
+
     def predict(self, logits, lambda_logits, uniforms, rule):
-        rule = parse_halting_rule(rule)
-        if rule.name == "expected":
+        if self.needs_all_steps(rule):
             return expected_prediction(logits, lambda_logits)
-        steps = rule_halting_steps(rule, logits, lambda_logits, uniforms)
-        return logits_at(logits, steps), steps
+        return super().predict(logits, lambda_logits, uniforms, rule)
 
     def probabilities(self, scores, rule):
         # the expected rule's scores are already the p-weighted class probabilities
-        return scores.float() if parse_halting_rule(rule).name == "expected" else super().probabilities(scores, rule)
-
-    def early_exit(self, rule, uniforms):
-        return rule_exit(parse_halting_rule(rule), uniforms)
+        return scores.float() if self.needs_all_steps(rule) else super().probabilities(scores, rule)
 
     def truncation(self, batch, device):
         m = self.cfg.method
         if m.max_steps == 1:
             return None
-        depth = RandomDepth(torch.randint(m.depth_min, m.max_steps + 1, (batch,), device=device)) \
-            if m.depth_min else None
-        if m.truncation <= 0:
-            return depth
-        if m.truncation_rule == "roulette":  # (config_problems: never with a random depth)
-            return ContinueBelow(m.truncation, torch.rand(m.max_steps, batch, device=device))
-        cut = TruncateBelow(batch, m.truncation, device)
-        return cut if depth is None else EitherDone(cut, depth)
+        depths = torch.randint(m.depth_min, m.max_steps + 1, (batch,), device=device) if m.depth_min else None
+        if m.truncation > 0 and m.truncation_rule == "roulette":  # (config_problems: never with a random depth)
+            return Roulette(m.truncation, torch.rand(m.max_steps, batch, device=device))
+        epsilon = m.truncation if m.truncation > 0 else None
+        return None if epsilon is None and depths is None else Cut(epsilon, depths)
 
 
 class PlainMethod(PonderNetMethod):
@@ -373,13 +407,10 @@ class PlainMethod(PonderNetMethod):
     def needs_all_steps(self, rule):
         return False  # one step: every rule is the same prediction
 
-    # one step: every rule halts there, a budget too (compare asks every method for one; eval
-    # refuses a budget beyond it: halting_problem)
-    def predict(self, logits, lambda_logits, uniforms, rule):
-        return super().predict(logits, lambda_logits, uniforms, "fixed:1" if FixedBudget.of(rule) else rule)
-
-    def early_exit(self, rule, uniforms):
-        return super().early_exit("fixed:1" if FixedBudget.of(rule) else rule, uniforms)
+    def exit_rule(self, rule, uniforms):
+        # one step: every rule halts there, a budget too (compare asks every method for one; eval
+        # refuses a budget beyond it: halting_problem)
+        return FixedBudget(1)
 
 
 # ACT (Graves 2016) ------------------------------------------------------------------------------
@@ -387,6 +418,37 @@ class PlainMethod(PonderNetMethod):
 
 # Graves: a positive halting bias makes early training ponder little
 INITIAL_HALTING_BIAS = 1.0
+
+
+class ActHalting(NamedTuple):
+    p: torch.Tensor  # (steps, B) weights of the step outputs, zero after N
+    steps: torch.Tensor  # (B,) N, 1-based
+    remainder: torch.Tensor  # (B,) R
+
+
+def act_halting(lambda_logits: torch.Tensor, epsilon: float) -> ActHalting:
+    """ACT's weights of the step outputs, p = (h_1, ..., h_{N-1}, R, 0, ...), with N where
+    halting.Act halts and R = 1 - sum_{n<N} h_n, differentiable in the halting units h_n. N is
+    read off the running sum the loss differentiates, by halting.Act's own test (act_reached),
+    at no cost beyond it (tests/test_exit_rules.py: the same N as Act's, near the bound)."""
+    h = halting_units(lambda_logits)  # (steps, B)
+    cumulative = running_sums(h)  # sum_{k<=n} h_k, as Act adds them
+    reached = act_reached(cumulative.detach(), epsilon)
+    reached[-1].fill_(True)  # max_steps caps N
+    steps = reached.to(torch.uint8).argmax(dim=0) + 1  # the first step reached; (B,)
+    n = torch.arange(1, h.shape[0] + 1, device=h.device)[:, None]  # (steps, 1)
+    # sum_{n<N} h_n read off the running sum (0 when N = 1)
+    before = torch.where(steps > 1, cumulative.gather(0, (steps - 2).clamp_min(0)[None]).squeeze(0),
+                         torch.zeros_like(steps, dtype=h.dtype))
+    remainder = 1 - before
+    p = torch.where(n < steps, h, torch.zeros_like(h)) + torch.where(n == steps, remainder, torch.zeros_like(h))
+    return ActHalting(p, steps, remainder)
+
+
+def act_mean_field(p: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """The p-weighted sum of the step logits, (steps, B), (steps, B, classes) -> (B, classes),
+    summed step by step as halting.Act sums it (the weights after N are 0 and add nothing)."""
+    return running_sums(p[..., None] * logits.float())[-1]
 
 
 def act_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor, tau: float,
@@ -424,28 +486,19 @@ class ACTMethod(Method):
     def loss(self, logits, lambda_logits, targets, computed=None, progress=None):
         return act_loss(logits, lambda_logits, targets, self.cfg.method.tau, self.cfg.method.act_epsilon)
 
-    def predict(self, logits, lambda_logits, uniforms, rule):
-        budget = FixedBudget.of(rule)
-        if budget:
-            steps = budget.halting_steps(lambda_logits)
-            return logits_at(logits, steps), steps
-        return act_prediction(logits, lambda_logits, self.cfg.method.act_epsilon)
+    def exit_rule(self, rule, uniforms):
+        # its own rule, or a budget (halting_problem refuses any other)
+        return FixedBudget.of(rule) or Act(self.cfg.method.act_epsilon)
 
     def batch_metrics(self, out, targets):
-        # ACT predicts deterministically: its mean-field prediction and N
-        scores, steps = act_prediction(out.logits, halting_as_computed(out), self.cfg.method.act_epsilon)
-        return (scores.argmax(dim=1) == targets).float().sum(), steps.float().sum()
+        # ACT predicts deterministically: its mean-field prediction and N (as Act's, from the
+        # weights the loss reads: cheaper than the rule's step-by-step sum in every batch)
+        halting = act_halting(halting_as_computed(out), self.cfg.method.act_epsilon)
+        scores = act_mean_field(halting.p, out.logits)
+        return (scores.argmax(dim=1) == targets).float().sum(), halting.steps.float().sum()
 
     def halting_distribution(self, lambda_logits):
         return act_halting(lambda_logits, self.cfg.method.act_epsilon).p
 
-    def early_exit(self, rule, uniforms):
-        budget = FixedBudget.of(rule)
-        if budget:
-            return budget.within(uniforms.shape[0])
-        return ActExit(uniforms.shape[1], self.cfg.method.act_epsilon, uniforms.device)
-
     def truncation(self, batch, device):
-        if self.cfg.method.truncation <= 0:
-            return None
-        return ActHalted(batch, self.cfg.method.act_epsilon, device)
+        return Act(self.cfg.method.act_epsilon) if self.cfg.method.truncation > 0 else None

@@ -14,8 +14,7 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
-from .halting import EarlyExitRule
-from .halting import StopAfterFirstStep
+from .halting import FixedBudget, Rule, halting_steps
 from .registry import step_class
 from .steps import select_rows
 
@@ -70,15 +69,17 @@ def halting_as_computed(out: PonderOutput) -> torch.Tensor:
     return torch.where(n >= out.computed, torch.full_like(out.lambda_logits, FORCED_HALT_LOGIT), out.lambda_logits)
 
 
-def truncate(out: PonderOutput, computed: torch.Tensor, forces_halt: bool = True) -> PonderOutput:
-    """A forward over every step as a truncated one would give it: each input's steps after
-    `computed` (B,) masked out, their class logits 0 and halting logits FORCED_HALT_LOGIT, and,
+def truncate(out: PonderOutput, rule: Rule) -> PonderOutput:
+    """A forward over every step as the truncated one `forward(x, stop=rule)` gives it (`rule`
+    fresh): the steps the rule computes for each input (halting.halting_steps, the same steps),
+    those after them masked out, their class logits 0 and halting logits FORCED_HALT_LOGIT, and,
     when the rule `forces_halt`, the last computed step's halting forced too (see
     PonderNet.forward). The masked steps get no gradient: the loss and its gradients are the
     truncated forward's. Fixed shapes, no host read (a captured training batch runs this)."""
+    computed, _ = halting_steps(rule, None, out.lambda_logits)
     n = torch.arange(1, out.lambda_logits.shape[0] + 1, device=out.lambda_logits.device)[:, None]  # (steps, 1)
     logits = torch.where((n <= computed)[..., None], out.logits, torch.zeros_like(out.logits))
-    forced = n >= computed if forces_halt else n > computed  # (steps, B)
+    forced = n >= computed if rule.forces_halt else n > computed  # (steps, B)
     lambda_logits = torch.where(forced, torch.full_like(out.lambda_logits, FORCED_HALT_LOGIT), out.lambda_logits)
     return PonderOutput(logits, lambda_logits, computed)
 
@@ -101,9 +102,10 @@ class PonderNet(nn.Module):
                                       + self.extra_input * self.step.halting_extra_size
                                       + self.answer_input * ANSWER_FEATURES, 1)
 
-    def forward(self, x: torch.Tensor, stop: EarlyExitRule | None = None, traces: list | None = None) -> PonderOutput:
+    def forward(self, x: torch.Tensor, stop: Rule | None = None, traces: list | None = None) -> PonderOutput:
         """Run the steps for training and losses: every step of every image, or, with a `stop`
-        rule (see truncation.py), each image only until the rule says it is done.
+        rule (halting.py: a truncation), each image only until the rule says it is done (the
+        same steps as `truncate` masks).
         `traces`, a list, receives each step's steps.StepTrace (every step, no `stop`): what
         `ponder predict` shows of a step.
 
@@ -164,9 +166,11 @@ class PonderNet(nn.Module):
         lambda_logits = self.halting_head(halting_input).squeeze(-1)
         return logits, lambda_logits if extra is None else self.step.gate_halting(lambda_logits, extra)
 
-    def _until_done(self, x: torch.Tensor, rule: EarlyExitRule):
+    def _until_done(self, x: torch.Tensor, rule: Rule, predicts: bool = True):
         """The one early-exit loop: yields, for every step, the rows still running (A,) of the
-        batch, their class and halting logits, and the rule's decision (done (A,), chosen);
+        batch, their class and halting logits, and the rule's decision (done (A,), chosen: the
+        step's class logits where the rule says None), the rule shown the class logits when it
+        `predicts` (a truncation reads the halting logits alone);
         then keeps only the rows that go on in the step function's and the rule's state.
 
         One host synchronisation per step, none after the last: `nonzero` finds which rows go
@@ -183,7 +187,8 @@ class PonderNet(nn.Module):
             previous = readout if self.previous_input else None
             earlier = logits if self.answer_input else None
             last = n == self.max_steps - 1
-            done, chosen = rule.decide(n, last, logits, lambda_logits)
+            done, chosen = rule.decide(n, last, logits if predicts else None, lambda_logits.detach())
+            chosen = logits if chosen is None else chosen
             yield n, active, logits, lambda_logits, done, chosen
             if last:
                 return
@@ -197,11 +202,11 @@ class PonderNet(nn.Module):
                 earlier = None if earlier is None else earlier.index_select(0, going_on)
                 rule.keep(going_on)
 
-    def _forward_truncated(self, x: torch.Tensor, stop: EarlyExitRule) -> PonderOutput:
+    def _forward_truncated(self, x: torch.Tensor, stop: Rule) -> PonderOutput:
         batch = x.shape[0]
         computed = torch.full((batch,), self.max_steps, dtype=torch.long, device=x.device)
         logits_all = lambda_all = None
-        for n, active, logits, lambda_logits, _, _ in self._until_done(x, stop):
+        for n, active, logits, lambda_logits, _, _ in self._until_done(x, stop, predicts=False):
             if logits_all is None:  # padding: logits 0, halting forced (p_n = 0 after the last step)
                 logits_all = logits.new_zeros(self.max_steps, batch, logits.shape[-1])
                 lambda_all = lambda_logits.new_full((self.max_steps, batch), FORCED_HALT_LOGIT)
@@ -217,7 +222,7 @@ class PonderNet(nn.Module):
         return out._replace(lambda_logits=halting_as_computed(out)) if stop.forces_halt else out
 
     @torch.no_grad()
-    def infer(self, x: torch.Tensor, rule: EarlyExitRule) -> tuple[torch.Tensor, torch.Tensor]:
+    def infer(self, x: torch.Tensor, rule: Rule) -> tuple[torch.Tensor, torch.Tensor]:
         """Halting with real early exit: each step computes only the images still running.
 
         `rule` (see halting.py) decides which running images halt at each step and what they
@@ -249,7 +254,7 @@ class PonderNet(nn.Module):
         device = next(self.parameters()).device
         named = [(name, p) for name, p in self.named_parameters() if p.requires_grad]
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.enable_grad():
-            out = self(x, stop=StopAfterFirstStep()) if self.max_steps > 1 else self(x)
+            out = self(x, stop=FixedBudget(1)) if self.max_steps > 1 else self(x)
             grads = torch.autograd.grad(out.logits.sum() + out.lambda_logits.sum(), [p for _, p in named],
                                         allow_unused=True)
         return [name for (name, _), grad in zip(named, grads) if grad is None]

@@ -77,6 +77,12 @@ def _source(data, cfg: PonderConfig, device: torch.device) -> TrainingSource:
 
 WARMUP_BATCHES = 3  # eager batches before the capture (Capture's warm-up)
 
+# BatchStep.totals, summed on the device and read once per epoch: the epoch's means (each summed
+# times the batch size; accuracy and steps as counts), then the inputs in batches that were used,
+# the batches skipped for a non-finite loss or gradient and the GradScaler's back-offs
+MEANS = ("loss", "reconstruction", "regularisation", "accuracy", "steps")
+INPUTS, SKIPPED, BACKED_OFF = len(MEANS), len(MEANS) + 1, len(MEANS) + 2
+
 
 class BatchStep:
     """One training batch, whole, in one place: the batch's inputs (the source's static staging),
@@ -108,10 +114,7 @@ class BatchStep:
         self.params = list(model.parameters())
         self.device = self.params[0].device
         self.shrink = drops_rows(self.device) if shrink is None else shrink
-        # loss, reconstruction, regularisation (each times batch size), correct, halting steps,
-        # inputs in batches that were used, batches skipped for a non-finite loss or gradient,
-        # GradScaler back-offs: read once per epoch
-        self.totals = torch.zeros(8, dtype=torch.float64, device=self.device)
+        self.totals = torch.zeros(BACKED_OFF + 1, dtype=torch.float64, device=self.device)  # MEANS, INPUTS, ...
         self._no_step = torch.zeros((), dtype=torch.float32, device=self.device)
         self.capture = Capture(self, path or (CAPTURED if graphs else "eager"), graph or CudaGraph,
                                log or (lambda line: print(line, file=sys.stderr)))
@@ -138,7 +141,7 @@ class BatchStep:
             # on one rank than on another); DDP synchronises in backward, once per batch.
             out = self.model(x, stop=truncation if self.shrink else None)
         if truncation is not None and not self.shrink and not truncation.mask_is_identity:
-            out = truncate(out, truncation.computed_steps(out.lambda_logits), truncation.forces_halt)
+            out = truncate(out, truncation)
         loss = method.loss(out.logits, out.lambda_logits, targets, out.computed, progress=self.taken)  # float32
         # nanoGPT's AMP order: scale -> backward -> unscale_ -> clip -> step -> update (the
         # GradScaler is off unless fp16)
@@ -172,10 +175,10 @@ class BatchStep:
                                   correct, steps]).double()
             # a backed-off batch had a finite loss on the weights of the time: its metrics count
             used = ~skipped
-            self.totals[:5] += torch.where(used, values, torch.zeros_like(values))
-            self.totals[5] += used.double() * batch
-            self.totals[6] += skipped.double()
-            self.totals[7] += backed_off.double()
+            self.totals[:INPUTS] += torch.where(used, values, torch.zeros_like(values))
+            self.totals[INPUTS] += used.double() * batch
+            self.totals[SKIPPED] += skipped.double()
+            self.totals[BACKED_OFF] += backed_off.double()
 
     def __call__(self) -> None:
         """The batch the source has staged."""
@@ -255,7 +258,8 @@ class Capture:
         """What every batch advances, on the device: inputs used plus batches skipped; Adam's step
         count; the batches that take no step (skipped, backed off)."""
         totals = self.step.totals
-        return torch.stack([totals[5] + totals[6], self.step.taken.to(totals.dtype), totals[6] + totals[7]])
+        return torch.stack([totals[INPUTS] + totals[SKIPPED], self.step.taken.to(totals.dtype),
+                            totals[SKIPPED] + totals[BACKED_OFF]])
 
     def _capture_and_check(self) -> str | None:
         """None when the captured batch trained; else why not."""
@@ -386,15 +390,14 @@ def train_one_epoch(step: BatchStep, *, desc: str = "train", progress: bool = Tr
         step()
     distributed.join_shared_rng(shared_rng, device)
     # Sum the images, losses and correct counts of every rank: the epoch line covers the whole
-    # epoch. The skip and back-off counts (6, 7) are not summed: every rank counted the same ones.
+    # epoch. The skip and back-off counts are not summed: every rank counted the same ones.
     totals = step.totals.clone()
-    totals[:6] = distributed.sum_over_ranks(totals[:6])
+    totals[:SKIPPED] = distributed.sum_over_ranks(totals[:SKIPPED])
     values = totals.tolist()  # the one host read of the epoch
-    used = max(values[5], 1.0)
-    stats = {key: value / used for key, value in
-             zip(("loss", "reconstruction", "regularisation", "accuracy", "steps"), values[:5])}
-    stats["skipped_batches"] = int(values[6])
-    stats["scaler_backoffs"] = int(values[7])
+    used = max(values[INPUTS], 1.0)
+    stats = {key: value / used for key, value in zip(MEANS, values[:INPUTS])}
+    stats["skipped_batches"] = int(values[SKIPPED])
+    stats["scaler_backoffs"] = int(values[BACKED_OFF])
     stats["batches"] = count
     return stats
 

@@ -194,10 +194,11 @@ def truncated_steps(monkeypatch) -> list:
 
 
 def _drive(rule, logits, lambda_logits):
-    steps = torch.zeros(logits.shape[1], dtype=torch.long)
-    active = torch.arange(logits.shape[1])
-    for n in range(logits.shape[0]):
-        halts, _ = rule.decide(n, n == logits.shape[0] - 1, logits[n, active], lambda_logits[n, active])
+    steps = torch.zeros(lambda_logits.shape[1], dtype=torch.long)
+    active = torch.arange(lambda_logits.shape[1])
+    for n in range(lambda_logits.shape[0]):
+        halts, _ = rule.decide(n, n == lambda_logits.shape[0] - 1, None if logits is None else logits[n, active],
+                               lambda_logits[n, active])
         steps[active[halts]] = n + 1
         running = (~halts).nonzero().squeeze(1)
         rule.keep(running)
@@ -207,7 +208,7 @@ def _drive(rule, logits, lambda_logits):
 
 @pytest.fixture(scope="session")
 def drive():
-    """drive(rule, logits (steps, B, classes), lambda_logits (steps, B)): what PonderNet.infer
-    does with an early-exit rule (halting.py), on given outputs: each step shows the rule only
-    the rows still running; returns the 1-based halting step of each row."""
+    """drive(rule, logits (steps, B, classes) or None, lambda_logits (steps, B)): what
+    PonderNet.infer (or a truncated forward, without logits) does with a rule (halting.py), on
+    given outputs: each step shows the rule only the rows still running; returns the 1-based halting step of each row."""
     return _drive

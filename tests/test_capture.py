@@ -19,7 +19,8 @@ from ponder_cli.checkpoint import load_checkpoint, new_model
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
 from ponder_cli.methods import get_method
-from ponder_cli.train import CAPTURED, WARMUP_BATCHES, batch_step, graph_pieces, train, use_graphs
+from ponder_cli.train import (BACKED_OFF, CAPTURED, INPUTS, SKIPPED, WARMUP_BATCHES, batch_step, graph_pieces, train,
+                              use_graphs)
 from synthetic_data import synthetic_digits
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda")
@@ -139,14 +140,14 @@ def test_a_replay_that_leaves_adam_behind_falls_back(monkeypatch):
     assert step.path == "eager: the captured batch did nothing when replayed (Adam's step count stood still)"
     assert len(lines) == 1
     # the batch the replay counted, then ran again eagerly, is counted once, as Adam counts it
-    assert int(step.totals[5]) == BATCHES * CFG.training.batch_size
+    assert int(step.totals[INPUTS]) == BATCHES * CFG.training.batch_size
     assert float(step.taken) == BATCHES  # Adam's own count
 
 
 def test_a_first_replay_whose_batch_is_skipped_is_no_false_alarm():
     """A non-finite batch at the first replay takes no step, by design: the check counts it as work."""
     step, _, lines = _trained(FakeGraph(), poison_at=WARMUP_BATCHES)
-    assert step.path == CAPTURED and lines == [] and int(step.totals[6]) == BATCHES - WARMUP_BATCHES
+    assert step.path == CAPTURED and lines == [] and int(step.totals[SKIPPED]) == BATCHES - WARMUP_BATCHES
 
 
 def test_adam_is_capturable_exactly_while_captured():
@@ -431,10 +432,10 @@ def test_two_replays_draw_fresh_dropout_masks_rotations_and_coins(device, tiny_m
     from ponder_cli.tasks import mnist
 
     recorded = {"dropout masks": Recorded(mlp.dropout_mask), "rotations": Recorded(mnist.uniform_angles),
-                "halting coins": Recorded(methods.ContinueBelow, part=lambda rule: rule.uniforms)}
+                "halting coins": Recorded(methods.Roulette, part=lambda rule: rule.uniforms)}
     monkeypatch.setattr(mlp, "dropout_mask", recorded["dropout masks"])
     monkeypatch.setattr(mnist, "uniform_angles", recorded["rotations"])
-    monkeypatch.setattr(methods, "ContinueBelow", recorded["halting coins"])
+    monkeypatch.setattr(methods, "Roulette", recorded["halting coins"])
     cfg = _small("mlp", max_steps=6, truncation=0.2, truncation_rule="roulette", train_rotation=45.0)
     step = _captured_step(cfg, _images(tiny_mnist, device), device)
     draws = []
@@ -486,7 +487,7 @@ def test_the_grad_scalers_scale_moves_under_replay(device, tiny_mnist, monkeypat
         step()
         scales.append(float(scaler.get_scale()))
     assert scales[1:] == [scales[0] / 2 ** k for k in (1, 2, 3)]
-    assert int(step.totals[7]) == WARMUP_BATCHES + 4 and step.capture.replays == 4
+    assert int(step.totals[BACKED_OFF]) == WARMUP_BATCHES + 4 and step.capture.replays == 4
 
 
 # A capture that fails after the GradScaler's unscale_ ---------------------------------------------

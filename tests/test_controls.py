@@ -17,7 +17,7 @@ from ponder_cli.checkpoint import load_model
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist
 from ponder_cli.evaluate import evaluate_bucket
-from ponder_cli.halting import FixedBudget, rule_exit, rule_halting_steps
+from ponder_cli.halting import FixedBudget, halting_steps, rule_of
 from ponder_cli.methods import get_method
 from ponder_cli.checkpoint import new_model
 from ponder_cli.registry import HaltingRule, parse_halting_rule
@@ -62,17 +62,17 @@ def test_the_batch_and_early_exit_forms_stop_every_input_at_step_n(drive):
     torch.manual_seed(0)
     logits, lambda_logits = torch.randn(5, 7, 3), torch.randn(5, 7) * 4  # halting would differ per row
     for n in range(1, 6):
-        assert FixedBudget.of(f"fixed:{n}").halting_steps(lambda_logits).tolist() == [n] * 7
         rule = parse_halting_rule(f"fixed:{n}")
-        assert torch.equal(rule_halting_steps(rule, logits, lambda_logits, torch.rand(5, 7)), torch.full((7,), n))
-        assert drive(rule_exit(rule, torch.rand(5, 7)), logits, lambda_logits).tolist() == [n] * 7
+        steps, chosen = halting_steps(FixedBudget.of(rule), logits, lambda_logits)
+        assert torch.equal(steps, torch.full((7,), n)) and torch.equal(chosen, logits[n - 1])
+        assert drive(rule_of(rule, torch.rand(5, 7)), logits, lambda_logits).tolist() == [n] * 7
     six = FixedBudget.of("fixed:6")
     with pytest.raises(ValueError, match="fixed:6 stops at step 6, beyond the 5 steps run"):
-        six.halting_steps(lambda_logits)
+        halting_steps(six, logits, lambda_logits)
     with pytest.raises(ValueError, match="fixed:6 stops at step 6, beyond the 5 steps run"):
-        rule_exit(six.rule, torch.rand(5, 7))
+        drive(rule_of(six.rule, torch.rand(5, 7)), logits, lambda_logits)
     assert six.problem(1, "this plain model runs") == "fixed:6 stops at step 6, beyond the 1 step this plain model runs"
-    assert six.problem(6) is None and six.within(6) is six
+    assert six.problem(6) is None
 
 
 def test_only_a_budget_is_a_budget():
@@ -88,7 +88,7 @@ def test_the_early_exit_loop_stops_every_image_at_the_budget_and_reads_that_step
     x = torch.randn(9, 1, 28, 28)
     out = model(x)
     for n in (1, 3, 6):
-        prediction, steps = model.infer(x, rule_exit(parse_halting_rule(f"fixed:{n}"), torch.rand(6, 9)))
+        prediction, steps = model.infer(x, rule_of(parse_halting_rule(f"fixed:{n}"), torch.rand(6, 9)))
         assert steps.tolist() == [n] * 9
         assert torch.equal(prediction.argmax(1), out.logits[n - 1].argmax(1))
 

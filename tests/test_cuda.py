@@ -143,7 +143,7 @@ def test_early_exit_equals_the_full_forward_on_cuda(method, rule, step):
         model.halting_head.bias.fill_(-1.0)
     x = (torch.randn(500, 1, 28, 28) * torch.linspace(0, 3, 500).view(-1, 1, 1, 1)).to(GPU)
     uniforms = torch.rand(cfg.method.max_steps, 500, generator=torch.Generator().manual_seed(3)).to(GPU)
-    early, early_steps = model.infer(x, chooser.early_exit(rule, uniforms))
+    early, early_steps = model.infer(x, chooser.exit_rule(rule, uniforms))
     with torch.no_grad():
         out = model(x)
     full, full_steps = chooser.predict(out.logits, out.lambda_logits, uniforms, rule)

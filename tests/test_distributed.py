@@ -22,7 +22,7 @@ from ponder_cli.checkpoint import load_checkpoint, load_model
 from ponder_cli.cli import app
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
-from ponder_cli.halting import StopAfterFirstStep
+from ponder_cli.halting import FixedBudget
 from ponder_cli.model import PonderNet
 from ponder_cli.train import train
 
@@ -92,7 +92,7 @@ def _rank_main(rank: int, world: int, ports: tuple, data_dir: Path, out: Path) -
 
     def recording_truncated(self, x, stop):
         result = real_truncated(self, x, stop)
-        if self.training and not isinstance(stop, StopAfterFirstStep):  # not left_out_by_one_step's probe
+        if self.training and not isinstance(stop, FixedBudget):  # not left_out_by_one_step's probe
             seen["computed"].append(int(result.computed.max()))
         return result
 

@@ -18,7 +18,7 @@ import torch
 
 import ponder_cli
 from ponder_cli.config import PonderConfig
-from ponder_cli.halting import SampleExit, sample_halting_steps
+from ponder_cli.halting import Sample, halting_steps
 from ponder_cli.model import PonderNet
 
 REPO = Path(__file__).resolve().parent.parent
@@ -240,8 +240,8 @@ def test_the_architecture_pages_step_function_plugs_in(monkeypatch):
     out = model(x)
     assert out.logits.shape == (4, 6, 10)
     uniforms = torch.rand(4, 6, generator=torch.Generator().manual_seed(1))
-    _, steps = model.infer(x, SampleExit(uniforms))
-    assert torch.equal(steps, sample_halting_steps(out.lambda_logits, uniforms))
+    _, steps = model.infer(x, Sample(uniforms))
+    assert torch.equal(steps, halting_steps(Sample(uniforms), None, out.lambda_logits)[0])
 
 
 def test_the_readmes_claims_about_every_commands_options_hold():

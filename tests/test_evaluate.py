@@ -11,7 +11,7 @@ from ponder_cli.config import PonderConfig
 from ponder_cli.data import prepare_batch
 from synthetic_data import synthetic_digits
 from ponder_cli.tasks.mnist import evaluate, evaluation_draws
-from ponder_cli.halting import logits_at, sample_halting_steps
+from ponder_cli.halting import Sample, halting_steps, logits_at
 from ponder_cli.methods import geometric_log_prior, ponder_loss
 from ponder_cli.checkpoint import load_model, new_model
 from ponder_cli.data import load_mnist
@@ -68,7 +68,7 @@ def test_evaluate_equals_a_per_image_computation():
     with torch.no_grad():
         for i in range(len(data)):  # one image at a time, plain Python sums
             out = model(prepare_batch(data.images[i:i + 1], angles[i:i + 1]))
-            step = int(sample_halting_steps(out.lambda_logits, uniforms[:, i:i + 1])[0])
+            step = int(halting_steps(Sample(uniforms[:, i:i + 1]), None, out.lambda_logits)[0][0])
             correct += int(logits_at(out.logits, torch.tensor([step])).argmax() == data.labels[i])
             steps_list.append(step)
     mean = sum(steps_list) / len(steps_list)

@@ -15,14 +15,12 @@ from ponder_cli.checkpoint import load_checkpoint, save_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
 from ponder_cli.evaluate import RuleOutcome, choose_rule
-from ponder_cli.halting import (ActExit, ConfidenceExit, PatienceExit, QuantileExit, SampleExit, ThresholdExit, act_halting,
-                                confidence_halting_steps, log_survivals, patience_halting_steps,
-                                quantile_halting_steps, rule_exit, rule_halting_steps, sample_halting_steps)
-from ponder_cli.halting import ActHalted, TruncateBelow
+from ponder_cli.halting import (Act, Confidence, Cut, Patience, Quantile, Sample, Threshold, halting_steps,
+                                rule_of)
 from ponder_cli.tasks.mnist import evaluate
 from ponder_cli.registry import CALIBRATION_RULES, HaltingRule, parse_halting_rule
 from ponder_cli.checkpoint import new_model
-from ponder_cli.methods import get_method
+from ponder_cli.methods import act_halting, get_method, log_survivals
 from ponder_cli.reports import META_KEYS
 
 # spellings ------------------------------------------------------------------------------------
@@ -69,7 +67,7 @@ def test_quantile_steps_from_a_constant_halting_probability():
     # lambda = 1/2 at every step: the cumulative halting probability after n steps is 1 - 2^-n
     # (0.5, 0.75, 0.875, 0.9375, 0.96875), capped at the fifth and last step
     z = torch.zeros(5, 1)
-    got = {q: int(quantile_halting_steps(z, q)) for q in (0.5, 0.6, 0.75, 0.8, 0.9, 0.95, 0.99)}
+    got = {q: int(halting_steps(Quantile(q), None, z)[0]) for q in (0.5, 0.6, 0.75, 0.8, 0.9, 0.95, 0.99)}
     assert got == {0.5: 1, 0.6: 2, 0.75: 2, 0.8: 3, 0.9: 4, 0.95: 5, 0.99: 5}
 
 
@@ -77,7 +75,7 @@ def test_median_is_quantile_one_half_bit_for_bit(tiny_mnist):
     z = torch.randn(12, 4000) * 3 - 1
     old = (log_survivals(z) <= math.log(0.5)).to(torch.uint8)
     old[-1] = 1
-    assert torch.equal(quantile_halting_steps(z, 0.5), old.argmax(0) + 1)
+    assert torch.equal(halting_steps(Quantile(0.5), None, z)[0], old.argmax(0) + 1)
     cfg = PonderConfig.of(max_steps=6, hidden=16, hidden_cnn=16, hidden_lin=16)
     torch.manual_seed(0)
     model = new_model(cfg)
@@ -103,7 +101,7 @@ PATIENCE_STEPS = {1: [2, 3, 6, 2], 2: [3, 6, 6, 5], 3: [4, 6, 6, 6], 5: [6, 6, 6
 
 @pytest.mark.parametrize("k", sorted(PATIENCE_STEPS))
 def test_patience_steps_on_crafted_predictions(k):
-    assert patience_halting_steps(one_hot_logits(PREDICTIONS), k).tolist() == PATIENCE_STEPS[k]
+    assert halting_steps(Patience(k), one_hot_logits(PREDICTIONS), torch.zeros(6, 4))[0].tolist() == PATIENCE_STEPS[k]
 
 
 def logits_with_top_probability(top: list[list[float]], classes: int = 4) -> torch.Tensor:
@@ -122,26 +120,27 @@ CONFIDENCE_STEPS = {0.3: [2, 1, 1, 1], 0.5: [2, 1, 5, 1], 0.9: [3, 1, 5, 2], 0.9
 
 @pytest.mark.parametrize("c", sorted(CONFIDENCE_STEPS))
 def test_confidence_steps_on_crafted_probabilities(c):
-    assert confidence_halting_steps(logits_with_top_probability(TOP), c).tolist() == CONFIDENCE_STEPS[c]
+    assert halting_steps(Confidence(c), logits_with_top_probability(TOP), torch.zeros(5, 4))[0].tolist() == \
+        CONFIDENCE_STEPS[c]
 
 
 @pytest.mark.parametrize("k", sorted(PATIENCE_STEPS))
 def test_patience_exit_step_by_step_equals_the_batch_rule(k, drive):
     logits = one_hot_logits(PREDICTIONS)
-    assert drive(PatienceExit(4, k, "cpu"), logits, torch.zeros(6, 4)).tolist() == PATIENCE_STEPS[k]
+    assert drive(Patience(k), logits, torch.zeros(6, 4)).tolist() == PATIENCE_STEPS[k]
 
 
 @pytest.mark.parametrize("c", sorted(CONFIDENCE_STEPS))
 def test_confidence_exit_step_by_step_equals_the_batch_rule(c, drive):
     logits = logits_with_top_probability(TOP)
-    assert drive(ConfidenceExit(c), logits, torch.zeros(5, 4)).tolist() == CONFIDENCE_STEPS[c]
+    assert drive(Confidence(c), logits, torch.zeros(5, 4)).tolist() == CONFIDENCE_STEPS[c]
 
 
 @pytest.mark.parametrize("q", [0.3, 0.5, 0.7, 0.9, 0.99])
 def test_quantile_exit_step_by_step_equals_the_batch_rule(q, drive):
     z = torch.randn(8, 500, generator=torch.Generator().manual_seed(4)) * 2 - 1
-    steps = drive(QuantileExit(500, q, "cpu"), torch.zeros(8, 500, 3), z)
-    assert torch.equal(steps, quantile_halting_steps(z, q))
+    steps = drive(Quantile(q), torch.zeros(8, 500, 3), z)
+    assert torch.equal(steps, halting_steps(Quantile(q), None, z)[0])
     assert len(set(steps.tolist())) > 2  # the rows halt at different steps
 
 
@@ -161,16 +160,16 @@ TRUNCATION_ROW = [0.268166542, 1.30983353, -0.172099128, 0]
 @pytest.mark.parametrize("rule, row, step", [("median", MEDIAN_ROW, 4), ("quantile:0.9", QUANTILE_ROW, 3)])
 def test_quantile_rules_halt_alike_near_their_threshold(rule, row, step, drive):
     z, q = torch.tensor(row)[:, None], parse_halting_rule(rule).quantile
-    assert quantile_halting_steps(z, q).tolist() == [step]
-    assert drive(QuantileExit(1, q, "cpu"), torch.zeros(4, 1, 3), z).tolist() == [step]
+    assert halting_steps(Quantile(q), None, z)[0].tolist() == [step]
+    assert drive(Quantile(q), torch.zeros(4, 1, 3), z).tolist() == [step]
 
 
 def test_truncation_stops_where_the_quantile_rule_halts_near_the_threshold(drive):
     """Training drops an image once its remaining halting mass is below epsilon: where the batch
     quantile rule with q = 1 - epsilon halts (the two differ only on the bound itself)."""
     z = torch.tensor(TRUNCATION_ROW)[:, None]
-    assert drive(TruncateBelow(1, 0.05, "cpu"), torch.zeros(4, 1, 3), z).tolist() == [4]
-    assert quantile_halting_steps(z, 0.95).tolist() == [4]
+    assert drive(Cut(0.05), torch.zeros(4, 1, 3), z).tolist() == [4]
+    assert halting_steps(Quantile(0.95), None, z)[0].tolist() == [4]
 
 
 def near_survival_bound(log_bound: float, rows: int, generator) -> torch.Tensor:
@@ -206,18 +205,18 @@ def test_every_threshold_rule_halts_alike_step_by_step_on_many_near_threshold_ro
     float64_differs = {}
     for q in (0.5, 0.9):
         z = near_survival_bound(math.log1p(-q), 20000, generator)
-        batch = quantile_halting_steps(z, q)
-        assert torch.equal(drive(QuantileExit(z.shape[1], q, "cpu"), torch.zeros(4, z.shape[1], 3), z), batch)
+        batch = halting_steps(Quantile(q), None, z)[0]
+        assert torch.equal(drive(Quantile(q), torch.zeros(4, z.shape[1], 3), z), batch)
         log_survival = torch.nn.functional.logsigmoid(-z.double()).cumsum(0)
         float64_differs[f"quantile:{q}"] = int((first_step(log_survival <= math.log1p(-q)) != batch).sum())
     z = near_survival_bound(math.log(0.05), 20000, generator)
-    done = drive(TruncateBelow(z.shape[1], 0.05, "cpu"), torch.zeros(4, z.shape[1], 3), z)
+    done = drive(Cut(0.05), torch.zeros(4, z.shape[1], 3), z)
     assert torch.equal(done, first_step(log_survivals(z) < math.log(0.05)))
     z = near_act_bound(0.99, 20000, generator)
     batch = act_halting(z, 0.01).steps
     logits = torch.randn(4, z.shape[1], 3, generator=generator)
-    assert torch.equal(drive(ActExit(z.shape[1], 0.01, "cpu"), logits, z), batch)
-    assert torch.equal(drive(ActHalted(z.shape[1], 0.01, "cpu"), logits, z), batch)
+    assert torch.equal(drive(Act(0.01), logits, z), batch)  # early exit, and training's truncation
+    assert torch.equal(drive(Act(0.01), None, z), batch)
     float64_differs["act"] = int((first_step(torch.sigmoid(z.double()).cumsum(0) >= 0.99) != batch).sum())
     # the rows are near enough: summed in float64, a share of them would halt at another step
     assert all(count > 100 for count in float64_differs.values()), float64_differs
@@ -228,8 +227,8 @@ def test_the_sample_rule_compares_the_same_lambda_step_by_step(drive):
     at different positions in a tensor, must round lambda_n alike to flip the same coins."""
     z = torch.randn(6, 5001, generator=torch.Generator().manual_seed(1)) * 3
     uniforms = torch.sigmoid(z.double()).float()
-    steps = sample_halting_steps(z, uniforms)
-    assert torch.equal(drive(SampleExit(uniforms), torch.zeros(6, 5001, 3), z), steps)
+    steps = halting_steps(Sample(uniforms), None, z)[0]
+    assert torch.equal(drive(Sample(uniforms), torch.zeros(6, 5001, 3), z), steps)
 
 
 # confidence:0.1244: near the median top class probability of this untrained model's outputs
@@ -244,18 +243,17 @@ def test_early_exit_predicts_as_every_step_on_a_model(rule):
         model.halting_head.bias.fill_(-1.0)
     x = torch.randn(200, 1, 28, 28) * torch.linspace(0, 3, 200).view(-1, 1, 1, 1)
     uniforms = torch.rand(6, 200, generator=torch.Generator().manual_seed(3))
-    early, early_steps = model.infer(x, method.early_exit(rule, uniforms))
+    early, early_steps = model.infer(x, method.exit_rule(rule, uniforms))
     with torch.no_grad():
         out = model(x)
     full, full_steps = method.predict(out.logits, out.lambda_logits, uniforms, rule)
     assert torch.equal(early_steps, full_steps) and torch.equal(early.argmax(1), full.argmax(1))
-    assert torch.equal(full_steps, rule_halting_steps(parse_halting_rule(rule), out.logits, out.lambda_logits,
-                                                      uniforms))
+    assert torch.equal(full_steps, halting_steps(rule_of(rule, uniforms), out.logits, out.lambda_logits)[0])
     if rule.startswith(("confidence", "threshold")):
         assert len(set(full_steps.tolist())) > 1  # some rows halt at once, others run on
-    exits = {"quantile": QuantileExit, "patience": PatienceExit, "confidence": ConfidenceExit,
-             "threshold": ThresholdExit}
-    assert isinstance(rule_exit(parse_halting_rule(rule), uniforms), exits[parse_halting_rule(rule).name])
+    exits = {"quantile": Quantile, "patience": Patience, "confidence": Confidence,
+             "threshold": Threshold}
+    assert isinstance(rule_of(parse_halting_rule(rule), uniforms), exits[parse_halting_rule(rule).name])
 
 
 # the rules in the commands ----------------------------------------------------------------------

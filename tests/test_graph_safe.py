@@ -21,7 +21,7 @@ from ponder_cli.config import PonderConfig
 from ponder_cli.methods import get_method
 from ponder_cli.model import truncate
 from ponder_cli.runtime import autocast
-from ponder_cli.train import WARMUP_BATCHES, BatchStep, batch_step, freeze_body, step_unless, training_mode
+from ponder_cli.train import SKIPPED, WARMUP_BATCHES, BatchStep, batch_step, freeze_body, step_unless, training_mode
 from host_reads import Operators
 from synthetic_data import synthetic_digits
 
@@ -304,7 +304,7 @@ def test_truncation_as_a_mask_gives_the_truncated_forwards_loss_and_gradients(ru
         rule_object = method.truncation(24, torch.device("cpu"))
         out = model(x, stop=rule_object) if shrink else model(x)
         if not shrink:
-            out = truncate(out, rule_object.computed_steps(out.lambda_logits), rule_object.forces_halt)
+            out = truncate(out, rule_object)
         loss = method.loss(out.logits, out.lambda_logits, targets, out.computed)
         grads = torch.autograd.grad(loss.total, list(model.parameters()), allow_unused=True)
         results.append((out.computed, loss, grads))
@@ -356,7 +356,7 @@ def test_a_non_finite_batch_is_skipped_on_the_device_and_counted():
         step.model.output_head.bias.fill_(float("nan"))
     step.source.stage(1)
     step.run()
-    assert step.totals[6] == 1  # one batch skipped
+    assert step.totals[SKIPPED] == 1  # one batch skipped
     for (name, param), before in zip(step.model.named_parameters(), weights):  # step.params' order
         if name != "output_head.bias":  # the poisoned one
             assert torch.equal(param, before), name

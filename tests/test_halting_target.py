@@ -14,7 +14,7 @@ from ponder_cli import PonderError, PonderWarning
 from ponder_cli.checkpoint import load_checkpoint, new_model
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
-from ponder_cli.halting import ThresholdExit, rule_exit, threshold_halting_steps
+from ponder_cli.halting import Threshold, halting_steps, rule_of
 from ponder_cli.methods import get_method, halting_bce, halting_targets
 from ponder_cli.model import answer_features
 from ponder_cli.registry import parse_halting_rule
@@ -82,10 +82,10 @@ def test_the_answer_features_by_hand_per_step_and_stacked():
 
 def test_threshold_halts_at_the_first_lambda_that_reaches_it_or_the_last_step(drive):
     z = torch.tensor([[-1.0, 2.0, -3.0], [3.0, -5.0, -3.0], [0.0, 0.0, -3.0]])
-    assert threshold_halting_steps(z, 0.5).tolist() == [2, 1, 3]
-    assert threshold_halting_steps(z, 0.99).tolist() == [3, 3, 3]
-    assert isinstance(rule_exit(parse_halting_rule("threshold:0.5"), torch.rand(3, 3)), ThresholdExit)
-    assert drive(ThresholdExit(0.5), torch.zeros(3, 3, 2), z).tolist() == [2, 1, 3]
+    assert halting_steps(Threshold(0.5), None, z)[0].tolist() == [2, 1, 3]
+    assert halting_steps(Threshold(0.99), None, z)[0].tolist() == [3, 3, 3]
+    assert isinstance(rule_of(parse_halting_rule("threshold:0.5"), torch.rand(3, 3)), Threshold)
+    assert drive(Threshold(0.5), torch.zeros(3, 3, 2), z).tolist() == [2, 1, 3]
 
 
 @pytest.mark.parametrize("step", ["mlp", "align"])
@@ -99,7 +99,7 @@ def test_a_head_reading_the_answer_exits_early_as_its_full_forward_predicts(step
         out = model(x)
     threshold = out.lambda_logits[0].sigmoid().median().item()  # half the rows halt at once, the others run on
     rule = f"threshold:{threshold}"
-    early, early_steps = model.infer(x, method.early_exit(rule, torch.rand(4, 64)))
+    early, early_steps = model.infer(x, method.exit_rule(rule, torch.rand(4, 64)))
     full, full_steps = method.predict(out.logits, out.lambda_logits, torch.rand(4, 64), rule)
     assert torch.equal(early_steps, full_steps) and torch.allclose(early, full, atol=1e-5)
     assert len(set(full_steps.tolist())) > 1

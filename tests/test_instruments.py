@@ -14,7 +14,8 @@ from ponder_cli.config import PonderConfig
 from synthetic_data import synthetic_digits
 from ponder_cli.evaluate import spearman
 from ponder_cli.tasks.mnist import evaluate
-from ponder_cli.halting import halting_log_probs, quantile_halting_steps
+from ponder_cli.halting import Quantile, halting_steps
+from ponder_cli.methods import halting_log_probs
 from ponder_cli.checkpoint import new_model
 from ponder_cli.plot import require_matplotlib
 from ponder_cli.render import sparkline
@@ -49,7 +50,7 @@ def test_median_rule_by_hand():
     # lambda = 0.2, 0.2, 0.5, ...: cumulative 0.2, 0.36, 0.68 -> halts at step 3
     # lambda = 0.6: cumulative 0.6 at step 1 -> halts at step 1; never reaching 1/2 -> last step
     lam = torch.tensor([[0.2, 0.6, 0.01], [0.2, 0.1, 0.01], [0.5, 0.1, 0.01], [0.1, 0.1, 0.01]])
-    assert quantile_halting_steps(torch.logit(lam), 0.5).tolist() == [3, 1, 4]
+    assert halting_steps(Quantile(0.5), None, torch.logit(lam))[0].tolist() == [3, 1, 4]
 
 
 def test_median_is_deterministic_and_early_exit_agrees(model_and_data):

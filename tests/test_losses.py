@@ -4,8 +4,7 @@ import pytest
 
 import torch
 
-from ponder_cli.methods import geometric_log_prior, kl_to_prior, ponder_loss, reconstruction_loss
-from ponder_cli.halting import halting_log_probs
+from ponder_cli.methods import geometric_log_prior, halting_log_probs, kl_to_prior, ponder_loss, reconstruction_loss
 
 
 def test_halting_distribution_by_hand():

@@ -10,10 +10,9 @@ from ponder_cli import PonderError
 from ponder_cli.checkpoint import load_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.checkpoint import new_model
-from ponder_cli.halting import ActExit, act_halting, act_prediction
-from ponder_cli.halting import ActHalted
+from ponder_cli.halting import Act, halting_steps
 from ponder_cli.methods import get_method
-from ponder_cli.methods import act_loss
+from ponder_cli.methods import act_halting, act_loss
 from ponder_cli.registry import METHODS
 
 
@@ -52,8 +51,8 @@ def test_act_halts_alike_near_its_threshold(row, steps, drive):
     z, logits = torch.tensor(row)[:, None], torch.tensor([[[1.0, 0.0]], [[0.0, 2.0]], [[3.0, 0.0]], [[0.0, 4.0]]])
     halting = act_halting(z, epsilon=0.01)
     assert halting.steps.tolist() == [steps]
-    assert drive(ActExit(1, 0.01, "cpu"), logits, z).tolist() == [steps]
-    assert drive(ActHalted(1, 0.01, "cpu"), logits, z).tolist() == [steps]  # training drops it there
+    assert drive(Act(0.01), logits, z).tolist() == [steps]
+    assert drive(Act(0.01), None, z).tolist() == [steps]  # training drops it there
 
 
 def test_act_weights_sum_to_one():
@@ -82,10 +81,10 @@ def test_act_early_exit_matches_all_steps():
         model.halting_head.bias.fill_(-1.0)
         model.halting_head.weight.mul_(10)
     x = torch.randn(200, 1, 28, 28) * torch.linspace(0, 4, 200).view(-1, 1, 1, 1)  # images of varied contrast
-    logits, steps = model.infer(x, ActExit(200, cfg.method.act_epsilon, x.device))
+    logits, steps = model.infer(x, Act(cfg.method.act_epsilon))
     with torch.no_grad():
         out = model(x)
-        full_logits, full_steps = act_prediction(out.logits, out.lambda_logits, cfg.method.act_epsilon)
+        full_logits, full_steps = halting_steps(Act(cfg.method.act_epsilon), out.logits, out.lambda_logits)[::-1]
     assert torch.equal(steps, full_steps) and len(set(steps.tolist())) > 1
     assert torch.equal(logits, full_logits)
 
@@ -114,7 +113,7 @@ def test_every_method_predicts_the_same_with_early_exit(name):
     x = torch.randn(100, 1, 28, 28) * torch.linspace(0, 3, 100).view(-1, 1, 1, 1)
     uniforms = torch.rand(cfg.method.max_steps, 100, generator=torch.Generator().manual_seed(3))
     for rule in ("sample", "median"):
-        early, early_steps = model.infer(x, method.early_exit(rule, uniforms))
+        early, early_steps = model.infer(x, method.exit_rule(rule, uniforms))
         with torch.no_grad():
             out = model(x)
         full, full_steps = method.predict(out.logits, out.lambda_logits, uniforms, rule)

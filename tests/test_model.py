@@ -1,7 +1,7 @@
 import torch
 
 from ponder_cli.config import PonderConfig
-from ponder_cli.halting import SampleExit, logits_at, sample_halting_steps
+from ponder_cli.halting import Sample, halting_steps, logits_at
 from ponder_cli.checkpoint import new_model
 from ponder_cli.model import PonderNet
 
@@ -139,7 +139,7 @@ def test_sample_halting_takes_first_firing_step():
     lam_logits = torch.logit(torch.tensor([[0.5, 0.1, 0.1], [0.5, 0.9, 0.1], [0.5, 0.9, 0.1]]))
     uniforms = torch.tensor([[0.4, 0.4, 0.4], [0.4, 0.4, 0.4], [0.9, 0.9, 0.9]])
     # image 0 fires at step 1; image 1 at step 2; image 2 never fires and halts at the last step
-    assert sample_halting_steps(lam_logits, uniforms).tolist() == [1, 2, 3]
+    assert halting_steps(Sample(uniforms), None, lam_logits)[0].tolist() == [1, 2, 3]
 
 
 def test_logits_at_picks_the_halting_step():
@@ -154,10 +154,10 @@ def test_early_exit_matches_running_every_step():
         model.halting_head.bias.fill_(-1.0)  # spread halting over several steps
     x = torch.randn(64, 1, 28, 28)
     uniforms = torch.rand(8, 64, generator=torch.Generator().manual_seed(1))
-    logits, steps = model.infer(x, SampleExit(uniforms))
+    logits, steps = model.infer(x, Sample(uniforms))
     with torch.no_grad():
         out = model(x)
-    full_steps = sample_halting_steps(out.lambda_logits, uniforms)
+    full_steps = halting_steps(Sample(uniforms), None, out.lambda_logits)[0]
     assert torch.equal(steps, full_steps)
     assert len(set(steps.tolist())) > 2
     assert torch.allclose(logits, logits_at(out.logits, full_steps), atol=1e-5)
@@ -173,9 +173,9 @@ def test_confidence_input_feeds_the_top_class_probability_to_the_halting_head():
     assert torch.allclose(lam, h @ w[:16] + top * w[16] + b, atol=1e-6)
     x = torch.randn(32, 1, 28, 28) * torch.linspace(0, 3, 32).view(-1, 1, 1, 1)
     uniforms = torch.rand(4, 32, generator=torch.Generator().manual_seed(2))
-    _, steps = model.infer(x, SampleExit(uniforms))
+    _, steps = model.infer(x, Sample(uniforms))
     with torch.no_grad():
-        assert torch.equal(steps, sample_halting_steps(model(x).lambda_logits, uniforms))
+        assert torch.equal(steps, halting_steps(Sample(uniforms), None, model(x).lambda_logits)[0])
 
 
 def test_the_halting_loss_does_not_reach_the_class_head_through_the_confidence_input():
@@ -211,9 +211,9 @@ def test_previous_input_shows_the_halting_head_this_and_the_last_step():
         [readouts[n] @ w[:16] + b for n in range(1, 4)]), atol=1e-3)
     # the early-exit loop carries each running row's own previous readout
     uniforms = torch.rand(4, 32, generator=torch.Generator().manual_seed(3))
-    _, steps = model.infer(x, SampleExit(uniforms))
+    _, steps = model.infer(x, Sample(uniforms))
     assert len(set(steps.tolist())) > 2
-    assert torch.equal(steps, sample_halting_steps(out.lambda_logits, uniforms))
+    assert torch.equal(steps, halting_steps(Sample(uniforms), None, out.lambda_logits)[0])
 
 
 def test_a_new_step_function_plugs_in_through_the_registry(monkeypatch):
@@ -249,8 +249,8 @@ def test_a_new_step_function_plugs_in_through_the_registry(monkeypatch):
     out = model(x)
     assert out.logits.shape == (5, 10, 10)
     uniforms = torch.rand(5, 10, generator=torch.Generator().manual_seed(0))
-    _, steps = model.infer(x, SampleExit(uniforms))
-    assert torch.equal(steps, sample_halting_steps(out.lambda_logits, uniforms))
+    _, steps = model.infer(x, Sample(uniforms))
+    assert torch.equal(steps, halting_steps(Sample(uniforms), None, out.lambda_logits)[0])
     assert torch.sigmoid(out.lambda_logits[:2]).max() < 1e-30 and steps.min() >= 3  # the step's gate held
 
 

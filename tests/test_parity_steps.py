@@ -9,7 +9,7 @@ import torch
 
 from ponder_cli import registry
 from ponder_cli.config import PonderConfig
-from ponder_cli.halting import ActExit, SampleExit, act_prediction, sample_halting_steps
+from ponder_cli.halting import Act, Sample, halting_steps
 from ponder_cli.methods import get_method
 from ponder_cli.model import PonderNet
 from ponder_cli.steps.vectors import GRUStep
@@ -101,8 +101,8 @@ def test_early_exit_equals_the_full_forward(vector_config, step):
     with torch.no_grad():
         model.halting_head.bias.fill_(-1.0)  # spread halting over several steps
         out = model(x)
-    logits, steps = model.infer(x, SampleExit(uniforms))
-    full_steps = sample_halting_steps(out.lambda_logits, uniforms)
+    logits, steps = model.infer(x, Sample(uniforms))
+    full_steps = halting_steps(Sample(uniforms), None, out.lambda_logits)[0]
     assert len(set(full_steps.tolist())) > 2
     assert torch.equal(steps, full_steps)
     assert torch.allclose(logits, out.logits[full_steps - 1, torch.arange(64)], atol=1e-5)
@@ -111,8 +111,8 @@ def test_early_exit_equals_the_full_forward(vector_config, step):
     with torch.no_grad():
         act.halting_head.bias.fill_(-1.5)
         out = act(x)
-    logits, steps = act.infer(x, ActExit(64, 0.01, x.device))
-    full_logits, full_steps = act_prediction(out.logits, out.lambda_logits, 0.01)
+    logits, steps = act.infer(x, Act(0.01))
+    full_logits, full_steps = halting_steps(Act(0.01), out.logits, out.lambda_logits)[::-1]
     assert len(set(full_steps.tolist())) > 1
     assert torch.equal(steps, full_steps) and torch.allclose(logits, full_logits, atol=1e-5)
 

@@ -16,7 +16,8 @@ from ponder_cli.checkpoint import TrainingState, load_model, save_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import prepare_batch
 from synthetic_data import synthetic_digits
-from ponder_cli.halting import halting_log_probs, quantile_halting_steps
+from ponder_cli.halting import Quantile, halting_steps
+from ponder_cli.methods import halting_log_probs
 from ponder_cli.checkpoint import new_model
 from ponder_cli.tasks.mnist import frame_like_mnist, read_images
 
@@ -104,7 +105,7 @@ def test_steps_equal_a_direct_forward_pass(ponder, checkpoint, digits):
     with torch.no_grad():
         out = model(prepare_batch(data.images))
     p = halting_log_probs(out.lambda_logits).exp()
-    halts = quantile_halting_steps(out.lambda_logits, 0.5)
+    halts = halting_steps(Quantile(0.5), None, out.lambda_logits)[0]
     probs = torch.softmax(out.logits, dim=-1)
     for i, bucket in enumerate(report["buckets"]):
         steps = bucket["steps"]

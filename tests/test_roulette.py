@@ -13,10 +13,11 @@ from ponder_cli import PonderError
 from ponder_cli.checkpoint import new_model
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import prepare_batch
-from ponder_cli.halting import halting_log_probs
+from ponder_cli.methods import halting_log_probs
 from ponder_cli.methods import get_method
 from ponder_cli.model import FORCED_HALT_LOGIT, halting_as_computed
-from ponder_cli.halting import ContinueBelow, roulette_weights
+from ponder_cli.halting import Roulette
+from ponder_cli.methods import roulette_weights
 
 STEPS = 5
 
@@ -40,7 +41,7 @@ def test_the_rule_goes_on_with_the_ratio_of_reach_probabilities():
     step's decision on its own: no row is dropped between them here)."""
     lambda_logits = torch.tensor([logit(0.5), logit(0.8), logit(0.5)])
     uniforms = torch.tensor([[0.99, 0.39, 0.0], [0.99, 0.41, 0.0], [0.99, 0.0, 0.49], [0.99, 0.0, 0.51]]).t()
-    rule = ContinueBelow(0.25, uniforms)  # four rows: (steps, 4) coins
+    rule = Roulette(0.25, uniforms)  # four rows: (steps, 4) coins
     decisions = [rule.decide(n, False, None, lambda_logits[n].expand(4))[0].tolist() for n in range(3)]
     assert decisions == [[False] * 4, [False, True, False, False], [False, False, False, True]]
 
@@ -84,7 +85,7 @@ def test_the_expected_loss_and_gradient_are_the_full_computations(epsilon):
             chance = reach[t - 1] - reach[t]  # P(stop after step t)
             if chance <= 0:
                 continue
-            out = model(xb, stop=ContinueBelow(epsilon, _stop_at(t)))
+            out = model(xb, stop=Roulette(epsilon, _stop_at(t)))
             assert out.computed.item() == t
             loss = method.loss(out.logits, out.lambda_logits, yb, out.computed).total
             expected_loss += chance * loss.item()
@@ -102,7 +103,7 @@ def test_the_last_computed_step_keeps_its_own_halting():
     training metrics halt by the last computed step at the latest (halting_as_computed)."""
     model, _, x, _ = _model(0.9)
     full = model(x)
-    out = model(x, stop=ContinueBelow(0.9, torch.ones(STEPS, x.shape[0])))  # stop wherever allowed
+    out = model(x, stop=Roulette(0.9, torch.ones(STEPS, x.shape[0])))  # stop wherever allowed
     computed = out.computed
     assert computed.min() < STEPS
     for b in range(x.shape[0]):

@@ -78,7 +78,7 @@ def test_early_exit_inference_makes_at_most_one_host_sync_per_step(step, method,
     model, cfg = _model(1 if method == "plain" else 6, method, step, bias, spread)
     model.eval()
     uniforms = torch.rand(cfg.method.max_steps, 64, generator=torch.Generator().manual_seed(0))
-    rule_object = get_method(cfg).early_exit(rule, uniforms)
+    rule_object = get_method(cfg).exit_rule(rule, uniforms)
     result = {}
     with torch.inference_mode():
         syncs = count_host_reads(lambda: result.update(out=model.infer(_INPUTS, rule_object)))

@@ -12,7 +12,7 @@ import torch
 from ponder_cli import registry
 from ponder_cli.checkpoint import load_model
 from ponder_cli.evaluate import EvalBucket, evaluate_bucket
-from ponder_cli.halting import quantile_halting_steps
+from ponder_cli.halting import Quantile, halting_steps
 from ponder_cli.reports import TaskView, Terms
 from ponder_cli.tasks import Task, TrainingSource, UserInputs, load_inputs, uniforms
 
@@ -132,7 +132,7 @@ def test_a_task_defined_here_trains_evaluates_predicts_and_reports(sums_task, po
     model, _, _ = load_model(run / "best.pt", "cpu")  # the model read the rows as the task gave them
     with torch.no_grad():
         out = model(torch.tensor([[1, 2, 0, 0, 0, 0], [3, 3, 1, 0, 0, 0]], dtype=torch.float32))
-    halts = quantile_halting_steps(out.lambda_logits, 0.5)  # (2,): the median rule, 1-based
+    halts = halting_steps(Quantile(0.5), None, out.lambda_logits)[0]  # (2,): the median rule, 1-based
     for i, bucket in enumerate(predicted["buckets"]):
         probs = torch.softmax(out.logits[halts[i] - 1, i], dim=-1)
         assert bucket["halting_step"] == int(halts[i])

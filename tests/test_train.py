@@ -11,6 +11,7 @@ from ponder_cli.data import load_mnist, train_val_split
 from ponder_cli import train as training
 from ponder_cli.checkpoint import new_model
 from ponder_cli.train import batch_step, train, train_one_epoch
+from ponder_cli.halting import halting_steps
 from ponder_cli.methods import Method
 from ponder_cli.tasks import get_task
 
@@ -172,7 +173,7 @@ def test_random_depth_training_stops_each_input_at_its_drawn_depth(tiny_mnist, t
     cfg = CFG.replace(max_steps=6, depth_min=2)
     torch.manual_seed(0)
     rule = batch_step(new_model(cfg), cfg, train_set).method.truncation(400, torch.device("cpu"))
-    computed = rule.computed_steps(torch.full((6, 400), -10.0))  # halting never near: the depth decides
+    computed, _ = halting_steps(rule, None, torch.full((6, 400), -10.0))  # halting never near: the depth decides
     assert computed.min() == 2 and computed.max() == 6
     assert sorted(set(computed.tolist())) == [2, 3, 4, 5, 6]  # every depth drawn, uniformly
     assert abs(computed.float().mean() - 4.0) < 0.25

@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from ponder_cli.checkpoint import load_model  # noqa: E402
 from ponder_cli.data import default_data_dir, load_mnist, prepare_batch  # noqa: E402
 from ponder_cli.folders import shipped_path  # noqa: E402
-from ponder_cli.halting import quantile_halting_steps, sample_halting_steps  # noqa: E402
+from ponder_cli.halting import Quantile, Sample, halting_steps  # noqa: E402
 from ponder_cli.steps.align import rotate_bilinear  # noqa: E402
 
 SETTLED = 3.0  # degrees: a turn that moves less than this from a step two (or k) steps back has settled
@@ -96,7 +96,8 @@ def cycle_row(model, images, labels, angle: float, seed: int) -> list[str]:
     u_step = torch.where(u_last, steps, steps - 1)  # 1-based
     coins = torch.rand(steps, count, generator=torch.Generator().manual_seed(seed))
     shares = []
-    for halting in (quantile_halting_steps(lambda_logits, 0.5), sample_halting_steps(lambda_logits, coins)):
+    for halting in (halting_steps(Quantile(0.5), None, lambda_logits)[0],
+                    halting_steps(Sample(coins), None, lambda_logits)[0]):
         late = halting >= 4
         shares.append(((halting - u_step) % 2 == 0)[late].float().mean())
     alternating = (delta[5:] * delta[4:-1] < 0).all(0)
@@ -147,7 +148,7 @@ def damping_row(model, images, labels, angle: float) -> list[str]:
     cells = [f"{angle:+g}"]
     for gain in (1.0, 0.5, 0.25):
         logits, lambda_logits, turns = damped_pass(model, x, gain)
-        halting = quantile_halting_steps(lambda_logits, 0.5)
+        halting = halting_steps(Quantile(0.5), None, lambda_logits)[0]
         chosen = logits.gather(0, (halting - 1)[None, :, None].expand(1, -1, logits.shape[-1]))[0]
         cells.append(f"{(logits[-1].argmax(-1) == labels).float().mean():.4f} · "
                      f"{(chosen.argmax(-1) == labels).float().mean():.4f} · {halting.float().mean():.2f} · "
@@ -173,7 +174,7 @@ def settling_row(model, images, labels, angle: float) -> list[str]:
     for n in range(steps - 1, 1, -1):
         settled_from = torch.where(two_step[n:].all(0), torch.tensor(n + 1), settled_from)
     settled = settled_from <= steps
-    halting = quantile_halting_steps(lambda_logits, 0.5)
+    halting = halting_steps(Quantile(0.5), None, lambda_logits)[0]
     correct = logits.argmax(-1) == labels  # (steps, B)
     at = lambda n: correct.gather(0, (n - 1)[None])[0]  # noqa: E731
     late_gain = ~at(halting) & correct[-1]
