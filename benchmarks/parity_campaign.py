@@ -99,8 +99,6 @@ TINY = dict(hidden=16, max_steps=3, batch_size=32, batches_per_epoch=4, patience
 SMOKE_STAGES = (
     Stage("parity64", dict(task="parity", elems=8, seed=1, **TINY), ("1-2", "3-4", "5-6", "7-8"),
           ("1-2", "3-4", "5-6", "7-8")),
-    Stage("parity64-square", dict(task="parity", elems=64, encoding="square", seed=1, **SMALL_BATCHES),
-          RANGES_64, RANGES_64),
     Stage("parity96-pondernet", dict(task="parity", elems=12, train_counts="1-6", seed=1, **TINY),
           ("1-3", "4-6", "7-9", "10-12"), ("1-3", "4-6")),
     Stage("parity96-act", dict(task="parity", elems=12, train_counts="1-6", method="act", seed=1, **TINY),
