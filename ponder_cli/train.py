@@ -20,7 +20,7 @@ from .folders import BEST, LAST
 from .methods import Method, get_method
 from .model import truncate
 from .registry import AT_CHANCE, EARLY_STOP, FINISHED, TIME_LIMIT
-from .runtime import Adam, autocast, drops_rows, grad_scaler
+from .runtime import Adam, autocast, drops_rows, grad_scaler, keep_freed_memory
 from .tasks import TrainingSource, get_task
 
 
@@ -107,6 +107,8 @@ class BatchStep:
         self.amp = amp
         self.params = list(model.parameters())
         self.device = self.params[0].device
+        if self.device.type == "cpu":
+            keep_freed_memory()  # no batch faults its tensors' pages in afresh
         self.shrink = drops_rows(self.device) if shrink is None else shrink
         # loss, reconstruction, regularisation (each times batch size), correct, halting steps,
         # inputs in batches that were used, batches skipped for a non-finite loss or gradient,

@@ -130,16 +130,17 @@ class GRURecurrence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input_gates, weight_hh, bias_hh, norm_weight, norm_bias, steps, eps):
         hidden = weight_hh.shape[1]
-        input_reset, input_update, input_new = input_gates.chunk(3, dim=1)
+        input_gates_ru, input_new = input_gates[:, :2 * hidden], input_gates[:, 2 * hidden:]
         out = input_gates.new_empty(steps, input_gates.shape[0], hidden)
-        h = torch.zeros_like(input_reset)
+        h = torch.zeros_like(input_new)
         saved = []
         for n in range(steps):
             state_gates = bias_hh.expand_as(input_gates) if n == 0 else \
                 nn.functional.linear(h, weight_hh, bias_hh)
-            state_reset, state_update, state_new = state_gates.chunk(3, dim=1)
-            reset = torch.add(input_reset, state_reset).sigmoid_()
-            update = torch.add(input_update, state_update).sigmoid_()
+            state_new = state_gates[:, 2 * hidden:]
+            # the reset and update gates in one operator each: the loop's, element by element
+            gates = torch.add(input_gates_ru, state_gates[:, :2 * hidden]).sigmoid_()
+            reset, update = gates[:, :hidden], gates[:, hidden:]
             new = torch.mul(reset, state_new).add_(input_new).tanh_()
             kept = h - new
             h = torch.mul(update, kept).add_(new)  # new + update * (h - new)
@@ -148,7 +149,7 @@ class GRURecurrence(torch.autograd.Function):
                 pre_norm = h
                 h, mean, rstd = torch.native_layer_norm(h, [hidden], norm_weight, norm_bias, eps)
             out[n] = h
-            saved.append((state_new, reset, update, new, kept, pre_norm, mean, rstd))
+            saved.append((state_new, gates, new, kept, pre_norm, mean, rstd))
             h = out[n]
         # the states through save_for_backward: ctx holding views of its own output would be a
         # reference cycle that frees no batch's tensors
@@ -164,8 +165,10 @@ class GRURecurrence(torch.autograd.Function):
         steps, batch = grad_out.shape[:2]
         grad_input = grad_weight = grad_bias = grad_norm_weight = grad_norm_bias = None
         carried = None  # the next step's gradients to this step's state: through `kept`, through the gates
+        grad_sigmoid = grad_out.new_empty(batch, 2 * hidden)  # the reset and update gates' outputs'
         for n in reversed(range(steps)):
-            state_new, reset, update, new, kept, pre_norm, mean, rstd = ctx.saved[n]
+            state_new, gates, new, kept, pre_norm, mean, rstd = ctx.saved[n]
+            reset, update = gates[:, :hidden], gates[:, hidden:]
             grad_h = grad_out[n]
             if carried is not None:
                 grad_kept, grad_gates = carried
@@ -178,16 +181,14 @@ class GRURecurrence(torch.autograd.Function):
                 else:
                     grad_norm_weight.add_(grad_nw)
                     grad_norm_bias.add_(grad_nb)
-            grad_update = grad_h * kept
+            torch.mul(grad_h, kept, out=grad_sigmoid[:, hidden:])  # the update gate's
             grad_kept = grad_h * update
             grad_new = grad_h - grad_kept  # autograd's grad + (-grad_kept): the same float
             grad_pre_new = aten.tanh_backward(grad_new, new)
-            grad_reset = grad_pre_new * state_new
+            torch.mul(grad_pre_new, state_new, out=grad_sigmoid[:, :hidden])  # the reset gate's
             grad_gates = grad_out.new_empty(batch, 3 * hidden)  # the state's gates: reset, update, new
-            gate_reset, gate_update, gate_new = grad_gates.chunk(3, dim=1)
-            torch.mul(grad_pre_new, reset, out=gate_new)
-            aten.sigmoid_backward.grad_input(grad_update, update, grad_input=gate_update)
-            aten.sigmoid_backward.grad_input(grad_reset, reset, grad_input=gate_reset)
+            torch.mul(grad_pre_new, reset, out=grad_gates[:, 2 * hidden:])
+            aten.sigmoid_backward.grad_input(grad_sigmoid, gates, grad_input=grad_gates[:, :2 * hidden])
             # the input's gates: reset and update as the state's, new before the reset's product
             if grad_input is None:
                 grad_input = torch.cat([grad_gates[:, :2 * hidden], grad_pre_new], dim=1)
