@@ -118,17 +118,19 @@ class PonderNet(nn.Module):
         if stop is not None:
             return self._forward_truncated(x, stop)
         context, state = self.step.start(x, self.max_steps)
-        readouts, extras = [], []
-        for n in range(self.max_steps):
-            before = state
-            state, readout, extra = self.step(context, state, n)
-            if traces is not None:
-                traces.append(self.step.trace(x, context, before, state, n))
-            readouts.append(readout)
-            extras.append(extra)
+        stacked = self.step.all_steps(context, state, self.max_steps) if traces is None else None
+        if stacked is None:
+            readouts, extras = [], []
+            for n in range(self.max_steps):
+                before = state
+                state, readout, extra = self.step(context, state, n)
+                if traces is not None:
+                    traces.append(self.step.trace(x, context, before, state, n))
+                readouts.append(readout)
+                extras.append(extra)
+            stacked = torch.stack(readouts), None if extras[0] is None else torch.stack(extras)
         # Heads run once on all steps together: one large matmul beats `steps` small ones.
-        readouts = torch.stack(readouts)  # (steps, B, readout)
-        extra = None if extras[0] is None else torch.stack(extras)  # (steps, B, extra)
+        readouts, extra = stacked  # (steps, B, readout), (steps, B, extra) or None
         previous = torch.cat([torch.zeros_like(readouts[:1]), readouts[:-1]]) if self.previous_input else None
         return PonderOutput(*self.heads(readouts, extra, previous, n=None))
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import inspect
+import sys
 
 import torch
 
@@ -87,3 +89,27 @@ class Adam(torch.optim.Adam):
         # the update unless the optimizer is differentiable
         with torch.set_grad_enabled(self.defaults["differentiable"]):
             return self._step(closure)
+
+
+# glibc's mallopt parameters (malloc.h) and the largest mmap threshold it takes on 64-bit Linux
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX = -1, -3, 32 * 1024 * 1024
+_kept = False
+
+
+def keep_freed_memory() -> bool:
+    """On glibc (Linux), have the C allocator keep the memory a batch frees for the next batch
+    (once a process): torch's CPU tensors come from malloc, whose defaults hand a block over 128
+    KiB or so back to the system when it is freed, and the next batch's tensors of that size
+    then fault their pages in afresh, zeroed by the kernel (hundreds of page faults a parity
+    batch). The process keeps its peak heap instead, which every batch needs again; no value
+    changes. Whether it took effect (False elsewhere)."""
+    global _kept
+    if _kept or not sys.platform.startswith("linux"):
+        return _kept
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+    _kept = bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+    return _kept

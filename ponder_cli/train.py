@@ -20,7 +20,7 @@ from .folders import BEST, LAST
 from .methods import Method, get_method
 from .model import truncate
 from .registry import AT_CHANCE, EARLY_STOP, FINISHED, TIME_LIMIT
-from .runtime import Adam, autocast, drops_rows, grad_scaler
+from .runtime import Adam, autocast, drops_rows, grad_scaler, keep_freed_memory
 from .tasks import TrainingSource, get_task
 
 
@@ -113,6 +113,8 @@ class BatchStep:
         self.amp = amp
         self.params = list(model.parameters())
         self.device = self.params[0].device
+        if self.device.type == "cpu":
+            keep_freed_memory()  # no batch faults its tensors' pages in afresh
         self.shrink = drops_rows(self.device) if shrink is None else shrink
         self.totals = torch.zeros(BACKED_OFF + 1, dtype=torch.float64, device=self.device)  # MEANS, INPUTS, ...
         self._no_step = torch.zeros((), dtype=torch.float32, device=self.device)

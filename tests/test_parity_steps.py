@@ -74,6 +74,35 @@ def test_gru_step_equals_torchs_gru_cell_from_a_zero_state(vector_config):
             assert torch.allclose(readout, h, atol=1e-6)
 
 
+@pytest.mark.parametrize("layer_norm", [True, False])
+def test_the_gru_steps_run_at_once_give_the_loops_loss_and_gradients_to_the_bit(vector_config, layer_norm):
+    # the training forward on the CPU (GRURecurrence) against the step-by-step loop (what a
+    # forward with traces runs), and PonderNet's loss and every gradient through it
+    model = vector_model(vector_config, "gru", seed=3, gru_layer_norm=layer_norm, max_steps=7)
+    x, targets = inputs(48, seed=5), torch.randint(0, CLASSES, (48,), generator=torch.Generator().manual_seed(6))
+    method = get_method(vector_config(step="gru", max_steps=7))
+    context, state = model.step.start(x, 7)
+    assert model.step.all_steps(context, state, 7) is not None  # the fast path is the one taken
+
+    def loss_and_gradients(traces):
+        model.zero_grad(set_to_none=True)
+        out = model(x, traces=traces)
+        loss = method.loss(out.logits, out.lambda_logits, targets).total
+        loss.backward()
+        return out, loss, {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    at_once, loop = loss_and_gradients(None), loss_and_gradients([])
+    assert torch.equal(at_once[0].logits, loop[0].logits)
+    assert torch.equal(at_once[0].lambda_logits, loop[0].lambda_logits)
+    assert torch.equal(at_once[1], loop[1])
+    assert at_once[2].keys() == loop[2].keys()
+    for name, grad in loop[2].items():
+        assert grad.abs().sum() > 0, name
+        assert torch.equal(at_once[2][name], grad), name
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts per operator: the loop runs
+        assert model.step.all_steps(context, state, 7) is None
+
+
 def test_gru_recipe_orthogonal_blocks_update_bias_and_normalised_state(vector_config):
     torch.manual_seed(0)
     plain = GRUStep(vector_config(step="gru", elems=8, hidden=16, gru_layer_norm=False, gru_orthogonal=False,

@@ -1,6 +1,8 @@
 import dataclasses
 import math
 import re
+import resource
+import sys
 
 import pytest
 import torch
@@ -274,3 +276,19 @@ def test_a_run_at_chance_with_its_learning_rate_at_the_floor_says_so(tmp_path):
     learnt = dataclasses.replace(result, best_accuracy=0.7)
     assert training.at_chance(learnt, cfg, 2, 9e-9) is None
     assert training.at_chance(result, cfg, 2, 1e-7) is None  # a learning rate not yet at the floor
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_cpu_training_batches_reuse_the_memory_the_last_batch_freed():
+    # batches of 128 parity vectors: 1.3 MB readouts (20 steps of 128 units) and the like, which glibc's
+    # defaults hand back to the system at every free, to fault in again, page by page
+    cfg = PonderConfig.of(task="parity", elems=64, batch_size=128, seed=1)
+    torch.manual_seed(1)
+    step = batch_step(new_model(cfg), cfg, get_task(cfg).training_source(None, torch.device("cpu")))
+    step.warm_up()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for index in range(20):
+        step.source.stage(index)
+        step()
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20
+    assert faults < 40, f"{faults:.0f} page faults a batch"

@@ -77,6 +77,14 @@ class StepFunction(nn.Module):
         extras (B, halting_extra_size) or None."""
         raise NotImplementedError
 
+    def all_steps(self, context: tuple, state: tuple, steps: int
+                  ) -> Optional[tuple[torch.Tensor, Optional[torch.Tensor]]]:
+        """Steps 0 .. steps - 1 at once, from `start`'s context and state, for a forward over every
+        step of every input: the readouts (steps, B, readout_size) and the halting extras stacked
+        (or None), exactly what `forward` step by step gives. None: run `forward` step by step (the
+        default; a step with a faster way of its own says so here)."""
+        return None
+
     def gate_halting(self, lambda_logits: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
         """The halting logits (...) after the step's own say on halting, from its halting features
         (..., halting_extra_size); by default it has none."""

@@ -26,12 +26,20 @@ Optional, after the min-pondernet recipe: LayerNorm on the new state, orthogonal
 weights, and a positive update-gate bias (each step keeps more of the previous state). The
 config's gru_* fields choose them; `ponder train --step gru` implies all three (the recipe
 that learns parity here: docs/parity-results.md), the dataclass defaults are off.
+
+On the CPU a forward over every step runs the gru's steps as one autograd function
+(GRURecurrence, `all_steps`): the same operators on the same values as the step-by-step loop,
+and a backward written out that sums every gradient in the order autograd sums the loop's, so
+the loss, the gradients and a seeded run are the same to the bit; without a node per operator
+and a tensor per intermediate gradient, a training batch of 128 costs about a third less
+(docs/performance.md). On CUDA a captured batch has no such per-operator cost: the loop runs.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
+from torch.autograd.function import once_differentiable
 
 from . import StepFunction
 
@@ -54,6 +62,8 @@ def encoded(x: torch.Tensor, encoding: str) -> torch.Tensor:
     # comparisons with Python numbers: no tensor made from the host inside a batch (capturable)
     return torch.stack([x == value for value in ONEHOT_VALUES], dim=2).to(x.dtype).flatten(1)
 
+
+aten = torch.ops.aten
 
 
 class RNNStep(StepFunction):
@@ -106,6 +116,7 @@ class GRUStep(StepFunction):
     def forward(self, context, state, n):
         (input_gates,), (h,) = context, state
         input_reset, input_update, input_new = input_gates.chunk(3, dim=1)
+        # GRURecurrence.forward repeats these operators: a change here is a change there
         if h is None:  # h_0 = 0: the state's share of the gates is its bias alone
             state_gates = self.cell.bias_hh.expand_as(input_gates)
             h = torch.zeros_like(input_reset)
@@ -119,3 +130,103 @@ class GRUStep(StepFunction):
         if self.norm is not None:
             h = self.norm(h)
         return (h,), h, None
+
+    def all_steps(self, context, state, steps: int):
+        """Every step at once on the CPU (GRURecurrence): the readouts stacked (steps, B, hidden)
+        and no extras; None elsewhere, or under autocast (the loop casts per operator)."""
+        (input_gates,), (h,) = context, state
+        if input_gates.device.type != "cpu" or h is not None or torch.is_autocast_enabled("cpu"):
+            return None
+        norm = self.norm
+        readouts = GRURecurrence.apply(input_gates, self.cell.weight_hh, self.cell.bias_hh,
+                                       None if norm is None else norm.weight, None if norm is None else norm.bias,
+                                       steps, 1e-5 if norm is None else norm.eps)
+        return readouts, None
+
+
+class GRURecurrence(torch.autograd.Function):
+    """GRUStep's `steps` steps from h_0 = 0 as one autograd node: (input gates (B, 3 hidden),
+    weight_hh, bias_hh, LayerNorm weight and bias or None, steps, eps) -> the states (steps, B,
+    hidden). The forward runs GRUStep.forward's operators in its order; the backward computes
+    each of the loop's gradients with the kernels autograd calls (tanh_backward,
+    sigmoid_backward, native_layer_norm_backward, the same matrix products) and adds up the
+    gradients of a tensor used more than once in the order autograd's engine adds the loop's
+    (the last step first; a state's own readout, then its share of the next step's update, then
+    of its gates), so the results are the loop's to the bit (tests/test_parity_steps.py). In
+    place where the loop allocates: an intermediate that nothing else reads."""
+
+    @staticmethod
+    def forward(ctx, input_gates, weight_hh, bias_hh, norm_weight, norm_bias, steps, eps):
+        hidden = weight_hh.shape[1]
+        input_gates_ru, input_new = input_gates[:, :2 * hidden], input_gates[:, 2 * hidden:]
+        out = input_gates.new_empty(steps, input_gates.shape[0], hidden)
+        h = torch.zeros_like(input_new)
+        saved = []
+        for n in range(steps):
+            state_gates = bias_hh.expand_as(input_gates) if n == 0 else \
+                nn.functional.linear(h, weight_hh, bias_hh)
+            state_new = state_gates[:, 2 * hidden:]
+            # the reset and update gates in one operator each: the loop's, element by element
+            gates = torch.add(input_gates_ru, state_gates[:, :2 * hidden]).sigmoid_()
+            reset, update = gates[:, :hidden], gates[:, hidden:]
+            new = torch.mul(reset, state_new).add_(input_new).tanh_()
+            kept = h - new
+            h = torch.mul(update, kept).add_(new)  # new + update * (h - new)
+            pre_norm = mean = rstd = None
+            if norm_weight is not None:
+                pre_norm = h
+                h, mean, rstd = torch.native_layer_norm(h, [hidden], norm_weight, norm_bias, eps)
+            out[n] = h
+            saved.append((state_new, gates, new, kept, pre_norm, mean, rstd))
+            h = out[n]
+        # the states through save_for_backward: ctx holding views of its own output would be a
+        # reference cycle that frees no batch's tensors
+        ctx.save_for_backward(weight_hh, norm_weight, norm_bias, out)
+        ctx.saved = saved
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        weight_hh, norm_weight, norm_bias, out = ctx.saved_tensors
+        hidden = weight_hh.shape[1]
+        steps, batch = grad_out.shape[:2]
+        grad_input = grad_weight = grad_bias = grad_norm_weight = grad_norm_bias = None
+        carried = None  # the next step's gradients to this step's state: through `kept`, through the gates
+        grad_sigmoid = grad_out.new_empty(batch, 2 * hidden)  # the reset and update gates' outputs'
+        for n in reversed(range(steps)):
+            state_new, gates, new, kept, pre_norm, mean, rstd = ctx.saved[n]
+            reset, update = gates[:, :hidden], gates[:, hidden:]
+            grad_h = grad_out[n]
+            if carried is not None:
+                grad_kept, grad_gates = carried
+                grad_h = torch.addmm(grad_h + grad_kept, grad_gates, weight_hh)
+            if norm_weight is not None:
+                grad_h, grad_nw, grad_nb = aten.native_layer_norm_backward(
+                    grad_h, pre_norm, [hidden], mean, rstd, norm_weight, norm_bias, [True, True, True])
+                if grad_norm_weight is None:
+                    grad_norm_weight, grad_norm_bias = grad_nw, grad_nb
+                else:
+                    grad_norm_weight.add_(grad_nw)
+                    grad_norm_bias.add_(grad_nb)
+            torch.mul(grad_h, kept, out=grad_sigmoid[:, hidden:])  # the update gate's
+            grad_kept = grad_h * update
+            grad_new = grad_h - grad_kept  # autograd's grad + (-grad_kept): the same float
+            grad_pre_new = aten.tanh_backward(grad_new, new)
+            torch.mul(grad_pre_new, state_new, out=grad_sigmoid[:, :hidden])  # the reset gate's
+            grad_gates = grad_out.new_empty(batch, 3 * hidden)  # the state's gates: reset, update, new
+            torch.mul(grad_pre_new, reset, out=grad_gates[:, 2 * hidden:])
+            aten.sigmoid_backward.grad_input(grad_sigmoid, gates, grad_input=grad_gates[:, :2 * hidden])
+            # the input's gates: reset and update as the state's, new before the reset's product
+            if grad_input is None:
+                grad_input = torch.cat([grad_gates[:, :2 * hidden], grad_pre_new], dim=1)
+            else:
+                grad_input[:, :2 * hidden].add_(grad_gates[:, :2 * hidden])
+                grad_input[:, 2 * hidden:].add_(grad_pre_new)
+            step_bias = grad_gates.sum(0)
+            grad_bias = step_bias if grad_bias is None else grad_bias.add_(step_bias)
+            if n > 0:  # step 0's gates are the bias alone
+                h = out[n - 1]
+                grad_weight = grad_gates.t().mm(h) if grad_weight is None else grad_weight.addmm_(grad_gates.t(), h)
+                carried = grad_kept, grad_gates
+        return grad_input, grad_weight, grad_bias, grad_norm_weight, grad_norm_bias, None, None
