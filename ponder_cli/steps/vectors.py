@@ -19,7 +19,7 @@ Both read each entry as its value (`--encoding raw`), one-hot over {-1, 0, +1} (
 inputs an entry, as AdaTape feeds parity) or as its value and its square (`square`: x and x^2
 side by side, two inputs an entry). The last two show which entries are non-zero apart from
 their signs, so the count of +1 entries, (sum x + sum x^2) / 2, is linear in the input. They
-carry the same information, but one-hot also gives every zero entry an input of its own: a
+hold the same information, but one-hot also gives every zero entry an input of its own: a
 vector with few non-zeros is mostly the zeros' indicators, where x^2 leaves zeros silent.
 
 Optional, after the min-pondernet recipe: LayerNorm on the new state, orthogonal recurrent
