@@ -193,7 +193,7 @@ class TrainingSettings:
     lr_factor: float = setting(0.1, *within(0, 1, "()"), hidden=True, help="The LR's cut when it is reduced.")
     seed: int = setting(1234, *SEED_RULE, help="Seed of the split, initialisation and sampling.")
     # a resumed refit keeps its body frozen by this
-    refit_halting: bool = setting(False, hidden=True, default_text="off", help=(
+    refit_halting: bool = setting(False, default_text="off", help=(
         "With --init-from: refit that model's halting head alone, every other weight frozen, the head new "
         "(options given here override its settings: the halting ones, --epochs, ...; docs/halting.md)."))
 

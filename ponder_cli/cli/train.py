@@ -100,7 +100,7 @@ DETERMINISTIC_OPTION = typer.Option(False, "--deterministic", hidden=True, help=
                                     "the same weights, on CUDA too; slower there.")
 NAME_OPTION = typer.Option(None, "--name", metavar="TEXT", hidden=True, help="A name for the run, which `ponder runs` shows and "
                            "--where name=... finds (the folder keeps its own).")
-TAG_OPTION = typer.Option(None, "--tag", metavar="TAG", help="A tag for the run (one word; repeat it for several): "
+TAG_OPTION = typer.Option(None, "--tag", metavar="TAG", hidden=True, help="A tag for the run (one word; repeat it for several): "
                           "`ponder runs --where tag=TAG` finds them.")
 NOTE_OPTION = typer.Option(None, "--note", metavar="TEXT", hidden=True, help="A line about the run, which `ponder info` and "
                            "`ponder runs` show. None of these three changes training: resuming keeps them or takes "
