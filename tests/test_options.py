@@ -1,5 +1,6 @@
-"""Options that do not apply (one rule, from the pieces' `reads`), implied settings in --help,
-and the wording of usage errors and help."""
+"""Options that do not apply (one rule, from the pieces' `reads`, checked against what their code
+reads), implied settings in --help, `ponder train`'s options made from the settings' fields, and
+the wording of usage errors and help."""
 
 import io
 import json
@@ -56,6 +57,79 @@ def test_readers_come_from_the_pieces():
         for name in table:
             assert set(piece_class(kind, name).reads) <= fields, name
             assert set(piece_class(kind, name).implied) <= fields, name
+
+
+def _read_settings(cfg, training: bool = True):
+    """The settings (flat keys) that building `cfg`'s model and method, a (truncated) training
+    forward and its loss, and a prediction read; and those outputs (an evaluation forward when not
+    `training`: no dropout stream)."""
+    import torch
+
+    from ponder_cli.checkpoint import new_model
+    from ponder_cli.config import PLACES, SECTION_TYPES
+    from ponder_cli.methods import get_method
+
+    keys = {(SECTION_TYPES[section], field.name): key for key, (section, field) in PLACES.items()}
+    seen = set()
+
+    def recording(kind):
+        def read(self, name):
+            seen.update([keys[(kind, name)]] if (kind, name) in keys else [])
+            return object.__getattribute__(self, name)
+        return read
+
+    for kind in SECTION_TYPES.values():
+        kind.__getattribute__ = recording(kind)
+    try:
+        torch.manual_seed(0)
+        task = get_task(cfg)
+        model, method = new_model(cfg).train(training), get_method(cfg)
+        draws = torch.Generator().manual_seed(1)
+        x = torch.randint(-1, 2, (4, *task.input_shape), generator=draws).float()
+        targets = torch.randint(0, task.classes, (4,), generator=draws)
+        stop = method.truncation(4, "cpu") if training else None
+        out = model(x, stop=stop)
+        loss = method.loss(out.logits, out.lambda_logits, targets, computed=None if stop is None else out.computed,
+                           progress=torch.tensor(3.0)).total
+        scores, steps = method.predict(out.logits, out.lambda_logits,
+                                       torch.rand(out.logits.shape[0], 4, generator=draws), "sample")
+    finally:
+        for kind in SECTION_TYPES.values():
+            del kind.__getattribute__
+    return seen, (out.logits, loss, scores, steps)
+
+
+COMBINATIONS = [(task, step, method) for task in ("mnist", "parity") for step in PIECES["step"]
+                for method in PIECES["method"] if piece_class("step", step).input_kind ==
+                piece_class("task", task).input_kind]
+
+
+@pytest.mark.parametrize("task,step,method", COMBINATIONS)
+def test_the_pieces_reads_are_what_their_code_reads(task, step, method):
+    """A piece's `reads` is kept by hand: here what the model, the method's loss and predictions
+    really read is recorded. Every step and method setting the chosen pieces read (applies) is
+    read; a setting read that does not apply (neither read by them nor implied) is plain's, which
+    runs PonderNet's code at one step, and none of those changes the numbers."""
+    import torch
+
+    from ponder_cli.config import PLACES, applies, implied_values
+
+    small = {"hidden": 8, **({"elems": 8} if task == "parity" else {"hidden_cnn": 8}),
+             **({} if method == "plain" else {"truncation": 0.1, "max_steps": 4})}
+    cfg = PonderConfig.of(task=task, step=step, method=method, **small)
+    seen, _ = _read_settings(cfg)
+    chosen = cfg.chosen()
+    applying = {key for key in PLACES if applies(key, chosen, cfg.value) and key not in chosen}
+    assert {key for key in applying if PLACES[key][0] in ("step", "method")} - seen == set()
+    unapplied = seen - applying - set(implied_values(chosen)) - set(chosen)
+    assert method == "plain" or unapplied == set()
+    other = {"beta": 0.5, "beta_warmup": 7, "halting_bias": 2.0, "halting_input": "state+confidence",
+             "halting_target": "final", "lambda_p": 0.7, "prior": "uniform"}
+    assert unapplied <= set(other)
+    _, outputs = _read_settings(cfg, training=False)
+    for key in unapplied:  # one step: p_1 = 1, whatever the halting head and the prior say
+        _, changed = _read_settings(PonderConfig.build({**cfg.to_dict(), key: other[key]}), training=False)
+        assert all(torch.equal(a, b) for a, b in zip(outputs, changed)), key
 
 
 def test_resuming_refuses_what_the_run_does_not_read(checkpoint, ponder, one_error_line):
