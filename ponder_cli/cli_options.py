@@ -14,8 +14,8 @@ from typer.core import TyperCommand
 from . import BadValue
 from .config import PonderConfig, parse_duration
 from .folders import DEFAULT, LATEST, RUNS_DIR, SHIPPED
-from .registry import (CNN_DROPOUT_MASKS, DEVICE_CHOICES, ENCODINGS, LAYOUTS, HALTING_INPUTS, HALTING_RULES, HALTING_TARGETS, PIECES, PRIORS, PROTOCOLS,
-                       device_problem, known, parse_exit_rule, parse_halting_rule, rule_choices)
+from .registry import (DEVICE_CHOICES, HALTING_RULES, PIECES, PROTOCOLS, device_problem, known, parse_exit_rule,
+                       parse_halting_rule, rule_choices)
 from .render import OutputFormat, value_text
 
 
@@ -23,13 +23,7 @@ def _choices(name: str, values) -> type[Enum]:
     return Enum(name, {value: value for value in values}, type=str)
 
 
-HaltingInput = _choices("HaltingInput", HALTING_INPUTS)
-CnnDropoutMask = _choices("CnnDropoutMask", CNN_DROPOUT_MASKS)
-Prior = _choices("Prior", PRIORS)
-HaltingTarget = _choices("HaltingTarget", HALTING_TARGETS)
 Protocol = _choices("Protocol", PROTOCOLS)
-Layout = _choices("Layout", LAYOUTS)
-Encoding = _choices("Encoding", ENCODINGS)
 
 
 def _is_number(token: str) -> bool:
@@ -300,13 +294,6 @@ def angles_option(default: list[str], what: str):
     return typer.Option(None, "--angles", metavar="DEG...", show_default=False,
                         help=f"{what} Several values after one flag: --angles 22.5 45; checkpoints may come before "
                              f"or after the list. MNIST checkpoints only. [default: {' '.join(default)}]")
-
-
-def hyper(name: str, text: str, flag: Optional[str] = None, default_text: Optional[str] = None, **kwargs):
-    """An option that is None unless given, so that a resumed run can tell what the user set."""
-    default = value_text(PonderConfig.default(name)) if default_text is None else default_text
-    return typer.Option(None, *([flag] if flag else []), help=f"{text} [default: {default}]", show_default=False,
-                        **kwargs)
 
 
 # Completion ------------------------------------------------------------------------------------

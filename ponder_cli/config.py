@@ -2,8 +2,9 @@
 its files: `ponder train --config FILE` reads one, `--print-config` and every run folder's
 `config.toml` write one.
 
-A section per kind of piece (task, step, method) and one for training; each setting is a field
-with its default and the one check of its value alone. A piece says which settings it reads
+A section per kind of piece (task, step, method) and one for training; each setting is a field,
+declared once (`setting`): its default, the one check of its value alone and its option's help,
+from which `ponder train`'s option is made (cli/train.py). A piece says which settings it reads
 (`reads`), what it implies (`implied`) and what it refuses beside the others (`config_problems`).
 The rule for a setting the chosen pieces do not read: refused when the user gives it (option,
 config file, `of`), a one-line warning when a saved run holds it (checkpoint, config.json).
@@ -38,9 +39,16 @@ FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32: what the mode
 MAX_SEED = 2 ** 63  # torch's generators take seeds below 2**64; we keep them signed 64-bit
 
 
-def setting(default, test=None, rule=""):
-    """A setting's field: its default and its one check, `test(value)`, else "must be `rule`"."""
-    return dataclasses.field(default=default, metadata={"test": test, "rule": rule})
+def setting(default, test=None, rule="", *, help="", hidden=False, metavar=None, default_text=None, text=False):
+    """A setting, declared once: its default and its one check, `test(value)`, else "must be
+    `rule`" (a table: one of its values, which `ponder train` offers as choices, in any case); its
+    option's help, shown by `ponder train --help` unless `hidden` (the option stays, and a
+    --config file takes it), with `metavar` and `default_text` where the type's and the default's
+    own do not say it; `text`: the option takes text the config reads (halting_bias's 'prior').
+    The option is the key's (`--lambda-p`; a switch `--gru-layer-norm/--no-gru-layer-norm`)."""
+    return dataclasses.field(default=default, metadata={
+        "test": test, "rule": rule, "help": help, "hidden": hidden, "metavar": metavar,
+        "default_text": default_text, "text": text})
 
 
 def within(lo, hi, brackets="[]", note=""):
@@ -54,106 +62,140 @@ def one_of(table):  # the table as it is then: installed packages add pieces
 
 
 ABOVE_0, AT_LEAST_0 = ((lambda v: v > 0), "> 0"), ((lambda v: v >= 0), ">= 0")
+SEED_RULE = (lambda v: 0 <= v < MAX_SEED), "an integer from 0 to 2**63 - 1"
 
 
 @dataclass(frozen=True)
 class TaskSettings:
-    # mnist digits (rotation as difficulty) or parity vectors (non-zero count as difficulty)
-    name: str = setting("mnist", *one_of(TASKS))
-    elems: int = 64  # parity: vectors of `elems` entries (checked by parity: its own bound)
-    # parity: training non-zero counts "LO-HI" (checked by parity); a run saves its own, 1-elems
-    train_counts: str = ""
-    batches_per_epoch: int = setting(1000, *ABOVE_0)  # parity: batches drawn on the fly
-    # parity's curriculum: over the first `curriculum` batches (0: off) the top training count
-    # grows linearly from `curriculum_start` to the top of train_counts
-    curriculum: int = setting(0, *AT_LEAST_0)
-    curriculum_start: int = 2
-    # parity's curriculum by progress (0: off): the top count is raised once validation accuracy on
-    # the counts up to it reaches this; each raise adds an eighth of the training range
-    curriculum_advance: float = setting(0.0, *within(0, 1, "[)"))
-    # parity's curriculum looking back: this share of every batch is drawn from the whole training
-    # range, the rest from the curriculum's current range (Zaremba & Sutskever's "combined")
-    curriculum_mix: float = setting(0.0, *within(0, 1))
-    # parity: where the non-zeros sit, at random positions or in the first `count` positions
-    layout: str = setting("scattered", *one_of(LAYOUTS))
-    # mnist: training images rotated uniformly within +-this many degrees
-    train_rotation: float = setting(22.5, *within(0, 180, note=" degrees: images are rotated within +-angle"))
-    val_size: int = setting(5000, *ABOVE_0)
-    train_size: int = setting(0, *AT_LEAST_0)  # mnist: 0 trains on every image not held out
-    # mnist: the seed of the held-out split; none: the run's --seed. A run from --init-from keeps
-    # its source's split whatever its --seed, so that it never validates on digits its source trained on
-    split_seed: Optional[int] = setting(None, lambda v: 0 <= v < MAX_SEED, "an integer from 0 to 2**63 - 1")
+    name: str = setting("mnist", *one_of(TASKS), help=(
+        "What to learn: mnist (digits; difficulty: rotation) or parity (the parity of +1 entries in vectors of ±1 "
+        "and 0; difficulty: the non-zero count; implies --step gru, see docs/parity.md)."))
+    # parity: checked by the task, its own bound
+    elems: int = setting(64, help="parity: entries per vector.")
+    # parity: checked by the task; a run saves its own, 1-elems
+    train_counts: str = setting("", help="parity: non-zero counts of training vectors, LO-HI (e.g. 1-48).",
+                                default_text="1-ELEMS", metavar="LO-HI", hidden=True)
+    batches_per_epoch: int = setting(1000, *ABOVE_0, hidden=True, help=(
+        "parity: batches of fresh vectors per epoch (the unit of validation, checkpoints and patience)."))
+    # the top count grows linearly from curriculum_start to the top of train_counts
+    curriculum: int = setting(0, *AT_LEAST_0, hidden=True, help=(
+        "parity: over the first this many batches the top training count grows from --curriculum-start (0: off)."))
+    curriculum_start: int = setting(2, hidden=True, help="parity: the curriculum's first top count.")
+    curriculum_advance: float = setting(0.0, *within(0, 1, "[)"), hidden=True, help=(
+        "parity: a curriculum by progress: the top training count, from --curriculum-start, is raised by an eighth "
+        "of the range once validation accuracy on the counts up to it reaches this (0: off)."))
+    # Zaremba & Sutskever's "combined" curriculum
+    curriculum_mix: float = setting(0.0, *within(0, 1), hidden=True, help=(
+        "parity: this share of every batch of a curriculum drawn from the whole training range, the rest from its "
+        "current range (0: none)."))
+    layout: str = setting("scattered", *one_of(LAYOUTS), hidden=True, help=(
+        "parity: where a vector's non-zeros sit: at random positions (scattered, the PonderNet line's) or in the "
+        "first COUNT positions (prefix, the ACT line's)."))
+    train_rotation: float = setting(22.5, *within(0, 180, note=" degrees: images are rotated within +-angle"),
+                                    help="Rotate training images uniformly within +-this many degrees (0: plain "
+                                         "MNIST).")
+    val_size: int = setting(5000, *ABOVE_0, hidden=True, help="Training images held out for validation.")
+    train_size: int = setting(0, *AT_LEAST_0, hidden=True, help="Training images used (0: all not held out).")
+    # none: the run's --seed, so that a run from --init-from never validates on its source's training digits
+    split_seed: Optional[int] = setting(None, *SEED_RULE, hidden=True, default_text="--seed", help=(
+        "Seed of the held-out split (with --init-from: its source's, which keeps the digits that model trained on "
+        "out of validation)."))
 
 
 @dataclass(frozen=True)
 class StepSettings:
-    name: str = setting("mlp", *one_of(STEPS))  # the step function
-    hidden: int = setting(64, *ABOVE_0)  # size of the recurrent state h_n
-    hidden_cnn: int = setting(64, *ABOVE_0)  # size of the image embedding
-    hidden_lin: int = setting(64, *ABOVE_0)  # hidden layer of the step MLP
-    kernel_size: int = setting(5, *within(1, 12, note=": a larger one does not fit a 28x28 image"))
-    cnn_dropout: float = setting(0.5, *within(0, 1, "[)"))  # Dropout2d after conv2, as in the reference
-    # mlp: one Dropout2d mask per image shared by every step, or a fresh one at every step
-    cnn_dropout_mask: str = setting("shared", *one_of(CNN_DROPOUT_MASKS))
-    mlp_dropout: float = setting(0.2, *within(0, 1, "[)"))
-    align_turn: float = setting(30.0, *within(0, 180, "(]", " degrees"))  # align: the largest turn of a step
-    # align: halting held back while the step still turns (steps/align.py), a fraction; 0: off
-    turn_gate: float = setting(0.0, *within(0, 1, note=", a fraction of the largest turn"))
-    # gru: LayerNorm on the new state, orthogonal recurrent blocks, update-gate bias (min-pondernet)
-    gru_layer_norm: bool = False
-    gru_orthogonal: bool = False
-    gru_update_bias: float = 0.0
-    # vector steps: each entry read as its value, or one-hot over {-1, 0, +1}
-    encoding: str = setting("raw", *one_of(ENCODINGS))
+    name: str = setting("mlp", *one_of(STEPS), help=(
+        "The step function: mlp (CNN once, MLP steps: the reference); align (re-reads the image through a learnt "
+        "rotation); parity vectors: rnn (the paper's tanh RNN), gru."))
+    hidden: int = setting(64, *ABOVE_0, hidden=True, help=(
+        "Size of the recurrent state (rnn: the paper's 128 tanh units)."))
+    hidden_cnn: int = setting(64, *ABOVE_0, hidden=True, help="Size of the image embedding.")
+    hidden_lin: int = setting(64, *ABOVE_0, hidden=True, help="mlp: the step MLP's hidden layer.")
+    kernel_size: int = setting(5, *within(1, 12, note=": a larger one does not fit a 28x28 image"), hidden=True,
+                               help="The CNN's kernel size.")
+    cnn_dropout: float = setting(0.5, *within(0, 1, "[)"), hidden=True,
+                                 help="Dropout2d after the CNN's second convolution.")  # as in the reference
+    cnn_dropout_mask: str = setting("shared", *one_of(CNN_DROPOUT_MASKS), hidden=True, help=(
+        "mlp: a fresh Dropout2d mask at every step (as the reference, which reruns its CNN at every step), or one "
+        "per image shared by every step (how runs saved before per-step became mlp's default trained)."))
+    mlp_dropout: float = setting(0.2, *within(0, 1, "[)"), hidden=True, help="Dropout in the step MLP.")
+    align_turn: float = setting(30.0, *within(0, 180, "(]", " degrees"), hidden=True,
+                                help="align: the largest turn of one step, in degrees.")
+    turn_gate: float = setting(0.0, *within(0, 1, note=", a fraction of the largest turn"), hidden=True, help=(
+        "align: holds halting back while the step turns; no halting once its net turn over two steps reaches 2 × "
+        "this × --align-turn (0: off; the formula: docs/align.md)."))
+    # gru's options after min-pondernet
+    gru_layer_norm: bool = setting(False, hidden=True, help="gru: LayerNorm on the new state.")
+    gru_orthogonal: bool = setting(False, hidden=True, help="gru: orthogonal recurrent weights.")
+    gru_update_bias: float = setting(0.0, hidden=True, help=(
+        "gru: added to the update gate's bias (keeps more of the previous state)."))
+    encoding: str = setting("raw", *one_of(ENCODINGS), hidden=True, help=(
+        "rnn, gru: each entry read as its value (raw), one-hot over {-1, 0, +1} (onehot) or as its value and its "
+        "square side by side (square)."))
 
 
 @dataclass(frozen=True)
 class MethodSettings:
-    # pondernet (Banino et al. 2021), act (Graves 2016) or plain (one step: no pondering)
-    name: str = setting("pondernet", *one_of(METHODS))
+    name: str = setting("pondernet", *one_of(METHODS), help=(
+        "pondernet; act (Adaptive Computation Time, Graves 2016); plain (one step, no pondering: implies "
+        "--max-steps 1)."))
     max_steps: int = setting(20, lambda v: 0 < v <= MAX_STEPS, f"from 1 to {MAX_STEPS}: every step is computed "
-                             "for every training input, so an epoch takes about max-steps times longer")
-    halting_input: str = setting("state", *one_of(HALTING_INPUTS))  # what the halting head sees
-    # initial bias of the halting head; None: the method's own (PyTorch's for pondernet, +1 for act);
-    # given as "prior", the logit of lambda_p (lambda starts at the prior's)
-    halting_bias: Optional[float] = None
-    lambda_p: float = setting(0.2, *within(0, 1, "(]"))  # the geometric prior's parameter
-    prior: str = setting("geometric", *one_of(PRIORS))  # the prior's shape: geometric (lambda_p) or uniform
-    # what the halting head learns from: the prior's KL pull (the paper's), or binary cross-entropy
-    # towards whether no later step changes the answer (final) or the answer is right (correct)
-    halting_target: str = setting("prior", *one_of(HALTING_TARGETS))
-    # such a head's own rule (final, correct): halt at the first lambda_n >= this, which validation,
-    # best.pt's choice and every evaluation without --halting use (default_halting)
-    halting_threshold: float = setting(0.99, *within(0, 1, "(]"))
-    beta: float = setting(0.01, *AT_LEAST_0)  # weight of KL(p || p_G)
-    # the KL weight grows linearly from 0 to beta over the first this many optimizer steps (0: off)
-    beta_warmup: int = setting(0, *AT_LEAST_0)
-    # random-depth training: each input trains at a depth drawn uniformly from [depth_min,
-    # max_steps], its halting forced there (0: off: every input may run to max_steps)
-    depth_min: int = setting(0, *AT_LEAST_0)
-    tau: float = setting(0.01, *AT_LEAST_0)  # ACT: weight of the ponder cost N + R
-    act_epsilon: float = setting(0.01, *within(0, 1, "()"))  # ACT: halt once the units sum to 1 - epsilon
-    # training drops an input from later steps once its remaining halting mass is below this
-    # (0: every step of every input); ACT drops it at its own halting step (exact)
-    truncation: float = setting(0.0, *within(0, 1, "[)"))
-    # pondernet, below the truncation: cut stops the input; roulette goes on with probability
-    # (remaining mass) / truncation, an unbiased loss
-    truncation_rule: str = setting("cut", *one_of(TRUNCATION_RULES))
+                             "for every training input, so an epoch takes about max-steps times longer",
+                             help="Maximum ponder steps.")
+    halting_input: str = setting("state", *one_of(HALTING_INPUTS), hidden=True,
+                                 metavar="<state[+confidence][+previous][+turn][+answer]>", help=(
+        "What the halting head sees besides the state: the step's top class probability, the previous step's "
+        "state, the step's turn (align), in that order, and the step's answer (how sure, how it changed: "
+        "docs/halting.md): state+confidence+previous+turn+answer or a part of it."))
+    # None: the method's own (PyTorch's for pondernet, +1 for act); "prior": the logit of lambda_p
+    halting_bias: Optional[float] = setting(None, hidden=True, text=True, help=(
+        "Initial halting-head bias: a number, or 'prior' (logit of --lambda-p); none: the method's own. A method's "
+        "value wins over a step's."))
+    lambda_p: float = setting(0.2, *within(0, 1, "(]"), help="Geometric prior parameter, in (0, 1].")
+    prior: str = setting("geometric", *one_of(PRIORS), hidden=True, help=(
+        "The prior's shape: geometric (--lambda-p, the paper's) or uniform over the steps."))
+    halting_target: str = setting("prior", *one_of(HALTING_TARGETS), hidden=True, help=(
+        "What the halting head learns: prior (the KL pull towards the prior, the paper's), or, by binary "
+        "cross-entropy, final (no later step changes the answer) or correct (the answer is right); halt such a "
+        "head by --halting threshold:T (docs/halting.md). Needs --truncation 0."))
+    # read by validation, best.pt's choice and every evaluation without --halting (default_halting)
+    halting_threshold: float = setting(0.99, *within(0, 1, "(]"), hidden=True, help=(
+        "With --halting-target final|correct: the head's own rule, threshold:T (halt at the first lambda >= T), by "
+        "which validation chooses best.pt and every command halts without --halting."))
+    beta: float = setting(0.01, *AT_LEAST_0, help="Weight of the KL regularisation.")
+    beta_warmup: int = setting(0, *AT_LEAST_0, hidden=True, help=(
+        "The KL weight grows from 0 to --beta over this many optimizer steps (0: off)."))
+    depth_min: int = setting(0, *AT_LEAST_0, hidden=True, help=(
+        "Random-depth training: each input trains at a depth drawn from this to --max-steps, its halting forced "
+        "there (0: off)."))
+    tau: float = setting(0.01, *AT_LEAST_0, hidden=True, help="ACT: weight of the ponder cost N + R.")
+    act_epsilon: float = setting(0.01, *within(0, 1, "()"), hidden=True,
+                                 help="ACT: halt once the halting units sum to 1 - this.")
+    # ACT drops an input at its own halting step (exact)
+    truncation: float = setting(0.0, *within(0, 1, "[)"), hidden=True, help=(
+        "Training drops an image from later steps once its remaining halting mass is below this (0: off)."))
+    # roulette goes on with probability (remaining mass) / truncation: an unbiased loss
+    truncation_rule: str = setting("cut", *one_of(TRUNCATION_RULES), hidden=True,
+                                   help="Below --truncation: cut, or roulette (unbiased).")
 
 
 @dataclass(frozen=True)
 class TrainingSettings:
-    epochs: int = setting(20, *ABOVE_0)
-    batch_size: int = setting(128, *ABOVE_0)
-    lr: float = setting(1e-3, *ABOVE_0)
-    grad_clip: float = setting(0.5, AT_LEAST_0[0], ">= 0, 0 disables clipping")
-    patience: int = setting(5, *AT_LEAST_0)  # early stopping: epochs without a better validation accuracy
-    lr_patience: int = setting(2, *AT_LEAST_0)  # ReduceLROnPlateau, in epochs
-    lr_factor: float = setting(0.1, *within(0, 1, "()"))
-    seed: int = setting(1234, lambda v: 0 <= v < MAX_SEED, "an integer from 0 to 2**63 - 1")
-    # with --init-from: every weight it gives frozen, the halting head alone new and trained (its
-    # inputs may differ from the checkpoint's); a resumed refit keeps its body frozen by this
-    refit_halting: bool = False
+    epochs: int = setting(20, *ABOVE_0, help="Training epochs.")
+    batch_size: int = setting(128, *ABOVE_0, help="Images per optimizer step (under torchrun: over all processes).")
+    lr: float = setting(1e-3, *ABOVE_0, help="Adam learning rate.")
+    grad_clip: float = setting(0.5, AT_LEAST_0[0], ">= 0, 0 disables clipping", hidden=True,
+                               help="Gradient-norm clip (0: off).")
+    patience: int = setting(5, *AT_LEAST_0, help="Early stopping: epochs without a better validation accuracy "
+                                                 "(0: off).")
+    lr_patience: int = setting(2, *AT_LEAST_0, hidden=True,  # ReduceLROnPlateau
+                               help="Epochs without improvement before the LR is cut.")
+    lr_factor: float = setting(0.1, *within(0, 1, "()"), hidden=True, help="The LR's cut when it is reduced.")
+    seed: int = setting(1234, *SEED_RULE, help="Seed of the split, initialisation and sampling.")
+    # a resumed refit keeps its body frozen by this
+    refit_halting: bool = setting(False, default_text="off", help=(
+        "With --init-from: refit that model's halting head alone, every other weight frozen, the head new "
+        "(options given here override its settings: the halting ones, --epochs, ...; docs/halting.md)."))
 
 
 SECTION_TYPES = {"task": TaskSettings, "step": StepSettings, "method": MethodSettings, "training": TrainingSettings}

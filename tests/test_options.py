@@ -1,8 +1,10 @@
-"""Options that do not apply (one rule, from the pieces' `reads`), implied settings in --help,
-and the wording of usage errors and help."""
+"""Options that do not apply (one rule, from the pieces' `reads`, checked against what their code
+reads), implied settings in --help, `ponder train`'s options made from the settings' fields, and
+the wording of usage errors and help."""
 
 import io
 import json
+import re
 
 import pytest
 
@@ -24,7 +26,7 @@ NO_DATA = ["--data-dir", "/nonexistent/ponder-data", "--no-download"]  # refused
     (["--method", "plain", "--halting-bias", "1"], "--halting-bias applies to --method pondernet, act, not plain"),
     (["--method", "plain", "--max-steps", "1"], "--max-steps applies to --method pondernet, act, not plain"),
     (["--method", "plain", "--tau", "1", "--truncation", "0.1"],
-     "--truncation applies to --method pondernet, act, not plain; --tau applies to --method act, not plain"),
+     "--tau applies to --method act, not plain; --truncation applies to --method pondernet, act, not plain"),
     (["--align-turn", "20"], "--align-turn applies to --step align, not mlp"),
     (["--turn-gate", "0.2"], "--turn-gate applies to --step align, not mlp"),
     (["--method", "plain", "--step", "align", "--turn-gate", "0.2"],
@@ -55,6 +57,79 @@ def test_readers_come_from_the_pieces():
         for name in table:
             assert set(piece_class(kind, name).reads) <= fields, name
             assert set(piece_class(kind, name).implied) <= fields, name
+
+
+def _read_settings(cfg, training: bool = True):
+    """The settings (flat keys) that building `cfg`'s model and method, a (truncated) training
+    forward and its loss, and a prediction read; and those outputs (an evaluation forward when not
+    `training`: no dropout stream)."""
+    import torch
+
+    from ponder_cli.checkpoint import new_model
+    from ponder_cli.config import PLACES, SECTION_TYPES
+    from ponder_cli.methods import get_method
+
+    keys = {(SECTION_TYPES[section], field.name): key for key, (section, field) in PLACES.items()}
+    seen = set()
+
+    def recording(kind):
+        def read(self, name):
+            seen.update([keys[(kind, name)]] if (kind, name) in keys else [])
+            return object.__getattribute__(self, name)
+        return read
+
+    for kind in SECTION_TYPES.values():
+        kind.__getattribute__ = recording(kind)
+    try:
+        torch.manual_seed(0)
+        task = get_task(cfg)
+        model, method = new_model(cfg).train(training), get_method(cfg)
+        draws = torch.Generator().manual_seed(1)
+        x = torch.randint(-1, 2, (4, *task.input_shape), generator=draws).float()
+        targets = torch.randint(0, task.classes, (4,), generator=draws)
+        stop = method.truncation(4, "cpu") if training else None
+        out = model(x, stop=stop)
+        loss = method.loss(out.logits, out.lambda_logits, targets, computed=None if stop is None else out.computed,
+                           progress=torch.tensor(3.0)).total
+        scores, steps = method.predict(out.logits, out.lambda_logits,
+                                       torch.rand(out.logits.shape[0], 4, generator=draws), "sample")
+    finally:
+        for kind in SECTION_TYPES.values():
+            del kind.__getattribute__
+    return seen, (out.logits, loss, scores, steps)
+
+
+COMBINATIONS = [(task, step, method) for task in ("mnist", "parity") for step in PIECES["step"]
+                for method in PIECES["method"] if piece_class("step", step).input_kind ==
+                piece_class("task", task).input_kind]
+
+
+@pytest.mark.parametrize("task,step,method", COMBINATIONS)
+def test_the_pieces_reads_are_what_their_code_reads(task, step, method):
+    """A piece's `reads` is kept by hand: here what the model, the method's loss and predictions
+    really read is recorded. Every step and method setting the chosen pieces read (applies) is
+    read; a setting read that does not apply (neither read by them nor implied) is plain's, which
+    runs PonderNet's code at one step, and none of those changes the numbers."""
+    import torch
+
+    from ponder_cli.config import PLACES, applies, implied_values
+
+    small = {"hidden": 8, **({"elems": 8} if task == "parity" else {"hidden_cnn": 8}),
+             **({} if method == "plain" else {"truncation": 0.1, "max_steps": 4})}
+    cfg = PonderConfig.of(task=task, step=step, method=method, **small)
+    seen, _ = _read_settings(cfg)
+    chosen = cfg.chosen()
+    applying = {key for key in PLACES if applies(key, chosen, cfg.value) and key not in chosen}
+    assert {key for key in applying if PLACES[key][0] in ("step", "method")} - seen == set()
+    unapplied = seen - applying - set(implied_values(chosen)) - set(chosen)
+    assert method == "plain" or unapplied == set()
+    other = {"beta": 0.5, "beta_warmup": 7, "halting_bias": 2.0, "halting_input": "state+confidence",
+             "halting_target": "final", "lambda_p": 0.7, "prior": "uniform"}
+    assert unapplied <= set(other)
+    _, outputs = _read_settings(cfg, training=False)
+    for key in unapplied:  # one step: p_1 = 1, whatever the halting head and the prior say
+        _, changed = _read_settings(PonderConfig.build({**cfg.to_dict(), key: other[key]}), training=False)
+        assert all(torch.equal(a, b) for a, b in zip(outputs, changed)), key
 
 
 def test_resuming_refuses_what_the_run_does_not_read(checkpoint, ponder, one_error_line):
@@ -173,3 +248,80 @@ def test_render_of_a_repeated_detail_report_does_not_raise():
 def test_a_value_that_is_no_number_is_echoed_in_plain_words(args, line, ponder):
     result = ponder(*args)
     assert result.exit_code == 2 and result.stderr.splitlines()[-1] == line
+
+
+def _train_command():
+    import typer.main
+
+    from ponder_cli.cli import app
+    return typer.main.get_command(app).commands["train"]
+
+
+def test_train_help_lists_at_most_25_options_the_rest_on_the_configuration_page(ponder):
+    from pathlib import Path
+
+    params = _train_command().params
+    shown = [param for param in params if not param.hidden]
+    assert len(shown) + 1 <= 25, [param.opts for param in shown]  # + --help
+    listed = re.findall(r"^  (?:-\w, )?(--[\w-]+)", ponder("train", "--help").stdout, re.MULTILINE)
+    assert listed == [max(param.opts, key=len) for param in shown] + ["--help"]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text(encoding="utf-8")
+    missing = [param.opts[0] for param in params if param.hidden and param.opts[0] not in page
+               and (param.secondary_opts or [None])[0] not in page]
+    assert not missing, "hidden options of ponder train not on docs/configuration.md"
+
+
+def test_every_setting_is_an_option_of_train_made_from_its_field():
+    from ponder_cli.config import PLACES
+
+    options = {param.name: param for param in _train_command().params}
+    for key, (_, field) in PLACES.items():
+        option = options[key]
+        assert option.hidden == field.metadata["hidden"] and option.help.startswith(field.metadata["help"]), key
+        assert option.default is None  # None unless given: a resumed run tells what the user set
+    assert options["gru_layer_norm"].opts == ["--gru-layer-norm"] == [o.replace("no-", "") for o in
+                                                                       options["gru_layer_norm"].secondary_opts]
+
+
+def test_a_new_setting_needs_only_its_declaration(monkeypatch):
+    """A field declared with `setting` is an option (its flag, help, default, choices, switch),
+    read into the settings given, and its value checked as the field says: nothing else is
+    written for it."""
+    import dataclasses
+
+    import typer
+    import typer.main
+    from typer.testing import CliRunner
+
+    from ponder_cli import config
+    from ponder_cli.cli.train import with_settings
+
+    @dataclasses.dataclass(frozen=True)
+    class New:
+        label_smoothing: float = config.setting(0.0, *config.within(0, 1, "[)"), help="Label smoothing.")
+        loss_shape: str = config.setting("flat", *config.one_of(("flat", "steep")), hidden=True, help="Shape.")
+        warm_start: bool = config.setting(False, help="Warm start.")
+
+    for field in dataclasses.fields(New):
+        monkeypatch.setitem(config.PLACES, field.name, ("training", field))
+        monkeypatch.setitem(config.TYPES, field.name, field.type if field.type in (float, str, bool) else
+                            {"float": float, "str": str, "bool": bool}[field.type])
+    seen = {}
+
+    @with_settings
+    def command(**settings):
+        seen.update({key: value for key, value in settings.items() if value is not None})
+
+    app = typer.Typer()
+    app.command()(command)
+    app.command("other")(lambda: None)  # a group, so that the command is called by its name
+    runner = CliRunner()
+    result = runner.invoke(app, ["command", "--label-smoothing", "0.1", "--loss-shape", "STEEP", "--warm-start"])
+    assert result.exit_code == 0, result.output
+    assert seen["label_smoothing"] == 0.1 and seen["loss_shape"].value == "steep" and seen["warm_start"] is True
+    options = {param.name: param for param in typer.main.get_command(app).commands["command"].params}
+    assert options["label_smoothing"].opts == ["--label-smoothing"] and not options["label_smoothing"].hidden
+    assert options["label_smoothing"].help == "Label smoothing. [default: 0]"
+    assert options["warm_start"].secondary_opts == ["--no-warm-start"] and options["loss_shape"].hidden
+    assert runner.invoke(app, ["command", "--loss-shape", "round"]).exit_code == 2
+    assert config.problems_of("label_smoothing", 1.0) == ["label-smoothing must be in [0, 1) (got 1.0)"]
