@@ -106,3 +106,40 @@ def test_answer_halting_chooses_a_threshold_on_the_digits_a_refit_body_never_tra
     assert run["figures"]["adapting"][3] == pytest.approx(run["figures"]["accuracy"][3] - run["figures"]["budget"][3])
     rows = [line.split(" | ")[0] for line in out.splitlines() if line.startswith("| ")]
     assert "### refit" in out and rows == ["| ±deg", "| 22.5", "| 45", "| 67.5", "| 90"]
+
+
+def test_risk_study_tests_each_calibrated_rule_as_extrapolate_does(runs, tiny_mnist, capsys, tmp_path):
+    from ponder_cli.api import EvalOptions, evaluate_checkpoint
+    risk_study = script("risk_study")
+    risk_study.main([f"pn={runs / 'pn1'}", "--control", f"own={runs / 'pn1'}", "--draws", "2", "--draws-upright", "1",
+                     "--max-loss", "0.5", "--risk", "0.5", "--limit", "40", "--data-dir", str(tiny_mnist),
+                     "--json", str(tmp_path / "raw.json")])
+    out = capsys.readouterr().out
+    raw = json.loads((tmp_path / "raw.json").read_text())
+    at90, upright = raw["heads"]["pn"]["90"][0], raw["heads"]["pn"]["22.5"][0]
+    assert [draw["seed"] for draw in at90] == [1, 2] and [draw["seed"] for draw in upright] == [1]
+    draw = at90[1]
+    rule = draw["calibration"]["rule"]
+    assert rule is not None and draw["calibration"]["bound"] <= 0.5
+    assert draw["calibration"]["gap"] <= draw["calibration"]["loss"]  # the loss bounds the accuracy lost
+    # the test figures are `extrapolate --halting RULE --seed 2 --detail`'s
+    report = evaluate_checkpoint("extrapolate", str(runs / "pn1"), {"--angles": risk_study.TEST_ANGLES},
+                                 EvalOptions(halting=rule, seed=2, detail=True, limit=40, data_dir=tiny_mnist))
+    assert draw["test"]["accuracy"] == [bucket["accuracy"] for bucket in report.buckets]
+    assert draw["test"]["null"] == [bucket["adapting_minus_shuffled"] for bucket in report.buckets]
+    assert all(gap <= premature + 1e-12 for gap, premature in zip(draw["test"]["gap"], draw["test"]["premature"]))
+    assert len(raw["controls"]["own"]) == 2 and raw["controls"]["own"][0]["halting"] == "sample"
+    assert "### pn, calibrated at ±90° (2 draws)" in out and "### pn, calibrated at ±22.5° (1 draws)" in out
+    assert "| ±90° | " in out and "- pn: gap kept in" in out and "| own (sample) | 90 |" in out
+    # the tables again from the JSON, computing nothing
+    risk_study.main([f"pn={runs / 'pn1'}", "--control", f"own={runs / 'pn1'}", "--tables", str(tmp_path / "raw.json")])
+    assert capsys.readouterr().out == out
+
+
+def test_risk_study_counts_a_refused_calibration_and_tests_nothing_for_it(runs, tiny_mnist, capsys, tmp_path):
+    script("risk_study").main([f"pn={runs / 'pn1'}", "--draws", "1", "--max-loss", "0.0001", "--risk", "0.01",
+                               "--limit", "40", "--data-dir", str(tiny_mnist), "--json", str(tmp_path / "raw.json")])
+    out = capsys.readouterr().out
+    draw = json.loads((tmp_path / "raw.json").read_text())["heads"]["pn"]["90"][0][0]
+    assert draw["calibration"]["rule"] is None and "--max-loss" in draw["calibration"]["refused"] and "test" not in draw
+    assert "(0 draws, 1 refused: no candidate reached the bound)" in out
