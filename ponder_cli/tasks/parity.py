@@ -324,6 +324,7 @@ class ParityTask(Task):
     reads = ("elems", "train_counts", "batches_per_epoch", "curriculum", "curriculum_start", "curriculum_advance",
              "curriculum_mix", "layout")
     calibration_split = "calibration"  # what calibrate's inputs are (calibration_data)
+    source = None  # the training batches, once drawn: validation moves a curriculum by progress on
 
     @classmethod
     def config_problems(cls, cfg):
@@ -384,13 +385,13 @@ class ParityTask(Task):
         return None if data is None else ParityBatch(*(t.to(device) for t in data))
 
     def training_source(self, data, device) -> TrainingSource:
-        self.source = ParityBatches(self.cfg, device)  # validation moves a curriculum by progress on
+        self.source = ParityBatches(self.cfg, device)
         return self.source
 
     def validate(self, model, data, amp: bool):
         result = evaluate_bucket(model, vector_bucket(data, model.max_steps, self.cfg.training.seed), self.cfg, amp=amp,
                                  halting=default_halting(self.cfg))
-        if getattr(self, "source", None) is not None:
+        if self.source is not None:
             self.source.advance(result.samples.difficulty.long(), result.samples.correct)
         return result
 
