@@ -419,7 +419,7 @@ def default_halting(cfg: "PonderConfig") -> str:
     on the answer (--halting-target final, correct) halts at its threshold (threshold:T); one
     trained towards the prior, as the paper's, by its coins (sample); ACT and plain by their own
     whatever the rule's name."""
-    if applies("halting_threshold", cfg.chosen(), cfg.value):
+    if "halting_threshold" in cfg.applying():
         return f"threshold:{cfg.method.halting_threshold!r}"
     return DEFAULT_HALTING
 
@@ -562,11 +562,15 @@ class PonderConfig:
 
         return {key: source(key) for key in PLACES}
 
+    def applying(self) -> list[str]:
+        """The settings this config's pieces read (`unread`, the one rule), in the config's order."""
+        return [key for key in PLACES if applies(key, self.chosen(), self.value)]
+
     def shown_fields(self) -> list[str]:
         """The settings that matter to this config's pieces, and whatever they imply: what the
         configuration lines, `ponder info` and a saved config.toml show."""
-        implied = implied_values(self.chosen())
-        return [key for key in PLACES if applies(key, self.chosen(), self.value) or key in implied]
+        shown = {*self.applying(), *implied_values(self.chosen())}
+        return [key for key in PLACES if key in shown]
 
     @staticmethod
     def field_names() -> tuple[str, ...]:
@@ -607,7 +611,8 @@ def read_config_file(path: Path) -> dict:
             recorded = PonderConfig.from_dict(saved, saved=f"--config {path}")
         except PonderError as exc:
             raise PonderError(f"--config {path}: {exc}") from None
-        return {key: value for key, value in saved.items() if applies(key, recorded.chosen(), recorded.value)}
+        applying = recorded.applying()
+        return {key: value for key, value in saved.items() if key in applying}
     values = {}
     for table, items in data.items():
         if table in DOCUMENT_KEYS:  # --print-config -f json's own keys, not settings
@@ -643,8 +648,9 @@ def render_config(cfg: PonderConfig, sources: dict, fmt: str = "toml") -> str:
     came from (a TOML comment, or a JSON "sources" object); read back, the same configuration. A
     value the pieces imply but do not read (plain's one step) is a comment; a None (halting_bias:
     the method's own) is left out."""
-    values, shown = cfg.to_dict(), [key for key in cfg.shown_fields() if cfg.value(key) is not None]
-    settable = [key for key in shown if applies(key, cfg.chosen(), cfg.value)]
+    values, applying = cfg.to_dict(), cfg.applying()
+    shown = [key for key in cfg.shown_fields() if cfg.value(key) is not None]
+    settable = [key for key in shown if key in applying]
     if fmt == "json":
         tables = {section: {key: values[key] for key in keys if key in settable} for section, keys in SECTIONS.items()}
         return json.dumps({"format_version": FORMAT_VERSION, **tables,
