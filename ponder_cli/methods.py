@@ -36,9 +36,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from .config import applies, implied_values
 from .halting import (Act, Cut, FixedBudget, Roulette, Rule, act_reached, halting_steps, halting_units,
                       log_continue, reach_log_prob, rule_of, running_sums)
-from .config import applies, implied_values
 from .model import PonderNet, halting_as_computed
 from .registry import method_class, parse_halting_rule
 
