@@ -60,17 +60,15 @@ def owners(names) -> dict[str, tuple]:
 
 def setting(default, test=None, rule="", *, of=(), implied=None, help="", hidden=False, metavar=None,
             default_text=None, text=False):
-    """A setting, declared once: its default and its one check, `test(value)`, else "must be
-    `rule`" (a table: one of its values, which `ponder train` offers as choices, in any case); the
-    pieces that read it (`of`: their names, one of each kind that has readers for it to apply; none:
-    every run) and the values pieces imply for it (`implied`: piece -> value, a later kind's
-    winning); its option's help, shown by `ponder train --help` unless `hidden` (the option
-    stays, and a --config file takes it), with `metavar` and `default_text` where the type's and
-    the default's own do not say it; `text`: the option takes text the config reads
-    (halting_bias's 'prior'). The option is the key's (`--lambda-p`; a switch
-    `--gru-layer-norm/--no-gru-layer-norm`)."""
+    """A setting, declared once: its default; its one check, `test(value)`, else "must be `rule`"
+    (a table: one of its values, offered as choices in any case); the pieces that read it (`of`:
+    for it to apply, the chosen piece of each kind named is one of them; none: every run) and the
+    values pieces imply for it (`implied`: piece -> value, a later kind's winning); its option's
+    help, in `ponder train --help` unless `hidden`, with `metavar` and `default_text` where the
+    type's and the default's own do not say it; `text`: the option takes text the config reads
+    (halting_bias's 'prior'). The option is the key's (`--lambda-p`; `--key/--no-key` for a bool)."""
     implied = implied or {}
-    owners(implied)
+    owners(implied)  # a misspelt piece fails here
     return dataclasses.field(default=default, metadata={
         "test": test, "rule": rule, "of": owners(of), "implied": implied, "help": help, "hidden": hidden,
         "metavar": metavar, "default_text": default_text, "text": text})
