@@ -22,9 +22,8 @@ from typing import Any
 import torch
 
 from . import BadValue, PonderError, PonderWarning, brief, file_problem, uninterrupted
-from .config import MAX_STEPS, PonderConfig
+from .config import MAX_STEPS, PonderConfig, applies
 from .methods import build_model
-from .registry import method_class
 from .tasks import get_task
 
 FORMAT = "ponder_cli"
@@ -331,7 +330,7 @@ def load_model(path: Path | str, device, max_steps: int | None = None, *, every_
     config returned is the one run; state.config is the one trained."""
     state = load_checkpoint(path)
     cfg = state.config
-    if max_steps is not None and (every_method or "max_steps" in method_class(cfg.method.name).reads):
+    if max_steps is not None and (every_method or applies("max_steps", cfg.chosen())):
         cfg = _run_for(cfg, max_steps)
     model = new_model(cfg)
     try:
@@ -350,7 +349,7 @@ def _run_for(cfg: PonderConfig, max_steps: int) -> PonderConfig:
         raise BadValue(problem)
     if max_steps == cfg.method.max_steps:
         return cfg
-    if "max_steps" not in method_class(cfg.method.name).reads:
+    if not applies("max_steps", cfg.chosen()):
         raise BadValue(f"--max-steps applies to models that run several steps; this one is "
                           f"{cfg.method.name}, which runs {cfg.method.max_steps}")
     return cfg.replace(max_steps=max_steps)

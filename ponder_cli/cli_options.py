@@ -12,11 +12,11 @@ import typer
 from typer.core import TyperCommand
 
 from . import BadValue
-from .config import PonderConfig, parse_duration
+from .config import parse_duration
 from .folders import DEFAULT, LATEST, RUNS_DIR, SHIPPED
 from .registry import (DEVICE_CHOICES, HALTING_RULES, PIECES, PROTOCOLS, device_problem, known, parse_exit_rule,
                        parse_halting_rule, rule_choices)
-from .render import OutputFormat, value_text
+from .render import OutputFormat
 
 
 def _choices(name: str, values) -> type[Enum]:
@@ -119,18 +119,7 @@ class AnglesCommand(CompletesHidden, TyperCommand):
 
 
 class TrainCommand(CompletesHidden, TyperCommand):
-    """`ponder train`: its help shows, beside each default, the values the methods and steps
-    imply instead (`[default: 20; align: 12; plain: 1]`), read from the pieces' `implied`."""
-
-    def format_help(self, ctx, formatter):
-        from .config import implied_by_pieces  # loads every piece (so torch): only when help is asked for
-
-        for param in self.params:
-            if param.name in PonderConfig.field_names() and getattr(param, "help", None):
-                pieces = "".join(f"; {piece}: {value_text(value)}" for piece, value in implied_by_pieces(param.name))
-                if pieces and param.help.endswith("]") and pieces not in param.help:
-                    param.help = param.help[:-1] + pieces + "]"
-        super().format_help(ctx, formatter)
+    """`ponder train`."""
 
 
 # Shared options --------------------------------------------------------------------------------

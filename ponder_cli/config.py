@@ -3,12 +3,14 @@ its files: `ponder train --config FILE` reads one, `--print-config` and every ru
 `config.toml` write one.
 
 A section per kind of piece (task, step, method) and one for training; each setting is a field,
-declared once (`setting`): its default, the one check of its value alone and its option's help,
-from which `ponder train`'s option is made (cli/train.py). A piece says which settings it reads
-(`reads`), what it implies (`implied`) and what it refuses beside the others (`config_problems`).
-The rule for a setting the chosen pieces do not read: refused when the user gives it (option,
-config file, `of`), a one-line warning when a saved run holds it (checkpoint, config.json).
-Outside, every setting is known by its flat key, its option's name: checkpoints, JSON, files.
+declared once (`setting`): its default, the one check of its value alone, the pieces that read it
+and the values pieces imply for it, and its option's help, from which `ponder train`'s option
+(cli/train.py), its --help and docs/configuration.md are made, all without torch. Whether a
+setting applies to a choice of pieces follows from its declaration (`unread`, the one rule): one
+the chosen pieces do not read is refused when the user gives it (option, config file, `of`), a
+one-line warning when a saved run holds it (checkpoint, config.json). A piece's class says only
+what it refuses beside the others (`config_problems`). Outside, every setting is known by its flat
+key, its option's name: checkpoints, JSON, files.
 """
 
 from __future__ import annotations
@@ -39,16 +41,37 @@ FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32: what the mode
 MAX_SEED = 2 ** 63  # torch's generators take seeds below 2**64; we keep them signed 64-bit
 
 
-def setting(default, test=None, rule="", *, help="", hidden=False, metavar=None, default_text=None, text=False):
-    """A setting, declared once: its default and its one check, `test(value)`, else "must be
-    `rule`" (a table: one of its values, which `ponder train` offers as choices, in any case); its
-    option's help, shown by `ponder train --help` unless `hidden` (the option stays, and a
-    --config file takes it), with `metavar` and `default_text` where the type's and the default's
-    own do not say it; `text`: the option takes text the config reads (halting_bias's 'prior').
-    The option is the key's (`--lambda-p`; a switch `--gru-layer-norm/--no-gru-layer-norm`)."""
+# the kinds of piece a setting can belong to, each chosen by the setting of its name; a halting
+# target is PonderNet's (what its head learns: the prior, or the answer), chosen by --halting-target
+KINDS = {**PIECES, "halting_target": HALTING_TARGETS}
+BUILT_IN = {kind: tuple(table) for kind, table in KINDS.items()}  # before installed packages add theirs
+
+
+def owners(names) -> dict[str, tuple]:
+    """{kind: pieces} of the piece names a setting names (`of`, `implied`); a name no piece has
+    is a mistake in the declaration, raised as the module loads."""
+    names = (names,) if isinstance(names, str) else tuple(names)
+    unknown = [name for name in names if not any(name in table for table in KINDS.values())]
+    if unknown:
+        raise ValueError(f"no piece is named {', '.join(unknown)}")
+    found = {kind: tuple(name for name in table if name in names) for kind, table in KINDS.items()}
+    return {kind: found_names for kind, found_names in found.items() if found_names}
+
+
+def setting(default, test=None, rule="", *, of=(), implied=None, help="", hidden=False, metavar=None,
+            default_text=None, text=False):
+    """A setting, declared once: its default; its one check, `test(value)`, else "must be `rule`"
+    (a table: one of its values, offered as choices in any case); the pieces that read it (`of`:
+    for it to apply, the chosen piece of each kind named is one of them; none: every run) and the
+    values pieces imply for it (`implied`: piece -> value, a later kind's winning); its option's
+    help, in `ponder train --help` unless `hidden`, with `metavar` and `default_text` where the
+    type's and the default's own do not say it; `text`: the option takes text the config reads
+    (halting_bias's 'prior'). The option is the key's (`--lambda-p`; `--key/--no-key` for a bool)."""
+    implied = implied or {}
+    owners(implied)  # a misspelt piece fails here
     return dataclasses.field(default=default, metadata={
-        "test": test, "rule": rule, "help": help, "hidden": hidden, "metavar": metavar,
-        "default_text": default_text, "text": text})
+        "test": test, "rule": rule, "of": owners(of), "implied": implied, "help": help, "hidden": hidden,
+        "metavar": metavar, "default_text": default_text, "text": text})
 
 
 def within(lo, hi, brackets="[]", note=""):
@@ -65,71 +88,91 @@ ABOVE_0, AT_LEAST_0 = ((lambda v: v > 0), "> 0"), ((lambda v: v >= 0), ">= 0")
 SEED_RULE = (lambda v: 0 <= v < MAX_SEED), "an integer from 0 to 2**63 - 1"
 
 
+# Pieces that read a setting together: the steps of images; the methods that halt (plain runs one
+# step, p_1 = 1, whatever its halting head says); PonderNet's head trained towards the prior (the
+# KL term's settings: a head trained on the answer, final or correct, has none).
+#
+# What pieces imply (`implied`), their recipes: align, the settings under which halting tracked
+# the work best in the README's experiments, and truncation 0.1, since every step runs the CNN
+# (it trains on a quarter fewer steps than 0.01 with the same figures over three seeds, 0.2 loses
+# accuracy at large angles: docs/performance.md, "Training truncation"); parity, what learns
+# there (docs/parity-results.md), the gru step with its recipe, 128 units, lambda_p 0.1 (the
+# paper's best for interpolation) and clipping at 1; plain, its one step.
+IMAGE_STEPS, HALTING, PRIOR_TARGET = ("mlp", "align"), ("pondernet", "act"), ("pondernet", "prior")
+
+
 @dataclass(frozen=True)
 class TaskSettings:
     name: str = setting("mnist", *one_of(TASKS), help=(
         "What to learn: mnist (digits; difficulty: rotation) or parity (the parity of +1 entries in vectors of ±1 "
         "and 0; difficulty: the non-zero count; implies --step gru, see docs/parity.md)."))
     # parity: checked by the task, its own bound
-    elems: int = setting(64, help="parity: entries per vector.")
+    elems: int = setting(64, of="parity", help="parity: entries per vector.")
     # parity: checked by the task; a run saves its own, 1-elems
-    train_counts: str = setting("", help="parity: non-zero counts of training vectors, LO-HI (e.g. 1-48).",
-                                default_text="1-ELEMS", metavar="LO-HI", hidden=True)
-    batches_per_epoch: int = setting(1000, *ABOVE_0, hidden=True, help=(
+    train_counts: str = setting("", of="parity", default_text="1-ELEMS", metavar="LO-HI", hidden=True,
+                                help="parity: non-zero counts of training vectors, LO-HI (e.g. 1-48).")
+    batches_per_epoch: int = setting(1000, *ABOVE_0, of="parity", hidden=True, help=(
         "parity: batches of fresh vectors per epoch (the unit of validation, checkpoints and patience)."))
     # the top count grows linearly from curriculum_start to the top of train_counts
-    curriculum: int = setting(0, *AT_LEAST_0, hidden=True, help=(
+    curriculum: int = setting(0, *AT_LEAST_0, of="parity", hidden=True, help=(
         "parity: over the first this many batches the top training count grows from --curriculum-start (0: off)."))
-    curriculum_start: int = setting(2, hidden=True, help="parity: the curriculum's first top count.")
-    curriculum_advance: float = setting(0.0, *within(0, 1, "[)"), hidden=True, help=(
+    curriculum_start: int = setting(2, of="parity", hidden=True, help="parity: the curriculum's first top count.")
+    curriculum_advance: float = setting(0.0, *within(0, 1, "[)"), of="parity", hidden=True, help=(
         "parity: a curriculum by progress: the top training count, from --curriculum-start, is raised by an eighth "
         "of the range once validation accuracy on the counts up to it reaches this (0: off)."))
     # Zaremba & Sutskever's "combined" curriculum
-    curriculum_mix: float = setting(0.0, *within(0, 1), hidden=True, help=(
+    curriculum_mix: float = setting(0.0, *within(0, 1), of="parity", hidden=True, help=(
         "parity: this share of every batch of a curriculum drawn from the whole training range, the rest from its "
         "current range (0: none)."))
-    layout: str = setting("scattered", *one_of(LAYOUTS), hidden=True, help=(
+    layout: str = setting("scattered", *one_of(LAYOUTS), of="parity", hidden=True, help=(
         "parity: where a vector's non-zeros sit: at random positions (scattered, the PonderNet line's) or in the "
         "first COUNT positions (prefix, the ACT line's)."))
     train_rotation: float = setting(22.5, *within(0, 180, note=" degrees: images are rotated within +-angle"),
-                                    help="Rotate training images uniformly within +-this many degrees (0: plain "
-                                         "MNIST).")
-    val_size: int = setting(5000, *ABOVE_0, hidden=True, help="Training images held out for validation.")
-    train_size: int = setting(0, *AT_LEAST_0, hidden=True, help="Training images used (0: all not held out).")
+                                    of="mnist", help="Rotate training images uniformly within +-this many degrees "
+                                                     "(0: plain MNIST).")
+    val_size: int = setting(5000, *ABOVE_0, of="mnist", hidden=True, help="Training images held out for validation.")
+    train_size: int = setting(0, *AT_LEAST_0, of="mnist", hidden=True,
+                              help="Training images used (0: all not held out).")
     # none: the run's --seed, so that a run from --init-from never validates on its source's training digits
-    split_seed: Optional[int] = setting(None, *SEED_RULE, hidden=True, default_text="--seed", help=(
+    split_seed: Optional[int] = setting(None, *SEED_RULE, of="mnist", hidden=True, default_text="--seed", help=(
         "Seed of the held-out split (with --init-from: its source's, which keeps the digits that model trained on "
         "out of validation)."))
 
 
 @dataclass(frozen=True)
 class StepSettings:
-    name: str = setting("mlp", *one_of(STEPS), help=(
+    name: str = setting("mlp", *one_of(STEPS), implied={"parity": "gru"}, help=(
         "The step function: mlp (CNN once, MLP steps: the reference); align (re-reads the image through a learnt "
         "rotation); parity vectors: rnn (the paper's tanh RNN), gru."))
-    hidden: int = setting(64, *ABOVE_0, hidden=True, help=(
+    hidden: int = setting(64, *ABOVE_0, implied={"parity": 128}, hidden=True, help=(
         "Size of the recurrent state (rnn: the paper's 128 tanh units)."))
-    hidden_cnn: int = setting(64, *ABOVE_0, hidden=True, help="Size of the image embedding.")
-    hidden_lin: int = setting(64, *ABOVE_0, hidden=True, help="mlp: the step MLP's hidden layer.")
-    kernel_size: int = setting(5, *within(1, 12, note=": a larger one does not fit a 28x28 image"), hidden=True,
-                               help="The CNN's kernel size.")
-    cnn_dropout: float = setting(0.5, *within(0, 1, "[)"), hidden=True,
+    hidden_cnn: int = setting(64, *ABOVE_0, of=IMAGE_STEPS, hidden=True, help="Size of the image embedding.")
+    hidden_lin: int = setting(64, *ABOVE_0, of="mlp", hidden=True, help="mlp: the step MLP's hidden layer.")
+    kernel_size: int = setting(5, *within(1, 12, note=": a larger one does not fit a 28x28 image"), of=IMAGE_STEPS,
+                               hidden=True, help="The CNN's kernel size.")
+    cnn_dropout: float = setting(0.5, *within(0, 1, "[)"), of=IMAGE_STEPS, hidden=True,
                                  help="Dropout2d after the CNN's second convolution.")  # as in the reference
-    cnn_dropout_mask: str = setting("shared", *one_of(CNN_DROPOUT_MASKS), hidden=True, help=(
+    # mlp's own is the reference's; "shared", what checkpoints saved before the option trained with
+    cnn_dropout_mask: str = setting("shared", *one_of(CNN_DROPOUT_MASKS), of="mlp", implied={"mlp": "per-step"},
+                                    hidden=True, help=(
         "mlp: a fresh Dropout2d mask at every step (as the reference, which reruns its CNN at every step), or one "
         "per image shared by every step (how runs saved before per-step became mlp's default trained)."))
-    mlp_dropout: float = setting(0.2, *within(0, 1, "[)"), hidden=True, help="Dropout in the step MLP.")
-    align_turn: float = setting(30.0, *within(0, 180, "(]", " degrees"), hidden=True,
+    mlp_dropout: float = setting(0.2, *within(0, 1, "[)"), of="mlp", hidden=True, help="Dropout in the step MLP.")
+    align_turn: float = setting(30.0, *within(0, 180, "(]", " degrees"), of="align", hidden=True,
                                 help="align: the largest turn of one step, in degrees.")
-    turn_gate: float = setting(0.0, *within(0, 1, note=", a fraction of the largest turn"), hidden=True, help=(
+    # align's, read by the halting of the methods that halt (plain runs one step)
+    turn_gate: float = setting(0.0, *within(0, 1, note=", a fraction of the largest turn"), of=("align", *HALTING),
+                               implied={"align": 0.2}, hidden=True, help=(
         "align: holds halting back while the step turns; no halting once its net turn over two steps reaches 2 × "
         "this × --align-turn (0: off; the formula: docs/align.md)."))
-    # gru's options after min-pondernet
-    gru_layer_norm: bool = setting(False, hidden=True, help="gru: LayerNorm on the new state.")
-    gru_orthogonal: bool = setting(False, hidden=True, help="gru: orthogonal recurrent weights.")
-    gru_update_bias: float = setting(0.0, hidden=True, help=(
+    # gru's options after min-pondernet, on by default for --step gru
+    gru_layer_norm: bool = setting(False, of="gru", implied={"gru": True}, hidden=True,
+                                   help="gru: LayerNorm on the new state.")
+    gru_orthogonal: bool = setting(False, of="gru", implied={"gru": True}, hidden=True,
+                                   help="gru: orthogonal recurrent weights.")
+    gru_update_bias: float = setting(0.0, of="gru", implied={"gru": 1.0}, hidden=True, help=(
         "gru: added to the update gate's bias (keeps more of the previous state)."))
-    encoding: str = setting("raw", *one_of(ENCODINGS), hidden=True, help=(
+    encoding: str = setting("raw", *one_of(ENCODINGS), of=("rnn", "gru"), hidden=True, help=(
         "rnn, gru: each entry read as its value (raw), one-hot over {-1, 0, +1} (onehot) or as its value and its "
         "square side by side (square)."))
 
@@ -141,41 +184,45 @@ class MethodSettings:
         "--max-steps 1)."))
     max_steps: int = setting(20, lambda v: 0 < v <= MAX_STEPS, f"from 1 to {MAX_STEPS}: every step is computed "
                              "for every training input, so an epoch takes about max-steps times longer",
-                             help="Maximum ponder steps.")
-    halting_input: str = setting("state", *one_of(HALTING_INPUTS), hidden=True,
-                                 metavar="<state[+confidence][+previous][+turn][+answer]>", help=(
+                             of=HALTING, implied={"align": 12, "plain": 1}, help="Maximum ponder steps.")
+    halting_input: str = setting("state", *one_of(HALTING_INPUTS), of=HALTING, implied={"align": "state+turn"},
+                                 hidden=True, metavar="<state[+confidence][+previous][+turn][+answer]>", help=(
         "What the halting head sees besides the state: the step's top class probability, the previous step's "
         "state, the step's turn (align), in that order, and the step's answer (how sure, how it changed: "
         "docs/halting.md): state+confidence+previous+turn+answer or a part of it."))
-    # None: the method's own (PyTorch's for pondernet, +1 for act); "prior": the logit of lambda_p
-    halting_bias: Optional[float] = setting(None, hidden=True, text=True, help=(
+    # None: the method's own (PyTorch's for pondernet; act: Graves' +1, with which early training ponders
+    # little); "prior": the logit of lambda_p
+    halting_bias: Optional[float] = setting(None, of=HALTING, implied={"align": "prior", "act": 1.0}, hidden=True,
+                                            text=True, help=(
         "Initial halting-head bias: a number, or 'prior' (logit of --lambda-p); none: the method's own. A method's "
         "value wins over a step's."))
-    lambda_p: float = setting(0.2, *within(0, 1, "(]"), help="Geometric prior parameter, in (0, 1].")
-    prior: str = setting("geometric", *one_of(PRIORS), hidden=True, help=(
+    lambda_p: float = setting(0.2, *within(0, 1, "(]"), of=PRIOR_TARGET, implied={"parity": 0.1, "align": 0.5},
+                            help="Geometric prior parameter, in (0, 1].")
+    prior: str = setting("geometric", *one_of(PRIORS), of=PRIOR_TARGET, hidden=True, help=(
         "The prior's shape: geometric (--lambda-p, the paper's) or uniform over the steps."))
-    halting_target: str = setting("prior", *one_of(HALTING_TARGETS), hidden=True, help=(
+    halting_target: str = setting("prior", *one_of(HALTING_TARGETS), of="pondernet", hidden=True, help=(
         "What the halting head learns: prior (the KL pull towards the prior, the paper's), or, by binary "
         "cross-entropy, final (no later step changes the answer) or correct (the answer is right); halt such a "
         "head by --halting threshold:T (docs/halting.md). Needs --truncation 0."))
     # read by validation, best.pt's choice and every evaluation without --halting (default_halting)
-    halting_threshold: float = setting(0.99, *within(0, 1, "(]"), hidden=True, help=(
+    halting_threshold: float = setting(0.99, *within(0, 1, "(]"), of=("pondernet", "final", "correct"),
+                                       hidden=True, help=(
         "With --halting-target final|correct: the head's own rule, threshold:T (halt at the first lambda >= T), by "
         "which validation chooses best.pt and every command halts without --halting."))
-    beta: float = setting(0.01, *AT_LEAST_0, help="Weight of the KL regularisation.")
-    beta_warmup: int = setting(0, *AT_LEAST_0, hidden=True, help=(
+    beta: float = setting(0.01, *AT_LEAST_0, of=PRIOR_TARGET, help="Weight of the KL regularisation.")
+    beta_warmup: int = setting(0, *AT_LEAST_0, of=PRIOR_TARGET, hidden=True, help=(
         "The KL weight grows from 0 to --beta over this many optimizer steps (0: off)."))
-    depth_min: int = setting(0, *AT_LEAST_0, hidden=True, help=(
+    depth_min: int = setting(0, *AT_LEAST_0, of="pondernet", hidden=True, help=(
         "Random-depth training: each input trains at a depth drawn from this to --max-steps, its halting forced "
         "there (0: off)."))
-    tau: float = setting(0.01, *AT_LEAST_0, hidden=True, help="ACT: weight of the ponder cost N + R.")
-    act_epsilon: float = setting(0.01, *within(0, 1, "()"), hidden=True,
+    tau: float = setting(0.01, *AT_LEAST_0, of="act", hidden=True, help="ACT: weight of the ponder cost N + R.")
+    act_epsilon: float = setting(0.01, *within(0, 1, "()"), of="act", hidden=True,
                                  help="ACT: halt once the halting units sum to 1 - this.")
     # ACT drops an input at its own halting step (exact)
-    truncation: float = setting(0.0, *within(0, 1, "[)"), hidden=True, help=(
+    truncation: float = setting(0.0, *within(0, 1, "[)"), of=HALTING, implied={"align": 0.1}, hidden=True, help=(
         "Training drops an image from later steps once its remaining halting mass is below this (0: off)."))
     # roulette goes on with probability (remaining mass) / truncation: an unbiased loss
-    truncation_rule: str = setting("cut", *one_of(TRUNCATION_RULES), hidden=True,
+    truncation_rule: str = setting("cut", *one_of(TRUNCATION_RULES), of="pondernet", hidden=True,
                                    help="Below --truncation: cut, or roulette (unbiased).")
 
 
@@ -184,7 +231,8 @@ class TrainingSettings:
     epochs: int = setting(20, *ABOVE_0, help="Training epochs.")
     batch_size: int = setting(128, *ABOVE_0, help="Images per optimizer step (under torchrun: over all processes).")
     lr: float = setting(1e-3, *ABOVE_0, help="Adam learning rate.")
-    grad_clip: float = setting(0.5, AT_LEAST_0[0], ">= 0, 0 disables clipping", hidden=True,
+    grad_clip: float = setting(0.5, AT_LEAST_0[0], ">= 0, 0 disables clipping", implied={"parity": 1.0},
+                               hidden=True,
                                help="Gradient-norm clip (0: off).")
     patience: int = setting(5, *AT_LEAST_0, help="Early stopping: epochs without a better validation accuracy "
                                                  "(0: off).")
@@ -280,60 +328,75 @@ def seed_problems(seed, what: str) -> list[str]:
     return problems_of("seed", seed, what)
 
 
-def readers(key: str) -> dict[str, list[str]]:
-    """For each kind of piece some of whose pieces read `key` (their `reads`), those pieces."""
-    found = {kind: [name for name in table if key in piece_class(kind, name).reads] for kind, table in PIECES.items()}
-    return {kind: names for kind, names in found.items() if names}
+# Above 32 elements the defaults of smaller vectors are a dead end (docs/parity.md): batches of
+# 128 stay at chance, the plateau schedule cuts the learning rate to nothing and early stopping
+# ends the run. What learnt 64 elements on a GPU: batches of 2048, the learning rate held (no cut
+# within any run's length) and no early stop on a plateau of a noisy validation. Parity derives
+# them from --elems unless given (ParityTask.resolve_options); --help shows them.
+PAPER_SCALE_ELEMS = 33
+PAPER_SCALE = {"batch_size": 2048, "lr_patience": 1000, "patience": 0}
+
+
+def _plugins(kind: str) -> list:
+    """The pieces of `kind` an installed package registered, which name the declared settings they
+    read (`reads`) and imply (`implied`) on their classes: they declare no field of their own."""
+    return [(name, piece_class(kind, name)) for name in PIECES.get(kind, ()) if name not in BUILT_IN[kind]]
+
+
+def readers(key: str) -> dict[str, tuple]:
+    """The pieces that read `key`, by kind, as its field declares them (`of`; none: every run),
+    with any piece an installed package registered that names it."""
+    found = dict(PLACES[key][1].metadata["of"])
+    for kind in found:
+        found[kind] += tuple(name for name, piece in _plugins(kind) if key in getattr(piece, "reads", ()))
+    return found
+
+
+def unread(key: str, chosen: dict[str, str], value: Optional[Callable[[str], object]] = None) -> Optional[str]:
+    """The one rule: None when the chosen pieces (given the run's values, `value`, the halting
+    target too) read `key`; else who reads it, as messages say it ("--method act, not pondernet")."""
+    pieces = dict(chosen)
+    if value is not None and value("halting_target") is not None:
+        pieces.setdefault("halting_target", value("halting_target"))
+    for kind, names in readers(key).items():
+        if kind in pieces and pieces[kind] not in names:
+            return f"--{kind.replace('_', '-')} {', '.join(names)}, not {pieces[kind]}"
+    return None
 
 
 def applies(key: str, chosen: dict[str, str], value: Optional[Callable[[str], object]] = None) -> bool:
-    """Whether a setting matters to the chosen pieces: every kind with readers of it has it read
-    by the chosen piece (one no piece declares, like epochs, applies to every run); given the
-    run's values (`value`: key -> value), and no other of them leaves it unread (idle)."""
-    return all(chosen[kind] in names for kind, names in readers(key).items()) and \
-        (value is None or key not in idle(chosen, value))
+    """Whether a setting matters to the chosen pieces (`unread`)."""
+    return unread(key, chosen, value) is None
 
 
 def inapplicable(keys, chosen: dict[str, str], name=lambda key: spelled(key, {}, "--"),
                  value: Optional[Callable[[str], object]] = None) -> list[str]:
-    """The one rule: each setting among `keys` that the chosen pieces do not read, or (given the
-    run's values, `value`) that another of its values leaves unread, as a message naming who reads
-    it (`name(key)`: how the user spelled it)."""
-    problems, unread_by_value = [], idle(chosen, value) if value is not None else {}
-    for key in keys:
-        unread = [(kind, names) for kind, names in readers(key).items() if chosen[kind] not in names]
-        problems += [f"{name(key)} applies to --{kind} {', '.join(names)}, not {chosen[kind]}"
-                     for kind, names in unread[:1]]
-        if not unread and key in unread_by_value:
-            problems.append(f"{name(key)} applies to {unread_by_value[key]}")
-    return problems
-
-
-def idle(chosen: dict[str, str], value: Callable[[str], object]) -> dict[str, str]:
-    """The settings the chosen pieces read that another value leaves unread (each piece's `idle`,
-    given `value`: key -> the run's value): key -> the value that would read it, and the one set
-    ("--halting-target prior, not final")."""
-    found: dict = {}
-    for kind, name in chosen.items():
-        if name in PIECES[kind]:  # a piece no longer installed reads nothing here
-            found.update(getattr(piece_class(kind, name), "idle", lambda value: {})(value))
-    return found
+    """Each setting among `keys` that the chosen pieces do not read (`unread`), as a message
+    naming who reads it (`name(key)`: how the user spelled it)."""
+    return [f"{name(key)} applies to {who}" for key in keys for who in [unread(key, chosen, value)] if who]
 
 
 def implied_values(chosen: dict[str, str]) -> dict[str, tuple]:
-    """key -> (value, "--step align"): what the chosen pieces imply unless the user says otherwise."""
-    return {key: (value, f"--{kind} {chosen[kind]}") for kind in PIECES if kind in chosen and known(kind, chosen[kind])
-            for key, value in piece_class(kind, chosen[kind]).implied.items()}
+    """key -> (value, "--step align"): what the chosen pieces imply unless the user says otherwise,
+    a later kind's winning (plain's one step over align's twelve)."""
+    found = {}
+    for kind in PIECES:
+        if kind in chosen and known(kind, chosen[kind]):
+            found.update({key: (field.metadata["implied"][chosen[kind]], f"--{kind} {chosen[kind]}")
+                          for key, (_, field) in PLACES.items() if chosen[kind] in field.metadata["implied"]})
+            found.update({key: (value, f"--{kind} {name}") for name, piece in _plugins(kind) if name == chosen[kind]
+                          for key, value in getattr(piece, "implied", {}).items()})
+    return found
 
 
 def implied_by_pieces(key: str) -> list[tuple[str, object]]:
-    """(piece, value) for every piece of any kind that implies a value of `key`, then (when,
-    value) for what a piece derives from another value (a task's `derived`: "parity --elems >
-    32"), for --help."""
-    return ([(name, piece_class(kind, name).implied[key]) for kind, table in PIECES.items() for name in table
-             if key in piece_class(kind, name).implied]
-            + [getattr(piece_class(kind, name), "derived", {})[key] for kind, table in PIECES.items() for name in table
-               if key in getattr(piece_class(kind, name), "derived", {})])
+    """(piece, value) for every piece that implies a value of `key`, in the pieces' order, then
+    (when, value) for what parity at the paper's scale derives, for --help."""
+    implied = PLACES[key][1].metadata["implied"]
+    found = [(name, implied[name]) for table in PIECES.values() for name in table if name in implied]
+    if key in PAPER_SCALE:
+        found.append((f"parity --elems > {PAPER_SCALE_ELEMS - 1}", PAPER_SCALE[key]))
+    return found
 
 
 def bias_value(values: dict, name: str = "halting-bias"):
@@ -354,7 +417,7 @@ def default_halting(cfg: "PonderConfig") -> str:
     on the answer (--halting-target final, correct) halts at its threshold (threshold:T); one
     trained towards the prior, as the paper's, by its coins (sample); ACT and plain by their own
     whatever the rule's name."""
-    if applies("halting_threshold", cfg.chosen(), cfg.value):
+    if "halting_threshold" in cfg.applying():
         return f"threshold:{cfg.method.halting_threshold!r}"
     return DEFAULT_HALTING
 
@@ -423,8 +486,8 @@ class PonderConfig:
     def problems(self, given=(), origins: dict = {}) -> list[str]:
         """What is wrong, first things first: each value alone; a step that reads another kind of
         input than the task gives (mlp on parity vectors); a setting the user gave (`given`) that
-        the chosen pieces do not read, or that another value leaves unread (a piece's `idle`:
-        --beta with --halting-target final); a halting input the step does not show; then what each
+        the chosen pieces do not read (--beta with --method act, or with --halting-target final);
+        a halting input the step does not show; then what each
         chosen piece refuses beside the rest (parity's counts against elems). A setting is named
         as the user gave it (`origins`: key -> the file that gave it)."""
         chosen = self.chosen()
@@ -497,11 +560,15 @@ class PonderConfig:
 
         return {key: source(key) for key in PLACES}
 
+    def applying(self) -> list[str]:
+        """The settings this config's pieces read (`unread`, the one rule), in the config's order."""
+        return [key for key in PLACES if applies(key, self.chosen(), self.value)]
+
     def shown_fields(self) -> list[str]:
         """The settings that matter to this config's pieces, and whatever they imply: what the
         configuration lines, `ponder info` and a saved config.toml show."""
-        implied = implied_values(self.chosen())
-        return [key for key in PLACES if applies(key, self.chosen(), self.value) or key in implied]
+        shown = {*self.applying(), *implied_values(self.chosen())}
+        return [key for key in PLACES if key in shown]
 
     @staticmethod
     def field_names() -> tuple[str, ...]:
@@ -542,7 +609,8 @@ def read_config_file(path: Path) -> dict:
             recorded = PonderConfig.from_dict(saved, saved=f"--config {path}")
         except PonderError as exc:
             raise PonderError(f"--config {path}: {exc}") from None
-        return {key: value for key, value in saved.items() if applies(key, recorded.chosen(), recorded.value)}
+        applying = recorded.applying()
+        return {key: value for key, value in saved.items() if key in applying}
     values = {}
     for table, items in data.items():
         if table in DOCUMENT_KEYS:  # --print-config -f json's own keys, not settings
@@ -578,8 +646,9 @@ def render_config(cfg: PonderConfig, sources: dict, fmt: str = "toml") -> str:
     came from (a TOML comment, or a JSON "sources" object); read back, the same configuration. A
     value the pieces imply but do not read (plain's one step) is a comment; a None (halting_bias:
     the method's own) is left out."""
-    values, shown = cfg.to_dict(), [key for key in cfg.shown_fields() if cfg.value(key) is not None]
-    settable = [key for key in shown if applies(key, cfg.chosen(), cfg.value)]
+    values, applying = cfg.to_dict(), cfg.applying()
+    shown = [key for key in cfg.shown_fields() if cfg.value(key) is not None]
+    settable = [key for key in shown if key in applying]
     if fmt == "json":
         tables = {section: {key: values[key] for key in keys if key in settable} for section, keys in SECTIONS.items()}
         return json.dumps({"format_version": FORMAT_VERSION, **tables,

@@ -36,6 +36,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from .config import applies, implied_values
 from .halting import (Act, Cut, FixedBudget, Roulette, Rule, act_reached, halting_steps, halting_units,
                       log_continue, reach_log_prob, rule_of, running_sums)
 from .model import PonderNet, halting_as_computed
@@ -183,11 +184,6 @@ def halting_bce(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torc
 
 class Method:
     name: str = ""
-    # config values this method implies when the user leaves them out (plain: one step)
-    implied: dict = {}
-    # the config fields this method reads among those that some method reads (config.inapplicable:
-    # an option no chosen piece reads is refused)
-    reads: tuple = ()
     # whether its loss, truncation and metrics keep a training batch capturable as a CUDA graph
     # (fixed shapes, no host read, randomness from torch's default generator): a method that does
     # not declare it trains eagerly on CUDA (train.use_graphs); tests/test_graph_safe.py proves it
@@ -202,14 +198,6 @@ class Method:
         """What this method cannot train with beside the other settings, as messages for the user
         (each value's own range is its field's, config.py)."""
         return []
-
-    @classmethod
-    def idle(cls, value) -> dict[str, str]:
-        """Of the settings it reads, those that another of the run's values (`value`: key -> value)
-        leaves unread: key -> the value that reads it and the one set ("--halting-target prior, not
-        final"). Given, such a setting is refused as one no chosen piece reads is; a checkpoint's
-        is not carried into a run from it (config.idle)."""
-        return {}
 
     def halting_label(self, rule: str) -> str:
         """The halting rule that really applies when the user asks for `rule`."""
@@ -289,7 +277,7 @@ def build_model(cfg, classes: int, input_shape: tuple) -> torch.nn.Module:
     model = PonderNet(cfg, classes=classes, input_shape=input_shape)
     bias = cfg.method.halting_bias
     if bias is None:
-        bias = method_class(cfg.method.name).implied.get("halting_bias")
+        bias = implied_values({"method": cfg.method.name}).get("halting_bias", (None,))[0]
     if bias is not None:
         with torch.no_grad():
             model.halting_head.bias.fill_(bias)
@@ -299,8 +287,6 @@ def build_model(cfg, classes: int, input_shape: tuple) -> torch.nn.Module:
 class PonderNetMethod(Method):
     name = "pondernet"
     graph_safe = True
-    reads = ("max_steps", "halting_input", "halting_bias", "turn_gate", "lambda_p", "prior", "beta", "beta_warmup",
-             "truncation", "truncation_rule", "depth_min", "halting_target", "halting_threshold")
 
     def __init__(self, cfg, device=None):
         super().__init__(cfg, device)
@@ -311,7 +297,7 @@ class PonderNetMethod(Method):
     @classmethod
     def config_problems(cls, cfg):
         problems, m = super().config_problems(cfg), cfg.method
-        if "depth_min" not in cls.reads:  # plain: one step, no depth to draw
+        if not applies("depth_min", {"method": cls.name}):  # plain: one step, no depth to draw
             return problems
         if m.depth_min > m.max_steps:
             problems.append(f"depth-min {m.depth_min} is above max-steps {m.max_steps}: inputs train at a depth "
@@ -324,14 +310,6 @@ class PonderNetMethod(Method):
             problems.append("depth-min trains with truncation-rule cut, not roulette (roulette's loss weights "
                             "assume its own coins alone decide where an input stops)")
         return problems
-
-    @classmethod
-    def idle(cls, value):
-        # a head trained on the answer (final, correct) has no KL term: its prior is never read
-        target = value("halting_target")
-        if target == "prior":  # nor its threshold: the prior's head halts by its coins
-            return {"halting_threshold": "--halting-target final or correct, not prior"}
-        return {key: f"--halting-target prior, not {target}" for key in ("lambda_p", "prior", "beta", "beta_warmup")}
 
     def kl_weight(self, progress: torch.Tensor | None):
         """beta, or during the warm-up beta * progress / beta_warmup (a tensor: no host read)."""
@@ -389,9 +367,6 @@ class PonderNetMethod(Method):
 
 class PlainMethod(PonderNetMethod):
     name = "plain"
-    implied = {"max_steps": 1}
-    # one step: p_1 = 1 whatever the halting head says, so no halting or prior setting matters
-    reads = ()
 
     @classmethod
     def config_problems(cls, cfg):
@@ -414,10 +389,6 @@ class PlainMethod(PonderNetMethod):
 
 
 # ACT (Graves 2016) ------------------------------------------------------------------------------
-
-
-# Graves: a positive halting bias makes early training ponder little
-INITIAL_HALTING_BIAS = 1.0
 
 
 class ActHalting(NamedTuple):
@@ -465,10 +436,6 @@ def act_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.T
 class ACTMethod(Method):
     name = "act"
     graph_safe = True
-    # Graves' bias, also where a step implies another (align: 'prior'): the method's implied
-    # values win over the step's (config.implied_values)
-    implied = {"halting_bias": INITIAL_HALTING_BIAS}
-    reads = ("max_steps", "halting_input", "halting_bias", "turn_gate", "tau", "act_epsilon", "truncation")
 
     def halting_label(self, rule):
         budget = FixedBudget.of(rule)

@@ -1,5 +1,5 @@
-"""Options that do not apply (one rule, from the pieces' `reads`, checked against what their code
-reads), implied settings in --help, `ponder train`'s options made from the settings' fields, and
+"""Options that do not apply (one rule, from the settings' declarations, checked against what the
+pieces' code reads), implied settings in --help, `ponder train`'s options made from the settings' fields, and
 the wording of usage errors and help."""
 
 import io
@@ -9,7 +9,7 @@ import re
 import pytest
 
 from ponder_cli import PonderError
-from ponder_cli.config import PonderConfig, inapplicable, readers
+from ponder_cli.config import PonderConfig, inapplicable, readers, setting
 from ponder_cli.registry import PIECES, piece_class
 from ponder_cli.reports import combine_draws, per_step_table, sweep_report
 from ponder_cli.tasks import get_task
@@ -46,17 +46,18 @@ def test_what_the_chosen_pieces_read_is_accepted():
     assert inapplicable({"epochs": 1, "seed": 2, "lr": 0.1}, {"method": "plain", "step": "mlp"}) == []
 
 
-def test_readers_come_from_the_pieces():
-    assert readers("tau") == {"method": ["act"]} and readers("hidden_lin") == {"step": ["mlp"]}
-    assert readers("turn_gate") == {"step": ["align"], "method": ["pondernet", "act"]}
-    assert readers("epochs") == {} and readers("seed") == {}  # every run reads these
-    assert readers("train_rotation") == {"task": ["mnist"]} and readers("elems") == {"task": ["parity"]}
-    assert readers("gru_orthogonal") == {"step": ["gru"]}
-    fields = set(PonderConfig.field_names())
-    for kind, table in PIECES.items():  # a misspelt field in a piece's reads would never apply
-        for name in table:
-            assert set(piece_class(kind, name).reads) <= fields, name
-            assert set(piece_class(kind, name).implied) <= fields, name
+def test_readers_come_from_the_settings_declarations():
+    assert readers("tau") == {"method": ("act",)} and readers("hidden_lin") == {"step": ("mlp",)}
+    assert readers("turn_gate") == {"step": ("align",), "method": ("pondernet", "act")}
+    assert readers("lambda_p") == {"method": ("pondernet",), "halting_target": ("prior",)}
+    assert readers("epochs") == {} and readers("seed") == {} and readers("hidden") == {}  # every run reads these
+    assert readers("train_rotation") == {"task": ("mnist",)} and readers("elems") == {"task": ("parity",)}
+    assert readers("gru_orthogonal") == {"step": ("gru",)}
+    for names in ("acts", ("mlp", "alinge")):  # a misspelt piece in a declaration fails as the module loads
+        with pytest.raises(ValueError, match="no piece is named"):
+            setting(0, of=names)
+    with pytest.raises(ValueError, match="no piece is named plian"):
+        setting(0, implied={"plian": 1})
 
 
 def _read_settings(cfg, training: bool = True):
@@ -106,8 +107,8 @@ COMBINATIONS = [(task, step, method) for task in ("mnist", "parity") for step in
 
 @pytest.mark.parametrize("task,step,method", COMBINATIONS)
 def test_the_pieces_reads_are_what_their_code_reads(task, step, method):
-    """A piece's `reads` is kept by hand: here what the model, the method's loss and predictions
-    really read is recorded. Every step and method setting the chosen pieces read (applies) is
+    """Who reads a setting is declared with it (`of`): here what the model, the method's loss and
+    predictions really read is recorded. Every step and method setting the chosen pieces read (applies) is
     read; a setting read that does not apply (neither read by them nor implied) is plain's, which
     runs PonderNet's code at one step, and none of those changes the numbers."""
     import torch
@@ -149,6 +150,21 @@ def test_train_help_shows_what_each_piece_implies(ponder):
     assert "Geometric prior parameter, in (0, 1]. [default: 0.2; parity: 0.1; align: 0.5]" in text
     assert "gru. [default: mlp; parity: gru]" in text  # a task implies its step function
     assert "Weight of the KL regularisation. [default: 0.01]" in text
+
+
+def test_train_help_shows_what_pieces_imply_without_torch():
+    """What pieces imply is declared with the settings, so `ponder train --help` loads no piece."""
+    import subprocess
+    import sys
+
+    probe = ("import atexit, sys\n"
+             "atexit.register(lambda: print(sorted(m for m in ('torch', 'numpy') if m in sys.modules)))\n"
+             "sys.argv = ['ponder', 'train', '--help']\n"
+             "from ponder_cli.cli import run\n"
+             "run()\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout
+    assert "[default: 20; align: 12; plain: 1]" in " ".join(out.split())
+    assert out.splitlines()[-1] == "[]"
 
 
 def test_eval_takes_rotation_or_angles_not_both(checkpoint, ponder, one_error_line):

@@ -37,7 +37,8 @@ def table() -> str:
         for name in names:
             default = PonderConfig.default(name)
             implied = ", ".join(f"{piece}: {value_text(value)}" for piece, value in implied_by_pieces(name))
-            read_by = "; ".join(f"{kind} {', '.join(pieces)}" for kind, pieces in readers(name).items()) or "every run"
+            read_by = "; ".join(f"{kind.replace('_', '-')} {', '.join(pieces)}"
+                                for kind, pieces in readers(name).items()) or "every run"
             flag, hidden = flags.get(name, ("", False))
             flag_text = f"`{flag}`" + (" (not in --help)" if hidden else "") if flag else "file only"
             rows.append(f"| `{name}` | {value_text(default)} | {implied} | {read_by} | {flag_text} |")

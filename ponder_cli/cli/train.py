@@ -25,7 +25,7 @@ from ..cli_options import (
     piece_metavar,
 )
 from .. import BadValue
-from ..config import PLACES, TYPES, problems_of, render_config
+from ..config import PLACES, TYPES, implied_by_pieces, problems_of, render_config
 from ..folders import Labels
 from ..registry import PIECES
 from ..render import TrainFormat, json_line, value_text
@@ -35,13 +35,15 @@ from .app import app, bars, chatter, render_and_plot
 
 def setting_parameters() -> list[inspect.Parameter]:
     """An option of `ponder train` for every setting, made from its declaration (config.setting):
-    None unless given, so that a resumed run can tell what the user set; a table's values as
+    None unless given, so that a resumed run can tell what the user set; its default and what
+    pieces imply instead in its help (`[default: 20; align: 12; plain: 1]`); a table's values as
     choices (the pieces: the registry's, when the command runs), a switch for a bool."""
     parameters = []
     for key, (_, field) in sorted(PLACES.items(), key=lambda item: item[0] not in PIECES):  # the pieces first
         meta, kind = field.metadata, TYPES[key]
         flag = "--" + key.replace("_", "-")
         default = value_text(field.default) if meta["default_text"] is None else meta["default_text"]
+        default += "".join(f"; {piece}: {value_text(value)}" for piece, value in implied_by_pieces(key))
         options = dict(help=f"{meta['help']} [default: {default}]", show_default=False, hidden=meta["hidden"],
                        metavar=meta["metavar"])
         if key in PIECES:

@@ -49,10 +49,6 @@ class StepFunction(nn.Module):
     readout_size: int
     halting_extra_size: int = 0
     halting_feature: Optional[str] = None  # how --halting-input names the step's halting features
-    implied: dict = {}  # config values this step function implies when the user leaves them out
-    # the config fields this step reads among those that some step reads (config.inapplicable:
-    # an option no chosen piece reads is refused)
-    reads: tuple = ()
     # the kind of input this step function reads ("images", "vectors"): it fits every task whose
     # `input_kind` is the same
     input_kind: str = ""

@@ -143,13 +143,6 @@ def gated_logit(z: torch.Tensor, work: torch.Tensor) -> torch.Tensor:
 class AlignStep(StepFunction):
     halting_extra_size = 1  # |delta_n + delta_{n-1}| in units of twice the largest turn
     halting_feature = "turn"
-    # what `--step align` implies unless given: the settings under which halting tracked the
-    # work best in the README's experiments, and truncation, since every step runs the CNN: 0.1
-    # trains on a quarter fewer steps than 0.01 with the same figures over three seeds, 0.2 loses
-    # accuracy at large angles (docs/performance.md, "Training truncation")
-    implied = {"max_steps": 12, "lambda_p": 0.5, "truncation": 0.1, "halting_input": "state+turn", "turn_gate": 0.2,
-               "halting_bias": "prior"}
-    reads = ("hidden", "hidden_cnn", "kernel_size", "cnn_dropout", "align_turn", "turn_gate")
     input_kind = "images"
     graph_safe = True
 

@@ -167,10 +167,6 @@ class StepMLP(nn.Module):
 
 
 class MLPStep(StepFunction):
-    # a fresh Dropout2d mask at every step, as the reference (which reruns its CNN at every step);
-    # the field's default "shared" is what checkpoints saved before the option was added trained with
-    implied = {"cnn_dropout_mask": "per-step"}
-    reads = ("hidden", "hidden_cnn", "hidden_lin", "kernel_size", "cnn_dropout", "cnn_dropout_mask", "mlp_dropout")
     input_kind = "images"
     graph_safe = True
 

@@ -67,7 +67,6 @@ aten = torch.ops.aten
 
 
 class RNNStep(StepFunction):
-    reads = ("hidden", "encoding")
     input_kind = "vectors"
     graph_safe = True
 
@@ -88,8 +87,6 @@ class RNNStep(StepFunction):
 
 
 class GRUStep(StepFunction):
-    implied = {"gru_layer_norm": True, "gru_orthogonal": True, "gru_update_bias": 1.0}
-    reads = ("hidden", "gru_layer_norm", "gru_orthogonal", "gru_update_bias", "encoding")
     input_kind = "vectors"
     graph_safe = True
 

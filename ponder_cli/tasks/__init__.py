@@ -1,8 +1,8 @@
 """Tasks: what a model learns and is measured on (MNIST digits, parity vectors).
 
 A task is a piece like a step function or a halting method: one module here and one line in
-`registry.TASKS`. It says what its inputs are and how many classes they have, which config
-fields it reads (and which pieces and values it implies), how training batches are drawn and
+`registry.TASKS`, its settings declared in config.py (`of="parity"`: read by parity). It says
+what its inputs are and how many classes they have, how training batches are drawn and
 validated, and what a difficulty bucket of its evaluation is: MNIST buckets are rotations, parity
 buckets are ranges of non-zero counts. The model, the methods and the halting code never see any
 of that: they get input tensors, labels and halting coins.
@@ -12,11 +12,11 @@ is built from the run's config, `self.cfg`):
 - `classes`, `inputs` (words for messages), `input_kind` ("images", "vectors": the step
   functions with the same `input_kind` fit it) and `input_shape` (one input's, without the
   batch: the step is built for it), `difficulty` (the bucket key in reports: "rotation",
-  "counts"), `uses_protocol`, `implied` (values, and pieces of later kinds: parity implies
-  --step gru), `reads` (config.inapplicable's rule, as for steps and methods);
+  "counts"), `uses_protocol`; a task an installed package registers names the declared settings
+  it reads (`reads`) and implies (`implied`: values, and pieces of later kinds);
 - the config and the run: `resolve_options(values, given)` (what it derives before the config
-  is built: parity saves train_counts, and above 32 elements its paper-scale recipe; `derived`
-  says so for --help), `run_name_prefix()` (the run folder's name), `kind_label()`
+  is built: parity saves train_counts, and above 32 elements its paper-scale recipe,
+  config.PAPER_SCALE), `run_name_prefix()` (the run folder's name), `kind_label()`
   (what checkpoints `compare` sets side by side share);
 - training: `load_training(data_dir, download)` -> (training data, validation data) on the CPU,
   `to_device(data, device)`, `training_source(data, device)` -> a `TrainingSource` (batches of one
@@ -121,10 +121,6 @@ class Task:
     # whether calibrate's buckets and draws reuse the same inputs (MNIST: the held-out digits, rotated
     # again), so that only one bucket of one draw holds independent inputs (calibrate --risk)
     buckets_share_inputs: bool = False
-    implied: dict = {}
-    # what resolve_options derives from other values, for --help: key -> (when, value)
-    derived: dict = {}
-    reads: tuple = ()
     # how the command line spells its buckets besides --buckets (MNIST: --angles), the first the
     # one messages name, with its metavar; "a" or "an" before its name ("an mnist model")
     bucket_options: tuple = ()

@@ -281,7 +281,6 @@ class MnistTask(Task):
     difficulty = "rotation"
     uses_protocol = True
     bucket_options, bucket_metavar, article = ("--angles", "--rotation"), "DEG...", "an"
-    reads = ("train_rotation", "val_size", "train_size", "split_seed")
     calibration_split = "validation"  # what calibrate's inputs are (calibration_data)
     buckets_share_inputs = True  # every bucket and draw rotates the same held-out digits
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .. import BadValue, PonderError, distributed
-from ..config import default_halting
+from ..config import PAPER_SCALE, PAPER_SCALE_ELEMS, default_halting
 from ..evaluate import EvalBucket, evaluate_bucket
 from ..reports import TaskView, Terms
 from . import STDIN, Task, TrainingSource, UserInputs, check_input_file, derived_seed, load_inputs, uniforms
@@ -46,12 +46,6 @@ CALIBRATION_SEED = 3
 VAL_PER_COUNT = 64  # validation rows per non-zero count of the training range
 TEST_PER_COUNT = 256  # evaluation rows per non-zero count of a bucket (--limit lowers it)
 CALIBRATION_PER_COUNT = 256  # calibration rows per non-zero count (--limit sets it)
-# Above 32 elements the defaults of smaller vectors are a dead end (docs/parity.md): batches of
-# 128 stay at chance, the plateau schedule cuts the learning rate to nothing and early stopping
-# ends the run. What learnt 64 elements on a GPU: batches of 2048, the learning rate held (no cut
-# within any run's length) and no early stop on a plateau of a noisy validation.
-PAPER_SCALE_ELEMS = 33
-PAPER_SCALE = {"batch_size": 2048, "lr_patience": 1000, "patience": 0}
 
 
 class ParityBatch(NamedTuple):
@@ -317,12 +311,6 @@ class ParityTask(Task):
     input_kind = "vectors"
     difficulty = "counts"
     bucket_options, bucket_metavar = ("--counts",), "LO-HI..."
-    # what learns here (docs/parity-results.md): the gru step with its recipe, 128
-    # units, lambda_p 0.1 (the paper's best for interpolation), clipping at 1 (and the default
-    # Adam 1e-3)
-    implied = {"step": "gru", "hidden": 128, "lambda_p": 0.1, "grad_clip": 1.0}
-    reads = ("elems", "train_counts", "batches_per_epoch", "curriculum", "curriculum_start", "curriculum_advance",
-             "curriculum_mix", "layout")
     calibration_split = "calibration"  # what calibrate's inputs are (calibration_data)
     source = None  # the training batches, once drawn: validation moves a curriculum by progress on
 
@@ -355,9 +343,6 @@ class ParityTask(Task):
 
     def example_input(self, batch: int, device) -> torch.Tensor:
         return torch.zeros((batch, *self.input_shape), device=device)
-
-    # for --help and the configuration reference: key -> (when, value) of what it derives
-    derived = {key: (f"parity --elems > {PAPER_SCALE_ELEMS - 1}", value) for key, value in PAPER_SCALE.items()}
 
     @classmethod
     def resolve_options(cls, values: dict, given: dict) -> dict:
