@@ -26,9 +26,8 @@ from typing import Callable, Iterable, NamedTuple, Optional
 import torch
 
 from .config import PonderConfig
-from .halting import halting_steps, rule_of
+from .model import get_method, halting_log_probs, halting_steps, rule_of
 from .registry import SHUFFLES, parse_halting_rule
-from .methods import get_method, halting_log_probs
 from .reports import binomial_cdf, clopper_pearson_upper, standard_error, wilson_interval, wilson_lower
 from .runtime import autocast, drops_rows
 

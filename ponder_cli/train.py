@@ -17,8 +17,7 @@ from . import PonderError, brief, distributed
 from .checkpoint import TrainingState, new_model, save_checkpoints
 from .config import PonderConfig, duration_text
 from .folders import BEST, LAST
-from .methods import Method, get_method
-from .model import truncate
+from .model import Method, get_method, truncate
 from .registry import AT_CHANCE, EARLY_STOP, FINISHED, TIME_LIMIT
 from .runtime import Adam, autocast, drops_rows, grad_scaler, keep_freed_memory
 from .tasks import TrainingSource, get_task

@@ -209,6 +209,6 @@ def _drive(rule, logits, lambda_logits):
 @pytest.fixture(scope="session")
 def drive():
     """drive(rule, logits (steps, B, classes) or None, lambda_logits (steps, B)): what
-    PonderNet.infer (or a truncated forward, without logits) does with a rule (halting.py), on
+    PonderNet.infer (or a truncated forward, without logits) does with a rule (model.py), on
     given outputs: each step shows the rule only the rows still running; returns the 1-based halting step of each row."""
     return _drive

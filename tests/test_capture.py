@@ -18,7 +18,7 @@ from ponder_cli import train as train_module
 from ponder_cli.checkpoint import load_checkpoint, new_model
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
-from ponder_cli.methods import get_method
+from ponder_cli.model import get_method
 from ponder_cli.train import (BACKED_OFF, CAPTURED, INPUTS, SKIPPED, WARMUP_BATCHES, batch_step, graph_pieces, train,
                               use_graphs)
 from synthetic_data import synthetic_digits
@@ -427,15 +427,15 @@ def _captured_step(cfg, data, device, **options):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_two_replays_draw_fresh_dropout_masks_rotations_and_coins(device, tiny_mnist, monkeypatch):
-    from ponder_cli import methods
+    from ponder_cli import model
     from ponder_cli.steps import mlp
     from ponder_cli.tasks import mnist
 
     recorded = {"dropout masks": Recorded(mlp.dropout_mask), "rotations": Recorded(mnist.uniform_angles),
-                "halting coins": Recorded(methods.Roulette, part=lambda rule: rule.uniforms)}
+                "halting coins": Recorded(model.Roulette, part=lambda rule: rule.uniforms)}
     monkeypatch.setattr(mlp, "dropout_mask", recorded["dropout masks"])
     monkeypatch.setattr(mnist, "uniform_angles", recorded["rotations"])
-    monkeypatch.setattr(methods, "Roulette", recorded["halting coins"])
+    monkeypatch.setattr(model, "Roulette", recorded["halting coins"])
     cfg = _small("mlp", max_steps=6, truncation=0.2, truncation_rule="roulette", train_rotation=45.0)
     step = _captured_step(cfg, _images(tiny_mnist, device), device)
     draws = []

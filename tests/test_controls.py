@@ -17,8 +17,7 @@ from ponder_cli.checkpoint import load_model
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist
 from ponder_cli.evaluate import evaluate_bucket
-from ponder_cli.halting import FixedBudget, halting_steps, rule_of
-from ponder_cli.methods import get_method
+from ponder_cli.model import FixedBudget, get_method, halting_steps, rule_of
 from ponder_cli.checkpoint import new_model
 from ponder_cli.registry import HaltingRule, parse_halting_rule
 from ponder_cli.reports.evaluation import best_fixed_accuracy

@@ -19,7 +19,7 @@ from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist, train_val_split
 from ponder_cli.checkpoint import new_model
 from ponder_cli.tasks import get_task
-from ponder_cli.methods import PonderNetMethod
+from ponder_cli.model import PonderNetMethod
 from ponder_cli.train import batch_step, make_optimizer, train, train_one_epoch
 
 import processes

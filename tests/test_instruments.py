@@ -14,8 +14,7 @@ from ponder_cli.config import PonderConfig
 from synthetic_data import synthetic_digits
 from ponder_cli.evaluate import spearman
 from ponder_cli.tasks.mnist import evaluate
-from ponder_cli.halting import Quantile, halting_steps
-from ponder_cli.methods import halting_log_probs
+from ponder_cli.model import Quantile, halting_log_probs, halting_steps
 from ponder_cli.checkpoint import new_model
 from ponder_cli.plot import require_matplotlib
 from ponder_cli.render import sparkline

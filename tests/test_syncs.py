@@ -16,7 +16,7 @@ from ponder_cli import runtime
 from ponder_cli.checkpoint import new_model
 from ponder_cli.config import PonderConfig
 from ponder_cli.data import load_mnist
-from ponder_cli.methods import get_method
+from ponder_cli.model import get_method
 from ponder_cli.runtime import grad_scaler
 from ponder_cli.train import batch_step, make_optimizer, train_one_epoch
 
