@@ -360,15 +360,6 @@ def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
     return total
 
 
-def all_ranks(flag: torch.Tensor) -> torch.Tensor:
-    """A boolean scalar that is True on every rank only if it is True on every rank."""
-    if not active():
-        return flag
-    agreed = flag.to(torch.int32)
-    torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
-    return agreed.bool()
-
-
 def broadcast_from_main(values: list[float], device: torch.device) -> list[float]:
     """Rank 0's floats on every rank; the others pass placeholders of the same length. Sent as
     float64, so every rank gets exactly rank 0's values."""

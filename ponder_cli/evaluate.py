@@ -26,10 +26,9 @@ from typing import Callable, Iterable, NamedTuple, Optional
 import torch
 
 from .config import PonderConfig
-from .model import get_method, halting_log_probs, halting_steps, rule_of
+from .model import autocast, drops_rows, get_method, halting_log_probs, halting_steps, rule_of
 from .registry import SHUFFLES, parse_halting_rule
 from .reports import binomial_cdf, clopper_pearson_upper, standard_error, wilson_interval, wilson_lower
-from .runtime import autocast, drops_rows
 
 
 @dataclass(frozen=True)

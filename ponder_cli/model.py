@@ -21,6 +21,7 @@ Shapes: lambda_logits (steps, B) are pre-sigmoid conditional halting probabiliti
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import NamedTuple
 
@@ -28,8 +29,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .registry import HaltingRule, method_class, parse_halting_rule, step_class
-from .steps import select_rows
+from . import PonderError
+from .registry import HaltingRule, device_problem, method_class, parse_halting_rule, step_class
 
 # Per-step terms and running sums: the same float32 numbers wherever a row sits ---------------
 
@@ -543,6 +544,52 @@ def halting_bce(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torc
     return (bce * trained).sum() / trained.sum().clamp_min(1.0)
 
 
+# Where the model runs: the device, mixed precision ----------------------------------------
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' picks CUDA when present; an explicit device that is not usable is an error."""
+    problem = device_problem(name)
+    if problem is not None:
+        raise PonderError(problem)
+    name = name.strip().lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this PyTorch has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise PonderError(f"--device {name} requested but CUDA is not available ({why}); use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise PonderError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    return device
+
+
+def drops_rows(device: torch.device) -> bool:
+    """Whether inputs that are done leave the later steps (training's truncated forward,
+    evaluation's early exit): on the CPU, where fewer rows cost less; on a GPU every step runs on
+    every input at fixed shapes (a mask), which asks the host nothing and can be captured."""
+    return device.type == "cpu"
+
+
+def amp_dtype(device: torch.device) -> torch.dtype:
+    """fp16 on CUDA (with a GradScaler), bf16 on CPU (no scaler needed, same code path)."""
+    return torch.float16 if device.type == "cuda" else torch.bfloat16
+
+
+def grad_scaler(device: torch.device, amp: bool) -> torch.amp.GradScaler:
+    """The GradScaler training needs: enabled exactly when autocast computes in fp16, whose small
+    range lets gradients underflow unless the loss is scaled up (bf16 has float32's range)."""
+    return torch.amp.GradScaler(device.type, enabled=amp and amp_dtype(device) == torch.float16)
+
+
+def autocast(device: torch.device, enabled: bool, *, cache: bool = True):
+    """Mixed precision on `device` when enabled; `cache` False keeps no fp16 copies of the weights
+    between uses (a CUDA graph's capture must not: the copies would be made once, at capture)."""
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=amp_dtype(device), cache_enabled=cache)
+
+
 # The network ----------------------------------------------------------------------------------
 
 ANSWER_FEATURES = 7  # answer_features' width
@@ -690,9 +737,11 @@ class PonderNet(nn.Module):
                 return
             if going_on.shape[0] < active.shape[0]:  # nothing to copy when no row is done
                 active = active.index_select(0, going_on)
-                context, state = select_rows(context, going_on), select_rows(state, going_on)
-                previous = None if previous is None else previous.index_select(0, going_on)
-                earlier = None if earlier is None else earlier.index_select(0, going_on)
+                # integer indices, never a mask: a mask's `nonzero` would make the host wait once
+                # per tensor
+                context = tuple(_rows(v, going_on) for v in context)
+                state = tuple(_rows(v, going_on) for v in state)
+                previous, earlier = _rows(previous, going_on), _rows(earlier, going_on)
                 rule.keep(going_on)
 
     def _forward_truncated(self, x: torch.Tensor, stop: Rule) -> PonderOutput:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import inspect
 import math
 import statistics
 import sys
@@ -17,10 +19,67 @@ from . import PonderError, brief, distributed
 from .checkpoint import TrainingState, new_model, save_checkpoints
 from .config import PonderConfig, duration_text
 from .folders import BEST, LAST
-from .model import Method, get_method, truncate
+from .model import Method, autocast, drops_rows, get_method, grad_scaler, truncate
 from .registry import AT_CHANCE, EARLY_STOP, FINISHED, TIME_LIMIT
-from .runtime import Adam, autocast, drops_rows, grad_scaler, keep_freed_memory
 from .tasks import TrainingSource, get_task
+
+
+class Adam(torch.optim.Adam):
+    """torch.optim.Adam, running its own code, without importing torch's compiler stack.
+
+    torch.optim wraps these methods so that torch.compile leaves them alone, and each wrapper
+    imports torch._dynamo on its first call (over a second on a 2-core CPU) although nothing is
+    compiled: no option of Adam's avoids it. These call the methods the wrappers wrap; ponder
+    never compiles an optimizer.
+    """
+
+    _add_param_group = inspect.unwrap(torch.optim.Optimizer.add_param_group)
+    _zero_grad = inspect.unwrap(torch.optim.Optimizer.zero_grad)
+    _state_dict = inspect.unwrap(torch.optim.Optimizer.state_dict)
+    _load_state_dict = inspect.unwrap(torch.optim.Optimizer.load_state_dict)
+    _step = inspect.unwrap(torch.optim.Adam.step)
+
+    def add_param_group(self, param_group: dict) -> None:
+        self._add_param_group(param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._zero_grad(set_to_none)
+
+    def state_dict(self) -> dict:
+        return self._state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._load_state_dict(state_dict)
+
+    def step(self, closure=None):
+        # what the step's wrapper does besides importing torch._dynamo: no autograd graph for
+        # the update unless the optimizer is differentiable
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return self._step(closure)
+
+
+# glibc's mallopt parameters (malloc.h) and the largest mmap threshold it takes on 64-bit Linux
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX = -1, -3, 32 * 1024 * 1024
+_kept = False
+
+
+def keep_freed_memory() -> bool:
+    """On glibc (Linux), have the C allocator keep the memory a batch frees for the next batch
+    (once a process): torch's CPU tensors come from malloc, whose defaults hand a block over 128
+    KiB or so back to the system when it is freed, and the next batch's tensors of that size
+    then fault their pages in afresh, zeroed by the kernel (hundreds of page faults a parity
+    batch). The process keeps its peak heap instead, which every batch needs again; no value
+    changes. Whether it took effect (False elsewhere)."""
+    global _kept
+    if _kept or not sys.platform.startswith("linux"):
+        return _kept
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+    _kept = bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+    return _kept
 
 
 @dataclass(frozen=True)
@@ -153,10 +212,14 @@ class BatchStep:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.training.grad_clip)
         else:
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
-        # Under DDP the gradients (so grad_norm) are already averaged and equal on every rank, but
-        # the loss is this rank's own. Ranks that disagreed would step on some replicas and not on
-        # others, and the replicas would silently drift apart for good: decide jointly.
-        finite_loss = distributed.all_ranks(torch.isfinite(loss.total))
+        finite_loss = torch.isfinite(loss.total)
+        if distributed.active():
+            # The gradients (so grad_norm) are already averaged and equal on every rank, but the
+            # loss is this rank's own. Ranks that disagreed would step on some replicas and not on
+            # others, which would drift apart for good: finite only if finite on every rank.
+            finite_loss = finite_loss.to(torch.int32)
+            torch.distributed.all_reduce(finite_loss, op=torch.distributed.ReduceOp.MIN)
+            finite_loss = finite_loss.bool()
         finite_grads = torch.isfinite(grad_norm)
         if self.scaler.is_enabled():
             # The scaler skips the step when the gradients are not finite (a non-finite loss

@@ -10,9 +10,8 @@ import torchvision.transforms.functional as TF
 
 from ponder_cli import PonderWarning
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import prepare_batch
+from ponder_cli.tasks.mnist import evaluate, prepare_batch
 from synthetic_data import synthetic_digits
-from ponder_cli.tasks.mnist import evaluate
 from ponder_cli.model import FORCED_HALT_LOGIT, get_method, halting_log_probs
 from ponder_cli.checkpoint import load_checkpoint, new_model
 from ponder_cli.folders import shipped_path

@@ -18,8 +18,7 @@ import torch
 
 from ponder_cli.checkpoint import new_model
 from ponder_cli.config import PonderConfig
-from ponder_cli.model import get_method, truncate
-from ponder_cli.runtime import autocast
+from ponder_cli.model import autocast, get_method, truncate
 from ponder_cli.train import SKIPPED, WARMUP_BATCHES, BatchStep, batch_step, freeze_body, step_unless, training_mode
 from host_reads import Operators
 from synthetic_data import synthetic_digits

@@ -9,7 +9,7 @@ import torch
 
 from ponder_cli.checkpoint import load_checkpoint
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import load_mnist, train_val_split
+from ponder_cli.tasks.mnist import load_mnist, train_val_split
 from ponder_cli import train as training
 from ponder_cli.checkpoint import new_model
 from ponder_cli.train import batch_step, train, train_one_epoch
