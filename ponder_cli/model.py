@@ -78,15 +78,11 @@ def reach_log_prob(log_survival: torch.Tensor, log_epsilon: float) -> torch.Tens
 class Rule:
     """Decides, step by step, which of the rows still running halt and what they predict.
 
-    `decide(n, last, logits, lambda_logits)` sees step n (0-based; `last`, the last step run) of
-    the rows still running (A of them): class logits (A, classes), or None where only the steps
-    are asked for (a truncation reads the halting logits alone), and halting logits (A,),
-    detached. It returns halts (A,) bool, True for every row at the last step, and what the rows
-    that halt predict (A, classes), or None for the step's own class logits. `keep(rows)` then
-    keeps the given rows (A',) of its per-row state, integer positions among the A, as the loop
-    does with the model's. (Integer indices, not a mask: a mask's indices cost a host sync each
-    time.) State starts empty and takes its rows from the first step. A rule object serves one
-    batch, once.
+    `decide(n, last, logits, lambda_logits)` sees step n (0-based) of the A rows still running:
+    class logits (A, classes) or None (only the steps are asked for), and detached halting logits
+    (A,). It returns halts (A,), True for every row at the `last` step, and what the halting rows
+    predict (A, classes), or None for the step's own logits. `keep(rows)` keeps the rows (A',
+    integer positions) of its per-row state. A rule object serves one batch, once.
     """
 
     # a truncation's: whether the last step it computes for an input takes all its remaining
@@ -213,12 +209,9 @@ class Threshold(Rule):
 
 
 class FixedBudget(Rule):
-    """fixed:N, the control that adaptive halting is measured against: every input stops at
-    step N whatever its halting says, for every method alike (ACT's too: it then reads step N's
-    own output y_N). Refused beyond the steps run, never cut to them (`problem`, which a method
-    asks before it runs; a forward that ends before step N raises). Its accuracy is the per-step
-    accuracy at step N; the best fixed policy at a rule's mean steps is the reports'
-    (reports.evaluation.best_fixed_accuracy)."""
+    """fixed:N, the control adaptive halting is measured against: every input stops at step N,
+    for every method alike (ACT then reads y_N). Refused beyond the steps run, never cut to them
+    (`problem`; a forward that ends before step N raises)."""
 
     def __init__(self, rule: "HaltingRule | int"):
         self.rule = parse_halting_rule(f"fixed:{rule}") if isinstance(rule, int) else rule
@@ -377,9 +370,7 @@ class PonderOutput(NamedTuple):
 
 
 def halting_as_computed(out: PonderOutput) -> torch.Tensor:
-    """out's halting logits (steps, B) with every input halting by its last computed step at the
-    latest, as a forward whose rule `forces_halt` gives them: what a halting rule may pick from a
-    truncated forward."""
+    """out's halting logits (steps, B), every input halting by its last computed step at the latest."""
     if out.computed is None:
         return out.lambda_logits
     n = torch.arange(1, out.lambda_logits.shape[0] + 1, device=out.lambda_logits.device)[:, None]  # (steps, 1)
@@ -387,12 +378,10 @@ def halting_as_computed(out: PonderOutput) -> torch.Tensor:
 
 
 def truncate(out: PonderOutput, rule: Rule) -> PonderOutput:
-    """A forward over every step as the truncated one `forward(x, stop=rule)` gives it (`rule`
-    fresh): the steps the rule computes for each input (halting_steps, the same steps),
-    those after them masked out, their class logits 0 and halting logits FORCED_HALT_LOGIT, and,
-    when the rule `forces_halt`, the last computed step's halting forced too (see
-    PonderNet.forward). The masked steps get no gradient: the loss and its gradients are the
-    truncated forward's. Fixed shapes, no host read (a captured training batch runs this)."""
+    """A forward over every step as `forward(x, stop=rule)` gives it (`rule` fresh): the steps
+    after those the rule computes masked (class logits 0, halting FORCED_HALT_LOGIT, and the last
+    computed step's halting forced when the rule `forces_halt`), so the loss and its gradients
+    are the truncated forward's. Fixed shapes, no host read."""
     computed, _ = halting_steps(rule, None, out.lambda_logits)
     n = torch.arange(1, out.lambda_logits.shape[0] + 1, device=out.lambda_logits.device)[:, None]  # (steps, 1)
     logits = torch.where((n <= computed)[..., None], out.logits, torch.zeros_like(out.logits))
@@ -597,14 +586,11 @@ ANSWER_FEATURES = 7  # answer_features' width
 
 def answer_features(logits: torch.Tensor, earlier: torch.Tensor | None, n, first) -> torch.Tensor:
     """What the halting head reads of step n's answer (--halting-input ...+answer), (..., classes)
-    -> (..., 7), detached and in float32: the top class probability, its margin over the second,
-    the entropy (in units of log classes), log(1 - top probability) in tens of nats (how sure, where
-    the probability itself rounds to 1), the total-variation distance from the step before's class
-    probabilities and whether the top class changed (at the first step, `first`, the step before is
-    the uniform distribution: the answer has changed from none), and 1 / (n + 1) for the 0-based
-    step n (no scale of the steps run, which --max-steps changes). `earlier` (..., classes): the
-    step before's logits, ignored where `first`; n and first an int and a bool, or tensors that
-    broadcast over (...); fixed shapes, no host read."""
+    -> (..., 7), detached, float32: the top probability, its margin over the second, the entropy
+    (in log classes), log(1 - top) in tens of nats (where top rounds to 1), the total-variation
+    distance from the step before's probabilities and whether the top class changed (before the
+    first step: uniform, changed), and 1 / (n + 1). `earlier`: the step before's logits, ignored
+    where `first`; n and first scalars or tensors broadcasting over (...)."""
     log_p = torch.log_softmax(logits.detach().float(), dim=-1)
     p = log_p.exp()
     top2, top = p.topk(2, dim=-1)
@@ -641,17 +627,10 @@ class PonderNet(nn.Module):
                                       + self.answer_input * ANSWER_FEATURES, 1)
 
     def forward(self, x: torch.Tensor, stop: Rule | None = None, traces: list | None = None) -> PonderOutput:
-        """Run the steps for training and losses: every step of every image, or, with a `stop`
-        rule (a truncation), each image only until the rule says it is done (the
-        same steps as `truncate` masks).
-        `traces`, a list, receives each step's steps.StepTrace (every step, no `stop`): what
-        `ponder predict` shows of a step.
-
-        A truncated image's last computed step gets halting logit FORCED_HALT_LOGIT, so lambda
-        is 1 there and every later step has p_n = 0: the remaining mass the rule found too small
-        to compute moves onto that step (unless the rule says otherwise: `forces_halt`; then the
-        step after it takes that mass, and the method's loss leaves out the steps not computed).
-        Later steps' class logits are 0.
+        """Every step of every image, or, with a `stop` rule (a truncation), each image until the
+        rule says it is done (the steps `truncate` masks): its last computed step then takes the
+        remaining halting mass (FORCED_HALT_LOGIT, unless the rule's `forces_halt` is False), later
+        steps have class logits 0. `traces`, a list, receives each step's steps.StepTrace.
         """
         if stop is not None:
             return self._forward_truncated(x, stop)
@@ -707,15 +686,10 @@ class PonderNet(nn.Module):
         return logits, lambda_logits if extra is None else self.step.gate_halting(lambda_logits, extra)
 
     def _until_done(self, x: torch.Tensor, rule: Rule, predicts: bool = True):
-        """The one early-exit loop: yields, for every step, the rows still running (A,) of the
-        batch, their class and halting logits, and the rule's decision (done (A,), chosen: the
-        step's class logits where the rule says None), the rule shown the class logits when it
-        `predicts` (a truncation reads the halting logits alone);
-        then keeps only the rows that go on in the step function's and the rule's state.
-
-        One host synchronisation per step, none after the last: `nonzero` finds which rows go
-        on (the host must know how many to shape the next step), and everything else uses
-        those integer indices on the device. That sync buys skipping all work on finished rows.
+        """The one early-exit loop: yields, for every step, the rows still running (A,), their class
+        and halting logits and the rule's decision (done (A,), chosen (A, classes)), the rule shown
+        the class logits when it `predicts`; then keeps the rows that go on. One host sync per step
+        (`nonzero`: the next step's shape), which buys skipping all work on finished rows.
         """
         context, state = self.step.start(x, self.max_steps)
         active = torch.arange(x.shape[0], device=x.device)  # rows of the batch still running
@@ -765,12 +739,9 @@ class PonderNet(nn.Module):
 
     @torch.no_grad()
     def infer(self, x: torch.Tensor, rule: Rule) -> tuple[torch.Tensor, torch.Tensor]:
-        """Halting with real early exit: each step computes only the images still running.
-
-        `rule` decides which running images halt at each step and what they
-        predict; the result equals applying the same rule to a forward pass over every step.
-        Returns the prediction at the halting step (B, classes) and the 1-based halting step (B,).
-        """
+        """Real early exit under `rule`, each step computing only the images still running: the
+        prediction at the halting step (B, classes) and the 1-based halting step (B,), as the
+        rule over a forward of every step gives them."""
         batch = x.shape[0]
         prediction = None
         steps = torch.full((batch,), self.max_steps, dtype=torch.long, device=x.device)
@@ -784,15 +755,9 @@ class PonderNet(nn.Module):
         return prediction, steps
 
     def left_out_by_one_step(self, x: torch.Tensor) -> list[str]:
-        """Names of the parameters that a training forward stopping every image after its
-        first step leaves out of the autograd graph.
-
-        Every forward runs at least that step for every image, so any other parameter gets a
-        gradient (maybe zero) from every batch; data-parallel training needs to search each
-        backward pass for parameters without one only when this list is not empty. Runs one
-        small forward pass on `x`, a batch of the task's inputs (its example_input); the random
-        number generators are left as they were.
-        """
+        """The parameters a training forward that stops every image after one step leaves out of the
+        autograd graph (DDP must then look for unused ones), from one small forward on `x`; the
+        random number generators are left as they were."""
         device = next(self.parameters()).device
         named = [(name, p) for name, p in self.named_parameters() if p.requires_grad]
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.enable_grad():
@@ -839,9 +804,7 @@ class Method:
         return rule
 
     def halting_problem(self, rule: str) -> str | None:
-        """Why this method cannot halt by `rule`, as a message for the user (None: it can): a
-        fixed budget beyond the steps the model runs (its max_steps, as trained or as --max-steps
-        sets it at evaluation)."""
+        """Why this method cannot halt by `rule` (None: it can): a budget beyond its max_steps."""
         budget = FixedBudget.of(rule)
         problem = budget and budget.problem(self.cfg.method.max_steps, f"this {self.name} model runs")
         if not problem:
@@ -854,17 +817,13 @@ class Method:
 
     def loss(self, logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor,
              computed: torch.Tensor | None = None, progress: torch.Tensor | None = None) -> LossParts:
-        """The training loss of a forward pass; `computed` (B,), the steps a truncated forward
-        computed per input (PonderOutput.computed), None when it computed every step;
-        `progress`, the optimizer steps taken so far (a 0-dim tensor on the device, which a
-        captured batch reads at every replay), for a loss that changes over training (a
-        warm-up); None: a trained model's loss (evaluation)."""
+        """The loss of a forward; `computed` (B,): the steps a truncated forward computed (None: all);
+        `progress`: the optimizer steps taken, a 0-dim tensor on the device (None: evaluation)."""
         raise NotImplementedError
 
     def exit_rule(self, rule: str, uniforms: torch.Tensor) -> Rule:
-        """The Rule this method halts by when asked for `rule`, fresh for one batch, both
-        for the early-exit loop (PonderNet.infer) and over a forward of every step (`predict`);
-        uniforms (steps, B) are the halting coin flips."""
+        """The Rule this method halts by when asked for `rule`, fresh for one batch, for early exit
+        and over a forward of every step alike; uniforms (steps, B): the halting coins."""
         raise NotImplementedError
 
     def predict(self, logits: torch.Tensor, lambda_logits: torch.Tensor, uniforms: torch.Tensor,
@@ -880,10 +839,8 @@ class Method:
         return halting_log_probs(lambda_logits).exp()
 
     def batch_metrics(self, out, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A training batch's correct predictions and halting steps, each summed over the batch
-        (float32 scalars on the device) from its forward `out` (model.PonderOutput, truncated or
-        not): their expectations under the halting distribution, so no coin is drawn (PonderNet:
-        sum_n p_n [y_n right] and sum_n n p_n)."""
+        """A training batch's correct predictions and halting steps summed (scalars on the device):
+        their expectations under the halting distribution, sum_n p_n [y_n right] and sum_n n p_n."""
         p = self.halting_distribution(halting_as_computed(out))  # (steps, B)
         right = (out.logits.argmax(dim=-1) == targets).to(p.dtype)  # (steps, B)
         n = torch.arange(1, p.shape[0] + 1, device=p.device, dtype=p.dtype)[:, None]
@@ -894,8 +851,8 @@ class Method:
         return torch.softmax(scores.float(), dim=-1)
 
     def truncation(self, batch: int, device) -> Rule | None:
-        """The rule that lets training drop an image from later steps (None: every step); any
-        randomness it needs comes from the training stream (torch's default generator), as dropout's."""
+        """The rule that lets training drop an image from later steps (None: every step), drawing
+        from torch's default generator."""
         return None
 
 
@@ -905,10 +862,8 @@ def get_method(cfg, device=None) -> Method:
 
 
 def build_model(cfg, classes: int, input_shape: tuple) -> torch.nn.Module:
-    """The model for a config predicting `classes` classes of inputs of `input_shape` (the
-    task's; one input's, without the batch), its halting head's
-    initial bias the config's halting_bias, else the one the method implies (ACT: Graves' +1; a
-    saved config may hold none), else PyTorch's default initialisation."""
+    """The model for a config, `classes` classes of one input's `input_shape`; the halting head's
+    bias the config's halting_bias, else the method's implied one (ACT: +1), else PyTorch's."""
     model = PonderNet(cfg, classes=classes, input_shape=input_shape)
     bias = cfg.method.halting_bias
     if bias is None:
