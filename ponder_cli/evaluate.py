@@ -324,23 +324,14 @@ def admits(outcome: RuleOutcome, tolerance: float) -> bool:
 
 # risk-controlled calibration: a rule whose loss is bounded with a stated risk ----------------------
 #
-# `calibrate --max-loss E --risk D` (Learn then Test, Angelopoulos et al. 2021; risk-controlled
-# early exit, Jazbec et al. 2024). The loss of a rule on an input is 1 when its halted answer
-# differs from the last step's (it bounds the accuracy lost: the two accuracies differ by at most
-# the share that differs); its risk is the expected loss over inputs drawn as the calibration
-# inputs were. Each candidate's null hypothesis "risk > E" is rejected when the exact binomial
-# p-value P(Binomial(n, E) <= losses) is at most its level, i.e. when the Clopper–Pearson upper
-# 1 - level bound on the risk is at most E.
-#
-# Fixed-sequence testing needs an order fixed before any loss is seen. Here it is each family's
-# parameter: within quantile:Q, confidence:C, threshold:T, patience:K and fixed:N a larger
-# parameter halts every input at the same step or later (the condition that fires at a larger
-# parameter fires at the smaller one too), so the order from the largest parameter down is the
-# order from the most steps to the fewest, on any input, before anything is measured (mean steps
-# on the calibration inputs would follow it, but would be read off the very data being tested).
-# Each family is tested down its order at level D / F (F families: Bonferroni), stopping at its
-# first failure; every rule that passed is then covered at once with probability at least 1 - D,
-# so the cheapest of them (fewest mean steps, over every family) may be chosen.
+# `calibrate --max-loss E --risk D` (Learn then Test, Angelopoulos et al. 2021; Jazbec et al.
+# 2024). A rule's loss on an input is 1 when its halted answer differs from the last step's; each
+# candidate's "risk > E" is rejected when the exact binomial p-value P(Binomial(n, E) <= losses)
+# is at most its level. Fixed-sequence testing needs an order fixed before any loss is seen: each
+# family's parameter, as a larger one halts every input at the same step or later. Each family is
+# tested from its largest parameter down at level D / F (Bonferroni over F families), stopping
+# at its first failure; every rule that passed is covered at once with probability >= 1 - D, so
+# the cheapest may be chosen.
 
 
 def rule_family(rule) -> tuple[str, Optional[float]]:
