@@ -16,6 +16,7 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn as nn
 
+
 class StepTrace(NamedTuple):
     """What one step did, for looking inside a model (`ponder predict --steps`, `--plot`): the
     view the step read (B, ...), and named per-input scalars (B,) of the step function's own
