@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ponder_cli.checkpoint import load_model, new_model  # noqa: E402
 from ponder_cli.config import PonderConfig  # noqa: E402
-from ponder_cli.data import default_data_dir, load_mnist  # noqa: E402
+from ponder_cli.tasks.mnist import default_data_dir, load_mnist  # noqa: E402
 from ponder_cli.model import PonderNet  # noqa: E402
 from ponder_cli.train import batch_step  # noqa: E402
 

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from ponder_cli import runtime  # noqa: E402
+from ponder_cli import model as runtime  # noqa: E402
 from ponder_cli.checkpoint import new_model  # noqa: E402
 from ponder_cli.config import PonderConfig  # noqa: E402
 from ponder_cli.train import WARMUP_BATCHES, batch_step  # noqa: E402

@@ -51,9 +51,13 @@ def measure_epoch(root: Path, changes: dict, batches: int, mnist: bool) -> dict:
 
     from ponder_cli.checkpoint import new_model
     from ponder_cli.config import PonderConfig
-    from ponder_cli.data import default_data_dir, load_mnist
-    from ponder_cli.methods import get_method
-    from ponder_cli.runtime import grad_scaler
+    try:  # the model's core in one module, MNIST's data in its task
+        from ponder_cli.model import get_method, grad_scaler
+        from ponder_cli.tasks.mnist import default_data_dir, load_mnist
+    except ImportError:  # earlier trees: methods.py, runtime.py, data.py
+        from ponder_cli.data import default_data_dir, load_mnist
+        from ponder_cli.methods import get_method
+        from ponder_cli.runtime import grad_scaler
     from ponder_cli.train import make_optimizer, train_one_epoch
     from synthetic_data import synthetic_digits
 

@@ -27,7 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ponder_cli import runtime  # noqa: E402
+from ponder_cli import model as runtime  # noqa: E402
 from ponder_cli.config import PonderConfig  # noqa: E402
 from ponder_cli.tasks import get_task  # noqa: E402
 from ponder_cli.train import train  # noqa: E402
@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--val-size", type=int, default=None)
     args = parser.parse_args()
     device = runtime.resolve_device(args.device)
-    from ponder_cli.data import resolve_data_dir
+    from ponder_cli.tasks.mnist import resolve_data_dir
 
     data_dir = resolve_data_dir(args.data_dir)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"

@@ -31,12 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synthetic_data: digits without MNIST
 
 from ponder_cli.config import PonderConfig  # noqa: E402
-from ponder_cli.data import default_data_dir, load_mnist, prepare_batch, train_val_split, uniform_angles  # noqa: E402
-from ponder_cli.tasks.mnist import evaluate, evaluation_draws  # noqa: E402
+from ponder_cli.tasks.mnist import (default_data_dir, evaluate, evaluation_draws, load_mnist, prepare_batch,
+                                    train_val_split, uniform_angles)  # noqa: E402
 from ponder_cli.checkpoint import new_model
-from ponder_cli.methods import get_method  # noqa: E402
-from ponder_cli.model import PonderNet, PonderOutput  # noqa: E402
-from ponder_cli.runtime import grad_scaler, resolve_device  # noqa: E402
+from ponder_cli.model import PonderNet, PonderOutput, get_method, grad_scaler, resolve_device  # noqa: E402
 from synthetic_data import synthetic_digits  # noqa: E402
 from host_reads import DeviceSyncs, count_host_reads  # noqa: E402
 from ponder_cli.train import batch_step, make_optimizer, train_one_epoch  # noqa: E402

@@ -23,7 +23,7 @@ import torch
 
 from . import BadValue, PonderError, PonderWarning, brief, file_problem, uninterrupted
 from .config import MAX_STEPS, PonderConfig, applies
-from .methods import build_model
+from .model import build_model
 from .tasks import get_task
 
 FORMAT = "ponder_cli"

@@ -1,24 +1,14 @@
 """Data parallelism under torchrun: process group, ranks, collectives, batch shards.
 
-`torchrun --nproc_per_node=N -m ponder_cli train ...` starts N copies of the command with RANK,
-WORLD_SIZE and LOCAL_RANK in their environment; that environment is the only signal used here.
-A plain process never initialises torch.distributed, and every helper below is then the identity
-(one rank, nothing to reduce), so the single-process training loop runs exactly as before.
+torchrun's RANK, WORLD_SIZE and LOCAL_RANK are the only signal used; in a plain process every
+helper is the identity. Each rank draws the epoch's permutation from the shared RNG stream,
+trains on its slice of every global batch with its own stream (fork_rank_rng), and DDP averages
+the gradients; rank 0 alone validates, writes and prints, and broadcasts what the others need.
 
-What each rank does (see train.py): it draws the epoch's permutation from the RNG stream all
-ranks share (same seed, same draws), trains on its contiguous slice of every global batch, with
-rotations, dropout and coin flips from its own stream (fork_rank_rng), and DistributedDataParallel
-averages the gradients in backward. Metrics are summed over ranks; rank 0 alone validates, claims
-and locks the run folder, prints and writes checkpoints (api.train_run), and broadcasts what the
-others need to take the same decisions (the run folder, the validation numbers).
-
-When a rank dies, its peers' next collective fails at once on the CPU (gloo: the connection
-closes); when it stalls, after TIMEOUT. Under torchrun, the agent also sends SIGTERM to the other
-ranks as soon as one exits with an error, and the CLI's signal handler treats SIGTERM like Ctrl-C,
-so every rank stops. On CUDA (nccl) a dead peer goes unnoticed: the survivors' collectives wait on the GPU
-and the host waits inside a CUDA call, where Python cannot run the SIGTERM handler. setup() makes
-such a rank stop with the resume hint all the same (see NCCL_ERROR_HANDLING and
-abort_when_signal_unanswered).
+A dead rank fails its peers' next collective at once on gloo, a stalled one after TIMEOUT, and
+torchrun sends SIGTERM to the others. On nccl a dead peer leaves the survivors waiting inside a
+CUDA call, where Python runs no signal handler: setup() makes such a rank stop with the resume
+hint all the same (NCCL_ERROR_HANDLING, abort_when_signal_unanswered).
 """
 
 from __future__ import annotations
@@ -86,14 +76,9 @@ class RankError(PonderError):
 
 
 def error_line(line: str, exc: BaseException | None = None) -> Optional[str]:
-    """The error line this process prints for `exc` (None: it stays quiet); for the CLI's error
-    boundary.
-
-    Under torchrun every process of a node runs the same checks on the same arguments, files and
-    data and meets the same error, so only each node's first process prints it, labelled with
-    its rank unless it is rank 0. A run-wide message (PonderError.run_wide: an interrupt with its
-    resume hint, a problem rank 0 met and told the others) is rank 0's alone; a RankError is
-    printed by every process that meets it. A plain process prints every line as it is.
+    """The error line this process prints for `exc` (None: it stays quiet). Under torchrun every
+    process meets the same error, so each node's first prints it, labelled with its rank unless
+    rank 0; a run-wide one (PonderError.run_wide) is rank 0's alone; a RankError every process's.
     """
     try:
         where = launch()
@@ -143,12 +128,8 @@ def device_for(device: torch.device, where: Launch | None) -> torch.device:
 
 
 def setup(device: torch.device, where: Launch | None) -> None:
-    """Start the process group from torchrun's environment: gloo on the CPU, nccl on CUDA.
-
-    Does nothing for a plain process. MASTER_ADDR and MASTER_PORT come from torchrun too. Joining
-    waits for every rank (at most TIMEOUT), so no rank gets past this before all have done the
-    checks that precede it.
-    """
+    """Start the process group from torchrun's environment (gloo on the CPU, nccl on CUDA), waiting
+    for every rank (at most TIMEOUT); nothing for a plain process."""
     if where is None:
         return
     if not torch.distributed.is_available():
@@ -171,15 +152,10 @@ def setup(device: torch.device, where: Launch | None) -> None:
 
 
 def abort_when_signal_unanswered(grace: float, abort: Callable[[], None] | None = None) -> None:
-    """From now on, a SIGTERM or SIGINT that this process has not acted on `grace` seconds after
-    it arrived aborts the process group (or calls `abort`). Call from the main thread.
-
-    A rank whose peer died waits inside a CUDA call for a collective that never ends, and Python
-    runs signal handlers only between bytecodes: torchrun's SIGTERM would go unanswered until its
-    SIGKILL. Aborting the nccl communicators ends the collective, the wait returns, and the
-    pending signal stops training as usual, with the resume hint. A process that acts on the
-    signal in time has left (distributed.leave_now) before the grace is over.
-    """
+    """From now on, a SIGTERM or SIGINT not acted on `grace` seconds after it arrived aborts the
+    process group (or calls `abort`): a rank waiting inside a CUDA call for a dead peer runs no
+    signal handler, and aborting the nccl communicators ends the wait, so the pending signal
+    stops training as usual. Call from the main thread."""
     read, write = os.pipe()
     os.set_blocking(write, False)
     # Python's own C-level handler writes each signal's number here, in whatever thread it runs
@@ -212,20 +188,15 @@ def _abort_process_group() -> None:
 
 
 def lost_peer(exc: BaseException) -> bool:
-    """Whether an exception is a failed collective: a rank died, or stalled past TIMEOUT.
-
-    nccl raises DistError; gloo raises a plain RuntimeError naming its own source file
-    ("gloo/transport/tcp/pair.cc: Connection closed by peer", "... Timed out ...").
-    """
+    """Whether an exception is a failed collective (a rank died or stalled): nccl's DistError, or
+    gloo's RuntimeError naming its source ("gloo/transport/tcp/pair.cc: Connection closed")."""
     return active() and (isinstance(exc, torch.distributed.DistError) or "gloo" in str(exc).lower())
 
 
 def leave_now(code: int) -> None:
     """After an interrupt or a lost peer under torchrun, exit at once with `code`, skipping the
-    process group's shutdown: a collective may still be in flight with ranks that are gone, and
-    gloo can then abort the process in its destructors. Nothing is lost: checkpoints are written
-    atomically and the run lock is released before this is reached. Returns (does nothing) when
-    no process group is active: a plain process, or one that has already torn it down."""
+    process group's shutdown (gloo can abort in its destructors with a collective in flight).
+    Does nothing without an active process group."""
     if not active():
         return
     sys.stdout.flush()
@@ -240,11 +211,8 @@ def teardown() -> None:
 
 
 def on_main(work: Callable[[], T]) -> T:
-    """Run `work` on rank 0 alone and give every rank its result (a picklable value).
-
-    A PonderError it raises is raised on every rank, marked run-wide, so that all stop together
-    and rank 0 alone prints it. Without a process group, simply work().
-    """
+    """Run `work` on rank 0 alone and give every rank its result (picklable); a PonderError it
+    raises is raised on every rank, marked run-wide."""
     if not active():
         return work()
     outcome: list = [None, None]  # [result, (error class, message)]
@@ -263,13 +231,8 @@ def on_main(work: Callable[[], T]) -> T:
 
 
 class _WithSpare(torch.nn.Module):
-    """The model plus one parameter that its forward never uses (and no optimizer holds).
-
-    With find_unused_parameters DDP searches each step's graph for parameters that got no
-    gradient on this rank, and warns (once per rank, from C++, past Python's warning filters)
-    the first time a step has none, which under training truncation is most steps: the spare
-    parameter is always unused, so the search is never empty and stderr stays rank 0's.
-    """
+    """The model plus one parameter its forward never uses: with find_unused_parameters DDP warns
+    (from C++, once per rank) the first time a step leaves none unused; this one always is."""
 
     def __init__(self, model: torch.nn.Module):
         super().__init__()
@@ -281,18 +244,11 @@ class _WithSpare(torch.nn.Module):
 
 
 def wrap(model: torch.nn.Module, device: torch.device, *, find_unused_parameters: bool = False) -> torch.nn.Module:
-    """DistributedDataParallel around the model when data-parallel, else the model itself.
-
-    DDP broadcasts rank 0's weights at construction and averages gradients in backward. Keep the
-    unwrapped model for evaluation and checkpoints (its state_dict has no "module." prefix).
-    The model has no buffers, and forward_sync_buffers=False says so: DDP's forward then makes no
-    collective, so ranks may run different numbers of ponder steps (training truncation) and
-    synchronise only in backward, once per batch on every rank. find_unused_parameters must be
-    set when some parameter may get no gradient on a rank (see train.train): DDP then counts it
-    as a zero gradient on that rank, so the average still equals one process's gradient on the
-    global batch, and leaves a parameter no rank used without one, as one process would. It
-    costs a search of every backward graph and, with the spare parameter, an extra collective
-    and a host sync per batch: leave it off whenever every forward reaches every parameter.
+    """DistributedDataParallel around the model when data-parallel, else the model itself (keep the
+    unwrapped one for evaluation and checkpoints). forward_sync_buffers=False (the model has no
+    buffers): DDP's forward makes no collective, so ranks may run different numbers of steps and
+    synchronise in backward only. find_unused_parameters: where a parameter may get no gradient
+    on a rank (it costs a graph search, a collective and a host sync per batch).
     """
     if not active():
         return model
@@ -310,11 +266,8 @@ def barrier() -> None:
 
 
 def even_length(count: int) -> int:
-    """The largest multiple of the world size <= count: the size of a global batch that splits
-    evenly over the ranks, where the training set is smaller than one batch (an epoch's batches
-    are whole, tasks.mnist.ImageBatches). Equal slices keep DDP's mean of the ranks' gradients
-    equal to the gradient of the global batch's mean loss.
-    """
+    """The largest multiple of the world size <= count: a global batch that splits evenly over
+    the ranks (equal slices keep DDP's mean gradient the global batch's)."""
     return count - count % world_size()
 
 
@@ -325,14 +278,9 @@ def shard(index: torch.Tensor) -> torch.Tensor:
 
 
 def fork_rank_rng(device: torch.device) -> tuple | None:
-    """Switch the global RNG to this rank's own stream; join_shared_rng switches back.
-
-    Every rank starts from the same seed and makes the same draws on the shared stream (the
-    epoch's permutation, then the seed drawn here), so that stream stays identical across ranks,
-    epoch after epoch and in checkpoints, whatever each rank draws on its own. Rank r's stream is
-    seeded with the shared draw plus r: it differs between ranks and epochs and follows from --seed.
-    Returns the shared stream's state (None when not data-parallel: nothing is switched).
-    """
+    """Switch the global RNG to this rank's own stream, seeded with a draw from the shared one plus
+    the rank (the shared stream stays identical across ranks and in checkpoints); returns the
+    shared stream's state for join_shared_rng (None when not data-parallel)."""
     if not active():
         return None
     seed = int(torch.randint(0, 2**62, ()))  # from the shared stream, so the same on every rank
@@ -358,15 +306,6 @@ def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
     total = tensor.clone()
     torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.SUM)
     return total
-
-
-def all_ranks(flag: torch.Tensor) -> torch.Tensor:
-    """A boolean scalar that is True on every rank only if it is True on every rank."""
-    if not active():
-        return flag
-    agreed = flag.to(torch.int32)
-    torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
-    return agreed.bool()
 
 
 def broadcast_from_main(values: list[float], device: torch.device) -> list[float]:

@@ -5,16 +5,10 @@ per-input difficulty value; the task builds it (tasks/: MNIST rotates test image
 vectors with given non-zero counts).
 
 Calibration (`ponder calibrate`) chooses an exit rule on held-out data, as CALM (Schuster et al.
-2022) calibrates its exit threshold: every candidate rule (registry.CALIBRATION_RULES) is applied
-to the same forward passes over every step, and the cheapest rule whose halting-step prediction
-agrees with the last step's (the full model's) on all but a `tolerance` share of the inputs is
-chosen, the share taken at its one-sided 95% lower bound (Wilson) rather than as measured: with
-95% confidence, the chosen rule agrees with the last step on at least 1 - tolerance of inputs
-drawn as the calibration inputs were. The confidence is each rule's own, not simultaneous over
-every candidate.
-
-Agreement rather than accuracy: it bounds the accuracy lost to halting early (the two
-accuracies differ by at most the share that disagrees), needs no labels, and is what CALM keeps.
+2022) does: every candidate rule (registry.CALIBRATION_RULES) over the same full forwards, and
+the cheapest whose halting-step prediction agrees with the last step's on all but `tolerance` of
+the inputs, at the agreement's one-sided 95% lower bound (Wilson; each rule's own confidence).
+Agreement bounds the accuracy lost to halting early and needs no labels.
 """
 
 from __future__ import annotations
@@ -26,11 +20,9 @@ from typing import Callable, Iterable, NamedTuple, Optional
 import torch
 
 from .config import PonderConfig
-from .halting import halting_steps, rule_of
+from .model import autocast, drops_rows, get_method, halting_log_probs, halting_steps, rule_of
 from .registry import SHUFFLES, parse_halting_rule
-from .methods import get_method, halting_log_probs
 from .reports import binomial_cdf, clopper_pearson_upper, standard_error, wilson_interval, wilson_lower
-from .runtime import autocast, drops_rows
 
 
 @dataclass(frozen=True)
@@ -92,27 +84,14 @@ CONTROLS = ("shuffled_accuracy", "adapting_minus_shuffled", "premature_halts", "
 def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfig, *, batch_size: int = 1000,
                     halting: str = "sample", early_exit: bool | None = None, with_loss: bool = False,
                     detail: bool = False, amp: bool = False) -> EvalResult:
-    """Evaluate one bucket.
+    """Evaluate one bucket under the `halting` rule (registry.py's spellings).
 
-    halting: "sample" draws Bernoulli(lambda_n) at each step (the paper); "median" halts where
-    the cumulative halting probability reaches 1/2, "quantile:Q" where it reaches Q;
-    "patience:K" once the predicted class has not changed for K steps; "expected" runs every
-    step and predicts with the p-weighted average of the step outputs, counting sum_n n p_n steps;
-    "fixed:N" stops every input at step N (its accuracy is `detail`'s accuracy_at_step[N - 1]).
-    early_exit computes each step only for images still running (model.infer): it must read on
-    the host how many go on after every step, free on a CPU, where it skips the work of halted
-    images (align: 10x), and a stall per step on a GPU. None (the default): on the CPU only. Else
-    the full forward over every step, and the rule applied to it on the device (method.predict:
-    the same predictions and steps; tests/test_evaluate.py). The loss, the per-step accuracy of
-    `detail` (from which the reports take the best fixed budget at the rule's mean steps; and
-    the shuffled-halting null and the premature and late halts, `shuffled_null`, for a rule that
-    halts at one step and predicts with that step's answer) and the expected rule need every step
-    of every image, so they always run the full forward pass.
-
-    with_loss: `loss`, each input's cross-entropy of the class probabilities it is predicted
-    with under `halting` (fixed:N: y_N's; sample and the other exit rules: the halted step's;
-    expected and ACT: the weighted mean's), averaged; and `objective`, the training loss on
-    these inputs (method.loss: its reconstruction and regularisation), which no rule changes.
+    early_exit (None: on the CPU only) computes each step only for the images still running
+    (model.infer: a host read per step, which skips the halted images' work); else the rule is
+    applied to the full forward (the same predictions and steps). with_loss (`loss`: the
+    cross-entropy of each input's prediction under the rule; `objective`: the training loss),
+    `detail` (the per-step accuracy, the shuffled-halting null and the premature and late halts)
+    and the expected rule always run the full forward.
     """
     parse_halting_rule(halting)  # a bad spelling fails here, before any work
     was_training = model.training
@@ -202,13 +181,10 @@ class HaltingControls(NamedTuple):
 
 
 def shuffled_null(right: torch.Tensor, steps: torch.Tensor, correct: torch.Tensor) -> HaltingControls:
-    """Whether halting adapts or only spends an average: the shuffled-halting null deals the
-    bucket's own halting steps out at random (a permutation across its inputs, SHUFFLES of them
-    from a seeded generator), each input answered by its own answer at the step it is dealt, so
-    the steps' distribution is the rule's while which input waits is chance; and the halts that
-    went wrong, premature (wrong where it halted, right at the last step) and late (wrong where it
-    halted, right at a step before). right: (steps, N) bool, each step's answer right; steps (N,)
-    1-based halting steps; correct (N,) the answer where each halted."""
+    """Whether halting adapts or only spends an average: the bucket's halting steps dealt out at
+    random across its inputs (SHUFFLES seeded permutations), each answered at the step it is
+    dealt; and the premature halts (wrong where halted, right at the last step) and late ones
+    (right at a step before). right (steps, N), steps (N,) 1-based, correct (N,)."""
     count = right.shape[1]
     index = steps.long() - 1
     inputs = torch.arange(count)
@@ -348,23 +324,14 @@ def admits(outcome: RuleOutcome, tolerance: float) -> bool:
 
 # risk-controlled calibration: a rule whose loss is bounded with a stated risk ----------------------
 #
-# `calibrate --max-loss E --risk D` (Learn then Test, Angelopoulos et al. 2021; risk-controlled
-# early exit, Jazbec et al. 2024). The loss of a rule on an input is 1 when its halted answer
-# differs from the last step's (it bounds the accuracy lost: the two accuracies differ by at most
-# the share that differs); its risk is the expected loss over inputs drawn as the calibration
-# inputs were. Each candidate's null hypothesis "risk > E" is rejected when the exact binomial
-# p-value P(Binomial(n, E) <= losses) is at most its level, i.e. when the Clopper–Pearson upper
-# 1 - level bound on the risk is at most E.
-#
-# Fixed-sequence testing needs an order fixed before any loss is seen. Here it is each family's
-# parameter: within quantile:Q, confidence:C, threshold:T, patience:K and fixed:N a larger
-# parameter halts every input at the same step or later (the condition that fires at a larger
-# parameter fires at the smaller one too), so the order from the largest parameter down is the
-# order from the most steps to the fewest, on any input, before anything is measured (mean steps
-# on the calibration inputs would follow it, but would be read off the very data being tested).
-# Each family is tested down its order at level D / F (F families: Bonferroni), stopping at its
-# first failure; every rule that passed is then covered at once with probability at least 1 - D,
-# so the cheapest of them (fewest mean steps, over every family) may be chosen.
+# `calibrate --max-loss E --risk D` (Learn then Test, Angelopoulos et al. 2021; Jazbec et al.
+# 2024). A rule's loss on an input is 1 when its halted answer differs from the last step's; each
+# candidate's "risk > E" is rejected when the exact binomial p-value P(Binomial(n, E) <= losses)
+# is at most its level. Fixed-sequence testing needs an order fixed before any loss is seen: each
+# family's parameter, as a larger one halts every input at the same step or later. Each family is
+# tested from its largest parameter down at level D / F (Bonferroni over F families), stopping
+# at its first failure; every rule that passed is covered at once with probability >= 1 - D, so
+# the cheapest may be chosen.
 
 
 def rule_family(rule) -> tuple[str, Optional[float]]:

@@ -1,41 +1,597 @@
-"""PonderNet: a step function applied up to max_steps times, and two heads that read each step.
+"""The model's core: PonderNet's network, its halting rules, its halting distribution and
+losses, and the halting methods (PonderNet, ACT, plain) that share one network.
 
-The class head gives y_n, the halting head the conditional halting probability lambda_n.
-`forward` runs every step for every image (training, losses); `infer` is the one early-exit
-loop, used by every method: each step computes only the images still running.
-Knows nothing of data loading, training, the halting methods' losses or the CLI.
+- Halting rules, each defined once by its decision at a step (`Rule.decide`): PonderNet's
+  (sample, median, quantile:Q, patience:K, confidence:C, threshold:T; spelled in registry.py),
+  the fixed budget fixed:N, ACT's, and the truncation rules that say which steps a training
+  forward computes. The early-exit loop (`PonderNet._until_done`) drives a rule step by step,
+  dropping the rows that halt; `halting_steps` drives the same rule over a forward of every step
+  with no row dropped: one arithmetic, so early exit equals the full forward by construction.
+- PonderNet's distribution and loss: p_n from the conditional halting probabilities lambda_n,
+  the expected reconstruction loss plus beta * KL(p || prior).
+- The network: a step function applied up to max_steps times and two heads reading each step,
+  the class head (y_n) and the halting head (lambda_n).
+- The methods: what differs between PonderNet, ACT and a one-step network: the loss, the rule
+  inference halts by, the truncation training may use, a batch's metrics, config constraints.
+  Register a new one in `registry.METHODS` (or an entry point in the group `ponder_cli.methods`).
+
+Shapes: lambda_logits (steps, B) are pre-sigmoid conditional halting probabilities; logits
+(steps, B, classes) are the class scores y_n of every step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import NamedTuple
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
-from .halting import FixedBudget, Rule, halting_steps
-from .registry import step_class
-from .steps import select_rows
+from . import PonderError
+from .config import applies, implied_values
+from .registry import HaltingRule, device_problem, method_class, parse_halting_rule, step_class
+
+# Per-step terms and running sums: the same float32 numbers wherever a row sits ---------------
+
+
+def halting_units(lambda_logits: torch.Tensor) -> torch.Tensor:
+    """lambda_n = sigmoid(z_n) in float32, as exp(logsigmoid(z)): the same float wherever z sits
+    in a tensor. (torch.sigmoid on the CPU rounds differently in its vectorised body and its
+    scalar tail, and the two forms hold a row at different positions.)"""
+    return F.logsigmoid(lambda_logits.float()).exp()
+
+
+def log_continue(lambda_logits: torch.Tensor) -> torch.Tensor:
+    """log(1 - lambda_n) = logsigmoid(-z_n) in float32, never the log of 0."""
+    return F.logsigmoid(-lambda_logits.float())
+
+
+def running_sums(terms: torch.Tensor) -> torch.Tensor:
+    """The sum of terms[0..n] at every step n, (steps, ...) -> (steps, ...), added one step at a
+    time in step order as the rules add them. (torch.cumsum on the CPU accumulates float32 in
+    float64: its sums differ in the last bit and, near a threshold, halt at another step.)"""
+    total, sums = torch.zeros_like(terms[0]), []
+    for term in terms:
+        total = total + term
+        sums.append(total)
+    return torch.stack(sums)
+
+
+def confident(logits: torch.Tensor, confidence: float) -> torch.Tensor:
+    """Whether max softmax(y) >= confidence, (..., classes) -> (...), in float32 and without
+    the softmax: the top probability is 1 / sum_j exp(y_j - y_max), so the test is
+    logsumexp(y - y_max) <= -log(confidence)."""
+    logits = logits.float()
+    top = logits.amax(dim=-1, keepdim=True)
+    return torch.logsumexp(logits - top, dim=-1) <= -math.log(confidence)
+
+
+def reach_log_prob(log_survival: torch.Tensor, log_epsilon: float) -> torch.Tensor:
+    """log min(1, S / epsilon): the log probability that `Roulette` computes the step after one
+    whose remaining halting mass is S (log S given)."""
+    return (log_survival - log_epsilon).clamp_max(0.0)
+
+
+# The rules ---------------------------------------------------------------------------------------
+
+class Rule:
+    """Decides, step by step, which of the rows still running halt and what they predict.
+
+    `decide(n, last, logits, lambda_logits)` sees step n (0-based) of the A rows still running:
+    class logits (A, classes) or None (only the steps are asked for), and detached halting logits
+    (A,). It returns halts (A,), True for every row at the `last` step, and what the halting rows
+    predict (A, classes), or None for the step's own logits. `keep(rows)` keeps the rows (A',
+    integer positions) of its per-row state. A rule object serves one batch, once.
+    """
+
+    # a truncation's: whether the last step it computes for an input takes all its remaining
+    # halting mass (PonderNet.forward forces lambda to 1 there)
+    forces_halt = True
+    # a truncation's: whether the full forward's loss and gradients are already those of the
+    # truncated one, so that a batch on every step needs no mask (ACT: every step after its
+    # halting step weighs 0)
+    mask_is_identity = False
+
+    def decide(self, n: int, last: bool, logits: torch.Tensor | None, lambda_logits: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        raise NotImplementedError
+
+    def keep(self, rows: torch.Tensor) -> None:
+        pass
+
+
+def halting_steps(rule: Rule, logits: torch.Tensor | None, lambda_logits: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The full-forward form of every rule: `rule` (fresh) decides at every step for every row,
+    none dropped, and each row halts at the first step it says so. Returns the 1-based halting
+    steps (B,) and the prediction there (B, classes), None without `logits`. Fixed shapes, no
+    host read (a captured training batch runs it)."""
+    count = lambda_logits.shape[0]
+    halts, chosen = [], []
+    for n in range(count):
+        step_halts, step_chosen = rule.decide(n, n == count - 1, None if logits is None else logits[n],
+                                              lambda_logits[n].detach())
+        halts.append(step_halts)
+        chosen.append(step_chosen)
+    steps = torch.stack(halts).to(torch.uint8).argmax(dim=0) + 1  # argmax returns the first maximum
+    if logits is None:
+        return steps, None
+    return steps, logits_at(logits if chosen[0] is None else torch.stack(chosen), steps)
+
+
+def logits_at(logits: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """Pick y_n at each image's 1-based halting step: (steps, B, C), (B,) -> (B, C)."""
+    index = (steps - 1).view(1, -1, 1).expand(1, -1, logits.shape[-1])
+    return logits.gather(0, index).squeeze(0)
+
+
+def _all(like: torch.Tensor) -> torch.Tensor:
+    return torch.ones(like.shape[0], dtype=torch.bool, device=like.device)
+
+
+def _rows(state, rows: torch.Tensor, dim: int = 0):
+    return None if state is None else state.index_select(dim, rows)
+
+
+class Sample(Rule):
+    """Halt at the first step whose Bernoulli(lambda_n) coin fires: uniforms[n] < lambda_n, the
+    coins (steps, B) drawn up front."""
+
+    def __init__(self, uniforms: torch.Tensor):
+        self.uniforms = uniforms  # (steps, A)
+
+    def decide(self, n, last, logits, lambda_logits):
+        return _all(lambda_logits) if last else self.uniforms[n] < halting_units(lambda_logits), None
+
+    def keep(self, rows):
+        self.uniforms = self.uniforms.index_select(1, rows)
+
+
+class Quantile(Rule):
+    """Halt where the cumulative halting probability 1 - prod_{k<=n} (1 - lambda_k) reaches q,
+    i.e. the log survival falls to log(1 - q) (the median rule: q = 1/2)."""
+
+    def __init__(self, q: float):
+        self.threshold = math.log1p(-q)
+        self.log_survival = None  # log prod_k (1 - lambda_k), (A,)
+
+    def decide(self, n, last, logits, lambda_logits):
+        step = log_continue(lambda_logits)
+        self.log_survival = step if self.log_survival is None else self.log_survival + step
+        return _all(lambda_logits) if last else self.log_survival <= self.threshold, None
+
+    def keep(self, rows):
+        self.log_survival = _rows(self.log_survival, rows)
+
+
+class Patience(Rule):
+    """Halt at the first step n whose predicted class argmax y_n is also that of each of the
+    `patience` steps before it (PABEE's patience exit)."""
+
+    def __init__(self, patience: int):
+        self.patience = patience
+        self.previous = self.streak = None  # argmax y_{n-1}; steps so far equal to the step before, (A,)
+
+    def decide(self, n, last, logits, lambda_logits):
+        prediction = logits.argmax(dim=-1)
+        if self.previous is None:
+            self.streak = torch.zeros_like(prediction)
+        else:
+            self.streak = torch.where(prediction == self.previous, self.streak + 1, torch.zeros_like(self.streak))
+        self.previous = prediction
+        return _all(lambda_logits) if last else self.streak >= self.patience, None
+
+    def keep(self, rows):
+        self.streak, self.previous = _rows(self.streak, rows), _rows(self.previous, rows)
+
+
+class Confidence(Rule):
+    """Halt once the top class probability max softmax(y_n) reaches `confidence` (CALM's
+    softmax-response exit)."""
+
+    def __init__(self, confidence: float):
+        self.confidence = confidence
+
+    def decide(self, n, last, logits, lambda_logits):
+        return _all(lambda_logits) if last else confident(logits, self.confidence), None
+
+
+class Threshold(Rule):
+    """Halt once lambda_n reaches `threshold`, compared as logits in float32 (no rounding of
+    lambda to 1)."""
+
+    def __init__(self, threshold: float):
+        self.logit = math.log(threshold) - math.log1p(-threshold)
+
+    def decide(self, n, last, logits, lambda_logits):
+        return _all(lambda_logits) if last else lambda_logits.float() >= self.logit, None
+
+
+class FixedBudget(Rule):
+    """fixed:N, the control adaptive halting is measured against: every input stops at step N,
+    for every method alike (ACT then reads y_N). Refused beyond the steps run, never cut to them
+    (`problem`; a forward that ends before step N raises)."""
+
+    def __init__(self, rule: "HaltingRule | int"):
+        self.rule = parse_halting_rule(f"fixed:{rule}") if isinstance(rule, int) else rule
+        self.step = self.rule.budget
+
+    @classmethod
+    def of(cls, rule: "str | HaltingRule") -> "FixedBudget | None":
+        """The budget `rule` names; None for any other rule, a method's own label ("act", "one
+        step") or a spelling that is no rule."""
+        try:
+            rule = parse_halting_rule(rule)
+        except ValueError:
+            return None
+        return cls(rule) if rule.budget is not None else None
+
+    def problem(self, steps: int, runs: str = "run") -> str | None:
+        """Why it cannot apply where `steps` steps are run (`runs` says by what), else None."""
+        if self.step <= steps:
+            return None
+        return f"{self.rule.spelling} stops at step {self.step}, beyond the {steps} step{'s' * (steps != 1)} {runs}"
+
+    def decide(self, n, last, logits, lambda_logits):
+        if last and n + 1 < self.step:
+            raise ValueError(self.problem(n + 1))
+        # the same for every row: no row leaves before step N, so the batch that reaches it is
+        # the whole batch, and no tensor is compared on the device
+        return torch.full(lambda_logits.shape, last or n + 1 >= self.step, dtype=torch.bool,
+                          device=lambda_logits.device), None
+
+
+def rule_of(rule: "str | HaltingRule", uniforms: torch.Tensor | None = None) -> Rule:
+    """The rule a --halting spelling names, fresh for one batch; uniforms (steps, B), the sample
+    rule's coins. 'expected' needs every step and halts at none."""
+    rule = parse_halting_rule(rule)
+    if rule.budget is not None:
+        return FixedBudget(rule)
+    if rule.name == "sample":
+        return Sample(uniforms)
+    if rule.quantile is not None:
+        return Quantile(rule.quantile)
+    if rule.name == "patience":
+        return Patience(rule.parameter)
+    if rule.name == "confidence":
+        return Confidence(rule.parameter)
+    if rule.name == "threshold":
+        return Threshold(rule.parameter)
+    raise ValueError(f"the {rule} rule needs every step; it halts at no one step")
+
+
+class Act(Rule):
+    """ACT (Graves 2016): halting units h_n = sigmoid(z_n) summed until they reach 1 - epsilon
+    (N, or the last step); the prediction is the p-weighted sum of the step logits, p = (h_1,
+    ..., h_{N-1}, R = 1 - sum_{n<N} h_n). As a truncation, exact: every later step weighs 0."""
+
+    mask_is_identity = True
+
+    def __init__(self, epsilon: float):
+        self.epsilon = epsilon
+        self.cumulative = None  # sum of halting units so far, (A,)
+        self.weighted = None  # running sum of p_n * y_n, (A, classes), from the first step on
+
+    def decide(self, n, last, logits, lambda_logits):
+        unit = halting_units(lambda_logits)
+        before = torch.zeros_like(unit) if self.cumulative is None else self.cumulative
+        self.cumulative = before + unit
+        reached = _all(unit) if last else act_reached(self.cumulative, self.epsilon)
+        if logits is None:
+            return reached, None
+        if self.weighted is None:
+            self.weighted = torch.zeros_like(logits, dtype=torch.float32)
+        weight = torch.where(reached, 1 - before, unit)  # R on the halting step
+        self.weighted = self.weighted + weight[:, None] * logits.float()
+        return reached, self.weighted
+
+    def keep(self, rows):
+        self.cumulative, self.weighted = _rows(self.cumulative, rows), _rows(self.weighted, rows)
+
+
+def act_reached(cumulative: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """Whether the halting units summed so far reach 1 - epsilon: ACT's halting condition."""
+    return cumulative >= 1 - epsilon
+
+
+# Truncation in training: which steps a training forward computes --------------------------------
+# Driven step by step by PonderNet.forward with `stop` (dropping the inputs that are done), or by
+# `halting_steps` over a forward of every step and applied as a mask (model.truncate: fixed shapes,
+# no host read, what a captured CUDA graph runs). Both give the same steps. Also ACT's `Act`, and
+# FixedBudget(1), the least any forward computes.
+
+
+class Cut(Rule):
+    """PonderNet: an input is done once its remaining halting mass prod_k (1 - lambda_k) falls
+    below `epsilon` (per input; the paper truncates the whole batch at 0.05), or at its own depth
+    depths[b] (1-based, drawn by the method: random-depth training, where its halting is forced,
+    so every depth from the lowest drawn on trains its halting as the last step would), whichever
+    comes first. Either may be None."""
+
+    def __init__(self, epsilon: float | None = None, depths: torch.Tensor | None = None):
+        self.log_epsilon = None if epsilon is None else math.log(epsilon)
+        self.depths = depths  # (A,)
+        self.log_survival = None  # (A,)
+
+    def decide(self, n, last, logits, lambda_logits):
+        done = None
+        if self.log_epsilon is not None:
+            step = log_continue(lambda_logits)
+            self.log_survival = step if self.log_survival is None else self.log_survival + step
+            done = self.log_survival < self.log_epsilon
+        if self.depths is not None:
+            deep = self.depths <= n + 1
+            done = deep if done is None else done | deep
+        return _all(lambda_logits) if last else done, None
+
+    def keep(self, rows):
+        self.log_survival, self.depths = _rows(self.log_survival, rows), _rows(self.depths, rows)
+
+
+class Roulette(Rule):
+    """PonderNet, unbiased: an input whose remaining halting mass S_n = prod_{k<=n} (1 - lambda_k)
+    is below epsilon goes on to step n + 1 only with probability S_n / epsilon ("Russian
+    roulette"), so it reaches step n with probability r_n = min(1, S_{n-1} / epsilon), and the
+    loss weighs step n's terms by 1 / r_n (roulette_weights): in expectation, the loss and
+    its gradient over every step. The coins `uniforms` (steps, B) are drawn up front. Its last
+    computed step keeps its own lambda (no mass is moved onto it)."""
+
+    forces_halt = False
+
+    def __init__(self, epsilon: float, uniforms: torch.Tensor):
+        self.log_epsilon = math.log(epsilon)
+        self.uniforms = uniforms  # (steps, A)
+        self.log_survival = None  # log S_n, (A,)
+        self.log_reach = 0.0  # log r_n of the step just computed, (A,)
+
+    def decide(self, n, last, logits, lambda_logits):
+        step = log_continue(lambda_logits)
+        self.log_survival = step if self.log_survival is None else self.log_survival + step
+        log_reach_next = reach_log_prob(self.log_survival, self.log_epsilon)
+        going_on = torch.exp(log_reach_next - self.log_reach)  # P(step n + 1 | step n)
+        self.log_reach = log_reach_next
+        return _all(lambda_logits) if last else self.uniforms[n] >= going_on, None
+
+    def keep(self, rows):
+        self.uniforms = self.uniforms.index_select(1, rows)
+        self.log_survival, self.log_reach = _rows(self.log_survival, rows), _rows(self.log_reach, rows)
+
 
 # A halting logit whose sigmoid is 1.0 in float32: how a truncated image's last computed step
 # takes all its remaining halting mass (see PonderNet.forward).
 FORCED_HALT_LOGIT = 80.0
 
 
+class PonderOutput(NamedTuple):
+    logits: torch.Tensor  # (steps, B, classes): y_n at every step
+    lambda_logits: torch.Tensor  # (steps, B): pre-sigmoid conditional halting probability
+    computed: torch.Tensor | None = None  # (B,) steps computed per image, when truncated
+
+
+def halting_as_computed(out: PonderOutput) -> torch.Tensor:
+    """out's halting logits (steps, B), every input halting by its last computed step at the latest."""
+    if out.computed is None:
+        return out.lambda_logits
+    n = torch.arange(1, out.lambda_logits.shape[0] + 1, device=out.lambda_logits.device)[:, None]  # (steps, 1)
+    return torch.where(n >= out.computed, torch.full_like(out.lambda_logits, FORCED_HALT_LOGIT), out.lambda_logits)
+
+
+def truncate(out: PonderOutput, rule: Rule) -> PonderOutput:
+    """A forward over every step as `forward(x, stop=rule)` gives it (`rule` fresh): the steps
+    after those the rule computes masked (class logits 0, halting FORCED_HALT_LOGIT, and the last
+    computed step's halting forced when the rule `forces_halt`), so the loss and its gradients
+    are the truncated forward's. Fixed shapes, no host read."""
+    computed, _ = halting_steps(rule, None, out.lambda_logits)
+    n = torch.arange(1, out.lambda_logits.shape[0] + 1, device=out.lambda_logits.device)[:, None]  # (steps, 1)
+    logits = torch.where((n <= computed)[..., None], out.logits, torch.zeros_like(out.logits))
+    forced = n >= computed if rule.forces_halt else n > computed  # (steps, B)
+    lambda_logits = torch.where(forced, torch.full_like(out.lambda_logits, FORCED_HALT_LOGIT), out.lambda_logits)
+    return PonderOutput(logits, lambda_logits, computed)
+
+
+# PonderNet's halting distribution and loss -----------------------------------------------------
+
+# PonderNet's loss is per-sample expected cross-entropy plus beta * KL(p || prior). Two flaws of
+# the reference notebook are fixed: each image's own cross-entropy is weighted by its own p_n (the
+# reference multiplied p_n by a batch-averaged loss, so halting could not depend on the image), and
+# the KL term is computed from log p in float32, so a p_n that underflows to 0 contributes
+# 0 * finite = 0 (the reference removed every sample with a zero p_n from the batch).
+
+def log_survivals(lambda_logits: torch.Tensor) -> torch.Tensor:
+    """log prod_{k<=n} (1 - lambda_k) at every step n: the log of the halting mass not yet
+    spent after step n. (steps, B) -> (steps, B), float32."""
+    return running_sums(log_continue(lambda_logits))
+
+
+def halting_log_probs(lambda_logits: torch.Tensor) -> torch.Tensor:
+    """log p_n = log lambda_n + sum_{k<n} log(1 - lambda_k), with lambda forced to 1 at the last step.
+
+    Computed in log space and float32 so it stays finite even where p_n underflows:
+    log(1 - sigmoid(z)) = logsigmoid(-z) never takes the log of 0.
+    """
+    z = lambda_logits.float()  # (steps, B)
+    log_lambda = F.logsigmoid(z)
+    log_lambda = torch.cat([log_lambda[:-1], torch.zeros_like(log_lambda[-1:])])  # lambda_N = 1
+    log_survive = torch.cat([torch.zeros_like(z[:1]), log_survivals(z)[:-1]])
+    return log_lambda + log_survive  # (steps, B)
+
+
+def expected_prediction(logits: torch.Tensor, lambda_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The p-weighted average of every step's class probabilities (B, classes) and the expected
+    number of steps sum_n n p_n (B,): the 'expected' halting rule, which runs every step."""
+    p = halting_log_probs(lambda_logits).exp()  # (steps, B)
+    probs = torch.softmax(logits.float(), dim=-1)  # (steps, B, classes)
+    n = torch.arange(1, p.shape[0] + 1, device=p.device, dtype=p.dtype)[:, None]
+    return (p[..., None] * probs).sum(dim=0), (n * p).sum(dim=0)
+
+
+def roulette_weights(lambda_logits: torch.Tensor, computed: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """1 / r_n for the steps each image computed under Roulette (r_n its probability of
+    computing step n), 0 after them: (steps, B), float32, detached. lambda_logits (steps, B) as
+    the truncated forward gave them, computed (B,) the steps it computed."""
+    log_survival = log_survivals(lambda_logits.detach())  # log S_n after step n
+    log_reach = reach_log_prob(torch.cat([torch.zeros_like(log_survival[:1]), log_survival[:-1]]), math.log(epsilon))
+    n = torch.arange(1, lambda_logits.shape[0] + 1, device=lambda_logits.device)[:, None]  # (steps, 1)
+    return torch.where(n <= computed, torch.exp(-log_reach), torch.zeros_like(log_reach))
+
+
+# The prior's log is clamped here so that lambda_p = 1 (all mass on step 1) stays finite.
+_MIN_LOG_PRIOR = math.log(torch.finfo(torch.float32).tiny)
+
+
+class LossParts(NamedTuple):
+    total: torch.Tensor
+    reconstruction: torch.Tensor
+    regularisation: torch.Tensor
+
+
+def geometric_log_prior(lambda_p: float, max_steps: int, device=None) -> torch.Tensor:
+    """log p_G(n) for n = 1..max_steps, p_G(n) proportional to lambda_p (1 - lambda_p)^(n-1).
+
+    Choice: the geometric distribution truncated at max_steps is renormalised to sum to 1, so
+    that KL(p || p_G) compares two distributions over the same support (p also sums to 1, its
+    last step taking all remaining mass). The paper leaves the truncation implicit.
+    """
+    k = torch.arange(max_steps, dtype=torch.float64)
+    # xlog1py gives 0 for k = 0 even when lambda_p = 1 (0 * log 0).
+    log_unnormalised = math.log(lambda_p) + torch.special.xlog1py(k, -lambda_p)
+    log_prior = log_unnormalised - torch.logsumexp(log_unnormalised, dim=0)
+    return log_prior.clamp_min(_MIN_LOG_PRIOR).to(device=device, dtype=torch.float32)  # (steps,)
+
+
+def log_prior(shape: str, lambda_p: float, max_steps: int, device=None) -> torch.Tensor:
+    """log p_G(n) for n = 1..max_steps of the prior named `shape` (registry.PRIORS): the
+    geometric one above, or uniform, 1 / max_steps at every step."""
+    if shape == "uniform":
+        return torch.full((max_steps,), -math.log(max_steps), dtype=torch.float32, device=device)
+    return geometric_log_prior(lambda_p, max_steps, device)
+
+
+def reconstruction_loss(logits: torch.Tensor, targets: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """mean over images of sum_n p_n(image) * CE(y_n(image), target(image))."""
+    steps, batch, classes = logits.shape
+    ce = F.cross_entropy(
+        logits.float().reshape(steps * batch, classes),
+        targets.expand(steps, batch).reshape(-1),
+        reduction="none",
+    ).view(steps, batch)  # (steps, B): each image's own loss at each step
+    return (p * ce).sum(dim=0).mean()
+
+
+def kl_to_prior(p: torch.Tensor, log_p: torch.Tensor, log_prior: torch.Tensor) -> torch.Tensor:
+    """mean over images of KL(p || p_G) = sum_n p_n (log p_n - log p_G(n)); the paper's direction.
+
+    p (steps, B) is log_p.exp(), passed in because the caller already has it.
+    """
+    return (p * (log_p - log_prior[:, None])).sum(dim=0).mean()
+
+
+def ponder_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor,
+                log_prior: torch.Tensor, beta: float | torch.Tensor, weights: torch.Tensor | None = None) -> LossParts:
+    """Always in float32, also when the forward pass ran under autocast. `weights` (steps, B)
+    scale each step's terms of both sums (roulette_weights: an unbiased estimate of
+    them from the steps a truncated forward computed). `beta` may be a 0-dim tensor on the
+    device (a warm-up's, `kl_weight`)."""
+    log_p = halting_log_probs(lambda_logits)  # (steps, B), float32
+    p = log_p.exp()
+    if weights is not None:
+        p = p * weights  # the terms' weights; log_p stays the halting distribution's
+    reconstruction = reconstruction_loss(logits, targets, p)
+    regularisation = kl_to_prior(p, log_p, log_prior)
+    return LossParts(reconstruction + beta * regularisation, reconstruction, regularisation)
+
+
+# The halting head trained on the answer (--halting-target final or correct) -------------------
+
+def halting_targets(logits: torch.Tensor, targets: torch.Tensor, kind: str,
+                    computed: torch.Tensor | None = None) -> torch.Tensor:
+    """t_n (steps, B) in {0, 1}, what lambda_n is trained towards: "final", no later computed step
+    changes the answer (argmax y_m = argmax y_n for every computed m > n); "correct", the answer
+    at step n is the label. Steps after `computed` (B,) are not looked at (their t_n is not
+    trained: halting_bce). Read from the answers alone, with no gradient; fixed shapes, no host
+    read."""
+    answers = logits.detach().argmax(dim=-1)  # (steps, B)
+    if kind == "correct":
+        return (answers == targets).float()
+    n = torch.arange(1, answers.shape[0] + 1, device=answers.device)[:, None]  # (steps, 1)
+    last = answers.shape[0] if computed is None else computed  # (B,) or an int
+    at_last = answers[-1:] if computed is None else answers.gather(0, (computed - 1)[None])  # (1, B)
+    differs = ((answers != at_last) & (n <= last)).to(torch.uint8)  # (steps, B): unlike the last computed answer
+    # final at n: no step from n on differs from the last answer (a reverse running maximum)
+    return 1.0 - differs.flip(0).cummax(dim=0).values.flip(0).float()
+
+
+def halting_bce(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor, kind: str,
+                computed: torch.Tensor | None = None) -> torch.Tensor:
+    """The mean binary cross-entropy of lambda_n against halting_targets over every step before
+    the last computed one (at that step halting is forced, whatever lambda says)."""
+    t = halting_targets(logits, targets, kind, computed)
+    n = torch.arange(1, t.shape[0] + 1, device=t.device)[:, None]
+    trained = (n < (t.shape[0] if computed is None else computed)).float().expand(t.shape)  # (steps, B)
+    bce = F.binary_cross_entropy_with_logits(lambda_logits.float(), t, reduction="none")
+    return (bce * trained).sum() / trained.sum().clamp_min(1.0)
+
+
+# Where the model runs: the device, mixed precision ----------------------------------------
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' picks CUDA when present; an explicit device that is not usable is an error."""
+    problem = device_problem(name)
+    if problem is not None:
+        raise PonderError(problem)
+    name = name.strip().lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this PyTorch has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise PonderError(f"--device {name} requested but CUDA is not available ({why}); use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise PonderError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    return device
+
+
+def drops_rows(device: torch.device) -> bool:
+    """Whether inputs that are done leave the later steps (training's truncated forward,
+    evaluation's early exit): on the CPU, where fewer rows cost less; on a GPU every step runs on
+    every input at fixed shapes (a mask), which asks the host nothing and can be captured."""
+    return device.type == "cpu"
+
+
+def amp_dtype(device: torch.device) -> torch.dtype:
+    """fp16 on CUDA (with a GradScaler), bf16 on CPU (no scaler needed, same code path)."""
+    return torch.float16 if device.type == "cuda" else torch.bfloat16
+
+
+def grad_scaler(device: torch.device, amp: bool) -> torch.amp.GradScaler:
+    """The GradScaler training needs: enabled exactly when autocast computes in fp16, whose small
+    range lets gradients underflow unless the loss is scaled up (bf16 has float32's range)."""
+    return torch.amp.GradScaler(device.type, enabled=amp and amp_dtype(device) == torch.float16)
+
+
+def autocast(device: torch.device, enabled: bool, *, cache: bool = True):
+    """Mixed precision on `device` when enabled; `cache` False keeps no fp16 copies of the weights
+    between uses (a CUDA graph's capture must not: the copies would be made once, at capture)."""
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=amp_dtype(device), cache_enabled=cache)
+
+
+# The network ----------------------------------------------------------------------------------
+
 ANSWER_FEATURES = 7  # answer_features' width
 
 
 def answer_features(logits: torch.Tensor, earlier: torch.Tensor | None, n, first) -> torch.Tensor:
     """What the halting head reads of step n's answer (--halting-input ...+answer), (..., classes)
-    -> (..., 7), detached and in float32: the top class probability, its margin over the second,
-    the entropy (in units of log classes), log(1 - top probability) in tens of nats (how sure, where
-    the probability itself rounds to 1), the total-variation distance from the step before's class
-    probabilities and whether the top class changed (at the first step, `first`, the step before is
-    the uniform distribution: the answer has changed from none), and 1 / (n + 1) for the 0-based
-    step n (no scale of the steps run, which --max-steps changes). `earlier` (..., classes): the
-    step before's logits, ignored where `first`; n and first an int and a bool, or tensors that
-    broadcast over (...); fixed shapes, no host read."""
+    -> (..., 7), detached, float32: the top probability, its margin over the second, the entropy
+    (in log classes), log(1 - top) in tens of nats (where top rounds to 1), the total-variation
+    distance from the step before's probabilities and whether the top class changed (before the
+    first step: uniform, changed), and 1 / (n + 1). `earlier`: the step before's logits, ignored
+    where `first`; n and first scalars or tensors broadcasting over (...)."""
     log_p = torch.log_softmax(logits.detach().float(), dim=-1)
     p = log_p.exp()
     top2, top = p.topk(2, dim=-1)
@@ -51,37 +607,6 @@ def answer_features(logits: torch.Tensor, earlier: torch.Tensor | None, n, first
     inverse = (1 / (torch.as_tensor(n, device=p.device, dtype=p.dtype) + 1)).expand(p.shape[:-1])
     return torch.stack([top2[..., 0], top2[..., 0] - top2[..., 1], entropy, others, change, changed.float(), inverse],
                        dim=-1)
-
-
-class PonderOutput(NamedTuple):
-    logits: torch.Tensor  # (steps, B, classes): y_n at every step
-    lambda_logits: torch.Tensor  # (steps, B): pre-sigmoid conditional halting probability
-    computed: torch.Tensor | None = None  # (B,) steps computed per image, when truncated
-
-
-def halting_as_computed(out: PonderOutput) -> torch.Tensor:
-    """out's halting logits (steps, B) with every input halting by its last computed step at the
-    latest, as a forward whose rule `forces_halt` gives them: what a halting rule may pick from a
-    truncated forward."""
-    if out.computed is None:
-        return out.lambda_logits
-    n = torch.arange(1, out.lambda_logits.shape[0] + 1, device=out.lambda_logits.device)[:, None]  # (steps, 1)
-    return torch.where(n >= out.computed, torch.full_like(out.lambda_logits, FORCED_HALT_LOGIT), out.lambda_logits)
-
-
-def truncate(out: PonderOutput, rule: Rule) -> PonderOutput:
-    """A forward over every step as the truncated one `forward(x, stop=rule)` gives it (`rule`
-    fresh): the steps the rule computes for each input (halting.halting_steps, the same steps),
-    those after them masked out, their class logits 0 and halting logits FORCED_HALT_LOGIT, and,
-    when the rule `forces_halt`, the last computed step's halting forced too (see
-    PonderNet.forward). The masked steps get no gradient: the loss and its gradients are the
-    truncated forward's. Fixed shapes, no host read (a captured training batch runs this)."""
-    computed, _ = halting_steps(rule, None, out.lambda_logits)
-    n = torch.arange(1, out.lambda_logits.shape[0] + 1, device=out.lambda_logits.device)[:, None]  # (steps, 1)
-    logits = torch.where((n <= computed)[..., None], out.logits, torch.zeros_like(out.logits))
-    forced = n >= computed if rule.forces_halt else n > computed  # (steps, B)
-    lambda_logits = torch.where(forced, torch.full_like(out.lambda_logits, FORCED_HALT_LOGIT), out.lambda_logits)
-    return PonderOutput(logits, lambda_logits, computed)
 
 
 class PonderNet(nn.Module):
@@ -103,17 +628,10 @@ class PonderNet(nn.Module):
                                       + self.answer_input * ANSWER_FEATURES, 1)
 
     def forward(self, x: torch.Tensor, stop: Rule | None = None, traces: list | None = None) -> PonderOutput:
-        """Run the steps for training and losses: every step of every image, or, with a `stop`
-        rule (halting.py: a truncation), each image only until the rule says it is done (the
-        same steps as `truncate` masks).
-        `traces`, a list, receives each step's steps.StepTrace (every step, no `stop`): what
-        `ponder predict` shows of a step.
-
-        A truncated image's last computed step gets halting logit FORCED_HALT_LOGIT, so lambda
-        is 1 there and every later step has p_n = 0: the remaining mass the rule found too small
-        to compute moves onto that step (unless the rule says otherwise: `forces_halt`; then the
-        step after it takes that mass, and the method's loss leaves out the steps not computed).
-        Later steps' class logits are 0.
+        """Every step of every image, or, with a `stop` rule (a truncation), each image until the
+        rule says it is done (the steps `truncate` masks): its last computed step then takes the
+        remaining halting mass (FORCED_HALT_LOGIT, unless the rule's `forces_halt` is False), later
+        steps have class logits 0. `traces`, a list, receives each step's steps.StepTrace.
         """
         if stop is not None:
             return self._forward_truncated(x, stop)
@@ -169,15 +687,10 @@ class PonderNet(nn.Module):
         return logits, lambda_logits if extra is None else self.step.gate_halting(lambda_logits, extra)
 
     def _until_done(self, x: torch.Tensor, rule: Rule, predicts: bool = True):
-        """The one early-exit loop: yields, for every step, the rows still running (A,) of the
-        batch, their class and halting logits, and the rule's decision (done (A,), chosen: the
-        step's class logits where the rule says None), the rule shown the class logits when it
-        `predicts` (a truncation reads the halting logits alone);
-        then keeps only the rows that go on in the step function's and the rule's state.
-
-        One host synchronisation per step, none after the last: `nonzero` finds which rows go
-        on (the host must know how many to shape the next step), and everything else uses
-        those integer indices on the device. That sync buys skipping all work on finished rows.
+        """The one early-exit loop: yields, for every step, the rows still running (A,), their class
+        and halting logits and the rule's decision (done (A,), chosen (A, classes)), the rule shown
+        the class logits when it `predicts`; then keeps the rows that go on. One host sync per step
+        (`nonzero`: the next step's shape), which buys skipping all work on finished rows.
         """
         context, state = self.step.start(x, self.max_steps)
         active = torch.arange(x.shape[0], device=x.device)  # rows of the batch still running
@@ -199,9 +712,11 @@ class PonderNet(nn.Module):
                 return
             if going_on.shape[0] < active.shape[0]:  # nothing to copy when no row is done
                 active = active.index_select(0, going_on)
-                context, state = select_rows(context, going_on), select_rows(state, going_on)
-                previous = None if previous is None else previous.index_select(0, going_on)
-                earlier = None if earlier is None else earlier.index_select(0, going_on)
+                # integer indices, never a mask: a mask's `nonzero` would make the host wait once
+                # per tensor
+                context = tuple(_rows(v, going_on) for v in context)
+                state = tuple(_rows(v, going_on) for v in state)
+                previous, earlier = _rows(previous, going_on), _rows(earlier, going_on)
                 rule.keep(going_on)
 
     def _forward_truncated(self, x: torch.Tensor, stop: Rule) -> PonderOutput:
@@ -225,12 +740,9 @@ class PonderNet(nn.Module):
 
     @torch.no_grad()
     def infer(self, x: torch.Tensor, rule: Rule) -> tuple[torch.Tensor, torch.Tensor]:
-        """Halting with real early exit: each step computes only the images still running.
-
-        `rule` (see halting.py) decides which running images halt at each step and what they
-        predict; the result equals applying the same rule to a forward pass over every step.
-        Returns the prediction at the halting step (B, classes) and the 1-based halting step (B,).
-        """
+        """Real early exit under `rule`, each step computing only the images still running: the
+        prediction at the halting step (B, classes) and the 1-based halting step (B,), as the
+        rule over a forward of every step gives them."""
         batch = x.shape[0]
         prediction = None
         steps = torch.full((batch,), self.max_steps, dtype=torch.long, device=x.device)
@@ -244,15 +756,9 @@ class PonderNet(nn.Module):
         return prediction, steps
 
     def left_out_by_one_step(self, x: torch.Tensor) -> list[str]:
-        """Names of the parameters that a training forward stopping every image after its
-        first step leaves out of the autograd graph.
-
-        Every forward runs at least that step for every image, so any other parameter gets a
-        gradient (maybe zero) from every batch; data-parallel training needs to search each
-        backward pass for parameters without one only when this list is not empty. Runs one
-        small forward pass on `x`, a batch of the task's inputs (its example_input); the random
-        number generators are left as they were.
-        """
+        """The parameters a training forward that stops every image after one step leaves out of the
+        autograd graph (DDP must then look for unused ones), from one small forward on `x`; the
+        random number generators are left as they were."""
         device = next(self.parameters()).device
         named = [(name, p) for name, p in self.named_parameters() if p.requires_grad]
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.enable_grad():
@@ -260,3 +766,284 @@ class PonderNet(nn.Module):
             grads = torch.autograd.grad(out.logits.sum() + out.lambda_logits.sum(), [p for _, p in named],
                                         allow_unused=True)
         return [name for (name, _), grad in zip(named, grads) if grad is None]
+
+
+# The methods ------------------------------------------------------------------------------------
+
+class Method:
+    name: str = ""
+    # whether its loss, truncation and metrics keep a training batch capturable as a CUDA graph
+    # (fixed shapes, no host read, randomness from torch's default generator): a method that does
+    # not declare it trains eagerly on CUDA (train.use_graphs); tests/test_graph_safe.py proves it
+    graph_safe: bool = False
+
+    def __init__(self, cfg, device=None):
+        self.cfg = cfg
+        self.device = torch.device("cpu" if device is None else device)  # where its losses will run
+
+    @classmethod
+    def config_problems(cls, cfg) -> list[str]:
+        """What this method cannot train with beside the other settings, as messages for the user
+        (each value's own range is its field's, config.py)."""
+        return []
+
+    def halting_label(self, rule: str) -> str:
+        """The halting rule that really applies when the user asks for `rule`."""
+        return rule
+
+    def halting_problem(self, rule: str) -> str | None:
+        """Why this method cannot halt by `rule` (None: it can): a budget beyond its max_steps."""
+        budget = FixedBudget.of(rule)
+        problem = budget and budget.problem(self.cfg.method.max_steps, f"this {self.name} model runs")
+        if not problem:
+            return None
+        return f"--halting {problem}" + (" (--max-steps runs more)" if self.cfg.method.name != "plain" else "")
+
+    def needs_all_steps(self, rule: str) -> bool:
+        """Whether predicting under `rule` needs every step of every image (no early exit)."""
+        return False
+
+    def loss(self, logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor,
+             computed: torch.Tensor | None = None, progress: torch.Tensor | None = None) -> LossParts:
+        """The loss of a forward; `computed` (B,): the steps a truncated forward computed (None: all);
+        `progress`: the optimizer steps taken, a 0-dim tensor on the device (None: evaluation)."""
+        raise NotImplementedError
+
+    def exit_rule(self, rule: str, uniforms: torch.Tensor) -> Rule:
+        """The Rule this method halts by when asked for `rule`, fresh for one batch, for early exit
+        and over a forward of every step alike; uniforms (steps, B): the halting coins."""
+        raise NotImplementedError
+
+    def predict(self, logits: torch.Tensor, lambda_logits: torch.Tensor, uniforms: torch.Tensor,
+                rule: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Class scores (B, classes) and ponder steps (B,) from a forward pass over every step;
+        uniforms (steps, B) are the halting coin flips."""
+        steps, scores = halting_steps(self.exit_rule(rule, uniforms), logits, lambda_logits)
+        return scores, steps
+
+    def halting_distribution(self, lambda_logits: torch.Tensor) -> torch.Tensor:
+        """p_n (steps, B): the weight this method gives each step's output (PonderNet: the
+        halting distribution; ACT: h_1, ..., h_{N-1}, R, 0, ...)."""
+        return halting_log_probs(lambda_logits).exp()
+
+    def batch_metrics(self, out, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A training batch's correct predictions and halting steps summed (scalars on the device):
+        their expectations under the halting distribution, sum_n p_n [y_n right] and sum_n n p_n."""
+        p = self.halting_distribution(halting_as_computed(out))  # (steps, B)
+        right = (out.logits.argmax(dim=-1) == targets).to(p.dtype)  # (steps, B)
+        n = torch.arange(1, p.shape[0] + 1, device=p.device, dtype=p.dtype)[:, None]
+        return (p * right).sum(), (p * n).sum()
+
+    def probabilities(self, scores: torch.Tensor, rule: str) -> torch.Tensor:
+        """Class probabilities (B, classes) from `predict`'s scores under `rule`."""
+        return torch.softmax(scores.float(), dim=-1)
+
+    def truncation(self, batch: int, device) -> Rule | None:
+        """The rule that lets training drop an image from later steps (None: every step), drawing
+        from torch's default generator."""
+        return None
+
+
+def get_method(cfg, device=None) -> Method:
+    """The config's method; `device`, where its losses will run (what it builds once goes there)."""
+    return method_class(cfg.method.name)(cfg, device)
+
+
+def build_model(cfg, classes: int, input_shape: tuple) -> torch.nn.Module:
+    """The model for a config, `classes` classes of one input's `input_shape`; the halting head's
+    bias the config's halting_bias, else the method's implied one (ACT: +1), else PyTorch's."""
+    model = PonderNet(cfg, classes=classes, input_shape=input_shape)
+    bias = cfg.method.halting_bias
+    if bias is None:
+        bias = implied_values({"method": cfg.method.name}).get("halting_bias", (None,))[0]
+    if bias is not None:
+        with torch.no_grad():
+            model.halting_head.bias.fill_(bias)
+    return model
+
+
+class PonderNetMethod(Method):
+    name = "pondernet"
+    graph_safe = True
+
+    def __init__(self, cfg, device=None):
+        super().__init__(cfg, device)
+        # built once, on the device: a captured training batch copies nothing from the host
+        m = cfg.method
+        self._log_prior = log_prior(m.prior, m.lambda_p, m.max_steps, self.device)
+
+    @classmethod
+    def config_problems(cls, cfg):
+        problems, m = super().config_problems(cfg), cfg.method
+        if not applies("depth_min", {"method": cls.name}):  # plain: one step, no depth to draw
+            return problems
+        if m.depth_min > m.max_steps:
+            problems.append(f"depth-min {m.depth_min} is above max-steps {m.max_steps}: inputs train at a depth "
+                            f"drawn from depth-min to max-steps")
+        if m.halting_target != "prior" and (m.truncation > 0 or m.depth_min):
+            problems.append(f"halting-target {m.halting_target} trains on every step's answer: give truncation 0 "
+                            f"and depth-min 0 (got {m.truncation:g} and {m.depth_min}; --step align implies "
+                            f"truncation 0.1)")
+        if m.depth_min and m.truncation > 0 and m.truncation_rule == "roulette":
+            problems.append("depth-min trains with truncation-rule cut, not roulette (roulette's loss weights "
+                            "assume its own coins alone decide where an input stops)")
+        return problems
+
+    def kl_weight(self, progress: torch.Tensor | None):
+        """beta, or during the warm-up beta * progress / beta_warmup (a tensor: no host read)."""
+        beta, warmup = self.cfg.method.beta, self.cfg.method.beta_warmup
+        if progress is None or warmup == 0:
+            return beta
+        return beta * (progress.float() / warmup).clamp(max=1.0)
+
+    def log_prior(self, device) -> torch.Tensor:
+        if self._log_prior.device != torch.device(device):  # a method built for another device
+            self._log_prior = self._log_prior.to(device)
+        return self._log_prior
+
+    def needs_all_steps(self, rule):
+        return parse_halting_rule(rule).name == "expected"
+
+    def loss(self, logits, lambda_logits, targets, computed=None, progress=None):
+        kind = self.cfg.method.halting_target
+        if kind != "prior":
+            # The steps and the class head learn the expected loss under the halting distribution,
+            # as PonderNet's; the halting head learns from the cross-entropy alone (p detached:
+            # halting does not learn to stop where the loss is low, nor the steps to be cheap).
+            p = halting_log_probs(lambda_logits.detach()).exp()
+            reconstruction = reconstruction_loss(logits, targets, p)
+            bce = halting_bce(logits, lambda_logits, targets, kind, computed)
+            return LossParts(reconstruction + bce, reconstruction, bce)
+        weights = None
+        if computed is not None and self.cfg.method.truncation_rule == "roulette" and self.cfg.method.truncation > 0:
+            weights = roulette_weights(lambda_logits, computed, self.cfg.method.truncation)
+        return ponder_loss(logits, lambda_logits, targets, self.log_prior(logits.device), self.kl_weight(progress),
+                           weights)
+
+    def exit_rule(self, rule, uniforms):
+        return rule_of(rule, uniforms)
+
+    def predict(self, logits, lambda_logits, uniforms, rule):
+        if self.needs_all_steps(rule):
+            return expected_prediction(logits, lambda_logits)
+        return super().predict(logits, lambda_logits, uniforms, rule)
+
+    def probabilities(self, scores, rule):
+        # the expected rule's scores are already the p-weighted class probabilities
+        return scores.float() if self.needs_all_steps(rule) else super().probabilities(scores, rule)
+
+    def truncation(self, batch, device):
+        m = self.cfg.method
+        if m.max_steps == 1:
+            return None
+        depths = torch.randint(m.depth_min, m.max_steps + 1, (batch,), device=device) if m.depth_min else None
+        if m.truncation > 0 and m.truncation_rule == "roulette":  # (config_problems: never with a random depth)
+            return Roulette(m.truncation, torch.rand(m.max_steps, batch, device=device))
+        epsilon = m.truncation if m.truncation > 0 else None
+        return None if epsilon is None and depths is None else Cut(epsilon, depths)
+
+
+class PlainMethod(PonderNetMethod):
+    name = "plain"
+
+    @classmethod
+    def config_problems(cls, cfg):
+        problems = super().config_problems(cfg)
+        if cfg.method.max_steps != 1:
+            # only a saved config gets here: --max-steps given with plain is refused as not read
+            problems.append(f"method plain runs exactly one step (got max-steps {cfg.method.max_steps})")
+        return problems
+
+    def halting_label(self, rule):
+        return "one step"
+
+    def needs_all_steps(self, rule):
+        return False  # one step: every rule is the same prediction
+
+    def exit_rule(self, rule, uniforms):
+        # one step: every rule halts there, a budget too (compare asks every method for one; eval
+        # refuses a budget beyond it: halting_problem)
+        return FixedBudget(1)
+
+
+# ACT (Graves 2016) ------------------------------------------------------------------------------
+
+
+class ActHalting(NamedTuple):
+    p: torch.Tensor  # (steps, B) weights of the step outputs, zero after N
+    steps: torch.Tensor  # (B,) N, 1-based
+    remainder: torch.Tensor  # (B,) R
+
+
+def act_halting(lambda_logits: torch.Tensor, epsilon: float) -> ActHalting:
+    """ACT's weights of the step outputs, p = (h_1, ..., h_{N-1}, R, 0, ...), with N where
+    Act halts and R = 1 - sum_{n<N} h_n, differentiable in the halting units h_n. N is
+    read off the running sum the loss differentiates, by Act's own test (act_reached),
+    at no cost beyond it (tests/test_exit_rules.py: the same N as Act's, near the bound)."""
+    h = halting_units(lambda_logits)  # (steps, B)
+    cumulative = running_sums(h)  # sum_{k<=n} h_k, as Act adds them
+    reached = act_reached(cumulative.detach(), epsilon)
+    reached[-1].fill_(True)  # max_steps caps N
+    steps = reached.to(torch.uint8).argmax(dim=0) + 1  # the first step reached; (B,)
+    n = torch.arange(1, h.shape[0] + 1, device=h.device)[:, None]  # (steps, 1)
+    # sum_{n<N} h_n read off the running sum (0 when N = 1)
+    before = torch.where(steps > 1, cumulative.gather(0, (steps - 2).clamp_min(0)[None]).squeeze(0),
+                         torch.zeros_like(steps, dtype=h.dtype))
+    remainder = 1 - before
+    p = torch.where(n < steps, h, torch.zeros_like(h)) + torch.where(n == steps, remainder, torch.zeros_like(h))
+    return ActHalting(p, steps, remainder)
+
+
+def act_mean_field(p: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """The p-weighted sum of the step logits, (steps, B), (steps, B, classes) -> (B, classes),
+    summed step by step as Act sums it (the weights after N are 0 and add nothing)."""
+    return running_sums(p[..., None] * logits.float())[-1]
+
+
+def act_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor, tau: float,
+             epsilon: float) -> LossParts:
+    """CE of the mean-field prediction plus tau * (N + R); gradients reach the halting units
+    through R (N is discrete). Reported as (total, task loss, ponder cost)."""
+    halting = act_halting(lambda_logits, epsilon)
+    mean_field = act_mean_field(halting.p, logits)  # (B, classes)
+    task = F.cross_entropy(mean_field, targets)
+    ponder = (halting.steps.float() + halting.remainder).mean()
+    return LossParts(task + tau * ponder, task, ponder)
+
+
+class ACTMethod(Method):
+    name = "act"
+    graph_safe = True
+
+    def halting_label(self, rule):
+        budget = FixedBudget.of(rule)
+        return budget.rule.spelling if budget else "act"
+
+    def halting_problem(self, rule):
+        # every --halting rule but a fixed budget is PonderNet's: ACT halts by its own alone, so a
+        # rule asked for is refused rather than silently replaced (compare, where one --halting
+        # serves every method, shows each method's own instead)
+        if FixedBudget.of(rule):
+            return super().halting_problem(rule)
+        return (f"--halting {rule} applies to pondernet checkpoints; this one is act, which halts by its own "
+                f"rule (halting units summing to 1 - epsilon) or at a fixed budget (fixed:N)")
+
+    def loss(self, logits, lambda_logits, targets, computed=None, progress=None):
+        return act_loss(logits, lambda_logits, targets, self.cfg.method.tau, self.cfg.method.act_epsilon)
+
+    def exit_rule(self, rule, uniforms):
+        # its own rule, or a budget (halting_problem refuses any other)
+        return FixedBudget.of(rule) or Act(self.cfg.method.act_epsilon)
+
+    def batch_metrics(self, out, targets):
+        # ACT predicts deterministically: its mean-field prediction and N (as Act's, from the
+        # weights the loss reads: cheaper than the rule's step-by-step sum in every batch)
+        halting = act_halting(halting_as_computed(out), self.cfg.method.act_epsilon)
+        scores = act_mean_field(halting.p, out.logits)
+        return (scores.argmax(dim=1) == targets).float().sum(), halting.steps.float().sum()
+
+    def halting_distribution(self, lambda_logits):
+        return act_halting(lambda_logits, self.cfg.method.act_epsilon).p
+
+    def truncation(self, batch, device):
+        return Act(self.cfg.method.act_epsilon) if self.cfg.method.truncation > 0 else None

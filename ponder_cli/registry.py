@@ -27,9 +27,9 @@ STEPS = {
 }
 
 METHODS = {
-    "pondernet": "ponder_cli.methods:PonderNetMethod",
-    "act": "ponder_cli.methods:ACTMethod",
-    "plain": "ponder_cli.methods:PlainMethod",
+    "pondernet": "ponder_cli.model:PonderNetMethod",
+    "act": "ponder_cli.model:ACTMethod",
+    "plain": "ponder_cli.model:PlainMethod",
 }
 
 # what the halting head sees: the step's readout, plus any of its top class probability, the
@@ -40,7 +40,7 @@ HALTING_INPUTS = tuple("+".join(("state", *parts, *answer)) for answer in ((), (
                        for parts in itertools.combinations(("confidence", "previous", "turn"), size))
 # what PonderNet trains its halting head towards: the prior (the paper's KL term), or, by binary
 # cross-entropy of lambda_n, whether no later step changes the answer (final) or whether the
-# answer is right (correct); methods.halting_targets
+# answer is right (correct); model.halting_targets
 HALTING_TARGETS = ("prior", "final", "correct")
 # mlp: one Dropout2d mask per image shared by every step (the CNN runs once), or a fresh mask
 # at every step, as the reference gets by recomputing its CNN at every step
@@ -158,7 +158,7 @@ def method_class(name: str):
 # The spellings of --halting: a rule's name from HALTING_RULES, with a parameter where the rule
 # takes one.
 #
-# - sample, median, expected: PonderNet's own rules (see halting.py);
+# - sample, median, expected: PonderNet's own rules (see model.py);
 # - quantile:Q (0 < Q < 1): halt at the first step where the cumulative halting probability
 #   1 - prod_k (1 - lambda_k) reaches Q; median is quantile:0.5 (PALBERT's Q-exit);
 # - patience:K (K >= 1): halt at the first step n whose predicted class argmax y_n is also that of

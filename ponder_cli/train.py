@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import inspect
 import math
 import statistics
 import sys
@@ -17,11 +19,64 @@ from . import PonderError, brief, distributed
 from .checkpoint import TrainingState, new_model, save_checkpoints
 from .config import PonderConfig, duration_text
 from .folders import BEST, LAST
-from .methods import Method, get_method
-from .model import truncate
+from .model import Method, autocast, drops_rows, get_method, grad_scaler, truncate
 from .registry import AT_CHANCE, EARLY_STOP, FINISHED, TIME_LIMIT
-from .runtime import Adam, autocast, drops_rows, grad_scaler, keep_freed_memory
 from .tasks import TrainingSource, get_task
+
+
+class Adam(torch.optim.Adam):
+    """torch.optim.Adam, running its own code, without importing torch's compiler stack.
+
+    torch.optim wraps these methods so that torch.compile leaves them alone, and each wrapper
+    imports torch._dynamo on its first call (over a second on a 2-core CPU) although nothing is
+    compiled: no option of Adam's avoids it. These call the methods the wrappers wrap; ponder
+    never compiles an optimizer.
+    """
+
+    _add_param_group = inspect.unwrap(torch.optim.Optimizer.add_param_group)
+    _zero_grad = inspect.unwrap(torch.optim.Optimizer.zero_grad)
+    _state_dict = inspect.unwrap(torch.optim.Optimizer.state_dict)
+    _load_state_dict = inspect.unwrap(torch.optim.Optimizer.load_state_dict)
+    _step = inspect.unwrap(torch.optim.Adam.step)
+
+    def add_param_group(self, param_group: dict) -> None:
+        self._add_param_group(param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._zero_grad(set_to_none)
+
+    def state_dict(self) -> dict:
+        return self._state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._load_state_dict(state_dict)
+
+    def step(self, closure=None):
+        # what the step's wrapper does besides importing torch._dynamo: no autograd graph for
+        # the update unless the optimizer is differentiable
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return self._step(closure)
+
+
+# glibc's mallopt parameters (malloc.h) and the largest mmap threshold it takes on 64-bit Linux
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX = -1, -3, 32 * 1024 * 1024
+_kept = False
+
+
+def keep_freed_memory() -> bool:
+    """On glibc, have malloc keep the memory a batch frees for the next batch (once a process):
+    by default a freed block over ~128 KiB goes back to the system, and the next batch faults its
+    pages in afresh (hundreds of page faults a parity batch). Whether it took effect."""
+    global _kept
+    if _kept or not sys.platform.startswith("linux"):
+        return _kept
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+    _kept = bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+    return _kept
 
 
 @dataclass(frozen=True)
@@ -85,23 +140,15 @@ INPUTS, SKIPPED, BACKED_OFF = len(MEANS), len(MEANS) + 1, len(MEANS) + 2
 
 
 class BatchStep:
-    """One training batch, whole, in one place: the batch's inputs (the source's static staging),
-    the forward over every step, truncation as a mask, the loss in float32, backward, clipping,
-    the update (skipped on the device when the loss or a gradient is not finite), and the epoch's
-    metrics summed on the device. Calling it runs the staged batch as `capture` says: eagerly,
-    or on CUDA as a replay of the batch captured once as a CUDA graph (one launch instead of
-    ~560), which every batch allows: the same operators on tensors of the same shapes, none
-    making the host wait for the device (tests/test_graph_safe.py proves it on the CPU), and
-    randomness from torch's default generator or the source's own (`source.generators()`),
-    which every replay advances.
+    """One training batch, whole: the staged inputs, the forward, truncation as a mask, the loss
+    in float32, backward, clipping, the update (skipped on the device when the loss or a gradient
+    is not finite) and the epoch's metrics summed on the device. Run eagerly, or on CUDA as the
+    replay of the batch captured once as a CUDA graph (`Capture`): fixed shapes, no host read
+    (tests/test_graph_safe.py), randomness from torch's default generator or the source's own.
 
-    `shrink` (the CPU's default when the method truncates): the forward drops each input from
-    later steps as the truncation rule says (PonderNet.forward with `stop`), the same loss and
-    gradients as the mask but fewer steps computed; it makes the host read how many inputs go on
-    at every step, which costs nothing on a CPU and stalls a GPU.
-
-    `path`: how the batches are meant to run (use_graphs): CAPTURED or "eager: why" (`graphs`,
-    CAPTURED or "eager"). `graph`: makes what warms up, captures and replays (CudaGraph).
+    `shrink` (the CPU's default): the truncated forward drops the inputs that are done from later
+    steps (the mask's loss and gradients, fewer steps computed; a host read per step).
+    `path`: CAPTURED or "eager: why" (use_graphs); `graph` makes the CudaGraph.
     """
 
     def __init__(self, model: torch.nn.Module, method: Method, optimizer: torch.optim.Optimizer,
@@ -123,8 +170,7 @@ class BatchStep:
 
     @property
     def taken(self) -> torch.Tensor:
-        """The optimizer steps taken, on the device: Adam's own count (it goes on from a resumed
-        run's), what a loss that changes over training reads (--beta-warmup)."""
+        """Adam's step count on the device (it goes on from a resumed run's): --beta-warmup's clock."""
         state = next(iter(self.optimizer.state.values()), None)
         return self._no_step if state is None else state["step"]
 
@@ -154,10 +200,14 @@ class BatchStep:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.training.grad_clip)
         else:
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
-        # Under DDP the gradients (so grad_norm) are already averaged and equal on every rank, but
-        # the loss is this rank's own. Ranks that disagreed would step on some replicas and not on
-        # others, and the replicas would silently drift apart for good: decide jointly.
-        finite_loss = distributed.all_ranks(torch.isfinite(loss.total))
+        finite_loss = torch.isfinite(loss.total)
+        if distributed.active():
+            # The gradients (so grad_norm) are already averaged and equal on every rank, but the
+            # loss is this rank's own. Ranks that disagreed would step on some replicas and not on
+            # others, which would drift apart for good: finite only if finite on every rank.
+            finite_loss = finite_loss.to(torch.int32)
+            torch.distributed.all_reduce(finite_loss, op=torch.distributed.ReduceOp.MIN)
+            finite_loss = finite_loss.bool()
         finite_grads = torch.isfinite(grad_norm)
         if self.scaler.is_enabled():
             # The scaler skips the step when the gradients are not finite (a non-finite loss
@@ -187,9 +237,8 @@ class BatchStep:
         self.capture()
 
     def warm_up(self) -> int:
-        """Start an epoch and run its first batches until the graph is captured and replayed
-        once (eagerly: as many), so what follows is what every later batch costs; the index of
-        the next batch. For benchmarks, which time batches apart from these costs."""
+        """For benchmarks: start an epoch and run its batches until the graph is captured and
+        replayed once; the index of the next batch."""
         self.source.start_epoch()
         for index in range(WARMUP_BATCHES + 2):
             self.source.stage(index)
@@ -208,17 +257,13 @@ def graphs_line(path: str) -> str:
 
 
 class Capture:
-    """How a BatchStep's batches run: one state with its reason, `state`.
+    """How a BatchStep's batches run, `state`: WARMING_UP, CAPTURED or "eager: why".
 
-    A step meant to be captured starts WARMING_UP: WARMUP_BATCHES eager batches on the graph's
-    side stream (cuDNN and cuBLAS pick their kernels and allocate their workspaces, Adam and the
-    GradScaler build their state). The next batch is captured (which records it without running
-    it) and replayed once, checked by one host read, once a run: the replay must advance the
-    epoch's totals (inputs used or a skipped batch) and Adam's step count (unless the batch took
-    no step by design: skipped, or a GradScaler back-off). A capture on another device than the
-    tensors' records nothing, and its replay does nothing (pytorch/pytorch#87894). Then the state
-    is CAPTURED, every later batch a replay; or "eager: why" for good, said in one line, the batch
-    the capture missed run eagerly. A step not meant to be captured starts in "eager: why".
+    WARMUP_BATCHES eager batches on the graph's side stream (kernels chosen, workspaces and
+    optimizer state built); the next is captured and replayed once, checked by one host read: the
+    replay must advance the epoch's totals and Adam's step count (unless the batch took no step by
+    design). A capture on another device than the tensors' records nothing (pytorch#87894). Then
+    every batch is a replay, or eager for good, said in one line.
     """
 
     def __init__(self, step: BatchStep, path: str, graph: Callable, log: Callable[[str], None]):
@@ -257,8 +302,7 @@ class Capture:
                 step.run()
 
     def _progress(self) -> torch.Tensor:
-        """What every batch advances, on the device: inputs used plus batches skipped; Adam's step
-        count; the batches that take no step (skipped, backed off)."""
+        """What every batch advances: inputs used plus batches skipped; Adam's steps; steps not taken."""
         totals = self.step.totals
         return torch.stack([totals[INPUTS] + totals[SKIPPED], self.step.taken.to(totals.dtype),
                             totals[SKIPPED] + totals[BACKED_OFF]])
@@ -273,11 +317,9 @@ class Capture:
         except PonderError:  # the user's to hear, captured or not
             raise
         except Exception as exc:
-            # whatever a capture raises: CUDA's errors (RuntimeError and its kin), torch.cuda.graph's
-            # own checks (AssertionError), an operation that cannot be captured (TypeError,
-            # NotImplementedError, ...); a fault of the batch itself raises again in the eager rerun.
-            # The batch's Python ran up to the failure: the GradScaler may hold its record of an
-            # unscale_, which the eager rerun would refuse; its scale stays (nothing captured ran)
+            # whatever a capture raises (CUDA's errors, torch.cuda.graph's checks, an operation that
+            # cannot be captured); a fault of the batch itself raises again in the eager rerun. The
+            # GradScaler may hold an unscale_ record the rerun would refuse; its scale stays
             step.scaler.update(step.scaler.get_scale())
             return f"the capture failed ({brief(exc)})"
         before, totals = self._progress(), step.totals.clone()
@@ -299,10 +341,8 @@ class Capture:
 
 
 class CudaGraph:
-    """Where BatchStep's batch is captured and replayed: on the training device, whatever device
-    is current (only torchrun sets it), with one side stream for the warm-up and the capture and
-    a memory pool of its own, the pattern torch.cuda.graph documents. `generators`: the source's
-    own, which every replay advances as it does torch's default one."""
+    """Where BatchStep's batch is captured and replayed, on the training device, with a side stream
+    and a memory pool of its own (torch.cuda.graph's pattern); `generators`: the source's own."""
 
     def __init__(self, device: torch.device, generators: tuple = ()):
         self.device, self.generators = device, tuple(generators)
@@ -342,10 +382,8 @@ class CudaGraph:
 
 
 def capturable(optimizer: torch.optim.Optimizer, on: bool) -> None:
-    """Mark Adam capturable exactly while its step is captured. The fused Adam's step counts live
-    on the device either way and its kernels do not read the flag; torch reads it only to refuse
-    a capture of a step not marked so, and to warn about a step so marked run outside a capture
-    (the eager warm-up, --no-cuda-graphs, torchrun, a fallback)."""
+    """Mark Adam capturable exactly while its step is captured: torch reads the flag only to refuse
+    a capture of an unmarked step and to warn about a marked one run eagerly."""
     for group in optimizer.param_groups:
         group["capturable"] = on
     optimizer.defaults["capturable"] = on
@@ -354,16 +392,15 @@ def capturable(optimizer: torch.optim.Optimizer, on: bool) -> None:
 def batch_step(model: torch.nn.Module, cfg: PonderConfig, data, *, amp: bool = False, optimizer=None,
                scaler=None, **options) -> BatchStep:
     """A BatchStep for `model` on the task's training `data` (or a TrainingSource), with a fresh
-    optimizer and GradScaler unless given: what a benchmark or a test times or checks."""
+    optimizer and GradScaler unless given: for benchmarks and tests."""
     device = next(model.parameters()).device
     return BatchStep(model, get_method(cfg, device), optimizer or make_optimizer(model, cfg, device),
                      scaler or grad_scaler(device, amp), _source(data, cfg, device), cfg, amp=amp, **options)
 
 
 def step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
-    """optimizer.step(), made a no-op on the device where `skip` (a bool scalar) is True: the fused
-    Adam takes a `found_inf` flag, as the GradScaler passes it, and then leaves the parameters,
-    its moments and its step count as they were. No host read."""
+    """optimizer.step(), a no-op where `skip` (a bool scalar on the device) is True: the fused Adam's
+    `found_inf` flag, as the GradScaler passes it. No host read."""
     optimizer.grad_scale, optimizer.found_inf = None, skip.float()
     try:
         optimizer.step()
@@ -372,13 +409,9 @@ def step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
 
 
 def train_one_epoch(step: BatchStep, *, desc: str = "train", progress: bool = True) -> dict:
-    """One epoch of the task's training batches (MNIST: a pass over the shuffled training set in
-    whole batches; parity: batches_per_epoch fresh batches), each run by `step`; the metrics
-    stay on the device until the one host read at the end.
-
-    Under torchrun the model is DDP-wrapped and each rank trains on its slice of every global batch
-    of cfg.training.batch_size inputs; the metrics returned cover the whole epoch, all ranks together.
-    """
+    """One epoch of the task's training batches, each run by `step`; the metrics stay on the
+    device until the one host read at the end. Under torchrun each rank trains on its slice of
+    every global batch; the metrics cover all ranks."""
     training_mode(step.model, step.cfg)
     source, device = step.source, step.device
     count = source.start_epoch()  # what the epoch draws up front (MNIST: the permutation, shared stream)
@@ -405,9 +438,8 @@ def train_one_epoch(step: BatchStep, *, desc: str = "train", progress: bool = Tr
 
 
 def _rng_state(device: torch.device, source: TrainingSource | None = None) -> dict:
-    """The CPU generator's state and, on CUDA, the training device's own: a checkpoint holds the
-    one stream training drew from, so it resumes on any number of GPUs, or none. The task's own
-    training stream (parity's generator), when it has one, under "task"."""
+    """The CPU generator's state, the training device's on CUDA (it resumes on any number of GPUs,
+    or none) and the task's own training stream under "task"."""
     state = {"torch": torch.get_rng_state()}
     task_state = source.state() if source is not None else None
     if task_state is not None:
@@ -436,26 +468,22 @@ HALTING_HEAD = "halting_head."  # the tensors a refit (--refit-halting) starts a
 
 
 def freeze_body(model: torch.nn.Module) -> None:
-    """--refit-halting: every weight frozen but the halting head's (the others came from
-    --init-from's checkpoint, or from a resumed refit's own)."""
+    """--refit-halting: every weight frozen but the halting head's."""
     for name, parameter in model.named_parameters():
         parameter.requires_grad_(name.startswith(HALTING_HEAD))
 
 
 def training_mode(model: torch.nn.Module, cfg: PonderConfig) -> None:
-    """The model in training mode for an epoch; a refit's frozen body (the step function, whose
-    dropout is all there is to switch) as at evaluation: the answers the head will see."""
+    """Training mode; a refit's frozen step function as at evaluation: the answers the head will see."""
     model.train()
     if cfg.training.refit_halting:
         getattr(model, "module", model).step.eval()
 
 
 def make_optimizer(model: torch.nn.Module, cfg: PonderConfig, device: torch.device) -> torch.optim.Adam:
-    """Adam, fused on every device: one kernel updates every parameter, and it takes a flag on the
-    device that skips a step (step_unless, the GradScaler's back-off) without the host reading it.
-    The learning rate is a tensor, which the plateau schedule cuts in place: a captured step reads
-    the new value. Its step counts live on the device (fused); it is marked capturable only while
-    BatchStep captures it (`capturable`), so no step run eagerly draws torch's warning."""
+    """Adam, fused on every device: one kernel, and a flag on the device that skips a step
+    (step_unless). The learning rate is a tensor the plateau schedule cuts in place, so a
+    captured step reads the new value."""
     trained = [p for p in model.parameters() if p.requires_grad]  # a refit freezes all but the halting head
     return Adam(trained, lr=torch.tensor(cfg.training.lr, device=device), fused=True)
 
@@ -465,13 +493,12 @@ _IMPLEMENTATION_FLAGS = ("fused", "foreach", "capturable")
 
 
 def learning_rate(rate) -> float:
-    """A learning rate as a float: a float32 tensor's value read back to the decimal it was given
-    as (float32 holds 7 significant digits: 1e-3, not 0.0010000000474974513)."""
+    """A learning rate as a float, a float32 tensor's read back to 7 digits (1e-3, not 0.0010000000474974513)."""
     return float(f"{float(rate):.7g}") if isinstance(rate, torch.Tensor) else rate
 
 
 def _optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
-    """The optimizer's state for a checkpoint, its learning rate a float as every version wrote it."""
+    """The optimizer's state for a checkpoint, its learning rate a float."""
     saved = optimizer.state_dict()
     return {**saved, "param_groups": [{**group, "lr": learning_rate(group["lr"])} for group in saved["param_groups"]]}
 
@@ -483,9 +510,8 @@ def _scheduler_state(scheduler) -> dict:
 
 
 def _load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
-    """Load a checkpoint's optimizer state, keeping this optimizer's own implementation (the saved
-    param groups would bring theirs: a fused CUDA Adam's onto the CPU, say) and its learning-rate
-    tensor, given the saved value (a captured step reads that tensor)."""
+    """Load a checkpoint's optimizer state, keeping this optimizer's implementation flags (a fused
+    CUDA Adam's would come with the saved groups) and its learning-rate tensor, given the saved value."""
     rates = [group["lr"] for group in optimizer.param_groups]
     groups = [{**group, **{flag: optimizer.defaults[flag] for flag in _IMPLEMENTATION_FLAGS if flag in group}}
               for group in saved["param_groups"]]
@@ -496,10 +522,8 @@ def _load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None
 
 
 def use_graphs(device: torch.device, wanted: bool, pieces: dict, log: Callable[[str], None] | None = None) -> str:
-    """How training means to run its batches: CAPTURED on CUDA, unless --no-cuda-graphs,
-    torchrun or one of `pieces` (graph_pieces: what the batch runs, by name) that does not
-    declare `graph_safe = True` (a piece of a user's own, say) stands in the way: "eager: why".
-    On CUDA graphs_line says which."""
+    """CAPTURED on CUDA, unless --no-cuda-graphs, torchrun or one of `pieces` (graph_pieces) that
+    does not declare `graph_safe = True` stands in the way: "eager: why"."""
     if device.type != "cuda":
         return "eager: on the CPU"
     unsafe = [name for name, piece in pieces.items() if getattr(piece, "graph_safe", False) is not True]
@@ -525,15 +549,11 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
           time_limit: float | None = None, clock: Callable[[], float] | None = None,
           init: dict | None = None) -> TrainResult:
     """Train, validating once per epoch; write last.pt every epoch and best.pt on improvement.
-    train_set and val_set are the task's (MNIST: ImageSets; parity: None, batches drawn on the fly,
-    and a fixed ParityBatch). `resume`: a checkpoint whose config equals cfg up to the epochs and
-    patience (runs.plan_training), continued at the next epoch. `log` gets the run's estimated
-    duration once the first batches are timed. `cuda_graphs`: on CUDA, capture the batch once and
-    replay it (BatchStep). `time_limit`: seconds from this call, read on `clock` (TimeLimit;
-    default CLOCK); training ends after the last epoch that fits. Under torchrun every rank calls
-    train() with the same arguments; rank 0 alone validates, writes and decides when time is up,
-    and every rank returns the same result. `init`: weights the fresh model starts from (--init-from,
-    checked to fit by runs.StartingWeights; a refit's lack the halting head).
+    train_set and val_set are the task's (MNIST: ImageSets; parity: None and a ParityBatch).
+    `resume`: a checkpoint continued at its next epoch (runs.plan_training). `log` gets the
+    duration estimate. `time_limit`: seconds on `clock` (TimeLimit). `init`: weights the fresh
+    model starts from (--init-from; a refit's lack the halting head). Under torchrun every rank
+    calls it alike; rank 0 alone validates, writes and decides when time is up.
     """
     limit = TimeLimit(time_limit, clock or CLOCK) if time_limit is not None else None
     out_dir = Path(out_dir)
@@ -561,26 +581,46 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
         # the clock starts once the capture is done: it would count as batches
         source = TimedSource(source, cfg.training.epochs - result.last_epoch, log, device=device,
                              skip=WARMUP_BATCHES + 1 if path == CAPTURED else 1)
-    step = BatchStep(_data_parallel(model, cfg, device, task), method, optimizer, scaler, source, cfg, amp=amp,
-                     path=path, log=log)
+    # DDP must be told when a parameter may get no gradient on a rank, and then searches every
+    # backward for such parameters (a graph walk, a collective and a host sync per batch): only
+    # where a forward may stop after one step and that step leaves some parameter out (h_0 = 0
+    # never meets mlp's from_state; align's turn acts at step 1 only if halting sees it)
+    left_out = []
+    if distributed.active() and (cfg.method.max_steps == 1 or cfg.method.truncation > 0):
+        left_out = model.left_out_by_one_step(task.example_input(2, device))
+    step = BatchStep(distributed.wrap(model, device, find_unused_parameters=bool(left_out)), method, optimizer,
+                     scaler, source, cfg, amp=amp, path=path, log=log)
 
     for epoch in range(result.last_epoch + 1, cfg.training.epochs + 1):
         started = time.perf_counter()
         if limit is not None:
             limit.epoch_starts()
         stats = train_one_epoch(step, desc=f"epoch {epoch}/{cfg.training.epochs}", progress=progress)
-        _check_some_step_was_taken(stats, epoch, out_dir)
+        if stats["skipped_batches"] == stats["batches"]:
+            # every batch had a non-finite loss (or, without the GradScaler, gradient); back-offs
+            # are no fault: the scale halves until the gradients fit fp16
+            kept = (f"{out_dir / LAST} still holds the last good epoch" if (out_dir / LAST).is_file()
+                    else "no epoch was saved in " + str(out_dir))
+            raise PonderError(f"epoch {epoch}: every batch had a non-finite loss or gradient; training "
+                              f"stopped, {kept} (try a lower --lr)")
         val_accuracy, val_steps, halting_histogram = _validate(task, model, val_set, cfg, device, amp)
         lr = learning_rate(optimizer.param_groups[0]["lr"])
         scheduler.step(val_accuracy)
-        improved = _all_finite(model, stats) and val_accuracy > result.best_accuracy
+        # only a model whose weights and epoch's loss are finite becomes "best"
+        finite = bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())  # one sync
+        improved = finite and math.isfinite(stats["loss"]) and val_accuracy > result.best_accuracy
         if improved:
             result.best_accuracy, result.best_epoch = val_accuracy, epoch
             epochs_without_improvement = 0
         else:
             epochs_without_improvement += 1
-        record = _epoch_record(epoch, stats, val_accuracy, val_steps, halting_histogram, lr,
-                               time.perf_counter() - started, improved, step.path)
+        record = EpochStats(
+            epoch=epoch, train_loss=stats["loss"], train_reconstruction=stats["reconstruction"],
+            train_regularisation=stats["regularisation"], train_accuracy=stats["accuracy"],
+            train_steps=stats["steps"], val_accuracy=val_accuracy, val_steps=val_steps, lr=lr,
+            seconds=time.perf_counter() - started, improved=improved, skipped_batches=stats["skipped_batches"],
+            scaler_backoffs=stats["scaler_backoffs"], val_halting_histogram=tuple(map(int, halting_histogram)),
+            training_step=step.path)
         result.history.append(record)
         result.last_epoch = epoch
         state = TrainingState(config=cfg, model=model.state_dict(), epoch=epoch, optimizer=_optimizer_state(optimizer),
@@ -612,12 +652,10 @@ CLOCK = time.monotonic  # what a time limit is measured on (a test gives its own
 
 
 class TimeLimit:
-    """`ponder train --time-limit`: training ends after the last epoch that fits. Each epoch of
-    this process is timed whole (its batches, validation, the checkpoints, the metrics files);
-    the next one is expected to take as long as the slowest of the last few, leaving out this
-    process's first (it pays one-time costs: the first batches, the capture on CUDA, the first
-    validation) once another has been timed. The first epoch always runs: nothing is known of it
-    before. Under torchrun rank 0's clock decides, and every rank gets its decision."""
+    """`--time-limit`: training ends after the last epoch that fits. Each epoch is timed whole; the
+    next is expected to take as long as the slowest of the last few, this process's first (its
+    one-time costs) left out once another is timed. The first epoch always runs. Under torchrun
+    rank 0's clock decides."""
 
     RECENT = 3  # epochs the next one is judged from
 
@@ -639,8 +677,7 @@ class TimeLimit:
         return self.seconds - (self.clock() - self.started)
 
     def next_epoch_fits(self, device: torch.device) -> bool:
-        """Times the epoch just ended; whether the next fits in what is left (rank 0's answer on
-        every rank)."""
+        """Times the epoch just ended; whether the next fits (rank 0's answer on every rank)."""
         self.epochs.append(self.clock() - self.epoch_started)
         fits = self.next_epoch() <= self.left()
         return bool(distributed.broadcast_from_main([float(fits)], device)[0])
@@ -662,8 +699,7 @@ LR_FLOOR = 1e-3
 
 
 def at_chance(result: TrainResult, cfg: PonderConfig, classes: int, lr: float) -> Optional[str]:
-    """The line that says a run never left chance and its learning rate was cut to the floor;
-    None when it learnt something or may still (its learning rate not cut that far)."""
+    """The line that says a run never left chance and its learning rate was cut to the floor; else None."""
     if not result.history or lr > cfg.training.lr * LR_FLOOR * (1 + 1e-6):
         return None
     chance = 1 / classes
@@ -674,22 +710,6 @@ def at_chance(result: TrainResult, cfg: PonderConfig, classes: int, lr: float) -
             f"{chance:g}) and its learning rate was cut from {cfg.training.lr:g} to {lr:.0e}; it did not learn "
             f"(what learns where the defaults did not: a larger --batch-size, the learning rate held by a large "
             f"--lr-patience, --patience 0)")
-
-
-def _all_finite(model: torch.nn.Module, stats: dict) -> bool:
-    """Whether the weights and the epoch's training loss are finite: only such a model becomes "best"."""
-    weights = bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())  # one sync
-    return weights and math.isfinite(stats["loss"])
-
-
-def _epoch_record(epoch: int, stats: dict, val_accuracy: float, val_steps: float, halting_histogram: list,
-                  lr: float, seconds: float, improved: bool, path: str) -> EpochStats:
-    return EpochStats(
-        epoch=epoch, train_loss=stats["loss"], train_reconstruction=stats["reconstruction"],
-        train_regularisation=stats["regularisation"], train_accuracy=stats["accuracy"],
-        train_steps=stats["steps"], val_accuracy=val_accuracy, val_steps=val_steps, lr=lr, seconds=seconds,
-        improved=improved, skipped_batches=stats["skipped_batches"], scaler_backoffs=stats["scaler_backoffs"],
-        val_halting_histogram=tuple(int(count) for count in halting_histogram), training_step=path)
 
 
 def _resume(resume: TrainingState, cfg: PonderConfig, out_dir: Path, model, optimizer, scheduler, scaler,
@@ -719,36 +739,9 @@ def _resume(resume: TrainingState, cfg: PonderConfig, out_dir: Path, model, opti
     return resume.epochs_without_improvement
 
 
-def _data_parallel(model: torch.nn.Module, cfg: PonderConfig, device: torch.device, task) -> torch.nn.Module:
-    """Under torchrun DDP averages the gradients across ranks in backward; `model` stays the
-    plain module for validation and checkpoints (no "module." prefix). DDP must be told when a
-    parameter may get no gradient on a rank, and then searches every backward pass for such
-    parameters (a graph walk, an extra collective and a host sync per batch). That happens only
-    when a forward may stop after one step (one step, or truncation: a rank whose images all
-    stop at step 1) and one step leaves some parameter out: h_0 = 0 never meets the mlp step's
-    from_state; align's turn acts at step 1 only if halting sees it (its default)."""
-    may_stop_after_one_step = cfg.method.max_steps == 1 or cfg.method.truncation > 0
-    probe = task.example_input(2, device) if distributed.active() and may_stop_after_one_step else None
-    left_out = model.left_out_by_one_step(probe) if probe is not None else []
-    return distributed.wrap(model, device, find_unused_parameters=bool(left_out))
-
-
-def _check_some_step_was_taken(stats: dict, epoch: int, out_dir: Path) -> None:
-    """An epoch whose every batch was skipped for a non-finite loss (or, without the GradScaler, a
-    non-finite gradient) stops the run. GradScaler back-offs are not faults: the scale halves
-    until the gradients fit fp16, so an epoch made of them (a short one, early) goes on."""
-    if stats["skipped_batches"] == stats["batches"]:
-        kept = (f"{out_dir / LAST} still holds the last good epoch" if (out_dir / LAST).is_file()
-                else "no epoch was saved in " + str(out_dir))
-        raise PonderError(f"epoch {epoch}: every batch had a non-finite loss or gradient; training "
-                          f"stopped, {kept} (try a lower --lr)")
-
-
 def _validate(task, model: torch.nn.Module, val_set, cfg: PonderConfig, device: torch.device, amp: bool):
-    """Validation accuracy, mean steps and the halting-step histogram. It runs once, on rank 0,
-    giving a single process's numbers (it draws from its own seeded generator, not the shared
-    stream); broadcasting them makes every rank step the scheduler and early stopping alike (the
-    weights and the summed training loss are the same on every rank, so `improved` agrees too)."""
+    """Validation accuracy, mean steps and the halting-step histogram, from rank 0 (its own seeded
+    generator) on every rank, so that all step the scheduler and early stopping alike."""
     if distributed.is_main():
         val = task.validate(model, val_set, amp)
     val_accuracy, val_steps, *histogram = distributed.broadcast_from_main(
@@ -759,22 +752,16 @@ def _validate(task, model: torch.nn.Module, val_set, cfg: PonderConfig, device: 
 
 def _save(state: TrainingState, out_dir: Path, improved: bool) -> None:
     """best.pt (on improvement) before last.pt, as one (an interrupt waits for both): a write that
-    fails between them (a full disk, a crash) leaves best.pt ahead of last.pt, never behind the
-    epoch last.pt names, whose record of its best epoch would then point past best.pt for good
-    (a run resumed from last.pt redoes the epoch, and its best.pt)."""
+    fails between them leaves best.pt ahead of last.pt, never behind the best epoch it names."""
     if distributed.is_main():  # every rank holds this same state; one writes it
         save_checkpoints(state, [out_dir / BEST] * improved + [out_dir / LAST])
 
 
 # How long a run will take: the first epoch's batches timed, one line said once ---------------
 
-# The run's duration is estimated once from the first epoch's batches (the first left out: it
-# pays start-up costs; on the CPU the median batch, so that the slow ones after it count little),
-# as soon as this many are timed or this many seconds have passed; a run estimated to take less
-# than ESTIMATE_FROM_SECONDS gets no estimate: its epoch lines come soon.
+# Estimated once, as soon as this many batches are timed or this many seconds have passed, but
+# from no fewer than ESTIMATE_MIN_BATCHES; a run under ESTIMATE_FROM_SECONDS gets no estimate.
 ESTIMATE_AFTER_BATCHES, ESTIMATE_AFTER_SECONDS, ESTIMATE_FROM_SECONDS = 20, 5.0, 60.0
-# ... but never from fewer batches than this: the first few after start-up are slow (an epoch of
-# fewer gets no estimate: its line comes soon)
 ESTIMATE_MIN_BATCHES = 10
 
 
@@ -798,15 +785,10 @@ def duration_estimate(epoch_seconds: float, epochs: int) -> Optional[str]:
 
 
 class TimedSource(TrainingSource):
-    """A task's training batches, timed during the first epoch of a session until they give the
-    run's duration_estimate, which goes to `log` once. The clock starts after the first `skip`
-    batches (start-up costs; on CUDA the capture of the batch as well). On the CPU each batch is
-    timed and the estimate takes their median: the first batches after start-up are still slow
-    (threads, allocations, kernels chosen on first use), and a mean over them made short runs'
-    estimates several times too long; nor is an estimate made from fewer than
-    ESTIMATE_MIN_BATCHES. On CUDA the host runs ahead of the device, so one batch's
-    time means nothing: the device is waited for where the clock starts and where it is read,
-    twice a run, and the mean over the batches between is taken. Everything else passes through."""
+    """A task's training batches, timed in a session's first epoch until they give the run's
+    duration_estimate, said to `log` once. The clock starts after the first `skip` batches (start-up
+    costs, the capture). On the CPU the median batch (the first ones after start-up are slow); on
+    CUDA, where the host runs ahead, the mean between two waits for the device."""
 
     def __init__(self, source: TrainingSource, epochs: int, log: Callable[[str], None],
                  clock: Callable[[], float] = time.perf_counter, *, device=None, skip: int = 1):
@@ -845,8 +827,7 @@ class TimedSource(TrainingSource):
             return
         timed, now = index - self.skip, self.clock()
         self.stamps.append(now)
-        # the host's clock alone decides when (the device runs behind it, so this is never
-        # early); the device is waited for only to read the time the estimate is made from
+        # the host's clock decides when; the device is waited for only to read the time
         if timed >= ESTIMATE_AFTER_BATCHES or (timed >= ESTIMATE_MIN_BATCHES and
                                                now - self.started >= ESTIMATE_AFTER_SECONDS):
             self.synchronize()

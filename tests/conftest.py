@@ -121,13 +121,13 @@ def hermetic(request, monkeypatch, tmp_path_factory):
     default data folder is an empty one, and a download fails at once, online or not."""
     if request.node.get_closest_marker("mnist"):
         return
-    from ponder_cli import data
+    from ponder_cli.tasks import mnist
 
     def offline(root, train):
         raise OSError("the tests are offline: give the command --data-dir (tiny_mnist), or mark the test mnist")
 
     monkeypatch.setenv("PONDER_DATA_DIR", str(tmp_path_factory.getbasetemp() / "no-mnist"))
-    monkeypatch.setattr(data, "_download", offline)
+    monkeypatch.setattr(mnist, "_download", offline)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -209,6 +209,6 @@ def _drive(rule, logits, lambda_logits):
 @pytest.fixture(scope="session")
 def drive():
     """drive(rule, logits (steps, B, classes) or None, lambda_logits (steps, B)): what
-    PonderNet.infer (or a truncated forward, without logits) does with a rule (halting.py), on
+    PonderNet.infer (or a truncated forward, without logits) does with a rule (model.py), on
     given outputs: each step shows the rule only the rows still running; returns the 1-based halting step of each row."""
     return _drive

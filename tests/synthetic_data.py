@@ -5,7 +5,7 @@ this folder to `sys.path` first."""
 
 import torch
 
-from ponder_cli.data import ImageSet
+from ponder_cli.tasks.mnist import ImageSet
 
 
 def synthetic_digits(count: int, seed: int) -> ImageSet:

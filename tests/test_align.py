@@ -10,13 +10,10 @@ import torchvision.transforms.functional as TF
 
 from ponder_cli import PonderWarning
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import prepare_batch
+from ponder_cli.tasks.mnist import evaluate, prepare_batch
 from synthetic_data import synthetic_digits
-from ponder_cli.tasks.mnist import evaluate
-from ponder_cli.methods import halting_log_probs
+from ponder_cli.model import FORCED_HALT_LOGIT, get_method, halting_log_probs
 from ponder_cli.checkpoint import load_checkpoint, new_model
-from ponder_cli.methods import get_method
-from ponder_cli.model import FORCED_HALT_LOGIT
 from ponder_cli.folders import shipped_path
 from ponder_cli.steps.align import rotate_bilinear
 

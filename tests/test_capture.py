@@ -17,8 +17,8 @@ from ponder_cli import PonderError
 from ponder_cli import train as train_module
 from ponder_cli.checkpoint import load_checkpoint, new_model
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import load_mnist, train_val_split
-from ponder_cli.methods import get_method
+from ponder_cli.tasks.mnist import load_mnist, train_val_split
+from ponder_cli.model import get_method
 from ponder_cli.train import (BACKED_OFF, CAPTURED, INPUTS, SKIPPED, WARMUP_BATCHES, batch_step, graph_pieces, train,
                               use_graphs)
 from synthetic_data import synthetic_digits
@@ -427,15 +427,15 @@ def _captured_step(cfg, data, device, **options):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_two_replays_draw_fresh_dropout_masks_rotations_and_coins(device, tiny_mnist, monkeypatch):
-    from ponder_cli import methods
+    from ponder_cli import model
     from ponder_cli.steps import mlp
     from ponder_cli.tasks import mnist
 
     recorded = {"dropout masks": Recorded(mlp.dropout_mask), "rotations": Recorded(mnist.uniform_angles),
-                "halting coins": Recorded(methods.Roulette, part=lambda rule: rule.uniforms)}
+                "halting coins": Recorded(model.Roulette, part=lambda rule: rule.uniforms)}
     monkeypatch.setattr(mlp, "dropout_mask", recorded["dropout masks"])
     monkeypatch.setattr(mnist, "uniform_angles", recorded["rotations"])
-    monkeypatch.setattr(methods, "Roulette", recorded["halting coins"])
+    monkeypatch.setattr(model, "Roulette", recorded["halting coins"])
     cfg = _small("mlp", max_steps=6, truncation=0.2, truncation_rule="roulette", train_rotation=45.0)
     step = _captured_step(cfg, _images(tiny_mnist, device), device)
     draws = []
@@ -475,9 +475,8 @@ def test_parity_curriculum_advances_under_replay(device, monkeypatch):
 def test_the_grad_scalers_scale_moves_under_replay(device, tiny_mnist, monkeypatch):
     """A scale far too large overflows fp16 at every batch: each replay halves it (a back-off,
     counted), as the eager step does. (fp16 autocast runs on the CPU too.)"""
-    from ponder_cli import runtime
 
-    monkeypatch.setattr(runtime, "amp_dtype", lambda device: torch.float16)
+    monkeypatch.setattr("ponder_cli.model.amp_dtype", lambda device: torch.float16)
     cfg = _small("mlp", **STILL)
     scaler = torch.amp.GradScaler(device.type, init_scale=2.0 ** 40)
     step = _captured_step(cfg, _images(tiny_mnist, device), device, amp=True, scaler=scaler)
@@ -514,9 +513,8 @@ def _failing_after_unscale(device, monkeypatch):
 
 def _fp16(monkeypatch) -> dict:
     """fp16 autocast with the GradScaler, on the CPU as well."""
-    from ponder_cli import runtime
 
-    monkeypatch.setattr(runtime, "amp_dtype", lambda device: torch.float16)
+    monkeypatch.setattr("ponder_cli.model.amp_dtype", lambda device: torch.float16)
     return dict(amp=True)
 
 

@@ -15,15 +15,13 @@ import torch
 from ponder_cli.api import EvalOptions, evaluate_checkpoint
 from ponder_cli.checkpoint import load_model
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import load_mnist
+from ponder_cli.tasks.mnist import evaluate, load_mnist
 from ponder_cli.evaluate import evaluate_bucket
-from ponder_cli.halting import FixedBudget, halting_steps, rule_of
-from ponder_cli.methods import get_method
+from ponder_cli.model import FixedBudget, get_method, halting_steps, rule_of
 from ponder_cli.checkpoint import new_model
 from ponder_cli.registry import HaltingRule, parse_halting_rule
 from ponder_cli.reports.evaluation import best_fixed_accuracy
 from ponder_cli.tasks import get_task
-from ponder_cli.tasks.mnist import evaluate
 
 DATA_DIR = os.environ.get("PONDER_DATA_DIR")
 REAL_MNIST = bool(DATA_DIR) and (Path(DATA_DIR) / "MNIST" / "raw" / "t10k-images-idx3-ubyte").exists()

@@ -22,10 +22,9 @@ from ponder_cli import distributed
 from ponder_cli import train as train_module
 from ponder_cli.checkpoint import load_checkpoint, load_model
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import default_data_dir, load_mnist, train_val_split
-from ponder_cli.tasks.mnist import evaluate
+from ponder_cli.tasks.mnist import default_data_dir, evaluate, load_mnist, train_val_split
 from ponder_cli.checkpoint import new_model
-from ponder_cli.methods import get_method
+from ponder_cli.model import get_method
 from ponder_cli.folders import shipped_path
 from ponder_cli.train import WARMUP_BATCHES, batch_step, train, train_one_epoch
 

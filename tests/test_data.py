@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from ponder_cli import PonderError
-from ponder_cli.data import ImageSet, load_mnist, train_val_split
+from ponder_cli.tasks.mnist import ImageSet, load_mnist, train_val_split
 from synthetic_data import synthetic_digits
 
 

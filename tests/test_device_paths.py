@@ -12,14 +12,14 @@ import pytest
 import torch
 
 import ponder_cli
-from ponder_cli import PonderError, distributed, runtime
+from ponder_cli import PonderError, distributed
 from ponder_cli import train as train_module
 from ponder_cli.checkpoint import load_checkpoint, save_checkpoint
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import load_mnist, train_val_split
+from ponder_cli.tasks.mnist import load_mnist, train_val_split
 from ponder_cli.checkpoint import new_model
 from ponder_cli.tasks import get_task
-from ponder_cli.methods import PonderNetMethod
+from ponder_cli.model import PonderNetMethod, amp_dtype, grad_scaler
 from ponder_cli.train import batch_step, make_optimizer, train, train_one_epoch
 
 import processes
@@ -37,7 +37,7 @@ def _data(tiny_mnist):
 @pytest.fixture
 def fp16_on_cpu(monkeypatch):
     """Autocast computes in fp16 on the CPU, so training runs the GradScaler as it does on CUDA."""
-    monkeypatch.setattr(runtime, "amp_dtype", lambda device: torch.float16)
+    monkeypatch.setattr("ponder_cli.model.amp_dtype", lambda device: torch.float16)
 
 
 def _every(calls: set[int], change):
@@ -68,12 +68,12 @@ def _nan_loss_at(monkeypatch, calls: set[int]):
 # --- fp16 and the GradScaler ----------------------------------------------------------------------
 
 def test_the_grad_scaler_is_on_exactly_for_fp16(fp16_on_cpu):
-    assert runtime.grad_scaler(CPU, True).is_enabled()
-    assert not runtime.grad_scaler(CPU, False).is_enabled()
+    assert grad_scaler(CPU, True).is_enabled()
+    assert not grad_scaler(CPU, False).is_enabled()
 
 
 def test_bf16_needs_no_grad_scaler():
-    assert runtime.amp_dtype(CPU) == torch.bfloat16 and not runtime.grad_scaler(CPU, True).is_enabled()
+    assert amp_dtype(CPU) == torch.bfloat16 and not grad_scaler(CPU, True).is_enabled()
 
 
 def test_mixed_precision_is_off_unless_asked_on_a_gpu_too(monkeypatch):
@@ -85,7 +85,7 @@ def test_mixed_precision_is_off_unless_asked_on_a_gpu_too(monkeypatch):
     for device in ("cuda", "cuda:1", "cpu"):
         assert api.device_and_amp(device, None) == (torch.device(device), False)
         assert api.device_and_amp(device, True) == (torch.device(device), True)
-    assert runtime.amp_dtype(torch.device("cuda")) == torch.float16
+    assert amp_dtype(torch.device("cuda")) == torch.float16
 
 
 def test_fp16_back_offs_are_told_from_non_finite_batches(fp16_on_cpu, monkeypatch, tiny_mnist, tmp_path):
@@ -112,7 +112,7 @@ def test_back_offs_leave_the_weights_and_count_in_the_metrics(fp16_on_cpu, monke
     optimizer = make_optimizer(model, CFG, CPU)
     _overflow_at(monkeypatch, {1, 2})
     stats = train_one_epoch(batch_step(model, CFG, data, amp=True, optimizer=optimizer,
-                                       scaler=runtime.grad_scaler(CPU, True)), progress=False)
+                                       scaler=grad_scaler(CPU, True)), progress=False)
     assert (stats["skipped_batches"], stats["scaler_backoffs"], stats["batches"]) == (0, 2, 2)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert math.isfinite(stats["loss"]) and stats["loss"] > 0

@@ -21,9 +21,8 @@ from ponder_cli.api import Interrupted
 from ponder_cli.checkpoint import load_checkpoint, load_model
 from ponder_cli.cli import app
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import load_mnist, train_val_split
-from ponder_cli.halting import FixedBudget
-from ponder_cli.model import PonderNet
+from ponder_cli.tasks.mnist import load_mnist, train_val_split
+from ponder_cli.model import FixedBudget, PonderNet
 from ponder_cli.train import train
 
 import processes

@@ -18,8 +18,7 @@ import torch
 
 import ponder_cli
 from ponder_cli.config import PonderConfig
-from ponder_cli.halting import Sample, halting_steps
-from ponder_cli.model import PonderNet
+from ponder_cli.model import PonderNet, Sample, halting_steps
 
 REPO = Path(__file__).resolve().parent.parent
 

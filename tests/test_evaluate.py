@@ -8,14 +8,10 @@ import pytest
 import torch
 
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import prepare_batch
+from ponder_cli.tasks.mnist import evaluate, evaluation_draws, load_mnist, prepare_batch
 from synthetic_data import synthetic_digits
-from ponder_cli.tasks.mnist import evaluate, evaluation_draws
-from ponder_cli.halting import Sample, halting_steps, logits_at
-from ponder_cli.methods import geometric_log_prior, ponder_loss
+from ponder_cli.model import Sample, geometric_log_prior, get_method, halting_steps, logits_at, ponder_loss
 from ponder_cli.checkpoint import load_model, new_model
-from ponder_cli.data import load_mnist
-from ponder_cli.methods import get_method
 from ponder_cli.train import batch_step, train_one_epoch
 from ponder_cli.api.evaluation import EvalOptions
 from ponder_cli.evaluate import evaluate_bucket

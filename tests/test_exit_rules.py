@@ -13,14 +13,12 @@ from rich.cells import cell_len
 from ponder_cli.api import EvalOptions, calibrate_checkpoint
 from ponder_cli.checkpoint import load_checkpoint, save_checkpoint
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import load_mnist, train_val_split
+from ponder_cli.tasks.mnist import evaluate, load_mnist, train_val_split
 from ponder_cli.evaluate import RuleOutcome, choose_rule
-from ponder_cli.halting import (Act, Confidence, Cut, Patience, Quantile, Sample, Threshold, halting_steps,
-                                rule_of)
-from ponder_cli.tasks.mnist import evaluate
+from ponder_cli.model import (Act, Confidence, Cut, Patience, Quantile, Sample, Threshold, act_halting, get_method,
+                              halting_steps, log_survivals, rule_of)
 from ponder_cli.registry import CALIBRATION_RULES, HaltingRule, parse_halting_rule
 from ponder_cli.checkpoint import new_model
-from ponder_cli.methods import act_halting, get_method, log_survivals
 from ponder_cli.reports import META_KEYS
 
 # spellings ------------------------------------------------------------------------------------

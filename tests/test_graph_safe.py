@@ -18,9 +18,7 @@ import torch
 
 from ponder_cli.checkpoint import new_model
 from ponder_cli.config import PonderConfig
-from ponder_cli.methods import get_method
-from ponder_cli.model import truncate
-from ponder_cli.runtime import autocast
+from ponder_cli.model import autocast, get_method, truncate
 from ponder_cli.train import SKIPPED, WARMUP_BATCHES, BatchStep, batch_step, freeze_body, step_unless, training_mode
 from host_reads import Operators
 from synthetic_data import synthetic_digits
@@ -200,7 +198,7 @@ def test_a_random_draw_made_on_the_host_and_moved_to_the_device_is_caught(monkey
 def test_a_python_value_that_changes_per_batch_read_inside_the_batch_is_caught(monkeypatch):
     """A Python number read inside the batch (here: the loss weighed by how many batches ran) is
     captured as the value of the capture's batch and replayed unchanged."""
-    from ponder_cli.methods import PonderNetMethod
+    from ponder_cli.model import PonderNetMethod
 
     assert_graph_safe(_step(_config(MLP)))
     real_loss, batches = PonderNetMethod.loss, [0]
@@ -217,7 +215,7 @@ def test_a_python_value_that_changes_per_batch_read_inside_the_batch_is_caught(m
 def test_a_host_scalar_made_before_the_batch_is_seen_by_its_value(monkeypatch):
     """The same value held in a 0-dim tensor made outside the batch (a host scalar on CUDA, read
     at launch and so frozen by a capture): recorded by value, so two batches differ."""
-    from ponder_cli.methods import PonderNetMethod
+    from ponder_cli.model import PonderNetMethod
 
     real_loss, weight = PonderNetMethod.loss, {}
 

@@ -13,10 +13,9 @@ import torch.nn.functional as F
 from ponder_cli import PonderError, PonderWarning
 from ponder_cli.checkpoint import load_checkpoint, new_model
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import load_mnist, train_val_split
-from ponder_cli.halting import Threshold, halting_steps, rule_of
-from ponder_cli.methods import get_method, halting_bce, halting_targets
-from ponder_cli.model import answer_features
+from ponder_cli.tasks.mnist import load_mnist, train_val_split
+from ponder_cli.model import (Threshold, answer_features, get_method, halting_bce, halting_steps, halting_targets,
+                              rule_of)
 from ponder_cli.registry import parse_halting_rule
 from ponder_cli.runs import StartingWeights, resolve_config
 from ponder_cli.train import train

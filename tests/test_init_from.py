@@ -10,7 +10,7 @@ import torch
 from ponder_cli.api import EvalOptions
 from ponder_cli.checkpoint import load_checkpoint
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import load_mnist, train_val_split
+from ponder_cli.tasks.mnist import load_mnist, train_val_split
 from ponder_cli.tasks import get_task
 
 BODY = ["--step", "align", "--max-steps", "3", "--hidden", "16", "--hidden-cnn", "16", "--val-size", "100",

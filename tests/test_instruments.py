@@ -13,13 +13,11 @@ from ponder_cli import PonderError
 from ponder_cli.config import PonderConfig
 from synthetic_data import synthetic_digits
 from ponder_cli.evaluate import spearman
-from ponder_cli.tasks.mnist import evaluate
-from ponder_cli.halting import Quantile, halting_steps
-from ponder_cli.methods import halting_log_probs
+from ponder_cli.tasks.mnist import evaluate, protocol_angles
+from ponder_cli.model import Quantile, halting_log_probs, halting_steps
 from ponder_cli.checkpoint import new_model
 from ponder_cli.plot import require_matplotlib
 from ponder_cli.render import sparkline
-from ponder_cli.data import protocol_angles
 
 CFG = PonderConfig.of(max_steps=6, hidden=16, hidden_cnn=16, hidden_lin=16)
 
@@ -66,7 +64,7 @@ def test_expected_steps_equal_sum_of_n_p_n(model_and_data):
     model, data = model_and_data
     result = evaluate(model, data, CFG, seed=1, halting="expected", batch_size=100)
     with torch.no_grad():
-        from ponder_cli.data import prepare_batch
+        from ponder_cli.tasks.mnist import prepare_batch
         out = model(prepare_batch(data.images))
         p = halting_log_probs(out.lambda_logits).exp().double()  # (steps, N)
         expected = (torch.arange(1, 7, dtype=torch.float64)[:, None] * p).sum(0)
@@ -95,7 +93,7 @@ def test_histogram_and_conditional_steps(model_and_data, halting):
 def test_accuracy_at_step_by_direct_computation(model_and_data):
     model, data = model_and_data
     r = evaluate(model, data, CFG, seed=4, detail=True, batch_size=64)
-    from ponder_cli.data import prepare_batch
+    from ponder_cli.tasks.mnist import prepare_batch
     with torch.no_grad():
         logits = model(prepare_batch(data.images)).logits  # (steps, N, classes)
     direct = (logits.argmax(-1) == data.labels).double().mean(1)
@@ -311,7 +309,7 @@ def test_align_cycle_pass_is_the_models_and_damps_from_step_3():
     """tools/figures/align_cycle.py re-runs the align step by hand to damp its turn: at gain 1 it is
     the model's own forward; at gain 0.5 the first two steps are unchanged and step 3 turns half
     as far as the model would from the same view."""
-    from ponder_cli.data import prepare_batch
+    from ponder_cli.tasks.mnist import prepare_batch
     torch.manual_seed(0)
     model = new_model(PonderConfig.of(step="align", hidden=16, hidden_cnn=16, max_steps=4)).eval()
     with torch.no_grad():

@@ -4,7 +4,7 @@ import pytest
 
 import torch
 
-from ponder_cli.methods import geometric_log_prior, halting_log_probs, kl_to_prior, ponder_loss, reconstruction_loss
+from ponder_cli.model import geometric_log_prior, halting_log_probs, kl_to_prior, ponder_loss, reconstruction_loss
 
 
 def test_halting_distribution_by_hand():
@@ -94,7 +94,7 @@ def test_kl_by_hand_in_the_papers_direction():
 # The halting study's training settings: the prior's shape, the KL warm-up ----------------------
 
 def test_the_uniform_prior_is_one_over_the_steps_and_pulls_towards_even_halting():
-    from ponder_cli.methods import log_prior
+    from ponder_cli.model import log_prior
     assert torch.allclose(log_prior("uniform", 0.2, 4).exp(), torch.full((4,), 0.25))
     assert torch.equal(log_prior("geometric", 0.2, 4), geometric_log_prior(0.2, 4))
     # halting spread evenly over 4 steps is at KL 0 from the uniform prior, not from the geometric one
@@ -108,7 +108,7 @@ def test_the_uniform_prior_is_one_over_the_steps_and_pulls_towards_even_halting(
 
 def test_the_kl_weight_warms_up_linearly_over_the_optimizer_steps_then_stays_at_beta():
     from ponder_cli.config import PonderConfig
-    from ponder_cli.methods import get_method
+    from ponder_cli.model import get_method
     method = get_method(PonderConfig.of(beta=0.04, beta_warmup=8, max_steps=3))
     weights = [float(method.kl_weight(torch.tensor(float(t)))) for t in (0, 2, 4, 8, 100)]
     assert weights == pytest.approx([0.0, 0.01, 0.02, 0.04, 0.04])

@@ -10,9 +10,7 @@ from ponder_cli import PonderError
 from ponder_cli.checkpoint import load_checkpoint
 from ponder_cli.config import PonderConfig
 from ponder_cli.checkpoint import new_model
-from ponder_cli.halting import Act, halting_steps
-from ponder_cli.methods import get_method
-from ponder_cli.methods import act_halting, act_loss
+from ponder_cli.model import Act, act_halting, act_loss, get_method, halting_steps
 from ponder_cli.registry import METHODS
 
 

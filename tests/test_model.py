@@ -1,9 +1,8 @@
 import torch
 
 from ponder_cli.config import PonderConfig
-from ponder_cli.halting import Sample, halting_steps, logits_at
+from ponder_cli.model import PonderNet, Sample, halting_steps, logits_at
 from ponder_cli.checkpoint import new_model
-from ponder_cli.model import PonderNet
 
 
 def small_model(max_steps=6, seed=0, **changes):

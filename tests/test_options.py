@@ -68,7 +68,7 @@ def _read_settings(cfg, training: bool = True):
 
     from ponder_cli.checkpoint import new_model
     from ponder_cli.config import PLACES, SECTION_TYPES
-    from ponder_cli.methods import get_method
+    from ponder_cli.model import get_method
 
     keys = {(SECTION_TYPES[section], field.name): key for key, (section, field) in PLACES.items()}
     seen = set()

@@ -8,7 +8,7 @@ import torch
 
 from ponder_cli import PonderError
 from ponder_cli.config import PonderConfig
-from ponder_cli.methods import get_method
+from ponder_cli.model import get_method
 from ponder_cli.tasks.parity import (CLASSES, evaluation_set, parity_batch, parity_labels, parse_count_range,
                                       vectors_with_counts)
 

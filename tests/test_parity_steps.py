@@ -9,9 +9,7 @@ import torch
 
 from ponder_cli import registry
 from ponder_cli.config import PonderConfig
-from ponder_cli.halting import Act, Sample, halting_steps
-from ponder_cli.methods import get_method
-from ponder_cli.model import PonderNet
+from ponder_cli.model import Act, PonderNet, Sample, get_method, halting_steps
 from ponder_cli.steps.vectors import GRUStep
 from ponder_cli.tasks.parity import CLASSES, parity_batch
 

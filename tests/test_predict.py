@@ -14,12 +14,10 @@ from PIL import Image
 from ponder_cli import PonderWarning
 from ponder_cli.checkpoint import TrainingState, load_model, save_checkpoint
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import prepare_batch
+from ponder_cli.tasks.mnist import frame_like_mnist, prepare_batch, read_images
 from synthetic_data import synthetic_digits
-from ponder_cli.halting import Quantile, halting_steps
-from ponder_cli.methods import halting_log_probs
+from ponder_cli.model import Quantile, halting_log_probs, halting_steps
 from ponder_cli.checkpoint import new_model
-from ponder_cli.tasks.mnist import frame_like_mnist, read_images
 
 
 @pytest.fixture(scope="module")

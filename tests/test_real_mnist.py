@@ -8,8 +8,7 @@ import torch
 
 from ponder_cli.checkpoint import load_model
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import load_mnist, train_val_split
-from ponder_cli.tasks.mnist import evaluate
+from ponder_cli.tasks.mnist import evaluate, load_mnist, train_val_split
 from ponder_cli.train import train
 
 DATA_DIR = os.environ.get("PONDER_DATA_DIR")

@@ -18,9 +18,8 @@ import torch
 from ponder_cli import PonderError
 from ponder_cli.checkpoint import load_checkpoint, load_model, save_checkpoint
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import load_mnist, train_val_split
-from ponder_cli.methods import geometric_log_prior, ponder_loss
-from ponder_cli.methods import PonderNetMethod
+from ponder_cli.tasks.mnist import load_mnist, train_val_split
+from ponder_cli.model import PonderNetMethod, geometric_log_prior, ponder_loss
 from ponder_cli.train import train
 
 import processes

@@ -3,7 +3,7 @@ import torch
 import torchvision.transforms as T
 import torchvision.transforms.functional as TF
 
-from ponder_cli.data import MNIST_MEAN, MNIST_STD, prepare_batch, rotate, uniform_angles
+from ponder_cli.tasks.mnist import MNIST_MEAN, MNIST_STD, prepare_batch, rotate, uniform_angles
 from synthetic_data import synthetic_digits
 
 

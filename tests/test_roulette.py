@@ -12,12 +12,9 @@ from synthetic_data import synthetic_digits
 from ponder_cli import PonderError
 from ponder_cli.checkpoint import new_model
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import prepare_batch
-from ponder_cli.methods import halting_log_probs
-from ponder_cli.methods import get_method
-from ponder_cli.model import FORCED_HALT_LOGIT, halting_as_computed
-from ponder_cli.halting import Roulette
-from ponder_cli.methods import roulette_weights
+from ponder_cli.tasks.mnist import prepare_batch
+from ponder_cli.model import (FORCED_HALT_LOGIT, Roulette, get_method, halting_as_computed, halting_log_probs,
+                              roulette_weights)
 
 STEPS = 5
 

@@ -12,12 +12,10 @@ from collections import Counter
 import pytest
 import torch
 
-from ponder_cli import runtime
 from ponder_cli.checkpoint import new_model
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import load_mnist
-from ponder_cli.methods import get_method
-from ponder_cli.runtime import grad_scaler
+from ponder_cli.tasks.mnist import load_mnist
+from ponder_cli.model import get_method, grad_scaler
 from ponder_cli.train import batch_step, make_optimizer, train_one_epoch
 
 from host_reads import PACKAGE, count_host_reads
@@ -137,7 +135,7 @@ def test_fp16_training_with_fused_adam_never_waits_for_the_device(fused, syncs_p
     flag to the fused kernel, which skips the update on the device. An unfused Adam makes the
     scaler read the flag on the host instead, once per batch. (fp16 autocast and fused Adam run
     on the CPU as well, standing in for CUDA here.)"""
-    monkeypatch.setattr(runtime, "amp_dtype", lambda device: torch.float16)
+    monkeypatch.setattr("ponder_cli.model.amp_dtype", lambda device: torch.float16)
     model, cfg = _model(4, batch_size=32)
     data = load_mnist(tiny_mnist, train=True, download=False).subset(slice(0, 96))  # three batches (fp16 on the CPU is slow)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.training.lr, fused=fused)

@@ -12,7 +12,7 @@ import torch
 from ponder_cli import registry
 from ponder_cli.checkpoint import load_model
 from ponder_cli.evaluate import EvalBucket, evaluate_bucket
-from ponder_cli.halting import Quantile, halting_steps
+from ponder_cli.model import Quantile, halting_steps
 from ponder_cli.reports import TaskView, Terms
 from ponder_cli.tasks import Task, TrainingSource, UserInputs, load_inputs, uniforms
 

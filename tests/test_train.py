@@ -9,12 +9,11 @@ import torch
 
 from ponder_cli.checkpoint import load_checkpoint
 from ponder_cli.config import PonderConfig
-from ponder_cli.data import load_mnist, train_val_split
+from ponder_cli.tasks.mnist import load_mnist, train_val_split
 from ponder_cli import train as training
 from ponder_cli.checkpoint import new_model
 from ponder_cli.train import batch_step, train, train_one_epoch
-from ponder_cli.halting import halting_steps
-from ponder_cli.methods import Method
+from ponder_cli.model import Method, halting_steps
 from ponder_cli.tasks import get_task
 
 CFG = PonderConfig.of(epochs=2, max_steps=4, batch_size=64, val_size=100, hidden=16, hidden_cnn=16, hidden_lin=16)

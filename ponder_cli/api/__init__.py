@@ -19,8 +19,7 @@ from .. import BadValue, Interrupted, Terminated
 from ..checkpoint import load_model
 from ..config import PonderConfig, default_halting
 from ..folders import resolve_checkpoint
-from ..methods import get_method
-from ..runtime import resolve_device
+from ..model import get_method, resolve_device
 
 # loading: what every command that reads a model does first -------------------------------------
 

@@ -16,7 +16,7 @@ from .. import BadValue, PonderError
 from ..checkpoint import load_model, steps_problem
 from ..config import default_halting, seed_problems
 from ..evaluate import CONTROLS, LOSSES, choose_rule, evaluate_buckets, risk_controlled_rule, rule_outcomes, uncertainty
-from ..methods import get_method
+from ..model import get_method
 from ..registry import CALIBRATION_RULES, DEFAULT_PROTOCOL, THRESHOLD_CALIBRATION_RULES, parse_exit_rule, parse_halting_rule
 from ..reports import (Report, calibration_report, combine_draws, comparison_report, evaluation_report,
                        group_by_configuration, mean_ci, sweep_report)

@@ -19,7 +19,7 @@ from ..config import PonderConfig, applies, seed_problems
 from ..folders import (BEST, DEFAULT, LAST, LATEST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, is_run_folder,
                        lock_holder, resolve_checkpoint, run_time, runs_under, saved_config, shipped_path, trash_entries,
                        trashed_runs, trashes_under)
-from ..methods import get_method
+from ..model import get_method
 from ..registry import TIME_LIMIT
 from ..render import Column
 from ..runs import (empty_trash, in_a_trash, recorded_run, reproducing_command, restore_run, trash_contents,

@@ -15,13 +15,13 @@ import torch
 from .. import PonderError, SigTerm, brief, distributed, keeping
 from ..checkpoint import CheckpointNotSaved
 from ..config import Origin, PonderConfig, default_halting, duration_text, parse_duration, read_config_file
-from ..data import resolve_data_dir
+from ..tasks.mnist import resolve_data_dir
 from ..folders import Labels, resumed_lock
 from ..registry import DEFAULT_HALTING, TIME_LIMIT
 from ..render import config_lines, epoch_line
 from ..reports import Report, epoch_record, stopped_record, training_report
 from ..runs import RunFolder, StartingWeights, plan_training, refuse_starting, require_tensorboard, resolve_config
-from ..runtime import amp_dtype
+from ..model import amp_dtype
 from ..tasks import get_task
 from ..train import train
 from . import device_and_amp, device_line, on_device

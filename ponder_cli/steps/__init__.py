@@ -11,22 +11,10 @@ inference (only the inputs still running). Register a new one in `registry.STEPS
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn as nn
-
-# Per-input tensors with the batch as dim 0 (or None), so the loop can drop halted rows.
-Rows = Sequence[Optional[torch.Tensor]]
-
-
-def select_rows(values: Rows, rows: torch.Tensor) -> tuple:
-    """Keep the given rows (A',) of every tensor, integer indices along dim 0; None stays None.
-
-    Indices, never a boolean mask: a mask's `nonzero` makes the host wait for the device, once
-    per tensor; the early-exit loop finds the indices once per step and uses them everywhere.
-    """
-    return tuple(None if v is None else v.index_select(0, rows) for v in values)
 
 
 class StepTrace(NamedTuple):

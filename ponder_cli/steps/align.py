@@ -52,24 +52,13 @@ def one_sided_offset(dtype: torch.dtype, size: int) -> float:
 
 
 class _RotateBilinear(torch.autograd.Function):
-    """grid_sample (bilinear, zero padding, align_corners=False) through `rotation_grid(angles)`,
-    whose gradient w.r.t. each grid coordinate is the mean of its derivatives just either side of
-    the sample position along that coordinate's own axis; the angles' gradient follows from it.
-
-    Bilinear sampling has a kink at pixel centres, and grid_sample's backward takes whichever
-    one-sided derivative the rounding of the coordinate picks there. The turn heads start at zero,
-    so the first warps sample exactly the pixel centres: every image would start training on a
-    one-sided gradient of the turn (40% off). On a centre line the derivative along an axis just
-    either side is that side's derivative (bilinear sampling is linear along one axis with the
-    other coordinate held), so their mean is the central difference's limit; elsewhere both lie in
-    the sample's own cell, where that derivative is constant along the axis, so their mean is the
-    derivative itself. Each axis is moved on its own: moving both at once would mix into the
-    derivative along x the change with y, which differs between the cells either side of a centre.
-    The forward and the image gradient are grid_sample's, unchanged.
-
-    The grid is rotation_grid's, g = R(angle) b for the base coordinates b of every output pixel,
-    so dg/d angle = (-g_y, g_x): the angle's gradient is the sum over pixels of
-    g_x dL/dg_y - g_y dL/dg_x, with no autograd graph through the grid.
+    """grid_sample (bilinear, zero padding) through `rotation_grid(angles)`, whose gradient w.r.t.
+    each grid coordinate is the mean of its derivatives just either side of the sample along that
+    coordinate's own axis. Bilinear sampling has a kink at pixel centres, where grid_sample takes
+    a one-sided derivative; the turn heads start at zero, so the first warps sample exactly the
+    centres and the turn's gradient would be 40% off. Each axis is moved on its own (both at once
+    would mix in the change along the other). The forward and the image gradient are grid_sample's.
+    The angle's gradient: sum over pixels of g_x dL/dg_y - g_y dL/dg_x (dg/d angle = (-g_y, g_x)).
     """
 
     @staticmethod

@@ -1,38 +1,17 @@
 """Step functions for vector inputs (parity): both read the whole input vector at every step.
 
-rnn: The paper's parity step: a simple tanh RNN that reads the whole input vector at every step.
+rnn, the paper's: h_n = tanh(W_x x + W_h h_{n-1} + b), h_0 = 0 (the paper: 128 units), W_x x + b
+computed once per input. gru, the public implementations' choice: h_n = GRUCell(x, h_{n-1}),
+h_0 = 0, the input's share of the gates computed once per input. Step 1 already sees the input.
 
-h_n = tanh(W_x x + W_h h_{n-1} + b), h_0 = 0, `--hidden` units (the paper: 128). Step 1
-computes h_1 = tanh(W_x x + b), so the first readout (and lambda_1) already depends on the
-input. W_x x + b does not change across steps: it is computed once per input in `start`.
-The readout is h_n; the model's class head is the paper's output unit (see tasks/parity.py).
-
-gru: A GRU step for vector inputs, the public PonderNet parity implementations' choice.
-
-h_n = GRU(x, h_{n-1}), h_0 = 0: the whole input is read at every step, so step 1 already sees
-it (unlike implementations that read out h_0 before the first update). The input's share of
-the gates (W_ih x + b_ih) does not change across steps and is computed once per input; each
-step then costs one (hidden x 3 hidden) matmul. The parameters are an nn.GRUCell's, and the
-update equals nn.GRUCell's.
-
-Both read each entry as its value (`--encoding raw`), one-hot over {-1, 0, +1} (`onehot`, three
-inputs an entry, as AdaTape feeds parity) or as its value and its square (`square`: x and x^2
-side by side, two inputs an entry). The last two show which entries are non-zero apart from
-their signs, so the count of +1 entries, (sum x + sum x^2) / 2, is linear in the input. They
-hold the same information, but one-hot also gives every zero entry an input of its own: a
-vector with few non-zeros is mostly the zeros' indicators, where x^2 leaves zeros silent.
-
-Optional, after the min-pondernet recipe: LayerNorm on the new state, orthogonal recurrent
-weights, and a positive update-gate bias (each step keeps more of the previous state). The
-config's gru_* fields choose them; `ponder train --step gru` implies all three (the recipe
-that learns parity here: docs/parity-results.md), the dataclass defaults are off.
+Each entry is read as its value (`--encoding raw`), one-hot over {-1, 0, +1} (`onehot`, as
+AdaTape) or as x and x^2 (`square`): the last two make the count of +1 entries linear in the
+input. Optional, after the min-pondernet recipe (`--step gru` implies all three): LayerNorm on
+the new state, orthogonal recurrent weights, a positive update-gate bias.
 
 On the CPU a forward over every step runs the gru's steps as one autograd function
-(GRURecurrence, `all_steps`): the same operators on the same values as the step-by-step loop,
-and a backward written out that sums every gradient in the order autograd sums the loop's, so
-the loss, the gradients and a seeded run are the same to the bit; without a node per operator
-and a tensor per intermediate gradient, a training batch of 128 costs about a third less
-(docs/performance.md). On CUDA a captured batch has no such per-operator cost: the loop runs.
+(GRURecurrence): the loop's operators on the same values, and a backward that sums every
+gradient in autograd's order, so a seeded run is the same to the bit, a third cheaper a batch.
 """
 
 from __future__ import annotations

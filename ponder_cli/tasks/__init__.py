@@ -72,19 +72,14 @@ class UserInputs:
 
 
 class TrainingSource:
-    """An epoch of training batches on the training device, drawn from the task's own stream.
+    """An epoch of training batches on the training device.
 
-    `start_epoch` draws what the epoch needs up front (MNIST: the permutation, from torch's
-    shared stream) and says how many batches follow. `stage(i)` puts global batch i into the
-    source's static inputs (tensors that keep their storage: MNIST the batch's rows, parity the
-    curriculum's top count), on the host's side of a batch; `batch()` then gives this process's
-    share of it, inputs and class labels, of the same shapes every time, computed on the device
-    without a host read and drawing only from torch's default generator or from the source's own
-    `generators()`: a training batch captured as a CUDA graph replays it. `state` / `load_state`:
-    the source's own generator, saved in checkpoints so that a resumed run continues the same
-    stream (None: it has none). `graph_safe`: the source keeps that promise (tests/test_graph_safe.py
-    checks the built-in ones); one that does not (the default, for a task of a user's own) trains
-    eagerly on CUDA.
+    `start_epoch` draws what the epoch needs up front and says how many batches follow;
+    `stage(i)` puts global batch i into the source's static inputs, on the host's side; `batch()`
+    gives this process's share, inputs and labels of fixed shapes, computed on the device with no
+    host read, drawing from torch's default generator or `generators()` (so a captured batch
+    replays it). `state`/`load_state`: its own generator, for checkpoints. `graph_safe`: it keeps
+    that promise (tests/test_graph_safe.py); one that does not trains eagerly on CUDA.
     """
 
     graph_safe = False

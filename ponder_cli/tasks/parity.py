@@ -4,21 +4,13 @@ A vector of `elems` entries, `count` of them (the "non-zero count") set to +1 or
 positions, the rest 0. The label is 1 when the number of +1 entries is odd: the parity of the
 +1 entries, not of the non-zero count.
 
-Two classes with softmax cross-entropy. The paper's single logistic output unit is the same
-model: a softmax over two logits (a, b) gives class 1 the probability sigmoid(b - a), so the
-two-logit head is a reparametrised sigmoid unit and every piece of PonderNet's machinery
-(argmax predictions, per-step cross-entropy, ACT's mean-field logits) applies unchanged.
+Two classes with softmax cross-entropy: a softmax over two logits (a, b) is the paper's single
+logistic unit reparametrised (class 1's probability sigmoid(b - a)).
 
-Randomness comes only from explicit torch.Generator objects, never the global stream:
-- training batches are drawn on the fly, on the training device, from one generator seeded by
-  the run's seed; its state is saved in every checkpoint, so --resume continues the stream.
-  An "epoch" is `batches_per_epoch` batches (default 1,000, i.e. 128,000 vectors): a unit of
-  validation, checkpointing, early stopping and learning-rate cuts, not a pass over a data set;
-- evaluation sets are drawn on the CPU from a generator seeded by (seed, elems, count), then
-  moved to the device, so a checkpoint gives the same numbers on every device, and the rows of
-  one non-zero count do not depend on which other counts are asked for; so are the halting
-  coins of an evaluation (per count, from the evaluation's seed), so that a count's figures are
-  the same whether it is a bucket of its own or part of a wider one.
+Randomness only from explicit generators: training batches drawn on the fly on the training
+device from one generator seeded by the run's seed (saved in checkpoints; an "epoch" is
+`batches_per_epoch` batches); evaluation sets and their halting coins drawn on the CPU per
+(seed, elems, count), so a count's figures are the same on every device and in any bucket.
 """
 
 from __future__ import annotations

@@ -46,9 +46,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ponder_cli.checkpoint import load_model  # noqa: E402
-from ponder_cli.data import default_data_dir, load_mnist, prepare_batch  # noqa: E402
+from ponder_cli.tasks.mnist import default_data_dir, load_mnist, prepare_batch  # noqa: E402
 from ponder_cli.folders import shipped_path  # noqa: E402
-from ponder_cli.halting import Quantile, Sample, halting_steps  # noqa: E402
+from ponder_cli.model import Quantile, Sample, halting_steps  # noqa: E402
 from ponder_cli.steps.align import rotate_bilinear  # noqa: E402
 
 SETTLED = 3.0  # degrees: a turn that moves less than this from a step two (or k) steps back has settled

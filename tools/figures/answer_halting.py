@@ -21,7 +21,7 @@ For each checkpoint (one per seed):
    chosen again on each and the test figures recomputed: how often a resample moves the threshold,
    and the target's verdict.
 
-One full forward per bucket and draw serves every rule (halting.halting_steps on it: what the
+One full forward per bucket and draw serves every rule (model.halting_steps on it: what the
 early exit computes, tests/test_exit_rules.py), so resamples cost no model time.
 """
 
@@ -41,7 +41,7 @@ from ponder_cli.api import EvalOptions  # noqa: E402
 from ponder_cli.checkpoint import load_checkpoint, load_model  # noqa: E402
 from ponder_cli.evaluate import RuleOutcome, choose_rule, spearman  # noqa: E402
 from ponder_cli.folders import resolve_checkpoint  # noqa: E402
-from ponder_cli import halting  # noqa: E402
+from ponder_cli.model import halting_steps as full_forward_steps, rule_of  # noqa: E402
 from ponder_cli.registry import parse_halting_rule  # noqa: E402
 from ponder_cli.reports.evaluation import best_fixed_accuracy  # noqa: E402
 from ponder_cli.reports.uncertainty import mean_ci  # noqa: E402
@@ -72,7 +72,7 @@ def halting_steps(out: dict, rule: str, rows=None) -> torch.Tensor:
     logits, lambdas, uniforms = out["logits"], out["lambdas"], out["uniforms"]
     if rows is not None:
         logits, lambdas, uniforms = logits[:, rows], lambdas[:, rows], uniforms[:, rows]
-    return halting.halting_steps(halting.rule_of(rule, uniforms), logits, lambdas)[0]
+    return full_forward_steps(rule_of(rule, uniforms), logits, lambdas)[0]
 
 
 def validation_task(cfg, path: Path):
