@@ -16,7 +16,7 @@ from .. import BadValue, PonderError
 from ..cli_options import (AmpOption, DataDirOption, DeviceOption, DownloadOption, FormatOption, ListsCommand,
                            QuietOption, checkpoint_argument, checkpoint_forms, complete_checkpoint, complete_rule,
                            complete_run, complete_run_key, path_option)
-from ..folders import DEFAULT, RUNS_DIR
+from ..folders import DEFAULT, LATEST, RUNS_DIR  # noqa: F401  (LATEST: for the runs commands)
 from ..registry import EVAL_ANGLES, EXTRAPOLATION_ANGLES, PROTOCOLS, parse_exit_rule, parse_halting_rule, rule_choices
 from ..render import OutputFormat, value_text
 from .app import app, bars, chatter, render_and_plot
