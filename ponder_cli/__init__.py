@@ -22,22 +22,17 @@ class PonderError(Exception):
 
 
 class BadValue(PonderError):
-    """A value given that the command does not take: out of its range (--max-steps 1000, --epochs
-    0, an angle of 400), not one it knows (--device tpu), or not for this checkpoint (fixed:30 of
-    a 20-step model). A usage mistake, so its exit status is click's for the mistakes its parser
-    catches (`--limit -1`, `--format xml`): 2, whichever check finds it."""
+    """A value the command does not take (out of range, unknown, not for this checkpoint): a usage
+    mistake, so exit 2, as click's parser gives the mistakes it catches, whichever check finds it."""
     exit_code = 2
 
 
 # interrupts ------------------------------------------------------------------------------------
-# How every command stops on a signal, in one place. The CLI's one signal handler (cli/app.py)
-# raises the first SIGINT or SIGTERM where the program is (KeyboardInterrupt; SigTerm) and
-# ignores those that follow; its boundary ends the command with one Interrupted (130) or
-# Terminated (143) line, saying what the command kept (`keeping`: training's last saved epoch),
-# else that nothing was written. A reader of stdout that leaves (BrokenPipeError) stops a command
-# that kept something the same way (StdoutClosed, 141). The library has one say: a checkpoint is
-# written whole (`uninterrupted`), the interrupt raised once it is. A library caller without the
-# CLI sees an interrupt as Python raises it.
+# The CLI's one signal handler (cli/app.py) raises the first SIGINT or SIGTERM where the program
+# is; its boundary ends the command with one Interrupted (130), Terminated (143) or, for a reader
+# of stdout gone, StdoutClosed (141) line saying what the command kept (`keeping`). The library's
+# one say: a checkpoint is written whole (`uninterrupted`). Without the CLI, an interrupt is as
+# Python raises it.
 
 class Interrupted(PonderError):
     """A command stopped by Ctrl-C (training: the last completed epoch is saved)."""
@@ -47,16 +42,14 @@ class Interrupted(PonderError):
 
 
 class Terminated(Interrupted):
-    """A command stopped by SIGTERM (kill, a job scheduler, a container stopping): as Ctrl-C,
-    with the shell's exit status for that signal, 128 + 15."""
+    """A command stopped by SIGTERM (kill, a job scheduler): as Ctrl-C, exit 128 + 15."""
     exit_code = 143
     headline = "Terminated"
 
 
 class StdoutClosed(Interrupted):
-    """A command that had kept something (training: an epoch saved) stopped because the reader of
-    its stdout left (`ponder train -f jsonl | head -1`), with the status a shell gives any program
-    whose reader left, 128 + SIGPIPE (13). A command that kept nothing ends quietly."""
+    """A command that had kept something stopped because its stdout's reader left
+    (`ponder train -f jsonl | head -1`): exit 128 + SIGPIPE. One that kept nothing ends quietly."""
     exit_code = 141
     headline = "stdout closed"
 
@@ -72,9 +65,8 @@ class _Held:
 
 @contextlib.contextmanager
 def uninterrupted():
-    """Inside, an interrupt the CLI's signal handler receives waits, and is raised once the block
-    is done: a checkpoint (or best.pt and last.pt together) is written whole. A block that fails
-    drops it: the command is stopping already."""
+    """Inside, an interrupt the CLI's handler receives waits until the block is done (a checkpoint,
+    or best.pt and last.pt together, is written whole); a block that fails drops it."""
     _Held.depth += 1
     held = None
     try:
@@ -88,8 +80,7 @@ def uninterrupted():
 
 
 def hold_interrupt(interrupt: KeyboardInterrupt) -> bool:
-    """For the CLI's signal handler: inside `uninterrupted`, keep `interrupt` for the block's end
-    (True); outside, False: raise it now."""
+    """For the CLI's handler: inside `uninterrupted`, keep `interrupt` for the block's end (True)."""
     if _Held.depth == 0:
         return False
     _Held.interrupt = interrupt
@@ -98,9 +89,8 @@ def hold_interrupt(interrupt: KeyboardInterrupt) -> bool:
 
 @contextlib.contextmanager
 def keeping(kept: Callable[[], str]):
-    """An interrupt inside (or stdout's reader leaving) says `kept()` (asked once it has unwound,
-    cleanup done: training's resume hint) rather than that nothing was written. A library caller
-    sees the exception as Python raises it."""
+    """An interrupt inside (or stdout's reader leaving) says `kept()`, asked once it has unwound
+    (training's resume hint), rather than that nothing was written."""
     try:
         yield
     except (KeyboardInterrupt, BrokenPipeError) as exc:
@@ -110,8 +100,7 @@ def keeping(kept: Callable[[], str]):
 
 
 def interruption(exc: BaseException, nothing_kept: str) -> Interrupted:
-    """The one line an interrupt ends a command with: Terminated for SIGTERM, StdoutClosed for a
-    reader gone, Interrupted for Ctrl-C, saying what `keeping` kept, else `nothing_kept`."""
+    """The one line an interrupt ends a command with, saying what `keeping` kept, else `nothing_kept`."""
     kept = getattr(exc, "kept", None)
     kind = (Terminated if isinstance(exc, SigTerm) else StdoutClosed if isinstance(exc, BrokenPipeError)
             else Interrupted)
@@ -119,14 +108,13 @@ def interruption(exc: BaseException, nothing_kept: str) -> Interrupted:
 
 
 class PonderWarning(UserWarning):
-    """Something the user should know about a result that goes ahead all the same (a blank image,
-    a model whose weights are not finite); the CLI prints it as one `Warning:` line on stderr."""
+    """Something to know about a result that goes ahead all the same (a blank image); one
+    `Warning:` line on stderr."""
 
 
 def brief(exc: BaseException | str, limit: int = 160) -> str:
-    """An exception's message for a one-line error: its first sentence, on one line, cut at a
-    word boundary with "…" when still long (PyTorch's messages run to paragraphs of advice and
-    C++ context)."""
+    """An exception's message for a one-line error: its first sentence on one line, cut at a word
+    with "…" when still long (PyTorch's run to paragraphs)."""
     text = " ".join(str(exc).split()) or (type(exc).__name__ if isinstance(exc, BaseException) else "")
     text = re.split(r"(?<=\.) (?=[A-Z])", text, maxsplit=1)[0]
     if len(text) <= limit:
@@ -141,23 +129,12 @@ _SPECIAL_FILES = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a char
                   (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
-def special_file_kind(path) -> str | None:
-    """What a path is when it exists but is neither a regular file nor a folder ("a named pipe
-    (FIFO)", "a character device": /dev/null), for messages; None for anything else."""
-    try:
-        mode = os.stat(path).st_mode
-    except (OSError, ValueError):
-        return None
-    return next((kind for test, kind in _SPECIAL_FILES if test(mode)), None)
-
-
 NAME_MAX, PATH_MAX = 255, 4096  # bytes: what Linux and macOS file systems take, where pathconf cannot say
 
 
 def name_length_problem(path) -> str | None:
-    """Why `path` cannot be made for its length (a folder or file name longer than the file
-    system takes, or the whole path), worded to follow its name; None when it can. Checked before
-    anything is written, so a run named too long is one line naming the fix, not the OS's error."""
+    """Why `path` cannot be made for its length (a name, or the whole path, longer than the file
+    system takes), worded to follow its name; None when it can."""
     text = os.fsencode(os.fspath(path))
     here = os.path.dirname(os.path.abspath(text)) or b"."
     while not os.path.isdir(here):  # the nearest folder that exists: its file system's limits
@@ -178,10 +155,9 @@ def name_length_problem(path) -> str | None:
 
 
 def file_problem(path) -> str | None:
-    """Why `path` cannot be read as a file, worded to follow its name: "does not exist", "is a
-    directory", "is a character device, not a regular file" (/dev/null; a pipe would block the
-    read until something writes to it); None for a regular file. The one check of every file the
-    user names (checkpoints, --config files, predict's inputs)."""
+    """Why `path` cannot be read as a file, worded to follow its name ("does not exist", "is a
+    character device, not a regular file": /dev/null; a pipe would block the read); None for a
+    regular file. The one check of every file the user names."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -190,5 +166,5 @@ def file_problem(path) -> str | None:
         return f"cannot be read ({getattr(exc, 'strerror', None) or exc})"
     if stat.S_ISDIR(mode):
         return "is a directory"
-    kind = special_file_kind(path)
+    kind = next((kind for test, kind in _SPECIAL_FILES if test(mode)), None)
     return f"is {kind}, not a regular file" if kind is not None else None

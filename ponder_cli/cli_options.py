@@ -1,10 +1,9 @@
-"""The option groups and argument parsing that the `ponder` commands share (Typer objects only:
-choices come from the registry, defaults from the config)."""
+"""What the `ponder` commands share: options, list arguments, the CHECKPOINT argument and shell
+completion (Typer objects only, no torch: a shell asks at every Tab)."""
 
 from __future__ import annotations
 
 import re
-from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -13,18 +12,12 @@ from typer.core import TyperCommand
 
 from . import BadValue
 from .config import parse_duration
-from .folders import DEFAULT, LATEST, RUNS_DIR, SHIPPED
-from .registry import (DEVICE_CHOICES, HALTING_RULES, PIECES, PROTOCOLS, device_problem, known, parse_exit_rule,
-                       parse_halting_rule, rule_choices)
+from .folders import BEST, DEFAULT, LATEST, RUNS_DIR, SHIPPED, accepted_forms
+from .registry import DEVICE_CHOICES, HALTING_RULES, PIECES, device_problem, known
 from .render import OutputFormat
 
 
-def _choices(name: str, values) -> type[Enum]:
-    return Enum(name, {value: value for value in values}, type=str)
-
-
-Protocol = _choices("Protocol", PROTOCOLS)
-
+# list options: `--angles 22.5 45` for `--angles 22.5 --angles 45` ----------------------------
 
 def _is_number(token: str) -> bool:
     try:
@@ -38,24 +31,9 @@ def _is_count_range(token: str) -> bool:
     return re.fullmatch(r"\d+(-\d+)?", token) is not None
 
 
-def _is_spec(token: str) -> bool:
-    """A --buckets value as the list expands it: a number or a range LO-HI (a task spelling its
-    buckets otherwise takes one value per flag)."""
-    return _is_number(token) or _is_count_range(token)
-
-
-def _is_rule(token: str) -> bool:
-    """A --halting spelling (median, quantile:0.9, ...), checked in full later."""
-    return token.partition(":")[0].strip().lower() in HALTING_RULES
-
-
 def expand_angles(args: list[str], name: str = "--angles", is_value=_is_number, what: str = "angle") -> list[str]:
-    """`--angles 22.5 45` -> `--angles 22.5 --angles 45`: one flag, several values.
-
-    The values end at the first token that is not a number, so checkpoints may come before or
-    after the list; `--angles=45 90` works too. The same for `--counts 1-16 17-32` (values:
-    count ranges LO-HI or single counts).
-    """
+    """`--angles 22.5 45` -> `--angles 22.5 --angles 45`: the values end at the first token that
+    is not one, so checkpoints may come before or after the list; `--angles=45 90` too."""
     expanded, i = [], 0
     while i < len(args):
         token = args[i]
@@ -67,8 +45,7 @@ def expand_angles(args: list[str], name: str = "--angles", is_value=_is_number, 
         while i < len(args) and is_value(args[i]):
             values.append(args[i])
             i += 1
-        if not values:
-            # Not a number where one is due: hand the token to the library's message.
+        if not values:  # not a value where one is due: hand the token to the library's message
             values = [args[i]] if i < len(args) and not args[i].startswith("-") else []
             i += len(values)
         if not values:
@@ -78,40 +55,38 @@ def expand_angles(args: list[str], name: str = "--angles", is_value=_is_number, 
     return expanded
 
 
-def expand_lists(args: list[str]) -> list[str]:
-    """The list options: --buckets (any task's), --angles (MNIST's), --counts (parity's) and
-    calibrate's --rules."""
-    args = expand_angles(expand_angles(list(args)), "--counts", _is_count_range, "count range LO-HI")
-    args = expand_angles(args, "--buckets", _is_spec, "bucket")
-    return expand_angles(args, "--rules", _is_rule, "halting rule")
+LISTS = (("--angles", _is_number, "angle"), ("--counts", _is_count_range, "count range LO-HI"),
+         ("--buckets", lambda token: _is_number(token) or _is_count_range(token), "bucket"),
+         ("--rules", lambda token: token.partition(":")[0].strip().lower() in HALTING_RULES, "halting rule"))
 
 
 class CompletesHidden:
-    """A command whose hidden options (rarer ones, kept out of --help) are completed too, once
-    their name is begun (`--halting-t`): click offers visible ones alone."""
+    """Hidden options (kept out of --help) are completed too once their name is begun (`--halting-t`)."""
 
     def shell_complete(self, ctx, incomplete: str):
-        from typer._click.core import ParameterSource  # the click that Typer carries, whose objects these are
-        from typer.core import TyperOption
+        from typer._click.core import ParameterSource  # the click that Typer carries
         from typer._click.shell_completion import CompletionItem
+        from typer.core import TyperOption
 
         results = super().shell_complete(ctx, incomplete)
         if not incomplete.startswith("--") or len(incomplete) < 3:
             return results
         offered = {item.value for item in results}
         for param in self.get_params(ctx):
-            if not isinstance(param, TyperOption) or not param.hidden or (
-                    not param.multiple and ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE):
-                continue
-            results += [CompletionItem(name, help=param.help) for name in [*param.opts, *param.secondary_opts]
-                        if name.startswith(incomplete) and name not in offered]
+            if isinstance(param, TyperOption) and param.hidden and (
+                    param.multiple or ctx.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE):
+                results += [CompletionItem(name, help=param.help) for name in [*param.opts, *param.secondary_opts]
+                            if name.startswith(incomplete) and name not in offered]
         return results
 
 
-class AnglesCommand(CompletesHidden, TyperCommand):
+class ListsCommand(CompletesHidden, TyperCommand):
+    """A command whose list options (LISTS) take several values after one flag."""
+
     def parse_args(self, ctx, args):
         try:
-            args = expand_lists(list(args))
+            for name, is_value, what in LISTS:
+                args = expand_angles(list(args), name, is_value, what)
         except typer.BadParameter:
             if not ctx.resilient_parsing:  # a shell completing `--rules ` asks before the value is there
                 raise
@@ -122,39 +97,33 @@ class TrainCommand(CompletesHidden, TyperCommand):
     """`ponder train`."""
 
 
-# Shared options --------------------------------------------------------------------------------
+# shared options --------------------------------------------------------------------------------
 
 def non_empty_path(text: str) -> Path:
-    """A path option's value. An empty one, most often an unset variable (--out "$DIR"), is
-    refused: as a Path it would silently be the current folder."""
+    """A path option's value; an empty one (an unset variable: --out "$DIR") would silently be
+    the current folder."""
     if not text.strip():
         raise typer.BadParameter("an empty path (an unset variable?); name a file or folder")
     return Path(text)
 
 
 def path_option(*names: str, **options):
-    """A typer.Option holding a path, never an empty one (non_empty_path)."""
     return typer.Option(None, *names, parser=non_empty_path, metavar="<path>", **options)
+
+
+def _device(value: str) -> str:
+    problem = device_problem(value)  # checked before torch loads
+    if problem is not None:
+        raise BadValue(problem)
+    return value
 
 
 DataDirOption = path_option("--data-dir", help="Where MNIST lives or is downloaded to "
                              "(MNIST/raw/ inside it). [default: $PONDER_DATA_DIR, else ~/.cache/ponder_cli]")
 DownloadOption = typer.Option(True, "--download/--no-download",
                               help="Download MNIST into --data-dir when it is not there.")
-def _device(value: str) -> str:
-    """--device, its spelling checked before torch loads (registry.device_problem)."""
-    problem = device_problem(value)
-    if problem is not None:
-        raise BadValue(problem)
-    return value
-
-
-def _time_limit(value: Optional[str]) -> Optional[float]:
-    """--time-limit, in seconds, checked before torch loads (config.parse_duration)."""
-    return None if value is None else parse_duration(value)
-
-
-TimeLimitOption = typer.Option(None, "--time-limit", metavar="DURATION", callback=_time_limit, show_default=False,
+TimeLimitOption = typer.Option(None, "--time-limit", metavar="DURATION", show_default=False,
+                               callback=lambda value: None if value is None else parse_duration(value),
                                help="Stop cleanly after the last epoch that fits in this long (90s, 9m, 2h, "
                                     "1h30m), counted from when training starts in this process; judged from the "
                                     "epochs it has timed (the first always runs), it saves and prints the resume "
@@ -164,30 +133,24 @@ DeviceOption = typer.Option("auto", "--device", callback=_device, help=f"{DEVICE
 AmpOption = typer.Option(None, "--amp/--no-amp", help="Mixed precision: fp16 with a GradScaler on CUDA, bf16 on "
                          "the CPU. [default: off, float32]")
 FormatOption = typer.Option(OutputFormat.table, "--format", "-f", help="Output format.", case_sensitive=False)
-CheckpointArgument = typer.Argument(
-    None, metavar="CHECKPOINT", show_default=False, autocompletion=lambda incomplete: complete_checkpoint(incomplete),
-    help=f"A checkpoint file, a run folder (its best.pt), {LATEST} (the newest run under {RUNS_DIR}/), or a shipped "
-         f"model: {'; '.join(f'{name} ({text})' for name, (_, text) in SHIPPED.items())}. [default: {DEFAULT}]")
 QuietOption = typer.Option(False, "--quiet", "-q", help="No progress bars or messages on stderr; errors, "
                            "warnings and results still show.")
-EvalSeedOption = typer.Option(None, "--seed", help="Seed of the test rotations and halting coin flips, drawn "
-                              "per input (MNIST: --limit N evaluates the first N images exactly as the full "
-                              "evaluation does). [default: the checkpoint's training seed]")
-RepeatsOption = typer.Option(1, "--repeats", min=1, help="Independent draws of rotations and halting coins "
-                             "(seeds seed, seed+1, ...): means and 95% intervals per bucket.")
-LimitOption = typer.Option(0, "--limit", min=0, help="Evaluate only the first N test images (0: all); parity: N "
-                           "vectors per non-zero count (0: 256).")
-EvalBatchOption = typer.Option(1000, "--batch-size", min=1, help="Images per evaluation batch.")
-ProtocolOption = typer.Option(None, "--protocol", case_sensitive=False, show_default=False,
-                              help="How MNIST test images are rotated: uniform (the default): within ±angle "
-                                   "(reference); band: |rotation| between the previous angle and this one; fixed: "
-                                   "exactly ±angle. Parity checkpoints refuse it.")
+
+
+def checkpoint_forms(file: str = BEST) -> str:
+    """The forms a CHECKPOINT takes, as every help says them (folders.accepted_forms)."""
+    return accepted_forms(file).replace("`", "")
+
+
+def checkpoint_argument(help: str = f"{checkpoint_forms().capitalize()}. [default: {DEFAULT}]", default=None,
+                        **options):
+    return typer.Argument(default, metavar="CHECKPOINT", show_default=False, help=help,
+                          autocompletion=lambda incomplete: complete_checkpoint(incomplete), **options)
 
 
 def piece_choice(kind: str):
-    """The callback of --task, --step or --method: a name in the registry when the command runs
-    (not a choice fixed at import), so that a piece registered later, or by an installed package,
-    can be chosen; any case."""
+    """--task's, --step's or --method's check: a name in the registry when the command runs (a
+    piece registered later, or by an installed package, can be chosen); any case."""
     table = PIECES[kind]
 
     def check(value: Optional[str]) -> Optional[str]:
@@ -202,214 +165,19 @@ def piece_choice(kind: str):
 
 
 def piece_metavar(kind: str) -> str:
-    """<mnist|parity>: the built-in pieces of a kind."""
     return f"<{'|'.join(PIECES[kind])}>"
 
 
-def _halting_rule(value: Optional[str]) -> Optional[str]:
-    """--halting as spelled (quantile:0.9 stays quantile:0.9), checked before any work; None
-    when not given (the method's own: sample, or ACT's)."""
-    if value is None:
-        return None
-    try:
-        return parse_halting_rule(value).spelling
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-
-
-def halting_rules(values: Optional[list[str]]) -> Optional[list[str]]:
-    """calibrate's --rules, each checked as --halting is and as one that halts at one step
-    (before any work, naming the option)."""
-    return None if values is None else [_exit_rule(value) for value in values]
-
-
-def _exit_rule(value: str) -> str:
-    try:
-        return parse_exit_rule(value).spelling
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-
-
-HaltingOption = typer.Option(None, "--halting", metavar="RULE", callback=_halting_rule,
-                             autocompletion=lambda incomplete: complete_rule()(incomplete),
-                             help=f"{rule_choices()}. sample: Bernoulli(λ_n) coin per step (paper); median: "
-                                  "first step where the cumulative halting probability reaches 0.5; quantile:Q: "
-                                  "where it reaches Q (median = quantile:0.5); patience:K: first step whose "
-                                  "predicted class is also that of the K steps before it; confidence:C: first "
-                                  "step whose top class probability reaches C; threshold:T: first step whose λ_n "
-                                  "reaches T (a head trained by --halting-target final or correct); fixed:N: every "
-                                  "input stops at step N (a fixed budget, the control; any method); expected: p-weighted "
-                                  "average of all steps' outputs, steps = Σ n·p_n. Default: sample; ACT halts by "
-                                  "its own rule and refuses every other but fixed:N. See ponder calibrate.")
-MaxStepsOption = typer.Option(None, "--max-steps", metavar="N", show_default=False,
-                              help="Run up to N steps, whatever the checkpoint trained with (1 to 100; more than "
-                                   "it trained with too): the halting forced at step N, as at training's last "
-                                   "step. A one-step model (plain) refuses it. [default: the checkpoint's]")
-DetailOption = typer.Option(False, "--detail", help="Also show, per halting step, how many images halted there "
-                            "and the accuracy if every image stopped there (runs all steps).")
-PlotOption = path_option("--plot", help="Write a figure (PNG, or another format matplotlib knows by the "
-                          "file's extension) of accuracy and ponder steps against angle and the halting-step "
-                          "distributions (needs matplotlib: pip install matplotlib).")
-
-
-RequiredCheckpointArgument = typer.Argument(
-    ..., metavar="CHECKPOINT", show_default=False, autocompletion=lambda incomplete: complete_checkpoint(incomplete),
-    help=f"A checkpoint file, a run folder (its best.pt), {LATEST} (the newest run under {RUNS_DIR}/), or a shipped "
-         f"model: {', '.join(SHIPPED)}.")
-
-
-def counts_option(default: str):
-    """--counts: parity's buckets, None unless given (the task then picks its default)."""
-    return typer.Option(None, "--counts", metavar="LO-HI...", show_default=False,
-                        help=f"Parity checkpoints: one bucket per range of non-zero counts, e.g. --counts 1-16 17-32 "
-                             f"(a single count: 5). [default: {default}]")
-
-
-def buckets_option(default: str):
-    """--buckets: the checkpoint's task's buckets in its own terms, None unless given."""
-    return typer.Option(None, "--buckets", metavar="SPEC...", show_default=False,
-                        help=f"One bucket per spec, in the terms of the checkpoint's task (MNIST: angles, as "
-                             f"--angles; parity: count ranges, as --counts; another task: its own). Several values "
-                             f"after one flag when they are numbers or ranges LO-HI. [default: {default}]")
-
-
-def angles_text(angles) -> list[str]:
-    """Angles in degrees as --angles spells them: 22.5, 45."""
-    return [f"{angle:g}" for angle in angles]
-
-
-def angles_option(default: list[str], what: str):
-    """--angles: None unless given (so that an alternative, eval's --rotation, can tell), shown with its default."""
-    return typer.Option(None, "--angles", metavar="DEG...", show_default=False,
-                        help=f"{what} Several values after one flag: --angles 22.5 45; checkpoints may come before "
-                             f"or after the list. MNIST checkpoints only. [default: {' '.join(default)}]")
-
-
-# Completion ------------------------------------------------------------------------------------
-# `--show-completion SHELL` and `--install-completion SHELL` for the shell named (without one: the
-# shell ponder runs under), and the values a shell offers at Tab: choices and checkpoints. A shell
-# asks at every Tab, so nothing here loads torch.
+# completion ------------------------------------------------------------------------------------
+# `--show-completion SHELL` and `--install-completion SHELL` (bare: the shell ponder runs under),
+# through Typer's scripts and installers, and the values a shell offers at Tab.
 
 SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
-
-
-def _shell(ctx, param, value: Optional[str]) -> Optional[str]:
-    """The shell a completion option names ("" when given bare: the one ponder runs under)."""
-    if value is None or ctx.resilient_parsing:
-        return None
-    shell = value.lower()
-    if not shell:
-        import shellingham
-        try:
-            shell = shellingham.detect_shell()[0]
-        except (shellingham.ShellDetectionFailure, RuntimeError):
-            shell = ""
-        if shell not in SHELLS:
-            raise typer.BadParameter(f"cannot tell which shell this is{f' ({shell})' if shell else ''}; name one: "
-                                     f"{param.opts[0]} {'|'.join(SHELLS[:4])}")
-    elif shell not in SHELLS:
-        raise typer.BadParameter(f"{value!r} is not one of {', '.join(SHELLS)}")
-    return shell
-
-
-def _show_completion(ctx, param, value: Optional[str]) -> None:
-    from typer._completion_shared import get_completion_script
-    use_ponder_completion()
-
-    shell = _shell(ctx, param, value)
-    if shell is not None:
-        typer.echo(get_completion_script(prog_name=_prog(ctx), complete_var=_complete_var(ctx), shell=shell))
-        ctx.exit(0)
-
-
-def _install_completion(ctx, param, value: Optional[str]) -> None:
-    from typer._completion_shared import install
-    use_ponder_completion()
-
-    shell = _shell(ctx, param, value)
-    if shell is None:
-        return
-    try:
-        if shell in POWERSHELLS:
-            path, done = _install_powershell(shell, _prog(ctx), _complete_var(ctx))
-        else:
-            (shell, path), done = install(shell=shell, prog_name=_prog(ctx), complete_var=_complete_var(ctx)), True
-    except OSError as exc:  # a profile that cannot be written, PowerShell not installed
-        typer.echo(f"Error: cannot install {shell} completion: {exc.strerror or exc}"
-                   f"{f' ({exc.filename})' if exc.filename else ''}", err=True)
-        ctx.exit(1)
-    typer.echo(f"{shell} completion {'installed' if done else 'already'} in {path}; it takes effect in a new shell"
-               + ("; PowerShell must allow profile scripts (Get-ExecutionPolicy; ponder changes no policy)"
-                  if shell in POWERSHELLS else ""))
-    ctx.exit(0)
-
-
-POWERSHELLS = ("powershell", "pwsh")
-
-
-def _install_powershell(shell: str, prog: str, complete_var: str) -> tuple[Path, bool]:
-    """The completion script appended once to the user's PowerShell profile, found as Typer finds it
-    (the shell's own $profile), the lines already there kept. Typer's installer also runs
-    `Set-ExecutionPolicy Unrestricted -Scope CurrentUser`, a change to the user's security policy that
-    installing completion must not make: none is made here. Returns the profile and whether it was
-    written (False: the script was there already)."""
-    import subprocess
-
-    from typer._completion_shared import get_completion_script
-
-    found = None
-    for command in (shell, *(other for other in POWERSHELLS if other != shell)):  # Linux and macOS: pwsh
-        try:
-            found = subprocess.run([command, "-NoProfile", "-Command", "echo", "$profile"], capture_output=True)
-            break
-        except FileNotFoundError:
-            continue
-    if found is None:
-        raise OSError(f"neither {' nor '.join(POWERSHELLS)} is on PATH")
-    profile = next((text.strip() for text in (_decoded(found.stdout),) if text and text.strip()), None)
-    if found.returncode != 0 or not profile:
-        raise OSError(f"PowerShell did not say where its profile is (exit {found.returncode})")
-    path = Path(profile)
-    script = get_completion_script(prog_name=prog, complete_var=complete_var, shell=shell)
-    mark = f"Register-ArgumentCompleter -Native -CommandName {prog} "
-    text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
-    if mark in text:
-        return path, False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as profile_file:
-        profile_file.write(("\n" if text and not text.endswith("\n") else "") + script.rstrip("\n") + "\n")
-    return path, True
-
-
-def _decoded(raw: bytes) -> str:
-    for encoding in ("utf-8", "windows-1252", "cp850"):  # PowerShell on Windows may answer in its code page
-        try:
-            return raw.decode(encoding)
-        except UnicodeDecodeError:
-            continue
-    return ""
-
-
-def _prog(ctx) -> str:
-    return ctx.find_root().info_name or "ponder"
-
-
-def _complete_var(ctx) -> str:
-    return "_{}_COMPLETE".format(_prog(ctx).replace("-", "_").upper())
-
-
-def _offer(values, incomplete: str) -> list[str]:
-    return [value for value in values if value.startswith(incomplete)]
-
-
+POWERSHELLS = SHELLS[3:]
 COMPLETION_OPTIONS = ("--install-completion", "--show-completion")
 
 # bash and zsh, as Typer's scripts run them, put a space after every value offered; a value that
-# is not a whole word (a rule's prefix, `threshold:`, or a folder, `runs/`) is to be typed on
-# from, so each shell is told to add none after it: bash's script asks compopt when it is the one
-# reply, zsh's answer adds those values with an empty suffix.
-UNFINISHED = (":", "/")
-
+# is not a whole word (a rule's prefix, `threshold:`, or a folder, `runs/`) is to be typed on from
 BASH_SCRIPT = """
 %(complete_func)s() {
     local IFS=$'\\n'
@@ -427,22 +195,20 @@ complete -o default -F %(complete_func)s %(prog_name)s
 
 
 def use_ponder_completion() -> None:
-    """Typer's completion for each shell, bash's script and zsh's answers as above (UNFINISHED);
-    before a script is shown or installed, and before a shell's question is answered."""
-    from typer._click.shell_completion import add_completion_class
+    """Typer's completion, with bash's script above and zsh's answer adding unfinished values
+    with no space after them."""
     from typer import _completion_shared
+    from typer._click.shell_completion import add_completion_class
     from typer._completion_classes import ZshComplete, completion_init
 
     class ZshCompletion(ZshComplete):
         def complete(self) -> str:
-            args, incomplete = self.get_completion_args()
-            items = self.get_completions(args, incomplete)
-            words = [self.format_completion(item) for item in items if not item.value.endswith(UNFINISHED)]
-            unfinished = [item.value for item in items if item.value.endswith(UNFINISHED)]
+            items = self.get_completions(*self.get_completion_args())
+            words = [self.format_completion(item) for item in items if not item.value.endswith((":", "/"))]
+            unfinished = ["'" + item.value.replace("'", "'\\''") + "'" for item in items
+                          if item.value.endswith((":", "/"))]
             said = [f"_arguments '*: :(({chr(10).join(words)}))'"] if words else []
-            if unfinished:
-                said.append("compadd -S '' -- " + " ".join("'" + value.replace("'", "'\\''") + "'"
-                                                           for value in unfinished))
+            said += ["compadd -S '' -- " + " ".join(unfinished)] if unfinished else []
             return "; ".join(said) or "_files"
 
     completion_init()
@@ -451,10 +217,8 @@ def use_ponder_completion() -> None:
 
 
 def bare_completion_options(args: list[str]) -> list[str]:
-    """`ponder --show-completion` alone (no shell after it) as `--show-completion ""`: the shell
-    is then the one ponder runs under. (Typer's own options take no value where the shell can be
-    detected, so `--show-completion zsh` printed bash's script.) Only the app's own options,
-    before the command, are looked at."""
+    """`ponder --show-completion` alone as `--show-completion ""` (Typer's take no shell where one
+    can be detected); only the app's own options, before the command, are looked at."""
     args, i = list(args), 0
     while i < len(args) and args[i].startswith("-"):
         if args[i] in COMPLETION_OPTIONS and (i + 1 == len(args) or args[i + 1].startswith("-")):
@@ -463,19 +227,116 @@ def bare_completion_options(args: list[str]) -> list[str]:
     return args
 
 
-InstallCompletionOption = typer.Option(
-    None, *COMPLETION_OPTIONS[:1], metavar="[SHELL]", callback=_install_completion, expose_value=False, is_eager=True,
-    autocompletion=lambda incomplete: _offer(SHELLS, incomplete), show_default=False,
-    help=f"Install completion for SHELL ({', '.join(SHELLS[:4])}; default: the shell this runs under).")
-ShowCompletionOption = typer.Option(
-    None, *COMPLETION_OPTIONS[1:], metavar="[SHELL]", callback=_show_completion, expose_value=False, is_eager=True,
-    autocompletion=lambda incomplete: _offer(SHELLS, incomplete), show_default=False,
-    help="Print SHELL's completion script (default: the shell this runs under), to copy it or customize the "
-         "installation.")
+def _shell(ctx, param, value: Optional[str]) -> Optional[str]:
+    """The shell a completion option names ("": the one ponder runs under)."""
+    if value is None or ctx.resilient_parsing:
+        return None
+    shell = value.lower()
+    if not shell:
+        import shellingham
+        try:
+            shell = shellingham.detect_shell()[0]
+        except (shellingham.ShellDetectionFailure, RuntimeError):
+            shell = ""
+        if shell not in SHELLS:
+            raise typer.BadParameter(f"cannot tell which shell this is{f' ({shell})' if shell else ''}; name one: "
+                                     f"{param.opts[0]} {'|'.join(SHELLS[:4])}")
+    elif shell not in SHELLS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(SHELLS)}")
+    use_ponder_completion()
+    return shell
+
+
+def _names(ctx) -> dict:
+    prog = ctx.find_root().info_name or "ponder"
+    return {"prog_name": prog, "complete_var": "_{}_COMPLETE".format(prog.replace("-", "_").upper())}
+
+
+def _show_completion(ctx, param, value: Optional[str]) -> None:
+    from typer._completion_shared import get_completion_script
+
+    shell = _shell(ctx, param, value)
+    if shell is not None:
+        typer.echo(get_completion_script(shell=shell, **_names(ctx)))
+        ctx.exit(0)
+
+
+def _install_completion(ctx, param, value: Optional[str]) -> None:
+    from typer._completion_shared import install
+
+    shell = _shell(ctx, param, value)
+    if shell is None:
+        return
+    try:
+        if shell in POWERSHELLS:
+            path, done = _install_powershell(shell, **_names(ctx))
+        else:
+            (shell, path), done = install(shell=shell, **_names(ctx)), True
+    except OSError as exc:  # a profile that cannot be written, PowerShell not installed
+        typer.echo(f"Error: cannot install {shell} completion: {exc.strerror or exc}"
+                   f"{f' ({exc.filename})' if exc.filename else ''}", err=True)
+        ctx.exit(1)
+    typer.echo(f"{shell} completion {'installed' if done else 'already'} in {path}; it takes effect in a new shell"
+               + ("; PowerShell must allow profile scripts (Get-ExecutionPolicy; ponder changes no policy)"
+                  if shell in POWERSHELLS else ""))
+    ctx.exit(0)
+
+
+def _install_powershell(shell: str, prog_name: str, complete_var: str) -> tuple[Path, bool]:
+    """The script appended once to the user's PowerShell profile (the shell's own $profile), and
+    whether it was written. Typer's installer also runs `Set-ExecutionPolicy Unrestricted`, a
+    change to the user's security policy that installing completion must not make."""
+    import subprocess
+
+    from typer._completion_shared import get_completion_script
+
+    for command in (shell, *(other for other in POWERSHELLS if other != shell)):  # Linux and macOS: pwsh
+        try:
+            found = subprocess.run([command, "-NoProfile", "-Command", "echo", "$profile"], capture_output=True)
+            break
+        except FileNotFoundError:
+            continue
+    else:
+        raise OSError(f"neither {' nor '.join(POWERSHELLS)} is on PATH")
+    profile = ""
+    for encoding in ("utf-8", "windows-1252", "cp850"):  # PowerShell on Windows may answer in its code page
+        try:
+            profile = found.stdout.decode(encoding).strip()
+            break
+        except UnicodeDecodeError:
+            continue
+    if found.returncode != 0 or not profile:
+        raise OSError(f"PowerShell did not say where its profile is (exit {found.returncode})")
+    path = Path(profile)
+    text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+    if f"Register-ArgumentCompleter -Native -CommandName {prog_name} " in text:
+        return path, False
+    script = get_completion_script(prog_name=prog_name, complete_var=complete_var, shell=shell)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as profile_file:
+        profile_file.write(("\n" if text and not text.endswith("\n") else "") + script.rstrip("\n") + "\n")
+    return path, True
+
+
+def completion_option(name: str, callback, help: str):
+    return typer.Option(None, name, metavar="[SHELL]", callback=callback, expose_value=False, is_eager=True,
+                        autocompletion=lambda incomplete: _offer(SHELLS, incomplete), show_default=False, help=help)
+
+
+InstallCompletionOption = completion_option(
+    COMPLETION_OPTIONS[0], _install_completion,
+    f"Install completion for SHELL ({', '.join(SHELLS[:4])}; default: the shell this runs under).")
+ShowCompletionOption = completion_option(
+    COMPLETION_OPTIONS[1], _show_completion,
+    "Print SHELL's completion script (default: the shell this runs under), to copy it or customize the installation.")
+
+
+def _offer(values, incomplete: str) -> list[str]:
+    return [value for value in values if value.startswith(incomplete)]
 
 
 def complete_piece(kind: str):
-    """The values of --task, --step or --method: the registered pieces (entry points too)."""
+    """--task's, --step's or --method's values: the registered pieces, entry points too."""
     def complete(incomplete: str) -> list[str]:
         from importlib.metadata import entry_points
 
@@ -485,8 +346,7 @@ def complete_piece(kind: str):
 
 
 def complete_rule(exit_rules_only: bool = False):
-    """--halting's rules (calibrate's --rules: those that halt at one step), a parameter's as
-    `quantile:`, for the user to finish."""
+    """--halting's rules (calibrate's --rules: those that halt at one step), `quantile:` to finish."""
     def complete(incomplete: str) -> list[str]:
         from .registry import AVERAGING_RULES, RULE_PARAMETERS
         return _offer([f"{name}:" if name in RULE_PARAMETERS else name for name in HALTING_RULES
@@ -495,14 +355,13 @@ def complete_rule(exit_rules_only: bool = False):
 
 
 def complete_run_key(incomplete: str) -> list[str]:
-    """--sort's and --where's keys (reports.runs.run_keys)."""
     from .reports.runs import run_keys
     return _offer(run_keys(), incomplete)
 
 
 def complete_run(ctx: typer.Context, incomplete: str) -> list[str]:
-    """`ponder runs rm RUN`: the runs under runs/ and here, then folders at the path typed; with
-    --restore, the paths the runs in the trash had (beside runs under runs/ and here)."""
+    """`ponder runs rm RUN`: the runs under runs/ and here, then folders; with --restore, the
+    paths the trashed runs had."""
     from .folders import runs_under, trashed_runs
 
     if ctx.params.get("restore"):
@@ -514,14 +373,14 @@ def complete_run(ctx: typer.Context, incomplete: str) -> list[str]:
 def _folders(incomplete: str, suffix: Optional[str] = None) -> list[str]:
     """The folders (and files ending in `suffix`) at the path typed, hidden ones only when typed."""
     start = incomplete.rpartition("/")[2]
-    prefix = incomplete[:len(incomplete) - len(start)]  # the folder typed, up to its last /
+    prefix = incomplete[:len(incomplete) - len(start)]
     try:
         entries = sorted(Path(prefix or ".").iterdir())
     except OSError:
         entries = []
     names = []
     for entry in entries:
-        hidden = entry.name.startswith((".", "__"))  # .git, __pycache__: only when typed
+        hidden = entry.name.startswith((".", "__"))  # .git, __pycache__
         if entry.name.startswith(start) and (start.startswith((".", "_")) or not hidden):
             if entry.is_dir():
                 names.append(f"{prefix}{entry.name}/")
@@ -530,18 +389,9 @@ def _folders(incomplete: str, suffix: Optional[str] = None) -> list[str]:
     return names
 
 
-def complete_checkpoint(incomplete: str) -> list[str]:
-    """A CHECKPOINT: the shipped models' names and `latest`, the runs under runs/ (folders.
-    runs_under, as `ponder runs` finds them), then folders and .pt files at the path typed."""
-    return _checkpoints(incomplete, shipped=True)
-
-
-def complete_resumable(incomplete: str) -> list[str]:
-    """--resume's CHECKPOINT: as complete_checkpoint, but no shipped model (--resume refuses them)."""
-    return _checkpoints(incomplete, shipped=False)
-
-
 def _checkpoints(incomplete: str, shipped: bool) -> list[str]:
+    """A CHECKPOINT: the shipped models' names (where `shipped`), `latest`, the runs under runs/,
+    then folders and .pt files at the path typed."""
     from .folders import runs_under
 
     runs = [str(run) for run in runs_under(RUNS_DIR)]
@@ -549,8 +399,15 @@ def _checkpoints(incomplete: str, shipped: bool) -> list[str]:
     return _offer(_once(names, runs), incomplete)
 
 
+def complete_checkpoint(incomplete: str) -> list[str]:
+    return _checkpoints(incomplete, shipped=True)
+
+
+def complete_resumable(incomplete: str) -> list[str]:
+    return _checkpoints(incomplete, shipped=False)  # --resume refuses a shipped model
+
+
 def _once(names: list[str], runs: list[str]) -> list[str]:
-    """Each candidate once: a run offered by its path is not offered again as a folder (`run/`);
-    typing its `/` offers what it holds."""
+    """Each candidate once: a run offered by its path is not offered again as a folder (`run/`)."""
     taken = {f"{run}/" for run in runs}
     return [name for name in dict.fromkeys(names) if name not in taken]

@@ -12,17 +12,24 @@ INSTALL_HINT = "--plot needs matplotlib: pip install matplotlib"
 
 
 def require_matplotlib() -> None:
-    """Fail before any work is done when plotting was asked for but cannot happen."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         raise PonderError(INSTALL_HINT) from None
 
 
+def _pyplot():
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+    return plt
+
+
 def check_destination(path: Path | str) -> Path:
-    """Refuse --plot before any work: matplotlib missing, a format it cannot write, or a folder
-    that cannot be written. A path with no extension gets .png; the path returned is the one
-    that will be written."""
+    """Refuse --plot before any work: matplotlib missing, a format it cannot write, a folder that
+    cannot be written. Returns the path to write (.png added where it has no extension)."""
     require_matplotlib()
     from matplotlib.backend_bases import FigureCanvasBase
 
@@ -42,7 +49,7 @@ def check_destination(path: Path | str) -> Path:
     problem = package_problem(path, f"--plot {path}")
     if problem:
         raise PonderError(f"{problem}; name a file outside it")
-    if path.is_dir():
+    if path.is_dir():  # DIR.png
         raise PonderError(f"--plot {path} is a directory")
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
         raise PonderError(f"--plot {path}: cannot write to {folder}" +
@@ -51,7 +58,7 @@ def check_destination(path: Path | str) -> Path:
 
 
 def plot_report(report, path: Path | str) -> Path:
-    """The figure of a reports.Report: one line per series (checkpoint or method)."""
+    """The figure of a reports.Report."""
     if report.plot_kind == "sweep":
         return plot_sweep(report.buckets, report.meta["fit"], path, title=report.title)
     if report.plot_kind == "predict":
@@ -63,7 +70,7 @@ def plot_report(report, path: Path | str) -> Path:
 
 
 def _x(row: dict) -> float:
-    """A bucket's place on the x axis: its rotation (MNIST) or the middle of its count range (parity)."""
+    """A bucket's place on the x axis: its rotation, or the middle of its count range."""
     return row["rotation"] if "rotation" in row else (row["lo"] + row["hi"]) / 2
 
 
@@ -73,12 +80,7 @@ def _name(row: dict) -> str:
 
 def plot_sweep(buckets: list[dict], fit: dict, path: Path | str, *, title: str = "") -> Path:
     """Mean ponder steps (with the least-squares line) and accuracy against the exact angle."""
-    require_matplotlib()
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     angles = [_x(b) for b in buckets]
     parity = "rotation" not in buckets[0]
     fig, (ax_steps, ax_acc) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -126,12 +128,8 @@ def _save(fig, plt, path: Path | str) -> Path:
 def plot_buckets(series: dict[str, list[dict]], path: Path | str, *, title: str = "") -> Path:
     """Accuracy and mean ponder steps (error bars: one standard deviation) against the rotation
     angle, one line per series, and the halting-step distribution of every bucket."""
-    require_matplotlib()
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display needed
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker  # noqa: F401  (integer ticks for halting steps)
+    plt = _pyplot()
+    import matplotlib.ticker
 
     fig, (ax_acc, ax_steps, ax_hist) = plt.subplots(1, 3, figsize=(16, 4.8))
     styles = ["-", "--", ":", "-."]
@@ -151,24 +149,15 @@ def plot_buckets(series: dict[str, list[dict]], path: Path | str, *, title: str 
     xlabel = "test rotation (± degrees)" if "rotation" in first else "non-zero count (middle of the bucket)"
     ax_acc.set(xlabel=xlabel, ylabel="accuracy", title="Accuracy")
     ax_steps.set(xlabel=xlabel, ylabel="ponder steps", title="Mean ponder steps (± 1 sd)")
-    ax_hist.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax_hist.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # whole halting steps
     ax_hist.set(xlabel="halting step", ylabel="share of inputs", title="Halting-step distribution")
     return _finish(fig, plt, (ax_acc, ax_steps, ax_hist), (ax_acc, ax_steps, ax_hist), title, path)
 
 
-def _pyplot():
-    require_matplotlib()
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def plot_strips(inputs: list[dict], path: Path | str, *, title: str = "") -> Path:
-    """`ponder predict --plot`: one strip per input, what the model saw at each step (its
-    `views`) with the step's top class, probability and λ_n beneath, the halting step framed in
-    red; at the end of the strip each step's probability of the final prediction, λ_n and p_n."""
+    """`ponder predict --plot`: a strip per input, what the model saw at each step with the step's
+    class, probability and λ_n beneath, the halting step framed in red; at its end each step's
+    probability of the final prediction, λ_n and p_n."""
     plt = _pyplot()
     steps = len(inputs[0]["steps"])
     vector = len(inputs[0]["views"][0]) == 1  # (1, elems): a vector drawn as one row of cells
@@ -223,8 +212,7 @@ def _short(name: str, width: int = 18) -> str:
 
 
 def plot_history(history: list[dict], best, path: Path | str, *, title: str = "") -> Path:
-    """`ponder info --plot`: the learning curves, training loss, accuracy and ponder steps
-    (training and validation) per epoch, the best epoch marked."""
+    """`ponder info --plot`: loss, accuracy and ponder steps per epoch, the best epoch marked."""
     plt = _pyplot()
     if not history:
         raise PonderError("--plot: this checkpoint holds no per-epoch history to draw")

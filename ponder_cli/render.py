@@ -27,8 +27,7 @@ TrainFormat = Enum("TrainFormat", {name: name for name in TRAIN_FORMATS}, type=s
 
 
 def json_line(record: dict, file: IO[str] | None = None) -> None:
-    """One JSON object on one line (`-f jsonl`), strict as `-f json`'s, flushed at once: a
-    pipeline watching a run reads each line as it is written."""
+    """One strict JSON object on one line (`-f jsonl`), flushed at once for a pipeline to read."""
     file = file or sys.stdout
     file.write(json.dumps(strict_json(record), allow_nan=False, separators=(",", ":")) + "\n")
     file.flush()
@@ -75,8 +74,7 @@ codecs.register_error(ASCII_ERRORS, _spell_in_ascii)
 
 
 def spelling_for(stream: IO[str] | None) -> Callable[[str], str]:
-    """How text must be spelled to be written to `stream`: unchanged where its encoding holds
-    every character (UTF-8), else each character it cannot hold in ASCII_SPELLINGS' terms."""
+    """How text is spelled for `stream`: unchanged in UTF-8, else in ASCII_SPELLINGS' terms."""
     encoding = getattr(stream, "encoding", None) or "utf-8"
     try:
         if codecs.lookup(encoding).name.startswith("utf"):
@@ -87,8 +85,8 @@ def spelling_for(stream: IO[str] | None) -> Callable[[str], str]:
 
 
 def sparkline(values: list[float], width: int | None = None) -> str:
-    """A histogram as one line of block characters (empty bins as spaces), at most `width`
-    characters: longer histograms are merged into width bins of (nearly) equal size."""
+    """A histogram as one line of block characters (empty bins as spaces), merged into at most
+    `width` bins of (nearly) equal size."""
     if width is not None and len(values) > width:
         edges = [round(i * len(values) / width) for i in range(width + 1)]
         values = [sum(values[a:b]) for a, b in zip(edges, edges[1:])]
@@ -98,8 +96,7 @@ def sparkline(values: list[float], width: int | None = None) -> str:
 
 
 def strict_json(value: Any) -> Any:
-    """`value` with every non-finite float (NaN, ±inf) replaced by None, at any depth: what
-    `-f json` prints must parse in any JSON reader (JavaScript's JSON.parse refuses NaN)."""
+    """`value` with every NaN and ±inf as None, at any depth: strict JSON (JSON.parse refuses NaN)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
@@ -113,10 +110,8 @@ LIST_SEPARATOR = ";"  # between a CSV list cell's items: never the CSV's own com
 
 
 def csv_cell(value: Any) -> Any:
-    """A value as one CSV cell that holds no comma of ours: a list's items joined by `;`
-    (`0;7;8`, `0.87;0.99`), a dict as `key=value` pairs joined by spaces (a list of dicts:
-    `rotation=22.5 protocol=uniform;...`), None as an empty cell. Text is as it is (a path of
-    the user's with a comma in it is quoted, as CSV does)."""
+    """A value as one CSV cell holding no comma of ours: a list's items joined by `;`, a dict as
+    `key=value` pairs joined by spaces, None as an empty cell."""
     if value is None:
         return ""
     if isinstance(value, (list, tuple)):
@@ -148,8 +143,8 @@ _GLUE, _SEPARATORS = ("±", "/"), ("·",)
 
 
 def _units(line: str) -> list[str]:
-    """A line's unbreakable pieces: its words (a path, a figure, a name: never split), a sign
-    (_GLUE) bound to the word after it, a separator to the word before it."""
+    """A line's unbreakable pieces: its words, a sign (_GLUE) bound to the word after it, a
+    separator to the word before it."""
     units: list[str] = []
     for word in line.split():
         if units and (units[-1] in _GLUE or word in _SEPARATORS):
@@ -165,8 +160,7 @@ def _words(text: str) -> int:
 
 
 def wrap_text(text: str, width: int) -> str:
-    """`text` wrapped at its spaces to `width` (each line of it), never inside a piece (_units): a
-    piece wider than `width` stands on a line of its own, whole."""
+    """`text` wrapped at its spaces to `width`, never inside a piece (_units): one wider stands whole."""
     lines = []
     for line in text.split("\n"):
         current = ""
@@ -181,9 +175,8 @@ def wrap_text(text: str, width: int) -> str:
 
 
 def _widths(columns: list[Column], cells: list[list[str]]) -> tuple[list[int], list[int], list[int]]:
-    """Each column's natural width (nothing wrapped), narrowest width (a figure, a no-wrap cell
-    or a header word never breaks; only headers and wrap columns' text wrap, at their spaces)
-    and widest cell."""
+    """Each column's natural width, narrowest (only headers and wrap columns wrap, at their
+    spaces) and widest cell."""
     natural, narrowest, widest = [], [], []
     for i, c in enumerate(columns):
         column = [row[i] for row in cells]
@@ -196,9 +189,8 @@ def _widths(columns: list[Column], cells: list[list[str]]) -> tuple[list[int], l
 
 
 def _fit(natural: list[int], narrowest: list[int], width: int, cells: list[int] | None = None) -> list[int]:
-    """Narrow the widest columns that can wrap, one character at a time, until the table fits
-    (or nothing can wrap any more): first only as far as their headers wrap (`cells`: each
-    column's widest cell, whole), then into the cells."""
+    """Narrow the widest columns that can wrap, a character at a time, until the table fits: first
+    only as far as their headers wrap (`cells`: each column's widest cell), then into the cells."""
     widths = list(natural)
     budget = width - _TABLE_OVERHEAD - _COLUMN_OVERHEAD * len(widths)
     for floor in ([[max(c, n) for c, n in zip(cells, narrowest)]] if cells else []) + [narrowest]:
@@ -212,8 +204,8 @@ def _fit(natural: list[int], narrowest: list[int], width: int, cells: list[int] 
 
 
 def _chunks(columns: list[Column], narrowest: list[int], width: int) -> list[list[int]]:
-    """Column indices of the tables a table too wide for the terminal is split into: each
-    repeats the first column (the row's key) and keeps groups together."""
+    """The tables (column indices) a table too wide is split into: each repeats the first column
+    and keeps groups together."""
     budget = width - _TABLE_OVERHEAD
     if sum(narrowest) + _COLUMN_OVERHEAD * len(columns) <= budget:
         return [list(range(len(columns)))]
@@ -242,9 +234,8 @@ PIPE_WIDTH = 80  # the output contract's width for a table that is not shown on 
 
 
 def table_console(file: IO[str] | None = None, width: int | None = None) -> Console:
-    """The one place that decides a table's width: `width` when given, else $COLUMNS when set,
-    else the terminal's; pipes and files get PIPE_WIDTH (80) columns, the contract's, so that
-    `ponder info align > f` reads the same in any editor."""
+    """The one place that decides a table's width: `width`, else $COLUMNS, else the terminal's;
+    pipes and files get PIPE_WIDTH, the contract's."""
     environ = _environ()
     console = _Console(file=file or sys.stdout, width=width, _environ=environ)
     if width is None and not console.is_terminal and "COLUMNS" not in environ:
@@ -253,8 +244,7 @@ def table_console(file: IO[str] | None = None, width: int | None = None) -> Cons
 
 
 def _environ() -> dict[str, str]:
-    """The environment as the table's console reads it: a COLUMNS that is no width (0, empty,
-    text) counts as unset, where rich would take 0 and print nothing."""
+    """The environment with a COLUMNS that is no width (0, empty, text) unset: rich would print nothing."""
     environ = dict(os.environ)
     columns = environ.get("COLUMNS", "").strip()
     if not (columns.isdigit() and int(columns) > 0):
@@ -264,9 +254,8 @@ def _environ() -> dict[str, str]:
 
 def render_table(rows: list[dict], columns: list[Column], *, title: str | None = None,
                  caption: str | None = None, file: IO[str] | None = None, width: int | None = None) -> None:
-    """A rich table of `columns` that fits the terminal with every figure whole: headers and
-    wrap columns wrap at spaces; a table that still does not fit is split into several, each
-    repeating the first column. width: the console's (default: the terminal's, see table_console)."""
+    """A rich table that fits the terminal with every figure whole: headers and wrap columns wrap at
+    spaces; one that still does not fit is split into several, each repeating the first column."""
     console = table_console(file, width)
     spell = spelling_for(console.file)  # before the widths are measured, so that the columns line up
     cells = [[spell(c.text(row) if c.text else cell_text(row.get(c.key), c.spec)) for c in columns] for row in rows]
@@ -309,9 +298,8 @@ def render_table(rows: list[dict], columns: list[Column], *, title: str | None =
 
 
 def render_report(report, fmt: OutputFormat | str, file: IO[str] | None = None, width: int | None = None) -> None:
-    """Write a reports.Report to stdout as a table, one JSON object, or CSV (one row per bucket);
-    width: the table's console width (default: the terminal's). jsonl (`ponder train`'s): the
-    JSON object on one line, `"record": "report"`, after the epochs' lines."""
+    """A reports.Report on stdout as a table, one JSON object or CSV (a row per bucket); jsonl
+    (`ponder train`'s): the object on one line, `"record": "report"`, after the epochs'."""
     file = file or sys.stdout
     if getattr(fmt, "value", fmt) == "jsonl":
         document = report.as_json()
@@ -348,7 +336,6 @@ def render_report(report, fmt: OutputFormat | str, file: IO[str] | None = None, 
 
 
 def epoch_line(stats, epochs: int) -> str:
-    """The per-epoch progress line of `ponder train` (stderr)."""
     return (f"epoch {stats.epoch:>2}/{epochs}  loss {stats.train_loss:.4f}  acc {stats.train_accuracy:.4f}  "
             f"steps {stats.train_steps:.2f}  |  val acc {stats.val_accuracy:.4f}  steps {stats.val_steps:.2f}  |  "
             f"lr {stats.lr:.0e}  {stats.seconds:.1f}s{'  *' if stats.improved else ''}"
@@ -367,16 +354,15 @@ def value_text(value: Any) -> str:
 
 
 def config_item(option: str, value) -> str:
-    """`max-steps 12`; a switch as the flag that sets it: `gru-layer-norm`, `no-gru-layer-norm`."""
+    """`max-steps 12`; a switch as its flag: `gru-layer-norm`, `no-gru-layer-norm`."""
     if isinstance(value, bool):
         return option if value else f"no-{option}"
     return f"{option} {value_text(value)}"
 
 
 def config_lines(values: dict, sources: dict, shown: list[str], width: int = 80) -> list[str]:
-    """The resolved configuration that `ponder train` states on stderr, grouped by where each
-    value came from (given, implied by the method or step, the checkpoint, default), as
-    `max-steps 12` items wrapped at `width` columns."""
+    """The configuration `ponder train` states on stderr, grouped by where each value came from,
+    as `max-steps 12` items wrapped at `width` columns."""
     groups: dict[str, list[str]] = {}
     for name in shown:
         groups.setdefault(sources[name], []).append(config_item(name.replace("_", "-"), values[name]))

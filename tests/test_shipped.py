@@ -162,11 +162,14 @@ def test_resume_takes_a_run_folder_or_latest(checkpoint, tiny_mnist, tmp_path, m
     assert result.stderr.splitlines()[0] == f"using {run / 'last.pt'} (the last.pt of run folder {run})"
 
 
-def test_checkpoint_help_names_the_shipped_models(ponder):
-    text = " ".join(ponder("eval", "--help").stdout.split())
-    assert ("A checkpoint file, a run folder (its best.pt), latest (the newest run under runs/), or a shipped "
-            "model: reference (pondernet · step mlp · trained within ±22.5°); interpolation") in text
-    assert "[default: reference]" in text
+@pytest.mark.parametrize("command", ["eval", "extrapolate", "sweep", "compare", "calibrate", "predict"])
+def test_checkpoint_help_names_the_forms_and_the_shipped_models_alike(ponder, command):
+    """Every command that reads a checkpoint spells its forms in one wording, every shipped model named."""
+    from ponder_cli.cli_options import checkpoint_forms
+
+    text = " ".join(ponder(command, "--help").stdout.split()).lower()
+    assert checkpoint_forms() in text and all(name in text for name in SHIPPED)
+    assert ("[default: reference]" in text) == (command not in ("compare", "predict"))
 
 
 @pytest.mark.parametrize("name,command,counts,accuracies,steps", [

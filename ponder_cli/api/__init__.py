@@ -1,13 +1,6 @@
-"""One library function per command: load what it needs, run it, return a reports.Report.
-
-The CLI parses options, calls one of these and renders the report; everything here is usable
-(and tested) without the CLI. One module per group of commands: evaluation (eval, extrapolate,
-sweep, compare, calibrate), training (train), inspection (predict, info, runs). Here, what they
-share: what every command that reads a model does first (the device, the CHECKPOINT argument
-resolved and said on stderr, the model loaded, the halting rule checked against its method).
-A library function lets Ctrl-C out as Python raises it; the CLI's one signal handler and error
-boundary end every command on one (cli/app.py, ponder_cli.interruption).
-"""
+"""One library function per command: load what it needs, run it, return a reports.Report (the
+CLI renders it; everything here works without the CLI, and lets Ctrl-C out as Python raises it).
+Here, what every command that reads a model does first."""
 
 from __future__ import annotations
 
@@ -24,10 +17,8 @@ from ..model import get_method, resolve_device
 # loading: what every command that reads a model does first -------------------------------------
 
 def device_and_amp(device: str, amp: Optional[bool], log: Optional[Callable[[str], None]] = None):
-    """The device --device names (`auto`: CUDA when there is a GPU) and whether to use mixed
-    precision: only when asked (--amp), float32 by default on every device, the faster choice
-    under CUDA graphs for align and parity (docs/performance.md#precision); with `log`, the
-    device said on stderr (device_line)."""
+    """The device --device names (`auto`: CUDA when there is a GPU), said through `log`, and
+    whether to use mixed precision: only when asked (float32, the faster under CUDA graphs)."""
     dev = resolve_device(device)
     if log is not None:
         log(device_line(dev, device))
@@ -35,9 +26,7 @@ def device_and_amp(device: str, amp: Optional[bool], log: Optional[Callable[[str
 
 
 def device_line(dev, asked: str) -> str:
-    """`device cpu (--device auto: no CUDA GPU available)`, `device cuda:0 (NVIDIA H100 80GB
-    HBM3)`: what a command computes on, and why where --device auto chose. The same words on
-    every machine without a GPU, so that examples of the output hold anywhere."""
+    """`device cpu (--device auto: no CUDA GPU available)`, `device cuda:0 (NVIDIA H100 80GB HBM3)`."""
     name = device_name(dev)
     if dev.type == "cuda":
         name += f" ({torch.cuda.get_device_name(dev)})"
@@ -47,30 +36,27 @@ def device_line(dev, asked: str) -> str:
 
 
 def device_name(dev) -> str:
-    """"cpu", "cuda:0": a CUDA device by its index, which --device auto leaves out."""
+    """"cpu", "cuda:0" (a CUDA device by its index, which --device auto leaves out)."""
     if dev.type == "cuda" and dev.index is None:
         return f"cuda:{torch.cuda.current_device()}"
     return str(dev)
 
 
 def on_device(report, dev):
-    """The report with the device it was computed on in its metadata (the JSON's `device`)."""
+    """The report with the device it was computed on in its metadata."""
     report.meta["device"] = device_name(dev)
     return report
 
 
 def resolve_named(checkpoint, log: Callable[[str], None]):
-    """The file a CHECKPOINT argument names (folders.resolve_checkpoint), saying which on stderr."""
-
+    """The file a CHECKPOINT argument names (folders.resolve_checkpoint), said on stderr."""
     resolved = resolve_checkpoint(checkpoint)
     log(f"using {resolved.path} ({resolved.why})")
     return resolved.path
 
 
 def load_one(checkpoint, options, log: Callable[[str], None]):
-    """The model a CHECKPOINT argument names (default: the shipped reference model), its device,
-    and the config it runs (with options.max_steps, --max-steps, where given) and trained with."""
-
+    """The model a CHECKPOINT names, its device, the config it runs (--max-steps applied) and trained with."""
     path = resolve_named(checkpoint, log)
     dev, amp = device_and_amp(options.device, options.amp, log)
     model, cfg, state = load_model(path, dev, options.max_steps)
@@ -83,12 +69,8 @@ def steps_run(cfg, trained) -> dict:
 
 
 def check_halting(cfg, rule: Optional[str]) -> str:
-    """The rule to evaluate by: `rule` (None: not given, the model's own, config.default_halting:
-    sample, or the threshold of a head trained on the answer, which a method with a rule of its
-    own replaces); a rule given that the checkpoint's method cannot halt by is
-    refused, never replaced (compare instead shows each method's own), and so is a fixed budget
-    beyond the steps the model runs (cfg: the config it runs, --max-steps included)."""
-
+    """The rule to evaluate by: `rule`, else the model's own (config.default_halting); one its
+    method cannot halt by, or a fixed budget beyond the steps it runs, is refused, never replaced."""
     if rule is None:
         return default_halting(cfg)
     problem = get_method(cfg).halting_problem(rule)
@@ -98,10 +80,8 @@ def check_halting(cfg, rule: Optional[str]) -> str:
 
 
 def evaluation_seed(seed: Optional[int], *cfgs) -> int:
-    """The seed of an evaluation's draws, one rule for every command that runs a model (eval,
-    extrapolate, sweep, calibrate, predict, compare): the --seed given, else the checkpoints'
-    training seed when they share one, else the default seed (compare's checkpoints trained with
-    other seeds: the same draws whatever order they are named in)."""
+    """The seed of an evaluation's draws: --seed, else the checkpoints' training seed when they
+    share one, else the default seed (the same draws whatever order compare names them in)."""
     if seed is not None:
         return seed
     seeds = {cfg.training.seed for cfg in cfgs}

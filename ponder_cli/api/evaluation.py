@@ -28,7 +28,7 @@ from . import check_halting, device_and_amp, evaluation_seed, load_one, on_devic
 
 @dataclass(frozen=True)
 class EvalOptions:
-    """How to evaluate: shared by eval, extrapolate and compare."""
+    """How to evaluate: shared by eval, extrapolate, sweep, compare and calibrate."""
     protocol: Optional[str] = None  # how test images are rotated; None: the task's default (MNIST: uniform)
     halting: Optional[str] = None  # None: the method's own (api.check_halting)
     seed: Optional[int] = None  # None: the checkpoint's training seed (evaluation_seed)
@@ -64,24 +64,17 @@ Buckets = Union[Mapping[str, Optional[Sequence]], Sequence, None]
 
 
 def spelled(buckets: Buckets) -> dict:
-    """Buckets as {option: texts}: a list is what --buckets takes, None none given."""
     if buckets is None:
         return {}
     return dict(buckets) if isinstance(buckets, Mapping) else {BUCKETS: list(buckets)}
-
-
-def _test_set(task, options: EvalOptions, device):
-    """What the task's buckets are drawn from (MNIST: the test set, its first --limit images)."""
-    return task.test_data(options, device)
 
 
 PROGRESS_EVERY = 5.0  # seconds between progress lines where stderr is no terminal
 
 
 class _Ticker:
-    """Evaluation progress where stderr is a log or a pipe, where a bar would be noise: a line
-    every PROGRESS_EVERY seconds (`evaluating: 3 of 8 buckets, 15 s, about 25 s to go`), the
-    last when all are done; an evaluation quicker than that prints none."""
+    """Progress where stderr is a log or a pipe: a line every PROGRESS_EVERY seconds (`evaluating:
+    3 of 8 buckets, 15 s, about 25 s to go`), the last when all are done; none for a quick one."""
 
     def __init__(self, total: int, log: Callable[[str], None]):
         self.total, self.log, self.done = total, log, 0
@@ -105,8 +98,7 @@ class _Ticker:
 
 
 def _progress_bar(total: int, enabled: bool, log: Callable[[str], None]):
-    """One tick per bucket evaluated (per checkpoint and angle), on stderr: a bar on a
-    terminal (`enabled`), else lines through `log` (_Ticker)."""
+    """A tick per bucket: a bar on a terminal (`enabled`), else lines through `log`."""
     if not enabled:
         return _Ticker(total, log)
     from tqdm import tqdm
@@ -115,14 +107,10 @@ def _progress_bar(total: int, enabled: bool, log: Callable[[str], None]):
 
 def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int, amp: bool, *,
                   with_loss: bool, on_bucket: Optional[Callable[[], None]] = None):
-    """One dict per bucket of the task (means over `options.repeats` draws, seeds seed, seed + 1,
-    ...; each draw redraws the inputs the task draws and the coins) with the uncertainty of its
-    figures over every input of every draw (evaluate.uncertainty), Spearman's rho between
-    difficulty and steps (its mean over draws, with a 95% interval when there are several) and
-    whether the difficulty varied over the inputs (else rho was never a question: `eval` at 0°). A
-    bucket names its difficulty in the task's terms (MNIST: "rotation" and "protocol"; parity:
-    "counts", "lo", "hi")."""
-
+    """One dict per bucket (means over options.repeats draws, seeds seed, seed + 1, ..., with the
+    uncertainty of its figures over every input), Spearman's rho between difficulty and steps
+    (with a 95% interval over several draws), and whether the difficulty varied at all (else rho
+    was never a question: `eval` at 0°)."""
     task = get_task(cfg)
     used = get_method(cfg).halting_label(options.halting)
     draws, rhos, samples, varied = [], [], [[] for _ in specs], False
@@ -158,21 +146,24 @@ def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int
     return combined, rho, rho_ci, varied or rho is not None
 
 
-def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], buckets: Buckets, options: EvalOptions,
-                        *, log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
-    """eval (with the loss) and extrapolate: one checkpoint, one bucket per spec the task reads
-    from `buckets` (see Buckets: MNIST angles, parity's non-zero-count ranges "LO-HI"; None: the
-    task's default buckets for the command). `checkpoint` is a CHECKPOINT argument (a file, a run folder, `latest`, a shipped
-    model's name; None: the shipped reference model); a "using ..." line says which file;
-    progress: a bar on stderr, one tick per bucket."""
-
+def _load(checkpoint, options: EvalOptions, log: Callable[[str], None]):
+    """load_one, and the options with the halting rule to evaluate by (the run's saved rule where
+    none is given)."""
     path, dev, amp, model, cfg, trained = load_one(checkpoint, options, log)
     options = replace(options, halting=check_halting(cfg, options.halting or saved_rule(path, cfg, log)))
+    return path, dev, amp, model, cfg, trained, options
+
+
+def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], buckets: Buckets, options: EvalOptions,
+                        *, log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
+    """eval (with the loss) and extrapolate: one checkpoint (a CHECKPOINT argument; None: the
+    shipped reference model), one bucket per spec the task reads from `buckets`."""
+    path, dev, amp, model, cfg, trained, options = _load(checkpoint, options, log)
     task = get_task(cfg)
     options = _with_protocol(task, options)
     specs = task.parse_buckets(spelled(buckets), command, options.protocol, log)
     with _progress_bar(len(specs) * options.repeats, progress, log) as bar:
-        test = _test_set(task, options, dev)
+        test = task.test_data(options, dev)
         seed = evaluation_seed(options.seed, cfg)
         with_loss = command == "eval"
         buckets, rho, rho_ci, varied = _bucket_dicts(model, cfg, test, specs, options, seed, amp,
@@ -184,8 +175,7 @@ def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], bucket
 
 
 def _with_protocol(task, options: EvalOptions) -> EvalOptions:
-    """The options with the task's default protocol filled in; a protocol given to a task whose
-    buckets have none (parity) is refused rather than silently ignored."""
+    """The task's default protocol filled in; one given to a task without (parity) is refused."""
     if task.uses_protocol:
         return options if options.protocol is not None else replace(options, protocol=DEFAULT_PROTOCOL)
     if options.protocol is not None:
@@ -199,17 +189,14 @@ def _with_protocol(task, options: EvalOptions) -> EvalOptions:
 def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float], stop: Optional[float],
                      every: Optional[float], options: EvalOptions, *,
                      log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
-    """MNIST: the test set rotated by exactly each angle from `start` to `stop` every `every`
-    degrees (default 0 to 180 every 5); parity: vectors of exactly each non-zero count (default 1
-    to elems). Accuracy and mean steps per bucket, and the least-squares slope of steps."""
-
-    path, dev, amp, model, cfg, trained = load_one(checkpoint, options, log)
-    options = replace(options, halting=check_halting(cfg, options.halting or saved_rule(path, cfg, log)))
+    """Each exact difficulty from `start` to `stop` every `every` (MNIST: 0 to 180 every 5 degrees;
+    parity: each non-zero count), and the least-squares slope of steps against it."""
+    path, dev, amp, model, cfg, trained, options = _load(checkpoint, options, log)
     task = get_task(cfg)
     specs = task.sweep_specs(start, stop, every)
     fixed = replace(options, protocol="fixed")
     with _progress_bar(len(specs) * options.repeats, progress, log) as bar:
-        test = _test_set(task, options, dev)
+        test = task.test_data(options, dev)
         seed = evaluation_seed(options.seed, cfg)
         buckets, rho, _, varied = _bucket_dicts(model, cfg, test, specs, fixed, seed, amp, with_loss=False,
                                                 on_bucket=bar.update)
@@ -222,18 +209,11 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
                          rules: Optional[list[str]] = None, log: Callable[[str], None] = lambda line: None,
                          progress: bool = False, max_loss: Optional[float] = None, risk: Optional[float] = None,
                          save: bool = False) -> Report:
-    """calibrate: every candidate exit rule (default registry.CALIBRATION_RULES) on the
-    task's calibration data (MNIST: the held-out training images, rotated within the training
-    rotation, or by the angles of `buckets` under options.protocol; parity: vectors of
-    calibrate's own, of the training range or of the count ranges of `buckets`), and the cheapest rule whose agreement with the last step has
-    a one-sided 95% lower bound of at least 1 - tolerance (evaluate.choose_rule). Rotations,
-    vectors redrawn and coins come from a stream of calibrate's own (derived from the seed), never
-    the draws that validated training; options.repeats draws are pooled.
-
-    With max_loss and risk (--max-loss, --risk): the cheapest rule whose loss against the last
-    step passes fixed-sequence testing at that risk (evaluate.risk_controlled_rule), refused in
-    one error when none does. save: the chosen rule written into the run folder (save_rule)."""
-
+    """Every candidate exit rule (default registry.CALIBRATION_RULES) on the task's calibration
+    data (held out from training, drawn from a stream of calibrate's own), and the cheapest whose
+    agreement with the last step has a one-sided 95% lower bound of at least 1 - tolerance; with
+    max_loss and risk, the cheapest whose loss passes fixed-sequence testing at that risk. save:
+    the chosen rule written into the run folder."""
     if not (math.isfinite(tolerance) and 0 <= tolerance < 1):
         raise BadValue(f"--tolerance must be at least 0 and below 1 (got {tolerance:g})")
     risk_problem = _risk_problem(max_loss, risk)
@@ -245,8 +225,7 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
     except ValueError as exc:
         raise BadValue(f"--rules: {exc}") from None
     path, dev, amp, model, cfg, trained = load_one(checkpoint, options, log)
-    # by default the candidates of the rule the model was trained for: a threshold's for a head
-    # trained on the answer
+    # by default the candidates of the rule the model was trained for (a threshold's, for a head on the answer)
     rules = given or list(THRESHOLD_CALIBRATION_RULES if default_halting(cfg).startswith("threshold:")
                           else CALIBRATION_RULES)
     if model.max_steps == 1:
@@ -267,7 +246,7 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
                        f"give one {task.bucket_options[0] if task.bucket_options else BUCKETS} value and no --repeats "
                        f"(--protocol uniform within the widest angle covers the narrower ones)")
     if save:
-        save_problem(path)  # refused before any work
+        halting_save_problem(path)  # refused before any work
     seed = evaluation_seed(options.seed, cfg)
     draws = derived_seed("calibrate", seed)
     with _progress_bar(len(specs) * options.repeats, progress, log) as bar:
@@ -280,11 +259,11 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
                     bar.update()
         outcomes = rule_outcomes(model, buckets(), rules, batch_size=options.batch_size, amp=amp)
     sets = [task.bucket_fields(spec, options.protocol, specs) for spec in specs]
+    shared = dict(data=task.calibration_split, sets=sets, protocol=options.protocol, seed=seed, view=task.view(),
+                  steps=steps_run(cfg, trained))
     if risk is not None:
         chosen, tests = risk_controlled_rule(outcomes, max_loss, risk)
-        report = risk_calibration_report(str(path), cfg, tests, chosen, max_loss=max_loss, risk=risk,
-                                         data=task.calibration_split, sets=sets, protocol=options.protocol, seed=seed,
-                                         view=task.view(), steps=steps_run(cfg, trained))
+        report = risk_calibration_report(str(path), cfg, tests, chosen, max_loss=max_loss, risk=risk, **shared)
         if chosen is None:
             best = min(tests, key=lambda test: test.bound)
             raise PonderError(f"no candidate's {confidence_text(risk)} bound on the loss reaches --max-loss {max_loss:g} on "
@@ -296,20 +275,15 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
         if save and chosen is None:
             raise PonderError(f"--save: no rule's bound reaches {1 - tolerance:.1%}, there is nothing to save; raise "
                               f"--tolerance or calibrate on more")
-        report = calibration_report(str(path), cfg, outcomes, chosen, tolerance=tolerance,
-                                    data=task.calibration_split, sets=sets, protocol=options.protocol, seed=seed,
-                                    repeats=options.repeats, view=task.view(), steps=steps_run(cfg, trained),
-                                    more=task.more_calibration(options))
+        report = calibration_report(str(path), cfg, outcomes, chosen, tolerance=tolerance, repeats=options.repeats,
+                                    more=task.more_calibration(options), **shared)
     if save:
         report.meta["saved"] = str(save_rule(path, report, log))
     return on_device(report, dev)
 
 
-# risk-controlled calibration and the run's saved rule --------------------------------------------
-
 def _risk_problem(max_loss: Optional[float], risk: Optional[float]) -> Optional[str]:
-    """Why --max-loss and --risk cannot be taken as given, or None: both or neither, each a
-    share strictly between 0 and 1."""
+    """Why --max-loss and --risk cannot be taken: not both or neither, or not strictly in (0, 1)."""
     if (max_loss is None) != (risk is None):
         given, missing = ("--max-loss", "--risk") if risk is None else ("--risk", "--max-loss")
         return f"{given} bounds the loss together with {missing}: give both (e.g. --max-loss 0.003 --risk 0.1)"
@@ -319,14 +293,8 @@ def _risk_problem(max_loss: Optional[float], risk: Optional[float]) -> Optional[
     return None
 
 
-def save_problem(path: Path) -> None:
-    """Refuse calibrate --save before any work where the rule could not be saved."""
-    halting_save_problem(path)
-
-
 def save_rule(path: Path, report: Report, log: Callable[[str], None]) -> Path:
-    """Write calibrate's chosen rule into the run folder of checkpoint `path` (runs.save_halting),
-    with how it was chosen, saying so on stderr."""
+    """calibrate's chosen rule, with how it was chosen, written into the run folder of `path`."""
     meta = report.meta
     chosen = next(bucket for bucket in report.buckets if bucket["halting"] == meta["chosen"])
     how = ({"criterion": "risk", "max_loss": meta["max_loss"], "risk": meta["risk"], "bound": chosen["bound"],
@@ -343,8 +311,8 @@ def save_rule(path: Path, report: Report, log: Callable[[str], None]) -> Path:
 
 
 def saved_rule(path: Path, cfg, log: Callable[[str], None]) -> Optional[str]:
-    """The rule calibrate saved for checkpoint `path` (runs.saved_halting_for), said on stderr,
-    or None: none saved, or saved for other weights (said too)."""
+    """The rule calibrate saved for `path`, said on stderr; None where none is saved, or one for
+    other weights (said too)."""
     record, why_not = saved_halting_for(path)
     if record is None:
         return None
@@ -360,15 +328,12 @@ def saved_rule(path: Path, cfg, log: Callable[[str], None]) -> Optional[str]:
 
 def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, options: EvalOptions, *,
                         log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
-    """Several checkpoints on the same buckets (same inputs, same coin flips); checkpoints that
-    differ only in the seed are one method, reported as mean ± sd over its distinct models. They
-    must be of one task (parity: of one vector size); buckets as evaluate_checkpoint's."""
-
-    models, seen = {}, {}
+    """Several checkpoints of one task on the same inputs and coins; those that differ only in
+    the seed are one method, reported as mean ± sd over its distinct models."""
+    models, seen, trained = {}, {}, {}
     paths = [resolve_named(checkpoint, log) for checkpoint in checkpoints]  # every name checked before loading
     dev, amp = device_and_amp(options.device, options.amp, log)
-    trained = {}
-    for path in paths:  # load every file first: a bad one fails before any evaluation
+    for path in paths:  # every file loaded first: a bad one fails before any evaluation
         # --max-steps for every method that runs several steps; plain keeps its one
         model, cfg, state = load_model(path, dev, options.max_steps, every_method=False)
         digest = weights_digest(state.model)  # the weights as read, on the host: none copied back from a GPU
@@ -384,8 +349,7 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
     first = next(iter(models.values()))[1]
     seed = evaluation_seed(options.seed, *(cfg for _, cfg in models.values()))  # one draw for all
     task = get_task(first)
-    # the rule asked for, for every checkpoint, else each model's own (config.default_halting: a head
-    # trained on the answer halts at its threshold); a method with a rule of its own halts by that
+    # the rule asked for, else each model's own; a method with a rule of its own halts by that
     rule_of = {path: options.halting or default_halting(cfg) for path, (_, cfg) in models.items()}
     options = _with_protocol(task, options)
     for path, (_, cfg) in models.items():  # a method that halts by the rule asked for must run its steps
@@ -397,7 +361,7 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
     options = replace(options, detail=True)
     specs = task.parse_buckets(spelled(buckets), "compare", options.protocol, log)
     with _progress_bar(len(models) * len(specs) * options.repeats, progress, log) as bar:
-        test = _test_set(task, options, dev)
+        test = task.test_data(options, dev)
         groups = group_by_configuration([(path, cfg) for path, (_, cfg) in models.items()])
         results = [[_bucket_dicts(models[path][0], cfg, test, specs, replace(options, halting=rule_of[path]), seed,
                                   amp, with_loss=False, on_bucket=bar.update)[0]
@@ -405,5 +369,6 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
     rules = set(rule_of.values())
     shared_rule = rules.pop() if len(rules) == 1 else None  # None: each its own, which its buckets name
     return on_device(comparison_report(groups, results, specs, protocol=options.protocol,
-                                       halting=shared_rule, seed=seed, repeats=options.repeats, view=task.view(), max_steps=options.max_steps,
+                                       halting=shared_rule, seed=seed, repeats=options.repeats, view=task.view(),
+                                       max_steps=options.max_steps,
                                        trained={path: cfg.method.max_steps for path, cfg in trained.items()}), dev)

@@ -96,23 +96,13 @@ def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, d
 def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = lambda line: None,
               records: Optional[Callable[[dict], None]] = None) -> Optional[Report]:
     """Train with the options the user gave (see runs.plan_training) and report the run;
-    `records`, when given, gets each epoch's record (reports.epoch_record) as the epoch ends,
-    and a last one when training stops short (reports.stopped_record: interrupted, terminated,
-    an error), where it can still be written.
+    `records` gets each epoch's record as it ends, and a last one when training stops short.
+    The run folder is locked while training; an interrupt stops it with the last completed
+    epoch in last.pt, saying how to resume (ponder_cli.keeping).
 
-    The run folder is locked while training (runs.RunLock). An interrupt (Ctrl-C; SIGTERM too
-    under the CLI; a reader of `records` that left) stops training with the last completed
-    epoch in last.pt, and says which and how to resume (ponder_cli.keeping); so does a
-    checkpoint the disk would not take.
-
-    Under torchrun (distributed.launch) every process calls this with the same arguments and
-    trains on its share of every global batch of --batch-size images, on cuda:LOCAL_RANK on
-    CUDA. All of them check everything before the process group starts; then rank 0 alone claims
-    and locks the run folder (and tells the others which it is), logs, writes the checkpoints
-    and returns the report, the others return None. A peer lost mid-run is one PonderError with
-    the resume hint. After an interrupt or any other error the process group is left as it is
-    (its shutdown can abort when peers are gone): leave at once with distributed.leave_now, as
-    the CLI's error boundary does.
+    Under torchrun every process calls this alike and checks everything before the process
+    group starts; rank 0 alone claims the folder, logs, writes and returns the report (the
+    others None). After an error the group is left as it is: leave with distributed.leave_now.
     """
 
     if options.tensorboard:

@@ -3,113 +3,183 @@ and `runs`: every command but `train`, in the order `ponder --help` lists them."
 
 from __future__ import annotations
 
+import inspect
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from .. import BadValue
-from ..cli_options import (
-    AmpOption,
-    AnglesCommand,
-    CheckpointArgument,
-    DataDirOption,
-    DetailOption,
-    DeviceOption,
-    DownloadOption,
-    EvalBatchOption,
-    EvalSeedOption,
-    FormatOption,
-    HaltingOption,
-    LimitOption,
-    MaxStepsOption,
-    PlotOption,
-    Protocol,
-    ProtocolOption,
-    QuietOption,
-    RepeatsOption,
-    RequiredCheckpointArgument,
-    angles_option,
-    angles_text,
-    buckets_option,
-    complete_checkpoint,
-    complete_run,
-    complete_rule,
-    complete_run_key,
-    counts_option,
-    halting_rules,
-    path_option,
-)
-from ..folders import DEFAULT, LATEST, RUNS_DIR
-from ..render import OutputFormat
-from ..registry import EVAL_ANGLES, EXTRAPOLATION_ANGLES
-from .app import app, bars, chatter, evaluation_options, render_and_plot, run_evaluation, spelled_buckets
+from .. import BadValue, PonderError
+from ..cli_options import (AmpOption, DataDirOption, DeviceOption, DownloadOption, FormatOption, ListsCommand,
+                           QuietOption, checkpoint_argument, checkpoint_forms, complete_checkpoint, complete_rule,
+                           complete_run, complete_run_key, path_option)
+from ..folders import DEFAULT, LATEST, RUNS_DIR  # noqa: F401  (LATEST: for the runs commands)
+from ..registry import EVAL_ANGLES, EXTRAPOLATION_ANGLES, PROTOCOLS, parse_exit_rule, parse_halting_rule, rule_choices
+from ..render import OutputFormat, value_text
+from .app import app, bars, chatter, render_and_plot
 
-# eval, extrapolate, compare --------------------------------------------------------------------
+RUN_FILES = "last.pt, else its best.pt"  # what info and diff read of a run folder
+
+Protocol = Enum("Protocol", {value: value for value in PROTOCOLS}, type=str)
 
 
-@app.command("eval", cls=AnglesCommand)
+def _rule(parse):
+    """A --halting or --rules value as spelled (quantile:0.9), checked before any work."""
+    def check(value):
+        try:
+            return None if value is None else parse(value).spelling
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    return check
+
+
+HALTING_HELP = (f"{rule_choices()}. sample: Bernoulli(λ_n) coin per step (paper); median: first step where the "
+                "cumulative halting probability reaches 0.5; quantile:Q: where it reaches Q (median = quantile:0.5); "
+                "patience:K: first step whose predicted class is also that of the K steps before it; confidence:C: "
+                "first step whose top class probability reaches C; threshold:T: first step whose λ_n reaches T (a "
+                "head trained by --halting-target final or correct); fixed:N: every input stops at step N (a fixed "
+                "budget, the control; any method); expected: p-weighted average of all steps' outputs, steps = "
+                "Σ n·p_n. Default: sample; ACT halts by its own rule and refuses every other but fixed:N. See ponder "
+                "calibrate.")
+
+# the options the model-running commands share, each with its type: @options picks a command's
+SHARED = {
+    "protocol": (Optional[Protocol], typer.Option(
+        None, "--protocol", case_sensitive=False, show_default=False,
+        help="How MNIST test images are rotated: uniform (the default): within ±angle (reference); band: |rotation| "
+             "between the previous angle and this one; fixed: exactly ±angle. Parity checkpoints refuse it.")),
+    "halting": (Optional[str], typer.Option(None, "--halting", metavar="RULE", callback=_rule(parse_halting_rule),
+                                            autocompletion=lambda incomplete: complete_rule()(incomplete),
+                                            help=HALTING_HELP)),
+    "max_steps": (Optional[int], typer.Option(
+        None, "--max-steps", metavar="N", show_default=False,
+        help="Run up to N steps, whatever the checkpoint trained with (1 to 100; more than it trained with too): the "
+             "halting forced at step N, as at training's last step. A one-step model (plain) refuses it. [default: "
+             "the checkpoint's]")),
+    "detail": (bool, typer.Option(False, "--detail", help="Also show, per halting step, how many images halted there "
+                                  "and the accuracy if every image stopped there (runs all steps).")),
+    "plot": (Optional[Path], path_option(
+        "--plot", help="Write a figure (PNG, or another format matplotlib knows by the file's extension) of accuracy "
+                       "and ponder steps against angle and the halting-step distributions (needs matplotlib: pip "
+                       "install matplotlib).")),
+    "seed": (Optional[int], typer.Option(
+        None, "--seed", help="Seed of the test rotations and halting coin flips, drawn per input (MNIST: --limit N "
+                             "evaluates the first N images exactly as the full evaluation does). [default: the "
+                             "checkpoint's training seed]")),
+    "repeats": (int, typer.Option(1, "--repeats", min=1, help="Independent draws of rotations and halting coins "
+                                  "(seeds seed, seed+1, ...): means and 95% intervals per bucket.")),
+    "limit": (int, typer.Option(0, "--limit", min=0, help="Evaluate only the first N test images (0: all); parity: N "
+                                "vectors per non-zero count (0: 256).")),
+    "batch_size": (int, typer.Option(1000, "--batch-size", min=1, help="Images per evaluation batch.")),
+    "data_dir": (Optional[Path], DataDirOption),
+    "download": (bool, DownloadOption),
+    "device": (str, DeviceOption),
+    "amp": (Optional[bool], AmpOption),
+    "quiet": (bool, QuietOption),
+    "fmt": (OutputFormat, FormatOption),
+}
+EVALUATION = tuple(SHARED)
+
+
+def options(*names: str):
+    """`command(own..., **shared)` taking, after its own parameters, the options `names` in that
+    order: each the command's own where it declares one of that name, else SHARED's."""
+    def decorate(command):
+        own = {p.name: p for p in inspect.signature(command).parameters.values() if p.kind is not p.VAR_KEYWORD}
+        keyword = inspect.Parameter.KEYWORD_ONLY
+        command.__signature__ = inspect.Signature(
+            [p for name, p in own.items() if name not in names] +
+            [own[name].replace(kind=keyword) if name in own else
+             inspect.Parameter(name, keyword, default=SHARED[name][1], annotation=SHARED[name][0]) for name in names])
+        return command
+    return decorate
+
+
+def angles_option(default: list, what: str):
+    return typer.Option(None, "--angles", metavar="DEG...", show_default=False,
+                        help=f"{what} Several values after one flag: --angles 22.5 45; checkpoints may come before "
+                             f"or after the list. MNIST checkpoints only. [default: {' '.join(map(value_text, default))}]")
+
+
+def counts_option(default: str):
+    return typer.Option(None, "--counts", metavar="LO-HI...", show_default=False,
+                        help=f"Parity checkpoints: one bucket per range of non-zero counts, e.g. --counts 1-16 17-32 "
+                             f"(a single count: 5). [default: {default}]")
+
+
+def buckets_option(default: str):
+    return typer.Option(None, "--buckets", metavar="SPEC...", show_default=False,
+                        help=f"One bucket per spec, in the terms of the checkpoint's task (MNIST: angles, as "
+                             f"--angles; parity: count ranges, as --counts; another task: its own). Several values "
+                             f"after one flag when they are numbers or ranges LO-HI. [default: {default}]")
+
+
+def _run(call, options: dict) -> None:
+    """Check --plot's destination before any work, then render `call(EvalOptions, log=, progress=)`."""
+    from ..api import EvalOptions
+    from ..plot import check_destination
+
+    fmt, quiet, plot, protocol = (options.pop(key, None) for key in ("fmt", "quiet", "plot", "protocol"))
+    plot = check_destination(plot) if plot is not None else None
+    report = call(EvalOptions(protocol=getattr(protocol, "value", protocol), **options), log=chatter(quiet),
+                  progress=bars(quiet))
+    render_and_plot(report, fmt, plot, quiet)
+
+
+def _buckets(angles=None, counts=None, buckets=None, rotation=None) -> dict:
+    """The bucket options as the user spelled them (None: not given), for the task to read."""
+    if rotation is not None and angles is not None:
+        raise PonderError(f"--rotation and --angles are alternatives: give one (--rotation {rotation:g} is "
+                          f"--angles {rotation:g})")
+    return {"--angles": angles, "--counts": counts, "--buckets": buckets,
+            "--rotation": None if rotation is None else [str(rotation)]}
+
+
+@app.command("eval", cls=ListsCommand)
+@options(*EVALUATION)
 def eval_command(
-    checkpoint: Optional[str] = CheckpointArgument,
-    angles: Optional[List[str]] = angles_option(angles_text(EVAL_ANGLES), "Rotate test images within ±angle; one bucket per angle."),
+    checkpoint: Optional[str] = checkpoint_argument(),
+    angles: Optional[List[str]] = angles_option(EVAL_ANGLES, "Rotate test images within ±angle; one bucket per angle."),
     counts: Optional[List[str]] = counts_option("the training range in four"),
     buckets: Optional[List[str]] = buckets_option("the task's: MNIST 0, parity the training range in four"),
     rotation: Optional[float] = typer.Option(None, "--rotation", metavar="DEG",
                                              help="The same as --angles with one angle (give one or the other)."),
-    protocol: Optional[Protocol] = ProtocolOption,
-    halting: Optional[str] = HaltingOption,
-    max_steps: Optional[int] = MaxStepsOption,
-    detail: bool = DetailOption,
-    plot: Optional[Path] = PlotOption,
-    seed: Optional[int] = EvalSeedOption,
-    repeats: int = RepeatsOption,
-    limit: int = LimitOption,
-    batch_size: int = EvalBatchOption,
-    data_dir: Optional[Path] = DataDirOption,
-    download: bool = DownloadOption,
-    device: str = DeviceOption,
-    amp: Optional[bool] = AmpOption,
-    quiet: bool = QuietOption,
-    fmt: OutputFormat = FormatOption,
+    **options,
 ) -> None:
     """Accuracy, ponder steps and loss on the test set (MNIST: rotated images; parity: fixed vectors)."""
-    run_evaluation("eval", **locals())
+    from ..api import evaluate_checkpoint
+
+    spelled = _buckets(angles, counts, buckets, rotation)
+    _run(lambda eval_options, **how: evaluate_checkpoint("eval", checkpoint, spelled, eval_options, **how), options)
 
 
-@app.command(cls=AnglesCommand)
+@app.command(cls=ListsCommand)
+@options(*EVALUATION)
 def extrapolate(
-    checkpoint: Optional[str] = CheckpointArgument,
-    angles: Optional[List[str]] = angles_option(angles_text(EXTRAPOLATION_ANGLES),
-                                                "Rotation buckets in degrees (see --protocol)."),
+    checkpoint: Optional[str] = checkpoint_argument(),
+    angles: Optional[List[str]] = angles_option(EXTRAPOLATION_ANGLES, "Rotation buckets in degrees (see --protocol)."),
     counts: Optional[List[str]] = counts_option("the counts beyond the training range in four; all counts "
                                                 "in four when training saw every count"),
     buckets: Optional[List[str]] = buckets_option("the task's beyond its training: MNIST as --angles, parity as "
                                                   "--counts"),
-    protocol: Optional[Protocol] = ProtocolOption,
-    halting: Optional[str] = HaltingOption,
-    max_steps: Optional[int] = MaxStepsOption,
-    detail: bool = DetailOption,
-    plot: Optional[Path] = PlotOption,
-    seed: Optional[int] = EvalSeedOption,
-    repeats: int = RepeatsOption,
-    limit: int = LimitOption,
-    batch_size: int = EvalBatchOption,
-    data_dir: Optional[Path] = DataDirOption,
-    download: bool = DownloadOption,
-    device: str = DeviceOption,
-    amp: Optional[bool] = AmpOption,
-    quiet: bool = QuietOption,
-    fmt: OutputFormat = FormatOption,
+    **options,
 ) -> None:
     """Accuracy and ponder steps beyond training: MNIST rotated within ±angle, parity's unseen non-zero counts."""
-    run_evaluation("extrapolate", **locals())
+    from ..api import evaluate_checkpoint
+
+    spelled = _buckets(angles, counts, buckets)
+    _run(lambda eval_options, **how: evaluate_checkpoint("extrapolate", checkpoint, spelled, eval_options, **how),
+         options)
 
 
 @app.command()
+@options("halting", "max_steps", "plot", "seed", "repeats", "limit", "batch_size", "data_dir", "download", "device",
+         "amp", "fmt", "quiet")
 def sweep(
-    checkpoint: Optional[str] = CheckpointArgument,
+    checkpoint: Optional[str] = checkpoint_argument(),
     start: Optional[float] = typer.Option(None, "--from", show_default=False,
                                           help="First angle, degrees (parity: first non-zero count). [default: 0; "
                                                "parity: 1]"),
@@ -118,43 +188,25 @@ def sweep(
                                               "the vector's elements]"),
     every: Optional[float] = typer.Option(None, "--every", show_default=False,
                                           help="Degrees (parity: counts) between buckets. [default: 5; parity: 1]"),
-    halting: Optional[str] = HaltingOption,
-    max_steps: Optional[int] = MaxStepsOption,
-    plot: Optional[Path] = PlotOption,
-    seed: Optional[int] = EvalSeedOption,
-    repeats: int = RepeatsOption,
-    limit: int = LimitOption,
-    batch_size: int = EvalBatchOption,
-    data_dir: Optional[Path] = DataDirOption,
-    download: bool = DownloadOption,
-    device: str = DeviceOption,
-    amp: Optional[bool] = AmpOption,
-    fmt: OutputFormat = FormatOption,
-    quiet: bool = QuietOption,
+    **options,
 ) -> None:
     """Mental rotation: steps and accuracy at exact angles --from..--to every --every degrees, and the
     least-squares slope of steps per 10°; parity: at each exact non-zero count, steps per count."""
     from ..api import sweep_checkpoint
 
-    plot, options = evaluation_options(plot, Protocol("fixed"), halting, seed=seed, repeats=repeats,
-                                       limit=limit, batch_size=batch_size, data_dir=data_dir, download=download,
-                                       device=device, amp=amp, max_steps=max_steps)
-    report = sweep_checkpoint(checkpoint, start, stop, every, options, log=chatter(quiet), progress=bars(quiet))
-    render_and_plot(report, fmt, plot, quiet)
+    _run(lambda eval_options, **how: sweep_checkpoint(checkpoint, start, stop, every, eval_options, **how),
+         {**options, "protocol": "fixed"})
 
 
-@app.command(cls=AnglesCommand)
+@app.command(cls=ListsCommand)
+@options(*EVALUATION)
 def compare(
-    checkpoints: List[str] = typer.Argument(..., metavar="CHECKPOINT", show_default=False,
-                                            autocompletion=complete_checkpoint,
-                                            help="Checkpoints to compare (each as eval's CHECKPOINT: a file, a run "
-                                                 "folder, latest or a shipped model's name): one or more per method; "
-                                                 "several of one method (e.g. other seeds) give mean ± sd."),
-    angles: Optional[List[str]] = angles_option(angles_text(EXTRAPOLATION_ANGLES), "Rotation buckets in degrees."),
+    checkpoints: List[str] = checkpoint_argument(
+        f"Checkpoints to compare, each as eval's CHECKPOINT ({checkpoint_forms()}): one or more per method; "
+        "several of one method (e.g. other seeds) give mean ± sd.", ...),
+    angles: Optional[List[str]] = angles_option(EXTRAPOLATION_ANGLES, "Rotation buckets in degrees."),
     counts: Optional[List[str]] = counts_option("every count in four"),
     buckets: Optional[List[str]] = buckets_option("the task's: MNIST as --angles, parity as --counts"),
-    protocol: Optional[Protocol] = ProtocolOption,
-    halting: Optional[str] = HaltingOption,
     max_steps: Optional[int] = typer.Option(None, "--max-steps", metavar="N", show_default=False,
                                             help="Run every checkpoint that runs several steps up to N steps, "
                                                  "whatever it trained with (1 to 100): the halting forced at step "
@@ -163,37 +215,33 @@ def compare(
     detail: bool = typer.Option(False, "--detail", help="Also show the Controls table: each row's shuffled-halting "
                                 "null, adapting minus it, and its premature and late halts (JSON and CSV hold them "
                                 "always)."),
-    plot: Optional[Path] = PlotOption,
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the test rotations and halting coin flips, the "
                                        "same for every checkpoint, so all see the same images. [default: the "
                                        "checkpoints' training seed if they share one, else 1234]"),
-    repeats: int = RepeatsOption,
-    limit: int = LimitOption,
-    batch_size: int = EvalBatchOption,
-    data_dir: Optional[Path] = DataDirOption,
-    download: bool = DownloadOption,
-    device: str = DeviceOption,
-    amp: Optional[bool] = AmpOption,
-    quiet: bool = QuietOption,
-    fmt: OutputFormat = FormatOption,
+    **options,
 ) -> None:
     """Methods side by side on the same buckets (rotations or non-zero counts): accuracy and ponder steps, mean ± sd
     over seeds."""
     from ..api import compare_checkpoints
 
-    plot, options = evaluation_options(plot, protocol, halting, seed=seed, repeats=repeats, limit=limit,
-                                       batch_size=batch_size, data_dir=data_dir, download=download, device=device,
-                                       amp=amp, max_steps=max_steps)
-    report = compare_checkpoints(checkpoints, spelled_buckets(angles=angles, counts=counts, buckets=buckets), options,
-                                 log=chatter(quiet), progress=bars(quiet))
-    if not detail:
-        report.controls = None
-    render_and_plot(report, fmt, plot, quiet)
+    def call(eval_options, **how):
+        report = compare_checkpoints(checkpoints, _buckets(angles, counts, buckets), eval_options, **how)
+        if not detail:
+            report.controls = None
+        return report
+    _run(call, {**options, "max_steps": max_steps, "seed": seed})
 
 
-@app.command(cls=AnglesCommand)
+def _rules(values: Optional[list[str]]) -> Optional[list[str]]:
+    """calibrate's --rules, each checked as one that halts at one step, before any work."""
+    return None if values is None else [_rule(parse_exit_rule)(value) for value in values]
+
+
+@app.command(cls=ListsCommand)
+@options("protocol", "max_steps", "seed", "repeats", "limit", "batch_size", "data_dir", "download", "device", "amp",
+         "quiet", "fmt")
 def calibrate(
-    checkpoint: Optional[str] = CheckpointArgument,
+    checkpoint: Optional[str] = checkpoint_argument(),
     tolerance: Optional[float] = typer.Option(None, "--tolerance", show_default=False,
                                               help="Choose the cheapest rule whose predicted class agrees with the "
                                                    "last step's on at least 1 - this share of the validation inputs "
@@ -212,27 +260,17 @@ def calibrate(
                                               "loss on inputs drawn as the calibration inputs were exceeds E."),
     save: bool = typer.Option(False, "--save", help="Write the chosen rule into the run folder (halting.json): "
                               "eval, extrapolate and sweep then halt by it unless --halting says otherwise."),
-    rules: Optional[List[str]] = typer.Option(None, "--rules", metavar="RULE...", show_default=False,
-                                              callback=halting_rules, autocompletion=complete_rule(True),
+    rules: Optional[List[str]] = typer.Option(None, "--rules", metavar="RULE...", show_default=False, callback=_rules,
+                                              autocompletion=complete_rule(True),
                                               help="The candidate exit rules, spelled as --halting takes them "
                                               "(fixed budgets fixed:N too). Several values after one flag: --rules "
                                               "quantile:0.9 confidence:0.995. [default: quantile:0.5 to 0.99, "
                                               "patience:1 to 4, confidence:0.5 to 0.999; a head trained with "
                                               "--halting-target final|correct: threshold:0.5 to 0.9999 in place of "
                                               "the quantiles]"),
-    protocol: Optional[Protocol] = ProtocolOption,
-    max_steps: Optional[int] = MaxStepsOption,
-    seed: Optional[int] = EvalSeedOption,
-    repeats: int = RepeatsOption,
     limit: int = typer.Option(0, "--limit", min=0, help="Only the first N validation images (0: all); parity: N "
                               "vectors per non-zero count (0: 256)."),
-    batch_size: int = EvalBatchOption,
-    data_dir: Optional[Path] = DataDirOption,
-    download: bool = DownloadOption,
-    device: str = DeviceOption,
-    amp: Optional[bool] = AmpOption,
-    quiet: bool = QuietOption,
-    fmt: OutputFormat = FormatOption,
+    **options,
 ) -> None:
     """Choose an exit rule on held-out data: quantile:Q, patience:K and confidence:C rules on the validation set
     (not the test set), and the cheapest that agrees with the last step; paste it into --halting, or --save it."""
@@ -240,29 +278,23 @@ def calibrate(
 
     if tolerance is not None and (risk is not None or max_loss is not None):
         raise BadValue("--tolerance and --max-loss with --risk choose a rule each their own way: give one")
-
-    _, options = evaluation_options(None, protocol, None, seed=seed, repeats=repeats, limit=limit,
-                                    batch_size=batch_size, data_dir=data_dir, download=download, device=device, amp=amp,
-                                    max_steps=max_steps)
-    report = calibrate_checkpoint(checkpoint, spelled_buckets(angles=angles, counts=counts, buckets=buckets), options,
-                                  tolerance=0.005 if tolerance is None else tolerance, rules=rules, log=chatter(quiet), progress=bars(quiet),
-                                  max_loss=max_loss, risk=risk, save=save)
-    render_and_plot(report, fmt, None, quiet)
+    _run(lambda eval_options, **how: calibrate_checkpoint(
+        checkpoint, _buckets(angles, counts, buckets), eval_options, tolerance=0.005 if tolerance is None else tolerance,
+        rules=rules, max_loss=max_loss, risk=risk, save=save, **how), {**options, "limit": limit})
 
 
 # predict, info, models, runs ---------------------------------------------------------------------
 
 
 @app.command()
+@options("halting", "max_steps", "seed", "steps", "invert", "rotate", "plot", "device", "quiet", "fmt")
 def predict(
-    checkpoint: str = RequiredCheckpointArgument,
+    checkpoint: str = checkpoint_argument(f"{checkpoint_forms().capitalize()}.", ...),
     inputs: Optional[List[Path]] = typer.Argument(None, metavar="INPUT...", show_default=False,
                                         help="MNIST models: image files (PNG, JPEG, ...: any size and mode) or .npy "
                                              "arrays of shape (N, 28, 28); parity models: .npy arrays (N, ELEMS) or "
                                              "text files of one vector per line (entries -1, 0, 1); - reads such "
                                              "lines from standard input."),
-    halting: Optional[str] = HaltingOption,
-    max_steps: Optional[int] = MaxStepsOption,
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the halting coin flips (--halting sample). "
                                        "[default: the checkpoint's training seed]"),
     steps: bool = typer.Option(False, "--steps", help="Also show every step: its top class and probability, λ_n, "
@@ -275,32 +307,28 @@ def predict(
     plot: Optional[Path] = path_option("--plot", help="Write a strip per input: what the model sees at each "
                                         "step (align: the re-read view), the step's class and probability and "
                                         "λ_n, the halting step framed (needs matplotlib)."),
-    device: str = DeviceOption,
-    quiet: bool = QuietOption,
-    fmt: OutputFormat = FormatOption,
+    **options,
 ) -> None:
     """A model on your own inputs: the prediction, its probability and the halting step per input."""
     if not inputs:  # one argument: the input, taken for the checkpoint
         raise BadValue(f"predict takes a CHECKPOINT first, then the INPUT files: {checkpoint} was read as the "
-                          f"checkpoint and no input followed; e.g. `ponder predict {DEFAULT} {checkpoint}` (the "
-                          f"shipped model; `ponder models` lists them)")
+                       f"checkpoint and no input followed; e.g. `ponder predict {DEFAULT} {checkpoint}` (the "
+                       f"shipped model; `ponder models` lists them)")
     from ..api import PredictOptions, predict_inputs
     from ..plot import check_destination
 
+    fmt, quiet = options.pop("fmt"), options.pop("quiet")
     plot = check_destination(plot) if plot is not None else None
-    options = PredictOptions(halting=halting, seed=seed, invert=invert, rotate=rotate, steps=steps,
-                             views=plot is not None, device=device, max_steps=max_steps)
-    report = predict_inputs(checkpoint, inputs, options, log=chatter(quiet))
-    render_and_plot(report, fmt, plot, quiet)
-
+    predict_options = PredictOptions(seed=seed, invert=invert, rotate=rotate, steps=steps, views=plot is not None,
+                                     **options)
+    render_and_plot(predict_inputs(checkpoint, inputs, predict_options, log=chatter(quiet)), fmt, plot, quiet)
 
 @app.command()
 def info(
     checkpoint: Optional[str] = typer.Argument(
         None, metavar="CHECKPOINT|RUN_DIR", show_default=False,
         autocompletion=complete_checkpoint,
-        help=f"A checkpoint file, a run folder (its last.pt, else its best.pt), {LATEST} (the newest run) or a shipped "
-             f"model's name. [default: {DEFAULT}]"),
+        help=f"{checkpoint_forms(RUN_FILES).capitalize()}. [default: {DEFAULT}]"),
     plot: Optional[Path] = path_option("--plot", help="Write the learning curves: loss, accuracy and ponder "
                                         "steps per epoch (needs matplotlib)."),
     quiet: bool = QuietOption,
@@ -437,9 +465,8 @@ def ask_to_delete(rows: list[dict]) -> bool:
 def diff(
     targets: List[str] = typer.Argument(..., metavar="RUN...", show_default=False,
                                         autocompletion=complete_checkpoint,
-                                        help="Two or more runs, each as info's CHECKPOINT: a run folder (its last.pt, "
-                                             f"else its best.pt), a checkpoint file, {LATEST} or a shipped model's "
-                                             "name."),
+                                        help=f"Two or more runs, each as info's CHECKPOINT "
+                                             f"({checkpoint_forms(RUN_FILES)})."),
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:

@@ -17,6 +17,7 @@ from ..cli_options import (
     TimeLimitOption,
     QuietOption,
     TrainCommand,
+    checkpoint_forms,
     complete_checkpoint,
     complete_resumable,
     complete_piece,
@@ -91,9 +92,9 @@ RESUME_OPTION = typer.Option(None, "--resume", metavar="CHECKPOINT",  # a shippe
                                   "latest (the newest run under runs/).")
 INIT_FROM_OPTION = typer.Option(None, "--init-from", metavar="CHECKPOINT",
                                 autocompletion=lambda incomplete: complete_checkpoint(incomplete),
-                                help="Start a new run from this checkpoint's weights (a file, a run folder: its "
-                                     "best.pt, latest, or a shipped model), its settings but those given: new ones "
-                                     "where the model keeps its shapes (--lr, --epochs, --beta, ...).")
+                                help=f"Start a new run from the weights of {checkpoint_forms()}, with its "
+                                     "settings but those given: new ones where the model keeps its shapes (--lr, "
+                                     "--epochs, --beta, ...).")
 TENSORBOARD_OPTION = typer.Option(False, "--tensorboard", hidden=True, help="Also write TensorBoard event files into the run "
                                   "folder: every epoch's figures and the halting-step histogram (needs "
                                   "tensorboard: pip install tensorboard); view with tensorboard --logdir runs.")

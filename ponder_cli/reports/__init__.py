@@ -1,10 +1,6 @@
-"""What every command reports, as plain data: metadata, a list of buckets and how to show them
-(no torch). Here, the one output contract every command shares: every command's JSON is one
-object with the same metadata keys (`META_KEYS`) and a `buckets` array; its CSV has one row per
-bucket with the metadata as columns. A task names its buckets and inputs through its `TaskView`.
-`uncertainty` holds the uncertainty of figures (Wilson's interval, figures over repeated draws);
-`evaluation`, `comparison` and `runs` each command group's report.
-"""
+"""What every command reports, as plain data (no torch), and the one output contract: every
+command's JSON is one object with the metadata keys `META_KEYS` and a `buckets` array; its CSV
+one row per bucket with the metadata as columns. A task names its buckets through its TaskView."""
 
 from __future__ import annotations
 
@@ -41,7 +37,6 @@ class Report:
         return {"format_version": FORMAT_VERSION, **self.meta, "buckets": self.buckets}
 
     def csv_rows(self) -> list[dict]:
-        """One row per bucket, the scalar metadata in the first columns."""
         scalars = {k: v for k, v in self.meta.items() if not isinstance(v, dict)}
         if self.keys is not None:  # every row's cells in one order, a key a bucket lacks left empty
             return [{**scalars, **{key: bucket.get(key) for key in self.keys}} for bucket in self.buckets]
@@ -50,9 +45,8 @@ class Report:
 
 def make_meta(command: str, checkpoints: list[str], methods: list[str], steps: list[str], *,
               protocol: Optional[str], halting: Optional[str], seed: Optional[int], task: str, **extra) -> dict:
-    """The shared metadata; method and step are null when the checkpoints differ in them (every
-    bucket then carries its own). protocol: MNIST's rotation protocol, null for parity; device:
-    null here, set by the api function that computed the figures (api.on_device)."""
+    """The shared metadata; method and step null where the checkpoints differ in them (each bucket
+    then carries its own); device set by the api function that computed the figures."""
     def one(values):
         distinct = sorted(set(values))
         return distinct[0] if len(distinct) == 1 else None
@@ -62,8 +56,7 @@ def make_meta(command: str, checkpoints: list[str], methods: list[str], steps: l
 
 @dataclass(frozen=True)
 class Terms:
-    """How a task names its buckets and inputs in tables, captions and JSON (each task module
-    holds its own; see tasks/)."""
+    """How a task names its buckets and inputs in tables, captions and JSON."""
     key: str  # the bucket's difficulty key in JSON and the table ("rotation", "counts")
     header: str  # its table column
     spec: str
@@ -84,62 +77,39 @@ class Terms:
 
 @dataclass(frozen=True)
 class TaskView:
-    """What reports say of a run's task (built by the task from the run's config): its name, its
-    terms, the metadata it adds (MNIST: train_rotation; parity: elems, train_counts), how
-    captions name the training data, its protocol when it has one, and whether titles name the
-    task (not the default task's: "pondernet training (step mlp)")."""
+    """What reports say of a run's task (built by the task from the run's config)."""
     name: str
     terms: Terms
-    meta: dict
-    trained_on: str
+    meta: dict  # what it adds to the metadata (MNIST: train_rotation; parity: elems, train_counts)
+    trained_on: str  # how captions name the training data
     protocol: Optional[str] = "uniform"
-    named_in_titles: bool = True
+    named_in_titles: bool = True  # not the default task's: "pondernet training (step mlp)"
 
 
 def band_text(bucket: dict, unit: str = "") -> str:
-    """A bucket that covers a band of difficulty (`band`: [from, to], MNIST's band protocol) as
-    its edges: `45–90`."""
+    """A bucket covering a band of difficulty (MNIST's band protocol) as its edges: `45–90`."""
     low, high = bucket["band"]
     return f"{low:g}–{high:g}{unit}"
 
 
 def key_column(words: Terms, buckets: list[dict]) -> Column:
-    """The column that names each bucket: its difficulty, or its band's edges where the buckets
-    are bands (`45–90`: the row's |rotation| lies between them)."""
+    """The column that names each bucket: its difficulty, or its band's edges (under the exact
+    difficulty's header, |angle|: the row's |rotation| lies between them)."""
     if any(bucket.get("band") for bucket in buckets):
-        # the header of the exact difficulty (|angle|): a band holds |rotation| between its edges
         return Column(words.key, words.sweep_header, text=lambda row: band_text(row) if row.get("band") else "")
     return Column(words.key, words.header, words.spec)
 
 
 def describe_model(cfg, view: TaskView) -> str:
-    """How captions and titles name a model: method, step function, what it was trained on."""
     return f"{cfg.method.name} · step {cfg.step.name} · {view.trained_on}"
 
 
 # each command group's report, and the uncertainty of figures: after the contract, which they import
-from .comparison import (  # noqa: E402, F401
-    DIFFICULTY_KEYS,
-    Group,
-    compare_columns,
-    comparison_report,
-    group_by_configuration,
-    mean_and_sd,
-    plus_minus,
-)
-from .evaluation import (  # noqa: E402, F401
-    CALIBRATION_COLUMNS,
-    SWEEP_COLUMNS,
-    accuracy_column,
-    bucket_columns,
-    calibration_report,
-    evaluation_report,
-    least_squares,
-    per_bucket,
-    per_step_table,
-    sweep_columns,
-    sweep_report,
-)
+from .comparison import (DIFFICULTY_KEYS, Group, compare_columns, comparison_report,  # noqa: E402, F401
+                         group_by_configuration, mean_and_sd, plus_minus)
+from .evaluation import (CALIBRATION_COLUMNS, SWEEP_COLUMNS, accuracy_column, bucket_columns,  # noqa: E402, F401
+                         calibration_report, evaluation_report, least_squares, per_bucket, per_step_table,
+                         sweep_columns, sweep_report)
 from .runs import (HISTORY_COLUMNS, PREDICT_COLUMNS, RUNS_COLUMNS, TRAIN_COLUMNS, diff_report,  # noqa: E402, F401
                    epoch_record, info_report, prediction_report, runs_report, stopped_record,
                    training_report, trash_report)

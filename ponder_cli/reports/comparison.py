@@ -23,9 +23,8 @@ class Group:
 
 
 def group_by_configuration(models: list[tuple[str, object]]) -> list[Group]:
-    """Group (path, cfg) pairs whose configs differ only in the seed, in first-seen order, and
-    label each group by its method plus whatever sets it apart from other groups of that method
-    and step function."""
+    """(path, cfg) pairs grouped by config but the seed, in first-seen order, each labelled by its
+    method and what sets it apart from other groups of that method and step."""
     groups: dict[tuple, list] = {}
     for path, cfg in models:
         key = tuple(sorted((k, v) for k, v in cfg.to_dict().items() if k != "seed"))
@@ -45,21 +44,17 @@ def group_by_configuration(models: list[tuple[str, object]]) -> list[Group]:
 
 
 def mean_and_sd(values: list[float]) -> tuple[float, Optional[float]]:
-    """Mean and sample standard deviation over seeds; the sd is None for a single seed."""
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
 
 def plus_minus(mean: float, sd: Optional[float], spec: str) -> str:
-    """"0.9871 ±0.0007": the sd bound to its sign, as the evaluation tables write an interval, so
-    that a cell too wide breaks between the two figures, never inside one."""
+    """"0.9871 ±0.0007": the sd bound to its sign, so a cell too wide breaks between the figures."""
     return format(mean, spec) if sd is None else f"{format(mean, spec)} ±{format(sd, spec)}"
 
 
 def _controls(per_model: list[list[dict]], b: int) -> dict:
-    """Bucket b's shuffled-halting null and premature and late halts over a group's models
-    (reports.evaluation.controls_table): means over seeds, the sd over seeds, and the standard
-    error of the mean difference from each model's own over its inputs; None where a model has
-    none (a method that does not halt at one step of its own answers: ACT, plain)."""
+    """Bucket b's controls over a group's models: means and sd over seeds, the standard error of
+    the mean difference from each model's own; None where a model has none (ACT, plain)."""
     rows = [r[b] for r in per_model]
     if any(row.get("shuffled_accuracy") is None for row in rows):
         return dict.fromkeys(("shuffled_accuracy", "shuffled_accuracy_sd", "adapting_minus_shuffled",
@@ -80,7 +75,6 @@ DIFFICULTY_KEYS = ("rotation", "band", "counts", "lo", "hi")
 
 
 def compare_columns(steps_differ: bool, words: Terms, buckets: Sequence[dict] = ()) -> list[Column]:
-    """The compare table: labels wrap (`pondernet (train_rotation=22.5)`), figures never do."""
     return [Column("label", "method", "s", wrap=True)] + ([Column("step", "step", "s")] if steps_differ else []) + [
         Column("seeds", "seeds"), key_column(words, list(buckets)),
         Column("accuracy_text", "accuracy", "s", wrap=True),
@@ -91,10 +85,8 @@ def compare_columns(steps_differ: bool, words: Terms, buckets: Sequence[dict] = 
 def comparison_report(groups: list[Group], results: list[list[list[dict]]], angles: list, *,
                       protocol: Optional[str], halting: Optional[str], seed: int, repeats: int = 1,
                       view: TaskView, max_steps: Optional[int] = None, trained: Optional[dict] = None) -> Report:
-    """results[g][m][b]: the bucket dict of member m of group g in bucket b (an angle, or a
-    non-zero-count range for parity), with its accuracy_at_step; every checkpoint is of one
-    task. max_steps: --max-steps (None: each as trained), trained: each checkpoint's trained
-    max_steps by path."""
+    """results[g][m][b]: member m of group g in bucket b, with its accuracy_at_step. max_steps:
+    --max-steps (None: each as trained); trained: each checkpoint's trained max_steps by path."""
     buckets, series = [], {}
     words = view.terms
     names = {*DIFFICULTY_KEYS, words.key}

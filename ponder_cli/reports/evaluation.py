@@ -13,15 +13,14 @@ from . import Report, TaskView, Terms, describe_model, key_column, make_meta
 
 
 def per_bucket(buckets: list[dict], inputs: str) -> str:
-    """The captions' "1000 images per bucket"; buckets of different sizes (parity's count ranges
-    of different widths) give the range: "1024–2048 vectors per bucket"."""
+    """"1000 images per bucket"; buckets of different sizes give the range: "1024–2048 vectors"."""
     sizes = sorted({bucket["images"] for bucket in buckets})
     count = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}–{sizes[-1]}"
     return f"{count} {inputs} per bucket"
 
 
 def _pair(first: str, second: str, spec: str, sep: str) -> Callable[[dict], str]:
-    """A table cell of two figures, e.g. "4.09 ± 3.50": one column where two would not fit in 80."""
+    """A cell of two figures, "4.09 ± 3.50": one column where two would not fit in 80."""
     return lambda row: f"{cell_text(row.get(first), spec)}{sep}{cell_text(row.get(second), spec)}"
 
 
@@ -36,21 +35,18 @@ def _with_interval(key: str, interval: str, spec: str) -> Callable[[dict], str]:
 
 
 def accuracy_column(intervals: bool) -> Column:
-    """The accuracy, with the half-width of its Wilson 95% interval over every input evaluated
-    (every draw's) where the table has room for it."""
+    """The accuracy, with the half-width of its Wilson 95% interval where the table has room."""
     if not intervals:
         return Column("accuracy", "accuracy", ".4f")
     return Column("accuracy", "accuracy ± 95%", text=_with_interval("accuracy", "accuracy_wilson", ".4f"), wrap=True)
 
 
 def best_fixed_accuracy(accuracy_at_step: Sequence[float], mean_steps: float) -> float:
-    """The best accuracy a fixed budget reaches in no more than `mean_steps` steps on average:
-    every input stopped at step n is right with probability accuracy_at_step[n - 1], and a mix
-    of two budgets (a share of the inputs stopped at step i, the rest at j) spends the mixed mean.
-    So: the upper concave envelope of the per-step curve at the mean, or a budget below the mean
-    alone where that is better (two budgets suffice: one constraint on a linear objective). Not
-    the mix of the two budgets either side of the mean, the best only where the curve is concave
-    (0.90, 0.50, 0.95 at a mean of 2: that mix 0.50, one step alone 0.90, steps 1 and 3 mixed 0.925)."""
+    """The best accuracy a fixed budget, or a mix of two (a share of the inputs stopped at step i,
+    the rest at j), reaches in no more than `mean_steps` on average: the upper concave envelope of
+    the per-step curve at the mean, or a budget below it alone (two budgets suffice: one
+    constraint on a linear objective). Not the two either side of the mean, the best only where
+    the curve is concave (0.90, 0.50, 0.95 at 2: that mix 0.50, steps 1 and 3 mixed 0.925)."""
     last = len(accuracy_at_step)
     mean = min(max(mean_steps, 1.0), last)
     best = max(accuracy_at_step[n - 1] for n in range(1, last + 1) if n <= mean)
@@ -82,10 +78,9 @@ CONTROL_KEYS = ("shuffled_accuracy", "adapting_minus_shuffled", "adapting_minus_
 
 def controls_table(rows: list[dict], first: list[Column], figures: bool = True
                    ) -> tuple[str, list[dict], list[Column], str]:
-    """--detail's and compare's table of the controls, a row per bucket (`first`: the columns
-    that name it): the accuracy and the best fixed policy (`figures`; compare's table beside has
-    them), the shuffled-halting null (evaluate.shuffled_null) and adapting minus it with its
-    standard error, and the halts that went wrong; its caption."""
+    """The Controls table (--detail's, compare's), a row per bucket named by the `first` columns:
+    the accuracy and best fixed policy (`figures`), the shuffled-halting null and adapting minus
+    it, the halts that went wrong; and its caption."""
     columns = [*first, *([Column("accuracy", "accuracy", ".4f"), BEST_FIXED_COLUMN] if figures else []),
                Column("shuffled_accuracy", "shuffled", ".4f"),
                Column("adapting_minus_shuffled", "adapting − shuffled",
@@ -100,7 +95,7 @@ ACT_CAVEAT = "ACT's fixed budget reads step N's y_N, not the mean-field predicti
 
 
 def with_best_fixed(bucket: dict) -> None:
-    """Add `best_fixed_accuracy` to a bucket with `accuracy_at_step`, right after it (--detail)."""
+    """`best_fixed_accuracy` into a bucket with `accuracy_at_step`, right after it (--detail)."""
     items = list(bucket.items())
     bucket.clear()
     for key, value in items:
@@ -111,11 +106,9 @@ def with_best_fixed(bucket: dict) -> None:
 
 def bucket_columns(max_steps: int, with_loss: bool, intervals: bool, words: Terms,
                    budget: bool = False, buckets: Sequence[dict] = ()) -> list[Column]:
-    """What eval and extrapolate tables show of a bucket; the image count, the same in every
-    bucket, goes in the caption so that the table fits an 80-column terminal. The accuracy
-    carries its interval's half-width where that fits (not beside eval's loss); with `budget`
-    (--detail), the best fixed budget's accuracy at no more mean steps follows it, in the place
-    of the halting steps' sparkline, which the per-step table then shows in full."""
+    """What eval and extrapolate tables show of a bucket (the image count goes in the caption, so
+    that the table fits 80 columns); with `budget` (--detail), the best fixed budget's accuracy
+    in the place of the sparkline, which the per-step table then shows in full."""
     accuracy = accuracy_column(intervals)
     columns = [
         key_column(words, list(buckets)), accuracy, *([BEST_FIXED_COLUMN] if budget else []),
@@ -127,12 +120,10 @@ def bucket_columns(max_steps: int, with_loss: bool, intervals: bool, words: Term
 
 
 def steps_of(cfg, steps: Optional[dict]) -> dict:
-    """The steps a model ran and trained with (api.steps_run); None: as trained."""
     return steps or {"max_steps": cfg.method.max_steps, "trained_max_steps": cfg.method.max_steps}
 
 
 def steps_caption(steps: dict) -> str:
-    """A caption's line for a model run for other steps than it trained with (--max-steps), else ""."""
     if steps["max_steps"] == steps["trained_max_steps"]:
         return ""
     return f"\nrun to {steps['max_steps']} steps (--max-steps; trained with {steps['trained_max_steps']})"
@@ -142,10 +133,9 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
                       protocol: Optional[str], seed: int, with_loss: bool, detail: bool,
                       rho_ci: Optional[list[float]] = None, view: TaskView, steps: Optional[dict] = None,
                       difficulty_varies: bool = True, sparkline_column: bool = True) -> Report:
-    """eval / extrapolate: one bucket per rotation angle of one checkpoint (the halting rule: the
-    buckets' own). steps: {"max_steps": the steps run, "trained_max_steps": those trained}
-    (None: as trained). difficulty_varies: whether the inputs' difficulty differed at all; when
-    it did not (`eval` at 0°), the caption leaves out Spearman's rho, which nobody asked about."""
+    """eval / extrapolate: one bucket per difficulty of one checkpoint. steps: those run and
+    trained (api.steps_run; None: as trained). Where the difficulty did not vary (`eval` at 0°)
+    the caption leaves out Spearman's rho, which nobody asked about."""
     steps = steps_of(cfg, steps)
     images = sum(b["images"] for b in buckets)
     for bucket in buckets:
@@ -195,7 +185,6 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
 
 def per_step_table(buckets: list[dict], *, expected: bool,
                    label: Callable[[dict], str]) -> tuple[str, list[dict], list[Column]]:
-    """Per halting step: images that halted there and the accuracy if every image stopped there."""
     columns = [Column("step", "step")]
     rows = [{"step": k + 1} for k in range(len(buckets[0]["histogram"]))]
     # whole counts from one draw of the sample or median rule; fractions when the expected rule
@@ -213,9 +202,8 @@ def per_step_table(buckets: list[dict], *, expected: bool,
 # sweep: the "mental rotation" view -------------------------------------------------------------
 
 def least_squares(xs: list[float], ys: list[float]) -> tuple[Optional[float], Optional[float], Optional[float]]:
-    """Slope, intercept and r^2 of the least-squares line y = slope * x + intercept; a line needs
-    two distinct x: with fewer, slope and intercept are None (undefined, not 0), and so is r^2
-    when every y is the same."""
+    """Slope, intercept and r² of the least-squares line; None (undefined, not 0) without two
+    distinct x, and r² None where every y is the same."""
     mx, my = statistics.mean(xs), statistics.mean(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
     if not sxx:
@@ -238,8 +226,8 @@ SWEEP_COLUMNS = sweep_columns(Column("rotation", "|angle|", "g"))
 def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *, seed: int,
                  view: TaskView, steps: Optional[dict] = None, difficulty_varies: bool = True) -> Report:
     """Mean steps and accuracy against the exact difficulty, with the least-squares slope of steps:
-    MNIST per 10 degrees of rotation (human response times rise about linearly: Shepard & Metzler
-    1971); parity per non-zero count (ACT's paper saw ponder time rise about linearly)."""
+    MNIST per 10 degrees (human response times rise about linearly: Shepard & Metzler 1971);
+    parity per non-zero count (as ACT's paper saw ponder time rise)."""
     words = view.terms
     report = evaluation_report("sweep", checkpoint, cfg, buckets, rho,
                                protocol="fixed" if view.protocol is not None else None, seed=seed,
@@ -273,12 +261,9 @@ def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[st
                        sets: list[dict], protocol: Optional[str], seed: int, repeats: int = 1,
                        view: TaskView, data: str = "validation", steps: Optional[dict] = None,
                        more: str = "--repeats N (more draws pooled)") -> Report:
-    """calibrate: one bucket per candidate rule (evaluate.RuleOutcome) on the calibration data
-    (`data`: "calibration", inputs of its own, or "validation"); `chosen` the cheapest rule whose
-    agreement's lower bound clears 1 - tolerance (None: none does). gap: the last step's
-    accuracy minus the halting step's; within_tolerance: the agreement as measured clears it.
-    `more`: the options that calibrate on more inputs, which the advice names when no rule is
-    admitted."""
+    """calibrate: one bucket per candidate rule (evaluate.RuleOutcome); `chosen` the cheapest whose
+    agreement's lower bound clears 1 - tolerance (None: none). gap: the last step's accuracy
+    minus the halting step's. `more`: how to calibrate on more inputs, for the advice."""
     words, steps = view.terms, steps_of(cfg, steps)
     floor = 1 - tolerance
     buckets = []
@@ -313,7 +298,7 @@ def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[st
 # calibrate --max-loss --risk: a rule whose loss is bounded ---------------------------------------
 
 def confidence_text(risk: float) -> str:
-    """The confidence 1 - risk as a percentage: risk 0.1 -> "90%", 0.025 -> "97.5%", 0.1 / 3 -> "96.67%"."""
+    """1 - risk as a percentage: 0.1 -> "90%", 0.025 -> "97.5%", 0.1 / 3 -> "96.67%"."""
     return f"{(1 - risk) * 100:.4g}%"
 
 
@@ -331,9 +316,8 @@ RISK_COLUMNS = [
 def risk_calibration_report(checkpoint: str, cfg, tests: list, chosen: Optional[str], *, max_loss: float,
                             risk: float, sets: list[dict], protocol: Optional[str], seed: int, view: TaskView,
                             data: str = "validation", steps: Optional[dict] = None) -> Report:
-    """calibrate --max-loss --risk: one bucket per candidate (evaluate.RiskTest), in the order
-    tested (family by family, from the most steps), with its loss against the last step, the
-    Clopper–Pearson bound on it, and whether it passed; `chosen` the cheapest that passed."""
+    """calibrate --max-loss --risk: one bucket per candidate (evaluate.RiskTest) in the order
+    tested, with its loss, its Clopper–Pearson bound and whether it passed."""
     words, steps = view.terms, steps_of(cfg, steps)
     buckets = [{**test.as_dict(), "gap": test.accuracy_last - test.accuracy, "chosen": test.halting == chosen}
                for test in tests]

@@ -1,19 +1,13 @@
-"""The uncertainty of a figure (plain Python, no torch): measured on one sample, and over
-repeated draws (`--repeats`).
-
-A share (accuracy, agreement) measured on a sample is a binomial proportion: its interval is
-Wilson's score interval, which stays inside [0, 1] and keeps its coverage at 0 or n successes,
-where the normal approximation collapses to a point. A mean (ponder steps) has its standard
-error. Over repeated draws, each figure is the mean over the draws, with Student's t interval.
-"""
+"""The uncertainty of a figure (plain Python): a share measured on a sample has Wilson's score
+interval (inside [0, 1], keeping its coverage at 0 or n successes, where the normal
+approximation collapses); a mean its standard error; a figure over repeated draws (--repeats)
+the mean over them, with Student's t interval."""
 
 from __future__ import annotations
 
 import math
 import statistics
 from typing import Optional
-
-# one sample -------------------------------------------------------------------------------------
 
 Z_TWO_SIDED_95 = 1.959963984540054  # the normal 97.5% quantile: a two-sided 95% interval
 Z_ONE_SIDED_95 = 1.6448536269514722  # the normal 95% quantile: a one-sided 95% bound
@@ -28,27 +22,22 @@ def _wilson(successes: float, n: int, z: float) -> tuple[float, float]:
 
 
 def wilson_interval(successes: float, n: int) -> list[float] | None:
-    """Wilson's two-sided 95% interval [low, high] for a share of `successes` out of `n`
-    (None for no trials)."""
+    """Wilson's two-sided 95% interval [low, high] (None for no trials)."""
     return list(_wilson(successes, n, Z_TWO_SIDED_95)) if n > 0 else None
 
 
 def wilson_lower(successes: float, n: int) -> float | None:
-    """Wilson's one-sided 95% lower bound: the true share is at least this with 95% confidence."""
+    """Wilson's one-sided 95% lower bound."""
     return _wilson(successes, n, Z_ONE_SIDED_95)[0] if n > 0 else None
 
 
 def standard_error(sd: float, n: int) -> float | None:
-    """The standard error of a mean of `n` values whose population standard deviation is `sd`
-    (the sample's, corrected by n / (n - 1)); None below two values."""
+    """The standard error of a mean of `n` values of population sd `sd`; None below two values."""
     return sd * math.sqrt(n / (n - 1)) / math.sqrt(n) if n > 1 else None
 
 
-# repeated draws ---------------------------------------------------------------------------------
-
 def student_t_cdf(t: float, df: int) -> float:
-    """P(T <= t) for Student's t with a whole number of degrees of freedom, in closed form
-    (Abramowitz & Stegun 26.7.3 and 26.7.4: a finite sum of powers of cos theta)."""
+    """P(T <= t) for Student's t, in closed form (Abramowitz & Stegun 26.7.3 and 26.7.4)."""
     theta = math.atan2(t, math.sqrt(df))
     c2, s = math.cos(theta) ** 2, math.sin(theta)
     term, total = (1.0, 1.0) if df % 2 == 0 else (math.cos(theta), math.cos(theta))
@@ -60,9 +49,8 @@ def student_t_cdf(t: float, df: int) -> float:
 
 
 def student_t_quantile(p: float, df: int) -> float:
-    """The p quantile of Student's t with `df` degrees of freedom (p > 0.5), by bisection on the
-    closed-form distribution: exact for every count, where a table stops and z = 1.96 is too
-    narrow (t(0.975, 31) = 2.040)."""
+    """The p quantile (p > 0.5) of Student's t, by bisection: exact for every count (t(0.975, 31)
+    = 2.040, where z = 1.96 is too narrow)."""
     low, high = 0.0, 1.0
     while student_t_cdf(high, df) < p:
         high *= 2
@@ -79,9 +67,8 @@ def student_t_quantile(p: float, df: int) -> float:
 
 def mean_ci(values: list[float], bounds: tuple[float, float] = (-math.inf, math.inf)
             ) -> tuple[float, Optional[list[float]]]:
-    """Mean and its 95% confidence interval [low, high] from independent draws (Student's t
-    with n - 1 degrees of freedom), kept within `bounds` (an accuracy: 0 to 1); no interval
-    from a single draw."""
+    """Mean and its 95% interval from independent draws (Student's t), kept within `bounds`; no
+    interval from a single draw."""
     mean = statistics.mean(values)
     if len(values) < 2:
         return mean, None
@@ -91,10 +78,8 @@ def mean_ci(values: list[float], bounds: tuple[float, float] = (-math.inf, math.
 
 
 def combine_draws(draws: list[dict]) -> dict:
-    """One bucket from K independent draws of rotations and coins: every figure is the mean over
-    draws; accuracy and mean steps also get a 95% interval (`accuracy_ci`, `mean_steps_ci`), and
-    the histogram is the mean count per draw. Means are floats even where every draw gave a
-    whole count, so that a figure's type never depends on the draws' luck."""
+    """One bucket from K independent draws: every figure the mean over draws (a float even where
+    each draw gave a whole count), accuracy and mean steps with a 95% interval."""
     first = draws[0]
     if len(draws) == 1:
         return {**first, "repeats": 1, "accuracy_ci": None, "mean_steps_ci": None}
@@ -115,13 +100,10 @@ def combine_draws(draws: list[dict]) -> dict:
     return combined
 
 
-# an exact binomial bound ------------------------------------------------------------------------
-
 def regularized_beta(a: float, b: float, x: float) -> float:
-    """I_x(a, b), the regularized incomplete beta function (the Beta(a, b) distribution's CDF at
-    x), by its continued fraction (Lentz's method, as in Numerical Recipes' betacf), to double
-    precision; the fraction converges fast for x < (a + 1) / (a + b + 2), so above it the
-    symmetry I_x(a, b) = 1 - I_{1-x}(b, a) is taken."""
+    """I_x(a, b), the regularized incomplete beta function, by its continued fraction (Lentz's
+    method, Numerical Recipes' betacf), which converges fast below x = (a + 1) / (a + b + 2);
+    above it, by the symmetry I_x(a, b) = 1 - I_{1-x}(b, a)."""
     if x <= 0.0:
         return 0.0
     if x >= 1.0:
@@ -146,7 +128,7 @@ def regularized_beta(a: float, b: float, x: float) -> float:
 
 
 def binomial_cdf(k: int, n: int, p: float) -> float:
-    """P(X <= k) for X ~ Binomial(n, p), exactly (I_{1-p}(n - k, k + 1))."""
+    """P(X <= k) for X ~ Binomial(n, p): I_{1-p}(n - k, k + 1)."""
     if k < 0:
         return 0.0
     if k >= n:
@@ -155,10 +137,8 @@ def binomial_cdf(k: int, n: int, p: float) -> float:
 
 
 def clopper_pearson_upper(k: int, n: int, risk: float) -> float:
-    """The exact (Clopper–Pearson) upper 1 - risk confidence bound on a binomial share from k
-    successes in n trials: the p at which P(Binomial(n, p) <= k) = risk, the Beta(k + 1, n - k)
-    distribution's 1 - risk quantile, found by bisection on `binomial_cdf` (decreasing in p); 1
-    when k = n. With probability at least 1 - risk the true share is at most this."""
+    """The exact (Clopper–Pearson) upper 1 - risk bound on a share from k successes in n: the p
+    at which P(Binomial(n, p) <= k) = risk, by bisection; 1 when k = n."""
     if k >= n:
         return 1.0
     low, high = k / n, 1.0
