@@ -144,13 +144,13 @@ def test_a_task_defined_here_trains_evaluates_predicts_and_reports(sums_task, po
 
 
 def test_its_buckets_refuse_another_tasks_spelling_and_its_name_the_default_run_folder(sums_task, ponder,
-                                                                                        one_error_line, tmp_path):
+                                                                                        one_error_line, error, tmp_path):
     from ponder_cli.config import PonderConfig
     from ponder_cli.runs import run_dir_name
 
     assert run_dir_name(PonderConfig.of(task="sums")) == "sums-pondernet-rnn-seed1234"
-    assert "--step mlp does not fit --task sums (vectors of 6 integers 0-3); choose rnn, gru" in one_error_line(
-        ponder("train", "--task", "sums", "--step", "mlp", "--out", tmp_path / "x"))
+    error(ponder("train", "--task", "sums", "--step", "mlp", "--out", tmp_path / "x"), 2, "--step mlp", "--task sums",
+          "rnn, gru")
 
 
 def test_an_installed_package_registers_a_task_by_entry_point(monkeypatch, ponder, one_error_line, tmp_path):
