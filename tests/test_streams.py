@@ -174,8 +174,9 @@ ENCODED = {  # every command that prints results, on the shipped models, as smal
 }
 
 
-@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
-@pytest.mark.parametrize("fmt", ["table", "json", "csv"])
+# JSON is ASCII whatever the encoding: latin-1 would repeat the ascii case
+@pytest.mark.parametrize("fmt,encoding", [("table", "ascii"), ("table", "latin-1"), ("json", "ascii"),
+                                          ("csv", "ascii"), ("csv", "latin-1")])
 @pytest.mark.parametrize("command", list(ENCODED))
 def test_every_command_and_format_writes_to_a_narrow_encoding(command, fmt, encoding, tiny_mnist, tmp_path):
     from typer.testing import CliRunner
