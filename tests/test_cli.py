@@ -179,10 +179,6 @@ def test_cuda_without_cuda_is_a_clean_error(tiny_mnist, tmp_path, ponder, one_er
     assert not any(tmp_path.iterdir())
 
 
-def test_bad_config_is_a_clean_error(tiny_mnist, tmp_path, ponder, one_error_line):
-    assert "lambda-p" in one_error_line(ponder("train", "--lambda-p", 1.5, "--data-dir", tiny_mnist, "--out", tmp_path))
-
-
 # --- 80-column terminals ------------------------------------------------------------------------
 
 def _at_80_columns(report) -> str:
