@@ -142,16 +142,6 @@ def test_every_kind_of_old_checkpoint_loads_and_evaluates(kind, tiny_mnist, tmp_
     assert len(warned) == bool(warning) + (kind == "parity rnn with an image setting")  # once each, a line each
 
 
-def test_a_given_setting_from_a_file_names_the_files_key(tmp_path, ponder, error):
-    path = tmp_path / "run.toml"
-    path.write_text('[method]\nmethod = "act"\nlambda_p = 0.3\n')
-    error(ponder("train", "--config", path, "--print-config"), 2, f"--config {path}: lambda_p", "--method pondernet",
-          "act")
-    line = error(ponder("train", "--method", "act", "--lambda-p", "0.3", "--print-config"), 2, "--lambda-p",
-                 "--method pondernet", "act")
-    assert "--config" not in line
-
-
 def test_a_setting_taken_from_a_checkpoint_names_the_option_that_read_it(ponder, error):
     """--init-from's checkpoint gives settings as a --config file does: a clash names that option
     and the checkpoint, never --config nor a flag the user did not give (a refit's too)."""
