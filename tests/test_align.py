@@ -176,12 +176,12 @@ def test_align_through_every_command(method_name, tiny_mnist, tmp_path, ponder):
     state = torch.load(out / "last.pt", weights_only=True)
     assert state["epoch"] == 2 and state["config"]["step"] == "align" and state["config"]["method"] == method_name
     for command, args in (("eval", []), ("extrapolate", ["--angles", 45, 90]), ("sweep", ["--every", 45])):
-        result = ponder(command, out / "best.pt", *args, "-f", "json", "--data-dir", tiny_mnist)
+        result = ponder(command, out / "best.pt", *args, "-f", "json", "--limit", 50, "--data-dir", tiny_mnist)
         assert result.exit_code == 0, result.output
         data = json.loads(result.stdout)
         assert data["step"] == "align" and data["method"] == method_name
         assert all(1 <= b["mean_steps"] <= (1 if method_name == "plain" else 4) for b in data["buckets"])
-    table = ponder("compare", out / "best.pt", "--angles", 30, "--data-dir", tiny_mnist)
+    table = ponder("compare", out / "best.pt", "--angles", 30, "--limit", 50, "--data-dir", tiny_mnist)
     assert table.exit_code == 0 and "align" in table.stdout
 
 
