@@ -357,7 +357,7 @@ def test_every_computing_command_says_its_device(checkpoint, tiny_mnist, tmp_pat
     np.save(tmp_path / "digit.npy", np.zeros((28, 28)))
     for args in (["eval", checkpoint, "--angles", 10], ["sweep", checkpoint, "--from", 0, "--to", 10],
                  ["compare", checkpoint, "--angles", 10], ["predict", checkpoint, tmp_path / "digit.npy"]):
-        result = ponder(*args, "--data-dir", tiny_mnist, "-f", "json") if args[0] != "predict" else \
+        result = ponder(*args, "--data-dir", tiny_mnist, "--limit", 20, "-f", "json") if args[0] != "predict" else \
             ponder(*args, "-f", "json")
         assert result.exit_code == 0, result.output
         assert _strict(result.stdout)["device"] == "cpu"
