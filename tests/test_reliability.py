@@ -607,7 +607,7 @@ def test_latest_reads_the_newest_run_and_says_which(checkpoint, tiny_mnist, tmp_
     result = invoke("extrapolate", "latest", "--angles", 10, "--data-dir", tiny_mnist, "-f", "json")
     assert result.exit_code == 0, result.output
     newer = str(Path("runs") / "newer" / "best.pt")
-    assert result.stderr.splitlines()[0] == f"using {newer} (latest: the newest run under runs/)"
+    assert result.stderr.splitlines()[0].startswith(f"using {newer} (latest")
     assert json.loads(result.stdout)["checkpoints"] == [newer]
 
 
