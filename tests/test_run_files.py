@@ -218,7 +218,7 @@ def test_no_run_hides_another_and_latest_is_the_run_started_last(tiny_mnist, tmp
     assert listed[0]["when"] == listed[1]["when"] <= listed[2]["when"]
     result = ponder("eval", "latest", "--limit", 20, "--data-dir", tiny_mnist, "-f", "json")
     assert result.exit_code == 0, result.output
-    assert "using runs/pondernet-mlp-seed3/best.pt (latest: the newest run under runs/)" in result.stderr
+    assert "using runs/pondernet-mlp-seed3/best.pt (latest" in result.stderr
     assert json.loads(result.stdout)["seed"] == 3
 
 
