@@ -152,7 +152,7 @@ def test_resume_takes_a_run_folder_or_latest(checkpoint, tiny_mnist, tmp_path, m
     assert result.exit_code == 0, result.output
     result = ponder("train", "--resume", "latest", "--epochs", 2, "--data-dir", tiny_mnist, "-f", "json")
     assert result.exit_code == 0, result.output
-    assert result.stderr.splitlines()[0] == "using runs/one/last.pt (latest: the newest run under runs/)"
+    assert result.stderr.splitlines()[0].startswith("using runs/one/last.pt (latest")
     assert json.loads(result.stdout)["epochs"] == 2
     result = ponder("train", "--resume", run, "--epochs", 3, "--data-dir", tiny_mnist)
     assert result.exit_code == 0, result.output
