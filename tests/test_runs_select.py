@@ -54,7 +54,7 @@ def test_the_table_and_csv_show_the_settings_that_differ(runs, ponder):
     assert [(row["name"], row["seed"]) for row in rows] == [("act", "1234"), ("plain", "1234"), ("pn2", "2"),
                                                             ("pn1", "1")]
     none = ponder("runs", runs, "--where", "step!=mlp")
-    assert none.exit_code == 0 and f"no run under {runs}/ meets step!=mlp" in none.stdout
+    assert none.exit_code == 0 and len(none.stdout.splitlines()) == 1 and "step!=mlp" in none.stdout
 
 
 KEYS = ["run", "name", "task", "method", "step", "status", "best_val_accuracy", "lambda_p", "started"]
@@ -152,7 +152,9 @@ def test_rm_moves_runs_to_the_trash_restore_brings_them_back_bit_for_bit_and_onl
     deleted = json.loads(ponder("runs", "rm", "--empty", "--yes", "-f", "json").stdout)
     assert [row["run"] for row in deleted["buckets"]] == ["runs/act"] and not (tmp_path / "runs" / ".trash").exists()
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["pn1"]
-    assert "no trash under runs/ and ./: nothing deleted" in ponder("runs", "rm", "--empty").stdout
+    nothing = ponder("runs", "rm", "--empty")
+    assert nothing.exit_code == 0 and len(nothing.stdout.splitlines()) == 1  # one line: nothing to delete
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["pn1"]
     error(ponder("runs", "rm", "--restore"), 2, "runs/", "./")
 
 
