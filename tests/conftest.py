@@ -1,5 +1,5 @@
 """Shared test plumbing: no real MNIST and no network unless a test is marked `mnist`, tiny
-generated MNIST, the CLI runner, the one-error-line check, trained tiny checkpoints of every
+generated MNIST, the CLI runner, the one-error-line checks, trained tiny checkpoints of every
 method, a checkpoint payload that would run code if unpickled, and the early-exit loop driven on
 given outputs.
 
@@ -83,6 +83,33 @@ def one_error_line():
     """one_error_line(result): asserts a clean failure (non-zero exit, no traceback, exactly
     one `Error:` line on stderr) and returns that line."""
     return _one_error_line
+
+
+def _error(result, code: int, *named) -> str:
+    """The kind of a message, not its sentence: a clean failure (as `_one_error_line`) with exit
+    status `code`, nothing on stdout, and an `Error:` line that names each of `named` (an option,
+    a value, a file). Takes click's Result or a finished process (returncode, stdout, stderr)."""
+    if not hasattr(result, "exit_code"):  # subprocess.CompletedProcess or processes.Process
+        out, err = (result.stdout, result.stderr) if hasattr(result, "args") else result.communicate()
+        lines = [line for line in (err or "").splitlines() if line.startswith("Error")]
+        assert "Traceback" not in (out or "") + (err or ""), err
+        assert len(lines) == 1, err
+        status, line = result.returncode, lines[0]
+    else:
+        line, status, out = _one_error_line(result), result.exit_code, result.stdout
+    assert status == code, (status, line)
+    assert not out, out
+    assert line.startswith("Error: "), line
+    for name in named:
+        assert str(name) in line, (name, line)
+    return line
+
+
+@pytest.fixture(scope="session")
+def error():
+    """error(result, code, *named): asserts one `Error:` line on stderr naming each of `named`,
+    exit status `code` and nothing on stdout; returns the line."""
+    return _error
 
 
 TINY = ["--val-size", "100", "--batch-size", "64", "--no-progress"]

@@ -11,9 +11,9 @@ line-buffered, as Python's own), SIGINT raising KeyboardInterrupt and SIGTERM en
 process, no signal blocked (whatever the suite was started with: a shell's `&` leaves SIGINT
 ignored), a tqdm lock of its own (not the semaphore the fork would share), the environment and
 working directory asked for; and its ending: the exit status an uncaught exception or
-`SystemExit` gives, stdout flushed, non-daemon threads joined. What depends on the
-interpreter's own start (which modules it imports, its streams' encoding, a standard stream
-closed before it starts) is tested with a fresh interpreter (`subprocess`) instead.
+`SystemExit` gives, stdout flushed, non-daemon threads joined. A stream's encoding, stderr closed
+or SIGINT ignored at the start, a test sets up in its child as the interpreter would; what only a
+fresh interpreter shows (which modules it imports) is tested with `subprocess`.
 
 The test process must have run torch with one thread (conftest sees to it): a child forked
 after OpenMP ran a pool of threads hangs in it.

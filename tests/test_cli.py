@@ -67,7 +67,7 @@ def test_train_json_summary(tiny_mnist, tmp_path, ponder):
     assert "epoch  1/2" in result.stderr  # progress stays on stderr
 
 
-def test_train_with_a_fresh_cnn_mask_per_step(tiny_mnist, tmp_path, ponder, quick, one_error_line):
+def test_train_with_a_fresh_cnn_mask_per_step(tiny_mnist, tmp_path, ponder, quick, error):
     result = ponder("train", *quick, "--cnn-dropout-mask", "per-step", "--data-dir", tiny_mnist,
                     "--out", tmp_path / "run", "-f", "json", "-q")
     assert result.exit_code == 0, result.output
@@ -75,7 +75,7 @@ def test_train_with_a_fresh_cnn_mask_per_step(tiny_mnist, tmp_path, ponder, quic
     assert load_checkpoint(tmp_path / "run" / "best.pt").config.step.cnn_dropout_mask == "per-step"
     refused = ponder("train", *quick, "--step", "align", "--cnn-dropout-mask", "per-step", "--data-dir", tiny_mnist,
                      "--out", tmp_path / "align")
-    assert one_error_line(refused) == "Error: --cnn-dropout-mask applies to --step mlp, not align"
+    error(refused, 2, "--cnn-dropout-mask", "--step mlp", "align")
 
 
 @pytest.mark.parametrize("command", ["eval", "extrapolate", "compare"])
@@ -98,7 +98,7 @@ def test_one_json_contract(command, checkpoint, tiny_mnist, ponder):
 
 @pytest.mark.parametrize("command", ["eval", "extrapolate", "compare"])
 def test_one_csv_contract(command, checkpoint, tiny_mnist, ponder):
-    result = ponder(command, checkpoint, "--angles", 10, 20, "-f", "csv", "--data-dir", tiny_mnist)
+    result = ponder(command, checkpoint, "--angles", 10, 20, "-f", "csv", "--limit", 20, "--data-dir", tiny_mnist)
     rows = list(csv.DictReader(io.StringIO(result.stdout)))
     assert len(rows) == 2 and list(rows[0])[:len(META_KEYS)] == list(META_KEYS)
     assert rows[0]["method"] == "pondernet" and rows[0]["step"] == "mlp" and rows[0]["command"] == command
@@ -110,7 +110,7 @@ def test_one_csv_contract(command, checkpoint, tiny_mnist, ponder):
 def test_checkpoint_before_or_after_angles(command, order, checkpoint, tiny_mnist, ponder):
     angles = {"before": ["--angles", 10, 20], "after": ["--angles", 10, 20], "equals": ["--angles=10", 20]}[order]
     args = [checkpoint, *angles] if order == "before" else [*angles, checkpoint]
-    result = ponder(command, *args, "-f", "json", "--data-dir", tiny_mnist)
+    result = ponder(command, *args, "-f", "json", "--limit", 20, "--data-dir", tiny_mnist)  # the parse, on few images
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     buckets = data["sets"] if command == "calibrate" else data["buckets"]  # calibrate's buckets are its rules
@@ -129,46 +129,35 @@ def test_extrapolate_table(checkpoint, tiny_mnist, ponder):
     assert "pondernet · step mlp" in table.stdout
 
 
-def test_missing_checkpoint_is_a_clean_error(tmp_path, tiny_mnist, ponder, one_error_line):
-    result = ponder("eval", tmp_path / "nope.pt", "--data-dir", tiny_mnist)
-    line = one_error_line(result)
-    assert "nope.pt" in line and "does not exist" in line and result.exit_code == 1
+# a missing checkpoint: test_shipped.py; --angles with no value: test_reliability.py
+@pytest.mark.parametrize("command", ["eval", "extrapolate", "compare"])
+def test_non_numeric_angle_is_a_clean_error(command, checkpoint, tiny_mnist, ponder, error):
+    error(ponder(command, checkpoint, "--angles", 10, "--angles", "abc", "--data-dir", tiny_mnist), 2, "--angles", "'abc'")
 
 
 @pytest.mark.parametrize("command", ["eval", "extrapolate", "compare"])
-def test_non_numeric_angle_is_a_clean_error(command, checkpoint, tiny_mnist, ponder, one_error_line):
-    line = one_error_line(ponder(command, checkpoint, "--angles", 10, "--angles", "abc", "--data-dir", tiny_mnist))
-    assert "'abc'" in line and "not a number" in line
-
-
-def test_empty_angles_is_a_clean_error(checkpoint, ponder, one_error_line):
-    assert "--angles" in one_error_line(ponder("extrapolate", checkpoint, "--angles", "--format", "json"))
-
-
-@pytest.mark.parametrize("command", ["eval", "extrapolate", "compare"])
-def test_unwritable_plot_fails_before_any_work(command, checkpoint, tmp_path, ponder, one_error_line):
+def test_unwritable_plot_fails_before_any_work(command, checkpoint, tmp_path, ponder, error):
     """Refused before any evaluation: no MNIST is needed to get the --plot error."""
     pytest.importorskip("matplotlib")
     no_data = ["--data-dir", tmp_path / "no-mnist", "--no-download"]
     target = tmp_path / "no" / "such" / "dir" / "plot.png"
     result = ponder(command, checkpoint, "--angles", 10, "--plot", target, *no_data)
-    assert f"--plot {target}: cannot write to" in one_error_line(result) and result.exit_code == 1
-    line = one_error_line(ponder(command, checkpoint, "--angles", 10, "--plot", tmp_path / "p.txt", *no_data))
-    assert "cannot write .txt files" in line
+    error(result, 1, f"--plot {target}")
+    error(ponder(command, checkpoint, "--angles", 10, "--plot", tmp_path / "p.txt", *no_data), 1, "--plot", ".txt")
     readonly = tmp_path / "readonly"
     readonly.mkdir(mode=0o555)
     if not os.access(readonly, os.W_OK):  # root may write anywhere
-        line = one_error_line(ponder(command, checkpoint, "--angles", 10, "--plot", readonly / "p.png", *no_data))
-        assert f"cannot write to {readonly}" in line
+        error(ponder(command, checkpoint, "--angles", 10, "--plot", readonly / "p.png", *no_data), 1, readonly)
 
 
 @pytest.mark.parametrize("command", ["extrapolate", "compare"])
 def test_plot_without_extension_gets_png_and_says_so(command, checkpoint, tiny_mnist, tmp_path, ponder):
     pytest.importorskip("matplotlib")
-    result = ponder(command, checkpoint, "--angles", 10, "--plot", tmp_path / "fig", "--data-dir", tiny_mnist)
+    result = ponder(command, checkpoint, "--angles", 10, "--plot", tmp_path / "fig", "--limit", 20,
+                    "--data-dir", tiny_mnist)
     assert result.exit_code == 0, result.output
     assert (tmp_path / "fig.png").read_bytes()[:4] == b"\x89PNG"
-    assert f"plot written to {tmp_path / 'fig.png'}" in result.stderr
+    assert str(tmp_path / "fig.png") in result.stderr  # said where it went
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -176,10 +165,6 @@ def test_cuda_without_cuda_is_a_clean_error(tiny_mnist, tmp_path, ponder, one_er
     result = ponder("train", "--device", "cuda", "--data-dir", tiny_mnist, "--out", tmp_path)
     assert "CUDA is not available" in one_error_line(result)
     assert not any(tmp_path.iterdir())
-
-
-def test_bad_config_is_a_clean_error(tiny_mnist, tmp_path, ponder, one_error_line):
-    assert "lambda-p" in one_error_line(ponder("train", "--lambda-p", 1.5, "--data-dir", tiny_mnist, "--out", tmp_path))
 
 
 # --- 80-column terminals ------------------------------------------------------------------------
@@ -369,13 +354,13 @@ def test_evaluation_shows_a_bar_on_a_terminal_and_fits_80_columns(checkpoint, ti
 
 @pytest.mark.parametrize("command", ["train", "eval", "extrapolate", "compare"])
 def test_quiet_silences_chatter_not_results_or_errors(command, checkpoint, tiny_mnist, tmp_path, monkeypatch, quick,
-                                                      ponder, one_error_line):
+                                                      ponder, error):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs" / "mine").mkdir(parents=True)
     (tmp_path / "runs" / "mine" / "best.pt").write_bytes(checkpoint.read_bytes())  # `latest`: "using ..."
-    args = {"train": [*quick, "--out", tmp_path / "run", "--overwrite"], "eval": ["latest"],
-            "extrapolate": ["latest", "--angles", 10, "--plot", tmp_path / "fig.png"],
-            "compare": [checkpoint, checkpoint, "--angles", 10]}[command]
+    args = {"train": [*quick, "--out", tmp_path / "run", "--overwrite"], "eval": ["latest", "--limit", 20],
+            "extrapolate": ["latest", "--angles", 10, "--plot", tmp_path / "fig.png", "--limit", 20],
+            "compare": [checkpoint, checkpoint, "--angles", 10, "--limit", 20]}[command]
     loud = ponder(command, *args, "--data-dir", tiny_mnist)
     assert loud.exit_code == 0, loud.output
     assert loud.stderr  # training lines, "using ...", "plot written to ...", "the same model as ..."
@@ -387,7 +372,7 @@ def test_quiet_silences_chatter_not_results_or_errors(command, checkpoint, tiny_
     else:
         assert quiet.stdout == loud.stdout
     mistake = ["--lr", 0] if command == "train" else ["--angles", 500]
-    assert "must be" in one_error_line(ponder(command, *args, "-q", *mistake, "--data-dir", tiny_mnist))
+    error(ponder(command, *args, "-q", *mistake, "--data-dir", tiny_mnist), 2, mistake[0].lstrip("-"))  # errors stay
 
 
 def test_another_librarys_warning_is_one_line(capsys):
@@ -420,7 +405,7 @@ def test_every_csv_cell_is_free_of_the_separator(checkpoint, runs, tiny_mnist, t
                 ["predict", checkpoint, tmp_path / "two.npy", "--steps"],
                 ["info", runs / "pn1"], ["models"], ["runs", runs]]
     for command in commands:
-        result = ponder(*command, "-f", "csv", "--data-dir", tiny_mnist) if command[0] not in (
+        result = ponder(*command, "-f", "csv", "--limit", 40, "--data-dir", tiny_mnist) if command[0] not in (
             "predict", "info", "models", "runs") else ponder(*command, "-f", "csv")
         assert result.exit_code == 0, (command, result.output)
         rows = list(csv.DictReader(io.StringIO(result.stdout)))
@@ -456,24 +441,20 @@ def test_shell_completion_is_switched_on_and_works_offline():
         assert out.split() == expected, (words, out, stderr)
 
 
-@pytest.mark.parametrize("args, line", [
-    (["eval", "--limit", "-1"], "Error: Invalid value for '--limit': Input should be greater than or equal to 0"),
-    (["eval", "--max-steps", "1000"], "Error: --max-steps must be a whole number from 1 to 100 (got 1000)"),
-    (["train", "--epochs", "0"], "Error: epochs must be > 0 (got 0)"),
-    (["train", "--lambda-p", "2"], "Error: lambda-p must be in (0, 1] (got 2.0)"),
-    (["train", "--device", "tpu"], "Error: unknown device 'tpu'; use auto, cpu, cuda or cuda:N"),
-    (["eval", "--angles", "400"], "Error: --angles must be between 0 and 180 degrees: images are rotated within "
-                                  "+-angle (got 400)"),
-    (["eval", "--seed", "-1"], "Error: --seed must be an integer from 0 to 2**63 - 1 (got -1)"),
-    (["calibrate", "--tolerance", "2"], "Error: --tolerance must be at least 0 and below 1 (got 2)"),
-    (["sweep", "--from", "90", "--to", "10"], "Error: the sweep needs --from <= --to and --every > 0 (got 90, 10, 5)"),
-    (["eval", "parity16", "--halting", "fixed:30"], "Error: --halting fixed:30 stops at step 30, beyond the 20 steps "
-                                                   "this pondernet model runs (--max-steps runs more)"),
-    (["eval", "parity16", "--counts", "1-40"], "Error: count range 1-40 must satisfy 1 <= LO <= HI <= 16 (the "
-                                              "elements of a vector)"),
+@pytest.mark.parametrize("args, named", [  # the option, the value given, the range allowed
+    (["eval", "--limit", "-1"], ["--limit", "0"]),
+    (["eval", "--max-steps", "1000"], ["--max-steps", "1000", "100"]),
+    (["train", "--epochs", "0"], ["epochs", "0"]),
+    (["train", "--lambda-p", "2"], ["lambda-p", "2.0", "(0, 1]"]),
+    (["train", "--device", "tpu"], ["'tpu'", "auto, cpu, cuda or cuda:N"]),
+    (["eval", "--angles", "400"], ["--angles", "400", "180"]),
+    (["eval", "--seed", "-1"], ["--seed", "-1", "2**63 - 1"]),
+    (["calibrate", "--tolerance", "2"], ["--tolerance", "2"]),
+    (["sweep", "--from", "90", "--to", "10"], ["--from", "--to", "90, 10"]),
+    (["eval", "parity16", "--halting", "fixed:30"], ["--halting fixed:30", "20 steps", "--max-steps"]),
+    (["eval", "parity16", "--counts", "1-40"], ["1-40", "16"]),
 ])
-def test_a_value_out_of_range_exits_2_whichever_check_finds_it(args, line, ponder, one_error_line):
+def test_a_value_out_of_range_exits_2_whichever_check_finds_it(args, named, ponder, error):
     """click's parser gives 2 for what it checks (--limit -1); ponder's own range checks give the
     same, so a script sees every usage mistake alike (and 1 for the rest: a missing file)."""
-    result = ponder(*args)
-    assert one_error_line(result) == line and result.exit_code == 2
+    error(ponder(*args), 2, *named)

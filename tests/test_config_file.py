@@ -52,24 +52,24 @@ def test_a_flat_json_file_is_read_too(tmp_path):
                                                                                            "step": "align"}
 
 
-@pytest.mark.parametrize("text,message", [
-    ('[training]\nlamda_p = 0.1\n', "unknown setting 'lamda_p' (did you mean 'lambda_p'?)"),
-    ('[training]\nlambda_p = 0.1\n', "lambda_p belongs in [method], not [training]"),
-    ('[model]\nhidden = 3\n', "unknown table [model]; the tables are [task], [step], [method], [training]"),
-    ('[training]\nepochs = "20"\n', "epochs must be a whole number (got '20')"),
-    ('[training]\nepochs = 2.5\n', "epochs must be a whole number (got 2.5)"),
-    ('[step]\ngru_orthogonal = 1\n', "gru_orthogonal must be true or false (got 1)"),
-    ('[training]\nlr = inf\n', "lr must be a finite number"),
-    ('[method]\nhalting_bias = "high"\n', "halting_bias must be a number or 'prior' (got 'high')"),
-    ('[method]\nmethod = "act"\nlambda_p = 0.3\n', "lambda_p applies to --method pondernet, not act"),
-    ('epochs = \n', "not valid TOML"),
+@pytest.mark.parametrize("text,named", [  # the key and what is wrong with it: a suggestion, its table, its type
+    ('[training]\nlamda_p = 0.1\n', ["'lamda_p'", "'lambda_p'"]),
+    ('[training]\nlambda_p = 0.1\n', ["lambda_p", "[method]", "[training]"]),
+    ('[model]\nhidden = 3\n', ["[model]", "[task], [step], [method], [training]"]),
+    ('[training]\nepochs = "20"\n', ["epochs", "whole number", "'20'"]),
+    ('[training]\nepochs = 2.5\n', ["epochs", "whole number", "2.5"]),
+    ('[step]\ngru_orthogonal = 1\n', ["gru_orthogonal", "true or false", "1"]),
+    ('[training]\nlr = inf\n', ["lr", "finite"]),
+    ('[method]\nhalting_bias = "high"\n', ["halting_bias", "'prior'", "'high'"]),
+    ('[method]\nmethod = "act"\nlambda_p = 0.3\n', ["lambda_p", "--method pondernet", "act"]),
+    ('epochs = \n', ["TOML"]),
 ])
-def test_a_mistake_in_a_file_is_one_message_naming_the_file_and_the_key(tmp_path, text, message):
+def test_a_mistake_in_a_file_is_one_message_naming_the_file_and_the_key(tmp_path, text, named):
     path = write(tmp_path, "run.toml", text)
     with pytest.raises(PonderError) as caught:
         from_file(path)
     assert str(caught.value).startswith(f"--config {path}: ")
-    assert message in str(caught.value)
+    assert all(part in str(caught.value) for part in named), str(caught.value)
 
 
 def test_a_missing_file_a_folder_or_a_device_is_named(tmp_path):
@@ -78,25 +78,25 @@ def test_a_missing_file_a_folder_or_a_device_is_named(tmp_path):
     with pytest.raises(PonderError, match="is a directory"):
         read_config_file(tmp_path)
     # the same check as for checkpoints and predict's inputs: never "no such file" for /dev/null
-    with pytest.raises(PonderError, match="^--config /dev/null is a character device, not a regular file"):
+    with pytest.raises(PonderError, match="^--config /dev/null is a character device"):
         read_config_file(Path("/dev/null"))
     os.mkfifo(tmp_path / "fifo")  # never opened: reading a pipe would wait for a writer
-    with pytest.raises(PonderError, match="is a named pipe \\(FIFO\\), not a regular file"):
+    with pytest.raises(PonderError, match="named pipe"):
         read_config_file(tmp_path / "fifo")
 
 
-def test_a_setting_that_does_not_apply_names_the_file_and_the_key(tmp_path, ponder, one_error_line):
+def test_a_setting_that_does_not_apply_names_the_file_and_the_key(tmp_path, ponder, error):
     config = tmp_path / "parity.toml"
     config.write_text('[task]\ntask = "parity"\ntrain_rotation = 30\n')
-    line = one_error_line(ponder("train", "--config", config, "--print-config"))
-    assert line == f"Error: --config {config}: train_rotation applies to --task mnist, not parity"
+    named = [f"--config {config}: train_rotation", "--task mnist", "parity"]
+    error(ponder("train", "--config", config, "--print-config"), 2, *named)
     config.write_text("[task]\ntrain_rotation = 30\n")  # the task from the command line, the key from the file
-    line = one_error_line(ponder("train", "--config", config, "--task", "parity", "--out", tmp_path / "run"))
-    assert line == f"Error: --config {config}: train_rotation applies to --task mnist, not parity"
+    error(ponder("train", "--config", config, "--task", "parity", "--out", tmp_path / "run"), 2, *named)
     assert not (tmp_path / "run").exists()
     # a flag the user typed is still named as the flag
-    line = one_error_line(ponder("train", "--task", "parity", "--train-rotation", 30, "--print-config"))
-    assert line == "Error: --train-rotation applies to --task mnist, not parity"
+    line = error(ponder("train", "--task", "parity", "--train-rotation", 30, "--print-config"), 2, "--train-rotation",
+                 "--task mnist", "parity")
+    assert "--config" not in line
 
 
 OPTION_SETS = [{}, {"step": "align"}, {"method": "act", "tau": 0.02}, {"method": "plain"},
@@ -151,10 +151,9 @@ def test_a_value_the_task_fills_in_is_labelled_as_derived_not_as_a_default(ponde
     assert 'train_counts = "1-6"' in given.stdout and "# derived" not in given.stdout
 
 
-def test_a_bad_config_file_is_one_error_line(tmp_path, ponder, one_error_line):
+def test_a_bad_config_file_is_one_error_line(tmp_path, ponder, error):
     path = write(tmp_path, "bad.toml", "[training]\nepoch = 3\n")
-    line = one_error_line(ponder("train", "--config", path, "--print-config"))
-    assert line == f"Error: --config {path}: unknown setting 'epoch' (did you mean 'epochs'?)"
+    error(ponder("train", "--config", path, "--print-config"), 1, f"--config {path}", "'epoch'", "'epochs'")
 
 
 def test_a_run_folder_config_toml_trains_the_same_model_again(tiny_mnist, tmp_path, ponder, quick):

@@ -34,23 +34,25 @@ def test_spellings_parse_to_a_rule_that_keeps_them():
     assert parse_halting_rule("confidence:0.95").quantile is None
 
 
-@pytest.mark.parametrize("text, message", [
-    ("quantile:1.5", "quantile:Q needs a number Q with 0 < Q < 1 (got '1.5')"),
-    ("quantile:0", "quantile:Q needs a number Q with 0 < Q < 1 (got '0')"),
-    ("quantile:nan", "quantile:Q needs a number Q with 0 < Q < 1 (got 'nan')"),
-    ("quantile:abc", "quantile:Q needs a number Q with 0 < Q < 1 (got 'abc')"),
-    ("quantile", "quantile needs its parameter: quantile:Q with 0 < Q < 1 (got 'quantile')"),
-    ("confidence:1", "confidence:C needs a number C with 0 < C < 1 (got '1')"),
-    ("confidence", "confidence needs its parameter: confidence:C with 0 < C < 1 (got 'confidence')"),
-    ("patience:0", "patience:K needs a whole number K >= 1 (got '0')"),
-    ("patience:1.5", "patience:K needs a whole number K >= 1 (got '1.5')"),
-    ("median:2", "the median rule takes no parameter (got 'median:2')"),
-    ("foo", "unknown halting rule 'foo'; choose from sample, median, expected, quantile:Q, patience:K, confidence:C, threshold:T, fixed:N"),
+# each message names what was given and the spelling it should have had
+@pytest.mark.parametrize("text, named", [
+    ("quantile:1.5", ["'1.5'", "quantile:Q", "0 < Q < 1"]),
+    ("quantile:0", ["'0'", "quantile:Q", "0 < Q < 1"]),
+    ("quantile:nan", ["'nan'", "quantile:Q", "0 < Q < 1"]),
+    ("quantile:abc", ["'abc'", "quantile:Q", "0 < Q < 1"]),
+    ("quantile", ["'quantile'", "quantile:Q", "0 < Q < 1"]),
+    ("confidence:1", ["'1'", "confidence:C", "0 < C < 1"]),
+    ("confidence", ["'confidence'", "confidence:C", "0 < C < 1"]),
+    ("patience:0", ["'0'", "patience:K", "K >= 1"]),
+    ("patience:1.5", ["'1.5'", "patience:K", "K >= 1"]),
+    ("median:2", ["'median:2'", "median"]),
+    ("foo", ["'foo'", "sample, median, expected, quantile:Q, patience:K, confidence:C, threshold:T, fixed:N"]),
 ])
-def test_bad_spellings_are_one_error_line(text, message, ponder, one_error_line):
-    with pytest.raises(ValueError, match=f"^{message.replace('(', '[(]').replace(')', '[)]')}$"):
+def test_bad_spellings_are_one_error_line(text, named, ponder, error):
+    with pytest.raises(ValueError) as caught:
         parse_halting_rule(text)
-    assert one_error_line(ponder("extrapolate", "--halting", text)) == f"Error: Invalid value for '--halting': {message}"
+    assert all(part in str(caught.value) for part in named), str(caught.value)
+    error(ponder("extrapolate", "--halting", text), 2, "--halting", *named)
 
 
 def test_help_shows_the_spellings(ponder):
@@ -266,11 +268,10 @@ def test_reports_name_the_rule_as_given(runs, tiny_mnist, ponder):
 
 
 @pytest.mark.parametrize("rule", ["quantile:0.9", "patience:2", "confidence:0.9", "sample", "median", "expected"])
-def test_act_refuses_every_rule_given_in_one_line_but_compare_shows_its_own(rule, runs, tiny_mnist, ponder,
-                                                                          one_error_line):
-    line = one_error_line(ponder("eval", runs / "act" / "best.pt", "--halting", rule, "--data-dir", tiny_mnist))
-    assert line == (f"Error: --halting {rule} applies to pondernet checkpoints; this one is act, which halts by its "
-                    f"own rule (halting units summing to 1 - epsilon) or at a fixed budget (fixed:N)")
+def test_act_refuses_every_rule_given_in_one_line_but_compare_shows_its_own(rule, runs, tiny_mnist, ponder, error):
+    # the rule given, the method it applies to, this one's, and what it takes instead
+    error(ponder("eval", runs / "act" / "best.pt", "--halting", rule, "--data-dir", tiny_mnist), 2,
+          f"--halting {rule}", "pondernet", "act", "fixed:N")
     result = ponder("compare", runs / "pn1" / "best.pt", runs / "act" / "best.pt", "--angles", 30, "--halting", rule,
                     "--data-dir", tiny_mnist)
     assert result.exit_code == 0 and f"pondernet → {rule} · act → act" in result.stdout
@@ -362,7 +363,7 @@ def test_calibrate_command_contract(fixed_model, tiny_mnist, ponder, monkeypatch
     assert lines[-1].startswith("chosen: quantile:0.5 ") and lines[-1].endswith("--halting quantile:0.5")
 
 
-def test_calibrate_takes_the_candidates_from_rules(fixed_model, tiny_mnist, ponder, one_error_line):
+def test_calibrate_takes_the_candidates_from_rules(fixed_model, tiny_mnist, ponder, error):
     # the fixed model: lambda = 1/2 and one class throughout (test_calibrate_on_a_model_whose_outputs_are_known)
     result = ponder("calibrate", "--rules", "confidence:0.9", "quantile:0.8", "patience:1", fixed_model,
                     "--data-dir", tiny_mnist, "-f", "json", "--tolerance", 0.03)  # 100 inputs: bound 0.9737
@@ -371,54 +372,45 @@ def test_calibrate_takes_the_candidates_from_rules(fixed_model, tiny_mnist, pond
     assert [(b["halting"], b["mean_steps"]) for b in report["buckets"]] == [
         ("confidence:0.9", 5), ("quantile:0.8", 3), ("patience:1", 2)]
     assert report["chosen"] == "patience:1"
-    assert one_error_line(ponder("calibrate", fixed_model, "--rules", "confidence:2", "--data-dir", tiny_mnist)) == \
-        "Error: Invalid value for '--rules': confidence:C needs a number C with 0 < C < 1 (got '2')"
-    assert one_error_line(ponder("calibrate", fixed_model, "--rules", "--data-dir", tiny_mnist)) == \
-        "Error: Invalid value for '--rules': needs at least one halting rule"
+    error(ponder("calibrate", fixed_model, "--rules", "confidence:2", "--data-dir", tiny_mnist), 2, "--rules",
+          "confidence:C", "'2'")
+    error(ponder("calibrate", fixed_model, "--rules", "--data-dir", tiny_mnist), 2, "--rules")
 
 
 @pytest.mark.parametrize("rules", [["expected"], ["sample", "expected"]])
-def test_calibrate_refuses_the_expected_rule_at_the_option(rules, fixed_model, ponder, one_error_line):
-    line = one_error_line(ponder("calibrate", fixed_model, "--rules", *rules, "--limit", 100))
-    assert line == ("Error: Invalid value for '--rules': the expected rule averages every step's outputs and halts "
-                    "at no single step; calibrate compares rules that halt at one step: sample, median, quantile:Q, "
-                    "patience:K, confidence:C, threshold:T, fixed:N")
+def test_calibrate_refuses_the_expected_rule_at_the_option(rules, fixed_model, ponder, error):
+    # naming the rule refused and the ones calibrate takes
+    error(ponder("calibrate", fixed_model, "--rules", *rules, "--limit", 100), 2, "--rules", "expected",
+          "sample, median, quantile:Q, patience:K, confidence:C, threshold:T, fixed:N")
 
 
-def test_calibrate_refuses_the_expected_rule_on_a_shipped_parity_model(ponder, one_error_line):
-    line = one_error_line(ponder("calibrate", "parity16", "--rules", "expected", "--limit", 4))
-    assert "the expected rule averages every step's outputs" in line
+def test_calibrate_refuses_the_expected_rule_on_a_shipped_parity_model(ponder, error):
+    error(ponder("calibrate", "parity16", "--rules", "expected", "--limit", 4), 2, "--rules", "expected")
 
 
 def test_calibrate_checkpoint_refuses_the_expected_rule_without_the_cli(fixed_model):
     from ponder_cli import PonderError
     from ponder_cli.api import EvalOptions, calibrate_checkpoint
 
-    with pytest.raises(PonderError, match="^--rules: the expected rule averages"):
+    with pytest.raises(PonderError, match="^--rules: .*expected"):
         calibrate_checkpoint(fixed_model, None, EvalOptions(), rules=["expected"])
 
 
-@pytest.mark.parametrize("run, message", [
-    ("act", "Error: calibrate applies to pondernet checkpoints; this one is act, which halts by its own rule or at "
-            "a fixed budget (fixed:N)"),
-    ("plain", "runs one step: every rule halts there, there is nothing to calibrate"),
-])
-def test_calibrate_refuses_act_and_one_step(run, message, runs, tiny_mnist, ponder, one_error_line):
-    line = one_error_line(ponder("calibrate", runs / run / "best.pt", "--data-dir", tiny_mnist))
-    assert line == message if line.startswith("Error: calibrate") else line.endswith(message)
+@pytest.mark.parametrize("run, named", [("act", ["calibrate", "pondernet", "act", "fixed:N"]),
+                                        ("plain", ["one step"])])
+def test_calibrate_refuses_act_and_one_step(run, named, runs, tiny_mnist, ponder, error):
+    error(ponder("calibrate", runs / run / "best.pt", "--data-dir", tiny_mnist), 1, *named)
 
 
-def test_calibrate_on_act_names_the_rules_given_never_a_halting_option(runs, tiny_mnist, ponder, one_error_line):
-    line = one_error_line(ponder("calibrate", runs / "act" / "best.pt", "--rules", "sample", "patience:2",
-                                 "--data-dir", tiny_mnist))
-    assert line == ("Error: --rules sample patience:2 applies to pondernet checkpoints; this one is act, which halts "
-                    "by its own rule or at a fixed budget (fixed:N)")
+def test_calibrate_on_act_names_the_rules_given_never_a_halting_option(runs, tiny_mnist, ponder, error):
+    line = error(ponder("calibrate", runs / "act" / "best.pt", "--rules", "sample", "patience:2",
+                        "--data-dir", tiny_mnist), 1, "--rules sample patience:2", "pondernet", "act")
+    assert "--halting" not in line
 
 
 @pytest.mark.parametrize("tolerance", ["-0.1", "1", "nan"])
-def test_calibrate_refuses_a_bad_tolerance(tolerance, checkpoint, ponder, one_error_line):
-    line = one_error_line(ponder("calibrate", checkpoint, "--tolerance", tolerance))
-    assert line == f"Error: --tolerance must be at least 0 and below 1 (got {float(tolerance):g})"
+def test_calibrate_refuses_a_bad_tolerance(tolerance, checkpoint, ponder, error):
+    error(ponder("calibrate", checkpoint, "--tolerance", tolerance), 2, "--tolerance", f"{float(tolerance):g}")
 
 
 def test_every_calibrate_column_has_a_header(checkpoint, tiny_mnist, ponder):

@@ -38,14 +38,12 @@ def _strict(text: str):
 
 @pytest.mark.parametrize("files", [("config.json", "metrics.csv", "config.toml"), ("environment.json",),
                                    ("events.out.tfevents.1700000000.host",), ("best.pt",)])
-def test_a_folder_holding_any_file_a_run_writes_is_refused(files, tmp_path, ponder, one_error_line):
+def test_a_folder_holding_any_file_a_run_writes_is_refused(files, tmp_path, ponder, error):
     out = tmp_path / "myproj"
     out.mkdir()
     for name in files:
         (out / name).write_text(f"mine: {name}")
-    line = one_error_line(ponder("train", *PARITY, "--epochs", 1, "--out", out))
-    assert line.startswith(f"Error: {out} already holds ") and "--overwrite" in line
-    assert all(name in line for name in files)
+    error(ponder("train", *PARITY, "--epochs", 1, "--out", out), 1, out, "--overwrite", *files)
     assert sorted(p.name for p in out.iterdir()) == sorted(files)  # nothing added, nothing replaced
     assert all((out / name).read_text() == f"mine: {name}" for name in files)
 
@@ -64,26 +62,24 @@ def test_overwrite_replaces_them_and_an_unrelated_file_does_not_count(tmp_path, 
     assert (out / "metrics.csv").read_text().startswith("epoch,")
 
 
-def test_resuming_into_another_folder_refuses_the_users_files_too(tmp_path, ponder, one_error_line):
+def test_resuming_into_another_folder_refuses_the_users_files_too(tmp_path, ponder, error):
     run = tmp_path / "run"
     assert ponder("train", *PARITY, "--epochs", 1, "--out", run, "-q").exit_code == 0
     other = tmp_path / "other"
     other.mkdir()
     (other / "config.toml").write_text("mine")
-    line = one_error_line(ponder("train", "--resume", run, "--epochs", 2, "--out", other))
-    assert "config.toml" in line and (other / "config.toml").read_text() == "mine"
+    error(ponder("train", "--resume", run, "--epochs", 2, "--out", other), 1, other, "config.toml")
+    assert (other / "config.toml").read_text() == "mine"
 
 
 # 2. an image that would decode to gigabytes ----------------------------------------------------------
 
 @pytest.mark.parametrize("side", [40, 70])  # over Pillow's limit (a warning), over twice it (an error)
-def test_a_decompression_bomb_is_one_error_line(side, tmp_path, monkeypatch, ponder, one_error_line):
+def test_a_decompression_bomb_is_one_error_line(side, tmp_path, monkeypatch, ponder, error):
     from PIL import Image
     Image.new("L", (side, side), 0).save(tmp_path / "bomb.png")
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # the same guard, at a size a test can afford
-    line = one_error_line(ponder("predict", "align", tmp_path / "bomb.png"))
-    assert line == (f"Error: {tmp_path / 'bomb.png'}: refused, an image of more than 1,000 pixels (Pillow's guard "
-                    "against decompression bombs); scale it down, a digit needs few pixels")
+    error(ponder("predict", "align", tmp_path / "bomb.png"), 1, tmp_path / "bomb.png", "1,000 pixels")
 
 
 # 3. strict JSON --------------------------------------------------------------------------------------
@@ -130,24 +126,24 @@ def test_a_sweep_of_one_point_has_no_slope(args, key, checkpoint, tiny_mnist, po
 
 # 5. --plot naming a folder --------------------------------------------------------------------------
 
-def test_plot_naming_a_folder_is_refused_before_any_work(tmp_path, ponder, one_error_line):
+def test_plot_naming_a_folder_is_refused_before_any_work(tmp_path, ponder, error):
     pytest.importorskip("matplotlib")
     (tmp_path / "figures").mkdir()
-    line = one_error_line(ponder("sweep", "--plot", tmp_path / "figures", "-q", "--data-dir", tmp_path / "none"))
-    assert line == f"Error: --plot {tmp_path / 'figures'} is a directory; name a file, such as " \
-                   f"{tmp_path / 'figures' / 'plot.png'}"
+    result = ponder("sweep", "--plot", tmp_path / "figures", "-q", "--data-dir", tmp_path / "none")
+    # naming the folder and a file in it to give instead
+    error(result, 1, f"--plot {tmp_path / 'figures'}", tmp_path / "figures" / "plot.png")
     assert not (tmp_path / "figures.png").exists()
 
 
 # 6. a checkpoint cut short or damaged -------------------------------------------------------------------
 
-def test_a_truncated_or_damaged_checkpoint_says_so(checkpoint, tmp_path, ponder, one_error_line):
+def test_a_truncated_or_damaged_checkpoint_says_so(checkpoint, tmp_path, ponder, error):
     whole = checkpoint.read_bytes()
     for size in (100, len(whole) // 2, len(whole) - 1):
         cut = tmp_path / f"cut{size}.pt"
         cut.write_bytes(whole[:size])
-        line = one_error_line(ponder("info", cut))
-        assert line.startswith(f"Error: checkpoint {cut} is cut short or damaged: its zip archive has no end")
+        line = error(ponder("info", cut), 1, cut, "cut short")
+        assert "central directory" not in line  # what is wrong with the file, not torch's words for it
     with zipfile.ZipFile(checkpoint) as archive:  # a byte of tensor data changed: only the CRC tells
         member = next(i for i in archive.infolist() if "/data/" in i.filename and i.file_size > 16)
     damaged = bytearray(whole)
@@ -155,17 +151,16 @@ def test_a_truncated_or_damaged_checkpoint_says_so(checkpoint, tmp_path, ponder,
     start = member.header_offset + 30 + name_length + extra_length  # the member's data, after its local header
     damaged[start + 8] ^= 0xFF
     (tmp_path / "damaged.pt").write_bytes(bytes(damaged))
-    line = one_error_line(ponder("info", tmp_path / "damaged.pt"))
-    assert line.startswith(f"Error: checkpoint {tmp_path / 'damaged.pt'} is damaged: {member.filename} fails its "
-                           "checksum")
+    line = error(ponder("info", tmp_path / "damaged.pt"), 1, tmp_path / "damaged.pt", member.filename, "checksum")
+    assert "cut short" not in line  # told from a file cut short
 
 
 # 7. special files: one check (the --config case is in test_config_file.py) -------------------------
 
-@pytest.mark.parametrize("args", [["info", "/dev/null"], ["eval", "/dev/null"], ["predict", "align", "/dev/null"],
-                                  ["train", "--config", "/dev/null"]])
-def test_a_character_device_is_named_for_what_it_is(args, ponder, one_error_line):
-    assert "/dev/null is a character device, not a regular file" in one_error_line(ponder(*args))
+# a checkpoint that is a device: test_reliability.py
+@pytest.mark.parametrize("args", [["predict", "align", "/dev/null"], ["train", "--config", "/dev/null"]])
+def test_a_character_device_is_named_for_what_it_is(args, ponder, error):
+    error(ponder(*args), 1, "/dev/null", "character device")
 
 
 # 9. a run folder in its first epoch ---------------------------------------------------------------------
@@ -176,24 +171,21 @@ def _run_folder_without_checkpoint(folder: Path) -> None:
                                                    "method": "pondernet", "step": "gru", "epochs": 20}}))
 
 
-def test_info_on_a_run_folder_with_no_checkpoint_yet(tmp_path, ponder, one_error_line):
+def test_info_on_a_run_folder_with_no_checkpoint_yet(tmp_path, ponder, error):
     folder = tmp_path / "run"
     _run_folder_without_checkpoint(folder)
-    line = one_error_line(ponder("info", folder))
-    assert line == (f"Error: {folder} is a run folder with no checkpoint yet: no epoch was saved (the run failed or "
-                    "was stopped before its first epoch ended)")
+    assert "PID" not in error(ponder("info", folder), 1, folder, "no checkpoint")
     with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as child:
         try:
             (folder / ".ponder.lock").write_text(str(child.pid))
-            line = one_error_line(ponder("info", folder))
-            assert line == (f"Error: {folder} is a run folder with no checkpoint yet: training now (PID {child.pid}), "
-                            "its first epoch not finished")
+            error(ponder("info", folder), 1, folder, "no checkpoint", f"PID {child.pid}")
         finally:
             child.kill()
     # a folder of the user's own that holds a config.json is no run folder
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "config.json").write_text("{}")
-    assert "holds no last.pt or best.pt" in one_error_line(ponder("info", tmp_path / "mine"))
+    line = error(ponder("info", tmp_path / "mine"), 1, tmp_path / "mine", "last.pt", "best.pt")
+    assert "no checkpoint" not in line
 
 
 # 10. names never split mid-word ----------------------------------------------------------------------
@@ -229,22 +221,19 @@ def test_tables_in_a_pipe_are_80_columns_unless_columns_says(monkeypatch):
 @pytest.mark.parametrize("key,value,kind", [("max_steps", "twenty", "a whole number"), ("max_steps", True,
                                             "a whole number"), ("lambda_p", "0.2", "a number"),
                                             ("gru_layer_norm", 1, "true or false")])
-def test_a_wrong_type_in_a_checkpoints_config_names_the_key(key, value, kind, tmp_path, ponder, one_error_line):
+def test_a_wrong_type_in_a_checkpoints_config_names_the_key(key, value, kind, tmp_path, ponder, error):
     state = torch.load(PARITY16, weights_only=True)
     state["config"][key] = value
     torch.save(state, tmp_path / "typed.pt")
-    line = one_error_line(ponder("info", tmp_path / "typed.pt"))
     # named as every configuration message names a setting: max-steps (the key max_steps, the option --max-steps)
-    assert line == (f"Error: checkpoint {tmp_path / 'typed.pt'} has an incompatible config: {key.replace('_', '-')} "
-                    f"must be {kind} (got {value!r})")
+    error(ponder("info", tmp_path / "typed.pt"), 1, tmp_path / "typed.pt", key.replace("_", "-"), kind, repr(value))
 
 
 # 12. --rotate beyond a turn ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("angle", ["1e39", "361", "-400", "nan", "inf"])
-def test_rotate_must_be_an_angle(angle, ponder, one_error_line):
-    line = one_error_line(ponder("predict", "align", "one.png", "--rotate", angle))
-    assert line.startswith("Error: --rotate must be a number of degrees from -360 to 360 (got ")
+def test_rotate_must_be_an_angle(angle, ponder, error):
+    error(ponder("predict", "align", "one.png", "--rotate", angle), 2, "--rotate", "360")
 
 
 # ponder runs ---------------------------------------------------------------------------------------
@@ -310,19 +299,19 @@ def test_runs_lists_every_run_folder_with_its_status(run_folders, checkpoint, po
         assert word in table, word  # whole: figures and names never wrap
 
 
-def test_runs_of_a_named_folder_a_run_folder_or_none(run_folders, tmp_path, ponder, one_error_line, monkeypatch):
+def test_runs_of_a_named_folder_a_run_folder_or_none(run_folders, tmp_path, ponder, error, monkeypatch):
     data = _strict(ponder("runs", run_folders / "a-finished", "-f", "json").stdout)
     assert [b["status"] for b in data["buckets"]] == ["finished"]
     monkeypatch.chdir(tmp_path)  # no runs/ here: an empty list, said so
     result = ponder("runs")
-    assert result.exit_code == 0 and result.stdout == "no run under runs/ and ./ yet: `ponder train` writes one under runs/\n"
+    assert result.exit_code == 0 and len(result.stdout.splitlines()) == 1 and "`ponder train`" in result.stdout
     assert _strict(ponder("runs", "-f", "json").stdout)["buckets"] == []
     assert ponder("runs", "-f", "csv").stdout.startswith("command,task,checkpoints,")  # a header, no blank line
-    assert one_error_line(ponder("runs", tmp_path / "nope")).startswith(f"Error: {tmp_path / 'nope'} does not exist")
+    error(ponder("runs", tmp_path / "nope"), 1, tmp_path / "nope")
 
 
-def test_runs_finds_the_runs_trained_with_out_and_a_folder_of_runs_is_one_rule(runs, tmp_path, ponder,
-                                                                                one_error_line, monkeypatch):
+def test_runs_finds_the_runs_trained_with_out_and_a_folder_of_runs_is_one_rule(runs, tmp_path, ponder, error,
+                                                                                monkeypatch):
     """`ponder runs` lists every run folder below the current folder (runs/, an --out folder, a
     sweep's runs/sweep/seed1), as `eval` and `info` name a folder of runs: one rule."""
     import shutil
@@ -346,8 +335,7 @@ def test_runs_finds_the_runs_trained_with_out_and_a_folder_of_runs_is_one_rule(r
     assert [row["name"] for row in listed["buckets"]] == ["pn1", "mine", "sweep/lr/seed1", "deep/a/b/c/d"]
     assert [row["run"] for row in json.loads(ponder("runs", "sweep", "-f", "json").stdout)["buckets"]] == \
         ["sweep/lr/seed1"]
-    line = one_error_line(ponder("info", "sweep"))
-    assert line.startswith("Error: sweep is a folder of runs (lr/seed1), not one run: `ponder runs sweep` lists them")
+    error(ponder("info", "sweep"), 1, "lr/seed1", "`ponder runs sweep`")
 
 
 def test_age_reads_as_a_person_would():
@@ -369,18 +357,18 @@ def test_every_computing_command_says_its_device(checkpoint, tiny_mnist, tmp_pat
     np.save(tmp_path / "digit.npy", np.zeros((28, 28)))
     for args in (["eval", checkpoint, "--angles", 10], ["sweep", checkpoint, "--from", 0, "--to", 10],
                  ["compare", checkpoint, "--angles", 10], ["predict", checkpoint, tmp_path / "digit.npy"]):
-        result = ponder(*args, "--data-dir", tiny_mnist, "-f", "json") if args[0] != "predict" else \
+        result = ponder(*args, "--data-dir", tiny_mnist, "--limit", 20, "-f", "json") if args[0] != "predict" else \
             ponder(*args, "-f", "json")
         assert result.exit_code == 0, result.output
         assert _strict(result.stdout)["device"] == "cpu"
-        assert "device cpu (--device auto: no CUDA GPU available)" in result.stderr.splitlines() or \
+        assert any(line.startswith("device cpu (--device auto") for line in result.stderr.splitlines()) or \
             torch.cuda.is_available()
     trained = ponder("train", "--epochs", 1, "--max-steps", 2, "--val-size", 100, "--train-size", 100,
                      "--data-dir", tiny_mnist, "--out", tmp_path / "run", "--no-progress")
     assert trained.exit_code == 0, trained.output
-    assert [line for line in trained.stderr.splitlines() if line.startswith("training ")] == [
-        "training pondernet (step mlp) on 100 images, validating on 100, device cpu (--device auto: no CUDA GPU "
-        "available)"] or torch.cuda.is_available()
+    [training] = [line for line in trained.stderr.splitlines() if line.startswith("training ")]
+    assert all(word in training for word in ("pondernet", "mlp", "100 images", "100", "device cpu (--device auto")) or \
+        torch.cuda.is_available()
     explicit = ponder("predict", checkpoint, tmp_path / "digit.npy", "--device", "cpu")
     assert explicit.exit_code == 0 and "device cpu" in explicit.stderr.splitlines()
     for command in ("info", "models"):
@@ -434,38 +422,33 @@ def test_a_signal_during_an_evaluation_is_one_line(signal_name, code, headline, 
         assert [bucket["rotation"] for bucket in json.loads(stdout)["buckets"]] == [10, 20]
     else:
         assert stdout == ""
-        assert stderr.splitlines()[-1] == f"{headline}: ponder eval stopped before its results; nothing was written"
+        assert stderr.splitlines()[-1].startswith(f"{headline}: ponder eval stopped")
 
 
 # found by a fresh new-user pass ------------------------------------------------------------------
 
-def test_an_npy_header_promising_more_than_the_file_holds_is_one_line(tmp_path, ponder, one_error_line):
+def test_an_npy_header_promising_more_than_the_file_holds_is_one_line(tmp_path, ponder, error):
     np = pytest.importorskip("numpy")
     with open(tmp_path / "huge.npy", "wb") as f:  # 730 GiB promised, 100 bytes given: was a MemoryError traceback
         np.lib.format.write_array_header_1_0(f, {"descr": "|u1", "fortran_order": False, "shape": (10**9, 28, 28)})
         f.write(b"\0" * 100)
-    assert one_error_line(ponder("predict", "align", tmp_path / "huge.npy")) == \
-        f"Error: {tmp_path / 'huge.npy'}: a .npy array cut short: its header promises more data than the file holds"
+    error(ponder("predict", "align", tmp_path / "huge.npy"), 1, tmp_path / "huge.npy", "cut short")
 
 
-def test_out_and_plot_name_a_special_file_for_what_it_is(tmp_path, ponder, one_error_line):
+def test_out_and_plot_name_a_special_file_for_what_it_is(tmp_path, ponder, error):
     pytest.importorskip("matplotlib")
     os.mkfifo(tmp_path / "fifo")
-    line = one_error_line(ponder("sweep", "--plot", tmp_path / "fifo", "--data-dir", tmp_path))
-    assert line.startswith(f"Error: --plot {tmp_path / 'fifo'} is a named pipe (FIFO), not a regular file")
+    error(ponder("sweep", "--plot", tmp_path / "fifo", "--data-dir", tmp_path), 1, f"--plot {tmp_path / 'fifo'}",
+          "named pipe")
     assert not (tmp_path / "fifo.png").exists()  # was written beside it (--plot /dev/null: /dev/null.png)
-    assert one_error_line(ponder("train", "--out", "/dev/null")).startswith(
-        "Error: --out /dev/null is a character device, not a regular file")
+    error(ponder("train", "--out", "/dev/null"), 1, "--out /dev/null", "character device")
 
 
-def test_a_folder_of_runs_given_as_a_checkpoint_points_to_ponder_runs(run_folders, ponder, one_error_line):
-    for command in ("info", "eval"):
-        line = one_error_line(ponder(command, run_folders))
-        assert line.startswith(f"Error: {run_folders} is a folder of runs (a-finished, b-stopped, c-interrupted, ...), "
-                               f"not one run: `ponder runs {run_folders}` lists them")
-    line = one_error_line(ponder("eval", run_folders / "e-empty"))
-    assert line == (f"Error: {run_folders / 'e-empty'} is a run folder with no checkpoint yet: no epoch was saved (the "
-                    "run failed or was stopped before its first epoch ended)")
+def test_a_folder_of_runs_given_as_a_checkpoint_points_to_ponder_runs(run_folders, ponder, error):
+    for command in ("info", "eval"):  # a few of its runs named, then the command that lists them
+        error(ponder(command, run_folders), 1, "a-finished, b-stopped, c-interrupted, ...",
+              f"`ponder runs {run_folders}`")
+    error(ponder("eval", run_folders / "e-empty"), 1, run_folders / "e-empty", "no checkpoint")
 
 
 def test_every_command_words_an_interrupt_alike_and_gives_the_handlers_back(monkeypatch, ponder):

@@ -114,7 +114,7 @@ def test_an_answer_target_refuses_truncation_and_random_depth():
 
 
 @pytest.mark.parametrize("target", ["final", "correct"])
-def test_an_answer_target_refuses_the_kl_terms_settings_it_never_reads(target, ponder, one_error_line, tmp_path,
+def test_an_answer_target_refuses_the_kl_terms_settings_it_never_reads(target, ponder, error, tmp_path,
                                                                        checkpoint):
     """No KL term under an answer target: --beta, --lambda-p, --prior and --beta-warmup given
     would change nothing, so they are refused as a setting no chosen piece reads is; the same
@@ -135,15 +135,12 @@ def test_an_answer_target_refuses_the_kl_terms_settings_it_never_reads(target, p
     shown = PonderConfig.of(**answer).shown_fields()  # what config.toml, info and training's lines show
     assert "halting_target" in shown and not {"lambda_p", "prior", "beta", "beta_warmup"} & set(shown)
     assert {"lambda_p", "beta"} <= set(PonderConfig.of().shown_fields())
-    assert one_error_line(ponder("train", "--halting-target", target, "--truncation", "0", "--beta", "0.1",
-                                 "--data-dir", tmp_path)) == f"Error: --beta applies to --halting-target prior, " \
-                                                             f"not {target}"
+    error(ponder("train", "--halting-target", target, "--truncation", "0", "--beta", "0.1", "--data-dir", tmp_path), 2,
+          "--beta", "--halting-target prior", target)
     config = tmp_path / "answer.toml"
     config.write_text(f'halting_target = "{target}"\ntruncation = 0.0\nlambda_p = 0.3\n')
-    result = ponder("train", "--config", config, "--data-dir", tmp_path)
-    assert result.exit_code == 2
-    assert one_error_line(result) == (f"Error: --config {config}: lambda_p applies to --halting-target prior, "
-                                      f"not {target}")
+    error(ponder("train", "--config", config, "--data-dir", tmp_path), 2, f"--config {config}: lambda_p",
+          "--halting-target prior", target)
     prior_run = tmp_path / "prior.pt"  # a model trained under the prior, with a beta of its own
     state = load_checkpoint(checkpoint)
     torch.save(dataclasses.replace(state, config=state.config.replace(beta=0.05)).to_dict(), prior_run)
@@ -190,7 +187,7 @@ def test_a_refit_trains_the_halting_head_alone_and_resumes_as_straight_through(t
     assert all(torch.equal(resumed[key], refitted[key]) for key in refitted)
 
 
-def test_train_refit_halting_takes_the_checkpoints_settings(checkpoint, tiny_mnist, tmp_path, ponder, one_error_line):
+def test_train_refit_halting_takes_the_checkpoints_settings(checkpoint, tiny_mnist, tmp_path, ponder, one_error_line, error):
     common = ["--val-size", "100", "--batch-size", "64", "--no-progress", "--data-dir", tiny_mnist]
     result = ponder("train", "--init-from", checkpoint, "--refit-halting", "--halting-target", "final",
                     "--halting-input", "state+answer", "--epochs", "1", *common, "--out", tmp_path / "refit")
@@ -218,15 +215,12 @@ def test_train_refit_halting_takes_the_checkpoints_settings(checkpoint, tiny_mni
     assert all(torch.equal(after.model[key], value) for key, value in source.items() if not key.startswith("halting_"))
     # a refit names the model it refits; a body that does not fit is --init-from's one error
     alone = ponder("train", "--refit-halting", *common, "--out", tmp_path / "alone")
-    assert alone.exit_code == 2 and one_error_line(alone) == (
-        "Error: --refit-halting refits the halting head of a trained model: name the model with --init-from "
-        "CHECKPOINT")
+    error(alone, 2, "--refit-halting", "--init-from CHECKPOINT")
     printed = ponder("train", "--refit-halting", *common, "--print-config")  # what it would train: the same refusal
-    assert printed.exit_code == 2 and one_error_line(printed) == one_error_line(alone)
+    assert error(printed, 2) == one_error_line(alone)
     misfit = ponder("train", "--init-from", checkpoint, "--refit-halting", "--hidden", "32", *common,
                     "--out", tmp_path / "misfit")
-    line = one_error_line(misfit)
-    assert misfit.exit_code == 2 and line.startswith(f"Error: --init-from {checkpoint}: its weights do not fit")
+    line = error(misfit, 2, f"--init-from {checkpoint}")
     assert "halting_head" not in line and not (tmp_path / "alone").exists() and not (tmp_path / "misfit").exists()
     help_text = ponder("train", "--help").stdout  # the refit shown; the target a study setting, as --prior
     assert "--refit-halting" in help_text and "--halting-target" not in help_text

@@ -105,18 +105,16 @@ def test_tensorboard_events_hold_the_metrics_rows(ponder, tiny_mnist, tmp_path, 
     assert last.step == 2 and list(last.histogram_value.bucket) == [int(c) for c in rows[-1]["val_halting_histogram"].split(";")]
 
 
-def test_tensorboard_missing_is_one_error_line_before_training(ponder, one_error_line, tiny_mnist, tmp_path,
+def test_tensorboard_missing_is_one_error_line_before_training(ponder, error, tiny_mnist, tmp_path,
                                                              quick, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # the import fails as if not installed
-    line = one_error_line(ponder("train", *quick, "--data-dir", tiny_mnist, "--out", tmp_path / "run",
-                                 "--tensorboard"))
-    assert line == ("Error: --tensorboard needs the tensorboard package: pip install tensorboard "
-                    "(or pip install 'ponder_cli[tensorboard]')")
+    error(ponder("train", *quick, "--data-dir", tiny_mnist, "--out", tmp_path / "run", "--tensorboard"), 1,
+          "--tensorboard", "pip install tensorboard")
     assert not (tmp_path / "run").exists()
 
 
 def test_a_runs_name_tags_and_note_are_kept_shown_found_and_survive_resuming(tiny_mnist, tmp_path, quick, ponder,
-                                                                            one_error_line):
+                                                                            error):
     def train(*args):
         result = ponder("train", *quick, "--data-dir", tiny_mnist, "-q", *args)
         assert result.exit_code == 0, result.output
@@ -146,9 +144,8 @@ def test_a_runs_name_tags_and_note_are_kept_shown_found_and_survive_resuming(tin
     assert result.exit_code == 0, result.output
     saved = json.loads((tmp_path / "a" / "config.json").read_text())
     assert saved["labels"] == {"name": "first try", "tags": ["baseline", "mlp"], "note": "two epochs"}
-    assert one_error_line(ponder("train", "--tag", "a b")).startswith(
-        "Error: --tag 'a b': a tag is one word (no space, comma, semicolon or =)")
-    assert one_error_line(ponder("train", "--name", "")).startswith("Error: --name '': give one line of printable text")
+    error(ponder("train", "--tag", "a b"), 1, "--tag 'a b'")
+    error(ponder("train", "--name", ""), 1, "--name ''")
 
 
 @pytest.mark.parametrize("run", ["pn1", "act", "plain"])

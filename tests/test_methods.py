@@ -132,13 +132,6 @@ def test_methods_are_stored_and_read_back(runs, tiny_mnist, ponder):
     assert one["mean_steps"] == 1.0 and one["std_steps"] == 0.0 and one["histogram"] == [200]
 
 
-def test_plain_rejects_more_steps(tiny_mnist, tmp_path, ponder):
-    result = ponder("train", "--method", "plain", "--max-steps", "5", "--data-dir", tiny_mnist, "--out", tmp_path / "x")
-    assert result.exit_code == 2  # a setting the method does not take: a usage mistake
-    assert result.stderr.splitlines()[-1] == "Error: --max-steps applies to --method pondernet, act, not plain"
-    assert not (tmp_path / "x").exists()
-
-
 def test_compare_groups_seeds_and_methods(runs, tiny_mnist, ponder):
     result = ponder("compare", "--angles", 15, 45, runs / "pn1" / "best.pt", runs / "pn2" / "best.pt",
                     runs / "act" / "best.pt", runs / "plain" / "best.pt", "-f", "json", "--data-dir", tiny_mnist)

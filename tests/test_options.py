@@ -19,22 +19,21 @@ from ponder_cli.render import render_report
 NO_DATA = ["--data-dir", "/nonexistent/ponder-data", "--no-download"]  # refused before any data is read
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--tau", "0.1"], "--tau applies to --method act, not pondernet"),
-    (["--method", "act", "--beta", "0.1"], "--beta applies to --method pondernet, not act"),
-    (["--method", "act", "--lambda-p", "0.3"], "--lambda-p applies to --method pondernet, not act"),
-    (["--method", "plain", "--halting-bias", "1"], "--halting-bias applies to --method pondernet, act, not plain"),
-    (["--method", "plain", "--max-steps", "1"], "--max-steps applies to --method pondernet, act, not plain"),
-    (["--method", "plain", "--tau", "1", "--truncation", "0.1"],
-     "--tau applies to --method act, not plain; --truncation applies to --method pondernet, act, not plain"),
-    (["--align-turn", "20"], "--align-turn applies to --step align, not mlp"),
-    (["--turn-gate", "0.2"], "--turn-gate applies to --step align, not mlp"),
-    (["--method", "plain", "--step", "align", "--turn-gate", "0.2"],
-     "--turn-gate applies to --method pondernet, act, not plain"),
-    (["--step", "align", "--cnn-dropout-mask", "shared"], "--cnn-dropout-mask applies to --step mlp, not align"),
+@pytest.mark.parametrize("args,named", [  # the option refused, the pieces that read it, the one chosen
+    (["--tau", "0.1"], ["--tau", "--method act", "pondernet"]),
+    (["--method", "act", "--beta", "0.1"], ["--beta", "--method pondernet", "act"]),
+    (["--method", "act", "--lambda-p", "0.3"], ["--lambda-p", "--method pondernet", "act"]),
+    (["--method", "plain", "--halting-bias", "1"], ["--halting-bias", "--method pondernet, act", "plain"]),
+    (["--method", "plain", "--max-steps", "1"], ["--max-steps", "--method pondernet, act", "plain"]),
+    (["--method", "plain", "--tau", "1", "--truncation", "0.1"],  # both in one line
+     ["--tau", "--method act", "--truncation", "--method pondernet, act", "plain"]),
+    (["--align-turn", "20"], ["--align-turn", "--step align", "mlp"]),
+    (["--turn-gate", "0.2"], ["--turn-gate", "--step align", "mlp"]),
+    (["--method", "plain", "--step", "align", "--turn-gate", "0.2"], ["--turn-gate", "--method pondernet, act", "plain"]),
+    (["--step", "align", "--cnn-dropout-mask", "shared"], ["--cnn-dropout-mask", "--step mlp", "align"]),
 ])
-def test_an_option_no_chosen_piece_reads_is_refused(args, message, ponder, one_error_line):
-    assert one_error_line(ponder("train", *args, *NO_DATA)) == f"Error: {message}"
+def test_an_option_no_chosen_piece_reads_is_refused(args, named, ponder, error):
+    error(ponder("train", *args, *NO_DATA), 2, *named)
 
 
 def test_what_the_chosen_pieces_read_is_accepted():
@@ -133,11 +132,9 @@ def test_the_pieces_reads_are_what_their_code_reads(task, step, method):
         assert all(torch.equal(a, b) for a, b in zip(outputs, changed)), key
 
 
-def test_resuming_refuses_what_the_run_does_not_read(checkpoint, ponder, one_error_line):
-    line = one_error_line(ponder("train", "--resume", checkpoint.parent / "last.pt", "--tau", 0.1, "--epochs", 5,
-                                 *NO_DATA))
-    assert line == (f"Error: cannot resume {checkpoint.parent / 'last.pt'} (pondernet, step mlp): --tau applies to "
-                    "--method act, not pondernet")
+def test_resuming_refuses_what_the_run_does_not_read(checkpoint, ponder, error):
+    error(ponder("train", "--resume", checkpoint.parent / "last.pt", "--tau", 0.1, "--epochs", 5, *NO_DATA), 2,
+          checkpoint.parent / "last.pt", "--tau", "--method act", "pondernet")
 
 
 def test_train_help_shows_what_each_piece_implies(ponder):
@@ -167,14 +164,13 @@ def test_train_help_shows_what_pieces_imply_without_torch():
     assert out.splitlines()[-1] == "[]"
 
 
-def test_eval_takes_rotation_or_angles_not_both(checkpoint, ponder, one_error_line):
-    line = one_error_line(ponder("eval", checkpoint, "--rotation", 45, "--angles", 90, *NO_DATA))
-    assert line == "Error: --rotation and --angles are alternatives: give one (--rotation 45 is --angles 45)"
+def test_eval_takes_rotation_or_angles_not_both(checkpoint, ponder, error):
+    error(ponder("eval", checkpoint, "--rotation", 45, "--angles", 90, *NO_DATA), 1, "--rotation", "--angles")
 
 
-def test_a_refused_choice_has_no_value_error_prefix(ponder, one_error_line):
-    line = one_error_line(ponder("train", "--method", "foo"))
-    assert line == "Error: Invalid value for '--method': 'foo' is not one of 'pondernet', 'act', 'plain'."
+def test_a_refused_choice_has_no_value_error_prefix(ponder, error):
+    line = error(ponder("train", "--method", "foo"), 2, "--method", "'foo'", "'pondernet', 'act', 'plain'")
+    assert "ValueError" not in line
 
 
 @pytest.mark.parametrize("command", ["eval", "extrapolate", "compare"])
@@ -253,17 +249,16 @@ def test_render_of_a_repeated_detail_report_does_not_raise():
     assert "2.5" in out.getvalue() and "1.5" in out.getvalue()  # the mean counts per step
 
 
-@pytest.mark.parametrize("args,line", [
-    (["eval", "--limit", "abc"], "Error: Invalid value for '--limit': 'abc' is not a whole number"),
-    (["train", "--epochs", "1.5"], "Error: Invalid value for '--epochs': '1.5' is not a whole number"),
-    (["eval", "--seed", "x"], "Error: Invalid value for '--seed': 'x' is not a whole number"),
-    (["calibrate", "--tolerance", "x"], "Error: Invalid value for '--tolerance': 'x' is not a number"),
-    (["eval", "--protocol", "x"], "Error: Invalid value for '--protocol': 'x' is not one of 'uniform', 'band', "
-                                  "'fixed'."),
+@pytest.mark.parametrize("args,named", [  # the option, the value echoed, the kind it must be
+    (["eval", "--limit", "abc"], ["--limit", "'abc'", "whole number"]),
+    (["train", "--epochs", "1.5"], ["--epochs", "'1.5'", "whole number"]),
+    (["eval", "--seed", "x"], ["--seed", "'x'", "whole number"]),
+    (["calibrate", "--tolerance", "x"], ["--tolerance", "'x'", "number"]),
+    (["eval", "--protocol", "x"], ["--protocol", "'x'", "'uniform', 'band', 'fixed'"]),
 ])
-def test_a_value_that_is_no_number_is_echoed_in_plain_words(args, line, ponder):
-    result = ponder(*args)
-    assert result.exit_code == 2 and result.stderr.splitlines()[-1] == line
+def test_a_value_that_is_no_number_is_echoed_in_plain_words(args, named, ponder, error):
+    line = error(ponder(*args), 2, *named)
+    assert "ValueError" not in line  # click's words for a type, not Python's
 
 
 def _train_command():

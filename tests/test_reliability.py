@@ -62,35 +62,32 @@ def bad_data(tmp_path_factory, write_idx):
     return root
 
 
+# the setting and the value given, or the range allowed (--epochs 0, --lambda-p 2, --device tpu: test_cli.py)
 TRAIN_ERRORS = [
-    (["--epochs", "0"], "epochs must be > 0"),
-    (["--batch-size", "0"], "batch-size must be > 0"),
-    (["--max-steps", "-1"], "max-steps must be from 1 to 100 (got -1)"),
-    (["--lambda-p", "0"], "lambda-p must be in (0, 1]"),
-    (["--lambda-p", "1.5"], "lambda-p must be in (0, 1]"),
-    (["--beta", "-0.1"], "beta must be >= 0"),
-    (["--lr", "0"], "lr must be > 0"),
-    (["--lr", "nan"], "lr must be a finite number"),
-    (["--halting-bias", "1e39"], "halting-bias must be at most 3.4e+38 in size, what a float32 holds (got 1e+39)"),
-    (["--beta", "1e39"], "beta must be at most 3.4e+38 in size"),
-    (["--device", "cuda"], "CUDA is not available"),
-    (["--device", "tpu"], "unknown device 'tpu'"),
-    (["--device", "meta"], "unsupported device 'meta'"),
-    (["--device", "cpu:1"], "there is one CPU device, use --device cpu"),
-    (["--max-steps", "1000"], "max-steps must be from 1 to 100 (got 1000)"),
-    (["--train-rotation", "720"], "train-rotation must be in [0, 180] degrees (got 720.0)"),
-    (["--seed", "99999999999999999999"], "seed must be an integer from 0 to 2**63 - 1"),
-    (["--seed", "-1"], "seed must be an integer from 0 to 2**63 - 1 (got -1)"),
+    (["--batch-size", "0"], ["batch-size", "0"]),
+    (["--max-steps", "-1"], ["max-steps", "-1", "100"]),
+    (["--lambda-p", "0"], ["lambda-p", "(0, 1]"]),
+    (["--beta", "-0.1"], ["beta", "0"]),
+    (["--lr", "0"], ["lr", "0"]),
+    (["--lr", "nan"], ["lr", "finite"]),
+    (["--halting-bias", "1e39"], ["halting-bias", "3.4e+38", "1e+39"]),
+    (["--beta", "1e39"], ["beta", "3.4e+38"]),
+    (["--device", "cuda"], ["CUDA"]),
+    (["--device", "meta"], ["'meta'"]),
+    (["--device", "cpu:1"], ["cpu:1", "--device cpu"]),
+    (["--max-steps", "1000"], ["max-steps", "1000", "100"]),
+    (["--train-rotation", "720"], ["train-rotation", "720", "180"]),
+    (["--seed", "99999999999999999999"], ["seed", "2**63 - 1"]),
+    (["--seed", "-1"], ["seed", "-1", "2**63 - 1"]),
 ]
 
 
-@pytest.mark.parametrize("args,fragment", TRAIN_ERRORS, ids=[" ".join(a) for a, _ in TRAIN_ERRORS])
-def test_bad_train_options(args, fragment, tiny_mnist, tmp_path, invoke, one_error_line):
+@pytest.mark.parametrize("args,named", TRAIN_ERRORS, ids=[" ".join(a) for a, _ in TRAIN_ERRORS])
+def test_bad_train_options(args, named, tiny_mnist, tmp_path, invoke, error):
     if "cuda" in args and torch.cuda.is_available():
         pytest.skip("CUDA is available here")
     out = tmp_path / "out"
-    line = one_error_line(invoke("train", *args, "--data-dir", tiny_mnist, "--out", out))
-    assert fragment in line
+    error(invoke("train", *args, "--data-dir", tiny_mnist, "--out", out), 1 if "cuda" in args else 2, *named)
     assert not out.exists()  # nothing written
 
 
@@ -113,19 +110,17 @@ def test_unwritable_out(tiny_mnist, tmp_path, invoke, one_error_line):
     assert "cannot write checkpoints" in line and str(blocker / "sub") in line
 
 
-EVAL_ERRORS = [
-    (["--angles", "nan"], "finite"), (["--angles", "inf"], "finite"), (["--angles", "-inf"], "finite"),
-    (["--angles", "abc"], "'abc' is not a number"), (["--angles", "200"], "between 0 and 180"),
-    (["--angles", "--format", "json"], "'--angles'"), (["--format", "xml"], "'xml'"),
-    (["--seed", "99999999999999999999"], "--seed must be an integer from 0 to 2**63 - 1"),
-    (["--seed", "-5"], "--seed must be an integer from 0 to 2**63 - 1 (got -5)"),
+EVAL_ERRORS = [  # (--seed -1: test_cli.py)
+    (["--angles", "nan"], ["--angles", "finite"]), (["--angles", "inf"], ["--angles", "finite"]),
+    (["--angles", "-inf"], ["--angles", "finite"]), (["--angles", "abc"], ["--angles", "'abc'"]),
+    (["--angles", "200"], ["--angles", "200", "180"]), (["--angles", "--format", "json"], ["'--angles'"]),
+    (["--format", "xml"], ["'xml'"]), (["--seed", "99999999999999999999"], ["--seed", "2**63 - 1"]),
 ]
 
 
-@pytest.mark.parametrize("args,fragment", EVAL_ERRORS, ids=[" ".join(a) for a, _ in EVAL_ERRORS])
-def test_bad_extrapolate_options(args, fragment, checkpoint, tiny_mnist, invoke, one_error_line):
-    line = one_error_line(invoke("extrapolate", checkpoint, *args, "--data-dir", tiny_mnist))
-    assert fragment in line
+@pytest.mark.parametrize("args,named", EVAL_ERRORS, ids=[" ".join(a) for a, _ in EVAL_ERRORS])
+def test_bad_extrapolate_options(args, named, checkpoint, tiny_mnist, invoke, error):
+    error(invoke("extrapolate", checkpoint, *args, "--data-dir", tiny_mnist), 2, *named)
 
 
 @pytest.mark.parametrize("content,fragment", [
@@ -144,26 +139,14 @@ def test_bad_checkpoint_files(content, fragment, tmp_path, tiny_mnist, invoke, o
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
 @pytest.mark.parametrize("command", [["eval"], ["info"], ["train", "--resume"]])
-def test_a_pipe_or_a_device_as_checkpoint_is_named_for_what_it_is(command, tmp_path, tiny_mnist, invoke,
-                                                                 one_error_line):
+def test_a_pipe_or_a_device_as_checkpoint_is_named_for_what_it_is(command, tmp_path, tiny_mnist, invoke, error):
     fifo = tmp_path / "pipe.pt"
     os.mkfifo(fifo)
-    for path, kind in ((fifo, "a named pipe (FIFO)"), (Path(os.devnull), "a character device")):
-        line = one_error_line(invoke(*command, path))
-        assert f"checkpoint {path} is {kind}, not a regular file; name a checkpoint file" in line
+    for path, kind in ((fifo, "named pipe"), (Path(os.devnull), "character device")):
+        error(invoke(*command, path), 1, path, kind)
     # the library's own loader says so too, rather than wait for a writer on the pipe
-    with pytest.raises(PonderError, match=r"is a named pipe \(FIFO\), not a regular file$"):
+    with pytest.raises(PonderError, match="named pipe"):
         load_checkpoint(fifo)
-
-
-def test_truncated_real_checkpoint(checkpoint, tmp_path, tiny_mnist, invoke, one_error_line):
-    data = checkpoint.read_bytes()
-    path = tmp_path / "cut.pt"
-    path.write_bytes(data[: len(data) // 2])
-    line = one_error_line(invoke("eval", path, "--data-dir", tiny_mnist))
-    # what is wrong with the file, not torch's words for it ("failed finding central directory")
-    assert line.startswith(f"Error: checkpoint {path} is cut short or damaged: its zip archive has no end"), line
-    assert "central directory" not in line
 
 
 def test_long_messages_are_cut_at_a_word():
@@ -175,9 +158,8 @@ def test_long_messages_are_cut_at_a_word():
 
 
 @pytest.mark.parametrize("command", ["eval", "compare"])
-def test_bad_seed_for_evaluation(command, checkpoint, tiny_mnist, invoke, one_error_line):
-    line = one_error_line(invoke(command, checkpoint, "--seed", 2 ** 63, "--data-dir", tiny_mnist))
-    assert f"--seed must be an integer from 0 to 2**63 - 1 (got {2 ** 63})" in line
+def test_bad_seed_for_evaluation(command, checkpoint, tiny_mnist, invoke, error):
+    error(invoke(command, checkpoint, "--seed", 2 ** 63, "--data-dir", tiny_mnist), 2, "--seed", 2 ** 63)
 
 
 @pytest.mark.parametrize("mutate,fragment", [
@@ -348,8 +330,17 @@ def test_same_seed_same_training_and_evaluation(tiny_mnist, tmp_path, invoke):
 
 # --- crashes and interrupts ---------------------------------------------------------------------
 
-LONG_RUN = ["train", "--epochs", "500", "--val-size", "100", "--max-steps", "2", "--batch-size", "100", "--no-progress",
-            "--patience", "0"]
+# epochs of 200 images: short, so that a signal or a kill lands anywhere, saves included, and the tests that wait
+# for epochs wait little
+LONG_RUN = ["train", "--epochs", "500", "--val-size", "100", "--train-size", "200", "--max-steps", "2", "--batch-size",
+            "100", "--no-progress", "--patience", "0"]
+
+
+def _stop_line(stderr: str, headline: str, epoch: int, last: Path) -> None:
+    """The last line of a stopped training: its kind, the epoch saved, and the command that resumes it."""
+    line = stderr.splitlines()[-1]
+    assert line.startswith(f"{headline}: ") and f"epoch {epoch} " in line and str(last) in line, line
+    assert line.endswith(f"ponder train --resume {last}"), line
 
 
 def _start_training(tiny_mnist: Path, out: Path, *more) -> processes.Process:
@@ -372,9 +363,8 @@ def test_sigkill_never_leaves_a_broken_checkpoint(tiny_mnist, tmp_path):
     out, rng, epochs = tmp_path / "run", random.Random(0), []
     for run in range(4):
         saved = (out / "last.pt").stat().st_mtime_ns if run else None
-        where = ["--resume", out / "last.pt"] if run else ["--out", out, "--epochs", "500", "--val-size", "100",
-                                                           "--max-steps", "2", "--batch-size", "100", "--patience", "0"]
-        with processes.ponder("train", *where, "--data-dir", tiny_mnist, "--no-progress", "-q") as proc:
+        where = ["--resume", out / "last.pt"] if run else ["--out", out, *LONG_RUN[1:]]
+        with processes.ponder("train", *where, "--data-dir", tiny_mnist, "-q") as proc:
             deadline = time.monotonic() + 60
             while not (out / "last.pt").exists() or (out / "last.pt").stat().st_mtime_ns == saved:
                 assert proc.poll() is None, (run, proc.communicate())
@@ -435,16 +425,16 @@ def test_interrupt_saves_and_prints_the_resume_hint(sent, code, headline, tiny_m
     finally:
         proc.kill()
     assert proc.returncode == code, stderr
-    assert stderr.splitlines()[-1].startswith(f"{headline}: epoch ")
-    assert f"resume with: ponder train --resume {out / 'last.pt'}" in stderr and "Traceback" not in stderr
+    assert "Traceback" not in stderr
     epoch = load_checkpoint(out / "last.pt").epoch
     # the message names the epoch on disk, also when the signal lands between saving and the epoch line
-    hint = f"epoch {epoch} is saved in {out / 'last.pt'}; resume with: ponder train --resume {out / 'last.pt'}"
-    assert epoch >= 1 and stderr.splitlines()[-1] == f"{headline}: {hint}"
+    assert epoch >= 1
+    _stop_line(stderr, headline, epoch, out / "last.pt")
     records = [json.loads(line) for line in stdout.splitlines()]
     assert [r["record"] for r in records] == ["epoch"] * (len(records) - 1) + ["stopped"]
     assert records[-1] == {"format_version": 1, "record": "stopped", "command": "train", "why": headline.lower(),
-                           "epoch": epoch, "checkpoint": str(out / "last.pt"), "message": hint}
+                           "epoch": epoch, "checkpoint": str(out / "last.pt"),
+                           "message": stderr.splitlines()[-1].removeprefix(f"{headline}: ")}
     assert not (out / ".ponder.lock").exists()
     # `ponder info` on the folder tells the interrupted run, and how to go on
     from ponder_cli.api import run_info
@@ -486,8 +476,7 @@ def test_signals_while_an_interrupt_unwinds_are_ignored(tiny_mnist, tmp_path):
         _, stderr = proc.communicate(timeout=60)
     epoch = load_checkpoint(out / "last.pt").epoch
     assert proc.returncode == 130 and "Traceback" not in stderr, stderr
-    assert stderr.splitlines()[-1] == (f"Interrupted: epoch {epoch} is saved in {out / 'last.pt'}; resume with: "
-                                       f"ponder train --resume {out / 'last.pt'}")
+    _stop_line(stderr, "Interrupted", epoch, out / "last.pt")
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
@@ -504,8 +493,7 @@ def test_a_signal_while_checkpoints_are_written_waits_for_both(tiny_mnist, tmp_p
     with processes.fork(train_signalled_while_saving) as proc:
         _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 143, stderr
-    assert stderr.splitlines()[-1] == (f"Terminated: epoch 1 is saved in {out / 'last.pt'}; resume with: "
-                                       f"ponder train --resume {out / 'last.pt'}")
+    _stop_line(stderr, "Terminated", 1, out / "last.pt")
     assert load_checkpoint(out / "best.pt").epoch == load_checkpoint(out / "last.pt").epoch == 1
 
 
@@ -531,35 +519,29 @@ def test_an_interrupt_held_while_writing_is_raised_once_written():
         pass
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and shells")
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_a_background_run_from_a_script_ignores_sigint_and_stops_on_sigterm(tiny_mnist, tmp_path):
     """`ponder train … &` in a script: the shell starts it with SIGINT ignored, so that a Ctrl-C
     meant for the foreground leaves it alone; it keeps that ignore (as Python does) and stops
-    cleanly on SIGTERM."""
+    cleanly on SIGTERM. (A child forked with SIGINT ignored is what such an interpreter starts as.)"""
     out = tmp_path / "run"
-    code = "import sys; from ponder_cli.cli import app; app(sys.argv[1:], prog_name='ponder')"
-    command = [sys.executable, "-c", code, *map(str, LONG_RUN), "--data-dir", str(tiny_mnist), "--out", str(out)]
-    with subprocess.Popen(["sh", "-c", '"$@" & echo $!; wait $!', "sh", *command], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True) as script:
-        try:
-            pid = int(script.stdout.readline())
-            deadline = time.monotonic() + 60
-            while not (out / "last.pt").exists():
-                assert script.poll() is None and time.monotonic() < deadline, script.communicate()
-                time.sleep(0.05)
-            os.kill(pid, signal.SIGINT)
-            interrupted_at = load_checkpoint(out / "last.pt").epoch
-            while load_checkpoint(out / "last.pt").epoch < interrupted_at + 2:  # trains on after the SIGINT
-                assert script.poll() is None and time.monotonic() < deadline, script.communicate()
-                time.sleep(0.05)
-            os.kill(pid, signal.SIGTERM)
-            _, stderr = script.communicate(timeout=60)
-        finally:
-            script.kill()
-    epoch = load_checkpoint(out / "last.pt").epoch
-    assert script.returncode == 143 and "Traceback" not in stderr, stderr
-    assert stderr.splitlines()[-1] == (f"Terminated: epoch {epoch} is saved in {out / 'last.pt'}; resume with: "
-                                       f"ponder train --resume {out / 'last.pt'}")
+
+    def started_with_sigint_ignored():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        processes.run_cli([*map(str, LONG_RUN), "--data-dir", str(tiny_mnist), "--out", str(out)])
+
+    with processes.fork(started_with_sigint_ignored) as proc:
+        deadline = time.monotonic() + 60
+        _wait_for(out / "last.pt", proc)
+        proc.send_signal(signal.SIGINT)
+        interrupted_at = load_checkpoint(out / "last.pt").epoch
+        while load_checkpoint(out / "last.pt").epoch < interrupted_at + 2:  # trains on after the SIGINT
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "Traceback" not in stderr, stderr
+    _stop_line(stderr, "Terminated", load_checkpoint(out / "last.pt").epoch, out / "last.pt")
 
 
 # --- losing work: run folders, the shipped models, the lock ---------------------------------------
@@ -608,10 +590,9 @@ def test_the_repository_shipped_models_are_refused_from_any_directory(tmp_path, 
         assert "shipped models" in line and "--out" in line
 
 
-def test_out_that_is_a_file(tmp_path, tiny_mnist, invoke, one_error_line):
+def test_out_that_is_a_file(tmp_path, tiny_mnist, invoke, error):
     (tmp_path / "notes.txt").write_text("mine")
-    line = one_error_line(invoke("train", "--out", tmp_path / "notes.txt", "--data-dir", tiny_mnist))
-    assert f"--out {tmp_path / 'notes.txt'} is a file" in line
+    error(invoke("train", "--out", tmp_path / "notes.txt", "--data-dir", tiny_mnist), 1, f"--out {tmp_path / 'notes.txt'}")
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
@@ -625,7 +606,7 @@ def test_latest_reads_the_newest_run_and_says_which(checkpoint, tiny_mnist, tmp_
     result = invoke("extrapolate", "latest", "--angles", 10, "--data-dir", tiny_mnist, "-f", "json")
     assert result.exit_code == 0, result.output
     newer = str(Path("runs") / "newer" / "best.pt")
-    assert result.stderr.splitlines()[0] == f"using {newer} (latest: the newest run under runs/)"
+    assert result.stderr.splitlines()[0].startswith(f"using {newer} (latest")
     assert json.loads(result.stdout)["checkpoints"] == [newer]
 
 
@@ -645,7 +626,7 @@ def test_run_lock_is_exclusive_and_stale_locks_are_taken_over(tmp_path):
     assert (tmp_path / ".ponder.lock").read_text().strip() == str(os.getppid())
 
 
-def test_two_runs_on_one_folder(tiny_mnist, tmp_path, invoke, one_error_line):
+def test_two_runs_on_one_folder(tiny_mnist, tmp_path, invoke, error):
     """A second process is refused while the first trains; after the first is killed, its stale
     lock is taken over and the run resumes; the lock is gone when training ends."""
     out = tmp_path / "run"
@@ -655,8 +636,7 @@ def test_two_runs_on_one_folder(tiny_mnist, tmp_path, invoke, one_error_line):
         assert (out / ".ponder.lock").read_text().strip() == str(proc.pid)
         for args in (["--resume", out / "last.pt"], ["--out", out, "--overwrite"]):
             epochs = load_checkpoint(out / "last.pt").epoch + 3
-            line = one_error_line(invoke("train", *args, "--epochs", epochs, "--data-dir", tiny_mnist))
-            assert f"in use by another ponder command (PID {proc.pid}" in line
+            error(invoke("train", *args, "--epochs", epochs, "--data-dir", tiny_mnist), 1, f"PID {proc.pid}")
     finally:
         proc.kill()
         proc.communicate()
@@ -671,24 +651,22 @@ def test_two_runs_on_one_folder(tiny_mnist, tmp_path, invoke, one_error_line):
 
 # --- resume edge cases ----------------------------------------------------------------------------
 
-def test_resuming_a_finished_run_says_so(checkpoint, tiny_mnist, tmp_path, invoke, one_error_line):
+def test_resuming_a_finished_run_says_so(checkpoint, tiny_mnist, tmp_path, invoke, error):
     last = tmp_path / "last.pt"
     last.write_bytes((checkpoint.parent / "last.pt").read_bytes())  # epoch 1 of 1
-    line = one_error_line(invoke("train", "--resume", last, "--data-dir", tiny_mnist))
-    assert "is complete (1 of 1 epochs)" in line and "--epochs N (N > 1)" in line
+    error(invoke("train", "--resume", last, "--data-dir", tiny_mnist), 1, last, "1 of 1 epochs", "--epochs N (N > 1)")
     assert last.read_bytes() == (checkpoint.parent / "last.pt").read_bytes()
 
 
-def test_resuming_with_fewer_epochs_than_trained_says_so(tiny_mnist, tmp_path, invoke, quick, one_error_line):
+def test_resuming_with_fewer_epochs_than_trained_says_so(tiny_mnist, tmp_path, invoke, quick, error):
     out = tmp_path / "run"
     assert invoke("train", *quick, "--epochs", 2, "--data-dir", tiny_mnist, "--out", out, "-q").exit_code == 0
-    line = one_error_line(invoke("train", "--resume", out, "--epochs", 1, "--data-dir", tiny_mnist))
-    assert line == (f"Error: nothing to do: the run in {out / 'last.pt'} has trained 2 epochs, more than --epochs 1 "
-                    f"asks for; to train it longer, raise --epochs: ponder train --resume {out / 'last.pt'} "
-                    f"--epochs N (N > 2)")
+    # the epochs trained, and the command that trains it longer
+    error(invoke("train", "--resume", out, "--epochs", 1, "--data-dir", tiny_mnist), 1, "2 epochs", "--epochs 1",
+          f"ponder train --resume {out / 'last.pt'} --epochs N (N > 2)")
 
 
-def test_resuming_best_does_not_rewind_a_newer_last(checkpoint, tiny_mnist, tmp_path, invoke, one_error_line):
+def test_resuming_best_does_not_rewind_a_newer_last(checkpoint, tiny_mnist, tmp_path, invoke, error):
     run = tmp_path / "run"
     run.mkdir()
     (run / "best.pt").write_bytes(checkpoint.read_bytes())  # epoch 1
@@ -696,8 +674,8 @@ def test_resuming_best_does_not_rewind_a_newer_last(checkpoint, tiny_mnist, tmp_
     newer.epoch = 2
     save_checkpoint(newer, run / "last.pt")
     before = (run / "last.pt").read_bytes()
-    line = one_error_line(invoke("train", "--resume", run / "best.pt", "--epochs", 3, "--data-dir", tiny_mnist))
-    assert f"would rewind the run and overwrite the newer {run / 'last.pt'} (epoch 2)" in line
+    error(invoke("train", "--resume", run / "best.pt", "--epochs", 3, "--data-dir", tiny_mnist), 1, run / "last.pt",
+          "epoch 2", "--overwrite")
     assert (run / "last.pt").read_bytes() == before
     result = invoke("train", "--resume", run / "best.pt", "--epochs", 2, "--overwrite", "--data-dir", tiny_mnist,
                     "--no-progress")
@@ -748,10 +726,11 @@ def test_disk_full_while_saving_is_one_line_and_keeps_earlier_checkpoints(checkp
     monkeypatch.setattr(torch, "save", lambda obj, f: real_save(obj, _FullDisk(f, 50_000)))
     result = invoke("train", "--resume", run / "last.pt", "--epochs", 2, "--data-dir", tiny_mnist, "--no-progress",
                     "-f", "jsonl")
-    line = one_error_line(result)
     # epoch 2 improves: best.pt is written first, and fails; what the run has, and how to go on
-    hint = f"epoch 1 is saved in {run / 'last.pt'}; resume with: ponder train --resume {run / 'last.pt'}"
-    assert line == f"Error: cannot save checkpoint {run / 'best.pt'}: No space left on device; {hint}"
+    # (the results went on stdout, as jsonl records, before the error: not the helper's "nothing on stdout")
+    line = one_error_line(result)
+    assert result.exit_code == 1 and all(str(part) in line for part in (
+        run / "best.pt", "No space left on device", "epoch 1 ", run / "last.pt", f"ponder train --resume {run / 'last.pt'}"))
     assert json.loads(result.stdout.splitlines()[-1]) == {
         "format_version": 1, "record": "stopped", "command": "train", "why": "error", "epoch": 1,
         "checkpoint": str(run / "last.pt"), "message": line.removeprefix("Error: ")}
@@ -761,7 +740,7 @@ def test_disk_full_while_saving_is_one_line_and_keeps_earlier_checkpoints(checkp
 
 
 def test_best_is_written_before_last_so_a_failure_between_never_leaves_it_behind(tiny_mnist, tmp_path, quick,
-                                                                                 monkeypatch, invoke, one_error_line):
+                                                                                 monkeypatch, invoke, error):
     """A disk that takes best.pt and refuses last.pt: epoch 1 is in best.pt, and the line says so and
     how to resume from it, which works once the disk takes files again."""
     from ponder_cli import checkpoint as checkpoint_module
@@ -775,9 +754,8 @@ def test_best_is_written_before_last_so_a_failure_between_never_leaves_it_behind
         real_save(obj, f)
 
     monkeypatch.setattr(checkpoint_module.torch, "save", refusing_the_second)
-    line = one_error_line(invoke("train", *quick, "--epochs", 2, "--data-dir", tiny_mnist, "--out", out))
-    assert line == (f"Error: cannot save checkpoint {out / 'last.pt'}: No space left on device; epoch 1 is saved in "
-                    f"{out / 'best.pt'}; resume with: ponder train --resume {out / 'best.pt'}")
+    line = error(invoke("train", *quick, "--epochs", 2, "--data-dir", tiny_mnist, "--out", out), 1, out / "last.pt",
+                 "No space left on device", "epoch 1 ", f"ponder train --resume {out / 'best.pt'}")
     assert not (out / "last.pt").exists() and load_checkpoint(out / "best.pt").epoch == 1
     monkeypatch.setattr(checkpoint_module.torch, "save", real_save)
     result = invoke("train", "--resume", out / "best.pt", "--data-dir", tiny_mnist, "--no-progress")
@@ -786,7 +764,7 @@ def test_best_is_written_before_last_so_a_failure_between_never_leaves_it_behind
 
 
 def test_a_full_disk_under_metrics_says_what_the_run_has_saved(tiny_mnist, tmp_path, quick, monkeypatch, invoke,
-                                                               one_error_line):
+                                                               error):
     from ponder_cli.runs import MetricsFile
     out = tmp_path / "run"
 
@@ -794,9 +772,8 @@ def test_a_full_disk_under_metrics_says_what_the_run_has_saved(tiny_mnist, tmp_p
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
 
     monkeypatch.setattr(MetricsFile, "append", full)
-    line = one_error_line(invoke("train", *quick, "--epochs", 2, "--data-dir", tiny_mnist, "--out", out))
-    assert line == (f"Error: No space left on device ({out / 'metrics.csv'}); epoch 1 is saved in {out / 'last.pt'}; "
-                    f"resume with: ponder train --resume {out / 'last.pt'}")
+    error(invoke("train", *quick, "--epochs", 2, "--data-dir", tiny_mnist, "--out", out), 1, out / "metrics.csv",
+          "No space left on device", "epoch 1 ", f"ponder train --resume {out / 'last.pt'}")
 
 
 def test_an_interrupt_while_saving_stays_an_interrupt_and_keeps_the_previous_checkpoint(checkpoint, tmp_path,
@@ -850,16 +827,15 @@ def test_disk_full_on_a_real_tmpfs(checkpoint, tiny_mnist, tmp_path):
                           timeout=120)
     assert done.returncode == 1, done.stderr
     # best.pt, written first, fits; last.pt does not: the line names the epoch saved and how to resume
-    assert done.stderr.splitlines()[-1] == (f"Error: cannot save checkpoint {out / 'last.pt'}: No space left on "
-                                            f"device; epoch 1 is saved in {out / 'best.pt'}; resume with: ponder "
-                                            f"train --resume {out / 'best.pt'}")
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("Error: ") and all(str(part) in last for part in (
+        out / "last.pt", "No space left on device", "epoch 1 ", f"ponder train --resume {out / 'best.pt'}"))
     assert "Traceback" not in done.stderr
     # epoch 1 saved; no temp file, no lock
     assert done.stdout.split() == [".", "..", "best.pt", "config.json", "config.toml", "environment.json", "metrics.csv"]
 
 
-def test_nothing_is_written_inside_the_installed_package_whatever_the_names(tmp_path, monkeypatch, invoke,
-                                                                             one_error_line):
+def test_nothing_is_written_inside_the_installed_package_whatever_the_names(tmp_path, monkeypatch, invoke, error):
     import ponder_cli
 
     monkeypatch.chdir(tmp_path)
@@ -868,47 +844,42 @@ def test_nothing_is_written_inside_the_installed_package_whatever_the_names(tmp_
     for out, shipped in ((package / "checkpoints" / "parity", True), (package / "checkpoints" / "new", True),
                          (package / "steps" / "run", False), (package, False)):
         for extra in ([], ["--overwrite"]):
-            line = one_error_line(invoke("train", "--task", "parity", "--elems", 4, "--epochs", 1,
-                                         "--batches-per-epoch", 1, "--batch-size", 8, "--out", out, *extra))
-            assert line == (f"Error: --out {out} is inside the installed ponder_cli package ({package.resolve()})"
-                            f"{', among the shipped models' if shipped else ''}, where no command writes; name a "
-                            f"folder outside it, or leave out --out for a fresh folder under runs/")
-    line = one_error_line(invoke("eval", "parity16", "--plot", package / "figure.png"))
-    assert line.startswith(f"Error: --plot {package / 'figure.png'} is inside the installed ponder_cli package")
+            line = error(invoke("train", "--task", "parity", "--elems", 4, "--epochs", 1, "--batches-per-epoch", 1,
+                                "--batch-size", 8, "--out", out, *extra), 1, f"--out {out}", package.resolve())
+            assert ("shipped models" in line) == shipped
+    error(invoke("eval", "parity16", "--plot", package / "figure.png"), 1, f"--plot {package / 'figure.png'}",
+          package.resolve())
     assert sorted(package.rglob("*")) == before
 
 
 @pytest.mark.parametrize("args", [["train", "--out", ""], ["train", "--data-dir", " "], ["eval", "--plot", ""],
                                   ["predict", "align", "x.png", "--plot", ""], ["info", "--plot", ""]])
-def test_an_empty_path_is_refused_not_read_as_the_current_folder(args, tmp_path, monkeypatch, invoke,
-                                                                  one_error_line):
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(args, tmp_path, monkeypatch, invoke, error):
     monkeypatch.chdir(tmp_path)
-    line = one_error_line(invoke(*args))
-    assert line.endswith("an empty path (an unset variable?); name a file or folder")
+    error(invoke(*args), 2, args[-2], "empty path")
     assert list(tmp_path.iterdir()) == []
 
 
+# each message names the setting, the value given and the range allowed
 PIECE_ERRORS = [
-    ({"method": "act", "tau": -1.0}, "tau must be >= 0 (got -1.0)"),
-    ({"method": "act", "act_epsilon": 1.0}, "act-epsilon must be in (0, 1) (got 1.0)"),
-    ({"truncation": 1.0}, "truncation must be in [0, 1) (got 1.0)"),
-    ({"method": "act", "truncation": -0.5}, "truncation must be in [0, 1) (got -0.5)"),
-    ({"step": "align", "turn_gate": 2.0}, "turn-gate must be in [0, 1], a fraction of the largest turn (got 2.0)"),
-    ({"step": "align", "align_turn": 0.0}, "align-turn must be in (0, 180] degrees (got 0.0)"),
-    ({"kernel_size": 13}, "kernel-size must be in [1, 12] (got 13): a larger one does not fit a 28x28 image"),
-    ({"step": "align", "cnn_dropout": 1.0}, "cnn-dropout must be in [0, 1) (got 1.0)"),
-    ({"mlp_dropout": -0.1}, "mlp-dropout must be in [0, 1) (got -0.1)"),
-    ({"task": "parity", "elems": 8, "train_counts": "3-9"},
-     "train-counts: count range 3-9 must satisfy 1 <= LO <= HI <= 8 (the elements of a vector)"),
-    ({"task": "parity", "elems": 16, "curriculum": 10, "curriculum_start": 20},
-     "curriculum-start must be a count from 1 to elems (16) (got 20)"),
+    ({"method": "act", "tau": -1.0}, ["tau", "-1.0", "0"]),
+    ({"method": "act", "act_epsilon": 1.0}, ["act-epsilon", "1.0", "(0, 1)"]),
+    ({"truncation": 1.0}, ["truncation", "1.0", "[0, 1)"]),
+    ({"method": "act", "truncation": -0.5}, ["truncation", "-0.5", "[0, 1)"]),
+    ({"step": "align", "turn_gate": 2.0}, ["turn-gate", "2.0", "[0, 1]"]),
+    ({"step": "align", "align_turn": 0.0}, ["align-turn", "0.0", "(0, 180]"]),
+    ({"kernel_size": 13}, ["kernel-size", "13", "[1, 12]"]),
+    ({"step": "align", "cnn_dropout": 1.0}, ["cnn-dropout", "1.0", "[0, 1)"]),
+    ({"mlp_dropout": -0.1}, ["mlp-dropout", "-0.1", "[0, 1)"]),
+    ({"task": "parity", "elems": 8, "train_counts": "3-9"}, ["train-counts", "3-9", "8"]),
+    ({"task": "parity", "elems": 16, "curriculum": 10, "curriculum_start": 20}, ["curriculum-start", "20", "16"]),
     ({"step": "align", "turn_gate": 2.0, "method": "act", "tau": -1.0},  # two pieces, both said in one line
-     "turn-gate must be in [0, 1], a fraction of the largest turn (got 2.0); tau must be >= 0 (got -1.0)"),
+     ["turn-gate", "2.0", "tau", "-1.0"]),
 ]
 
 
-@pytest.mark.parametrize("given,message", PIECE_ERRORS, ids=[str(g) for g, _ in PIECE_ERRORS])
-def test_each_chosen_piece_checks_its_own_settings(given, message):
+@pytest.mark.parametrize("given,named", PIECE_ERRORS, ids=[str(g) for g, _ in PIECE_ERRORS])
+def test_each_chosen_piece_checks_its_own_settings(given, named):
     with pytest.raises(PonderError) as caught:
         PonderConfig.of(**given)
-    assert str(caught.value) == message
+    assert "\n" not in str(caught.value) and all(part in str(caught.value) for part in named), str(caught.value)

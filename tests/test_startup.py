@@ -11,24 +11,42 @@ from ponder_cli.config import PonderConfig
 from ponder_cli.train import make_optimizer
 
 
-def test_training_and_evaluation_never_import_the_compiler_stack(tiny_mnist, tmp_path):
-    """torch.optim's wrappers import torch._dynamo (over a second) on first use; a whole train,
-    resume and eval must not."""
+TYPOS = [["train", "--epochs", "0"], ["train", "--device", "tpu"], ["eval", "--device", "cpu:1"],
+         ["train", "--lambda-p", "2", "--max-steps", "0"], ["predict", "x", "y", "--device", "meta"],
+         ["train", "--time-limit", "90"]]
+TYPOS_NAME = [["epochs", "0"], ["'tpu'"], ["--device cpu:1"], ["max-steps", "0", "lambda-p", "2.0"], ["'meta'"],
+              ["--time-limit", "'90'"]]
+
+
+def test_a_typo_is_refused_before_torch_loads_and_a_session_never_imports_the_compiler_stack(tiny_mnist, tmp_path):
+    """One interpreter, as a session would run it. First the typos (--device tpu, --epochs 0,
+    --lambda-p 2, --time-limit 90 without a unit...): each one error line and exit 2 before torch
+    is imported (seconds of start-up for a typo). Then a whole train, resume and eval:
+    torch.optim's wrappers import torch._dynamo (over a second) on first use; these must not."""
     common = ["--data-dir", str(tiny_mnist)]
     commands = [["train", "--epochs", "1", "--max-steps", "2", "--val-size", "100", "--batch-size", "100",
                  "--train-size", "200", "--out", str(tmp_path / "run"), *common],
                 ["train", "--resume", str(tmp_path / "run"), "--epochs", "2", "--val-size", "100", *common],
                 ["eval", str(tmp_path / "run"), "--limit", "50", *common]]
-    # the three commands in one interpreter, one after the other, as a session would run them
     code = ("import json, sys; from ponder_cli.cli import app\n"
-            "for args in json.loads(sys.argv[1]):\n"
+            "typos, commands = json.loads(sys.argv[1])\n"
+            "for args in typos:\n"
+            "    try: app(args, prog_name='ponder')\n"
+            "    except SystemExit as done: print(done.code, 'torch' in sys.modules, flush=True)\n"
+            "for args in commands:\n"
             "    try: app(args, prog_name='ponder')\n"
             "    except SystemExit as done: assert not done.code, (args, done.code)\n"
             "    print(sorted(m for m in sys.modules if m.startswith(('torch._dynamo', 'torch._inductor'))))")
-    done = subprocess.run([sys.executable, "-c", code, json.dumps(commands)], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-c", code, json.dumps([TYPOS, commands])], capture_output=True,
+                          text=True, timeout=180)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-1] == "[]"
+    lines = done.stdout.splitlines()
+    assert lines[:len(TYPOS)] == ["2 False"] * len(TYPOS), done.stderr  # usage mistakes: 2, as click's
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error")]
+    assert len(errors) == len(TYPOS) and all(errors)
+    for line, named in zip(errors, TYPOS_NAME):
+        assert line.startswith("Error: ") and all(part in line for part in named), line
+    assert lines[-1] == "[]"
 
 
 def test_the_optimizer_updates_exactly_as_torch_adam():
@@ -52,23 +70,3 @@ def test_the_optimizer_updates_exactly_as_torch_adam():
     for a, b in zip(ours_model.parameters(), theirs_model.parameters()):
         assert torch.equal(a, b) and a.grad_fn is None
     torch.testing.assert_close(ours.state_dict(), theirs.state_dict(), rtol=0, atol=0)
-
-
-def test_a_typo_is_refused_before_torch_loads():
-    """--device tpu, --epochs 0, --lambda-p 2, --time-limit 90 (no unit): one error line before torch is imported (seconds
-    of start-up for a typo); the same message the library gives."""
-    code = ("import sys; from ponder_cli.cli import app\n"
-            "for args in (['train', '--epochs', '0'], ['train', '--device', 'tpu'], ['eval', '--device', 'cpu:1'],\n"
-            "             ['train', '--lambda-p', '2', '--max-steps', '0'], ['predict', 'x', 'y', '--device', 'meta'],\n"
-            "             ['train', '--time-limit', '90']):\n"
-            "    try: app(args, prog_name='ponder')\n"
-            "    except SystemExit as done: print(done.code, 'torch' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.stdout.splitlines() == ["2 False"] * 6, done.stderr  # usage mistakes: 2, as click's
-    assert done.stderr.splitlines() == [
-        "Error: epochs must be > 0 (got 0)", "Error: unknown device 'tpu'; use auto, cpu, cuda or cuda:N",
-        "Error: --device cpu:1: there is one CPU device, use --device cpu",
-        "Error: max-steps must be from 1 to 100 (got 0): every step is computed for every training input, so an epoch "
-        "takes about max-steps times longer; lambda-p must be in (0, 1] (got 2.0)",
-        "Error: unsupported device 'meta'; use auto, cpu, cuda or cuda:N",
-        "Error: --time-limit must be a duration such as 90s, 9m, 2h or 1h30m (got '90')"]

@@ -187,13 +187,12 @@ def test_a_move_that_fails_leaves_no_entry(fails, tmp_path, ponder, one_error_li
     assert not (tmp_path / "runs" / "a" / ".ponder.lock").exists()
 
 
-def test_restore_by_entry_names_the_path_taken(tmp_path, ponder, one_error_line, monkeypatch):
+def test_restore_by_entry_names_the_path_taken(tmp_path, ponder, error, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _run(tmp_path / "runs" / "a")
     entry = Path(_json(ponder("runs", "rm", "runs/a", "-f", "json"))["buckets"][0]["trash"])
     (tmp_path / "runs" / "a").mkdir()  # taken again
-    line = one_error_line(ponder("runs", "rm", "--restore", entry))
-    assert line.startswith("Error: runs/a exists again") and str(entry) in line
+    error(ponder("runs", "rm", "--restore", entry), 1, "runs/a", entry)
 
 
 def test_listing_follows_no_link(tmp_path, ponder, monkeypatch):
