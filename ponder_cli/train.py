@@ -523,7 +523,7 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
           on_epoch: Callable[[EpochStats], None] | None = None, progress: bool = True,
           log: Callable[[str], None] | None = None, cuda_graphs: bool = True,
           time_limit: float | None = None, clock: Callable[[], float] | None = None,
-          init: dict | None = None) -> TrainResult:
+          init: dict | None = None, run: dict | None = None) -> TrainResult:
     """Train, validating once per epoch; write last.pt every epoch and best.pt on improvement.
     train_set and val_set are the task's (MNIST: ImageSets; parity: None, batches drawn on the fly,
     and a fixed ParityBatch). `resume`: a checkpoint whose config equals cfg up to the epochs and
@@ -533,7 +533,8 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
     default CLOCK); training ends after the last epoch that fits. Under torchrun every rank calls
     train() with the same arguments; rank 0 alone validates, writes and decides when time is up,
     and every rank returns the same result. `init`: weights the fresh model starts from (--init-from,
-    checked to fit by runs.StartingWeights; a refit's lack the halting head).
+    checked to fit by runs.StartingWeights; a refit's lack the halting head). `run`: the run's
+    record (folders.run_record), kept in every checkpoint.
     """
     limit = TimeLimit(time_limit, clock or CLOCK) if time_limit is not None else None
     out_dir = Path(out_dir)
@@ -587,7 +588,7 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
                               scheduler=_scheduler_state(scheduler), scaler=scaler.state_dict(),
                               best_accuracy=result.best_accuracy, best_epoch=result.best_epoch,
                               epochs_without_improvement=epochs_without_improvement,
-                              history=[asdict(h) for h in result.history], rng=_rng_state(device, source))
+                              history=[asdict(h) for h in result.history], rng=_rng_state(device, source), run=run)
         _save(state, out_dir, improved)
         if on_epoch is not None:
             on_epoch(record)
@@ -604,6 +605,9 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
     if result.stop_reason != TIME_LIMIT:
         result.stop_note = at_chance(result, cfg, task.classes, learning_rate(optimizer.param_groups[0]["lr"])) or ""
         result.stop_reason = AT_CHANCE if result.stop_note else result.stop_reason
+        if result.stop_note:  # last.pt again, saying so (`ponder runs`: "at chance", not "finished")
+            state.stop_reason = AT_CHANCE
+            _save(state, out_dir, improved=False)
     distributed.barrier()  # under torchrun every rank returns once rank 0 has written the checkpoints
     return result
 
