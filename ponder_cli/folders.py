@@ -170,13 +170,6 @@ _TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
 DAMAGE_HINT = "copy it again, or use the run's other checkpoint (best.pt or last.pt)"
 
 
-def file_damage(path: Path | str) -> str | None:
-    """How a checkpoint file is broken, read without loading it (a file torch did not write, a
-    zip archive cut short, a member that fails its checksum), or None."""
-    kind = not_a_torch_file(Path(path))
-    return f"{kind}, not a ponder_cli checkpoint" if kind is not None else damage(Path(path))
-
-
 def damage(path: Path) -> str | None:
     """How a file in torch's zip format is broken, said before torch.load, whose own words
     ("failed finding central directory", "[Errno 22] Invalid argument") never say the file is

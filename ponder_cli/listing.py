@@ -15,7 +15,7 @@ from typing import Callable, Optional, Sequence, Union
 from . import BadValue, PonderError, file_problem
 from .config import PonderConfig, applies
 from .folders import (BEST, DEFAULT, LAST, LATEST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, Summary,
-                      empty_trash, file_damage, in_a_trash, is_run_folder, lock_holder, peek_checkpoint, resolve_checkpoint,
+                      empty_trash, in_a_trash, is_run_folder, lock_holder, peek_checkpoint, resolve_checkpoint,
                       restore_run, run_status, run_time, runs_under, saved_config, shipped_path, start_text,
                       trash_contents, trash_entries, trash_run, trashed_runs, trashes_under)
 from .render import Column
@@ -341,8 +341,11 @@ def _run_row(folder: Path, stamp: Optional[float], name: Optional[str] = None, p
     row.update(epoch=summary.epoch, status=run_status(summary, path)[0], best_epoch=summary.best_epoch or None,
                best_val_accuracy=best["val_accuracy"] if best else None,
                best_val_steps=best["val_steps"] if best else None)
-    if path.name == LAST and (folder / BEST).is_file() and file_damage(folder / BEST) is not None:
-        row["status"] = "damaged"  # its best model is lost, however the run went (`ponder info` says how)
+    if path.name == LAST and (folder / BEST).is_file():
+        try:  # its best model lost (cut short, its record failing its checksum), however the run went; its
+            peek_checkpoint(folder / BEST)  # weights' checksums are checked when it is read (info, eval)
+        except PonderError:
+            row["status"] = "damaged"
     return row
 
 
