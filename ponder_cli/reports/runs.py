@@ -144,6 +144,8 @@ def info_report(checkpoint: str, cfg, history: list[dict], summary: dict, *, sho
     labels = [("name", summary.get("name")), ("tags", " ".join(summary.get("tags") or ())),
               ("note", summary.get("note")), ("initialised from", summary.get("init_from"))]
     facts[1:1] = [(what, value) for what, value in labels if value]  # what the researcher called it, first
+    if summary.get("amp"):
+        facts.insert(-1, ("amp", "on: trained with --amp (mixed precision)"))
     if summary.get("saved_halting"):
         facts.insert(-1, ("halting rule", saved_halting_text(summary["saved_halting"])))
     path = history[-1].get("training_step") if history else None
