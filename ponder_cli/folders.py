@@ -1,8 +1,9 @@
-"""Run folders by name: the names a run folder's files go by and where runs go by default,
-which file a CHECKPOINT argument names (a checkpoint file, a run folder's best.pt or last.pt,
-`latest`: the newest run under runs/, or a shipped model's name), the models shipped inside the
-package, and the lock that keeps two runs out of one folder. No torch: the CLI reads these
-before torch loads.
+"""The run folder: the names its files go by and where runs go by default, which file a
+CHECKPOINT argument names (a checkpoint file, a run folder's best.pt or last.pt, `latest`: the
+newest run under runs/, or a shipped model's name), the models shipped inside the package, a
+run's labels and record and a checkpoint read without its weights, the lock that keeps two runs
+out of one folder, finding the runs below a folder, and the trash. No torch: the CLI and the
+listings read these before (or without) torch.
 
 The shipped models are package data (ponder_cli/checkpoints/, declared in setup.cfg), found
 through importlib.resources: the same files whatever the working directory, from a clone, an

@@ -2,8 +2,9 @@
 rules, the run folder: a fresh one under runs/ by default, never another run's or the shipped
 models), the files a run keeps beside its checkpoints (config.json, config.toml, metrics.csv,
 environment.json, TensorBoard events), and the run's own handle on its folder from claiming it
-to letting it go (`RunFolder`). The names of a run folder's files, the lock that keeps two runs
-out of one folder and which file a CHECKPOINT argument names are in folders.py (no torch).
+to letting it go (`RunFolder`), and what rewrites a run's record (`ponder runs label`). The run
+folder itself (its files' names, the lock, which file a CHECKPOINT names, discovery, the trash,
+the record as listing reads it) is folders.py, without torch.
 
 environment.json says what a run ran on, beside config.json (which says what it trained) and
 kept apart from it, so that config.json stays what resuming and `ponder info` read. Training
@@ -283,7 +284,7 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
         refuse_foreign_checkpoints(out, overwrite)
         return TrainingPlan(cfg, out, **started)
     # its labels and start: its folder's record, else (one cut short, or none) its checkpoint's
-    recorded = recorded_run(resumed.path.parent, state.config) or state.run or {}
+    recorded = run_of(Summary.of(state.to_dict()), resumed.path.parent)
     labels = Labels.of(recorded).updated(labels)
     resume = resumed.path
     out_dir = out if out is not None else Path(resume).parent
@@ -318,13 +319,6 @@ def _record(folder: Path) -> Optional[tuple[dict, PonderConfig]]:
             return saved, PonderConfig.from_dict(saved["config"])
     except (ValueError, TypeError, KeyError, PonderError):
         return None
-
-
-def recorded_run(folder: Path, cfg: PonderConfig) -> Optional[dict]:
-    """A run folder's config.json when it records the run `cfg` describes (its labels, where its
-    weights started), else None (another run's record, or none at all)."""
-    record = _record(folder)
-    return record[0] if record is not None and _same_run(record[1], cfg) else None
 
 
 def reproducing_command(cfg: PonderConfig, record: Optional[dict] = None) -> str:
