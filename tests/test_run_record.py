@@ -104,6 +104,8 @@ def test_a_source_that_moved_on_is_refused_naming_it(tuned, tiny_mnist, tmp_path
     line = one_error_line(result)
     assert result.exit_code == 1 and "--init-from" in line and str(source.resolve() / "best.pt") in line
     assert f"epoch {state.epoch}" in line and not (tmp_path / "no").exists()
+    alone = ponder("train", *SMALL, "--init-weights", first["init_weights"], "--print-config")
+    assert "--init-from" in one_error_line(alone) and alone.exit_code == 2
 
 
 def test_labels_survive_a_cut_short_config_json_and_a_resume_adds_tags(tuned, tiny_mnist, tmp_path, ponder):

@@ -12,7 +12,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from .. import PonderError, SigTerm, brief, distributed, keeping
+from .. import BadValue, PonderError, SigTerm, brief, distributed, keeping
 from ..checkpoint import CheckpointNotSaved
 from ..config import START_KEYS, Origin, PonderConfig, default_halting, duration_text, parse_duration, read_config_file
 from ..data import resolve_data_dir
@@ -79,6 +79,8 @@ def _settings(given: dict, options: TrainOptions) -> tuple[dict, dict, Optional[
         start.pop("init_weights", None)
     options = dataclasses.replace(options, **{key: value for key, value in start.items()
                                               if getattr(options, key) is None})
+    if options.init_weights is not None and options.init_from is None:
+        raise BadValue("--init-weights names the weights --init-from must hold: give --init-from CHECKPOINT too")
     settings, origins = {**from_file, **given}, {name: str(config_file) for name in from_file if name not in given}
     init = StartingWeights.read(options.init_from, options.init_weights) if options.init_from is not None else None
     if init is not None:
