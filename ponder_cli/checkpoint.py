@@ -14,7 +14,6 @@ import re
 import shutil
 import tempfile
 import warnings
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 
 from . import BadValue, PonderError, PonderWarning, brief, file_problem, uninterrupted
+from .folders import DAMAGE_HINT, damage, not_a_torch_file
 from .config import MAX_STEPS, PonderConfig, applies
 from .model import build_model
 from .tasks import get_task
@@ -47,7 +47,10 @@ class TrainingState:
     epochs_without_improvement: int = 0
     history: list = field(default_factory=list)  # one dict per epoch (train.EpochStats fields)
     rng: dict | None = None  # {"torch": ByteTensor, "cuda": the training GPU's (older: a list, every GPU's)}
-    stop_reason: str | None = None  # "time limit": training ended there short of its epochs, to be resumed
+    stop_reason: str | None = None  # "time limit" (short of its epochs, to be resumed) or "at chance"
+    # the run's record beside its settings (folders.run_record): its labels, the weights it
+    # started from, --amp; a copied best.pt keeps them
+    run: dict | None = None
 
     RESUME_KEYS = ("optimizer", "scheduler", "scaler", "rng")
 
@@ -63,7 +66,7 @@ class TrainingState:
                 "epoch": self.epoch, "optimizer": self.optimizer, "scheduler": self.scheduler,
                 "scaler": self.scaler, "best_accuracy": self.best_accuracy, "best_epoch": self.best_epoch,
                 "epochs_without_improvement": self.epochs_without_improvement, "history": self.history,
-                "rng": self.rng, "stop_reason": self.stop_reason}
+                "rng": self.rng, "stop_reason": self.stop_reason, "run": self.run}
 
     @classmethod
     def from_dict(cls, payload: Any, path: Path | str = "checkpoint") -> "TrainingState":
@@ -100,7 +103,7 @@ class TrainingState:
                                     ("best_accuracy", (int, float), "a number"), ("history", list, "a list"),
                                     ("optimizer", dict, "a dict"), ("scheduler", dict, "a dict"),
                                     ("scaler", dict, "a dict"), ("rng", dict, "a dict"),
-                                    ("stop_reason", str, "a string")):
+                                    ("stop_reason", str, "a string"), ("run", dict, "a dict")):
             if payload.get(key) is None and key != "epoch":
                 continue  # optional: absent from checkpoints that were never meant to be resumed
             if isinstance(payload[key], bool) or not isinstance(payload[key], kind):
@@ -223,12 +226,12 @@ def load_checkpoint(path: Path | str, map_location="cpu") -> TrainingState:
     if problem is not None:
         raise PonderError(f"checkpoint {path} {problem}" + (" (train one with `ponder train`)"
                                                              if problem == "does not exist" else ""))
-    kind = _not_a_torch_file(path)
+    kind = not_a_torch_file(path)
     if kind is not None:
         raise PonderError(f"{path} is {kind}, not a ponder_cli checkpoint")
-    damage = _damage(path)
-    if damage is not None:
-        raise PonderError(f"checkpoint {path} is {damage}")
+    broken = damage(path)
+    if broken is not None:
+        raise PonderError(f"checkpoint {path} is {broken}")
     try:
         with warnings.catch_warnings():  # torch warns about odd pickle protocols before failing
             warnings.simplefilter("ignore")
@@ -241,7 +244,7 @@ def load_checkpoint(path: Path | str, map_location="cpu") -> TrainingState:
                               "not just tensors and plain values") from None
         raise PonderError(f"checkpoint {path} is not a readable checkpoint (corrupt data)") from None
     except Exception as exc:  # a legacy (pickle) file cut short, or data torch cannot decode
-        raise PonderError(f"checkpoint {path} is cut short or damaged ({brief(exc)}); {_DAMAGE_HINT}") from None
+        raise PonderError(f"checkpoint {path} is cut short or damaged ({brief(exc)}); {DAMAGE_HINT}") from None
     state = TrainingState.from_dict(payload, path)
     warn_if_not_finite(state.model, path)
     return state
@@ -255,61 +258,6 @@ def warn_if_not_finite(weights: dict, path: Path | str) -> None:
     if bad:
         warnings.warn(f"checkpoint {path} has non-finite weights (NaN or inf in {len(bad)} of its {len(weights)} "
                       f"tensors, {bad[0]} first): what it computes means nothing", PonderWarning, stacklevel=2)
-
-
-# How torch.save's files begin: a zip archive (since PyTorch 1.6), or a pickle (the legacy format).
-_TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
-
-
-_DAMAGE_HINT = "copy it again, or use the run's other checkpoint (best.pt or last.pt)"
-
-
-def file_damage(path: Path | str) -> str | None:
-    """How a checkpoint file is broken, read without loading it (a file torch did not write, a
-    zip archive cut short, a member that fails its checksum), or None."""
-    kind = _not_a_torch_file(Path(path))
-    return f"{kind}, not a ponder_cli checkpoint" if kind is not None else _damage(Path(path))
-
-
-def _damage(path: Path) -> str | None:
-    """How a file in torch's zip format is broken, said before torch.load, whose own words
-    ("failed finding central directory", "[Errno 22] Invalid argument") never say the file is
-    cut short: a zip archive whose end is missing (an interrupted copy, download or save by
-    another tool), or a member whose data fails its CRC-32 (every member is read: megabytes,
-    milliseconds). None for a legacy pickle file, or a zip archive that is whole."""
-    try:
-        with open(path, "rb") as f:
-            if f.read(4) != _TORCH_MAGIC[0]:
-                return None
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()
-    except zipfile.BadZipFile:
-        return f"cut short or damaged: its zip archive has no end (an interrupted copy or download?); {_DAMAGE_HINT}"
-    except (OSError, EOFError, ValueError, NotImplementedError) as exc:  # unreadable, or a member cut short
-        return f"cut short or damaged ({brief(exc)}); {_DAMAGE_HINT}"
-    if bad is not None:
-        return f"damaged: {bad} fails its checksum (the file changed after it was written); {_DAMAGE_HINT}"
-    return None
-
-
-def _not_a_torch_file(path: Path) -> str | None:
-    """What a file that torch.save cannot have written looks like ("an empty file", "a text
-    file"), or None when it may be one (torch.load then has the last word)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(512)
-    except OSError:
-        return None  # torch.load reports it
-    if not head:
-        return "an empty file"
-    if head.startswith(_TORCH_MAGIC):
-        return None
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        # a character cut by the 512-byte read is no sign of a binary file
-        text = head[:exc.start].decode("utf-8") if exc.start >= len(head) - 3 else "\0"
-    return "a text file" if all(c.isprintable() or c.isspace() for c in text) else "a file PyTorch did not write"
 
 
 def new_model(cfg: PonderConfig) -> torch.nn.Module:

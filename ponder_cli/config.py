@@ -588,6 +588,9 @@ class PonderConfig:
 # file sets overrides the defaults and what the chosen pieces imply; flags override the file.
 
 DOCUMENT_KEYS = ("format_version", "sources")  # what `--print-config -f json` writes beside the settings
+# what a run's record gives a rerun besides its settings (runs.start_options): top-level keys of a
+# config file, as `ponder train --init-from --init-weights --amp`
+START_KEYS = {"init_from": str, "init_weights": str, "amp": bool}
 
 
 def read_config_file(path: Path) -> dict:
@@ -609,11 +612,22 @@ def read_config_file(path: Path) -> dict:
             recorded = PonderConfig.from_dict(saved, saved=f"--config {path}")
         except PonderError as exc:
             raise PonderError(f"--config {path}: {exc}") from None
+        start = data.get("init_from")
         applying = recorded.applying()
-        return {key: value for key, value in saved.items() if key in applying}
+        values = {key: value for key, value in saved.items() if key in applying}
+        if isinstance(start, dict):
+            values.update(init_from=str(start.get("checkpoint")), init_weights=f"{start.get('epoch')}:{start.get('weights')}")
+        elif isinstance(start, str):
+            values["init_from"] = start
+        return {**values, **({"amp": True} if data.get("amp") is True else {})}
     values = {}
     for table, items in data.items():
         if table in DOCUMENT_KEYS:  # --print-config -f json's own keys, not settings
+            continue
+        if table in START_KEYS:
+            if not isinstance(items, START_KEYS[table]):
+                raise PonderError(f"--config {path}: {table} must be {'true or false' if table == 'amp' else 'text'}")
+            values[table] = items
             continue
         if isinstance(items, dict) and table not in SECTIONS:
             raise PonderError(f"--config {path}: unknown table [{table}]; the tables are "

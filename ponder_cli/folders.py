@@ -1,8 +1,9 @@
-"""Run folders by name: the names a run folder's files go by and where runs go by default,
-which file a CHECKPOINT argument names (a checkpoint file, a run folder's best.pt or last.pt,
-`latest`: the newest run under runs/, or a shipped model's name), the models shipped inside the
-package, and the lock that keeps two runs out of one folder. No torch: the CLI reads these
-before torch loads.
+"""The run folder: the names its files go by and where runs go by default, which file a
+CHECKPOINT argument names (a checkpoint file, a run folder's best.pt or last.pt, `latest`: the
+newest run under runs/, or a shipped model's name), the models shipped inside the package, a
+run's labels and record and a checkpoint read without its weights, the lock that keeps two runs
+out of one folder, finding the runs below a folder, and the trash. No torch: the CLI and the
+listings read these before (or without) torch.
 
 The shipped models are package data (ponder_cli/checkpoints/, declared in setup.cfg), found
 through importlib.resources: the same files whatever the working directory, from a clone, an
@@ -11,16 +12,23 @@ editable install or a wheel. Shipping another model is one file there and one li
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import io
 import json
 import os
+import pickle
+import shutil
+import tempfile
+import zipfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path, PurePath
-from typing import Optional, Union
+from typing import Iterable, Optional, Union
 
-from . import PonderError, file_problem
+from . import PonderError, brief, file_problem, keeping, uninterrupted
+from .registry import AT_CHANCE, FORMAT_VERSION, TIME_LIMIT
 
 RUNS_DIR = Path("runs")
 BEST, LAST = "best.pt", "last.pt"
@@ -115,8 +123,9 @@ LABEL_CHARACTERS = 200  # a name, a tag or a note longer than this is a mistake 
 @dataclass(frozen=True)
 class Labels:
     """What a researcher calls a run: its name, tags and a note (`ponder train --name --tag
-    --note`), kept in its config.json beside the settings but none of them: they change nothing
-    the model learns, so resuming keeps them, and takes new ones given (each replaces its own)."""
+    --note`, `ponder runs label`), kept in its record (run_record) but no setting: they change
+    nothing the model learns, so resuming keeps them, a new name or note replaces its own and new
+    tags are added."""
     name: Optional[str] = None
     tags: tuple = ()
     note: Optional[str] = None
@@ -135,7 +144,7 @@ class Labels:
 
     @classmethod
     def of(cls, saved: Optional[dict]) -> "Labels":
-        """A run's labels from its config.json (none where it holds none, or holds them garbled)."""
+        """A run's labels from its record (none where it holds none, or holds them garbled)."""
         labels = saved.get("labels") if isinstance(saved, dict) else None
         if not isinstance(labels, dict):
             return cls()
@@ -144,13 +153,209 @@ class Labels:
         except (PonderError, TypeError, AttributeError):
             return cls()
 
-    def replaced_by(self, given: "Labels") -> "Labels":
-        """These labels with those given in their place (a resumed run's, and the new ones)."""
-        return Labels(given.name if given.name is not None else self.name, given.tags or self.tags,
+    def updated(self, given: "Labels", untag: tuple = ()) -> "Labels":
+        """These labels with a name or note given in place of their own, the tags given added
+        and those in `untag` taken away."""
+        return Labels(given.name if given.name is not None else self.name,
+                      tuple(tag for tag in (*self.tags, *given.tags) if tag not in untag),
                       given.note if given.note is not None else self.note)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "tags": list(self.tags), "note": self.note}
+
+
+# How torch.save's files begin: a zip archive (since PyTorch 1.6), or a pickle (the legacy format).
+_TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
+DAMAGE_HINT = "copy it again, or use the run's other checkpoint (best.pt or last.pt)"
+
+
+def damage(path: Path) -> str | None:
+    """How a file in torch's zip format is broken, said before torch.load, whose own words
+    ("failed finding central directory", "[Errno 22] Invalid argument") never say the file is
+    cut short: a zip archive whose end is missing (an interrupted copy, download or save by
+    another tool), or a member whose data fails its CRC-32 (every member is read: megabytes,
+    milliseconds). None for a legacy pickle file, or a zip archive that is whole."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != _TORCH_MAGIC[0]:
+                return None
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except zipfile.BadZipFile:
+        return f"cut short or damaged: its zip archive has no end (an interrupted copy or download?); {DAMAGE_HINT}"
+    except (OSError, EOFError, ValueError, NotImplementedError) as exc:  # unreadable, or a member cut short
+        return f"cut short or damaged ({brief(exc)}); {DAMAGE_HINT}"
+    if bad is not None:
+        return f"damaged: {bad} fails its checksum (the file changed after it was written); {DAMAGE_HINT}"
+    return None
+
+
+def not_a_torch_file(path: Path) -> str | None:
+    """What a file that torch.save cannot have written looks like ("an empty file", "a text
+    file"), or None when it may be one (torch.load then has the last word)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return None  # torch.load reports it
+    if not head:
+        return "an empty file"
+    if head.startswith(_TORCH_MAGIC):
+        return None
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        # a character cut by the 512-byte read is no sign of a binary file
+        text = head[:exc.start].decode("utf-8") if exc.start >= len(head) - 3 else "\0"
+    return "a text file" if all(c.isprintable() or c.isspace() for c in text) else "a file PyTorch did not write"
+
+
+# the record of a run ---------------------------------------------------------------------------
+# What a run is besides its settings, kept in every checkpoint it writes (TrainingState.run) and
+# in its config.json: its labels, the weights it started from (--init-from: a shipped model by
+# name, else the file's absolute path, with its epoch and a digest of its weights, so that a
+# source trained on since is noticed) and --amp (it changes the figures); config.json adds the
+# settings its pieces leave unread (what listing needs to show those that differ). Everything that shows or reruns a run reads it: info, diff, runs, the
+# reproduce line, config.toml.
+
+def run_record(labels: Labels, init_from: Optional[dict], amp: bool) -> dict:
+    return {"labels": labels.to_dict(), "init_from": init_from, "amp": bool(amp)}
+
+
+def start_text(init_from) -> Optional[str]:
+    """Where a run's weights started, as shown: `reference (epoch 30)`, a path and its epoch; an
+    older run's record holds the path alone."""
+    if isinstance(init_from, dict):
+        return f"{init_from.get('checkpoint')} (epoch {init_from.get('epoch')})"
+    return init_from
+
+
+class _Tensor:
+    """A tensor of a checkpoint read by peek_checkpoint: its data left unread."""
+
+    def __repr__(self) -> str:
+        return "<tensor>"
+
+
+TENSOR = _Tensor()
+_SAFE_GLOBALS = {("collections", "OrderedDict"): collections.OrderedDict, ("builtins", "set"): set,
+                 ("builtins", "frozenset"): frozenset, ("builtins", "slice"): slice}
+
+
+class _Peeker(pickle.Unpickler):
+    """A checkpoint's data.pkl without torch: torch's own globals (tensor rebuilds, storage
+    classes) become TENSOR, the storages are left unread, any other global is refused, as
+    weights_only refuses it: nothing is called."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in _SAFE_GLOBALS:
+            return _SAFE_GLOBALS[module, name]
+        if module == "torch" or module.startswith("torch."):
+            return lambda *args, **kwargs: TENSOR
+        raise pickle.UnpicklingError(f"it contains pickled code ({module}.{name})")
+
+    def persistent_load(self, pid):
+        return TENSOR
+
+
+def peek_checkpoint(path: Path) -> Optional[dict]:
+    """The dict a checkpoint holds, its tensors TENSOR: only its small data.pkl is read, not
+    its weights nor its optimizer state, and torch is not imported (what `ponder runs` and
+    `ponder models` list). None for a file in torch's legacy format (checkpoint.load_checkpoint
+    reads it); a file that cannot be read so is one PonderError."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"PK\x03\x04":
+                return None
+        with zipfile.ZipFile(path) as archive:
+            member = next(name for name in archive.namelist() if name.endswith("/data.pkl") and name.count("/") == 1)
+            payload = _Peeker(io.BytesIO(archive.read(member))).load()
+    except StopIteration:
+        raise PonderError(f"{path} is not a ponder_cli checkpoint") from None
+    except Exception as exc:  # cut short (no zip end), a CRC that fails, a pickle torch never wrote
+        raise PonderError(f"checkpoint {path} is cut short or damaged ({brief(exc)})") from None
+    if not isinstance(payload, dict) or payload.get("format") != "ponder_cli" or not isinstance(
+            payload.get("config"), dict):
+        raise PonderError(f"{path} is not a ponder_cli checkpoint")
+    return payload
+
+
+def flat_config(config: dict) -> dict:
+    """A saved config by flat key (an older checkpoint's is by section: {"task": {"name": ...}}),
+    with the default of each setting it is older than."""
+    from .config import PonderConfig
+
+    flat = {key: PonderConfig.default(key) for key in PonderConfig.field_names()}
+    for key, value in config.items():
+        sectioned = key in ("task", "step", "method", "training") and isinstance(value, dict)
+        flat.update({key if name == "name" else name: item for name, item in value.items()} if sectioned
+                    else {key: value})
+    return flat
+
+
+@dataclass(frozen=True)
+class Summary:
+    """How far a run got, from its checkpoint's dict (peek_checkpoint, or TrainingState.to_dict)."""
+    config: dict  # flat
+    epoch: int
+    best_epoch: int
+    epochs_without_improvement: int
+    history: list
+    stop_reason: Optional[str]
+    run: Optional[dict]  # its record, None in a checkpoint from before records
+    resumable: bool
+
+    @classmethod
+    def of(cls, payload: dict) -> "Summary":
+        return cls(flat_config(payload["config"]), payload.get("epoch") or 0, payload.get("best_epoch") or 0,
+                   payload.get("epochs_without_improvement") or 0, list(payload.get("history") or []),
+                   payload.get("stop_reason"), payload.get("run") if isinstance(payload.get("run"), dict) else None,
+                   all(payload.get(key) is not None for key in ("optimizer", "scheduler", "scaler", "rng")))
+
+    @property
+    def epochs(self) -> int:
+        return self.config.get("epochs") or 0
+
+    @property
+    def stopped_early(self) -> bool:
+        """Patience ran out with epochs still to train (at the last epoch itself it simply finished)."""
+        patience = self.config.get("patience") or 0
+        return bool(patience) and self.epochs_without_improvement >= patience and self.epoch < self.epochs
+
+    @property
+    def best(self) -> Optional[dict]:
+        return next((h for h in self.history if isinstance(h, dict) and h.get("epoch") == self.best_epoch), None)
+
+
+def run_status(summary: Summary, path: Path) -> tuple[str, str]:
+    """How the run whose checkpoint `path` holds went, as a word (finished, stopped early, time
+    limit, at chance, interrupted, running, best epoch) and as a sentence for `info`."""
+    folder, epochs = path.parent, summary.epochs
+    if path.name != LAST and summary.epoch == summary.best_epoch:
+        # a best.pt (the shipped models among them) is a snapshot of the best epoch: it cannot tell
+        # how its run went on
+        text = f"its run's best epoch (saved after epoch {summary.epoch} of {epochs})"
+        if (folder / LAST).is_file():
+            text += f"; the run's latest state is {folder / LAST}"
+        return "best epoch", text
+    holder = lock_holder(folder / LOCK_FILE)
+    if holder is not None:
+        return "running", f"training now (PID {holder})"
+    if summary.stop_reason == AT_CHANCE:
+        return AT_CHANCE, f"at chance after epoch {summary.epoch} of {epochs}: it did not learn"
+    if summary.stopped_early:
+        return "stopped early", (f"stopped early after epoch {summary.epoch} (no better validation accuracy for "
+                                 f"{summary.config.get('patience')} epochs)")
+    if summary.epoch < epochs:
+        timed = summary.stop_reason == TIME_LIMIT
+        text = (f"stopped at its time limit after epoch {summary.epoch} of {epochs}" if timed else
+                f"interrupted after epoch {summary.epoch} of {epochs}")
+        if summary.resumable:
+            text += f"; resume with: ponder train --resume {path}"
+        return (TIME_LIMIT if timed else "interrupted"), text
+    return "finished", "finished"
 
 
 # which file a CHECKPOINT argument names ------------------------------------------------------
@@ -554,3 +759,224 @@ def enclosing_run(folder: Path) -> Optional[Path]:
             return parent
     return None
 
+
+# The trash: `ponder runs rm` moves a run folder into .trash/ beside it, with a note of where it
+# was; `--restore` moves it back as it was, and `--empty` alone deletes. The trash holds only
+# what those two reach: a run folder itself (never a link, nor anything already in a trash), in
+# an entry made whole or not at all. -------------------------------------------------------------
+
+ENTRY_RUN = "run"  # the run folder inside a trash entry, beside trashed.json
+
+
+def in_a_trash(path: Path) -> bool:
+    """Does `path` lie inside a trash folder (as given, or once its links are resolved)?"""
+    parts = set(Path(os.path.abspath(path)).parts)
+    with contextlib.suppress(OSError, RuntimeError):
+        parts |= set(Path(path).resolve().parts)
+    return TRASH in parts
+
+
+def entry_name(name: str, stamp: str, limit: int = 255) -> str:
+    """<run's name>.<UTC time>, the name cut short (its start kept) where the whole would be longer
+    than the file system takes (`limit` bytes): trashed.json keeps the path it had in full."""
+    suffix = os.fsencode(f".{stamp}")
+    head = os.fsencode(name)[:max(1, limit - len(suffix))]
+    while head:  # not inside a character
+        try:
+            return head.decode("utf-8", "strict") + suffix.decode()
+        except UnicodeDecodeError:
+            head = head[:-1]
+    return os.fsdecode(os.fsencode(name)[:max(1, limit - len(suffix))] + suffix)
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+def trash_run(folder: Path) -> dict:
+    """Move a run folder into <its parent>/.trash/<name>.<UTC time>/run, with trashed.json saying
+    where it was and when it left. A run being trained is refused: its lock is taken while the
+    folder moves, so no `ponder train` starts there meanwhile, and a resume takes it before it
+    reads the run (folders.resumed_lock). A link, and anything inside a trash, are refused. The
+    entry is made whole or not at all: a move that fails (a full disk) or is interrupted leaves
+    no entry behind."""
+    folder = Path(folder)
+    if os.path.islink(folder):
+        raise PonderError(f"{folder} is a link (to {os.readlink(folder)}): `ponder runs rm` moves run folders "
+                          f"themselves, never a link; name the run folder itself, or remove the link with rm")
+    if in_a_trash(folder):
+        raise PonderError(f"{folder} is in a trash already: `ponder runs rm --restore` brings a trashed run back, "
+                          f"`ponder runs rm --empty` deletes it")
+    if not folder.is_dir():
+        raise PonderError(f"{folder} {file_problem(folder) or 'is a file'}: `ponder runs rm` takes run folders "
+                          f"(`ponder runs` lists them)")
+    if not is_run_folder(folder):
+        below = runs_inside(folder)
+        what = (f"a folder of runs ({', '.join(str(run) for run in below[:3])}{', ...' if len(below) > 3 else ''}): "
+                f"name each run to remove" if below else "not a run folder: `ponder runs` lists them")
+        raise PonderError(f"{folder} is {what}")
+    if same_path(folder, Path.cwd()) or any(same_path(folder, parent) for parent in Path.cwd().parents):
+        raise PonderError(f"{folder} holds the current folder; run `ponder runs rm` from outside it")
+    trash = folder.parent / TRASH
+    if os.path.islink(trash) or (os.path.lexists(trash) and not trash.is_dir()):
+        raise PonderError(f"{trash} is {'a link' if os.path.islink(trash) else 'not a folder'}, not a trash of "
+                          f"ponder's: move it aside, then remove {folder}")
+    lock = RunLock(folder).acquire()  # refused, naming its PID, when a live run holds the folder
+    made_trash, entry, moved = not trash.exists(), None, False
+    try:
+        with uninterrupted():  # a signal waits until the entry is whole, or undone
+            stamp = datetime.now(timezone.utc)
+            trash.mkdir(exist_ok=True)
+            named = trash / entry_name(folder.name, stamp.strftime('%Y%m%dT%H%M%S.%fZ'), _name_max(trash))
+            named.mkdir()
+            entry = named  # ours from here: undone if the move does not finish
+            note = {"format_version": FORMAT_VERSION, "run": str(folder), "original": os.path.abspath(folder),
+                    "removed": stamp.isoformat()}
+            replace_atomically(entry / TRASH_NOTE, lambda f: f.write(json.dumps(note, indent=2) + "\n"))
+            os.rename(folder, entry / ENTRY_RUN)
+            moved = True
+    except BaseException as exc:
+        if not moved:
+            _undo_entry(entry, trash if made_trash else None)
+            lock.release()
+        if isinstance(exc, OSError):
+            raise PonderError(f"cannot move {folder} to the trash: {exc.strerror or exc}; it stays where it was")\
+                from None
+        raise
+    (entry / ENTRY_RUN / LOCK_FILE).unlink(missing_ok=True)  # ours, taken for the move: the run as it was
+    lock.held = False
+    lock.forget()
+    return {"run": str(folder), "trash": str(entry), "removed": note["removed"]}
+
+
+def _undo_entry(entry: Optional[Path], trash: Optional[Path]) -> None:
+    """A trash entry whose run never moved in: removed, and the trash this move made."""
+    if entry is not None:
+        for path in (entry / TRASH_NOTE, *entry.glob(f".{TRASH_NOTE}.*.tmp")):
+            with contextlib.suppress(OSError):
+                path.unlink()
+    for folder in (entry, trash):
+        if folder is not None:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def restore_run(given: Path) -> dict:
+    """Move a trashed run back where it was, as it was: `given` is the path it had (the newest
+    entry of that path in the trash beside it) or a trash entry's own."""
+    given = Path(given)
+    if not os.path.islink(given) and trashed(given) is not None:
+        entry = given
+    else:
+        original = os.path.abspath(given)
+        entries = sorted(((note["removed"], entry) for entry in trash_entries(given.parent / TRASH)
+                          for note in [trashed(entry)] if note["original"] == original), reverse=True)
+        if not entries:
+            raise PonderError(f"no run {given} in {given.parent / TRASH}/: `ponder runs rm --restore` takes the path "
+                              f"a removed run had (or its entry in the trash)")
+        entry = entries[0][1]
+    note = trashed(entry)
+    target = Path(note["original"])
+    if os.path.lexists(target):
+        shown = note.get("run") or str(target)
+        raise PonderError(f"{shown} exists again (something else is there now): move it aside, then restore; the "
+                          f"removed run stays in {entry}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(entry / ENTRY_RUN, target)
+    except OSError as exc:
+        raise PonderError(f"cannot restore {given}: {exc.strerror or exc}; it stays in {entry}") from None
+    (entry / TRASH_NOTE).unlink()
+    entry.rmdir()
+    with contextlib.suppress(OSError):
+        entry.parent.rmdir()  # the trash, when this was its last run
+    return {"run": note.get("run") or str(given), "trash": str(entry), "removed": note.get("removed")}
+
+
+def trash_of(folder: Path) -> Optional[Path]:
+    """The trash `--empty` empties for a folder named: its own .trash, never one below it, and
+    never through a link (a .trash that is a link is no trash of ponder's)."""
+    trash = Path(folder) / TRASH
+    return trash if not os.path.islink(trash) and trash.is_dir() else None
+
+
+def disk_size(path: Path) -> int:
+    """The bytes of the files at and below `path`, links not followed."""
+    total = 0
+    for top, folders, files in os.walk(path, followlinks=False):
+        for name in files + [name for name in folders if os.path.islink(os.path.join(top, name))]:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(top, name)).st_size
+    return total
+
+
+def trash_contents(folders: Iterable[Path]) -> list[dict]:
+    """What `--empty` would delete for these folders: each entry of each one's own trash (trash_of),
+    its run's old path, the entry, when it was removed and its size in bytes."""
+    rows, trashes = [], {}
+    for folder in folders:
+        trash = trash_of(folder)
+        if trash is not None:
+            trashes.setdefault(trash.resolve(), trash)  # each once (runs/ named twice), as named
+    for trash in trashes.values():
+        for entry in trash_entries(trash):
+            note = trashed(entry)
+            rows.append({"run": note.get("run"), "trash": str(entry), "removed": note.get("removed"),
+                         "bytes": disk_size(entry)})
+    return rows
+
+
+def empty_trash(rows: list[dict]) -> list[dict]:
+    """Delete these trash entries (trash_contents): the one way `ponder` deletes a run. Each entry
+    goes whole (an interrupt waits for the one being deleted); an interrupt or a failure says how
+    many were deleted and how many are still in the trash."""
+    done: list[dict] = []
+
+    def said() -> str:
+        left = len(rows) - len(done)
+        return (f"{len(done)} of {len(rows)} trashed runs deleted for good, "
+                f"{left} still in the trash" + (" (`ponder runs rm --empty` deletes them)" if left else ""))
+    with keeping(said):
+        for row in rows:
+            entry = Path(row["trash"])
+            try:
+                with uninterrupted():  # counted as gone before an interrupt held meanwhile is raised
+                    shutil.rmtree(entry / ENTRY_RUN)  # the run first: an entry cut short by a failure still has its note
+                    shutil.rmtree(entry)
+                    done.append(row)
+                    with contextlib.suppress(OSError):
+                        entry.parent.rmdir()  # the trash, once its last entry is gone
+            except OSError as exc:
+                raise PonderError(f"cannot delete {entry}: {exc.strerror or exc}; {said()}") from None
+    return done
+
+
+def replace_atomically(path: Path, write, binary_from: Optional[Path] = None) -> None:
+    """Write a text file (`write` gets the open file), or copy `binary_from`, under a temporary
+    name, then rename it into place: a reader never sees half a file."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        if binary_from is not None:
+            with os.fdopen(fd, "wb") as f, open(binary_from, "rb") as source:
+                shutil.copyfileobj(source, f)
+        else:
+            with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
+                write(f)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def same_path(a: Path, b: Path) -> bool:
+    return Path(a).resolve() == Path(b).resolve()

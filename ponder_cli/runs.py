@@ -2,8 +2,9 @@
 rules, the run folder: a fresh one under runs/ by default, never another run's or the shipped
 models), the files a run keeps beside its checkpoints (config.json, config.toml, metrics.csv,
 environment.json, TensorBoard events), and the run's own handle on its folder from claiming it
-to letting it go (`RunFolder`). The names of a run folder's files, the lock that keeps two runs
-out of one folder and which file a CHECKPOINT argument names are in folders.py (no torch).
+to letting it go (`RunFolder`), and what rewrites a run's record (`ponder runs label`). The run
+folder itself (its files' names, the lock, which file a CHECKPOINT names, discovery, the trash,
+the record as listing reads it) is folders.py, without torch.
 
 environment.json says what a run ran on, beside config.json (which says what it trained) and
 kept apart from it, so that config.json stays what resuming and `ponder info` read. Training
@@ -22,28 +23,27 @@ import json
 import os
 import platform
 import shlex
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Union
+from typing import Callable, Iterable, Optional, Sequence, Union
 
-from . import (BadValue, PonderError, PonderWarning, __version__, brief, file_problem, keeping, name_length_problem,
-               uninterrupted)
-from .checkpoint import load_checkpoint, new_model
+from . import BadValue, PonderError, PonderWarning, __version__, brief, file_problem, name_length_problem
+from .checkpoint import load_checkpoint, new_model, save_checkpoint
 from .config import SECTIONS, PonderConfig, applies, bias_value, inapplicable, render_config, spelled
 from .registry import FORMAT_VERSION
 from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR,
-                      LOCK_FILE, TRASH, TRASH_NOTE, Labels, Resolved, RunLock, check_unlocked, enclosing_run,
-                      hidden_folder_of, is_run_folder,
-                      package_dir, package_problem, resolve_checkpoint, run_files_in, runs_inside, saved_config,
-                      started_now, trash_entries, trashed)
+                      Labels, Resolved, RunLock, Summary, check_unlocked, enclosing_run, hidden_folder_of, is_run_folder,
+                      package_dir, package_problem, replace_atomically, resolve_checkpoint, run_files_in, run_record,
+                      runs_inside, same_path, saved_config, shipped_name, started_now)
+from .listing import run_named, run_of
 from .render import csv_cell, value_text as spelled_value
+from .reports import Report
+from .reports.runs import label_report
 from .tasks import get_task
 from .train import HALTING_HEAD, EpochStats
 
@@ -61,7 +61,7 @@ class TrainingPlan:
     resumed: Optional["Resolved"] = None  # the checkpoint --resume named, and how
     labels: Labels = field(default_factory=Labels)  # its name, tags and note (a resumed run's, then those given)
     init: Optional["StartingWeights"] = None  # --init-from: the weights a fresh run starts from
-    init_from: Optional[str] = None  # the checkpoint those came from, as config.json records it (a resumed run's too)
+    init_from: Union[dict, str, None] = None  # where those came from, as its record keeps it (a resumed run's too)
 
 
 @dataclass(frozen=True)
@@ -71,13 +71,26 @@ class StartingWeights:
     path: Path  # the checkpoint read
     why: str  # how the argument led there (folders.Resolved)
     state: object  # its checkpoint.TrainingState
+    record: dict  # as the new run's record keeps it (folders.run_record): its file, epoch and weights' digest
 
     @classmethod
-    def read(cls, given: Union[str, Path]) -> "StartingWeights":
+    def read(cls, given: Union[str, Path], expected: Optional[str] = None) -> "StartingWeights":
+        """The weights `given` names; `expected` (--init-weights EPOCH:DIGEST, as a run's reproduce
+        line and config.toml give it): those must be the very weights, or one error naming the
+        file: a source trained on since would start the rerun from other weights."""
         resolved = resolve_checkpoint(given, file=BEST)
         with warnings.catch_warnings():  # a setting its pieces do not read: said when its settings are taken
             warnings.simplefilter("ignore", PonderWarning)
-            return cls(resolved.path, resolved.why, load_checkpoint(resolved.path))
+            state = load_checkpoint(resolved.path)
+        digest = weights_digest(state.model)[:16]
+        record = {"checkpoint": shipped_name(resolved.path) or str(resolved.path.resolve()), "epoch": state.epoch,
+                  "weights": digest}
+        if expected is not None and expected != f"{state.epoch}:{digest}":
+            raise PonderError(f"--init-from {resolved.path} holds other weights than --init-weights {expected} "
+                              f"names (epoch {state.epoch} now, digest {digest}): its run has trained on since, or "
+                              f"another was written there; start from a copy of those weights, or leave out "
+                              f"--init-weights to start from what it holds now")
+        return cls(resolved.path, resolved.why, state, record)
 
     def settings(self, given: dict) -> dict:
         """Its run's settings that the pieces of the new run read (the pieces given, else its own),
@@ -261,7 +274,7 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     if state is None:
         if init is not None:
             init.check_fits(cfg)
-        started = dict(sources=sources, labels=labels, init=init, init_from=str(init.path) if init else None)
+        started = dict(sources=sources, labels=labels, init=init, init_from=init.record if init else None)
         if out is None:
             folder = free_run_dir(cfg)
             refuse_hiding(folder, cfg, None)
@@ -270,8 +283,9 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
         check_unlocked(out)
         refuse_foreign_checkpoints(out, overwrite)
         return TrainingPlan(cfg, out, **started)
-    recorded = recorded_run(resumed.path.parent, state.config)
-    labels = Labels.of(recorded).replaced_by(labels)
+    # its labels and start: its folder's record, else (one cut short, or none) its checkpoint's
+    recorded = run_of(Summary.of(state.to_dict()), resumed.path.parent)
+    labels = Labels.of(recorded).updated(labels)
     resume = resumed.path
     out_dir = out if out is not None else Path(resume).parent
     check_unlocked(out_dir)
@@ -281,7 +295,7 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
                 f"has trained {state.epoch} epochs, more than --epochs {epochs} asks for")
         raise PonderError(f"nothing to do: the run in {resume} {done}; to train it longer, raise --epochs: "
                           f"ponder train --resume {resume} --epochs N (N > {state.epoch})")
-    if not _same_path(out_dir, Path(resume).parent):
+    if not same_path(out_dir, Path(resume).parent):
         refuse_hiding(out_dir, cfg, "--out")
         refuse_foreign_checkpoints(out_dir, overwrite)  # continuing in another folder: a fresh one
     elif package_problem(out_dir, str(out_dir)):
@@ -291,7 +305,7 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
         _refuse_another_run(state, Path(resume), out_dir)
         _refuse_rewind(state, Path(resume), out_dir / LAST)
     return TrainingPlan(cfg, out_dir, state, sources=sources, resumed=resumed, labels=labels,
-                        init_from=recorded.get("init_from") if recorded else None)
+                        init_from=recorded.get("init_from"))
 
 
 def _record(folder: Path) -> Optional[tuple[dict, PonderConfig]]:
@@ -307,18 +321,12 @@ def _record(folder: Path) -> Optional[tuple[dict, PonderConfig]]:
         return None
 
 
-def recorded_run(folder: Path, cfg: PonderConfig) -> Optional[dict]:
-    """A run folder's config.json when it records the run `cfg` describes (its labels, where its
-    weights started), else None (another run's record, or none at all)."""
-    record = _record(folder)
-    return record[0] if record is not None and _same_run(record[1], cfg) else None
-
-
-def reproducing_command(cfg: PonderConfig, init_from: Optional[str] = None) -> str:
+def reproducing_command(cfg: PonderConfig, record: Optional[dict] = None) -> str:
     """The `ponder train` command that trains this configuration again, shell-quoted, with only
     what a fresh run would not take by itself: the pieces that are not the defaults (nor implied
     by an earlier one), then each setting they read whose value differs from what a fresh run of
-    them takes (default, implied or derived), in the configuration's order."""
+    them takes (default, implied or derived), in the configuration's order; then from its
+    record (folders.run_record) --amp and the weights it started from (start_options)."""
     given: dict = {}
     for kind in ("task", "step", "method"):
         if PonderConfig.of(**given).value(kind) != cfg.value(kind):
@@ -350,9 +358,34 @@ def reproducing_command(cfg: PonderConfig, init_from: Optional[str] = None) -> s
             words.append(option if value else "--no-" + option[2:])
         else:
             words += [option, repr(value) if isinstance(value, float) else str(value)]
-    if init_from is not None:
-        words += ["--init-from", init_from]
+    words += [word for key, value in start_options(record).items()
+              for word in (["--amp"] if key == "amp" else ["--" + key.replace("_", "-"), value])]
     return " ".join(shlex.quote(word) for word in words)
+
+
+def start_options(record: Optional[dict]) -> dict:
+    """What of a run's record a rerun is given besides its settings (reproduce line, config.toml):
+    init_from and init_weights (its source's epoch and weights' digest), amp when on."""
+    record, options = record or {}, {}
+    start = record.get("init_from")
+    if isinstance(start, dict):
+        options.update(init_from=str(start["checkpoint"]), init_weights=f"{start['epoch']}:{start['weights']}")
+    elif start:  # an older record: the path as it was given
+        options["init_from"] = str(start)
+    if record.get("amp"):
+        options["amp"] = True
+    return options
+
+
+def render_run_config(cfg: PonderConfig, sources: dict, record: Optional[dict], fmt: str = "toml") -> str:
+    """config.toml (or --print-config's JSON): the settings (config.render_config) and, first,
+    what of the run's record a rerun needs (start_options): read back, the same run."""
+    text, start = render_config(cfg, sources, fmt), start_options(record)
+    if fmt == "json":
+        return json.dumps({**start, **json.loads(text)}, indent=2) + "\n"
+    head, _, rest = text.partition("\n")
+    lines = [f"{key} = {json.dumps(value)}" for key, value in start.items()]
+    return "\n".join([head, *lines, rest]) if lines else text
 
 
 def describe_run(cfg: PonderConfig) -> str:
@@ -402,7 +435,7 @@ def _refuse_another_run(state, resume: Path, folder: Path) -> None:
 
 def _refuse_rewind(state, resume: Path, last: Path) -> None:
     """Resuming an older checkpoint (best.pt, say) of a run would overwrite its newer last.pt."""
-    if _same_path(resume, last) or not last.is_file():
+    if same_path(resume, last) or not last.is_file():
         return
     try:
         newer = load_checkpoint(last).epoch
@@ -412,10 +445,6 @@ def _refuse_rewind(state, resume: Path, last: Path) -> None:
         raise PonderError(f"resuming {resume} (epoch {state.epoch}) would rewind the run and overwrite the newer "
                           f"{last} (epoch {newer}); resume from {last}, continue in another folder with --out DIR, "
                           f"or pass --overwrite to go back to epoch {state.epoch}")
-
-
-def _same_path(a: Path, b: Path) -> bool:
-    return a.resolve() == b.resolve()
 
 
 def refuse_foreign_checkpoints(directory: Path, overwrite: bool) -> None:
@@ -474,7 +503,7 @@ def carry_best_checkpoint(plan: TrainingPlan) -> Optional[Path]:
     the new folder names a best.pt that exists even when no later epoch beats it. The copy comes
     from the resumed checkpoint itself when its epoch is the best, else from best.pt beside it
     when that holds the same run's best epoch; None when neither does (nothing is copied)."""
-    if plan.resume is None or _same_path(plan.out_dir, plan.resumed.path.parent):
+    if plan.resume is None or same_path(plan.out_dir, plan.resumed.path.parent):
         return None
     state, source = plan.resume, None
     if state.epoch == state.best_epoch:
@@ -489,7 +518,7 @@ def carry_best_checkpoint(plan: TrainingPlan) -> Optional[Path]:
     if source is None:
         target.unlink(missing_ok=True)  # another run's, replaced with --overwrite: never reported as this one's
         return None
-    _replace_atomically(target, lambda f: None, binary_from=source)
+    replace_atomically(target, lambda f: None, binary_from=source)
     return target
 
 
@@ -502,41 +531,18 @@ def _same_run(a: PonderConfig, b: PonderConfig) -> bool:
 
 # Beside the checkpoints: the run's configuration and one row per epoch, for any tool ------------
 
-def _replace_atomically(path: Path, write, binary_from: Optional[Path] = None) -> None:
-    """Write a text file (`write` gets the open file), or copy `binary_from`, under a temporary
-    name, then rename it into place: a reader never sees half a file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        if binary_from is not None:
-            with os.fdopen(fd, "wb") as f, open(binary_from, "rb") as source:
-                shutil.copyfileobj(source, f)
-        else:
-            with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
-                write(f)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_run_config(out_dir: Path, cfg: PonderConfig, sources: dict, **run) -> Path:
+def write_run_config(out_dir: Path, cfg: PonderConfig, sources: dict, record: Optional[dict] = None, **run) -> Path:
     """config.json: the resolved configuration, where each value came from (given, implied by the
-    method or step, default, checkpoint) and how the run was started; plain JSON. And config.toml:
-    the settings that matter to the run, as `ponder train --config` reads them."""
+    method or step, default, checkpoint), the run's record (folders.run_record, its keys at the
+    top level) and how the run was started; plain JSON. And config.toml: the settings that matter
+    to the run and where it started, as `ponder train --config` reads them."""
     payload = {"format_version": FORMAT_VERSION, "ponder_cli": __version__, "config": cfg.to_dict(),
-               "sources": sources, **run}
+               "sources": sources, **(record or {}), **run}
     path = out_dir / CONFIG_FILE
-    _replace_atomically(path, lambda f: f.write(json.dumps(payload, indent=2) + "\n"))
-    # the same settings as `ponder train --config` reads them: re-running this file trains this run again
-    text = render_config(cfg, sources)
-    _replace_atomically(out_dir / CONFIG_TOML, lambda f: f.write(text))
+    replace_atomically(path, lambda f: f.write(json.dumps(payload, indent=2) + "\n"))
+    # re-running this file trains this run again
+    text = render_run_config(cfg, sources, record)
+    replace_atomically(out_dir / CONFIG_TOML, lambda f: f.write(text))
     return path
 
 
@@ -563,7 +569,7 @@ class MetricsFile:
             writer = self._writer(f)
             writer.writeheader()
             writer.writerows(self._cells(row) for row in history)
-        _replace_atomically(self.path, write)
+        replace_atomically(self.path, write)
 
     def append(self, row: dict) -> None:
         with open(self.path, "a", newline="", encoding="utf-8") as f:
@@ -608,6 +614,7 @@ class RunFolder:
         self.files: list = []  # metrics.csv, and the TensorBoard events when asked for
         self.copies: list[str] = []  # files copied in when resuming into another folder
         self.launched = time.time()
+        self.run = run_record(plan.labels, plan.init_from, amp)
 
     def claim(self) -> Path:
         plan = self.plan
@@ -627,14 +634,12 @@ class RunFolder:
             self.log(f"{carried}: the run's best epoch so far (epoch {plan.resume.best_epoch}), copied from "
                      f"{plan.resumed.path.parent}")
             self.copies.append(carried.name)
-        cfg = plan.cfg
-        write_run_config(out_dir, cfg, plan.sources, started=started_now(), labels=plan.labels.to_dict(),
-                         init_from=plan.init_from,
+        write_run_config(out_dir, plan.cfg, plan.sources, self.run, started=started_now(),
                          resumed_from=str(plan.resumed.path) if plan.resumed else None,
                          resumed_after_epoch=plan.resume.epoch if plan.resume else None, device=self.device,
-                         amp=self.amp, processes=self.processes,
-                         not_applicable=[name for name in cfg.field_names()
-                                         if not applies(name, cfg.chosen(), cfg.value)])
+                         processes=self.processes, not_applicable=[name for name in plan.cfg.field_names()
+                                                                   if not applies(name, plan.cfg.chosen(),
+                                                                                  plan.cfg.value)])
         same_folder = plan.resume is not None and out_dir.resolve() == plan.resumed.path.parent.resolve()
         write_environment(out_dir, session(self.device, self.processes), keep_earlier=same_folder)
         # a resumed run's rows so far come from its checkpoint's history
@@ -729,7 +734,7 @@ def write_environment(out_dir: Path, current: dict, keep_earlier: bool) -> Path:
         except (OSError, ValueError, AttributeError, TypeError):
             earlier = []
     payload = {"format_version": FORMAT_VERSION, "sessions": [*earlier, current]}
-    _replace_atomically(path, lambda f: f.write(json.dumps(payload, indent=2) + "\n"))
+    replace_atomically(path, lambda f: f.write(json.dumps(payload, indent=2) + "\n"))
     return path
 
 
@@ -795,198 +800,40 @@ class EventLog:
             self.writer = None
 
 
-# The trash: `ponder runs rm` moves a run folder into .trash/ beside it, with a note of where it
-# was; `--restore` moves it back as it was, and `--empty` alone deletes. The trash holds only
-# what those two reach: a run folder itself (never a link, nor anything already in a trash), in
-# an entry made whole or not at all. -------------------------------------------------------------
+# `ponder runs label` -------------------------------------------------------------------------
 
-ENTRY_RUN = "run"  # the run folder inside a trash entry, beside trashed.json
-
-
-def in_a_trash(path: Path) -> bool:
-    """Does `path` lie inside a trash folder (as given, or once its links are resolved)?"""
-    parts = set(Path(os.path.abspath(path)).parts)
-    with contextlib.suppress(OSError, RuntimeError):
-        parts |= set(Path(path).resolve().parts)
-    return TRASH in parts
-
-
-def entry_name(name: str, stamp: str, limit: int = 255) -> str:
-    """<run's name>.<UTC time>, the name cut short (its start kept) where the whole would be longer
-    than the file system takes (`limit` bytes): trashed.json keeps the path it had in full."""
-    suffix = os.fsencode(f".{stamp}")
-    head = os.fsencode(name)[:max(1, limit - len(suffix))]
-    while head:  # not inside a character
-        try:
-            return head.decode("utf-8", "strict") + suffix.decode()
-        except UnicodeDecodeError:
-            head = head[:-1]
-    return os.fsdecode(os.fsencode(name)[:max(1, limit - len(suffix))] + suffix)
+def label_runs(runs: Sequence[Union[str, Path]], labels: Labels, untag: Sequence[str] = (), *,
+               log: Callable[[str], None] = lambda line: None) -> Report:
+    """`ponder runs label RUN...`: runs' labels changed after training (a name or note given
+    replaces its own, tags given are added, `untag` taken away), in each run's record: its
+    config.json and its checkpoints, so that a copy of its best.pt keeps them. Each run is locked
+    meanwhile (one being trained is refused); nothing else of it changes."""
+    if not runs:
+        raise BadValue("name the runs to label (`ponder runs` lists them)")
+    if labels == Labels() and not untag:
+        raise BadValue("give the labels to change: --name, --tag, --untag or --note")
+    named = list(dict.fromkeys(run_named(run, log) for run in runs))
+    for run in named:  # all of them fit before any changes
+        if not run.is_dir() or not is_run_folder(run):
+            raise PonderError(f"{run} is not a run folder (`ponder runs` lists them); nothing was labelled")
+    return label_report([_relabel(run, labels, tuple(untag)) for run in named])
 
 
-def _name_max(folder: Path) -> int:
-    try:
-        return os.pathconf(folder, "PC_NAME_MAX")
-    except (OSError, ValueError, AttributeError):
-        return 255
-
-
-def trash_run(folder: Path) -> dict:
-    """Move a run folder into <its parent>/.trash/<name>.<UTC time>/run, with trashed.json saying
-    where it was and when it left. A run being trained is refused: its lock is taken while the
-    folder moves, so no `ponder train` starts there meanwhile, and a resume takes it before it
-    reads the run (folders.resumed_lock). A link, and anything inside a trash, are refused. The
-    entry is made whole or not at all: a move that fails (a full disk) or is interrupted leaves
-    no entry behind."""
-    folder = Path(folder)
-    if os.path.islink(folder):
-        raise PonderError(f"{folder} is a link (to {os.readlink(folder)}): `ponder runs rm` moves run folders "
-                          f"themselves, never a link; name the run folder itself, or remove the link with rm")
-    if in_a_trash(folder):
-        raise PonderError(f"{folder} is in a trash already: `ponder runs rm --restore` brings a trashed run back, "
-                          f"`ponder runs rm --empty` deletes it")
-    if not folder.is_dir():
-        raise PonderError(f"{folder} {file_problem(folder) or 'is a file'}: `ponder runs rm` takes run folders "
-                          f"(`ponder runs` lists them)")
-    if not is_run_folder(folder):
-        below = runs_inside(folder)
-        what = (f"a folder of runs ({', '.join(str(run) for run in below[:3])}{', ...' if len(below) > 3 else ''}): "
-                f"name each run to remove" if below else "not a run folder: `ponder runs` lists them")
-        raise PonderError(f"{folder} is {what}")
-    if _same_path(folder, Path.cwd()) or any(_same_path(folder, parent) for parent in Path.cwd().parents):
-        raise PonderError(f"{folder} holds the current folder; run `ponder runs rm` from outside it")
-    trash = folder.parent / TRASH
-    if os.path.islink(trash) or (os.path.lexists(trash) and not trash.is_dir()):
-        raise PonderError(f"{trash} is {'a link' if os.path.islink(trash) else 'not a folder'}, not a trash of "
-                          f"ponder's: move it aside, then remove {folder}")
-    lock = RunLock(folder).acquire()  # refused, naming its PID, when a live run holds the folder
-    made_trash, entry, moved = not trash.exists(), None, False
-    try:
-        with uninterrupted():  # a signal waits until the entry is whole, or undone
-            stamp = datetime.now(timezone.utc)
-            trash.mkdir(exist_ok=True)
-            named = trash / entry_name(folder.name, stamp.strftime('%Y%m%dT%H%M%S.%fZ'), _name_max(trash))
-            named.mkdir()
-            entry = named  # ours from here: undone if the move does not finish
-            note = {"format_version": FORMAT_VERSION, "run": str(folder), "original": os.path.abspath(folder),
-                    "removed": stamp.isoformat()}
-            _replace_atomically(entry / TRASH_NOTE, lambda f: f.write(json.dumps(note, indent=2) + "\n"))
-            os.rename(folder, entry / ENTRY_RUN)
-            moved = True
-    except BaseException as exc:
-        if not moved:
-            _undo_entry(entry, trash if made_trash else None)
-            lock.release()
-        if isinstance(exc, OSError):
-            raise PonderError(f"cannot move {folder} to the trash: {exc.strerror or exc}; it stays where it was")\
-                from None
-        raise
-    (entry / ENTRY_RUN / LOCK_FILE).unlink(missing_ok=True)  # ours, taken for the move: the run as it was
-    lock.held = False
-    lock.forget()
-    return {"run": str(folder), "trash": str(entry), "removed": note["removed"]}
-
-
-def _undo_entry(entry: Optional[Path], trash: Optional[Path]) -> None:
-    """A trash entry whose run never moved in: removed, and the trash this move made."""
-    if entry is not None:
-        for path in (entry / TRASH_NOTE, *entry.glob(f".{TRASH_NOTE}.*.tmp")):
-            with contextlib.suppress(OSError):
-                path.unlink()
-    for folder in (entry, trash):
-        if folder is not None:
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-
-
-def restore_run(given: Path) -> dict:
-    """Move a trashed run back where it was, as it was: `given` is the path it had (the newest
-    entry of that path in the trash beside it) or a trash entry's own."""
-    given = Path(given)
-    if not os.path.islink(given) and trashed(given) is not None:
-        entry = given
-    else:
-        original = os.path.abspath(given)
-        entries = sorted(((note["removed"], entry) for entry in trash_entries(given.parent / TRASH)
-                          for note in [trashed(entry)] if note["original"] == original), reverse=True)
-        if not entries:
-            raise PonderError(f"no run {given} in {given.parent / TRASH}/: `ponder runs rm --restore` takes the path "
-                              f"a removed run had (or its entry in the trash)")
-        entry = entries[0][1]
-    note = trashed(entry)
-    target = Path(note["original"])
-    if os.path.lexists(target):
-        shown = note.get("run") or str(target)
-        raise PonderError(f"{shown} exists again (something else is there now): move it aside, then restore; the "
-                          f"removed run stays in {entry}")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(entry / ENTRY_RUN, target)
-    except OSError as exc:
-        raise PonderError(f"cannot restore {given}: {exc.strerror or exc}; it stays in {entry}") from None
-    (entry / TRASH_NOTE).unlink()
-    entry.rmdir()
-    with contextlib.suppress(OSError):
-        entry.parent.rmdir()  # the trash, when this was its last run
-    return {"run": note.get("run") or str(given), "trash": str(entry), "removed": note.get("removed")}
-
-
-def trash_of(folder: Path) -> Optional[Path]:
-    """The trash `--empty` empties for a folder named: its own .trash, never one below it, and
-    never through a link (a .trash that is a link is no trash of ponder's)."""
-    trash = Path(folder) / TRASH
-    return trash if not os.path.islink(trash) and trash.is_dir() else None
-
-
-def disk_size(path: Path) -> int:
-    """The bytes of the files at and below `path`, links not followed."""
-    total = 0
-    for top, folders, files in os.walk(path, followlinks=False):
-        for name in files + [name for name in folders if os.path.islink(os.path.join(top, name))]:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(top, name)).st_size
-    return total
-
-
-def trash_contents(folders: Iterable[Path]) -> list[dict]:
-    """What `--empty` would delete for these folders: each entry of each one's own trash (trash_of),
-    its run's old path, the entry, when it was removed and its size in bytes."""
-    rows, trashes = [], {}
-    for folder in folders:
-        trash = trash_of(folder)
-        if trash is not None:
-            trashes.setdefault(trash.resolve(), trash)  # each once (runs/ named twice), as named
-    for trash in trashes.values():
-        for entry in trash_entries(trash):
-            note = trashed(entry)
-            rows.append({"run": note.get("run"), "trash": str(entry), "removed": note.get("removed"),
-                         "bytes": disk_size(entry)})
-    return rows
-
-
-def empty_trash(rows: list[dict]) -> list[dict]:
-    """Delete these trash entries (trash_contents): the one way `ponder` deletes a run. Each entry
-    goes whole (an interrupt waits for the one being deleted); an interrupt or a failure says how
-    many were deleted and how many are still in the trash."""
-    done: list[dict] = []
-
-    def said() -> str:
-        left = len(rows) - len(done)
-        return (f"{len(done)} of {len(rows)} trashed runs deleted for good, "
-                f"{left} still in the trash" + (" (`ponder runs rm --empty` deletes them)" if left else ""))
-    with keeping(said):
-        for row in rows:
-            entry = Path(row["trash"])
-            try:
-                with uninterrupted():  # counted as gone before an interrupt held meanwhile is raised
-                    shutil.rmtree(entry / ENTRY_RUN)  # the run first: an entry cut short by a failure still has its note
-                    shutil.rmtree(entry)
-                    done.append(row)
-                    with contextlib.suppress(OSError):
-                        entry.parent.rmdir()  # the trash, once its last entry is gone
-            except OSError as exc:
-                raise PonderError(f"cannot delete {entry}: {exc.strerror or exc}; {said()}") from None
-    return done
+def _relabel(folder: Path, given: Labels, untag: tuple) -> dict:
+    with RunLock(folder):  # refused, naming its PID, when a live run holds the folder
+        files = [folder / name for name in (LAST, BEST) if (folder / name).is_file()]
+        states = [(path, load_checkpoint(path)) for path in files]
+        record = run_of(Summary.of(states[0][1].to_dict()) if states else None, folder)
+        labels = Labels.of(record).updated(given, untag)
+        for path, state in states:  # a checkpoint from before records gets one
+            kept = state.run or {key: record.get(key) for key in ("init_from", "amp")}
+            state.run = {**kept, "labels": labels.to_dict()}
+            save_checkpoint(state, path)
+        saved = saved_config(folder)
+        if saved is not None:
+            saved["labels"] = labels.to_dict()
+            replace_atomically(folder / CONFIG_FILE, lambda f: f.write(json.dumps(saved, indent=2) + "\n"))
+    return {"run": str(folder), **labels.to_dict()}
 
 
 # a run's saved halting rule ---------------------------------------------------------------------
@@ -1067,5 +914,5 @@ def save_halting(path: Path, record: dict) -> tuple[Path, Optional[str]]:
     payload = {"format_version": FORMAT_VERSION, "saved_by": SAVED_BY, **record, "checkpoint": Path(path).name,
                "weights": weights_digest(load_checkpoint(path).model),
                "saved": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    _replace_atomically(target, lambda f: f.write(json.dumps(payload, indent=2) + "\n"))
+    replace_atomically(target, lambda f: f.write(json.dumps(payload, indent=2) + "\n"))
     return target, before["halting"] if before else None

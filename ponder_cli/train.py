@@ -547,13 +547,14 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
           on_epoch: Callable[[EpochStats], None] | None = None, progress: bool = True,
           log: Callable[[str], None] | None = None, cuda_graphs: bool = True,
           time_limit: float | None = None, clock: Callable[[], float] | None = None,
-          init: dict | None = None) -> TrainResult:
+          init: dict | None = None, run: dict | None = None) -> TrainResult:
     """Train, validating once per epoch; write last.pt every epoch and best.pt on improvement.
     train_set and val_set are the task's (MNIST: ImageSets; parity: None and a ParityBatch).
     `resume`: a checkpoint continued at its next epoch (runs.plan_training). `log` gets the
     duration estimate. `time_limit`: seconds on `clock` (TimeLimit). `init`: weights the fresh
     model starts from (--init-from; a refit's lack the halting head). Under torchrun every rank
-    calls it alike; rank 0 alone validates, writes and decides when time is up.
+    calls it alike; rank 0 alone validates, writes and decides when time is up. `run`: the run's
+    record (folders.run_record), kept in every checkpoint.
     """
     limit = TimeLimit(time_limit, clock or CLOCK) if time_limit is not None else None
     out_dir = Path(out_dir)
@@ -627,7 +628,7 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
                               scheduler=_scheduler_state(scheduler), scaler=scaler.state_dict(),
                               best_accuracy=result.best_accuracy, best_epoch=result.best_epoch,
                               epochs_without_improvement=epochs_without_improvement,
-                              history=[asdict(h) for h in result.history], rng=_rng_state(device, source))
+                              history=[asdict(h) for h in result.history], rng=_rng_state(device, source), run=run)
         _save(state, out_dir, improved)
         if on_epoch is not None:
             on_epoch(record)
@@ -644,6 +645,9 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
     if result.stop_reason != TIME_LIMIT:
         result.stop_note = at_chance(result, cfg, task.classes, learning_rate(optimizer.param_groups[0]["lr"])) or ""
         result.stop_reason = AT_CHANCE if result.stop_note else result.stop_reason
+        if result.stop_note:  # last.pt again, saying so (`ponder runs`: "at chance", not "finished")
+            state.stop_reason = AT_CHANCE
+            _save(state, out_dir, improved=False)
     distributed.barrier()  # under torchrun every rank returns once rank 0 has written the checkpoints
     return result
 

@@ -192,7 +192,7 @@ def test_info_on_a_run_folder_with_no_checkpoint_yet(tmp_path, ponder, error):
 
 @pytest.mark.parametrize("width", [40, 60, 80])
 def test_narrow_tables_keep_every_model_name_whole(width):
-    from ponder_cli.api.inspection import shipped_models
+    from ponder_cli.listing import shipped_models
     from ponder_cli.render import render_report
     from ponder_cli.folders import SHIPPED
 
@@ -288,7 +288,7 @@ def test_runs_lists_every_run_folder_with_its_status(run_folders, checkpoint, po
         "run": "runs/b-stopped", "name": "b-stopped", "task": "mnist", "method": "pondernet", "step": "mlp", "status": "stopped early",
         "epoch": 4, "epochs": 10, "best_epoch": 1, "best_val_accuracy": best,
         "best_val_steps": rows["b-stopped"]["best_val_steps"], "checkpoint": "runs/b-stopped/last.pt", "when": None,
-        "tags": [], "note": None}
+        "folder": "b-stopped", "init_from": None, "amp": False, "tags": [], "note": None}
     assert (rows["e-empty"]["task"], rows["e-empty"]["epoch"], rows["e-empty"]["checkpoint"]) == ("parity", None, None)
     assert rows["a-finished"]["when"].startswith("2001-09-")
     rows = list(csv.DictReader(io.StringIO(ponder("runs", "-f", "csv").stdout)))
@@ -456,6 +456,7 @@ def test_every_command_words_an_interrupt_alike_and_gives_the_handlers_back(monk
     interrupt only while a command runs."""
     import ponder_cli.api as api
     from ponder_cli import SigTerm
+    from ponder_cli import listing
     from ponder_cli.api import inspection
 
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
@@ -465,7 +466,7 @@ def test_every_command_words_an_interrupt_alike_and_gives_the_handlers_back(monk
             ("runs", "list_runs", SigTerm, "Terminated: ponder runs stopped")]:
         def interrupted(*args, interrupt=interrupt, **kwargs):
             raise interrupt
-        monkeypatch.setattr(inspection, function, interrupted)
+        monkeypatch.setattr(inspection if function == "run_info" else listing, function, interrupted)
         monkeypatch.setattr(api, function, interrupted, raising=False)
         result = ponder(command)
         assert result.exit_code == (143 if interrupt is SigTerm else 130) and result.stdout == ""

@@ -199,9 +199,9 @@ def test_train_refit_halting_takes_the_checkpoints_settings(checkpoint, tiny_mni
     assert refit.task.split_seed == saved.training.seed  # its held-out digits are the checkpoint's
     assert refit.training.refit_halting is True
     info = json.loads(ponder("info", tmp_path / "refit", "-f", "json").stdout)
-    assert info["init_from"] == str(checkpoint)
+    assert info["start"]["checkpoint"] == str(checkpoint.resolve()) and info["start"]["epoch"] == 1
     words = info["train_command"].split()  # the command reproduces the refit, the body's origin with it
-    assert "--refit-halting" in words and words[words.index("--init-from") + 1] == str(checkpoint)
+    assert "--refit-halting" in words and words[words.index("--init-from") + 1] == str(checkpoint.resolve())
     # a run from the refit's weights keeps the head it learnt unless it asks for a refit again
     again = ponder("train", "--init-from", tmp_path / "refit" / "last.pt", "--print-config", "-f", "json")
     assert again.exit_code == 0, again.output

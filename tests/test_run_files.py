@@ -242,18 +242,21 @@ def test_init_from_starts_a_new_run_from_another_runs_weights_with_new_settings(
     assert trained.config.method.max_steps == 3 and trained.config.training.lr == 1e-30  # its settings, and the new
     assert trained.config.task.train_size == 200 and trained.epoch == 1
     saved = json.loads((tmp_path / "b" / "config.json").read_text())
-    assert saved["init_from"] == str(source) and saved["sources"]["max_steps"] == f"file {source}"
+    start = saved["init_from"]  # the file by its absolute path, its epoch and its weights' digest
+    assert (start["checkpoint"], start["epoch"], len(start["weights"])) == (str(source.resolve()), 1, 16)
+    assert saved["sources"]["max_steps"] == f"file {source}"
     assert train("--out", tmp_path / "c", "--max-steps", 3, "--lr", "1e-30").exit_code == 0  # the same seed, no init
     fresh = load_checkpoint(tmp_path / "c" / "best.pt")
     assert not all(torch.allclose(started.model[name], fresh.model[name], atol=1e-6) for name in started.model)
     info = json.loads(ponder("info", tmp_path / "b", "-f", "json").stdout)
-    assert info["init_from"] == str(source) and info["train_command"].endswith(f"--init-from {source}")
+    assert info["init_from"] == f"{source.resolve()} (epoch 1)" and info["start"] == start
+    assert info["train_command"].endswith(f"--init-from {source.resolve()} --init-weights 1:{start['weights']}")
     assert "initialised from" in ponder("info", tmp_path / "b").stdout
     resumed = ponder("train", "--resume", tmp_path / "b", "--epochs", 2, "--data-dir", tiny_mnist, "-q")
     assert resumed.exit_code == 0, resumed.output  # where its weights started stays on record
-    assert json.loads((tmp_path / "b" / "config.json").read_text())["init_from"] == str(source)
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["init_from"] == start
     best = json.loads(ponder("info", tmp_path / "b" / "best.pt", "-f", "json").stdout)  # planned 1 epoch, the run 2
-    assert (best["epochs_planned"], best["init_from"]) == (1, str(source))
+    assert (best["epochs_planned"], best["start"]) == (1, start)
 
     misfit = train("--init-from", source, "--hidden", 32, "--out", tmp_path / "d")
     error(misfit, 2, f"--init-from {source}", "(64,) there")  # the first weight whose shape differs

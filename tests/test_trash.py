@@ -119,7 +119,7 @@ def test_an_interrupted_empty_says_how_many_were_deleted(tmp_path, ponder, monke
         assert ponder("runs", "rm", f"runs/r{n}").exit_code == 0
 
     def empty_terminated_at_the_second():
-        from ponder_cli import runs
+        from ponder_cli import folders
         real, calls = shutil.rmtree, []
 
         def rmtree(path, *args, **kwargs):
@@ -128,7 +128,7 @@ def test_an_interrupted_empty_says_how_many_were_deleted(tmp_path, ponder, monke
                 if len(calls) == 2:
                     os.kill(os.getpid(), signal.SIGTERM)  # held until this entry is gone
             return real(path, *args, **kwargs)
-        monkeypatch.setattr(runs.shutil, "rmtree", rmtree)
+        monkeypatch.setattr(folders.shutil, "rmtree", rmtree)
         processes.run_cli(["runs", "rm", "--empty", "--yes"])
 
     with processes.fork(empty_terminated_at_the_second, cwd=tmp_path) as proc:
@@ -174,14 +174,14 @@ def test_a_name_too_long_with_the_time_is_shortened_and_still_restored(tmp_path,
 
 @pytest.mark.parametrize("fails", ["note", "move"])
 def test_a_move_that_fails_leaves_no_entry(fails, tmp_path, ponder, one_error_line, monkeypatch):
-    from ponder_cli import runs
+    from ponder_cli import folders
 
     monkeypatch.chdir(tmp_path)
     before = _files(_run(tmp_path / "runs" / "a"))
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(*((runs, "_replace_atomically") if fails == "note" else (runs.os, "rename")), full)
+    monkeypatch.setattr(*((folders, "replace_atomically") if fails == "note" else (folders.os, "rename")), full)
     assert "No space left" in one_error_line(ponder("runs", "rm", "runs/a"))
     assert not (tmp_path / "runs" / ".trash").exists() and _files(tmp_path / "runs" / "a") == before
     assert not (tmp_path / "runs" / "a" / ".ponder.lock").exists()

@@ -12,9 +12,9 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from .. import PonderError, SigTerm, brief, distributed, keeping
+from .. import BadValue, PonderError, SigTerm, brief, distributed, keeping
 from ..checkpoint import CheckpointNotSaved
-from ..config import Origin, PonderConfig, default_halting, duration_text, parse_duration, read_config_file
+from ..config import START_KEYS, Origin, PonderConfig, default_halting, duration_text, parse_duration, read_config_file
 from ..tasks.mnist import resolve_data_dir
 from ..folders import Labels, resumed_lock
 from ..registry import DEFAULT_HALTING, TIME_LIMIT
@@ -46,6 +46,7 @@ class TrainOptions:
     time_limit: Union[float, str, None] = None
     labels: Labels = Labels()  # the run's name, tags and note (folders.Labels): kept in config.json, no setting
     init_from: Union[str, Path, None] = None  # a CHECKPOINT whose weights a new run starts from (runs.StartingWeights)
+    init_weights: Optional[str] = None  # EPOCH:DIGEST: init_from must hold these very weights (a rerun's)
 
 
 @contextlib.contextmanager
@@ -66,31 +67,41 @@ def deterministic_kernels(on: bool):
         torch.use_deterministic_algorithms(was)
 
 
-def _settings(given: dict, options: TrainOptions) -> tuple[dict, dict, Optional[StartingWeights]]:
+def _settings(given: dict, options: TrainOptions) -> tuple[dict, dict, Optional[StartingWeights], TrainOptions]:
     """The settings of a run: --init-from's run's (those its pieces read), overridden by the
     file's, overridden by the options given; the file (or checkpoint) that gave each setting no
-    option overrode; and the weights to start from (a refit, --refit-halting, is one of these)."""
+    option overrode; the weights to start from (a refit, --refit-halting, is one of these); and
+    the options with what the file gives of them (init_from, init_weights, amp) where not given."""
     config_file = options.config_file
     from_file = read_config_file(config_file) if config_file is not None else {}
+    start = {key: from_file.pop(key) for key in START_KEYS if key in from_file}
+    if options.init_from is not None:  # another start than the file's: its weights' check is not for it
+        start.pop("init_weights", None)
+    options = dataclasses.replace(options, **{key: value for key, value in start.items()
+                                              if getattr(options, key) is None})
+    if options.init_weights is not None and options.init_from is None:
+        raise BadValue("--init-weights names the weights --init-from must hold: give --init-from CHECKPOINT too")
     settings, origins = {**from_file, **given}, {name: str(config_file) for name in from_file if name not in given}
-    init = StartingWeights.read(options.init_from) if options.init_from is not None else None
+    init = StartingWeights.read(options.init_from, options.init_weights) if options.init_from is not None else None
     if init is not None:
         taken = init.settings(settings)
         settings = {**taken, **settings}
         origins = {**dict.fromkeys(taken, Origin(init.path, "--init-from")), **origins}
-    return settings, origins, init
+    return settings, origins, init, options
 
 
-def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, dict]:
-    """What `ponder train` would train with, and where each value comes from, without training
-    (`--print-config`): the resumed run's configuration with --resume."""
-    settings, origins, init = _settings(given, options)
+def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, dict, dict]:
+    """What `ponder train` would train with, where each value comes from and the run's record as
+    far as it is known (its start, --amp), without training (`--print-config`): the resumed run's
+    configuration with --resume."""
+    settings, origins, init, options = _settings(given, options)
     refuse_starting(init, options.resume)
-    cfg, sources, _, _ = resolve_config(settings, options.resume, origins)
+    cfg, sources, state, _ = resolve_config(settings, options.resume, origins)
     refuse_starting(init, options.resume, cfg)
     if init is not None:  # what training would refuse: weights that do not fit
         init.check_fits(cfg)
-    return cfg, sources
+    start = init.record if init else (state.run or {}).get("init_from") if state else None
+    return cfg, sources, {"init_from": start, "amp": bool(options.amp)}
 
 
 def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = lambda line: None,
@@ -122,7 +133,7 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None],
     main = where is None or where.main
     if not main:
         log = lambda line: None  # noqa: E731  rank 0 alone speaks
-    settings, origins, init = _settings(given, options)
+    settings, origins, init, options = _settings(given, options)
     plan = plan_training(settings, resume=options.resume, out=options.out, overwrite=options.overwrite,
                          origins=origins, labels=options.labels, init=init)
     cfg = plan.cfg
@@ -161,7 +172,7 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None],
             result = train(cfg, train_set, val_set, device=dev, out_dir=plan.out_dir, amp=amp, resume=plan.resume,
                            on_epoch=on_epoch, progress=options.progress and main, log=log,
                            cuda_graphs=options.cuda_graphs, time_limit=options.time_limit,
-                           init=init.weights(cfg) if init is not None else None)
+                           init=init.weights(cfg) if init is not None else None, run=folder.run)
             if result.stop_note:  # a time limit (with how to go on) or a run at chance: one line
                 log(f"{result.stop_note}; {folder.resume_hint()} --time-limit {duration_text(options.time_limit)}"
                     if result.stop_reason == TIME_LIMIT else result.stop_note)

@@ -348,7 +348,7 @@ def models(
     fmt: OutputFormat = FormatOption,
 ) -> None:
     """The models shipped inside the package, by name: task, what each is, its validation figures."""
-    from ..api.inspection import shipped_models
+    from ..listing import shipped_models
 
     render_and_plot(shipped_models(log=chatter(quiet)), fmt, None, quiet)
 
@@ -370,8 +370,8 @@ class ListingCommand(TyperCommand):
 
 LIST = "list"
 runs_app = typer.Typer(cls=RunsGroup, add_completion=False, rich_markup_mode=None)
-app.add_typer(runs_app, name="runs", help="Your training runs, listed (ponder runs [FOLDER]...), removed to the trash "
-              "and restored (ponder runs rm).")
+app.add_typer(runs_app, name="runs", help="Your training runs, listed (ponder runs [FOLDER]...), labelled (ponder runs "
+              "label), removed to the trash and restored (ponder runs rm).")
 
 
 @runs_app.command(LIST, cls=ListingCommand, hidden=True)
@@ -404,7 +404,7 @@ def runs(
     filtered with --where, ordered with --sort. `ponder runs rm RUN...` moves runs to the trash."""
     if reverse and sort is None:
         raise BadValue("--reverse turns --sort's order: give --sort KEY too")
-    from ..api import list_runs
+    from ..listing import list_runs
 
     render_and_plot(list_runs(folders or [], where=where or [], sort=sort, reverse=reverse, log=chatter(quiet)), fmt,
                     None, quiet)
@@ -430,11 +430,33 @@ def runs_rm(
         raise BadValue("--restore brings runs back, --empty deletes them: give one")
     if yes and not empty:
         raise BadValue("--yes answers --empty's question: give it with --empty")
-    from ..api import remove_runs
+    from ..listing import remove_runs
 
     confirm = None if yes else ask_to_delete
     render_and_plot(remove_runs(runs or [], restore=restore, empty=empty, confirm=confirm, log=chatter(quiet)), fmt,
                     None, quiet)
+
+
+@runs_app.command("label")
+def runs_label(
+    runs: Optional[List[Path]] = typer.Argument(None, metavar="RUN", show_default=False, autocompletion=complete_run,
+                                                help=f"Run folders ({LATEST}: the newest run under {RUNS_DIR}/)."),
+    name: Optional[str] = typer.Option(None, "--name", metavar="TEXT", help="A new name for the run."),
+    tag: Optional[List[str]] = typer.Option(None, "--tag", metavar="TAG", show_default=False,
+                                            help="A tag to add (one word; repeat it for several)."),
+    untag: Optional[List[str]] = typer.Option(None, "--untag", metavar="TAG", show_default=False,
+                                              help="A tag to take away (repeat it for several)."),
+    note: Optional[str] = typer.Option(None, "--note", metavar="TEXT", help="A new note for the run."),
+    quiet: bool = QuietOption,
+    fmt: OutputFormat = FormatOption,
+) -> None:
+    """Change runs' labels after training: a new name or note, tags added (--tag) or taken away (--untag), kept in
+    each run's config.json and checkpoints. A run being trained is refused."""
+    from ..folders import Labels
+    from ..runs import label_runs
+
+    render_and_plot(label_runs(runs or [], Labels(name, tuple(tag or ()), note), tuple(untag or ()),
+                               log=chatter(quiet)), fmt, None, quiet)
 
 
 def on_a_terminal() -> bool:
@@ -473,6 +495,6 @@ def diff(
     """Runs side by side, a column each (under its --name), only what differs: tags, note and --init-from's
     checkpoint, the settings each reads ('-' where a run does not read one), then how each went (status, epochs
     trained, best epoch, its validation accuracy and steps)."""
-    from ..api import diff_runs
+    from ..listing import diff_runs
 
     render_and_plot(diff_runs(targets, log=chatter(quiet)), fmt, None, quiet)

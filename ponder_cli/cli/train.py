@@ -26,7 +26,7 @@ from ..cli_options import (
     piece_metavar,
 )
 from .. import BadValue
-from ..config import PLACES, TYPES, implied_by_pieces, problems_of, render_config
+from ..config import PLACES, TYPES, implied_by_pieces, problems_of
 from ..folders import Labels
 from ..registry import PIECES
 from ..render import TrainFormat, json_line, value_text
@@ -95,6 +95,9 @@ INIT_FROM_OPTION = typer.Option(None, "--init-from", metavar="CHECKPOINT",
                                 help=f"Start a new run from the weights of {checkpoint_forms()}, with its "
                                      "settings but those given: new ones where the model keeps its shapes (--lr, "
                                      "--epochs, --beta, ...).")
+INIT_WEIGHTS_OPTION = typer.Option(None, "--init-weights", metavar="EPOCH:DIGEST", hidden=True,
+                                   help="With --init-from: start only from these very weights (its epoch and their "
+                                        "digest, as a run's reproduce line gives them), refused if it holds others.")
 TENSORBOARD_OPTION = typer.Option(False, "--tensorboard", hidden=True, help="Also write TensorBoard event files into the run "
                                   "folder: every epoch's figures and the halting-step histogram (needs "
                                   "tensorboard: pip install tensorboard); view with tensorboard --logdir runs.")
@@ -130,6 +133,7 @@ def train(
     resume: Optional[str] = RESUME_OPTION,
     time_limit: Optional[str] = TimeLimitOption,
     init_from: Optional[str] = INIT_FROM_OPTION,
+    init_weights: Optional[str] = INIT_WEIGHTS_OPTION,
     tensorboard: bool = TENSORBOARD_OPTION,
     name: Optional[str] = NAME_OPTION,
     tag: Optional[List[str]] = TAG_OPTION,
@@ -155,7 +159,7 @@ def train(
     options = TrainOptions(resume=resume, out=out, data_dir=data_dir, download=download, device=device, amp=amp,
                            progress=bars(quiet, progress), overwrite=overwrite, tensorboard=tensorboard,
                            config_file=config, deterministic=deterministic, cuda_graphs=cuda_graphs, labels=labels,
-                           init_from=init_from, time_limit=time_limit)
+                           init_from=init_from, init_weights=init_weights, time_limit=time_limit)
     if print_config:
         _print_config(given, options, fmt)
         return
@@ -179,9 +183,10 @@ def _print_config(given: dict, options, fmt: TrainFormat) -> None:
     """--print-config: the resolved settings as a config file (TOML; JSON with -f json: a table
     or CSV has no shape for a config), with where each value came from."""
     from ..api import training_config
+    from ..runs import render_run_config
 
-    cfg, sources = training_config(given, options)
+    cfg, sources, record = training_config(given, options)
     if fmt == TrainFormat.jsonl:  # the same object, on one line
-        json_line(json.loads(render_config(cfg, sources, "json")))
+        json_line(json.loads(render_run_config(cfg, sources, record, "json")))
     else:
-        sys.stdout.write(render_config(cfg, sources, "json" if fmt == TrainFormat.json else "toml"))
+        sys.stdout.write(render_run_config(cfg, sources, record, "json" if fmt == TrainFormat.json else "toml"))

@@ -144,6 +144,8 @@ def info_report(checkpoint: str, cfg, history: list[dict], summary: dict, *, sho
     labels = [("name", summary.get("name")), ("tags", " ".join(summary.get("tags") or ())),
               ("note", summary.get("note")), ("initialised from", summary.get("init_from"))]
     facts[1:1] = [(what, value) for what, value in labels if value]  # what the researcher called it, first
+    if summary.get("amp"):
+        facts.insert(-1, ("amp", "on: trained with --amp (mixed precision)"))
     if summary.get("saved_halting"):
         facts.insert(-1, ("halting rule", saved_halting_text(summary["saved_halting"])))
     path = history[-1].get("training_step") if history else None
@@ -203,7 +205,8 @@ def shell_lines(prefix: str, command: str, width: int = 80) -> str:
 NUMBER, TIME, TEXT, TAGS, SWITCH = "a number", "a time", "text", "a tag", "true or false"
 RUN_KEYS = {"run": TEXT, "name": TEXT, "task": TEXT, "method": TEXT, "step": TEXT, "status": TEXT, "epoch": NUMBER,
             "epochs": NUMBER, "best_epoch": NUMBER, "best_val_accuracy": NUMBER, "best_val_steps": NUMBER,
-            "checkpoint": TEXT, "when": TIME, "tags": TAGS, "note": TEXT}
+            "checkpoint": TEXT, "when": TIME, "tags": TAGS, "note": TEXT, "folder": TEXT, "init_from": TEXT,
+            "amp": SWITCH}
 OTHER_SPELLINGS = {"started": "when", "best_val_acc": "best_val_accuracy", "status_at_epoch": "status", "tag": "tags"}
 
 
@@ -249,8 +252,8 @@ def _best(row: dict) -> str:
 # narrow enough for 80 columns with a parity run's 32-character name: the epochs go with the
 # status, the best epoch with its figure, the time as an age (the JSON has each on its own)
 RUNS_COLUMNS = [
-    # its name below the folder it was found under, which the title names (the JSON: its path)
-    Column("name", "run", "s", wrap=True),
+    # its folder below the one it was found under, which the title names (the JSON: its path)
+    Column("folder", "run", "s", wrap=True),
     Column("model", "method step task", text=_model, wrap=True),
     Column("status", "status at epoch", text=_status, wrap=True),
     Column("best_val_accuracy", "best val acc", text=_best, wrap=True),
@@ -258,8 +261,10 @@ RUNS_COLUMNS = [
 ]
 
 
-# what `ponder train --tag/--note` gave, a column each where a run listed has any
-LABEL_COLUMNS = [Column("tags", "tags", text=lambda row: " ".join(row.get("tags") or ()) or "-", wrap=True),
+# what `ponder train --name/--tag/--note` gave, a column each where a run listed has any
+LABEL_COLUMNS = [Column("name", "name", text=lambda row: row["name"] if row["name"] != row["folder"] else "-",
+                        wrap=True),
+                 Column("tags", "tags", text=lambda row: " ".join(row.get("tags") or ()) or "-", wrap=True),
                  Column("note", "note", text=lambda row: row.get("note") or "-", wrap=True)]
 
 
@@ -293,10 +298,19 @@ def runs_report(rows: list[dict], folders: list[str], settings: Optional[list[st
         footer = f"no run under {where} meets {' and '.join(selection['where'])}"
     else:
         footer = f"no run under {where} yet" + (": `ponder train` writes one under runs/" if here else "")
-    labels = [column for column in LABEL_COLUMNS if any(row.get(column.key) for row in rows)]
+    labels = [column for column in LABEL_COLUMNS if any(column.text(row) != "-" for row in rows)]
     keys = [key for key in dict.fromkeys(key for row in rows for key in row) if key not in settings] + settings
     return Report(meta=meta, buckets=rows, columns=RUNS_COLUMNS + labels + [setting_column(key) for key in settings],
                   title=f"Runs under {where}", caption=chosen, footer=footer, keys=keys)
+
+
+def label_report(rows: list[dict]) -> Report:
+    """runs label: one bucket per run labelled, with its labels now."""
+    meta = {"command": "runs label", "task": None, "checkpoints": [], "method": None, "step": None, "protocol": None,
+            "halting": None, "seed": None, "device": None, "runs": len(rows)}
+    columns = [Column("run", "run", "s", wrap=True), Column("name", "name", "s", wrap=True), LABEL_COLUMNS[1],
+               LABEL_COLUMNS[2]]
+    return Report(meta=meta, buckets=rows, columns=columns, title="Labelled")
 
 
 TRASH_TITLES = {"removed": "Moved to the trash", "restored": "Restored from the trash",

@@ -45,7 +45,8 @@ from ponder_cli.model import halting_steps as full_forward_steps, rule_of  # noq
 from ponder_cli.registry import parse_halting_rule  # noqa: E402
 from ponder_cli.reports.evaluation import best_fixed_accuracy  # noqa: E402
 from ponder_cli.reports.uncertainty import mean_ci  # noqa: E402
-from ponder_cli.runs import recorded_run  # noqa: E402
+from ponder_cli.folders import Summary  # noqa: E402
+from ponder_cli.listing import run_of  # noqa: E402
 from ponder_cli.tasks import derived_seed, get_task  # noqa: E402
 
 ANGLES = [22.5, 45.0, 67.5, 90.0]
@@ -80,9 +81,10 @@ def validation_task(cfg, path: Path):
     CHECKPOINT --refit-halting) are those of the checkpoint it refits, which its body never trained
     on: its split_seed says so; a refit saved before runs kept their source's split has none (its
     own seed split the digits), and its run folder's config.json names the source."""
-    recorded = recorded_run(path.parent, cfg) if cfg.training.refit_halting and cfg.task.split_seed is None else None
-    if recorded and recorded.get("init_from"):
-        source = load_checkpoint(recorded["init_from"]).config
+    old_refit = cfg.training.refit_halting and cfg.task.split_seed is None
+    start = run_of(Summary.of({"config": cfg.to_dict()}), path.parent).get("init_from") if old_refit else None
+    if start:  # the run's record: {"checkpoint": a shipped name or a path, ...}; an older one's the path alone
+        source = load_checkpoint(resolve_checkpoint(start["checkpoint"] if isinstance(start, dict) else start).path).config
         return get_task(cfg.replace(seed=source.training.seed))
     return get_task(cfg)
 
