@@ -409,7 +409,7 @@ def bias_value(values: dict, name: str = "halting-bias"):
     try:
         return float(bias) if isinstance(bias, str) else bias
     except ValueError:
-        raise PonderError(f"{name} must be a number or 'prior' (got {bias!r})") from None
+        raise BadValue(f"{name} must be a number or 'prior' (got {bias!r})") from None
 
 
 def default_halting(cfg: "PonderConfig") -> str:
@@ -455,7 +455,7 @@ class PonderConfig:
         default or what they imply, is one warning: it never had an effect."""
         unknown = sorted(set(values) - set(PLACES))
         if unknown:
-            raise PonderError(f"unknown config keys {unknown}")
+            raise BadValue(f"unknown config keys {unknown}")
         target = values.get("halting_target", cls.default("halting_target"))
         if "halting_bias" in given and values.get("halting_bias") == "prior" and target != "prior":
             # the prior's logit would read --lambda-p, which a head trained on the answer refuses
@@ -610,8 +610,8 @@ def read_config_file(path: Path) -> dict:
         saved = {key: value for key, value in data["config"].items() if value is not None}
         try:
             recorded = PonderConfig.from_dict(saved, saved=f"--config {path}")
-        except PonderError as exc:
-            raise PonderError(f"--config {path}: {exc}") from None
+        except PonderError as exc:  # of its kind: a bad value stays one
+            raise type(exc)(f"--config {path}: {exc}") from None
         start = data.get("init_from")
         applying = recorded.applying()
         values = {key: value for key, value in saved.items() if key in applying}
@@ -626,19 +626,19 @@ def read_config_file(path: Path) -> dict:
             continue
         if table in START_KEYS:
             if not isinstance(items, START_KEYS[table]):
-                raise PonderError(f"--config {path}: {table} must be {'true or false' if table == 'amp' else 'text'}")
+                raise BadValue(f"--config {path}: {table} must be {'true or false' if table == 'amp' else 'text'}")
             values[table] = items
             continue
         if isinstance(items, dict) and table not in SECTIONS:
-            raise PonderError(f"--config {path}: unknown table [{table}]; the tables are "
+            raise BadValue(f"--config {path}: unknown table [{table}]; the tables are "
                               f"{', '.join(f'[{s}]' for s in SECTIONS)}")
         for key, value in (items.items() if isinstance(items, dict) else [(table, items)]):
             if key not in PLACES:
                 close = difflib.get_close_matches(key, list(PLACES), n=1)
-                raise PonderError(f"--config {path}: unknown setting {key!r}" +
+                raise BadValue(f"--config {path}: unknown setting {key!r}" +
                                   (f" (did you mean {close[0]!r}?)" if close else ""))
             if isinstance(items, dict) and PLACES[key][0] != table:
-                raise PonderError(f"--config {path}: {key} belongs in [{PLACES[key][0]}], not [{table}]")
+                raise BadValue(f"--config {path}: {key} belongs in [{PLACES[key][0]}], not [{table}]")
             values[key] = value
     return values
 

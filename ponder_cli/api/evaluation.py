@@ -229,10 +229,10 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
     rules = given or list(THRESHOLD_CALIBRATION_RULES if default_halting(cfg).startswith("threshold:")
                           else CALIBRATION_RULES)
     if model.max_steps == 1:
-        raise PonderError(f"{path} runs one step: every rule halts there, there is nothing to calibrate")
+        raise BadValue(f"{path} runs one step: every rule halts there, there is nothing to calibrate")
     method = get_method(cfg)
     if any(method.halting_label(rule) != rule for rule in rules):
-        raise PonderError(f"{subject} applies to pondernet checkpoints; this one is {cfg.method.name}, which halts "
+        raise BadValue(f"{subject} applies to pondernet checkpoints; this one is {cfg.method.name}, which halts "
                           f"by its own rule" + (" or at a fixed budget (fixed:N)" if cfg.method.name == "act" else ""))
     problem = next(filter(None, map(method.halting_problem, rules)), None)  # a budget beyond the steps run
     if problem is not None:
@@ -356,7 +356,7 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
         method, rule = get_method(cfg), rule_of[path]
         problem = method.halting_problem(rule) if method.halting_label(rule) == rule else None
         if problem is not None:
-            raise PonderError(f"{path}: {problem}")
+            raise BadValue(f"{path}: {problem}")
     # every step of every input: the accuracy at each budget, for the best fixed budget at the same mean steps
     options = replace(options, detail=True)
     specs = task.parse_buckets(spelled(buckets), "compare", options.protocol, log)

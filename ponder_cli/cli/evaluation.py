@@ -132,7 +132,7 @@ def _run(call, options: dict) -> None:
 def _buckets(angles=None, counts=None, buckets=None, rotation=None) -> dict:
     """The bucket options as the user spelled them (None: not given), for the task to read."""
     if rotation is not None and angles is not None:
-        raise PonderError(f"--rotation and --angles are alternatives: give one (--rotation {rotation:g} is "
+        raise BadValue(f"--rotation and --angles are alternatives: give one (--rotation {rotation:g} is "
                           f"--angles {rotation:g})")
     return {"--angles": angles, "--counts": counts, "--buckets": buckets,
             "--rotation": None if rotation is None else [str(rotation)]}
