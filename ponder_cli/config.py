@@ -20,7 +20,6 @@ import dataclasses
 import difflib
 import json
 import math
-import re
 import typing
 import warnings
 from dataclasses import dataclass
@@ -293,34 +292,6 @@ def problems_of(key: str, value, name: str = "") -> list[str]:
         return [f"{name} must be one of {', '.join(rule)} (got {value!r})"]
     got = rule.find(":") if ":" in rule else len(rule)  # "(got v)" before a rule's reason
     return [f"{name} must be {rule[:got]} (got {value}){rule[got:]}"]
-
-
-DURATION_UNITS = {"h": 3600, "m": 60, "s": 1}
-
-
-def parse_duration(text: str, name: str = "--time-limit") -> float:
-    """A duration as a person writes it, in seconds: 90s, 9m, 2h, 1h30m, 1.5h. Not a setting of
-    the run (it changes nothing the model learns: a resumed run may take another), but its value
-    is checked here, with the settings', before torch loads."""
-    spelled = str(text).strip().lower().replace(" ", "")
-    parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)([hms])", spelled)
-    if not spelled or "".join(number + unit for number, unit in parts) != spelled or \
-            len({unit for _, unit in parts}) != len(parts):
-        raise BadValue(f"{name} must be a duration such as 90s, 9m, 2h or 1h30m (got {text!r})")
-    seconds = sum(float(number) * DURATION_UNITS[unit] for number, unit in parts)
-    if not 0 < seconds < math.inf:
-        raise BadValue(f"{name} must be longer than 0 s (got {text!r})")
-    return seconds
-
-
-def duration_text(seconds: float) -> str:
-    """Seconds as parse_duration reads them back: 90 -> 1m30s, 540 -> 9m, 7200 -> 2h."""
-    whole, text = round(seconds), ""
-    for unit, size in DURATION_UNITS.items():
-        if whole >= size or (unit == "s" and not text):
-            count, whole = divmod(whole, size)
-            text += f"{count}{unit}" if count else ""
-    return text or "0s"
 
 
 def seed_problems(seed, what: str) -> list[str]:
