@@ -181,7 +181,7 @@ def _with_protocol(task, options: EvalOptions) -> EvalOptions:
     if options.protocol is not None:
         owners = ", ".join(task_names(lambda other: other.uses_protocol))
         own = task.bucket_options[0] if task.bucket_options else BUCKETS
-        raise PonderError(f"--protocol applies to {owners} checkpoints (how test images are rotated); this one is "
+        raise BadValue(f"--protocol applies to {owners} checkpoints (how test images are rotated); this one is "
                           f"{task.article} {task.name} model, whose buckets are {own}")
     return options
 
@@ -345,7 +345,7 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
         trained[str(path)] = state.config
     kinds = sorted({get_task(cfg).kind_label() for _, cfg in models.values()})
     if len(kinds) > 1:
-        raise PonderError(f"compare needs checkpoints of one task, evaluated on the same inputs (got {', '.join(kinds)})")
+        raise BadValue(f"compare needs checkpoints of one task, evaluated on the same inputs (got {', '.join(kinds)})")
     first = next(iter(models.values()))[1]
     seed = evaluation_seed(options.seed, *(cfg for _, cfg in models.values()))  # one draw for all
     task = get_task(first)
