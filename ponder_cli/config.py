@@ -602,12 +602,12 @@ def read_config_file(path: Path) -> dict:
             continue
         if isinstance(items, dict) and table not in SECTIONS:
             raise BadValue(f"--config {path}: unknown table [{table}]; the tables are "
-                              f"{', '.join(f'[{s}]' for s in SECTIONS)}")
+                           f"{', '.join(f'[{s}]' for s in SECTIONS)}")
         for key, value in (items.items() if isinstance(items, dict) else [(table, items)]):
             if key not in PLACES:
                 close = difflib.get_close_matches(key, list(PLACES), n=1)
                 raise BadValue(f"--config {path}: unknown setting {key!r}" +
-                                  (f" (did you mean {close[0]!r}?)" if close else ""))
+                               (f" (did you mean {close[0]!r}?)" if close else ""))
             if isinstance(items, dict) and PLACES[key][0] != table:
                 raise BadValue(f"--config {path}: {key} belongs in [{PLACES[key][0]}], not [{table}]")
             values[key] = value

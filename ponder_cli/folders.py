@@ -137,10 +137,10 @@ class Labels:
                 continue
             if not text.strip() or not text.isprintable() or len(text) > LABEL_CHARACTERS:
                 raise BadValue(f"{option} {text!r}: give one line of printable text, {LABEL_CHARACTERS} "
-                                  f"characters at most")
+                               f"characters at most")
             if option == "--tag" and any(char in text for char in " ,;="):
                 raise BadValue(f"{option} {text!r}: a tag is one word (no space, comma, semicolon or =); repeat "
-                                  f"--tag for several")
+                               f"--tag for several")
 
     @classmethod
     def of(cls, saved: Optional[dict]) -> "Labels":

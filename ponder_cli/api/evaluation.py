@@ -182,7 +182,7 @@ def _with_protocol(task, options: EvalOptions) -> EvalOptions:
         owners = ", ".join(task_names(lambda other: other.uses_protocol))
         own = task.bucket_options[0] if task.bucket_options else BUCKETS
         raise BadValue(f"--protocol applies to {owners} checkpoints (how test images are rotated); this one is "
-                          f"{task.article} {task.name} model, whose buckets are {own}")
+                       f"{task.article} {task.name} model, whose buckets are {own}")
     return options
 
 
@@ -233,7 +233,7 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
     method = get_method(cfg)
     if any(method.halting_label(rule) != rule for rule in rules):
         raise BadValue(f"{subject} applies to pondernet checkpoints; this one is {cfg.method.name}, which halts "
-                          f"by its own rule" + (" or at a fixed budget (fixed:N)" if cfg.method.name == "act" else ""))
+                       f"by its own rule" + (" or at a fixed budget (fixed:N)" if cfg.method.name == "act" else ""))
     problem = next(filter(None, map(method.halting_problem, rules)), None)  # a budget beyond the steps run
     if problem is not None:
         raise BadValue(problem.replace("--halting", "--rules"))

@@ -179,7 +179,7 @@ class Task:
             owners = task_names(lambda task: option in task.bucket_options) or ["other"]
             own = self.bucket_options[0] if self.bucket_options else BUCKETS
             raise BadValue(f"{option} applies to {', '.join(owners)} checkpoints; this one is {self.article} "
-                              f"{self.name} model: give {own} {self.bucket_metavar}")
+                           f"{self.name} model: give {own} {self.bucket_metavar}")
         texts = [str(text) for text in texts]
         specs = self.parse_specs(texts, option)
         distinct, again = [], []
