@@ -242,9 +242,9 @@ def _seconds(text: str) -> float:
     try:
         return float(text)
     except ValueError:
-        from ponder_cli.config import parse_duration
+        from ponder_cli.durations import parse
         try:
-            return parse_duration(text, "--budget-s")
+            return parse(text, "--budget-s")
         except Exception as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 

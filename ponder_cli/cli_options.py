@@ -11,7 +11,7 @@ import typer
 from typer.core import TyperCommand
 
 from . import BadValue
-from .config import parse_duration
+from . import durations
 from .folders import BEST, DEFAULT, LATEST, RUNS_DIR, SHIPPED, accepted_forms
 from .registry import DEVICE_CHOICES, HALTING_RULES, PIECES, device_problem, known
 from .render import OutputFormat
@@ -123,7 +123,7 @@ DataDirOption = path_option("--data-dir", help="Where MNIST lives or is download
 DownloadOption = typer.Option(True, "--download/--no-download",
                               help="Download MNIST into --data-dir when it is not there.")
 TimeLimitOption = typer.Option(None, "--time-limit", metavar="DURATION", show_default=False,
-                               callback=lambda value: None if value is None else parse_duration(value),
+                               callback=lambda value: None if value is None else durations.parse(value),
                                help="Stop cleanly after the last epoch that fits in this long (90s, 9m, 2h, "
                                     "1h30m), counted from when training starts in this process; judged from the "
                                     "epochs it has timed (the first always runs), it saves and prints the resume "

@@ -20,7 +20,6 @@ import dataclasses
 import difflib
 import json
 import math
-import re
 import typing
 import warnings
 from dataclasses import dataclass
@@ -295,34 +294,6 @@ def problems_of(key: str, value, name: str = "") -> list[str]:
     return [f"{name} must be {rule[:got]} (got {value}){rule[got:]}"]
 
 
-DURATION_UNITS = {"h": 3600, "m": 60, "s": 1}
-
-
-def parse_duration(text: str, name: str = "--time-limit") -> float:
-    """A duration as a person writes it, in seconds: 90s, 9m, 2h, 1h30m, 1.5h. Not a setting of
-    the run (it changes nothing the model learns: a resumed run may take another), but its value
-    is checked here, with the settings', before torch loads."""
-    spelled = str(text).strip().lower().replace(" ", "")
-    parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)([hms])", spelled)
-    if not spelled or "".join(number + unit for number, unit in parts) != spelled or \
-            len({unit for _, unit in parts}) != len(parts):
-        raise BadValue(f"{name} must be a duration such as 90s, 9m, 2h or 1h30m (got {text!r})")
-    seconds = sum(float(number) * DURATION_UNITS[unit] for number, unit in parts)
-    if not 0 < seconds < math.inf:
-        raise BadValue(f"{name} must be longer than 0 s (got {text!r})")
-    return seconds
-
-
-def duration_text(seconds: float) -> str:
-    """Seconds as parse_duration reads them back: 90 -> 1m30s, 540 -> 9m, 7200 -> 2h."""
-    whole, text = round(seconds), ""
-    for unit, size in DURATION_UNITS.items():
-        if whole >= size or (unit == "s" and not text):
-            count, whole = divmod(whole, size)
-            text += f"{count}{unit}" if count else ""
-    return text or "0s"
-
-
 def seed_problems(seed, what: str) -> list[str]:
     """A seed option of another command (eval's --seed), checked as training's seed is."""
     return problems_of("seed", seed, what)
@@ -409,7 +380,7 @@ def bias_value(values: dict, name: str = "halting-bias"):
     try:
         return float(bias) if isinstance(bias, str) else bias
     except ValueError:
-        raise PonderError(f"{name} must be a number or 'prior' (got {bias!r})") from None
+        raise BadValue(f"{name} must be a number or 'prior' (got {bias!r})") from None
 
 
 def default_halting(cfg: "PonderConfig") -> str:
@@ -455,7 +426,7 @@ class PonderConfig:
         default or what they imply, is one warning: it never had an effect."""
         unknown = sorted(set(values) - set(PLACES))
         if unknown:
-            raise PonderError(f"unknown config keys {unknown}")
+            raise BadValue(f"unknown config keys {unknown}")
         target = values.get("halting_target", cls.default("halting_target"))
         if "halting_bias" in given and values.get("halting_bias") == "prior" and target != "prior":
             # the prior's logit would read --lambda-p, which a head trained on the answer refuses
@@ -610,8 +581,8 @@ def read_config_file(path: Path) -> dict:
         saved = {key: value for key, value in data["config"].items() if value is not None}
         try:
             recorded = PonderConfig.from_dict(saved, saved=f"--config {path}")
-        except PonderError as exc:
-            raise PonderError(f"--config {path}: {exc}") from None
+        except PonderError as exc:  # of its kind: a bad value stays one
+            raise type(exc)(f"--config {path}: {exc}") from None
         start = data.get("init_from")
         applying = recorded.applying()
         values = {key: value for key, value in saved.items() if key in applying}
@@ -626,19 +597,19 @@ def read_config_file(path: Path) -> dict:
             continue
         if table in START_KEYS:
             if not isinstance(items, START_KEYS[table]):
-                raise PonderError(f"--config {path}: {table} must be {'true or false' if table == 'amp' else 'text'}")
+                raise BadValue(f"--config {path}: {table} must be {'true or false' if table == 'amp' else 'text'}")
             values[table] = items
             continue
         if isinstance(items, dict) and table not in SECTIONS:
-            raise PonderError(f"--config {path}: unknown table [{table}]; the tables are "
-                              f"{', '.join(f'[{s}]' for s in SECTIONS)}")
+            raise BadValue(f"--config {path}: unknown table [{table}]; the tables are "
+                           f"{', '.join(f'[{s}]' for s in SECTIONS)}")
         for key, value in (items.items() if isinstance(items, dict) else [(table, items)]):
             if key not in PLACES:
                 close = difflib.get_close_matches(key, list(PLACES), n=1)
-                raise PonderError(f"--config {path}: unknown setting {key!r}" +
-                                  (f" (did you mean {close[0]!r}?)" if close else ""))
+                raise BadValue(f"--config {path}: unknown setting {key!r}" +
+                               (f" (did you mean {close[0]!r}?)" if close else ""))
             if isinstance(items, dict) and PLACES[key][0] != table:
-                raise PonderError(f"--config {path}: {key} belongs in [{PLACES[key][0]}], not [{table}]")
+                raise BadValue(f"--config {path}: {key} belongs in [{PLACES[key][0]}], not [{table}]")
             values[key] = value
     return values
 

@@ -27,7 +27,7 @@ from importlib import resources
 from pathlib import Path, PurePath
 from typing import Iterable, Optional, Union
 
-from . import PonderError, brief, file_problem, keeping, uninterrupted
+from . import BadValue, PonderError, brief, file_problem, keeping, uninterrupted
 from .registry import AT_CHANCE, FORMAT_VERSION, TIME_LIMIT
 
 RUNS_DIR = Path("runs")
@@ -136,11 +136,11 @@ class Labels:
             if text is None:
                 continue
             if not text.strip() or not text.isprintable() or len(text) > LABEL_CHARACTERS:
-                raise PonderError(f"{option} {text!r}: give one line of printable text, {LABEL_CHARACTERS} "
-                                  f"characters at most")
+                raise BadValue(f"{option} {text!r}: give one line of printable text, {LABEL_CHARACTERS} "
+                               f"characters at most")
             if option == "--tag" and any(char in text for char in " ,;="):
-                raise PonderError(f"{option} {text!r}: a tag is one word (no space, comma, semicolon or =); repeat "
-                                  f"--tag for several")
+                raise BadValue(f"{option} {text!r}: a tag is one word (no space, comma, semicolon or =); repeat "
+                               f"--tag for several")
 
     @classmethod
     def of(cls, saved: Optional[dict]) -> "Labels":

@@ -387,7 +387,7 @@ def diff_runs(targets: Sequence[Union[str, Path]], *, log: Callable[[str], None]
     for target in targets:
         row, read = _diff_row(target, log)
         if read.resolve() in seen:
-            raise PonderError(f"{seen[read.resolve()]} and {target} name the same run ({read}): name different runs")
+            raise BadValue(f"{seen[read.resolve()]} and {target} name the same run ({read}): name different runs")
         seen[read.resolve()] = target
         rows.append(row)
     missing = next((target for target, row in zip(targets, rows) if not row["config"]), None)

@@ -15,9 +15,9 @@ from typing import Callable, Optional
 import torch
 from tqdm import tqdm
 
-from . import PonderError, brief, distributed
+from . import PonderError, brief, distributed, durations
 from .checkpoint import TrainingState, new_model, save_checkpoints
-from .config import PonderConfig, duration_text
+from .config import PonderConfig
 from .folders import BEST, LAST
 from .model import Method, autocast, drops_rows, get_method, grad_scaler, truncate
 from .registry import AT_CHANCE, EARLY_STOP, FINISHED, TIME_LIMIT
@@ -688,10 +688,10 @@ class TimeLimit:
 
     def why_stopped(self, epoch: int) -> str:
         def spoken(seconds: float) -> str:  # tenths under 10 s, where the two figures are close
-            return f"{seconds:.1f} s" if seconds < 10 else rough_duration(seconds)
+            return durations.rough(seconds, tenths=True)
 
         left = self.left()
-        return (f"stopped at its time limit ({duration_text(self.seconds)}) after epoch {epoch}: the next epoch "
+        return (f"stopped at its time limit ({durations.exact(self.seconds)}) after epoch {epoch}: the next epoch "
                 f"would take about {spoken(self.next_epoch())}, "
                 + (f"{spoken(left)} {'is' if spoken(left) == '1.0 s' else 'are'} left" if left >= 0.05 else
                    "the time is up"))
@@ -769,23 +769,14 @@ ESTIMATE_AFTER_BATCHES, ESTIMATE_AFTER_SECONDS, ESTIMATE_FROM_SECONDS = 20, 5.0,
 ESTIMATE_MIN_BATCHES = 10
 
 
-def rough_duration(seconds: float) -> str:
-    """45 s, 3 min, 1.5 h, 12 h: a duration as a person says it."""
-    if seconds < 90:
-        return f"{max(1, round(seconds))} s"
-    if seconds < 90 * 60:
-        return f"{round(seconds / 60)} min"
-    return f"{seconds / 3600:.1f} h" if seconds < 10 * 3600 else f"{round(seconds / 3600)} h"
-
-
 def duration_estimate(epoch_seconds: float, epochs: int) -> Optional[str]:
     """The line that says how long an epoch and the `epochs` to go will take; None for a short run."""
     if epoch_seconds * epochs < ESTIMATE_FROM_SECONDS:
         return None
     if epochs == 1:
-        return f"about {rough_duration(epoch_seconds)} for 1 epoch"
-    total = rough_duration(epoch_seconds * epochs)
-    return f"about {rough_duration(epoch_seconds)} an epoch, {total} for {epochs} epochs"
+        return f"about {durations.rough(epoch_seconds)} for 1 epoch"
+    total = durations.rough(epoch_seconds * epochs)
+    return f"about {durations.rough(epoch_seconds)} an epoch, {total} for {epochs} epochs"
 
 
 class TimedSource(TrainingSource):

@@ -52,22 +52,24 @@ def test_a_flat_json_file_is_read_too(tmp_path):
                                                                                            "step": "align"}
 
 
-@pytest.mark.parametrize("text,named", [  # the key and what is wrong with it: a suggestion, its table, its type
-    ('[training]\nlamda_p = 0.1\n', ["'lamda_p'", "'lambda_p'"]),
-    ('[training]\nlambda_p = 0.1\n', ["lambda_p", "[method]", "[training]"]),
-    ('[model]\nhidden = 3\n', ["[model]", "[task], [step], [method], [training]"]),
-    ('[training]\nepochs = "20"\n', ["epochs", "whole number", "'20'"]),
-    ('[training]\nepochs = 2.5\n', ["epochs", "whole number", "2.5"]),
-    ('[step]\ngru_orthogonal = 1\n', ["gru_orthogonal", "true or false", "1"]),
-    ('[training]\nlr = inf\n', ["lr", "finite"]),
-    ('[method]\nhalting_bias = "high"\n', ["halting_bias", "'prior'", "'high'"]),
-    ('[method]\nmethod = "act"\nlambda_p = 0.3\n', ["lambda_p", "--method pondernet", "act"]),
-    ('epochs = \n', ["TOML"]),
+@pytest.mark.parametrize("text,named,code", [  # the key and what is wrong with it: a suggestion, its table, its type;
+    # a mistake in a setting is a usage mistake (2), as on the command line; a file not of TOML is unreadable (1)
+    ('[training]\nlamda_p = 0.1\n', ["'lamda_p'", "'lambda_p'"], 2),
+    ('[training]\nlambda_p = 0.1\n', ["lambda_p", "[method]", "[training]"], 2),
+    ('[model]\nhidden = 3\n', ["[model]", "[task], [step], [method], [training]"], 2),
+    ('[training]\nepochs = "20"\n', ["epochs", "whole number", "'20'"], 2),
+    ('[training]\nepochs = 2.5\n', ["epochs", "whole number", "2.5"], 2),
+    ('[step]\ngru_orthogonal = 1\n', ["gru_orthogonal", "true or false", "1"], 2),
+    ('[training]\nlr = inf\n', ["lr", "finite"], 2),
+    ('[method]\nhalting_bias = "high"\n', ["halting_bias", "'prior'", "'high'"], 2),
+    ('[method]\nmethod = "act"\nlambda_p = 0.3\n', ["lambda_p", "--method pondernet", "act"], 2),
+    ('epochs = \n', ["TOML"], 1),
 ])
-def test_a_mistake_in_a_file_is_one_message_naming_the_file_and_the_key(tmp_path, text, named):
+def test_a_mistake_in_a_file_is_one_message_naming_the_file_and_the_key(tmp_path, text, named, code):
     path = write(tmp_path, "run.toml", text)
     with pytest.raises(PonderError) as caught:
         from_file(path)
+    assert caught.value.exit_code == code
     assert str(caught.value).startswith(f"--config {path}: ")
     assert all(part in str(caught.value) for part in named), str(caught.value)
 
@@ -153,7 +155,7 @@ def test_a_value_the_task_fills_in_is_labelled_as_derived_not_as_a_default(ponde
 
 def test_a_bad_config_file_is_one_error_line(tmp_path, ponder, error):
     path = write(tmp_path, "bad.toml", "[training]\nepoch = 3\n")
-    error(ponder("train", "--config", path, "--print-config"), 1, f"--config {path}", "'epoch'", "'epochs'")
+    error(ponder("train", "--config", path, "--print-config"), 2, f"--config {path}", "'epoch'", "'epochs'")
 
 
 def test_a_run_folder_config_toml_trains_the_same_model_again(tiny_mnist, tmp_path, ponder, quick):

@@ -110,10 +110,10 @@ def test_latest_is_a_run_too(runs, ponder):
 
 def test_the_same_run_twice_is_refused_naming_it(runs, ponder, tmp_path, error):
     # both names given, and the one file they both resolve to
-    line = error(ponder("diff", runs / "pn1", runs / "pn2", runs / "pn1" / "last.pt"), 1, f"{runs / 'pn1'} and",
+    line = error(ponder("diff", runs / "pn1", runs / "pn2", runs / "pn1" / "last.pt"), 2, f"{runs / 'pn1'} and",
                  runs / "pn1" / "last.pt")
     assert str(runs / "pn2") not in line
-    error(ponder("diff", "parity16", "parity16"), 1, "parity16 and parity16", "checkpoints/parity/interpolation16.pt")
+    error(ponder("diff", "parity16", "parity16"), 2, "parity16 and parity16", "checkpoints/parity/interpolation16.pt")
     error(ponder("diff", runs / "pn1"), 2, "`ponder runs`")  # a usage mistake, as a missing argument is
     error(ponder("diff", runs / "pn1", tmp_path), 1, tmp_path, "last.pt", "best.pt")
     error(ponder("diff", tmp_path / "nope", runs / "pn1"), 1, tmp_path / "nope")

@@ -144,8 +144,8 @@ def test_a_runs_name_tags_and_note_are_kept_shown_found_and_survive_resuming(tin
     assert result.exit_code == 0, result.output
     saved = json.loads((tmp_path / "a" / "config.json").read_text())
     assert saved["labels"] == {"name": "first try", "tags": ["baseline", "mlp"], "note": "two epochs"}
-    error(ponder("train", "--tag", "a b"), 1, "--tag 'a b'")
-    error(ponder("train", "--name", ""), 1, "--name ''")
+    error(ponder("train", "--tag", "a b"), 2, "--tag 'a b'")  # a bad value, as click's own
+    error(ponder("train", "--name", ""), 2, "--name ''")
 
 
 @pytest.mark.parametrize("run", ["pn1", "act", "plain"])

@@ -165,7 +165,7 @@ def test_train_help_shows_what_pieces_imply_without_torch():
 
 
 def test_eval_takes_rotation_or_angles_not_both(checkpoint, ponder, error):
-    error(ponder("eval", checkpoint, "--rotation", 45, "--angles", 90, *NO_DATA), 1, "--rotation", "--angles")
+    error(ponder("eval", checkpoint, "--rotation", 45, "--angles", 90, *NO_DATA), 2, "--rotation", "--angles")
 
 
 def test_a_refused_choice_has_no_value_error_prefix(ponder, error):

@@ -116,7 +116,7 @@ def test_compare_on_count_buckets_and_not_across_tasks(parity_run, checkpoint, p
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["task"] == "parity" and [b["counts"] for b in report["buckets"]] == ["1-8"]
-    error(ponder("compare", parity_run, checkpoint, "--limit", "4", "-q"), 1, "parity", "mnist")
+    error(ponder("compare", parity_run, checkpoint, "--limit", "4", "-q"), 2, "parity", "mnist")
 
 
 def test_training_batches_come_from_the_seeded_generator():
@@ -240,9 +240,9 @@ def test_parity_options_on_mnist_are_refused(args, named, ponder, error, tmp_pat
 
 
 def test_counts_on_mnist_and_angles_on_parity_are_one_line(parity_run, checkpoint, ponder, error):
-    # the option refused, the model's task and the option it takes instead
-    error(ponder("eval", checkpoint, "--counts", "1-16"), 1, "--counts", "mnist", "--angles")
-    error(ponder("extrapolate", parity_run, "--angles", "45"), 1, "--angles", "parity", "--counts")
+    # the option refused, the model's task and the option it takes instead: exit 2, as train's
+    error(ponder("eval", checkpoint, "--counts", "1-16"), 2, "--counts", "mnist", "--angles")
+    error(ponder("extrapolate", parity_run, "--angles", "45"), 2, "--angles", "parity", "--counts")
     for bad in ("0-4", "5-3", "1-9"):
         error(ponder("eval", parity_run, "--counts", bad), 2, bad, "8")
     error(ponder("sweep", parity_run, "--every", "0.5"), 2, "0.5")
@@ -251,7 +251,7 @@ def test_counts_on_mnist_and_angles_on_parity_are_one_line(parity_run, checkpoin
 
 @pytest.mark.parametrize("command", ["eval", "extrapolate", "compare", "calibrate"])
 def test_protocol_on_parity_is_refused_not_ignored(parity_run, ponder, error, command):
-    error(ponder(command, parity_run, "--protocol", "fixed"), 1, "--protocol", "mnist", "parity", "--counts")
+    error(ponder(command, parity_run, "--protocol", "fixed"), 2, "--protocol", "mnist", "parity", "--counts")
 
 
 def test_mnist_protocol_defaults_to_uniform(checkpoint, tiny_mnist, ponder):

@@ -122,7 +122,7 @@ def test_a_task_defined_here_trains_evaluates_predicts_and_reports(sums_task, po
     assert len(json.loads(ponder("extrapolate", run, "-f", "json", "-q").stdout)["buckets"]) == 3  # 4, 5, 6
     compared = json.loads(ponder("compare", run, "--buckets", "5", "-f", "json", "-q").stdout)
     assert [(b["length"], b["images"]) for b in compared["buckets"]] == [(5, 32)]
-    error(ponder("extrapolate", run, "--counts", "1-4"), 1, "--counts", "parity", "sums", "--buckets")
+    error(ponder("extrapolate", run, "--counts", "1-4"), 2, "--counts", "parity", "sums", "--buckets")
 
     rows = tmp_path / "rows.npy"
     np.save(rows, np.array([[1, 2, 0, 0, 0, 0], [3, 3, 1, 0, 0, 0]], dtype=np.float32))

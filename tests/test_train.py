@@ -140,8 +140,21 @@ def test_the_run_s_duration_is_estimated_once_from_its_first_batches(batches, st
 
 
 def test_durations_read_as_a_person_says_them():
-    assert [training.rough_duration(s) for s in (0.2, 45, 89.6, 200, 5399, 5400, 50_000)] == [
+    from ponder_cli import BadValue, durations
+
+    assert [durations.rough(s) for s in (0.2, 45, 89.6, 200, 5399, 5400, 50_000)] == [
         "1 s", "45 s", "90 s", "3 min", "90 min", "1.5 h", "14 h"]
+    assert [durations.rough(s, tenths=True) for s in (0.04, 4.25, 9.96, 45)] == ["0.0 s", "4.2 s", "10.0 s", "45 s"]
+    assert [durations.ago(s) for s in (59, 300, 3 * 3600 + 59, 86400, 9 * 86400 + 5)] == [
+        "just now", "5 min ago", "3 h ago", "1 day ago", "9 days ago"]
+    # the exact form is what --time-limit reads back, to the second
+    exact = {s: durations.exact(s) for s in (0, 0.4, 59.6, 90, 540, 3600, 5401, 7200, 90061)}
+    assert list(exact.values()) == ["0s", "0s", "1m", "1m30s", "9m", "1h", "1h30m1s", "2h", "25h1m1s"]
+    assert all(durations.parse(text) == round(s) for s, text in exact.items() if round(s) > 0)
+    assert [durations.parse(text) for text in ("90s", "1.5h", "1h 30m", ".5m")] == [90, 5400, 5400, 30]
+    for text in ("", "0s", "90", "1m1m", "1x", "-5m"):
+        with pytest.raises(BadValue, match="^--budget "):
+            durations.parse(text, "--budget")
     assert training.duration_estimate(59.0, 1) is None  # under a minute in all
     assert training.duration_estimate(90.0, 1) == "about 2 min for 1 epoch"
 

@@ -181,8 +181,8 @@ def _with_protocol(task, options: EvalOptions) -> EvalOptions:
     if options.protocol is not None:
         owners = ", ".join(task_names(lambda other: other.uses_protocol))
         own = task.bucket_options[0] if task.bucket_options else BUCKETS
-        raise PonderError(f"--protocol applies to {owners} checkpoints (how test images are rotated); this one is "
-                          f"{task.article} {task.name} model, whose buckets are {own}")
+        raise BadValue(f"--protocol applies to {owners} checkpoints (how test images are rotated); this one is "
+                       f"{task.article} {task.name} model, whose buckets are {own}")
     return options
 
 
@@ -229,11 +229,11 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
     rules = given or list(THRESHOLD_CALIBRATION_RULES if default_halting(cfg).startswith("threshold:")
                           else CALIBRATION_RULES)
     if model.max_steps == 1:
-        raise PonderError(f"{path} runs one step: every rule halts there, there is nothing to calibrate")
+        raise BadValue(f"{path} runs one step: every rule halts there, there is nothing to calibrate")
     method = get_method(cfg)
     if any(method.halting_label(rule) != rule for rule in rules):
-        raise PonderError(f"{subject} applies to pondernet checkpoints; this one is {cfg.method.name}, which halts "
-                          f"by its own rule" + (" or at a fixed budget (fixed:N)" if cfg.method.name == "act" else ""))
+        raise BadValue(f"{subject} applies to pondernet checkpoints; this one is {cfg.method.name}, which halts "
+                       f"by its own rule" + (" or at a fixed budget (fixed:N)" if cfg.method.name == "act" else ""))
     problem = next(filter(None, map(method.halting_problem, rules)), None)  # a budget beyond the steps run
     if problem is not None:
         raise BadValue(problem.replace("--halting", "--rules"))
@@ -345,7 +345,7 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
         trained[str(path)] = state.config
     kinds = sorted({get_task(cfg).kind_label() for _, cfg in models.values()})
     if len(kinds) > 1:
-        raise PonderError(f"compare needs checkpoints of one task, evaluated on the same inputs (got {', '.join(kinds)})")
+        raise BadValue(f"compare needs checkpoints of one task, evaluated on the same inputs (got {', '.join(kinds)})")
     first = next(iter(models.values()))[1]
     seed = evaluation_seed(options.seed, *(cfg for _, cfg in models.values()))  # one draw for all
     task = get_task(first)
@@ -356,7 +356,7 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
         method, rule = get_method(cfg), rule_of[path]
         problem = method.halting_problem(rule) if method.halting_label(rule) == rule else None
         if problem is not None:
-            raise PonderError(f"{path}: {problem}")
+            raise BadValue(f"{path}: {problem}")
     # every step of every input: the accuracy at each budget, for the best fixed budget at the same mean steps
     options = replace(options, detail=True)
     specs = task.parse_buckets(spelled(buckets), "compare", options.protocol, log)

@@ -12,9 +12,9 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from .. import BadValue, PonderError, SigTerm, brief, distributed, keeping
+from .. import BadValue, PonderError, SigTerm, brief, distributed, durations, keeping
 from ..checkpoint import CheckpointNotSaved
-from ..config import START_KEYS, Origin, PonderConfig, default_halting, duration_text, parse_duration, read_config_file
+from ..config import START_KEYS, Origin, PonderConfig, default_halting, read_config_file
 from ..tasks.mnist import resolve_data_dir
 from ..folders import Labels, resumed_lock
 from ..registry import DEFAULT_HALTING, TIME_LIMIT
@@ -119,7 +119,7 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
     if options.tensorboard:
         require_tensorboard()
     if isinstance(options.time_limit, str):
-        options = dataclasses.replace(options, time_limit=parse_duration(options.time_limit))
+        options = dataclasses.replace(options, time_limit=durations.parse(options.time_limit))
     elif options.time_limit is not None and not options.time_limit > 0:
         raise PonderError(f"time_limit must be a number of seconds > 0 (got {options.time_limit!r})")
     # a resume locks its run before reading it (under torchrun, rank 0 locks when it claims the folder)
@@ -174,7 +174,7 @@ def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None],
                            cuda_graphs=options.cuda_graphs, time_limit=options.time_limit,
                            init=init.weights(cfg) if init is not None else None, run=folder.run)
             if result.stop_note:  # a time limit (with how to go on) or a run at chance: one line
-                log(f"{result.stop_note}; {folder.resume_hint()} --time-limit {duration_text(options.time_limit)}"
+                log(f"{result.stop_note}; {folder.resume_hint()} --time-limit {durations.exact(options.time_limit)}"
                     if result.stop_reason == TIME_LIMIT else result.stop_note)
             finished = True
         except CheckpointNotSaved as exc:  # a full or read-only disk: what the run has, how to go on

@@ -12,7 +12,7 @@ from typing import List, Optional
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from .. import BadValue, PonderError
+from .. import BadValue
 from ..cli_options import (AmpOption, DataDirOption, DeviceOption, DownloadOption, FormatOption, ListsCommand,
                            QuietOption, checkpoint_argument, checkpoint_forms, complete_checkpoint, complete_rule,
                            complete_run, complete_run_key, path_option)
@@ -132,8 +132,8 @@ def _run(call, options: dict) -> None:
 def _buckets(angles=None, counts=None, buckets=None, rotation=None) -> dict:
     """The bucket options as the user spelled them (None: not given), for the task to read."""
     if rotation is not None and angles is not None:
-        raise PonderError(f"--rotation and --angles are alternatives: give one (--rotation {rotation:g} is "
-                          f"--angles {rotation:g})")
+        raise BadValue(f"--rotation and --angles are alternatives: give one (--rotation {rotation:g} is "
+                       f"--angles {rotation:g})")
     return {"--angles": angles, "--counts": counts, "--buckets": buckets,
             "--rotation": None if rotation is None else [str(rotation)]}
 

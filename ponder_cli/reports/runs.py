@@ -8,6 +8,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Optional, Sequence
 
+from .. import durations
 from ..config import default_halting
 from ..render import Column, cell_text, value_text
 from ..registry import AT_CHANCE, FORMAT_VERSION, TIME_LIMIT
@@ -227,12 +228,7 @@ def age(when: Optional[str], now: Optional[datetime] = None) -> str:
         return "-"
     then = datetime.fromisoformat(when).astimezone()  # a date in the reader's own zone
     seconds = ((now or datetime.now(then.tzinfo)) - then).total_seconds()
-    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            count = int(seconds // size)
-            return then.date().isoformat() if unit == "days" and count > 60 else \
-                f"{count} {'day' if unit == 'days' and count == 1 else unit} ago"
-    return "just now"
+    return then.date().isoformat() if seconds >= 61 * 86400 else durations.ago(seconds)
 
 
 def _model(row: dict) -> str:

@@ -178,8 +178,8 @@ class Task:
         if option != BUCKETS and option not in self.bucket_options:
             owners = task_names(lambda task: option in task.bucket_options) or ["other"]
             own = self.bucket_options[0] if self.bucket_options else BUCKETS
-            raise PonderError(f"{option} applies to {', '.join(owners)} checkpoints; this one is {self.article} "
-                              f"{self.name} model: give {own} {self.bucket_metavar}")
+            raise BadValue(f"{option} applies to {', '.join(owners)} checkpoints; this one is {self.article} "
+                           f"{self.name} model: give {own} {self.bucket_metavar}")
         texts = [str(text) for text in texts]
         specs = self.parse_specs(texts, option)
         distinct, again = [], []
