@@ -277,7 +277,7 @@ def rule_outcomes(model: torch.nn.Module, buckets: Iterable, rules: list[str], *
                   amp: bool = False) -> list[RuleOutcome]:
     """Every rule's accuracy, agreement with the last step and mean steps over the inputs of all
     `buckets` (evaluate.EvalBuckets, or callables that build one), pooled; one full forward pass
-    per batch serves every rule (a rule halting early computes the same steps: halting.halting_steps)."""
+    per batch serves every rule (a rule halting early computes the same steps: model.halting_steps)."""
     parsed = [parse_halting_rule(rule) for rule in rules]
     was_training = model.training
     model.eval()

@@ -34,7 +34,7 @@ class EvalOptions:
     seed: Optional[int] = None  # None: the checkpoint's training seed (evaluation_seed)
     limit: int = 0  # first N test images (0: all)
     batch_size: int = 1000
-    data_dir: Optional[Path] = None  # None: data.default_data_dir()
+    data_dir: Optional[Path] = None  # None: tasks.mnist.default_data_dir()
     download: bool = True
     device: str = "auto"
     amp: Optional[bool] = None  # None: off, float32 (device_and_amp)

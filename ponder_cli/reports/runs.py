@@ -271,7 +271,7 @@ def setting_column(key: str) -> Column:
 
 def runs_report(rows: list[dict], folders: list[str], settings: Optional[list[str]] = None,
                 selection: Optional[dict] = None) -> Report:
-    """runs: one bucket per run folder (api.inspection.list_runs), oldest first unless sorted;
+    """runs: one bucket per run folder (listing.list_runs), oldest first unless sorted;
     `settings`: those that differ between them, a column each (JSON and CSV: a key each);
     `selection`: the --where conditions and --sort key that chose and ordered them."""
     settings = settings or []
@@ -387,7 +387,7 @@ class DiffReport(Report):
 
 
 def diff_report(runs: list[str], buckets: list[dict], rows: list[dict]) -> Report:
-    """diff: one bucket per difference between the runs (api.inspection.diff_runs), the settings
+    """diff: one bucket per difference between the runs (listing.diff_runs), the settings
     first, then how each run went; none when they differ in nothing but their folders."""
     def one(key):
         values = {row[key] for row in rows}

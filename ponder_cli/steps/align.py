@@ -191,7 +191,7 @@ class AlignStep(StepFunction):
 
     def trace(self, x, context, before, after, n):
         """The view step n read, and the turn accumulated after it in degrees ("turn_deg"), in
-        data.rotate's sense (counter-clockwise positive): a digit rotated by +60° is read
+        tasks.mnist.rotate's sense (counter-clockwise positive): a digit rotated by +60° is read
         upright after a turn of about -60°; a trained model's turn then swings from step to step
         between two turns about 27° apart, one reading the digit near upright and one well off it
         (docs/align.md, "What the turn does while it waits")."""
