@@ -358,6 +358,40 @@ def run_status(summary: Summary, path: Path) -> tuple[str, str]:
     return "finished", "finished"
 
 
+# what may differ from the checkpoint's config when resuming: how long to go on
+RESUMABLE_CHANGES = ("epochs", "patience")
+
+
+def same_run(a: dict, b: dict) -> bool:
+    """Two flat configs of one run: the same settings (an older one's missing: their defaults)
+    but for how long to go on (RESUMABLE_CHANGES)."""
+    from .config import PonderConfig
+
+    def kept(config: dict) -> dict:
+        return {key: config.get(key, PonderConfig.default(key)) for key in PonderConfig.field_names()
+                if key not in RESUMABLE_CHANGES}
+    return kept(a) == kept(b)
+
+
+def read_summary(path: Path) -> Summary:
+    """How far the run in checkpoint `path` got, from its data.pkl alone, without torch (a file in
+    torch's legacy format, which ponder_cli never wrote, is none of its runs)."""
+    payload = peek_checkpoint(path)
+    if payload is None:
+        raise PonderError(f"{path} is not a ponder_cli checkpoint")
+    return Summary.of(payload)
+
+
+def run_of(summary: Optional[Summary], folder: Path) -> dict:
+    """A run's record: its folder's config.json where that records the same run (same_run), else
+    its checkpoint's (a copied best.pt, a config.json cut short or another run's), else none."""
+    saved = saved_config(folder) or {}
+    config = saved.get("config")
+    if saved and (summary is None or same_run(config if isinstance(config, dict) else {}, summary.config)):
+        return saved
+    return (summary.run if summary is not None else None) or {}
+
+
 # which file a CHECKPOINT argument names ------------------------------------------------------
 
 
@@ -447,16 +481,6 @@ def saved_config(folder: Path) -> Optional[dict]:
     return saved if isinstance(saved, dict) else None
 
 
-def run_started(folder: Path) -> Optional[float]:
-    """When the run in a folder last started (a fresh run, or a session resuming it), as the
-    run recorded it in its config.json (`started`: a UTC time), in seconds since the epoch; None
-    where no time is recorded (a folder an earlier version wrote)."""
-    try:
-        return datetime.fromisoformat(saved_config(folder)["started"]).timestamp()
-    except (ValueError, TypeError, KeyError, AttributeError):
-        return None
-
-
 def started_now() -> str:
     """What a run records as its start: now, in UTC (never local-time text, which can repeat an
     hour when the clocks go back)."""
@@ -464,14 +488,11 @@ def started_now() -> str:
 
 
 def run_time(folder: Path) -> Optional[float]:
-    """What orders runs, newest last (`ponder runs`, `latest`): when the run started by its own
-    record (run_started), else when its files were last written; None for neither."""
-    started = run_started(folder)
-    return started if started is not None else last_written(folder)
-
-
-def last_written(folder: Path) -> Optional[float]:
-    """When a run folder's files (or its lock) were last written, None for none."""
+    """What orders runs, newest last (`ponder runs`, `latest`): when the run last started (fresh
+    or resumed) by its config.json's `started`, else (a folder an earlier version wrote) when its
+    files or its lock were last written; None for neither."""
+    with contextlib.suppress(ValueError, TypeError, KeyError):
+        return datetime.fromisoformat((saved_config(folder) or {})["started"]).timestamp()
     stamps = []
     for name in (*RUN_FILES, LOCK_FILE):
         with contextlib.suppress(OSError):  # not there, or removed while we look

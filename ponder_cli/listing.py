@@ -14,39 +14,15 @@ from typing import Callable, Optional, Sequence, Union
 
 from . import BadValue, PonderError, file_problem
 from .config import PonderConfig, applies
-from .folders import (BEST, DEFAULT, LAST, LATEST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, Summary,
-                      empty_trash, in_a_trash, is_run_folder, lock_holder, peek_checkpoint, resolve_checkpoint,
-                      restore_run, run_status, run_time, runs_under, saved_config, shipped_path, start_text,
+from .folders import (BEST, DEFAULT, LAST, LATEST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, empty_trash,
+                      in_a_trash, is_run_folder, lock_holder, peek_checkpoint, read_summary, resolve_checkpoint,
+                      restore_run, run_of, run_status, run_time, runs_under, shipped_path, start_text,
                       trash_contents, trash_entries, trash_run, trashed_runs, trashes_under)
 from .render import Column
 from .reports import Report, diff_report, make_meta, runs_report, trash_report
 from .reports.runs import NUMBER, OTHER_SPELLINGS, RUN_KEYS, SWITCH, TAGS, TEXT, TIME, run_keys
 
 HERE = Path(".")  # where `ponder runs` looks by default, after runs/: any --out folder below the current one
-
-
-def read_summary(path: Path) -> Summary:
-    """How far the run in checkpoint `path` got (folders.Summary): its data.pkl alone, without
-    torch (a file in torch's legacy format, which ponder_cli never wrote, is none of its runs)."""
-    payload = peek_checkpoint(path)
-    if payload is None:
-        raise PonderError(f"{path} is not a ponder_cli checkpoint")
-    return Summary.of(payload)
-
-
-def run_of(summary: Optional[Summary], folder: Path) -> dict:
-    """A run's record: its folder's config.json where that records the same run (the same
-    settings but for how long to go on), else its checkpoint's (a copied best.pt, a config.json
-    cut short or another run's), else none."""
-    saved = saved_config(folder) or {}
-
-    def kept(config) -> dict:
-        config = config if isinstance(config, dict) else {}
-        return {key: config.get(key, PonderConfig.default(key)) for key in PonderConfig.field_names()
-                if key not in ("epochs", "patience")}
-    if saved and (summary is None or kept(saved.get("config")) == kept(summary.config)):
-        return saved
-    return (summary.run if summary is not None else None) or {}
 
 
 # `ponder models`: the models shipped inside the package, one bucket each: its name (what a
@@ -230,12 +206,9 @@ def list_runs(folders: Sequence[Union[str, Path]] = (), *, where: Sequence[str] 
         problem = file_problem(root)
         if not folders and problem == "does not exist":
             continue  # no runs/ here yet
-        if problem is not None and problem != "is a directory":
-            raise PonderError(f"{root} {problem}; name a folder of runs (default: {RUNS_DIR}/ and the current "
-                              f"folder) or a run folder")
-        if problem is None:
-            raise PonderError(f"{root} is a file; name a folder of runs (default: {RUNS_DIR}/ and the current "
-                              f"folder) or a run folder")
+        if problem != "is a directory":
+            raise PonderError(f"{root} {problem or 'is a file'}; name a folder of runs (default: {RUNS_DIR}/ and "
+                              f"the current folder) or a run folder")
         for run in runs_under(root):
             found.setdefault(run, str(run.relative_to(root)) if run != root else run.name or str(run))
     # by when each started (the time itself: the text of a local time can change its offset)

@@ -13,8 +13,7 @@ import torch
 from .. import BadValue, PonderError, PonderWarning
 from ..checkpoint import load_checkpoint, load_model, steps_problem
 from ..config import seed_problems
-from ..folders import BEST, LAST, Labels, Summary, resolve_checkpoint, run_status, start_text
-from ..listing import run_of
+from ..folders import BEST, LAST, Labels, Summary, resolve_checkpoint, run_of, run_status, saved_config, start_text
 from ..model import get_method
 from ..runs import reproducing_command
 from ..reports import Report, info_report, prediction_report
@@ -142,7 +141,7 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
     log(f"using {resolved.path} ({resolved.why})")
     state = load_checkpoint(resolved.path)
     cfg, folder, summary = state.config, resolved.path.parent, Summary.of(state.to_dict())
-    record, saved = run_of(summary, folder), run_of(None, folder)
+    record, saved = run_of(summary, folder), saved_config(folder) or {}
     sources = (saved.get("sources") or {}) if saved.get("config") == cfg.to_dict() else {}
     best = summary.best
     info = {"file": str(resolved.path), "status": run_status(summary, resolved.path)[1], "epochs_trained": state.epoch,
