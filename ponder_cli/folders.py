@@ -817,14 +817,12 @@ def _name_max(folder: Path) -> int:
         return 255
 
 
-def trash_run(folder: Path) -> dict:
-    """Move a run folder into <its parent>/.trash/<name>.<UTC time>/run, with trashed.json saying
-    where it was and when it left. A run being trained is refused: its lock is taken while the
-    folder moves, so no `ponder train` starts there meanwhile, and a resume takes it before it
-    reads the run (folders.resumed_lock). A link, and anything inside a trash, are refused. The
-    entry is made whole or not at all: a move that fails (a full disk) or is interrupted leaves
-    no entry behind."""
-    folder = Path(folder)
+def check_trashable(folder: Path) -> None:
+    """Refuse a folder `ponder runs rm` may not move to the trash, before any run named moves."""
+    holder = lock_holder(folder / LOCK_FILE) if folder.is_dir() and is_run_folder(folder) else None
+    if holder is not None:
+        raise PonderError(f"{folder} is being trained (PID {holder}): stop that run first (Ctrl-C, or kill -TERM "
+                          f"PID), then remove it; nothing was moved")
     if os.path.islink(folder):
         raise PonderError(f"{folder} is a link (to {os.readlink(folder)}): `ponder runs rm` moves run folders "
                           f"themselves, never a link; name the run folder itself, or remove the link with rm")
@@ -845,6 +843,17 @@ def trash_run(folder: Path) -> dict:
     if os.path.islink(trash) or (os.path.lexists(trash) and not trash.is_dir()):
         raise PonderError(f"{trash} is {'a link' if os.path.islink(trash) else 'not a folder'}, not a trash of "
                           f"ponder's: move it aside, then remove {folder}")
+
+
+def trash_run(folder: Path) -> dict:
+    """Move a run folder into <its parent>/.trash/<name>.<UTC time>/run, with trashed.json saying
+    where it was and when it left, once check_trashable lets it: its lock is taken while the
+    folder moves, so no `ponder train` starts there meanwhile, and a resume takes it before it
+    reads the run (resumed_lock). The entry is made whole or not at all: a move that fails (a full disk) or is interrupted leaves
+    no entry behind."""
+    folder = Path(folder)
+    check_trashable(folder)
+    trash = folder.parent / TRASH
     lock = RunLock(folder).acquire()  # refused, naming its PID, when a live run holds the folder
     made_trash, entry, moved = not trash.exists(), None, False
     try:
@@ -917,13 +926,6 @@ def restore_run(given: Path) -> dict:
     return {"run": note.get("run") or str(given), "trash": str(entry), "removed": note.get("removed")}
 
 
-def trash_of(folder: Path) -> Optional[Path]:
-    """The trash `--empty` empties for a folder named: its own .trash, never one below it, and
-    never through a link (a .trash that is a link is no trash of ponder's)."""
-    trash = Path(folder) / TRASH
-    return trash if not os.path.islink(trash) and trash.is_dir() else None
-
-
 def disk_size(path: Path) -> int:
     """The bytes of the files at and below `path`, links not followed."""
     total = 0
@@ -935,12 +937,13 @@ def disk_size(path: Path) -> int:
 
 
 def trash_contents(folders: Iterable[Path]) -> list[dict]:
-    """What `--empty` would delete for these folders: each entry of each one's own trash (trash_of),
-    its run's old path, the entry, when it was removed and its size in bytes."""
+    """What `--empty` would delete for these folders: each entry of each one's own trash (never
+    one below it, nor a .trash that is a link: no trash of ponder's), its run's old path, the
+    entry, when it was removed and its size in bytes."""
     rows, trashes = [], {}
     for folder in folders:
-        trash = trash_of(folder)
-        if trash is not None:
+        trash = Path(folder) / TRASH
+        if not os.path.islink(trash) and trash.is_dir():
             trashes.setdefault(trash.resolve(), trash)  # each once (runs/ named twice), as named
     for trash in trashes.values():
         for entry in trash_entries(trash):

@@ -14,8 +14,8 @@ from typing import Callable, Optional, Sequence, Union
 
 from . import BadValue, PonderError, file_problem
 from .config import PonderConfig, applies
-from .folders import (BEST, DEFAULT, LAST, LATEST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, empty_trash,
-                      in_a_trash, is_run_folder, lock_holder, peek_checkpoint, read_summary, resolve_checkpoint,
+from .folders import (BEST, DEFAULT, LAST, LATEST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, check_trashable,
+                      empty_trash, is_run_folder, lock_holder, peek_checkpoint, read_summary, resolve_checkpoint,
                       restore_run, run_of, run_status, run_time, runs_under, shipped_path, start_text,
                       trash_contents, trash_entries, trash_run, trashed_runs, trashes_under)
 from .render import Column
@@ -262,11 +262,7 @@ def remove_runs(runs: Sequence[Union[str, Path]] = (), *, restore: bool = False,
         return trash_report([restore_run(run) for run in dict.fromkeys(Path(run) for run in runs)], "restored", [])
     named = list(dict.fromkeys(run_named(run, log) for run in runs))
     for run in named:  # all of them fit before any moves
-        if run.is_dir() and is_run_folder(run) and lock_holder(run / LOCK_FILE) is not None:
-            raise PonderError(f"{run} is being trained (PID {lock_holder(run / LOCK_FILE)}): stop that run first "
-                              f"(Ctrl-C, or kill -TERM PID), then remove it; nothing was moved")
-        if os.path.islink(run) or not run.is_dir() or not is_run_folder(run) or in_a_trash(run):
-            trash_run(run)  # says what it is instead
+        check_trashable(run)
     return trash_report([trash_run(run) for run in named], "removed", [])
 
 
