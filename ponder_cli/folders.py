@@ -165,7 +165,8 @@ class Labels:
 
 
 # How torch.save's files begin: a zip archive (since PyTorch 1.6), or a pickle (the legacy format).
-_TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
+_ZIP_MAGIC = b"PK\x03\x04"
+_TORCH_MAGIC = (_ZIP_MAGIC, b"\x80")
 
 
 DAMAGE_HINT = "copy it again, or use the run's other checkpoint (best.pt or last.pt)"
@@ -179,7 +180,7 @@ def damage(path: Path) -> str | None:
     milliseconds). None for a legacy pickle file, or a zip archive that is whole."""
     try:
         with open(path, "rb") as f:
-            if f.read(4) != _TORCH_MAGIC[0]:
+            if f.read(4) != _ZIP_MAGIC:
                 return None
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
@@ -267,7 +268,7 @@ def peek_checkpoint(path: Path) -> Optional[dict]:
     reads it); a file that cannot be read so is one PonderError."""
     try:
         with open(path, "rb") as f:
-            if f.read(4) != b"PK\x03\x04":
+            if f.read(4) != _ZIP_MAGIC:
                 return None
         with zipfile.ZipFile(path) as archive:
             member = next(name for name in archive.namelist() if name.endswith("/data.pkl") and name.count("/") == 1)
@@ -466,8 +467,6 @@ def resolve_checkpoint(given: Union[str, Path, None], file: Union[str, tuple[str
 def newest_run_checkpoint(root: Path = RUNS_DIR, name: str = BEST) -> Optional[Path]:
     """<run>/<name> of the run under `root` (runs_under) started last (`run_time`: the order
     `ponder runs` lists them in) among those that hold one, if any."""
-    if not root.is_dir():
-        return None
     found = [(run_time(run) or 0.0, str(run), run / name) for run in runs_under(root) if (run / name).is_file()]
     return max(found)[2] if found else None
 

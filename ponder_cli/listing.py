@@ -233,10 +233,10 @@ def list_runs(folders: Sequence[Union[str, Path]] = (), *, where: Sequence[str] 
 def remove_runs(runs: Sequence[Union[str, Path]] = (), *, restore: bool = False, empty: bool = False,
                 confirm: Optional[Callable[[list[dict]], bool]] = None,
                 log: Callable[[str], None] = lambda line: None) -> Report:
-    """`ponder runs rm`: move run folders to the trash beside them (runs.trash_run; `latest`: the
+    """`ponder runs rm`: move run folders to the trash beside them (folders.trash_run; `latest`: the
     newest run under runs/, as other commands read it), bring them back (`restore`:
-    runs.restore_run), or delete what the trash of each folder in `runs` holds, default runs/ and
-    the current folder, never a trash below them nor through a link (`empty`: runs.empty_trash,
+    folders.restore_run), or delete what the trash of each folder in `runs` holds, default runs/ and
+    the current folder, never a trash below them nor through a link (`empty`: folders.empty_trash,
     the one deletion; `confirm` gets what would go, each with its size, and says whether to).
     Every run named is checked before any moves: a folder that is no run, or one being trained,
     moves nothing."""

@@ -622,7 +622,7 @@ class RunFolder:
                          processes=self.processes, not_applicable=[name for name in plan.cfg.field_names()
                                                                    if not applies(name, plan.cfg.chosen(),
                                                                                   plan.cfg.value)])
-        same_folder = plan.resume is not None and out_dir.resolve() == plan.resumed.path.parent.resolve()
+        same_folder = plan.resume is not None and same_path(out_dir, plan.resumed.path.parent)
         write_environment(out_dir, session(self.device, self.processes), keep_earlier=same_folder)
         # a resumed run's rows so far come from its checkpoint's history
         self.files.append(MetricsFile(out_dir, [f.name for f in dataclasses.fields(EpochStats)]))
@@ -710,11 +710,9 @@ def write_environment(out_dir: Path, current: dict, keep_earlier: bool) -> Path:
     its own folder), written atomically."""
     path = Path(out_dir) / ENVIRONMENT_FILE
     earlier = []
-    if keep_earlier:
-        try:
+    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+        if keep_earlier:
             earlier = list(json.loads(path.read_text(encoding="utf-8")).get("sessions", []))
-        except (OSError, ValueError, AttributeError, TypeError):
-            earlier = []
     payload = {"format_version": FORMAT_VERSION, "sessions": [*earlier, current]}
     replace_atomically(path, lambda f: f.write(json.dumps(payload, indent=2) + "\n"))
     return path
@@ -766,9 +764,9 @@ class EventLog:
             if name != "epoch" and isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.writer.add_scalar(scalar_tag(name), value, epoch)
         counts = list(row.get(HISTOGRAM) or ())
-        if sum(counts) > 0:
+        total = sum(counts)
+        if total > 0:
             steps = range(1, len(counts) + 1)
-            total = sum(counts)
             self.writer.add_histogram_raw(
                 scalar_tag(HISTOGRAM).replace("_histogram", "_step"), min=min(n for n, c in zip(steps, counts) if c),
                 max=max(n for n, c in zip(steps, counts) if c), num=total,
