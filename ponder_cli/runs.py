@@ -866,6 +866,18 @@ def saved_halting_for(path: Path) -> tuple[Optional[dict], Optional[str]]:
                                                 f"on since, or another run was written over the folder)")
 
 
+def saved_halting_summary(folder: Path) -> dict:
+    """What `info` says of the rule saved in a run folder: `halting_rule`, the one the evaluating
+    commands halt by (None: none saved, or saved for other weights), and `saved_halting`, the
+    record with whether it applies (`current`, `why_not`)."""
+    record = saved_halting(folder)
+    if record is None:
+        return {"halting_rule": None, "saved_halting": None}
+    _, why_not = saved_halting_for(Path(folder) / str(record.get("checkpoint")))
+    return {"halting_rule": None if why_not else record["halting"],
+            "saved_halting": {**record, "current": why_not is None, "why_not": why_not}}
+
+
 def halting_save_problem(path: Path) -> None:
     """Refuse --save where the rule cannot go: a shipped model (no run folder), a checkpoint
     file outside a run folder, a run training now, or a halting.json of the user's own."""
