@@ -331,15 +331,13 @@ def _diff_row(target: Union[str, Path], log: Callable[[str], None]) -> tuple[dic
     folder: its last.pt, else best.pt, else its config.json), and the file (or folder) read."""
     folder = Path(target)
     if folder.is_dir() and is_run_folder(folder):
-        held = next((folder / name for name in (LAST, BEST) if (folder / name).is_file()), None)
-        log(f"using {held or folder} (run folder {folder})")
-        row, read = _run_row(folder, run_time(folder), path=held), held or folder
-    else:
-        resolved = resolve_checkpoint(target, file=(LAST, BEST))
-        log(f"using {resolved.path} ({resolved.why})")
-        folder, read = resolved.path.parent, resolved.path
-        row = _run_row(folder, run_time(folder), path=resolved.path)
-    return row, read
+        row = _run_row(folder, run_time(folder))
+        log(f"using {row['checkpoint'] or folder} (run folder {folder})")
+        return row, Path(row["checkpoint"] or folder)
+    resolved = resolve_checkpoint(target, file=(LAST, BEST))
+    log(f"using {resolved.path} ({resolved.why})")
+    folder = resolved.path.parent
+    return _run_row(folder, run_time(folder), path=resolved.path), resolved.path
 
 
 def diff_runs(targets: Sequence[Union[str, Path]], *, log: Callable[[str], None] = lambda line: None) -> Report:

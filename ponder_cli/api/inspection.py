@@ -155,4 +155,3 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
             "train_command": reproducing_command(cfg, record), **saved_halting_summary(folder)}
     return info_report(str(resolved.path), cfg, [dict(h) for h in state.history], info,
                        shown=cfg.shown_fields(), sources=sources, view=get_task(cfg).view())
-
