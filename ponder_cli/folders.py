@@ -40,8 +40,9 @@ LATEST = "latest"  # the CHECKPOINT word for the newest run under runs/
 LOCK_FILE = ".ponder.lock"
 TRASH = ".trash"  # where `ponder runs rm` moves a run: beside it (one file system), hidden from listings
 TENSORBOARD_EVENTS = "events.out.tfevents.*"  # what `train --tensorboard` writes (runs.py)
+BESIDE_CHECKPOINTS = (CONFIG_FILE, CONFIG_TOML, METRICS_FILE, ENVIRONMENT_FILE)  # nothing lost if a run dies early
 # every file a run writes into its folder: a folder holding any of them is not a fresh one
-RUN_FILES = (*CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, METRICS_FILE, ENVIRONMENT_FILE)
+RUN_FILES = (*CHECKPOINT_FILES, *BESIDE_CHECKPOINTS)
 
 
 # the shipped models -------------------------------------------------------------------------
@@ -848,8 +849,8 @@ def trash_run(folder: Path) -> dict:
     """Move a run folder into <its parent>/.trash/<name>.<UTC time>/run, with trashed.json saying
     where it was and when it left, once check_trashable lets it: its lock is taken while the
     folder moves, so no `ponder train` starts there meanwhile, and a resume takes it before it
-    reads the run (resumed_lock). The entry is made whole or not at all: a move that fails (a full disk) or is interrupted leaves
-    no entry behind."""
+    reads the run (resumed_lock). The entry is made whole or not at all: a move that fails (a full
+    disk) or is interrupted leaves no entry behind."""
     folder = Path(folder)
     check_trashable(folder)
     trash = folder.parent / TRASH

@@ -36,9 +36,9 @@ from . import BadValue, PonderError, PonderWarning, __version__, brief, file_pro
 from .checkpoint import load_checkpoint, new_model, save_checkpoint
 from .config import SECTIONS, PonderConfig, applies, bias_value, inapplicable, render_config, spelled
 from .registry import FORMAT_VERSION
-from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE,
-                      RESUMABLE_CHANGES, RUNS_DIR, Labels, Resolved, RunLock, Summary, check_unlocked, enclosing_run,
-                      hidden_folder_of, inside_package, is_run_folder, package_dir, package_problem,
+from .folders import (BESIDE_CHECKPOINTS, BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST,
+                      METRICS_FILE, RESUMABLE_CHANGES, RUNS_DIR, Labels, Resolved, RunLock, Summary, check_unlocked,
+                      enclosing_run, hidden_folder_of, inside_package, is_run_folder, package_dir, package_problem,
                       replace_atomically, resolve_checkpoint, run_files_in, run_of, run_record, runs_inside,
                       same_path, same_run, saved_config, shipped_name, started_now)
 from .listing import run_named
@@ -567,7 +567,7 @@ def remove_if_empty_run_dir(directory: Path, carried: Iterable[str] = ()) -> boo
     that the next run takes its name; True if removed."""
     try:
         names = {p.name for p in directory.iterdir()}
-        if names - {CONFIG_FILE, CONFIG_TOML, METRICS_FILE, ENVIRONMENT_FILE, *carried}:
+        if names - {*BESIDE_CHECKPOINTS, *carried}:
             return False
         for name in names:
             (directory / name).unlink()
