@@ -327,8 +327,9 @@ class Summary:
         return bool(patience) and self.epochs_without_improvement >= patience and self.epoch < self.epochs
 
     @property
-    def best(self) -> Optional[dict]:
-        return next((h for h in self.history if isinstance(h, dict) and h.get("epoch") == self.best_epoch), None)
+    def best(self) -> dict:
+        """The best epoch's row of its history ({}: none)."""
+        return next((h for h in self.history if isinstance(h, dict) and h.get("epoch") == self.best_epoch), {})
 
 
 def run_status(summary: Summary, path: Path) -> tuple[str, str]:

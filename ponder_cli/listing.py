@@ -42,8 +42,8 @@ def model_bucket(name: str) -> dict:
     return {"name": name, "task": cfg["task"], "method": cfg["method"], "step": cfg["step"],
             "what": SHIPPED[name][1],
             "file": str(Resolved.shipped(shipped_path(name), "").path), "epochs": summary.epoch,
-            "best_epoch": summary.best_epoch or None, "val_accuracy": best["val_accuracy"] if best else None,
-            "val_steps": best["val_steps"] if best else None}
+            "best_epoch": summary.best_epoch or None, "val_accuracy": best.get("val_accuracy"),
+            "val_steps": best.get("val_steps")}
 
 
 def shipped_models(*, log: Callable[[str], None] = lambda line: None) -> Report:
@@ -306,10 +306,8 @@ def _run_row(folder: Path, stamp: Optional[float], name: Optional[str] = None, p
         row["when"] = datetime.fromtimestamp(stamp, timezone.utc).isoformat(timespec="seconds")
     if summary is None:
         return row
-    best = summary.best
     row.update(epoch=summary.epoch, status=run_status(summary, path)[0], best_epoch=summary.best_epoch or None,
-               best_val_accuracy=best["val_accuracy"] if best else None,
-               best_val_steps=best["val_steps"] if best else None)
+               best_val_accuracy=summary.best.get("val_accuracy"), best_val_steps=summary.best.get("val_steps"))
     if path.name == LAST and (folder / BEST).is_file():
         try:  # its best model lost (cut short, its record failing its checksum), however the run went; its
             peek_checkpoint(folder / BEST)  # weights' checksums are checked when it is read (info, eval)

@@ -143,12 +143,10 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
     cfg, folder, summary = state.config, resolved.path.parent, Summary.of(state.to_dict())
     record, saved = run_of(summary, folder), saved_config(folder) or {}
     sources = (saved.get("sources") or {}) if saved.get("config") == cfg.to_dict() else {}
-    best = summary.best
     info = {"file": str(resolved.path), "status": run_status(summary, resolved.path)[1], "epochs_trained": state.epoch,
             "epochs_planned": cfg.training.epochs, "best_epoch": state.best_epoch or None,
-            "best_val_accuracy": best["val_accuracy"] if best else None,
-            "best_val_steps": best["val_steps"] if best else None, "stopped_early": state.stopped_early,
-            "resumable": summary.resumable,
+            "best_val_accuracy": summary.best.get("val_accuracy"), "best_val_steps": summary.best.get("val_steps"),
+            "stopped_early": state.stopped_early, "resumable": summary.resumable,
             "training_step": (state.history[-1].get("training_step") or None) if state.history else None,
             **Labels.of(record).to_dict(), "init_from": start_text(record.get("init_from")),
             "amp": bool(record.get("amp")), "start": record.get("init_from"),
