@@ -40,8 +40,9 @@ LATEST = "latest"  # the CHECKPOINT word for the newest run under runs/
 LOCK_FILE = ".ponder.lock"
 TRASH = ".trash"  # where `ponder runs rm` moves a run: beside it (one file system), hidden from listings
 TENSORBOARD_EVENTS = "events.out.tfevents.*"  # what `train --tensorboard` writes (runs.py)
+BESIDE_CHECKPOINTS = (CONFIG_FILE, CONFIG_TOML, METRICS_FILE, ENVIRONMENT_FILE)  # nothing lost if a run dies early
 # every file a run writes into its folder: a folder holding any of them is not a fresh one
-RUN_FILES = (*CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, METRICS_FILE, ENVIRONMENT_FILE)
+RUN_FILES = (*CHECKPOINT_FILES, *BESIDE_CHECKPOINTS)
 
 
 # the shipped models -------------------------------------------------------------------------
@@ -165,7 +166,8 @@ class Labels:
 
 
 # How torch.save's files begin: a zip archive (since PyTorch 1.6), or a pickle (the legacy format).
-_TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
+_ZIP_MAGIC = b"PK\x03\x04"
+_TORCH_MAGIC = (_ZIP_MAGIC, b"\x80")
 
 
 DAMAGE_HINT = "copy it again, or use the run's other checkpoint (best.pt or last.pt)"
@@ -179,7 +181,7 @@ def damage(path: Path) -> str | None:
     milliseconds). None for a legacy pickle file, or a zip archive that is whole."""
     try:
         with open(path, "rb") as f:
-            if f.read(4) != _TORCH_MAGIC[0]:
+            if f.read(4) != _ZIP_MAGIC:
                 return None
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
@@ -267,7 +269,7 @@ def peek_checkpoint(path: Path) -> Optional[dict]:
     reads it); a file that cannot be read so is one PonderError."""
     try:
         with open(path, "rb") as f:
-            if f.read(4) != b"PK\x03\x04":
+            if f.read(4) != _ZIP_MAGIC:
                 return None
         with zipfile.ZipFile(path) as archive:
             member = next(name for name in archive.namelist() if name.endswith("/data.pkl") and name.count("/") == 1)
@@ -325,8 +327,9 @@ class Summary:
         return bool(patience) and self.epochs_without_improvement >= patience and self.epoch < self.epochs
 
     @property
-    def best(self) -> Optional[dict]:
-        return next((h for h in self.history if isinstance(h, dict) and h.get("epoch") == self.best_epoch), None)
+    def best(self) -> dict:
+        """The best epoch's row of its history ({}: none)."""
+        return next((h for h in self.history if isinstance(h, dict) and h.get("epoch") == self.best_epoch), {})
 
 
 def run_status(summary: Summary, path: Path) -> tuple[str, str]:
@@ -356,6 +359,40 @@ def run_status(summary: Summary, path: Path) -> tuple[str, str]:
             text += f"; resume with: ponder train --resume {path}"
         return (TIME_LIMIT if timed else "interrupted"), text
     return "finished", "finished"
+
+
+# what may differ from the checkpoint's config when resuming: how long to go on
+RESUMABLE_CHANGES = ("epochs", "patience")
+
+
+def same_run(a: dict, b: dict) -> bool:
+    """Two flat configs of one run: the same settings (an older one's missing: their defaults)
+    but for how long to go on (RESUMABLE_CHANGES)."""
+    from .config import PonderConfig
+
+    def kept(config: dict) -> dict:
+        return {key: config.get(key, PonderConfig.default(key)) for key in PonderConfig.field_names()
+                if key not in RESUMABLE_CHANGES}
+    return kept(a) == kept(b)
+
+
+def read_summary(path: Path) -> Summary:
+    """How far the run in checkpoint `path` got, from its data.pkl alone, without torch (a file in
+    torch's legacy format, which ponder_cli never wrote, is none of its runs)."""
+    payload = peek_checkpoint(path)
+    if payload is None:
+        raise PonderError(f"{path} is not a ponder_cli checkpoint")
+    return Summary.of(payload)
+
+
+def run_of(summary: Optional[Summary], folder: Path) -> dict:
+    """A run's record: its folder's config.json where that records the same run (same_run), else
+    its checkpoint's (a copied best.pt, a config.json cut short or another run's), else none."""
+    saved = saved_config(folder) or {}
+    config = saved.get("config")
+    if saved and (summary is None or same_run(config if isinstance(config, dict) else {}, summary.config)):
+        return saved
+    return (summary.run if summary is not None else None) or {}
 
 
 # which file a CHECKPOINT argument names ------------------------------------------------------
@@ -432,8 +469,6 @@ def resolve_checkpoint(given: Union[str, Path, None], file: Union[str, tuple[str
 def newest_run_checkpoint(root: Path = RUNS_DIR, name: str = BEST) -> Optional[Path]:
     """<run>/<name> of the run under `root` (runs_under) started last (`run_time`: the order
     `ponder runs` lists them in) among those that hold one, if any."""
-    if not root.is_dir():
-        return None
     found = [(run_time(run) or 0.0, str(run), run / name) for run in runs_under(root) if (run / name).is_file()]
     return max(found)[2] if found else None
 
@@ -447,16 +482,6 @@ def saved_config(folder: Path) -> Optional[dict]:
     return saved if isinstance(saved, dict) else None
 
 
-def run_started(folder: Path) -> Optional[float]:
-    """When the run in a folder last started (a fresh run, or a session resuming it), as the
-    run recorded it in its config.json (`started`: a UTC time), in seconds since the epoch; None
-    where no time is recorded (a folder an earlier version wrote)."""
-    try:
-        return datetime.fromisoformat(saved_config(folder)["started"]).timestamp()
-    except (ValueError, TypeError, KeyError, AttributeError):
-        return None
-
-
 def started_now() -> str:
     """What a run records as its start: now, in UTC (never local-time text, which can repeat an
     hour when the clocks go back)."""
@@ -464,14 +489,11 @@ def started_now() -> str:
 
 
 def run_time(folder: Path) -> Optional[float]:
-    """What orders runs, newest last (`ponder runs`, `latest`): when the run started by its own
-    record (run_started), else when its files were last written; None for neither."""
-    started = run_started(folder)
-    return started if started is not None else last_written(folder)
-
-
-def last_written(folder: Path) -> Optional[float]:
-    """When a run folder's files (or its lock) were last written, None for none."""
+    """What orders runs, newest last (`ponder runs`, `latest`): when the run last started (fresh
+    or resumed) by its config.json's `started`, else (a folder an earlier version wrote) when its
+    files or its lock were last written; None for neither."""
+    with contextlib.suppress(ValueError, TypeError, KeyError):
+        return datetime.fromisoformat((saved_config(folder) or {})["started"]).timestamp()
     stamps = []
     for name in (*RUN_FILES, LOCK_FILE):
         with contextlib.suppress(OSError):  # not there, or removed while we look
@@ -796,14 +818,12 @@ def _name_max(folder: Path) -> int:
         return 255
 
 
-def trash_run(folder: Path) -> dict:
-    """Move a run folder into <its parent>/.trash/<name>.<UTC time>/run, with trashed.json saying
-    where it was and when it left. A run being trained is refused: its lock is taken while the
-    folder moves, so no `ponder train` starts there meanwhile, and a resume takes it before it
-    reads the run (folders.resumed_lock). A link, and anything inside a trash, are refused. The
-    entry is made whole or not at all: a move that fails (a full disk) or is interrupted leaves
-    no entry behind."""
-    folder = Path(folder)
+def check_trashable(folder: Path) -> None:
+    """Refuse a folder `ponder runs rm` may not move to the trash, before any run named moves."""
+    holder = lock_holder(folder / LOCK_FILE) if folder.is_dir() and is_run_folder(folder) else None
+    if holder is not None:
+        raise PonderError(f"{folder} is being trained (PID {holder}): stop that run first (Ctrl-C, or kill -TERM "
+                          f"PID), then remove it; nothing was moved")
     if os.path.islink(folder):
         raise PonderError(f"{folder} is a link (to {os.readlink(folder)}): `ponder runs rm` moves run folders "
                           f"themselves, never a link; name the run folder itself, or remove the link with rm")
@@ -824,6 +844,17 @@ def trash_run(folder: Path) -> dict:
     if os.path.islink(trash) or (os.path.lexists(trash) and not trash.is_dir()):
         raise PonderError(f"{trash} is {'a link' if os.path.islink(trash) else 'not a folder'}, not a trash of "
                           f"ponder's: move it aside, then remove {folder}")
+
+
+def trash_run(folder: Path) -> dict:
+    """Move a run folder into <its parent>/.trash/<name>.<UTC time>/run, with trashed.json saying
+    where it was and when it left, once check_trashable lets it: its lock is taken while the
+    folder moves, so no `ponder train` starts there meanwhile, and a resume takes it before it
+    reads the run (resumed_lock). The entry is made whole or not at all: a move that fails (a full
+    disk) or is interrupted leaves no entry behind."""
+    folder = Path(folder)
+    check_trashable(folder)
+    trash = folder.parent / TRASH
     lock = RunLock(folder).acquire()  # refused, naming its PID, when a live run holds the folder
     made_trash, entry, moved = not trash.exists(), None, False
     try:
@@ -896,13 +927,6 @@ def restore_run(given: Path) -> dict:
     return {"run": note.get("run") or str(given), "trash": str(entry), "removed": note.get("removed")}
 
 
-def trash_of(folder: Path) -> Optional[Path]:
-    """The trash `--empty` empties for a folder named: its own .trash, never one below it, and
-    never through a link (a .trash that is a link is no trash of ponder's)."""
-    trash = Path(folder) / TRASH
-    return trash if not os.path.islink(trash) and trash.is_dir() else None
-
-
 def disk_size(path: Path) -> int:
     """The bytes of the files at and below `path`, links not followed."""
     total = 0
@@ -914,12 +938,13 @@ def disk_size(path: Path) -> int:
 
 
 def trash_contents(folders: Iterable[Path]) -> list[dict]:
-    """What `--empty` would delete for these folders: each entry of each one's own trash (trash_of),
-    its run's old path, the entry, when it was removed and its size in bytes."""
+    """What `--empty` would delete for these folders: each entry of each one's own trash (never
+    one below it, nor a .trash that is a link: no trash of ponder's), its run's old path, the
+    entry, when it was removed and its size in bytes."""
     rows, trashes = [], {}
     for folder in folders:
-        trash = trash_of(folder)
-        if trash is not None:
+        trash = Path(folder) / TRASH
+        if not os.path.islink(trash) and trash.is_dir():
             trashes.setdefault(trash.resolve(), trash)  # each once (runs/ named twice), as named
     for trash in trashes.values():
         for entry in trash_entries(trash):

@@ -14,39 +14,15 @@ from typing import Callable, Optional, Sequence, Union
 
 from . import BadValue, PonderError, file_problem
 from .config import PonderConfig, applies
-from .folders import (BEST, DEFAULT, LAST, LATEST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, Summary,
-                      empty_trash, in_a_trash, is_run_folder, lock_holder, peek_checkpoint, resolve_checkpoint,
-                      restore_run, run_status, run_time, runs_under, saved_config, shipped_path, start_text,
+from .folders import (BEST, DEFAULT, LAST, LATEST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, check_trashable,
+                      empty_trash, is_run_folder, lock_holder, peek_checkpoint, read_summary, resolve_checkpoint,
+                      restore_run, run_of, run_status, run_time, runs_under, shipped_path, start_text,
                       trash_contents, trash_entries, trash_run, trashed_runs, trashes_under)
 from .render import Column
 from .reports import Report, diff_report, make_meta, runs_report, trash_report
 from .reports.runs import NUMBER, OTHER_SPELLINGS, RUN_KEYS, SWITCH, TAGS, TEXT, TIME, run_keys
 
 HERE = Path(".")  # where `ponder runs` looks by default, after runs/: any --out folder below the current one
-
-
-def read_summary(path: Path) -> Summary:
-    """How far the run in checkpoint `path` got (folders.Summary): its data.pkl alone, without
-    torch (a file in torch's legacy format, which ponder_cli never wrote, is none of its runs)."""
-    payload = peek_checkpoint(path)
-    if payload is None:
-        raise PonderError(f"{path} is not a ponder_cli checkpoint")
-    return Summary.of(payload)
-
-
-def run_of(summary: Optional[Summary], folder: Path) -> dict:
-    """A run's record: its folder's config.json where that records the same run (the same
-    settings but for how long to go on), else its checkpoint's (a copied best.pt, a config.json
-    cut short or another run's), else none."""
-    saved = saved_config(folder) or {}
-
-    def kept(config) -> dict:
-        config = config if isinstance(config, dict) else {}
-        return {key: config.get(key, PonderConfig.default(key)) for key in PonderConfig.field_names()
-                if key not in ("epochs", "patience")}
-    if saved and (summary is None or kept(saved.get("config")) == kept(summary.config)):
-        return saved
-    return (summary.run if summary is not None else None) or {}
 
 
 # `ponder models`: the models shipped inside the package, one bucket each: its name (what a
@@ -66,8 +42,8 @@ def model_bucket(name: str) -> dict:
     return {"name": name, "task": cfg["task"], "method": cfg["method"], "step": cfg["step"],
             "what": SHIPPED[name][1],
             "file": str(Resolved.shipped(shipped_path(name), "").path), "epochs": summary.epoch,
-            "best_epoch": summary.best_epoch or None, "val_accuracy": best["val_accuracy"] if best else None,
-            "val_steps": best["val_steps"] if best else None}
+            "best_epoch": summary.best_epoch or None, "val_accuracy": best.get("val_accuracy"),
+            "val_steps": best.get("val_steps")}
 
 
 def shipped_models(*, log: Callable[[str], None] = lambda line: None) -> Report:
@@ -230,12 +206,9 @@ def list_runs(folders: Sequence[Union[str, Path]] = (), *, where: Sequence[str] 
         problem = file_problem(root)
         if not folders and problem == "does not exist":
             continue  # no runs/ here yet
-        if problem is not None and problem != "is a directory":
-            raise PonderError(f"{root} {problem}; name a folder of runs (default: {RUNS_DIR}/ and the current "
-                              f"folder) or a run folder")
-        if problem is None:
-            raise PonderError(f"{root} is a file; name a folder of runs (default: {RUNS_DIR}/ and the current "
-                              f"folder) or a run folder")
+        if problem != "is a directory":
+            raise PonderError(f"{root} {problem or 'is a file'}; name a folder of runs (default: {RUNS_DIR}/ and "
+                              f"the current folder) or a run folder")
         for run in runs_under(root):
             found.setdefault(run, str(run.relative_to(root)) if run != root else run.name or str(run))
     # by when each started (the time itself: the text of a local time can change its offset)
@@ -289,11 +262,7 @@ def remove_runs(runs: Sequence[Union[str, Path]] = (), *, restore: bool = False,
         return trash_report([restore_run(run) for run in dict.fromkeys(Path(run) for run in runs)], "restored", [])
     named = list(dict.fromkeys(run_named(run, log) for run in runs))
     for run in named:  # all of them fit before any moves
-        if run.is_dir() and is_run_folder(run) and lock_holder(run / LOCK_FILE) is not None:
-            raise PonderError(f"{run} is being trained (PID {lock_holder(run / LOCK_FILE)}): stop that run first "
-                              f"(Ctrl-C, or kill -TERM PID), then remove it; nothing was moved")
-        if os.path.islink(run) or not run.is_dir() or not is_run_folder(run) or in_a_trash(run):
-            trash_run(run)  # says what it is instead
+        check_trashable(run)
     return trash_report([trash_run(run) for run in named], "removed", [])
 
 
@@ -337,10 +306,8 @@ def _run_row(folder: Path, stamp: Optional[float], name: Optional[str] = None, p
         row["when"] = datetime.fromtimestamp(stamp, timezone.utc).isoformat(timespec="seconds")
     if summary is None:
         return row
-    best = summary.best
     row.update(epoch=summary.epoch, status=run_status(summary, path)[0], best_epoch=summary.best_epoch or None,
-               best_val_accuracy=best["val_accuracy"] if best else None,
-               best_val_steps=best["val_steps"] if best else None)
+               best_val_accuracy=summary.best.get("val_accuracy"), best_val_steps=summary.best.get("val_steps"))
     if path.name == LAST and (folder / BEST).is_file():
         try:  # its best model lost (cut short, its record failing its checksum), however the run went; its
             peek_checkpoint(folder / BEST)  # weights' checksums are checked when it is read (info, eval)
@@ -362,15 +329,13 @@ def _diff_row(target: Union[str, Path], log: Callable[[str], None]) -> tuple[dic
     folder: its last.pt, else best.pt, else its config.json), and the file (or folder) read."""
     folder = Path(target)
     if folder.is_dir() and is_run_folder(folder):
-        held = next((folder / name for name in (LAST, BEST) if (folder / name).is_file()), None)
-        log(f"using {held or folder} (run folder {folder})")
-        row, read = _run_row(folder, run_time(folder), path=held), held or folder
-    else:
-        resolved = resolve_checkpoint(target, file=(LAST, BEST))
-        log(f"using {resolved.path} ({resolved.why})")
-        folder, read = resolved.path.parent, resolved.path
-        row = _run_row(folder, run_time(folder), path=resolved.path)
-    return row, read
+        row = _run_row(folder, run_time(folder))
+        log(f"using {row['checkpoint'] or folder} (run folder {folder})")
+        return row, Path(row["checkpoint"] or folder)
+    resolved = resolve_checkpoint(target, file=(LAST, BEST))
+    log(f"using {resolved.path} ({resolved.why})")
+    folder = resolved.path.parent
+    return _run_row(folder, run_time(folder), path=resolved.path), resolved.path
 
 
 def diff_runs(targets: Sequence[Union[str, Path]], *, log: Callable[[str], None] = lambda line: None) -> Report:

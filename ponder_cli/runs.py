@@ -36,20 +36,17 @@ from . import BadValue, PonderError, PonderWarning, __version__, brief, file_pro
 from .checkpoint import load_checkpoint, new_model, save_checkpoint
 from .config import SECTIONS, PonderConfig, applies, bias_value, inapplicable, render_config, spelled
 from .registry import FORMAT_VERSION
-from .folders import (BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST, METRICS_FILE, RUNS_DIR,
-                      Labels, Resolved, RunLock, Summary, check_unlocked, enclosing_run, hidden_folder_of, is_run_folder,
-                      package_dir, package_problem, replace_atomically, resolve_checkpoint, run_files_in, run_record,
-                      runs_inside, same_path, saved_config, shipped_name, started_now)
-from .listing import run_named, run_of
+from .folders import (BESIDE_CHECKPOINTS, BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST,
+                      METRICS_FILE, RESUMABLE_CHANGES, RUNS_DIR, Labels, Resolved, RunLock, Summary, check_unlocked,
+                      enclosing_run, hidden_folder_of, inside_package, is_run_folder, package_dir, package_problem,
+                      replace_atomically, resolve_checkpoint, run_files_in, run_of, run_record, runs_inside,
+                      same_path, same_run, saved_config, shipped_name, started_now)
+from .listing import run_named
 from .render import csv_cell, value_text as spelled_value
 from .reports import Report
 from .reports.runs import label_report
 from .tasks import get_task
 from .train import HALTING_HEAD, EpochStats
-
-# options that may differ from the checkpoint's config when resuming: how long to go on
-RESUMABLE_CHANGES = ("epochs", "patience")
-
 
 @dataclass
 class TrainingPlan:
@@ -308,19 +305,6 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
                         init_from=recorded.get("init_from"))
 
 
-def _record(folder: Path) -> Optional[tuple[dict, PonderConfig]]:
-    """A run folder's config.json and the configuration it records; None where there is no
-    record to read (none, or one another version wrote). A setting the record's pieces do not
-    read is said when its checkpoint loads, not here."""
-    saved = saved_config(folder)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", PonderWarning)
-            return saved, PonderConfig.from_dict(saved["config"])
-    except (ValueError, TypeError, KeyError, PonderError):
-        return None
-
-
 def reproducing_command(cfg: PonderConfig, record: Optional[dict] = None) -> str:
     """The `ponder train` command that trains this configuration again, shell-quoted, with only
     what a fresh run would not take by itself: the pieces that are not the defaults (nor implied
@@ -418,12 +402,17 @@ def refuse_hiding(folder: Path, cfg: PonderConfig, option: Optional[str]) -> Non
 def _refuse_another_run(state, resume: Path, folder: Path) -> None:
     """Resuming in a run's own folder a checkpoint of another run (one copied over its last.pt,
     or another run's named by mistake) would make the folder that run's: its config.json,
-    config.toml, metrics.csv and best.pt rewritten. The folder's config.json is its record."""
-    record = _record(folder)
-    if record is None or _same_run(record[1], state.config):
+    config.toml, metrics.csv and best.pt rewritten. The folder's config.json is its record (a
+    setting its pieces do not read is said when its checkpoint loads, not here)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PonderWarning)
+            recorded = PonderConfig.from_dict(saved_config(folder)["config"])
+    except (ValueError, TypeError, KeyError, PonderError):
         return  # no record to hold it to (a folder of the user's, a config.json another version wrote)
-    recorded = record[1]
     theirs, ours = state.config.to_dict(), recorded.to_dict()
+    if same_run(ours, theirs):
+        return
     differ = [f"{key.replace('_', '-')} {spelled_value(theirs[key])} (the folder's: {spelled_value(ours[key])})"
               for key in ours if key not in RESUMABLE_CHANGES and ours[key] != theirs[key]]
     raise PonderError(f"{resume} holds another run than the one {folder} records: the checkpoint is "
@@ -512,7 +501,7 @@ def carry_best_checkpoint(plan: TrainingPlan) -> Optional[Path]:
         beside = plan.resumed.path.parent / BEST
         with contextlib.suppress(PonderError, OSError):
             best = load_checkpoint(beside)
-            if best.epoch == state.best_epoch and _same_run(best.config, state.config):
+            if best.epoch == state.best_epoch and same_run(best.config.to_dict(), state.config.to_dict()):
                 source = beside
     target = plan.out_dir / BEST
     if source is None:
@@ -520,13 +509,6 @@ def carry_best_checkpoint(plan: TrainingPlan) -> Optional[Path]:
         return None
     replace_atomically(target, lambda f: None, binary_from=source)
     return target
-
-
-def _same_run(a: PonderConfig, b: PonderConfig) -> bool:
-    """The same configuration but for what a resumed run may change (RESUMABLE_CHANGES)."""
-    def kept(cfg):
-        return {k: v for k, v in cfg.to_dict().items() if k not in RESUMABLE_CHANGES}
-    return kept(a) == kept(b)
 
 
 # Beside the checkpoints: the run's configuration and one row per epoch, for any tool ------------
@@ -585,7 +567,7 @@ def remove_if_empty_run_dir(directory: Path, carried: Iterable[str] = ()) -> boo
     that the next run takes its name; True if removed."""
     try:
         names = {p.name for p in directory.iterdir()}
-        if names - {CONFIG_FILE, CONFIG_TOML, METRICS_FILE, ENVIRONMENT_FILE, *carried}:
+        if names - {*BESIDE_CHECKPOINTS, *carried}:
             return False
         for name in names:
             (directory / name).unlink()
@@ -640,7 +622,7 @@ class RunFolder:
                          processes=self.processes, not_applicable=[name for name in plan.cfg.field_names()
                                                                    if not applies(name, plan.cfg.chosen(),
                                                                                   plan.cfg.value)])
-        same_folder = plan.resume is not None and out_dir.resolve() == plan.resumed.path.parent.resolve()
+        same_folder = plan.resume is not None and same_path(out_dir, plan.resumed.path.parent)
         write_environment(out_dir, session(self.device, self.processes), keep_earlier=same_folder)
         # a resumed run's rows so far come from its checkpoint's history
         self.files.append(MetricsFile(out_dir, [f.name for f in dataclasses.fields(EpochStats)]))
@@ -728,11 +710,9 @@ def write_environment(out_dir: Path, current: dict, keep_earlier: bool) -> Path:
     its own folder), written atomically."""
     path = Path(out_dir) / ENVIRONMENT_FILE
     earlier = []
-    if keep_earlier:
-        try:
+    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+        if keep_earlier:
             earlier = list(json.loads(path.read_text(encoding="utf-8")).get("sessions", []))
-        except (OSError, ValueError, AttributeError, TypeError):
-            earlier = []
     payload = {"format_version": FORMAT_VERSION, "sessions": [*earlier, current]}
     replace_atomically(path, lambda f: f.write(json.dumps(payload, indent=2) + "\n"))
     return path
@@ -784,9 +764,9 @@ class EventLog:
             if name != "epoch" and isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.writer.add_scalar(scalar_tag(name), value, epoch)
         counts = list(row.get(HISTOGRAM) or ())
-        if sum(counts) > 0:
+        total = sum(counts)
+        if total > 0:
             steps = range(1, len(counts) + 1)
-            total = sum(counts)
             self.writer.add_histogram_raw(
                 scalar_tag(HISTOGRAM).replace("_histogram", "_step"), min=min(n for n, c in zip(steps, counts) if c),
                 max=max(n for n, c in zip(steps, counts) if c), num=total,
@@ -886,11 +866,21 @@ def saved_halting_for(path: Path) -> tuple[Optional[dict], Optional[str]]:
                                                 f"on since, or another run was written over the folder)")
 
 
+def saved_halting_summary(folder: Path) -> dict:
+    """What `info` says of the rule saved in a run folder: `halting_rule`, the one the evaluating
+    commands halt by (None: none saved, or saved for other weights), and `saved_halting`, the
+    record with whether it applies (`current`, `why_not`)."""
+    record = saved_halting(folder)
+    if record is None:
+        return {"halting_rule": None, "saved_halting": None}
+    _, why_not = saved_halting_for(Path(folder) / str(record.get("checkpoint")))
+    return {"halting_rule": None if why_not else record["halting"],
+            "saved_halting": {**record, "current": why_not is None, "why_not": why_not}}
+
+
 def halting_save_problem(path: Path) -> None:
     """Refuse --save where the rule cannot go: a shipped model (no run folder), a checkpoint
     file outside a run folder, a run training now, or a halting.json of the user's own."""
-    from .folders import inside_package
-
     folder = Path(path).parent
     if inside_package(path):
         raise PonderError(f"--save writes into a run folder, and {path} is a shipped model, not a run: calibrate "

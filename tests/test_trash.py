@@ -153,6 +153,16 @@ def test_rm_refuses_links_and_what_is_in_a_trash(tmp_path, ponder, one_error_lin
     assert trashed(entry)["run"] == "runs/a" and len(list((tmp_path / "runs" / ".trash").iterdir())) == 1
 
 
+def test_rm_checks_every_run_named_before_any_moves(tmp_path, ponder, one_error_line, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _run(tmp_path / "runs" / "a")
+    _run(tmp_path / "other" / "b")
+    (tmp_path / "other" / ".trash").write_text("a file of the user's\n")  # no trash of ponder's
+    line = one_error_line(ponder("runs", "rm", "runs/a", "other/b"))
+    assert ".trash" in line
+    assert (tmp_path / "runs" / "a" / "last.pt").is_file() and not (tmp_path / "runs" / ".trash").exists()
+
+
 def test_rm_latest_is_the_newest_run_as_other_commands_take_it(tmp_path, ponder, monkeypatch):
     monkeypatch.chdir(tmp_path)
     old, new = _run(tmp_path / "runs" / "old"), _run(tmp_path / "runs" / "new")

@@ -13,10 +13,9 @@ import torch
 from .. import BadValue, PonderError, PonderWarning
 from ..checkpoint import load_checkpoint, load_model, steps_problem
 from ..config import seed_problems
-from ..folders import BEST, LAST, Labels, Summary, resolve_checkpoint, run_status, start_text
-from ..listing import run_of
+from ..folders import BEST, LAST, Labels, Summary, resolve_checkpoint, run_of, run_status, saved_config, start_text
 from ..model import get_method
-from ..runs import reproducing_command
+from ..runs import reproducing_command, saved_halting_summary
 from ..reports import Report, info_report, prediction_report
 from ..tasks import STDIN, InputOptions, get_task, uniforms as draw_uniforms
 from . import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named, steps_run
@@ -142,32 +141,15 @@ def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lam
     log(f"using {resolved.path} ({resolved.why})")
     state = load_checkpoint(resolved.path)
     cfg, folder, summary = state.config, resolved.path.parent, Summary.of(state.to_dict())
-    record, saved = run_of(summary, folder), run_of(None, folder)
+    record, saved = run_of(summary, folder), saved_config(folder) or {}
     sources = (saved.get("sources") or {}) if saved.get("config") == cfg.to_dict() else {}
-    best = summary.best
     info = {"file": str(resolved.path), "status": run_status(summary, resolved.path)[1], "epochs_trained": state.epoch,
             "epochs_planned": cfg.training.epochs, "best_epoch": state.best_epoch or None,
-            "best_val_accuracy": best["val_accuracy"] if best else None,
-            "best_val_steps": best["val_steps"] if best else None, "stopped_early": state.stopped_early,
-            "resumable": summary.resumable,
+            "best_val_accuracy": summary.best.get("val_accuracy"), "best_val_steps": summary.best.get("val_steps"),
+            "stopped_early": state.stopped_early, "resumable": summary.resumable,
             "training_step": (state.history[-1].get("training_step") or None) if state.history else None,
             **Labels.of(record).to_dict(), "init_from": start_text(record.get("init_from")),
             "amp": bool(record.get("amp")), "start": record.get("init_from"),
-            "train_command": reproducing_command(cfg, record), **_saved_halting_summary(folder)}
+            "train_command": reproducing_command(cfg, record), **saved_halting_summary(folder)}
     return info_report(str(resolved.path), cfg, [dict(h) for h in state.history], info,
                        shown=cfg.shown_fields(), sources=sources, view=get_task(cfg).view())
-
-
-def _saved_halting_summary(folder: Path) -> dict:
-    """What `info` says of the rule calibrate saved in the run folder: `halting_rule`, the rule
-    eval and extrapolate halt by (None: none saved, or saved for other weights), and
-    `saved_halting`, the record as saved with whether it applies (`current`, `why_not`)."""
-    from ..runs import saved_halting, saved_halting_for
-
-    record = saved_halting(folder)
-    if record is None:
-        return {"halting_rule": None, "saved_halting": None}
-    _, why_not = saved_halting_for(folder / str(record.get("checkpoint")))
-    return {"halting_rule": None if why_not else record["halting"],
-            "saved_halting": {**record, "current": why_not is None, "why_not": why_not}}
-

@@ -245,6 +245,16 @@ def _best(row: dict) -> str:
     return f"{cell_text(row['best_val_accuracy'], '.4f')} (epoch {row['best_epoch']})"
 
 
+def _meta(command: str, rows: Sequence[dict] = (), checkpoints: Sequence = (), **extra) -> dict:
+    """The shared metadata of the commands on runs: task, method and step where every run listed
+    shares one (else null), nothing of evaluation."""
+    def one(key):
+        values = {row[key] for row in rows}
+        return values.pop() if len(values) == 1 else None
+    return {"command": command, "task": one("task"), "checkpoints": list(checkpoints), "method": one("method"),
+            "step": one("step"), "protocol": None, "halting": None, "seed": None, "device": None, **extra}
+
+
 # narrow enough for 80 columns with a parity run's 32-character name: the epochs go with the
 # status, the best epoch with its figure, the time as an age (the JSON has each on its own)
 RUNS_COLUMNS = [
@@ -276,13 +286,8 @@ def runs_report(rows: list[dict], folders: list[str], settings: Optional[list[st
     `selection`: the --where conditions and --sort key that chose and ordered them."""
     settings = settings or []
     selection = selection or {"where": [], "sort": None, "reverse": False}
-    def one(key):
-        values = {row[key] for row in rows}
-        return values.pop() if len(values) == 1 else None
-    meta = {"command": "runs", "task": one("task"), "checkpoints": [row["checkpoint"] for row in rows
-                                                                   if row["checkpoint"]],
-            "method": one("method"), "step": one("step"), "protocol": None, "halting": None, "seed": None,
-            "device": None, "folders": folders, "runs": len(rows), "settings": settings, **selection}
+    meta = _meta("runs", rows, [row["checkpoint"] for row in rows if row["checkpoint"]], folders=folders,
+                 runs=len(rows), settings=settings, **selection)
     here = folders == ["runs", "."]  # the default: runs/, then any other run folder here
     where = " and ".join(f"{folder}/" for folder in folders)
     chosen = " · ".join([*(f"where {text}" for text in selection["where"]),
@@ -302,8 +307,7 @@ def runs_report(rows: list[dict], folders: list[str], settings: Optional[list[st
 
 def label_report(rows: list[dict]) -> Report:
     """runs label: one bucket per run labelled, with its labels now."""
-    meta = {"command": "runs label", "task": None, "checkpoints": [], "method": None, "step": None, "protocol": None,
-            "halting": None, "seed": None, "device": None, "runs": len(rows)}
+    meta = _meta("runs label", runs=len(rows))
     columns = [Column("run", "run", "s", wrap=True), Column("name", "name", "s", wrap=True), LABEL_COLUMNS[1],
                LABEL_COLUMNS[2]]
     return Report(meta=meta, buckets=rows, columns=columns, title="Labelled")
@@ -329,8 +333,7 @@ def trash_report(rows: list[dict], action: str, folders: list[str], elsewhere: S
     """runs rm: one bucket per run moved to the trash, restored, or deleted from it (`action`;
     deleted: each with its size, `elsewhere` the trashes below the folders emptied that still hold
     runs, `declined` when the user said no)."""
-    meta = {"command": "runs rm", "task": None, "checkpoints": [], "method": None, "step": None, "protocol": None,
-            "halting": None, "seed": None, "device": None, "action": action, "runs": len(rows)}
+    meta = _meta("runs rm", action=action, runs=len(rows))
     if action == "deleted":
         meta["bytes"] = sum(row.get("bytes") or 0 for row in rows)
     if action == "removed":
@@ -389,12 +392,7 @@ class DiffReport(Report):
 def diff_report(runs: list[str], buckets: list[dict], rows: list[dict]) -> Report:
     """diff: one bucket per difference between the runs (listing.diff_runs), the settings
     first, then how each run went; none when they differ in nothing but their folders."""
-    def one(key):
-        values = {row[key] for row in rows}
-        return values.pop() if len(values) == 1 else None
-    meta = {"command": "diff", "task": one("task"), "checkpoints": [row["checkpoint"] for row in rows],
-            "method": one("method"), "step": one("step"), "protocol": None, "halting": None, "seed": None,
-            "device": None, "runs": runs, "differences": len(buckets)}
+    meta = _meta("diff", rows, [row["checkpoint"] for row in rows], runs=runs, differences=len(buckets))
     # each run's column under its name (`train --name`, else its folder's; the title gives them as
     # named), as named where two share one
     names = [row.get("given_name") or Path(run).name or run for run, row in zip(runs, rows)]

@@ -45,8 +45,7 @@ from ponder_cli.model import halting_steps as full_forward_steps, rule_of  # noq
 from ponder_cli.registry import parse_halting_rule  # noqa: E402
 from ponder_cli.reports.evaluation import best_fixed_accuracy  # noqa: E402
 from ponder_cli.reports.uncertainty import mean_ci  # noqa: E402
-from ponder_cli.folders import Summary  # noqa: E402
-from ponder_cli.listing import run_of  # noqa: E402
+from ponder_cli.folders import Summary, run_of  # noqa: E402
 from ponder_cli.tasks import derived_seed, get_task  # noqa: E402
 
 ANGLES = [22.5, 45.0, 67.5, 90.0]
