@@ -60,6 +60,8 @@ SHIPPED = {
     "parity16-extrapolation-act": ("parity/extrapolation16-act.pt", "act · step gru · parity of 16 elements · trained "
                                                                    "on counts 1-8"),
     "parity32": ("parity/interpolation32.pt", "pondernet · step gru · parity of 32 elements · counts 1-32"),
+    "parity64": ("parity/interpolation64.pt", "pondernet · step gru · parity of 64 elements · counts 1-64 · "
+                                              "entries as x and x²"),
 }
 DEFAULT = "reference"
 
