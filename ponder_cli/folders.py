@@ -62,6 +62,8 @@ SHIPPED = {
     "parity32": ("parity/interpolation32.pt", "pondernet · step gru · parity of 32 elements · counts 1-32"),
     "parity64": ("parity/interpolation64.pt", "pondernet · step gru · parity of 64 elements · counts 1-64 · "
                                               "entries as x and x²"),
+    "parity64-prefix": ("parity/interpolation64-prefix.pt", "pondernet · step gru · parity of 64 elements · "
+                                                            "counts 1-64 · prefix layout"),
 }
 DEFAULT = "reference"
 

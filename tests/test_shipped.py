@@ -24,7 +24,8 @@ def test_the_shipped_models_are_found_inside_the_package_whatever_the_directory(
         "align": "checkpoints/align/best.pt", "parity16": "checkpoints/parity/interpolation16.pt",
         "parity16-extrapolation": "checkpoints/parity/extrapolation16.pt",
         "parity16-extrapolation-act": "checkpoints/parity/extrapolation16-act.pt",
-        "parity32": "checkpoints/parity/interpolation32.pt", "parity64": "checkpoints/parity/interpolation64.pt"}
+        "parity32": "checkpoints/parity/interpolation32.pt", "parity64": "checkpoints/parity/interpolation64.pt",
+        "parity64-prefix": "checkpoints/parity/interpolation64-prefix.pt"}
     assert all(shipped_path(name).is_file() for name in SHIPPED)
 
 
