@@ -1,20 +1,18 @@
 """Tasks: what a model learns and is measured on (MNIST digits, parity vectors).
 
 A task is one module here and one line in `registry.TASKS`, its settings declared in config.py
-(`of="parity"`). The model, methods and halting code see only its input tensors, labels and
-halting coins. Built from the run's config (`self.cfg`), a task gives, besides Task's attributes:
-- training: `input_shape` (one input's), `load_training(data_dir, download)` -> (train,
-  validation) on the CPU, `to_device(data, device)`, `training_source(data, device)` -> a
-  TrainingSource, `validate(model, data, amp)` -> evaluate.EvalResult, `describe` (the log line);
-- `ponder predict`: `read_inputs(paths, InputOptions)` -> UserInputs (a problem: one PonderError
-  naming the file); `view()` -> reports.TaskView;
-- evaluation, by buckets of difficulty (MNIST: rotations; parity: ranges of non-zero counts):
-  `default_buckets(command)`, `parse_specs(texts, option)`, `sweep_specs(start, stop, every)`,
-  `test_data(options, device)`, `calibration_data(options, device)`, `bucket(test, spec, specs,
-  max_steps, seed, protocol, draw=k)` -> evaluate.EvalBucket (draw k of --repeats: a task that
-  draws its inputs redraws them for k >= 1) and `bucket_fields(spec, protocol, specs)` (its name
-  in JSON and tables; a band of difficulty adds `band`: [from, to]).
-See MnistTask, ParityTask and the third task of tests/test_third_task.py.
+(`of="parity"`); the model, methods and halting code see only its inputs, labels and coins.
+Built from the run's config (`self.cfg`), a task gives, besides Task's attributes and defaults:
+`input_shape` (one input's); `load_training(data_dir, download)` -> (train, validation) on the
+CPU, `to_device(data, device)`, `training_source(data, device)` -> TrainingSource, `validate(model,
+data, amp)` -> evaluate.EvalResult, `describe(train, val)` (the log line); `read_inputs(paths,
+InputOptions)` -> UserInputs (`ponder predict`); `view()` -> reports.TaskView; and evaluation by
+buckets of difficulty (MNIST: rotations; parity: ranges of non-zero counts): `default_buckets(
+command)`, `parse_specs(texts, option)`, `sweep_specs(start, stop, every)`, `test_data(options,
+device)`, `calibration_data(options, device)`, `bucket(test, spec, specs, max_steps, seed,
+protocol, draw=k)` -> evaluate.EvalBucket (a task that draws its inputs redraws them for draw k
+>= 1 of --repeats) and `bucket_fields(spec, protocol, specs)` (its name in JSON and tables; a
+band of difficulty adds `band`: [from, to]). See also the third task of tests/test_third_task.py.
 """
 
 from __future__ import annotations
@@ -70,9 +68,7 @@ class Task:
     classes: int = 0
     inputs: str = ""  # what the inputs are, for messages: "28x28 images"
     input_kind: str = ""  # the step functions whose `input_kind` is the same fit it
-    difficulty: str = ""  # the key naming a bucket's difficulty in reports
     uses_protocol: bool = False  # whether --protocol (how test images are rotated) means anything
-    calibration_split: str = ""  # what calibrate chooses on: "calibration" (data of its own) or "validation"
     # whether calibrate's buckets and draws reuse the same inputs (MNIST's held-out digits), so
     # that only one bucket of one draw holds independent inputs (calibrate --risk)
     buckets_share_inputs: bool = False
@@ -84,6 +80,11 @@ class Task:
 
     def __init__(self, cfg=None):
         self.cfg = cfg
+
+    @property
+    def calibration_split(self) -> str:
+        """What calibrate chooses on: data of its own, or where it can draw none the validation inputs."""
+        return "validation" if self.buckets_share_inputs else "calibration"
 
     @classmethod
     def config_problems(cls, cfg) -> list[str]:

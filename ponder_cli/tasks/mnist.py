@@ -1,10 +1,8 @@
 """The MNIST task: digits, 10 classes; difficulty is the rotation of the test images.
 
 Training images are the seeded split of MNIST's training set (train_val_split), reshuffled every
-epoch from torch's shared stream and rotated uniformly within +-train_rotation; validation
-rotates the held-out images the same way with the run's seed. Evaluation buckets are angles under
-a protocol (protocol_angles), every image's rotation and coins drawn from (seed, bucket, index).
-"""
+epoch and rotated uniformly within +-train_rotation; validation rotates the held-out images the
+same way with the run's seed; evaluation buckets are angles under a protocol (protocol_angles)."""
 
 from __future__ import annotations
 
@@ -195,9 +193,9 @@ def uniform_angles(count: int, max_angle: float, *, generator: torch.Generator |
 
 def protocol_angles(draws: torch.Tensor, angle: float, protocol: str = "uniform", *,
                     lower: float = 0.0) -> torch.Tensor:
-    """(N,) test rotations (float64: the same on every CPU) from two uniforms per image (N, 2),
-    the turn's size and sign. uniform: within +-angle; band: |rotation| between the previous
-    bucket's angle `lower` and `angle`, so buckets do not overlap; fixed: exactly +-angle."""
+    """(N,) test rotations (float64: the same on every CPU) from two uniforms per image (N, 2), the
+    turn's size and sign. uniform: within +-angle; band: |rotation| between the previous bucket's
+    angle `lower` and `angle`, so buckets do not overlap; fixed: exactly +-angle."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}")
     u, sign = draws[:, 0].double(), torch.where(draws[:, 1] < 0.5, -1.0, 1.0).double()
@@ -241,9 +239,9 @@ def bucket_key(angle: float, protocol: str, lower: float = 0.0) -> tuple:
 
 def evaluation_draws(count: int, max_steps: int, angle: float, seed: int, device, *,
                      protocol: str = "uniform", lower: float = 0.0) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Images 0..count-1's rotations (N,) float64, None when none is rotated, and halting uniforms
-    (steps, N) float32, each image's from (seed, the bucket's key, its index) alone: a --limit
-    evaluation is the first images of the full one, whatever the device, batch or halting rule."""
+    """Images 0..count-1's rotations (N,) float64 (None: none rotated) and halting uniforms (steps, N)
+    float32, each image's from (seed, bucket, index) alone: a --limit evaluation is the first images
+    of the full one, whatever the device, batch or halting rule."""
     index, key = torch.arange(count), bucket_key(angle, protocol, lower)
     angles = protocol_angles(uniforms(seed, "rotation", key, index, 2), angle, protocol, lower=lower)
     coins = uniforms(seed, "coins", key, index, max_steps, torch.float32).T.contiguous()
@@ -253,7 +251,7 @@ def evaluation_draws(count: int, max_steps: int, angle: float, seed: int, device
 
 def image_bucket(data: ImageSet, max_steps: int, angle: float, seed: int, protocol: str = "uniform",
                  lower: float = 0.0) -> EvalBucket:
-    """The images rotated under the protocol, every draw per image (evaluation_draws)."""
+    """The images rotated under the protocol."""
     angles, coins = evaluation_draws(len(data), max_steps, angle, seed, data.images.device, protocol=protocol,
                                      lower=lower)
     return EvalBucket(
@@ -393,16 +391,10 @@ class ImageBatches(TrainingSource):
 
 
 class MnistTask(Task):
-    name = "mnist"
-    classes = 10
-    inputs = "28x28 images"
-    input_kind = "images"
-    input_shape = (1, SIDE, SIDE)
-    difficulty = "rotation"
+    name, classes, inputs, input_kind, input_shape = "mnist", 10, "28x28 images", "images", (1, SIDE, SIDE)
     uses_protocol = True
     bucket_options, bucket_metavar, article = ("--angles", "--rotation"), "DEG...", "an"
-    calibration_split = "validation"  # calibrate chooses on the held-out training images...
-    buckets_share_inputs = True  # ...every bucket and draw rotating the same digits
+    buckets_share_inputs = True  # calibrate rotates the held-out training digits again for every bucket
 
     def load_training(self, data_dir, download: bool):
         full = load_mnist(data_dir, train=True, download=download)
@@ -445,13 +437,13 @@ class MnistTask(Task):
 
     def test_data(self, options, device):
         test = load_mnist(resolve_data_dir(options.data_dir), train=False, download=options.download)
-        return (test.subset(slice(0, options.limit)) if options.limit else test).to(device)
+        return test.subset(slice(options.limit or None)).to(device)  # --limit 0: all of them
 
     def calibration_data(self, options, device):
-        """The first --limit held-out training images: MNIST has no other held-out digits, so these
-        chose the best epoch; calibrate rotates them, and flips coins, from a stream of its own."""
+        """The first --limit held-out training images: MNIST has no other held-out digits (these chose the
+        best epoch); calibrate rotates them, and flips coins, from a stream of its own."""
         _, held_out = self.load_training(resolve_data_dir(options.data_dir), options.download)
-        return (held_out.subset(slice(0, options.limit)) if options.limit else held_out).to(device)
+        return held_out.subset(slice(options.limit or None)).to(device)
 
     def more_calibration(self, options) -> str:
         draws = f"--repeats {max(2, 2 * options.repeats)} (more rotations and coins of these digits, pooled)"

@@ -1,13 +1,10 @@
 """The parity task of the PonderNet paper (Banino et al. 2021, §3.1; after Graves 2016, §3.1).
 
-A vector of `elems` entries, `count` of them (the "non-zero count") set to +1 or -1 at random
-positions, the rest 0; the label is 1 when the number of +1 entries is odd. Two classes with
-softmax cross-entropy: the paper's single logistic unit reparametrised (sigmoid(b - a)).
-
-Training batches are drawn on the training device from one generator seeded by the run's seed
-(saved in checkpoints; an "epoch" is `batches_per_epoch` batches); evaluation sets and their
-coins on the CPU per (seed, elems, count), so a count's figures are the same on every device.
-"""
+A vector of `elems` entries, `count` of them (the "non-zero count") +1 or -1 at random positions,
+the rest 0; the label is 1 when the number of +1 entries is odd (two classes: the paper's logistic
+unit reparametrised). Training batches are drawn on the training device from the run's own
+generator (an "epoch" is `batches_per_epoch` batches); evaluation sets and their coins on the CPU
+per (seed, elems, count), so a count's figures are the same on every device and in any bucket."""
 
 from __future__ import annotations
 
@@ -26,8 +23,8 @@ CLASSES = 2
 # the paper's largest vectors have 96 entries; the fixed evaluation sets hold a few hundred rows
 # per non-zero count, so their size grows with elems squared
 MAX_ELEMS = 256
-# Seeds of the fixed evaluation sets: validation while training (and so model selection), test
-# for reported figures, calibration for choosing an exit rule (never used for anything else).
+# Seeds of the fixed evaluation sets: validation (and so model selection), test for reported
+# figures, calibration for choosing an exit rule
 VALIDATION_SEED, TEST_SEED, CALIBRATION_SEED = 1, 2, 3
 VAL_PER_COUNT = 64  # validation rows per non-zero count of the training range
 TEST_PER_COUNT = 256  # evaluation rows per non-zero count of a bucket (--limit lowers it)
@@ -90,9 +87,8 @@ def parity_batch(batch: int, elems: int, lo: int, hi, generator: torch.Generator
 
 def evaluation_set(elems: int, lo: int, hi: int, per_count: int, seed: int, device=None,
                    layout: str = "scattered") -> ParityBatch:
-    """A fixed set: `per_count` rows for every non-zero count in [lo, hi], in count order. Row j of
-    count c is drawn from (seed, elems, c, j) alone (tasks.uniforms), on the CPU: the same on every
-    device, in any range, and a smaller set (--limit) the first rows of each count of a larger one."""
+    """`per_count` rows for every non-zero count in [lo, hi], in count order, row j of count c from
+    (seed, elems, c, j) alone: a smaller set (--limit) is the first rows of each count of a larger."""
     parts = []
     for count in range(lo, hi + 1):
         draws = uniforms(seed, "vectors", (elems, count), torch.arange(per_count), 2 * elems)
@@ -101,8 +97,7 @@ def evaluation_set(elems: int, lo: int, hi: int, per_count: int, seed: int, devi
 
 
 def halting_coins(counts: torch.Tensor, elems: int, max_steps: int, seed: int) -> torch.Tensor:
-    """The halting coins (max_steps, N) of rows grouped by non-zero count: row j of a count draws
-    the j-th row of that count's own stream, whatever else its bucket holds."""
+    """The coins (max_steps, N) of rows grouped by count, row j of a count from its own stream."""
     values, sizes = torch.unique_consecutive(counts.cpu(), return_counts=True)
     parts = [uniforms(seed, "coins", (elems, count), torch.arange(size), max_steps, torch.float32)
              for count, size in zip(values.tolist(), sizes.tolist())]
@@ -141,8 +136,7 @@ def train_range(cfg) -> tuple[int, int]:
 
 
 def curriculum_top(drawn: int, lo: int, hi: int, batches: int, start: int) -> int:
-    """The top training count after `drawn` batches of a curriculum over `batches` batches from
-    `start`: linear from start to hi, then hi (batches 0: no curriculum)."""
+    """The top training count after `drawn` batches: linear from `start` to hi over `batches`, then hi."""
     if batches <= 0 or drawn >= batches:
         return hi
     start = min(max(lo, start), hi)
@@ -180,8 +174,7 @@ class ParityBatches(TrainingSource):
         self.drawn += 1
 
     def advance(self, counts: torch.Tensor, correct: torch.Tensor) -> None:
-        """After validation (each row's count and whether it was right, on the CPU): a curriculum by
-        progress raises its top once the counts up to it are learnt."""
+        """After validation (rows' counts and whether right, on the CPU): raise the top once learnt up to it."""
         if not self.by_progress or self.level >= self.hi:
             return
         within = counts <= self.level
@@ -214,9 +207,8 @@ class ParityBatches(TrainingSource):
 
 
 def _vector_rows(path, elems: int, text: Optional[str] = None) -> tuple[list[str], torch.Tensor]:
-    """A .npy array (N, elems) or (elems,), or a text file of one vector per line (entries apart by
-    spaces or commas; blank lines and # comments skipped) -> names and rows. `text`: standard
-    input's lines, `path` naming it."""
+    """A .npy array (N, elems) or (elems,), or a text file (`text`: standard input's) of a vector a
+    line, entries apart by spaces or commas, blank lines and # comments skipped -> names and rows."""
     if text is None and path.suffix.lower() == ".npy":
         rows = torch.from_numpy(load_inputs(path, (elems,), f"vectors of {elems} entries").astype(np.float32))
         names = numbered(path, rows.shape[0])
@@ -250,19 +242,14 @@ def _vector_rows(path, elems: int, text: Optional[str] = None) -> tuple[list[str
 
 
 class ParityTask(Task):
-    name = "parity"
-    classes = CLASSES
-    inputs = "vectors of --elems entries in {-1, 0, +1}"
-    input_kind = "vectors"
-    difficulty = "counts"
+    name, classes, inputs, input_kind = "parity", CLASSES, "vectors of --elems entries in {-1, 0, +1}", "vectors"
     bucket_options, bucket_metavar = ("--counts",), "LO-HI..."
-    calibration_split = "calibration"  # vectors of calibrate's own (calibration_data)
     source = None  # the training batches, once drawn: validation moves a curriculum by progress on
 
     @classmethod
     def config_problems(cls, cfg):
         task = cfg.task
-        if isinstance(task.elems, bool) or not isinstance(task.elems, int) or not 1 <= task.elems <= MAX_ELEMS:
+        if not 1 <= task.elems <= MAX_ELEMS:  # (the config made it an integer)
             return [f"elems must be an integer from 1 to {MAX_ELEMS} (got {task.elems})"]
         problems = []
         if task.train_counts != "":
@@ -326,8 +313,7 @@ class ParityTask(Task):
                 f"validating on {val_data.x.shape[0]}")
 
     def layout_text(self) -> str:
-        """"scattered layout" ("prefix layout, one-hot"); a prefix trained on fewer counts than elems
-        never saw a non-zero past them."""
+        """"scattered layout", "prefix layout, one-hot; training never put a non-zero past position 8"."""
         hi = train_range(self.cfg)[1]
         text = f"{self.cfg.task.layout} layout" + (", one-hot" if self.cfg.step.encoding == "onehot" else "")
         if self.cfg.task.layout == "prefix" and hi < self.cfg.task.elems:
@@ -335,7 +321,6 @@ class ParityTask(Task):
         return text
 
     def read_inputs(self, paths, options):
-        """.npy arrays (N, elems) and text files of vectors (_vector_rows), entries -1, 0, +1."""
         for name, value in (("--rotate", options.rotate), ("--invert/--no-invert", options.invert)):
             if value is not None:
                 raise PonderError(f"{name} applies to mnist models; this one is a parity model")
@@ -357,8 +342,8 @@ class ParityTask(Task):
                         protocol=None)
 
     def default_buckets(self, command: str) -> list[tuple[int, int]]:
-        """eval: the training range in four; extrapolate: the counts beyond it in four (the whole
-        range when training saw every count), as compare; calibrate: the training range."""
+        """eval: the training range in four; extrapolate: the counts beyond it in four (else, and for
+        compare, every count in four); calibrate: the training range."""
         lo, hi = train_range(self.cfg)
         if command == "extrapolate" and hi < self.cfg.task.elems:
             return split_range(hi + 1, self.cfg.task.elems)
@@ -374,7 +359,7 @@ class ParityTask(Task):
         return [parse_count_range(text, self.cfg.task.elems) for text in texts]
 
     def test_data(self, options, device):
-        """The vectors are drawn per bucket: where, how many per count (--limit N), from which seed."""
+        """The vectors are drawn per bucket: where, how many per count, from which seed."""
         return device, options.limit or TEST_PER_COUNT, TEST_SEED
 
     def calibration_data(self, options, device):
@@ -387,8 +372,7 @@ class ParityTask(Task):
 
     def bucket(self, test, spec: tuple[int, int], specs: list, max_steps: int, seed: int, protocol: str, *,
                draw: int = 0):
-        """Draw 0: the fixed set (test or calibration vectors); draw k >= 1 of --repeats: fresh
-        vectors from `seed` (the evaluation's seed + k)."""
+        """Draw 0: the fixed set; draw k >= 1 of --repeats: fresh vectors from `seed` (the evaluation's + k)."""
         device, per_count, set_seed = test
         set_seed = set_seed if draw == 0 else derived_seed("vectors", seed)
         data = evaluation_set(self.cfg.task.elems, *spec, per_count, set_seed, device, self.cfg.task.layout)
@@ -399,7 +383,6 @@ class ParityTask(Task):
         return {"counts": str(lo) if lo == hi else f"{lo}-{hi}", "lo": lo, "hi": hi}
 
     def sweep_specs(self, start: Optional[float], stop: Optional[float], every: Optional[float]) -> list[tuple[int, int]]:
-        """Each exact non-zero count --from..--to every --every (default: 1 to elems, every one)."""
         values = (1 if start is None else start, self.cfg.task.elems if stop is None else stop,
                   1 if every is None else every)
         if any(float(v) != int(v) for v in values):
