@@ -1,11 +1,8 @@
 """The MNIST task: digits, 10 classes; difficulty is the rotation of the test images.
 
-Training images are the seeded split of MNIST's training set (train_val_split), shuffled
-every epoch from torch's shared stream and rotated uniformly within +-train_rotation; validation
-rotates the held-out images the same way with the run's seed. Evaluation buckets are rotation
-angles under a protocol (uniform, band, fixed: protocol_angles), every image's rotation
-and halting coins drawn from (seed, bucket, image index) (evaluation_draws).
-"""
+Training images are the seeded split of MNIST's training set (train_val_split), reshuffled every
+epoch and rotated uniformly within +-train_rotation; validation rotates the held-out images the
+same way with the run's seed; evaluation buckets are angles under a protocol (protocol_angles)."""
 
 from __future__ import annotations
 
@@ -29,31 +26,33 @@ from ..config import PonderConfig, default_halting
 from ..evaluate import EvalBucket, EvalResult, evaluate_bucket
 from ..registry import EVAL_ANGLES, EXTRAPOLATION_ANGLES, PROTOCOLS
 from ..reports import TaskView, Terms, band_text
-from . import STDIN, Task, TrainingSource, UserInputs, check_input_file, load_inputs, uniforms
-
-# MNIST as whole uint8 tensors on the training device, and batch preparation on that device.
-# torchvision rotates one angle per call; training needs a different angle per image, so `rotate`
-# builds the same sampling grid as torchvision's tensor `rotate` (nearest, zero fill, no expand,
-# counter-clockwise positive) for a whole batch at once and runs one `grid_sample`: pixel-identical
-# to torchvision's RandomRotation.
+from . import STDIN, Task, TrainingSource, UserInputs, check_input_file, load_inputs, numbered, uniforms
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 RAW_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+SIDE = 28  # MNIST's images are 28x28...
+BOX = 20  # ...with the digit's ink scaled to fit 20x20, centred by its centre of mass
+MAX_ANGLE = 180.0  # degrees: rotating by more than +-180 repeats angles already covered
+LIGHT_BORDER = 0.5  # a border brighter than this on average: a dark digit on a light background
+INK = 0.1  # pixels at least this bright (of the brightest) belong to the digit's bounding box
 
-
-def resolve_data_dir(data_dir: Path | None) -> Path:
-    """--data-dir when given, else the default."""
-    return data_dir if data_dir is not None else default_data_dir()
+# How reports name MNIST's buckets (rotations) and inputs (images)
+TERMS = Terms("rotation", "±deg", "g", "|angle|", "|rotation angle| and ponder steps", "images", "MNIST test set",
+              lambda b: band_text(b, "°") if b.get("band") else f"±{b['rotation']:g}°", sweep_key="rotation",
+              sweep_header="|angle|", sweep_scale=10.0, sweep_unit="10°", sweep_fit="steps_per_10_degrees",
+              sweep_name="mental rotation")
 
 
 def default_data_dir() -> Path:
     """$PONDER_DATA_DIR, else a per-user cache directory."""
-    env = os.environ.get("PONDER_DATA_DIR")
-    if env:
-        return Path(env).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(cache) / "ponder_cli"
+    if os.environ.get("PONDER_DATA_DIR"):
+        return Path(os.environ["PONDER_DATA_DIR"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ponder_cli"
+
+
+def resolve_data_dir(data_dir: Path | None) -> Path:
+    return data_dir if data_dir is not None else default_data_dir()
 
 
 @dataclass(frozen=True)
@@ -67,28 +66,23 @@ class ImageSet:
     def to(self, device) -> "ImageSet":
         return ImageSet(self.images.to(device), self.labels.to(device))
 
-    def subset(self, index: torch.Tensor) -> "ImageSet":
+    def subset(self, index) -> "ImageSet":
         return ImageSet(self.images[index], self.labels[index])
-
-
-_IDX_UBYTE = 0x08
 
 
 def read_idx(path: Path) -> torch.Tensor:
     """One IDX file of unsigned bytes (MNIST's format) as a uint8 tensor, with its header checked."""
     data = Path(path).read_bytes()
-    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != _IDX_UBYTE or not 1 <= data[3] <= 4:
+    if len(data) < 4 or data[:3] != b"\x00\x00\x08" or not 1 <= data[3] <= 4:
         raise PonderError(f"{path} is not an IDX file of unsigned bytes (bad magic number)")
-    ndim = data[3]
-    header = 4 + 4 * ndim
+    header = 4 + 4 * data[3]
     if len(data) < header:
         raise PonderError(f"{path} is truncated (incomplete header)")
-    dims = struct.unpack(f">{ndim}I", data[4:header])
-    expected = math.prod(dims)
-    if len(data) - header != expected:
+    dims = struct.unpack(f">{data[3]}I", data[4:header])
+    if len(data) - header != math.prod(dims):
         raise PonderError(f"{path} is truncated or padded: {len(data) - header} bytes of data for shape "
-                          f"{'x'.join(map(str, dims))} ({expected} expected)")
-    if expected == 0:  # torch.frombuffer refuses an empty buffer
+                          f"{'x'.join(map(str, dims))} ({math.prod(dims)} expected)")
+    if not math.prod(dims):  # torch.frombuffer refuses an empty buffer
         return torch.empty(dims, dtype=torch.uint8)
     return torch.frombuffer(bytearray(data[header:]), dtype=torch.uint8).view(*dims)
 
@@ -96,8 +90,7 @@ def read_idx(path: Path) -> torch.Tensor:
 def _download(root: Path, train: bool) -> None:
     from torchvision.datasets import MNIST  # slow to import: only when a download is needed
 
-    # torchvision reports download progress on stdout, which belongs to results.
-    with contextlib.redirect_stdout(sys.stderr):
+    with contextlib.redirect_stdout(sys.stderr):  # torchvision's progress: stdout belongs to results
         MNIST(str(root), train=train, download=True)
 
 
@@ -133,8 +126,7 @@ def load_mnist(data_dir: Path | str, *, train: bool, download: bool = True) -> I
         images, labels = read_idx(image_file), read_idx(label_file)
     except OSError as exc:
         raise PonderError(f"cannot read MNIST in {raw}: {exc.strerror or exc}") from None
-    if images.dim() != 3 or tuple(images.shape[1:]) != (28, 28) or labels.dim() != 1 \
-            or labels.shape[0] != images.shape[0]:
+    if images.dim() != 3 or tuple(images.shape[1:]) != (SIDE, SIDE) or labels.shape != images.shape[:1]:
         raise PonderError(f"MNIST files in {raw} do not hold N 28x28 images and N labels "
                           f"(images {tuple(images.shape)}, labels {tuple(labels.shape)})")
     if images.shape[0] == 0:
@@ -152,75 +144,58 @@ def train_val_split(full: ImageSet, *, val_size: int, train_size: int, seed: int
     if train_size > available:
         raise BadValue(f"train-size {train_size} exceeds the {available} images left after validation")
     order = torch.randperm(len(full), generator=torch.Generator().manual_seed(seed))
-    train_index = order[val_size:val_size + (train_size or available)]
-    return full.subset(train_index), full.subset(order[:val_size])
+    return full.subset(order[val_size:val_size + (train_size or available)]), full.subset(order[:val_size])
+
+
+def split_seed(cfg) -> int:
+    """The seed of a run's held-out split: its --split-seed (carried by --init-from), else its --seed."""
+    return cfg.training.seed if cfg.task.split_seed is None else cfg.task.split_seed
 
 
 def prepare_batch(images: torch.Tensor, angles: torch.Tensor | None = None) -> torch.Tensor:
-    """uint8 (B, 28, 28) -> normalised float (B, 1, 28, 28), rotated first when angles are given.
-
-    Rotating the raw pixels with zero fill and then normalising is what torchvision's
-    RandomRotation -> ToTensor -> Normalize does.
-    """
+    """uint8 (B, 28, 28) -> normalised float (B, 1, 28, 28), rotated first when angles are given:
+    rotating the raw pixels with zero fill, then normalising, is RandomRotation -> ToTensor -> Normalize."""
     x = images.unsqueeze(1).float()
     if angles is not None:
         x = rotate(x, angles)
     return (x / 255 - MNIST_MEAN) / MNIST_STD
 
 
-# rotation ---------------------------------------------------------------------------------------
-
-def _inverse_rotation_matrices(angles: torch.Tensor) -> torch.Tensor:
-    """(B,) degrees -> (B, 2, 3): output pixel -> input pixel, about the image centre.
-
-    Mirrors torchvision's `_get_inverse_affine_matrix(center=0, angle=-angle, shear=0, scale=1)`
-    in float64 before the cast, so the float32 matrices agree bit for bit.
-    """
-    rot = torch.deg2rad(-angles.to(torch.float64))
-    cos, sin = torch.cos(rot), torch.sin(rot)
-    zeros = torch.zeros_like(rot)
-    # torchvision's [d, -b, 0, -c, a, 0] with a = d = cos, b = -sin, c = sin
-    matrix = torch.stack([cos, sin, zeros, -sin, cos, zeros], dim=1)
-    return matrix.view(-1, 2, 3).to(torch.float32)
-
-
-def _pixel_grid(height: int, width: int, device) -> torch.Tensor:
-    """(1, H*W, 3) homogeneous pixel-centre coordinates relative to the image centre."""
-    base = torch.empty(1, height, width, 3, dtype=torch.float32, device=device)
-    base[..., 0].copy_(torch.linspace(-width * 0.5 + 0.5, width * 0.5 - 0.5, steps=width, device=device))
-    base[..., 1].copy_(torch.linspace(-height * 0.5 + 0.5, height * 0.5 - 0.5, steps=height, device=device).unsqueeze(-1))
-    base[..., 2].fill_(1)
-    return base.view(1, height * width, 3)
-
-
 def rotate(images: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """Rotate each image counter-clockwise by its angle in degrees: (B, C, H, W) float, (B,)."""
+    """Rotate each image counter-clockwise by its angle in degrees: (B, C, H, W) float, (B,).
+
+    torchvision rotates one angle per call; this builds the sampling grid of its tensor `rotate`
+    (nearest, zero fill, no expand) for a whole batch and runs one grid_sample: pixel-identical.
+    """
     batch, _, height, width = images.shape
-    theta = _inverse_rotation_matrices(angles.to(images.device)).transpose(1, 2)  # (B, 3, 2)
+    device = images.device
+    # torchvision's inverse affine matrix [d, -b, 0, -c, a, 0] (a = d = cos, b = -sin, c = sin),
+    # in float64 before the cast as there, so the float32 matrices agree bit for bit
+    rot = torch.deg2rad(-angles.to(device, torch.float64))
+    cos, sin, zeros = torch.cos(rot), torch.sin(rot), torch.zeros_like(rot)
+    theta = torch.stack([cos, sin, zeros, -sin, cos, zeros], dim=1).view(-1, 2, 3).to(torch.float32).transpose(1, 2)
     # divided by Python numbers: a tensor made from a list is copied to the device, and on CUDA
     # that copy makes the host wait, for every training batch
     rescaled = torch.stack([theta[..., 0] / (0.5 * width), theta[..., 1] / (0.5 * height)], dim=-1)
-    base = _pixel_grid(height, width, images.device).expand(batch, -1, -1)  # (B, H*W, 3)
-    grid = torch.bmm(base, rescaled).view(batch, height, width, 2)
+    base = torch.empty(1, height, width, 3, dtype=torch.float32, device=device)  # pixel centres about the centre
+    base[..., 0].copy_(torch.linspace(-width * 0.5 + 0.5, width * 0.5 - 0.5, steps=width, device=device))
+    base[..., 1].copy_(torch.linspace(-height * 0.5 + 0.5, height * 0.5 - 0.5, steps=height, device=device).unsqueeze(-1))
+    base[..., 2].fill_(1)
+    grid = torch.bmm(base.view(1, height * width, 3).expand(batch, -1, -1), rescaled).view(batch, height, width, 2)
     return F.grid_sample(images, grid, mode="nearest", padding_mode="zeros", align_corners=False)
 
 
 def uniform_angles(count: int, max_angle: float, *, generator: torch.Generator | None = None,
                    device=None) -> torch.Tensor:
     """(count,) angles drawn uniformly from [-max_angle, max_angle] degrees."""
-    u = torch.rand(count, generator=generator, device=device)
-    return (2 * u - 1) * max_angle
+    return (2 * torch.rand(count, generator=generator, device=device) - 1) * max_angle
 
 
 def protocol_angles(draws: torch.Tensor, angle: float, protocol: str = "uniform", *,
                     lower: float = 0.0) -> torch.Tensor:
-    """(N,) test rotations in degrees (float64) for one bucket, from two uniforms per image
-    `draws` (N, 2) in [0, 1): the size of the turn and its sign.
-
-    uniform: uniformly within +-angle (the reference protocol); band: |rotation| uniform between
-    the previous bucket's angle `lower` and `angle`, random sign, so buckets do not overlap;
-    fixed: exactly +-angle, random sign. float64 arithmetic: the same angles on every CPU.
-    """
+    """(N,) test rotations (float64: the same on every CPU) from two uniforms per image (N, 2), the
+    turn's size and sign. uniform: within +-angle; band: |rotation| between the previous bucket's
+    angle `lower` and `angle`, so buckets do not overlap; fixed: exactly +-angle."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}")
     u, sign = draws[:, 0].double(), torch.where(draws[:, 1] < 0.5, -1.0, 1.0).double()
@@ -229,19 +204,6 @@ def protocol_angles(draws: torch.Tensor, angle: float, protocol: str = "uniform"
     if protocol == "band":
         return sign * (lower + u * (angle - lower))
     return sign * angle
-
-
-SIDE = 28  # MNIST's images are 28x28
-MAX_ANGLE = 180.0  # degrees: rotating by more than +-180 repeats angles already covered
-BOX = 20  # ...with the digit's ink scaled to fit 20x20, centred by its centre of mass
-LIGHT_BORDER = 0.5  # a border brighter than this on average: a dark digit on a light background
-INK = 0.1  # pixels at least this bright (of the brightest) belong to the digit's bounding box
-
-
-# How reports name MNIST's buckets (rotations) and inputs (images)
-TERMS = Terms("rotation", "±deg", "g", "|angle|", "|rotation angle| and ponder steps", "images",
-              "MNIST test set", lambda b: band_text(b, "°") if b.get("band") else f"±{b['rotation']:g}°", sweep_key="rotation", sweep_header="|angle|",
-              sweep_scale=10.0, sweep_unit="10°", sweep_fit="steps_per_10_degrees", sweep_name="mental rotation")
 
 
 def band_lower(angle: float, angles: list) -> float:
@@ -254,7 +216,7 @@ def check_angle(angle: float, what: str) -> float:
         raise BadValue(f"{what} must be a finite number of degrees (got {angle})")
     if not 0 <= angle <= MAX_ANGLE:
         raise BadValue(f"{what} must be between 0 and {MAX_ANGLE:g} degrees: images are rotated within "
-                          f"+-angle (got {angle:g})")
+                       f"+-angle (got {angle:g})")
     return angle + 0.0  # -0 is 0: the same bucket, named and drawn alike
 
 
@@ -262,32 +224,24 @@ def parse_angles(texts: list[str], what: str = "--angles") -> list[float]:
     angles = []
     for text in texts:
         try:
-            angle = float(text)
+            angles.append(check_angle(float(text), what))
         except ValueError:
             raise BadValue(f"{what}: {text!r} is not a number of degrees") from None
-        angles.append(check_angle(angle, what))
     if not angles:
         raise PonderError(f"{what} needs at least one angle")
     return angles
 
 
-# Evaluation buckets: the images rotated under a protocol -----------------------------------------
-
 def bucket_key(angle: float, protocol: str, lower: float = 0.0) -> tuple:
-    """What names a bucket's draws (tasks.uniforms): its protocol and angle, and for the band
-    protocol its inner edge; so one bucket draws the same whatever other buckets are asked for,
-    and different buckets draw independently."""
+    """What names a bucket's draws (tasks.uniforms): its protocol, angle and, under band, inner edge."""
     return (protocol, float(angle), *((float(lower),) if protocol == "band" else ()))
 
 
 def evaluation_draws(count: int, max_steps: int, angle: float, seed: int, device, *,
                      protocol: str = "uniform", lower: float = 0.0) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Every random number of a bucket of images 0..count-1, image by image (tasks.uniforms):
-    image i's rotation (its size and sign) and halting coins depend only on (seed, the bucket's
-    key, i), so a --limit evaluation is exactly the first images of the full one, and neither
-    the device, batch size, halting rule nor early exit changes a draw. Returns angles (N,)
-    float64, or None when no image is rotated, and halting uniforms (steps, N) float32.
-    """
+    """Images 0..count-1's rotations (N,) float64 (None: none rotated) and halting uniforms (steps, N)
+    float32, each image's from (seed, bucket, index) alone: a --limit evaluation is the first images
+    of the full one, whatever the device, batch or halting rule."""
     index, key = torch.arange(count), bucket_key(angle, protocol, lower)
     angles = protocol_angles(uniforms(seed, "rotation", key, index, 2), angle, protocol, lower=lower)
     coins = uniforms(seed, "coins", key, index, max_steps, torch.float32).T.contiguous()
@@ -295,13 +249,11 @@ def evaluation_draws(count: int, max_steps: int, angle: float, seed: int, device
     return (angles.to(device) if rotated else None), coins.to(device)
 
 
-def image_bucket(data: ImageSet, max_steps: int, max_angle: float, seed: int, *, protocol: str = "uniform",
+def image_bucket(data: ImageSet, max_steps: int, angle: float, seed: int, protocol: str = "uniform",
                  lower: float = 0.0) -> EvalBucket:
-    """The images rotated by the protocol's angles; every draw per image (evaluation_draws), so
-    image i of the set (a --limit takes the first images: they keep their numbers) draws the same
-    in any evaluation of this bucket and seed."""
-    device = data.images.device
-    angles, coins = evaluation_draws(len(data), max_steps, max_angle, seed, device, protocol=protocol, lower=lower)
+    """The images rotated under the protocol."""
+    angles, coins = evaluation_draws(len(data), max_steps, angle, seed, data.images.device, protocol=protocol,
+                                     lower=lower)
     return EvalBucket(
         labels=data.labels, uniforms=coins,
         inputs=lambda start, end: prepare_batch(data.images[start:end], None if angles is None else angles[start:end]),
@@ -311,16 +263,13 @@ def image_bucket(data: ImageSet, max_steps: int, max_angle: float, seed: int, *,
 def evaluate(model: torch.nn.Module, data: ImageSet, cfg: PonderConfig, *, max_angle: float = 0.0,
              seed: int = 0, protocol: str = "uniform", lower: float = 0.0, **options) -> EvalResult:
     """Images rotated within +-max_angle (see evaluate.evaluate_bucket for the options)."""
-    bucket = image_bucket(data, model.max_steps, max_angle, seed, protocol=protocol, lower=lower)
-    return evaluate_bucket(model, bucket, cfg, **options)
+    return evaluate_bucket(model, image_bucket(data, model.max_steps, max_angle, seed, protocol, lower), cfg, **options)
 
 
-# The user's own images (`ponder predict`) -----------------------------------------------------
+# The user's own images (`ponder predict`); Pillow only here, never loaded for training or evaluation
 
 def _gray(path):
-    """An image file as float pixels (H, W) in [0, 1], whatever its mode; transparency is
-    composited onto white, as a page shows it."""
-    # Pillow only for `ponder predict`'s image files: not loaded for training or evaluation
+    """An image file as float pixels (H, W) in [0, 1], whatever its mode; transparency composited onto white."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     try:
@@ -344,25 +293,17 @@ def _gray(path):
                 top = 65535.0 if image.mode != "F" and pixels.max() > 255 else (1.0 if pixels.max() <= 1 else 255.0)
                 return np.clip(pixels / top, 0, 1)
             if image.mode in ("RGBA", "LA", "PA", "P") or "transparency" in image.info:
-                image = image.convert("RGBA")
                 white = Image.new("RGBA", image.size, (255, 255, 255, 255))
-                image = Image.alpha_composite(white, image)
+                image = Image.alpha_composite(white, image.convert("RGBA"))
             return np.asarray(image.convert("L"), dtype=np.float64) / 255
     except (OSError, ValueError, SyntaxError) as exc:  # truncated or corrupt image data
         raise PonderError(f"{path}: cannot read the image ({getattr(exc, 'strerror', None) or exc})") from None
 
 
-def _light_background(pixels) -> bool:
-    border = [pixels[0, :], pixels[-1, :], pixels[:, 0], pixels[:, -1]]
-    return float(sum(b.sum() for b in border) / sum(b.size for b in border)) > LIGHT_BORDER
-
-
 def frame_like_mnist(ink):
     """A bright digit on a dark background (H, W) in [0, 1] of any size -> 28x28 as MNIST framed
-    its digits: the background level (the border's median) taken off and the contrast stretched,
-    the ink's bounding box scaled to fit 20x20 keeping its aspect, and placed so that its centre
-    of mass is the image's centre."""
-    # Pillow only for `ponder predict`'s image files: not loaded for training or evaluation
+    its digits: the border's median taken off and the contrast stretched, the ink's bounding box
+    scaled to fit 20x20 keeping its aspect, its centre of mass at the image's centre."""
     from PIL import Image
 
     border = np.concatenate([ink[0, :], ink[-1, :], ink[:, 0], ink[:, -1]])
@@ -380,58 +321,39 @@ def frame_like_mnist(ink):
     if total <= 0:
         return np.zeros((SIDE, SIDE))
     ys, xs = np.indices(box.shape)
-    centre_y, centre_x = (ys * box).sum() / total, (xs * box).sum() / total
-    top = int(np.clip(round((SIDE - 1) / 2 - centre_y), 0, SIDE - box.shape[0]))
-    left = int(np.clip(round((SIDE - 1) / 2 - centre_x), 0, SIDE - box.shape[1]))
+    top = int(np.clip(round((SIDE - 1) / 2 - (ys * box).sum() / total), 0, SIDE - box.shape[0]))
+    left = int(np.clip(round((SIDE - 1) / 2 - (xs * box).sum() / total), 0, SIDE - box.shape[1]))
     framed = np.zeros((SIDE, SIDE))
     framed[top:top + box.shape[0], left:left + box.shape[1]] = box
     return framed
 
 
-def _npy_images(path):
-    """A .npy array of 28x28 images (N, 28, 28), or one (28, 28), as floats in [0, 1]: uint8 (and
-    any array with values above 1) is read as 0-255, other numbers as 0-1."""
-
-    array = load_inputs(path, (SIDE, SIDE), "28x28 images").astype(np.float64)
-    if not np.isfinite(array).all() or array.min() < 0 or array.max() > 255:
-        raise PonderError(f"{path}: pixel values must be finite, in 0-1 or 0-255 (got {array.min():g} to "
-                          f"{array.max():g})")
-    return array / 255 if array.max() > 1 else array
-
-
-def warn_if_blank(image, name: str) -> None:
-    """An image that is one value all over, as the model reads it (inverted and framed), shows
-    nothing to read: it is predicted all the same, with a warning."""
-    if image.min() == image.max():
-        warnings.warn(f"{name} is blank: all its pixels are {image.flat[0]:g} (of 255) as the model reads it, so its "
-                      f"prediction means nothing", PonderWarning, stacklevel=2)
-
-
 def read_images(paths, invert=None, rotate=None):
-    """Image files (PNG, JPEG, anything Pillow reads; any size and mode) and .npy arrays of shape
-    (N, 28, 28) -> names and normalised inputs (N, 1, 28, 28) exactly as training and evaluation
-    prepare MNIST (prepare_batch: rotated first, then normalised).
-
-    Every image is made grayscale in [0, 1]; one whose border is light on average (above 0.5) is a
-    dark digit on a light background and is inverted (`invert` True or False decides instead).
-    28x28 images are then read as they are; other sizes are framed as MNIST's digits were
-    (frame_like_mnist). `rotate`: degrees, counter-clockwise, with evaluation's rotation."""
-
+    """Image files (anything Pillow reads; any size and mode) and .npy arrays (N, 28, 28) -> names
+    and inputs (N, 1, 28, 28) prepared as MNIST's (prepare_batch). Grayscale in [0, 1]; a light
+    border (a dark digit on a light background) is inverted unless `invert` decides; other sizes
+    than 28x28 framed as MNIST's digits were; `rotate`: degrees, counter-clockwise."""
     names, images = [], []
     for path in paths:
         check_input_file(path, "image files or .npy arrays")
-        if path.suffix.lower() == ".npy":
-            found = list(_npy_images(path))
-            labels = [f"{path}[{i}]" for i in range(len(found))] if len(found) > 1 else [str(path)]
+        if path.suffix.lower() == ".npy":  # uint8 (or any values above 1) read as 0-255, else 0-1
+            array = load_inputs(path, (SIDE, SIDE), "28x28 images").astype(np.float64)
+            if not np.isfinite(array).all() or array.min() < 0 or array.max() > 255:
+                raise PonderError(f"{path}: pixel values must be finite, in 0-1 or 0-255 (got {array.min():g} to "
+                                  f"{array.max():g})")
+            found = list(array / 255 if array.max() > 1 else array)
         else:
-            found, labels = [_gray(path)], [str(path)]
-        for label, pixels in zip(labels, found):
-            light = _light_background(pixels) if invert is None else invert
-            pixels = 1 - pixels if light else pixels
+            found = [_gray(path)]
+        for label, pixels in zip(numbered(path, len(found)), found):
+            border = [pixels[0, :], pixels[-1, :], pixels[:, 0], pixels[:, -1]]
+            light = float(sum(b.sum() for b in border) / sum(b.size for b in border)) > LIGHT_BORDER
+            pixels = 1 - pixels if (light if invert is None else invert) else pixels
             if pixels.shape != (SIDE, SIDE):
                 pixels = frame_like_mnist(pixels)
             image = np.round(pixels * 255)  # MNIST's 256 levels: a 28x28 PNG reads back exactly
-            warn_if_blank(image, label)
+            if image.min() == image.max():  # predicted all the same
+                warnings.warn(f"{label} is blank: all its pixels are {image.flat[0]:g} (of 255) as the model reads "
+                              f"it, so its prediction means nothing", PonderWarning)
             names.append(label)
             images.append(image)
     raw = torch.from_numpy(np.stack(images)).float()  # (N, 28, 28) on the 0-255 scale of MNIST's bytes
@@ -441,17 +363,14 @@ def read_images(paths, invert=None, rotate=None):
 
 
 class ImageBatches(TrainingSource):
-    """An epoch: a fresh permutation of the training images in whole batches, each image rotated
-    uniformly within +-train_rotation (the permutation from torch's shared stream, the same on
-    every rank; the rotations from this rank's stream). Every batch has the same size: the last,
-    partial batch of an epoch is dropped (55,000 images: 429 batches of 128, 88 left out, other
-    ones every epoch); a training set smaller than a batch is one batch of all of it."""
+    """An epoch: a fresh permutation of the training images (torch's shared stream, the same on
+    every rank) in whole batches, each image rotated within +-train_rotation (this rank's stream).
+    The last, partial batch is dropped (other images every epoch); a set smaller than a batch is one."""
 
     graph_safe = True
 
     def __init__(self, data, cfg):
         self.data, self.cfg = data, cfg
-        self.order = None
         # a global batch splits evenly over the ranks under torchrun
         self.batch_size = min(cfg.training.batch_size, distributed.even_length(len(data)))
         share = self.batch_size // distributed.world_size()
@@ -466,31 +385,16 @@ class ImageBatches(TrainingSource):
         self.rows.copy_(distributed.shard(self.order[start:start + self.batch_size]))  # this rank's slice
 
     def batch(self):
-        device = self.data.images.device
-        angles = (uniform_angles(self.rows.shape[0], self.cfg.task.train_rotation, device=device)
-                  if self.cfg.task.train_rotation > 0 else None)
+        rotation = self.cfg.task.train_rotation
+        angles = uniform_angles(self.rows.shape[0], rotation, device=self.rows.device) if rotation > 0 else None
         return prepare_batch(self.data.images[self.rows], angles), self.data.labels[self.rows]
 
 
-def split_seed(cfg) -> int:
-    """The seed of a run's held-out split: its own --split-seed (what --init-from carries from
-    the run it starts from), else its --seed."""
-    return cfg.training.seed if cfg.task.split_seed is None else cfg.task.split_seed
-
-
 class MnistTask(Task):
-    name = "mnist"
-    classes = 10
-    inputs = "28x28 images"
-    input_kind = "images"
-    input_shape = (1, SIDE, SIDE)
-    difficulty = "rotation"
+    name, classes, inputs, input_kind, input_shape = "mnist", 10, "28x28 images", "images", (1, SIDE, SIDE)
     uses_protocol = True
     bucket_options, bucket_metavar, article = ("--angles", "--rotation"), "DEG...", "an"
-    calibration_split = "validation"  # what calibrate's inputs are (calibration_data)
-    buckets_share_inputs = True  # every bucket and draw rotates the same held-out digits
-
-    # training -----------------------------------------------------------------------------
+    buckets_share_inputs = True  # calibrate rotates the held-out training digits again for every bucket
 
     def load_training(self, data_dir, download: bool):
         full = load_mnist(data_dir, train=True, download=download)
@@ -516,18 +420,12 @@ class MnistTask(Task):
     def read_inputs(self, paths, options):
         if any(str(path) == STDIN for path in paths):  # images are files; vectors are text (parity)
             raise BadValue(f"{STDIN} (standard input) holds the vectors of parity models; this MNIST model reads "
-                              "image files or .npy arrays: name them")
-        names, x = read_images(paths, invert=options.invert, rotate=options.rotate)
-        return UserInputs(names, x)
-
-    def example_input(self, batch: int, device) -> torch.Tensor:
-        return torch.zeros((batch, *self.input_shape), device=device)
+                           "image files or .npy arrays: name them")
+        return UserInputs(*read_images(paths, invert=options.invert, rotate=options.rotate))
 
     def view(self) -> TaskView:
         return TaskView("mnist", TERMS, {"train_rotation": self.cfg.task.train_rotation},
                         f"trained within ±{self.cfg.task.train_rotation:g}°", named_in_titles=False)
-
-    # evaluation ---------------------------------------------------------------------------
 
     def default_buckets(self, command: str) -> list[float]:
         if command == "calibrate":  # the validation images as training rotated them
@@ -539,15 +437,13 @@ class MnistTask(Task):
 
     def test_data(self, options, device):
         test = load_mnist(resolve_data_dir(options.data_dir), train=False, download=options.download)
-        return (test.subset(slice(0, options.limit)) if options.limit else test).to(device)
+        return test.subset(slice(options.limit or None)).to(device)  # --limit 0: all of them
 
     def calibration_data(self, options, device):
-        """The held-out training images (train_val_split with the run's split_seed), the first
-        --limit of them, for calibrate: MNIST has no other held-out digits, so these are the ones
-        training validated on (and chose its best epoch by); calibrate rotates them, and flips
-        their coins, from a stream of its own (api.evaluation.calibrate_checkpoint)."""
+        """The first --limit held-out training images: MNIST has no other held-out digits (these chose the
+        best epoch); calibrate rotates them, and flips coins, from a stream of its own."""
         _, held_out = self.load_training(resolve_data_dir(options.data_dir), options.download)
-        return (held_out.subset(slice(0, options.limit)) if options.limit else held_out).to(device)
+        return held_out.subset(slice(options.limit or None)).to(device)
 
     def more_calibration(self, options) -> str:
         draws = f"--repeats {max(2, 2 * options.repeats)} (more rotations and coins of these digits, pooled)"
@@ -560,19 +456,17 @@ class MnistTask(Task):
         return sorted(specs) if protocol == "band" else specs
 
     def bucket(self, data, spec: float, specs: list, max_steps: int, seed: int, protocol: str, *, draw: int = 0):
-        return image_bucket(data, max_steps, spec, seed, protocol=protocol, lower=band_lower(spec, specs))
+        return image_bucket(data, max_steps, spec, seed, protocol, band_lower(spec, specs))
 
     def bucket_fields(self, spec: float, protocol: str, specs: list) -> dict:
-        """The bucket's angle and protocol; under band, its edges too (`band`: [45, 90], |rotation|
-        between them), which the tables show as `45–90`."""
+        """The angle and protocol; under band its edges too (`band`: [45, 90], shown as `45–90`)."""
         band = {"band": [band_lower(spec, specs), spec]} if protocol == "band" else {}
         return {"rotation": spec, "protocol": protocol, **band}
 
     def sweep_specs(self, start: Optional[float], stop: Optional[float], every: Optional[float]) -> list[float]:
         """Exact angles --from..--to every --every degrees (default 0 to 180 every 5)."""
-        start, stop, every = (0.0 if start is None else start, 180.0 if stop is None else stop,
-                              5.0 if every is None else every)
-        start, stop = check_angle(start, "--from"), check_angle(stop, "--to")
+        start = check_angle(0.0 if start is None else start, "--from")
+        stop, every = check_angle(180.0 if stop is None else stop, "--to"), 5.0 if every is None else every
         if not every > 0 or stop < start:
             raise BadValue(f"the sweep needs --from <= --to and --every > 0 (got {start:g}, {stop:g}, {every:g})")
         count = int((stop - start) / every + 1e-9) + 1

@@ -1,17 +1,10 @@
 """The parity task of the PonderNet paper (Banino et al. 2021, §3.1; after Graves 2016, §3.1).
 
-A vector of `elems` entries, `count` of them (the "non-zero count") set to +1 or -1 at random
-positions, the rest 0. The label is 1 when the number of +1 entries is odd: the parity of the
-+1 entries, not of the non-zero count.
-
-Two classes with softmax cross-entropy: a softmax over two logits (a, b) is the paper's single
-logistic unit reparametrised (class 1's probability sigmoid(b - a)).
-
-Randomness only from explicit generators: training batches drawn on the fly on the training
-device from one generator seeded by the run's seed (saved in checkpoints; an "epoch" is
-`batches_per_epoch` batches); evaluation sets and their halting coins drawn on the CPU per
-(seed, elems, count), so a count's figures are the same on every device and in any bucket.
-"""
+A vector of `elems` entries, `count` of them (the "non-zero count") +1 or -1 at random positions,
+the rest 0; the label is 1 when the number of +1 entries is odd (two classes: the paper's logistic
+unit reparametrised). Training batches are drawn on the training device from the run's own
+generator (an "epoch" is `batches_per_epoch` batches); evaluation sets and their coins on the CPU
+per (seed, elems, count), so a count's figures are the same on every device and in any bucket."""
 
 from __future__ import annotations
 
@@ -24,20 +17,23 @@ from .. import BadValue, PonderError, distributed
 from ..config import PAPER_SCALE, PAPER_SCALE_ELEMS, default_halting
 from ..evaluate import EvalBucket, evaluate_bucket
 from ..reports import TaskView, Terms
-from . import STDIN, Task, TrainingSource, UserInputs, check_input_file, derived_seed, load_inputs, uniforms
+from . import STDIN, Task, TrainingSource, UserInputs, check_input_file, derived_seed, load_inputs, numbered, uniforms
 
 CLASSES = 2
 # the paper's largest vectors have 96 entries; the fixed evaluation sets hold a few hundred rows
 # per non-zero count, so their size grows with elems squared
 MAX_ELEMS = 256
-# Seeds of the fixed evaluation sets: validation while training (and so model selection), test
-# for reported figures, calibration for choosing an exit rule (never used for anything else).
-VALIDATION_SEED = 1
-TEST_SEED = 2
-CALIBRATION_SEED = 3
+# Seeds of the fixed evaluation sets: validation (and so model selection), test for reported
+# figures, calibration for choosing an exit rule
+VALIDATION_SEED, TEST_SEED, CALIBRATION_SEED = 1, 2, 3
 VAL_PER_COUNT = 64  # validation rows per non-zero count of the training range
 TEST_PER_COUNT = 256  # evaluation rows per non-zero count of a bucket (--limit lowers it)
 CALIBRATION_PER_COUNT = 256  # calibration rows per non-zero count (--limit sets it)
+
+# How reports name parity's buckets and inputs
+TERMS = Terms("counts", "counts", "s", "count", "non-zero count and ponder steps", "vectors", "parity test vectors",
+              lambda bucket: f"counts {bucket['counts']}", sweep_key="lo", sweep_header="count", sweep_scale=1.0,
+              sweep_unit="count", sweep_fit="steps_per_count", sweep_name="non-zero count")
 
 
 class ParityBatch(NamedTuple):
@@ -53,11 +49,10 @@ def parity_labels(x: torch.Tensor) -> torch.Tensor:
 
 def vectors_with_counts(counts: torch.Tensor, keys: torch.Tensor, signs: torch.Tensor,
                         layout: str = "scattered") -> ParityBatch:
-    """Rows with the given non-zero counts (B,) from uniforms in [0, 1): scattered, the non-zeros
-    at the `count` positions of smallest `keys` (B, elems), the first `count` entries of a
-    uniformly random permutation, so positions uniform among all subsets of that size; prefix, in
-    the first `count` positions (`keys` unread, so both layouts draw the same stream); +1 where
-    `signs` (B, elems) is below 1/2, else -1."""
+    """Rows with the non-zero counts (B,) from uniforms in [0, 1): scattered, the non-zeros at the
+    `count` positions of smallest `keys` (B, elems), uniform among all subsets of that size;
+    prefix, the first `count` positions (`keys` unread: both layouts draw the same stream); +1
+    where `signs` (B, elems) is below 1/2, else -1."""
     batch, elems = keys.shape
     first = torch.arange(elems, device=keys.device) < counts[:, None]  # (B, elems): the first `count` slots
     if layout == "prefix":
@@ -71,13 +66,12 @@ def vectors_with_counts(counts: torch.Tensor, keys: torch.Tensor, signs: torch.T
 
 def parity_batch(batch: int, elems: int, lo: int, hi, generator: torch.Generator, layout: str = "scattered",
                  mix: float = 0.0, top=None) -> ParityBatch:
-    """A training batch: non-zero counts uniform in [lo, top] (top: hi unless given), on the
-    generator's device; with `mix` > 0 that share of the rows (in expectation) uniform in [lo, hi]
-    instead. `top` may be a tensor (the curriculum's, staged on the device: nothing read by the
-    host)."""
+    """A training batch on the generator's device: non-zero counts uniform in [lo, top] (top: hi
+    unless given; a tensor for the curriculum's, staged on the device), with `mix` > 0 that share
+    of the rows (in expectation) uniform in [lo, hi] instead."""
     top = hi if top is None else top
-    if not isinstance(top, torch.Tensor):
-        check_counts(elems, lo, top)
+    if not isinstance(top, torch.Tensor) and not 1 <= lo <= top <= elems:
+        raise ValueError(f"non-zero counts must satisfy 1 <= lo <= hi <= elems (got {lo}-{top} of {elems})")
     device = generator.device
     counts = lo + (torch.rand(batch, generator=generator, device=device) * (top - lo + 1)).long()
     # u * span rounds up to span only for u within float32's last bit of 1
@@ -91,26 +85,29 @@ def parity_batch(batch: int, elems: int, lo: int, hi, generator: torch.Generator
     return vectors_with_counts(counts, keys, signs, layout)
 
 
-def check_counts(elems: int, lo: int, hi: int) -> None:
-    if not 1 <= lo <= hi <= elems:
-        raise ValueError(f"non-zero counts must satisfy 1 <= lo <= hi <= elems (got {lo}-{hi} of {elems})")
-
-
 def evaluation_set(elems: int, lo: int, hi: int, per_count: int, seed: int, device=None,
                    layout: str = "scattered") -> ParityBatch:
-    """A fixed set: `per_count` rows for every non-zero count in [lo, hi], in count order.
-
-    Row j of count c is drawn from (seed, elems, c, j) alone (tasks.uniforms), on the CPU: the
-    same rows on every device, a count's rows the same whatever range they are part of, and a
-    smaller set (`--limit`) the first rows of each count of a larger one.
-    """
-    check_counts(elems, lo, hi)
+    """`per_count` rows for every non-zero count in [lo, hi], in count order, row j of count c from
+    (seed, elems, c, j) alone: a smaller set (--limit) is the first rows of each count of a larger."""
     parts = []
     for count in range(lo, hi + 1):
         draws = uniforms(seed, "vectors", (elems, count), torch.arange(per_count), 2 * elems)
         parts.append(vectors_with_counts(torch.full((per_count,), count), draws[:, :elems], draws[:, elems:], layout))
-    x, labels, counts = (torch.cat(column) for column in zip(*parts))
-    return ParityBatch(x.to(device), labels.to(device), counts.to(device))
+    return ParityBatch(*(torch.cat(column).to(device) for column in zip(*parts)))
+
+
+def halting_coins(counts: torch.Tensor, elems: int, max_steps: int, seed: int) -> torch.Tensor:
+    """The coins (max_steps, N) of rows grouped by count, row j of a count from its own stream."""
+    values, sizes = torch.unique_consecutive(counts.cpu(), return_counts=True)
+    parts = [uniforms(seed, "coins", (elems, count), torch.arange(size), max_steps, torch.float32)
+             for count, size in zip(values.tolist(), sizes.tolist())]
+    return torch.cat(parts).T.contiguous()
+
+
+def vector_bucket(data: ParityBatch, max_steps: int, seed: int) -> EvalBucket:
+    coins = halting_coins(data.counts, data.x.shape[1], max_steps, seed)
+    return EvalBucket(labels=data.labels, inputs=lambda start, end: data.x[start:end],
+                      uniforms=coins.to(data.x.device), difficulty=data.counts.double().cpu())
 
 
 def split_range(lo: int, hi: int, parts: int = 4) -> list[tuple[int, int]]:
@@ -122,7 +119,7 @@ def split_range(lo: int, hi: int, parts: int = 4) -> list[tuple[int, int]]:
 
 
 def parse_count_range(text: str, elems: int) -> tuple[int, int]:
-    """'17-32' -> (17, 32), '5' -> (5, 5), checked against 1..elems; a PonderError otherwise."""
+    """'17-32' -> (17, 32), '5' -> (5, 5), checked against 1..elems."""
     lo, sep, hi = str(text).partition("-")
     try:
         bounds = (int(lo), int(hi) if sep else int(lo))
@@ -134,83 +131,62 @@ def parse_count_range(text: str, elems: int) -> tuple[int, int]:
 
 
 def train_range(cfg) -> tuple[int, int]:
-    """The training non-zero counts (lo, hi): --train-counts, "" (a config before the run saved
-    its own) all of them."""
+    """The training non-zero counts (lo, hi): --train-counts, or all (a config before runs saved theirs)."""
     return parse_count_range(cfg.task.train_counts, cfg.task.elems) if cfg.task.train_counts else (1, cfg.task.elems)
 
 
-def range_text(lo: int, hi: int) -> str:
-    """(17, 32) -> "17-32"; (5, 5) -> "5", as --counts reads them."""
-    return str(lo) if lo == hi else f"{lo}-{hi}"
-
-
 def curriculum_top(drawn: int, lo: int, hi: int, batches: int, start: int) -> int:
-    """The top training count after `drawn` batches of a curriculum over `batches` batches that
-    starts at `start`: linear from start to hi, then hi (batches 0: no curriculum)."""
+    """The top training count after `drawn` batches: linear from `start` to hi over `batches`, then hi."""
     if batches <= 0 or drawn >= batches:
         return hi
     start = min(max(lo, start), hi)
     return start + (hi - start) * drawn // batches
 
 
-def curriculum_raise(lo: int, hi: int) -> int:
-    """How many counts a curriculum by progress adds at each raise: an eighth of the range."""
-    return max(1, -(-(hi - lo + 1) // 8))
-
-
 class ParityBatches(TrainingSource):
-    """An epoch: `batches_per_epoch` batches drawn on the training device from the run's own
-    generator, the counts uniform up to the curriculum's top: on a schedule (curriculum_top), or
-    by progress (--curriculum-advance: raised by curriculum_raise once validation is that accurate
-    on the counts up to it, `advance`); --curriculum-mix of each batch from the whole range. Under
-    torchrun every rank draws the same global batch and keeps its slice."""
+    """An epoch: `batches_per_epoch` batches from the run's own generator, the counts uniform up to
+    the curriculum's top: on a schedule (curriculum_top), or by progress (--curriculum-advance:
+    raised by an eighth of the range once validation is that accurate up to it, `advance`);
+    --curriculum-mix of each from the whole range. Under torchrun every rank draws the same global
+    batch and keeps its slice."""
 
     graph_safe = True
 
     def __init__(self, cfg, device):
         self.cfg, self.device = cfg, torch.device(device)
         self.lo, self.hi = train_range(cfg)
-        check_counts(cfg.task.elems, self.lo, self.hi)
+        self.by_progress = cfg.task.curriculum_advance > 0
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.training.seed)
         self.drawn = 0  # batches drawn so far in the run: where the schedule is
-        # the curriculum by progress: its top count now (raised by `advance`)
-        self.level = min(max(self.lo, cfg.task.curriculum_start), self.hi)
+        self.level = min(max(self.lo, cfg.task.curriculum_start), self.hi)  # the top count by progress now
         self.top = torch.full((), self.hi, dtype=torch.long, device=self.device)  # the staged batch's top count
         self.rows = distributed.shard(torch.arange(cfg.training.batch_size, device=self.device))  # this rank's
-
-    @property
-    def by_progress(self) -> bool:
-        return self.cfg.task.curriculum_advance > 0
 
     def start_epoch(self) -> int:
         if self.by_progress and distributed.active():  # validation (rank 0's) raised it there
             self.level = int(distributed.broadcast_from_main([float(self.level)], self.device)[0])
         return self.cfg.task.batches_per_epoch
 
-    def current_top(self) -> int:
-        if self.by_progress:
-            return self.level
-        return curriculum_top(self.drawn, self.lo, self.hi, self.cfg.task.curriculum, self.cfg.task.curriculum_start)
-
     def stage(self, index: int) -> None:
-        self.top.fill_(self.current_top())
+        task = self.cfg.task
+        self.top.fill_(self.level if self.by_progress else
+                       curriculum_top(self.drawn, self.lo, self.hi, task.curriculum, task.curriculum_start))
         self.drawn += 1
 
     def advance(self, counts: torch.Tensor, correct: torch.Tensor) -> None:
-        """After validation (each row's non-zero count and whether it was right, on the CPU): the
-        curriculum by progress raises its top once the counts up to it are learnt."""
+        """After validation (rows' counts and whether right, on the CPU): raise the top once learnt up to it."""
         if not self.by_progress or self.level >= self.hi:
             return
         within = counts <= self.level
         if within.any() and float(correct[within].double().mean()) >= self.cfg.task.curriculum_advance:
-            self.level = min(self.hi, self.level + curriculum_raise(self.lo, self.hi))
+            self.level = min(self.hi, self.level + max(1, -(-(self.hi - self.lo + 1) // 8)))
 
     def batch(self):
         drawn = parity_batch(self.cfg.training.batch_size, self.cfg.task.elems, self.lo, self.hi, self.generator,
                              self.cfg.task.layout, self.cfg.task.curriculum_mix, top=self.top)
         if not distributed.active():
             return drawn.x, drawn.labels
-        return drawn.x[self.rows], drawn.labels[self.rows]  # every rank draws the global batch, keeps its slice
+        return drawn.x[self.rows], drawn.labels[self.rows]
 
     def generators(self) -> tuple:
         return (self.generator,)
@@ -220,53 +196,22 @@ class ParityBatches(TrainingSource):
                 "level": self.level}
 
     def load_state(self, state: Optional[dict]) -> None:
-        # A generator's state belongs to its device type: a run resumed on another kind of
-        # device starts that device's stream afresh from the seed (the curriculum goes on).
-        if state and state.get("device") == self.device.type:
+        if not state:
+            return
+        # a generator's state belongs to its device type: a run resumed on another kind of device
+        # starts that device's stream afresh from the seed (the curriculum goes on)
+        if state.get("device") == self.device.type:
             self.generator.set_state(state["generator"])
-        if state:
-            self.drawn = int(state.get("drawn", 0))
-            self.level = int(state.get("level", self.level))
-
-
-def halting_coins(counts: torch.Tensor, elems: int, max_steps: int, seed: int) -> torch.Tensor:
-    """The halting coins (max_steps, N) of rows grouped by non-zero count: row j of a count draws
-    the j-th row of that count's own stream (tasks.uniforms, as every task's per-input numbers),
-    so a row's coins depend neither on the other counts of its bucket nor on how many rows follow it."""
-    values, sizes = torch.unique_consecutive(counts.cpu(), return_counts=True)
-    parts = [uniforms(seed, "coins", (elems, count), torch.arange(size), max_steps, torch.float32)
-             for count, size in zip(values.tolist(), sizes.tolist())]
-    return torch.cat(parts).T.contiguous()
-
-
-def vector_bucket(data: ParityBatch, max_steps: int, seed: int):
-    """An evaluation bucket of vectors (grouped by count, as evaluation_set draws them); the
-    halting coins per count from `seed` (halting_coins)."""
-
-    coins = halting_coins(data.counts, data.x.shape[1], max_steps, seed)
-    return EvalBucket(labels=data.labels, inputs=lambda start, end: data.x[start:end],
-                      uniforms=coins.to(data.x.device), difficulty=data.counts.double().cpu())
-
-
-def _terms():
-    return Terms("counts", "counts", "s", "count", "non-zero count and ponder steps", "vectors",
-                 "parity test vectors", lambda bucket: f"counts {bucket['counts']}", sweep_key="lo",
-                 sweep_header="count", sweep_scale=1.0, sweep_unit="count", sweep_fit="steps_per_count",
-                 sweep_name="non-zero count")
-
-
-TERMS = _terms()  # how reports name parity's buckets and inputs
+        self.drawn = int(state.get("drawn", 0))
+        self.level = int(state.get("level", self.level))
 
 
 def _vector_rows(path, elems: int, text: Optional[str] = None) -> tuple[list[str], torch.Tensor]:
-    """A .npy array (N, elems) or (elems,), or a text file of one vector per line (entries apart
-    by spaces or commas; blank lines and lines starting with # are skipped) -> names and rows.
-    `text`: the lines themselves (standard input's, `path` naming it)."""
-
+    """A .npy array (N, elems) or (elems,), or a text file (`text`: standard input's) of a vector a
+    line, entries apart by spaces or commas, blank lines and # comments skipped -> names and rows."""
     if text is None and path.suffix.lower() == ".npy":
-        array = load_inputs(path, (elems,), f"vectors of {elems} entries")
-        rows = torch.from_numpy(array.astype(np.float32))
-        names = [f"{path}[{i}]" for i in range(rows.shape[0])] if rows.shape[0] > 1 else [str(path)]
+        rows = torch.from_numpy(load_inputs(path, (elems,), f"vectors of {elems} entries").astype(np.float32))
+        names = numbered(path, rows.shape[0])
     else:
         try:
             lines = (path.read_text(encoding="utf-8") if text is None else text).splitlines()
@@ -274,11 +219,11 @@ def _vector_rows(path, elems: int, text: Optional[str] = None) -> tuple[list[str
             raise PonderError(f"{path}: not a text file of vectors nor a .npy array") from None
         names, parsed = [], []
         for number, line in enumerate(lines, 1):
-            text = line.split("#", 1)[0].replace(",", " ").split()
-            if not text:
+            entries = line.split("#", 1)[0].replace(",", " ").split()
+            if not entries:
                 continue
             try:
-                values = [float(v) for v in text]
+                values = [float(v) for v in entries]
             except ValueError:
                 raise PonderError(f"{path}:{number}: not a vector of numbers ({line.strip()!r})") from None
             if len(values) != elems:
@@ -297,53 +242,45 @@ def _vector_rows(path, elems: int, text: Optional[str] = None) -> tuple[list[str
 
 
 class ParityTask(Task):
-    name = "parity"
-    classes = CLASSES
-    inputs = "vectors of --elems entries in {-1, 0, +1}"
-    input_kind = "vectors"
-    difficulty = "counts"
+    name, classes, inputs, input_kind = "parity", CLASSES, "vectors of --elems entries in {-1, 0, +1}", "vectors"
     bucket_options, bucket_metavar = ("--counts",), "LO-HI..."
-    calibration_split = "calibration"  # what calibrate's inputs are (calibration_data)
     source = None  # the training batches, once drawn: validation moves a curriculum by progress on
 
     @classmethod
     def config_problems(cls, cfg):
-        elems = cfg.task.elems
-        if isinstance(elems, bool) or not isinstance(elems, int) or not 1 <= elems <= MAX_ELEMS:
-            return [f"elems must be an integer from 1 to {MAX_ELEMS} (got {elems})"]
+        task = cfg.task
+        if not 1 <= task.elems <= MAX_ELEMS:  # (the config made it an integer)
+            return [f"elems must be an integer from 1 to {MAX_ELEMS} (got {task.elems})"]
         problems = []
-        if cfg.task.train_counts != "":
+        if task.train_counts != "":
             try:
-                parse_count_range(cfg.task.train_counts, cfg.task.elems)
+                parse_count_range(task.train_counts, task.elems)
             except PonderError as exc:
                 problems.append(f"train-counts: {exc}")
-        curriculum = cfg.task.curriculum or cfg.task.curriculum_advance
-        if curriculum and not 1 <= cfg.task.curriculum_start <= cfg.task.elems:
-            problems.append(f"curriculum-start must be a count from 1 to elems ({cfg.task.elems}) "
-                            f"(got {cfg.task.curriculum_start})")
-        if cfg.task.curriculum and cfg.task.curriculum_advance:
+        curriculum = task.curriculum or task.curriculum_advance
+        if curriculum and not 1 <= task.curriculum_start <= task.elems:
+            problems.append(f"curriculum-start must be a count from 1 to elems ({task.elems}) "
+                            f"(got {task.curriculum_start})")
+        if task.curriculum and task.curriculum_advance:
             problems.append("--curriculum (a schedule) and --curriculum-advance (by progress) are two curricula; "
                             "choose one")
-        if cfg.task.curriculum_mix and not curriculum:
+        if task.curriculum_mix and not curriculum:
             problems.append("--curriculum-mix is a share of a curriculum's batches: it needs --curriculum or "
                             "--curriculum-advance")
         return problems
-
-    @property
-    def input_shape(self) -> tuple:
-        return (self.cfg.task.elems,)
-
-    def example_input(self, batch: int, device) -> torch.Tensor:
-        return torch.zeros((batch, *self.input_shape), device=device)
 
     @classmethod
     def resolve_options(cls, values: dict, given: dict) -> dict:
         elems = values.get("elems")
         if "train_counts" not in given and isinstance(elems, int):
-            values["train_counts"] = f"1-{values['elems']}"  # saved explicitly: the run says what it trained on
+            values["train_counts"] = f"1-{elems}"  # saved explicitly: the run says what it trained on
         if isinstance(elems, int) and not isinstance(elems, bool) and elems >= PAPER_SCALE_ELEMS:
             values.update({key: value for key, value in PAPER_SCALE.items() if key not in given})
         return values
+
+    @property
+    def input_shape(self) -> tuple:
+        return (self.cfg.task.elems,)
 
     def run_name_prefix(self) -> str:
         return f"parity{self.cfg.task.elems}-"
@@ -351,11 +288,8 @@ class ParityTask(Task):
     def kind_label(self) -> str:
         return f"parity with --elems {self.cfg.task.elems}"  # vectors of other sizes are other inputs
 
-    # training -----------------------------------------------------------------------------
-
     def load_training(self, data_dir, download: bool):
-        lo, hi = train_range(self.cfg)
-        return None, evaluation_set(self.cfg.task.elems, lo, hi, VAL_PER_COUNT, VALIDATION_SEED,
+        return None, evaluation_set(self.cfg.task.elems, *train_range(self.cfg), VAL_PER_COUNT, VALIDATION_SEED,
                                     layout=self.cfg.task.layout)
 
     def to_device(self, data, device):
@@ -379,25 +313,23 @@ class ParityTask(Task):
                 f"validating on {val_data.x.shape[0]}")
 
     def layout_text(self) -> str:
-        """How the model's vectors were laid out and read: "scattered layout" ("prefix layout,
-        one-hot"); a prefix trained on fewer counts than elems never saw a non-zero past them."""
-        lo, hi = train_range(self.cfg)
+        """"scattered layout", "prefix layout, one-hot; training never put a non-zero past position 8"."""
+        hi = train_range(self.cfg)[1]
         text = f"{self.cfg.task.layout} layout" + (", one-hot" if self.cfg.step.encoding == "onehot" else "")
         if self.cfg.task.layout == "prefix" and hi < self.cfg.task.elems:
             text += f"; training never put a non-zero past position {hi}"
         return text
 
     def read_inputs(self, paths, options):
-        """.npy arrays (N, elems) and text files of vectors (see _vector_rows), entries -1, 0, +1."""
-
         for name, value in (("--rotate", options.rotate), ("--invert/--no-invert", options.invert)):
             if value is not None:
                 raise PonderError(f"{name} applies to mnist models; this one is a parity model")
         names, rows = [], []
         for path in paths:
-            if str(path) != STDIN:
+            stdin = str(path) == STDIN
+            if not stdin:
                 check_input_file(path, ".npy arrays or text files of vectors")
-            found_names, found = _vector_rows(path, self.cfg.task.elems, options.stdin if str(path) == STDIN else None)
+            found_names, found = _vector_rows(path, self.cfg.task.elems, options.stdin if stdin else None)
             names += found_names
             rows.append(found)
         return UserInputs(names, torch.cat(rows))
@@ -409,12 +341,9 @@ class ParityTask(Task):
                         f"{self.cfg.task.elems} elements, trained on counts {lo}-{hi} ({self.layout_text()})",
                         protocol=None)
 
-    # evaluation ---------------------------------------------------------------------------
-
     def default_buckets(self, command: str) -> list[tuple[int, int]]:
-        """eval: the training range in four; extrapolate: the counts beyond it, in four (the
-        whole range in four when training saw every count); compare: every count, in four;
-        calibrate: the training range, one bucket."""
+        """eval: the training range in four; extrapolate: the counts beyond it in four (else, and for
+        compare, every count in four); calibrate: the training range."""
         lo, hi = train_range(self.cfg)
         if command == "extrapolate" and hi < self.cfg.task.elems:
             return split_range(hi + 1, self.cfg.task.elems)
@@ -430,41 +359,37 @@ class ParityTask(Task):
         return [parse_count_range(text, self.cfg.task.elems) for text in texts]
 
     def test_data(self, options, device):
-        """Where and how many: the vectors are drawn per bucket (see bucket); --limit N gives N
-        vectors per non-zero count instead of TEST_PER_COUNT."""
+        """The vectors are drawn per bucket: where, how many per count, from which seed."""
         return device, options.limit or TEST_PER_COUNT, TEST_SEED
 
-    def more_calibration(self, options) -> str:
-        return (f"--limit {2 * (options.limit or CALIBRATION_PER_COUNT)} (vectors per non-zero count), or --repeats "
-                f"{max(2, 2 * options.repeats)} (more draws pooled)")
-
     def calibration_data(self, options, device):
-        """Vectors of calibrate's own (CALIBRATION_SEED, CALIBRATION_PER_COUNT per count; --limit
-        N: N): neither the validation vectors that chose the best epoch nor the test vectors."""
+        """Vectors of calibrate's own: neither those that chose the best epoch nor the test vectors."""
         return device, options.limit or CALIBRATION_PER_COUNT, CALIBRATION_SEED
+
+    def more_calibration(self, options) -> str:
+        return (f"--limit {2 * (options.limit or CALIBRATION_PER_COUNT)} (vectors per non-zero count), or "
+                f"{super().more_calibration(options)}")
 
     def bucket(self, test, spec: tuple[int, int], specs: list, max_steps: int, seed: int, protocol: str, *,
                draw: int = 0):
-        """Draw 0: the fixed set (test or calibration vectors); draw k >= 1 of --repeats: fresh
-        vectors from `seed` (the evaluation's seed + k), per (elems, count) as ever."""
+        """Draw 0: the fixed set; draw k >= 1 of --repeats: fresh vectors from `seed` (the evaluation's + k)."""
         device, per_count, set_seed = test
         set_seed = set_seed if draw == 0 else derived_seed("vectors", seed)
         data = evaluation_set(self.cfg.task.elems, *spec, per_count, set_seed, device, self.cfg.task.layout)
         return vector_bucket(data, max_steps, seed)
 
     def bucket_fields(self, spec: tuple[int, int], protocol: str, specs: list) -> dict:
-        return {"counts": range_text(*spec), "lo": spec[0], "hi": spec[1]}
+        lo, hi = spec
+        return {"counts": str(lo) if lo == hi else f"{lo}-{hi}", "lo": lo, "hi": hi}
 
     def sweep_specs(self, start: Optional[float], stop: Optional[float], every: Optional[float]) -> list[tuple[int, int]]:
-        """Each exact non-zero count --from..--to every --every (default: 1 to elems, every one)."""
-
         values = (1 if start is None else start, self.cfg.task.elems if stop is None else stop,
                   1 if every is None else every)
         if any(float(v) != int(v) for v in values):
             raise BadValue(f"a parity sweep runs over whole non-zero counts: --from, --to and --every must be "
-                              f"integers (got {', '.join(f'{float(v):g}' for v in values)})")
+                           f"integers (got {', '.join(f'{float(v):g}' for v in values)})")
         start, stop, every = (int(v) for v in values)
         if not 1 <= start <= stop <= self.cfg.task.elems or every < 1:
             raise BadValue(f"the sweep needs 1 <= --from <= --to <= {self.cfg.task.elems} (the elements of a "
-                              f"vector) and --every >= 1 (got {start}, {stop}, {every})")
+                           f"vector) and --every >= 1 (got {start}, {stop}, {every})")
         return [(count, count) for count in range(start, stop + 1, every)]
