@@ -640,11 +640,9 @@ class PonderNet(nn.Module):
     def heads(self, readout: torch.Tensor, extra: torch.Tensor | None = None,
               previous: torch.Tensor | None = None, earlier: torch.Tensor | None = None,
               n: int | None = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Class logits (..., classes) and halting logits (...) from readouts (..., readout) of
-        step `n` (0-based), or, with n None, of every step stacked (steps, B, readout);
-        `previous`, the readouts one step earlier (zeros at the first step), when the halting
-        head reads them; `earlier`, the class logits one step earlier (None at the first step),
-        when it reads the answer (n None: taken from the stack)."""
+        """Class logits (..., classes) and halting logits (...) from step n's readouts (..., readout)
+        (n None: every step's, stacked); `previous`, the readouts one step earlier, and `earlier`,
+        the class logits one step earlier (None before the first step; n None: from the stack)."""
         logits = self.output_head(readout)
         halting_input = [readout]
         if self.confidence_input:
@@ -671,14 +669,18 @@ class PonderNet(nn.Module):
         lambda_logits = self.halting_head(halting_input).squeeze(-1)
         return logits, lambda_logits if extra is None else self.step.gate_halting(lambda_logits, extra)
 
-    def _until_done(self, x: torch.Tensor, rule: Rule, predicts: bool = True):
-        """The one early-exit loop: yields, for every step, the rows still running (A,), their class
-        and halting logits and the rule's decision (done (A,), chosen (A, classes)), the rule shown
-        the class logits when it `predicts`; then keeps the rows that go on. One host sync per step
-        (`nonzero`: the next step's shape), which buys skipping all work on finished rows.
-        """
+    def _until_done(self, x: torch.Tensor, rule: Rule, predicts: bool):
+        """The one early-exit loop: each step computes only the rows still running, and `rule`
+        (shown the class logits when it `predicts`) says which halt. One host sync per step
+        (`nonzero`: the next step's shape), which buys skipping all work on finished rows. Returns
+        the steps computed (B,) and, when it `predicts`, the rule's prediction at each row's last
+        step (B, classes), else every step's class and halting logits (steps, B, ...), padded after
+        a row's last step with logits 0 and halting FORCED_HALT_LOGIT (p_n = 0 there)."""
+        batch = x.shape[0]
+        computed = torch.full((batch,), self.max_steps, dtype=torch.long, device=x.device)
+        kept = None
         context, state = self.step.start(x, self.max_steps)
-        active = torch.arange(x.shape[0], device=x.device)  # rows of the batch still running
+        active = torch.arange(batch, device=x.device)  # rows of the batch still running
         previous = None  # the last step's readouts of the running rows, when the halting head reads them
         earlier = None  # the last step's class logits of the running rows, when it reads the answer
         for n in range(self.max_steps):
@@ -688,13 +690,26 @@ class PonderNet(nn.Module):
             earlier = logits if self.answer_input else None
             last = n == self.max_steps - 1
             done, chosen = rule.decide(n, last, logits if predicts else None, lambda_logits.detach())
-            chosen = logits if chosen is None else chosen
-            yield n, active, logits, lambda_logits, done, chosen
+            # Every running row is written at every step; the last write is at the step it is done,
+            # after which it no longer runs: no mask of the done rows is needed.
+            if predicts:
+                chosen = logits if chosen is None else chosen
+                kept = chosen.new_empty(batch, chosen.shape[-1]) if kept is None else kept
+                kept.index_copy_(0, active, chosen)
+            else:
+                if kept is None:
+                    kept = (logits.new_zeros(self.max_steps, batch, logits.shape[-1]),
+                            lambda_logits.new_full((self.max_steps, batch), FORCED_HALT_LOGIT))
+                # index_put keeps the graph: gradients flow to the rows computed at this step (the
+                # step index is filled on the device: no host-to-device copy per step)
+                step = active.new_full(active.shape, n)
+                kept = kept[0].index_put((step, active), logits), kept[1].index_put((step, active), lambda_logits)
+            computed.index_fill_(0, active, n + 1)
             if last:
-                return
+                break
             going_on = torch.nonzero(~done).squeeze(1)  # (A',) positions among the A: the step's sync
             if going_on.shape[0] == 0:
-                return
+                break
             if going_on.shape[0] < active.shape[0]:  # nothing to copy when no row is done
                 active = active.index_select(0, going_on)
                 # integer indices, never a mask: a mask's `nonzero` would make the host wait once
@@ -703,41 +718,18 @@ class PonderNet(nn.Module):
                 state = tuple(_rows(v, going_on) for v in state)
                 previous, earlier = _rows(previous, going_on), _rows(earlier, going_on)
                 rule.keep(going_on)
+        return computed, kept
 
     def _forward_truncated(self, x: torch.Tensor, stop: Rule) -> PonderOutput:
-        batch = x.shape[0]
-        computed = torch.full((batch,), self.max_steps, dtype=torch.long, device=x.device)
-        logits_all = lambda_all = None
-        for n, active, logits, lambda_logits, _, _ in self._until_done(x, stop, predicts=False):
-            if logits_all is None:  # padding: logits 0, halting forced (p_n = 0 after the last step)
-                logits_all = logits.new_zeros(self.max_steps, batch, logits.shape[-1])
-                lambda_all = lambda_logits.new_full((self.max_steps, batch), FORCED_HALT_LOGIT)
-            # index_put keeps the graph: gradients flow to the rows computed at this step (the step
-            # index is filled on the device: no host-to-device copy per step)
-            step = active.new_full(active.shape, n)
-            logits_all = logits_all.index_put((step, active), logits)
-            lambda_all = lambda_all.index_put((step, active), lambda_logits)
-            # Every running row gets n + 1; the last write a row gets is at the step it is done
-            # (then it stops running), so no mask of the done rows is needed.
-            computed.index_fill_(0, active, n + 1)
-        out = PonderOutput(logits_all, lambda_all, computed)
+        computed, (logits, lambda_logits) = self._until_done(x, stop, predicts=False)
+        out = PonderOutput(logits, lambda_logits, computed)
         return out._replace(lambda_logits=halting_as_computed(out)) if stop.forces_halt else out
 
     @torch.no_grad()
     def infer(self, x: torch.Tensor, rule: Rule) -> tuple[torch.Tensor, torch.Tensor]:
-        """Real early exit under `rule`, each step computing only the images still running: the
-        prediction at the halting step (B, classes) and the 1-based halting step (B,), as the
-        rule over a forward of every step gives them."""
-        batch = x.shape[0]
-        prediction = None
-        steps = torch.full((batch,), self.max_steps, dtype=torch.long, device=x.device)
-        for n, active, _, _, halts, chosen in self._until_done(x, rule):
-            if prediction is None:
-                prediction = chosen.new_empty(batch, chosen.shape[-1])
-            # Every running row is written at every step; the last write is at its halting step,
-            # after which it no longer runs: what stays is the rule's choice there.
-            prediction.index_copy_(0, active, chosen)
-            steps.index_fill_(0, active, n + 1)
+        """Real early exit under `rule`: the prediction at the halting step (B, classes) and the
+        1-based halting step (B,), as the rule over a forward of every step gives them."""
+        steps, prediction = self._until_done(x, rule, predicts=True)
         return prediction, steps
 
     def left_out_by_one_step(self, x: torch.Tensor) -> list[str]:
@@ -751,8 +743,6 @@ class PonderNet(nn.Module):
             grads = torch.autograd.grad(out.logits.sum() + out.lambda_logits.sum(), [p for _, p in named],
                                         allow_unused=True)
         return [name for (name, _), grad in zip(named, grads) if grad is None]
-
-
 
 
 # The methods ------------------------------------------------------------------------------------
