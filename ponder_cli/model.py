@@ -33,7 +33,7 @@ from . import PonderError
 from .config import applies, implied_values
 from .registry import device_problem, method_class, parse_halting_rule, step_class
 
-# Per-step terms and running sums: the same float32 numbers wherever a row sits ---------------
+# Per-step terms and their sums: the same float32 numbers wherever a row sits -----------------
 
 
 def halting_units(lambda_logits: torch.Tensor) -> torch.Tensor:
@@ -48,28 +48,9 @@ def log_continue(lambda_logits: torch.Tensor) -> torch.Tensor:
     return F.logsigmoid(-lambda_logits.float())
 
 
-def running_sums(terms: torch.Tensor) -> torch.Tensor:
-    """The sum of terms[0..n] at every step n, added one step at a time as the rules add them.
-    (torch.cumsum on the CPU accumulates float32 in float64: its sums differ in the last bit and,
-    near a threshold, halt at another step.)"""
-    total, sums = torch.zeros_like(terms[0]), []
-    for term in terms:
-        total = total + term
-        sums.append(total)
-    return torch.stack(sums)
-
-
 def _plus(total: torch.Tensor | None, term: torch.Tensor) -> torch.Tensor:
     """A rule's running sum after one more step's term (the first term alone starts it)."""
     return term if total is None else total + term
-
-
-def confident(logits: torch.Tensor, confidence: float) -> torch.Tensor:
-    """Whether max softmax(y) >= confidence, (..., classes) -> (...), in float32 and without
-    the softmax: the top probability is 1 / sum_j exp(y_j - y_max)."""
-    logits = logits.float()
-    top = logits.amax(dim=-1, keepdim=True)
-    return torch.logsumexp(logits - top, dim=-1) <= -math.log(confidence)
 
 
 def reach_log_prob(log_survival: torch.Tensor, log_epsilon: float) -> torch.Tensor:
@@ -81,13 +62,10 @@ def reach_log_prob(log_survival: torch.Tensor, log_epsilon: float) -> torch.Tens
 # The rules ---------------------------------------------------------------------------------------
 
 class Rule:
-    """Decides, step by step, which of the rows still running halt. `halts(n, logits,
-    lambda_logits)` sees step n (0-based) of the A rows still running: class logits (A, classes)
-    or None (only the steps are asked for) and halting logits (A,), and says which halt (A,);
-    every row halts at the last step (`decide`). Its per-row state is in the attributes `per_row`
-    names (rows first; "uniforms", (steps, A), rows second), which `keep` cuts to the rows going
-    on. A rule object serves one batch, once.
-    """
+    """Which of the A rows still running halt at step n (0-based), `halts(n, logits (A, classes)
+    or None, lambda_logits (A,))`; every row halts at the last step (`decide`). The per-row state
+    lives in the attributes `per_row` names (rows first; "uniforms" (steps, A)), which `keep` cuts
+    to the rows going on. A rule object serves one batch, once."""
 
     per_row: tuple = ()
     # a truncation's: whether the last step it computes for an input takes all its remaining
@@ -117,10 +95,8 @@ class Rule:
 def halting_steps(rule: Rule, logits: torch.Tensor | None, lambda_logits: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The full-forward form of every rule: `rule` (fresh) decides at every step for every row,
-    none dropped, and each row halts at the first step it says so. Returns the 1-based halting
-    steps (B,) and the prediction there (B, classes), None without `logits`. Fixed shapes, no
-    host read (a captured training batch runs it); differentiable where the rule's prediction is
-    (ACT's loss)."""
+    none dropped; each row halts at the first step it says so. Returns the 1-based halting steps
+    (B,) and the prediction there (B, classes) or None. Fixed shapes, no host read."""
     count = lambda_logits.shape[0]
     halts, chosen = [], []
     for n in range(count):
@@ -191,13 +167,15 @@ class Patience(Rule):
 
 class Confidence(Rule):
     """Halt once the top class probability max softmax(y_n) reaches `confidence` (CALM's
-    softmax-response exit)."""
+    softmax-response exit), in float32 and without the softmax: the top probability is
+    1 / sum_j exp(y_j - y_max)."""
 
     def __init__(self, confidence: float):
-        self.confidence = confidence
+        self.log_confidence = math.log(confidence)
 
     def halts(self, n, logits, lambda_logits):
-        return confident(logits, self.confidence)
+        logits = logits.float()
+        return torch.logsumexp(logits - logits.amax(dim=-1, keepdim=True), dim=-1) <= -self.log_confidence
 
 
 class Threshold(Rule):
@@ -407,8 +385,14 @@ def truncate(out: PonderOutput, rule: Rule) -> PonderOutput:
 
 def log_survivals(lambda_logits: torch.Tensor) -> torch.Tensor:
     """log prod_{k<=n} (1 - lambda_k) at every step n, (steps, B), float32: the halting mass not
-    yet spent after step n."""
-    return running_sums(log_continue(lambda_logits))
+    yet spent after step n, added one step at a time as the rules add it. (torch.cumsum on the
+    CPU accumulates float32 in float64: its sums differ in the last bit and, near a threshold,
+    halt at another step.)"""
+    total, sums = None, []
+    for term in log_continue(lambda_logits):
+        total = _plus(total, term)
+        sums.append(total)
+    return torch.stack(sums)
 
 
 def halting_log_probs(lambda_logits: torch.Tensor) -> torch.Tensor:
@@ -766,8 +750,7 @@ class Method:
 
     @classmethod
     def config_problems(cls, cfg) -> list[str]:
-        """What this method cannot train with beside the other settings, as messages for the user
-        (each value's own range is its field's, config.py)."""
+        """What this method cannot train with beside the other settings, as messages for the user."""
         return []
 
     def own_rule(self) -> Rule:
@@ -811,14 +794,13 @@ class Method:
         return self.follows(rule) and not parse_halting_rule(rule).halts_at_one_step
 
     def exit_rule(self, rule: str, uniforms: torch.Tensor) -> Rule:
-        """The Rule this method halts by when asked for `rule`, fresh for one batch, for early exit
-        and over a forward of every step alike; uniforms (steps, B): the halting coins."""
+        """The Rule this method halts by when asked for `rule`, fresh for one batch; uniforms
+        (steps, B): the halting coins."""
         return rule_of(rule, uniforms) if self.follows(rule) else self.own_rule()
 
     def predict(self, logits: torch.Tensor, lambda_logits: torch.Tensor, uniforms: torch.Tensor,
                 rule: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Class scores (B, classes) and ponder steps (B,) from a forward pass over every step;
-        uniforms (steps, B) are the halting coin flips."""
+        """Class scores (B, classes) and ponder steps (B,) from a forward pass over every step."""
         if self.needs_all_steps(rule):
             return expected_prediction(logits, lambda_logits)
         steps, scores = halting_steps(self.exit_rule(rule, uniforms), logits, lambda_logits)

@@ -44,13 +44,6 @@ def rotation_grid(angles: torch.Tensor, size: tuple) -> torch.Tensor:
     return torch.stack([cos * xs - sin * ys, sin * xs + cos * ys], -1)  # (N, H, W, 2)
 
 
-def one_sided_offset(dtype: torch.dtype, size: int) -> float:
-    """How far either side of a sample position its one-sided derivatives are taken, in pixels:
-    32 units in the last place of a coordinate of `size` pixels (float32, 28 pixels: 1e-4), far
-    above the rounding of the coordinates and far below a pixel."""
-    return 32 * torch.finfo(dtype).eps * size
-
-
 class _RotateBilinear(torch.autograd.Function):
     """grid_sample (bilinear, zero padding) through `rotation_grid(angles)`, whose gradient w.r.t.
     each grid coordinate is the mean of its derivatives just either side of the sample along that
@@ -98,7 +91,9 @@ def _grid_gradient_either_side(grad_out, images, grid):
     backward calls: one on the four moved grids side by side costs more than twice as much, in
     copying them.)"""
     height, width = images.shape[-2:]
-    offset = one_sided_offset(images.dtype, max(height, width))
+    # 32 units in the last place of a coordinate (float32, 28 pixels: 1e-4 pixels), far above the
+    # rounding of the coordinates and far below a pixel
+    offset = 32 * torch.finfo(images.dtype).eps * max(height, width)
     dx, dy = 2 * offset / width, 2 * offset / height  # normalised coordinates span 2 over the width (height)
     x, y = grid.unbind(-1)
     moved = grid.clone()  # one coordinate moved at a time, in place
