@@ -1,12 +1,12 @@
 """The model's core: PonderNet's network, its halting rules, its halting distribution and
 losses, and the halting methods (PonderNet, ACT, plain) that share one network.
 
-- Halting rules, each defined once by its decision at a step (`Rule.decide`): PonderNet's
+- Halting rules, each defined once by its decision at a step (`Rule.halts`): PonderNet's
   (sample, median, quantile:Q, patience:K, confidence:C, threshold:T; spelled in registry.py),
-  the fixed budget fixed:N, ACT's, and the truncation rules that say which steps a training
-  forward computes. The early-exit loop (`PonderNet._until_done`) drives a rule step by step,
-  dropping the rows that halt; `halting_steps` drives the same rule over a forward of every step
-  with no row dropped: one arithmetic, so early exit equals the full forward by construction.
+  the fixed budget fixed:N, ACT's, and the truncations that say which steps a training forward
+  computes. The early-exit loop (`PonderNet._until_done`) drives a rule step by step, dropping
+  the rows that halt; `halting_steps` drives the same rule over a forward of every step with no
+  row dropped: one arithmetic, so early exit equals the full forward by construction.
 - PonderNet's distribution and loss: p_n from the conditional halting probabilities lambda_n,
   the expected reconstruction loss plus beta * KL(p || prior).
 - The network: a step function applied up to max_steps times and two heads reading each step,
@@ -31,9 +31,9 @@ import torch.nn.functional as F
 
 from . import PonderError
 from .config import applies, implied_values
-from .registry import HaltingRule, device_problem, method_class, parse_halting_rule, step_class
+from .registry import device_problem, method_class, parse_halting_rule, step_class
 
-# Per-step terms and running sums: the same float32 numbers wherever a row sits ---------------
+# Per-step terms and their sums: the same float32 numbers wherever a row sits -----------------
 
 
 def halting_units(lambda_logits: torch.Tensor) -> torch.Tensor:
@@ -48,24 +48,9 @@ def log_continue(lambda_logits: torch.Tensor) -> torch.Tensor:
     return F.logsigmoid(-lambda_logits.float())
 
 
-def running_sums(terms: torch.Tensor) -> torch.Tensor:
-    """The sum of terms[0..n] at every step n, (steps, ...) -> (steps, ...), added one step at a
-    time in step order as the rules add them. (torch.cumsum on the CPU accumulates float32 in
-    float64: its sums differ in the last bit and, near a threshold, halt at another step.)"""
-    total, sums = torch.zeros_like(terms[0]), []
-    for term in terms:
-        total = total + term
-        sums.append(total)
-    return torch.stack(sums)
-
-
-def confident(logits: torch.Tensor, confidence: float) -> torch.Tensor:
-    """Whether max softmax(y) >= confidence, (..., classes) -> (...), in float32 and without
-    the softmax: the top probability is 1 / sum_j exp(y_j - y_max), so the test is
-    logsumexp(y - y_max) <= -log(confidence)."""
-    logits = logits.float()
-    top = logits.amax(dim=-1, keepdim=True)
-    return torch.logsumexp(logits - top, dim=-1) <= -math.log(confidence)
+def _plus(total: torch.Tensor | None, term: torch.Tensor) -> torch.Tensor:
+    """A rule's running sum after one more step's term (the first term alone starts it)."""
+    return term if total is None else total + term
 
 
 def reach_log_prob(log_survival: torch.Tensor, log_epsilon: float) -> torch.Tensor:
@@ -77,42 +62,46 @@ def reach_log_prob(log_survival: torch.Tensor, log_epsilon: float) -> torch.Tens
 # The rules ---------------------------------------------------------------------------------------
 
 class Rule:
-    """Decides, step by step, which of the rows still running halt and what they predict.
+    """Which of the A rows still running halt at step n (0-based), `halts(n, logits (A, classes)
+    or None, lambda_logits (A,))`; every row halts at the last step (`decide`). The per-row state
+    lives in the attributes `per_row` names (rows first; "uniforms" (steps, A)), which `keep` cuts
+    to the rows going on. A rule object serves one batch, once."""
 
-    `decide(n, last, logits, lambda_logits)` sees step n (0-based) of the A rows still running:
-    class logits (A, classes) or None (only the steps are asked for), and detached halting logits
-    (A,). It returns halts (A,), True for every row at the `last` step, and what the halting rows
-    predict (A, classes), or None for the step's own logits. `keep(rows)` keeps the rows (A',
-    integer positions) of its per-row state. A rule object serves one batch, once.
-    """
-
+    per_row: tuple = ()
     # a truncation's: whether the last step it computes for an input takes all its remaining
     # halting mass (PonderNet.forward forces lambda to 1 there)
     forces_halt = True
     # a truncation's: whether the full forward's loss and gradients are already those of the
-    # truncated one, so that a batch on every step needs no mask (ACT: every step after its
-    # halting step weighs 0)
+    # truncated one, so that a batch on every step needs no mask (ACT: every later step weighs 0)
     mask_is_identity = False
+
+    def halts(self, n: int, logits: torch.Tensor | None, lambda_logits: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def decide(self, n: int, last: bool, logits: torch.Tensor | None, lambda_logits: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        raise NotImplementedError
+        """halts (A,), every row at the `last` step, and what the halting rows predict (A,
+        classes), None for the step's own logits."""
+        halts = self.halts(n, logits, lambda_logits)
+        return (torch.ones_like(halts) if last else halts), None
 
     def keep(self, rows: torch.Tensor) -> None:
-        pass
+        for name in self.per_row:
+            value = getattr(self, name)
+            if isinstance(value, torch.Tensor):
+                setattr(self, name, value.index_select(1 if name == "uniforms" else 0, rows))
 
 
 def halting_steps(rule: Rule, logits: torch.Tensor | None, lambda_logits: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The full-forward form of every rule: `rule` (fresh) decides at every step for every row,
-    none dropped, and each row halts at the first step it says so. Returns the 1-based halting
-    steps (B,) and the prediction there (B, classes), None without `logits`. Fixed shapes, no
-    host read (a captured training batch runs it)."""
+    none dropped; each row halts at the first step it says so. Returns the 1-based halting steps
+    (B,) and the prediction there (B, classes) or None. Fixed shapes, no host read."""
     count = lambda_logits.shape[0]
     halts, chosen = [], []
     for n in range(count):
         step_halts, step_chosen = rule.decide(n, n == count - 1, None if logits is None else logits[n],
-                                              lambda_logits[n].detach())
+                                              lambda_logits[n])
         halts.append(step_halts)
         chosen.append(step_chosen)
     steps = torch.stack(halts).to(torch.uint8).argmax(dim=0) + 1  # argmax returns the first maximum
@@ -127,75 +116,66 @@ def logits_at(logits: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     return logits.gather(0, index).squeeze(0)
 
 
-def _all(like: torch.Tensor) -> torch.Tensor:
-    return torch.ones(like.shape[0], dtype=torch.bool, device=like.device)
-
-
-def _rows(state, rows: torch.Tensor, dim: int = 0):
-    return None if state is None else state.index_select(dim, rows)
+def _rows(state, rows: torch.Tensor):
+    return None if state is None else state.index_select(0, rows)
 
 
 class Sample(Rule):
     """Halt at the first step whose Bernoulli(lambda_n) coin fires: uniforms[n] < lambda_n, the
     coins (steps, B) drawn up front."""
+    per_row = ("uniforms",)
 
     def __init__(self, uniforms: torch.Tensor):
-        self.uniforms = uniforms  # (steps, A)
+        self.uniforms = uniforms
 
-    def decide(self, n, last, logits, lambda_logits):
-        return _all(lambda_logits) if last else self.uniforms[n] < halting_units(lambda_logits), None
-
-    def keep(self, rows):
-        self.uniforms = self.uniforms.index_select(1, rows)
+    def halts(self, n, logits, lambda_logits):
+        return self.uniforms[n] < halting_units(lambda_logits)
 
 
 class Quantile(Rule):
     """Halt where the cumulative halting probability 1 - prod_{k<=n} (1 - lambda_k) reaches q,
     i.e. the log survival falls to log(1 - q) (the median rule: q = 1/2)."""
+    per_row = ("log_survival",)
 
     def __init__(self, q: float):
         self.threshold = math.log1p(-q)
         self.log_survival = None  # log prod_k (1 - lambda_k), (A,)
 
-    def decide(self, n, last, logits, lambda_logits):
-        step = log_continue(lambda_logits)
-        self.log_survival = step if self.log_survival is None else self.log_survival + step
-        return _all(lambda_logits) if last else self.log_survival <= self.threshold, None
-
-    def keep(self, rows):
-        self.log_survival = _rows(self.log_survival, rows)
+    def halts(self, n, logits, lambda_logits):
+        self.log_survival = _plus(self.log_survival, log_continue(lambda_logits))
+        return self.log_survival <= self.threshold
 
 
 class Patience(Rule):
     """Halt at the first step n whose predicted class argmax y_n is also that of each of the
     `patience` steps before it (PABEE's patience exit)."""
+    per_row = ("previous", "streak")
 
     def __init__(self, patience: int):
         self.patience = patience
         self.previous = self.streak = None  # argmax y_{n-1}; steps so far equal to the step before, (A,)
 
-    def decide(self, n, last, logits, lambda_logits):
+    def halts(self, n, logits, lambda_logits):
         prediction = logits.argmax(dim=-1)
         if self.previous is None:
             self.streak = torch.zeros_like(prediction)
         else:
             self.streak = torch.where(prediction == self.previous, self.streak + 1, torch.zeros_like(self.streak))
         self.previous = prediction
-        return _all(lambda_logits) if last else self.streak >= self.patience, None
-
-    def keep(self, rows):
-        self.streak, self.previous = _rows(self.streak, rows), _rows(self.previous, rows)
+        return self.streak >= self.patience
 
 
 class Confidence(Rule):
     """Halt once the top class probability max softmax(y_n) reaches `confidence` (CALM's
-    softmax-response exit)."""
+    softmax-response exit), in float32 and without the softmax: the top probability is
+    1 / sum_j exp(y_j - y_max)."""
 
     def __init__(self, confidence: float):
-        self.confidence = confidence
+        self.log_confidence = math.log(confidence)
 
-    def decide(self, n, last, logits, lambda_logits):
-        return _all(lambda_logits) if last else confident(logits, self.confidence), None
+    def halts(self, n, logits, lambda_logits):
+        logits = logits.float()
+        return torch.logsumexp(logits - logits.amax(dim=-1, keepdim=True), dim=-1) <= -self.log_confidence
 
 
 class Threshold(Rule):
@@ -205,100 +185,105 @@ class Threshold(Rule):
     def __init__(self, threshold: float):
         self.logit = math.log(threshold) - math.log1p(-threshold)
 
-    def decide(self, n, last, logits, lambda_logits):
-        return _all(lambda_logits) if last else lambda_logits.float() >= self.logit, None
+    def halts(self, n, logits, lambda_logits):
+        return lambda_logits.float() >= self.logit
 
 
 class FixedBudget(Rule):
     """fixed:N, the control adaptive halting is measured against: every input stops at step N,
-    for every method alike (ACT then reads y_N). Refused beyond the steps run, never cut to them
-    (`problem`; a forward that ends before step N raises)."""
+    for every method alike. Refused beyond the steps run (Method.halting_problem), never cut to
+    them: a forward that ends before step N raises."""
 
-    def __init__(self, rule: "HaltingRule | int"):
-        self.rule = parse_halting_rule(f"fixed:{rule}") if isinstance(rule, int) else rule
-        self.step = self.rule.budget
+    def __init__(self, step: int):
+        self.step = step
 
-    @classmethod
-    def of(cls, rule: "str | HaltingRule") -> "FixedBudget | None":
-        """The budget `rule` names; None for any other rule, a method's own label ("act", "one
-        step") or a spelling that is no rule."""
-        try:
-            rule = parse_halting_rule(rule)
-        except ValueError:
-            return None
-        return cls(rule) if rule.budget is not None else None
-
-    def problem(self, steps: int, runs: str = "run") -> str | None:
-        """Why it cannot apply where `steps` steps are run (`runs` says by what), else None."""
-        if self.step <= steps:
-            return None
-        return f"{self.rule.spelling} stops at step {self.step}, beyond the {steps} step{'s' * (steps != 1)} {runs}"
+    def halts(self, n, logits, lambda_logits):
+        # the same for every row: no row leaves before step N, so the batch that reaches it is
+        # the whole batch, and no tensor is compared on the device
+        return torch.full(lambda_logits.shape, n + 1 >= self.step, dtype=torch.bool, device=lambda_logits.device)
 
     def decide(self, n, last, logits, lambda_logits):
         if last and n + 1 < self.step:
-            raise ValueError(self.problem(n + 1))
-        # the same for every row: no row leaves before step N, so the batch that reaches it is
-        # the whole batch, and no tensor is compared on the device
-        return torch.full(lambda_logits.shape, last or n + 1 >= self.step, dtype=torch.bool,
-                          device=lambda_logits.device), None
+            raise ValueError(f"fixed:{self.step} stops at step {self.step}, beyond the {n + 1} "
+                             f"step{'s' * (n != 0)} run")
+        return super().decide(n, last, logits, lambda_logits)
 
 
-def rule_of(rule: "str | HaltingRule", uniforms: torch.Tensor | None = None) -> Rule:
+def rule_of(rule, uniforms: torch.Tensor | None = None) -> Rule:
     """The rule a --halting spelling names, fresh for one batch; uniforms (steps, B), the sample
     rule's coins. 'expected' needs every step and halts at none."""
     rule = parse_halting_rule(rule)
     if rule.budget is not None:
-        return FixedBudget(rule)
-    if rule.name == "sample":
-        return Sample(uniforms)
+        return FixedBudget(rule.budget)
     if rule.quantile is not None:
         return Quantile(rule.quantile)
-    if rule.name == "patience":
-        return Patience(rule.parameter)
-    if rule.name == "confidence":
-        return Confidence(rule.parameter)
-    if rule.name == "threshold":
-        return Threshold(rule.parameter)
-    raise ValueError(f"the {rule} rule needs every step; it halts at no one step")
+    kinds = {"sample": lambda: Sample(uniforms), "patience": lambda: Patience(rule.parameter),
+             "confidence": lambda: Confidence(rule.parameter), "threshold": lambda: Threshold(rule.parameter)}
+    if rule.name not in kinds:
+        raise ValueError(f"the {rule} rule needs every step; it halts at no one step")
+    return kinds[rule.name]()
 
 
 class Act(Rule):
     """ACT (Graves 2016): halting units h_n = sigmoid(z_n) summed until they reach 1 - epsilon
     (N, or the last step); the prediction is the p-weighted sum of the step logits, p = (h_1,
-    ..., h_{N-1}, R = 1 - sum_{n<N} h_n). As a truncation, exact: every later step weighs 0."""
+    ..., h_{N-1}, R = 1 - sum_{n<N} h_n, 0, ...), differentiable in the units (`act_halting`
+    drives it over every step for the loss). As a truncation, exact: every later step weighs 0."""
 
+    per_row = ("cumulative", "weighted", "halted")
     mask_is_identity = True
 
     def __init__(self, epsilon: float):
         self.epsilon = epsilon
         self.cumulative = None  # sum of halting units so far, (A,)
-        self.weighted = None  # running sum of p_n * y_n, (A, classes), from the first step on
+        self.weighted = None  # running sum of p_n * y_n, (A, classes)
+        self.halted = None  # halted at an earlier step (a forward of every step keeps such rows), (A,)
+        self.p = []  # p_n of every step, (A,) each
 
     def decide(self, n, last, logits, lambda_logits):
         unit = halting_units(lambda_logits)
         before = torch.zeros_like(unit) if self.cumulative is None else self.cumulative
         self.cumulative = before + unit
-        reached = _all(unit) if last else act_reached(self.cumulative, self.epsilon)
+        reached = torch.ones_like(unit, dtype=torch.bool) if last else self.cumulative >= 1 - self.epsilon
+        weight = torch.where(reached, 1 - before, unit)  # R on the halting step
+        if self.halted is not None:
+            weight = torch.where(self.halted, torch.zeros_like(weight), weight)
+        self.halted = reached if self.halted is None else self.halted | reached
+        self.p.append(weight)
         if logits is None:
             return reached, None
-        if self.weighted is None:
-            self.weighted = torch.zeros_like(logits, dtype=torch.float32)
-        weight = torch.where(reached, 1 - before, unit)  # R on the halting step
-        self.weighted = self.weighted + weight[:, None] * logits.float()
+        self.weighted = _plus(self.weighted, weight[:, None] * logits.float())
         return reached, self.weighted
 
-    def keep(self, rows):
-        self.cumulative, self.weighted = _rows(self.cumulative, rows), _rows(self.weighted, rows)
+
+class ActHalting(NamedTuple):
+    p: torch.Tensor  # (steps, B) weights of the step outputs, zero after N
+    steps: torch.Tensor  # (B,) N, 1-based
+    remainder: torch.Tensor  # (B,) R
+    prediction: torch.Tensor | None  # (B, classes) the p-weighted sum of the step logits, given them
 
 
-def act_reached(cumulative: torch.Tensor, epsilon: float) -> torch.Tensor:
-    """Whether the halting units summed so far reach 1 - epsilon: ACT's halting condition."""
-    return cumulative >= 1 - epsilon
+def act_halting(lambda_logits: torch.Tensor, epsilon: float, logits: torch.Tensor | None = None) -> ActHalting:
+    """ACT's rule over a forward of every step, differentiable in the halting units (the loss's)."""
+    rule = Act(epsilon)
+    steps, prediction = halting_steps(rule, logits, lambda_logits)
+    p = torch.stack(rule.p)
+    return ActHalting(p, steps, p.gather(0, (steps - 1)[None]).squeeze(0), prediction)
+
+
+def act_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor, tau: float,
+             epsilon: float) -> LossParts:
+    """CE of the mean-field prediction plus tau * (N + R); gradients reach the halting units
+    through R (N is discrete). Reported as (total, task loss, ponder cost)."""
+    halting = act_halting(lambda_logits, epsilon, logits)
+    task = F.cross_entropy(halting.prediction, targets)
+    ponder = (halting.steps.float() + halting.remainder).mean()
+    return LossParts(task + tau * ponder, task, ponder)
 
 
 # Truncation in training: which steps a training forward computes --------------------------------
 # Driven step by step by PonderNet.forward with `stop` (dropping the inputs that are done), or by
-# `halting_steps` over a forward of every step and applied as a mask (model.truncate: fixed shapes,
+# `halting_steps` over a forward of every step and applied as a mask (`truncate`: fixed shapes,
 # no host read, what a captured CUDA graph runs). Both give the same steps. Also ACT's `Act`, and
 # FixedBudget(1), the least any forward computes.
 
@@ -309,25 +294,22 @@ class Cut(Rule):
     depths[b] (1-based, drawn by the method: random-depth training, where its halting is forced,
     so every depth from the lowest drawn on trains its halting as the last step would), whichever
     comes first. Either may be None."""
+    per_row = ("log_survival", "depths")
 
     def __init__(self, epsilon: float | None = None, depths: torch.Tensor | None = None):
         self.log_epsilon = None if epsilon is None else math.log(epsilon)
         self.depths = depths  # (A,)
         self.log_survival = None  # (A,)
 
-    def decide(self, n, last, logits, lambda_logits):
+    def halts(self, n, logits, lambda_logits):
         done = None
         if self.log_epsilon is not None:
-            step = log_continue(lambda_logits)
-            self.log_survival = step if self.log_survival is None else self.log_survival + step
+            self.log_survival = _plus(self.log_survival, log_continue(lambda_logits))
             done = self.log_survival < self.log_epsilon
         if self.depths is not None:
             deep = self.depths <= n + 1
             done = deep if done is None else done | deep
-        return _all(lambda_logits) if last else done, None
-
-    def keep(self, rows):
-        self.log_survival, self.depths = _rows(self.log_survival, rows), _rows(self.depths, rows)
+        return done
 
 
 class Roulette(Rule):
@@ -337,7 +319,7 @@ class Roulette(Rule):
     loss weighs step n's terms by 1 / r_n (roulette_weights): in expectation, the loss and
     its gradient over every step. The coins `uniforms` (steps, B) are drawn up front. Its last
     computed step keeps its own lambda (no mass is moved onto it)."""
-
+    per_row = ("uniforms", "log_survival", "log_reach")
     forces_halt = False
 
     def __init__(self, epsilon: float, uniforms: torch.Tensor):
@@ -346,17 +328,12 @@ class Roulette(Rule):
         self.log_survival = None  # log S_n, (A,)
         self.log_reach = 0.0  # log r_n of the step just computed, (A,)
 
-    def decide(self, n, last, logits, lambda_logits):
-        step = log_continue(lambda_logits)
-        self.log_survival = step if self.log_survival is None else self.log_survival + step
+    def halts(self, n, logits, lambda_logits):
+        self.log_survival = _plus(self.log_survival, log_continue(lambda_logits))
         log_reach_next = reach_log_prob(self.log_survival, self.log_epsilon)
         going_on = torch.exp(log_reach_next - self.log_reach)  # P(step n + 1 | step n)
         self.log_reach = log_reach_next
-        return _all(lambda_logits) if last else self.uniforms[n] >= going_on, None
-
-    def keep(self, rows):
-        self.uniforms = self.uniforms.index_select(1, rows)
-        self.log_survival, self.log_reach = _rows(self.log_survival, rows), _rows(self.log_reach, rows)
+        return self.uniforms[n] >= going_on
 
 
 # A halting logit whose sigmoid is 1.0 in float32: how a truncated image's last computed step
@@ -370,12 +347,20 @@ class PonderOutput(NamedTuple):
     computed: torch.Tensor | None = None  # (B,) steps computed per image, when truncated
 
 
+def _forced_after(lambda_logits: torch.Tensor, forced: torch.Tensor) -> torch.Tensor:
+    return torch.where(forced, torch.full_like(lambda_logits, FORCED_HALT_LOGIT), lambda_logits)
+
+
+def _step_numbers(like: torch.Tensor) -> torch.Tensor:
+    """1, 2, ..., steps as a column (steps, 1) on like's device."""
+    return torch.arange(1, like.shape[0] + 1, device=like.device)[:, None]
+
+
 def halting_as_computed(out: PonderOutput) -> torch.Tensor:
     """out's halting logits (steps, B), every input halting by its last computed step at the latest."""
     if out.computed is None:
         return out.lambda_logits
-    n = torch.arange(1, out.lambda_logits.shape[0] + 1, device=out.lambda_logits.device)[:, None]  # (steps, 1)
-    return torch.where(n >= out.computed, torch.full_like(out.lambda_logits, FORCED_HALT_LOGIT), out.lambda_logits)
+    return _forced_after(out.lambda_logits, _step_numbers(out.lambda_logits) >= out.computed)
 
 
 def truncate(out: PonderOutput, rule: Rule) -> PonderOutput:
@@ -383,12 +368,11 @@ def truncate(out: PonderOutput, rule: Rule) -> PonderOutput:
     after those the rule computes masked (class logits 0, halting FORCED_HALT_LOGIT, and the last
     computed step's halting forced when the rule `forces_halt`), so the loss and its gradients
     are the truncated forward's. Fixed shapes, no host read."""
-    computed, _ = halting_steps(rule, None, out.lambda_logits)
-    n = torch.arange(1, out.lambda_logits.shape[0] + 1, device=out.lambda_logits.device)[:, None]  # (steps, 1)
+    computed, _ = halting_steps(rule, None, out.lambda_logits.detach())
+    n = _step_numbers(out.lambda_logits)
     logits = torch.where((n <= computed)[..., None], out.logits, torch.zeros_like(out.logits))
     forced = n >= computed if rule.forces_halt else n > computed  # (steps, B)
-    lambda_logits = torch.where(forced, torch.full_like(out.lambda_logits, FORCED_HALT_LOGIT), out.lambda_logits)
-    return PonderOutput(logits, lambda_logits, computed)
+    return PonderOutput(logits, _forced_after(out.lambda_logits, forced), computed)
 
 
 # PonderNet's halting distribution and loss -----------------------------------------------------
@@ -400,17 +384,20 @@ def truncate(out: PonderOutput, rule: Rule) -> PonderOutput:
 # 0 * finite = 0 (the reference removed every sample with a zero p_n from the batch).
 
 def log_survivals(lambda_logits: torch.Tensor) -> torch.Tensor:
-    """log prod_{k<=n} (1 - lambda_k) at every step n: the log of the halting mass not yet
-    spent after step n. (steps, B) -> (steps, B), float32."""
-    return running_sums(log_continue(lambda_logits))
+    """log prod_{k<=n} (1 - lambda_k) at every step n, (steps, B), float32: the halting mass not
+    yet spent after step n, added one step at a time as the rules add it. (torch.cumsum on the
+    CPU accumulates float32 in float64: its sums differ in the last bit and, near a threshold,
+    halt at another step.)"""
+    total, sums = None, []
+    for term in log_continue(lambda_logits):
+        total = _plus(total, term)
+        sums.append(total)
+    return torch.stack(sums)
 
 
 def halting_log_probs(lambda_logits: torch.Tensor) -> torch.Tensor:
-    """log p_n = log lambda_n + sum_{k<n} log(1 - lambda_k), with lambda forced to 1 at the last step.
-
-    Computed in log space and float32 so it stays finite even where p_n underflows:
-    log(1 - sigmoid(z)) = logsigmoid(-z) never takes the log of 0.
-    """
+    """log p_n = log lambda_n + sum_{k<n} log(1 - lambda_k), with lambda forced to 1 at the last
+    step; in log space and float32, so it stays finite where p_n underflows."""
     z = lambda_logits.float()  # (steps, B)
     log_lambda = F.logsigmoid(z)
     log_lambda = torch.cat([log_lambda[:-1], torch.zeros_like(log_lambda[-1:])])  # lambda_N = 1
@@ -429,16 +416,10 @@ def expected_prediction(logits: torch.Tensor, lambda_logits: torch.Tensor) -> tu
 
 def roulette_weights(lambda_logits: torch.Tensor, computed: torch.Tensor, epsilon: float) -> torch.Tensor:
     """1 / r_n for the steps each image computed under Roulette (r_n its probability of
-    computing step n), 0 after them: (steps, B), float32, detached. lambda_logits (steps, B) as
-    the truncated forward gave them, computed (B,) the steps it computed."""
+    computing step n), 0 after them: (steps, B), float32, detached."""
     log_survival = log_survivals(lambda_logits.detach())  # log S_n after step n
     log_reach = reach_log_prob(torch.cat([torch.zeros_like(log_survival[:1]), log_survival[:-1]]), math.log(epsilon))
-    n = torch.arange(1, lambda_logits.shape[0] + 1, device=lambda_logits.device)[:, None]  # (steps, 1)
-    return torch.where(n <= computed, torch.exp(-log_reach), torch.zeros_like(log_reach))
-
-
-# The prior's log is clamped here so that lambda_p = 1 (all mass on step 1) stays finite.
-_MIN_LOG_PRIOR = math.log(torch.finfo(torch.float32).tiny)
+    return torch.where(_step_numbers(lambda_logits) <= computed, torch.exp(-log_reach), torch.zeros_like(log_reach))
 
 
 class LossParts(NamedTuple):
@@ -448,22 +429,20 @@ class LossParts(NamedTuple):
 
 
 def geometric_log_prior(lambda_p: float, max_steps: int, device=None) -> torch.Tensor:
-    """log p_G(n) for n = 1..max_steps, p_G(n) proportional to lambda_p (1 - lambda_p)^(n-1).
-
-    Choice: the geometric distribution truncated at max_steps is renormalised to sum to 1, so
-    that KL(p || p_G) compares two distributions over the same support (p also sums to 1, its
-    last step taking all remaining mass). The paper leaves the truncation implicit.
-    """
+    """log p_G(n) for n = 1..max_steps, p_G(n) proportional to lambda_p (1 - lambda_p)^(n-1),
+    renormalised over the steps run, so that KL(p || p_G) compares two distributions over the
+    same support (the paper leaves the truncation implicit); clamped, so that lambda_p = 1 stays
+    finite."""
     k = torch.arange(max_steps, dtype=torch.float64)
     # xlog1py gives 0 for k = 0 even when lambda_p = 1 (0 * log 0).
     log_unnormalised = math.log(lambda_p) + torch.special.xlog1py(k, -lambda_p)
     log_prior = log_unnormalised - torch.logsumexp(log_unnormalised, dim=0)
-    return log_prior.clamp_min(_MIN_LOG_PRIOR).to(device=device, dtype=torch.float32)  # (steps,)
+    tiny = math.log(torch.finfo(torch.float32).tiny)
+    return log_prior.clamp_min(tiny).to(device=device, dtype=torch.float32)  # (steps,)
 
 
 def log_prior(shape: str, lambda_p: float, max_steps: int, device=None) -> torch.Tensor:
-    """log p_G(n) for n = 1..max_steps of the prior named `shape` (registry.PRIORS): the
-    geometric one above, or uniform, 1 / max_steps at every step."""
+    """log p_G(n) of the prior named `shape` (registry.PRIORS): geometric, or uniform."""
     if shape == "uniform":
         return torch.full((max_steps,), -math.log(max_steps), dtype=torch.float32, device=device)
     return geometric_log_prior(lambda_p, max_steps, device)
@@ -472,28 +451,21 @@ def log_prior(shape: str, lambda_p: float, max_steps: int, device=None) -> torch
 def reconstruction_loss(logits: torch.Tensor, targets: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """mean over images of sum_n p_n(image) * CE(y_n(image), target(image))."""
     steps, batch, classes = logits.shape
-    ce = F.cross_entropy(
-        logits.float().reshape(steps * batch, classes),
-        targets.expand(steps, batch).reshape(-1),
-        reduction="none",
-    ).view(steps, batch)  # (steps, B): each image's own loss at each step
+    ce = F.cross_entropy(logits.float().reshape(steps * batch, classes), targets.expand(steps, batch).reshape(-1),
+                         reduction="none").view(steps, batch)  # (steps, B): each image's own loss at each step
     return (p * ce).sum(dim=0).mean()
 
 
 def kl_to_prior(p: torch.Tensor, log_p: torch.Tensor, log_prior: torch.Tensor) -> torch.Tensor:
-    """mean over images of KL(p || p_G) = sum_n p_n (log p_n - log p_G(n)); the paper's direction.
-
-    p (steps, B) is log_p.exp(), passed in because the caller already has it.
-    """
+    """mean over images of KL(p || p_G) = sum_n p_n (log p_n - log p_G(n)), the paper's direction;
+    p = log_p.exp(), which the caller already has."""
     return (p * (log_p - log_prior[:, None])).sum(dim=0).mean()
 
 
 def ponder_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor,
                 log_prior: torch.Tensor, beta: float | torch.Tensor, weights: torch.Tensor | None = None) -> LossParts:
-    """Always in float32, also when the forward pass ran under autocast. `weights` (steps, B)
-    scale each step's terms of both sums (roulette_weights: an unbiased estimate of
-    them from the steps a truncated forward computed). `beta` may be a 0-dim tensor on the
-    device (a warm-up's, `kl_weight`)."""
+    """Always in float32, also under autocast. `weights` (steps, B) scale each step's terms of
+    both sums (roulette_weights); `beta` may be a 0-dim tensor on the device (a warm-up's)."""
     log_p = halting_log_probs(lambda_logits)  # (steps, B), float32
     p = log_p.exp()
     if weights is not None:
@@ -509,16 +481,14 @@ def halting_targets(logits: torch.Tensor, targets: torch.Tensor, kind: str,
                     computed: torch.Tensor | None = None) -> torch.Tensor:
     """t_n (steps, B) in {0, 1}, what lambda_n is trained towards: "final", no later computed step
     changes the answer (argmax y_m = argmax y_n for every computed m > n); "correct", the answer
-    at step n is the label. Steps after `computed` (B,) are not looked at (their t_n is not
-    trained: halting_bce). Read from the answers alone, with no gradient; fixed shapes, no host
-    read."""
+    at step n is the label. Steps after `computed` (B,) are not looked at (halting_bce does not
+    train them). Read from the answers alone, with no gradient; fixed shapes, no host read."""
     answers = logits.detach().argmax(dim=-1)  # (steps, B)
     if kind == "correct":
         return (answers == targets).float()
-    n = torch.arange(1, answers.shape[0] + 1, device=answers.device)[:, None]  # (steps, 1)
     last = answers.shape[0] if computed is None else computed  # (B,) or an int
     at_last = answers[-1:] if computed is None else answers.gather(0, (computed - 1)[None])  # (1, B)
-    differs = ((answers != at_last) & (n <= last)).to(torch.uint8)  # (steps, B): unlike the last computed answer
+    differs = ((answers != at_last) & (_step_numbers(answers) <= last)).to(torch.uint8)  # unlike the last answer
     # final at n: no step from n on differs from the last answer (a reverse running maximum)
     return 1.0 - differs.flip(0).cummax(dim=0).values.flip(0).float()
 
@@ -528,8 +498,7 @@ def halting_bce(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torc
     """The mean binary cross-entropy of lambda_n against halting_targets over every step before
     the last computed one (at that step halting is forced, whatever lambda says)."""
     t = halting_targets(logits, targets, kind, computed)
-    n = torch.arange(1, t.shape[0] + 1, device=t.device)[:, None]
-    trained = (n < (t.shape[0] if computed is None else computed)).float().expand(t.shape)  # (steps, B)
+    trained = (_step_numbers(t) < (t.shape[0] if computed is None else computed)).float().expand(t.shape)
     bce = F.binary_cross_entropy_with_logits(lambda_logits.float(), t, reduction="none")
     return (bce * trained).sum() / trained.sum().clamp_min(1.0)
 
@@ -655,11 +624,9 @@ class PonderNet(nn.Module):
     def heads(self, readout: torch.Tensor, extra: torch.Tensor | None = None,
               previous: torch.Tensor | None = None, earlier: torch.Tensor | None = None,
               n: int | None = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Class logits (..., classes) and halting logits (...) from readouts (..., readout) of
-        step `n` (0-based), or, with n None, of every step stacked (steps, B, readout);
-        `previous`, the readouts one step earlier (zeros at the first step), when the halting
-        head reads them; `earlier`, the class logits one step earlier (None at the first step),
-        when it reads the answer (n None: taken from the stack)."""
+        """Class logits (..., classes) and halting logits (...) from step n's readouts (..., readout)
+        (n None: every step's, stacked); `previous`, the readouts one step earlier, and `earlier`,
+        the class logits one step earlier (None before the first step; n None: from the stack)."""
         logits = self.output_head(readout)
         halting_input = [readout]
         if self.confidence_input:
@@ -686,14 +653,18 @@ class PonderNet(nn.Module):
         lambda_logits = self.halting_head(halting_input).squeeze(-1)
         return logits, lambda_logits if extra is None else self.step.gate_halting(lambda_logits, extra)
 
-    def _until_done(self, x: torch.Tensor, rule: Rule, predicts: bool = True):
-        """The one early-exit loop: yields, for every step, the rows still running (A,), their class
-        and halting logits and the rule's decision (done (A,), chosen (A, classes)), the rule shown
-        the class logits when it `predicts`; then keeps the rows that go on. One host sync per step
-        (`nonzero`: the next step's shape), which buys skipping all work on finished rows.
-        """
+    def _until_done(self, x: torch.Tensor, rule: Rule, predicts: bool):
+        """The one early-exit loop: each step computes only the rows still running, and `rule`
+        (shown the class logits when it `predicts`) says which halt. One host sync per step
+        (`nonzero`: the next step's shape), which buys skipping all work on finished rows. Returns
+        the steps computed (B,) and, when it `predicts`, the rule's prediction at each row's last
+        step (B, classes), else every step's class and halting logits (steps, B, ...), padded after
+        a row's last step with logits 0 and halting FORCED_HALT_LOGIT (p_n = 0 there)."""
+        batch = x.shape[0]
+        computed = torch.full((batch,), self.max_steps, dtype=torch.long, device=x.device)
+        kept = None
         context, state = self.step.start(x, self.max_steps)
-        active = torch.arange(x.shape[0], device=x.device)  # rows of the batch still running
+        active = torch.arange(batch, device=x.device)  # rows of the batch still running
         previous = None  # the last step's readouts of the running rows, when the halting head reads them
         earlier = None  # the last step's class logits of the running rows, when it reads the answer
         for n in range(self.max_steps):
@@ -703,13 +674,26 @@ class PonderNet(nn.Module):
             earlier = logits if self.answer_input else None
             last = n == self.max_steps - 1
             done, chosen = rule.decide(n, last, logits if predicts else None, lambda_logits.detach())
-            chosen = logits if chosen is None else chosen
-            yield n, active, logits, lambda_logits, done, chosen
+            # Every running row is written at every step; the last write is at the step it is done,
+            # after which it no longer runs: no mask of the done rows is needed.
+            if predicts:
+                chosen = logits if chosen is None else chosen
+                kept = chosen.new_empty(batch, chosen.shape[-1]) if kept is None else kept
+                kept.index_copy_(0, active, chosen)
+            else:
+                if kept is None:
+                    kept = (logits.new_zeros(self.max_steps, batch, logits.shape[-1]),
+                            lambda_logits.new_full((self.max_steps, batch), FORCED_HALT_LOGIT))
+                # index_put keeps the graph: gradients flow to the rows computed at this step (the
+                # step index is filled on the device: no host-to-device copy per step)
+                step = active.new_full(active.shape, n)
+                kept = kept[0].index_put((step, active), logits), kept[1].index_put((step, active), lambda_logits)
+            computed.index_fill_(0, active, n + 1)
             if last:
-                return
+                break
             going_on = torch.nonzero(~done).squeeze(1)  # (A',) positions among the A: the step's sync
             if going_on.shape[0] == 0:
-                return
+                break
             if going_on.shape[0] < active.shape[0]:  # nothing to copy when no row is done
                 active = active.index_select(0, going_on)
                 # integer indices, never a mask: a mask's `nonzero` would make the host wait once
@@ -718,41 +702,18 @@ class PonderNet(nn.Module):
                 state = tuple(_rows(v, going_on) for v in state)
                 previous, earlier = _rows(previous, going_on), _rows(earlier, going_on)
                 rule.keep(going_on)
+        return computed, kept
 
     def _forward_truncated(self, x: torch.Tensor, stop: Rule) -> PonderOutput:
-        batch = x.shape[0]
-        computed = torch.full((batch,), self.max_steps, dtype=torch.long, device=x.device)
-        logits_all = lambda_all = None
-        for n, active, logits, lambda_logits, _, _ in self._until_done(x, stop, predicts=False):
-            if logits_all is None:  # padding: logits 0, halting forced (p_n = 0 after the last step)
-                logits_all = logits.new_zeros(self.max_steps, batch, logits.shape[-1])
-                lambda_all = lambda_logits.new_full((self.max_steps, batch), FORCED_HALT_LOGIT)
-            # index_put keeps the graph: gradients flow to the rows computed at this step (the step
-            # index is filled on the device: no host-to-device copy per step)
-            step = active.new_full(active.shape, n)
-            logits_all = logits_all.index_put((step, active), logits)
-            lambda_all = lambda_all.index_put((step, active), lambda_logits)
-            # Every running row gets n + 1; the last write a row gets is at the step it is done
-            # (then it stops running), so no mask of the done rows is needed.
-            computed.index_fill_(0, active, n + 1)
-        out = PonderOutput(logits_all, lambda_all, computed)
+        computed, (logits, lambda_logits) = self._until_done(x, stop, predicts=False)
+        out = PonderOutput(logits, lambda_logits, computed)
         return out._replace(lambda_logits=halting_as_computed(out)) if stop.forces_halt else out
 
     @torch.no_grad()
     def infer(self, x: torch.Tensor, rule: Rule) -> tuple[torch.Tensor, torch.Tensor]:
-        """Real early exit under `rule`, each step computing only the images still running: the
-        prediction at the halting step (B, classes) and the 1-based halting step (B,), as the
-        rule over a forward of every step gives them."""
-        batch = x.shape[0]
-        prediction = None
-        steps = torch.full((batch,), self.max_steps, dtype=torch.long, device=x.device)
-        for n, active, _, _, halts, chosen in self._until_done(x, rule):
-            if prediction is None:
-                prediction = chosen.new_empty(batch, chosen.shape[-1])
-            # Every running row is written at every step; the last write is at its halting step,
-            # after which it no longer runs: what stays is the rule's choice there.
-            prediction.index_copy_(0, active, chosen)
-            steps.index_fill_(0, active, n + 1)
+        """Real early exit under `rule`: the prediction at the halting step (B, classes) and the
+        1-based halting step (B,), as the rule over a forward of every step gives them."""
+        steps, prediction = self._until_done(x, rule, predicts=True)
         return prediction, steps
 
     def left_out_by_one_step(self, x: torch.Tensor) -> list[str]:
@@ -771,11 +732,17 @@ class PonderNet(nn.Module):
 # The methods ------------------------------------------------------------------------------------
 
 class Method:
+    """What differs between PonderNet, ACT and a one-step network. Everything about the rule a
+    method halts by follows from `halting_label`: a method with a rule of its own (`own_halting`,
+    `own_rule`) halts by it whatever --halting asks, but at a budget (fixed:N) wherever it has steps
+    to stop at."""
     name: str = ""
     # whether its loss, truncation and metrics keep a training batch capturable as a CUDA graph
     # (fixed shapes, no host read, randomness from torch's default generator): a method that does
     # not declare it trains eagerly on CUDA (train.use_graphs); tests/test_graph_safe.py proves it
     graph_safe: bool = False
+    own_halting: str | None = None  # how reports name the method's own rule (None: it halts by the one asked)
+    own_halting_means = ""  # that rule in words, for the message refusing another
 
     def __init__(self, cfg, device=None):
         self.cfg = cfg
@@ -783,25 +750,11 @@ class Method:
 
     @classmethod
     def config_problems(cls, cfg) -> list[str]:
-        """What this method cannot train with beside the other settings, as messages for the user
-        (each value's own range is its field's, config.py)."""
+        """What this method cannot train with beside the other settings, as messages for the user."""
         return []
 
-    def halting_label(self, rule: str) -> str:
-        """The halting rule that really applies when the user asks for `rule`."""
-        return rule
-
-    def halting_problem(self, rule: str) -> str | None:
-        """Why this method cannot halt by `rule` (None: it can): a budget beyond its max_steps."""
-        budget = FixedBudget.of(rule)
-        problem = budget and budget.problem(self.cfg.method.max_steps, f"this {self.name} model runs")
-        if not problem:
-            return None
-        return f"--halting {problem}" + (" (--max-steps runs more)" if self.cfg.method.name != "plain" else "")
-
-    def needs_all_steps(self, rule: str) -> bool:
-        """Whether predicting under `rule` needs every step of every image (no early exit)."""
-        return False
+    def own_rule(self) -> Rule:
+        raise NotImplementedError
 
     def loss(self, logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor,
              computed: torch.Tensor | None = None, progress: torch.Tensor | None = None) -> LossParts:
@@ -809,17 +762,54 @@ class Method:
         `progress`: the optimizer steps taken, a 0-dim tensor on the device (None: evaluation)."""
         raise NotImplementedError
 
+    def truncation(self, batch: int, device) -> Rule | None:
+        """The rule that lets training drop an image from later steps (None: every step), drawing
+        from torch's default generator."""
+        return None
+
+    def follows(self, rule: str) -> bool:
+        """Whether this method halts by `rule` as asked: one with a rule of its own halts by a
+        budget alone, where it has steps to stop at ("act", "one step": its own)."""
+        return self.own_halting is None or (self.cfg.method.max_steps > 1 and _budget(rule) is not None)
+
+    def halting_label(self, rule: str) -> str:
+        """The halting rule that really applies when the user asks for `rule`."""
+        return rule if self.follows(rule) else self.own_halting
+
+    def halting_problem(self, rule: str) -> str | None:
+        """Why this method cannot halt by `rule` (None: it can): a budget beyond its steps, or, where
+        it has steps to stop at, a rule other than its own or a budget."""
+        steps, budget = self.cfg.method.max_steps, _budget(rule)
+        if not self.follows(rule) and steps > 1:
+            return (f"--halting {rule} applies to pondernet checkpoints; this one is {self.name}, which halts by "
+                    f"its own rule ({self.own_halting_means}) or at a fixed budget (fixed:N)")
+        if budget is None or budget <= steps:
+            return None
+        return (f"--halting {parse_halting_rule(rule).spelling} stops at step {budget}, beyond the {steps} "
+                f"step{'s' * (steps != 1)} this {self.name} model runs"
+                + (" (--max-steps runs more)" if self.cfg.method.name != "plain" else ""))
+
+    def needs_all_steps(self, rule: str) -> bool:
+        """Whether predicting under `rule` needs every step of every image (no early exit)."""
+        return self.follows(rule) and not parse_halting_rule(rule).halts_at_one_step
+
     def exit_rule(self, rule: str, uniforms: torch.Tensor) -> Rule:
-        """The Rule this method halts by when asked for `rule`, fresh for one batch, for early exit
-        and over a forward of every step alike; uniforms (steps, B): the halting coins."""
-        raise NotImplementedError
+        """The Rule this method halts by when asked for `rule`, fresh for one batch; uniforms
+        (steps, B): the halting coins."""
+        return rule_of(rule, uniforms) if self.follows(rule) else self.own_rule()
 
     def predict(self, logits: torch.Tensor, lambda_logits: torch.Tensor, uniforms: torch.Tensor,
                 rule: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Class scores (B, classes) and ponder steps (B,) from a forward pass over every step;
-        uniforms (steps, B) are the halting coin flips."""
+        """Class scores (B, classes) and ponder steps (B,) from a forward pass over every step."""
+        if self.needs_all_steps(rule):
+            return expected_prediction(logits, lambda_logits)
         steps, scores = halting_steps(self.exit_rule(rule, uniforms), logits, lambda_logits)
         return scores, steps
+
+    def probabilities(self, scores: torch.Tensor, rule: str) -> torch.Tensor:
+        """Class probabilities (B, classes) from `predict`'s scores under `rule` (the expected
+        rule's scores already are)."""
+        return scores.float() if self.needs_all_steps(rule) else torch.softmax(scores.float(), dim=-1)
 
     def halting_distribution(self, lambda_logits: torch.Tensor) -> torch.Tensor:
         """p_n (steps, B): the weight this method gives each step's output (PonderNet: the
@@ -834,13 +824,12 @@ class Method:
         n = torch.arange(1, p.shape[0] + 1, device=p.device, dtype=p.dtype)[:, None]
         return (p * right).sum(), (p * n).sum()
 
-    def probabilities(self, scores: torch.Tensor, rule: str) -> torch.Tensor:
-        """Class probabilities (B, classes) from `predict`'s scores under `rule`."""
-        return torch.softmax(scores.float(), dim=-1)
 
-    def truncation(self, batch: int, device) -> Rule | None:
-        """The rule that lets training drop an image from later steps (None: every step), drawing
-        from torch's default generator."""
+def _budget(rule) -> int | None:
+    """The step fixed:N stops at; None for another rule or a method's own label ("act")."""
+    try:
+        return parse_halting_rule(rule).budget
+    except ValueError:
         return None
 
 
@@ -874,7 +863,7 @@ class PonderNetMethod(Method):
 
     @classmethod
     def config_problems(cls, cfg):
-        problems, m = super().config_problems(cfg), cfg.method
+        problems, m = [], cfg.method
         if not applies("depth_min", {"method": cls.name}):  # plain: one step, no depth to draw
             return problems
         if m.depth_min > m.max_steps:
@@ -896,41 +885,22 @@ class PonderNetMethod(Method):
             return beta
         return beta * (progress.float() / warmup).clamp(max=1.0)
 
-    def log_prior(self, device) -> torch.Tensor:
-        if self._log_prior.device != torch.device(device):  # a method built for another device
-            self._log_prior = self._log_prior.to(device)
-        return self._log_prior
-
-    def needs_all_steps(self, rule):
-        return parse_halting_rule(rule).name == "expected"
-
     def loss(self, logits, lambda_logits, targets, computed=None, progress=None):
-        kind = self.cfg.method.halting_target
-        if kind != "prior":
+        m = self.cfg.method
+        if m.halting_target != "prior":
             # The steps and the class head learn the expected loss under the halting distribution,
             # as PonderNet's; the halting head learns from the cross-entropy alone (p detached:
             # halting does not learn to stop where the loss is low, nor the steps to be cheap).
             p = halting_log_probs(lambda_logits.detach()).exp()
             reconstruction = reconstruction_loss(logits, targets, p)
-            bce = halting_bce(logits, lambda_logits, targets, kind, computed)
+            bce = halting_bce(logits, lambda_logits, targets, m.halting_target, computed)
             return LossParts(reconstruction + bce, reconstruction, bce)
         weights = None
-        if computed is not None and self.cfg.method.truncation_rule == "roulette" and self.cfg.method.truncation > 0:
-            weights = roulette_weights(lambda_logits, computed, self.cfg.method.truncation)
-        return ponder_loss(logits, lambda_logits, targets, self.log_prior(logits.device), self.kl_weight(progress),
-                           weights)
-
-    def exit_rule(self, rule, uniforms):
-        return rule_of(rule, uniforms)
-
-    def predict(self, logits, lambda_logits, uniforms, rule):
-        if self.needs_all_steps(rule):
-            return expected_prediction(logits, lambda_logits)
-        return super().predict(logits, lambda_logits, uniforms, rule)
-
-    def probabilities(self, scores, rule):
-        # the expected rule's scores are already the p-weighted class probabilities
-        return scores.float() if self.needs_all_steps(rule) else super().probabilities(scores, rule)
+        if computed is not None and m.truncation_rule == "roulette" and m.truncation > 0:
+            weights = roulette_weights(lambda_logits, computed, m.truncation)
+        if self._log_prior.device != logits.device:  # a method built for another device
+            self._log_prior = self._log_prior.to(logits.device)
+        return ponder_loss(logits, lambda_logits, targets, self._log_prior, self.kl_weight(progress), weights)
 
     def truncation(self, batch, device):
         m = self.cfg.method
@@ -945,6 +915,7 @@ class PonderNetMethod(Method):
 
 class PlainMethod(PonderNetMethod):
     name = "plain"
+    own_halting = "one step"  # every rule halts there
 
     @classmethod
     def config_problems(cls, cfg):
@@ -954,93 +925,26 @@ class PlainMethod(PonderNetMethod):
             problems.append(f"method plain runs exactly one step (got max-steps {cfg.method.max_steps})")
         return problems
 
-    def halting_label(self, rule):
-        return "one step"
-
-    def needs_all_steps(self, rule):
-        return False  # one step: every rule is the same prediction
-
-    def exit_rule(self, rule, uniforms):
-        # one step: every rule halts there, a budget too (compare asks every method for one; eval
-        # refuses a budget beyond it: halting_problem)
+    def own_rule(self):
         return FixedBudget(1)
-
-
-# ACT (Graves 2016) ------------------------------------------------------------------------------
-
-
-class ActHalting(NamedTuple):
-    p: torch.Tensor  # (steps, B) weights of the step outputs, zero after N
-    steps: torch.Tensor  # (B,) N, 1-based
-    remainder: torch.Tensor  # (B,) R
-
-
-def act_halting(lambda_logits: torch.Tensor, epsilon: float) -> ActHalting:
-    """ACT's weights of the step outputs, p = (h_1, ..., h_{N-1}, R, 0, ...), with N where
-    Act halts and R = 1 - sum_{n<N} h_n, differentiable in the halting units h_n. N is
-    read off the running sum the loss differentiates, by Act's own test (act_reached),
-    at no cost beyond it (tests/test_exit_rules.py: the same N as Act's, near the bound)."""
-    h = halting_units(lambda_logits)  # (steps, B)
-    cumulative = running_sums(h)  # sum_{k<=n} h_k, as Act adds them
-    reached = act_reached(cumulative.detach(), epsilon)
-    reached[-1].fill_(True)  # max_steps caps N
-    steps = reached.to(torch.uint8).argmax(dim=0) + 1  # the first step reached; (B,)
-    n = torch.arange(1, h.shape[0] + 1, device=h.device)[:, None]  # (steps, 1)
-    # sum_{n<N} h_n read off the running sum (0 when N = 1)
-    before = torch.where(steps > 1, cumulative.gather(0, (steps - 2).clamp_min(0)[None]).squeeze(0),
-                         torch.zeros_like(steps, dtype=h.dtype))
-    remainder = 1 - before
-    p = torch.where(n < steps, h, torch.zeros_like(h)) + torch.where(n == steps, remainder, torch.zeros_like(h))
-    return ActHalting(p, steps, remainder)
-
-
-def act_mean_field(p: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """The p-weighted sum of the step logits, (steps, B), (steps, B, classes) -> (B, classes),
-    summed step by step as Act sums it (the weights after N are 0 and add nothing)."""
-    return running_sums(p[..., None] * logits.float())[-1]
-
-
-def act_loss(logits: torch.Tensor, lambda_logits: torch.Tensor, targets: torch.Tensor, tau: float,
-             epsilon: float) -> LossParts:
-    """CE of the mean-field prediction plus tau * (N + R); gradients reach the halting units
-    through R (N is discrete). Reported as (total, task loss, ponder cost)."""
-    halting = act_halting(lambda_logits, epsilon)
-    mean_field = act_mean_field(halting.p, logits)  # (B, classes)
-    task = F.cross_entropy(mean_field, targets)
-    ponder = (halting.steps.float() + halting.remainder).mean()
-    return LossParts(task + tau * ponder, task, ponder)
 
 
 class ACTMethod(Method):
     name = "act"
     graph_safe = True
+    own_halting = "act"
+    own_halting_means = "halting units summing to 1 - epsilon"
 
-    def halting_label(self, rule):
-        budget = FixedBudget.of(rule)
-        return budget.rule.spelling if budget else "act"
-
-    def halting_problem(self, rule):
-        # every --halting rule but a fixed budget is PonderNet's: ACT halts by its own alone, so a
-        # rule asked for is refused rather than silently replaced (compare, where one --halting
-        # serves every method, shows each method's own instead)
-        if FixedBudget.of(rule):
-            return super().halting_problem(rule)
-        return (f"--halting {rule} applies to pondernet checkpoints; this one is act, which halts by its own "
-                f"rule (halting units summing to 1 - epsilon) or at a fixed budget (fixed:N)")
+    def own_rule(self):
+        return Act(self.cfg.method.act_epsilon)
 
     def loss(self, logits, lambda_logits, targets, computed=None, progress=None):
         return act_loss(logits, lambda_logits, targets, self.cfg.method.tau, self.cfg.method.act_epsilon)
 
-    def exit_rule(self, rule, uniforms):
-        # its own rule, or a budget (halting_problem refuses any other)
-        return FixedBudget.of(rule) or Act(self.cfg.method.act_epsilon)
-
     def batch_metrics(self, out, targets):
-        # ACT predicts deterministically: its mean-field prediction and N (as Act's, from the
-        # weights the loss reads: cheaper than the rule's step-by-step sum in every batch)
-        halting = act_halting(halting_as_computed(out), self.cfg.method.act_epsilon)
-        scores = act_mean_field(halting.p, out.logits)
-        return (scores.argmax(dim=1) == targets).float().sum(), halting.steps.float().sum()
+        # ACT predicts deterministically: its mean-field prediction and N
+        halting = act_halting(halting_as_computed(out), self.cfg.method.act_epsilon, out.logits)
+        return (halting.prediction.argmax(dim=1) == targets).float().sum(), halting.steps.float().sum()
 
     def halting_distribution(self, lambda_logits):
         return act_halting(lambda_logits, self.cfg.method.act_epsilon).p

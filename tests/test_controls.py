@@ -56,22 +56,31 @@ def test_the_batch_and_early_exit_forms_stop_every_input_at_step_n(drive):
     logits, lambda_logits = torch.randn(5, 7, 3), torch.randn(5, 7) * 4  # halting would differ per row
     for n in range(1, 6):
         rule = parse_halting_rule(f"fixed:{n}")
-        steps, chosen = halting_steps(FixedBudget.of(rule), logits, lambda_logits)
+        assert isinstance(rule_of(rule), FixedBudget) and rule_of(rule).step == n
+        steps, chosen = halting_steps(rule_of(rule), logits, lambda_logits)
         assert torch.equal(steps, torch.full((7,), n)) and torch.equal(chosen, logits[n - 1])
         assert drive(rule_of(rule, torch.rand(5, 7)), logits, lambda_logits).tolist() == [n] * 7
-    six = FixedBudget.of("fixed:6")
     with pytest.raises(ValueError, match="fixed:6 stops at step 6, beyond the 5 steps run"):
-        halting_steps(six, logits, lambda_logits)
+        halting_steps(rule_of("fixed:6"), logits, lambda_logits)
     with pytest.raises(ValueError, match="fixed:6 stops at step 6, beyond the 5 steps run"):
-        drive(rule_of(six.rule, torch.rand(5, 7)), logits, lambda_logits)
-    assert six.problem(1, "this plain model runs") == "fixed:6 stops at step 6, beyond the 1 step this plain model runs"
-    assert six.problem(6) is None
+        drive(rule_of("fixed:6", torch.rand(5, 7)), logits, lambda_logits)
 
 
 def test_only_a_budget_is_a_budget():
-    assert FixedBudget.of("fixed:3").step == 3 and FixedBudget.of(parse_halting_rule("Fixed:2")).step == 2
-    assert [FixedBudget.of(rule) for rule in ("median", "sample", "patience:2", "act", "one step", "fixed:0")] == \
-        [None] * 6
+    assert not any(isinstance(rule_of(rule, torch.rand(2, 3)), FixedBudget)
+                   for rule in ("median", "sample", "patience:2", "confidence:0.9", "threshold:0.5"))
+    assert rule_of("Fixed:2").step == 2
+
+
+def test_a_budget_beyond_the_steps_a_model_runs_is_refused():
+    cfg = PonderConfig.of(max_steps=5)
+    problem = get_method(cfg).halting_problem("fixed:6")
+    assert problem == "--halting fixed:6 stops at step 6, beyond the 5 steps this pondernet model runs " \
+                      "(--max-steps runs more)"
+    assert get_method(cfg).halting_problem("fixed:5") is None
+    act = PonderConfig.of(method="act", max_steps=5)
+    assert "fixed:6" in get_method(act).halting_problem("fixed:6") and get_method(act).halting_problem("fixed:5") is None
+    assert get_method(act).halting_label("fixed:3") == "fixed:3" and get_method(act).halting_label("median") == "act"
 
 
 def test_the_early_exit_loop_stops_every_image_at_the_budget_and_reads_that_step():

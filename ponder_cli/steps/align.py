@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import StepFunction, StepTrace
-from .mlp import ImageEncoder, dropout_mask
+from .mlp import ImageEncoder
 
 
 def rotation_grid(angles: torch.Tensor, size: tuple) -> torch.Tensor:
@@ -42,13 +42,6 @@ def rotation_grid(angles: torch.Tensor, size: tuple) -> torch.Tensor:
     ys = (torch.linspace(-1, 1, height, **options) * (height - 1) / height)[:, None]  # (H, 1)
     cos, sin = torch.cos(angles)[:, None, None], torch.sin(angles)[:, None, None]  # (N, 1, 1)
     return torch.stack([cos * xs - sin * ys, sin * xs + cos * ys], -1)  # (N, H, W, 2)
-
-
-def one_sided_offset(dtype: torch.dtype, size: int) -> float:
-    """How far either side of a sample position its one-sided derivatives are taken, in pixels:
-    32 units in the last place of a coordinate of `size` pixels (float32, 28 pixels: 1e-4), far
-    above the rounding of the coordinates and far below a pixel."""
-    return 32 * torch.finfo(dtype).eps * size
 
 
 class _RotateBilinear(torch.autograd.Function):
@@ -98,7 +91,9 @@ def _grid_gradient_either_side(grad_out, images, grid):
     backward calls: one on the four moved grids side by side costs more than twice as much, in
     copying them.)"""
     height, width = images.shape[-2:]
-    offset = one_sided_offset(images.dtype, max(height, width))
+    # 32 units in the last place of a coordinate (float32, 28 pixels: 1e-4 pixels), far above the
+    # rounding of the coordinates and far below a pixel
+    offset = 32 * torch.finfo(images.dtype).eps * max(height, width)
     dx, dy = 2 * offset / width, 2 * offset / height  # normalised coordinates span 2 over the width (height)
     x, y = grid.unbind(-1)
     moved = grid.clone()  # one coordinate moved at a time, in place
@@ -136,8 +131,8 @@ class AlignStep(StepFunction):
     graph_safe = True
 
     def __init__(self, cfg, input_shape):
-        super().__init__()
-        self.encoder = ImageEncoder(cfg.step.kernel_size, cfg.step.hidden_cnn, cfg.step.cnn_dropout)
+        super().__init__(cfg)
+        self.encoder = ImageEncoder.of(cfg)
         self.cell = nn.GRUCell(cfg.step.hidden_cnn, cfg.step.hidden)
         self.turn = nn.Linear(cfg.step.hidden, 1)
         # The classifier's embedding learns to ignore small rotations; the turn also reads the
@@ -148,7 +143,6 @@ class AlignStep(StepFunction):
             nn.init.zeros_(layer.bias)
         self.max_turn = math.radians(cfg.step.align_turn)
         self.turn_gate = float(cfg.step.turn_gate)
-        self.readout_size = cfg.step.hidden
 
     def gate_halting(self, lambda_logits, extra):
         """No halting while the step still turns (the module docstring's formula); the work is
@@ -162,17 +156,9 @@ class AlignStep(StepFunction):
         batch = x.shape[0]
         h = x.new_zeros(batch, self.cell.hidden_size)
         angle, previous = x.new_zeros(batch), x.new_zeros(batch)
-        return (x, self.channel_masks(x, steps)), (h, angle, previous)
-
-    def channel_masks(self, x, steps):
-        """Every step's Dropout2d mask in one draw, an input's rows first (B, steps, 20, 1, 1), or
-        None (evaluation, no dropout): drawn per input, not per step's batch, so the shrinking
-        forward (whose later steps see fewer inputs) and the mask over every step train on the
-        same draws."""
-        if not self.training or self.encoder.conv2_drop.p == 0:
-            return None
-        channels = self.encoder.conv2.out_channels
-        return dropout_mask((x.shape[0], steps, channels, 1, 1), self.encoder.conv2_drop.p, x)
+        # every step's channel masks drawn per input, not per step's batch: the shrinking forward and
+        # the mask over every step train on the same draws
+        return (x, self.encoder.channel_masks(steps, x)), (h, angle, previous)
 
     def forward(self, context, state, n):
         (x, masks), (h, angle, previous) = context, state

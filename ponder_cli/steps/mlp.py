@@ -94,6 +94,10 @@ class ImageEncoder(nn.Module):
         # tensor cores on CUDA.
         self.to(memory_format=torch.channels_last)
 
+    @classmethod
+    def of(cls, cfg) -> "ImageEncoder":
+        return cls(cfg.step.kernel_size, cfg.step.hidden_cnn, cfg.step.cnn_dropout)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 1, 28, 28) -> (B, out_features)
         return self.head(self.features(x))
 
@@ -107,25 +111,21 @@ class ImageEncoder(nn.Module):
         x = self.conv2(x)
         return F.relu(F.max_pool2d(self.conv2_drop(x) if dropout else x, 2))
 
-    def channel_masks(self, steps: int, maps: torch.Tensor) -> torch.Tensor:
-        """A fresh Dropout2d mask per step, scaled by 1/(1-p): (B, steps, 20, 1, 1).
-
-        Dropout2d zeroes or scales whole channels of conv2's output; max-pooling and relu
-        commute with a non-negative per-channel scale, so masking the pooled maps equals
-        masking conv2's output, and the convolutions need not run again at every step.
-        """
-        return dropout_mask((maps.shape[0], steps, maps.shape[1], 1, 1), self.conv2_drop.p, maps)
-
-    def channel_projections(self, maps: torch.Tensor) -> torch.Tensor:  # (B, 20, side, side) -> (B, 20, out)
-        """Each channel's share of fc (without its bias): fc is linear in the maps, so a channel
-        mask can weigh these 20 shares instead of fc rerunning on every masked copy of the maps."""
-        weight = self.fc.weight.view(self.fc.out_features, maps.shape[1], -1)  # (out, 20, side * side)
-        return torch.einsum("bck,ock->bco", maps.flatten(2), weight)
+    def channel_masks(self, steps: int, like: torch.Tensor) -> torch.Tensor | None:
+        """A fresh Dropout2d mask per step, scaled by 1/(1-p), rows first: (B, steps, 20, 1, 1);
+        None in evaluation or without dropout. Dropout2d scales whole channels of conv2's output;
+        max-pooling and relu commute with a non-negative per-channel scale, so masking the pooled
+        maps equals masking conv2's output, and the convolutions need not run again each step."""
+        if not self.training or self.conv2_drop.p == 0:
+            return None
+        return dropout_mask((like.shape[0], steps, self.conv2.out_channels, 1, 1), self.conv2_drop.p, like)
 
     def masked_heads(self, maps: torch.Tensor, channel_masks: torch.Tensor) -> torch.Tensor:
-        """head((maps * channel_masks[:, n]).flatten(1)) for every step n at once: (B, steps, out),
-        from channel_masks (B, steps, 20, 1, 1)."""
-        projections = self.channel_projections(maps)  # (B, 20, out)
+        """head((maps * channel_masks[:, n]).flatten(1)) for every step n at once: (B, steps, out).
+        fc is linear in the maps, so the masks weigh each channel's share of fc (without its bias)
+        instead of fc rerunning on every masked copy of the maps."""
+        weight = self.fc.weight.view(self.fc.out_features, maps.shape[1], -1)  # (out, 20, side * side)
+        projections = torch.einsum("bck,ock->bco", maps.flatten(2), weight)  # (B, 20, out)
         return F.relu(torch.baddbmm(self.fc.bias, channel_masks.flatten(2), projections))
 
     def head(self, features: torch.Tensor) -> torch.Tensor:
@@ -133,11 +133,8 @@ class ImageEncoder(nn.Module):
 
 
 class StepMLP(nn.Module):
-    """h_n = relu(W2 dropout(relu(W1 [e, h_{n-1}]))).
-
-    W1 is split into its embedding and state columns so that the embedding's share, constant
-    across steps, is computed once per image instead of once per step.
-    """
+    """h_n = relu(W2 dropout(relu(W1 [e, h_{n-1}]))), W1 split into its embedding and state
+    columns: the embedding's share, constant across steps, is computed once per image."""
 
     def __init__(self, embedding: int, hidden: int, hidden_lin: int, dropout: float):
         super().__init__()
@@ -171,10 +168,9 @@ class MLPStep(StepFunction):
     graph_safe = True
 
     def __init__(self, cfg, input_shape):
-        super().__init__()
-        self.encoder = ImageEncoder(cfg.step.kernel_size, cfg.step.hidden_cnn, cfg.step.cnn_dropout)
+        super().__init__(cfg)
+        self.encoder = ImageEncoder.of(cfg)
         self.mlp = StepMLP(cfg.step.hidden_cnn, cfg.step.hidden, cfg.step.hidden_lin, cfg.step.mlp_dropout)
-        self.readout_size = cfg.step.hidden
         self.fresh_cnn_mask = cfg.step.cnn_dropout_mask == "per-step"
 
     def start(self, x, steps):

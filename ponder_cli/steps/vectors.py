@@ -25,12 +25,6 @@ from . import StepFunction
 ONEHOT_VALUES = (-1.0, 0.0, 1.0)
 
 
-def input_width(cfg, input_shape) -> int:
-    """The width the step's first layer reads: the vector's, three times it one-hot, twice squared."""
-    (width,) = input_shape
-    return width * {"raw": 1, "onehot": len(ONEHOT_VALUES), "square": 2}[cfg.step.encoding]
-
-
 def encoded(x: torch.Tensor, encoding: str) -> torch.Tensor:
     """The entries (B, width) as the step reads them: as they are (raw); (B, 3 width) one-hot,
     entry i's indicators of -1, 0 and +1 at 3i, 3i + 1 and 3i + 2; or (B, 2 width) squared."""
@@ -45,16 +39,23 @@ def encoded(x: torch.Tensor, encoding: str) -> torch.Tensor:
 aten = torch.ops.aten
 
 
-class RNNStep(StepFunction):
+class VectorStep(StepFunction):
+    """A step reading the input vector as `--encoding` gives it (`encoded`), `input_width` wide."""
     input_kind = "vectors"
     graph_safe = True
 
     def __init__(self, cfg, input_shape):
-        super().__init__()
+        super().__init__(cfg)
         self.encoding = cfg.step.encoding
-        self.from_input = nn.Linear(input_width(cfg, input_shape), cfg.step.hidden)
+        (width,) = input_shape
+        self.input_width = width * {"raw": 1, "onehot": len(ONEHOT_VALUES), "square": 2}[self.encoding]
+
+
+class RNNStep(VectorStep):
+    def __init__(self, cfg, input_shape):
+        super().__init__(cfg, input_shape)
+        self.from_input = nn.Linear(self.input_width, cfg.step.hidden)
         self.from_state = nn.Linear(cfg.step.hidden, cfg.step.hidden, bias=False)
-        self.readout_size = cfg.step.hidden
 
     def start(self, x, steps):
         return (self.from_input(encoded(x, self.encoding)),), (None,)  # (B, hidden) once per input; h_0 = 0
@@ -65,24 +66,18 @@ class RNNStep(StepFunction):
         return (h,), h, None
 
 
-class GRUStep(StepFunction):
-    input_kind = "vectors"
-    graph_safe = True
-
+class GRUStep(VectorStep):
     def __init__(self, cfg, input_shape):
-        super().__init__()
-        layer_norm, orthogonal, update_bias = cfg.step.gru_layer_norm, cfg.step.gru_orthogonal, cfg.step.gru_update_bias
-        self.encoding = cfg.step.encoding
-        self.cell = nn.GRUCell(input_width(cfg, input_shape), cfg.step.hidden)
-        self.norm = nn.LayerNorm(cfg.step.hidden) if layer_norm else None
+        super().__init__(cfg, input_shape)
         hidden = cfg.step.hidden
+        self.cell = nn.GRUCell(self.input_width, hidden)
+        self.norm = nn.LayerNorm(hidden) if cfg.step.gru_layer_norm else None
         with torch.no_grad():
-            if orthogonal:
+            if cfg.step.gru_orthogonal:
                 for block in self.cell.weight_hh.split(hidden):  # reset, update, new: one each
                     nn.init.orthogonal_(block)
-            if update_bias:
-                self.cell.bias_ih[hidden:2 * hidden].add_(update_bias)
-        self.readout_size = hidden
+            if cfg.step.gru_update_bias:
+                self.cell.bias_ih[hidden:2 * hidden].add_(cfg.step.gru_update_bias)
 
     def start(self, x, steps):
         input_gates = nn.functional.linear(encoded(x, self.encoding), self.cell.weight_ih,
