@@ -112,23 +112,21 @@ class _Ticker:
         return self
 
     def __exit__(self, *exc) -> None:
-        pass
+        return None
 
 
 def _progress_bar(total: int, enabled: bool, log: Callable[[str], None]):
     """A tick per bucket: a bar on a terminal (`enabled`), else lines through `log`."""
-    if not enabled:
-        return _Ticker(total, log)
     from tqdm import tqdm
-    return tqdm(total=total, desc="evaluating", unit="bucket", file=sys.stderr, leave=False, dynamic_ncols=True)
+    return tqdm(total=total, desc="evaluating", unit="bucket", file=sys.stderr, leave=False,
+                dynamic_ncols=True) if enabled else _Ticker(total, log)
 
 
 def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int, amp: bool, *,
                   with_loss: bool, on_bucket: Callable[[], None]):
-    """One dict per bucket (means over options.repeats draws, seeds seed, seed + 1, ..., with the
-    uncertainty of its figures over every input), Spearman's rho between difficulty and steps
-    (with a 95% interval over several draws), and whether the difficulty varied at all (else rho
-    was never a question: `eval` at 0°)."""
+    """One dict per bucket (the mean over options.repeats draws, seeds seed, seed + 1, ...),
+    Spearman's rho of difficulty and steps (95% interval over draws), and whether the difficulty
+    varied at all (else rho was never a question: `eval` at 0°)."""
     task = get_task(cfg)
     used = get_method(cfg).halting_label(options.halting)
     drop = (() if with_loss else LOSSES) + (() if options.detail else ("accuracy_at_step", *CONTROLS))
@@ -141,10 +139,10 @@ def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int
                                                     batch_size=options.batch_size, detail=options.detail,
                                                     with_loss=with_loss))
             on_bucket()
-        rho = spearman(torch.cat([r.samples.difficulty for r in results]), torch.cat([r.samples.steps for r in results]))
+        difficulty = torch.cat([r.samples.difficulty for r in results])
+        rho = spearman(difficulty, torch.cat([r.samples.steps for r in results]))
         rhos.append(rho)
         if rho is None and not varied:  # undefined: for want of differences in difficulty, or in steps?
-            difficulty = torch.cat([result.samples.difficulty for result in results])
             varied = bool(difficulty.numel() and (difficulty != difficulty[0]).any())
         for pooled, result in zip(samples, results):
             pooled.append(result.samples)

@@ -373,19 +373,20 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
             curves = [(r[b].get("accuracy_at_step"), r[b]["mean_steps"]) for r in per_model]
             best, best_sd = (None, None) if any(curve is None for curve, _ in curves) \
                 else mean_and_sd([best_fixed_accuracy(curve, mean) for curve, mean in curves])
+            first = per_model[0][b]
             bucket = {"method": group.cfg.method.name, "step": group.cfg.step.name, "label": group.label,
-                      **{k: v for k, v in per_model[0][b].items() if k in names}, "seeds": len(per_model), "accuracy": accuracy, "accuracy_sd": accuracy_sd,
-                      "mean_steps": steps, "mean_steps_sd": steps_sd, "best_fixed_accuracy": best,
-                      "best_fixed_accuracy_sd": best_sd, "max_steps": group.cfg.method.max_steps,
-                      "halting": per_model[0][b]["halting"],
-                      "images": per_model[0][b]["images"], "checkpoints": [p for p, _ in group.members],
+                      **{k: v for k, v in first.items() if k in names}, "seeds": len(per_model),
+                      "accuracy": accuracy, "accuracy_sd": accuracy_sd, "mean_steps": steps, "mean_steps_sd": steps_sd,
+                      "best_fixed_accuracy": best, "best_fixed_accuracy_sd": best_sd,
+                      "max_steps": group.cfg.method.max_steps, "halting": first["halting"], "images": first["images"],
+                      "checkpoints": [p for p, _ in group.members],
                       "accuracy_text": plus_minus(accuracy, accuracy_sd, ".4f"),
                       "steps_text": plus_minus(steps, steps_sd, ".2f"),
                       "best_fixed_text": "-" if best is None else format(best, ".4f")}
             bucket.update(_controls([r[b] for r in per_model]))
             buckets.append(bucket)
             series[name].append({**bucket, "std_steps": steps_sd or 0.0, "histogram": [
-                sum(r[b]["histogram"][k] for r in per_model) for k in range(len(per_model[0][b]["histogram"]))]})
+                sum(r[b]["histogram"][k] for r in per_model) for k in range(len(first["histogram"]))]})
     meta = make_meta("compare", [p for g in groups for p, _ in g.members], [g.cfg.method.name for g in groups],
                      [g.cfg.step.name for g in groups], protocol=protocol, halting=halting, seed=seed,
                      task=view.name, repeats=repeats, max_steps=max_steps, trained_max_steps=trained or {})
@@ -402,12 +403,12 @@ def comparison_report(groups: list[Group], results: list[list[list[dict]]], angl
     # the sd needs two seeds: with one per method the figures are that checkpoint's own
     spread = ("one checkpoint per method" if max(seeds) == 1 else "mean ± sd over seeds" if min(seeds) > 1
               else "mean ± sd over seeds (a method of one seed: its figure, no sd)")
-    first = [Column("label", "method", "s", wrap=True), *([Column("step", "step", "s")] if len(step_names) > 1
-                                                          else []), Column("seeds", "seeds"), key_column(words, buckets)]
-    controls = (controls_table(rows, first[:-2] + first[-1:], figures=False)
+    named = [Column("label", "method", "s", wrap=True), *([Column("step", "step", "s")] if len(step_names) > 1 else [])]
+    controls = (controls_table(rows, [*named, key_column(words, buckets)], figures=False)
                 if any(bucket["shuffled_accuracy"] is not None for bucket in buckets) else None)
-    columns = first + [Column("accuracy_text", "accuracy", "s", wrap=True), Column("steps_text", "steps", "s", wrap=True),
-                       Column("best_fixed_text", "best fixed ≤ steps", "s", wrap=True)]
+    columns = [*named, Column("seeds", "seeds"), key_column(words, buckets),
+               Column("accuracy_text", "accuracy", "s", wrap=True), Column("steps_text", "steps", "s", wrap=True),
+               Column("best_fixed_text", "best fixed ≤ steps", "s", wrap=True)]
     return Report(meta=meta, buckets=buckets, columns=columns, title="Methods compared",
                   table_rows=rows, controls=controls,
                   caption=f"accuracy and steps: {spread}{draws}\nhalting: "
