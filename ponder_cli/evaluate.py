@@ -233,9 +233,8 @@ class RuleOutcome:
 @torch.inference_mode()
 def rule_outcomes(model: torch.nn.Module, buckets: Iterable, rules: list[str], *, batch_size: int = 1000,
                   amp: bool = False) -> list[RuleOutcome]:
-    """Every rule's accuracy, agreement with the last step and mean steps over the inputs of all
-    `buckets`, pooled; one full forward pass per batch serves every rule (a rule halting early
-    computes the same steps: model.halting_steps)."""
+    """Every rule over the inputs of all `buckets`, pooled: one full forward per batch serves every
+    rule (a rule halting early computes the same steps: model.halting_steps)."""
     parsed = [parse_halting_rule(rule) for rule in rules]
     was_training = model.training
     model.eval()
@@ -320,9 +319,8 @@ class RiskTest:
 
 def risk_controlled_rule(outcomes: list[RuleOutcome], max_loss: float, risk: float
                          ) -> tuple[Optional[str], list[RiskTest]]:
-    """The cheapest rule (fewest mean steps; the first listed on a tie) among those that pass
-    fixed-sequence testing of "loss > max_loss" at total risk `risk`, and every candidate's
-    test, in the order tested (family by family); None when no candidate passes."""
+    """The cheapest rule (the first listed on a tie) of those passing fixed-sequence testing of
+    "loss > max_loss" at total risk `risk` (None: none), and every test, in the order tested."""
     by_rule = {outcome.halting: outcome for outcome in outcomes}
     sequences = fixed_sequences([outcome.halting for outcome in outcomes])
     level = risk / len(sequences)
