@@ -1,20 +1,16 @@
 """Evaluation: accuracy and ponder steps per difficulty bucket, seeded, under any halting rule.
 
-Task-neutral: a bucket (EvalBucket) is a fixed set of inputs with labels, halting coins and a
-per-input difficulty value; the task builds it (tasks/: MNIST rotates test images, parity draws
-vectors with given non-zero counts).
-
-Calibration (`ponder calibrate`) chooses an exit rule on held-out data, as CALM (Schuster et al.
-2022) does: every candidate rule (registry.CALIBRATION_RULES) over the same full forwards, and
-the cheapest whose halting-step prediction agrees with the last step's on all but `tolerance` of
-the inputs, at the agreement's one-sided 95% lower bound (Wilson; each rule's own confidence).
-Agreement bounds the accuracy lost to halting early and needs no labels.
+A bucket (EvalBucket) is a fixed set of inputs with labels, halting coins and a per-input
+difficulty; the task builds it (MNIST rotates test images, parity draws vectors by non-zero count).
+Calibration chooses an exit rule on held-out data, as CALM (Schuster et al. 2022) does: the
+cheapest rule whose answer agrees with the last step's, at a one-sided 95% lower bound; agreement
+bounds the accuracy lost to halting early and needs no labels.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Callable, Iterable, NamedTuple, Optional
 
 import torch
@@ -84,21 +80,17 @@ CONTROLS = ("shuffled_accuracy", "adapting_minus_shuffled", "premature_halts", "
 def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfig, *, batch_size: int = 1000,
                     halting: str = "sample", early_exit: bool | None = None, with_loss: bool = False,
                     detail: bool = False, amp: bool = False) -> EvalResult:
-    """Evaluate one bucket under the `halting` rule (registry.py's spellings).
+    """One bucket under the `halting` rule (registry.py's spellings).
 
-    early_exit (None: on the CPU only) computes each step only for the images still running
-    (model.infer: a host read per step, which skips the halted images' work); else the rule is
-    applied to the full forward (the same predictions and steps). with_loss (`loss`: the
-    cross-entropy of each input's prediction under the rule; `objective`: the training loss),
-    `detail` (the per-step accuracy, the shuffled-halting null and the premature and late halts)
-    and the expected rule always run the full forward.
+    early_exit (None: on the CPU only) computes each step only for the inputs still running
+    (model.infer: a host read per step); else the rule is applied to the full forward (the same
+    predictions and steps). with_loss, `detail` and the expected rule need the full forward.
     """
-    parse_halting_rule(halting)  # a bad spelling fails here, before any work
+    rule = parse_halting_rule(halting)  # a bad spelling fails here, before any work
     was_training = model.training
     model.eval()
     device = bucket.labels.device
     count, max_steps = len(bucket), model.max_steps
-    uniforms = bucket.uniforms
     method = get_method(cfg, device)
     if early_exit is None:
         early_exit = drops_rows(device)
@@ -107,21 +99,19 @@ def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfi
     loss_totals = torch.zeros(4, dtype=torch.float64, device=device)  # summed over inputs: EvalResult's losses
     halting_mass = torch.zeros(max_steps, dtype=torch.float64, device=device)  # expected rule: sum of p_n
     correct_at_step = torch.zeros(max_steps, dtype=torch.float64, device=device)
-    all_steps, all_correct = [], []  # per image, kept on the device until the end
-    # detail: every step's correctness per image, (steps, B) per batch, for the shuffled null
-    per_step = [] if detail and method.halting_label(halting) == halting and \
-        parse_halting_rule(halting).halts_at_one_step else None
+    all_steps, all_correct = [], []  # per input, kept on the device until the end
+    # detail: every step's correctness per input, (steps, B) per batch, for the shuffled null
+    per_step = [] if detail and method.halting_label(halting) == halting and rule.halts_at_one_step else None
     for start in range(0, count, batch_size):
         end = min(start + batch_size, count)
-        x = bucket.inputs(start, end)
-        targets = bucket.labels[start:end]
+        x, targets, uniforms = bucket.inputs(start, end), bucket.labels[start:end], bucket.uniforms[:, start:end]
         with autocast(device, amp):
             if not full_forward:
-                logits, steps = model.infer(x, method.exit_rule(halting, uniforms[:, start:end]))
+                logits, steps = model.infer(x, method.exit_rule(halting, uniforms))
             else:
                 out = model(x)
         if full_forward:
-            logits, steps = method.predict(out.logits, out.lambda_logits, uniforms[:, start:end], halting)
+            logits, steps = method.predict(out.logits, out.lambda_logits, uniforms, halting)
             if expected:  # steps are sum_n n p_n: the histogram collects the halting mass p_n
                 halting_mass += halting_log_probs(out.lambda_logits).exp().double().sum(dim=1)
             if detail:
@@ -138,21 +128,10 @@ def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfi
         all_correct.append(logits.argmax(dim=1) == targets)
     model.train(was_training)
 
-    # Every statistic derives from the per-image values, read from the device once, here.
+    # Every statistic derives from the per-input values, read from the device once, here.
     steps, correct = torch.cat(all_steps).cpu(), torch.cat(all_correct).cpu()  # (N,)
-    histogram = (tuple(halting_mass.tolist()) if expected
-                 else tuple(torch.bincount(steps.long() - 1, minlength=max_steps).tolist()))
+    n_correct = int(correct.sum())
     controls = shuffled_null(torch.cat(per_step, dim=1).cpu(), steps, correct) if per_step else None
-    return _result(bucket, steps, correct, histogram,
-                   accuracy_at_step=tuple((correct_at_step / count).tolist()) if detail else None,
-                   losses=(loss_totals / count).tolist() if with_loss else None, controls=controls)
-
-
-def _result(bucket: EvalBucket, steps: torch.Tensor, correct: torch.Tensor, histogram: tuple, *,
-            accuracy_at_step: Optional[tuple], losses: Optional[list],
-            controls: Optional["HaltingControls"] = None) -> EvalResult:
-    """A bucket's figures from its per-input steps (N,) and correctness (N,) on the CPU."""
-    count, n_correct = len(bucket), int(correct.sum())
     shares = {} if controls is None else dict(
         shuffled_accuracy=controls.shuffled_accuracy, adapting_minus_shuffled=n_correct / count -
         controls.shuffled_accuracy, premature_halts=controls.premature, late_halts=controls.late)
@@ -161,11 +140,12 @@ def _result(bucket: EvalBucket, steps: torch.Tensor, correct: torch.Tensor, hist
         std_steps=float(steps.std(correction=0)),
         steps_correct=float(steps[correct].mean()) if n_correct else None,
         steps_wrong=float(steps[~correct].mean()) if n_correct < count else None,
-        histogram=histogram, accuracy_at_step=accuracy_at_step,
-        **(dict(zip(LOSSES, losses)) if losses is not None else {}), **shares,
+        histogram=(tuple(halting_mass.tolist()) if expected
+                   else tuple(torch.bincount(steps.long() - 1, minlength=max_steps).tolist())),
+        accuracy_at_step=tuple((correct_at_step / count).tolist()) if detail else None,
+        **(dict(zip(LOSSES, (loss_totals / count).tolist())) if with_loss else {}), **shares,
         samples=EvalSamples(bucket.difficulty.double(), steps, correct,
-                            controls.shuffled if controls is not None else None),
-    )
+                            controls.shuffled if controls is not None else None))
 
 
 # the controls beside the best fixed policy ---------------------------------------------------------
@@ -183,8 +163,7 @@ class HaltingControls(NamedTuple):
 def shuffled_null(right: torch.Tensor, steps: torch.Tensor, correct: torch.Tensor) -> HaltingControls:
     """Whether halting adapts or only spends an average: the bucket's halting steps dealt out at
     random across its inputs (SHUFFLES seeded permutations), each answered at the step it is
-    dealt; and the premature halts (wrong where halted, right at the last step) and late ones
-    (right at a step before). right (steps, N), steps (N,) 1-based, correct (N,)."""
+    dealt. right (steps, N), steps (N,) 1-based, correct (N,)."""
     count = right.shape[1]
     index = steps.long() - 1
     inputs = torch.arange(count)
@@ -202,44 +181,26 @@ def shuffled_null(right: torch.Tensor, steps: torch.Tensor, correct: torch.Tenso
 
 
 def uncertainty(samples: list[EvalSamples]) -> dict:
-    """How far a bucket's figures could be from the model's true ones, over every input its
-    draws evaluated (pooled): `accuracy_wilson`, Wilson's 95% interval [low, high] of the
-    accuracy, and `steps_se`, the standard error of the mean steps; with --detail's null,
-    `adapting_minus_shuffled_se`, the standard error of adapting - shuffled over the inputs
+    """Over every input a bucket's draws evaluated (pooled): Wilson's 95% interval of the accuracy,
+    the standard error of the mean steps and, with --detail's null, that of adapting - shuffled
     (each input's own difference, paired)."""
     correct = torch.cat([s.correct for s in samples])
     steps = torch.cat([s.steps for s in samples])
     count = correct.shape[0]
     figures = {"accuracy_wilson": wilson_interval(int(correct.sum()), count),
                "steps_se": standard_error(float(steps.std(correction=0)), count) if count else None}
-    if count and all(s.shuffled is not None for s in samples):  # --detail: adapting - shuffled, input by input
+    if count and all(s.shuffled is not None for s in samples):
         differences = correct.double() - torch.cat([s.shuffled for s in samples])
         figures["adapting_minus_shuffled_se"] = standard_error(float(differences.std(correction=0)), count)
     return figures
-
-
-def evaluate_buckets(model: torch.nn.Module, buckets, cfg: PonderConfig, *,
-                     on_bucket: Optional[Callable[[], None]] = None, **options) -> tuple[list[EvalResult], float | None]:
-    """One evaluation per bucket (EvalBuckets, or callables that build one when its turn comes),
-    and Spearman's rho between every evaluated input's difficulty and its ponder steps.
-    on_bucket is called after each bucket (a progress bar's tick)."""
-    results = []
-    for bucket in buckets:
-        results.append(evaluate_bucket(model, bucket() if callable(bucket) else bucket, cfg, **options))
-        if on_bucket is not None:
-            on_bucket()
-    rho = spearman(torch.cat([r.samples.difficulty for r in results]), torch.cat([r.samples.steps for r in results]))
-    return results, rho
 
 
 def _average_ranks(values: torch.Tensor) -> torch.Tensor:
     """1-based ranks, ties sharing their average rank (as Spearman's rho needs)."""
     sorted_values, order = torch.sort(values.double())
     _, inverse, counts = torch.unique_consecutive(sorted_values, return_inverse=True, return_counts=True)
-    ends = torch.cumsum(counts, 0).double()
-    average = ends - (counts.double() - 1) / 2
     ranks = torch.empty_like(sorted_values)
-    ranks[order] = average[inverse]
+    ranks[order] = (torch.cumsum(counts, 0).double() - (counts.double() - 1) / 2)[inverse]
     return ranks
 
 
@@ -268,27 +229,20 @@ class RuleOutcome:
         """The one-sided 95% lower bound (Wilson) of the agreement over inputs like these."""
         return wilson_lower(round(self.agreement * self.images), self.images)
 
-    def as_dict(self) -> dict:
-        return {**asdict(self), "agreement_lower": self.agreement_lower}
-
 
 @torch.inference_mode()
 def rule_outcomes(model: torch.nn.Module, buckets: Iterable, rules: list[str], *, batch_size: int = 1000,
                   amp: bool = False) -> list[RuleOutcome]:
-    """Every rule's accuracy, agreement with the last step and mean steps over the inputs of all
-    `buckets` (evaluate.EvalBuckets, or callables that build one), pooled; one full forward pass
-    per batch serves every rule (a rule halting early computes the same steps: model.halting_steps)."""
+    """Every rule over the inputs of all `buckets`, pooled: one full forward per batch serves every
+    rule (a rule halting early computes the same steps: model.halting_steps)."""
     parsed = [parse_halting_rule(rule) for rule in rules]
     was_training = model.training
     model.eval()
-    totals = None  # (rules, 3): correct, agreeing, steps
-    correct_last, count = 0, 0
+    totals = correct_last = 0  # totals: (rules, 3): correct, agreeing, steps
+    count = 0
     for bucket in buckets:
         bucket = bucket() if callable(bucket) else bucket
         device = bucket.labels.device
-        if totals is None:
-            totals = torch.zeros(len(parsed), 3, dtype=torch.float64, device=device)
-            correct_last = torch.zeros((), dtype=torch.float64, device=device)
         for start in range(0, len(bucket), batch_size):
             end = min(start + batch_size, len(bucket))
             targets = bucket.labels[start:end]
@@ -296,11 +250,13 @@ def rule_outcomes(model: torch.nn.Module, buckets: Iterable, rules: list[str], *
                 out = model(bucket.inputs(start, end))
             predictions = out.logits.argmax(dim=-1)  # (steps, B)
             last = predictions[-1]
-            for i, rule in enumerate(parsed):
+            batch = []
+            for rule in parsed:
                 steps, _ = halting_steps(rule_of(rule, bucket.uniforms[:, start:end]), out.logits, out.lambda_logits)
                 chosen = predictions.gather(0, (steps - 1)[None]).squeeze(0)  # (B,)
-                totals[i] += torch.stack([(chosen == targets).sum(), (chosen == last).sum(), steps.sum()]).double()
-            correct_last += (last == targets).sum().double()
+                batch.append(torch.stack([(chosen == targets).sum(), (chosen == last).sum(), steps.sum()]))
+            totals = totals + torch.stack(batch).double()
+            correct_last = correct_last + (last == targets).sum().double()
             count += end - start
     model.train(was_training)
     if not count:
@@ -313,13 +269,9 @@ def rule_outcomes(model: torch.nn.Module, buckets: Iterable, rules: list[str], *
 def choose_rule(outcomes: list[RuleOutcome], tolerance: float) -> Optional[str]:
     """The rule with the fewest mean steps among those whose agreement with the last step has a
     lower bound of at least 1 - tolerance (the first listed on a tie); None when none has."""
-    admitted = [o for o in outcomes if admits(o, tolerance)]
-    return min(admitted, key=lambda o: o.mean_steps).halting if admitted else None
-
-
-def admits(outcome: RuleOutcome, tolerance: float) -> bool:
     # a hair of slack so that a bound of exactly 1 - tolerance counts
-    return outcome.agreement_lower >= 1 - tolerance - 1e-12
+    admitted = [o for o in outcomes if o.agreement_lower >= 1 - tolerance - 1e-12]
+    return min(admitted, key=lambda o: o.mean_steps).halting if admitted else None
 
 
 # risk-controlled calibration: a rule whose loss is bounded with a stated risk ----------------------
@@ -334,23 +286,15 @@ def admits(outcome: RuleOutcome, tolerance: float) -> bool:
 # the cheapest may be chosen.
 
 
-def rule_family(rule) -> tuple[str, Optional[float]]:
-    """A candidate's family and the parameter that orders it (larger: as many steps or more on
-    every input); median is quantile:0.5, and a rule without a parameter (sample) is a family of
-    its own."""
-    rule = parse_halting_rule(rule)
-    if rule.quantile is not None:
-        return "quantile", rule.quantile
-    return rule.name, rule.parameter
-
-
 def fixed_sequences(rules: list[str]) -> dict[str, list[str]]:
-    """The candidates by family (in the order the families first appear), each family from its
-    largest parameter to its smallest (ties as given): the order each is tested in."""
+    """The candidates by family (in the order the families first appear; median is
+    quantile:0.5, sample a family of its own), each from its largest parameter to its smallest
+    (ties as given): the order each is tested in."""
     families: dict[str, list[tuple[float, int, str]]] = {}
-    for position, rule in enumerate(rules):
-        family, parameter = rule_family(rule)
-        families.setdefault(family, []).append((-(parameter if parameter is not None else 0.0), position, rule))
+    for position, spelling in enumerate(rules):
+        rule = parse_halting_rule(spelling)
+        family, parameter = ("quantile", rule.quantile) if rule.quantile is not None else (rule.name, rule.parameter)
+        families.setdefault(family, []).append((-(parameter or 0.0), position, spelling))
     return {family: [rule for *_, rule in sorted(members)] for family, members in families.items()}
 
 
@@ -372,15 +316,11 @@ class RiskTest:
     accuracy: float
     accuracy_last: float
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 def risk_controlled_rule(outcomes: list[RuleOutcome], max_loss: float, risk: float
                          ) -> tuple[Optional[str], list[RiskTest]]:
-    """The cheapest rule (fewest mean steps; the first listed on a tie) among those that pass
-    fixed-sequence testing of "loss > max_loss" at total risk `risk`, and every candidate's
-    test, in the order tested (family by family); None when no candidate passes."""
+    """The cheapest rule (the first listed on a tie) of those passing fixed-sequence testing of
+    "loss > max_loss" at total risk `risk` (None: none), and every test, in the order tested."""
     by_rule = {outcome.halting: outcome for outcome in outcomes}
     sequences = fixed_sequences([outcome.halting for outcome in outcomes])
     level = risk / len(sequences)
@@ -397,8 +337,6 @@ def risk_controlled_rule(outcomes: list[RuleOutcome], max_loss: float, risk: flo
                                   clopper_pearson_upper(losses, n, level), p_value, going, passed,
                                   outcome.mean_steps, outcome.accuracy, outcome.accuracy_last))
             going = passed
-    passed = [test for test in tests if test.passed]
-    if not passed:
-        return None, tests
     order = {outcome.halting: i for i, outcome in enumerate(outcomes)}
-    return min(passed, key=lambda t: (t.mean_steps, order[t.halting])).halting, tests
+    passed = [test for test in tests if test.passed]
+    return (min(passed, key=lambda t: (t.mean_steps, order[t.halting])).halting if passed else None), tests

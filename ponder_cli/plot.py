@@ -59,14 +59,14 @@ def check_destination(path: Path | str) -> Path:
 
 def plot_report(report, path: Path | str) -> Path:
     """The figure of a reports.Report."""
+    series, title = report.plot_series, report.title
     if report.plot_kind == "sweep":
-        return plot_sweep(report.buckets, report.meta["fit"], path, title=report.title)
+        return plot_sweep(report.buckets, report.meta["fit"], path, title=title)
     if report.plot_kind == "predict":
-        return plot_strips(report.plot_series["inputs"], path, title=report.title)
+        return plot_strips(series["inputs"], path, title=title)
     if report.plot_kind == "history":
-        return plot_history(report.plot_series["history"], report.plot_series["best"][0]["epoch"], path,
-                            title=report.title)
-    return plot_buckets(report.plot_series, path, title=report.title)
+        return plot_history(series["history"], series["best"][0]["epoch"], path, title=title)
+    return plot_buckets(series, path, title=title)
 
 
 def _x(row: dict) -> float:
@@ -110,11 +110,11 @@ def _finish(fig, plt, axes, legend_axes, title: str, path: Path | str) -> Path:
         ax.legend(fontsize=8)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
     return _save(fig, plt, path)
 
 
 def _save(fig, plt, path: Path | str) -> Path:
+    fig.tight_layout()
     path = Path(path)
     try:
         fig.savefig(path, dpi=110)
@@ -201,7 +201,6 @@ def plot_strips(inputs: list[dict], path: Path | str, *, title: str = "") -> Pat
     axes[0][-1].legend(fontsize=6, loc="lower right")
     if title:
         fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
     return _save(fig, plt, path)
 
 
@@ -214,23 +213,22 @@ def _short(name: str, width: int = 18) -> str:
 def plot_history(history: list[dict], best, path: Path | str, *, title: str = "") -> Path:
     """`ponder info --plot`: loss, accuracy and ponder steps per epoch, the best epoch marked."""
     plt = _pyplot()
+    import matplotlib.ticker
+
     if not history:
         raise PonderError("--plot: this checkpoint holds no per-epoch history to draw")
     epochs = [h["epoch"] for h in history]
-    fig, (ax_loss, ax_acc, ax_steps) = plt.subplots(1, 3, figsize=(15, 4.2))
-    ax_loss.plot(epochs, [h["train_loss"] for h in history], "o-", markersize=3, label="training loss")
-    ax_loss.plot(epochs, [h["train_reconstruction"] for h in history], "--", label="reconstruction (task) part")
-    ax_loss.set(xlabel="epoch", ylabel="loss", title="Training loss")
-    for key, label in (("train_accuracy", "training"), ("val_accuracy", "validation")):
-        ax_acc.plot(epochs, [h[key] for h in history], "o-", markersize=3, label=label)
-    ax_acc.set(xlabel="epoch", ylabel="accuracy", title="Accuracy")
-    for key, label in (("train_steps", "training"), ("val_steps", "validation")):
-        ax_steps.plot(epochs, [h[key] for h in history], "o-", markersize=3, label=label)
-    ax_steps.set(xlabel="epoch", ylabel="mean ponder steps", title="Ponder steps")
-    import matplotlib.ticker
-    for ax in (ax_loss, ax_acc, ax_steps):
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, ylabel, name, lines in zip(axes, ("loss", "accuracy", "mean ponder steps"),
+                                       ("Training loss", "Accuracy", "Ponder steps"),
+                                       ([("train_loss", "o-", "training loss"),
+                                         ("train_reconstruction", "--", "reconstruction (task) part")],
+                                        [("train_accuracy", "o-", "training"), ("val_accuracy", "o-", "validation")],
+                                        [("train_steps", "o-", "training"), ("val_steps", "o-", "validation")])):
+        for key, style, label in lines:
+            ax.plot(epochs, [h[key] for h in history], style, markersize=3, label=label)
+        ax.set(xlabel="epoch", ylabel=ylabel, title=name)
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    if best:
-        for ax in (ax_loss, ax_acc, ax_steps):
-            ax.axvline(best, color="gray", linestyle=":", label=f"best epoch {best}" if ax is ax_acc else None)
-    return _finish(fig, plt, (ax_loss, ax_acc, ax_steps), (ax_loss, ax_acc, ax_steps), title, path)
+        if best:
+            ax.axvline(best, color="gray", linestyle=":", label=f"best epoch {best}" if ax is axes[1] else None)
+    return _finish(fig, plt, axes, axes, title, path)

@@ -14,8 +14,6 @@ from ..config import PonderConfig, default_halting
 from ..folders import resolve_checkpoint
 from ..model import get_method, resolve_device
 
-# loading: what every command that reads a model does first -------------------------------------
-
 def device_and_amp(device: str, amp: Optional[bool], log: Optional[Callable[[str], None]] = None):
     """The device --device names (`auto`: CUDA when there is a GPU), said through `log`, and
     whether to use mixed precision: only when asked (float32, the faster under CUDA graphs)."""
@@ -27,9 +25,7 @@ def device_and_amp(device: str, amp: Optional[bool], log: Optional[Callable[[str
 
 def device_line(dev, asked: str) -> str:
     """`device cpu (--device auto: no CUDA GPU available)`, `device cuda:0 (NVIDIA H100 80GB HBM3)`."""
-    name = device_name(dev)
-    if dev.type == "cuda":
-        name += f" ({torch.cuda.get_device_name(dev)})"
+    name = device_name(dev) + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else "")
     if asked.strip().lower() != "auto":
         return f"device {name}"
     return f"device {name} (--device auto: {'a CUDA GPU' if dev.type == 'cuda' else 'no CUDA GPU'} available)"
@@ -37,9 +33,7 @@ def device_line(dev, asked: str) -> str:
 
 def device_name(dev) -> str:
     """"cpu", "cuda:0" (a CUDA device by its index, which --device auto leaves out)."""
-    if dev.type == "cuda" and dev.index is None:
-        return f"cuda:{torch.cuda.current_device()}"
-    return str(dev)
+    return f"cuda:{torch.cuda.current_device()}" if dev.type == "cuda" and dev.index is None else str(dev)
 
 
 def on_device(report, dev):
@@ -64,7 +58,6 @@ def load_one(checkpoint, options, log: Callable[[str], None]):
 
 
 def steps_run(cfg, trained) -> dict:
-    """The steps a model runs and those it trained with, for a report's metadata."""
     return {"max_steps": cfg.method.max_steps, "trained_max_steps": trained.method.max_steps}
 
 
@@ -97,5 +90,5 @@ from ..runs import label_runs  # noqa: E402
 from .training import TrainOptions, train_run, training_config  # noqa: E402
 
 __all__ = ["EvalOptions", "calibrate_checkpoint", "compare_checkpoints", "evaluate_checkpoint", "sweep_checkpoint",
-           "PLOT_INPUTS", "PredictOptions", "diff_runs", "list_runs", "predict_inputs", "remove_runs", "run_info", "label_runs", "shipped_models", "Interrupted", "Terminated", "TrainOptions",
-           "train_run", "training_config"]
+           "PLOT_INPUTS", "PredictOptions", "diff_runs", "list_runs", "predict_inputs", "remove_runs", "run_info",
+           "label_runs", "shipped_models", "Interrupted", "Terminated", "TrainOptions", "train_run", "training_config"]

@@ -15,12 +15,13 @@ import torch
 from .. import BadValue, PonderError
 from ..checkpoint import load_model, steps_problem
 from ..config import default_halting, seed_problems
-from ..evaluate import CONTROLS, LOSSES, choose_rule, evaluate_buckets, risk_controlled_rule, rule_outcomes, uncertainty
+from .. import evaluate
+from ..evaluate import CONTROLS, LOSSES, choose_rule, risk_controlled_rule, rule_outcomes, spearman, uncertainty
 from ..model import get_method
 from ..registry import CALIBRATION_RULES, DEFAULT_PROTOCOL, THRESHOLD_CALIBRATION_RULES, parse_exit_rule, parse_halting_rule
-from ..reports import (Report, calibration_report, combine_draws, comparison_report, evaluation_report,
-                       group_by_configuration, mean_ci, sweep_report)
-from ..reports.evaluation import confidence_text, risk_calibration_report
+from ..reports import Report, calibration_report, combine_draws, comparison_report, evaluation_report, \
+    group_by_configuration, mean_ci, sweep_report
+from ..reports.evaluation import confidence_text
 from ..runs import HALTING_FILE, halting_save_problem, save_halting, saved_halting_for, weights_digest
 from ..tasks import BUCKETS, derived_seed, get_task, task_names
 from . import check_halting, device_and_amp, evaluation_seed, load_one, on_device, resolve_named, steps_run
@@ -28,7 +29,7 @@ from . import check_halting, device_and_amp, evaluation_seed, load_one, on_devic
 
 @dataclass(frozen=True)
 class EvalOptions:
-    """How to evaluate: shared by eval, extrapolate, sweep, compare and calibrate."""
+    """How to evaluate (eval, extrapolate, sweep, compare, calibrate) or predict (PredictOptions)."""
     protocol: Optional[str] = None  # how test images are rotated; None: the task's default (MNIST: uniform)
     halting: Optional[str] = None  # None: the method's own (api.check_halting)
     seed: Optional[int] = None  # None: the checkpoint's training seed (evaluation_seed)
@@ -41,6 +42,11 @@ class EvalOptions:
     detail: bool = False
     repeats: int = 1  # independent draws of rotations and coins (seeds seed, seed + 1, ...)
     max_steps: Optional[int] = None  # steps to run; None: those the checkpoint trained with
+    # predict's alone: how it reads images, and what it shows of each step
+    invert: Optional[bool] = None  # None detects a dark digit on a light background
+    rotate: Optional[float] = None  # degrees, counter-clockwise, before anything else
+    steps: bool = False  # each step's figures (top class, probability, lambda_n, p_n, the step's own)
+    views: bool = False  # each step's view of the input, for --plot
 
     def __post_init__(self) -> None:
         problems = seed_problems(self.seed, "--seed") if self.seed is not None else []
@@ -53,6 +59,10 @@ class EvalOptions:
             problems.append(f"--halting: {exc}")
         if not 1 <= self.repeats <= 1000:
             problems.append(f"--repeats must be between 1 and 1000 (got {self.repeats})")
+        # one turn either way: beyond it an angle means nothing more, and past float32's range
+        # (1e39) it is no angle at all; NaN fails the comparison too
+        if self.rotate is not None and not -360 <= self.rotate <= 360:
+            problems.append(f"--rotate must be a number of degrees from -360 to 360 (got {self.rotate:g})")
         if problems:
             raise BadValue(problems[0])
 
@@ -63,10 +73,18 @@ class EvalOptions:
 Buckets = Union[Mapping[str, Optional[Sequence]], Sequence, None]
 
 
-def spelled(buckets: Buckets) -> dict:
-    if buckets is None:
-        return {}
-    return dict(buckets) if isinstance(buckets, Mapping) else {BUCKETS: list(buckets)}
+def _specs(task, buckets: Buckets, command: str, options: EvalOptions, log) -> tuple[list, EvalOptions]:
+    """The buckets' specs and the options with the task's default protocol filled in; a protocol
+    given to a task without one (parity) is refused."""
+    if task.uses_protocol:
+        options = options if options.protocol is not None else replace(options, protocol=DEFAULT_PROTOCOL)
+    elif options.protocol is not None:
+        owners = ", ".join(task_names(lambda other: other.uses_protocol))
+        own = task.bucket_options[0] if task.bucket_options else BUCKETS
+        raise BadValue(f"--protocol applies to {owners} checkpoints (how test images are rotated); this one is "
+                       f"{task.article} {task.name} model, whose buckets are {own}")
+    spelled = {} if buckets is None else dict(buckets) if isinstance(buckets, Mapping) else {BUCKETS: list(buckets)}
+    return task.parse_buckets(spelled, command, options.protocol, log), options
 
 
 PROGRESS_EVERY = 5.0  # seconds between progress lines where stderr is no terminal
@@ -94,114 +112,80 @@ class _Ticker:
         return self
 
     def __exit__(self, *exc) -> None:
-        pass
+        return None
 
 
 def _progress_bar(total: int, enabled: bool, log: Callable[[str], None]):
     """A tick per bucket: a bar on a terminal (`enabled`), else lines through `log`."""
-    if not enabled:
-        return _Ticker(total, log)
     from tqdm import tqdm
-    return tqdm(total=total, desc="evaluating", unit="bucket", file=sys.stderr, leave=False, dynamic_ncols=True)
+    return tqdm(total=total, desc="evaluating", unit="bucket", file=sys.stderr, leave=False,
+                dynamic_ncols=True) if enabled else _Ticker(total, log)
 
 
 def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int, amp: bool, *,
-                  with_loss: bool, on_bucket: Optional[Callable[[], None]] = None):
-    """One dict per bucket (means over options.repeats draws, seeds seed, seed + 1, ..., with the
-    uncertainty of its figures over every input), Spearman's rho between difficulty and steps
-    (with a 95% interval over several draws), and whether the difficulty varied at all (else rho
-    was never a question: `eval` at 0°)."""
+                  with_loss: bool, on_bucket: Callable[[], None]):
+    """One dict per bucket (the mean over options.repeats draws, seeds seed, seed + 1, ...),
+    Spearman's rho of difficulty and steps (95% interval over draws), and whether the difficulty
+    varied at all (else rho was never a question: `eval` at 0°)."""
     task = get_task(cfg)
     used = get_method(cfg).halting_label(options.halting)
+    drop = (() if with_loss else LOSSES) + (() if options.detail else ("accuracy_at_step", *CONTROLS))
     draws, rhos, samples, varied = [], [], [[] for _ in specs], False
     for k in range(options.repeats):
-        buckets_in = [lambda spec=spec, k=k: task.bucket(test, spec, specs, model.max_steps, seed + k, options.protocol,
-                                                         draw=k)
-                      for spec in specs]
-        results, rho = evaluate_buckets(model, buckets_in, cfg, halting=options.halting,
-                                        batch_size=options.batch_size, detail=options.detail,
-                                        with_loss=with_loss, amp=amp, on_bucket=on_bucket)
+        results = []
+        for spec in specs:  # each bucket built when its turn comes
+            bucket = task.bucket(test, spec, specs, model.max_steps, seed + k, options.protocol, draw=k)
+            results.append(evaluate.evaluate_bucket(model, bucket, cfg, halting=options.halting, amp=amp,
+                                                    batch_size=options.batch_size, detail=options.detail,
+                                                    with_loss=with_loss))
+            on_bucket()
+        difficulty = torch.cat([r.samples.difficulty for r in results])
+        rho = spearman(difficulty, torch.cat([r.samples.steps for r in results]))
         rhos.append(rho)
         if rho is None and not varied:  # undefined: for want of differences in difficulty, or in steps?
-            difficulty = torch.cat([result.samples.difficulty for result in results])
             varied = bool(difficulty.numel() and (difficulty != difficulty[0]).any())
         for pooled, result in zip(samples, results):
             pooled.append(result.samples)
-        buckets = []
-        for spec, result in zip(specs, results):
-            bucket = {**task.bucket_fields(spec, options.protocol, specs), "halting": used, **result.as_dict()}
-            if with_loss:
-                bucket["loss_halting"] = used  # the rule `loss` is taken under, said beside it
-            else:
-                for key in LOSSES:
-                    bucket.pop(key)
-            if not options.detail:
-                bucket.pop("accuracy_at_step")
-                for key in CONTROLS:
-                    bucket.pop(key)
-            buckets.append(bucket)
-        draws.append(buckets)
+        draws.append([{**task.bucket_fields(spec, options.protocol, specs), "halting": used,
+                       **{key: value for key, value in result.as_dict().items() if key not in drop},
+                       **({"loss_halting": used} if with_loss else {})}  # the rule `loss` is taken under
+                      for spec, result in zip(specs, results)])
     combined = [{**combine_draws([draw[b] for draw in draws]), **uncertainty(samples[b])} for b in range(len(specs))]
     rho, rho_ci = (None, None) if None in rhos else mean_ci(rhos)
     return combined, rho, rho_ci, varied or rho is not None
 
 
-def _load(checkpoint, options: EvalOptions, log: Callable[[str], None]):
-    """load_one, and the options with the halting rule to evaluate by (the run's saved rule where
-    none is given)."""
-    path, dev, amp, model, cfg, trained = load_one(checkpoint, options, log)
-    options = replace(options, halting=check_halting(cfg, options.halting or saved_rule(path, cfg, log)))
-    return path, dev, amp, model, cfg, trained, options
-
-
 def evaluate_checkpoint(command: str, checkpoint: Union[str, Path, None], buckets: Buckets, options: EvalOptions,
                         *, log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
-    """eval (with the loss) and extrapolate: one checkpoint (a CHECKPOINT argument; None: the
-    shipped reference model), one bucket per spec the task reads from `buckets`."""
-    path, dev, amp, model, cfg, trained, options = _load(checkpoint, options, log)
+    """eval (with the loss), extrapolate and sweep (buckets: its from, to and every): one
+    checkpoint (a CHECKPOINT argument; None: the shipped reference model), one bucket per spec."""
+    path, dev, amp, model, cfg, trained = load_one(checkpoint, options, log)
+    options = replace(options, halting=check_halting(cfg, options.halting or saved_rule(path, cfg, log)))
     task = get_task(cfg)
-    options = _with_protocol(task, options)
-    specs = task.parse_buckets(spelled(buckets), command, options.protocol, log)
+    if command == "sweep":
+        specs, options = task.sweep_specs(*buckets), replace(options, protocol="fixed")
+    else:
+        specs, options = _specs(task, buckets, command, options, log)
     with _progress_bar(len(specs) * options.repeats, progress, log) as bar:
         test = task.test_data(options, dev)
         seed = evaluation_seed(options.seed, cfg)
         with_loss = command == "eval"
         buckets, rho, rho_ci, varied = _bucket_dicts(model, cfg, test, specs, options, seed, amp,
                                                      with_loss=with_loss, on_bucket=bar.update)
+    if command == "sweep":
+        return on_device(sweep_report(str(path), cfg, buckets, rho, seed=seed, view=task.view(),
+                                      difficulty_varies=varied, steps=steps_run(cfg, trained)), dev)
     return on_device(evaluation_report(command, str(path), cfg, buckets, rho, protocol=options.protocol,
                                        seed=seed, with_loss=with_loss, difficulty_varies=varied,
                                        detail=options.detail, rho_ci=rho_ci, view=task.view(),
                                        steps=steps_run(cfg, trained)), dev)
 
 
-def _with_protocol(task, options: EvalOptions) -> EvalOptions:
-    """The task's default protocol filled in; one given to a task without (parity) is refused."""
-    if task.uses_protocol:
-        return options if options.protocol is not None else replace(options, protocol=DEFAULT_PROTOCOL)
-    if options.protocol is not None:
-        owners = ", ".join(task_names(lambda other: other.uses_protocol))
-        own = task.bucket_options[0] if task.bucket_options else BUCKETS
-        raise BadValue(f"--protocol applies to {owners} checkpoints (how test images are rotated); this one is "
-                       f"{task.article} {task.name} model, whose buckets are {own}")
-    return options
-
-
 def sweep_checkpoint(checkpoint: Union[str, Path, None], start: Optional[float], stop: Optional[float],
-                     every: Optional[float], options: EvalOptions, *,
-                     log: Callable[[str], None] = lambda line: None, progress: bool = False) -> Report:
+                     every: Optional[float], options: EvalOptions, **how) -> Report:
     """Each exact difficulty from `start` to `stop` every `every` (MNIST: 0 to 180 every 5 degrees;
     parity: each non-zero count), and the least-squares slope of steps against it."""
-    path, dev, amp, model, cfg, trained, options = _load(checkpoint, options, log)
-    task = get_task(cfg)
-    specs = task.sweep_specs(start, stop, every)
-    fixed = replace(options, protocol="fixed")
-    with _progress_bar(len(specs) * options.repeats, progress, log) as bar:
-        test = task.test_data(options, dev)
-        seed = evaluation_seed(options.seed, cfg)
-        buckets, rho, _, varied = _bucket_dicts(model, cfg, test, specs, fixed, seed, amp, with_loss=False,
-                                                on_bucket=bar.update)
-    return on_device(sweep_report(str(path), cfg, buckets, rho, seed=seed, view=task.view(), difficulty_varies=varied,
-                                  steps=steps_run(cfg, trained)), dev)
+    return evaluate_checkpoint("sweep", checkpoint, (start, stop, every), options, **how)
 
 
 def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, options: EvalOptions, *,
@@ -216,9 +200,12 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
     the chosen rule written into the run folder."""
     if not (math.isfinite(tolerance) and 0 <= tolerance < 1):
         raise BadValue(f"--tolerance must be at least 0 and below 1 (got {tolerance:g})")
-    risk_problem = _risk_problem(max_loss, risk)
-    if risk_problem is not None:
-        raise BadValue(risk_problem)
+    if (max_loss is None) != (risk is None):
+        given, missing = ("--max-loss", "--risk") if risk is None else ("--risk", "--max-loss")
+        raise BadValue(f"{given} bounds the loss together with {missing}: give both (e.g. --max-loss 0.003 --risk 0.1)")
+    for option, value in (("--max-loss", max_loss), ("--risk", risk)):
+        if value is not None and not (math.isfinite(value) and 0 < value < 1):
+            raise BadValue(f"{option} must be above 0 and below 1 (got {value:g})")
     subject = "calibrate" if rules is None else f"--rules {' '.join(map(str, rules))}"
     try:
         given = None if rules is None else [parse_exit_rule(rule).spelling for rule in rules]
@@ -238,8 +225,7 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
     if problem is not None:
         raise BadValue(problem.replace("--halting", "--rules"))
     task = get_task(cfg)
-    options = _with_protocol(task, options)
-    specs = task.parse_buckets(spelled(buckets), "calibrate", options.protocol, log)
+    specs, options = _specs(task, buckets, "calibrate", options, log)
     if risk is not None and task.buckets_share_inputs and len(specs) * options.repeats > 1:
         raise BadValue(f"--risk bounds the loss on independent inputs, and every {'bucket' if len(specs) > 1 else 'draw'} "
                        f"of {task.article} {task.name} model's calibration reuses the same {task.view().terms.inputs}: "
@@ -252,22 +238,18 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
     with _progress_bar(len(specs) * options.repeats, progress, log) as bar:
         data = task.calibration_data(options, dev)
 
-        def buckets():
+        def each_bucket():
             for k in range(options.repeats):
                 for spec in specs:
                     yield task.bucket(data, spec, specs, model.max_steps, draws + k, options.protocol, draw=k)
                     bar.update()
-        outcomes = rule_outcomes(model, buckets(), rules, batch_size=options.batch_size, amp=amp)
-    sets = [task.bucket_fields(spec, options.protocol, specs) for spec in specs]
-    shared = dict(data=task.calibration_split, sets=sets, protocol=options.protocol, seed=seed, view=task.view(),
-                  steps=steps_run(cfg, trained))
+        outcomes = rule_outcomes(model, each_bucket(), rules, batch_size=options.batch_size, amp=amp)
     if risk is not None:
-        chosen, tests = risk_controlled_rule(outcomes, max_loss, risk)
-        report = risk_calibration_report(str(path), cfg, tests, chosen, max_loss=max_loss, risk=risk, **shared)
+        chosen, outcomes = risk_controlled_rule(outcomes, max_loss, risk)
         if chosen is None:
-            best = min(tests, key=lambda test: test.bound)
+            best = min(outcomes, key=lambda test: test.bound)
             raise PonderError(f"no candidate's {confidence_text(risk)} bound on the loss reaches --max-loss {max_loss:g} on "
-                              f"{tests[0].images} {task.calibration_split} {task.view().terms.inputs} (the lowest: "
+                              f"{best.images} {task.calibration_split} {task.view().terms.inputs} (the lowest: "
                               f"{best.halting}, {best.losses} differing, bound {best.bound:.4f}): raise --max-loss or "
                               f"--risk, or calibrate on more inputs")
     else:
@@ -275,22 +257,14 @@ def calibrate_checkpoint(checkpoint: Union[str, Path, None], buckets: Buckets, o
         if save and chosen is None:
             raise PonderError(f"--save: no rule's bound reaches {1 - tolerance:.1%}, there is nothing to save; raise "
                               f"--tolerance or calibrate on more")
-        report = calibration_report(str(path), cfg, outcomes, chosen, tolerance=tolerance, repeats=options.repeats,
-                                    more=task.more_calibration(options), **shared)
+    report = calibration_report(str(path), cfg, outcomes, chosen, data=task.calibration_split,
+                                sets=[task.bucket_fields(spec, options.protocol, specs) for spec in specs],
+                                protocol=options.protocol, seed=seed, view=task.view(), steps=steps_run(cfg, trained),
+                                repeats=options.repeats, tolerance=tolerance, more=task.more_calibration(options),
+                                max_loss=max_loss, risk=risk)
     if save:
         report.meta["saved"] = str(save_rule(path, report, log))
     return on_device(report, dev)
-
-
-def _risk_problem(max_loss: Optional[float], risk: Optional[float]) -> Optional[str]:
-    """Why --max-loss and --risk cannot be taken: not both or neither, or not strictly in (0, 1)."""
-    if (max_loss is None) != (risk is None):
-        given, missing = ("--max-loss", "--risk") if risk is None else ("--risk", "--max-loss")
-        return f"{given} bounds the loss together with {missing}: give both (e.g. --max-loss 0.003 --risk 0.1)"
-    for option, value in (("--max-loss", max_loss), ("--risk", risk)):
-        if value is not None and not (math.isfinite(value) and 0 < value < 1):
-            return f"{option} must be above 0 and below 1 (got {value:g})"
-    return None
 
 
 def save_rule(path: Path, report: Report, log: Callable[[str], None]) -> Path:
@@ -300,9 +274,9 @@ def save_rule(path: Path, report: Report, log: Callable[[str], None]) -> Path:
     how = ({"criterion": "risk", "max_loss": meta["max_loss"], "risk": meta["risk"], "bound": chosen["bound"],
             "loss": chosen["loss"]} if meta["criterion"] == "risk" else
            {"criterion": "agreement", "tolerance": meta["tolerance"], "bound": chosen["agreement_lower"]})
-    record = {"halting": meta["chosen"], **how, "mean_steps": chosen["mean_steps"], "images": meta["images"],
-              "data": meta["data"], "sets": meta["sets"], "protocol": meta["protocol"], "seed": meta["seed"],
-              "max_steps": meta["max_steps"], "trained_max_steps": meta["trained_max_steps"]}
+    record = {"halting": meta["chosen"], **how, "mean_steps": chosen["mean_steps"],
+              **{key: meta[key] for key in ("images", "data", "sets", "protocol", "seed", "max_steps",
+                                            "trained_max_steps")}}
     target, before = save_halting(path, record)
     log(f"saved {meta['chosen']} as the run's halting rule in {target}"
         + (f" (replacing {before})" if before else "") + ": eval, extrapolate and sweep halt by it unless --halting "
@@ -342,24 +316,21 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
             continue
         seen[digest] = path
         models[str(path)] = (model, cfg)
-        trained[str(path)] = state.config
+        trained[str(path)] = state.config.method.max_steps
     kinds = sorted({get_task(cfg).kind_label() for _, cfg in models.values()})
     if len(kinds) > 1:
         raise BadValue(f"compare needs checkpoints of one task, evaluated on the same inputs (got {', '.join(kinds)})")
-    first = next(iter(models.values()))[1]
     seed = evaluation_seed(options.seed, *(cfg for _, cfg in models.values()))  # one draw for all
-    task = get_task(first)
+    task = get_task(next(iter(models.values()))[1])
     # the rule asked for, else each model's own; a method with a rule of its own halts by that
     rule_of = {path: options.halting or default_halting(cfg) for path, (_, cfg) in models.items()}
-    options = _with_protocol(task, options)
     for path, (_, cfg) in models.items():  # a method that halts by the rule asked for must run its steps
         method, rule = get_method(cfg), rule_of[path]
         problem = method.halting_problem(rule) if method.halting_label(rule) == rule else None
         if problem is not None:
             raise BadValue(f"{path}: {problem}")
     # every step of every input: the accuracy at each budget, for the best fixed budget at the same mean steps
-    options = replace(options, detail=True)
-    specs = task.parse_buckets(spelled(buckets), "compare", options.protocol, log)
+    specs, options = _specs(task, buckets, "compare", replace(options, detail=True), log)
     with _progress_bar(len(models) * len(specs) * options.repeats, progress, log) as bar:
         test = task.test_data(options, dev)
         groups = group_by_configuration([(path, cfg) for path, (_, cfg) in models.items()])
@@ -370,5 +341,4 @@ def compare_checkpoints(checkpoints: list[Union[str, Path]], buckets: Buckets, o
     shared_rule = rules.pop() if len(rules) == 1 else None  # None: each its own, which its buckets name
     return on_device(comparison_report(groups, results, specs, protocol=options.protocol,
                                        halting=shared_rule, seed=seed, repeats=options.repeats, view=task.view(),
-                                       max_steps=options.max_steps,
-                                       trained={path: cfg.method.max_steps for path, cfg in trained.items()}), dev)
+                                       max_steps=options.max_steps, trained=trained), dev)

@@ -11,57 +11,34 @@ from typing import Callable, Optional, Union
 import torch
 
 from .. import BadValue, PonderError, PonderWarning
-from ..checkpoint import load_checkpoint, load_model, steps_problem
-from ..config import seed_problems
+from ..checkpoint import load_checkpoint
 from ..folders import BEST, LAST, Labels, Summary, resolve_checkpoint, run_of, run_status, saved_config, start_text
 from ..model import get_method
 from ..runs import reproducing_command, saved_halting_summary
 from ..reports import Report, info_report, prediction_report
 from ..tasks import STDIN, InputOptions, get_task, uniforms as draw_uniforms
-from . import check_halting, device_and_amp, evaluation_seed, on_device, resolve_named, steps_run
+from . import check_halting, evaluation_seed, load_one, on_device, steps_run
+from .evaluation import EvalOptions
 
 
 PLOT_INPUTS = 16  # strips in one --plot figure: more would not be readable
 
 
 @dataclass(frozen=True)
-class PredictOptions:
-    """How `ponder predict` reads the inputs and halts."""
-    halting: Optional[str] = None  # None: the method's own (api.check_halting)
-    seed: Optional[int] = None  # the halting coins' seed; None: the checkpoint's training seed (as eval)
-    invert: Optional[bool] = None  # images: None detects a dark digit on a light background
-    rotate: Optional[float] = None  # images: degrees, counter-clockwise, before anything else
-    steps: bool = False  # each step's figures (top class, probability, lambda_n, p_n, the step's own)
-    views: bool = False  # each step's view of the input, for --plot
-    device: str = "auto"
+class PredictOptions(EvalOptions):
+    """How `ponder predict` reads the inputs and halts (its own fields: EvalOptions' last four)."""
     batch_size: int = 256
-    max_steps: Optional[int] = None  # steps to run; None: those the checkpoint trained with
-
-    def __post_init__(self) -> None:
-        problems = seed_problems(self.seed, "--seed") if self.seed is not None else []
-        if self.max_steps is not None and steps_problem(self.max_steps):
-            problems.append(steps_problem(self.max_steps))
-        # one turn either way: beyond it an angle means nothing more, and past float32's range
-        # (1e39) it is no angle at all; NaN fails the comparison too
-        if self.rotate is not None and not -360 <= self.rotate <= 360:
-            problems.append(f"--rotate must be a number of degrees from -360 to 360 (got {self.rotate:g})")
-        if problems:
-            raise BadValue(problems[0])
 
 
 def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, Path]], options: PredictOptions, *,
                    log: Callable[[str], None] = lambda line: None) -> Report:
-    """A model on the user's own files: the task reads them (MNIST: images and .npy arrays;
-    parity: vectors), every step runs (the full forward pass), and the method picks the
-    prediction and halting step under `options.halting` exactly as evaluation does, with the
-    halting coins of input i drawn from (`options.seed`, i) (tasks.uniforms). One bucket per input."""
-
+    """A model on the user's own files (the task reads them), one bucket per input: every step
+    runs, and the method picks the prediction and halting step under `options.halting` as
+    evaluation does, input i's coins drawn from (`options.seed`, i) (tasks.uniforms)."""
     if not inputs:
         raise PonderError("predict needs at least one INPUT file")
-    path = resolve_named(checkpoint, log)
-    dev, _ = device_and_amp(options.device, False, log)
-    model, cfg, state = load_model(path, dev, options.max_steps)
-    ran, trained = cfg.method.max_steps, state.config.method.max_steps
+    path, dev, _, model, cfg, trained_cfg = load_one(checkpoint, options, log)  # predict runs float32
+    ran, trained = cfg.method.max_steps, trained_cfg.method.max_steps
     if ran > trained:  # eval says it in its caption; predict's per-input table has no room
         warnings.warn(f"--max-steps {ran} runs this model past the {trained} step{'s' * (trained > 1)} it trained "
                       f"with: steps {trained + 1}-{ran} were never trained, and its halting is forced at step "
@@ -110,10 +87,9 @@ def predict_inputs(checkpoint: Union[str, Path, None], inputs: list[Union[str, P
                           for row in range(min(end - start, PLOT_INPUTS - len(views)))]
     if options.views and count > PLOT_INPUTS:
         log(f"--plot draws the first {PLOT_INPUTS} of the {count} inputs")
-    view = task.view()
     return on_device(prediction_report(str(path), cfg, buckets, halting=used, seed=seed, steps=options.steps,
-                                       views=views, view=view, rotate=options.rotate, invert=options.invert,
-                                       **steps_run(cfg, state.config)), dev)
+                                       views=views, view=task.view(), rotate=options.rotate, invert=options.invert,
+                                       **steps_run(cfg, trained_cfg)), dev)
 
 
 def _standard_input(inputs) -> Optional[str]:
@@ -132,11 +108,9 @@ def _standard_input(inputs) -> Optional[str]:
 
 
 def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lambda line: None) -> Report:
-    """A checkpoint or a run folder (its last.pt, else its best.pt) described: its task, method and
-    step, the resolved configuration (and where each value came from, when the folder's
-    config.json records this very configuration), its record (labels, start, --amp), the epochs
-    trained, the best epoch's validation figures, how the run went, and one bucket per epoch."""
-
+    """A checkpoint or a run folder (its last.pt, else its best.pt) described: its configuration
+    (and where each value came from, when the folder's config.json records this very one), its
+    record, the epochs trained, the best epoch's figures, and one bucket per epoch."""
     resolved = resolve_checkpoint(target, file=(LAST, BEST))
     log(f"using {resolved.path} ({resolved.why})")
     state = load_checkpoint(resolved.path)

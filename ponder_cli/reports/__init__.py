@@ -48,8 +48,7 @@ def make_meta(command: str, checkpoints: list[str], methods: list[str], steps: l
     """The shared metadata; method and step null where the checkpoints differ in them (each bucket
     then carries its own); device set by the api function that computed the figures."""
     def one(values):
-        distinct = sorted(set(values))
-        return distinct[0] if len(distinct) == 1 else None
+        return values[0] if len(set(values)) == 1 else None
     return {"command": command, "task": task, "checkpoints": checkpoints, "method": one(methods),
             "step": one(steps), "protocol": protocol, "halting": halting, "seed": seed, "device": None, **extra}
 
@@ -88,8 +87,7 @@ class TaskView:
 
 def band_text(bucket: dict, unit: str = "") -> str:
     """A bucket covering a band of difficulty (MNIST's band protocol) as its edges: `45–90`."""
-    low, high = bucket["band"]
-    return f"{low:g}–{high:g}{unit}"
+    return "{:g}–{:g}".format(*bucket["band"]) + unit
 
 
 def key_column(words: Terms, buckets: list[dict]) -> Column:
@@ -105,11 +103,8 @@ def describe_model(cfg, view: TaskView) -> str:
 
 
 # each command group's report, and the uncertainty of figures: after the contract, which they import
-from .comparison import (DIFFICULTY_KEYS, Group, compare_columns, comparison_report,  # noqa: E402, F401
-                         group_by_configuration, mean_and_sd, plus_minus)
-from .evaluation import (CALIBRATION_COLUMNS, SWEEP_COLUMNS, accuracy_column, bucket_columns,  # noqa: E402, F401
-                         calibration_report, evaluation_report, least_squares, per_bucket, per_step_table,
-                         sweep_columns, sweep_report)
+from .evaluation import (calibration_report, comparison_report, evaluation_report, group_by_configuration,  # noqa: E402, F401
+                         least_squares, per_step_table, sweep_report)
 from .runs import (HISTORY_COLUMNS, PREDICT_COLUMNS, RUNS_COLUMNS, TRAIN_COLUMNS, diff_report,  # noqa: E402, F401
                    epoch_record, info_report, prediction_report, runs_report, stopped_record,
                    training_report, trash_report)

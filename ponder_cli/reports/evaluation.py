@@ -1,15 +1,15 @@
-"""What eval, extrapolate, sweep and calibrate report: one bucket per difficulty."""
+"""What eval, extrapolate, sweep, calibrate and compare report: one bucket per difficulty (or rule;
+compare: per method and difficulty, mean ± sd over the seeds of each method)."""
 
 from __future__ import annotations
 
 import statistics
+from dataclasses import asdict, dataclass
 from typing import Callable, Optional, Sequence
 
 from ..render import Column, cell_text, sparkline
 from ..registry import SHUFFLES
-from . import Report, TaskView, Terms, describe_model, key_column, make_meta
-
-# eval and extrapolate --------------------------------------------------------------------------
+from . import Report, TaskView, describe_model, key_column, make_meta
 
 
 def per_bucket(buckets: list[dict], inputs: str) -> str:
@@ -24,21 +24,19 @@ def _pair(first: str, second: str, spec: str, sep: str) -> Callable[[dict], str]
     return lambda row: f"{cell_text(row.get(first), spec)}{sep}{cell_text(row.get(second), spec)}"
 
 
-def _with_interval(key: str, interval: str, spec: str) -> Callable[[dict], str]:
-    """"0.9440 ±0.0131": a figure and the half-width of its 95% interval (the `interval` key)."""
-    def text(row: dict) -> str:
-        if row.get(interval) is None:
-            return cell_text(row[key], spec)
-        low, high = row[interval]
-        return f"{cell_text(row[key], spec)} ±{cell_text((high - low) / 2, spec)}"
-    return text
+def _with_interval(row: dict) -> str:
+    """"0.9440 ±0.0131": the accuracy and the half-width of its Wilson 95% interval."""
+    if row.get("accuracy_wilson") is None:
+        return cell_text(row["accuracy"], ".4f")
+    low, high = row["accuracy_wilson"]
+    return f"{cell_text(row['accuracy'], '.4f')} ±{cell_text((high - low) / 2, '.4f')}"
 
 
 def accuracy_column(intervals: bool) -> Column:
     """The accuracy, with the half-width of its Wilson 95% interval where the table has room."""
     if not intervals:
         return Column("accuracy", "accuracy", ".4f")
-    return Column("accuracy", "accuracy ± 95%", text=_with_interval("accuracy", "accuracy_wilson", ".4f"), wrap=True)
+    return Column("accuracy", "accuracy ± 95%", text=_with_interval, wrap=True)
 
 
 def best_fixed_accuracy(accuracy_at_step: Sequence[float], mean_steps: float) -> float:
@@ -61,19 +59,18 @@ def best_fixed_accuracy(accuracy_at_step: Sequence[float], mean_steps: float) ->
 # beside the rule's own accuracy, whether adapting beats every fixed budget of no more steps, in one column
 BEST_FIXED_COLUMN = Column("best_fixed_accuracy", "best fixed ≤ steps", ".4f", wrap=True)
 BEST_FIXED_CAPTION = "best fixed ≤ steps: best fixed budget, or mix of two, in ≤ the mean steps"
-
-
-def _difference_text(key: str, se: str) -> Callable[[dict], str]:
-    """"+0.0125 ±0.0040": a difference and its standard error; "-" where there is none."""
-    def text(row: dict) -> str:
-        if row.get(key) is None:
-            return "-"
-        return f"{row[key]:+.4f}" + (f" ±{row[se]:.4f}" if row.get(se) is not None else "")
-    return text
-
-
+# fixed:N reads step N's own output, while ACT trains and predicts on the p-weighted mean of its steps' outputs
+ACT_CAVEAT = "ACT's fixed budget reads step N's y_N, not the mean-field prediction ACT trains on: a weak control"
 CONTROL_KEYS = ("shuffled_accuracy", "adapting_minus_shuffled", "adapting_minus_shuffled_se", "premature_halts",
                 "late_halts")
+
+
+def _difference_text(row: dict) -> str:
+    """"+0.0125 ±0.0040": adapting minus shuffled and its standard error; "-" where there is none."""
+    if row.get("adapting_minus_shuffled") is None:
+        return "-"
+    se = row.get("adapting_minus_shuffled_se")
+    return f"{row['adapting_minus_shuffled']:+.4f}" + (f" ±{se:.4f}" if se is not None else "")
 
 
 def controls_table(rows: list[dict], first: list[Column], figures: bool = True
@@ -83,75 +80,44 @@ def controls_table(rows: list[dict], first: list[Column], figures: bool = True
     it, the halts that went wrong; and its caption."""
     columns = [*first, *([Column("accuracy", "accuracy", ".4f"), BEST_FIXED_COLUMN] if figures else []),
                Column("shuffled_accuracy", "shuffled", ".4f"),
-               Column("adapting_minus_shuffled", "adapting − shuffled",
-                      text=_difference_text("adapting_minus_shuffled", "adapting_minus_shuffled_se")),
+               Column("adapting_minus_shuffled", "adapting − shuffled", text=_difference_text),
                Column("premature_halts", "premature", ".4f"), Column("late_halts", "late", ".4f")]
     caption = (f"shuffled: the same halting steps dealt to the inputs at random (mean of {SHUFFLES}\n"
                "permutations), each answered at the step it is dealt · ± its standard error\n"
                "premature / late: wrong where halted, right at the last step / at a step before")
     return "Controls", rows, columns, caption
-# fixed:N reads step N's own output, while ACT trains and predicts on the p-weighted mean of its steps' outputs
-ACT_CAVEAT = "ACT's fixed budget reads step N's y_N, not the mean-field prediction ACT trains on: a weak control"
 
 
-def with_best_fixed(bucket: dict) -> None:
-    """`best_fixed_accuracy` into a bucket with `accuracy_at_step`, right after it (--detail)."""
-    items = list(bucket.items())
-    bucket.clear()
-    for key, value in items:
-        bucket[key] = value
-        if key == "accuracy_at_step":
-            bucket["best_fixed_accuracy"] = best_fixed_accuracy(value, bucket["mean_steps"])
-
-
-def bucket_columns(max_steps: int, with_loss: bool, intervals: bool, words: Terms,
-                   budget: bool = False, buckets: Sequence[dict] = ()) -> list[Column]:
-    """What eval and extrapolate tables show of a bucket (the image count goes in the caption, so
-    that the table fits 80 columns); with `budget` (--detail), the best fixed budget's accuracy
-    in the place of the sparkline, which the per-step table then shows in full."""
-    accuracy = accuracy_column(intervals)
-    columns = [
-        key_column(words, list(buckets)), accuracy, *([BEST_FIXED_COLUMN] if budget else []),
-        Column("mean_steps", "steps ± sd", text=_pair("mean_steps", "std_steps", ".2f", " ± "), wrap=True),
-        Column("steps_correct", "steps ✓ / ✗", text=_pair("steps_correct", "steps_wrong", ".2f", " / "), wrap=True),
-        *([] if budget else [Column("halting_spark", f"halting steps 1→{max_steps}", "s", no_wrap=True)]),
-    ]
-    return columns + ([Column("loss", "loss", ".4f")] if with_loss else [])
-
-
-def steps_of(cfg, steps: Optional[dict]) -> dict:
-    return steps or {"max_steps": cfg.method.max_steps, "trained_max_steps": cfg.method.max_steps}
-
-
-def steps_caption(steps: dict) -> str:
+def _steps_caption(cfg, steps: Optional[dict]) -> tuple[dict, str]:
+    """The steps run and trained (api.steps_run; None: as trained) and the caption's line on them."""
+    steps = steps or {"max_steps": cfg.method.max_steps, "trained_max_steps": cfg.method.max_steps}
     if steps["max_steps"] == steps["trained_max_steps"]:
-        return ""
-    return f"\nrun to {steps['max_steps']} steps (--max-steps; trained with {steps['trained_max_steps']})"
+        return steps, ""
+    return steps, f"\nrun to {steps['max_steps']} steps (--max-steps; trained with {steps['trained_max_steps']})"
 
 
 def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *,
                       protocol: Optional[str], seed: int, with_loss: bool, detail: bool,
                       rho_ci: Optional[list[float]] = None, view: TaskView, steps: Optional[dict] = None,
                       difficulty_varies: bool = True, sparkline_column: bool = True) -> Report:
-    """eval / extrapolate: one bucket per difficulty of one checkpoint. steps: those run and
-    trained (api.steps_run; None: as trained). Where the difficulty did not vary (`eval` at 0°)
-    the caption leaves out Spearman's rho, which nobody asked about."""
-    steps = steps_of(cfg, steps)
+    """eval / extrapolate (and sweep's start): one bucket per difficulty of one checkpoint. Where
+    the difficulty did not vary (`eval` at 0°) the caption leaves out Spearman's rho."""
+    steps, run_to = _steps_caption(cfg, steps)
     images = sum(b["images"] for b in buckets)
     for bucket in buckets:
-        if detail:
-            with_best_fixed(bucket)
+        items = list(bucket.items()) if detail else []  # --detail: best_fixed_accuracy after accuracy_at_step
+        for key, value in items:
+            bucket[key] = bucket.pop(key)
+            if key == "accuracy_at_step":
+                bucket["best_fixed_accuracy"] = best_fixed_accuracy(value, bucket["mean_steps"])
         bucket.update(checkpoint=checkpoint, method=cfg.method.name, step=cfg.step.name)
         bucket["halting_spark"] = sparkline(bucket["histogram"], width=20)
         for key in CONTROL_KEYS:  # --detail's controls after every key that came before them
             if key in bucket:
                 bucket[key] = bucket.pop(key)
-    used = buckets[0]["halting"]
-    repeats = buckets[0].get("repeats", 1)
-    words = view.terms
+    used, repeats, words = buckets[0]["halting"], buckets[0].get("repeats", 1), view.terms
     meta = make_meta(command, [checkpoint], [cfg.method.name], [cfg.step.name], protocol=protocol, halting=used,
-                     seed=seed,
-                     task=view.name, repeats=repeats, **view.meta, **steps,
+                     seed=seed, task=view.name, repeats=repeats, **view.meta, **steps,
                      spearman={"rho": rho, "rho_ci": rho_ci, "images": images, "between": words.between})
     ci = f" (95% interval {rho_ci[0]:+.3f} to {rho_ci[1]:+.3f})" if rho_ci is not None else ""
     name = f"Spearman ρ({words.difficulty}, steps)"
@@ -164,12 +130,18 @@ def evaluation_report(command: str, checkpoint: str, cfg, buckets: list[dict], r
     draws = f" · mean of {repeats} draws (seeds {seed}–{seed + repeats - 1})" if repeats > 1 else ""
     what = words.test_set if command == "eval" else "extrapolation"
     how = f"protocol {protocol} · " if protocol is not None else ""
+    # the image count goes in the caption, so that the table fits 80 columns; with --detail the
+    # best fixed budget takes the sparkline's place, which the per-step table shows in full
+    columns = [key_column(words, buckets), accuracy_column(not with_loss), *([BEST_FIXED_COLUMN] if detail else []),
+               Column("mean_steps", "steps ± sd", text=_pair("mean_steps", "std_steps", ".2f", " ± "), wrap=True),
+               Column("steps_correct", "steps ✓ / ✗", text=_pair("steps_correct", "steps_wrong", ".2f", " / "),
+                      wrap=True),
+               *([] if detail else [Column("halting_spark", f"halting steps 1→{cfg.method.max_steps}", "s",
+                                           no_wrap=True)]),
+               *([Column("loss", "loss", ".4f")] if with_loss else [])]
     report = Report(
-        meta=meta, buckets=buckets,
-        columns=bucket_columns(cfg.method.max_steps, with_loss, not with_loss, words, budget=detail,
-                               buckets=buckets),
-        title=f"{cfg.method.name} on the {what} ({checkpoint})",
-        caption=f"{describe_model(cfg, view)}{steps_caption(steps)}\n{how}halting {used} · seed {seed}{draws}\n"
+        meta=meta, buckets=buckets, columns=columns, title=f"{cfg.method.name} on the {what} ({checkpoint})",
+        caption=f"{describe_model(cfg, view)}{run_to}\n{how}halting {used} · seed {seed}{draws}\n"
                 f"{per_bucket(buckets, words.inputs)} · steps ✓ / ✗: on correct / wrong answers"
                 f"{spark}{rho_text}"
                 + (f"\nloss: cross-entropy of the prediction under halting {used}" if with_loss else "")
@@ -214,15 +186,6 @@ def least_squares(xs: list[float], ys: list[float]) -> tuple[Optional[float], Op
     return slope, my - slope * mx, (sxy * sxy / (sxx * syy) if syy else None)
 
 
-def sweep_columns(first: Column) -> list[Column]:
-    return [first, accuracy_column(True), Column("mean_steps", "steps", ".2f"),
-            Column("steps_correct", "steps ✓", ".2f"), Column("steps_wrong", "steps ✗", ".2f"),
-            Column("images", "images" if first.key == "rotation" else "inputs")]
-
-
-SWEEP_COLUMNS = sweep_columns(Column("rotation", "|angle|", "g"))
-
-
 def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float], *, seed: int,
                  view: TaskView, steps: Optional[dict] = None, difficulty_varies: bool = True) -> Report:
     """Mean steps and accuracy against the exact difficulty, with the least-squares slope of steps:
@@ -236,7 +199,10 @@ def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float]
     slope, intercept, r2 = least_squares([b[words.sweep_key] for b in buckets], [b["mean_steps"] for b in buckets])
     report.meta["fit"] = {words.sweep_fit: None if slope is None else words.sweep_scale * slope,
                           "steps_at_0": intercept, "r2": r2}
-    report.columns = sweep_columns(Column(words.sweep_key, words.sweep_header, "g"))
+    report.columns = [Column(words.sweep_key, words.sweep_header, "g"), accuracy_column(True),
+                      Column("mean_steps", "steps", ".2f"), Column("steps_correct", "steps ✓", ".2f"),
+                      Column("steps_wrong", "steps ✗", ".2f"),
+                      Column("images", "images" if words.sweep_key == "rotation" else "inputs")]
     report.title = f"{cfg.method.name} {words.sweep_name} sweep ({checkpoint})"
     if slope is None:
         report.caption += f"\nleast squares: undefined (one {words.sweep_header} only; a slope needs two)"
@@ -248,102 +214,210 @@ def sweep_report(checkpoint: str, cfg, buckets: list[dict], rho: Optional[float]
     return report
 
 
-# calibrate -------------------------------------------------------------------------------------
-
-CALIBRATION_COLUMNS = [
-    Column("halting", "rule", "s"), Column("mean_steps", "steps", ".2f"), Column("accuracy", "accuracy", ".4f"),
-    Column("gap", "gap", "+.4f"), Column("agreement", "agrees", ".4f"), Column("agreement_lower", "bound", ".4f"),
-    Column("chosen", "verdict", "s", text=lambda row: "chosen" if row["chosen"] else "ok" if row["admitted"] else ""),
-]
-
-
-def calibration_report(checkpoint: str, cfg, outcomes: list, chosen: Optional[str], *, tolerance: float,
-                       sets: list[dict], protocol: Optional[str], seed: int, repeats: int = 1,
-                       view: TaskView, data: str = "validation", steps: Optional[dict] = None,
-                       more: str = "--repeats N (more draws pooled)") -> Report:
-    """calibrate: one bucket per candidate rule (evaluate.RuleOutcome); `chosen` the cheapest whose
-    agreement's lower bound clears 1 - tolerance (None: none). gap: the last step's accuracy
-    minus the halting step's. `more`: how to calibrate on more inputs, for the advice."""
-    words, steps = view.terms, steps_of(cfg, steps)
-    floor = 1 - tolerance
-    buckets = []
-    for outcome in outcomes:
-        bucket = outcome.as_dict()
-        bucket.update(gap=bucket["accuracy_last"] - bucket["accuracy"], within_tolerance=bucket["agreement"] >= floor
-                      - 1e-12, admitted=bucket["agreement_lower"] >= floor - 1e-12, chosen=bucket["halting"] == chosen)
-        buckets.append(bucket)
-    images = buckets[0]["images"]
-    meta = make_meta("calibrate", [checkpoint], [cfg.method.name], [cfg.step.name], protocol=protocol, halting=None,
-                     seed=seed,
-                     task=view.name, repeats=repeats, **view.meta, **steps, data=data, sets=sets, images=images,
-                     tolerance=tolerance, criterion="agreement", bound="wilson one-sided 95%", chosen=chosen)
-    labels = ", ".join(words.label(s) for s in sets)
-    draws = f" · {repeats} draws pooled (seeds {seed}–{seed + repeats - 1})" if repeats > 1 else f" · seed {seed}"
-    how = f"protocol {protocol} · " if protocol is not None else ""
-    if chosen is not None:
-        footer = f"chosen: {chosen} (fewest steps with bound ≥ {floor:.1%}): --halting {chosen}"
-    else:
-        footer = (f"chosen: none (no rule's bound reaches {floor:.1%} on {images} {words.inputs}): raise "
-                  f"--tolerance, or calibrate on more: {more}")
-    return Report(meta=meta, buckets=buckets, columns=CALIBRATION_COLUMNS,
-                  title=f"Exit rules on the {data} set ({checkpoint})",
-                  caption=f"{describe_model(cfg, view)}{steps_caption(steps)}\n{images} {data} {words.inputs} "
-                          f"({how}{labels}){draws}\n"
-                          f"accuracy at the last step: {buckets[0]['accuracy_last']:.4f} · gap: it minus accuracy\n"
-                          f"agrees: share whose class is the last step's · bound: its\n"
-                          f"one-sided 95% lower bound (Wilson) · ok: bound ≥ {floor:.1%}",
-                  footer=footer)
-
-
-# calibrate --max-loss --risk: a rule whose loss is bounded ---------------------------------------
+# calibrate: by agreement (--tolerance), or by a bounded loss (--max-loss --risk) ------------------
 
 def confidence_text(risk: float) -> str:
     """1 - risk as a percentage: 0.1 -> "90%", 0.025 -> "97.5%", 0.1 / 3 -> "96.67%"."""
     return f"{(1 - risk) * 100:.4g}%"
 
 
-def _risk_verdict(row: dict) -> str:
+def _verdict(row: dict) -> str:
+    if "admitted" in row:
+        return "chosen" if row["chosen"] else "ok" if row["admitted"] else ""
     return "chosen" if row["chosen"] else "pass" if row["passed"] else "fail" if row["tested"] else "not tested"
 
 
-RISK_COLUMNS = [
-    Column("halting", "rule", "s"), Column("mean_steps", "steps", ".2f"), Column("accuracy", "accuracy", ".4f"),
-    Column("losses", "differ", "d"), Column("loss", "loss", ".4f"), Column("bound", "bound", ".4f"),
-    Column("chosen", "verdict", "s", text=_risk_verdict),
-]
-
-
-def risk_calibration_report(checkpoint: str, cfg, tests: list, chosen: Optional[str], *, max_loss: float,
-                            risk: float, sets: list[dict], protocol: Optional[str], seed: int, view: TaskView,
-                            data: str = "validation", steps: Optional[dict] = None) -> Report:
-    """calibrate --max-loss --risk: one bucket per candidate (evaluate.RiskTest) in the order
-    tested, with its loss, its Clopper–Pearson bound and whether it passed."""
-    words, steps = view.terms, steps_of(cfg, steps)
-    buckets = [{**test.as_dict(), "gap": test.accuracy_last - test.accuracy, "chosen": test.halting == chosen}
-               for test in tests]
-    images, families = buckets[0]["images"], len({test.family for test in tests})
-    level = buckets[0]["level"]
+def calibration_report(checkpoint: str, cfg, results: list, chosen: Optional[str], *, sets: list[dict],
+                       protocol: Optional[str], seed: int, view: TaskView, data: str = "validation",
+                       steps: Optional[dict] = None, repeats: int = 1, tolerance: Optional[float] = None,
+                       more: str = "--repeats N (more draws pooled)", max_loss: Optional[float] = None,
+                       risk: Optional[float] = None) -> Report:
+    """calibrate: one bucket per candidate, `chosen` the cheapest admitted (None: none). By
+    agreement (`tolerance`; results: evaluate.RuleOutcomes): admitted where its agreement's lower
+    bound clears 1 - tolerance. By risk (`max_loss`, `risk`; results: evaluate.RiskTests, in the
+    order tested): where it passed. gap: the last step's accuracy minus the halting step's;
+    `more`: how to calibrate on more inputs, for the advice."""
+    words, (steps, run_to) = view.terms, _steps_caption(cfg, steps)
+    buckets = [{**asdict(result), **({"agreement_lower": result.agreement_lower} if risk is None else {}),
+                "gap": result.accuracy_last - result.accuracy} for result in results]
+    images, labels = buckets[0]["images"], ", ".join(words.label(s) for s in sets)
+    how = f"protocol {protocol} · " if protocol is not None else ""
+    head = f"{describe_model(cfg, view)}{run_to}\n{images} {data} {words.inputs} ({how}{labels})"
+    shared = dict(protocol=protocol, halting=None, seed=seed, task=view.name, **view.meta, **steps, data=data,
+                  sets=sets, images=images)
+    if risk is None:
+        floor = 1 - tolerance
+        for bucket in buckets:
+            bucket.update(within_tolerance=bucket["agreement"] >= floor - 1e-12,
+                          admitted=bucket["agreement_lower"] >= floor - 1e-12, chosen=bucket["halting"] == chosen)
+        meta = make_meta("calibrate", [checkpoint], [cfg.method.name], [cfg.step.name], repeats=repeats, **shared,
+                         tolerance=tolerance, criterion="agreement", bound="wilson one-sided 95%", chosen=chosen)
+        draws = f" · {repeats} draws pooled (seeds {seed}–{seed + repeats - 1})" if repeats > 1 else f" · seed {seed}"
+        footer = (f"chosen: {chosen} (fewest steps with bound ≥ {floor:.1%}): --halting {chosen}" if chosen else
+                  f"chosen: none (no rule's bound reaches {floor:.1%} on {images} {words.inputs}): raise "
+                  f"--tolerance, or calibrate on more: {more}")
+        return Report(meta=meta, buckets=buckets, title=f"Exit rules on the {data} set ({checkpoint})",
+                      columns=[Column("halting", "rule", "s"), Column("mean_steps", "steps", ".2f"),
+                               Column("accuracy", "accuracy", ".4f"), Column("gap", "gap", "+.4f"),
+                               Column("agreement", "agrees", ".4f"), Column("agreement_lower", "bound", ".4f"),
+                               Column("chosen", "verdict", "s", text=_verdict)],
+                      caption=f"{head}{draws}\n"
+                              f"accuracy at the last step: {buckets[0]['accuracy_last']:.4f} · gap: it minus accuracy\n"
+                              f"agrees: share whose class is the last step's · bound: its\n"
+                              f"one-sided 95% lower bound (Wilson) · ok: bound ≥ {floor:.1%}",
+                      footer=footer)
+    for bucket in buckets:
+        bucket["chosen"] = bucket["halting"] == chosen
+    families, level = len({bucket["family"] for bucket in buckets}), buckets[0]["level"]
     picked = next((b for b in buckets if b["chosen"]), None)
-    meta = make_meta("calibrate", [checkpoint], [cfg.method.name], [cfg.step.name], protocol=protocol, halting=None,
-                     seed=seed, task=view.name, repeats=1, **view.meta, **steps, data=data, sets=sets, images=images,
+    meta = make_meta("calibrate", [checkpoint], [cfg.method.name], [cfg.step.name], repeats=1, **shared,
                      criterion="risk", max_loss=max_loss, risk=risk, bound="clopper-pearson upper",
                      test="fixed sequence", families=families, level=level, chosen=chosen,
                      chosen_bound=picked["bound"] if picked else None,
                      chosen_mean_steps=picked["mean_steps"] if picked else None)
-    labels = ", ".join(words.label(s) for s in sets)
-    how = f"protocol {protocol} · " if protocol is not None else ""
     split = (f"{families} families, each at risk {level:.4g} (--risk / {families})" if families > 1
              else f"at risk {level:g}")
     footer = (f"chosen: {chosen} (loss ≤ {picked['bound']:.4f} at {confidence_text(risk)}, "
               f"{picked['mean_steps']:.2f} steps): --halting {chosen}" if picked else
               f"chosen: none (no candidate's bound reaches {max_loss:g})")
-    return Report(meta=meta, buckets=buckets, columns=RISK_COLUMNS,
-                  title=f"Bounded-loss exit rules ({checkpoint})",
-                  caption=f"{describe_model(cfg, view)}{steps_caption(steps)}\n{images} {data} {words.inputs} "
-                          f"({how}{labels}) · seed {seed}\n"
+    return Report(meta=meta, buckets=buckets, title=f"Bounded-loss exit rules ({checkpoint})",
+                  columns=[Column("halting", "rule", "s"), Column("mean_steps", "steps", ".2f"),
+                           Column("accuracy", "accuracy", ".4f"), Column("losses", "differ", "d"),
+                           Column("loss", "loss", ".4f"), Column("bound", "bound", ".4f"),
+                           Column("chosen", "verdict", "s", text=_verdict)],
+                  caption=f"{head} · seed {seed}\n"
                           f"loss: share whose class differs from the last step's ({images} {words.inputs})\n"
                           f"bound: its exact upper {confidence_text(level)} bound (Clopper–Pearson)\n"
                           f"tested family by family from the most steps, {split}:\n"
                           f"a family stops at its first bound above --max-loss {max_loss:g}\n"
                           f"chosen: the fewest mean steps of those that passed",
                   footer=footer)
+
+
+# compare: checkpoints grouped into methods (those that differ only in the seed) ---------------------
+
+@dataclass
+class Group:
+    """Checkpoints that differ only in their seed: one method configuration."""
+    label: str
+    cfg: object  # the first member's config
+    members: list  # (path, cfg) pairs
+
+
+def group_by_configuration(models: list[tuple[str, object]]) -> list[Group]:
+    """(path, cfg) pairs grouped by config but the seed, in first-seen order, each labelled by its
+    method and what sets it apart from other groups of that method and step."""
+    groups: dict[tuple, list] = {}
+    for path, cfg in models:
+        key = tuple(sorted((k, v) for k, v in cfg.to_dict().items() if k != "seed"))
+        groups.setdefault(key, []).append((path, cfg))
+    firsts = [members[0][1] for members in groups.values()]
+    result = []
+    for members in groups.values():
+        cfg = members[0][1]
+        mine = cfg.to_dict()
+        # the step has its own column: compare only with groups of the same method and step
+        differing = sorted({k for other in firsts
+                            if other is not cfg and other.chosen() == cfg.chosen()
+                            for k, v in other.to_dict().items() if k != "seed" and mine[k] != v})
+        label = cfg.method.name + (f" ({' '.join(f'{k}={mine[k]}' for k in differing)})" if differing else "")
+        result.append(Group(label, cfg, members))
+    return result
+
+
+def mean_and_sd(values: list[float]) -> tuple[float, Optional[float]]:
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def plus_minus(mean: float, sd: Optional[float], spec: str) -> str:
+    """"0.9871 ±0.0007": the sd bound to its sign, so a cell too wide breaks between the figures."""
+    return format(mean, spec) if sd is None else f"{format(mean, spec)} ±{format(sd, spec)}"
+
+
+def _controls(rows: list[dict]) -> dict:
+    """A bucket's controls over a group's models: means and sd over seeds, the standard error of
+    the mean difference from each model's own; None where a model has none (ACT, plain)."""
+    keys = ("shuffled_accuracy", "shuffled_accuracy_sd", "adapting_minus_shuffled", "adapting_minus_shuffled_sd",
+            "adapting_minus_shuffled_se", "premature_halts", "late_halts")
+    if any(row.get("shuffled_accuracy") is None for row in rows):
+        return dict.fromkeys(keys)
+    errors = [row.get("adapting_minus_shuffled_se") for row in rows]
+    se = None if None in errors else sum(e * e for e in errors) ** 0.5 / len(errors)
+    return dict(zip(keys, (*mean_and_sd([row["shuffled_accuracy"] for row in rows]),
+                           *mean_and_sd([row["adapting_minus_shuffled"] for row in rows]), se,
+                           statistics.mean(row["premature_halts"] for row in rows),
+                           statistics.mean(row["late_halts"] for row in rows))))
+
+
+# what names a bucket, in the built-in tasks' terms; another task's is its terms' key
+DIFFICULTY_KEYS = ("rotation", "band", "counts", "lo", "hi")
+
+
+def comparison_report(groups: list[Group], results: list[list[list[dict]]], angles: list, *,
+                      protocol: Optional[str], halting: Optional[str], seed: int, repeats: int = 1,
+                      view: TaskView, max_steps: Optional[int] = None, trained: Optional[dict] = None) -> Report:
+    """results[g][m][b]: member m of group g in bucket b, with its accuracy_at_step. max_steps:
+    --max-steps (None: each as trained); trained: each checkpoint's trained max_steps by path."""
+    buckets, series = [], {}
+    words = view.terms
+    names = {*DIFFICULTY_KEYS, words.key}
+    step_names = sorted({g.cfg.step.name for g in groups})
+    for group, per_model in zip(groups, results):
+        # the plot's legend: a group's label names what sets it apart within its method and
+        # step, so where steps differ the step goes with it, as the table's step column does
+        name = f"{group.label} · step {group.cfg.step.name}" if len(step_names) > 1 else group.label
+        series[name] = []
+        for b, _ in enumerate(angles):
+            accuracy, accuracy_sd = mean_and_sd([r[b]["accuracy"] for r in per_model])
+            steps, steps_sd = mean_and_sd([r[b]["mean_steps"] for r in per_model])
+            curves = [(r[b].get("accuracy_at_step"), r[b]["mean_steps"]) for r in per_model]
+            best, best_sd = (None, None) if any(curve is None for curve, _ in curves) \
+                else mean_and_sd([best_fixed_accuracy(curve, mean) for curve, mean in curves])
+            first = per_model[0][b]
+            bucket = {"method": group.cfg.method.name, "step": group.cfg.step.name, "label": group.label,
+                      **{k: v for k, v in first.items() if k in names}, "seeds": len(per_model),
+                      "accuracy": accuracy, "accuracy_sd": accuracy_sd, "mean_steps": steps, "mean_steps_sd": steps_sd,
+                      "best_fixed_accuracy": best, "best_fixed_accuracy_sd": best_sd,
+                      "max_steps": group.cfg.method.max_steps, "halting": first["halting"], "images": first["images"],
+                      "checkpoints": [p for p, _ in group.members],
+                      "accuracy_text": plus_minus(accuracy, accuracy_sd, ".4f"),
+                      "steps_text": plus_minus(steps, steps_sd, ".2f"),
+                      "best_fixed_text": "-" if best is None else format(best, ".4f")}
+            bucket.update(_controls([r[b] for r in per_model]))
+            buckets.append(bucket)
+            series[name].append({**bucket, "std_steps": steps_sd or 0.0, "histogram": [
+                sum(r[b]["histogram"][k] for r in per_model) for k in range(len(first["histogram"]))]})
+    meta = make_meta("compare", [p for g in groups for p, _ in g.members], [g.cfg.method.name for g in groups],
+                     [g.cfg.step.name for g in groups], protocol=protocol, halting=halting, seed=seed,
+                     task=view.name, repeats=repeats, max_steps=max_steps, trained_max_steps=trained or {})
+    draws = f" · each the mean of {repeats} draws" if repeats > 1 else ""
+    # each method's own halting rule (ACT's, one step) or the one asked for: one per method
+    rules = {bucket["method"]: bucket["halting"] for bucket in buckets}
+    if len({(b["method"], b["halting"]) for b in buckets}) > len(rules):  # models of one method, rules of their own
+        rules = {bucket["label"]: bucket["halting"] for bucket in buckets}
+    # the table names each group once, on its first row: long labels wrap over several lines
+    rows = [{**bucket, "label": bucket["label"] if i == 0 or buckets[i - 1]["label"] != bucket["label"] else ""}
+            for i, bucket in enumerate(buckets)]
+    how = f"protocol {protocol} · " if protocol is not None else ""
+    seeds = [len(g.members) for g in groups]
+    # the sd needs two seeds: with one per method the figures are that checkpoint's own
+    spread = ("one checkpoint per method" if max(seeds) == 1 else "mean ± sd over seeds" if min(seeds) > 1
+              else "mean ± sd over seeds (a method of one seed: its figure, no sd)")
+    named = [Column("label", "method", "s", wrap=True), *([Column("step", "step", "s")] if len(step_names) > 1 else [])]
+    controls = (controls_table(rows, [*named, key_column(words, buckets)], figures=False)
+                if any(bucket["shuffled_accuracy"] is not None for bucket in buckets) else None)
+    columns = [*named, Column("seeds", "seeds"), key_column(words, buckets),
+               Column("accuracy_text", "accuracy", "s", wrap=True), Column("steps_text", "steps", "s", wrap=True),
+               Column("best_fixed_text", "best fixed ≤ steps", "s", wrap=True)]
+    return Report(meta=meta, buckets=buckets, columns=columns, title="Methods compared",
+                  table_rows=rows, controls=controls,
+                  caption=f"accuracy and steps: {spread}{draws}\nhalting: "
+                          f"{' · '.join(f'{method} → {rule}' for method, rule in rules.items())}\n"
+                          f"{'step ' + step_names[0] + ' · ' if len(step_names) == 1 else ''}{how}"
+                          f"seed {seed}\n{per_bucket(buckets, 'test ' + words.inputs)}\n"
+                          f"{BEST_FIXED_CAPTION}"
+                          + (" (mean over seeds)" if any(len(g.members) > 1 for g in groups) else "")
+                          + (f"\n{ACT_CAVEAT}" if any(b["method"] == "act" for b in buckets) else "")
+                          + (f"\nrun to {max_steps} steps (--max-steps; a one-step method keeps its one)"
+                             if max_steps is not None else ""),
+                  plot_series=series)

@@ -22,17 +22,15 @@ def _wilson(successes: float, n: int, z: float) -> tuple[float, float]:
 
 
 def wilson_interval(successes: float, n: int) -> list[float] | None:
-    """Wilson's two-sided 95% interval [low, high] (None for no trials)."""
     return list(_wilson(successes, n, Z_TWO_SIDED_95)) if n > 0 else None
 
 
 def wilson_lower(successes: float, n: int) -> float | None:
-    """Wilson's one-sided 95% lower bound."""
     return _wilson(successes, n, Z_ONE_SIDED_95)[0] if n > 0 else None
 
 
 def standard_error(sd: float, n: int) -> float | None:
-    """The standard error of a mean of `n` values of population sd `sd`; None below two values."""
+    """Of a mean of `n` values of population sd `sd`; None below two values."""
     return sd * math.sqrt(n / (n - 1)) / math.sqrt(n) if n > 1 else None
 
 
@@ -48,21 +46,26 @@ def student_t_cdf(t: float, df: int) -> float:
     return 0.5 + 0.5 * a
 
 
-def student_t_quantile(p: float, df: int) -> float:
-    """The p quantile (p > 0.5) of Student's t, by bisection: exact for every count (t(0.975, 31)
-    = 2.040, where z = 1.96 is too narrow)."""
-    low, high = 0.0, 1.0
-    while student_t_cdf(high, df) < p:
-        high *= 2
+def _bisect(below, low: float, high: float, tolerance: float) -> tuple[float, float]:
+    """The bracket [low, high] narrowed to `tolerance` around where `below(x)` turns False."""
     for _ in range(200):
         middle = (low + high) / 2
-        if student_t_cdf(middle, df) < p:
+        if below(middle):
             low = middle
         else:
             high = middle
-        if high - low < 1e-12:
+        if high - low < tolerance:
             break
-    return (low + high) / 2
+    return low, high
+
+
+def student_t_quantile(p: float, df: int) -> float:
+    """The p quantile (p > 0.5) of Student's t: exact for every count (t(0.975, 31) = 2.040,
+    where z = 1.96 is too narrow)."""
+    high = 1.0
+    while student_t_cdf(high, df) < p:
+        high *= 2
+    return sum(_bisect(lambda t: student_t_cdf(t, df) < p, 0.0, high, 1e-12)) / 2
 
 
 def mean_ci(values: list[float], bounds: tuple[float, float] = (-math.inf, math.inf)
@@ -129,25 +132,10 @@ def regularized_beta(a: float, b: float, x: float) -> float:
 
 def binomial_cdf(k: int, n: int, p: float) -> float:
     """P(X <= k) for X ~ Binomial(n, p): I_{1-p}(n - k, k + 1)."""
-    if k < 0:
-        return 0.0
-    if k >= n:
-        return 1.0
-    return regularized_beta(n - k, k + 1, 1.0 - p)
+    return 0.0 if k < 0 else 1.0 if k >= n else regularized_beta(n - k, k + 1, 1.0 - p)
 
 
 def clopper_pearson_upper(k: int, n: int, risk: float) -> float:
     """The exact (Clopper–Pearson) upper 1 - risk bound on a share from k successes in n: the p
-    at which P(Binomial(n, p) <= k) = risk, by bisection; 1 when k = n."""
-    if k >= n:
-        return 1.0
-    low, high = k / n, 1.0
-    for _ in range(200):
-        middle = (low + high) / 2
-        if binomial_cdf(k, n, middle) > risk:
-            low = middle
-        else:
-            high = middle
-        if high - low < 1e-15:
-            break
-    return high
+    at which P(Binomial(n, p) <= k) = risk; 1 when k = n."""
+    return 1.0 if k >= n else _bisect(lambda p: binomial_cdf(k, n, p) > risk, k / n, 1.0, 1e-15)[1]
