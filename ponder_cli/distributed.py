@@ -92,7 +92,7 @@ def error_line(line: str, exc: BaseException | None = None) -> Optional[str]:
 
 
 def active() -> bool:
-    """True once setup() has started the process group: the training loop is data-parallel."""
+    """Whether setup() has started the process group: the training loop is data-parallel."""
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
@@ -185,16 +185,15 @@ def lost_peer(exc: BaseException) -> bool:
 
 
 def leave_now(code: int) -> None:
-    """After an interrupt or a lost peer under torchrun, exit at once with `code`, skipping the
-    process group's shutdown (gloo can abort in its destructors with a collective in flight)."""
+    """Under torchrun, exit at once, skipping the process group's shutdown (after an interrupt or a
+    lost peer gloo can abort in its destructors with a collective in flight)."""
     if active():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
 
 
-def teardown() -> None:
-    """End the process group (after a run that ended normally on every rank)."""
+def teardown() -> None:  # after a run that ended normally on every rank
     if active():
         torch.distributed.destroy_process_group()
 
@@ -238,12 +237,9 @@ class _WithSpare(torch.nn.Module):
 
 
 def wrap(model: torch.nn.Module, device: torch.device, *, find_unused_parameters: bool = False) -> torch.nn.Module:
-    """DistributedDataParallel around the model when data-parallel, else the model itself (keep the
-    unwrapped one for evaluation and checkpoints). forward_sync_buffers=False (the model has no
-    buffers): DDP's forward makes no collective, so ranks may run different numbers of steps and
-    synchronise in backward only. find_unused_parameters: where a parameter may get no gradient
-    on a rank (it costs a graph search, a collective and a host sync per batch).
-    """
+    """DistributedDataParallel around the model when data-parallel, else the model itself. With
+    forward_sync_buffers=False (the model has no buffers) DDP's forward makes no collective, so
+    ranks may run different numbers of steps and synchronise in backward only."""
     if not active():
         return model
     from torch.nn.parallel import DistributedDataParallel
@@ -283,7 +279,7 @@ def rank_rng(device: torch.device):
 
 
 def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
-    """The elementwise sum of `tensor` over all ranks (a new tensor, on every rank)."""
+    """The elementwise sum over all ranks, a new tensor on every rank."""
     if not active():
         return tensor
     total = tensor.clone()

@@ -25,13 +25,9 @@ from .tasks import TrainingSource, get_task
 
 
 class Adam(torch.optim.Adam):
-    """torch.optim.Adam, running its own code, without importing torch's compiler stack.
-
-    torch.optim wraps these methods so that torch.compile leaves them alone, and each wrapper
-    imports torch._dynamo on its first call (over a second on a 2-core CPU) although nothing is
-    compiled: no option of Adam's avoids it. These are the methods the wrappers wrap; ponder
-    never compiles an optimizer.
-    """
+    """torch.optim.Adam without torch.optim's wrappers, which keep torch.compile out and import
+    torch._dynamo on their first call (over a second on a 2-core CPU; no option avoids it): these
+    are the methods they wrap. ponder never compiles an optimizer."""
 
     add_param_group = inspect.unwrap(torch.optim.Optimizer.add_param_group)
     zero_grad = inspect.unwrap(torch.optim.Optimizer.zero_grad)
@@ -103,15 +99,13 @@ class TrainResult:
 
     @property
     def best_path(self) -> Optional[Path]:
-        """The run folder's best.pt; None when it has none (resumed into another folder from a
-        checkpoint whose best epoch was not found, and no later epoch beat it)."""
+        """None where the folder has no best.pt (resumed into another folder, no epoch better)."""
         path = self.out_dir / BEST
         return path if path.is_file() else None
 
 
 def _source(data, cfg: PonderConfig, device: torch.device) -> TrainingSource:
-    """The task's training batches: `data` is a TrainingSource already, or the task's training
-    data (MNIST: an ImageSet)."""
+    """`data` if a TrainingSource already, else the task's source of its training data (MNIST: an ImageSet)."""
     return data if isinstance(data, TrainingSource) else get_task(cfg).training_source(data, device)
 
 
@@ -133,32 +127,33 @@ def graphs_line(path: str) -> str:
 
 
 class BatchStep:
-    """One training batch, whole: the staged inputs, the forward, truncation as a mask, the loss
-    in float32, backward, clipping, the update (skipped on the device when the loss or a gradient
-    is not finite) and the epoch's metrics summed on the device. Run eagerly, or on CUDA as the
-    replay of the batch captured once as a CUDA graph: fixed shapes, no host read
-    (tests/test_graph_safe.py), randomness from torch's default generator or the source's own.
+    """One training batch, whole: forward, truncation as a mask, the float32 loss, backward,
+    clipping, the update (skipped on the device when the loss or a gradient is not finite) and the
+    epoch's metrics summed on the device. Eager, or on CUDA the replay of the batch captured once:
+    fixed shapes, no host read (tests/test_graph_safe.py), randomness from torch's default
+    generator or the source's own. `shrink` (the CPU's default): the truncated forward drops the
+    inputs that are done (the mask's loss and gradients, fewer steps computed; a host read a step).
 
-    `shrink` (the CPU's default): the truncated forward drops the inputs that are done from later
-    steps (the mask's loss and gradients, fewer steps computed; a host read per step).
-
-    `state`: WARMING_UP, CAPTURED or "eager: why" (`path`: use_graphs). WARMUP_BATCHES eager
-    batches on the graph's side stream (kernels chosen, workspaces and optimizer state built); the
-    next is captured and replayed once, checked by one host read: the replay must advance the
-    epoch's totals and Adam's step count (unless the batch took no step by design). A capture on
-    another device than the tensors' records nothing (pytorch#87894). Then every batch is a
-    replay, or eager for good, said in one line. `graph(device, generators)` makes the CudaGraph.
+    `state`: WARMING_UP, CAPTURED or "eager: why". WARMUP_BATCHES eager batches on the graph's
+    side stream build kernels, workspaces and optimizer state; the next is captured and replayed
+    once, checked by one host read: the replay must advance the totals and Adam's step count (a
+    capture on another device than the tensors' records nothing, pytorch#87894). Then every batch
+    is a replay, or eager for good, said in one line. `graph(device, generators)` makes the CudaGraph.
     """
 
-    def __init__(self, model: torch.nn.Module, method: Method, optimizer: torch.optim.Optimizer,
-                 scaler: torch.amp.GradScaler, source: TrainingSource, cfg: PonderConfig, *, amp: bool,
-                 shrink: bool | None = None, graphs: bool = False, path: str | None = None,
-                 graph: Callable | None = None, log: Callable[[str], None] | None = None):
-        self.model, self.method, self.optimizer, self.scaler, self.source, self.cfg = \
-            model, method, optimizer, scaler, source, cfg
-        self.amp = amp
+    def __init__(self, model: torch.nn.Module, cfg: PonderConfig, data, *, amp: bool = False,
+                 method: Method | None = None, optimizer: torch.optim.Optimizer | None = None,
+                 scaler: torch.amp.GradScaler | None = None, shrink: bool | None = None, graphs: bool = False,
+                 path: str | None = None, graph: Callable | None = None, log: Callable[[str], None] | None = None):
+        """`data`: the task's training data or a TrainingSource; a fresh method, optimizer and
+        GradScaler unless given (benchmarks and tests)."""
         self.params = list(model.parameters())
-        self.device = self.params[0].device
+        self.device = device = self.params[0].device
+        self.model, self.cfg, self.amp = model, cfg, amp
+        self.method = method or get_method(cfg, device)
+        self.optimizer = optimizer or make_optimizer(model, cfg, device)
+        self.scaler = scaler or grad_scaler(device, amp)
+        self.source = _source(data, cfg, device)
         if self.device.type == "cpu":
             keep_freed_memory()  # no batch faults its tensors' pages in afresh
         self.shrink = drops_rows(self.device) if shrink is None else shrink
@@ -172,13 +167,12 @@ class BatchStep:
 
     @property
     def taken(self) -> torch.Tensor:
-        """Adam's step count on the device (it goes on from a resumed run's): --beta-warmup's clock."""
+        """Adam's step count on the device (a resumed run's goes on): --beta-warmup's clock."""
         state = next(iter(self.optimizer.state.values()), None)
         return self._no_step if state is None else state["step"]
 
     @property
     def graphs(self) -> bool:
-        """Whether the batches run through the graph: warming up for it, or replayed."""
         return self.state in (WARMING_UP, CAPTURED)
 
     @property
@@ -263,12 +257,6 @@ class BatchStep:
             self.log(graphs_line(self.state))
             self.run()
 
-    def _progress(self) -> torch.Tensor:
-        """What every batch advances: inputs used plus batches skipped; Adam's steps; steps not taken."""
-        totals = self.totals
-        return torch.stack([totals[INPUTS] + totals[SKIPPED], self.taken.to(totals.dtype),
-                            totals[SKIPPED] + totals[BACKED_OFF]])
-
     def _capture_and_check(self) -> str | None:
         """None when the captured batch trained; else why not."""
         capturable(self.optimizer, True)  # the update is captured: its step counts stay on the device
@@ -283,9 +271,13 @@ class BatchStep:
             # GradScaler may hold an unscale_ record the rerun would refuse; its scale stays
             self.scaler.update(self.scaler.get_scale())
             return f"the capture failed ({brief(exc)})"
-        before, totals = self._progress(), self.totals.clone()
+        def progress():  # what every batch advances: inputs used plus batches skipped; Adam's steps; steps not taken
+            t = self.totals
+            return torch.stack([t[INPUTS] + t[SKIPPED], self.taken.to(t.dtype), t[SKIPPED] + t[BACKED_OFF]])
+
+        before, totals = progress(), self.totals.clone()
         self.graph.replay()
-        counted, steps, passed = (self._progress() - before).tolist()  # the one read, once a run
+        counted, steps, passed = (progress() - before).tolist()  # the one read, once a run
         why = ("the captured batch did nothing when replayed (the epoch's totals stood still)" if counted <= 0 else
                "the captured batch did nothing when replayed (Adam's step count stood still)"
                if steps != 1 and passed == 0 else None)
@@ -352,13 +344,7 @@ def capturable(optimizer: torch.optim.Optimizer, on: bool) -> None:
     optimizer.defaults["capturable"] = on
 
 
-def batch_step(model: torch.nn.Module, cfg: PonderConfig, data, *, amp: bool = False, optimizer=None,
-               scaler=None, **options) -> BatchStep:
-    """A BatchStep for `model` on the task's training `data` (or a TrainingSource), with a fresh
-    optimizer and GradScaler unless given: for benchmarks and tests."""
-    device = next(model.parameters()).device
-    return BatchStep(model, get_method(cfg, device), optimizer or make_optimizer(model, cfg, device),
-                     scaler or grad_scaler(device, amp), _source(data, cfg, device), cfg, amp=amp, **options)
+batch_step = BatchStep  # the name benchmarks and tests know it by
 
 
 def step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
@@ -373,9 +359,8 @@ def step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
 
 def train_one_epoch(step: BatchStep, *, desc: str = "train", progress: bool = True,
                     timer: Optional[Callable[[int, int], None]] = None) -> dict:
-    """One epoch of the task's training batches, each run by `step`; the metrics stay on the
-    device until the one host read at the end. Under torchrun each rank trains on its slice of
-    every global batch; the metrics cover all ranks. `timer(index, batches)` before each batch."""
+    """One epoch, its metrics on the device until the one host read at the end. Under torchrun each
+    rank trains on its slice of every global batch; the metrics cover all ranks."""
     training_mode(step.model, step.cfg)
     source, device = step.source, step.device
     count = source.start_epoch()  # what the epoch draws up front (MNIST: the permutation, shared stream)
@@ -401,8 +386,8 @@ def train_one_epoch(step: BatchStep, *, desc: str = "train", progress: bool = Tr
 
 
 def _rng_state(device: torch.device, source: TrainingSource | None = None) -> dict:
-    """The CPU generator's state, the training device's on CUDA (it resumes on any number of GPUs,
-    or none) and the task's own training stream under "task"."""
+    """The CPU generator's state, the training GPU's alone (it resumes on any number of GPUs, or
+    none) and the task's own training stream under "task"."""
     state = {"torch": torch.get_rng_state()}
     task_state = source.state() if source is not None else None
     if task_state is not None:
@@ -444,9 +429,8 @@ def training_mode(model: torch.nn.Module, cfg: PonderConfig) -> None:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: PonderConfig, device: torch.device) -> torch.optim.Adam:
-    """Adam, fused on every device: one kernel, and a flag on the device that skips a step
-    (step_unless). The learning rate is a tensor the plateau schedule cuts in place, so a
-    captured step reads the new value."""
+    """Fused on every device: one kernel, and a flag on the device that skips a step (step_unless).
+    The learning rate is a tensor the plateau schedule cuts in place: a captured step reads it."""
     trained = [p for p in model.parameters() if p.requires_grad]  # a refit freezes all but the halting head
     return Adam(trained, lr=torch.tensor(cfg.training.lr, device=device), fused=True)
 
@@ -457,7 +441,6 @@ def learning_rate(rate) -> float:
 
 
 def _optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
-    """The optimizer's state for a checkpoint, its learning rate a float."""
     saved = optimizer.state_dict()
     return {**saved, "param_groups": [{**group, "lr": learning_rate(group["lr"])} for group in saved["param_groups"]]}
 
@@ -491,7 +474,7 @@ def use_graphs(device: torch.device, wanted: bool, pieces: dict, log: Callable[[
 
 
 def graph_pieces(model: torch.nn.Module, method: Method, source: TrainingSource, cfg: PonderConfig) -> dict:
-    """What a training batch runs besides the model's own layers, by name, for use_graphs."""
+    """What a training batch runs besides the model's own layers, by name."""
     return {f"the task {cfg.task.name!r}'s training source": source,
             f"the step function {cfg.step.name!r}": model.step, f"the method {cfg.method.name!r}": method}
 
@@ -504,12 +487,10 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
           init: dict | None = None, run: dict | None = None) -> TrainResult:
     """Train, validating once per epoch; write last.pt every epoch and best.pt on improvement.
     train_set and val_set are the task's (MNIST: ImageSets; parity: None and a ParityBatch).
-    `resume`: a checkpoint continued at its next epoch (runs.plan_training). `log` gets the
-    duration estimate. `time_limit`: seconds on `clock` (TimeLimit). `init`: weights the fresh
-    model starts from (--init-from; a refit's lack the halting head). Under torchrun every rank
-    calls it alike; rank 0 alone validates, writes and decides when time is up. `run`: the run's
-    record (folders.run_record), kept in every checkpoint.
-    """
+    `resume`: a checkpoint continued at its next epoch. `time_limit`: seconds on `clock`. `init`:
+    weights the fresh model starts from (--init-from; a refit's lack the halting head). `run`: the
+    run's record (folders.run_record), kept in every checkpoint. Under torchrun every rank calls
+    it alike; rank 0 alone validates, writes and decides when time is up."""
     limit = TimeLimit(time_limit, clock or CLOCK) if time_limit is not None else None
     out_dir, epochs, patience = Path(out_dir), cfg.training.epochs, cfg.training.patience
     torch.manual_seed(cfg.training.seed)
@@ -559,8 +540,8 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
     left_out = []
     if distributed.active() and (cfg.method.max_steps == 1 or cfg.method.truncation > 0):
         left_out = model.left_out_by_one_step(task.example_input(2, device))
-    step = BatchStep(distributed.wrap(model, device, find_unused_parameters=bool(left_out)), method, optimizer,
-                     scaler, source, cfg, amp=amp, path=path, log=log)
+    step = BatchStep(distributed.wrap(model, device, find_unused_parameters=bool(left_out)), cfg, source, amp=amp,
+                     method=method, optimizer=optimizer, scaler=scaler, path=path, log=log)
 
     def save(state: TrainingState, improved: bool) -> None:
         """best.pt (on improvement) before last.pt, as one (an interrupt waits for both): a write that
@@ -649,7 +630,6 @@ class TimeLimit:
         self.epochs: list[float] = []  # seconds each epoch of this process took, in order
 
     def next_epoch(self) -> float:
-        """The seconds the next epoch is expected to take."""
         return max((self.epochs[1:] or self.epochs)[-self.RECENT:])
 
     def left(self) -> float:

@@ -53,18 +53,16 @@ class TrainOptions:
 def deterministic_kernels(on: bool):
     """While training: torch.use_deterministic_algorithms(True) (an operation without a
     deterministic kernel then fails rather than varies), and on CUDA the cuBLAS workspace that
-    makes its sums reproducible, which must be set before cuBLAS starts. The algorithms setting
-    is restored afterwards (the workspace variable stays: cuBLAS reads it once)."""
-    if not on:
-        yield
-        return
+    makes its sums reproducible, set before cuBLAS starts (it stays: cuBLAS reads it once)."""
     was = torch.are_deterministic_algorithms_enabled()
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True)
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(was)
+        if on:
+            torch.use_deterministic_algorithms(was)
 
 
 def _settings(given: dict, options: TrainOptions) -> tuple[dict, dict, Optional[StartingWeights], TrainOptions]:
