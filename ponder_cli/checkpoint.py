@@ -61,8 +61,8 @@ class TrainingState:
     def stopped_early(self) -> bool:
         """Early stopping ended the run before its planned epochs: patience ran out with epochs
         still to train (running out at the last epoch itself, the run simply finished)."""
-        patience = self.config.training.patience
-        return bool(patience) and self.epochs_without_improvement >= patience and self.epoch < self.config.training.epochs
+        patience, epochs = self.config.training.patience, self.config.training.epochs
+        return bool(patience) and self.epochs_without_improvement >= patience and self.epoch < epochs
 
     def to_dict(self) -> dict:
         return {"format": FORMAT, "version": VERSION, **{f.name: getattr(self, f.name) for f in fields(self)},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import inspect
 import math
 import statistics
@@ -44,22 +45,20 @@ class Adam(torch.optim.Adam):
 
 # glibc's mallopt parameters (malloc.h) and the largest mmap threshold it takes on 64-bit Linux
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX = -1, -3, 32 * 1024 * 1024
-_kept = False
 
 
+@functools.cache
 def keep_freed_memory() -> bool:
     """On glibc, have malloc keep the memory a batch frees for the next batch (once a process):
     by default a freed block over ~128 KiB goes back to the system, and the next batch faults its
     pages in afresh (hundreds of page faults a parity batch). Whether it took effect."""
-    global _kept
-    if _kept or not sys.platform.startswith("linux"):
-        return _kept
+    if not sys.platform.startswith("linux"):
+        return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return False
-    _kept = bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
-    return _kept
+    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
 
 
 @dataclass(frozen=True)
@@ -524,7 +523,8 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
             result.history = [EpochStats(**h) for h in resume.history]
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
             raise PonderError(f"cannot resume: the checkpoint's training state does not fit ({brief(exc)})") from None
-        result.best_accuracy, result.best_epoch, result.last_epoch = resume.best_accuracy, resume.best_epoch, resume.epoch
+        result.best_accuracy, result.best_epoch, result.last_epoch = resume.best_accuracy, resume.best_epoch, \
+            resume.epoch
         without_improvement = resume.epochs_without_improvement
         if patience and without_improvement >= patience:
             raise PonderError(f"this run already stopped early after epoch {resume.epoch} "
@@ -565,7 +565,8 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
         # scheduler and early stopping alike
         val = task.validate(model, val_set, amp) if distributed.is_main() else None
         val_accuracy, val_steps, *histogram = distributed.broadcast_from_main(
-            [val.accuracy, val.mean_steps, *val.histogram] if val is not None else [0.0] * (2 + cfg.method.max_steps), device)
+            [val.accuracy, val.mean_steps, *val.histogram] if val is not None else [0.0] * (2 + cfg.method.max_steps),
+            device)
         lr = learning_rate(optimizer.param_groups[0]["lr"])
         scheduler.step(val_accuracy)
         # only a model whose weights and epoch's loss are finite becomes "best"
@@ -685,7 +686,8 @@ def duration_estimate(epoch_seconds: float, epochs: int) -> Optional[str]:
         return None
     if epochs == 1:
         return f"about {durations.rough(epoch_seconds)} for 1 epoch"
-    return f"about {durations.rough(epoch_seconds)} an epoch, {durations.rough(epoch_seconds * epochs)} for {epochs} epochs"
+    total = durations.rough(epoch_seconds * epochs)
+    return f"about {durations.rough(epoch_seconds)} an epoch, {total} for {epochs} epochs"
 
 
 class EpochTimer:

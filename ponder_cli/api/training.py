@@ -191,8 +191,9 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
                                   f"({brief(exc)}); {folder.resume_hint()}") from None
             finally:
                 folder.release(finished)
-    distributed.teardown()
-    return on_device(training_report(cfg, result, time.perf_counter() - started, view=task.view()), dev) if main else None
+        distributed.teardown()
+        return on_device(training_report(cfg, result, time.perf_counter() - started, view=task.view()), dev) \
+            if main else None
 
 
 @contextlib.contextmanager
