@@ -14,7 +14,7 @@ import re
 import shutil
 import tempfile
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,11 @@ FORMAT = "ponder_cli"
 VERSION = 2
 READABLE_VERSIONS = (1, 2)
 _V1_PREFIXES = {"encoder.": "step.encoder.", "step_mlp.": "step.mlp."}
+# what each optional key must hold (absent or None in checkpoints never meant to be resumed)
+_KINDS = {"best_epoch": (int, "an integer"), "epochs_without_improvement": (int, "an integer"),
+          "best_accuracy": ((int, float), "a number"), "history": (list, "a list"), "optimizer": (dict, "a dict"),
+          "scheduler": (dict, "a dict"), "scaler": (dict, "a dict"), "rng": (dict, "a dict"),
+          "stop_reason": (str, "a string"), "run": (dict, "a dict")}
 
 
 @dataclass
@@ -52,21 +57,16 @@ class TrainingState:
     # started from, --amp; a copied best.pt keeps them
     run: dict | None = None
 
-    RESUME_KEYS = ("optimizer", "scheduler", "scaler", "rng")
-
     @property
     def stopped_early(self) -> bool:
         """Early stopping ended the run before its planned epochs: patience ran out with epochs
         still to train (running out at the last epoch itself, the run simply finished)."""
-        patience = self.config.training.patience
-        return bool(patience) and self.epochs_without_improvement >= patience and self.epoch < self.config.training.epochs
+        patience, epochs = self.config.training.patience, self.config.training.epochs
+        return bool(patience) and self.epochs_without_improvement >= patience and self.epoch < epochs
 
     def to_dict(self) -> dict:
-        return {"format": FORMAT, "version": VERSION, "config": self.config.to_dict(), "model": self.model,
-                "epoch": self.epoch, "optimizer": self.optimizer, "scheduler": self.scheduler,
-                "scaler": self.scaler, "best_accuracy": self.best_accuracy, "best_epoch": self.best_epoch,
-                "epochs_without_improvement": self.epochs_without_improvement, "history": self.history,
-                "rng": self.rng, "stop_reason": self.stop_reason, "run": self.run}
+        return {"format": FORMAT, "version": VERSION, **{f.name: getattr(self, f.name) for f in fields(self)},
+                "config": self.config.to_dict()}
 
     @classmethod
     def from_dict(cls, payload: Any, path: Path | str = "checkpoint") -> "TrainingState":
@@ -96,21 +96,19 @@ class TrainingState:
                                                   for k, v in model.items()):
             raise bad("model", "a dict of tensors")
         if version == 1:
-            model = {_upgrade_v1_key(k): v for k, v in model.items()}
-        values: dict[str, Any] = {"config": config, "model": model}
-        for key, kind, expected in (("epoch", int, "an integer"), ("best_epoch", int, "an integer"),
-                                    ("epochs_without_improvement", int, "an integer"),
-                                    ("best_accuracy", (int, float), "a number"), ("history", list, "a list"),
-                                    ("optimizer", dict, "a dict"), ("scheduler", dict, "a dict"),
-                                    ("scaler", dict, "a dict"), ("rng", dict, "a dict"),
-                                    ("stop_reason", str, "a string"), ("run", dict, "a dict")):
-            if payload.get(key) is None and key != "epoch":
-                continue  # optional: absent from checkpoints that were never meant to be resumed
-            if isinstance(payload[key], bool) or not isinstance(payload[key], kind):
-                raise bad(key, expected)
-            values[key] = payload[key]
-        if values["epoch"] < 0:
-            raise PonderError(f"checkpoint {path} has a malformed 'epoch' ({values['epoch']})")
+            model = {next((new + k[len(old):] for old, new in _V1_PREFIXES.items() if k.startswith(old)), k): v
+                     for k, v in model.items()}
+        epoch = payload["epoch"]
+        if isinstance(epoch, bool) or not isinstance(epoch, int):
+            raise bad("epoch", "an integer")
+        if epoch < 0:
+            raise PonderError(f"checkpoint {path} has a malformed 'epoch' ({epoch})")
+        values: dict[str, Any] = {"config": config, "model": model, "epoch": epoch}
+        for key, (kind, expected) in _KINDS.items():
+            if payload.get(key) is not None:
+                if isinstance(payload[key], bool) or not isinstance(payload[key], kind):
+                    raise bad(key, expected)
+                values[key] = payload[key]
         if "rng" in values and not isinstance(values["rng"].get("torch"), torch.Tensor):
             raise PonderError(f"checkpoint {path} has a malformed 'rng' (no torch generator state)")
         if not all(isinstance(h, dict) for h in values.get("history", [])):
@@ -118,17 +116,10 @@ class TrainingState:
         return cls(**values)
 
     def require_resumable(self, path: Path | str) -> None:
-        missing = [key for key in self.RESUME_KEYS if getattr(self, key) is None]
+        missing = [key for key in ("optimizer", "scheduler", "scaler", "rng") if getattr(self, key) is None]
         if missing:
             raise PonderError(f"checkpoint {path} cannot be resumed: it has no {', '.join(missing)} state "
                               "(only checkpoints written by `ponder train` can)")
-
-
-def _upgrade_v1_key(key: str) -> str:
-    for old, new in _V1_PREFIXES.items():
-        if key.startswith(old):
-            return new + key[len(old):]
-    return key
 
 
 class CheckpointNotSaved(PonderError):
@@ -141,47 +132,41 @@ class CheckpointNotSaved(PonderError):
         super().__init__(self.problem + (f"; the previous {path.name} is intact" if path.exists() else ""))
 
 
-def save_checkpoint(state: TrainingState, path: Path) -> None:
-    """Temp file in the same directory, flushed and fsynced, then os.replace: never a torn file.
-    An interrupt that the CLI receives meanwhile waits until the file is written (uninterrupted).
+def save_checkpoint(state: TrainingState, *paths: Path) -> None:
+    """`state` to each of `paths` in turn, as one: an interrupt that the CLI receives meanwhile
+    waits until the last is written (uninterrupted). Each is a temp file in the same directory,
+    flushed and fsynced, then os.replace: never a torn file.
 
     A full disk (or any other failure to write) is one CheckpointNotSaved naming the file and the
-    cause; the temp file is removed and the previous checkpoint at `path` is left as it was.
+    cause; the temp file is removed and the previous checkpoint at the path is left as it was.
     """
-    path = Path(path)
-    tmp = None
-    try:
-        with uninterrupted():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600 files; a checkpoint is an ordinary file
-            with os.fdopen(fd, "wb") as f:
-                torch.save(state.to_dict(), f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-    except BaseException as exc:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        interrupt = next((seen for seen in _chain(exc) if isinstance(seen, KeyboardInterrupt)), None)
-        if interrupt is not None and interrupt is not exc:
-            # Ctrl-C as Python raises it (a library caller's) inside torch.save makes its zip
-            # writer fail to close the file ("unexpected pos"), an error that would hide it
-            raise interrupt from None
-        cause = _write_failure(exc, path.parent)
-        if cause is None:
-            raise
-        raise CheckpointNotSaved(path, cause) from None
-
-
-def save_checkpoints(state: TrainingState, paths: list) -> None:
-    """`state` to each of `paths` in turn (save_checkpoint), as one: an interrupt that the CLI
-    receives meanwhile waits until the last is written."""
     with uninterrupted():
-        for path in paths:
-            save_checkpoint(state, path)
+        for path in map(Path, paths):
+            tmp = None
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+                umask = os.umask(0)
+                os.umask(umask)
+                os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600 files; a checkpoint is an ordinary file
+                with os.fdopen(fd, "wb") as f:
+                    torch.save(state.to_dict(), f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except BaseException as exc:
+                if tmp is not None:
+                    Path(tmp).unlink(missing_ok=True)
+                chain = list(_chain(exc))
+                interrupt = next((seen for seen in chain if isinstance(seen, KeyboardInterrupt)), None)
+                if interrupt is not None and interrupt is not exc:
+                    # Ctrl-C as Python raises it (a library caller's) inside torch.save makes its zip
+                    # writer fail to close the file ("unexpected pos"), an error that would hide it
+                    raise interrupt from None
+                cause = _write_failure(exc, chain, path.parent)
+                if cause is None:
+                    raise
+                raise CheckpointNotSaved(path, cause) from None
 
 
 _DISK_ERRORS = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded",
@@ -195,7 +180,7 @@ def _chain(exc: BaseException):
         exc = exc.__cause__ or exc.__context__
 
 
-def _write_failure(exc: BaseException, folder: Path) -> str | None:
+def _write_failure(exc: BaseException, chain: list, folder: Path) -> str | None:
     """Why a save failed, when the file system is to blame; None for anything else (a bug).
 
     torch.save reports a failed write of its zip container as a RuntimeError ("enforce fail …
@@ -203,7 +188,7 @@ def _write_failure(exc: BaseException, folder: Path) -> str | None:
     """
     if not isinstance(exc, Exception):
         return None  # Ctrl-C, SIGTERM: not the disk's doing
-    for seen in _chain(exc):
+    for seen in chain:
         if isinstance(seen, OSError):
             return _DISK_ERRORS.get(seen.errno) or seen.strerror or brief(seen)
     if not isinstance(exc, RuntimeError):
@@ -246,18 +231,15 @@ def load_checkpoint(path: Path | str, map_location="cpu") -> TrainingState:
     except Exception as exc:  # a legacy (pickle) file cut short, or data torch cannot decode
         raise PonderError(f"checkpoint {path} is cut short or damaged ({brief(exc)}); {DAMAGE_HINT}") from None
     state = TrainingState.from_dict(payload, path)
-    warn_if_not_finite(state.model, path)
-    return state
-
-
-def warn_if_not_finite(weights: dict, path: Path | str) -> None:
-    """A model with NaN or inf among its weights computes nothing meaningful: say so, but load it
-    all the same (to look inside it, or to resume from the epoch before)."""
-    bad = [name for name, tensor in weights.items()
+    # weights with NaN or inf compute nothing meaningful: said, but loaded all the same (to look
+    # inside, or to resume from the epoch before)
+    bad = [name for name, tensor in state.model.items()
            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
     if bad:
-        warnings.warn(f"checkpoint {path} has non-finite weights (NaN or inf in {len(bad)} of its {len(weights)} "
-                      f"tensors, {bad[0]} first): what it computes means nothing", PonderWarning, stacklevel=2)
+        warnings.warn(f"checkpoint {path} has non-finite weights (NaN or inf in {len(bad)} of its "
+                      f"{len(state.model)} tensors, {bad[0]} first): what it computes means nothing",
+                      PonderWarning, stacklevel=2)
+    return state
 
 
 def new_model(cfg: PonderConfig) -> torch.nn.Module:
@@ -270,37 +252,29 @@ def new_model(cfg: PonderConfig) -> torch.nn.Module:
 def load_model(path: Path | str, device, max_steps: int | None = None, *, every_method: bool = True
                ) -> tuple[torch.nn.Module, PonderConfig, TrainingState]:
     """Rebuild the model from the config stored in the checkpoint itself. `max_steps` (an
-    evaluation's --max-steps) runs it for that many steps instead of those it trained with: the
-    config's max_steps, checked as any config's (a method that runs one step refuses it), sizes
-    the model's loop, its halting (forced at the last step) and everything drawn per step; no
-    weight depends on it. A method that runs one step (plain) refuses it, or, with
-    `every_method` False (compare: several methods, one --max-steps), keeps its one step. The
-    config returned is the one run; state.config is the one trained."""
+    evaluation's --max-steps, in the range training allows) runs it for that many steps instead of
+    those it trained with: the config's max_steps, checked as any config's (a piece whose steps
+    are bounded says so), sizes the model's loop, its halting (forced at the last step) and
+    everything drawn per step; no weight depends on it. A method that runs one step (plain)
+    refuses another, or, with `every_method` False (compare: several methods, one --max-steps),
+    keeps its one step. The config returned is the one run; state.config is the one trained."""
     state = load_checkpoint(path)
     cfg = state.config
     if max_steps is not None and (every_method or applies("max_steps", cfg.chosen())):
-        cfg = _run_for(cfg, max_steps)
+        problem = steps_problem(max_steps)
+        if problem is not None:
+            raise BadValue(problem)
+        if max_steps != cfg.method.max_steps:
+            if not applies("max_steps", cfg.chosen()):
+                raise BadValue(f"--max-steps applies to models that run several steps; this one is "
+                               f"{cfg.method.name}, which runs {cfg.method.max_steps}")
+            cfg = cfg.replace(max_steps=max_steps)
     model = new_model(cfg)
     try:
         model.load_state_dict(state.model)
     except (RuntimeError, TypeError, AttributeError) as exc:
         raise PonderError(f"checkpoint {path}: weights do not match its config ({brief(exc)})") from None
     return model.to(device).eval(), cfg, state
-
-
-def _run_for(cfg: PonderConfig, max_steps: int) -> PonderConfig:
-    """The config with max_steps set for an evaluation, in the range training allows; a method
-    that does not read max_steps (plain: one step) refuses another, and a piece whose steps are
-    bounded says so in its config_problems, which the new config runs."""
-    problem = steps_problem(max_steps)
-    if problem is not None:
-        raise BadValue(problem)
-    if max_steps == cfg.method.max_steps:
-        return cfg
-    if not applies("max_steps", cfg.chosen()):
-        raise BadValue(f"--max-steps applies to models that run several steps; this one is "
-                          f"{cfg.method.name}, which runs {cfg.method.max_steps}")
-    return cfg.replace(max_steps=max_steps)
 
 
 def steps_problem(max_steps) -> str | None:

@@ -2,7 +2,7 @@
 
 torchrun's RANK, WORLD_SIZE and LOCAL_RANK are the only signal used; in a plain process every
 helper is the identity. Each rank draws the epoch's permutation from the shared RNG stream,
-trains on its slice of every global batch with its own stream (fork_rank_rng), and DDP averages
+trains on its slice of every global batch with its own stream (rank_rng), and DDP averages
 the gradients; rank 0 alone validates, writes and prints, and broadcasts what the others need.
 
 A dead rank fails its peers' next collective at once on gloo, a stalled one after TIMEOUT, and
@@ -13,6 +13,7 @@ hint all the same (NCCL_ERROR_HANDLING, abort_when_signal_unanswered).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import signal
@@ -20,7 +21,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, TypeVar
+from typing import Callable, Optional
 
 import torch
 
@@ -42,14 +43,12 @@ TORCHRUN_NCCL_ERROR_HANDLING = "1"
 # this many seconds after it arrived is taken to be stuck in a wait on a peer that is gone.
 ABORT_AFTER_SIGNAL_S = 5.0
 
-T = TypeVar("T")
-
 
 @dataclass(frozen=True)
 class Launch:
-    """Where torchrun placed this process."""
-    rank: int  # 0 .. world_size - 1, over all nodes
-    local_rank: int  # 0 .. processes on this node - 1: the GPU index on CUDA
+    """Where torchrun placed this process: rank over all nodes, local_rank (the GPU index on CUDA)."""
+    rank: int
+    local_rank: int
     world_size: int
 
     @property
@@ -93,7 +92,7 @@ def error_line(line: str, exc: BaseException | None = None) -> Optional[str]:
 
 
 def active() -> bool:
-    """True once setup() has started the process group: the training loop is data-parallel."""
+    """Whether setup() has started the process group: the training loop is data-parallel."""
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
@@ -110,20 +109,13 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def check_batch_size(batch_size: int, where: Launch | None) -> None:
-    """--batch-size is the global batch: it must split evenly over the ranks."""
-    if where is not None and batch_size % where.world_size:
-        raise PonderError(f"--batch-size {batch_size} is the global batch and must be divisible by the "
-                          f"{where.world_size} processes torchrun started (each takes an equal share)")
-
-
 def device_for(device: torch.device, where: Launch | None) -> torch.device:
     """On CUDA each rank trains on its own GPU, cuda:LOCAL_RANK; the CPU is shared."""
     if where is None or device.type != "cuda":
         return device
     if where.local_rank >= torch.cuda.device_count():
         raise RankError(f"LOCAL_RANK {where.local_rank} needs GPU cuda:{where.local_rank}, but only "
-                          f"{torch.cuda.device_count()} are visible; start at most that many processes per node")
+                        f"{torch.cuda.device_count()} are visible; start at most that many processes per node")
     return torch.device("cuda", where.local_rank)
 
 
@@ -162,6 +154,14 @@ def abort_when_signal_unanswered(grace: float, abort: Callable[[], None] | None 
     signal.set_wakeup_fd(write, warn_on_full_buffer=False)
     watched = {int(signal.SIGTERM), int(signal.SIGINT)}
 
+    def abort_process_group() -> None:
+        if active():
+            world = torch.distributed.group.WORLD
+            if hasattr(world, "abort"):  # ProcessGroup.abort, in recent PyTorch
+                world.abort()
+            else:
+                torch.distributed.distributed_c10d._abort_process_group()
+
     def watch() -> None:
         while True:
             try:
@@ -172,19 +172,10 @@ def abort_when_signal_unanswered(grace: float, abort: Callable[[], None] | None 
                 return
             if watched & set(received):
                 time.sleep(grace)
-                (abort or _abort_process_group)()
+                (abort or abort_process_group)()
                 return
 
     threading.Thread(target=watch, name="abort-when-signal-unanswered", daemon=True).start()
-
-
-def _abort_process_group() -> None:
-    if active():
-        world = torch.distributed.group.WORLD
-        if hasattr(world, "abort"):  # ProcessGroup.abort, in recent PyTorch
-            world.abort()
-        else:
-            torch.distributed.distributed_c10d._abort_process_group()
 
 
 def lost_peer(exc: BaseException) -> bool:
@@ -194,23 +185,25 @@ def lost_peer(exc: BaseException) -> bool:
 
 
 def leave_now(code: int) -> None:
-    """After an interrupt or a lost peer under torchrun, exit at once with `code`, skipping the
-    process group's shutdown (gloo can abort in its destructors with a collective in flight).
-    Does nothing without an active process group."""
-    if not active():
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    """Under torchrun, exit at once, skipping the process group's shutdown (after an interrupt or a
+    lost peer gloo can abort in its destructors with a collective in flight)."""
+    if active():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
-def teardown() -> None:
-    """End the process group (after a run that ended normally on every rank)."""
+def teardown() -> None:  # after a run that ended normally on every rank
     if active():
         torch.distributed.destroy_process_group()
 
 
-def on_main(work: Callable[[], T]) -> T:
+def barrier() -> None:
+    if active():
+        torch.distributed.barrier()
+
+
+def on_main(work: Callable[[], object]):
     """Run `work` on rank 0 alone and give every rank its result (picklable); a PonderError it
     raises is raised on every rank, marked run-wide."""
     if not active():
@@ -244,12 +237,9 @@ class _WithSpare(torch.nn.Module):
 
 
 def wrap(model: torch.nn.Module, device: torch.device, *, find_unused_parameters: bool = False) -> torch.nn.Module:
-    """DistributedDataParallel around the model when data-parallel, else the model itself (keep the
-    unwrapped one for evaluation and checkpoints). forward_sync_buffers=False (the model has no
-    buffers): DDP's forward makes no collective, so ranks may run different numbers of steps and
-    synchronise in backward only. find_unused_parameters: where a parameter may get no gradient
-    on a rank (it costs a graph search, a collective and a host sync per batch).
-    """
+    """DistributedDataParallel around the model when data-parallel, else the model itself. With
+    forward_sync_buffers=False (the model has no buffers) DDP's forward makes no collective, so
+    ranks may run different numbers of steps and synchronise in backward only."""
     if not active():
         return model
     from torch.nn.parallel import DistributedDataParallel
@@ -257,12 +247,6 @@ def wrap(model: torch.nn.Module, device: torch.device, *, find_unused_parameters
     return DistributedDataParallel(_WithSpare(model) if find_unused_parameters else model,
                                    device_ids=[device.index] if device.type == "cuda" else None,
                                    forward_sync_buffers=False, find_unused_parameters=find_unused_parameters)
-
-
-def barrier() -> None:
-    """Wait for every rank (after rank 0 has written a checkpoint, say)."""
-    if active():
-        torch.distributed.barrier()
 
 
 def even_length(count: int) -> int:
@@ -277,30 +261,25 @@ def shard(index: torch.Tensor) -> torch.Tensor:
     return index[rank() * size:(rank() + 1) * size]
 
 
-def fork_rank_rng(device: torch.device) -> tuple | None:
-    """Switch the global RNG to this rank's own stream, seeded with a draw from the shared one plus
-    the rank (the shared stream stays identical across ranks and in checkpoints); returns the
-    shared stream's state for join_shared_rng (None when not data-parallel)."""
+@contextlib.contextmanager
+def rank_rng(device: torch.device):
+    """While inside, the global RNG is this rank's own stream, seeded with a draw from the shared
+    one plus the rank; the shared stream (identical across ranks and in checkpoints) is put back
+    after (an interrupted epoch never needs it again: a resume takes it from the checkpoint)."""
     if not active():
-        return None
-    seed = int(torch.randint(0, 2**62, ()))  # from the shared stream, so the same on every rank
-    shared = (torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
-    torch.manual_seed(seed + rank())
-    return shared
-
-
-def join_shared_rng(shared: tuple | None, device: torch.device) -> None:
-    """Back to the shared stream saved by fork_rank_rng (an interrupted epoch never needs it again:
-    a resumed run takes the shared stream from the checkpoint)."""
-    if shared is None:
+        yield
         return
+    seed = int(torch.randint(0, 2**62, ()))  # from the shared stream, so the same on every rank
+    shared = torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    torch.manual_seed(seed + rank())
+    yield
     torch.set_rng_state(shared[0])
     if device.type == "cuda":
         torch.cuda.set_rng_state(shared[1], device)
 
 
 def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
-    """The elementwise sum of `tensor` over all ranks (a new tensor, on every rank)."""
+    """The elementwise sum over all ranks, a new tensor on every rank."""
     if not active():
         return tensor
     total = tensor.clone()
@@ -309,8 +288,8 @@ def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def broadcast_from_main(values: list[float], device: torch.device) -> list[float]:
-    """Rank 0's floats on every rank; the others pass placeholders of the same length. Sent as
-    float64, so every rank gets exactly rank 0's values."""
+    """Rank 0's floats on every rank (the others pass placeholders of the same length), sent as
+    float64 so that every rank gets exactly rank 0's values."""
     if not active():
         return values
     buffer = torch.tensor(values, dtype=torch.float64, device=device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import inspect
 import math
 import statistics
@@ -16,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from . import PonderError, brief, distributed, durations
-from .checkpoint import TrainingState, new_model, save_checkpoints
+from .checkpoint import TrainingState, new_model, save_checkpoint
 from .config import PonderConfig
 from .folders import BEST, LAST
 from .model import Method, autocast, drops_rows, get_method, grad_scaler, truncate
@@ -25,31 +26,15 @@ from .tasks import TrainingSource, get_task
 
 
 class Adam(torch.optim.Adam):
-    """torch.optim.Adam, running its own code, without importing torch's compiler stack.
+    """torch.optim.Adam without torch.optim's wrappers, which keep torch.compile out and import
+    torch._dynamo on their first call (over a second on a 2-core CPU; no option avoids it): these
+    are the methods they wrap. ponder never compiles an optimizer."""
 
-    torch.optim wraps these methods so that torch.compile leaves them alone, and each wrapper
-    imports torch._dynamo on its first call (over a second on a 2-core CPU) although nothing is
-    compiled: no option of Adam's avoids it. These call the methods the wrappers wrap; ponder
-    never compiles an optimizer.
-    """
-
-    _add_param_group = inspect.unwrap(torch.optim.Optimizer.add_param_group)
-    _zero_grad = inspect.unwrap(torch.optim.Optimizer.zero_grad)
-    _state_dict = inspect.unwrap(torch.optim.Optimizer.state_dict)
-    _load_state_dict = inspect.unwrap(torch.optim.Optimizer.load_state_dict)
+    add_param_group = inspect.unwrap(torch.optim.Optimizer.add_param_group)
+    zero_grad = inspect.unwrap(torch.optim.Optimizer.zero_grad)
+    state_dict = inspect.unwrap(torch.optim.Optimizer.state_dict)
+    load_state_dict = inspect.unwrap(torch.optim.Optimizer.load_state_dict)
     _step = inspect.unwrap(torch.optim.Adam.step)
-
-    def add_param_group(self, param_group: dict) -> None:
-        self._add_param_group(param_group)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self._zero_grad(set_to_none)
-
-    def state_dict(self) -> dict:
-        return self._state_dict()
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self._load_state_dict(state_dict)
 
     def step(self, closure=None):
         # what the step's wrapper does besides importing torch._dynamo: no autograd graph for
@@ -60,23 +45,20 @@ class Adam(torch.optim.Adam):
 
 # glibc's mallopt parameters (malloc.h) and the largest mmap threshold it takes on 64-bit Linux
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX = -1, -3, 32 * 1024 * 1024
-_kept = False
 
 
+@functools.cache
 def keep_freed_memory() -> bool:
     """On glibc, have malloc keep the memory a batch frees for the next batch (once a process):
     by default a freed block over ~128 KiB goes back to the system, and the next batch faults its
     pages in afresh (hundreds of page faults a parity batch). Whether it took effect."""
-    global _kept
-    if _kept or not sys.platform.startswith("linux"):
-        return _kept
+    if not sys.platform.startswith("linux"):
+        return False
     try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return False
-    _kept = bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
-    return _kept
+    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
 
 
 @dataclass(frozen=True)
@@ -103,34 +85,31 @@ class EpochStats:
     training_step: str = ""
 
 
-
-
 @dataclass
 class TrainResult:
     out_dir: Path
-    best_accuracy: float
-    best_epoch: int
-    last_epoch: int
-    stopped_early: bool
+    best_accuracy: float = -1.0
+    best_epoch: int = 0
+    last_epoch: int = 0
+    stopped_early: bool = False
     history: list[EpochStats] = field(default_factory=list)
     stop_reason: str = FINISHED  # registry's FINISHED, EARLY_STOP, TIME_LIMIT or AT_CHANCE
     stop_note: str = ""  # the one line that says why, where the run did not simply finish
 
     @property
     def best_path(self) -> Optional[Path]:
-        """The run folder's best.pt; None when it has none (resumed into another folder from a
-        checkpoint whose best epoch was not found, and no later epoch beat it)."""
+        """None where the folder has no best.pt (resumed into another folder, no epoch better)."""
         path = self.out_dir / BEST
         return path if path.is_file() else None
 
 
 def _source(data, cfg: PonderConfig, device: torch.device) -> TrainingSource:
-    """The task's training batches: `data` is a TrainingSource already, or the task's training
-    data (MNIST: an ImageSet)."""
+    """`data` if a TrainingSource already, else the task's source of its training data (MNIST: an ImageSet)."""
     return data if isinstance(data, TrainingSource) else get_task(cfg).training_source(data, device)
 
 
-WARMUP_BATCHES = 3  # eager batches before the capture (Capture's warm-up)
+WARMUP_BATCHES = 3  # eager batches before the capture
+CAPTURED, WARMING_UP = "captured", "warming up"
 
 # BatchStep.totals, summed on the device and read once per epoch: the epoch's means (each summed
 # times the batch size; accuracy and steps as counts), then the inputs in batches that were used,
@@ -139,44 +118,66 @@ MEANS = ("loss", "reconstruction", "regularisation", "accuracy", "steps")
 INPUTS, SKIPPED, BACKED_OFF = len(MEANS), len(MEANS) + 1, len(MEANS) + 2
 
 
-class BatchStep:
-    """One training batch, whole: the staged inputs, the forward, truncation as a mask, the loss
-    in float32, backward, clipping, the update (skipped on the device when the loss or a gradient
-    is not finite) and the epoch's metrics summed on the device. Run eagerly, or on CUDA as the
-    replay of the batch captured once as a CUDA graph (`Capture`): fixed shapes, no host read
-    (tests/test_graph_safe.py), randomness from torch's default generator or the source's own.
+def graphs_line(path: str) -> str:
+    """The stderr line that says how training batches run on CUDA, for CAPTURED or "eager: why"."""
+    if path == CAPTURED:
+        return "CUDA graphs: each training batch is captured once and replayed"
+    return f"CUDA graphs: off, {path.removeprefix('eager: ')}; batches run eagerly"
 
-    `shrink` (the CPU's default): the truncated forward drops the inputs that are done from later
-    steps (the mask's loss and gradients, fewer steps computed; a host read per step).
-    `path`: CAPTURED or "eager: why" (use_graphs); `graph` makes the CudaGraph.
+
+class BatchStep:
+    """One training batch, whole: forward, truncation as a mask, the float32 loss, backward,
+    clipping, the update (skipped on the device when the loss or a gradient is not finite) and the
+    epoch's metrics summed on the device. Eager, or on CUDA the replay of the batch captured once:
+    fixed shapes, no host read (tests/test_graph_safe.py), randomness from torch's default
+    generator or the source's own. `shrink` (the CPU's default): the truncated forward drops the
+    inputs that are done (the mask's loss and gradients, fewer steps computed; a host read a step).
+
+    `state`: WARMING_UP, CAPTURED or "eager: why". WARMUP_BATCHES eager batches on the graph's
+    side stream build kernels, workspaces and optimizer state; the next is captured and replayed
+    once, checked by one host read: the replay must advance the totals and Adam's step count (a
+    capture on another device than the tensors' records nothing, pytorch#87894). Then every batch
+    is a replay, or eager for good, said in one line. `graph(device, generators)` makes the CudaGraph.
     """
 
-    def __init__(self, model: torch.nn.Module, method: Method, optimizer: torch.optim.Optimizer,
-                 scaler: torch.amp.GradScaler, source: TrainingSource, cfg: PonderConfig, *, amp: bool,
-                 shrink: bool | None = None, graphs: bool = False, path: str | None = None,
-                 graph: Callable | None = None, log: Callable[[str], None] | None = None):
-        self.model, self.method, self.optimizer, self.scaler, self.source, self.cfg = \
-            model, method, optimizer, scaler, source, cfg
-        self.amp = amp
+    def __init__(self, model: torch.nn.Module, cfg: PonderConfig, data, *, amp: bool = False,
+                 method: Method | None = None, optimizer: torch.optim.Optimizer | None = None,
+                 scaler: torch.amp.GradScaler | None = None, shrink: bool | None = None, graphs: bool = False,
+                 path: str | None = None, graph: Callable | None = None, log: Callable[[str], None] | None = None):
+        """`data`: the task's training data or a TrainingSource; a fresh method, optimizer and
+        GradScaler unless given (benchmarks and tests)."""
         self.params = list(model.parameters())
-        self.device = self.params[0].device
+        self.device = device = self.params[0].device
+        self.model, self.cfg, self.amp = model, cfg, amp
+        self.method = method or get_method(cfg, device)
+        self.optimizer = optimizer or make_optimizer(model, cfg, device)
+        self.scaler = scaler or grad_scaler(device, amp)
+        self.source = _source(data, cfg, device)
         if self.device.type == "cpu":
             keep_freed_memory()  # no batch faults its tensors' pages in afresh
         self.shrink = drops_rows(self.device) if shrink is None else shrink
         self.totals = torch.zeros(BACKED_OFF + 1, dtype=torch.float64, device=self.device)  # MEANS, INPUTS, ...
         self._no_step = torch.zeros((), dtype=torch.float32, device=self.device)
-        self.capture = Capture(self, path or (CAPTURED if graphs else "eager"), graph or CudaGraph,
-                               log or (lambda line: print(line, file=sys.stderr)))
+        path = path or (CAPTURED if graphs else "eager")
+        self.state = WARMING_UP if path == CAPTURED else path
+        self.new_graph, self.graph = graph or CudaGraph, None  # the graph, once the warm-up begins
+        self.warmed = self.replays = 0
+        self.log = log or (lambda line: print(line, file=sys.stderr))
 
     @property
     def taken(self) -> torch.Tensor:
-        """Adam's step count on the device (it goes on from a resumed run's): --beta-warmup's clock."""
+        """Adam's step count on the device (a resumed run's goes on): --beta-warmup's clock."""
         state = next(iter(self.optimizer.state.values()), None)
         return self._no_step if state is None else state["step"]
 
     @property
+    def graphs(self) -> bool:
+        return self.state in (WARMING_UP, CAPTURED)
+
+    @property
     def path(self) -> str:
-        return self.capture.path
+        """What the run's record says: CAPTURED from the warm-up on, or "eager: why"."""
+        return CAPTURED if self.state == WARMING_UP else self.state
 
     def run(self) -> None:
         """The batch, eagerly: what the captured graph replays."""
@@ -184,7 +185,7 @@ class BatchStep:
         x, targets = self.source.batch()
         batch = targets.shape[0]
         truncation = method.truncation(batch, device)
-        with autocast(device, self.amp, cache=not self.capture.graphs):  # a capture keeps no cast copies
+        with autocast(device, self.amp, cache=not self.graphs):  # a capture keeps no cast copies
             # Under DDP no collective happens in the forward (a shrinking one may run fewer steps
             # on one rank than on another); DDP synchronises in backward, once per batch.
             out = self.model(x, stop=truncation if self.shrink else None)
@@ -233,8 +234,55 @@ class BatchStep:
             self.totals[BACKED_OFF] += backed_off.double()
 
     def __call__(self) -> None:
-        """The batch the source has staged."""
-        self.capture()
+        """The batch the source has staged: eagerly, warming up, captured or replayed."""
+        if self.state == CAPTURED:
+            self.graph.replay()
+            self.replays += 1
+        elif self.state != WARMING_UP:
+            self.run()
+        elif self.warmed < WARMUP_BATCHES:
+            self.graph = self.graph or self.new_graph(self.device, self.source.generators())
+            self.graph.warm_up(self.run)
+            self.warmed += 1
+        else:
+            why = self._capture_and_check()
+            if why is None:
+                self.state, self.replays = CAPTURED, 1
+                return
+            self.graph.reset()
+            self.graph = None
+            capturable(self.optimizer, False)
+            self.state = f"eager: {why}"
+            self.log(graphs_line(self.state))
+            self.run()
+
+    def _capture_and_check(self) -> str | None:
+        """None when the captured batch trained; else why not."""
+        capturable(self.optimizer, True)  # the update is captured: its step counts stay on the device
+        self.optimizer.zero_grad(set_to_none=True)  # the captured backward allocates the gradients
+        try:
+            self.graph.capture(self.run)
+        except PonderError:  # the user's to hear, captured or not
+            raise
+        except Exception as exc:
+            # whatever a capture raises (CUDA's errors, torch.cuda.graph's checks, an operation that
+            # cannot be captured); a fault of the batch itself raises again in the eager rerun. The
+            # GradScaler may hold an unscale_ record the rerun would refuse; its scale stays
+            self.scaler.update(self.scaler.get_scale())
+            return f"the capture failed ({brief(exc)})"
+        def progress():  # what every batch advances: inputs used plus batches skipped; Adam's steps; steps not taken
+            t = self.totals
+            return torch.stack([t[INPUTS] + t[SKIPPED], self.taken.to(t.dtype), t[SKIPPED] + t[BACKED_OFF]])
+
+        before, totals = progress(), self.totals.clone()
+        self.graph.replay()
+        counted, steps, passed = (progress() - before).tolist()  # the one read, once a run
+        why = ("the captured batch did nothing when replayed (the epoch's totals stood still)" if counted <= 0 else
+               "the captured batch did nothing when replayed (Adam's step count stood still)"
+               if steps != 1 and passed == 0 else None)
+        if why is not None:
+            self.totals.copy_(totals)  # the eager step reruns the batch: what a partial replay counted goes
+        return why
 
     def warm_up(self) -> int:
         """For benchmarks: start an epoch and run its batches until the graph is captured and
@@ -244,100 +292,6 @@ class BatchStep:
             self.source.stage(index)
             self()
         return WARMUP_BATCHES + 2
-
-
-CAPTURED, WARMING_UP = "captured", "warming up"
-
-
-def graphs_line(path: str) -> str:
-    """The stderr line that says how training batches run on CUDA, for CAPTURED or "eager: why"."""
-    if path == CAPTURED:
-        return "CUDA graphs: each training batch is captured once and replayed"
-    return f"CUDA graphs: off, {path.removeprefix('eager: ')}; batches run eagerly"
-
-
-class Capture:
-    """How a BatchStep's batches run, `state`: WARMING_UP, CAPTURED or "eager: why".
-
-    WARMUP_BATCHES eager batches on the graph's side stream (kernels chosen, workspaces and
-    optimizer state built); the next is captured and replayed once, checked by one host read: the
-    replay must advance the epoch's totals and Adam's step count (unless the batch took no step by
-    design). A capture on another device than the tensors' records nothing (pytorch#87894). Then
-    every batch is a replay, or eager for good, said in one line.
-    """
-
-    def __init__(self, step: BatchStep, path: str, graph: Callable, log: Callable[[str], None]):
-        self.step, self.new_graph, self.log = step, graph, log
-        self.state = WARMING_UP if path == CAPTURED else path
-        self.graph = None  # new_graph(device, generators), once the warm-up begins
-        self.warmed = self.replays = 0
-
-    @property
-    def graphs(self) -> bool:
-        """Whether the batches run through the graph: warming up for it, or replayed."""
-        return self.state in (WARMING_UP, CAPTURED)
-
-    @property
-    def path(self) -> str:
-        """What the run's record says: CAPTURED from the warm-up on, or "eager: why"."""
-        return CAPTURED if self.state == WARMING_UP else self.state
-
-    def __call__(self) -> None:
-        step = self.step
-        if self.state == CAPTURED:
-            self.graph.replay()
-            self.replays += 1
-        elif self.state != WARMING_UP:
-            step.run()
-        elif self.warmed < WARMUP_BATCHES:
-            self.graph = self.graph or self.new_graph(step.device, step.source.generators())
-            self.graph.warm_up(step.run)
-            self.warmed += 1
-        else:
-            why = self._capture_and_check()
-            if why is None:
-                self.state, self.replays = CAPTURED, 1
-            else:
-                self._fall_back(why)
-                step.run()
-
-    def _progress(self) -> torch.Tensor:
-        """What every batch advances: inputs used plus batches skipped; Adam's steps; steps not taken."""
-        totals = self.step.totals
-        return torch.stack([totals[INPUTS] + totals[SKIPPED], self.step.taken.to(totals.dtype),
-                            totals[SKIPPED] + totals[BACKED_OFF]])
-
-    def _capture_and_check(self) -> str | None:
-        """None when the captured batch trained; else why not."""
-        step = self.step
-        capturable(step.optimizer, True)  # the update is captured: its step counts stay on the device
-        step.optimizer.zero_grad(set_to_none=True)  # the captured backward allocates the gradients
-        try:
-            self.graph.capture(step.run)
-        except PonderError:  # the user's to hear, captured or not
-            raise
-        except Exception as exc:
-            # whatever a capture raises (CUDA's errors, torch.cuda.graph's checks, an operation that
-            # cannot be captured); a fault of the batch itself raises again in the eager rerun. The
-            # GradScaler may hold an unscale_ record the rerun would refuse; its scale stays
-            step.scaler.update(step.scaler.get_scale())
-            return f"the capture failed ({brief(exc)})"
-        before, totals = self._progress(), step.totals.clone()
-        self.graph.replay()
-        counted, steps, passed = (self._progress() - before).tolist()  # the one read, once a run
-        why = ("the captured batch did nothing when replayed (the epoch's totals stood still)" if counted <= 0 else
-               "the captured batch did nothing when replayed (Adam's step count stood still)"
-               if steps != 1 and passed == 0 else None)
-        if why is not None:
-            step.totals.copy_(totals)  # the eager step reruns the batch: what a partial replay counted goes
-        return why
-
-    def _fall_back(self, why: str) -> None:
-        self.graph.reset()
-        self.graph = None
-        capturable(self.step.optimizer, False)
-        self.state = f"eager: {why}"
-        self.log(graphs_line(self.state))
 
 
 class CudaGraph:
@@ -389,13 +343,7 @@ def capturable(optimizer: torch.optim.Optimizer, on: bool) -> None:
     optimizer.defaults["capturable"] = on
 
 
-def batch_step(model: torch.nn.Module, cfg: PonderConfig, data, *, amp: bool = False, optimizer=None,
-               scaler=None, **options) -> BatchStep:
-    """A BatchStep for `model` on the task's training `data` (or a TrainingSource), with a fresh
-    optimizer and GradScaler unless given: for benchmarks and tests."""
-    device = next(model.parameters()).device
-    return BatchStep(model, get_method(cfg, device), optimizer or make_optimizer(model, cfg, device),
-                     scaler or grad_scaler(device, amp), _source(data, cfg, device), cfg, amp=amp, **options)
+batch_step = BatchStep  # the name benchmarks and tests know it by
 
 
 def step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
@@ -408,22 +356,23 @@ def step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
         del optimizer.grad_scale, optimizer.found_inf
 
 
-def train_one_epoch(step: BatchStep, *, desc: str = "train", progress: bool = True) -> dict:
-    """One epoch of the task's training batches, each run by `step`; the metrics stay on the
-    device until the one host read at the end. Under torchrun each rank trains on its slice of
-    every global batch; the metrics cover all ranks."""
+def train_one_epoch(step: BatchStep, *, desc: str = "train", progress: bool = True,
+                    timer: Optional[Callable[[int, int], None]] = None) -> dict:
+    """One epoch, its metrics on the device until the one host read at the end. Under torchrun each
+    rank trains on its slice of every global batch; the metrics cover all ranks."""
     training_mode(step.model, step.cfg)
     source, device = step.source, step.device
     count = source.start_epoch()  # what the epoch draws up front (MNIST: the permutation, shared stream)
+    step.totals.zero_()
     # Under torchrun rotations, dropout, truncation and coin flips come from this rank's own RNG
     # stream until the shared stream is put back at the end of the epoch.
-    shared_rng = distributed.fork_rank_rng(device)
-    step.totals.zero_()
-    for index in tqdm(range(count), desc=desc, unit="batch", leave=False, file=sys.stderr,
-                      disable=not progress, dynamic_ncols=True):
-        source.stage(index)  # global batch `index` into the source's static inputs
-        step()
-    distributed.join_shared_rng(shared_rng, device)
+    with distributed.rank_rng(device):
+        for index in tqdm(range(count), desc=desc, unit="batch", leave=False, file=sys.stderr,
+                          disable=not progress, dynamic_ncols=True):
+            if timer is not None:
+                timer(index, count)
+            source.stage(index)  # global batch `index` into the source's static inputs
+            step()
     # Sum the images, losses and correct counts of every rank: the epoch line covers the whole
     # epoch. The skip and back-off counts are not summed: every rank counted the same ones.
     totals = step.totals.clone()
@@ -431,15 +380,13 @@ def train_one_epoch(step: BatchStep, *, desc: str = "train", progress: bool = Tr
     values = totals.tolist()  # the one host read of the epoch
     used = max(values[INPUTS], 1.0)
     stats = {key: value / used for key, value in zip(MEANS, values[:INPUTS])}
-    stats["skipped_batches"] = int(values[SKIPPED])
-    stats["scaler_backoffs"] = int(values[BACKED_OFF])
-    stats["batches"] = count
+    stats.update(skipped_batches=int(values[SKIPPED]), scaler_backoffs=int(values[BACKED_OFF]), batches=count)
     return stats
 
 
 def _rng_state(device: torch.device, source: TrainingSource | None = None) -> dict:
-    """The CPU generator's state, the training device's on CUDA (it resumes on any number of GPUs,
-    or none) and the task's own training stream under "task"."""
+    """The CPU generator's state, the training GPU's alone (it resumes on any number of GPUs, or
+    none) and the task's own training stream under "task"."""
     state = {"torch": torch.get_rng_state()}
     task_state = source.state() if source is not None else None
     if task_state is not None:
@@ -481,15 +428,10 @@ def training_mode(model: torch.nn.Module, cfg: PonderConfig) -> None:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: PonderConfig, device: torch.device) -> torch.optim.Adam:
-    """Adam, fused on every device: one kernel, and a flag on the device that skips a step
-    (step_unless). The learning rate is a tensor the plateau schedule cuts in place, so a
-    captured step reads the new value."""
+    """Fused on every device: one kernel, and a flag on the device that skips a step (step_unless).
+    The learning rate is a tensor the plateau schedule cuts in place: a captured step reads it."""
     trained = [p for p in model.parameters() if p.requires_grad]  # a refit freezes all but the halting head
     return Adam(trained, lr=torch.tensor(cfg.training.lr, device=device), fused=True)
-
-
-# How Adam runs, not what it has learnt: a checkpoint written on one device resumes on another.
-_IMPLEMENTATION_FLAGS = ("fused", "foreach", "capturable")
 
 
 def learning_rate(rate) -> float:
@@ -498,23 +440,17 @@ def learning_rate(rate) -> float:
 
 
 def _optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
-    """The optimizer's state for a checkpoint, its learning rate a float."""
     saved = optimizer.state_dict()
     return {**saved, "param_groups": [{**group, "lr": learning_rate(group["lr"])} for group in saved["param_groups"]]}
 
 
-def _scheduler_state(scheduler) -> dict:
-    """The plateau schedule's state for a checkpoint, the rates it last set as floats."""
-    saved = scheduler.state_dict()
-    return {**saved, "_last_lr": [learning_rate(rate) for rate in saved.get("_last_lr", [])]}
-
-
 def _load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
-    """Load a checkpoint's optimizer state, keeping this optimizer's implementation flags (a fused
-    CUDA Adam's would come with the saved groups) and its learning-rate tensor, given the saved value."""
+    """Load a checkpoint's optimizer state, keeping this optimizer's implementation flags (how Adam
+    runs, not what it has learnt: a fused CUDA Adam's would come with the saved groups) and its
+    learning-rate tensor, given the saved value."""
     rates = [group["lr"] for group in optimizer.param_groups]
-    groups = [{**group, **{flag: optimizer.defaults[flag] for flag in _IMPLEMENTATION_FLAGS if flag in group}}
-              for group in saved["param_groups"]]
+    groups = [{**group, **{flag: optimizer.defaults[flag] for flag in ("fused", "foreach", "capturable")
+                           if flag in group}} for group in saved["param_groups"]]
     optimizer.load_state_dict({**saved, "param_groups": groups})
     for group, rate in zip(optimizer.param_groups, rates):
         if isinstance(rate, torch.Tensor):
@@ -537,7 +473,7 @@ def use_graphs(device: torch.device, wanted: bool, pieces: dict, log: Callable[[
 
 
 def graph_pieces(model: torch.nn.Module, method: Method, source: TrainingSource, cfg: PonderConfig) -> dict:
-    """What a training batch runs besides the model's own layers, by name, for use_graphs."""
+    """What a training batch runs besides the model's own layers, by name."""
     return {f"the task {cfg.task.name!r}'s training source": source,
             f"the step function {cfg.step.name!r}": model.step, f"the method {cfg.method.name!r}": method}
 
@@ -550,14 +486,12 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
           init: dict | None = None, run: dict | None = None) -> TrainResult:
     """Train, validating once per epoch; write last.pt every epoch and best.pt on improvement.
     train_set and val_set are the task's (MNIST: ImageSets; parity: None and a ParityBatch).
-    `resume`: a checkpoint continued at its next epoch (runs.plan_training). `log` gets the
-    duration estimate. `time_limit`: seconds on `clock` (TimeLimit). `init`: weights the fresh
-    model starts from (--init-from; a refit's lack the halting head). Under torchrun every rank
-    calls it alike; rank 0 alone validates, writes and decides when time is up. `run`: the run's
-    record (folders.run_record), kept in every checkpoint.
-    """
+    `resume`: a checkpoint continued at its next epoch. `time_limit`: seconds on `clock`. `init`:
+    weights the fresh model starts from (--init-from; a refit's lack the halting head). `run`: the
+    run's record (folders.run_record), kept in every checkpoint. Under torchrun every rank calls
+    it alike; rank 0 alone validates, writes and decides when time is up."""
     limit = TimeLimit(time_limit, clock or CLOCK) if time_limit is not None else None
-    out_dir = Path(out_dir)
+    out_dir, epochs, patience = Path(out_dir), cfg.training.epochs, cfg.training.patience
     torch.manual_seed(cfg.training.seed)
     task = get_task(cfg)
     method = get_method(cfg, device)
@@ -572,16 +506,33 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
         optimizer, mode="max", factor=cfg.training.lr_factor, patience=cfg.training.lr_patience)
     scaler = grad_scaler(device, amp)
 
-    result = TrainResult(out_dir=out_dir, best_accuracy=-1.0, best_epoch=0, last_epoch=0, stopped_early=False)
-    epochs_without_improvement = 0
-    if resume is not None:
-        epochs_without_improvement = _resume(resume, cfg, out_dir, model, optimizer, scheduler, scaler, source, device,
-                                             result)
+    result, without_improvement = TrainResult(out_dir=out_dir), 0
+    if resume is not None:  # weights, optimizer, scheduler, scaler, random streams and the history
+        resume.require_resumable(out_dir)
+        try:
+            model.load_state_dict(resume.model)
+            _load_optimizer_state(optimizer, resume.optimizer)
+            scheduler.load_state_dict(resume.scheduler)
+            if resume.scaler:
+                # A run saved without a live scaler (bf16 on the CPU, or AMP off) has an empty
+                # state, which an enabled scaler refuses: resumed with fp16 it starts a fresh
+                # scaler instead.
+                scaler.load_state_dict(resume.scaler)
+            _set_rng_state(resume.rng, device)
+            source.load_state(resume.rng.get("task"))
+            result.history = [EpochStats(**h) for h in resume.history]
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
+            raise PonderError(f"cannot resume: the checkpoint's training state does not fit ({brief(exc)})") from None
+        result.best_accuracy, result.best_epoch, result.last_epoch = resume.best_accuracy, resume.best_epoch, \
+            resume.epoch
+        without_improvement = resume.epochs_without_improvement
+        if patience and without_improvement >= patience:
+            raise PonderError(f"this run already stopped early after epoch {resume.epoch} "
+                              f"(no better validation accuracy for {patience} epochs); raise --patience to go on")
     path = use_graphs(device, cuda_graphs, graph_pieces(model, method, source, cfg), log)
-    if log is not None:
-        # the clock starts once the capture is done: it would count as batches
-        source = TimedSource(source, cfg.training.epochs - result.last_epoch, log, device=device,
-                             skip=WARMUP_BATCHES + 1 if path == CAPTURED else 1)
+    # the clock starts once the capture is done: it would count as batches
+    timer = EpochTimer(epochs - result.last_epoch, log, device=device,
+                       skip=WARMUP_BATCHES + 1 if path == CAPTURED else 1) if log is not None else None
     # DDP must be told when a parameter may get no gradient on a rank, and then searches every
     # backward for such parameters (a graph walk, a collective and a host sync per batch): only
     # where a forward may stop after one step and that step leaves some parameter out (h_0 = 0
@@ -589,14 +540,20 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
     left_out = []
     if distributed.active() and (cfg.method.max_steps == 1 or cfg.method.truncation > 0):
         left_out = model.left_out_by_one_step(task.example_input(2, device))
-    step = BatchStep(distributed.wrap(model, device, find_unused_parameters=bool(left_out)), method, optimizer,
-                     scaler, source, cfg, amp=amp, path=path, log=log)
+    step = BatchStep(distributed.wrap(model, device, find_unused_parameters=bool(left_out)), cfg, source, amp=amp,
+                     method=method, optimizer=optimizer, scaler=scaler, path=path, log=log)
 
-    for epoch in range(result.last_epoch + 1, cfg.training.epochs + 1):
+    def save(state: TrainingState, improved: bool) -> None:
+        """best.pt (on improvement) before last.pt, as one (an interrupt waits for both): a write that
+        fails between them leaves best.pt ahead of last.pt, never behind the best epoch it names."""
+        if distributed.is_main():  # every rank holds this same state; one writes it
+            save_checkpoint(state, *[out_dir / BEST] * improved, out_dir / LAST)
+
+    for epoch in range(result.last_epoch + 1, epochs + 1):
         started = time.perf_counter()
         if limit is not None:
-            limit.epoch_starts()
-        stats = train_one_epoch(step, desc=f"epoch {epoch}/{cfg.training.epochs}", progress=progress)
+            limit.epoch_started = limit.clock()
+        stats = train_one_epoch(step, desc=f"epoch {epoch}/{epochs}", progress=progress, timer=timer)
         if stats["skipped_batches"] == stats["batches"]:
             # every batch had a non-finite loss (or, without the GradScaler, gradient); back-offs
             # are no fault: the scale halves until the gradients fit fp16
@@ -604,50 +561,55 @@ def train(cfg: PonderConfig, train_set, val_set, *, device: torch.device,
                     else "no epoch was saved in " + str(out_dir))
             raise PonderError(f"epoch {epoch}: every batch had a non-finite loss or gradient; training "
                               f"stopped, {kept} (try a lower --lr)")
-        val_accuracy, val_steps, halting_histogram = _validate(task, model, val_set, cfg, device, amp)
+        # Validation from rank 0 (its own seeded generator) on every rank, so that all step the
+        # scheduler and early stopping alike
+        val = task.validate(model, val_set, amp) if distributed.is_main() else None
+        val_accuracy, val_steps, *histogram = distributed.broadcast_from_main(
+            [val.accuracy, val.mean_steps, *val.histogram] if val is not None else [0.0] * (2 + cfg.method.max_steps),
+            device)
         lr = learning_rate(optimizer.param_groups[0]["lr"])
         scheduler.step(val_accuracy)
         # only a model whose weights and epoch's loss are finite becomes "best"
         finite = bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())  # one sync
         improved = finite and math.isfinite(stats["loss"]) and val_accuracy > result.best_accuracy
         if improved:
-            result.best_accuracy, result.best_epoch = val_accuracy, epoch
-            epochs_without_improvement = 0
+            result.best_accuracy, result.best_epoch, without_improvement = val_accuracy, epoch, 0
         else:
-            epochs_without_improvement += 1
+            without_improvement += 1
         record = EpochStats(
             epoch=epoch, train_loss=stats["loss"], train_reconstruction=stats["reconstruction"],
             train_regularisation=stats["regularisation"], train_accuracy=stats["accuracy"],
             train_steps=stats["steps"], val_accuracy=val_accuracy, val_steps=val_steps, lr=lr,
             seconds=time.perf_counter() - started, improved=improved, skipped_batches=stats["skipped_batches"],
-            scaler_backoffs=stats["scaler_backoffs"], val_halting_histogram=tuple(map(int, halting_histogram)),
+            scaler_backoffs=stats["scaler_backoffs"], val_halting_histogram=tuple(map(int, histogram)),
             training_step=step.path)
         result.history.append(record)
         result.last_epoch = epoch
+        schedule = scheduler.state_dict()  # the rates it last set as floats
+        schedule["_last_lr"] = [learning_rate(rate) for rate in schedule.get("_last_lr", [])]
         state = TrainingState(config=cfg, model=model.state_dict(), epoch=epoch, optimizer=_optimizer_state(optimizer),
-                              scheduler=_scheduler_state(scheduler), scaler=scaler.state_dict(),
-                              best_accuracy=result.best_accuracy, best_epoch=result.best_epoch,
-                              epochs_without_improvement=epochs_without_improvement,
+                              scheduler=schedule, scaler=scaler.state_dict(), best_accuracy=result.best_accuracy,
+                              best_epoch=result.best_epoch, epochs_without_improvement=without_improvement,
                               history=[asdict(h) for h in result.history], rng=_rng_state(device, source), run=run)
-        _save(state, out_dir, improved)
+        save(state, improved)
         if on_epoch is not None:
             on_epoch(record)
         if state.stopped_early:
             result.stopped_early, result.stop_reason = True, EARLY_STOP
             break
-        if limit is not None and epoch < cfg.training.epochs and not limit.next_epoch_fits(device):
+        # the decision needs the epoch timed whole, its first save included
+        if limit is not None and epoch < epochs and not limit.next_epoch_fits(device):
             result.stop_reason, result.stop_note = TIME_LIMIT, limit.why_stopped(epoch)
-            # last.pt again, saying why it ended (`ponder runs`: "time limit", not "interrupted"); the
-            # decision needs the epoch timed whole, its first save included
-            state.stop_reason = TIME_LIMIT
-            _save(state, out_dir, improved=False)
             break
     if result.stop_reason != TIME_LIMIT:
-        result.stop_note = at_chance(result, cfg, task.classes, learning_rate(optimizer.param_groups[0]["lr"])) or ""
-        result.stop_reason = AT_CHANCE if result.stop_note else result.stop_reason
-        if result.stop_note:  # last.pt again, saying so (`ponder runs`: "at chance", not "finished")
-            state.stop_reason = AT_CHANCE
-            _save(state, out_dir, improved=False)
+        note = at_chance(result, cfg, task.classes, learning_rate(optimizer.param_groups[0]["lr"]))
+        if note:
+            result.stop_reason, result.stop_note = AT_CHANCE, note
+    if result.stop_reason in (TIME_LIMIT, AT_CHANCE):
+        # last.pt again, saying why it ended (`ponder runs`: "time limit", not "interrupted";
+        # "at chance", not "finished")
+        state.stop_reason = result.stop_reason
+        save(state, improved=False)
     distributed.barrier()  # under torchrun every rank returns once rank 0 has written the checkpoints
     return result
 
@@ -665,17 +627,11 @@ class TimeLimit:
 
     def __init__(self, seconds: float, clock: Callable[[], float]):
         self.seconds, self.clock = float(seconds), clock
-        self.started = clock()
+        self.started = self.epoch_started = clock()
         self.epochs: list[float] = []  # seconds each epoch of this process took, in order
-        self.epoch_started = self.started
-
-    def epoch_starts(self) -> None:
-        self.epoch_started = self.clock()
 
     def next_epoch(self) -> float:
-        """The seconds the next epoch is expected to take."""
-        steady = self.epochs[1:] or self.epochs
-        return max(steady[-self.RECENT:])
+        return max((self.epochs[1:] or self.epochs)[-self.RECENT:])
 
     def left(self) -> float:
         return self.seconds - (self.clock() - self.started)
@@ -716,51 +672,6 @@ def at_chance(result: TrainResult, cfg: PonderConfig, classes: int, lr: float) -
             f"--lr-patience, --patience 0)")
 
 
-def _resume(resume: TrainingState, cfg: PonderConfig, out_dir: Path, model, optimizer, scheduler, scaler,
-            source: TrainingSource, device: torch.device, result: TrainResult) -> int:
-    """Continue from a checkpoint: weights, optimizer, scheduler, scaler, random streams and the
-    history; returns its epochs without improvement."""
-    resume.require_resumable(out_dir)
-    try:
-        model.load_state_dict(resume.model)
-        _load_optimizer_state(optimizer, resume.optimizer)
-        scheduler.load_state_dict(resume.scheduler)
-        if resume.scaler:
-            # A run saved without a live scaler (bf16 on the CPU, or AMP off) has an empty
-            # state, which an enabled scaler refuses: resumed with fp16 it starts a fresh
-            # scaler instead.
-            scaler.load_state_dict(resume.scaler)
-        _set_rng_state(resume.rng, device)
-        source.load_state(resume.rng.get("task"))
-        result.history = [EpochStats(**h) for h in resume.history]
-    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
-        raise PonderError(f"cannot resume: the checkpoint's training state does not fit ({brief(exc)})") from None
-    result.best_accuracy, result.best_epoch, result.last_epoch = resume.best_accuracy, resume.best_epoch, resume.epoch
-    if cfg.training.patience and resume.epochs_without_improvement >= cfg.training.patience:
-        raise PonderError(f"this run already stopped early after epoch {resume.epoch} "
-                          f"(no better validation accuracy for {cfg.training.patience} epochs); "
-                          "raise --patience to go on")
-    return resume.epochs_without_improvement
-
-
-def _validate(task, model: torch.nn.Module, val_set, cfg: PonderConfig, device: torch.device, amp: bool):
-    """Validation accuracy, mean steps and the halting-step histogram, from rank 0 (its own seeded
-    generator) on every rank, so that all step the scheduler and early stopping alike."""
-    if distributed.is_main():
-        val = task.validate(model, val_set, amp)
-    val_accuracy, val_steps, *histogram = distributed.broadcast_from_main(
-        [val.accuracy, val.mean_steps, *val.histogram] if distributed.is_main() else [0.0] * (2 + cfg.method.max_steps),
-        device)
-    return val_accuracy, val_steps, histogram
-
-
-def _save(state: TrainingState, out_dir: Path, improved: bool) -> None:
-    """best.pt (on improvement) before last.pt, as one (an interrupt waits for both): a write that
-    fails between them leaves best.pt ahead of last.pt, never behind the best epoch it names."""
-    if distributed.is_main():  # every rank holds this same state; one writes it
-        save_checkpoints(state, [out_dir / BEST] * improved + [out_dir / LAST])
-
-
 # How long a run will take: the first epoch's batches timed, one line said once ---------------
 
 # Estimated once, as soon as this many batches are timed or this many seconds have passed, but
@@ -779,42 +690,24 @@ def duration_estimate(epoch_seconds: float, epochs: int) -> Optional[str]:
     return f"about {durations.rough(epoch_seconds)} an epoch, {total} for {epochs} epochs"
 
 
-class TimedSource(TrainingSource):
-    """A task's training batches, timed in a session's first epoch until they give the run's
-    duration_estimate, said to `log` once. The clock starts after the first `skip` batches (start-up
-    costs, the capture). On the CPU the median batch (the first ones after start-up are slow); on
-    CUDA, where the host runs ahead, the mean between two waits for the device."""
+class EpochTimer:
+    """Times a session's first epoch, called before each batch is staged, until its batches give the
+    run's duration_estimate, said to `log` once. The clock starts after the first `skip` batches
+    (start-up costs, the capture). On the CPU the median batch (the first ones after start-up are
+    slow); on CUDA, where the host runs ahead, the mean between two waits for the device."""
 
-    def __init__(self, source: TrainingSource, epochs: int, log: Callable[[str], None],
-                 clock: Callable[[], float] = time.perf_counter, *, device=None, skip: int = 1):
-        self.source, self.epochs, self.log, self.clock = source, epochs, log, clock
-        self.batches, self.started, self.epochs_started = 0, 0.0, 0
-        self.skip = skip
+    def __init__(self, epochs: int, log: Callable[[str], None], clock: Callable[[], float] = time.perf_counter,
+                 *, device=None, skip: int = 1):
+        self.epochs, self.log, self.clock, self.skip = epochs, log, clock, skip
+        self.epochs_started, self.started = 0, 0.0
         self.on_cuda = device is not None and torch.device(device).type == "cuda"
         self.synchronize = (lambda: torch.cuda.synchronize(device)) if self.on_cuda else (lambda: None)
         self.stamps: list[float] = []  # when each timed batch was staged (the CPU's per-batch times)
 
-    def start_epoch(self) -> int:
-        self.epochs_started += 1
-        self.batches = self.source.start_epoch()
-        return self.batches
-
-    def stage(self, index: int) -> None:
-        if self.epochs_started == 1 and index >= self.skip and self.started is not None:
-            self._time(index)
-        self.source.stage(index)
-
-    def batch(self):
-        return self.source.batch()
-
-    def generators(self) -> tuple:
-        return self.source.generators()
-
-    @property
-    def graph_safe(self) -> bool:
-        return self.source.graph_safe
-
-    def _time(self, index: int) -> None:
+    def __call__(self, index: int, batches: int) -> None:
+        self.epochs_started += index == 0
+        if self.epochs_started != 1 or index < self.skip or self.started is None:
+            return
         if index == self.skip:  # the batches before it, with their start-up costs, are done: the clock starts
             self.synchronize()
             self.started = self.clock()
@@ -831,12 +724,6 @@ class TimedSource(TrainingSource):
             else:
                 per_batch = statistics.median(b - a for a, b in zip(self.stamps, self.stamps[1:]))
             self.started, self.stamps = None, []  # once
-            line = duration_estimate(per_batch * self.batches, self.epochs)
+            line = duration_estimate(per_batch * batches, self.epochs)
             if line is not None:
                 self.log(line)
-
-    def state(self) -> Optional[dict]:
-        return self.source.state()
-
-    def load_state(self, state: Optional[dict]) -> None:
-        self.source.load_state(state)

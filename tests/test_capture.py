@@ -10,7 +10,10 @@ coins, parity's curriculum, the GradScaler's scale) runs on the CPU with the sta
 import json
 import sys
 
+from types import SimpleNamespace
+
 import pytest
+
 import torch
 
 from ponder_cli import PonderError
@@ -19,6 +22,7 @@ from ponder_cli.checkpoint import load_checkpoint, new_model
 from ponder_cli.config import PonderConfig
 from ponder_cli.tasks.mnist import load_mnist, train_val_split
 from ponder_cli.model import get_method
+from ponder_cli.tasks import get_task
 from ponder_cli.train import (BACKED_OFF, CAPTURED, INPUTS, SKIPPED, WARMUP_BATCHES, batch_step, graph_pieces, train,
                               use_graphs)
 from synthetic_data import synthetic_digits
@@ -90,9 +94,9 @@ def test_a_capture_whose_replays_train_stays_captured():
     _, eager, _ = _trained()
     log = []
     step, replayed, lines = _trained(FakeGraph(log=log))
-    assert step.path == CAPTURED and step.capture.state == CAPTURED and lines == []
+    assert step.path == CAPTURED and step.state == CAPTURED and lines == []
     assert log == ["warm_up"] * WARMUP_BATCHES + ["capture"] + ["replay"] * (BATCHES - WARMUP_BATCHES)
-    assert step.capture.replays == BATCHES - WARMUP_BATCHES  # capture engaged, counted
+    assert step.replays == BATCHES - WARMUP_BATCHES  # capture engaged, counted
     assert _equal(eager, replayed)  # the replays trained exactly the eager batches
 
 
@@ -103,7 +107,7 @@ def test_a_capture_that_fails_or_does_nothing_falls_back_to_the_eager_step(broke
     _, eager, _ = _trained()
     log = []
     step, fallen_back, lines = _trained(FakeGraph(broken, log))
-    assert step.path == f"eager: {why}" and not step.capture.graphs and step.capture.graph is None
+    assert step.path == f"eager: {why}" and not step.graphs and step.graph is None
     assert lines == [f"CUDA graphs: off, {why}; batches run eagerly"]  # one line, once
     assert log[-1] == "reset" and log.count("capture") == 1  # never tried again
     assert not any(group["capturable"] for group in step.optimizer.param_groups)
@@ -257,7 +261,8 @@ def test_train_end_to_end_with_the_truncation_mask_resumes_exactly_and_cuts_the_
     straight through; and the same training as the CPU's shrinking forward, to float rounding."""
     cfg = RUN.replace(epochs=3, truncation=0.1, lr_factor=0.5)
     validations = iter([0.5, 0.4, 0.3] * 3)  # epoch 1 the best, then none better: the rate is cut
-    monkeypatch.setattr(train_module, "_validate", lambda *args: (next(validations), 2.0, [0, 1, 0, 0]))
+    monkeypatch.setattr(type(get_task(cfg)), "validate", lambda *args: SimpleNamespace(
+        accuracy=next(validations), mean_steps=2.0, histogram=[0, 1, 0, 0]))
 
     def run(out, epochs=3, resume=None):
         return train(cfg.replace(epochs=epochs), *_data(tiny_mnist, cfg), device=CPU, out_dir=tmp_path / out,
@@ -368,7 +373,7 @@ def test_k_replayed_batches_train_as_k_eager_batches(step_name, changes, device,
     data = _images(tiny_mnist, device)
     eager, eager_losses = _first_batches(cfg, data, device, False, K)
     replayed, replayed_losses = _first_batches(cfg, data, device, True, K)
-    assert replayed.capture.state == CAPTURED and replayed.capture.replays == K - WARMUP_BATCHES
+    assert replayed.state == CAPTURED and replayed.replays == K - WARMUP_BATCHES
     torch.testing.assert_close(replayed_losses, eager_losses, rtol=1e-5, atol=0)
     for a, b in zip(eager.params, replayed.params):
         assert float((a - b).detach().abs().max()) <= 2 * K * cfg.training.lr
@@ -421,7 +426,7 @@ def _captured_step(cfg, data, device, **options):
     for index in range(WARMUP_BATCHES + 1):
         step.source.stage(index)
         step()
-    assert step.capture.state == CAPTURED and step.capture.replays == 1
+    assert step.state == CAPTURED and step.replays == 1
     return step
 
 
@@ -443,7 +448,7 @@ def test_two_replays_draw_fresh_dropout_masks_rotations_and_coins(device, tiny_m
         step.source.stage(index)
         step()
         draws.append({name: record.drawn() for name, record in recorded.items()})
-    assert step.capture.replays == 3
+    assert step.replays == 3
     assert len(recorded["dropout masks"].buffers) == 2  # the channels' mask and the units'
     first, second = draws
     for name in recorded:
@@ -486,7 +491,7 @@ def test_the_grad_scalers_scale_moves_under_replay(device, tiny_mnist, monkeypat
         step()
         scales.append(float(scaler.get_scale()))
     assert scales[1:] == [scales[0] / 2 ** k for k in (1, 2, 3)]
-    assert int(step.totals[BACKED_OFF]) == WARMUP_BATCHES + 4 and step.capture.replays == 4
+    assert int(step.totals[BACKED_OFF]) == WARMUP_BATCHES + 4 and step.replays == 4
 
 
 # A capture that fails after the GradScaler's unscale_ ---------------------------------------------

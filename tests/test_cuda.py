@@ -94,7 +94,7 @@ def test_no_sync_inside_a_captured_epoch_but_its_one_read(amp, task, tiny_mnist)
     step = batch_step(model, cfg, train_set, amp=amp, graphs=True)
     assert step.scaler.is_enabled() == amp and step.optimizer.defaults["fused"] is True
     stats = train_one_epoch(step, progress=False)  # warm-up and capture
-    assert step.capture.state == "captured" and math.isfinite(stats["loss"])
+    assert step.state == "captured" and math.isfinite(stats["loss"])
     step.source.start_epoch()
     torch.cuda.synchronize()
     # the device's count apart from the recorder, which reads no device value (its own .item() of

@@ -91,28 +91,6 @@ def test_measuring_the_training_batches_draws_none_of_the_trainings_randomness(t
     assert torch.equal(after, unmeasured_after)
 
 
-class _CountingSource(training.TrainingSource):
-    """Batch i is i; 10,000 batches an epoch; its state is what it was last given."""
-
-    def __init__(self, batches: int):
-        self.batches, self.given = batches, None
-
-    def start_epoch(self) -> int:
-        return self.batches
-
-    def stage(self, index: int) -> None:
-        self.staged = index
-
-    def batch(self):
-        return self.staged
-
-    def state(self):
-        return {"given": self.given}
-
-    def load_state(self, state) -> None:
-        self.given = state
-
-
 @pytest.mark.parametrize("batches, startup, per_batch, expected", [
     # the clock starts once batch 0 (3 s of start-up) is done; after 5 s ten batches of 0.5 s are
     # timed: 50 s an epoch of 100, 1000 s (17 min) for 20 epochs
@@ -124,19 +102,15 @@ class _CountingSource(training.TrainingSource):
 ])
 def test_the_run_s_duration_is_estimated_once_from_its_first_batches(batches, startup, per_batch, expected):
     lines, now = [], [0.0]
-    source = training.TimedSource(_CountingSource(batches), 20, lines.append, clock=lambda: now[0])
+    timer = training.EpochTimer(20, lines.append, clock=lambda: now[0])
     waits = []
-    source.synchronize = lambda: waits.append(now[0])  # on CUDA, a wait for the device
+    timer.synchronize = lambda: waits.append(now[0])  # on CUDA, a wait for the device
     for epoch in range(2):
-        assert source.start_epoch() == batches
         for index in range(min(batches, 100)):
             now[0] = 100 * epoch + (startup + per_batch * (index - 1) if index else 0.0)
-            source.stage(index)
-            assert source.batch() == index
+            timer(index, batches)
     assert lines == ([expected] if expected else [])
     assert len(waits) == 2  # where the clock starts and where it is read: never a wait per batch
-    source.load_state({"seed": 1})  # the task's own stream passes through
-    assert source.state() == {"given": {"seed": 1}}
 
 
 def test_durations_read_as_a_person_says_them():
@@ -217,12 +191,11 @@ def test_the_estimate_takes_the_steady_batches_not_the_slow_ones_after_start_up(
     batch's: three batches of 1 s among seventeen of 0.1 s give 0.1 s a batch (their mean, 0.235
     s, made the estimate more than twice too long)."""
     lines, now = [], [0.0]
-    source = training.TimedSource(_CountingSource(1000), 20, lines.append, clock=lambda: now[0])
+    timer = training.EpochTimer(20, lines.append, clock=lambda: now[0])
     times = [1.0] * 3 + [0.1] * 17
-    source.start_epoch()
     for index in range(22):
         now[0] = 3.0 + sum(times[:max(index - 1, 0)]) if index else 0.0
-        source.stage(index)
+        timer(index, 1000)
     assert lines == ["about 2 min an epoch, 33 min for 20 epochs"]  # 100 s an epoch of 1,000
 
 
@@ -231,12 +204,11 @@ def test_a_few_slow_batches_after_start_up_make_no_estimate():
     next epochs take 1 s a batch: the five-second rule alone estimated 48 s an epoch from one
     batch; an estimate waits for ESTIMATE_MIN_BATCHES, and such an epoch's line comes soon."""
     lines, now = [], [0.0]
-    source = training.TimedSource(_CountingSource(6), 31, lines.append, clock=lambda: now[0])
+    timer = training.EpochTimer(31, lines.append, clock=lambda: now[0])
     for seconds in (8.0, 1.0, 1.0):
-        source.start_epoch()
         for index in range(6):
             now[0] += seconds
-            source.stage(index)
+            timer(index, 6)
     assert lines == []
 
 

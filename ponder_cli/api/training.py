@@ -53,18 +53,16 @@ class TrainOptions:
 def deterministic_kernels(on: bool):
     """While training: torch.use_deterministic_algorithms(True) (an operation without a
     deterministic kernel then fails rather than varies), and on CUDA the cuBLAS workspace that
-    makes its sums reproducible, which must be set before cuBLAS starts. The algorithms setting
-    is restored afterwards (the workspace variable stays: cuBLAS reads it once)."""
-    if not on:
-        yield
-        return
+    makes its sums reproducible, set before cuBLAS starts (it stays: cuBLAS reads it once)."""
     was = torch.are_deterministic_algorithms_enabled()
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True)
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(was)
+        if on:
+            torch.use_deterministic_algorithms(was)
 
 
 def _settings(given: dict, options: TrainOptions) -> tuple[dict, dict, Optional[StartingWeights], TrainOptions]:
@@ -115,86 +113,87 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
     group starts; rank 0 alone claims the folder, logs, writes and returns the report (the
     others None). After an error the group is left as it is: leave with distributed.leave_now.
     """
-
     if options.tensorboard:
         require_tensorboard()
     if isinstance(options.time_limit, str):
         options = dataclasses.replace(options, time_limit=durations.parse(options.time_limit))
     elif options.time_limit is not None and not options.time_limit > 0:
         raise PonderError(f"time_limit must be a number of seconds > 0 (got {options.time_limit!r})")
-    # a resume locks its run before reading it (under torchrun, rank 0 locks when it claims the folder)
-    with deterministic_kernels(options.deterministic), resumed_lock(None if distributed.launch() else options.resume):
-        return _train_run(given, options, log, records)
-
-
-def _train_run(given: dict, options: TrainOptions, log: Callable[[str], None],
-               records: Optional[Callable[[dict], None]]) -> Optional[Report]:
     where = distributed.launch()  # torchrun's RANK, LOCAL_RANK, WORLD_SIZE; None for a plain process
     main = where is None or where.main
-    if not main:
-        log = lambda line: None  # noqa: E731  rank 0 alone speaks
-    settings, origins, init, options = _settings(given, options)
-    plan = plan_training(settings, resume=options.resume, out=options.out, overwrite=options.overwrite,
-                         origins=origins, labels=options.labels, init=init)
-    cfg = plan.cfg
-    if plan.resumed is not None:
-        log(f"using {plan.resumed.path} ({plan.resumed.why})")
-    if init is not None:
-        refit = "; every weight frozen but a new halting head's" if cfg.training.refit_halting else ""
-        log(f"starting from the weights of {init.path} ({init.why}), epoch {init.state.epoch}{refit}")
-    distributed.check_batch_size(cfg.training.batch_size, where)
-    dev, amp = device_and_amp(options.device, options.amp)
-    dev = distributed.device_for(dev, where)
-    for line in config_lines(cfg.to_dict(), plan.sources, shown=cfg.shown_fields()):
-        log(line)
-    folder = RunFolder(plan, device=str(dev), amp=amp, processes=where.world_size if where else 1,
-                       tensorboard=options.tensorboard, log=log,
-                       command="torchrun ... -m ponder_cli train" if where else "ponder train")
+    # a resume locks its run before reading it (under torchrun, rank 0 locks when it claims the folder)
+    with deterministic_kernels(options.deterministic), resumed_lock(None if where else options.resume):
+        if not main:
+            log = lambda line: None  # noqa: E731  rank 0 alone speaks
+        settings, origins, init, options = _settings(given, options)
+        plan = plan_training(settings, resume=options.resume, out=options.out, overwrite=options.overwrite,
+                             origins=origins, labels=options.labels, init=init)
+        cfg = plan.cfg
+        if plan.resumed is not None:
+            log(f"using {plan.resumed.path} ({plan.resumed.why})")
+        if init is not None:
+            refit = "; every weight frozen but a new halting head's" if cfg.training.refit_halting else ""
+            log(f"starting from the weights of {init.path} ({init.why}), epoch {init.state.epoch}{refit}")
+        if where is not None and cfg.training.batch_size % where.world_size:
+            raise PonderError(f"--batch-size {cfg.training.batch_size} is the global batch and must be divisible "
+                              f"by the {where.world_size} processes torchrun started (each takes an equal share)")
+        dev, amp = device_and_amp(options.device, options.amp)
+        dev = distributed.device_for(dev, where)
+        for line in config_lines(cfg.to_dict(), plan.sources, shown=cfg.shown_fields()):
+            log(line)
+        folder = RunFolder(plan, device=str(dev), amp=amp, processes=where.world_size if where else 1,
+                           tensorboard=options.tensorboard, log=log,
+                           command="torchrun ... -m ponder_cli train" if where else "ponder train")
 
-    def on_epoch(stats) -> None:
-        folder.record(stats)
-        log(epoch_line(stats, cfg.training.epochs))
-        if records is not None and main:
-            records(epoch_record(stats))
+        def on_epoch(stats) -> None:
+            folder.record(stats)
+            log(epoch_line(stats, cfg.training.epochs))
+            if records is not None and main:
+                records(epoch_record(stats))
 
-    finished = False
-    with keeping(folder.resume_hint), _said_when_stopped(records if main else None, folder):
-        try:
-            task = get_task(cfg)
-            train_set, val_set = task.load_training(resolve_data_dir(options.data_dir), options.download)
-            distributed.setup(dev, where)  # the process group, under torchrun only: every rank is ready
-            plan.out_dir = distributed.on_main(folder.claim)
-            log(f"writing checkpoints to {plan.out_dir}/")
-            train_set, val_set = task.to_device(train_set, dev), task.to_device(val_set, dev)
-            log(_training_line(cfg, task.describe(train_set, val_set), device_line(dev, options.device), dev, amp, where,
-                                   plan))
-            started = time.perf_counter()
-            result = train(cfg, train_set, val_set, device=dev, out_dir=plan.out_dir, amp=amp, resume=plan.resume,
-                           on_epoch=on_epoch, progress=options.progress and main, log=log,
-                           cuda_graphs=options.cuda_graphs, time_limit=options.time_limit,
-                           init=init.weights(cfg) if init is not None else None, run=folder.run)
-            if result.stop_note:  # a time limit (with how to go on) or a run at chance: one line
-                log(f"{result.stop_note}; {folder.resume_hint()} --time-limit {durations.exact(options.time_limit)}"
-                    if result.stop_reason == TIME_LIMIT else result.stop_note)
-            finished = True
-        except CheckpointNotSaved as exc:  # a full or read-only disk: what the run has, how to go on
-            raise PonderError(f"{exc.problem}; {folder.resume_hint()}") from None
-        except BrokenPipeError:  # stdout's reader left: an interrupt (keeping)
-            raise
-        except OSError as exc:  # the same under metrics.csv, in the CLI's words for an OSError
-            raise PonderError(f"{exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}; "
-                              f"{folder.resume_hint()}") from None
-        except RuntimeError as exc:
-            if not distributed.lost_peer(exc):
+        finished = False
+        with keeping(folder.resume_hint), _said_when_stopped(records if main else None, folder):
+            try:
+                task = get_task(cfg)
+                train_set, val_set = task.load_training(resolve_data_dir(options.data_dir), options.download)
+                distributed.setup(dev, where)  # the process group, under torchrun only: every rank is ready
+                plan.out_dir = distributed.on_main(folder.claim)
+                log(f"writing checkpoints to {plan.out_dir}/")
+                train_set, val_set = task.to_device(train_set, dev), task.to_device(val_set, dev)
+                # what is trained on what, the device as every command says it (device_line)
+                rule = default_halting(cfg)  # what the validation figures halt by, where not the paper's coins
+                log(f"training {cfg.method.name} (step {cfg.step.name}) {task.describe(train_set, val_set)}"
+                    f"{f' (halting by {rule})' if rule != DEFAULT_HALTING else ''}, {device_line(dev, options.device)}"
+                    f"{', amp ' + str(amp_dtype(dev)).removeprefix('torch.') if amp else ''}"
+                    f"{f', {where.world_size} processes, global batch {cfg.training.batch_size}' if where else ''}"
+                    f"{', resuming after epoch ' + str(plan.resume.epoch) if plan.resume else ''}")
+                started = time.perf_counter()
+                result = train(cfg, train_set, val_set, device=dev, out_dir=plan.out_dir, amp=amp, resume=plan.resume,
+                               on_epoch=on_epoch, progress=options.progress and main, log=log,
+                               cuda_graphs=options.cuda_graphs, time_limit=options.time_limit,
+                               init=init.weights(cfg) if init is not None else None, run=folder.run)
+                if result.stop_note:  # a time limit (with how to go on) or a run at chance: one line
+                    log(f"{result.stop_note}; {folder.resume_hint()} --time-limit {durations.exact(options.time_limit)}"
+                        if result.stop_reason == TIME_LIMIT else result.stop_note)
+                finished = True
+            except CheckpointNotSaved as exc:  # a full or read-only disk: what the run has, how to go on
+                raise PonderError(f"{exc.problem}; {folder.resume_hint()}") from None
+            except BrokenPipeError:  # stdout's reader left: an interrupt (keeping)
                 raise
-            # Another rank died or stalled: the collective this rank was in failed instead of hanging.
-            raise PonderError(f"training stopped: another process of the run failed or stopped answering "
-                              f"({brief(exc)}); {folder.resume_hint()}") from None
-        finally:
-            folder.release(finished)
-    distributed.teardown()
-    return on_device(training_report(cfg, result, time.perf_counter() - started, view=get_task(cfg).view()),
-                     dev) if main else None
+            except OSError as exc:  # the same under metrics.csv, in the CLI's words for an OSError
+                raise PonderError(f"{exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}; "
+                                  f"{folder.resume_hint()}") from None
+            except RuntimeError as exc:
+                if not distributed.lost_peer(exc):
+                    raise
+                # Another rank died or stalled: the collective this rank was in failed instead of hanging.
+                raise PonderError(f"training stopped: another process of the run failed or stopped answering "
+                                  f"({brief(exc)}); {folder.resume_hint()}") from None
+            finally:
+                folder.release(finished)
+        distributed.teardown()
+        return on_device(training_report(cfg, result, time.perf_counter() - started, view=task.view()), dev) \
+            if main else None
 
 
 @contextlib.contextmanager
@@ -213,14 +212,3 @@ def _said_when_stopped(records: Optional[Callable[[dict], None]], folder: RunFol
                 records(stopped_record(why, *(kept or (None, None)),
                                        folder.resume_hint() if why != "error" else str(exc)))
         raise
-
-
-def _training_line(cfg, data: str, device: str, dev, amp: bool, where, plan) -> str:
-    """What is trained on what: `training pondernet (step mlp) on 55000 images, ..., device cpu
-    (--device auto: no CUDA GPU available)`, the device as every command says it (device_line)."""
-    rule = default_halting(cfg)  # what the validation figures halt by, where it is not the paper's coins
-    data += f" (halting by {rule})" if rule != DEFAULT_HALTING else ""
-    return (f"training {cfg.method.name} (step {cfg.step.name}) {data}, {device}"
-            f"{', amp ' + str(amp_dtype(dev)).removeprefix('torch.') if amp else ''}"
-            f"{f', {where.world_size} processes, global batch {cfg.training.batch_size}' if where else ''}"
-            f"{', resuming after epoch ' + str(plan.resume.epoch) if plan.resume else ''}")
