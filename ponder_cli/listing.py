@@ -15,8 +15,8 @@ from typing import Callable, Optional, Sequence, Union
 from . import BadValue, PonderError, file_problem
 from .config import PonderConfig, applies
 from .folders import (BEST, DEFAULT, LAST, LATEST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, check_trashable,
-                      empty_trash, is_run_folder, lock_holder, peek_checkpoint, read_summary, resolve_checkpoint,
-                      restore_run, run_of, run_status, run_time, runs_under, shipped_path, start_text,
+                      empty_trash, is_run_folder, lock_holder, peek_checkpoint, resolve_checkpoint,
+                      restore_run, run_of, run_status, run_time, runs_under, shipped_path, start_text, Summary,
                       trash_contents, trash_entries, trash_run, trashed_runs, trashes_under)
 from .render import Column
 from .reports import Report, diff_report, make_meta, runs_report, trash_report
@@ -37,7 +37,7 @@ MODEL_COLUMNS = [
 
 def model_bucket(name: str) -> dict:
     """One shipped model, described from its checkpoint."""
-    summary = read_summary(shipped_path(name))
+    summary = Summary.read(shipped_path(name))
     cfg, best = summary.config, summary.best
     return {"name": name, "task": cfg["task"], "method": cfg["method"], "step": cfg["step"],
             "what": SHIPPED[name][1],
@@ -285,7 +285,7 @@ def _run_row(folder: Path, stamp: Optional[float], name: Optional[str] = None, p
     summary, status = None, "empty"
     if path is not None:
         try:
-            summary = read_summary(path)
+            summary = Summary.read(path)
         except PonderError:
             status = "unreadable"
     elif lock_holder(folder / LOCK_FILE) is not None:

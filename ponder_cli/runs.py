@@ -39,8 +39,8 @@ from .registry import FORMAT_VERSION
 from .folders import (BESIDE_CHECKPOINTS, BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST,
                       METRICS_FILE, RESUMABLE_CHANGES, RUNS_DIR, Labels, Resolved, RunLock, Summary, check_unlocked,
                       enclosing_run, hidden_folder_of, inside_package, is_run_folder, package_dir, package_problem,
-                      replace_atomically, resolve_checkpoint, run_files_in, run_of, run_record, runs_inside,
-                      same_path, same_run, saved_config, shipped_name, started_now)
+                      replace_atomically, resolve_checkpoint, run_files_in, run_of, run_record, runs_under,
+                      same_path, same_run, saved_config, shipped_name)
 from .listing import run_named
 from .render import csv_cell, value_text as spelled_value
 from .reports import Report
@@ -390,7 +390,7 @@ def refuse_hiding(folder: Path, cfg: PonderConfig, option: Optional[str]) -> Non
                    "move that run into a folder of its own, or give --out a folder outside it")
         raise PonderError(f"{named} is inside the run folder {inside}, where `ponder runs` and `latest` would "
                           f"never find the new run; {instead}")
-    hidden = runs_inside(folder)
+    hidden = runs_under(folder, below=True)
     if hidden:
         shown = ", ".join(str(run) for run in hidden[:3]) + (", ..." if len(hidden) > 3 else "")
         raise PonderError(f"{named} holds run folders ({shown}): a run written there would hide "
@@ -616,7 +616,7 @@ class RunFolder:
             self.log(f"{carried}: the run's best epoch so far (epoch {plan.resume.best_epoch}), copied from "
                      f"{plan.resumed.path.parent}")
             self.copies.append(carried.name)
-        write_run_config(out_dir, plan.cfg, plan.sources, self.run, started=started_now(),
+        write_run_config(out_dir, plan.cfg, plan.sources, self.run, started=datetime.now(timezone.utc).isoformat(),
                          resumed_from=str(plan.resumed.path) if plan.resumed else None,
                          resumed_after_epoch=plan.resume.epoch if plan.resume else None, device=self.device,
                          processes=self.processes, not_applicable=[name for name in plan.cfg.field_names()
