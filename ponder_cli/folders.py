@@ -441,7 +441,7 @@ def resolve_checkpoint(given: Union[str, Path, None], file: Union[str, tuple[str
             raise PonderError(f"{path} is a run folder with no checkpoint yet: {why}")
         runs = [str(run.relative_to(path)) for run in runs_under(path)]
         if runs:
-            raise PonderError(f"{path} is a folder of runs ({_some(runs)}), not one run: `ponder runs {path}` lists "
+            raise PonderError(f"{path} is a folder of runs ({some_of(runs)}), not one run: `ponder runs {path}` lists "
                               f"them; name one, or {accepted_forms(file)}")
         raise PonderError(f"{path} holds no {named}; name {accepted_forms(file)}")
     raise PonderError(f"checkpoint {path} {file_problem(path) or 'cannot be read'}; name {accepted_forms(file)}")
@@ -454,7 +454,7 @@ def newest_run_checkpoint(root: Path = RUNS_DIR, name: str = BEST) -> Optional[P
     return max(found)[2] if found else None
 
 
-def _some(paths: list) -> str:
+def some_of(paths: list) -> str:
     """The first three of a list for a message: `a, b, c, ...`."""
     return ", ".join(str(path) for path in paths[:3]) + (", ..." if len(paths) > 3 else "")
 
@@ -728,7 +728,7 @@ def check_trashable(folder: Path) -> None:
                           f"(`ponder runs` lists them)")
     if not is_run_folder(folder):
         below = runs_under(folder, below=True)
-        raise PonderError(f"{folder} is " + (f"a folder of runs ({_some(below)}): name each run to remove" if below
+        raise PonderError(f"{folder} is " + (f"a folder of runs ({some_of(below)}): name each run to remove" if below
                                              else "not a run folder: `ponder runs` lists them"))
     if any(same_path(folder, here) for here in (Path.cwd(), *Path.cwd().parents)):
         raise PonderError(f"{folder} holds the current folder; run `ponder runs rm` from outside it")
