@@ -1,12 +1,8 @@
 """The run folder, read and moved without torch (the CLI and the listings read it before torch,
-or never import it): its files' names, the shipped models, which file a CHECKPOINT argument
-names, a run's labels and record, a checkpoint read without its weights, the lock that keeps two
-runs out of one folder, finding the runs below a folder, and the trash.
-
-The shipped models are package data (ponder_cli/checkpoints/, declared in setup.cfg), found
-through importlib.resources: the same files from a clone, an editable install or a wheel.
-Shipping another model is one file there and one line in SHIPPED.
-"""
+or never import it): its files' names, the shipped models (package data, found through
+importlib.resources: one file there and one line in SHIPPED ships another), which file a
+CHECKPOINT names, a run's labels and record, a checkpoint read without its weights, the lock,
+finding the runs below a folder, and the trash."""
 
 from __future__ import annotations
 
@@ -399,10 +395,9 @@ def accepted_forms(file: str = BEST) -> str:
 
 
 def resolve_checkpoint(given: Union[str, Path, None], file: Union[str, tuple[str, ...]] = BEST) -> Resolved:
-    """The file a CHECKPOINT argument names, tried in this order: an existing file; a run folder
-    (its `file`: best.pt to evaluate, last.pt to resume; several: the first it holds); `latest`;
-    a shipped model's name; `checkpoints/...` (the README's older spelling of a shipped file).
-    None: the shipped reference model. Anything else is one error naming the accepted forms."""
+    """The file a CHECKPOINT argument names, tried in this order: a file; a run folder's `file`
+    (several: the first it holds); `latest`; a shipped model's name; `checkpoints/...` (the
+    README's older spelling); None: the default model. Else one error naming the forms."""
     files = (file,) if isinstance(file, str) else tuple(file)
     file, named = files[0], " or ".join(files)
     if given is None:
@@ -495,12 +490,10 @@ def check_unlocked(directory: Path) -> None:
 
 
 class RunLock:
-    """`.ponder.lock` in a run folder, holding the PID of the run that writes there: created
-    atomically (O_EXCL, under a flock of the folder so that two processes cannot both take over
-    one stale lock); a lock whose process is gone (SIGKILL) is taken over, a live one is refused
-    naming its PID; removed on the way out, errors and interrupts included. `ponder runs rm` takes
-    it to move a run, a resume before it reads the run (resumed_lock): only one of them wins. The
-    locks this process holds are kept by folder (`held_on`): a resume's lock is the run's."""
+    """`.ponder.lock` in a run folder, holding the PID of the run that writes there: made with
+    O_EXCL under a flock of the folder (two processes never both take over one stale lock), a
+    dead process's taken over, a live one's refused naming its PID. `held_on`: the locks this
+    process holds by folder (a resume's lock is the run's)."""
 
     held_here: dict = {}  # resolved folder -> the RunLock this process holds on it
 
@@ -561,9 +554,8 @@ class RunLock:
 @contextlib.contextmanager
 def resumed_lock(given: Union[str, Path, None]):
     """`ponder train --resume CHECKPOINT`: its run folder locked before anything of the run is
-    read, so that a `ponder runs rm` and a resume starting at once cannot both go ahead. Nothing
-    is locked outside a run folder, among the shipped models, or where the folder is gone or
-    takes no lock: the resume then says what it finds."""
+    read, so that a `ponder runs rm` and a resume cannot both go ahead; nothing is locked where
+    no lock can be taken (the resume then says what it finds)."""
     lock = None
     try:
         folder = resolve_checkpoint(given, file=LAST).path.parent if given is not None else None
@@ -610,10 +602,9 @@ SKIPPED = ("node_modules",)
 
 
 def _walk(folder: Path, into_top: bool = False):
-    """The one walk that finds runs: each folder at or below `folder`, by path, as (path, names
-    of what it holds), None for a run folder, which is not looked into (nor, with `into_top`, is
-    `folder` taken for one). Hidden folders, virtual environments, the installed package and
-    links are passed by: a link may lead to another project, or back to a run already seen."""
+    """The one walk that finds runs: (path, names it holds) for each folder at or below `folder`,
+    None for a run folder, not looked into (with `into_top`, `folder` is not taken for one).
+    Hidden folders, virtual environments, the package and links (another project?) are passed by."""
     seen, todo = set(), [(Path(folder), True)]
     while todo:
         here, top = todo.pop()
@@ -642,9 +633,8 @@ def _walk(folder: Path, into_top: bool = False):
 
 
 def runs_under(folder: Path, below: bool = False) -> list[Path]:
-    """The runs a folder names (`ponder runs`, `latest`, a CHECKPOINT naming a folder of runs):
-    the folder itself when it is a run folder, else every run folder below it, by path.
-    `below`: those below it only, what a run written into it would hide."""
+    """The run folder itself, else every run folder below it, by path (`below`: those below it
+    only, which a run written into it would hide)."""
     return [path for path, names in _walk(folder, into_top=below) if names is None]
 
 
@@ -675,10 +665,16 @@ def enclosing_run(folder: Path) -> Optional[Path]:
 # deletes. The trash holds only what those reach: a run folder itself (never a link, nor anything
 # already in a trash), in an entry made whole or not at all. ----------------------------------
 
-def trashes_under(folder: Path) -> list[Path]:
-    """The trash folders in `folder` and below it, where runs are looked for."""
-    return [path / TRASH for path, names in _walk(folder) if names is not None and TRASH in names
-            and (path / TRASH).is_dir() and not os.path.islink(path / TRASH)]
+def trashes_under(roots: Iterable[Path]) -> dict[Path, list[Path]]:
+    """The trash folders in `roots` and below them (where runs are looked for) that hold runs,
+    each with its entries."""
+    found = {}
+    for root in roots:
+        for path, names in _walk(Path(root)):
+            trash = path / TRASH
+            if names is not None and TRASH in names and trash.is_dir() and not os.path.islink(trash):
+                found.setdefault(trash, trash_entries(trash))
+    return {trash: entries for trash, entries in found.items() if entries}
 
 
 def trashed(entry: Path) -> Optional[dict]:
@@ -702,8 +698,7 @@ def trash_entries(trash: Path) -> list[Path]:
 def trashed_runs(roots) -> list[str]:
     """Where each run in the trash under `roots` was (`--restore` takes it so), relative to the
     current folder where it lay below it, each once."""
-    trashes = dict.fromkeys(trash for root in roots for trash in trashes_under(Path(root)))
-    held = [trashed(entry)["original"] for trash in trashes for entry in trash_entries(trash)]
+    held = [trashed(entry)["original"] for entries in trashes_under(roots).values() for entry in entries]
     return list(dict.fromkeys(os.path.relpath(path) if Path(path).is_relative_to(Path.cwd()) else path
                               for path in held))
 
@@ -752,9 +747,8 @@ def entry_name(name: str, stamp: str, limit: int = 255) -> str:
 
 
 def trash_run(folder: Path) -> dict:
-    """Move a run folder into the trash once check_trashable lets it, its lock held meanwhile (no
-    `ponder train` starts there). A move that fails (a full disk) or is interrupted leaves no
-    entry behind."""
+    """Move a run folder into the trash, its lock held meanwhile; a move that fails or is
+    interrupted leaves no entry behind."""
     folder = Path(folder)
     check_trashable(folder)
     trash = folder.parent / TRASH
@@ -827,9 +821,8 @@ def restore_run(given: Path) -> dict:
 
 
 def trash_contents(folders: Iterable[Path]) -> list[dict]:
-    """What `--empty` would delete for these folders: each entry of each one's own trash (never
-    one below it, nor a .trash that is a link), its run's old path, when it was removed and its
-    size in bytes (links not followed)."""
+    """What `--empty` would delete: each entry of each folder's own trash (never one below it,
+    nor a link), with its size in bytes, links not followed."""
     trashes = {}
     for folder in folders:
         trash = Path(folder) / TRASH
@@ -848,9 +841,8 @@ def trash_contents(folders: Iterable[Path]) -> list[dict]:
 
 
 def empty_trash(rows: list[dict]) -> list[dict]:
-    """Delete these trash entries (trash_contents): the one way `ponder` deletes a run. Each entry
-    goes whole (an interrupt waits for the one being deleted); an interrupt or a failure says how
-    many were deleted and how many are still in the trash."""
+    """Delete these trash entries, the one way `ponder` deletes a run, each whole; an interrupt
+    or a failure says how many were deleted and how many are still in the trash."""
     done: list[dict] = []
 
     def said() -> str:

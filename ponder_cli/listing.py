@@ -16,7 +16,7 @@ from .config import PonderConfig, applies
 from .folders import (BEST, DEFAULT, LAST, LATEST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, Summary,
                       check_trashable, empty_trash, is_run_folder, lock_holder, peek_checkpoint, resolve_checkpoint,
                       restore_run, run_of, run_status, run_time, runs_under, shipped_path, start_text,
-                      trash_contents, trash_entries, trash_run, trashed_runs, trashes_under)
+                      trash_contents, trash_run, trashed_runs, trashes_under)
 from .render import Column
 from .reports import Report, diff_report, make_meta, runs_report, trash_report
 from .reports.runs import DIFF_LABELS, DIFF_RESULTS, NUMBER, OTHER_SPELLINGS, RUN_KEYS, SWITCH, TAGS, TEXT, TIME, \
@@ -164,10 +164,9 @@ def differing_settings(rows: list[dict], unread_differs: bool = False,
 
 def list_runs(folders: Sequence[Union[str, Path]] = (), *, where: Sequence[str] = (), sort: Optional[str] = None,
               reverse: bool = False, log: Callable[[str], None] = lambda line: None) -> Report:
-    """`ponder runs`: every run folder under the current folder (or under each of `folders`),
-    oldest first, with the settings that differ between the runs listed; `where`: conditions a
-    run must meet, all of them; `sort`: a key to order by (figures and times from the highest and
-    newest, text from a to z; `reverse` the other way; a run without the value last either way)."""
+    """`ponder runs`: every run folder under the current folder (or each of `folders`), oldest
+    first, filtered by `where` and ordered by `sort` (figures and times highest first, text a
+    to z, no value last); the settings that differ between them get a column each."""
     conditions = [Condition.parse(text) for text in where]
     sort, kind = _key(sort, "--sort") if sort is not None else (None, None)
     roots = [Path(f) for f in folders] or [RUNS_DIR, HERE]
@@ -205,18 +204,15 @@ def remove_runs(runs: Sequence[Union[str, Path]] = (), *, restore: bool = False,
                 confirm: Optional[Callable[[list[dict]], bool]] = None,
                 log: Callable[[str], None] = lambda line: None) -> Report:
     """`ponder runs rm`: move run folders to the trash beside them, bring them back (`restore`),
-    or delete what the trash of each folder in `runs` holds, default runs/ and the current folder,
-    never a trash below them nor through a link (`empty`, the one deletion; `confirm` gets what
-    would go and says whether to). Every run named is checked before any moves."""
+    or delete what the trash of each folder holds (`empty`, the one deletion, after `confirm`);
+    every run named is checked before any moves."""
     if empty:
         roots = [Path(f) for f in runs] or [RUNS_DIR, HERE]
         rows = trash_contents(root for root in roots if root.is_dir())
         if rows and confirm is not None and not confirm(rows):
             return trash_report([], "deleted", [str(r) for r in roots], declined=True)
         deleted = empty_trash(rows)
-        elsewhere = [str(trash) for trash in dict.fromkeys(trash for root in roots if root.is_dir()
-                                                           for trash in trashes_under(root))
-                     if trash_entries(trash)]  # --empty FOLDER reaches each of them
+        elsewhere = [str(trash) for trash in trashes_under(roots)]  # --empty FOLDER reaches each of them
         return trash_report(deleted, "deleted", [str(r) for r in roots], elsewhere=elsewhere)
     if not runs and restore:  # the trash's runs are in no listing: name what it holds
         held = trashed_runs([RUNS_DIR, HERE])
@@ -283,11 +279,9 @@ def _run_row(folder: Path, stamp: Optional[float], name: Optional[str] = None, p
 
 
 def diff_runs(targets: Sequence[Union[str, Path]], *, log: Callable[[str], None] = lambda line: None) -> Report:
-    """`ponder diff`: two or more runs (anything a CHECKPOINT can be; a run folder: its last.pt,
-    else best.pt, else its config.json), a column each, only what differs: their labels, the
-    settings each reads (one that does not read a setting differs from one that does), then how
-    each went. One bucket per difference: `key`, `kind` (label, setting or result), `values` (one
-    per run) and, for a setting, `reads` (whether each run reads it)."""
+    """`ponder diff`: two or more runs (anything a CHECKPOINT can be), only what differs: one
+    bucket each, `key`, `kind` (label, setting or result), `values` (one per run) and for a
+    setting `reads` (a run that does not read one differs from one that does)."""
     if len(targets) < 2:
         raise BadValue("ponder diff compares two or more runs: name another (`ponder runs` lists them)")
     rows, seen = [], {}

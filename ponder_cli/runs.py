@@ -1,15 +1,9 @@
-"""A run and its folder while it trains: the plan (the settings merged from the options, a
-checkpoint resumed or the weights started from, and the folder: a fresh one under runs/ by
-default, never another run's, the shipped models or one that would hide a run), the folder
-claimed and the files a run keeps beside its checkpoints (config.json, config.toml, metrics.csv,
-environment.json, TensorBoard events), `ponder runs label`, and calibrate's saved halting rule.
-What is read without torch (names, lock, discovery, trash, the record) is folders.py.
-
-environment.json says what a run ran on, kept apart from config.json (what it trained, which
-resuming and `ponder info` read): training figures depend on the thread count and the CPU as
-well as on the seed, so a run records the command line, the package and its git commit, the
-Python, torch and platform versions, the device, threads and processes; a resume adds a session.
-"""
+"""A run and its folder while it trains: the plan (the settings from the options, a checkpoint
+resumed or weights started from, and a folder that is no other run's, no shipped model's and
+hides no run), the folder claimed and the files beside its checkpoints (config.json,
+config.toml, metrics.csv, TensorBoard events, and environment.json: what it ran on, since the
+figures depend on threads and CPU as well as on the seed), `ponder runs label`, and calibrate's
+saved halting rule. What is read without torch is folders.py."""
 
 from __future__ import annotations
 
@@ -104,9 +98,8 @@ class StartingWeights:
 
     def refuse_overridden(self, given: dict) -> None:
         """A setting given that its weights would contradict, refused in one line: one that changes
-        what a copied tensor means (method, halting input, align turn), one that only sets a new
-        model's first weights, and under --refit-halting dropout (a frozen body runs as at
-        evaluation) or a plain model (no halting head to refit)."""
+        what a copied tensor means, one that only sets a new model's first weights, and what a
+        refit cannot use."""
         saved, refit = self.state.config, bool(given.get("refit_halting"))
 
         def value(key):  # as given (--halting-bias: a number or 'prior')
@@ -136,9 +129,8 @@ class StartingWeights:
             raise BadValue(f"--init-from {self.path}: {'; '.join(problems)}")
 
     def split(self, given: dict, chosen: dict) -> dict:
-        """Its held-out split, which the new run keeps whatever its --seed, so that it validates and
-        calibrates on no digit the source trained on: another split seed, or more held-out digits
-        than the source held out, refused."""
+        """Its held-out split, kept whatever the new --seed, so that the run validates and
+        calibrates on no digit the source trained on."""
         saved = self.state.config
         if not (applies("split_seed", saved.chosen()) and applies("split_seed", chosen)):
             return {}
@@ -164,8 +156,7 @@ class StartingWeights:
                 if not (refit and name.startswith(HALTING_HEAD))}
 
     def check_fits(self, cfg: PonderConfig) -> None:
-        """Its tensors load into the model `cfg` builds, or one error naming those that differ and
-        the settings that shape the model set otherwise than it had them."""
+        """Its tensors load into the model `cfg` builds, or one error naming those that differ."""
         theirs, refit = self.weights(cfg), cfg.training.refit_halting
         model = {name: tensor for name, tensor in new_model(cfg).state_dict().items()
                  if not (refit and name.startswith(HALTING_HEAD))}  # a refit's new head is its own
@@ -197,10 +188,9 @@ def refuse_starting(init, resume, cfg: Optional[PonderConfig] = None) -> None:
 
 
 def resolve_config(given: dict, resume: Optional[Path] = None, origins: Optional[dict] = None):
-    """A run's configuration from the options given, where each value comes from, and when
-    resuming the checkpoint continued (TrainingState) and how its name resolved; writes nothing.
-    A resumed run takes the checkpoint's config: options that contradict it are refused, but
-    RESUMABLE_CHANGES. `origins`: the file that gave each setting given in one (--config)."""
+    """A run's configuration, where each value comes from, and when resuming the checkpoint
+    continued and how its name resolved: a resumed run takes the checkpoint's config, options
+    that contradict it refused but RESUMABLE_CHANGES. `origins`: --config's file of each setting."""
     origins = origins or {}
     if resume is None:
         cfg = PonderConfig.of(origins=origins, **given)
@@ -226,9 +216,8 @@ def resolve_config(given: dict, resume: Optional[Path] = None, origins: Optional
 def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[Path] = None,
                   overwrite: bool = False, origins: Optional[dict] = None,
                   labels: Optional[Labels] = None, init: Optional[StartingWeights] = None) -> TrainingPlan:
-    """The config (resolve_config) and folder of a run; writes nothing. A fresh run writes to a
-    new folder under runs/ unless --out names one, a resumed run to its own; a folder holding
-    another run's files (or the shipped models) is refused unless `overwrite`."""
+    """The config and folder of a run (a fresh one under runs/ unless --out names one, a resumed
+    run's own), another run's files never replaced unless `overwrite`; writes nothing."""
     too_long = name_length_problem(out) if out is not None else None
     if too_long:
         raise PonderError(f"--out {brief(str(out), 60)} {too_long}: give --out a shorter name")
@@ -278,10 +267,9 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
 
 
 def reproducing_command(cfg: PonderConfig, record: Optional[dict] = None) -> str:
-    """The `ponder train` command that trains this configuration again, shell-quoted, with only
-    what a fresh run would not take by itself: the pieces that are not the defaults, then each
-    setting they read whose value differs from what a fresh run of them takes, in the
-    configuration's order; then from its record --amp and the weights it started from."""
+    """The `ponder train` command that trains this configuration again, with only what a fresh
+    run would not take by itself, in the configuration's order; then from its record --amp and
+    the weights it started from."""
     given: dict = {}
     for kind in ("task", "step", "method"):
         if PonderConfig.of(**given).value(kind) != cfg.value(kind):
@@ -436,9 +424,8 @@ def free_run_dir(cfg: PonderConfig, root: Path = RUNS_DIR) -> Path:
 
 
 def write_run_config(out_dir: Path, cfg: PonderConfig, sources: dict, record: Optional[dict] = None, **run) -> Path:
-    """config.json: the resolved configuration, where each value came from, the run's record (its
-    keys at the top level) and how the run was started; and config.toml, which `ponder train
-    --config` reads back into this run."""
+    """config.json (the configuration, where each value came from, the record and how the run
+    started) and config.toml, which `ponder train --config` reads back into this run."""
     payload = {"format_version": FORMAT_VERSION, "ponder_cli": __version__, "config": cfg.to_dict(),
                "sources": sources, **(record or {}), **run}
     path = out_dir / CONFIG_FILE
@@ -449,9 +436,8 @@ def write_run_config(out_dir: Path, cfg: PonderConfig, sources: dict, record: Op
 
 
 class MetricsFile:
-    """metrics.csv: a header and one row per completed epoch, appended as each ends. A resumed
-    run starts it again from the checkpoint's history (exactly the epochs it holds): no row
-    twice, and the rows of epochs a resume from an earlier checkpoint discards are dropped."""
+    """metrics.csv, a row per completed epoch; a resumed run starts it again from its checkpoint's
+    history, so that no row is there twice, nor one of an epoch the resume discards."""
 
     def __init__(self, out_dir: Path, columns: Iterable[str]):
         self.path, self.columns = Path(out_dir) / METRICS_FILE, list(columns)
@@ -475,11 +461,9 @@ class MetricsFile:
 
 
 class RunFolder:
-    """The run's handle on its folder, claimed once everything else is known to be fine (nothing
-    is written before): locked, config.json, config.toml and environment.json written, metrics.csv
-    (and TensorBoard events) begun; every finished epoch recorded; on the way out the lock
-    released, and a folder this run made that holds no epoch removed so that the next run takes
-    its name. Under torchrun, rank 0 alone claims it."""
+    """The run's handle on its folder, claimed once all else is known to be fine (nothing is
+    written before); on the way out a folder this run made that holds no epoch is removed, so
+    that the next run takes its name. Under torchrun, rank 0 alone claims it."""
 
     def __init__(self, plan: TrainingPlan, *, device: str, amp: bool, processes: int, tensorboard: bool,
                  log: Callable[[str], None], command: str = "ponder train"):
@@ -537,10 +521,9 @@ class RunFolder:
         return out_dir
 
     def _carry_best(self) -> Optional[Path]:
-        """Resuming into another folder: the run's best epoch so far copied there as best.pt, so
-        that the folder names a best.pt even when no later epoch beats it: the resumed checkpoint
-        itself when its epoch is the best, else best.pt beside it when that holds the same run's
-        best epoch; None when neither does."""
+        """Resuming into another folder: the run's best epoch so far copied there as best.pt (the
+        checkpoint resumed, else the same run's best.pt beside it), so that the folder names a
+        best.pt even when no later epoch beats it."""
         plan = self.plan
         if plan.resume is None or same_path(plan.out_dir, plan.resumed.path.parent):
             return None
@@ -567,9 +550,8 @@ class RunFolder:
             file.append(dataclasses.asdict(stats))
 
     def kept(self) -> Optional[tuple[int, Path]]:
-        """The newest epoch on disk and the file holding it: last.pt, or best.pt where last.pt's
-        write failed after it (best.pt is written first). Read from disk, since an interrupt may
-        land between saving an epoch and recording it, in either order."""
+        """The newest epoch on disk and its file (best.pt where last.pt's write failed after it), read
+        from disk: an interrupt may land between saving an epoch and recording it."""
         last, best = self.plan.out_dir / LAST, self.plan.out_dir / BEST
         after = self.plan.resume.epoch if self.plan.resume is not None else 0
 
@@ -621,9 +603,8 @@ def remove_if_empty_run_dir(directory: Path, carried: Iterable[str] = ()) -> boo
 
 
 def session(device: str, processes: int) -> dict:
-    """This process's environment, as one session of environment.json; `git`: the commit of the
-    clone whose top folder holds the package and whether its tracked files differ (None for an
-    installed package, even in a virtual environment inside some clone, or without git)."""
+    """This process's environment; `git`: the commit of the clone whose top folder holds the
+    package (None for an installed package, even in a virtual environment inside a clone)."""
     import torch
 
     def git(*args: str) -> str:
@@ -680,9 +661,8 @@ def scalar_tag(name: str) -> str:
 
 
 class EventLog:
-    """Event files in the run folder (`tensorboard --logdir runs`). The writer starts with the
-    first epoch written, so a run that saves nothing leaves no file; a resumed run hides the
-    events of the epochs it is about to redo."""
+    """Event files in the run folder, begun with the first epoch written; a resumed run hides
+    the events of the epochs it is about to redo."""
 
     def __init__(self, out_dir: Path, resumed_after: Optional[int] = None):
         self.out_dir = Path(out_dir)
@@ -717,9 +697,8 @@ class EventLog:
 
 def label_runs(runs: Sequence[Union[str, Path]], labels: Labels, untag: Sequence[str] = (), *,
                log: Callable[[str], None] = lambda line: None) -> Report:
-    """`ponder runs label RUN...`: runs' labels changed after training, in each run's record: its
-    config.json and its checkpoints (a copy of its best.pt keeps them). Each run is locked
-    meanwhile (one being trained is refused); nothing else of it changes."""
+    """`ponder runs label RUN...`: labels changed in each run's config.json and checkpoints (a
+    copy of its best.pt keeps them), each run locked meanwhile; nothing else of it changes."""
     if not runs:
         raise BadValue("name the runs to label (`ponder runs` lists them)")
     if labels == Labels() and not untag:

@@ -263,11 +263,6 @@ LABEL_COLUMNS = [Column("name", "name", text=lambda row: row["name"] if row["nam
                  Column("note", "note", text=lambda row: row.get("note") or "-", wrap=True)]
 
 
-def setting_column(key: str) -> Column:
-    """A setting that differs between the runs listed, under its option's name (`lambda-p`)."""
-    return Column(key, key.replace("_", "-"), text=lambda row: value_text(row.get(key)) if key in row else "-")
-
-
 def runs_report(rows: list[dict], folders: list[str], settings: Optional[list[str]] = None,
                 selection: Optional[dict] = None) -> Report:
     """runs: one bucket per run folder (listing.list_runs), oldest first unless sorted;
@@ -290,7 +285,10 @@ def runs_report(rows: list[dict], folders: list[str], settings: Optional[list[st
         footer = f"no run under {where} yet" + (": `ponder train` writes one under runs/" if here else "")
     labels = [column for column in LABEL_COLUMNS if any(column.text(row) != "-" for row in rows)]
     keys = [key for key in dict.fromkeys(key for row in rows for key in row) if key not in settings] + settings
-    return Report(meta=meta, buckets=rows, columns=RUNS_COLUMNS + labels + [setting_column(key) for key in settings],
+    # a setting that differs between the runs listed, under its option's name (`lambda-p`)
+    differing = [Column(key, key.replace("_", "-"), text=lambda row, key=key: value_text(row.get(key))
+                        if key in row else "-") for key in settings]
+    return Report(meta=meta, buckets=rows, columns=RUNS_COLUMNS + labels + differing,
                   title=f"Runs under {where}", caption=chosen, footer=footer, keys=keys)
 
 
