@@ -477,16 +477,17 @@ def lock_holder(path: Path) -> Optional[int]:
 class InUse(PonderError):
     """A folder whose lock a live process holds."""
 
-    def __init__(self, directory: Path, pid: int):
-        super().__init__(f"{directory} is in use by another ponder command (PID {pid}: a `ponder train`, or a "
-                         "`ponder runs rm` moving it); wait for it to finish, or train into another folder")
+
+def _in_use(directory: Path, pid: int) -> InUse:
+    return InUse(f"{directory} is in use by another ponder command (PID {pid}: a `ponder train`, or a "
+                 "`ponder runs rm` moving it); wait for it to finish, or train into another folder")
 
 
 def check_unlocked(directory: Path) -> None:
     """Fail early, before loading any data, when a live run holds the folder (RunLock decides)."""
     pid = lock_holder(directory / LOCK_FILE)
     if pid is not None:
-        raise InUse(directory, pid)
+        raise _in_use(directory, pid)
 
 
 class RunLock:
@@ -521,7 +522,7 @@ class RunLock:
                     except FileExistsError:
                         pid = lock_holder(self.path)
                         if pid is not None:
-                            raise InUse(self.directory, pid) from None
+                            raise _in_use(self.directory, pid) from None
                         self.path.unlink(missing_ok=True)  # stale: its process is gone
                         continue
                     with os.fdopen(lock, "w") as f:

@@ -511,8 +511,13 @@ class RunFolder:
                          processes=self.processes, not_applicable=[name for name in plan.cfg.field_names()
                                                                    if not applies(name, plan.cfg.chosen(),
                                                                                   plan.cfg.value)])
-        same_folder = plan.resume is not None and same_path(out_dir, plan.resumed.path.parent)
-        write_environment(out_dir, session(self.device, self.processes), keep_earlier=same_folder)
+        # environment.json: this session after the earlier ones of a run resumed in its own folder
+        environment, current, earlier = out_dir / ENVIRONMENT_FILE, session(self.device, self.processes), []
+        if plan.resume is not None and same_path(out_dir, plan.resumed.path.parent):
+            with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+                earlier = list(json.loads(environment.read_text(encoding="utf-8")).get("sessions", []))
+        sessions = {"format_version": FORMAT_VERSION, "sessions": [*earlier, current]}
+        replace_atomically(environment, lambda f: f.write(json.dumps(sessions, indent=2) + "\n"))
         # a resumed run's rows so far come from its checkpoint's history
         self.files.append(MetricsFile(out_dir, [f.name for f in dataclasses.fields(EpochStats)]))
         self.files[0].start(plan.resume.history if plan.resume else [])
@@ -583,23 +588,14 @@ class RunFolder:
             self.lock.release()
         for file in self.files:
             file.close()
-        if not finished and self.made:
-            remove_if_empty_run_dir(self.plan.out_dir, carried=self.copies)
-
-
-def remove_if_empty_run_dir(directory: Path, carried: Iterable[str] = ()) -> bool:
-    """Remove a run folder that holds nothing of value (no checkpoint: only the files a run
-    writes beside them, and the `carried` copies it made), so that the next run takes its name."""
-    try:
-        names = {p.name for p in directory.iterdir()}
-        if names - {*BESIDE_CHECKPOINTS, *carried}:
-            return False
-        for name in names:
-            (directory / name).unlink()
-        directory.rmdir()
-        return True
-    except OSError:
-        return False
+        if not finished and self.made:  # a folder holding nothing of value: the next run takes its name
+            folder = self.plan.out_dir
+            with contextlib.suppress(OSError):
+                names = {p.name for p in folder.iterdir()}
+                if not names - {*BESIDE_CHECKPOINTS, *self.copies}:  # only the files beside the checkpoints
+                    for name in names:
+                        (folder / name).unlink()
+                    folder.rmdir()
 
 
 def session(device: str, processes: int) -> dict:
@@ -621,19 +617,6 @@ def session(device: str, processes: int) -> dict:
             "machine": platform.machine(), "processor": platform.processor() or None, "device": device,
             "threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "processes": processes}
-
-
-def write_environment(out_dir: Path, current: dict, keep_earlier: bool) -> Path:
-    """environment.json with this session after the earlier ones (keep_earlier: a run resumed in
-    its own folder)."""
-    path = Path(out_dir) / ENVIRONMENT_FILE
-    earlier = []
-    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
-        if keep_earlier:
-            earlier = list(json.loads(path.read_text(encoding="utf-8")).get("sessions", []))
-    payload = {"format_version": FORMAT_VERSION, "sessions": [*earlier, current]}
-    replace_atomically(path, lambda f: f.write(json.dumps(payload, indent=2) + "\n"))
-    return path
 
 
 # TensorBoard event files beside metrics.csv (`ponder train --tensorboard`; the optional
