@@ -271,10 +271,6 @@ class Summary:
         return cls.of(payload)
 
     @property
-    def epochs(self) -> int:
-        return self.config.get("epochs") or 0
-
-    @property
     def best(self) -> dict:
         """The best epoch's row of its history ({}: none)."""
         return next((h for h in self.history if isinstance(h, dict) and h.get("epoch") == self.best_epoch), {})
@@ -283,7 +279,7 @@ class Summary:
 def run_status(summary: Summary, path: Path) -> tuple[str, str]:
     """How the run went, as a word (finished, stopped early, time limit, at chance,
     interrupted, running, best epoch) and as a sentence for `info`."""
-    folder, epochs, patience = path.parent, summary.epochs, summary.config.get("patience") or 0
+    folder, epochs, patience = path.parent, summary.config.get("epochs") or 0, summary.config.get("patience") or 0
     if path.name != LAST and summary.epoch == summary.best_epoch:
         # a best.pt (the shipped models among them) is a snapshot: it cannot tell how its run went on
         text = f"its run's best epoch (saved after epoch {summary.epoch} of {epochs})"
