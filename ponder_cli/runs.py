@@ -497,7 +497,7 @@ class RunFolder:
         if hidden is not None:
             self.log(f"{hidden} is a hidden folder, which a bare `ponder runs` passes by: `ponder runs {hidden}` "
                      f"lists this run")
-        carried = self._carry_best()
+        carried = self._copy_best()
         source = RunLock.held_on(plan.resumed.path.parent) if plan.resumed is not None else None
         if source is not None and source is not self.lock:
             source.release()  # resumed into another folder: the run read is done with
@@ -525,7 +525,7 @@ class RunFolder:
             self.files.append(EventLog(out_dir, resumed_after=plan.resume.epoch if plan.resume else None))
         return out_dir
 
-    def _carry_best(self) -> Optional[Path]:
+    def _copy_best(self) -> Optional[Path]:
         """Resuming into another folder: the run's best epoch so far copied there as best.pt (the
         checkpoint resumed, else the same run's best.pt beside it), so that the folder names a
         best.pt even when no later epoch beats it."""
