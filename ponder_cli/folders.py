@@ -1,14 +1,8 @@
-"""The run folder: the names its files go by and where runs go by default, which file a
-CHECKPOINT argument names (a checkpoint file, a run folder's best.pt or last.pt, `latest`: the
-newest run under runs/, or a shipped model's name), the models shipped inside the package, a
-run's labels and record and a checkpoint read without its weights, the lock that keeps two runs
-out of one folder, finding the runs below a folder, and the trash. No torch: the CLI and the
-listings read these before (or without) torch.
-
-The shipped models are package data (ponder_cli/checkpoints/, declared in setup.cfg), found
-through importlib.resources: the same files whatever the working directory, from a clone, an
-editable install or a wheel. Shipping another model is one file there and one line in SHIPPED.
-"""
+"""The run folder, read and moved without torch (the CLI and the listings read it before torch,
+or never import it): its files' names, the shipped models (package data, found through
+importlib.resources: one file there and one line in SHIPPED ships another), which file a
+CHECKPOINT names, a run's labels and record, a checkpoint read without its weights, the lock,
+finding the runs below a folder, and the trash."""
 
 from __future__ import annotations
 
@@ -39,6 +33,7 @@ ENVIRONMENT_FILE = "environment.json"  # what the run ran on (runs.py)
 LATEST = "latest"  # the CHECKPOINT word for the newest run under runs/
 LOCK_FILE = ".ponder.lock"
 TRASH = ".trash"  # where `ponder runs rm` moves a run: beside it (one file system), hidden from listings
+TRASH_NOTE, ENTRY_RUN = "trashed.json", "run"  # in each trash entry: where its run was, and the run folder
 TENSORBOARD_EVENTS = "events.out.tfevents.*"  # what `train --tensorboard` writes (runs.py)
 BESIDE_CHECKPOINTS = (CONFIG_FILE, CONFIG_TOML, METRICS_FILE, ENVIRONMENT_FILE)  # nothing lost if a run dies early
 # every file a run writes into its folder: a folder holding any of them is not a fresh one
@@ -69,8 +64,11 @@ DEFAULT = "reference"
 
 
 def shipped_dir() -> Path:
-    """The package's checkpoints/ folder, wherever the package is installed."""
     return Path(str(resources.files("ponder_cli").joinpath(SHIPPED_FOLDER)))
+
+
+def shipped_path(name: str) -> Path:
+    return shipped_dir() / SHIPPED[name][0]
 
 
 def package_dir() -> Path:
@@ -80,7 +78,6 @@ def package_dir() -> Path:
 
 
 def inside_package(path: Path) -> bool:
-    """Is this path the installed package's folder or anything inside it, whatever its name?"""
     here, package = Path(path).resolve(), package_dir()
     return here == package or package in here.parents
 
@@ -95,29 +92,8 @@ def package_problem(path: Path, what: str) -> Optional[str]:
     return f"{what} is inside the installed ponder_cli package ({package_dir()}){models}, where no command writes"
 
 
-def shipped_path(name: str) -> Path:
-    return shipped_dir() / SHIPPED[name][0]
-
-
 def shipped_name(path: Path) -> Optional[str]:
-    """The name of a shipped model's file, if it is one."""
-    for name in SHIPPED:
-        if path.resolve() == shipped_path(name).resolve():
-            return name
-    return None
-
-
-def shipped_under_old_name(text: str, file: str) -> Optional[Path]:
-    """`checkpoints/align/best.pt` (the README's spelling from before the models moved into the
-    package) -> the shipped file of that relative name, when there is one; a folder there
-    (`checkpoints/align`) -> its `file`."""
-    parts = PurePath(text).parts
-    if len(parts) < 2 or parts[0] != SHIPPED_FOLDER or ".." in parts:
-        return None
-    path = shipped_dir().joinpath(*parts[1:])
-    if path.is_dir():
-        path = path / file
-    return path if path.is_file() else None
+    return next((name for name in SHIPPED if path.resolve() == shipped_path(name).resolve()), None)
 
 
 # what a researcher calls a run ----------------------------------------------------------------
@@ -127,10 +103,8 @@ LABEL_CHARACTERS = 200  # a name, a tag or a note longer than this is a mistake 
 
 @dataclass(frozen=True)
 class Labels:
-    """What a researcher calls a run: its name, tags and a note (`ponder train --name --tag
-    --note`, `ponder runs label`), kept in its record (run_record) but no setting: they change
-    nothing the model learns, so resuming keeps them, a new name or note replaces its own and new
-    tags are added."""
+    """A run's name, tags and note (`ponder train --name --tag --note`, `ponder runs label`), kept
+    in its record but no setting: they change nothing the model learns, so resuming keeps them."""
     name: Optional[str] = None
     tags: tuple = ()
     note: Optional[str] = None
@@ -151,16 +125,13 @@ class Labels:
     def of(cls, saved: Optional[dict]) -> "Labels":
         """A run's labels from its record (none where it holds none, or holds them garbled)."""
         labels = saved.get("labels") if isinstance(saved, dict) else None
-        if not isinstance(labels, dict):
-            return cls()
         try:
             return cls(labels.get("name"), tuple(labels.get("tags") or ()), labels.get("note"))
         except (PonderError, TypeError, AttributeError):
             return cls()
 
     def updated(self, given: "Labels", untag: tuple = ()) -> "Labels":
-        """These labels with a name or note given in place of their own, the tags given added
-        and those in `untag` taken away."""
+        """A name or note given replaces its own, tags given are added, those in `untag` removed."""
         return Labels(given.name if given.name is not None else self.name,
                       tuple(tag for tag in (*self.tags, *given.tags) if tag not in untag),
                       given.note if given.note is not None else self.note)
@@ -169,20 +140,17 @@ class Labels:
         return {"name": self.name, "tags": list(self.tags), "note": self.note}
 
 
+# a checkpoint file read without torch ---------------------------------------------------------
+
 # How torch.save's files begin: a zip archive (since PyTorch 1.6), or a pickle (the legacy format).
 _ZIP_MAGIC = b"PK\x03\x04"
-_TORCH_MAGIC = (_ZIP_MAGIC, b"\x80")
-
-
 DAMAGE_HINT = "copy it again, or use the run's other checkpoint (best.pt or last.pt)"
 
 
 def damage(path: Path) -> str | None:
-    """How a file in torch's zip format is broken, said before torch.load, whose own words
-    ("failed finding central directory", "[Errno 22] Invalid argument") never say the file is
-    cut short: a zip archive whose end is missing (an interrupted copy, download or save by
-    another tool), or a member whose data fails its CRC-32 (every member is read: megabytes,
-    milliseconds). None for a legacy pickle file, or a zip archive that is whole."""
+    """How a file in torch's zip format is broken, said before torch.load, whose own words never
+    say the file is cut short: no zip end (an interrupted copy), or a member failing its CRC-32
+    (every member is read: megabytes, milliseconds). None for a legacy pickle or a whole archive."""
     try:
         with open(path, "rb") as f:
             if f.read(4) != _ZIP_MAGIC:
@@ -199,8 +167,8 @@ def damage(path: Path) -> str | None:
 
 
 def not_a_torch_file(path: Path) -> str | None:
-    """What a file that torch.save cannot have written looks like ("an empty file", "a text
-    file"), or None when it may be one (torch.load then has the last word)."""
+    """What a file torch.save cannot have written looks like ("an empty file", "a text file"), or
+    None when it may be one (torch.load then has the last word)."""
     try:
         with open(path, "rb") as f:
             head = f.read(512)
@@ -208,7 +176,7 @@ def not_a_torch_file(path: Path) -> str | None:
         return None  # torch.load reports it
     if not head:
         return "an empty file"
-    if head.startswith(_TORCH_MAGIC):
+    if head.startswith((_ZIP_MAGIC, b"\x80")):
         return None
     try:
         text = head.decode("utf-8")
@@ -218,42 +186,19 @@ def not_a_torch_file(path: Path) -> str | None:
     return "a text file" if all(c.isprintable() or c.isspace() for c in text) else "a file PyTorch did not write"
 
 
-# the record of a run ---------------------------------------------------------------------------
-# What a run is besides its settings, kept in every checkpoint it writes (TrainingState.run) and
-# in its config.json: its labels, the weights it started from (--init-from: a shipped model by
-# name, else the file's absolute path, with its epoch and a digest of its weights, so that a
-# source trained on since is noticed) and --amp (it changes the figures); config.json adds the
-# settings its pieces leave unread (what listing needs to show those that differ). Everything that shows or reruns a run reads it: info, diff, runs, the
-# reproduce line, config.toml.
-
-def run_record(labels: Labels, init_from: Optional[dict], amp: bool) -> dict:
-    return {"labels": labels.to_dict(), "init_from": init_from, "amp": bool(amp)}
-
-
-def start_text(init_from) -> Optional[str]:
-    """Where a run's weights started, as shown: `reference (epoch 30)`, a path and its epoch; an
-    older run's record holds the path alone."""
-    if isinstance(init_from, dict):
-        return f"{init_from.get('checkpoint')} (epoch {init_from.get('epoch')})"
-    return init_from
-
-
 class _Tensor:
-    """A tensor of a checkpoint read by peek_checkpoint: its data left unread."""
-
     def __repr__(self) -> str:
         return "<tensor>"
 
 
-TENSOR = _Tensor()
+TENSOR = _Tensor()  # a tensor of a checkpoint read by peek_checkpoint: its data left unread
 _SAFE_GLOBALS = {("collections", "OrderedDict"): collections.OrderedDict, ("builtins", "set"): set,
                  ("builtins", "frozenset"): frozenset, ("builtins", "slice"): slice}
 
 
 class _Peeker(pickle.Unpickler):
-    """A checkpoint's data.pkl without torch: torch's own globals (tensor rebuilds, storage
-    classes) become TENSOR, the storages are left unread, any other global is refused, as
-    weights_only refuses it: nothing is called."""
+    """A checkpoint's data.pkl without torch: torch's globals become TENSOR, the storages are left
+    unread, any other global is refused, as weights_only refuses it: nothing is called."""
 
     def find_class(self, module: str, name: str):
         if (module, name) in _SAFE_GLOBALS:
@@ -267,10 +212,9 @@ class _Peeker(pickle.Unpickler):
 
 
 def peek_checkpoint(path: Path) -> Optional[dict]:
-    """The dict a checkpoint holds, its tensors TENSOR: only its small data.pkl is read, not
-    its weights nor its optimizer state, and torch is not imported (what `ponder runs` and
-    `ponder models` list). None for a file in torch's legacy format (checkpoint.load_checkpoint
-    reads it); a file that cannot be read so is one PonderError."""
+    """The dict a checkpoint holds, its tensors TENSOR, from its small data.pkl alone (what
+    `ponder runs` and `models` list, without torch). None for torch's legacy format; a file that
+    cannot be read so is one PonderError."""
     try:
         with open(path, "rb") as f:
             if f.read(4) != _ZIP_MAGIC:
@@ -320,15 +264,13 @@ class Summary:
                    payload.get("stop_reason"), payload.get("run") if isinstance(payload.get("run"), dict) else None,
                    all(payload.get(key) is not None for key in ("optimizer", "scheduler", "scaler", "rng")))
 
-    @property
-    def epochs(self) -> int:
-        return self.config.get("epochs") or 0
-
-    @property
-    def stopped_early(self) -> bool:
-        """Patience ran out with epochs still to train (at the last epoch itself it simply finished)."""
-        patience = self.config.get("patience") or 0
-        return bool(patience) and self.epochs_without_improvement >= patience and self.epoch < self.epochs
+    @classmethod
+    def read(cls, path: Path) -> "Summary":
+        """From checkpoint `path`'s data.pkl alone (a legacy-format file is none of ponder_cli's)."""
+        payload = peek_checkpoint(path)
+        if payload is None:
+            raise PonderError(f"{path} is not a ponder_cli checkpoint")
+        return cls.of(payload)
 
     @property
     def best(self) -> dict:
@@ -337,12 +279,11 @@ class Summary:
 
 
 def run_status(summary: Summary, path: Path) -> tuple[str, str]:
-    """How the run whose checkpoint `path` holds went, as a word (finished, stopped early, time
-    limit, at chance, interrupted, running, best epoch) and as a sentence for `info`."""
-    folder, epochs = path.parent, summary.epochs
+    """How the run went, as a word (finished, stopped early, time limit, at chance,
+    interrupted, running, best epoch) and as a sentence for `info`."""
+    folder, epochs, patience = path.parent, summary.config.get("epochs") or 0, summary.config.get("patience") or 0
     if path.name != LAST and summary.epoch == summary.best_epoch:
-        # a best.pt (the shipped models among them) is a snapshot of the best epoch: it cannot tell
-        # how its run went on
+        # a best.pt (the shipped models among them) is a snapshot: it cannot tell how its run went on
         text = f"its run's best epoch (saved after epoch {summary.epoch} of {epochs})"
         if (folder / LAST).is_file():
             text += f"; the run's latest state is {folder / LAST}"
@@ -352,9 +293,10 @@ def run_status(summary: Summary, path: Path) -> tuple[str, str]:
         return "running", f"training now (PID {holder})"
     if summary.stop_reason == AT_CHANCE:
         return AT_CHANCE, f"at chance after epoch {summary.epoch} of {epochs}: it did not learn"
-    if summary.stopped_early:
+    # patience ran out with epochs still to train (at the last epoch itself it simply finished)
+    if patience and summary.epochs_without_improvement >= patience and summary.epoch < epochs:
         return "stopped early", (f"stopped early after epoch {summary.epoch} (no better validation accuracy for "
-                                 f"{summary.config.get('patience')} epochs)")
+                                 f"{patience} epochs)")
     if summary.epoch < epochs:
         timed = summary.stop_reason == TIME_LIMIT
         text = (f"stopped at its time limit after epoch {summary.epoch} of {epochs}" if timed else
@@ -365,13 +307,31 @@ def run_status(summary: Summary, path: Path) -> tuple[str, str]:
     return "finished", "finished"
 
 
+# the record of a run ---------------------------------------------------------------------------
+# What a run is besides its settings, kept in every checkpoint it writes (TrainingState.run) and
+# in its config.json: its labels, the weights it started from (--init-from: a shipped model by
+# name, else the file's absolute path, with its epoch and a digest of its weights, so that a
+# source trained on since is noticed) and --amp (it changes the figures). Everything that shows
+# or reruns a run reads it: info, diff, runs, the reproduce line, config.toml.
+
+def run_record(labels: Labels, init_from: Optional[dict], amp: bool) -> dict:
+    return {"labels": labels.to_dict(), "init_from": init_from, "amp": bool(amp)}
+
+
+def start_text(init_from) -> Optional[str]:
+    """`reference (epoch 30)`, a path and its epoch; an older run's record holds the path alone."""
+    if isinstance(init_from, dict):
+        return f"{init_from.get('checkpoint')} (epoch {init_from.get('epoch')})"
+    return init_from
+
+
 # what may differ from the checkpoint's config when resuming: how long to go on
 RESUMABLE_CHANGES = ("epochs", "patience")
 
 
 def same_run(a: dict, b: dict) -> bool:
     """Two flat configs of one run: the same settings (an older one's missing: their defaults)
-    but for how long to go on (RESUMABLE_CHANGES)."""
+    but for how long to go on."""
     from .config import PonderConfig
 
     def kept(config: dict) -> dict:
@@ -380,18 +340,18 @@ def same_run(a: dict, b: dict) -> bool:
     return kept(a) == kept(b)
 
 
-def read_summary(path: Path) -> Summary:
-    """How far the run in checkpoint `path` got, from its data.pkl alone, without torch (a file in
-    torch's legacy format, which ponder_cli never wrote, is none of its runs)."""
-    payload = peek_checkpoint(path)
-    if payload is None:
-        raise PonderError(f"{path} is not a ponder_cli checkpoint")
-    return Summary.of(payload)
+def saved_config(folder: Path) -> Optional[dict]:
+    """A run folder's config.json, or None where there is none or it is not readable JSON."""
+    try:
+        saved = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) else None
 
 
 def run_of(summary: Optional[Summary], folder: Path) -> dict:
-    """A run's record: its folder's config.json where that records the same run (same_run), else
-    its checkpoint's (a copied best.pt, a config.json cut short or another run's), else none."""
+    """A run's record: its folder's config.json where that records the same run, else its
+    checkpoint's (a copied best.pt, a config.json cut short or another run's), else none."""
     saved = saved_config(folder) or {}
     config = saved.get("config")
     if saved and (summary is None or same_run(config if isinstance(config, dict) else {}, summary.config)):
@@ -399,8 +359,20 @@ def run_of(summary: Optional[Summary], folder: Path) -> dict:
     return (summary.run if summary is not None else None) or {}
 
 
-# which file a CHECKPOINT argument names ------------------------------------------------------
+def run_time(folder: Path) -> Optional[float]:
+    """What orders runs, newest last (`ponder runs`, `latest`): when the run last started, by its
+    config.json's `started` (UTC), else (an earlier version's folder) when its files or lock were
+    last written; None for neither."""
+    with contextlib.suppress(ValueError, TypeError, KeyError):
+        return datetime.fromisoformat((saved_config(folder) or {})["started"]).timestamp()
+    stamps = []
+    for name in (*RUN_FILES, LOCK_FILE):
+        with contextlib.suppress(OSError):  # not there, or removed while we look
+            stamps.append((folder / name).stat().st_mtime)
+    return max(stamps, default=None)
 
+
+# which file a CHECKPOINT argument names ------------------------------------------------------
 
 @dataclass(frozen=True)
 class Resolved:
@@ -409,8 +381,7 @@ class Resolved:
 
     @classmethod
     def shipped(cls, path: Path, why: str) -> "Resolved":
-        """A shipped model, named relative to the working directory when it lies below it (a
-        clone's root: ponder_cli/checkpoints/best.pt), by its full path otherwise."""
+        """A shipped model, relative to the working directory when below it (a clone's root)."""
         with contextlib.suppress(ValueError):
             path = path.relative_to(Path.cwd())
         return cls(path, why)
@@ -422,17 +393,13 @@ def accepted_forms(file: str = BEST) -> str:
 
 
 def resolve_checkpoint(given: Union[str, Path, None], file: Union[str, tuple[str, ...]] = BEST) -> Resolved:
-    """The file a CHECKPOINT argument names, tried in this order: an existing file; an existing
-    run folder (its `file`: best.pt to evaluate, last.pt to resume; several: the first it holds,
-    as `info` reads last.pt, else best.pt); `latest`, the newest run under runs/; a shipped
-    model's name; `checkpoints/...`, the shipped file of that name (the README's older
-    spelling). None: the shipped reference model. Anything else is one error naming the
-    accepted forms."""
+    """The file a CHECKPOINT argument names, tried in this order: a file; a run folder's `file`
+    (several: the first it holds); `latest`; a shipped model's name; `checkpoints/...` (the
+    README's older spelling); None: the default model. Else one error naming the forms."""
     files = (file,) if isinstance(file, str) else tuple(file)
     file, named = files[0], " or ".join(files)
     if given is None:
-        newest = newest_run_checkpoint(name=file)
-        hint = f"; `{LATEST}` reads your newest run" if newest is not None else ""
+        hint = f"; `{LATEST}` reads your newest run" if newest_run_checkpoint(name=file) is not None else ""
         return Resolved.shipped(shipped_path(DEFAULT), f"the shipped model '{DEFAULT}', the default{hint}")
     text, path = str(given), Path(given)
     if path.is_file():
@@ -448,10 +415,13 @@ def resolve_checkpoint(given: Union[str, Path, None], file: Union[str, tuple[str
         return Resolved(newest, f"{LATEST}: the newest run under {RUNS_DIR}/")
     if text in SHIPPED:
         return Resolved.shipped(shipped_path(text), f"the shipped model '{text}'")
-    old = shipped_under_old_name(text, file)
-    if old is not None:
-        name = shipped_name(old)
-        return Resolved.shipped(old, f"the shipped model '{name}'" if name else f"shipped as {text}")
+    parts = PurePath(text).parts  # checkpoints/align/best.pt, or the folder checkpoints/align (its `file`)
+    if len(parts) >= 2 and parts[0] == SHIPPED_FOLDER and ".." not in parts:
+        old = shipped_dir().joinpath(*parts[1:])
+        old = old / file if old.is_dir() else old
+        if old.is_file():
+            name = shipped_name(old)
+            return Resolved.shipped(old, f"the shipped model '{name}'" if name else f"shipped as {text}")
     if path.is_dir():
         if is_run_folder(path):
             other = next((path / name for name in CHECKPOINT_FILES if (path / name).is_file()), None)
@@ -464,45 +434,22 @@ def resolve_checkpoint(given: Union[str, Path, None], file: Union[str, tuple[str
             raise PonderError(f"{path} is a run folder with no checkpoint yet: {why}")
         runs = [str(run.relative_to(path)) for run in runs_under(path)]
         if runs:
-            raise PonderError(f"{path} is a folder of runs ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''}), "
-                              f"not one run: `ponder runs {path}` lists them; name one, or {accepted_forms(file)}")
+            raise PonderError(f"{path} is a folder of runs ({some_of(runs)}), not one run: `ponder runs {path}` lists "
+                              f"them; name one, or {accepted_forms(file)}")
         raise PonderError(f"{path} holds no {named}; name {accepted_forms(file)}")
     raise PonderError(f"checkpoint {path} {file_problem(path) or 'cannot be read'}; name {accepted_forms(file)}")
 
 
 def newest_run_checkpoint(root: Path = RUNS_DIR, name: str = BEST) -> Optional[Path]:
-    """<run>/<name> of the run under `root` (runs_under) started last (`run_time`: the order
-    `ponder runs` lists them in) among those that hold one, if any."""
+    """<run>/<name> of the run under `root` started last (the order `ponder runs` lists them in)
+    among those that hold one, if any."""
     found = [(run_time(run) or 0.0, str(run), run / name) for run in runs_under(root) if (run / name).is_file()]
     return max(found)[2] if found else None
 
 
-def saved_config(folder: Path) -> Optional[dict]:
-    """A run folder's config.json, or None where there is none or it is not readable JSON."""
-    try:
-        saved = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return saved if isinstance(saved, dict) else None
-
-
-def started_now() -> str:
-    """What a run records as its start: now, in UTC (never local-time text, which can repeat an
-    hour when the clocks go back)."""
-    return datetime.now(timezone.utc).isoformat()
-
-
-def run_time(folder: Path) -> Optional[float]:
-    """What orders runs, newest last (`ponder runs`, `latest`): when the run last started (fresh
-    or resumed) by its config.json's `started`, else (a folder an earlier version wrote) when its
-    files or its lock were last written; None for neither."""
-    with contextlib.suppress(ValueError, TypeError, KeyError):
-        return datetime.fromisoformat((saved_config(folder) or {})["started"]).timestamp()
-    stamps = []
-    for name in (*RUN_FILES, LOCK_FILE):
-        with contextlib.suppress(OSError):  # not there, or removed while we look
-            stamps.append((folder / name).stat().st_mtime)
-    return max(stamps, default=None)
+def some_of(paths: list) -> str:
+    """The first three of a list for a message: `a, b, c, ...`."""
+    return ", ".join(str(path) for path in paths[:3]) + (", ..." if len(paths) > 3 else "")
 
 
 # The run lock: a file naming the process that holds it, taken atomically, released on the way
@@ -521,7 +468,7 @@ def lock_holder(path: Path) -> Optional[int]:
     except ProcessLookupError:
         return None
     except PermissionError:
-        return pid  # alive, another user's
+        pass  # alive, another user's
     return pid
 
 
@@ -529,7 +476,7 @@ class InUse(PonderError):
     """A folder whose lock a live process holds."""
 
 
-def _in_use(directory: Path, pid: int) -> PonderError:
+def _in_use(directory: Path, pid: int) -> InUse:
     return InUse(f"{directory} is in use by another ponder command (PID {pid}: a `ponder train`, or a "
                  "`ponder runs rm` moving it); wait for it to finish, or train into another folder")
 
@@ -541,32 +488,11 @@ def check_unlocked(directory: Path) -> None:
         raise _in_use(directory, pid)
 
 
-@contextlib.contextmanager
-def _serialised(directory: Path):
-    """Hold an advisory lock on the folder itself while a lock file is checked and taken, so
-    two processes cannot both take over the same stale lock."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: the O_EXCL create alone
-        yield
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the flock
-
-
 class RunLock:
-    """`.ponder.lock` in a run folder, holding the PID of the run that writes there.
-
-    Created atomically (O_CREAT | O_EXCL); a lock left by a process that no longer exists (one
-    killed with SIGKILL, say) is taken over, a live one is refused naming its PID. Released
-    (removed) on exit, errors and interrupts included. `ponder runs rm` takes it to move a run,
-    and a resume before it reads the run (`resumed_lock`), so that only one of them wins. The
-    locks this process holds are kept by folder (`held_on`): a resume's lock is the run's.
-    """
+    """`.ponder.lock` in a run folder, holding the PID of the run that writes there: made with
+    O_EXCL under a flock of the folder (two processes never both take over one stale lock), a
+    dead process's taken over, a live one's refused naming its PID. `held_on`: the locks this
+    process holds by folder (a resume's lock is the run's)."""
 
     held_here: dict = {}  # resolved folder -> the RunLock this process holds on it
 
@@ -577,42 +503,45 @@ class RunLock:
 
     @classmethod
     def held_on(cls, directory: Path) -> Optional["RunLock"]:
-        """The lock this process holds on `directory`, if any."""
         with contextlib.suppress(OSError, RuntimeError):
             return cls.held_here.get(Path(directory).resolve())
         return None
 
     def acquire(self) -> "RunLock":
         try:
-            with _serialised(self.directory):
+            fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                with contextlib.suppress(ImportError):  # not POSIX: the O_EXCL create alone
+                    import fcntl
+                    fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd closes
                 while True:
                     try:
-                        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                        lock = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                     except FileExistsError:
                         pid = lock_holder(self.path)
                         if pid is not None:
                             raise _in_use(self.directory, pid) from None
                         self.path.unlink(missing_ok=True)  # stale: its process is gone
                         continue
-                    with os.fdopen(fd, "w") as f:
+                    with os.fdopen(lock, "w") as f:
                         f.write(f"{os.getpid()}\n")
                     self.held = True
                     RunLock.held_here[self.directory.resolve()] = self
                     return self
+            finally:
+                os.close(fd)
         except OSError as exc:
             raise PonderError(f"cannot write checkpoints to {self.directory}: {exc.strerror or exc}") from None
 
-    def release(self) -> None:
+    def release(self, remove: bool = True) -> None:
+        """Let go (`remove`: False where the lock file moved away with its folder)."""
         if self.held:
             self.held = False
-            self.forget()
-            with contextlib.suppress(OSError):
-                self.path.unlink()
-
-    def forget(self) -> None:
-        """No longer held by this process (released, or moved away with its folder)."""
-        for key in [key for key, lock in RunLock.held_here.items() if lock is self]:
-            del RunLock.held_here[key]
+            for key in [key for key, lock in RunLock.held_here.items() if lock is self]:
+                del RunLock.held_here[key]
+            if remove:
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
 
     def __enter__(self) -> "RunLock":
         return self.acquire()
@@ -623,31 +552,29 @@ class RunLock:
 
 @contextlib.contextmanager
 def resumed_lock(given: Union[str, Path, None]):
-    """`ponder train --resume CHECKPOINT`: the run folder it names locked before anything of the
-    run is read, until training is done with it, so that a `ponder runs rm` and a resume starting
-    at once cannot both go ahead (the one that takes the lock first wins; the other is refused, or
-    finds the run gone). Nothing is locked for a checkpoint outside a run folder or among the
-    shipped models, nor where the folder is gone or cannot take a lock: the resume then says
-    what it finds."""
+    """`ponder train --resume CHECKPOINT`: its run folder locked before anything of the run is
+    read, so that a `ponder runs rm` and a resume cannot both go ahead; nothing is locked where
+    no lock can be taken (the resume then says what it finds)."""
     lock = None
-    if given is not None:
+    try:
+        folder = resolve_checkpoint(given, file=LAST).path.parent if given is not None else None
+    except PonderError:
+        folder = None  # the resume itself says why
+    if folder is not None and is_run_folder(folder) and not inside_package(folder):
         try:
-            folder = resolve_checkpoint(given, file=LAST).path.parent
+            lock = RunLock(folder).acquire()
+        except InUse:
+            raise
         except PonderError:
-            folder = None  # the resume itself says why
-        if folder is not None and is_run_folder(folder) and not inside_package(folder):
-            try:
-                lock = RunLock(folder).acquire()
-            except InUse:
-                raise
-            except PonderError:
-                lock = None  # gone (moved to the trash meanwhile) or read-only: the resume says what it finds
+            pass  # gone (moved to the trash meanwhile) or read-only
     try:
         yield lock
     finally:
         if lock is not None:
             lock.release()
 
+
+# finding runs ----------------------------------------------------------------------------------
 
 def run_files_in(directory: Path) -> list[str]:
     """The files of `directory` that a run would write (RUN_FILES, TensorBoard events)."""
@@ -674,10 +601,9 @@ SKIPPED = ("node_modules",)
 
 
 def _walk(folder: Path, into_top: bool = False):
-    """The one walk that finds runs: each folder at or below `folder`, by path, as (path, names
-    of what it holds), None for a run folder, which is not looked into (nor, with `into_top`,
-    is `folder` taken for one). A hidden folder, a virtual environment, the installed package
-    (its shipped models) and a link are passed by (`folder` itself is taken as named)."""
+    """The one walk that finds runs: (path, names it holds) for each folder at or below `folder`,
+    None for a run folder, not looked into (with `into_top`, `folder` is not taken for one).
+    Hidden folders, virtual environments, the package and links (another project?) are passed by."""
     seen, todo = set(), [(Path(folder), True)]
     while todo:
         here, top = todo.pop()
@@ -696,89 +622,36 @@ def _walk(folder: Path, into_top: bool = False):
         if not top and "pyvenv.cfg" in names:
             continue
         yield here, names
-        below = sorted(entry.name for entry in entries if not entry.name.startswith((".", "__"))
-                       and entry.name not in SKIPPED and _is_dir(entry))
-        todo += [(here / name, False) for name in reversed(below)]
+        below = []
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                if not entry.name.startswith((".", "__")) and entry.name not in SKIPPED \
+                        and entry.is_dir(follow_symlinks=False):
+                    below.append(entry.name)
+        todo += [(here / name, False) for name in sorted(below, reverse=True)]
 
 
-def _is_dir(entry: os.DirEntry) -> bool:
-    """A folder itself, not a link to one: a link below a folder named may lead to another
-    project, or back to a run already seen."""
-    try:
-        return entry.is_dir(follow_symlinks=False)
-    except OSError:
-        return False
+def runs_under(folder: Path, below: bool = False) -> list[Path]:
+    """The run folder itself, else every run folder below it, by path (`below`: those below it
+    only, which a run written into it would hide)."""
+    return [path for path, names in _walk(folder, into_top=below) if names is None]
 
 
 def hidden_folder_of(folder: Path) -> Optional[Path]:
-    """The first hidden folder on the way from the current folder down to `folder` (`.exp` for
-    .exp/run1), if any: a bare `ponder runs` passes it by, `ponder runs .exp` lists what it holds."""
-    here = Path(os.path.abspath(folder))
+    """The first hidden folder from the current folder down to `folder` (`.exp` for .exp/run1),
+    if any: a bare `ponder runs` passes it by."""
     try:
-        parts = here.relative_to(Path.cwd()).parts
+        parts = Path(os.path.abspath(folder)).relative_to(Path.cwd()).parts
     except ValueError:
         return None  # not below the current folder: no bare `ponder runs` here lists it anyway
     hidden = next((i for i, part in enumerate(parts) if part.startswith((".", "__"))), None)
     return Path(*parts[:hidden + 1]) if hidden is not None else None
 
 
-def runs_under(folder: Path) -> list[Path]:
-    """The runs a folder names, the one answer to "which runs are here" (`ponder runs`, `latest`,
-    a CHECKPOINT argument naming a folder of runs): the folder itself when it is a run folder,
-    else every run folder below it, at any depth, by path (_walk)."""
-    return [path for path, names in _walk(folder) if names is None]
-
-
-def runs_inside(folder: Path) -> list[Path]:
-    """The run folders below `folder`, not counting the folder itself: what a run written into
-    it would hide."""
-    return [path for path, names in _walk(folder, into_top=True) if names is None]
-
-
-def trashes_under(folder: Path) -> list[Path]:
-    """The trash folders (.trash, of `ponder runs rm`) in `folder` and below it, where _walk
-    looks for runs."""
-    return [path / TRASH for path, names in _walk(folder) if names is not None and TRASH in names
-            and (path / TRASH).is_dir() and not os.path.islink(path / TRASH)]
-
-
-TRASH_NOTE = "trashed.json"  # in each trash entry, beside the run folder it holds (`run/`)
-
-
-def trashed(entry: Path) -> Optional[dict]:
-    """A trash entry's note (where its run was: "original"), when it is one (its run folder there too)."""
-    try:
-        note = json.loads((entry / TRASH_NOTE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    run = entry / "run"
-    ours = not os.path.islink(entry) and not os.path.islink(run) and run.is_dir()  # a link is no entry of ours
-    return note if ours and isinstance(note, dict) and "original" in note else None
-
-
-def trash_entries(trash: Path) -> list[Path]:
-    """A trash folder's entries, each a removed run."""
-    try:
-        return sorted(path for path in trash.iterdir() if trashed(path) is not None)
-    except OSError:
-        return []
-
-
-def trashed_runs(roots) -> list[str]:
-    """Where each run in the trash under `roots` was (`ponder runs rm --restore` takes it so),
-    relative to the current folder where it lay below it, each once."""
-    held = [trashed(entry)["original"] for trash in dict.fromkeys(trash for root in roots
-                                                                  for trash in trashes_under(Path(root)))
-            for entry in trash_entries(trash)]
-    return list(dict.fromkeys(os.path.relpath(path) if Path(path).is_relative_to(Path.cwd()) else path
-                              for path in held))
-
-
 def enclosing_run(folder: Path) -> Optional[Path]:
-    """The run folder that `folder` lies inside (below it, at any depth), if any: a run written
-    there would be hidden from `ponder runs` and `latest`, which never look inside a run folder."""
-    here = Path(os.path.abspath(folder))
-    for parent in here.parents:
+    """The run folder that `folder` lies inside, if any: a run written there would be hidden from
+    `ponder runs` and `latest`, which never look inside a run folder."""
+    for parent in Path(os.path.abspath(folder)).parents:
         if is_run_folder(parent):
             with contextlib.suppress(ValueError):
                 return parent.relative_to(Path.cwd())
@@ -786,40 +659,47 @@ def enclosing_run(folder: Path) -> Optional[Path]:
     return None
 
 
-# The trash: `ponder runs rm` moves a run folder into .trash/ beside it, with a note of where it
-# was; `--restore` moves it back as it was, and `--empty` alone deletes. The trash holds only
-# what those two reach: a run folder itself (never a link, nor anything already in a trash), in
-# an entry made whole or not at all. -------------------------------------------------------------
+# The trash: `ponder runs rm` moves a run folder into .trash/<name>.<UTC time>/run beside it, with
+# trashed.json saying where it was; `--restore` moves it back as it was, and `--empty` alone
+# deletes. The trash holds only what those reach: a run folder itself (never a link, nor anything
+# already in a trash), in an entry made whole or not at all. ----------------------------------
 
-ENTRY_RUN = "run"  # the run folder inside a trash entry, beside trashed.json
-
-
-def in_a_trash(path: Path) -> bool:
-    """Does `path` lie inside a trash folder (as given, or once its links are resolved)?"""
-    parts = set(Path(os.path.abspath(path)).parts)
-    with contextlib.suppress(OSError, RuntimeError):
-        parts |= set(Path(path).resolve().parts)
-    return TRASH in parts
-
-
-def entry_name(name: str, stamp: str, limit: int = 255) -> str:
-    """<run's name>.<UTC time>, the name cut short (its start kept) where the whole would be longer
-    than the file system takes (`limit` bytes): trashed.json keeps the path it had in full."""
-    suffix = os.fsencode(f".{stamp}")
-    head = os.fsencode(name)[:max(1, limit - len(suffix))]
-    while head:  # not inside a character
-        try:
-            return head.decode("utf-8", "strict") + suffix.decode()
-        except UnicodeDecodeError:
-            head = head[:-1]
-    return os.fsdecode(os.fsencode(name)[:max(1, limit - len(suffix))] + suffix)
+def trashes_under(roots: Iterable[Path]) -> dict[Path, list[Path]]:
+    """The trash folders in `roots` and below them (where runs are looked for) that hold runs,
+    each with its entries."""
+    found = {}
+    for root in roots:
+        for path, names in _walk(Path(root)):
+            trash = path / TRASH
+            if names is not None and TRASH in names and trash.is_dir() and not os.path.islink(trash):
+                found.setdefault(trash, trash_entries(trash))
+    return {trash: entries for trash, entries in found.items() if entries}
 
 
-def _name_max(folder: Path) -> int:
+def trashed(entry: Path) -> Optional[dict]:
+    """A trash entry's note (where its run was: "original"), when it is one (its run there too)."""
     try:
-        return os.pathconf(folder, "PC_NAME_MAX")
-    except (OSError, ValueError, AttributeError):
-        return 255
+        note = json.loads((entry / TRASH_NOTE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    run = entry / ENTRY_RUN
+    ours = not os.path.islink(entry) and not os.path.islink(run) and run.is_dir()  # a link is no entry of ours
+    return note if ours and isinstance(note, dict) and "original" in note else None
+
+
+def trash_entries(trash: Path) -> list[Path]:
+    try:
+        return sorted(path for path in trash.iterdir() if trashed(path) is not None)
+    except OSError:
+        return []
+
+
+def trashed_runs(roots) -> list[str]:
+    """Where each run in the trash under `roots` was (`--restore` takes it so), relative to the
+    current folder where it lay below it, each once."""
+    held = [trashed(entry)["original"] for entries in trashes_under(roots).values() for entry in entries]
+    return list(dict.fromkeys(os.path.relpath(path) if Path(path).is_relative_to(Path.cwd()) else path
+                              for path in held))
 
 
 def check_trashable(folder: Path) -> None:
@@ -831,18 +711,20 @@ def check_trashable(folder: Path) -> None:
     if os.path.islink(folder):
         raise PonderError(f"{folder} is a link (to {os.readlink(folder)}): `ponder runs rm` moves run folders "
                           f"themselves, never a link; name the run folder itself, or remove the link with rm")
-    if in_a_trash(folder):
+    parts = set(Path(os.path.abspath(folder)).parts)  # inside a trash, as given or once its links resolve
+    with contextlib.suppress(OSError, RuntimeError):
+        parts |= set(folder.resolve().parts)
+    if TRASH in parts:
         raise PonderError(f"{folder} is in a trash already: `ponder runs rm --restore` brings a trashed run back, "
                           f"`ponder runs rm --empty` deletes it")
     if not folder.is_dir():
         raise PonderError(f"{folder} {file_problem(folder) or 'is a file'}: `ponder runs rm` takes run folders "
                           f"(`ponder runs` lists them)")
     if not is_run_folder(folder):
-        below = runs_inside(folder)
-        what = (f"a folder of runs ({', '.join(str(run) for run in below[:3])}{', ...' if len(below) > 3 else ''}): "
-                f"name each run to remove" if below else "not a run folder: `ponder runs` lists them")
-        raise PonderError(f"{folder} is {what}")
-    if same_path(folder, Path.cwd()) or any(same_path(folder, parent) for parent in Path.cwd().parents):
+        below = runs_under(folder, below=True)
+        raise PonderError(f"{folder} is " + (f"a folder of runs ({some_of(below)}): name each run to remove" if below
+                                             else "not a run folder: `ponder runs` lists them"))
+    if any(same_path(folder, here) for here in (Path.cwd(), *Path.cwd().parents)):
         raise PonderError(f"{folder} holds the current folder; run `ponder runs rm` from outside it")
     trash = folder.parent / TRASH
     if os.path.islink(trash) or (os.path.lexists(trash) and not trash.is_dir()):
@@ -850,12 +732,22 @@ def check_trashable(folder: Path) -> None:
                           f"ponder's: move it aside, then remove {folder}")
 
 
+def entry_name(name: str, stamp: str, limit: int = 255) -> str:
+    """<run's name>.<UTC time>, the name cut short (its start kept, never inside a character)
+    where the whole would be longer than the file system takes: trashed.json keeps it in full."""
+    suffix = os.fsencode(f".{stamp}")
+    head = os.fsencode(name)[:max(1, limit - len(suffix))]
+    while head:
+        try:
+            return head.decode("utf-8", "strict") + suffix.decode()
+        except UnicodeDecodeError:
+            head = head[:-1]
+    return os.fsdecode(os.fsencode(name)[:max(1, limit - len(suffix))] + suffix)
+
+
 def trash_run(folder: Path) -> dict:
-    """Move a run folder into <its parent>/.trash/<name>.<UTC time>/run, with trashed.json saying
-    where it was and when it left, once check_trashable lets it: its lock is taken while the
-    folder moves, so no `ponder train` starts there meanwhile, and a resume takes it before it
-    reads the run (resumed_lock). The entry is made whole or not at all: a move that fails (a full
-    disk) or is interrupted leaves no entry behind."""
+    """Move a run folder into the trash, its lock held meanwhile; a move that fails or is
+    interrupted leaves no entry behind."""
     folder = Path(folder)
     check_trashable(folder)
     trash = folder.parent / TRASH
@@ -865,7 +757,11 @@ def trash_run(folder: Path) -> dict:
         with uninterrupted():  # a signal waits until the entry is whole, or undone
             stamp = datetime.now(timezone.utc)
             trash.mkdir(exist_ok=True)
-            named = trash / entry_name(folder.name, stamp.strftime('%Y%m%dT%H%M%S.%fZ'), _name_max(trash))
+            try:
+                limit = os.pathconf(trash, "PC_NAME_MAX")
+            except (OSError, ValueError, AttributeError):
+                limit = 255
+            named = trash / entry_name(folder.name, stamp.strftime('%Y%m%dT%H%M%S.%fZ'), limit)
             named.mkdir()
             entry = named  # ours from here: undone if the move does not finish
             note = {"format_version": FORMAT_VERSION, "run": str(folder), "original": os.path.abspath(folder),
@@ -874,29 +770,22 @@ def trash_run(folder: Path) -> dict:
             os.rename(folder, entry / ENTRY_RUN)
             moved = True
     except BaseException as exc:
-        if not moved:
-            _undo_entry(entry, trash if made_trash else None)
+        if not moved:  # the entry, and the trash this move made, removed
+            for path in ([entry / TRASH_NOTE, *entry.glob(f".{TRASH_NOTE}.*.tmp")] if entry else []):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            for made in (entry, trash if made_trash else None):
+                if made is not None:
+                    with contextlib.suppress(OSError):
+                        made.rmdir()
             lock.release()
         if isinstance(exc, OSError):
             raise PonderError(f"cannot move {folder} to the trash: {exc.strerror or exc}; it stays where it was")\
                 from None
         raise
     (entry / ENTRY_RUN / LOCK_FILE).unlink(missing_ok=True)  # ours, taken for the move: the run as it was
-    lock.held = False
-    lock.forget()
+    lock.release(remove=False)
     return {"run": str(folder), "trash": str(entry), "removed": note["removed"]}
-
-
-def _undo_entry(entry: Optional[Path], trash: Optional[Path]) -> None:
-    """A trash entry whose run never moved in: removed, and the trash this move made."""
-    if entry is not None:
-        for path in (entry / TRASH_NOTE, *entry.glob(f".{TRASH_NOTE}.*.tmp")):
-            with contextlib.suppress(OSError):
-                path.unlink()
-    for folder in (entry, trash):
-        if folder is not None:
-            with contextlib.suppress(OSError):
-                folder.rmdir()
 
 
 def restore_run(given: Path) -> dict:
@@ -916,9 +805,8 @@ def restore_run(given: Path) -> dict:
     note = trashed(entry)
     target = Path(note["original"])
     if os.path.lexists(target):
-        shown = note.get("run") or str(target)
-        raise PonderError(f"{shown} exists again (something else is there now): move it aside, then restore; the "
-                          f"removed run stays in {entry}")
+        raise PonderError(f"{note.get('run') or target} exists again (something else is there now): move it aside, "
+                          f"then restore; the removed run stays in {entry}")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         os.rename(entry / ENTRY_RUN, target)
@@ -931,37 +819,29 @@ def restore_run(given: Path) -> dict:
     return {"run": note.get("run") or str(given), "trash": str(entry), "removed": note.get("removed")}
 
 
-def disk_size(path: Path) -> int:
-    """The bytes of the files at and below `path`, links not followed."""
-    total = 0
-    for top, folders, files in os.walk(path, followlinks=False):
-        for name in files + [name for name in folders if os.path.islink(os.path.join(top, name))]:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(top, name)).st_size
-    return total
-
-
 def trash_contents(folders: Iterable[Path]) -> list[dict]:
-    """What `--empty` would delete for these folders: each entry of each one's own trash (never
-    one below it, nor a .trash that is a link: no trash of ponder's), its run's old path, the
-    entry, when it was removed and its size in bytes."""
-    rows, trashes = [], {}
+    """What `--empty` would delete: each entry of each folder's own trash (never one below it,
+    nor a link), with its size in bytes, links not followed."""
+    trashes = {}
     for folder in folders:
         trash = Path(folder) / TRASH
         if not os.path.islink(trash) and trash.is_dir():
             trashes.setdefault(trash.resolve(), trash)  # each once (runs/ named twice), as named
-    for trash in trashes.values():
-        for entry in trash_entries(trash):
-            note = trashed(entry)
-            rows.append({"run": note.get("run"), "trash": str(entry), "removed": note.get("removed"),
-                         "bytes": disk_size(entry)})
+    rows = []
+    for entry in (entry for trash in trashes.values() for entry in trash_entries(trash)):
+        size = 0
+        for top, folders_below, files in os.walk(entry, followlinks=False):
+            for name in files + [name for name in folders_below if os.path.islink(os.path.join(top, name))]:
+                with contextlib.suppress(OSError):
+                    size += os.lstat(os.path.join(top, name)).st_size
+        note = trashed(entry)
+        rows.append({"run": note.get("run"), "trash": str(entry), "removed": note.get("removed"), "bytes": size})
     return rows
 
 
 def empty_trash(rows: list[dict]) -> list[dict]:
-    """Delete these trash entries (trash_contents): the one way `ponder` deletes a run. Each entry
-    goes whole (an interrupt waits for the one being deleted); an interrupt or a failure says how
-    many were deleted and how many are still in the trash."""
+    """Delete these trash entries, the one way `ponder` deletes a run, each whole; an interrupt
+    or a failure says how many were deleted and how many are still in the trash."""
     done: list[dict] = []
 
     def said() -> str:
@@ -994,17 +874,13 @@ def replace_atomically(path: Path, write, binary_from: Optional[Path] = None) ->
         else:
             with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
                 write(f)
-        os.chmod(tmp, 0o666 & ~_umask())
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def same_path(a: Path, b: Path) -> bool:

@@ -1,7 +1,6 @@
 """runs, runs rm, models and diff: what the run folders and the shipped models hold, read without
 torch (folders.peek_checkpoint reads a checkpoint's record and history, not its weights); the
-pieces' classes, torch with them, are imported only for a run from before records (which
-settings its pieces read)."""
+pieces' classes, torch with them, are imported only for a run from before records."""
 
 from __future__ import annotations
 
@@ -14,20 +13,16 @@ from typing import Callable, Optional, Sequence, Union
 
 from . import BadValue, PonderError, file_problem
 from .config import PonderConfig, applies
-from .folders import (BEST, DEFAULT, LAST, LATEST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, check_trashable,
-                      empty_trash, is_run_folder, lock_holder, peek_checkpoint, read_summary, resolve_checkpoint,
+from .folders import (BEST, DEFAULT, LAST, LATEST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, Summary,
+                      check_trashable, empty_trash, is_run_folder, lock_holder, peek_checkpoint, resolve_checkpoint,
                       restore_run, run_of, run_status, run_time, runs_under, shipped_path, start_text,
-                      trash_contents, trash_entries, trash_run, trashed_runs, trashes_under)
+                      trash_contents, trash_run, trashed_runs, trashes_under)
 from .render import Column
 from .reports import Report, diff_report, make_meta, runs_report, trash_report
-from .reports.runs import NUMBER, OTHER_SPELLINGS, RUN_KEYS, SWITCH, TAGS, TEXT, TIME, run_keys
+from .reports.runs import DIFF_LABELS, DIFF_RESULTS, NUMBER, OTHER_SPELLINGS, RUN_KEYS, SWITCH, TAGS, TEXT, TIME, \
+    run_keys
 
 HERE = Path(".")  # where `ponder runs` looks by default, after runs/: any --out folder below the current one
-
-
-# `ponder models`: the models shipped inside the package, one bucket each: its name (what a
-# CHECKPOINT argument takes), task, method, step, what it is, its file and its best epoch's
-# validation figures, read from the checkpoint itself.
 
 MODEL_COLUMNS = [
     Column("name", "name", "s"), Column("what", "what it is", "s", wrap=True),
@@ -35,20 +30,16 @@ MODEL_COLUMNS = [
 ]
 
 
-def model_bucket(name: str) -> dict:
-    """One shipped model, described from its checkpoint."""
-    summary = read_summary(shipped_path(name))
-    cfg, best = summary.config, summary.best
-    return {"name": name, "task": cfg["task"], "method": cfg["method"], "step": cfg["step"],
-            "what": SHIPPED[name][1],
-            "file": str(Resolved.shipped(shipped_path(name), "").path), "epochs": summary.epoch,
-            "best_epoch": summary.best_epoch or None, "val_accuracy": best.get("val_accuracy"),
-            "val_steps": best.get("val_steps")}
-
-
 def shipped_models(*, log: Callable[[str], None] = lambda line: None) -> Report:
-    """Every shipped model (folders.SHIPPED), in its order; `ponder eval NAME` reads one."""
-    buckets = [model_bucket(name) for name in SHIPPED]
+    """`ponder models`: every shipped model, in its order, described from its checkpoint."""
+    buckets = []
+    for name in SHIPPED:
+        summary = Summary.read(shipped_path(name))
+        cfg, best = summary.config, summary.best
+        buckets.append({"name": name, "task": cfg["task"], "method": cfg["method"], "step": cfg["step"],
+                        "what": SHIPPED[name][1], "file": str(Resolved.shipped(shipped_path(name), "").path),
+                        "epochs": summary.epoch, "best_epoch": summary.best_epoch or None,
+                        "val_accuracy": best.get("val_accuracy"), "val_steps": best.get("val_steps")})
     distinct = sorted({b["task"] for b in buckets})
     meta = make_meta("models", [b["file"] for b in buckets], [b["method"] for b in buckets],
                      [b["step"] for b in buckets], protocol=None, halting=None, seed=None,
@@ -61,15 +52,14 @@ def shipped_models(*, log: Callable[[str], None] = lambda line: None) -> Report:
 # runs ------------------------------------------------------------------------------------------
 
 SHOWN_ALREADY = ("task", "method", "step", "epochs")  # settings the table shows in their own columns
-_OPERATORS = (">=", "<=", "!=", "=", ">", "<")  # at one place the longest first: `a>=1` is >=, not > "=1"
-_ORDERED = (">", "<", ">=", "<=")
-_COMPARE = {"=": lambda a, b: a == b, "!=": lambda a, b: a != b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
-            ">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b}
+# at one place the longest first: `a>=1` is >=, not > "=1"
+_COMPARE = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "!=": lambda a, b: a != b,
+            "=": lambda a, b: a == b, ">": lambda a, b: a > b, "<": lambda a, b: a < b}
 NONE = "none"  # --where KEY=none: the run has no value for KEY (halting_bias: the method's own)
 
 
 def _key(key: str, option: str) -> tuple[str, str]:
-    """A key as given -> the row's key and its kind (one PonderError naming the option)."""
+    """A key as given -> the row's key and its kind."""
     kinds = run_keys()
     if key not in kinds:
         raise BadValue(f"{option}: no key {key!r}; the keys are {', '.join(kinds)}")
@@ -77,8 +67,8 @@ def _key(key: str, option: str) -> tuple[str, str]:
 
 
 def _typed(value, kind: str):
-    """A run's value as its kind compares: numbers as numbers, a time as seconds since the epoch
-    (from its UTC text), a switch as True/False, text as text; None for no value."""
+    """A run's value as its kind compares: a time as seconds since the epoch, a switch as
+    True/False, no tags as no value; None for no value."""
     if value is None:
         return None
     if kind == TIME:
@@ -90,43 +80,52 @@ def _typed(value, kind: str):
     return value if kind == SWITCH else str(value)
 
 
-def _given(text: str, key: str, kind: str, op: str, value: str):
-    """A --where value read as its key's kind; one PonderError saying what it must be."""
-    def refused(why: str) -> PonderError:
-        return BadValue(f"--where {text!r}: {why}")
-    if kind in (TEXT, TAGS, SWITCH) and op in _ORDERED:
-        raise refused(f"{key} is {kind}, compared only with = or != (e.g. --where {key}=VALUE); numbers and "
-                       f"times take >, <, >= and <=")
-    if value == NONE and op in ("=", "!=") and kind != TAGS:
-        return None
-    try:
-        if kind == NUMBER:
-            number = float(value)
-            if number != number:
-                raise ValueError
-            return number
-        if kind == TIME:
-            when = datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith("Z") else value)
-            return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
-        if kind == SWITCH:
-            return {"true": True, "false": False}[value.lower()]
-    except (ValueError, KeyError):
-        example = {NUMBER: "0.9", TIME: "2026-11-28 or 2026-11-28T09:30 (UTC unless it names its zone, as in "
-                                        "2026-11-28T09:30+01:00)", SWITCH: "true or false"}[kind]
-        raise refused(f"{key} is {kind}; {value!r} is not {'one' if kind != SWITCH else 'either'} (e.g. {example})") \
-            from None
-    if not value:
-        raise refused(f"give a value after {op} ({key}={NONE}: runs without one)")
-    return value
-
-
 @dataclass(frozen=True)
 class Condition:
-    """One --where: `key op value`, the value read as the key's kind (_given)."""
+    """One --where: `key op value`, the value read as the key's kind."""
     key: str
     kind: str
     op: str
     value: object  # a float (numbers, times), True/False, text; None: no value (KEY=none)
+
+    @classmethod
+    def parse(cls, text: str) -> "Condition":
+        """`step=align`, `best_val_accuracy>0.9`, `tag=baseline`, `when>=2026-11-28`; one error
+        naming --where for an unknown key, an order on text, a value not of its kind."""
+        at = next((i for i, char in enumerate(text) if char in "<>=!"), None)
+        op = next((op for op in _COMPARE if at is not None and text.startswith(op, at)), None)
+        if op is None or at == 0:
+            raise BadValue(f"--where {text!r}: write KEY=VALUE, KEY!=VALUE, KEY>V, KEY<V, KEY>=V or KEY<=V "
+                           f"(e.g. --where step=align --where 'best_val_accuracy>0.9')")
+        named, value = text[:at].strip(), text[at + len(op):].strip()
+        key, kind = _key(named, "--where")
+
+        def refused(why: str) -> PonderError:
+            return BadValue(f"--where {text!r}: {why}")
+        if kind in (TEXT, TAGS, SWITCH) and op not in ("=", "!="):
+            raise refused(f"{named} is {kind}, compared only with = or != (e.g. --where {named}=VALUE); numbers "
+                          f"and times take >, <, >= and <=")
+        if value == NONE and op in ("=", "!=") and kind != TAGS:
+            return cls(key, kind, op, None)
+        try:
+            if kind == NUMBER:
+                number = float(value)
+                if number != number:
+                    raise ValueError
+                return cls(key, kind, op, number)
+            if kind == TIME:
+                when = datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith("Z") else value)
+                return cls(key, kind, op, (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp())
+            if kind == SWITCH:
+                return cls(key, kind, op, {"true": True, "false": False}[value.lower()])
+        except (ValueError, KeyError):
+            example = {NUMBER: "0.9", TIME: "2026-11-28 or 2026-11-28T09:30 (UTC unless it names its zone, as in "
+                                            "2026-11-28T09:30+01:00)", SWITCH: "true or false"}[kind]
+            raise refused(f"{named} is {kind}; {value!r} is not {'one' if kind != SWITCH else 'either'} (e.g. "
+                          f"{example})") from None
+        if not value:
+            raise refused(f"give a value after {op} ({named}={NONE}: runs without one)")
+        return cls(key, kind, op, value)
 
     def holds(self, row: dict) -> bool:
         if self.kind == TAGS:  # tag=x: x among the run's tags
@@ -138,32 +137,10 @@ class Condition:
         return _COMPARE[self.op](have, self.value)
 
 
-def parse_condition(text: str) -> Condition:
-    """`step=align`, `best_val_accuracy>0.9`, `tag=baseline`, `when>=2026-11-28` (one PonderError
-    naming --where for anything else: an unknown key, an order on text, a value not of its kind)."""
-    at = next((i for i, char in enumerate(text) if char in "<>=!"), None)
-    op = next((op for op in _OPERATORS if at is not None and text.startswith(op, at)), None)
-    if op is None or at == 0:
-        raise BadValue(f"--where {text!r}: write KEY=VALUE, KEY!=VALUE, KEY>V, KEY<V, KEY>=V or KEY<=V "
-                          f"(e.g. --where step=align --where 'best_val_accuracy>0.9')")
-    named = text[:at].strip()
-    key, kind = _key(named, "--where")
-    return Condition(key, kind, op, _given(text, named, kind, op, text[at + len(op):].strip()))
-
-
-def _sorted(rows: list[dict], key: str, kind: str, reverse: bool) -> list[dict]:
-    """Figures and times from the highest and newest, text from a to z (`reverse`: the other
-    way); a run without the value last either way. Each value as its key's kind (_typed)."""
-    descending = kind in (NUMBER, TIME)
-    present = sorted((row for row in rows if _typed(row.get(key), kind) is not None),
-                     key=lambda row: _typed(row[key], kind), reverse=descending != reverse)
-    return present + [row for row in rows if _typed(row.get(key), kind) is None]
-
-
 def _applying(config: Optional[dict], unread: Optional[list] = None) -> dict:
-    """A run's settings that its task, step and method read: a parity run has no rotation to
-    differ in. `unread`: those its record says they leave unread; else config.applies decides
-    (a run from before records: the pieces' classes are imported, torch with them)."""
+    """A run's settings that its pieces read (a parity run has no rotation to differ in):
+    `unread`, those its record says they leave unread; else config.applies decides (a run from
+    before records: the pieces' classes are imported, torch with them)."""
     config = config or {}
     if unread is not None:
         return {key: value for key, value in config.items() if key not in unread}
@@ -176,12 +153,10 @@ def _applying(config: Optional[dict], unread: Optional[list] = None) -> dict:
 def differing_settings(rows: list[dict], unread_differs: bool = False,
                        shown: Sequence[str] = SHOWN_ALREADY) -> list[str]:
     """The settings whose values differ between the runs they apply to, in the configuration's
-    order, but those the table shows already (`shown`), in one order whatever the rows' order.
-    `unread_differs`: a run that does not read a setting differs from one that does (diff:
-    PonderNet's lambda-p against ACT's tau, whatever both store)."""
+    order whatever the rows' order, but those the table shows already. `unread_differs`: a run
+    that does not read a setting differs from one that does (diff)."""
     configs = [_applying(row["config"], row.get("not_applicable")) for row in rows if row.get("config")]
     found = {key for config in configs for key in config}
-    # one order whatever the rows' order (--sort, --reverse): the configuration's, then any other by name
     keys = [key for key in PonderConfig.field_names() if key in found] + sorted(found - set(PonderConfig.field_names()))
     return [key for key in keys if key not in shown
             and len({json.dumps(c[key]) if key in c else None for c in configs if unread_differs or key in c}) > 1]
@@ -189,17 +164,11 @@ def differing_settings(rows: list[dict], unread_differs: bool = False,
 
 def list_runs(folders: Sequence[Union[str, Path]] = (), *, where: Sequence[str] = (), sort: Optional[str] = None,
               reverse: bool = False, log: Callable[[str], None] = lambda line: None) -> Report:
-    """`ponder runs`: every run folder under the current folder (or under each of `folders`, or
-    each of them that is itself a run folder: folders.runs_under), oldest first: its task,
-    method and step, status (finished, stopped early, time limit, interrupted, running, empty: no
-    checkpoint, unreadable; best epoch: only a best.pt), the epochs trained and planned, the best
-    epoch and its validation figures, when it started, and the settings that differ between
-    the runs listed. `where`: conditions a run must meet (parse_condition: all of them); `sort`:
-    a key to order by (_sorted; `reverse` turns the order)."""
-
-    conditions = [parse_condition(text) for text in where]
+    """`ponder runs`: every run folder under the current folder (or each of `folders`), oldest
+    first, filtered by `where` and ordered by `sort` (figures and times highest first, text a
+    to z, no value last); the settings that differ between them get a column each."""
+    conditions = [Condition.parse(text) for text in where]
     sort, kind = _key(sort, "--sort") if sort is not None else (None, None)
-
     roots = [Path(f) for f in folders] or [RUNS_DIR, HERE]
     found: dict[Path, str] = {}  # each run folder -> its name below the folder it was found under
     for root in roots:
@@ -219,10 +188,11 @@ def list_runs(folders: Sequence[Union[str, Path]] = (), *, where: Sequence[str] 
     rows = [{**row, **{k: v for k, v in (row["config"] or {}).items() if k not in row}} for row in rows]
     rows = [row for row in rows if all(condition.holds(row) for condition in conditions)]
     if sort is not None:
-        rows = _sorted(rows, sort, kind, reverse)
+        present = sorted((row for row in rows if _typed(row.get(sort), kind) is not None),
+                         key=lambda row: _typed(row[sort], kind), reverse=(kind in (NUMBER, TIME)) != reverse)
+        rows = present + [row for row in rows if _typed(row.get(sort), kind) is None]
     differing = differing_settings(rows)
-    # a setting's column shows it for the runs whose pieces read it ("-" for the others: an ACT
-    # run has no prior)
+    # a setting's column shows it for the runs whose pieces read it ("-" for the others: an ACT run has no prior)
     rows = [{key: value for key, value in row.items()
              if key in RUN_KEYS or (key in differing and key in _applying(row.get("config"), row.get("not_applicable")))}
             for row in rows]
@@ -233,22 +203,16 @@ def list_runs(folders: Sequence[Union[str, Path]] = (), *, where: Sequence[str] 
 def remove_runs(runs: Sequence[Union[str, Path]] = (), *, restore: bool = False, empty: bool = False,
                 confirm: Optional[Callable[[list[dict]], bool]] = None,
                 log: Callable[[str], None] = lambda line: None) -> Report:
-    """`ponder runs rm`: move run folders to the trash beside them (folders.trash_run; `latest`: the
-    newest run under runs/, as other commands read it), bring them back (`restore`:
-    folders.restore_run), or delete what the trash of each folder in `runs` holds, default runs/ and
-    the current folder, never a trash below them nor through a link (`empty`: folders.empty_trash,
-    the one deletion; `confirm` gets what would go, each with its size, and says whether to).
-    Every run named is checked before any moves: a folder that is no run, or one being trained,
-    moves nothing."""
+    """`ponder runs rm`: move run folders to the trash beside them, bring them back (`restore`),
+    or delete what the trash of each folder holds (`empty`, the one deletion, after `confirm`);
+    every run named is checked before any moves."""
     if empty:
         roots = [Path(f) for f in runs] or [RUNS_DIR, HERE]
         rows = trash_contents(root for root in roots if root.is_dir())
         if rows and confirm is not None and not confirm(rows):
             return trash_report([], "deleted", [str(r) for r in roots], declined=True)
         deleted = empty_trash(rows)
-        elsewhere = [str(trash) for trash in dict.fromkeys(trash for root in roots if root.is_dir()
-                                                           for trash in trashes_under(root))
-                     if trash_entries(trash)]  # --empty FOLDER reaches each of them
+        elsewhere = [str(trash) for trash in trashes_under(roots)]  # --empty FOLDER reaches each of them
         return trash_report(deleted, "deleted", [str(r) for r in roots], elsewhere=elsewhere)
     if not runs and restore:  # the trash's runs are in no listing: name what it holds
         held = trashed_runs([RUNS_DIR, HERE])
@@ -267,8 +231,8 @@ def remove_runs(runs: Sequence[Union[str, Path]] = (), *, restore: bool = False,
 
 
 def run_named(run: Union[str, Path], log: Callable[[str], None]) -> Path:
-    """The run folder `ponder runs rm` takes: as named, or for `latest` (where no such folder is
-    here) the newest run under runs/, the one `ponder info latest` and `--resume latest` read."""
+    """A run folder as named, or for `latest` (where no such folder is here) the newest run under
+    runs/, the one `ponder info latest` and `--resume latest` read."""
     if str(run) != LATEST or os.path.lexists(run):
         return Path(run)
     folder = resolve_checkpoint(LATEST, file=LAST).path.parent
@@ -277,15 +241,14 @@ def run_named(run: Union[str, Path], log: Callable[[str], None]) -> Path:
 
 
 def _run_row(folder: Path, stamp: Optional[float], name: Optional[str] = None, path: Optional[Path] = None) -> dict:
-    """One run folder as a row of `ponder runs`, from its last.pt (else its best.pt; `path`: that
-    checkpoint; folders.peek_checkpoint: without its weights), or its config.json when it holds no
-    checkpoint yet; its folder (`name`: the folder's below the one listed), and from its record
-    its name (`ponder train --name`'s, else the folder's), tags, note, start and --amp."""
+    """One run folder as a row (RUN_KEYS, and its config), from its last.pt (else best.pt; `path`:
+    that checkpoint) read without its weights, or its config.json when it holds no checkpoint yet;
+    `name`: the folder's below the one listed."""
     path = path or next((folder / file for file in (LAST, BEST) if (folder / file).is_file()), None)
     summary, status = None, "empty"
     if path is not None:
         try:
-            summary = read_summary(path)
+            summary = Summary.read(path)
         except PonderError:
             status = "unreadable"
     elif lock_holder(folder / LOCK_FILE) is not None:
@@ -299,11 +262,10 @@ def _run_row(folder: Path, stamp: Optional[float], name: Optional[str] = None, p
     row = {"run": str(folder), "name": labels.name or folder_name, "folder": folder_name, "given_name": labels.name,
            **{key: config.get(key) for key in ("task", "method", "step")}, "status": status, "epoch": None,
            "epochs": config.get("epochs"), "best_epoch": None, "best_val_accuracy": None, "best_val_steps": None,
-           "checkpoint": None if path is None else str(path), "when": None,
+           "checkpoint": None if path is None else str(path),
+           "when": None if stamp is None else datetime.fromtimestamp(stamp, timezone.utc).isoformat(timespec="seconds"),
            "init_from": start_text(record.get("init_from")), "amp": bool(record.get("amp")), "tags": list(labels.tags),
            "note": labels.note, "config": config or None, "not_applicable": record.get("not_applicable")}
-    if stamp is not None:
-        row["when"] = datetime.fromtimestamp(stamp, timezone.utc).isoformat(timespec="seconds")
     if summary is None:
         return row
     row.update(epoch=summary.epoch, status=run_status(summary, path)[0], best_epoch=summary.best_epoch or None,
@@ -316,41 +278,24 @@ def _run_row(folder: Path, stamp: Optional[float], name: Optional[str] = None, p
     return row
 
 
-# diff ------------------------------------------------------------------------------------------
-
-# What `ponder diff` compares of the runs besides their settings: what each is labelled (its name
-# heads its column) and where its weights started, then how each went
-DIFF_LABELS = ("tags", "note", "init_from")
-DIFF_RESULTS = ("status", "epoch", "best_epoch", "best_val_accuracy", "best_val_steps")
-
-
-def _diff_row(target: Union[str, Path], log: Callable[[str], None]) -> tuple[dict, Path]:
-    """A run as `ponder runs` lists it (_run_row), from anything a CHECKPOINT can be (a run
-    folder: its last.pt, else best.pt, else its config.json), and the file (or folder) read."""
-    folder = Path(target)
-    if folder.is_dir() and is_run_folder(folder):
-        row = _run_row(folder, run_time(folder))
-        log(f"using {row['checkpoint'] or folder} (run folder {folder})")
-        return row, Path(row["checkpoint"] or folder)
-    resolved = resolve_checkpoint(target, file=(LAST, BEST))
-    log(f"using {resolved.path} ({resolved.why})")
-    folder = resolved.path.parent
-    return _run_row(folder, run_time(folder), path=resolved.path), resolved.path
-
-
 def diff_runs(targets: Sequence[Union[str, Path]], *, log: Callable[[str], None] = lambda line: None) -> Report:
-    """`ponder diff`: two or more runs (run folders, checkpoint files, `latest`, shipped models'
-    names), a column each, only what differs: the settings each reads (as `ponder runs` shows them:
-    a run that does not read a setting has none, and differs from one that does), then how each
-    went (status, epochs trained, best epoch and its validation figures), after its labels (tags,
-    note, the checkpoint its weights started from: --init-from). One bucket per difference:
-    `key`, `kind` (label, setting or result), `values` (one per run, in order) and, for a
-    setting, `reads` (whether each run reads it)."""
+    """`ponder diff`: two or more runs (anything a CHECKPOINT can be), only what differs: one
+    bucket each, `key`, `kind` (label, setting or result), `values` (one per run) and for a
+    setting `reads` (a run that does not read one differs from one that does)."""
     if len(targets) < 2:
         raise BadValue("ponder diff compares two or more runs: name another (`ponder runs` lists them)")
     rows, seen = [], {}
     for target in targets:
-        row, read = _diff_row(target, log)
+        folder = Path(target)
+        if folder.is_dir() and is_run_folder(folder):
+            row = _run_row(folder, run_time(folder))
+            log(f"using {row['checkpoint'] or folder} (run folder {folder})")
+            read = Path(row["checkpoint"] or folder)
+        else:
+            resolved = resolve_checkpoint(target, file=(LAST, BEST))
+            log(f"using {resolved.path} ({resolved.why})")
+            read = resolved.path
+            row = _run_row(read.parent, run_time(read.parent), path=read)
         if read.resolve() in seen:
             raise BadValue(f"{seen[read.resolve()]} and {target} name the same run ({read}): name different runs")
         seen[read.resolve()] = target
@@ -358,15 +303,18 @@ def diff_runs(targets: Sequence[Union[str, Path]], *, log: Callable[[str], None]
     missing = next((target for target, row in zip(targets, rows) if not row["config"]), None)
     if missing is not None:
         raise PonderError(f"{missing} holds no configuration to compare (no readable checkpoint or config.json)")
+
+    def differ(key: str) -> bool:
+        return len({json.dumps(row[key]) for row in rows}) > 1
     applying = [_applying(row["config"], row.get("not_applicable")) for row in rows]
-    buckets = [{"key": key, "kind": "label", "values": [row[key] for row in rows]}
-               for key in DIFF_LABELS if len({json.dumps(row[key]) for row in rows}) > 1]
+    buckets = [{"key": key, "kind": "label", "values": [row[key] for row in rows]} for key in DIFF_LABELS
+               if differ(key)]
     buckets += [{"key": key, "kind": "setting", "values": [read.get(key) for read in applying],
                  "reads": [key in read for read in applying]}
                 for key in differing_settings(rows, unread_differs=True, shown=())]
-    if len({row["amp"] for row in rows}) > 1:  # no setting of the model, but it changes the figures
+    if differ("amp"):  # no setting of the model, but it changes the figures
         buckets.append({"key": "amp", "kind": "setting", "values": [row["amp"] for row in rows],
                         "reads": [True] * len(rows)})
-    buckets += [{"key": key, "kind": "result", "values": [row[key] for row in rows]}
-                for key in DIFF_RESULTS if len({json.dumps(row[key]) for row in rows}) > 1]
+    buckets += [{"key": key, "kind": "result", "values": [row[key] for row in rows]} for key in DIFF_RESULTS
+                if differ(key)]
     return diff_report([str(target) for target in targets], buckets, rows)

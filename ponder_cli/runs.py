@@ -1,18 +1,9 @@
-"""A training run's folder: where a run starts from and writes to (the config-merge and resume
-rules, the run folder: a fresh one under runs/ by default, never another run's or the shipped
-models), the files a run keeps beside its checkpoints (config.json, config.toml, metrics.csv,
-environment.json, TensorBoard events), and the run's own handle on its folder from claiming it
-to letting it go (`RunFolder`), and what rewrites a run's record (`ponder runs label`). The run
-folder itself (its files' names, the lock, which file a CHECKPOINT names, discovery, the trash,
-the record as listing reads it) is folders.py, without torch.
-
-environment.json says what a run ran on, beside config.json (which says what it trained) and
-kept apart from it, so that config.json stays what resuming and `ponder info` read. Training
-figures depend on the thread count and the CPU as well as on the seed (floating-point sums are
-ordered differently), so a run records them: the command line, the package and its git commit
-when run from a clone, the Python, torch and platform versions, the device, the thread count and
-the processes. A resumed run in the same folder adds a session to the list.
-"""
+"""A run and its folder while it trains: the plan (the settings from the options, a checkpoint
+resumed or weights started from, and a folder that is no other run's, no shipped model's and
+hides no run), the folder claimed and the files beside its checkpoints (config.json,
+config.toml, metrics.csv, TensorBoard events, and environment.json: what it ran on, since the
+figures depend on threads and CPU as well as on the seed), `ponder runs label`, and calibrate's
+saved halting rule. What is read without torch is folders.py."""
 
 from __future__ import annotations
 
@@ -37,16 +28,17 @@ from .checkpoint import load_checkpoint, new_model, save_checkpoint
 from .config import SECTIONS, PonderConfig, applies, bias_value, inapplicable, render_config, spelled
 from .registry import FORMAT_VERSION
 from .folders import (BESIDE_CHECKPOINTS, BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST,
-                      METRICS_FILE, RESUMABLE_CHANGES, RUNS_DIR, Labels, Resolved, RunLock, Summary, check_unlocked,
-                      enclosing_run, hidden_folder_of, inside_package, is_run_folder, package_dir, package_problem,
-                      replace_atomically, resolve_checkpoint, run_files_in, run_of, run_record, runs_inside,
-                      same_path, same_run, saved_config, shipped_name, started_now)
+                      METRICS_FILE, RESUMABLE_CHANGES, RUNS_DIR, Labels, Resolved, RunLock, Summary, some_of,
+                      check_unlocked, enclosing_run, hidden_folder_of, inside_package, is_run_folder, package_dir,
+                      package_problem, replace_atomically, resolve_checkpoint, run_files_in, run_of, run_record,
+                      runs_under, same_path, same_run, saved_config, shipped_name)
 from .listing import run_named
 from .render import csv_cell, value_text as spelled_value
 from .reports import Report
 from .reports.runs import label_report
 from .tasks import get_task
 from .train import HALTING_HEAD, EpochStats
+
 
 @dataclass
 class TrainingPlan:
@@ -61,20 +53,25 @@ class TrainingPlan:
     init_from: Union[dict, str, None] = None  # where those came from, as its record keeps it (a resumed run's too)
 
 
+# settings that only set a new model's first weights: the weights --init-from copies override them
+INITIALISING = ("halting_bias", "gru_orthogonal", "gru_update_bias")
+# what a refit's frozen body never reads: it runs as at evaluation, without dropout
+REFIT_UNREAD = ("cnn_dropout", "mlp_dropout", "cnn_dropout_mask")
+
+
 @dataclass(frozen=True)
 class StartingWeights:
-    """--init-from: another run's weights, which a fresh run starts from (a new run: epoch 1, a
-    fresh optimizer, its own folder), the settings it did not give taken from that run."""
+    """--init-from: another run's weights, which a fresh run starts from (epoch 1, a fresh
+    optimizer, its own folder), the settings it did not give taken from that run."""
     path: Path  # the checkpoint read
     why: str  # how the argument led there (folders.Resolved)
     state: object  # its checkpoint.TrainingState
-    record: dict  # as the new run's record keeps it (folders.run_record): its file, epoch and weights' digest
+    record: dict  # as the new run's record keeps it: its file, epoch and weights' digest
 
     @classmethod
     def read(cls, given: Union[str, Path], expected: Optional[str] = None) -> "StartingWeights":
-        """The weights `given` names; `expected` (--init-weights EPOCH:DIGEST, as a run's reproduce
-        line and config.toml give it): those must be the very weights, or one error naming the
-        file: a source trained on since would start the rerun from other weights."""
+        """`expected` (--init-weights EPOCH:DIGEST, from a reproduce line or config.toml): those
+        must be the very weights, else a source trained on since would start the rerun elsewhere."""
         resolved = resolve_checkpoint(given, file=BEST)
         with warnings.catch_warnings():  # a setting its pieces do not read: said when its settings are taken
             warnings.simplefilter("ignore", PonderWarning)
@@ -90,32 +87,29 @@ class StartingWeights:
         return cls(resolved.path, resolved.why, state, record)
 
     def settings(self, given: dict) -> dict:
-        """Its run's settings that the pieces of the new run read (the pieces given, else its own),
-        for those not given; not --refit-halting, which says how that run trained, not what its
-        model is (starting from a refit, a run keeps the head it learnt unless it asks again)."""
+        """Its run's settings that the new run's pieces read, for those not given; not
+        --refit-halting, which says how that run trained, not what its model is."""
         saved = self.state.config
         chosen = {kind: given.get(kind, saved.value(kind)) for kind in ("task", "step", "method")}
-
-        def new_value(key):  # the new run's, as far as it is known here
-            return given.get(key, saved.value(key))
         self.refuse_overridden(given)
         taken = {key: value for key, value in saved.to_dict().items() if key not in given and key != "refit_halting"
-                 and applies(key, chosen, new_value) and value is not None}
+                 and applies(key, chosen, lambda key: given.get(key, saved.value(key))) and value is not None}
         return {**taken, **self.split(given, chosen)}
 
     def refuse_overridden(self, given: dict) -> None:
         """A setting given that its weights would contradict, refused in one line: one that changes
-        what a copied tensor means (another method, another halting input for the copied head, the
-        turn its align step scales), one that only sets a new model's first weights (its copied
-        ones override it: --halting-bias, unless the head starts anew under --refit-halting), and
-        under --refit-halting one its frozen body never reads (dropout: it runs as at evaluation)
-        or a model whose one step reads no halting head (plain)."""
+        what a copied tensor means, one that only sets a new model's first weights, and what a
+        refit cannot use."""
         saved, refit = self.state.config, bool(given.get("refit_halting"))
-        differs = [key for key in given if key in PonderConfig.field_names() and key != "refit_halting"
-                   and _given_value(given, key, saved) != saved.value(key)]
+
+        def value(key):  # as given (--halting-bias: a number or 'prior')
+            return given[key] if key != "halting_bias" else bias_value(
+                {"halting_bias": given[key], "lambda_p": given.get("lambda_p", saved.method.lambda_p)})
         problems = []
-        for key in differs:
-            ours, theirs = spelled_value(_given_value(given, key, saved)), spelled_value(saved.value(key))
+        for key in (key for key in given if key in PonderConfig.field_names() and key != "refit_halting"):
+            if value(key) == saved.value(key):
+                continue
+            ours, theirs = spelled_value(value(key)), spelled_value(saved.value(key))
             option = f"--{key.replace('_', '-')} {ours}"
             if key in ("method", "halting_input") and not refit:
                 what = "its halting head was trained as" if key == "method" else "its halting head reads"
@@ -129,18 +123,14 @@ class StartingWeights:
                                 ("; --refit-halting starts the halting head anew" if key == "halting_bias" else ""))
             elif key in REFIT_UNREAD and refit:
                 problems.append(f"{option}: a refit runs its frozen body as at evaluation, without dropout")
-        plain = "plain" in (saved.method.name, given.get("method"))
-        if refit and plain:
+        if refit and "plain" in (saved.method.name, given.get("method")):
             problems.append("--refit-halting: a plain model's one step reads no halting head, there is none to refit")
         if problems:
             raise BadValue(f"--init-from {self.path}: {'; '.join(problems)}")
 
     def split(self, given: dict, chosen: dict) -> dict:
-        """Its held-out split, which the new run keeps whatever its --seed (its split_seed: the
-        source's, else the source's seed), so that the digits it validates and calibrates on are
-        none the source trained on; refused: another split seed, or more held-out digits than the
-        source held out (those past its --val-size are digits it trained on). Fewer are its own
-        held-out digits still."""
+        """Its held-out split, kept whatever the new --seed, so that the run validates and
+        calibrates on no digit the source trained on."""
         saved = self.state.config
         if not (applies("split_seed", saved.chosen()) and applies("split_seed", chosen)):
             return {}
@@ -159,52 +149,37 @@ class StartingWeights:
         return {} if "split_seed" in given else {"split_seed": seed}
 
     def weights(self, cfg: PonderConfig) -> dict:
-        """The tensors the run `cfg` takes from it: every one, or under --refit-halting all but the
-        halting head's, which the run's own model starts anew (its inputs, so its shape, may differ)."""
-        if not cfg.training.refit_halting:
-            return self.state.model
-        return {name: tensor for name, tensor in self.state.model.items() if not name.startswith(HALTING_HEAD)}
+        """The tensors the run `cfg` takes: every one, or under --refit-halting all but the
+        halting head's, which the run's own model starts anew (its shape may differ)."""
+        refit = cfg.training.refit_halting
+        return {name: tensor for name, tensor in self.state.model.items()
+                if not (refit and name.startswith(HALTING_HEAD))}
 
     def check_fits(self, cfg: PonderConfig) -> None:
-        """The tensors it gives (weights) load into the model `cfg` builds, tensor for tensor, or
-        one error naming those that differ (a step, a size changed) and what to do."""
-        model = new_model(cfg).state_dict()
-        theirs = self.weights(cfg)
-        if cfg.training.refit_halting:  # the new head is the run's own
-            model = {name: tensor for name, tensor in model.items() if not name.startswith(HALTING_HEAD)}
+        """Its tensors load into the model `cfg` builds, or one error naming those that differ."""
+        theirs, refit = self.weights(cfg), cfg.training.refit_halting
+        model = {name: tensor for name, tensor in new_model(cfg).state_dict().items()
+                 if not (refit and name.startswith(HALTING_HEAD))}  # a refit's new head is its own
         differ = [f"{name} {tuple(model[name].shape)} here, {tuple(theirs[name].shape)} there"
                   for name in model if name in theirs and tuple(model[name].shape) != tuple(theirs[name].shape)]
         missing, extra = [n for n in model if n not in theirs], [n for n in theirs if n not in model]
-        if differ or missing or extra:
-            lacking = [f"{len(missing)} tensors of this model not in it ({missing[0]}, ...)"] if missing else []
-            extra_ones = [f"{len(extra)} of its tensors not in this model ({extra[0]}, ...)"] if extra else []
-            what = "; ".join([*differ[:3], *lacking, *extra_ones])
-            saved = self.state.config  # the cause: what shapes the model, set otherwise than it was
-            shaping = [key for key in cfg.field_names() if key in SECTIONS["step"] + ("task", "halting_input")
-                       and cfg.value(key) != saved.value(key)]
-            cause = ", ".join(f"--{key.replace('_', '-')} {spelled_value(cfg.value(key))} (it has "
-                              f"{spelled_value(saved.value(key))})" for key in shaping)
-            raise BadValue(f"--init-from {self.path}: its weights do not fit this run's model ({what})"
-                           + (f", for {cause}" if cause else "") + "; keep the settings that shape the model "
-                           f"(step, hidden sizes, task) as that run had them (`ponder info {self.path}` shows them)")
-
-
-# settings that only set a new model's first weights: the weights --init-from copies override them
-INITIALISING = ("halting_bias", "gru_orthogonal", "gru_update_bias")
-# what a refit's frozen body never reads: it runs as at evaluation, without dropout
-REFIT_UNREAD = ("cnn_dropout", "mlp_dropout", "cnn_dropout_mask")
-
-
-def _given_value(given: dict, key: str, saved: PonderConfig):
-    """A setting's value as given (an option's text for --halting-bias: a number or 'prior')."""
-    if key != "halting_bias":
-        return given[key]
-    return bias_value({"halting_bias": given[key], "lambda_p": given.get("lambda_p", saved.method.lambda_p)})
+        if not (differ or missing or extra):
+            return
+        what = "; ".join([*differ[:3], *([f"{len(missing)} tensors of this model not in it ({missing[0]}, ...)"]
+                                         if missing else []),
+                          *([f"{len(extra)} of its tensors not in this model ({extra[0]}, ...)"] if extra else [])])
+        saved = self.state.config
+        cause = ", ".join(f"--{key.replace('_', '-')} {spelled_value(cfg.value(key))} (it has "
+                          f"{spelled_value(saved.value(key))})" for key in cfg.field_names()
+                          if key in SECTIONS["step"] + ("task", "halting_input") and cfg.value(key) != saved.value(key))
+        raise BadValue(f"--init-from {self.path}: its weights do not fit this run's model ({what})"
+                       + (f", for {cause}" if cause else "") + "; keep the settings that shape the model "
+                       f"(step, hidden sizes, task) as that run had them (`ponder info {self.path}` shows them)")
 
 
 def refuse_starting(init, resume, cfg: Optional[PonderConfig] = None) -> None:
-    """What a run cannot start from, for training and --print-config alike: --init-from with
-    --resume; and (once the configuration is known) a refit with no model to refit."""
+    """What a run cannot start from (training and --print-config alike): --init-from with
+    --resume; and once the configuration is known, a refit with no model to refit."""
     if init is not None and resume is not None:
         raise BadValue("--init-from starts a new run from another's weights, --resume continues a run: give one")
     if cfg is not None and resume is None and cfg.training.refit_halting and init is None:
@@ -213,16 +188,9 @@ def refuse_starting(init, resume, cfg: Optional[PonderConfig] = None) -> None:
 
 
 def resolve_config(given: dict, resume: Optional[Path] = None, origins: Optional[dict] = None):
-    """The configuration of a run from the options the user gave, where each value comes from,
-    and, when resuming, the checkpoint it continues (checkpoint.TrainingState) and how its name
-    resolved; reads but writes nothing.
-
-    A fresh run takes the defaults for every option not given (and what the chosen pieces imply:
-    plain runs one step). A resumed run takes the checkpoint's config; options that contradict
-    it are refused, except those in RESUMABLE_CHANGES. `resume` is a CHECKPOINT argument
-    (resolve_checkpoint; a run folder or `latest` names its last.pt). `origins`: the file that
-    gave each setting the user gave in one (--config).
-    """
+    """A run's configuration, where each value comes from, and when resuming the checkpoint
+    continued and how its name resolved: a resumed run takes the checkpoint's config, options
+    that contradict it refused but RESUMABLE_CHANGES. `origins`: --config's file of each setting."""
     origins = origins or {}
     if resume is None:
         cfg = PonderConfig.of(origins=origins, **given)
@@ -234,12 +202,12 @@ def resolve_config(given: dict, resume: Optional[Path] = None, origins: Optional
     problems = inapplicable(given, saved.chosen(), lambda key: spelled(key, origins, "--"), saved.value)
     if problems:
         raise BadValue(f"cannot resume {resumed.path} ({saved.method.name}, step {saved.step.name}): "
-                          f"{'; '.join(problems)}")
+                       f"{'; '.join(problems)}")
     conflicts = [f"{spelled(k, origins, '--')} {v} (checkpoint: {saved.value(k)})"
                  for k, v in given.items() if k not in RESUMABLE_CHANGES and saved.value(k) != v]
     if conflicts:
         raise BadValue(f"cannot resume {resumed.path} with options that contradict its config: "
-                          f"{'; '.join(conflicts)}")
+                       f"{'; '.join(conflicts)}")
     cfg = saved.replace(**{k: given[k] for k in RESUMABLE_CHANGES if k in given})
     sources = {name: source if name in given else "checkpoint" for name, source in cfg.sources(given, origins).items()}
     return cfg, sources, state, resumed
@@ -248,12 +216,8 @@ def resolve_config(given: dict, resume: Optional[Path] = None, origins: Optional
 def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[Path] = None,
                   overwrite: bool = False, origins: Optional[dict] = None,
                   labels: Optional[Labels] = None, init: Optional[StartingWeights] = None) -> TrainingPlan:
-    """The config (resolve_config) and output folder of a run; writes nothing.
-
-    A fresh run writes to a new folder under runs/ unless --out names one; a resumed run to its
-    own folder. A folder holding another run's checkpoints (or the shipped models) is refused
-    unless overwrite is set.
-    """
+    """The config and folder of a run (a fresh one under runs/ unless --out names one, a resumed
+    run's own), another run's files never replaced unless `overwrite`; writes nothing."""
     too_long = name_length_problem(out) if out is not None else None
     if too_long:
         raise PonderError(f"--out {brief(str(out), 60)} {too_long}: give --out a shorter name")
@@ -272,19 +236,16 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
         if init is not None:
             init.check_fits(cfg)
         started = dict(sources=sources, labels=labels, init=init, init_from=init.record if init else None)
-        if out is None:
-            folder = free_run_dir(cfg)
-            refuse_hiding(folder, cfg, None)
-            return TrainingPlan(cfg, folder, fresh_folder=True, **started)
-        refuse_hiding(out, cfg, "--out")
-        check_unlocked(out)
-        refuse_foreign_checkpoints(out, overwrite)
-        return TrainingPlan(cfg, out, **started)
+        folder = out if out is not None else free_run_dir(cfg)
+        refuse_hiding(folder, cfg, "--out" if out is not None else None)
+        if out is not None:
+            check_unlocked(out)
+            refuse_foreign_checkpoints(out, overwrite)
+        return TrainingPlan(cfg, folder, fresh_folder=out is None, **started)
     # its labels and start: its folder's record, else (one cut short, or none) its checkpoint's
     recorded = run_of(Summary.of(state.to_dict()), resumed.path.parent)
-    labels = Labels.of(recorded).updated(labels)
-    resume = resumed.path
-    out_dir = out if out is not None else Path(resume).parent
+    resume, labels = resumed.path, Labels.of(recorded).updated(labels)
+    out_dir = out if out is not None else resume.parent
     check_unlocked(out_dir)
     if state.epoch >= cfg.training.epochs:
         epochs = cfg.training.epochs
@@ -292,25 +253,23 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
                 f"has trained {state.epoch} epochs, more than --epochs {epochs} asks for")
         raise PonderError(f"nothing to do: the run in {resume} {done}; to train it longer, raise --epochs: "
                           f"ponder train --resume {resume} --epochs N (N > {state.epoch})")
-    if not same_path(out_dir, Path(resume).parent):
+    if not same_path(out_dir, resume.parent):  # continuing in another folder: a fresh one
         refuse_hiding(out_dir, cfg, "--out")
-        refuse_foreign_checkpoints(out_dir, overwrite)  # continuing in another folder: a fresh one
+        refuse_foreign_checkpoints(out_dir, overwrite)
     elif package_problem(out_dir, str(out_dir)):
         raise PonderError(f"{package_problem(out_dir, str(out_dir))}; continue the run in another folder with "
                           f"--out DIR")
     elif not overwrite:
-        _refuse_another_run(state, Path(resume), out_dir)
-        _refuse_rewind(state, Path(resume), out_dir / LAST)
+        _refuse_another_run(state, resume, out_dir)
+        _refuse_rewind(state, resume, out_dir / LAST)
     return TrainingPlan(cfg, out_dir, state, sources=sources, resumed=resumed, labels=labels,
                         init_from=recorded.get("init_from"))
 
 
 def reproducing_command(cfg: PonderConfig, record: Optional[dict] = None) -> str:
-    """The `ponder train` command that trains this configuration again, shell-quoted, with only
-    what a fresh run would not take by itself: the pieces that are not the defaults (nor implied
-    by an earlier one), then each setting they read whose value differs from what a fresh run of
-    them takes (default, implied or derived), in the configuration's order; then from its
-    record (folders.run_record) --amp and the weights it started from (start_options)."""
+    """The `ponder train` command that trains this configuration again, with only what a fresh
+    run would not take by itself, in the configuration's order; then from its record --amp and
+    the weights it started from."""
     given: dict = {}
     for kind in ("task", "step", "method"):
         if PonderConfig.of(**given).value(kind) != cfg.value(kind):
@@ -362,8 +321,8 @@ def start_options(record: Optional[dict]) -> dict:
 
 
 def render_run_config(cfg: PonderConfig, sources: dict, record: Optional[dict], fmt: str = "toml") -> str:
-    """config.toml (or --print-config's JSON): the settings (config.render_config) and, first,
-    what of the run's record a rerun needs (start_options): read back, the same run."""
+    """config.toml (or --print-config's JSON): the settings and, first, what of the run's record
+    a rerun needs (start_options): read back, the same run."""
     text, start = render_config(cfg, sources, fmt), start_options(record)
     if fmt == "json":
         return json.dumps({**start, **json.loads(text)}, indent=2) + "\n"
@@ -372,40 +331,48 @@ def render_run_config(cfg: PonderConfig, sources: dict, record: Optional[dict], 
     return "\n".join([head, *lines, rest]) if lines else text
 
 
-def describe_run(cfg: PonderConfig) -> str:
-    """A run's settings in a few words: `pondernet · step mlp · mnist · seed 1234`."""
-    return f"{cfg.method.name} · step {cfg.step.name} · {cfg.task.name} · seed {cfg.training.seed}"
-
+# the checks that keep a run out of a folder -----------------------------------------------------
 
 def refuse_hiding(folder: Path, cfg: PonderConfig, option: Optional[str]) -> None:
-    """A run folder never hides another: `ponder runs` and `latest` do not look inside a run
-    folder, so a run is refused a folder inside one (it would be hidden) or a folder that holds
-    run folders (they would be); --overwrite does not change that. `option`: how the folder was
-    named (None: the default under runs/)."""
+    """A run folder never hides another (`ponder runs` and `latest` do not look inside one): a
+    folder inside a run folder, or one that holds run folders, is refused, --overwrite or not.
+    `option`: how the folder was named (None: the default under runs/)."""
     named = f"{option} {folder}" if option else f"the default folder {folder}"
     inside = enclosing_run(folder)
     if inside is not None:
-        beside = inside.parent / f"{inside.name}-{Path(folder).name}"
-        instead = (f"name a folder outside it, e.g. {option} {beside}" if option else
-                   "move that run into a folder of its own, or give --out a folder outside it")
+        instead = (f"name a folder outside it, e.g. {option} {inside.parent / f'{inside.name}-{Path(folder).name}'}"
+                   if option else "move that run into a folder of its own, or give --out a folder outside it")
         raise PonderError(f"{named} is inside the run folder {inside}, where `ponder runs` and `latest` would "
                           f"never find the new run; {instead}")
-    hidden = runs_inside(folder)
+    hidden = runs_under(folder, below=True)
     if hidden:
-        shown = ", ".join(str(run) for run in hidden[:3]) + (", ..." if len(hidden) > 3 else "")
-        raise PonderError(f"{named} holds run folders ({shown}): a run written there would hide "
+        raise PonderError(f"{named} holds run folders ({some_of(hidden)}): a run written there would hide "
                           f"{'it' if len(hidden) == 1 else 'them'} from `ponder runs` and `latest`; name a new folder "
                           f"for this run, e.g. {option or '--out'} {free_run_dir(cfg, Path(folder))}, or leave out "
                           f"--out for a fresh one under {RUNS_DIR}/")
 
 
+def refuse_foreign_checkpoints(directory: Path, overwrite: bool) -> None:
+    """Nothing of another run's or the user's (any file a run writes) is replaced without
+    --overwrite."""
+    found = run_files_in(directory)
+    if not found or overwrite:
+        return
+    named = ", ".join(found[:6]) + (f" and {len(found) - 6} more" if len(found) > 6 else "")
+    if any(name in CHECKPOINT_FILES for name in found):
+        raise PonderError(f"{directory} already holds another run's checkpoints ({named}); leave out --out "
+                          f"for a fresh folder under runs/, name another one, continue that run with "
+                          f"--resume {directory / 'last.pt'}, or pass --overwrite to replace them")
+    raise PonderError(f"{directory} already holds files a run writes ({named}), which training would replace; "
+                      f"name another --out (or leave it out for a fresh folder under runs/), or pass --overwrite "
+                      f"to replace them")
+
+
 def _refuse_another_run(state, resume: Path, folder: Path) -> None:
-    """Resuming in a run's own folder a checkpoint of another run (one copied over its last.pt,
-    or another run's named by mistake) would make the folder that run's: its config.json,
-    config.toml, metrics.csv and best.pt rewritten. The folder's config.json is its record (a
-    setting its pieces do not read is said when its checkpoint loads, not here)."""
+    """Resuming in a run's folder a checkpoint of another run (copied over its last.pt, or named
+    by mistake) would make the folder that run's; its config.json is its record."""
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings():  # a setting its pieces do not read is said when the checkpoint loads
             warnings.simplefilter("ignore", PonderWarning)
             recorded = PonderConfig.from_dict(saved_config(folder)["config"])
     except (ValueError, TypeError, KeyError, PonderError):
@@ -415,8 +382,11 @@ def _refuse_another_run(state, resume: Path, folder: Path) -> None:
         return
     differ = [f"{key.replace('_', '-')} {spelled_value(theirs[key])} (the folder's: {spelled_value(ours[key])})"
               for key in ours if key not in RESUMABLE_CHANGES and ours[key] != theirs[key]]
+
+    def described(cfg):
+        return f"{cfg.method.name} · step {cfg.step.name} · {cfg.task.name} · seed {cfg.training.seed}"
     raise PonderError(f"{resume} holds another run than the one {folder} records: the checkpoint is "
-                      f"{describe_run(state.config)}, {folder / CONFIG_FILE} says {describe_run(recorded)} "
+                      f"{described(state.config)}, {folder / CONFIG_FILE} says {described(recorded)} "
                       f"({'; '.join(differ[:4])}{'; ...' if len(differ) > 4 else ''}); resuming would make the "
                       f"folder that run's. Continue the checkpoint's run in another folder with --out DIR, or pass "
                       f"--overwrite to replace this folder's run")
@@ -436,26 +406,10 @@ def _refuse_rewind(state, resume: Path, last: Path) -> None:
                           f"or pass --overwrite to go back to epoch {state.epoch}")
 
 
-def refuse_foreign_checkpoints(directory: Path, overwrite: bool) -> None:
-    """A folder that already holds any file a run writes (checkpoints, config.json, metrics.csv,
-    ...: another run's, or the user's own) is never written into silently: nothing of theirs is
-    replaced without --overwrite."""
-    found = run_files_in(directory)
-    if not found or overwrite:
-        return
-    named = ", ".join(found[:6]) + (f" and {len(found) - 6} more" if len(found) > 6 else "")
-    if any(name in CHECKPOINT_FILES for name in found):
-        raise PonderError(f"{directory} already holds another run's checkpoints ({named}); leave out --out "
-                          f"for a fresh folder under runs/, name another one, continue that run with "
-                          f"--resume {directory / 'last.pt'}, or pass --overwrite to replace them")
-    raise PonderError(f"{directory} already holds files a run writes ({named}), which training would replace; "
-                      f"name another --out (or leave it out for a fresh folder under runs/), or pass --overwrite "
-                      f"to replace them")
-
+# the folder's name, and the files beside the checkpoints ----------------------------------------
 
 def run_dir_name(cfg: PonderConfig) -> str:
-    """<task's prefix><method>-<step>-seed<seed>: mnist has none, parity parity<elems>-, another
-    task its name and a dash (Task.run_name_prefix)."""
+    """<task's prefix><method>-<step>-seed<seed> (mnist: no prefix, parity: parity<elems>-)."""
     return f"{get_task(cfg).run_name_prefix()}{cfg.method.name}-{cfg.step.name}-seed{cfg.training.seed}"
 
 
@@ -469,122 +423,47 @@ def free_run_dir(cfg: PonderConfig, root: Path = RUNS_DIR) -> Path:
     return candidate
 
 
-def claim_run_dir(plan: TrainingPlan) -> Path:
-    """Create the run folder. The default folder is made with an exclusive mkdir, so two runs
-    started at once with the same options get -2 and -3 rather than one folder."""
-    try:
-        if not plan.fresh_folder:
-            plan.out_dir.mkdir(parents=True, exist_ok=True)
-            return plan.out_dir
-        plan.out_dir.parent.mkdir(parents=True, exist_ok=True)
-        while True:
-            try:
-                plan.out_dir.mkdir()
-                return plan.out_dir
-            except FileExistsError:
-                plan.out_dir = free_run_dir(plan.cfg, plan.out_dir.parent)
-    except OSError as exc:
-        raise PonderError(f"cannot write checkpoints to {plan.out_dir}: {exc.strerror or exc}") from None
-
-
-def carry_best_checkpoint(plan: TrainingPlan) -> Optional[Path]:
-    """Resuming into another folder: copy the run's best epoch so far there as best.pt, so that
-    the new folder names a best.pt that exists even when no later epoch beats it. The copy comes
-    from the resumed checkpoint itself when its epoch is the best, else from best.pt beside it
-    when that holds the same run's best epoch; None when neither does (nothing is copied)."""
-    if plan.resume is None or same_path(plan.out_dir, plan.resumed.path.parent):
-        return None
-    state, source = plan.resume, None
-    if state.epoch == state.best_epoch:
-        source = plan.resumed.path
-    else:
-        beside = plan.resumed.path.parent / BEST
-        with contextlib.suppress(PonderError, OSError):
-            best = load_checkpoint(beside)
-            if best.epoch == state.best_epoch and same_run(best.config.to_dict(), state.config.to_dict()):
-                source = beside
-    target = plan.out_dir / BEST
-    if source is None:
-        target.unlink(missing_ok=True)  # another run's, replaced with --overwrite: never reported as this one's
-        return None
-    replace_atomically(target, lambda f: None, binary_from=source)
-    return target
-
-
-# Beside the checkpoints: the run's configuration and one row per epoch, for any tool ------------
-
 def write_run_config(out_dir: Path, cfg: PonderConfig, sources: dict, record: Optional[dict] = None, **run) -> Path:
-    """config.json: the resolved configuration, where each value came from (given, implied by the
-    method or step, default, checkpoint), the run's record (folders.run_record, its keys at the
-    top level) and how the run was started; plain JSON. And config.toml: the settings that matter
-    to the run and where it started, as `ponder train --config` reads them."""
+    """config.json (the configuration, where each value came from, the record and how the run
+    started) and config.toml, which `ponder train --config` reads back into this run."""
     payload = {"format_version": FORMAT_VERSION, "ponder_cli": __version__, "config": cfg.to_dict(),
                "sources": sources, **(record or {}), **run}
     path = out_dir / CONFIG_FILE
     replace_atomically(path, lambda f: f.write(json.dumps(payload, indent=2) + "\n"))
-    # re-running this file trains this run again
     text = render_run_config(cfg, sources, record)
     replace_atomically(out_dir / CONFIG_TOML, lambda f: f.write(text))
     return path
 
 
 class MetricsFile:
-    """metrics.csv: a header and one row per completed epoch (the epoch line's figures), written
-    as each epoch ends. A resumed run starts the file again from the checkpoint's history, the
-    record of exactly the epochs it holds, and appends after them: no header or row twice, and
-    rows of epochs that resuming from an earlier checkpoint discards are dropped."""
+    """metrics.csv, a row per completed epoch; a resumed run starts it again from its checkpoint's
+    history, so that no row is there twice, nor one of an epoch the resume discards."""
 
     def __init__(self, out_dir: Path, columns: Iterable[str]):
-        self.path = Path(out_dir) / METRICS_FILE
-        self.columns = list(columns)
+        self.path, self.columns = Path(out_dir) / METRICS_FILE, list(columns)
 
-    def _writer(self, f) -> csv.DictWriter:
-        return csv.DictWriter(f, fieldnames=self.columns, restval="", extrasaction="ignore", lineterminator="\n")
-
-    @staticmethod
-    def _cells(row: dict) -> dict:
-        """A list (the halting-step histogram) in one cell as every CSV of ours holds it: `12;40;3`."""
-        return {key: csv_cell(value) for key, value in row.items()}
+    def _write(self, f, rows: Iterable[dict], header: bool = False) -> None:
+        writer = csv.DictWriter(f, fieldnames=self.columns, restval="", extrasaction="ignore", lineterminator="\n")
+        if header:
+            writer.writeheader()
+        # a list (the halting-step histogram) in one cell, as every CSV of ours holds it: `12;40;3`
+        writer.writerows({key: csv_cell(value) for key, value in row.items()} for row in rows)
 
     def start(self, history: Iterable[dict] = ()) -> None:
-        def write(f):
-            writer = self._writer(f)
-            writer.writeheader()
-            writer.writerows(self._cells(row) for row in history)
-        replace_atomically(self.path, write)
+        replace_atomically(self.path, lambda f: self._write(f, history, header=True))
 
     def append(self, row: dict) -> None:
         with open(self.path, "a", newline="", encoding="utf-8") as f:
-            self._writer(f).writerow(self._cells(row))
+            self._write(f, [row])
 
     def close(self) -> None:
         """Nothing held open: every row is appended and closed at once."""
 
 
-def remove_if_empty_run_dir(directory: Path, carried: Iterable[str] = ()) -> bool:
-    """Remove a run folder that holds nothing of value (no checkpoint; only this run's own
-    config.json, config.toml, metrics.csv and environment.json, and the `carried` copies it made), so
-    that the next run takes its name; True if removed."""
-    try:
-        names = {p.name for p in directory.iterdir()}
-        if names - {*BESIDE_CHECKPOINTS, *carried}:
-            return False
-        for name in names:
-            (directory / name).unlink()
-        directory.rmdir()
-        return True
-    except OSError:
-        return False
-
-
-# the run's handle on its folder, and environment.json ------------------------------------------
-
 class RunFolder:
-    """Claimed once everything else is known to be fine (nothing is written before): locked, the
-    resolved configuration (config.json, config.toml) and the environment (environment.json)
-    written, metrics.csv (and TensorBoard events) begun. Every finished epoch is recorded; on
-    the way out the lock is released, and a folder this run made that holds no epoch is removed
-    so that the next run takes its name. Under torchrun, rank 0 alone claims it."""
+    """The run's handle on its folder, claimed once all else is known to be fine (nothing is
+    written before); on the way out a folder this run made that holds no epoch is removed, so
+    that the next run takes its name. Under torchrun, rank 0 alone claims it."""
 
     def __init__(self, plan: TrainingPlan, *, device: str, amp: bool, processes: int, tensorboard: bool,
                  log: Callable[[str], None], command: str = "ponder train"):
@@ -600,15 +479,25 @@ class RunFolder:
 
     def claim(self) -> Path:
         plan = self.plan
-        existed = plan.out_dir.exists() and not plan.fresh_folder
-        out_dir = claim_run_dir(plan)
-        self.made = not existed
+        self.made = not plan.out_dir.exists() or plan.fresh_folder
+        try:  # the default folder with an exclusive mkdir: two runs started at once get -2 and -3
+            plan.out_dir.parent.mkdir(parents=True, exist_ok=True)
+            while plan.fresh_folder:
+                try:
+                    plan.out_dir.mkdir()
+                    break
+                except FileExistsError:
+                    plan.out_dir = free_run_dir(plan.cfg, plan.out_dir.parent)
+            plan.out_dir.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise PonderError(f"cannot write checkpoints to {plan.out_dir}: {exc.strerror or exc}") from None
+        out_dir = plan.out_dir
         self.lock = RunLock.held_on(out_dir) or RunLock(out_dir).acquire()  # a resume's, taken before it read
         hidden = hidden_folder_of(out_dir)
         if hidden is not None:
             self.log(f"{hidden} is a hidden folder, which a bare `ponder runs` passes by: `ponder runs {hidden}` "
                      f"lists this run")
-        carried = carry_best_checkpoint(plan)
+        carried = self._copy_best()
         source = RunLock.held_on(plan.resumed.path.parent) if plan.resumed is not None else None
         if source is not None and source is not self.lock:
             source.release()  # resumed into another folder: the run read is done with
@@ -616,20 +505,48 @@ class RunFolder:
             self.log(f"{carried}: the run's best epoch so far (epoch {plan.resume.best_epoch}), copied from "
                      f"{plan.resumed.path.parent}")
             self.copies.append(carried.name)
-        write_run_config(out_dir, plan.cfg, plan.sources, self.run, started=started_now(),
+        write_run_config(out_dir, plan.cfg, plan.sources, self.run, started=datetime.now(timezone.utc).isoformat(),
                          resumed_from=str(plan.resumed.path) if plan.resumed else None,
                          resumed_after_epoch=plan.resume.epoch if plan.resume else None, device=self.device,
                          processes=self.processes, not_applicable=[name for name in plan.cfg.field_names()
                                                                    if not applies(name, plan.cfg.chosen(),
                                                                                   plan.cfg.value)])
-        same_folder = plan.resume is not None and same_path(out_dir, plan.resumed.path.parent)
-        write_environment(out_dir, session(self.device, self.processes), keep_earlier=same_folder)
+        # environment.json: this session after the earlier ones of a run resumed in its own folder
+        environment, current, earlier = out_dir / ENVIRONMENT_FILE, session(self.device, self.processes), []
+        if plan.resume is not None and same_path(out_dir, plan.resumed.path.parent):
+            with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+                earlier = list(json.loads(environment.read_text(encoding="utf-8")).get("sessions", []))
+        sessions = {"format_version": FORMAT_VERSION, "sessions": [*earlier, current]}
+        replace_atomically(environment, lambda f: f.write(json.dumps(sessions, indent=2) + "\n"))
         # a resumed run's rows so far come from its checkpoint's history
         self.files.append(MetricsFile(out_dir, [f.name for f in dataclasses.fields(EpochStats)]))
         self.files[0].start(plan.resume.history if plan.resume else [])
         if self.tensorboard:
             self.files.append(EventLog(out_dir, resumed_after=plan.resume.epoch if plan.resume else None))
         return out_dir
+
+    def _copy_best(self) -> Optional[Path]:
+        """Resuming into another folder: the run's best epoch so far copied there as best.pt (the
+        checkpoint resumed, else the same run's best.pt beside it), so that the folder names a
+        best.pt even when no later epoch beats it."""
+        plan = self.plan
+        if plan.resume is None or same_path(plan.out_dir, plan.resumed.path.parent):
+            return None
+        state, source = plan.resume, None
+        if state.epoch == state.best_epoch:
+            source = plan.resumed.path
+        else:
+            beside = plan.resumed.path.parent / BEST
+            with contextlib.suppress(PonderError, OSError):
+                best = load_checkpoint(beside)
+                if best.epoch == state.best_epoch and same_run(best.config.to_dict(), state.config.to_dict()):
+                    source = beside
+        target = plan.out_dir / BEST
+        if source is None:
+            target.unlink(missing_ok=True)  # another run's, replaced with --overwrite: never reported as this one's
+            return None
+        replace_atomically(target, lambda f: None, binary_from=source)
+        return target
 
     def record(self, stats: EpochStats) -> None:
         """An epoch saved to last.pt: one row in every metrics file."""
@@ -638,28 +555,26 @@ class RunFolder:
             file.append(dataclasses.asdict(stats))
 
     def kept(self) -> Optional[tuple[int, Path]]:
-        """The newest epoch this run has on disk and the file holding it: last.pt, or best.pt
-        where last.pt's write failed after it (train._save writes best.pt first). Read from disk,
-        since an interrupt may land between saving an epoch and recording it, in either order."""
+        """The newest epoch on disk and its file (best.pt where last.pt's write failed after it), read
+        from disk: an interrupt may land between saving an epoch and recording it."""
         last, best = self.plan.out_dir / LAST, self.plan.out_dir / BEST
         after = self.plan.resume.epoch if self.plan.resume is not None else 0
+
+        def epoch_in(path: Path) -> Optional[int]:
+            try:
+                return load_checkpoint(path).epoch
+            except PonderError:
+                return None
         kept = None
         if last.exists() and (self.saved or self.plan.resume is not None or last.stat().st_mtime >= self.launched):
-            kept = self._epoch_in(last)
+            kept = epoch_in(last)
         if best.exists() and best.stat().st_mtime >= self.launched:  # not an earlier run's, nor a copy
-            epoch = self._epoch_in(best)
+            epoch = epoch_in(best)
             if epoch is not None and epoch > max(after, kept or 0):
                 return epoch, best
         if kept is None and self.saved:
             kept = self.saved[-1]
         return (kept, last) if kept is not None else None
-
-    @staticmethod
-    def _epoch_in(path: Path) -> Optional[int]:
-        try:
-            return load_checkpoint(path).epoch
-        except PonderError:
-            return None
 
     def resume_hint(self) -> str:
         kept = self.kept()
@@ -673,57 +588,41 @@ class RunFolder:
             self.lock.release()
         for file in self.files:
             file.close()
-        if not finished and self.made:
-            remove_if_empty_run_dir(self.plan.out_dir, carried=self.copies)
-
-
-def git_commit(folder: Path) -> Optional[dict]:
-    """The commit of the clone whose top folder holds the package `folder`, and whether its
-    tracked files differ from it; None for an installed package (even in a virtual environment
-    inside some clone) or without git."""
-    try:
-        def git(*args: str) -> str:
-            return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10,
-                                  check=True).stdout.strip()
-        if Path(git("rev-parse", "--show-toplevel")).resolve() != Path(folder).resolve().parent:
-            return None
-        return {"commit": git("rev-parse", "HEAD"),
-                "modified": bool(git("status", "--porcelain", "--untracked-files=no"))}
-    except (OSError, subprocess.SubprocessError):
-        return None
+        if not finished and self.made:  # a folder holding nothing of value: the next run takes its name
+            folder = self.plan.out_dir
+            with contextlib.suppress(OSError):
+                names = {p.name for p in folder.iterdir()}
+                if not names - {*BESIDE_CHECKPOINTS, *self.copies}:  # only the files beside the checkpoints
+                    for name in names:
+                        (folder / name).unlink()
+                    folder.rmdir()
 
 
 def session(device: str, processes: int) -> dict:
-    """This process's environment, as one session of environment.json."""
+    """This process's environment; `git`: the commit of the clone whose top folder holds the
+    package (None for an installed package, even in a virtual environment inside a clone)."""
     import torch
 
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(package_dir()), *args], capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+    commit = None
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        if Path(git("rev-parse", "--show-toplevel")).resolve() == package_dir().parent:
+            commit = {"commit": git("rev-parse", "HEAD"),
+                      "modified": bool(git("status", "--porcelain", "--untracked-files=no"))}
     return {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": ["ponder", *sys.argv[1:]],
-            "ponder_cli": __version__, "package": str(package_dir()), "git": git_commit(package_dir()),
+            "ponder_cli": __version__, "package": str(package_dir()), "git": commit,
             "python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
             "machine": platform.machine(), "processor": platform.processor() or None, "device": device,
             "threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "processes": processes}
 
 
-def write_environment(out_dir: Path, current: dict, keep_earlier: bool) -> Path:
-    """environment.json with this session after the earlier ones (keep_earlier: a run resumed in
-    its own folder), written atomically."""
-    path = Path(out_dir) / ENVIRONMENT_FILE
-    earlier = []
-    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
-        if keep_earlier:
-            earlier = list(json.loads(path.read_text(encoding="utf-8")).get("sessions", []))
-    payload = {"format_version": FORMAT_VERSION, "sessions": [*earlier, current]}
-    replace_atomically(path, lambda f: f.write(json.dumps(payload, indent=2) + "\n"))
-    return path
-
-
-# TensorBoard ---------------------------------------------------------------------------------
 # TensorBoard event files beside metrics.csv (`ponder train --tensorboard`; the optional
-# `tensorboard` extra). What they hold comes from the same train.EpochStats row that metrics.csv
-# gets: every figure of it as a scalar per epoch, and the validation halting-step histogram.
+# `tensorboard` extra), from the same EpochStats row: every figure as a scalar per epoch, and
+# the validation halting-step histogram.
 
-INSTALL_HINT = "--tensorboard needs the tensorboard package: pip install tensorboard (or pip install 'ponder_cli[tensorboard]')"
 HISTOGRAM = "val_halting_histogram"  # EpochStats' field: validation images halting at step 1, 2, ...
 
 
@@ -732,7 +631,8 @@ def require_tensorboard() -> None:
     try:
         from torch.utils.tensorboard import SummaryWriter  # noqa: F401
     except ImportError:
-        raise PonderError(INSTALL_HINT) from None
+        raise PonderError("--tensorboard needs the tensorboard package: pip install tensorboard (or pip install "
+                          "'ponder_cli[tensorboard]')") from None
 
 
 def scalar_tag(name: str) -> str:
@@ -744,9 +644,8 @@ def scalar_tag(name: str) -> str:
 
 
 class EventLog:
-    """Event files in the run folder (`tensorboard --logdir runs/NAME`, or `--logdir runs` for
-    every run). The writer starts with the first epoch written, so a run that saves nothing
-    leaves no file; a resumed run hides the events of the epochs it is about to redo."""
+    """Event files in the run folder, begun with the first epoch written; a resumed run hides
+    the events of the epochs it is about to redo."""
 
     def __init__(self, out_dir: Path, resumed_after: Optional[int] = None):
         self.out_dir = Path(out_dir)
@@ -754,7 +653,6 @@ class EventLog:
         self.writer = None
 
     def append(self, row: dict) -> None:
-        """One epoch's row (train.EpochStats as a dict), as metrics.csv's MetricsFile.append."""
         from torch.utils.tensorboard import SummaryWriter
 
         if self.writer is None:
@@ -764,13 +662,13 @@ class EventLog:
             if name != "epoch" and isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.writer.add_scalar(scalar_tag(name), value, epoch)
         counts = list(row.get(HISTOGRAM) or ())
-        total = sum(counts)
-        if total > 0:
+        if sum(counts) > 0:
             steps = range(1, len(counts) + 1)
+            present = [n for n, c in zip(steps, counts) if c]
             self.writer.add_histogram_raw(
-                scalar_tag(HISTOGRAM).replace("_histogram", "_step"), min=min(n for n, c in zip(steps, counts) if c),
-                max=max(n for n, c in zip(steps, counts) if c), num=total,
-                sum=sum(n * c for n, c in zip(steps, counts)), sum_squares=sum(n * n * c for n, c in zip(steps, counts)),
+                scalar_tag(HISTOGRAM).replace("_histogram", "_step"), min=min(present), max=max(present),
+                num=sum(counts), sum=sum(n * c for n, c in zip(steps, counts)),
+                sum_squares=sum(n * n * c for n, c in zip(steps, counts)),
                 bucket_limits=[n + 0.5 for n in steps], bucket_counts=counts, global_step=epoch)
         self.writer.flush()
 
@@ -780,14 +678,10 @@ class EventLog:
             self.writer = None
 
 
-# `ponder runs label` -------------------------------------------------------------------------
-
 def label_runs(runs: Sequence[Union[str, Path]], labels: Labels, untag: Sequence[str] = (), *,
                log: Callable[[str], None] = lambda line: None) -> Report:
-    """`ponder runs label RUN...`: runs' labels changed after training (a name or note given
-    replaces its own, tags given are added, `untag` taken away), in each run's record: its
-    config.json and its checkpoints, so that a copy of its best.pt keeps them. Each run is locked
-    meanwhile (one being trained is refused); nothing else of it changes."""
+    """`ponder runs label RUN...`: labels changed in each run's config.json and checkpoints (a
+    copy of its best.pt keeps them), each run locked meanwhile; nothing else of it changes."""
     if not runs:
         raise BadValue("name the runs to label (`ponder runs` lists them)")
     if labels == Labels() and not untag:
@@ -796,32 +690,29 @@ def label_runs(runs: Sequence[Union[str, Path]], labels: Labels, untag: Sequence
     for run in named:  # all of them fit before any changes
         if not run.is_dir() or not is_run_folder(run):
             raise PonderError(f"{run} is not a run folder (`ponder runs` lists them); nothing was labelled")
-    return label_report([_relabel(run, labels, tuple(untag)) for run in named])
+    rows = []
+    for folder in named:
+        with RunLock(folder):  # refused, naming its PID, when a live run holds the folder
+            states = [(path, load_checkpoint(path)) for path in (folder / LAST, folder / BEST) if path.is_file()]
+            record = run_of(Summary.of(states[0][1].to_dict()) if states else None, folder)
+            new = Labels.of(record).updated(labels, tuple(untag))
+            for path, state in states:  # a checkpoint from before records gets one
+                kept = state.run or {key: record.get(key) for key in ("init_from", "amp")}
+                state.run = {**kept, "labels": new.to_dict()}
+                save_checkpoint(state, path)
+            saved = saved_config(folder)
+            if saved is not None:
+                saved["labels"] = new.to_dict()
+                replace_atomically(folder / CONFIG_FILE, lambda f: f.write(json.dumps(saved, indent=2) + "\n"))
+        rows.append({"run": str(folder), **new.to_dict()})
+    return label_report(rows)
 
 
-def _relabel(folder: Path, given: Labels, untag: tuple) -> dict:
-    with RunLock(folder):  # refused, naming its PID, when a live run holds the folder
-        files = [folder / name for name in (LAST, BEST) if (folder / name).is_file()]
-        states = [(path, load_checkpoint(path)) for path in files]
-        record = run_of(Summary.of(states[0][1].to_dict()) if states else None, folder)
-        labels = Labels.of(record).updated(given, untag)
-        for path, state in states:  # a checkpoint from before records gets one
-            kept = state.run or {key: record.get(key) for key in ("init_from", "amp")}
-            state.run = {**kept, "labels": labels.to_dict()}
-            save_checkpoint(state, path)
-        saved = saved_config(folder)
-        if saved is not None:
-            saved["labels"] = labels.to_dict()
-            replace_atomically(folder / CONFIG_FILE, lambda f: f.write(json.dumps(saved, indent=2) + "\n"))
-    return {"run": str(folder), **labels.to_dict()}
-
-
-# a run's saved halting rule ---------------------------------------------------------------------
-# `ponder calibrate --save` writes the rule it chose into the run folder, beside the checkpoints,
-# as halting.json; `eval`, `extrapolate` and `sweep` halt by it where --halting is not given, and
-# `ponder info` shows it. It names the checkpoint file it was calibrated on and a digest of that
-# file's weights: a rule calibrated on other weights (training resumed since, or another run
-# written over the folder) is not used.
+# A run's saved halting rule: `ponder calibrate --save` writes the rule it chose into the run
+# folder as halting.json; `eval`, `extrapolate` and `sweep` halt by it where --halting is not
+# given, and `info` shows it. It names the checkpoint file calibrated on and a digest of its
+# weights: a rule calibrated on other weights (trained on since, or another run written over
+# the folder) is not used.
 
 HALTING_FILE = "halting.json"
 SAVED_BY = "ponder calibrate --save"  # marks the file as calibrate's: any other is the user's, never replaced
@@ -839,8 +730,8 @@ def weights_digest(weights: dict) -> str:
 
 
 def saved_halting(folder: Path) -> Optional[dict]:
-    """The rule calibrate saved in `folder` (its record, as written), or None where there is
-    none, or the file is not calibrate's."""
+    """The rule calibrate saved in `folder`, or None where there is none, or the file is not
+    calibrate's."""
     try:
         record = json.loads((Path(folder) / HALTING_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -850,9 +741,8 @@ def saved_halting(folder: Path) -> Optional[dict]:
 
 
 def saved_halting_for(path: Path) -> tuple[Optional[dict], Optional[str]]:
-    """The saved rule of the run folder holding checkpoint `path`, when it was calibrated on
-    these very weights: (record, None); (record, why it does not apply) when it was not;
-    (None, None) where nothing is saved."""
+    """The saved rule of checkpoint `path`'s run folder and, where it was not calibrated on these
+    very weights, why it does not apply; (None, None) where nothing is saved."""
     record = saved_halting(Path(path).parent)
     if record is None:
         return None, None
@@ -867,9 +757,8 @@ def saved_halting_for(path: Path) -> tuple[Optional[dict], Optional[str]]:
 
 
 def saved_halting_summary(folder: Path) -> dict:
-    """What `info` says of the rule saved in a run folder: `halting_rule`, the one the evaluating
-    commands halt by (None: none saved, or saved for other weights), and `saved_halting`, the
-    record with whether it applies (`current`, `why_not`)."""
+    """What `info` says of it: `halting_rule`, the one the evaluating commands halt by (None: none
+    saved, or saved for other weights), and `saved_halting`, the record with `current`, `why_not`."""
     record = saved_halting(folder)
     if record is None:
         return {"halting_rule": None, "saved_halting": None}
@@ -879,8 +768,8 @@ def saved_halting_summary(folder: Path) -> dict:
 
 
 def halting_save_problem(path: Path) -> None:
-    """Refuse --save where the rule cannot go: a shipped model (no run folder), a checkpoint
-    file outside a run folder, a run training now, or a halting.json of the user's own."""
+    """Refuse --save where the rule cannot go: a shipped model, a checkpoint outside a run folder,
+    a run training now, or a halting.json of the user's own."""
     folder = Path(path).parent
     if inside_package(path):
         raise PonderError(f"--save writes into a run folder, and {path} is a shipped model, not a run: calibrate "

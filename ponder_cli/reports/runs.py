@@ -231,20 +231,6 @@ def age(when: Optional[str], now: Optional[datetime] = None) -> str:
     return then.date().isoformat() if seconds >= 61 * 86400 else durations.ago(seconds)
 
 
-def _model(row: dict) -> str:
-    return " ".join(p for p in (row["method"], row["step"], row["task"]) if p) or "-"
-
-
-def _status(row: dict) -> str:
-    return row["status"] if row["epoch"] is None else f"{row['status']} at {row['epoch']}/{row['epochs']}"
-
-
-def _best(row: dict) -> str:
-    if row["best_epoch"] is None:
-        return "-"
-    return f"{cell_text(row['best_val_accuracy'], '.4f')} (epoch {row['best_epoch']})"
-
-
 def _meta(command: str, rows: Sequence[dict] = (), checkpoints: Sequence = (), **extra) -> dict:
     """The shared metadata of the commands on runs: task, method and step where every run listed
     shares one (else null), nothing of evaluation."""
@@ -260,9 +246,12 @@ def _meta(command: str, rows: Sequence[dict] = (), checkpoints: Sequence = (), *
 RUNS_COLUMNS = [
     # its folder below the one it was found under, which the title names (the JSON: its path)
     Column("folder", "run", "s", wrap=True),
-    Column("model", "method step task", text=_model, wrap=True),
-    Column("status", "status at epoch", text=_status, wrap=True),
-    Column("best_val_accuracy", "best val acc", text=_best, wrap=True),
+    Column("model", "method step task", text=lambda row: " ".join(
+        p for p in (row["method"], row["step"], row["task"]) if p) or "-", wrap=True),
+    Column("status", "status at epoch", text=lambda row: row["status"] if row["epoch"] is None else
+           f"{row['status']} at {row['epoch']}/{row['epochs']}", wrap=True),
+    Column("best_val_accuracy", "best val acc", text=lambda row: "-" if row["best_epoch"] is None else
+           f"{cell_text(row['best_val_accuracy'], '.4f')} (epoch {row['best_epoch']})", wrap=True),
     Column("when", "started", text=lambda row: age(row["when"]), wrap=True),
 ]
 
@@ -272,11 +261,6 @@ LABEL_COLUMNS = [Column("name", "name", text=lambda row: row["name"] if row["nam
                         wrap=True),
                  Column("tags", "tags", text=lambda row: " ".join(row.get("tags") or ()) or "-", wrap=True),
                  Column("note", "note", text=lambda row: row.get("note") or "-", wrap=True)]
-
-
-def setting_column(key: str) -> Column:
-    """A setting that differs between the runs listed, under its option's name (`lambda-p`)."""
-    return Column(key, key.replace("_", "-"), text=lambda row: value_text(row.get(key)) if key in row else "-")
 
 
 def runs_report(rows: list[dict], folders: list[str], settings: Optional[list[str]] = None,
@@ -301,7 +285,10 @@ def runs_report(rows: list[dict], folders: list[str], settings: Optional[list[st
         footer = f"no run under {where} yet" + (": `ponder train` writes one under runs/" if here else "")
     labels = [column for column in LABEL_COLUMNS if any(column.text(row) != "-" for row in rows)]
     keys = [key for key in dict.fromkeys(key for row in rows for key in row) if key not in settings] + settings
-    return Report(meta=meta, buckets=rows, columns=RUNS_COLUMNS + labels + [setting_column(key) for key in settings],
+    # a setting that differs between the runs listed, under its option's name (`lambda-p`)
+    differing = [Column(key, key.replace("_", "-"), text=lambda row, key=key: value_text(row.get(key))
+                        if key in row else "-") for key in settings]
+    return Report(meta=meta, buckets=rows, columns=RUNS_COLUMNS + labels + differing,
                   title=f"Runs under {where}", caption=chosen, footer=footer, keys=keys)
 
 
@@ -360,9 +347,11 @@ def trash_report(rows: list[dict], action: str, folders: list[str], elsewhere: S
 
 # diff ------------------------------------------------------------------------------------------
 
-DIFF_LABELS = {"status": "status", "epoch": "epochs trained", "best_epoch": "best epoch",
-               "best_val_accuracy": "best val accuracy", "best_val_steps": "best val steps",
-               "tags": "tags", "note": "note", "init_from": "initialised from"}
+# What `ponder diff` compares besides the settings, as its rows say them: what each run is labelled
+# (its name heads its column) and where its weights started, then how each went
+DIFF_LABELS = {"tags": "tags", "note": "note", "init_from": "initialised from"}
+DIFF_RESULTS = {"status": "status", "epoch": "epochs trained", "best_epoch": "best epoch",
+                "best_val_accuracy": "best val accuracy", "best_val_steps": "best val steps"}
 NOT_READ = "-"  # a setting the run does not read, as `ponder runs` shows it
 
 
@@ -397,8 +386,8 @@ def diff_report(runs: list[str], buckets: list[dict], rows: list[dict]) -> Repor
     # named), as named where two share one
     names = [row.get("given_name") or Path(run).name or run for run, row in zip(runs, rows)]
     names = names if len(set(names)) == len(names) else runs
-    columns = [Column("what", "", "s", text=lambda row: DIFF_LABELS.get(row["key"], row["key"].replace("_", "-")),
-                      wrap=True),
+    said = {**DIFF_LABELS, **DIFF_RESULTS}
+    columns = [Column("what", "", "s", text=lambda row: said.get(row["key"], row["key"].replace("_", "-")), wrap=True),
                *(Column(f"run{i}", name, "s", text=lambda row, i=i: _diff_value(row, i), wrap=True)
                  for i, name in enumerate(names))]
     labels = sum(bucket["kind"] == "label" for bucket in buckets)
