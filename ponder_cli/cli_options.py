@@ -94,7 +94,7 @@ class ListsCommand(CompletesHidden, TyperCommand):
 
 
 class TrainCommand(CompletesHidden, TyperCommand):
-    """`ponder train`."""
+    pass
 
 
 # shared options --------------------------------------------------------------------------------
@@ -162,10 +162,6 @@ def piece_choice(kind: str):
         return name
 
     return check
-
-
-def piece_metavar(kind: str) -> str:
-    return f"<{'|'.join(PIECES[kind])}>"
 
 
 # completion ------------------------------------------------------------------------------------
@@ -389,9 +385,9 @@ def _folders(incomplete: str, suffix: Optional[str] = None) -> list[str]:
     return names
 
 
-def _checkpoints(incomplete: str, shipped: bool) -> list[str]:
-    """A CHECKPOINT: the shipped models' names (where `shipped`), `latest`, the runs under runs/,
-    then folders and .pt files at the path typed."""
+def complete_checkpoints(incomplete: str, shipped: bool) -> list[str]:
+    """A CHECKPOINT: the shipped models' names (where `shipped`: --resume refuses them), `latest`,
+    the runs under runs/, then folders and .pt files at the path typed."""
     from .folders import runs_under
 
     runs = [str(run) for run in runs_under(RUNS_DIR)]
@@ -400,11 +396,7 @@ def _checkpoints(incomplete: str, shipped: bool) -> list[str]:
 
 
 def complete_checkpoint(incomplete: str) -> list[str]:
-    return _checkpoints(incomplete, shipped=True)
-
-
-def complete_resumable(incomplete: str) -> list[str]:
-    return _checkpoints(incomplete, shipped=False)  # --resume refuses a shipped model
+    return complete_checkpoints(incomplete, shipped=True)
 
 
 def _once(names: list[str], runs: list[str]) -> list[str]:
