@@ -58,9 +58,8 @@ class SigTerm(KeyboardInterrupt):
     """SIGTERM raised where the program is, so that it unwinds as it does for Ctrl-C."""
 
 
-class _Held:
-    depth = 0  # `uninterrupted` blocks entered and not yet left
-    interrupt: "KeyboardInterrupt | None" = None
+class _Held:  # the `uninterrupted` blocks entered and not yet left, and the interrupt they hold
+    depth, interrupt = 0, None
 
 
 @contextlib.contextmanager
@@ -99,14 +98,6 @@ def keeping(kept: Callable[[], str]):
         raise
 
 
-def interruption(exc: BaseException, nothing_kept: str) -> Interrupted:
-    """The one line an interrupt ends a command with, saying what `keeping` kept, else `nothing_kept`."""
-    kept = getattr(exc, "kept", None)
-    kind = (Terminated if isinstance(exc, SigTerm) else StdoutClosed if isinstance(exc, BrokenPipeError)
-            else Interrupted)
-    return kind(kept() if kept else nothing_kept)
-
-
 class PonderWarning(UserWarning):
     """Something to know about a result that goes ahead all the same (a blank image); one
     `Warning:` line on stderr."""
@@ -129,28 +120,25 @@ _SPECIAL_FILES = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a char
                   (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
-NAME_MAX, PATH_MAX = 255, 4096  # bytes: what Linux and macOS file systems take, where pathconf cannot say
-
-
 def name_length_problem(path) -> str | None:
     """Why `path` cannot be made for its length (a name, or the whole path, longer than the file
     system takes), worded to follow its name; None when it can."""
-    text = os.fsencode(os.fspath(path))
-    here = os.path.dirname(os.path.abspath(text)) or b"."
+    text = os.path.abspath(os.fsencode(os.fspath(path)))
+    here = os.path.dirname(text)
     while not os.path.isdir(here):  # the nearest folder that exists: its file system's limits
         here = os.path.dirname(here)
-    def limit(name: str, default: int) -> int:
+
+    def limit(name: str, default: int) -> int:  # default: what Linux and macOS take, where pathconf cannot say
         try:
             return os.pathconf(here, name)
         except (OSError, ValueError, AttributeError):  # not POSIX, or the file system does not say
             return default
-    name_max = limit("PC_NAME_MAX", NAME_MAX)
-    longest = max((part for part in text.split(os.fsencode(os.sep)) if part), key=len, default=b"")
+    name_max, path_max = limit("PC_NAME_MAX", 255), limit("PC_PATH_MAX", 4096)
+    longest = max(text.split(os.fsencode(os.sep)), key=len)
     if len(longest) > name_max:
         return f"has a name of {len(longest)} bytes; this file system takes names of at most {name_max}"
-    path_max = limit("PC_PATH_MAX", PATH_MAX)
-    if len(os.path.abspath(text)) >= path_max:
-        return f"is {len(os.path.abspath(text))} bytes long in full; this file system takes at most {path_max - 1}"
+    if len(text) >= path_max:
+        return f"is {len(text)} bytes long in full; this file system takes at most {path_max - 1}"
     return None
 
 

@@ -94,7 +94,7 @@ class ListsCommand(CompletesHidden, TyperCommand):
 
 
 class TrainCommand(CompletesHidden, TyperCommand):
-    """`ponder train`."""
+    pass
 
 
 # shared options --------------------------------------------------------------------------------
@@ -142,10 +142,9 @@ def checkpoint_forms(file: str = BEST) -> str:
     return accepted_forms(file).replace("`", "")
 
 
-def checkpoint_argument(help: str = f"{checkpoint_forms().capitalize()}. [default: {DEFAULT}]", default=None,
-                        **options):
+def checkpoint_argument(help: str = f"{checkpoint_forms().capitalize()}. [default: {DEFAULT}]", default=None):
     return typer.Argument(default, metavar="CHECKPOINT", show_default=False, help=help,
-                          autocompletion=lambda incomplete: complete_checkpoint(incomplete), **options)
+                          autocompletion=lambda incomplete: complete_checkpoint(incomplete))
 
 
 def piece_choice(kind: str):
@@ -162,10 +161,6 @@ def piece_choice(kind: str):
         return name
 
     return check
-
-
-def piece_metavar(kind: str) -> str:
-    return f"<{'|'.join(PIECES[kind])}>"
 
 
 # completion ------------------------------------------------------------------------------------
@@ -227,62 +222,50 @@ def bare_completion_options(args: list[str]) -> list[str]:
     return args
 
 
-def _shell(ctx, param, value: Optional[str]) -> Optional[str]:
-    """The shell a completion option names ("": the one ponder runs under)."""
-    if value is None or ctx.resilient_parsing:
-        return None
-    shell = value.lower()
-    if not shell:
-        import shellingham
+NAMES = {"prog_name": "ponder", "complete_var": "_PONDER_COMPLETE"}  # what Typer's scripts call us
+
+
+def _completion(install: bool):
+    """--install-completion's or --show-completion's callback: the shell named ("": the one ponder
+    runs under), its script printed or installed, and exit."""
+    def callback(ctx, param, value: Optional[str]) -> None:
+        from typer._completion_shared import get_completion_script, install as install_script
+
+        if value is None or ctx.resilient_parsing:
+            return
+        shell = value.lower()
+        if not shell:
+            import shellingham
+            try:
+                shell = shellingham.detect_shell()[0]
+            except (shellingham.ShellDetectionFailure, RuntimeError):
+                shell = ""
+            if shell not in SHELLS:
+                raise typer.BadParameter(f"cannot tell which shell this is{f' ({shell})' if shell else ''}; name "
+                                         f"one: {param.opts[0]} {'|'.join(SHELLS[:4])}")
+        elif shell not in SHELLS:
+            raise typer.BadParameter(f"{value!r} is not one of {', '.join(SHELLS)}")
+        use_ponder_completion()
+        if not install:
+            typer.echo(get_completion_script(shell=shell, **NAMES))
+            ctx.exit(0)
         try:
-            shell = shellingham.detect_shell()[0]
-        except (shellingham.ShellDetectionFailure, RuntimeError):
-            shell = ""
-        if shell not in SHELLS:
-            raise typer.BadParameter(f"cannot tell which shell this is{f' ({shell})' if shell else ''}; name one: "
-                                     f"{param.opts[0]} {'|'.join(SHELLS[:4])}")
-    elif shell not in SHELLS:
-        raise typer.BadParameter(f"{value!r} is not one of {', '.join(SHELLS)}")
-    use_ponder_completion()
-    return shell
-
-
-def _names(ctx) -> dict:
-    prog = ctx.find_root().info_name or "ponder"
-    return {"prog_name": prog, "complete_var": "_{}_COMPLETE".format(prog.replace("-", "_").upper())}
-
-
-def _show_completion(ctx, param, value: Optional[str]) -> None:
-    from typer._completion_shared import get_completion_script
-
-    shell = _shell(ctx, param, value)
-    if shell is not None:
-        typer.echo(get_completion_script(shell=shell, **_names(ctx)))
+            if shell in POWERSHELLS:
+                path, done = _install_powershell(shell)
+            else:
+                (shell, path), done = install_script(shell=shell, **NAMES), True
+        except OSError as exc:  # a profile that cannot be written, PowerShell not installed
+            typer.echo(f"Error: cannot install {shell} completion: {exc.strerror or exc}"
+                       f"{f' ({exc.filename})' if exc.filename else ''}", err=True)
+            ctx.exit(1)
+        typer.echo(f"{shell} completion {'installed' if done else 'already'} in {path}; it takes effect in a new "
+                   "shell" + ("; PowerShell must allow profile scripts (Get-ExecutionPolicy; ponder changes no "
+                              "policy)" if shell in POWERSHELLS else ""))
         ctx.exit(0)
+    return callback
 
 
-def _install_completion(ctx, param, value: Optional[str]) -> None:
-    from typer._completion_shared import install
-
-    shell = _shell(ctx, param, value)
-    if shell is None:
-        return
-    try:
-        if shell in POWERSHELLS:
-            path, done = _install_powershell(shell, **_names(ctx))
-        else:
-            (shell, path), done = install(shell=shell, **_names(ctx)), True
-    except OSError as exc:  # a profile that cannot be written, PowerShell not installed
-        typer.echo(f"Error: cannot install {shell} completion: {exc.strerror or exc}"
-                   f"{f' ({exc.filename})' if exc.filename else ''}", err=True)
-        ctx.exit(1)
-    typer.echo(f"{shell} completion {'installed' if done else 'already'} in {path}; it takes effect in a new shell"
-               + ("; PowerShell must allow profile scripts (Get-ExecutionPolicy; ponder changes no policy)"
-                  if shell in POWERSHELLS else ""))
-    ctx.exit(0)
-
-
-def _install_powershell(shell: str, prog_name: str, complete_var: str) -> tuple[Path, bool]:
+def _install_powershell(shell: str) -> tuple[Path, bool]:
     """The script appended once to the user's PowerShell profile (the shell's own $profile), and
     whether it was written. Typer's installer also runs `Set-ExecutionPolicy Unrestricted`, a
     change to the user's security policy that installing completion must not make."""
@@ -309,25 +292,26 @@ def _install_powershell(shell: str, prog_name: str, complete_var: str) -> tuple[
         raise OSError(f"PowerShell did not say where its profile is (exit {found.returncode})")
     path = Path(profile)
     text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
-    if f"Register-ArgumentCompleter -Native -CommandName {prog_name} " in text:
+    if f"Register-ArgumentCompleter -Native -CommandName {NAMES['prog_name']} " in text:
         return path, False
-    script = get_completion_script(prog_name=prog_name, complete_var=complete_var, shell=shell)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as profile_file:
+        script = get_completion_script(shell=shell, **NAMES)
         profile_file.write(("\n" if text and not text.endswith("\n") else "") + script.rstrip("\n") + "\n")
     return path, True
 
 
-def completion_option(name: str, callback, help: str):
-    return typer.Option(None, name, metavar="[SHELL]", callback=callback, expose_value=False, is_eager=True,
-                        autocompletion=lambda incomplete: _offer(SHELLS, incomplete), show_default=False, help=help)
+def completion_option(name: str, install: bool, help: str):
+    return typer.Option(None, name, metavar="[SHELL]", callback=_completion(install), expose_value=False,
+                        is_eager=True, autocompletion=lambda incomplete: _offer(SHELLS, incomplete),
+                        show_default=False, help=help)
 
 
 InstallCompletionOption = completion_option(
-    COMPLETION_OPTIONS[0], _install_completion,
+    COMPLETION_OPTIONS[0], True,
     f"Install completion for SHELL ({', '.join(SHELLS[:4])}; default: the shell this runs under).")
 ShowCompletionOption = completion_option(
-    COMPLETION_OPTIONS[1], _show_completion,
+    COMPLETION_OPTIONS[1], False,
     "Print SHELL's completion script (default: the shell this runs under), to copy it or customize the installation.")
 
 
@@ -389,9 +373,9 @@ def _folders(incomplete: str, suffix: Optional[str] = None) -> list[str]:
     return names
 
 
-def _checkpoints(incomplete: str, shipped: bool) -> list[str]:
-    """A CHECKPOINT: the shipped models' names (where `shipped`), `latest`, the runs under runs/,
-    then folders and .pt files at the path typed."""
+def complete_checkpoints(incomplete: str, shipped: bool) -> list[str]:
+    """A CHECKPOINT: the shipped models' names (where `shipped`: --resume refuses them), `latest`,
+    the runs under runs/, then folders and .pt files at the path typed."""
     from .folders import runs_under
 
     runs = [str(run) for run in runs_under(RUNS_DIR)]
@@ -400,11 +384,7 @@ def _checkpoints(incomplete: str, shipped: bool) -> list[str]:
 
 
 def complete_checkpoint(incomplete: str) -> list[str]:
-    return _checkpoints(incomplete, shipped=True)
-
-
-def complete_resumable(incomplete: str) -> list[str]:
-    return _checkpoints(incomplete, shipped=False)  # --resume refuses a shipped model
+    return complete_checkpoints(incomplete, shipped=True)
 
 
 def _once(names: list[str], runs: list[str]) -> list[str]:

@@ -112,28 +112,26 @@ LIST_SEPARATOR = ";"  # between a CSV list cell's items: never the CSV's own com
 def csv_cell(value: Any) -> Any:
     """A value as one CSV cell holding no comma of ours: a list's items joined by `;`, a dict as
     `key=value` pairs joined by spaces, None as an empty cell."""
-    if value is None:
-        return ""
     if isinstance(value, (list, tuple)):
         return LIST_SEPARATOR.join(_csv_item(item) for item in value)
-    if isinstance(value, dict):
-        return _csv_item(value)
-    return value
+    return _csv_item(value) if value is None or isinstance(value, dict) else value
 
 
 def _csv_item(value: Any) -> str:
-    if value is None:
-        return ""
     if isinstance(value, dict):
         return " ".join(f"{key}={_csv_item(item)}" for key, item in value.items())
     if isinstance(value, (list, tuple)):
-        return " ".join(_csv_item(item) for item in value)
-    return str(value)
+        return " ".join(map(_csv_item, value))
+    return "" if value is None else str(value)
 
 
 # A rich table with its default box and padding: one border and two spaces of padding around
 # every column, and the closing border.
 _COLUMN_OVERHEAD, _TABLE_OVERHEAD = 3, 1
+
+
+def _table_width(widths: list[int]) -> int:
+    return sum(widths) + _COLUMN_OVERHEAD * len(widths) + _TABLE_OVERHEAD
 
 
 # A sign that belongs to the figure after it: a cell wraps before it, never after ("5.91" over
@@ -174,40 +172,23 @@ def wrap_text(text: str, width: int) -> str:
     return "\n".join(lines)
 
 
-def _widths(columns: list[Column], cells: list[list[str]]) -> tuple[list[int], list[int], list[int]]:
-    """Each column's natural width, narrowest (only headers and wrap columns wrap, at their
-    spaces) and widest cell."""
-    natural, narrowest, widest = [], [], []
-    for i, c in enumerate(columns):
-        column = [row[i] for row in cells]
-        longest = max((cell_len(text) for text in column), default=0)
-        natural.append(max(longest, cell_len(c.header)))
-        widest.append(longest)
-        unbreakable = max((_words(text) for text in column), default=0) if c.wrap else longest
-        narrowest.append(max(unbreakable, cell_len(c.header) if c.no_wrap else _words(c.header)))
-    return natural, narrowest, widest
-
-
-def _fit(natural: list[int], narrowest: list[int], width: int, cells: list[int] | None = None) -> list[int]:
-    """Narrow the widest columns that can wrap, a character at a time, until the table fits: first
-    only as far as their headers wrap (`cells`: each column's widest cell), then into the cells."""
+def _fit(natural: list[int], floors: list[list[int]], width: int) -> list[int]:
+    """Narrow the widest columns that can wrap, a character at a time, until the table fits: each
+    floor in turn (first only as far as their headers wrap, then into the cells)."""
     widths = list(natural)
-    budget = width - _TABLE_OVERHEAD - _COLUMN_OVERHEAD * len(widths)
-    for floor in ([[max(c, n) for c, n in zip(cells, narrowest)]] if cells else []) + [narrowest]:
-        while sum(widths) > budget:
+    for floor in floors:
+        while _table_width(widths) > width:
             slack = [i for i in range(len(widths)) if widths[i] > floor[i]]
             if not slack:
                 break
-            widest = max(slack, key=lambda i: widths[i])
-            widths[widest] -= 1
+            widths[max(slack, key=lambda i: widths[i])] -= 1
     return widths
 
 
 def _chunks(columns: list[Column], narrowest: list[int], width: int) -> list[list[int]]:
     """The tables (column indices) a table too wide is split into: each repeats the first column
     and keeps groups together."""
-    budget = width - _TABLE_OVERHEAD
-    if sum(narrowest) + _COLUMN_OVERHEAD * len(columns) <= budget:
+    if _table_width(narrowest) <= width:
         return [list(range(len(columns)))]
     units: list[list[int]] = []
     for i in range(1, len(columns)):
@@ -217,7 +198,7 @@ def _chunks(columns: list[Column], narrowest: list[int], width: int) -> list[lis
             units.append([i])
     chunks, current = [], [0]
     for unit in units:
-        if len(current) > 1 and sum(narrowest[i] + _COLUMN_OVERHEAD for i in current + unit) > budget:
+        if len(current) > 1 and _table_width([narrowest[i] for i in current + unit]) > width:
             chunks.append(current)
             current = [0]
         current = current + unit
@@ -235,21 +216,14 @@ PIPE_WIDTH = 80  # the output contract's width for a table that is not shown on 
 
 def table_console(file: IO[str] | None = None, width: int | None = None) -> Console:
     """The one place that decides a table's width: `width`, else $COLUMNS, else the terminal's;
-    pipes and files get PIPE_WIDTH, the contract's."""
-    environ = _environ()
+    pipes and files get PIPE_WIDTH, the contract's. A COLUMNS that is no width (0, empty, text)
+    is unset: rich would print nothing."""
+    environ = {key: value for key, value in os.environ.items()
+               if key != "COLUMNS" or (value.strip().isdigit() and int(value) > 0)}
     console = _Console(file=file or sys.stdout, width=width, _environ=environ)
     if width is None and not console.is_terminal and "COLUMNS" not in environ:
-        console = _Console(file=file or sys.stdout, width=PIPE_WIDTH, _environ=environ)
+        console.width = PIPE_WIDTH
     return console
-
-
-def _environ() -> dict[str, str]:
-    """The environment with a COLUMNS that is no width (0, empty, text) unset: rich would print nothing."""
-    environ = dict(os.environ)
-    columns = environ.get("COLUMNS", "").strip()
-    if not (columns.isdigit() and int(columns) > 0):
-        environ.pop("COLUMNS", None)
-    return environ
 
 
 def render_table(rows: list[dict], columns: list[Column], *, title: str | None = None,
@@ -257,44 +231,48 @@ def render_table(rows: list[dict], columns: list[Column], *, title: str | None =
     """A rich table that fits the terminal with every figure whole: headers and wrap columns wrap at
     spaces; one that still does not fit is split into several, each repeating the first column."""
     console = table_console(file, width)
+    width = console.width
     spell = spelling_for(console.file)  # before the widths are measured, so that the columns line up
     cells = [[spell(c.text(row) if c.text else cell_text(row.get(c.key), c.spec)) for c in columns] for row in rows]
     columns = [dataclasses.replace(c, header=spell(c.header)) for c in columns]
     title, caption = (spell(title) if title else title), (spell(caption) if caption else caption)
-    natural, narrowest, widest = _widths(columns, cells)
-    chunks = _chunks(columns, narrowest, console.width)
+    # each column's widest cell, natural width and narrowest (only headers and wrap columns wrap,
+    # at their spaces)
+    widest = [max((cell_len(row[i]) for row in cells), default=0) for i in range(len(columns))]
+    natural = [max(longest, cell_len(c.header)) for longest, c in zip(widest, columns)]
+    narrowest = [max(max((_words(row[i]) for row in cells), default=0) if c.wrap else widest[i],
+                     cell_len(c.header) if c.no_wrap else _words(c.header)) for i, c in enumerate(columns)]
+    chunks = _chunks(columns, narrowest, width)
     for n, chunk in enumerate(chunks):
         part_title = title if n == 0 or title is None else f"{title} (continued)"
-        widths = _fit([natural[i] for i in chunk], [narrowest[i] for i in chunk], console.width,
-                      [widest[i] for i in chunk])
-        if part_title is not None and cell_len(part_title) > sum(widths) + _COLUMN_OVERHEAD * len(widths) + \
-                _TABLE_OVERHEAD:
+        widths = _fit([natural[i] for i in chunk], [[max(widest[i], narrowest[i]) for i in chunk],
+                                                    [narrowest[i] for i in chunk]], width)
+        needed = _table_width(widths)
+        if part_title is not None and cell_len(part_title) > needed:
             # wider than the table, which would break it mid-word (a checkpoint's path): a line of
             # its own, wrapped at spaces only where the terminal is too narrow for it, a word wider
             # than the terminal left whole for the terminal to wrap
-            for line in wrap_text(part_title, console.width).split("\n"):
+            for line in wrap_text(part_title, width).split("\n"):
                 console.print(line, soft_wrap=True, highlight=False, markup=False)
             part_title = None
-        needed = sum(widths) + _COLUMN_OVERHEAD * len(widths) + _TABLE_OVERHEAD
         # the caption wrapped as the cells are, to the table's width
         part_caption = wrap_text(caption, needed) if caption and n == len(chunks) - 1 else None
         table = Table(title=part_title, caption=part_caption,
                       show_header=any(c.header for c in columns))  # a table of facts needs no header row
         for i, w in zip(chunk, widths):
             c = columns[i]
-            text = c.spec == "s" or c.text is not None
             # headers and wrap columns are wrapped here, at spaces and never inside a piece
             # (wrap_text), rather than by rich, which would end a line in "±" or split a path
-            table.add_column(c.header if c.no_wrap else wrap_text(c.header, w), justify="left" if text else "right",
-                             width=w, no_wrap=c.no_wrap, overflow="fold")
-        for row_cells in cells:
-            table.add_row(*(wrap_text(row_cells[i], widths[n]) if columns[i].wrap else row_cells[i]
-                            for n, i in enumerate(chunk)))
+            table.add_column(c.header if c.no_wrap else wrap_text(c.header, w), width=w, no_wrap=c.no_wrap,
+                             justify="left" if c.spec == "s" or c.text is not None else "right", overflow="fold")
+        for row in cells:
+            table.add_row(*(wrap_text(row[i], w) if columns[i].wrap else row[i] for i, w in zip(chunk, widths)))
         # a table whose unbreakable cells (a model's name, a figure) are wider than the terminal
         # even split is printed wider, for the terminal to wrap whole lines: rich would otherwise
         # squeeze it and break a name to type mid-word
-        wider = _Console(file=console.file, width=needed, _environ=_environ()) if needed > console.width else console
-        wider.print(table)
+        console.width = max(needed, width)
+        console.print(table)
+        console.width = width
 
 
 def render_report(report, fmt: OutputFormat | str, file: IO[str] | None = None, width: int | None = None) -> None:
@@ -353,19 +331,14 @@ def value_text(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def config_item(option: str, value) -> str:
-    """`max-steps 12`; a switch as its flag: `gru-layer-norm`, `no-gru-layer-norm`."""
-    if isinstance(value, bool):
-        return option if value else f"no-{option}"
-    return f"{option} {value_text(value)}"
-
-
 def config_lines(values: dict, sources: dict, shown: list[str], width: int = 80) -> list[str]:
     """The configuration `ponder train` states on stderr, grouped by where each value came from,
     as `max-steps 12` items wrapped at `width` columns."""
     groups: dict[str, list[str]] = {}
-    for name in shown:
-        groups.setdefault(sources[name], []).append(config_item(name.replace("_", "-"), values[name]))
+    for name in shown:  # `max-steps 12`; a switch as its flag: `gru-layer-norm`, `no-gru-layer-norm`
+        option, value = name.replace("_", "-"), values[name]
+        item = (option if value else f"no-{option}") if isinstance(value, bool) else f"{option} {value_text(value)}"
+        groups.setdefault(sources[name], []).append(item)
     order = sorted(groups, key=lambda source: (source != "given", source == "default", source))
     lines = ["configuration:"]
     for source in order:

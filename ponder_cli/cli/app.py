@@ -22,7 +22,8 @@ from typing import Optional
 import typer
 from typer.core import TyperGroup
 
-from .. import PonderError, PonderWarning, SigTerm, StdoutClosed, __version__, hold_interrupt, interruption
+from .. import (Interrupted, PonderError, PonderWarning, SigTerm, StdoutClosed, Terminated, __version__,
+                hold_interrupt)
 from ..cli_options import InstallCompletionOption, ShowCompletionOption, bare_completion_options, use_ponder_completion
 from ..render import ASCII_ERRORS, OutputFormat
 
@@ -87,9 +88,11 @@ def parameter_message(exc: "typer.BadParameter") -> str:
 
 
 def _stopped(ctx, exc: BaseException) -> None:
-    """An interrupt or a reader gone as one line (not click's "Aborted!"), saying what was kept."""
+    """An interrupt or a reader gone as one line (not click's "Aborted!"), saying what `keeping` kept."""
+    kept = getattr(exc, "kept", None)
+    kind = Terminated if isinstance(exc, SigTerm) else StdoutClosed if isinstance(exc, BrokenPipeError) else Interrupted
     command = " ".join(filter(None, ("ponder", ctx.invoked_subcommand)))
-    stopped = interruption(exc, f"{command} stopped before its results; nothing was written")
+    stopped = kind(kept() if kept else f"{command} stopped before its results; nothing was written")
     _fail(f"{stopped.headline}: {stopped}", stopped.exit_code, stopped)
 
 
@@ -203,12 +206,10 @@ def _fileno(stream) -> Optional[int]:
 def require_stdout() -> None:
     """Refuse to start when the results would have nowhere to go (closed, or open read-only)."""
     fd, writable = _fileno(sys.stdout), sys.stdout is not None
-    if writable and fd is not None:
+    if writable and fd is not None and os.name == "posix":  # elsewhere: trust the descriptor
+        import fcntl
         try:
-            import fcntl
             writable = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY
-        except ImportError:  # not POSIX: trust the descriptor
-            pass
         except OSError:  # EBADF: closed
             writable = False
     if not writable:
@@ -219,17 +220,15 @@ def require_stdout() -> None:
 def _to_devnull(fd: Optional[int]) -> None:
     """Point a lost descriptor at /dev/null: later writes (C code's, the interpreter's last flush)
     succeed quietly, and its number is never reused for a file we open."""
-    if fd is None:
-        return
-    with contextlib.suppress(OSError):
-        null = os.open(os.devnull, os.O_WRONLY)
-        if null != fd:
-            os.dup2(null, fd)
-            os.close(null)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
 
 
-def reader_gone() -> None:
-    """stdout's reader left: what is still buffered for it goes nowhere, silently."""
+def reader_gone() -> None:  # stdout's reader left: what is still buffered for it goes nowhere, silently
     _to_devnull(_fileno(sys.stdout))
 
 

@@ -16,7 +16,7 @@ from .. import BadValue
 from ..cli_options import (AmpOption, DataDirOption, DeviceOption, DownloadOption, FormatOption, ListsCommand,
                            QuietOption, checkpoint_argument, checkpoint_forms, complete_checkpoint, complete_rule,
                            complete_run, complete_run_key, path_option)
-from ..folders import DEFAULT, LATEST, RUNS_DIR  # noqa: F401  (LATEST: for the runs commands)
+from ..folders import DEFAULT, LATEST, RUNS_DIR
 from ..registry import EVAL_ANGLES, EXTRAPOLATION_ANGLES, PROTOCOLS, parse_exit_rule, parse_halting_rule, rule_choices
 from ..render import OutputFormat, value_text
 from .app import app, bars, chatter, render_and_plot
@@ -47,32 +47,30 @@ HALTING_HELP = (f"{rule_choices()}. sample: Bernoulli(λ_n) coin per step (paper
 
 # the options the model-running commands share, each with its type: @options picks a command's
 SHARED = {
-    "protocol": (Optional[Protocol], typer.Option(
-        None, "--protocol", case_sensitive=False, show_default=False,
-        help="How MNIST test images are rotated: uniform (the default): within ±angle (reference); band: |rotation| "
-             "between the previous angle and this one; fixed: exactly ±angle. Parity checkpoints refuse it.")),
+    "protocol": (Optional[Protocol], typer.Option(None, "--protocol", case_sensitive=False, show_default=False, help=(
+        "How MNIST test images are rotated: uniform (the default): within ±angle (reference); band: |rotation| "
+        "between the previous angle and this one; fixed: exactly ±angle. Parity checkpoints refuse it."))),
     "halting": (Optional[str], typer.Option(None, "--halting", metavar="RULE", callback=_rule(parse_halting_rule),
                                             autocompletion=lambda incomplete: complete_rule()(incomplete),
                                             help=HALTING_HELP)),
-    "max_steps": (Optional[int], typer.Option(
-        None, "--max-steps", metavar="N", show_default=False,
-        help="Run up to N steps, whatever the checkpoint trained with (1 to 100; more than it trained with too): the "
-             "halting forced at step N, as at training's last step. A one-step model (plain) refuses it. [default: "
-             "the checkpoint's]")),
-    "detail": (bool, typer.Option(False, "--detail", help="Also show, per halting step, how many images halted there "
-                                  "and the accuracy if every image stopped there (runs all steps).")),
-    "plot": (Optional[Path], path_option(
-        "--plot", help="Write a figure (PNG, or another format matplotlib knows by the file's extension) of accuracy "
-                       "and ponder steps against angle and the halting-step distributions (needs matplotlib: pip "
-                       "install matplotlib).")),
-    "seed": (Optional[int], typer.Option(
-        None, "--seed", help="Seed of the test rotations and halting coin flips, drawn per input (MNIST: --limit N "
-                             "evaluates the first N images exactly as the full evaluation does). [default: the "
-                             "checkpoint's training seed]")),
-    "repeats": (int, typer.Option(1, "--repeats", min=1, help="Independent draws of rotations and halting coins "
-                                  "(seeds seed, seed+1, ...): means and 95% intervals per bucket.")),
-    "limit": (int, typer.Option(0, "--limit", min=0, help="Evaluate only the first N test images (0: all); parity: N "
-                                "vectors per non-zero count (0: 256).")),
+    "max_steps": (Optional[int], typer.Option(None, "--max-steps", metavar="N", show_default=False, help=(
+        "Run up to N steps, whatever the checkpoint trained with (1 to 100; more than it trained with too): the "
+        "halting forced at step N, as at training's last step. A one-step model (plain) refuses it. [default: the "
+        "checkpoint's]"))),
+    "detail": (bool, typer.Option(False, "--detail", help=(
+        "Also show, per halting step, how many images halted there and the accuracy if every image stopped there "
+        "(runs all steps)."))),
+    "plot": (Optional[Path], path_option("--plot", help=(
+        "Write a figure (PNG, or another format matplotlib knows by the file's extension) of accuracy and ponder "
+        "steps against angle and the halting-step distributions (needs matplotlib: pip install matplotlib)."))),
+    "seed": (Optional[int], typer.Option(None, "--seed", help=(
+        "Seed of the test rotations and halting coin flips, drawn per input (MNIST: --limit N evaluates the first N "
+        "images exactly as the full evaluation does). [default: the checkpoint's training seed]"))),
+    "repeats": (int, typer.Option(1, "--repeats", min=1, help=(
+        "Independent draws of rotations and halting coins (seeds seed, seed+1, ...): means and 95% intervals per "
+        "bucket."))),
+    "limit": (int, typer.Option(0, "--limit", min=0, help=(
+        "Evaluate only the first N test images (0: all); parity: N vectors per non-zero count (0: 256)."))),
     "batch_size": (int, typer.Option(1000, "--batch-size", min=1, help="Images per evaluation batch.")),
     "data_dir": (Optional[Path], DataDirOption),
     "download": (bool, DownloadOption),
@@ -99,22 +97,22 @@ def options(*names: str):
 
 
 def angles_option(default: list, what: str):
-    return typer.Option(None, "--angles", metavar="DEG...", show_default=False,
-                        help=f"{what} Several values after one flag: --angles 22.5 45; checkpoints may come before "
-                             f"or after the list. MNIST checkpoints only. [default: {' '.join(map(value_text, default))}]")
+    return typer.Option(None, "--angles", metavar="DEG...", show_default=False, help=(
+        f"{what} Several values after one flag: --angles 22.5 45; checkpoints may come before or after the list. "
+        f"MNIST checkpoints only. [default: {' '.join(map(value_text, default))}]"))
 
 
 def counts_option(default: str):
-    return typer.Option(None, "--counts", metavar="LO-HI...", show_default=False,
-                        help=f"Parity checkpoints: one bucket per range of non-zero counts, e.g. --counts 1-16 17-32 "
-                             f"(a single count: 5). [default: {default}]")
+    return typer.Option(None, "--counts", metavar="LO-HI...", show_default=False, help=(
+        f"Parity checkpoints: one bucket per range of non-zero counts, e.g. --counts 1-16 17-32 (a single count: 5). "
+        f"[default: {default}]"))
 
 
 def buckets_option(default: str):
-    return typer.Option(None, "--buckets", metavar="SPEC...", show_default=False,
-                        help=f"One bucket per spec, in the terms of the checkpoint's task (MNIST: angles, as "
-                             f"--angles; parity: count ranges, as --counts; another task: its own). Several values "
-                             f"after one flag when they are numbers or ranges LO-HI. [default: {default}]")
+    return typer.Option(None, "--buckets", metavar="SPEC...", show_default=False, help=(
+        f"One bucket per spec, in the terms of the checkpoint's task (MNIST: angles, as --angles; parity: count "
+        f"ranges, as --counts; another task: its own). Several values after one flag when they are numbers or "
+        f"ranges LO-HI. [default: {default}]"))
 
 
 def _run(call, options: dict) -> None:
@@ -161,8 +159,8 @@ def eval_command(
 def extrapolate(
     checkpoint: Optional[str] = checkpoint_argument(),
     angles: Optional[List[str]] = angles_option(EXTRAPOLATION_ANGLES, "Rotation buckets in degrees (see --protocol)."),
-    counts: Optional[List[str]] = counts_option("the counts beyond the training range in four; all counts "
-                                                "in four when training saw every count"),
+    counts: Optional[List[str]] = counts_option("the counts beyond the training range in four; all counts in four "
+                                                "when training saw every count"),
     buckets: Optional[List[str]] = buckets_option("the task's beyond its training: MNIST as --angles, parity as "
                                                   "--counts"),
     **options,
@@ -180,14 +178,12 @@ def extrapolate(
          "amp", "fmt", "quiet")
 def sweep(
     checkpoint: Optional[str] = checkpoint_argument(),
-    start: Optional[float] = typer.Option(None, "--from", show_default=False,
-                                          help="First angle, degrees (parity: first non-zero count). [default: 0; "
-                                               "parity: 1]"),
-    stop: Optional[float] = typer.Option(None, "--to", show_default=False,
-                                         help="Last angle, degrees (parity: last count). [default: 180; parity: "
-                                              "the vector's elements]"),
-    every: Optional[float] = typer.Option(None, "--every", show_default=False,
-                                          help="Degrees (parity: counts) between buckets. [default: 5; parity: 1]"),
+    start: Optional[float] = typer.Option(None, "--from", show_default=False, help=(
+        "First angle, degrees (parity: first non-zero count). [default: 0; parity: 1]")),
+    stop: Optional[float] = typer.Option(None, "--to", show_default=False, help=(
+        "Last angle, degrees (parity: last count). [default: 180; parity: the vector's elements]")),
+    every: Optional[float] = typer.Option(None, "--every", show_default=False, help=(
+        "Degrees (parity: counts) between buckets. [default: 5; parity: 1]")),
     **options,
 ) -> None:
     """Mental rotation: steps and accuracy at exact angles --from..--to every --every degrees, and the
@@ -207,17 +203,15 @@ def compare(
     angles: Optional[List[str]] = angles_option(EXTRAPOLATION_ANGLES, "Rotation buckets in degrees."),
     counts: Optional[List[str]] = counts_option("every count in four"),
     buckets: Optional[List[str]] = buckets_option("the task's: MNIST as --angles, parity as --counts"),
-    max_steps: Optional[int] = typer.Option(None, "--max-steps", metavar="N", show_default=False,
-                                            help="Run every checkpoint that runs several steps up to N steps, "
-                                                 "whatever it trained with (1 to 100): the halting forced at step "
-                                                 "N. A one-step model (plain) keeps its one. [default: each "
-                                                 "checkpoint's]"),
-    detail: bool = typer.Option(False, "--detail", help="Also show the Controls table: each row's shuffled-halting "
-                                "null, adapting minus it, and its premature and late halts (JSON and CSV hold them "
-                                "always)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the test rotations and halting coin flips, the "
-                                       "same for every checkpoint, so all see the same images. [default: the "
-                                       "checkpoints' training seed if they share one, else 1234]"),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", metavar="N", show_default=False, help=(
+        "Run every checkpoint that runs several steps up to N steps, whatever it trained with (1 to 100): the "
+        "halting forced at step N. A one-step model (plain) keeps its one. [default: each checkpoint's]")),
+    detail: bool = typer.Option(False, "--detail", help=(
+        "Also show the Controls table: each row's shuffled-halting null, adapting minus it, and its premature and "
+        "late halts (JSON and CSV hold them always).")),
+    seed: Optional[int] = typer.Option(None, "--seed", help=(
+        "Seed of the test rotations and halting coin flips, the same for every checkpoint, so all see the same "
+        "images. [default: the checkpoints' training seed if they share one, else 1234]")),
     **options,
 ) -> None:
     """Methods side by side on the same buckets (rotations or non-zero counts): accuracy and ponder steps, mean ± sd
@@ -232,44 +226,38 @@ def compare(
     _run(call, {**options, "max_steps": max_steps, "seed": seed})
 
 
-def _rules(values: Optional[list[str]]) -> Optional[list[str]]:
-    """calibrate's --rules, each checked as one that halts at one step, before any work."""
-    return None if values is None else [_rule(parse_exit_rule)(value) for value in values]
-
-
 @app.command(cls=ListsCommand)
 @options("protocol", "max_steps", "seed", "repeats", "limit", "batch_size", "data_dir", "download", "device", "amp",
          "quiet", "fmt")
 def calibrate(
     checkpoint: Optional[str] = checkpoint_argument(),
-    tolerance: Optional[float] = typer.Option(None, "--tolerance", show_default=False,
-                                              help="Choose the cheapest rule whose predicted class agrees with the "
-                                                   "last step's on at least 1 - this share of the validation inputs "
-                                                   "(a one-sided 95% bound). [default: 0.005]"),
+    tolerance: Optional[float] = typer.Option(None, "--tolerance", show_default=False, help=(
+        "Choose the cheapest rule whose predicted class agrees with the last step's on at least 1 - this share of "
+        "the validation inputs (a one-sided 95% bound). [default: 0.005]")),
     angles: Optional[List[str]] = angles_option(["the training rotation"], "Rotate the validation images within "
                                                 "±angle (see --protocol); one bucket per angle, pooled."),
     counts: Optional[List[str]] = counts_option("the training range"),
     buckets: Optional[List[str]] = buckets_option("the task's training inputs"),
-    max_loss: Optional[float] = typer.Option(None, "--max-loss", metavar="E", show_default=False,
-                                             help="With --risk: choose the cheapest rule whose loss (the share of "
-                                                  "inputs whose class differs from the last step's) has an exact "
-                                                  "upper 1 - D confidence bound of at most E, by fixed-sequence "
-                                                  "testing from the most steps down (instead of --tolerance)."),
-    risk: Optional[float] = typer.Option(None, "--risk", metavar="D", show_default=False,
-                                         help="With --max-loss: the chance D (e.g. 0.1) that the chosen rule's "
-                                              "loss on inputs drawn as the calibration inputs were exceeds E."),
-    save: bool = typer.Option(False, "--save", help="Write the chosen rule into the run folder (halting.json): "
-                              "eval, extrapolate and sweep then halt by it unless --halting says otherwise."),
-    rules: Optional[List[str]] = typer.Option(None, "--rules", metavar="RULE...", show_default=False, callback=_rules,
-                                              autocompletion=complete_rule(True),
-                                              help="The candidate exit rules, spelled as --halting takes them "
-                                              "(fixed budgets fixed:N too). Several values after one flag: --rules "
-                                              "quantile:0.9 confidence:0.995. [default: quantile:0.5 to 0.99, "
-                                              "patience:1 to 4, confidence:0.5 to 0.999; a head trained with "
-                                              "--halting-target final|correct: threshold:0.5 to 0.9999 in place of "
-                                              "the quantiles]"),
-    limit: int = typer.Option(0, "--limit", min=0, help="Only the first N validation images (0: all); parity: N "
-                              "vectors per non-zero count (0: 256)."),
+    max_loss: Optional[float] = typer.Option(None, "--max-loss", metavar="E", show_default=False, help=(
+        "With --risk: choose the cheapest rule whose loss (the share of inputs whose class differs from the last "
+        "step's) has an exact upper 1 - D confidence bound of at most E, by fixed-sequence testing from the most "
+        "steps down (instead of --tolerance).")),
+    risk: Optional[float] = typer.Option(None, "--risk", metavar="D", show_default=False, help=(
+        "With --max-loss: the chance D (e.g. 0.1) that the chosen rule's loss on inputs drawn as the calibration "
+        "inputs were exceeds E.")),
+    save: bool = typer.Option(False, "--save", help=(
+        "Write the chosen rule into the run folder (halting.json): eval, extrapolate and sweep then halt by it "
+        "unless --halting says otherwise.")),
+    rules: Optional[List[str]] = typer.Option(
+        None, "--rules", metavar="RULE...", show_default=False, autocompletion=complete_rule(True),
+        # each checked as one that halts at one step, before any work
+        callback=lambda values: None if values is None else [_rule(parse_exit_rule)(value) for value in values],
+        help="The candidate exit rules, spelled as --halting takes them (fixed budgets fixed:N too). Several values "
+             "after one flag: --rules quantile:0.9 confidence:0.995. [default: quantile:0.5 to 0.99, patience:1 to "
+             "4, confidence:0.5 to 0.999; a head trained with --halting-target final|correct: threshold:0.5 to "
+             "0.9999 in place of the quantiles]"),
+    limit: int = typer.Option(0, "--limit", min=0, help=(
+        "Only the first N validation images (0: all); parity: N vectors per non-zero count (0: 256).")),
     **options,
 ) -> None:
     """Choose an exit rule on held-out data: quantile:Q, patience:K and confidence:C rules on the validation set
@@ -290,23 +278,23 @@ def calibrate(
 @options("halting", "max_steps", "seed", "steps", "invert", "rotate", "plot", "device", "quiet", "fmt")
 def predict(
     checkpoint: str = checkpoint_argument(f"{checkpoint_forms().capitalize()}.", ...),
-    inputs: Optional[List[Path]] = typer.Argument(None, metavar="INPUT...", show_default=False,
-                                        help="MNIST models: image files (PNG, JPEG, ...: any size and mode) or .npy "
-                                             "arrays of shape (N, 28, 28); parity models: .npy arrays (N, ELEMS) or "
-                                             "text files of one vector per line (entries -1, 0, 1); - reads such "
-                                             "lines from standard input."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the halting coin flips (--halting sample). "
-                                       "[default: the checkpoint's training seed]"),
-    steps: bool = typer.Option(False, "--steps", help="Also show every step: its top class and probability, λ_n, "
-                               "p_n and the step function's own figures (align: the accumulated turn)."),
-    invert: Optional[bool] = typer.Option(None, "--invert/--no-invert", show_default=False,
-                                          help="Images: dark digits on a light background, to be inverted. "
-                                               "[default: detected per image, from its border]"),
-    rotate: Optional[float] = typer.Option(None, "--rotate", metavar="DEG", help="Images: rotate every input "
-                                           "counter-clockwise by DEG degrees first, as evaluation rotates."),
-    plot: Optional[Path] = path_option("--plot", help="Write a strip per input: what the model sees at each "
-                                        "step (align: the re-read view), the step's class and probability and "
-                                        "λ_n, the halting step framed (needs matplotlib)."),
+    inputs: Optional[List[Path]] = typer.Argument(None, metavar="INPUT...", show_default=False, help=(
+        "MNIST models: image files (PNG, JPEG, ...: any size and mode) or .npy arrays of shape (N, 28, 28); parity "
+        "models: .npy arrays (N, ELEMS) or text files of one vector per line (entries -1, 0, 1); - reads such lines "
+        "from standard input.")),
+    seed: Optional[int] = typer.Option(None, "--seed", help=(
+        "Seed of the halting coin flips (--halting sample). [default: the checkpoint's training seed]")),
+    steps: bool = typer.Option(False, "--steps", help=(
+        "Also show every step: its top class and probability, λ_n, p_n and the step function's own figures (align: "
+        "the accumulated turn).")),
+    invert: Optional[bool] = typer.Option(None, "--invert/--no-invert", show_default=False, help=(
+        "Images: dark digits on a light background, to be inverted. [default: detected per image, from its "
+        "border]")),
+    rotate: Optional[float] = typer.Option(None, "--rotate", metavar="DEG", help=(
+        "Images: rotate every input counter-clockwise by DEG degrees first, as evaluation rotates.")),
+    plot: Optional[Path] = path_option("--plot", help=(
+        "Write a strip per input: what the model sees at each step (align: the re-read view), the step's class and "
+        "probability and λ_n, the halting step framed (needs matplotlib).")),
     **options,
 ) -> None:
     """A model on your own inputs: the prediction, its probability and the halting step per input."""
@@ -323,14 +311,14 @@ def predict(
                                      **options)
     render_and_plot(predict_inputs(checkpoint, inputs, predict_options, log=chatter(quiet)), fmt, plot, quiet)
 
+
 @app.command()
 def info(
     checkpoint: Optional[str] = typer.Argument(
-        None, metavar="CHECKPOINT|RUN_DIR", show_default=False,
-        autocompletion=complete_checkpoint,
+        None, metavar="CHECKPOINT|RUN_DIR", show_default=False, autocompletion=complete_checkpoint,
         help=f"{checkpoint_forms(RUN_FILES).capitalize()}. [default: {DEFAULT}]"),
-    plot: Optional[Path] = path_option("--plot", help="Write the learning curves: loss, accuracy and ponder "
-                                        "steps per epoch (needs matplotlib)."),
+    plot: Optional[Path] = path_option("--plot", help=(
+        "Write the learning curves: loss, accuracy and ponder steps per epoch (needs matplotlib).")),
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:
@@ -343,10 +331,7 @@ def info(
 
 
 @app.command()
-def models(
-    quiet: bool = QuietOption,
-    fmt: OutputFormat = FormatOption,
-) -> None:
+def models(quiet: bool = QuietOption, fmt: OutputFormat = FormatOption) -> None:
     """The models shipped inside the package, by name: task, what each is, its validation figures."""
     from ..listing import shipped_models
 
@@ -376,24 +361,19 @@ app.add_typer(runs_app, name="runs", help="Your training runs, listed (ponder ru
 
 @runs_app.command(LIST, cls=ListingCommand, hidden=True)
 def runs(
-    folders: Optional[List[Path]] = typer.Argument(None, metavar="FOLDER", show_default=False,
-                                                   help="Folders of runs (every run folder below, at any depth), or "
-                                                        f"run folders. [default: the current folder: {RUNS_DIR}/ and "
-                                                        f"any --out folder here]"),
+    folders: Optional[List[Path]] = typer.Argument(None, metavar="FOLDER", show_default=False, help=(
+        f"Folders of runs (every run folder below, at any depth), or run folders. [default: the current folder: "
+        f"{RUNS_DIR}/ and any --out folder here]")),
     where: Optional[List[str]] = typer.Option(None, "--where", metavar="EXPR", show_default=False,
-                                              autocompletion=complete_run_key,
-                                              help="Only the runs that meet it: KEY=VALUE, KEY!=VALUE, KEY>V, "
-                                                   "KEY<V, KEY>=V or KEY<=V, KEY a JSON key of the listing "
-                                                   "(best_val_accuracy, status, name, when), a setting (lambda_p, "
-                                                   "seed), started (when) or tag (one of the run's tags). Numbers "
-                                                   "compare as numbers, times as times (ISO, UTC unless zoned), "
-                                                   "text and tags only with = and !=; KEY=none: no value. Repeat "
-                                                   "it: all must hold."),
+                                              autocompletion=complete_run_key, help=(
+        "Only the runs that meet it: KEY=VALUE, KEY!=VALUE, KEY>V, KEY<V, KEY>=V or KEY<=V, KEY a JSON key of the "
+        "listing (best_val_accuracy, status, name, when), a setting (lambda_p, seed), started (when) or tag (one of "
+        "the run's tags). Numbers compare as numbers, times as times (ISO, UTC unless zoned), text and tags only "
+        "with = and !=; KEY=none: no value. Repeat it: all must hold.")),
     sort: Optional[str] = typer.Option(None, "--sort", metavar="KEY", show_default=False,
-                                       autocompletion=complete_run_key,
-                                       help="Order by KEY (as --where's): figures and times from the highest and "
-                                            "newest, text from a to z; runs without it last. [default: oldest "
-                                            "first, by when each started]"),
+                                       autocompletion=complete_run_key, help=(
+        "Order by KEY (as --where's): figures and times from the highest and newest, text from a to z; runs "
+        "without it last. [default: oldest first, by when each started]")),
     reverse: bool = typer.Option(False, "--reverse", help="Turn --sort's order round."),
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
@@ -409,18 +389,19 @@ def runs(
     render_and_plot(list_runs(folders or [], where=where or [], sort=sort, reverse=reverse, log=chatter(quiet)), fmt,
                     None, quiet)
 
+
 @runs_app.command("rm")
 def runs_rm(
     runs: Optional[List[Path]] = typer.Argument(None, metavar="RUN", show_default=False, autocompletion=complete_run,
                                                 help="Run folders (with --empty: folders whose trash to empty; "
                                                      f"default: {RUNS_DIR}/ and the current folder)."),
-    restore: bool = typer.Option(False, "--restore", help="Bring the runs named (by the path each had) back from "
-                                 "the trash, as they were."),
-    empty: bool = typer.Option(False, "--empty", help="Delete the runs in the trash of the folders named (their own "
-                               ".trash, not one below; no link followed): the one command that deletes a run. Lists "
-                               "them with their sizes and asks first."),
-    yes: bool = typer.Option(False, "--yes", "-y", help="With --empty: delete without asking (needed where no "
-                             "terminal can be asked: a script, a pipe)."),
+    restore: bool = typer.Option(False, "--restore", help=(
+        "Bring the runs named (by the path each had) back from the trash, as they were.")),
+    empty: bool = typer.Option(False, "--empty", help=(
+        "Delete the runs in the trash of the folders named (their own .trash, not one below; no link followed): "
+        "the one command that deletes a run. Lists them with their sizes and asks first.")),
+    yes: bool = typer.Option(False, "--yes", "-y", help=(
+        "With --empty: delete without asking (needed where no terminal can be asked: a script, a pipe).")),
     quiet: bool = QuietOption,
     fmt: OutputFormat = FormatOption,
 ) -> None:
@@ -469,8 +450,7 @@ def ask_to_delete(rows: list[dict]) -> bool:
     or no; refused in one line where nobody can be asked (no terminal) and --yes was not given."""
     from ..reports.runs import size_text
 
-    total = size_text(sum(row["bytes"] for row in rows))
-    what = f"{len(rows)} trashed run{'s' if len(rows) != 1 else ''} ({total})"
+    what = f"{len(rows)} trashed run{'s' if len(rows) != 1 else ''} ({size_text(sum(row['bytes'] for row in rows))})"
     if not on_a_terminal():
         raise BadValue(f"--empty would delete {what} for good, and there is no terminal to ask: give --yes to "
                        f"delete them (`ponder runs rm --empty -f json --yes` lists what went)")
@@ -485,8 +465,7 @@ def ask_to_delete(rows: list[dict]) -> bool:
 
 @app.command()
 def diff(
-    targets: List[str] = typer.Argument(..., metavar="RUN...", show_default=False,
-                                        autocompletion=complete_checkpoint,
+    targets: List[str] = typer.Argument(..., metavar="RUN...", show_default=False, autocompletion=complete_checkpoint,
                                         help=f"Two or more runs, each as info's CHECKPOINT "
                                              f"({checkpoint_forms(RUN_FILES)})."),
     quiet: bool = QuietOption,
