@@ -244,16 +244,14 @@ class Origin(str):
 
 
 def spelled(key: str, origins: dict = {}, dashes: str = "") -> str:
-    """How a message names a setting: by the file that gave it (`origins`: key -> an Origin or a
-    --config file's path), else by its option ("lambda-p", with `dashes` "--lambda-p")."""
+    """How a message names a setting: by the file that gave it (`origins`), else as its option."""
     if key not in origins:
         return dashes + key.replace("_", "-")
     return f"{getattr(origins[key], 'option', '--config')} {origins[key]}: {key}"
 
 
 def problems_of(key: str, value, name: str = "") -> list[str]:
-    """A value alone, named `name` (else spelled): its type (a whole number does for a float),
-    finite in float32, its field's check."""
+    """A value alone: its type (a whole number does for a float), finite in float32, its check."""
     name, kind = name or spelled(key), TYPES[key]
     base = {Optional[float]: float, Optional[int]: int}.get(kind, kind)
     if value is None and base is not kind:
@@ -287,8 +285,7 @@ PAPER_SCALE = {"batch_size": 2048, "lr_patience": 1000, "patience": 0}
 
 
 def _plugins(kind: str) -> list:
-    """The pieces of `kind` an installed package registered: they name the declared settings they
-    read (`reads`) and imply (`implied`) on their classes, and declare none of their own."""
+    """Installed pieces of `kind`: their classes name the settings they read (`reads`) and imply (`implied`)."""
     return [(name, piece_class(kind, name)) for name in PIECES.get(kind, ()) if name not in BUILT_IN[kind]]
 
 
@@ -335,8 +332,7 @@ def implied_values(chosen: dict[str, str]) -> dict[str, tuple]:
 
 
 def implied_by_pieces(key: str) -> list[tuple[str, object]]:
-    """(piece, value) for every piece that implies a value of `key`, then what parity at the
-    paper's scale derives, for --help."""
+    """(piece, value) for each piece implying a value of `key`, then parity's at paper scale, for --help."""
     implied = PLACES[key][1].metadata["implied"]
     found = [(name, implied[name]) for table in PIECES.values() for name in table if name in implied]
     if key in PAPER_SCALE:
@@ -345,8 +341,7 @@ def implied_by_pieces(key: str) -> list[tuple[str, object]]:
 
 
 def bias_value(values: dict, name: str = "halting-bias"):
-    """halting_bias as the number it stands for: "prior" is the logit of lambda_p (lambda starts
-    at the prior's); the text of a number (an option's) is that number."""
+    """halting_bias as a number: "prior" is the logit of lambda_p (lambda starts at the prior's)."""
     bias = values.get("halting_bias")
     if bias == "prior":
         p = values.get("lambda_p", PonderConfig.default("lambda_p"))
@@ -358,11 +353,20 @@ def bias_value(values: dict, name: str = "halting-bias"):
 
 
 def default_halting(cfg: "PonderConfig") -> str:
-    """The rule a model halts by when none is asked for, the one it was trained for: a head trained
-    on the answer, its threshold; else its coins (ACT and plain halt by their own whatever it says)."""
+    """The rule a model was trained to halt by: a head trained on the answer, its threshold; else sample."""
     if "halting_threshold" in cfg.applying():
         return f"threshold:{cfg.method.halting_threshold!r}"
     return DEFAULT_HALTING
+
+
+def flat(values: dict) -> dict:
+    """A saved config by flat key, whether flat or by section ({"task": {"name": ..., ...}})."""
+    found = {}
+    for key, value in values.items():
+        sections = key in SECTION_TYPES and isinstance(value, dict)
+        found.update({key if name == "name" else name: item for name, item in value.items()} if sections
+                     else {key: value})
+    return found
 
 
 _warned: set = set()  # each warning about a saved run once per process
@@ -390,10 +394,9 @@ class PonderConfig:
 
     @classmethod
     def build(cls, values: dict, given=(), origins: dict = {}, saved: str = "") -> "PonderConfig":
-        """`values` by flat key (the rest default), of which the user gave `given` (`origins`:
-        key -> the file that gave it), checked with the user's spelling. A saved run's (`saved`
-        names it) setting its pieces do not read, at a value other than its default or what they
-        imply, is one warning: it never had an effect."""
+        """`values` by flat key, of which the user gave `given` (from files: `origins`), checked in
+        the user's spelling. A saved run's setting its pieces do not read, at a value other than
+        its default or what they imply, is one warning (`saved` names the run)."""
         unknown = sorted(set(values) - set(PLACES))
         if unknown:
             raise BadValue(f"unknown config keys {unknown}")
@@ -425,10 +428,9 @@ class PonderConfig:
         return cfg
 
     def problems(self, given=(), origins: dict = {}) -> list[str]:
-        """What is wrong, first things first: each value alone; a step that reads another kind of
-        input than the task gives; a setting the user gave (`given`) that the chosen pieces do not
-        read; a halting input the step does not show; what each chosen piece refuses beside the
-        rest (parity's counts against elems). A setting is named as the user gave it (`origins`)."""
+        """What is wrong, first things first: each value alone; a step and task of other inputs; a
+        setting given that the pieces do not read; a halting input the step does not show; what
+        each piece refuses (`config_problems`). Named as the user gave it (`origins`)."""
         chosen = self.chosen()
         problems = [problem for key in PLACES for problem in problems_of(key, self.value(key), spelled(key, origins))]
         if problems:
@@ -462,14 +464,8 @@ class PonderConfig:
 
     @classmethod
     def from_dict(cls, values: dict, saved: str = "a saved run") -> "PonderConfig":
-        """A saved run's config, flat ({key: value}) or by section ({"task": {...}}); unknown keys
-        mean another version wrote it."""
-        flat = {}
-        for key, value in values.items():
-            sections = key in SECTION_TYPES and isinstance(value, dict)
-            flat.update({key if name == "name" else name: item for name, item in value.items()} if sections
-                        else {key: value})
-        return cls.build(flat, saved=saved)
+        """A saved run's config, flat or by section ({"task": {...}})."""
+        return cls.build(flat(values), saved=saved)
 
     def replace(self, **changes) -> "PonderConfig":
         """A copy with these settings changed, by flat key; validated as a new config."""
@@ -484,8 +480,7 @@ class PonderConfig:
         return getattr(getattr(self, PLACES[key][0]), PLACES[key][1].name)
 
     def sources(self, given, origins: Optional[dict] = None) -> dict[str, str]:
-        """Where each value came from: "given", "file F" (origins), "implied by --step align",
-        "derived by --task parity" (parity's training counts from --elems), "default"."""
+        """Each value's source: given, file F, implied by --step align, derived by --task parity, default."""
         implied, origins = implied_values(self.chosen()), origins or {}
         return {key: (f"file {origins[key]}" if key in origins else "given") if key in given
                 else f"implied by {implied[key][1]}" if key in implied
@@ -497,8 +492,7 @@ class PonderConfig:
         return [key for key in PLACES if applies(key, self.chosen(), self.value)]
 
     def shown_fields(self) -> list[str]:
-        """The settings its pieces read and whatever they imply: what the configuration lines,
-        `ponder info` and a saved config.toml show."""
+        """What its pieces read and imply: what the configuration lines, info and config.toml show."""
         shown = {*self.applying(), *implied_values(self.chosen())}
         return [key for key in PLACES if key in shown]
 
@@ -544,7 +538,7 @@ def read_config_file(path: Path) -> dict:
     if isinstance(data.get("config"), dict) and "ponder_cli" in data:
         # a run's config.json holds every setting: those its pieces do not read had no effect on
         # it (a warning for any not at its neutral value), and are left out
-        saved = {key: value for key, value in data["config"].items() if value is not None}
+        saved = {key: value for key, value in flat(data["config"]).items() if value is not None}
         try:
             applying = PonderConfig.from_dict(saved, saved=f"--config {path}").applying()
         except PonderError as exc:  # of its kind: a bad value stays one
@@ -580,9 +574,8 @@ def read_config_file(path: Path) -> dict:
 
 
 def render_config(cfg: PonderConfig, sources: dict, fmt: str = "toml") -> str:
-    """The settings its pieces read (a None, the method's own halting_bias, left out), by table,
-    each with where its value came from; read back, the same configuration. What the pieces imply
-    but do not read (plain's one step) is a TOML comment."""
+    """The settings its pieces read (None left out) by table, each with its source; read back, the
+    same configuration. What the pieces imply but do not read (plain's one step) is a comment."""
     values, applying = cfg.to_dict(), cfg.applying()
     shown = [key for key in cfg.shown_fields() if values[key] is not None]
     settable = [key for key in shown if key in applying]
