@@ -32,14 +32,12 @@ ENTRY_POINTS = {"task": "ponder_cli.tasks", "step": "ponder_cli.steps", "method"
 PROTOCOLS = ("uniform", "band", "fixed")  # how test images are rotated per angle bucket
 DEFAULT_PROTOCOL = "uniform"  # the reference notebook's: within ±angle
 DEFAULT_HALTING = "sample"  # the paper's; a method with a rule of its own (ACT) halts by that instead
-# MNIST's default buckets, in degrees: eval's, the test images as they are; extrapolate's and
-# compare's, beyond training's ±22.5
+# MNIST's default buckets in degrees: eval's, the images as they are; extrapolate's, beyond training's ±22.5
 EVAL_ANGLES = (0.0,)
 EXTRAPOLATION_ANGLES = (22.5, 45.0, 67.5, 90.0)
 FORMATS = ("table", "json", "csv")
 TRAIN_FORMATS = (*FORMATS, "jsonl")  # `ponder train` streams too: an epoch's JSON object as it ends
-# The version of every JSON document the commands write: a key removed or renamed, or its meaning
-# changed, raises it; a key added does not (readers ignore keys they do not know).
+# every JSON document's version: raised when a key is removed, renamed or changes meaning, not when one is added
 FORMAT_VERSION = 1
 # Why a run's training ended: every planned epoch; early stopping; its time limit (resumable); or
 # a run that never left chance with its learning rate cut to the floor.
@@ -96,16 +94,11 @@ step_class = functools.partial(piece_class, "step")
 method_class = functools.partial(piece_class, "method")
 
 
-# Halting rules: how a model picks its halting step at inference (model.py decides by them):
-# - sample, median, expected: PonderNet's own (median is quantile:0.5);
-# - quantile:Q, halt once the cumulative halting probability reaches Q (PALBERT's Q-exit);
-# - patience:K, once the argmax equals that of each of the K steps before (PABEE);
-# - confidence:C, once the top class probability reaches C (CALM's softmax response);
-# - threshold:T, once lambda_n reaches T: the rule of a lambda trained as a "done" probability
-#   (--halting-target final, correct), whose cumulative product the coins would read too early;
-# - fixed:N, every input at step N whatever its halting says: the fixed budget adaptive halting
-#   is measured against, the same for every method (checked against a model's steps where known).
-# A rule keeps the user's spelling, as reports show it.
+# How a model picks its halting step at inference (model.py): PonderNet's sample, median (quantile:0.5)
+# and expected; quantile:Q, once the cumulative halting probability reaches Q (PALBERT); patience:K,
+# once the argmax equals the K steps' before (PABEE); confidence:C, once the top class probability
+# reaches C (CALM); threshold:T, once lambda_n reaches T (a head trained as a "done" probability);
+# fixed:N, every input at step N, the fixed budget adaptive halting is measured against.
 HALTING_RULES = ("sample", "median", "expected", "quantile", "patience", "confidence", "threshold", "fixed")
 # what each rule with a parameter calls it and accepts, for help texts and messages
 RULE_PARAMETERS = {"quantile": ("Q", "0 < Q < 1"), "patience": ("K", "a whole number K >= 1"),
