@@ -455,10 +455,9 @@ class PonderConfig:
         chosen: dict = {}
         for kind in PIECES:  # a piece the user gave, else one an earlier piece implies, else the default
             chosen[kind] = given.get(kind, implied_values(chosen).get(kind, (cls.default(kind),))[0])
-            known(kind, chosen[kind])  # a piece an installed package registers joins its table here
         values = {**{key: cls.default(key) for key in PLACES}, **{key: value for key, (value, _) in
                                                                   implied_values(chosen).items()}, **given, **chosen}
-        if chosen["task"] in TASKS:  # what the task derives, from every value (a default one too)
+        if known("task", chosen["task"]):  # what the task derives, from every value (a default one too)
             values = piece_class("task", chosen["task"]).resolve_options(values, given)
         return cls.build(values, given, origins or {})
 
