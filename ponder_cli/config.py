@@ -1,16 +1,11 @@
 """The one frozen configuration that flows through training and lives in every checkpoint, and
-its files: `ponder train --config FILE` reads one, `--print-config` and every run folder's
-`config.toml` write one.
+its files (`--config FILE`, `--print-config`, a run folder's `config.toml`), all without torch.
 
-A section per kind of piece (task, step, method) and one for training; each setting is a field,
-declared once (`setting`): its default, the one check of its value alone, the pieces that read it
-and the values pieces imply for it, and its option's help, from which `ponder train`'s option
-(cli/train.py), its --help and docs/configuration.md are made, all without torch. Whether a
-setting applies to a choice of pieces follows from its declaration (`unread`, the one rule): one
-the chosen pieces do not read is refused when the user gives it (option, config file, `of`), a
-one-line warning when a saved run holds it (checkpoint, config.json). A piece's class says only
-what it refuses beside the others (`config_problems`). Outside, every setting is known by its flat
-key, its option's name: checkpoints, JSON, files.
+Each setting is a field declared once (`setting`): its default, its one check, the pieces that
+read it and the values pieces imply, and its help, from which `ponder train`'s option, its --help
+and docs/configuration.md are made. Whether a setting applies follows from that declaration
+(`unread`, the one rule): one the chosen pieces do not read is refused when the user gives it, a
+one-line warning when a saved run holds it. Outside, a setting is known by its flat key.
 """
 
 from __future__ import annotations
@@ -18,6 +13,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import difflib
+import itertools
 import json
 import math
 import typing
@@ -32,40 +28,36 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from . import BadValue, PonderError, PonderWarning, file_problem
-from .registry import (DEFAULT_HALTING, FORMAT_VERSION, CNN_DROPOUT_MASKS, ENCODINGS, HALTING_INPUTS, LAYOUTS, HALTING_TARGETS, METHODS, PIECES, PRIORS, STEPS, TASKS, TRUNCATION_RULES, known,
-                       piece_class, step_class, task_class)
+from .registry import DEFAULT_HALTING, FORMAT_VERSION, METHODS, PIECES, STEPS, TASKS, known, piece_class
 
 MAX_STEPS = 100  # a bound on the cost of an epoch (training runs every step for every image)
 FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32: what the model's tensors can hold
 MAX_SEED = 2 ** 63  # torch's generators take seeds below 2**64; we keep them signed 64-bit
 
-
-# the kinds of piece a setting can belong to, each chosen by the setting of its name; a halting
-# target is PonderNet's (what its head learns: the prior, or the answer), chosen by --halting-target
+# what PonderNet trains its halting head towards: the prior (the paper's KL term), or, by binary
+# cross-entropy, whether no later step changes the answer (final) or the answer is right (correct)
+HALTING_TARGETS = ("prior", "final", "correct")
+# the kinds of piece a setting can belong to, each chosen by the setting of its name
 KINDS = {**PIECES, "halting_target": HALTING_TARGETS}
 BUILT_IN = {kind: tuple(table) for kind, table in KINDS.items()}  # before installed packages add theirs
 
 
 def owners(names) -> dict[str, tuple]:
-    """{kind: pieces} of the piece names a setting names (`of`, `implied`); a name no piece has
-    is a mistake in the declaration, raised as the module loads."""
+    """{kind: pieces} of the piece names a setting names; a name no piece has fails as the module loads."""
     names = (names,) if isinstance(names, str) else tuple(names)
     unknown = [name for name in names if not any(name in table for table in KINDS.values())]
     if unknown:
         raise ValueError(f"no piece is named {', '.join(unknown)}")
     found = {kind: tuple(name for name in table if name in names) for kind, table in KINDS.items()}
-    return {kind: found_names for kind, found_names in found.items() if found_names}
+    return {kind: names_ for kind, names_ in found.items() if names_}
 
 
 def setting(default, test=None, rule="", *, of=(), implied=None, help="", hidden=False, metavar=None,
             default_text=None, text=False):
-    """A setting, declared once: its default; its one check, `test(value)`, else "must be `rule`"
-    (a table: one of its values, offered as choices in any case); the pieces that read it (`of`:
-    for it to apply, the chosen piece of each kind named is one of them; none: every run) and the
-    values pieces imply for it (`implied`: piece -> value, a later kind's winning); its option's
-    help, in `ponder train --help` unless `hidden`, with `metavar` and `default_text` where the
-    type's and the default's own do not say it; `text`: the option takes text the config reads
-    (halting_bias's 'prior'). The option is the key's (`--lambda-p`; `--key/--no-key` for a bool)."""
+    """A setting: its default; its check, `test(value)`, else "must be `rule`" (a table: one of its
+    values, offered as choices in any case); the pieces that read it (`of`, by kind; none: every
+    run); the values pieces imply (`implied`: piece -> value, a later kind's winning); its option's
+    help, hidden from --help if `hidden`; `text`: the option takes text the config reads."""
     implied = implied or {}
     owners(implied)  # a misspelt piece fails here
     return dataclasses.field(default=default, metadata={
@@ -85,18 +77,15 @@ def one_of(table):  # the table as it is then: installed packages add pieces
 
 ABOVE_0, AT_LEAST_0 = ((lambda v: v > 0), "> 0"), ((lambda v: v >= 0), ">= 0")
 SEED_RULE = (lambda v: 0 <= v < MAX_SEED), "an integer from 0 to 2**63 - 1"
-
+# what the halting head sees besides the state, in this order: every subset of the four
+HALTING_INPUTS = tuple("+".join(("state", *parts, *answer)) for answer in ((), ("answer",)) for size in range(4)
+                       for parts in itertools.combinations(("confidence", "previous", "turn"), size))
 
 # Pieces that read a setting together: the steps of images; the methods that halt (plain runs one
-# step, p_1 = 1, whatever its halting head says); PonderNet's head trained towards the prior (the
-# KL term's settings: a head trained on the answer, final or correct, has none).
-#
-# What pieces imply (`implied`), their recipes: align, the settings under which halting tracked
-# the work best in the README's experiments, and truncation 0.1, since every step runs the CNN
-# (it trains on a quarter fewer steps than 0.01 with the same figures over three seeds, 0.2 loses
-# accuracy at large angles: docs/performance.md, "Training truncation"); parity, what learns
-# there (docs/parity-results.md), the gru step with its recipe, 128 units, lambda_p 0.1 (the
-# paper's best for interpolation) and clipping at 1; plain, its one step.
+# step); PonderNet's head trained towards the prior (a head trained on the answer has no KL term).
+# What pieces imply are their recipes: align's, under which halting tracked the work best in the
+# README's experiments, with truncation 0.1 since every step runs the CNN (docs/performance.md,
+# "Training truncation"); parity's, what learns there (docs/parity-results.md); plain, its one step.
 IMAGE_STEPS, HALTING, PRIOR_TARGET = ("mlp", "align"), ("pondernet", "act"), ("pondernet", "prior")
 
 
@@ -105,14 +94,12 @@ class TaskSettings:
     name: str = setting("mnist", *one_of(TASKS), help=(
         "What to learn: mnist (digits; difficulty: rotation) or parity (the parity of +1 entries in vectors of ±1 "
         "and 0; difficulty: the non-zero count; implies --step gru, see docs/parity.md)."))
-    # parity: checked by the task, its own bound
     elems: int = setting(64, of="parity", help="parity: entries per vector.")
-    # parity: checked by the task; a run saves its own, 1-elems
+    # elems and train_counts: checked by the task; a run saves its own counts, 1-elems
     train_counts: str = setting("", of="parity", default_text="1-ELEMS", metavar="LO-HI", hidden=True,
                                 help="parity: non-zero counts of training vectors, LO-HI (e.g. 1-48).")
     batches_per_epoch: int = setting(1000, *ABOVE_0, of="parity", hidden=True, help=(
         "parity: batches of fresh vectors per epoch (the unit of validation, checkpoints and patience)."))
-    # the top count grows linearly from curriculum_start to the top of train_counts
     curriculum: int = setting(0, *AT_LEAST_0, of="parity", hidden=True, help=(
         "parity: over the first this many batches the top training count grows from --curriculum-start (0: off)."))
     curriculum_start: int = setting(2, of="parity", hidden=True, help="parity: the curriculum's first top count.")
@@ -123,7 +110,7 @@ class TaskSettings:
     curriculum_mix: float = setting(0.0, *within(0, 1), of="parity", hidden=True, help=(
         "parity: this share of every batch of a curriculum drawn from the whole training range, the rest from its "
         "current range (0: none)."))
-    layout: str = setting("scattered", *one_of(LAYOUTS), of="parity", hidden=True, help=(
+    layout: str = setting("scattered", *one_of(("scattered", "prefix")), of="parity", hidden=True, help=(
         "parity: where a vector's non-zeros sit: at random positions (scattered, the PonderNet line's) or in the "
         "first COUNT positions (prefix, the ACT line's)."))
     train_rotation: float = setting(22.5, *within(0, 180, note=" degrees: images are rotated within +-angle"),
@@ -132,7 +119,6 @@ class TaskSettings:
     val_size: int = setting(5000, *ABOVE_0, of="mnist", hidden=True, help="Training images held out for validation.")
     train_size: int = setting(0, *AT_LEAST_0, of="mnist", hidden=True,
                               help="Training images used (0: all not held out).")
-    # none: the run's --seed, so that a run from --init-from never validates on its source's training digits
     split_seed: Optional[int] = setting(None, *SEED_RULE, of="mnist", hidden=True, default_text="--seed", help=(
         "Seed of the held-out split (with --init-from: its source's, which keeps the digits that model trained on "
         "out of validation)."))
@@ -151,15 +137,14 @@ class StepSettings:
                                hidden=True, help="The CNN's kernel size.")
     cnn_dropout: float = setting(0.5, *within(0, 1, "[)"), of=IMAGE_STEPS, hidden=True,
                                  help="Dropout2d after the CNN's second convolution.")  # as in the reference
-    # mlp's own is the reference's; "shared", what checkpoints saved before the option trained with
-    cnn_dropout_mask: str = setting("shared", *one_of(CNN_DROPOUT_MASKS), of="mlp", implied={"mlp": "per-step"},
+    cnn_dropout_mask: str = setting("shared", *one_of(("shared", "per-step")), of="mlp", implied={"mlp": "per-step"},
                                     hidden=True, help=(
         "mlp: a fresh Dropout2d mask at every step (as the reference, which reruns its CNN at every step), or one "
         "per image shared by every step (how runs saved before per-step became mlp's default trained)."))
     mlp_dropout: float = setting(0.2, *within(0, 1, "[)"), of="mlp", hidden=True, help="Dropout in the step MLP.")
     align_turn: float = setting(30.0, *within(0, 180, "(]", " degrees"), of="align", hidden=True,
                                 help="align: the largest turn of one step, in degrees.")
-    # align's, read by the halting of the methods that halt (plain runs one step)
+    # align's, read by the halting of the methods that halt
     turn_gate: float = setting(0.0, *within(0, 1, note=", a fraction of the largest turn"), of=("align", *HALTING),
                                implied={"align": 0.2}, hidden=True, help=(
         "align: holds halting back while the step turns; no halting once its net turn over two steps reaches 2 × "
@@ -171,7 +156,7 @@ class StepSettings:
                                    help="gru: orthogonal recurrent weights.")
     gru_update_bias: float = setting(0.0, of="gru", implied={"gru": 1.0}, hidden=True, help=(
         "gru: added to the update gate's bias (keeps more of the previous state)."))
-    encoding: str = setting("raw", *one_of(ENCODINGS), of=("rnn", "gru"), hidden=True, help=(
+    encoding: str = setting("raw", *one_of(("raw", "onehot", "square")), of=("rnn", "gru"), hidden=True, help=(
         "rnn, gru: each entry read as its value (raw), one-hot over {-1, 0, +1} (onehot) or as its value and its "
         "square side by side (square)."))
 
@@ -189,21 +174,19 @@ class MethodSettings:
         "What the halting head sees besides the state: the step's top class probability, the previous step's "
         "state, the step's turn (align), in that order, and the step's answer (how sure, how it changed: "
         "docs/halting.md): state+confidence+previous+turn+answer or a part of it."))
-    # None: the method's own (PyTorch's for pondernet; act: Graves' +1, with which early training ponders
-    # little); "prior": the logit of lambda_p
+    # the method's own: PyTorch's for pondernet; act's, Graves' +1, with which early training ponders little
     halting_bias: Optional[float] = setting(None, of=HALTING, implied={"align": "prior", "act": 1.0}, hidden=True,
                                             text=True, help=(
         "Initial halting-head bias: a number, or 'prior' (logit of --lambda-p); none: the method's own. A method's "
         "value wins over a step's."))
     lambda_p: float = setting(0.2, *within(0, 1, "(]"), of=PRIOR_TARGET, implied={"parity": 0.1, "align": 0.5},
                             help="Geometric prior parameter, in (0, 1].")
-    prior: str = setting("geometric", *one_of(PRIORS), of=PRIOR_TARGET, hidden=True, help=(
+    prior: str = setting("geometric", *one_of(("geometric", "uniform")), of=PRIOR_TARGET, hidden=True, help=(
         "The prior's shape: geometric (--lambda-p, the paper's) or uniform over the steps."))
     halting_target: str = setting("prior", *one_of(HALTING_TARGETS), of="pondernet", hidden=True, help=(
         "What the halting head learns: prior (the KL pull towards the prior, the paper's), or, by binary "
         "cross-entropy, final (no later step changes the answer) or correct (the answer is right); halt such a "
         "head by --halting threshold:T (docs/halting.md). Needs --truncation 0."))
-    # read by validation, best.pt's choice and every evaluation without --halting (default_halting)
     halting_threshold: float = setting(0.99, *within(0, 1, "(]"), of=("pondernet", "final", "correct"),
                                        hidden=True, help=(
         "With --halting-target final|correct: the head's own rule, threshold:T (halt at the first lambda >= T), by "
@@ -220,8 +203,7 @@ class MethodSettings:
     # ACT drops an input at its own halting step (exact)
     truncation: float = setting(0.0, *within(0, 1, "[)"), of=HALTING, implied={"align": 0.1}, hidden=True, help=(
         "Training drops an image from later steps once its remaining halting mass is below this (0: off)."))
-    # roulette goes on with probability (remaining mass) / truncation: an unbiased loss
-    truncation_rule: str = setting("cut", *one_of(TRUNCATION_RULES), of="pondernet", hidden=True,
+    truncation_rule: str = setting("cut", *one_of(("cut", "roulette")), of="pondernet", hidden=True,
                                    help="Below --truncation: cut, or roulette (unbiased).")
 
 
@@ -239,7 +221,6 @@ class TrainingSettings:
                                help="Epochs without improvement before the LR is cut.")
     lr_factor: float = setting(0.1, *within(0, 1, "()"), hidden=True, help="The LR's cut when it is reduced.")
     seed: int = setting(1234, *SEED_RULE, help="Seed of the split, initialisation and sampling.")
-    # a resumed refit keeps its body frozen by this
     refit_halting: bool = setting(False, default_text="off", help=(
         "With --init-from: refit that model's halting head alone, every other weight frozen, the head new "
         "(options given here override its settings: the halting ones, --epochs, ...; docs/halting.md)."))
@@ -254,8 +235,7 @@ TYPES = {key: typing.get_type_hints(SECTION_TYPES[section])[f.name] for key, (se
 
 
 class Origin(str):
-    """The file a setting came from (`origins`' values), knowing the option that named it: a
-    --config file, or the checkpoint of --init-from."""
+    """The file a setting came from, knowing the option that named it: --config, or --init-from."""
 
     def __new__(cls, path, option: str = "--config"):
         origin = super().__new__(cls, str(path))
@@ -264,16 +244,14 @@ class Origin(str):
 
 
 def spelled(key: str, origins: dict = {}, dashes: str = "") -> str:
-    """How a message names a setting: by the file that gave it (`origins`: key -> file, an Origin
-    or a --config file's path), else by its option ("lambda-p", with `dashes` "--lambda-p")."""
+    """How a message names a setting: by the file that gave it (`origins`), else as its option."""
     if key not in origins:
         return dashes + key.replace("_", "-")
     return f"{getattr(origins[key], 'option', '--config')} {origins[key]}: {key}"
 
 
 def problems_of(key: str, value, name: str = "") -> list[str]:
-    """A value alone, named `name` (else spelled): its type (a whole number does for a float),
-    finite in float32, its field's check."""
+    """A value alone: its type (a whole number does for a float), finite in float32, its check."""
     name, kind = name or spelled(key), TYPES[key]
     base = {Optional[float]: float, Optional[int]: int}.get(kind, kind)
     if value is None and base is not kind:
@@ -285,7 +263,7 @@ def problems_of(key: str, value, name: str = "") -> list[str]:
         return [f"{name} must be a finite number"]
     if base is float and abs(value) > FLOAT32_MAX:  # the model's weights and losses are float32
         return [f"{name} must be at most {FLOAT32_MAX:.3g} in size, what a float32 holds (got {value:g})"]
-    test, rule = PLACES[key][1].metadata.get("test"), PLACES[key][1].metadata.get("rule")
+    test, rule = PLACES[key][1].metadata["test"], PLACES[key][1].metadata["rule"]
     if test is None or test(value):
         return []
     if not isinstance(rule, str):
@@ -299,24 +277,20 @@ def seed_problems(seed, what: str) -> list[str]:
     return problems_of("seed", seed, what)
 
 
-# Above 32 elements the defaults of smaller vectors are a dead end (docs/parity.md): batches of
-# 128 stay at chance, the plateau schedule cuts the learning rate to nothing and early stopping
-# ends the run. What learnt 64 elements on a GPU: batches of 2048, the learning rate held (no cut
-# within any run's length) and no early stop on a plateau of a noisy validation. Parity derives
-# them from --elems unless given (ParityTask.resolve_options); --help shows them.
+# Above 32 elements the defaults of smaller vectors are a dead end (docs/parity.md): what learnt 64
+# elements is batches of 2048, the learning rate held and no early stop on a noisy plateau. Parity
+# derives them from --elems unless given (ParityTask.resolve_options); --help shows them.
 PAPER_SCALE_ELEMS = 33
 PAPER_SCALE = {"batch_size": 2048, "lr_patience": 1000, "patience": 0}
 
 
 def _plugins(kind: str) -> list:
-    """The pieces of `kind` an installed package registered, which name the declared settings they
-    read (`reads`) and imply (`implied`) on their classes: they declare no field of their own."""
+    """Installed pieces of `kind`: their classes name the settings they read (`reads`) and imply (`implied`)."""
     return [(name, piece_class(kind, name)) for name in PIECES.get(kind, ()) if name not in BUILT_IN[kind]]
 
 
 def readers(key: str) -> dict[str, tuple]:
-    """The pieces that read `key`, by kind, as its field declares them (`of`; none: every run),
-    with any piece an installed package registered that names it."""
+    """The pieces that read `key`, by kind (`of`; none: every run), installed ones that name it too."""
     found = dict(PLACES[key][1].metadata["of"])
     for kind in found:
         found[kind] += tuple(name for name, piece in _plugins(kind) if key in getattr(piece, "reads", ()))
@@ -324,8 +298,8 @@ def readers(key: str) -> dict[str, tuple]:
 
 
 def unread(key: str, chosen: dict[str, str], value: Optional[Callable[[str], object]] = None) -> Optional[str]:
-    """The one rule: None when the chosen pieces (given the run's values, `value`, the halting
-    target too) read `key`; else who reads it, as messages say it ("--method act, not pondernet")."""
+    """The one rule: None when the chosen pieces (with the run's halting target, from `value`) read
+    `key`; else who reads it, as messages say it ("--method act, not pondernet")."""
     pieces = dict(chosen)
     if value is not None and value("halting_target") is not None:
         pieces.setdefault("halting_target", value("halting_target"))
@@ -336,20 +310,17 @@ def unread(key: str, chosen: dict[str, str], value: Optional[Callable[[str], obj
 
 
 def applies(key: str, chosen: dict[str, str], value: Optional[Callable[[str], object]] = None) -> bool:
-    """Whether a setting matters to the chosen pieces (`unread`)."""
     return unread(key, chosen, value) is None
 
 
 def inapplicable(keys, chosen: dict[str, str], name=lambda key: spelled(key, {}, "--"),
                  value: Optional[Callable[[str], object]] = None) -> list[str]:
-    """Each setting among `keys` that the chosen pieces do not read (`unread`), as a message
-    naming who reads it (`name(key)`: how the user spelled it)."""
+    """Each of `keys` the chosen pieces do not read, as a message naming it (`name(key)`) and its readers."""
     return [f"{name(key)} applies to {who}" for key in keys for who in [unread(key, chosen, value)] if who]
 
 
 def implied_values(chosen: dict[str, str]) -> dict[str, tuple]:
-    """key -> (value, "--step align"): what the chosen pieces imply unless the user says otherwise,
-    a later kind's winning (plain's one step over align's twelve)."""
+    """key -> (value, "--step align"): what the chosen pieces imply, a later kind's winning."""
     found = {}
     for kind in PIECES:
         if kind in chosen and known(kind, chosen[kind]):
@@ -361,8 +332,7 @@ def implied_values(chosen: dict[str, str]) -> dict[str, tuple]:
 
 
 def implied_by_pieces(key: str) -> list[tuple[str, object]]:
-    """(piece, value) for every piece that implies a value of `key`, in the pieces' order, then
-    (when, value) for what parity at the paper's scale derives, for --help."""
+    """(piece, value) for each piece implying a value of `key`, then parity's at paper scale, for --help."""
     implied = PLACES[key][1].metadata["implied"]
     found = [(name, implied[name]) for table in PIECES.values() for name in table if name in implied]
     if key in PAPER_SCALE:
@@ -371,8 +341,7 @@ def implied_by_pieces(key: str) -> list[tuple[str, object]]:
 
 
 def bias_value(values: dict, name: str = "halting-bias"):
-    """halting_bias as the number it stands for: "prior" is the logit of lambda_p, so lambda
-    starts at the prior's; the text of a number (an option's) is that number."""
+    """halting_bias as a number: "prior" is the logit of lambda_p (lambda starts at the prior's)."""
     bias = values.get("halting_bias")
     if bias == "prior":
         p = values.get("lambda_p", PonderConfig.default("lambda_p"))
@@ -384,18 +353,23 @@ def bias_value(values: dict, name: str = "halting-bias"):
 
 
 def default_halting(cfg: "PonderConfig") -> str:
-    """The rule a model halts by when none is asked for: the one it was trained for. A head trained
-    on the answer (--halting-target final, correct) halts at its threshold (threshold:T); one
-    trained towards the prior, as the paper's, by its coins (sample); ACT and plain by their own
-    whatever the rule's name."""
+    """The rule a model was trained to halt by: a head trained on the answer, its threshold; else sample."""
     if "halting_threshold" in cfg.applying():
         return f"threshold:{cfg.method.halting_threshold!r}"
     return DEFAULT_HALTING
 
 
+def flat(values: dict) -> dict:
+    """A saved config by flat key, whether flat or by section ({"task": {"name": ..., ...}})."""
+    found = {}
+    for key, value in values.items():
+        sections = key in SECTION_TYPES and isinstance(value, dict)
+        found.update({key if name == "name" else name: item for name, item in value.items()} if sections
+                     else {key: value})
+    return found
+
+
 _warned: set = set()  # each warning about a saved run once per process
-
-
 _building = contextvars.ContextVar("building", default=False)  # build checks what it builds itself
 
 
@@ -420,10 +394,9 @@ class PonderConfig:
 
     @classmethod
     def build(cls, values: dict, given=(), origins: dict = {}, saved: str = "") -> "PonderConfig":
-        """`values` by flat key (the rest default), of which the user gave `given` (`origins`:
-        key -> the file that gave it), checked (`problems`) with the user's spelling. A saved
-        run's (`saved` names it) setting its pieces do not read, at a value other than its
-        default or what they imply, is one warning: it never had an effect."""
+        """`values` by flat key, of which the user gave `given` (from files: `origins`), checked in
+        the user's spelling. A saved run's setting its pieces do not read, at a value other than
+        its default or what they imply, is one warning (`saved` names the run)."""
         unknown = sorted(set(values) - set(PLACES))
         if unknown:
             raise BadValue(f"unknown config keys {unknown}")
@@ -455,21 +428,18 @@ class PonderConfig:
         return cfg
 
     def problems(self, given=(), origins: dict = {}) -> list[str]:
-        """What is wrong, first things first: each value alone; a step that reads another kind of
-        input than the task gives (mlp on parity vectors); a setting the user gave (`given`) that
-        the chosen pieces do not read (--beta with --method act, or with --halting-target final);
-        a halting input the step does not show; then what each
-        chosen piece refuses beside the rest (parity's counts against elems). A setting is named
-        as the user gave it (`origins`: key -> the file that gave it)."""
+        """What is wrong, first things first: each value alone; a step and task of other inputs; a
+        setting given that the pieces do not read; a halting input the step does not show; what
+        each piece refuses (`config_problems`). Named as the user gave it (`origins`)."""
         chosen = self.chosen()
         problems = [problem for key in PLACES for problem in problems_of(key, self.value(key), spelled(key, origins))]
         if problems:
             return problems
         for kind, name in chosen.items():
             known(kind, name)  # a piece an installed package registers joins its table here
-        task, step = task_class(self.task.name), step_class(self.step.name)
+        task, step = piece_class("task", self.task.name), piece_class("step", self.step.name)
         if task.input_kind and step.input_kind not in ("", task.input_kind):  # a step of no kind fits any task
-            fitting = ", ".join(name for name in STEPS if step_class(name).input_kind == task.input_kind)
+            fitting = ", ".join(name for name in STEPS if piece_class("step", name).input_kind == task.input_kind)
             return [f"--step {self.step.name} does not fit --task {self.task.name} ({task.inputs}); choose {fitting}"]
         return (inapplicable(given, chosen, lambda key: spelled(key, origins, "--"), self.value)
                 or [f"{spelled('halting_input', origins)} {self.method.halting_input}: step {self.step.name} has no "
@@ -480,30 +450,21 @@ class PonderConfig:
 
     @classmethod
     def of(cls, *, origins: Optional[dict] = None, **given) -> "PonderConfig":
-        """A config of the settings the user gave, by flat key (`lambda_p=0.3, step="align"`; on
-        the command line or in a file, `origins`: key -> the file's name); the rest are what the
-        chosen pieces imply (plain: one step), what the task derives (parity's training counts)
-        or the defaults."""
+        """A config of the settings the user gave, by flat key (`origins`: key -> the file that gave
+        it); the rest what the chosen pieces imply, what the task derives or the defaults."""
         chosen: dict = {}
         for kind in PIECES:  # a piece the user gave, else one an earlier piece implies, else the default
             chosen[kind] = given.get(kind, implied_values(chosen).get(kind, (cls.default(kind),))[0])
-            known(kind, chosen[kind])  # a piece an installed package registers joins its table here
         values = {**{key: cls.default(key) for key in PLACES}, **{key: value for key, (value, _) in
                                                                   implied_values(chosen).items()}, **given, **chosen}
-        if chosen["task"] in TASKS:  # what the task derives, from every value (a default one too)
-            values = task_class(chosen["task"]).resolve_options(values, given)
+        if known("task", chosen["task"]):  # what the task derives, from every value (a default one too)
+            values = piece_class("task", chosen["task"]).resolve_options(values, given)
         return cls.build(values, given, origins or {})
 
     @classmethod
     def from_dict(cls, values: dict, saved: str = "a saved run") -> "PonderConfig":
-        """A saved run's config (checkpoint, config.json), flat ({key: value}) or by section
-        ({"task": {...}}); unknown keys mean another version wrote it."""
-        flat = {}
-        for key, value in values.items():
-            sections = key in SECTION_TYPES and isinstance(value, dict)
-            flat.update({key if name == "name" else name: item for name, item in value.items()} if sections
-                        else {key: value})
-        return cls.build(flat, saved=saved)
+        """A saved run's config, flat or by section ({"task": {...}})."""
+        return cls.build(flat(values), saved=saved)
 
     def replace(self, **changes) -> "PonderConfig":
         """A copy with these settings changed, by flat key; validated as a new config."""
@@ -518,26 +479,19 @@ class PonderConfig:
         return getattr(getattr(self, PLACES[key][0]), PLACES[key][1].name)
 
     def sources(self, given, origins: Optional[dict] = None) -> dict[str, str]:
-        """Where each value came from: "given", "file F" (origins), "implied by --step align",
-        "derived by --task parity" (parity's training counts from --elems), "default"."""
+        """Each value's source: given, file F, implied by --step align, derived by --task parity, default."""
         implied, origins = implied_values(self.chosen()), origins or {}
-
-        def source(key: str) -> str:
-            if key in given:
-                return f"file {origins[key]}" if key in origins else "given"
-            if key in implied:
-                return f"implied by {implied[key][1]}"
-            return "default" if self.value(key) == self.default(key) else f"derived by --task {self.task.name}"
-
-        return {key: source(key) for key in PLACES}
+        return {key: (f"file {origins[key]}" if key in origins else "given") if key in given
+                else f"implied by {implied[key][1]}" if key in implied
+                else "default" if self.value(key) == self.default(key) else f"derived by --task {self.task.name}"
+                for key in PLACES}
 
     def applying(self) -> list[str]:
         """The settings this config's pieces read (`unread`, the one rule), in the config's order."""
         return [key for key in PLACES if applies(key, self.chosen(), self.value)]
 
     def shown_fields(self) -> list[str]:
-        """The settings that matter to this config's pieces, and whatever they imply: what the
-        configuration lines, `ponder info` and a saved config.toml show."""
+        """What its pieces read and imply: what the configuration lines, info and config.toml show."""
         shown = {*self.applying(), *implied_values(self.chosen())}
         return [key for key in PLACES if key in shown]
 
@@ -554,40 +508,44 @@ class PonderConfig:
         return {key: self.value(key) for key in PLACES}
 
 
-# Files: a table per section, its settings under their flat keys (the flag `--lambda-p` is the key
-# `lambda_p`); a flat file, JSON of either shape and a run's `config.json` are read too. What a
-# file sets overrides the defaults and what the chosen pieces imply; flags override the file.
-
+# Files: a table per section, its settings under their flat keys; a flat file, JSON of either shape
+# and a run's `config.json` are read too. A file overrides the defaults and what the pieces imply;
+# flags override the file.
 DOCUMENT_KEYS = ("format_version", "sources")  # what `--print-config -f json` writes beside the settings
-# what a run's record gives a rerun besides its settings (runs.start_options): top-level keys of a
-# config file, as `ponder train --init-from --init-weights --amp`
+# what a run's record gives a rerun besides its settings, as `ponder train --init-from --init-weights --amp`
 START_KEYS = {"init_from": str, "init_weights": str, "amp": bool}
 
 
 def read_config_file(path: Path) -> dict:
     """The settings a file gives, {key: value}: TOML (.toml) or JSON (anything else)."""
-    path = Path(path)
+    path, toml = Path(path), Path(path).suffix.lower() == ".toml"
     problem = file_problem(path)
     if problem is not None:
         raise PonderError(f"--config {path} {problem}; name a .toml or .json configuration (a run folder's "
                           f"config.toml re-runs that run)")
     try:
-        data = _parse(path, path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise PonderError(f"--config {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    try:
+        data = tomllib.loads(text) if toml else json.loads(text)
+    except ValueError as exc:  # a TOMLDecodeError is one too
+        raise PonderError(f"--config {path}: not valid {'TOML' if toml else 'JSON'} ({exc})" +
+                          ("" if toml else "; TOML files must end in .toml")) from None
+    if not isinstance(data, dict):
+        raise PonderError(f"--config {path}: a JSON object of settings is needed, not a {type(data).__name__}")
     if isinstance(data.get("config"), dict) and "ponder_cli" in data:
         # a run's config.json holds every setting: those its pieces do not read had no effect on
         # it (a warning for any not at its neutral value), and are left out
-        saved = {key: value for key, value in data["config"].items() if value is not None}
+        saved = {key: value for key, value in flat(data["config"]).items() if value is not None}
         try:
-            recorded = PonderConfig.from_dict(saved, saved=f"--config {path}")
+            applying = PonderConfig.from_dict(saved, saved=f"--config {path}").applying()
         except PonderError as exc:  # of its kind: a bad value stays one
             raise type(exc)(f"--config {path}: {exc}") from None
-        start = data.get("init_from")
-        applying = recorded.applying()
-        values = {key: value for key, value in saved.items() if key in applying}
+        values, start = {key: value for key, value in saved.items() if key in applying}, data.get("init_from")
         if isinstance(start, dict):
-            values.update(init_from=str(start.get("checkpoint")), init_weights=f"{start.get('epoch')}:{start.get('weights')}")
+            values.update(init_from=str(start.get("checkpoint")),
+                          init_weights=f"{start.get('epoch')}:{start.get('weights')}")
         elif isinstance(start, str):
             values["init_from"] = start
         return {**values, **({"amp": True} if data.get("amp") is True else {})}
@@ -614,25 +572,11 @@ def read_config_file(path: Path) -> dict:
     return values
 
 
-def _parse(path: Path, text: str) -> dict:
-    toml = path.suffix.lower() == ".toml"
-    try:
-        data = tomllib.loads(text) if toml else json.loads(text)
-    except ValueError as exc:  # a TOMLDecodeError is one too
-        raise PonderError(f"--config {path}: not valid {'TOML' if toml else 'JSON'} ({exc})" +
-                          ("" if toml else "; TOML files must end in .toml")) from None
-    if not isinstance(data, dict):
-        raise PonderError(f"--config {path}: a JSON object of settings is needed, not a {type(data).__name__}")
-    return data
-
-
 def render_config(cfg: PonderConfig, sources: dict, fmt: str = "toml") -> str:
-    """The settings that matter to the run (`shown_fields`), by table, each with where its value
-    came from (a TOML comment, or a JSON "sources" object); read back, the same configuration. A
-    value the pieces imply but do not read (plain's one step) is a comment; a None (halting_bias:
-    the method's own) is left out."""
+    """The settings its pieces read (None left out) by table, each with its source; read back, the
+    same configuration. What the pieces imply but do not read (plain's one step) is a comment."""
     values, applying = cfg.to_dict(), cfg.applying()
-    shown = [key for key in cfg.shown_fields() if cfg.value(key) is not None]
+    shown = [key for key in cfg.shown_fields() if values[key] is not None]
     settable = [key for key in shown if key in applying]
     if fmt == "json":
         tables = {section: {key: values[key] for key in keys if key in settable} for section, keys in SECTIONS.items()}
@@ -640,12 +584,10 @@ def render_config(cfg: PonderConfig, sources: dict, fmt: str = "toml") -> str:
                            "sources": {key: sources.get(key, "default") for key in settable}}, indent=2) + "\n"
     lines = ["# ponder train --config FILE (flags on the command line override it)"]
     for section, keys in SECTIONS.items():
-        # the settings, then as comments what the pieces imply but do not read
         rows = [(f"{key} = {json.dumps(values[key])}", sources.get(key, "default")) for key in keys if key in settable]
-        whose = "method" if section == "method" else "run"
-        rows += [(f"# {key} = {json.dumps(values[key])}",
-                  f"{sources.get(key, 'default')}, not a setting of this {whose}")
-                 for key in keys if key in shown and key not in settable]
+        rows += [(f"# {key} = {json.dumps(values[key])}", f"{sources.get(key, 'default')}, not a setting of this "
+                  f"{'method' if section == 'method' else 'run'}") for key in keys
+                 if key in shown and key not in settable]
         width = max((len(text) for text, _ in rows), default=0)
         lines += ["", f"[{section}]", *(f"{text.ljust(width)}  # {source}" for text, source in rows)] if rows else []
     return "\n".join(lines) + "\n"

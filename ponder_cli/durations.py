@@ -1,9 +1,6 @@
-"""Durations, read and written in one place (no torch: the command line reads --time-limit before
-a command runs, and `ponder runs` shows ages). Three forms:
-
-- exact: what --time-limit takes, read back by `parse` (90 -> "1m30s", 7200 -> "2h");
-- rough: as a person says it, rounded (200 -> "3 min", 5400 -> "1.5 h"), for estimates;
-- ago: how long since (10800 -> "3 h ago", 86400 -> "1 day ago"), for a table's ages.
+"""Durations, read and written in one place, without torch (--time-limit is read before a
+command runs): exact, as --time-limit takes them (90 -> "1m30s"); rough, for estimates (200 ->
+"3 min"); ago, for a table's ages (10800 -> "3 h ago").
 """
 
 from __future__ import annotations
@@ -17,8 +14,7 @@ UNITS = {"h": 3600, "m": 60, "s": 1}  # the exact form's
 
 
 def parse(text: str, name: str = "--time-limit") -> float:
-    """A duration as a person writes it, in seconds: 90s, 9m, 2h, 1h30m, 1.5h; a BadValue naming
-    `name` otherwise."""
+    """90s, 9m, 2h, 1h30m, 1.5h in seconds; a BadValue naming `name` otherwise."""
     spelled = str(text).strip().lower().replace(" ", "")
     parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)([hms])", spelled)
     if not spelled or "".join(number + unit for number, unit in parts) != spelled or \
@@ -41,8 +37,7 @@ def exact(seconds: float) -> str:
 
 
 def rough(seconds: float, tenths: bool = False) -> str:
-    """45 s, 3 min, 1.5 h, 12 h; with `tenths`, 4.2 s under 10 s (where two figures compared are
-    close)."""
+    """45 s, 3 min, 1.5 h, 12 h; with `tenths`, 4.2 s under 10 s (where compared figures are close)."""
     if tenths and seconds < 10:
         return f"{seconds:.1f} s"
     if seconds < 90:

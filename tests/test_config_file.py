@@ -199,3 +199,14 @@ def test_the_docs_list_every_key_as_the_code_has_it():
     assert tool.page_with_table(page) == page, "run: python tools/config_reference.py --write"
     for key in PonderConfig.field_names():
         assert f"| `{key}` |" in page, key
+
+
+def test_a_run_record_whose_config_is_by_section_is_read_as_the_flat_one(tmp_path, ponder):
+    """from_dict reads a saved config by section as well as flat: a run record's too."""
+    path = write(tmp_path, "config.json", json.dumps(
+        {"ponder_cli": "0.1.0", "config": {"task": {"name": "parity", "elems": 12}, "step": {"name": "gru"}, "method": {"max_steps": 6}}}))
+    assert read_config_file(path) == read_config_file(write(tmp_path, "flat.json", json.dumps(
+        {"ponder_cli": "0.1.0", "config": {"task": "parity", "elems": 12, "step": "gru", "max_steps": 6}})))
+    result = ponder("train", "--config", path, "--print-config")
+    assert result.exit_code == 0, result.output
+    assert 'task = "parity"' in result.stdout and "elems = 12" in result.stdout and "max_steps = 6" in result.stdout

@@ -183,10 +183,11 @@ def test_what_the_user_gave_to_the_wrong_piece_is_named_before_what_it_would_mea
         PonderConfig.of(halting_input="state+turn", origins={"halting_input": "f.toml"})
 
 
+@pytest.mark.parametrize("kind", PIECES)
 @pytest.mark.parametrize("value", [["x"], {"name": "x"}, 3])
-def test_a_piece_of_the_wrong_type_is_named(value):
-    with pytest.raises(PonderError, match="^" + re.escape(f"--config f.json: step must be a string (got {value!r})")):
-        PonderConfig.of(step=value, origins={"step": "f.json"})
+def test_a_piece_of_the_wrong_type_is_named(kind, value):
+    with pytest.raises(PonderError, match="^" + re.escape(f"--config f.json: {kind} must be a string (got {value!r})")):
+        PonderConfig.of(**{kind: value}, origins={kind: "f.json"})
 
 
 def test_a_config_made_any_way_is_checked():
