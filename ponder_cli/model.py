@@ -442,7 +442,7 @@ def geometric_log_prior(lambda_p: float, max_steps: int, device=None) -> torch.T
 
 
 def log_prior(shape: str, lambda_p: float, max_steps: int, device=None) -> torch.Tensor:
-    """log p_G(n) of the prior named `shape` (registry.PRIORS): geometric, or uniform."""
+    """log p_G(n) of the prior named `shape` (config.py's `prior` setting): geometric, or uniform."""
     if shape == "uniform":
         return torch.full((max_steps,), -math.log(max_steps), dtype=torch.float32, device=device)
     return geometric_log_prior(lambda_p, max_steps, device)
