@@ -17,6 +17,7 @@ def _digests() -> dict:
 
 
 @pytest.mark.gpu_scripts
+@pytest.mark.long  # about 15 s of wall-clock windows
 def test_the_parity_window_rehearses_every_stage_on_the_cpu_and_leaves_the_tracked_files_alone(tmp_path):
     """gpu_parity.sh --cpu-smoke: the tracked checkpoint evaluated from a copy, a stage trained to
     its time limit and resumed the next window, each later stage started once the one before is
