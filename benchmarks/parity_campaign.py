@@ -202,6 +202,11 @@ def _row(stage: Stage, meta: dict, report, minutes: float, device: str) -> str:
             f"{'-' if rho is None else format(rho, '+.3f')} |")
 
 
+# a smoke window: a second of training (a few epochs of TINY), a quarter for its evaluation; the
+# windows are wall-clock budgets, so this is most of the smoke's time
+SMOKE_WINDOW = dict(budget_s=1.25, eval_s=0.25, limit=4, device="cpu")
+
+
 def smoke(out: Path, say=print) -> None:
     """The whole plumbing on the CPU, in OUT: see the module's docstring."""
     from ponder_cli.api import EvalOptions, evaluate_checkpoint
@@ -219,17 +224,14 @@ def smoke(out: Path, say=print) -> None:
     windows = ((1.01, "parity64"), (1.01, "parity64"), (0.0, "parity96-pondernet"), (0.0, "parity96-act"))
     epochs = []
     for target, expected in windows:
-        result = window(campaign, work, SMOKE_STAGES, budget_s=2.5, eval_s=0.5, limit=4, target=target,
-                        device="cpu", say=say)
+        result = window(campaign, work, SMOKE_STAGES, target=target, say=say, **SMOKE_WINDOW)
         assert result is not None and result["stage"] == expected, result
         assert result["stop_reason"] == "time limit" and result["done"] == (target == 0.0), result
         epochs.append(result["epochs"])
     assert epochs[1] > epochs[0], epochs  # the second window went on from the first's checkpoint
-    assert window(campaign, work, SMOKE_STAGES, budget_s=2.5, eval_s=0.5, limit=4, target=0.0, device="cpu",
-                  say=say) is None
+    assert window(campaign, work, SMOKE_STAGES, target=0.0, say=say, **SMOKE_WINDOW) is None
     # a stage named works on that stage alone, done or not (the first one again, past its target)
-    named = window(campaign, work, SMOKE_STAGES, budget_s=2.5, eval_s=0.5, limit=4, target=1.01, device="cpu",
-                   say=say, only="parity96-act")
+    named = window(campaign, work, SMOKE_STAGES, target=1.01, say=say, only="parity96-act", **SMOKE_WINDOW)
     assert named is not None and named["stage"] == "parity96-act" and named["epochs"] > epochs[3], named
     assert (campaign / "parity96-act.metrics.csv").is_file()
     rows = logged_accuracies(campaign / "log.md")

@@ -142,6 +142,20 @@ def checkpoint(tiny_mnist, tmp_path_factory) -> Path:
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """The files in the order `-n 2 --dist loadfile` hands them to the workers (setup.cfg turns
+    xdist's own order off): a file holding a test marked `long` first, then the rest by their
+    number of tests, most first, as xdist would order them. By count alone the files of one long
+    test (the parity rehearsal, real MNIST, a fresh session) came last, one worker running them
+    alone while the other had finished."""
+    files = {}
+    for item in items:
+        files.setdefault(item.path, []).append(item)
+    first = sorted(files.values(), key=lambda tests: (not any(t.get_closest_marker("long") for t in tests), -len(tests)))
+    items[:] = [item for tests in first for item in tests]
+
+
 @pytest.fixture(autouse=True)
 def hermetic(request, monkeypatch, tmp_path_factory):
     """No test reads the real MNIST or reaches the network unless it is marked `mnist`: the

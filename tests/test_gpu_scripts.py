@@ -17,6 +17,7 @@ def _digests() -> dict:
 
 
 @pytest.mark.gpu_scripts
+@pytest.mark.long  # six windows of 1.25 s of wall clock
 def test_the_parity_window_rehearses_every_stage_on_the_cpu_and_leaves_the_tracked_files_alone(tmp_path):
     """gpu_parity.sh --cpu-smoke: the tracked checkpoint evaluated from a copy, a stage trained to
     its time limit and resumed the next window, each later stage started once the one before is
@@ -50,3 +51,17 @@ def test_a_python_without_torch_is_one_error_line_not_a_traceback(script, tmp_pa
     assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error:") and "torch" in lines[0], done.stderr
+
+
+def test_the_files_of_the_long_tests_are_handed_out_first(request):
+    """The rehearsal above is the suite's longest test: under `-n 2 --dist loadfile` its file must
+    start first, not run alone at the end (tests/conftest.py orders the files, setup.cfg keeps
+    xdist from reordering them); the other files follow by their number of tests, most first."""
+    files = {}
+    for item in request.session.items:
+        files.setdefault(item.path, []).append(item)
+    long = [any(t.get_closest_marker("long") for t in tests) for tests in files.values()]
+    assert long == sorted(long, reverse=True), [path.name for path in files]
+    counts = [len(tests) for tests, is_long in zip(files.values(), long) if not is_long]
+    assert counts == sorted(counts, reverse=True)
+    assert "--no-loadscope-reorder" in request.config.getini("addopts")

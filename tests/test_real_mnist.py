@@ -12,7 +12,7 @@ from ponder_cli.tasks.mnist import evaluate, load_mnist, train_val_split
 from ponder_cli.train import train
 
 DATA_DIR = os.environ.get("PONDER_DATA_DIR")
-pytestmark = [pytest.mark.mnist, pytest.mark.skipif(
+pytestmark = [pytest.mark.mnist, pytest.mark.long, pytest.mark.skipif(
     not DATA_DIR or not (Path(DATA_DIR) / "MNIST" / "raw" / "train-images-idx3-ubyte").exists(),
     reason="real MNIST not found under $PONDER_DATA_DIR")]
 

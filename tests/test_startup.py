@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from ponder_cli.config import PonderConfig
@@ -18,6 +19,7 @@ TYPOS_NAME = [["epochs", "0"], ["'tpu'"], ["--device cpu:1"], ["max-steps", "0",
               ["--time-limit", "'90'"]]
 
 
+@pytest.mark.long  # a fresh interpreter's start-up is what it measures
 def test_a_typo_is_refused_before_torch_loads_and_a_session_never_imports_the_compiler_stack(tiny_mnist, tmp_path):
     """One interpreter, as a session would run it. First the typos (--device tpu, --epochs 0,
     --lambda-p 2, --time-limit 90 without a unit...): each one error line and exit 2 before torch
