@@ -23,15 +23,14 @@ resumable checkpoint (STAGE.pt), its epochs (STAGE.metrics.csv) and one log of e
     parity96-pondernet   PonderNet
     parity96-act         ACT, tau 1e-2
 
-A window works on the stage named (--stage; once done, only with --past-target), else the
-first one not done: it resumes that
-stage's checkpoint (or starts the
-run, with what `--task parity` derives above 32 elements), trains with `--time-limit` for what
-the budget leaves after evaluating, evaluates the new last.pt per count range (Wilson 95%
-intervals, mean steps, Spearman rho(count, steps) over every vector), replaces the stage's
-checkpoint with it and appends one row to the log. A stage is done once every range it trained
-on reaches TARGET (64 elements: every range; 96: 1-24 and 25-48, the extrapolation being what
-is measured, not demanded).
+A window works on the stage named (--stage; once done, only with --past-target), else the first
+one not done: it resumes that stage's checkpoint (or starts the run, with what `--task parity`
+derives above 32 elements), trains with `--time-limit` for what the budget leaves after
+evaluating, evaluates the new last.pt per count range (Wilson 95% intervals, mean steps,
+Spearman rho(count, steps) over every vector), replaces the stage's checkpoint with it and
+appends one row to the log. A stage is done once every range it trained on reaches TARGET (64
+elements: every range; 96: 1-24 and 25-48, the extrapolation being what is measured, not
+demanded).
 
 --cpu-smoke rehearses all of it in OUT on the CPU: the tracked 64-element checkpoint copied and
 evaluated on a few vectors (it cannot train on a CPU in minutes), then stand-in stages of 8 and
