@@ -14,6 +14,7 @@ resumable checkpoint (STAGE.pt), its epochs (STAGE.metrics.csv) and one log of e
     parity64             scattered, raw: the run a GPU machine began (batch 2048)
     parity64-prefix      the ACT line's prefix layout, PonderNet, batch 128 (Fojo et al.'s)
     parity64-prefix-act  the same with ACT, tau 1e-2 (Fojo et al.'s ACT anchor)
+    parity64-prefix-act-rnn  the same with the rnn step, 128 tanh units (Fojo et al.'s network)
     parity64-onehot      scattered, each entry one-hot over {-1, 0, +1}, PonderNet, batch 128
     parity64-square      scattered, each entry as x and x^2, PonderNet, batch 128
 
@@ -84,6 +85,9 @@ STAGES = (
           RANGES_64, RANGES_64),
     Stage("parity64-prefix-act", dict(task="parity", elems=64, layout="prefix", seed=1, **SMALL_BATCHES, **ACT),
           RANGES_64, RANGES_64),
+    # Fojo et al.'s own step: 128 tanh units (the paper's rnn) where the stage above runs the gru
+    Stage("parity64-prefix-act-rnn", dict(task="parity", elems=64, layout="prefix", step="rnn", seed=1,
+                                          **SMALL_BATCHES, **ACT), RANGES_64, RANGES_64),
     Stage("parity64-onehot", dict(task="parity", elems=64, encoding="onehot", seed=1, **SMALL_BATCHES),
           RANGES_64, RANGES_64),
     Stage("parity64-square", dict(task="parity", elems=64, encoding="square", seed=1, **SMALL_BATCHES),
