@@ -14,113 +14,15 @@ import re
 import shutil
 import tempfile
 import warnings
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from . import BadValue, PonderError, PonderWarning, brief, file_problem, uninterrupted
-from .folders import DAMAGE_HINT, damage, not_a_torch_file
+from . import BadValue, PonderError, PonderWarning, brief, uninterrupted
+from .folders import DAMAGE_HINT, TrainingState, checkpoint_file_problem
 from .config import MAX_STEPS, PonderConfig, applies
 from .model import build_model
 from .tasks import get_task
-
-FORMAT = "ponder_cli"
-# 2: the step function became a module of its own (weights under "step."); 1 is read and upgraded
-VERSION = 2
-READABLE_VERSIONS = (1, 2)
-_V1_PREFIXES = {"encoder.": "step.encoder.", "step_mlp.": "step.mlp."}
-# what each optional key must hold (absent or None in checkpoints never meant to be resumed)
-_KINDS = {"best_epoch": (int, "an integer"), "epochs_without_improvement": (int, "an integer"),
-          "best_accuracy": ((int, float), "a number"), "history": (list, "a list"), "optimizer": (dict, "a dict"),
-          "scheduler": (dict, "a dict"), "scaler": (dict, "a dict"), "rng": (dict, "a dict"),
-          "stop_reason": (str, "a string"), "run": (dict, "a dict")}
-
-
-@dataclass
-class TrainingState:
-    """Everything a run needs to be evaluated (config, model, epoch) or resumed (the rest)."""
-    config: PonderConfig
-    model: dict  # state_dict of the model
-    epoch: int  # the last completed epoch
-    optimizer: dict | None = None
-    scheduler: dict | None = None
-    scaler: dict | None = None
-    best_accuracy: float = -1.0
-    best_epoch: int = 0
-    epochs_without_improvement: int = 0
-    history: list = field(default_factory=list)  # one dict per epoch (train.EpochStats fields)
-    rng: dict | None = None  # {"torch": ByteTensor, "cuda": the training GPU's (older: a list, every GPU's)}
-    stop_reason: str | None = None  # "time limit" (short of its epochs, to be resumed) or "at chance"
-    # the run's record beside its settings (folders.run_record): its labels, the weights it
-    # started from, --amp; a copied best.pt keeps them
-    run: dict | None = None
-
-    @property
-    def stopped_early(self) -> bool:
-        """Early stopping ended the run before its planned epochs: patience ran out with epochs
-        still to train (running out at the last epoch itself, the run simply finished)."""
-        patience, epochs = self.config.training.patience, self.config.training.epochs
-        return bool(patience) and self.epochs_without_improvement >= patience and self.epoch < epochs
-
-    def to_dict(self) -> dict:
-        return {"format": FORMAT, "version": VERSION, **{f.name: getattr(self, f.name) for f in fields(self)},
-                "config": self.config.to_dict()}
-
-    @classmethod
-    def from_dict(cls, payload: Any, path: Path | str = "checkpoint") -> "TrainingState":
-        """Check every key of a loaded dict; a problem is one PonderError naming the key."""
-        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-            raise PonderError(f"{path} is not a ponder_cli checkpoint")
-        version = payload.get("version")
-        if version not in READABLE_VERSIONS:
-            raise PonderError(f"checkpoint {path} has format version {version!r}; "
-                              f"this ponder_cli reads versions {', '.join(map(str, READABLE_VERSIONS))}")
-        missing = [key for key in ("config", "model", "epoch") if key not in payload]
-        if missing:
-            raise PonderError(f"checkpoint {path} is missing {', '.join(missing)}")
-
-        def bad(key: str, expected: str) -> PonderError:
-            return PonderError(f"checkpoint {path} has a malformed {key!r} (expected {expected}, "
-                               f"got {type(payload[key]).__name__})")
-
-        if not isinstance(payload["config"], dict):
-            raise bad("config", "a dict")
-        try:
-            config = PonderConfig.from_dict(payload["config"], saved=f"checkpoint {path}")
-        except (PonderError, TypeError) as exc:
-            raise PonderError(f"checkpoint {path} has an incompatible config: {exc}") from None
-        model = payload["model"]
-        if not isinstance(model, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                                                  for k, v in model.items()):
-            raise bad("model", "a dict of tensors")
-        if version == 1:
-            model = {next((new + k[len(old):] for old, new in _V1_PREFIXES.items() if k.startswith(old)), k): v
-                     for k, v in model.items()}
-        epoch = payload["epoch"]
-        if isinstance(epoch, bool) or not isinstance(epoch, int):
-            raise bad("epoch", "an integer")
-        if epoch < 0:
-            raise PonderError(f"checkpoint {path} has a malformed 'epoch' ({epoch})")
-        values: dict[str, Any] = {"config": config, "model": model, "epoch": epoch}
-        for key, (kind, expected) in _KINDS.items():
-            if payload.get(key) is not None:
-                if isinstance(payload[key], bool) or not isinstance(payload[key], kind):
-                    raise bad(key, expected)
-                values[key] = payload[key]
-        if "rng" in values and not isinstance(values["rng"].get("torch"), torch.Tensor):
-            raise PonderError(f"checkpoint {path} has a malformed 'rng' (no torch generator state)")
-        if not all(isinstance(h, dict) for h in values.get("history", [])):
-            raise bad("history", "a list of dicts")
-        return cls(**values)
-
-    def require_resumable(self, path: Path | str) -> None:
-        missing = [key for key in ("optimizer", "scheduler", "scaler", "rng") if getattr(self, key) is None]
-        if missing:
-            raise PonderError(f"checkpoint {path} cannot be resumed: it has no {', '.join(missing)} state "
-                              "(only checkpoints written by `ponder train` can)")
-
 
 class CheckpointNotSaved(PonderError):
     """A checkpoint the file system would not take (full, read-only, over quota): `problem` names
@@ -207,16 +109,9 @@ def _write_failure(exc: BaseException, chain: list, folder: Path) -> str | None:
 def load_checkpoint(path: Path | str, map_location="cpu") -> TrainingState:
     """Load with weights_only=True: a file carrying pickled code is refused, never executed."""
     path = Path(path)
-    problem = file_problem(path)
+    problem = checkpoint_file_problem(path)
     if problem is not None:
-        raise PonderError(f"checkpoint {path} {problem}" + (" (train one with `ponder train`)"
-                                                             if problem == "does not exist" else ""))
-    kind = not_a_torch_file(path)
-    if kind is not None:
-        raise PonderError(f"{path} is {kind}, not a ponder_cli checkpoint")
-    broken = damage(path)
-    if broken is not None:
-        raise PonderError(f"checkpoint {path} is {broken}")
+        raise PonderError(problem)
     try:
         with warnings.catch_warnings():  # torch warns about odd pickle protocols before failing
             warnings.simplefilter("ignore")
@@ -230,7 +125,7 @@ def load_checkpoint(path: Path | str, map_location="cpu") -> TrainingState:
         raise PonderError(f"checkpoint {path} is not a readable checkpoint (corrupt data)") from None
     except Exception as exc:  # a legacy (pickle) file cut short, or data torch cannot decode
         raise PonderError(f"checkpoint {path} is cut short or damaged ({brief(exc)}); {DAMAGE_HINT}") from None
-    state = TrainingState.from_dict(payload, path)
+    state = TrainingState.from_dict(payload, path, tensor=torch.Tensor)
     # weights with NaN or inf compute nothing meaningful: said, but loaded all the same (to look
     # inside, or to resume from the epoch before)
     bad = [name for name, tensor in state.model.items()

@@ -28,7 +28,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from . import BadValue, PonderError, PonderWarning, file_problem
-from .registry import DEFAULT_HALTING, FORMAT_VERSION, METHODS, PIECES, STEPS, TASKS, known, piece_class
+from .registry import DEFAULT_HALTING, FORMAT_VERSION, METHODS, PIECES, STEPS, TASKS, known, piece_declaration
 
 MAX_STEPS = 100  # a bound on the cost of an epoch (training runs every step for every image)
 FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32: what the model's tensors can hold
@@ -286,7 +286,7 @@ PAPER_SCALE = {"batch_size": 2048, "lr_patience": 1000, "patience": 0}
 
 def _plugins(kind: str) -> list:
     """Installed pieces of `kind`: their classes name the settings they read (`reads`) and imply (`implied`)."""
-    return [(name, piece_class(kind, name)) for name in PIECES.get(kind, ()) if name not in BUILT_IN[kind]]
+    return [(name, piece_declaration(kind, name)) for name in PIECES.get(kind, ()) if name not in BUILT_IN[kind]]
 
 
 def readers(key: str) -> dict[str, tuple]:
@@ -437,16 +437,16 @@ class PonderConfig:
             return problems
         for kind, name in chosen.items():
             known(kind, name)  # a piece an installed package registers joins its table here
-        task, step = piece_class("task", self.task.name), piece_class("step", self.step.name)
+        task, step = piece_declaration("task", self.task.name), piece_declaration("step", self.step.name)
         if task.input_kind and step.input_kind not in ("", task.input_kind):  # a step of no kind fits any task
-            fitting = ", ".join(name for name in STEPS if piece_class("step", name).input_kind == task.input_kind)
+            fitting = ", ".join(name for name in STEPS if piece_declaration("step", name).input_kind == task.input_kind)
             return [f"--step {self.step.name} does not fit --task {self.task.name} ({task.inputs}); choose {fitting}"]
         return (inapplicable(given, chosen, lambda key: spelled(key, origins, "--"), self.value)
                 or [f"{spelled('halting_input', origins)} {self.method.halting_input}: step {self.step.name} has no "
                     f"{part} to show" for part in self.method.halting_input.split("+")[1:]
                     if part not in ("confidence", "previous", "answer", step.halting_feature)]
                 or [problem for kind, name in chosen.items()
-                    for problem in piece_class(kind, name).config_problems(self)])
+                    for problem in piece_declaration(kind, name).config_problems(self)])
 
     @classmethod
     def of(cls, *, origins: Optional[dict] = None, **given) -> "PonderConfig":
@@ -458,7 +458,7 @@ class PonderConfig:
         values = {**{key: cls.default(key) for key in PLACES}, **{key: value for key, (value, _) in
                                                                   implied_values(chosen).items()}, **given, **chosen}
         if known("task", chosen["task"]):  # what the task derives, from every value (a default one too)
-            values = piece_class("task", chosen["task"]).resolve_options(values, given)
+            values = piece_declaration("task", chosen["task"]).resolve_options(values, given)
         return cls.build(values, given, origins or {})
 
     @classmethod

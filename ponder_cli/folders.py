@@ -6,23 +6,29 @@ finding the runs below a folder, and the trash."""
 
 from __future__ import annotations
 
+import array
 import collections
 import contextlib
 import io
 import json
+import math
 import os
 import pickle
 import shutil
+import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path, PurePath
-from typing import Iterable, Optional, Union
+from typing import TYPE_CHECKING, Iterable, Optional, Union
 
 from . import BadValue, PonderError, brief, file_problem, keeping, uninterrupted
-from .registry import AT_CHANCE, FORMAT_VERSION, TIME_LIMIT
+from .registry import AT_CHANCE, FORMAT_VERSION, TIME_LIMIT, TORCH_LOAD, loaded
+
+if TYPE_CHECKING:
+    from .config import PonderConfig
 
 RUNS_DIR = Path("runs")
 BEST, LAST = "best.pt", "last.pt"
@@ -232,6 +238,225 @@ def peek_checkpoint(path: Path) -> Optional[dict]:
     return payload
 
 
+# a checkpoint's training state, every key checked ------------------------------------------------
+
+FORMAT = "ponder_cli"
+# 2: the step function became a module of its own (weights under "step."); 1 is read and upgraded
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
+_V1_PREFIXES = {"encoder.": "step.encoder.", "step_mlp.": "step.mlp."}
+# what each optional key must hold (absent or None in checkpoints never meant to be resumed)
+_KINDS = {"best_epoch": (int, "an integer"), "epochs_without_improvement": (int, "an integer"),
+          "best_accuracy": ((int, float), "a number"), "history": (list, "a list"), "optimizer": (dict, "a dict"),
+          "scheduler": (dict, "a dict"), "scaler": (dict, "a dict"), "rng": (dict, "a dict"),
+          "stop_reason": (str, "a string"), "run": (dict, "a dict")}
+
+
+@dataclass
+class TrainingState:
+    """Everything a run needs to be evaluated (config, model, epoch) or resumed (the rest)."""
+    config: "PonderConfig"
+    model: dict  # state_dict of the model
+    epoch: int  # the last completed epoch
+    optimizer: dict | None = None
+    scheduler: dict | None = None
+    scaler: dict | None = None
+    best_accuracy: float = -1.0
+    best_epoch: int = 0
+    epochs_without_improvement: int = 0
+    history: list = field(default_factory=list)  # one dict per epoch (train.EpochStats fields)
+    rng: dict | None = None  # {"torch": ByteTensor, "cuda": the training GPU's (older: a list, every GPU's)}
+    stop_reason: str | None = None  # "time limit" (short of its epochs, to be resumed) or "at chance"
+    # the run's record beside its settings (folders.run_record): its labels, the weights it
+    # started from, --amp; a copied best.pt keeps them
+    run: dict | None = None
+
+    @property
+    def stopped_early(self) -> bool:
+        """Early stopping ended the run before its planned epochs: patience ran out with epochs
+        still to train (running out at the last epoch itself, the run simply finished)."""
+        patience, epochs = self.config.training.patience, self.config.training.epochs
+        return bool(patience) and self.epochs_without_improvement >= patience and self.epoch < epochs
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, **{f.name: getattr(self, f.name) for f in fields(self)},
+                "config": self.config.to_dict()}
+
+    @classmethod
+    def from_dict(cls, payload, path: Union[Path, str] = "checkpoint", tensor: type = _Tensor) -> "TrainingState":
+        """Check every key of a loaded dict, its tensors of type `tensor` (torch.load's, or
+        read_state's without torch); a problem is one PonderError naming the key."""
+        from .config import PonderConfig
+
+        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+            raise PonderError(f"{path} is not a ponder_cli checkpoint")
+        version = payload.get("version")
+        if version not in READABLE_VERSIONS:
+            raise PonderError(f"checkpoint {path} has format version {version!r}; "
+                              f"this ponder_cli reads versions {', '.join(map(str, READABLE_VERSIONS))}")
+        missing = [key for key in ("config", "model", "epoch") if key not in payload]
+        if missing:
+            raise PonderError(f"checkpoint {path} is missing {', '.join(missing)}")
+
+        def bad(key: str, expected: str) -> PonderError:
+            return PonderError(f"checkpoint {path} has a malformed {key!r} (expected {expected}, "
+                               f"got {type(payload[key]).__name__})")
+
+        if not isinstance(payload["config"], dict):
+            raise bad("config", "a dict")
+        try:
+            config = PonderConfig.from_dict(payload["config"], saved=f"checkpoint {path}")
+        except (PonderError, TypeError) as exc:
+            raise PonderError(f"checkpoint {path} has an incompatible config: {exc}") from None
+        model = payload["model"]
+        if not isinstance(model, dict) or not all(isinstance(k, str) and isinstance(v, tensor)
+                                                  for k, v in model.items()):
+            raise bad("model", "a dict of tensors")
+        if version == 1:
+            model = {next((new + k[len(old):] for old, new in _V1_PREFIXES.items() if k.startswith(old)), k): v
+                     for k, v in model.items()}
+        epoch = payload["epoch"]
+        if isinstance(epoch, bool) or not isinstance(epoch, int):
+            raise bad("epoch", "an integer")
+        if epoch < 0:
+            raise PonderError(f"checkpoint {path} has a malformed 'epoch' ({epoch})")
+        values: dict = {"config": config, "model": model, "epoch": epoch}
+        for key, (kind, expected) in _KINDS.items():
+            if payload.get(key) is not None:
+                if isinstance(payload[key], bool) or not isinstance(payload[key], kind):
+                    raise bad(key, expected)
+                values[key] = payload[key]
+        if "rng" in values and not isinstance(values["rng"].get("torch"), tensor):
+            raise PonderError(f"checkpoint {path} has a malformed 'rng' (no torch generator state)")
+        if not all(isinstance(h, dict) for h in values.get("history", [])):
+            raise bad("history", "a list of dicts")
+        return cls(**values)
+
+    def require_resumable(self, path: Union[Path, str]) -> None:
+        missing = [key for key in ("optimizer", "scheduler", "scaler", "rng") if getattr(self, key) is None]
+        if missing:
+            raise PonderError(f"checkpoint {path} cannot be resumed: it has no {', '.join(missing)} state "
+                              "(only checkpoints written by `ponder train` can)")
+
+def checkpoint_file_problem(path: Path) -> Optional[str]:
+    """Why `path` is no checkpoint, said before any of it is unpickled (not a regular file, not a
+    file PyTorch wrote, cut short or damaged), as the one line naming it; None: read it."""
+    problem = file_problem(path)
+    if problem is not None:
+        return f"checkpoint {path} {problem}" + (" (train one with `ponder train`)" if problem == "does not exist" else "")
+    kind = not_a_torch_file(path)
+    if kind is not None:
+        return f"{path} is {kind}, not a ponder_cli checkpoint"
+    broken = damage(path)
+    return None if broken is None else f"checkpoint {path} is {broken}"
+
+
+def read_state(path: Union[Path, str]) -> TrainingState:
+    """A checkpoint's state as checkpoint.load_checkpoint gives it (the same checks, errors and
+    warnings), read without torch where torch.load would have nothing to add: a zip file torch.save
+    wrote of tensors and plain values, every weight finite. Anything else (a legacy file, a
+    global torch may refuse, a weight to warn of) load_checkpoint reads, torch with it. Its
+    tensors are placeholders: what `info` reads, not the weights."""
+    path = Path(path)
+    problem = checkpoint_file_problem(path)
+    if problem is not None:
+        raise PonderError(problem)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            payload = _Reader.payload(archive)
+            state = None if payload is None else TrainingState.from_dict(payload, path)
+            if state is not None and all(_finite(archive, tensor) for tensor in state.model.values()):
+                return state
+    except (_LeftToTorch, zipfile.BadZipFile, OSError):
+        pass
+    return loaded(TORCH_LOAD)(path)
+
+
+class _LeftToTorch(Exception):
+    """What read_state cannot say as torch.load would: torch reads the file."""
+
+
+# how torch.save names a storage's type -> its array code (None: no finite check without torch), item size
+_STORAGES = {"FloatStorage": ("f", 4), "DoubleStorage": ("d", 8), "HalfStorage": (None, 2),
+             "BFloat16Storage": (None, 2), "LongStorage": ("q", 8), "IntStorage": ("i", 4), "ShortStorage": ("h", 2),
+             "CharStorage": ("b", 1), "ByteStorage": ("B", 1), "BoolStorage": ("?", 1)}
+_FLOATING = ("FloatStorage", "DoubleStorage", "HalfStorage", "BFloat16Storage")
+
+
+@dataclass(frozen=True)
+class _Storage:
+    member: str  # its file in the archive
+    kind: str  # a key of _STORAGES
+
+
+class _Located(_Tensor):
+    """A tensor read without torch: where its values lie (its storage, offset, size, stride)."""
+
+    def __init__(self, storage: _Storage, offset: int, size: tuple, stride: tuple):
+        self.storage, self.offset, self.size, self.stride = storage, offset, tuple(size), tuple(stride)
+
+
+class _Reader(pickle.Unpickler):
+    """A data.pkl as torch.load(weights_only=True) reads what torch.save writes of tensors (a
+    storage type, torch._utils._rebuild_tensor_v2, OrderedDict) and plain values; any other global
+    (torch may accept or refuse it), a storage missing or of another size: _LeftToTorch. Nothing
+    is called."""
+
+    def __init__(self, archive: zipfile.ZipFile, prefix: str):
+        super().__init__(io.BytesIO(archive.read(f"{prefix}/data.pkl")))
+        self.archive, self.prefix = archive, prefix
+
+    @classmethod
+    def payload(cls, archive: zipfile.ZipFile):
+        """The archive's dict as torch.load gives it, its tensors _Located; None: not torch.save's zip file."""
+        names = archive.namelist()
+        prefix = next((name[:-len("/data.pkl")] for name in names if name.endswith("/data.pkl")
+                       and name.count("/") == 1), None)
+        if prefix is None or f"{prefix}/version" not in names or sys.byteorder != "little" or \
+                f"{prefix}/byteorder" not in names or archive.read(f"{prefix}/byteorder") != b"little":
+            return None
+        try:
+            return cls(archive, prefix).load()
+        except _LeftToTorch:
+            return None
+        except Exception:  # a pickle torch never wrote: its words are torch's to say
+            return None
+
+    def find_class(self, module: str, name: str):
+        if (module, name) == ("collections", "OrderedDict"):
+            return collections.OrderedDict
+        if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+            return lambda storage, offset, size, stride, *rest: _Located(storage, offset, size, stride)
+        if module == "torch" and name in _STORAGES:
+            return name
+        raise _LeftToTorch
+
+    def persistent_load(self, pid):
+        kind, storage, key, _location, numel = pid
+        member = f"{self.prefix}/data/{key}"
+        if kind != "storage" or storage not in _STORAGES or member not in self.archive.NameToInfo or \
+                self.archive.getinfo(member).file_size != numel * _STORAGES[storage][1]:
+            raise _LeftToTorch
+        return _Storage(member, storage)
+
+
+def _finite(archive: zipfile.ZipFile, tensor) -> bool:
+    """Whether a tensor read by _Reader holds no NaN or inf (integers, always): every value of the
+    span of its storage it lies in, which is exact for a tensor laid out row by row (a value
+    outside a strided one's own only asks torch); _LeftToTorch for half precision."""
+    if not isinstance(tensor, _Located) or tensor.storage.kind not in _FLOATING:
+        return True
+    code, itemsize = _STORAGES[tensor.storage.kind]
+    if code is None:
+        raise _LeftToTorch
+    if 0 in tensor.size:
+        return True
+    end = tensor.offset + 1 + sum((extent - 1) * stride for extent, stride in zip(tensor.size, tensor.stride))
+    values = array.array(code)
+    values.frombytes(archive.read(tensor.storage.member)[tensor.offset * itemsize:end * itemsize])
+    return math.isfinite(sum(values))  # NaN and inf carry through a sum (an overflow only asks torch)
+
+
 def flat_config(config: dict) -> dict:
     """A saved config by flat key (an older checkpoint's is by section: {"task": {"name": ...}}),
     with the default of each setting it is older than."""
@@ -277,6 +502,21 @@ class Summary:
         """The best epoch's row of its history ({}: none)."""
         return next((h for h in self.history if isinstance(h, dict) and h.get("epoch") == self.best_epoch), {})
 
+
+# the halting rule `ponder calibrate --save` keeps beside a run's checkpoints (runs.save_halting)
+HALTING_FILE = "halting.json"
+SAVED_BY = "ponder calibrate --save"  # marks the file as calibrate's: any other is the user's, never replaced
+
+
+def saved_halting(folder: Path) -> Optional[dict]:
+    """The rule calibrate saved in `folder`, or None where there is none, or the file is not
+    calibrate's."""
+    try:
+        record = json.loads((Path(folder) / HALTING_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(record, dict) and record.get("saved_by") == SAVED_BY and isinstance(record.get("halting"), str)
+    return record if ok else None
 
 def run_status(summary: Summary, path: Path) -> tuple[str, str]:
     """How the run went, as a word (finished, stopped early, time limit, at chance,

@@ -1,11 +1,13 @@
-"""runs, runs rm, models and diff: what the run folders and the shipped models hold, read without
-torch (folders.peek_checkpoint reads a checkpoint's record and history, not its weights); the
-pieces' classes, torch with them, are imported only for a run from before records."""
+"""runs, runs rm, models, diff and info: what the run folders and the shipped models hold, read
+without torch (folders.peek_checkpoint reads a checkpoint's record and history, not its weights;
+folders.read_state checks it as torch.load would); torch only for a file torch must judge, and the
+pieces' classes (torch with them) only for a run from before records."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -14,11 +16,12 @@ from typing import Callable, Optional, Sequence, Union
 from . import BadValue, PonderError, file_problem
 from .config import PonderConfig, applies
 from .folders import (BEST, DEFAULT, LAST, LATEST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, Summary,
-                      check_trashable, empty_trash, is_run_folder, lock_holder, peek_checkpoint, resolve_checkpoint,
-                      restore_run, run_of, run_status, run_time, runs_under, shipped_path, start_text,
-                      trash_contents, trash_run, trashed_runs, trashes_under)
+                      check_trashable, empty_trash, is_run_folder, lock_holder, peek_checkpoint, read_state,
+                      resolve_checkpoint, restore_run, run_of, run_status, run_time, runs_under, saved_config,
+                      saved_halting, shipped_path, start_text, trash_contents, trash_run, trashed_runs, trashes_under)
 from .render import Column
-from .reports import Report, diff_report, make_meta, runs_report, trash_report
+from .registry import TORCH_SAVED_HALTING, loaded, piece_declaration
+from .reports import Report, diff_report, info_report, make_meta, runs_report, trash_report
 from .reports.runs import DIFF_LABELS, DIFF_RESULTS, NUMBER, OTHER_SPELLINGS, RUN_KEYS, SWITCH, TAGS, TEXT, TIME, \
     run_keys
 
@@ -318,3 +321,97 @@ def diff_runs(targets: Sequence[Union[str, Path]], *, log: Callable[[str], None]
     buckets += [{"key": key, "kind": "result", "values": [row[key] for row in rows]} for key in DIFF_RESULTS
                 if differ(key)]
     return diff_report([str(target) for target in targets], buckets, rows)
+
+
+# info -------------------------------------------------------------------------------------------
+
+def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lambda line: None) -> Report:
+    """`ponder info`: a checkpoint or a run folder (its last.pt, else its best.pt) described: its
+    configuration (and where each value came from, when the folder's config.json records this very
+    one), its record, the epochs trained, the best epoch's figures, and one bucket per epoch. Read
+    without torch (folders.read_state), but for a file or a saved halting rule torch must judge."""
+    resolved = resolve_checkpoint(target, file=(LAST, BEST))
+    log(f"using {resolved.path} ({resolved.why})")
+    state = read_state(resolved.path)
+    cfg, folder, summary = state.config, resolved.path.parent, Summary.of(state.to_dict())
+    record, saved = run_of(summary, folder), saved_config(folder) or {}
+    sources = (saved.get("sources") or {}) if saved.get("config") == cfg.to_dict() else {}
+    info = {"file": str(resolved.path), "status": run_status(summary, resolved.path)[1], "epochs_trained": state.epoch,
+            "epochs_planned": cfg.training.epochs, "best_epoch": state.best_epoch or None,
+            "best_val_accuracy": summary.best.get("val_accuracy"), "best_val_steps": summary.best.get("val_steps"),
+            "stopped_early": state.stopped_early, "resumable": summary.resumable,
+            "training_step": (state.history[-1].get("training_step") or None) if state.history else None,
+            **Labels.of(record).to_dict(), "init_from": start_text(record.get("init_from")),
+            "amp": bool(record.get("amp")), "start": record.get("init_from"),
+            "train_command": reproducing_command(cfg, record), **saved_halting_summary(folder)}
+    return info_report(str(resolved.path), cfg, [dict(h) for h in state.history], info,
+                       shown=cfg.shown_fields(), sources=sources,
+                       view=piece_declaration("task", cfg.task.name)(cfg).view())  # the task as declared: no torch
+
+
+def saved_halting_summary(folder: Path) -> dict:
+    """What `info` says of it: `halting_rule`, the one the evaluating commands halt by (None: none
+    saved, or saved for other weights), and `saved_halting`, the record with `current`, `why_not`."""
+    record = saved_halting(folder)
+    if record is None:
+        return {"halting_rule": None, "saved_halting": None}
+    # whether it was calibrated on these very weights: a digest of them, torch's to read
+    _, why_not = loaded(TORCH_SAVED_HALTING)(Path(folder) / str(record.get("checkpoint")))
+    return {"halting_rule": None if why_not else record["halting"],
+            "saved_halting": {**record, "current": why_not is None, "why_not": why_not}}
+
+
+# the reproduce line -------------------------------------------------------------------------------
+
+def reproducing_command(cfg: PonderConfig, record: Optional[dict] = None) -> str:
+    """The `ponder train` command that trains this configuration again, with only what a fresh
+    run would not take by itself, in the configuration's order; then from its record --amp and
+    the weights it started from."""
+    given: dict = {}
+    for kind in ("task", "step", "method"):
+        if PonderConfig.of(**given).value(kind) != cfg.value(kind):
+            given[kind] = cfg.value(kind)
+    chosen = cfg.chosen()
+    for _ in range(3):  # a setting given can change what another derives (parity's counts from --elems)
+        fresh = PonderConfig.of(**given)
+        more = {key: cfg.value(key) for key in cfg.field_names()
+                if key not in given and applies(key, chosen, cfg.value) and cfg.value(key) != fresh.value(key)}
+        if not more:
+            break
+        given.update(more)
+
+    def same(settings: dict) -> bool:
+        try:
+            fresh = PonderConfig.of(**settings)
+        except PonderError:
+            return False
+        return all(fresh.value(key) == cfg.value(key) for key in cfg.field_names()
+                   if applies(key, chosen, cfg.value))
+    for key in [key for key in given if key not in chosen]:  # what another setting derives goes unsaid
+        fewer = {k: v for k, v in given.items() if k != key}
+        if same(fewer):
+            given = fewer
+    words = ["ponder", "train"]
+    for key in (key for key in cfg.field_names() if key in given):
+        option, value = "--" + key.replace("_", "-"), given[key]
+        if isinstance(value, bool):
+            words.append(option if value else "--no-" + option[2:])
+        else:
+            words += [option, repr(value) if isinstance(value, float) else str(value)]
+    words += [word for key, value in start_options(record).items()
+              for word in (["--amp"] if key == "amp" else ["--" + key.replace("_", "-"), value])]
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def start_options(record: Optional[dict]) -> dict:
+    """What of a run's record a rerun is given besides its settings (reproduce line, config.toml):
+    init_from and init_weights (its source's epoch and weights' digest), amp when on."""
+    record, options = record or {}, {}
+    start = record.get("init_from")
+    if isinstance(start, dict):
+        options.update(init_from=str(start["checkpoint"]), init_weights=f"{start['epoch']}:{start['weights']}")
+    elif start:  # an older record: the path as it was given
+        options["init_from"] = str(start)
+    if record.get("amp"):
+        options["amp"] = True
+    return options

@@ -29,8 +29,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import PonderError
-from .config import applies, implied_values
+from . import PonderError, pieces
+from .config import implied_values
 from .registry import device_problem, method_class, parse_halting_rule, step_class
 
 # Per-step terms and their sums: the same float32 numbers wherever a row sits -----------------
@@ -731,12 +731,11 @@ class PonderNet(nn.Module):
 
 # The methods ------------------------------------------------------------------------------------
 
-class Method:
+class Method(pieces.Method):
     """What differs between PonderNet, ACT and a one-step network. Everything about the rule a
     method halts by follows from `halting_label`: a method with a rule of its own (`own_halting`,
     `own_rule`) halts by it whatever --halting asks, but at a budget (fixed:N) wherever it has steps
     to stop at."""
-    name: str = ""
     # whether its loss, truncation and metrics keep a training batch capturable as a CUDA graph
     # (fixed shapes, no host read, randomness from torch's default generator): a method that does
     # not declare it trains eagerly on CUDA (train.use_graphs); tests/test_graph_safe.py proves it
@@ -747,11 +746,6 @@ class Method:
     def __init__(self, cfg, device=None):
         self.cfg = cfg
         self.device = torch.device("cpu" if device is None else device)  # where its losses will run
-
-    @classmethod
-    def config_problems(cls, cfg) -> list[str]:
-        """What this method cannot train with beside the other settings, as messages for the user."""
-        return []
 
     def own_rule(self) -> Rule:
         raise NotImplementedError
@@ -851,8 +845,7 @@ def build_model(cfg, classes: int, input_shape: tuple) -> torch.nn.Module:
     return model
 
 
-class PonderNetMethod(Method):
-    name = "pondernet"
+class PonderNetMethod(pieces.PonderNet, Method):
     graph_safe = True
 
     def __init__(self, cfg, device=None):
@@ -860,23 +853,6 @@ class PonderNetMethod(Method):
         # built once, on the device: a captured training batch copies nothing from the host
         m = cfg.method
         self._log_prior = log_prior(m.prior, m.lambda_p, m.max_steps, self.device)
-
-    @classmethod
-    def config_problems(cls, cfg):
-        problems, m = [], cfg.method
-        if not applies("depth_min", {"method": cls.name}):  # plain: one step, no depth to draw
-            return problems
-        if m.depth_min > m.max_steps:
-            problems.append(f"depth-min {m.depth_min} is above max-steps {m.max_steps}: inputs train at a depth "
-                            f"drawn from depth-min to max-steps")
-        if m.halting_target != "prior" and (m.truncation > 0 or m.depth_min):
-            problems.append(f"halting-target {m.halting_target} trains on every step's answer: give truncation 0 "
-                            f"and depth-min 0 (got {m.truncation:g} and {m.depth_min}; --step align implies "
-                            f"truncation 0.1)")
-        if m.depth_min and m.truncation > 0 and m.truncation_rule == "roulette":
-            problems.append("depth-min trains with truncation-rule cut, not roulette (roulette's loss weights "
-                            "assume its own coins alone decide where an input stops)")
-        return problems
 
     def kl_weight(self, progress: torch.Tensor | None):
         """beta, or during the warm-up beta * progress / beta_warmup (a tensor: no host read)."""
@@ -913,24 +889,14 @@ class PonderNetMethod(Method):
         return None if epsilon is None and depths is None else Cut(epsilon, depths)
 
 
-class PlainMethod(PonderNetMethod):
-    name = "plain"
+class PlainMethod(pieces.Plain, PonderNetMethod):
     own_halting = "one step"  # every rule halts there
-
-    @classmethod
-    def config_problems(cls, cfg):
-        problems = super().config_problems(cfg)
-        if cfg.method.max_steps != 1:
-            # only a saved config gets here: --max-steps given with plain is refused as not read
-            problems.append(f"method plain runs exactly one step (got max-steps {cfg.method.max_steps})")
-        return problems
 
     def own_rule(self):
         return FixedBudget(1)
 
 
-class ACTMethod(Method):
-    name = "act"
+class ACTMethod(pieces.ACT, Method):
     graph_safe = True
     own_halting = "act"
     own_halting_means = "halting units summing to 1 - epsilon"

@@ -11,18 +11,21 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Union
 
+# A built-in piece is named by its declaration (tasks/declared.py, pieces.py: what the settings, `info`
+# and the reports read of it, without torch), whose `implementation` names the class that builds it
+# and subclasses it; a piece named by its class itself (an installed package's) is both.
 TASKS = {
-    "mnist": "ponder_cli.tasks.mnist:MnistTask",  # rotated MNIST digits; difficulty: the rotation
-    "parity": "ponder_cli.tasks.parity:ParityTask",  # parity of +-1 vectors; difficulty: the non-zero count
+    "mnist": "ponder_cli.tasks.declared:Mnist",  # rotated MNIST digits; difficulty: the rotation
+    "parity": "ponder_cli.tasks.declared:Parity",  # parity of +-1 vectors; difficulty: the non-zero count
 }
 STEPS = {
-    "mlp": "ponder_cli.steps.mlp:MLPStep",  # the reference: CNN once per image, MLP steps
-    "align": "ponder_cli.steps.align:AlignStep",  # re-reads the image through a learnt rotation
-    "rnn": "ponder_cli.steps.vectors:RNNStep",  # vectors: the paper's tanh RNN, the input read at every step
-    "gru": "ponder_cli.steps.vectors:GRUStep",  # vectors: a GRU cell, the input read at every step
+    "mlp": "ponder_cli.pieces:MLP",  # the reference: CNN once per image, MLP steps
+    "align": "ponder_cli.pieces:Align",  # re-reads the image through a learnt rotation
+    "rnn": "ponder_cli.pieces:RNN",  # vectors: the paper's tanh RNN, the input read at every step
+    "gru": "ponder_cli.pieces:GRU",  # vectors: a GRU cell, the input read at every step
 }
-METHODS = {"pondernet": "ponder_cli.model:PonderNetMethod", "act": "ponder_cli.model:ACTMethod",
-           "plain": "ponder_cli.model:PlainMethod"}
+METHODS = {"pondernet": "ponder_cli.pieces:PonderNet", "act": "ponder_cli.pieces:ACT",
+           "plain": "ponder_cli.pieces:Plain"}
 # the kinds of piece, in order: a later kind's implied values win (plain's one step over align's
 # twelve), an earlier kind may imply a later kind's piece (parity: --step gru)
 PIECES = {"task": TASKS, "step": STEPS, "method": METHODS}
@@ -80,13 +83,33 @@ def known(kind: str, name) -> bool:
     return False
 
 
-def piece_class(kind: str, name: str):
-    """The class of the piece `name` of `kind` ("task", "step", "method")."""
+# torch's side of what `ponder info` reads without it: a checkpoint folders.read_state leaves to
+# torch.load, and whether a saved halting rule was calibrated on these very weights (their digest)
+TORCH_LOAD = "ponder_cli.checkpoint:load_checkpoint"
+TORCH_SAVED_HALTING = "ponder_cli.runs:saved_halting_for"
+
+
+def loaded(spec: str):
+    """What a "module:attribute" string names, its module imported now."""
+    module, attribute = spec.split(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def piece_declaration(kind: str, name: str):
+    """What the piece `name` of `kind` ("task", "step", "method") is declared as: for a built-in
+    one, the class the settings and reports read (input kind, `config_problems`, a task's
+    `resolve_options` and `view`), without torch; for another, its class."""
     if not known(kind, name):
         raise ValueError(f"unknown {'step function' if kind == 'step' else kind} {name!r}; "
                          f"choose from {', '.join(PIECES[kind])}")
-    module, attribute = PIECES[kind][name].split(":")
-    return getattr(importlib.import_module(module), attribute)
+    return loaded(PIECES[kind][name])
+
+
+def piece_class(kind: str, name: str):
+    """The class that builds the piece `name` of `kind` (torch with it)."""
+    declared = piece_declaration(kind, name)
+    implementation = getattr(declared, "implementation", None)
+    return loaded(implementation) if implementation else declared
 
 
 task_class = functools.partial(piece_class, "task")

@@ -13,7 +13,6 @@ import dataclasses
 import json
 import os
 import platform
-import shlex
 import subprocess
 import sys
 import time
@@ -27,12 +26,12 @@ from . import BadValue, PonderError, PonderWarning, __version__, brief, file_pro
 from .checkpoint import load_checkpoint, new_model, save_checkpoint
 from .config import SECTIONS, PonderConfig, applies, bias_value, inapplicable, render_config, spelled
 from .registry import FORMAT_VERSION
-from .folders import (BESIDE_CHECKPOINTS, BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE, LAST,
-                      METRICS_FILE, RESUMABLE_CHANGES, RUNS_DIR, Labels, Resolved, RunLock, Summary, some_of,
+from .folders import (BESIDE_CHECKPOINTS, BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE,
+                      HALTING_FILE, LAST, METRICS_FILE, SAVED_BY, RESUMABLE_CHANGES, RUNS_DIR, Labels, Resolved, RunLock, Summary, some_of,
                       check_unlocked, enclosing_run, hidden_folder_of, inside_package, is_run_folder, package_dir,
                       package_problem, replace_atomically, resolve_checkpoint, run_files_in, run_of, run_record,
-                      runs_under, same_path, same_run, saved_config, shipped_name)
-from .listing import run_named
+                      runs_under, same_path, same_run, saved_config, saved_halting, shipped_name)
+from .listing import run_named, start_options
 from .render import csv_cell, value_text as spelled_value
 from .reports import Report
 from .reports.runs import label_report
@@ -264,60 +263,6 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
         _refuse_rewind(state, resume, out_dir / LAST)
     return TrainingPlan(cfg, out_dir, state, sources=sources, resumed=resumed, labels=labels,
                         init_from=recorded.get("init_from"))
-
-
-def reproducing_command(cfg: PonderConfig, record: Optional[dict] = None) -> str:
-    """The `ponder train` command that trains this configuration again, with only what a fresh
-    run would not take by itself, in the configuration's order; then from its record --amp and
-    the weights it started from."""
-    given: dict = {}
-    for kind in ("task", "step", "method"):
-        if PonderConfig.of(**given).value(kind) != cfg.value(kind):
-            given[kind] = cfg.value(kind)
-    chosen = cfg.chosen()
-    for _ in range(3):  # a setting given can change what another derives (parity's counts from --elems)
-        fresh = PonderConfig.of(**given)
-        more = {key: cfg.value(key) for key in cfg.field_names()
-                if key not in given and applies(key, chosen, cfg.value) and cfg.value(key) != fresh.value(key)}
-        if not more:
-            break
-        given.update(more)
-
-    def same(settings: dict) -> bool:
-        try:
-            fresh = PonderConfig.of(**settings)
-        except PonderError:
-            return False
-        return all(fresh.value(key) == cfg.value(key) for key in cfg.field_names()
-                   if applies(key, chosen, cfg.value))
-    for key in [key for key in given if key not in chosen]:  # what another setting derives goes unsaid
-        fewer = {k: v for k, v in given.items() if k != key}
-        if same(fewer):
-            given = fewer
-    words = ["ponder", "train"]
-    for key in (key for key in cfg.field_names() if key in given):
-        option, value = "--" + key.replace("_", "-"), given[key]
-        if isinstance(value, bool):
-            words.append(option if value else "--no-" + option[2:])
-        else:
-            words += [option, repr(value) if isinstance(value, float) else str(value)]
-    words += [word for key, value in start_options(record).items()
-              for word in (["--amp"] if key == "amp" else ["--" + key.replace("_", "-"), value])]
-    return " ".join(shlex.quote(word) for word in words)
-
-
-def start_options(record: Optional[dict]) -> dict:
-    """What of a run's record a rerun is given besides its settings (reproduce line, config.toml):
-    init_from and init_weights (its source's epoch and weights' digest), amp when on."""
-    record, options = record or {}, {}
-    start = record.get("init_from")
-    if isinstance(start, dict):
-        options.update(init_from=str(start["checkpoint"]), init_weights=f"{start['epoch']}:{start['weights']}")
-    elif start:  # an older record: the path as it was given
-        options["init_from"] = str(start)
-    if record.get("amp"):
-        options["amp"] = True
-    return options
 
 
 def render_run_config(cfg: PonderConfig, sources: dict, record: Optional[dict], fmt: str = "toml") -> str:
@@ -714,10 +659,6 @@ def label_runs(runs: Sequence[Union[str, Path]], labels: Labels, untag: Sequence
 # weights: a rule calibrated on other weights (trained on since, or another run written over
 # the folder) is not used.
 
-HALTING_FILE = "halting.json"
-SAVED_BY = "ponder calibrate --save"  # marks the file as calibrate's: any other is the user's, never replaced
-
-
 def weights_digest(weights: dict) -> str:
     """A digest of a state dict's tensors (on the host), key by key in sorted order."""
     import hashlib
@@ -727,17 +668,6 @@ def weights_digest(weights: dict) -> str:
         digest.update(key.encode())
         digest.update(weights[key].detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
-
-
-def saved_halting(folder: Path) -> Optional[dict]:
-    """The rule calibrate saved in `folder`, or None where there is none, or the file is not
-    calibrate's."""
-    try:
-        record = json.loads((Path(folder) / HALTING_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    ok = isinstance(record, dict) and record.get("saved_by") == SAVED_BY and isinstance(record.get("halting"), str)
-    return record if ok else None
 
 
 def saved_halting_for(path: Path) -> tuple[Optional[dict], Optional[str]]:
@@ -754,17 +684,6 @@ def saved_halting_for(path: Path) -> tuple[Optional[dict], Optional[str]]:
         same = False
     return (record, None) if same else (record, f"calibrated on other weights of {Path(path).name} (training went "
                                                 f"on since, or another run was written over the folder)")
-
-
-def saved_halting_summary(folder: Path) -> dict:
-    """What `info` says of it: `halting_rule`, the one the evaluating commands halt by (None: none
-    saved, or saved for other weights), and `saved_halting`, the record with `current`, `why_not`."""
-    record = saved_halting(folder)
-    if record is None:
-        return {"halting_rule": None, "saved_halting": None}
-    _, why_not = saved_halting_for(Path(folder) / str(record.get("checkpoint")))
-    return {"halting_rule": None if why_not else record["halting"],
-            "saved_halting": {**record, "current": why_not is None, "why_not": why_not}}
 
 
 def halting_save_problem(path: Path) -> None:

@@ -218,7 +218,7 @@ RUN = PonderConfig.of(epochs=2, max_steps=4, batch_size=64, val_size=100, hidden
 def test_the_path_each_epoch_took_is_in_the_checkpoint_and_reports(tiny_mnist, tmp_path, monkeypatch):
     """A CPU run: "eager: on the CPU"; a run whose capture fell back: that, and why, in each epoch
     of the checkpoint's history, the train report's JSON and footer, and `ponder info`."""
-    from ponder_cli.api.inspection import run_info
+    from ponder_cli.listing import run_info
     from ponder_cli.reports.runs import training_report
     import io
 

@@ -457,7 +457,6 @@ def test_every_command_words_an_interrupt_alike_and_gives_the_handlers_back(monk
     import ponder_cli.api as api
     from ponder_cli import SigTerm
     from ponder_cli import listing
-    from ponder_cli.api import inspection
 
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     for command, function, interrupt, line in [
@@ -466,7 +465,7 @@ def test_every_command_words_an_interrupt_alike_and_gives_the_handlers_back(monk
             ("runs", "list_runs", SigTerm, "Terminated: ponder runs stopped")]:
         def interrupted(*args, interrupt=interrupt, **kwargs):
             raise interrupt
-        monkeypatch.setattr(inspection if function == "run_info" else listing, function, interrupted)
+        monkeypatch.setattr(listing, function, interrupted)
         monkeypatch.setattr(api, function, interrupted, raising=False)
         result = ponder(command)
         assert result.exit_code == (143 if interrupt is SigTerm else 130) and result.stdout == ""

@@ -180,3 +180,89 @@ def test_every_setting_is_an_option_of_train():
     options = {param.name: param.opts for param in train.params}
     assert {key: options.get(key) for key in PonderConfig.field_names()} == \
         {key: ["--" + key.replace("_", "-")] for key in PonderConfig.field_names()}
+
+
+# info reads a checkpoint without torch, as torch.load would ---------------------------------------
+
+@pytest.mark.parametrize("name", ["parity64", "reference"])  # a parity model, and MNIST's strided conv weights
+def test_info_imports_no_torch_and_says_what_it_says_in_process(ponder, name):
+    """`python -m ponder_cli info NAME`: no torch nor numpy (seconds of start-up), the same JSON."""
+    import subprocess
+
+    probe = ("import atexit, runpy, sys\n"
+             "atexit.register(lambda: print(sorted(m for m in ('torch', 'numpy') if m in sys.modules), file=sys.stderr))\n"
+             f"sys.argv = ['ponder', 'info', {name!r}, '-f', 'json']\n"
+             "runpy.run_module('ponder_cli', run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr.splitlines()[-1] == "[]", done.stderr
+    assert json.loads(done.stdout) == json.loads(ponder("info", name, "-f", "json").stdout)
+
+
+@pytest.fixture(scope="module")
+def parity_state():
+    import torch
+
+    from ponder_cli.folders import shipped_path
+
+    return shipped_path("parity16"), torch.load(shipped_path("parity16"), weights_only=True)
+
+
+def test_info_still_warns_of_non_finite_weights(ponder, parity_state, tmp_path):
+    import torch
+
+    path, payload = parity_state
+    weights = {key: value.clone() for key, value in payload["model"].items()}
+    weights["step.cell.weight_ih"].view(-1)[3] = float("nan")
+    torch.save({**payload, "model": weights}, tmp_path / "nan.pt")
+    result = ponder("info", tmp_path / "nan.pt", "-f", "json")
+    assert result.exit_code == 0 and "non-finite weights" in result.stderr and "step.cell.weight_ih" in result.stderr
+
+
+def test_info_reads_a_legacy_file_and_a_version_1_one_as_the_file_they_were(ponder, parity_state, tmp_path):
+    """Torch's legacy format (not a zip), and a version-1 checkpoint (weights under their old
+    names, no step function): each described as the checkpoint it was made from."""
+    import torch
+
+    from ponder_cli.folders import shipped_path
+
+    path, payload = parity_state
+    torch.save(payload, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    reference = torch.load(shipped_path("reference"), weights_only=True)
+    renamed = {"step.encoder.": "encoder.", "step.mlp.": "step_mlp."}
+    old = {next((new + key[len(now):] for now, new in renamed.items() if key.startswith(now)), key): value
+           for key, value in reference["model"].items()}
+    torch.save({**reference, "version": 1, "model": old,
+                "config": {k: v for k, v in reference["config"].items() if k != "step"}}, tmp_path / "v1.pt")
+
+    def described(file):
+        report = json.loads(ponder("info", file, "-f", "json").stdout)
+        return {key: value for key, value in report.items() if key not in ("file", "checkpoints")}
+    assert described(tmp_path / "legacy.pt") == described(path)
+    assert described(tmp_path / "v1.pt") == described(shipped_path("reference"))
+
+
+@pytest.mark.parametrize("case", ["code", "global", "storage", "version"])
+def test_info_refuses_what_torch_refuses(case, ponder, parity_state, evil_checkpoint, one_error_line, tmp_path):
+    """A checkpoint torch.load refuses (pickled code, a global torch does not load, a storage
+    missing, a format version unknown) is one Error line naming the file, as eval's."""
+    import zipfile
+
+    import torch
+
+    path, payload = parity_state
+    target = tmp_path / "odd.pt"
+    if case == "code":
+        target, marker = evil_checkpoint
+    elif case == "global":
+        torch.save({**payload, "extra": torch.nn.Identity}, target)  # a class: weights_only refuses it
+    elif case == "storage":
+        with zipfile.ZipFile(path) as source, zipfile.ZipFile(target, "w") as copy:
+            for item in source.infolist():
+                if not item.filename.endswith("/data/0"):  # a storage left out
+                    copy.writestr(item, source.read(item))
+    else:
+        torch.save({**payload, "version": 99}, target)
+    line = one_error_line(ponder("info", target))
+    assert str(target) in line and line == one_error_line(ponder("eval", target, "--limit", 1))
+    if case == "code":
+        assert "refused" in line and not marker.exists()

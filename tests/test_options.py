@@ -13,7 +13,7 @@ from ponder_cli.config import PonderConfig, inapplicable, readers, setting
 from ponder_cli.registry import PIECES, piece_class
 from ponder_cli.reports import combine_draws, per_step_table, sweep_report
 from ponder_cli.tasks import get_task
-from ponder_cli.tasks.mnist import TERMS as MNIST_TERMS
+from ponder_cli.tasks.declared import MNIST_TERMS
 from ponder_cli.render import render_report
 
 NO_DATA = ["--data-dir", "/nonexistent/ponder-data", "--no-download"]  # refused before any data is read

@@ -9,8 +9,8 @@ import torch
 from ponder_cli import PonderError
 from ponder_cli.config import PonderConfig
 from ponder_cli.model import get_method
-from ponder_cli.tasks.parity import (CLASSES, evaluation_set, parity_batch, parity_labels, parse_count_range,
-                                      vectors_with_counts)
+from ponder_cli.tasks.declared import CLASSES
+from ponder_cli.tasks.parity import evaluation_set, parity_batch, parity_labels, parse_count_range, vectors_with_counts
 
 
 def test_labels_are_the_parity_of_the_plus_ones_not_of_the_non_zeros():

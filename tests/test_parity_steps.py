@@ -11,7 +11,8 @@ from ponder_cli import registry
 from ponder_cli.config import PonderConfig
 from ponder_cli.model import Act, PonderNet, Sample, get_method, halting_steps
 from ponder_cli.steps.vectors import GRUStep
-from ponder_cli.tasks.parity import CLASSES, parity_batch
+from ponder_cli.tasks.declared import CLASSES
+from ponder_cli.tasks.parity import parity_batch
 
 
 def vector_model(vector_config, step, seed=0, **fields):

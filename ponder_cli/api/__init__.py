@@ -84,8 +84,8 @@ def evaluation_seed(seed: Optional[int], *cfgs) -> int:
 # one module per group of commands: after what they share, above, which they import
 from .evaluation import (EvalOptions, calibrate_checkpoint, compare_checkpoints, evaluate_checkpoint,  # noqa: E402
                          sweep_checkpoint)
-from .inspection import PLOT_INPUTS, PredictOptions, predict_inputs, run_info  # noqa: E402
-from ..listing import diff_runs, list_runs, remove_runs, shipped_models  # noqa: E402
+from .inspection import PLOT_INPUTS, PredictOptions, predict_inputs  # noqa: E402
+from ..listing import diff_runs, list_runs, remove_runs, run_info, shipped_models  # noqa: E402
 from ..runs import label_runs  # noqa: E402
 from .training import TrainOptions, train_run, training_config  # noqa: E402
 

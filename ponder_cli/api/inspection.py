@@ -1,4 +1,4 @@
-"""predict and info: looking inside a model and into a run (runs, models, diff: ponder_cli.listing)."""
+"""predict: looking inside a model (info, runs, models, diff, without torch: ponder_cli.listing)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,8 @@ from typing import Callable, Optional, Union
 import torch
 
 from .. import BadValue, PonderError, PonderWarning
-from ..checkpoint import load_checkpoint
-from ..folders import BEST, LAST, Labels, Summary, resolve_checkpoint, run_of, run_status, saved_config, start_text
 from ..model import get_method
-from ..runs import reproducing_command, saved_halting_summary
-from ..reports import Report, info_report, prediction_report
+from ..reports import Report, prediction_report
 from ..tasks import STDIN, InputOptions, get_task, uniforms as draw_uniforms
 from . import check_halting, evaluation_seed, load_one, on_device, steps_run
 from .evaluation import EvalOptions
@@ -105,25 +102,3 @@ def _standard_input(inputs) -> Optional[str]:
         return sys.stdin.read()
     except UnicodeDecodeError:
         raise PonderError(f"{STDIN}: standard input is not text (vectors, one per line)") from None
-
-
-def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lambda line: None) -> Report:
-    """A checkpoint or a run folder (its last.pt, else its best.pt) described: its configuration
-    (and where each value came from, when the folder's config.json records this very one), its
-    record, the epochs trained, the best epoch's figures, and one bucket per epoch."""
-    resolved = resolve_checkpoint(target, file=(LAST, BEST))
-    log(f"using {resolved.path} ({resolved.why})")
-    state = load_checkpoint(resolved.path)
-    cfg, folder, summary = state.config, resolved.path.parent, Summary.of(state.to_dict())
-    record, saved = run_of(summary, folder), saved_config(folder) or {}
-    sources = (saved.get("sources") or {}) if saved.get("config") == cfg.to_dict() else {}
-    info = {"file": str(resolved.path), "status": run_status(summary, resolved.path)[1], "epochs_trained": state.epoch,
-            "epochs_planned": cfg.training.epochs, "best_epoch": state.best_epoch or None,
-            "best_val_accuracy": summary.best.get("val_accuracy"), "best_val_steps": summary.best.get("val_steps"),
-            "stopped_early": state.stopped_early, "resumable": summary.resumable,
-            "training_step": (state.history[-1].get("training_step") or None) if state.history else None,
-            **Labels.of(record).to_dict(), "init_from": start_text(record.get("init_from")),
-            "amp": bool(record.get("amp")), "start": record.get("init_from"),
-            "train_command": reproducing_command(cfg, record), **saved_halting_summary(folder)}
-    return info_report(str(resolved.path), cfg, [dict(h) for h in state.history], info,
-                       shown=cfg.shown_fields(), sources=sources, view=get_task(cfg).view())

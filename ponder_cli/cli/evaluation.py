@@ -323,7 +323,7 @@ def info(
     fmt: OutputFormat = FormatOption,
 ) -> None:
     """What a checkpoint or run holds: task, method, step, configuration, epochs, the best epoch and the history."""
-    from ..api import run_info
+    from ..listing import run_info  # read without torch, as the other listings
     from ..plot import check_destination
 
     plot = check_destination(plot) if plot is not None else None

@@ -15,6 +15,8 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn as nn
 
+from .. import pieces
+
 
 class StepTrace(NamedTuple):
     """What one step did, for looking inside a model (`ponder predict --steps`, `--plot`): the
@@ -24,7 +26,7 @@ class StepTrace(NamedTuple):
     values: dict
 
 
-class StepFunction(nn.Module):
+class StepFunction(nn.Module, pieces.Step):
     """Built as Step(cfg, input_shape). readout_size: the width of the readout the class head
     and the halting head read (the config's hidden size unless a step says otherwise);
     halting_extra_size: that of the step's own halting features (`forward`'s third output), read
@@ -32,8 +34,6 @@ class StepFunction(nn.Module):
 
     readout_size: int
     halting_extra_size: int = 0
-    halting_feature: Optional[str] = None
-    input_kind: str = ""  # the kind of input it reads: it fits every task giving that kind
     # whether start and forward keep a training batch capturable as a CUDA graph (fixed shapes,
     # no host read, randomness from torch's default generator); tests/test_graph_safe.py proves it
     graph_safe: bool = False
@@ -42,11 +42,6 @@ class StepFunction(nn.Module):
         super().__init__()
         if cfg is not None:
             self.readout_size = cfg.step.hidden
-
-    @classmethod
-    def config_problems(cls, cfg) -> list[str]:
-        """The step's own settings out of their range, as messages for the user."""
-        return []
 
     def start(self, x: torch.Tensor, steps: int) -> tuple[tuple, tuple]:
         """The per-input context computed once from a batch (B, ...), and the initial state;

@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import pieces
 from . import StepFunction, StepTrace
 from .mlp import ImageEncoder
 
@@ -124,10 +125,8 @@ def gated_logit(z: torch.Tensor, work: torch.Tensor) -> torch.Tensor:
     return log_lambda - torch.log1p(-(torch.sigmoid(z) * keep).clamp_max(1 - 1e-6))
 
 
-class AlignStep(StepFunction):
+class AlignStep(pieces.Align, StepFunction):
     halting_extra_size = 1  # |delta_n + delta_{n-1}| in units of twice the largest turn
-    halting_feature = "turn"
-    input_kind = "images"
     graph_safe = True
 
     def __init__(self, cfg, input_shape):

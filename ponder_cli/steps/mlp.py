@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import pieces
 from . import StepFunction
 
 # The first convolution's input gradient, at the pace of its arithmetic ---------------------------
@@ -163,8 +164,7 @@ class StepMLP(nn.Module):
         return F.relu(self.to_state(pre))  # (B, hidden)
 
 
-class MLPStep(StepFunction):
-    input_kind = "images"
+class MLPStep(pieces.MLP, StepFunction):
     graph_safe = True
 
     def __init__(self, cfg, input_shape):

@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 from torch.autograd.function import once_differentiable
 
+from .. import pieces
 from . import StepFunction
 
 ONEHOT_VALUES = (-1.0, 0.0, 1.0)
@@ -39,9 +40,8 @@ def encoded(x: torch.Tensor, encoding: str) -> torch.Tensor:
 aten = torch.ops.aten
 
 
-class VectorStep(StepFunction):
+class VectorStep(pieces.Vectors, StepFunction):
     """A step reading the input vector as `--encoding` gives it (`encoded`), `input_width` wide."""
-    input_kind = "vectors"
     graph_safe = True
 
     def __init__(self, cfg, input_shape):
@@ -51,7 +51,7 @@ class VectorStep(StepFunction):
         self.input_width = width * {"raw": 1, "onehot": len(ONEHOT_VALUES), "square": 2}[self.encoding]
 
 
-class RNNStep(VectorStep):
+class RNNStep(pieces.RNN, VectorStep):
     def __init__(self, cfg, input_shape):
         super().__init__(cfg, input_shape)
         self.from_input = nn.Linear(self.input_width, cfg.step.hidden)
@@ -66,7 +66,7 @@ class RNNStep(VectorStep):
         return (h,), h, None
 
 
-class GRUStep(VectorStep):
+class GRUStep(pieces.GRU, VectorStep):
     def __init__(self, cfg, input_shape):
         super().__init__(cfg, input_shape)
         hidden = cfg.step.hidden

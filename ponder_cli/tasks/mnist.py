@@ -25,8 +25,8 @@ from .. import BadValue, PonderError, PonderWarning, brief, distributed
 from ..config import PonderConfig, default_halting
 from ..evaluate import EvalBucket, EvalResult, evaluate_bucket
 from ..registry import EVAL_ANGLES, EXTRAPOLATION_ANGLES, PROTOCOLS
-from ..reports import TaskView, Terms, band_text
-from . import STDIN, Task, TrainingSource, UserInputs, check_input_file, load_inputs, numbered, uniforms
+from . import STDIN, TrainingSource, UserInputs, check_input_file, load_inputs, numbered, uniforms
+from .declared import Mnist
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 RAW_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
@@ -37,11 +37,6 @@ MAX_ANGLE = 180.0  # degrees: rotating by more than +-180 repeats angles already
 LIGHT_BORDER = 0.5  # a border brighter than this on average: a dark digit on a light background
 INK = 0.1  # pixels at least this bright (of the brightest) belong to the digit's bounding box
 
-# How reports name MNIST's buckets (rotations) and inputs (images)
-TERMS = Terms("rotation", "±deg", "g", "|angle|", "|rotation angle| and ponder steps", "images", "MNIST test set",
-              lambda b: band_text(b, "°") if b.get("band") else f"±{b['rotation']:g}°", sweep_key="rotation",
-              sweep_header="|angle|", sweep_scale=10.0, sweep_unit="10°", sweep_fit="steps_per_10_degrees",
-              sweep_name="mental rotation")
 
 
 def default_data_dir() -> Path:
@@ -390,11 +385,8 @@ class ImageBatches(TrainingSource):
         return prepare_batch(self.data.images[self.rows], angles), self.data.labels[self.rows]
 
 
-class MnistTask(Task):
-    name, classes, inputs, input_kind, input_shape = "mnist", 10, "28x28 images", "images", (1, SIDE, SIDE)
-    uses_protocol = True
-    bucket_options, bucket_metavar, article = ("--angles", "--rotation"), "DEG...", "an"
-    buckets_share_inputs = True  # calibrate rotates the held-out training digits again for every bucket
+class MnistTask(Mnist):
+    input_shape = (1, SIDE, SIDE)
 
     def load_training(self, data_dir, download: bool):
         full = load_mnist(data_dir, train=True, download=download)
@@ -422,10 +414,6 @@ class MnistTask(Task):
             raise BadValue(f"{STDIN} (standard input) holds the vectors of parity models; this MNIST model reads "
                            "image files or .npy arrays: name them")
         return UserInputs(*read_images(paths, invert=options.invert, rotate=options.rotate))
-
-    def view(self) -> TaskView:
-        return TaskView("mnist", TERMS, {"train_rotation": self.cfg.task.train_rotation},
-                        f"trained within ±{self.cfg.task.train_rotation:g}°", named_in_titles=False)
 
     def default_buckets(self, command: str) -> list[float]:
         if command == "calibrate":  # the validation images as training rotated them

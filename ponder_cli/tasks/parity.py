@@ -14,15 +14,11 @@ import numpy as np
 import torch
 
 from .. import BadValue, PonderError, distributed
-from ..config import PAPER_SCALE, PAPER_SCALE_ELEMS, default_halting
+from ..config import default_halting
 from ..evaluate import EvalBucket, evaluate_bucket
-from ..reports import TaskView, Terms
-from . import STDIN, Task, TrainingSource, UserInputs, check_input_file, derived_seed, load_inputs, numbered, uniforms
+from . import STDIN, TrainingSource, UserInputs, check_input_file, derived_seed, load_inputs, numbered, uniforms
+from .declared import Parity, parse_count_range, train_range
 
-CLASSES = 2
-# the paper's largest vectors have 96 entries; the fixed evaluation sets hold a few hundred rows
-# per non-zero count, so their size grows with elems squared
-MAX_ELEMS = 256
 # Seeds of the fixed evaluation sets: validation (and so model selection), test for reported
 # figures, calibration for choosing an exit rule
 VALIDATION_SEED, TEST_SEED, CALIBRATION_SEED = 1, 2, 3
@@ -30,10 +26,6 @@ VAL_PER_COUNT = 64  # validation rows per non-zero count of the training range
 TEST_PER_COUNT = 256  # evaluation rows per non-zero count of a bucket (--limit lowers it)
 CALIBRATION_PER_COUNT = 256  # calibration rows per non-zero count (--limit sets it)
 
-# How reports name parity's buckets and inputs
-TERMS = Terms("counts", "counts", "s", "count", "non-zero count and ponder steps", "vectors", "parity test vectors",
-              lambda bucket: f"counts {bucket['counts']}", sweep_key="lo", sweep_header="count", sweep_scale=1.0,
-              sweep_unit="count", sweep_fit="steps_per_count", sweep_name="non-zero count")
 
 
 class ParityBatch(NamedTuple):
@@ -116,23 +108,6 @@ def split_range(lo: int, hi: int, parts: int = 4) -> list[tuple[int, int]]:
     parts = min(parts, size)
     edges = [lo + i * size // parts for i in range(parts + 1)]
     return [(a, b - 1) for a, b in zip(edges, edges[1:])]
-
-
-def parse_count_range(text: str, elems: int) -> tuple[int, int]:
-    """'17-32' -> (17, 32), '5' -> (5, 5), checked against 1..elems."""
-    lo, sep, hi = str(text).partition("-")
-    try:
-        bounds = (int(lo), int(hi) if sep else int(lo))
-    except ValueError:
-        raise BadValue(f"a count range is LO-HI or N (got {text!r})") from None
-    if not 1 <= bounds[0] <= bounds[1] <= elems:
-        raise BadValue(f"count range {text} must satisfy 1 <= LO <= HI <= {elems} (the elements of a vector)")
-    return bounds
-
-
-def train_range(cfg) -> tuple[int, int]:
-    """The training non-zero counts (lo, hi): --train-counts, or all (a config before runs saved theirs)."""
-    return parse_count_range(cfg.task.train_counts, cfg.task.elems) if cfg.task.train_counts else (1, cfg.task.elems)
 
 
 def curriculum_top(drawn: int, lo: int, hi: int, batches: int, start: int) -> int:
@@ -241,42 +216,8 @@ def _vector_rows(path, elems: int, text: Optional[str] = None) -> tuple[list[str
     return names, rows
 
 
-class ParityTask(Task):
-    name, classes, inputs, input_kind = "parity", CLASSES, "vectors of --elems entries in {-1, 0, +1}", "vectors"
-    bucket_options, bucket_metavar = ("--counts",), "LO-HI..."
+class ParityTask(Parity):
     source = None  # the training batches, once drawn: validation moves a curriculum by progress on
-
-    @classmethod
-    def config_problems(cls, cfg):
-        task = cfg.task
-        if not 1 <= task.elems <= MAX_ELEMS:  # (the config made it an integer)
-            return [f"elems must be an integer from 1 to {MAX_ELEMS} (got {task.elems})"]
-        problems = []
-        if task.train_counts != "":
-            try:
-                parse_count_range(task.train_counts, task.elems)
-            except PonderError as exc:
-                problems.append(f"train-counts: {exc}")
-        curriculum = task.curriculum or task.curriculum_advance
-        if curriculum and not 1 <= task.curriculum_start <= task.elems:
-            problems.append(f"curriculum-start must be a count from 1 to elems ({task.elems}) "
-                            f"(got {task.curriculum_start})")
-        if task.curriculum and task.curriculum_advance:
-            problems.append("--curriculum (a schedule) and --curriculum-advance (by progress) are two curricula; "
-                            "choose one")
-        if task.curriculum_mix and not curriculum:
-            problems.append("--curriculum-mix is a share of a curriculum's batches: it needs --curriculum or "
-                            "--curriculum-advance")
-        return problems
-
-    @classmethod
-    def resolve_options(cls, values: dict, given: dict) -> dict:
-        elems = values.get("elems")
-        if "train_counts" not in given and isinstance(elems, int):
-            values["train_counts"] = f"1-{elems}"  # saved explicitly: the run says what it trained on
-        if isinstance(elems, int) and not isinstance(elems, bool) and elems >= PAPER_SCALE_ELEMS:
-            values.update({key: value for key, value in PAPER_SCALE.items() if key not in given})
-        return values
 
     @property
     def input_shape(self) -> tuple:
@@ -312,14 +253,6 @@ class ParityTask(Task):
                 f"epoch ({self.cfg.task.elems} elements, non-zero counts {lo}-{hi}, {self.layout_text()}), "
                 f"validating on {val_data.x.shape[0]}")
 
-    def layout_text(self) -> str:
-        """"scattered layout", "prefix layout, one-hot; training never put a non-zero past position 8"."""
-        hi = train_range(self.cfg)[1]
-        text = f"{self.cfg.task.layout} layout" + (", one-hot" if self.cfg.step.encoding == "onehot" else "")
-        if self.cfg.task.layout == "prefix" and hi < self.cfg.task.elems:
-            text += f"; training never put a non-zero past position {hi}"
-        return text
-
     def read_inputs(self, paths, options):
         for name, value in (("--rotate", options.rotate), ("--invert/--no-invert", options.invert)):
             if value is not None:
@@ -333,13 +266,6 @@ class ParityTask(Task):
             names += found_names
             rows.append(found)
         return UserInputs(names, torch.cat(rows))
-
-    def view(self):
-        lo, hi = train_range(self.cfg)
-        return TaskView("parity", TERMS, {"elems": self.cfg.task.elems, "train_counts": f"{lo}-{hi}",
-                                          "layout": self.cfg.task.layout, "encoding": self.cfg.step.encoding},
-                        f"{self.cfg.task.elems} elements, trained on counts {lo}-{hi} ({self.layout_text()})",
-                        protocol=None)
 
     def default_buckets(self, command: str) -> list[tuple[int, int]]:
         """eval: the training range in four; extrapolate: the counts beyond it in four (else, and for
