@@ -68,12 +68,14 @@ def timed_batches(cfg: PonderConfig, iterations: int, device: torch.device) -> d
     timed = cfg.replace(batches_per_epoch=iterations)
     source = get_task(timed).training_source(None, device)
     step = batch_step(model, timed, source, graphs=device.type == "cuda")
-    step.warm_up()
+    warm_up = time.perf_counter()
+    step.warm_up()  # under --compile: the compilation
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     wall, cpu = time.perf_counter(), time.process_time()
+    warm_up = wall - warm_up
     train_one_epoch(step, progress=False)  # ends with a host read
-    return {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu,
+    return {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu, "warm_up": warm_up,
             "vectors": iterations * cfg.training.batch_size,
             "package": str(Path(sys.modules["ponder_cli"].__file__).parent)}
 
@@ -111,6 +113,8 @@ def seconds_to_target(cfg: PonderConfig, target: float, device: torch.device) ->
 def config(args, batch_size: int) -> PonderConfig:
     given = dict(task="parity", elems=args.elems, step=args.step, method=args.method, batch_size=batch_size,
                  batches_per_epoch=args.batches_per_epoch, epochs=args.max_epochs, seed=args.seed, patience=0)
+    if args.compile:
+        given["compile"] = True
     if args.train_counts:
         given["train_counts"] = args.train_counts
     return PonderConfig.of(**given)
@@ -121,9 +125,10 @@ def paired(args) -> None:
     sys.path.insert(0, str(HERE))
     from paired import alternate, snapshot
 
-    def child(root: Path, batch: int, threads: int) -> dict:
+    def child(root: Path, batch: int, threads: int, compiled: bool = False) -> dict:
         iterations = max(5, args.vectors // batch)
-        command = [sys.executable, __file__, "--child", str(root), "--elems", str(args.elems), "--step", args.step,
+        command = [sys.executable, __file__, "--child", str(root), *(["--compile"] if compiled else []),
+                   "--elems", str(args.elems), "--step", args.step,
                    "--method", args.method, "--seed", str(args.seed), "--batch-size", str(batch),
                    "--threads", str(threads), "--iterations", str(iterations), "--device", args.device,
                    *(["--train-counts", args.train_counts] if args.train_counts else [])]
@@ -148,22 +153,27 @@ def paired(args) -> None:
         for batch in args.batch_size:
             for threads in args.threads:
                 print(f"batch {batch}, {threads} thread(s):", file=sys.stderr, flush=True)
-                results = alternate(lambda: child(ROOT, batch, threads), lambda: child(against, batch, threads),
+                results = alternate(lambda: child(ROOT, batch, threads, args.compile),
+                                    lambda: child(against, batch, threads),
                                     args.pairs)
                 row = {"batch_size": batch, "threads": threads, "pairs": len(results)}
                 for side, index in (("a", 0), ("b", 1)):
                     row[f"{side}_vectors_per_second"] = round(statistics.median(
                         r[index]["vectors"] / r[index]["wall"] for r in results))
+                    # the first batches (under --compile: the compilation, from the cache after the first)
+                    row[f"{side}_warm_up_seconds"] = [round(r[index].get("warm_up", 0.0), 1) for r in results]
                 for key in ("wall", "cpu"):
                     ratios = [b[key] / a[key] for a, b in results]  # B's time over A's: A's speed-up
                     low, median, high = quartiles(ratios)
                     row[f"speedup_{key}"] = [round(median, 3), round(low, 3), round(high, 3)]
                 rows.append(row)
-                print(f"  A {row['a_vectors_per_second']} vectors/s, B {row['b_vectors_per_second']}; A / B "
+                print(f"  A {row['a_vectors_per_second']} vectors/s (warm-up {row['a_warm_up_seconds']} s), "
+                      f"B {row['b_vectors_per_second']}; A / B "
                       f"{row['speedup_wall'][0]:.3f} wall (quartiles {row['speedup_wall'][1]:.3f}-"
                       f"{row['speedup_wall'][2]:.3f}), {row['speedup_cpu'][0]:.3f} CPU", file=sys.stderr, flush=True)
     print(f"load average after: {os.getloadavg()[0]:.2f}", file=sys.stderr)
     print(json.dumps({"elems": args.elems, "step": args.step, "method": args.method, "against": args.against,
+                      **({"compile": True} if args.compile else {}),
                       "rows": rows}))
 
 
@@ -185,6 +195,9 @@ def main(argv=None) -> None:
     p.add_argument("--against", metavar="REV", help="measurement 3: pair this tree against commit REV")
     p.add_argument("--pairs", type=int, default=6, help="--against: pairs per batch size and threads")
     p.add_argument("--vectors", type=int, default=65536, help="--against: vectors per measurement (about)")
+    p.add_argument("--compile", action="store_true", help=(
+        "train with --compile (torch.compile); with --against, this tree's side only (--against HEAD: compiled "
+        "against eager); the warm-up seconds say the compilation's"))
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
@@ -209,6 +222,7 @@ def main(argv=None) -> None:
                 timed = timed_batches(cfg, args.iterations, device)
                 result["iterations_per_second"] = round(args.iterations / timed["wall"], 1)
                 result["vectors_per_second"] = round(timed["vectors"] / timed["wall"])
+                result["warm_up_seconds"] = round(timed["warm_up"], 1)
                 print(f"batch {batch}, {threads} thread(s): {result['vectors_per_second']} vectors/s "
                       f"({result['iterations_per_second']} iterations/s)", file=sys.stderr, flush=True)
             if args.only in (None, "target"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import inspect
+import logging
 import math
 import statistics
 import sys
@@ -155,7 +156,9 @@ class BatchStep:
         self.source = _source(data, cfg, device)
         if self.device.type == "cpu":
             keep_freed_memory()  # no batch faults its tensors' pages in afresh
-        self.shrink = drops_rows(self.device) if shrink is None else shrink
+        # compiled: fixed shapes, so truncation as the mask (the shrinking forward's shapes follow the data)
+        self.shrink = (drops_rows(self.device) and not cfg.training.compile) if shrink is None else shrink
+        self.forward_loss = compiled(self._forward_loss) if cfg.training.compile else self._forward_loss
         self.totals = torch.zeros(BACKED_OFF + 1, dtype=torch.float64, device=self.device)  # MEANS, INPUTS, ...
         self._no_step = torch.zeros((), dtype=torch.float32, device=self.device)
         path = path or (CAPTURED if graphs else "eager")
@@ -181,17 +184,10 @@ class BatchStep:
 
     def run(self) -> None:
         """The batch, eagerly: what the captured graph replays."""
-        cfg, method, device = self.cfg, self.method, self.device
+        cfg, method = self.cfg, self.method
         x, targets = self.source.batch()
         batch = targets.shape[0]
-        truncation = method.truncation(batch, device)
-        with autocast(device, self.amp, cache=not self.graphs):  # a capture keeps no cast copies
-            # Under DDP no collective happens in the forward (a shrinking one may run fewer steps
-            # on one rank than on another); DDP synchronises in backward, once per batch.
-            out = self.model(x, stop=truncation if self.shrink else None)
-        if truncation is not None and not self.shrink and not truncation.mask_is_identity:
-            out = truncate(out, truncation)
-        loss = method.loss(out.logits, out.lambda_logits, targets, out.computed, progress=self.taken)  # float32
+        out, loss = self.forward_loss(x, targets, self.taken)
         # nanoGPT's AMP order: scale -> backward -> unscale_ -> clip -> step -> update (the
         # GradScaler is off unless fp16)
         self.optimizer.zero_grad(set_to_none=True)
@@ -232,6 +228,18 @@ class BatchStep:
             self.totals[INPUTS] += used.double() * batch
             self.totals[SKIPPED] += skipped.double()
             self.totals[BACKED_OFF] += backed_off.double()
+
+    def _forward_loss(self, x: torch.Tensor, targets: torch.Tensor, taken: torch.Tensor):
+        """The model's output and the float32 loss of a batch: what --compile compiles."""
+        method, device = self.method, self.device
+        truncation = method.truncation(targets.shape[0], device)
+        with autocast(device, self.amp, cache=not self.graphs):  # a capture keeps no cast copies
+            # Under DDP no collective happens in the forward (a shrinking one may run fewer steps
+            # on one rank than on another); DDP synchronises in backward, once per batch.
+            out = self.model(x, stop=truncation if self.shrink else None)
+        if truncation is not None and not self.shrink and not truncation.mask_is_identity:
+            out = truncate(out, truncation)
+        return out, method.loss(out.logits, out.lambda_logits, targets, out.computed, progress=taken)
 
     def __call__(self) -> None:
         """The batch the source has staged: eagerly, warming up, captured or replayed."""
@@ -292,6 +300,26 @@ class BatchStep:
             self.source.stage(index)
             self()
         return WARMUP_BATCHES + 2
+
+
+def require_compiler() -> None:
+    """--compile's one environment need, checked before a run starts: the C++ compiler inductor
+    builds its kernels with (its wrapper code on every device)."""
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # a CUDA_HOME without CUDA: no matter
+    from torch._inductor import cpp_builder, exc
+
+    try:
+        cpp_builder.get_cpp_compiler()
+    except (exc.InvalidCxxCompiler, OSError, RuntimeError) as error:
+        raise PonderError(f"--compile needs a C++ compiler, and none was found ({brief(error)}): install g++ "
+                          f"(or set CXX to one), or train without --compile") from None
+
+
+def compiled(function: Callable) -> Callable:
+    """`function` under torch.compile (inductor), one graph of fixed shapes: `fullgraph` makes a
+    graph break an error, so nothing in it can read the host (a capture stays safe on CUDA)."""
+    require_compiler()
+    return torch.compile(function, fullgraph=True, dynamic=False)
 
 
 class CudaGraph:

@@ -23,7 +23,7 @@ from ..reports import Report, epoch_record, stopped_record, training_report
 from ..runs import RunFolder, StartingWeights, plan_training, refuse_starting, require_tensorboard, resolve_config
 from ..model import amp_dtype
 from ..tasks import get_task
-from ..train import train
+from ..train import require_compiler, train
 from . import device_and_amp, device_line, on_device
 
 
@@ -139,6 +139,8 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
                               f"by the {where.world_size} processes torchrun started (each takes an equal share)")
         dev, amp = device_and_amp(options.device, options.amp)
         dev = distributed.device_for(dev, where)
+        if cfg.training.compile:
+            require_compiler()  # before a folder is claimed
         for line in config_lines(cfg.to_dict(), plan.sources, shown=cfg.shown_fields()):
             log(line)
         folder = RunFolder(plan, device=str(dev), amp=amp, processes=where.world_size if where else 1,

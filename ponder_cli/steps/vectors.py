@@ -104,9 +104,11 @@ class GRUStep(pieces.GRU, VectorStep):
 
     def all_steps(self, context, state, steps: int):
         """Every step at once on the CPU (GRURecurrence): the readouts stacked (steps, B, hidden)
-        and no extras; None elsewhere, or under autocast (the loop casts per operator)."""
+        and no extras; None elsewhere, under autocast (the loop casts per operator) or while
+        torch.compile traces (--compile: the loop, fused by the compiler)."""
         (input_gates,), (h,) = context, state
-        if input_gates.device.type != "cpu" or h is not None or torch.is_autocast_enabled("cpu"):
+        if (input_gates.device.type != "cpu" or h is not None or torch.is_autocast_enabled("cpu")
+                or torch.compiler.is_compiling()):  # the compiler fuses the loop's own operators
             return None
         norm = self.norm
         readouts = GRURecurrence.apply(input_gates, self.cell.weight_hh, self.cell.bias_hh,
