@@ -222,10 +222,9 @@ class TrainingSettings:
     lr_factor: float = setting(0.1, *within(0, 1, "()"), hidden=True, help="The LR's cut when it is reduced.")
     seed: int = setting(1234, *SEED_RULE, help="Seed of the split, initialisation and sampling.")
     # the floats move by rounding (inductor's fused kernels), so a setting of the run, as any other
-    compile: bool = setting(False, default_text="off", help=(
-        "Train with torch.compile (inductor): the forward and loss as one compiled graph, fixed shapes (truncation as "
-        "a mask); minutes of compilation first (a C++ compiler needed), then faster batches on the CPU "
-        "(docs/performance.md)."))
+    compile: bool = setting(False, default_text="off", hidden=True, help=(
+        "Train with torch.compile (inductor): a minute or two of compilation first (a C++ compiler needed), then "
+        "faster parity batches on the CPU; the floats change by rounding (docs/performance.md)."))
     refit_halting: bool = setting(False, default_text="off", help=(
         "With --init-from: refit that model's halting head alone, every other weight frozen, the head new "
         "(options given here override its settings: the halting ones, --epochs, ...; docs/halting.md)."))

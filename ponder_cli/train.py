@@ -133,6 +133,8 @@ class BatchStep:
     fixed shapes, no host read (tests/test_graph_safe.py), randomness from torch's default
     generator or the source's own. `shrink` (the CPU's default): the truncated forward drops the
     inputs that are done (the mask's loss and gradients, fewer steps computed; a host read a step).
+    `--compile` (cfg.training.compile): the forward, loss and metrics (`_forward_loss`) through
+    torch.compile, truncation as the mask; on CUDA the capture records the compiled kernels.
 
     `state`: WARMING_UP, CAPTURED or "eager: why". WARMUP_BATCHES eager batches on the graph's
     side stream build kernels, workspaces and optimizer state; the next is captured and replayed
@@ -184,10 +186,10 @@ class BatchStep:
 
     def run(self) -> None:
         """The batch, eagerly: what the captured graph replays."""
-        cfg, method = self.cfg, self.method
+        cfg = self.cfg
         x, targets = self.source.batch()
         batch = targets.shape[0]
-        out, loss = self.forward_loss(x, targets, self.taken)
+        loss, (correct, steps) = self.forward_loss(x, targets, self.taken)
         # nanoGPT's AMP order: scale -> backward -> unscale_ -> clip -> step -> update (the
         # GradScaler is off unless fp16)
         self.optimizer.zero_grad(set_to_none=True)
@@ -219,7 +221,6 @@ class BatchStep:
             step_unless(self.optimizer, skipped)
         self.scaler.update()
         with torch.no_grad():
-            correct, steps = method.batch_metrics(out, targets)
             values = torch.stack([loss.total * batch, loss.reconstruction * batch, loss.regularisation * batch,
                                   correct, steps]).double()
             # a backed-off batch had a finite loss on the weights of the time: its metrics count
@@ -230,7 +231,7 @@ class BatchStep:
             self.totals[BACKED_OFF] += backed_off.double()
 
     def _forward_loss(self, x: torch.Tensor, targets: torch.Tensor, taken: torch.Tensor):
-        """The model's output and the float32 loss of a batch: what --compile compiles."""
+        """The float32 loss of a batch and its metrics (correct, steps): what --compile compiles."""
         method, device = self.method, self.device
         truncation = method.truncation(targets.shape[0], device)
         with autocast(device, self.amp, cache=not self.graphs):  # a capture keeps no cast copies
@@ -239,7 +240,9 @@ class BatchStep:
             out = self.model(x, stop=truncation if self.shrink else None)
         if truncation is not None and not self.shrink and not truncation.mask_is_identity:
             out = truncate(out, truncation)
-        return out, method.loss(out.logits, out.lambda_logits, targets, out.computed, progress=taken)
+        loss = method.loss(out.logits, out.lambda_logits, targets, out.computed, progress=taken)
+        with torch.no_grad():
+            return loss, method.batch_metrics(out, targets)
 
     def __call__(self) -> None:
         """The batch the source has staged: eagerly, warming up, captured or replayed."""

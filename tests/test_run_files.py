@@ -79,7 +79,8 @@ def test_train_states_the_configuration_it_resolved(tiny_mnist, tmp_path, ponder
     assert block[3:5] == ["  implied by --step align: turn-gate 0.2 · max-steps 12",
                           "    halting-input state+turn · halting-bias -0.405465 · truncation 0.1"]  # log(0.4 / 0.6)
     assert block[5].startswith("  defaults: task mnist · train-rotation 22.5 · split-seed none · hidden 64")
-    assert block[-1].endswith(" · no-refit-halting")  # a switch, said as the flag that sets it
+    # switches, said as the flags that set them
+    assert " · ".join(line.strip() for line in block[-2:]).endswith(" · no-compile · no-refit-halting")
     assert all(len(line) <= 80 for line in block)
     assert "tau" not in result.stderr and "hidden-lin" not in result.stderr  # act's and the mlp step's
     assert "elems" not in result.stderr and "gru-" not in result.stderr  # parity's and the gru step's

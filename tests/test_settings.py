@@ -75,7 +75,7 @@ def test_an_unknown_key_and_a_flat_constructor_call_are_refused():
 def test_the_sections_hold_every_setting_once_with_its_old_flat_key():
     keys = [key for section, kind in SECTION_TYPES.items()
             for key in (section if f.name == "name" else f.name for f in dataclasses.fields(kind))]
-    assert len(keys) == len(set(keys)) == 51
+    assert len(keys) == len(set(keys)) == 52
     assert {"task", "step", "method", "elems", "lambda_p", "seed"} <= set(keys)
 
 
