@@ -578,6 +578,19 @@ def answer_features(logits: torch.Tensor, earlier: torch.Tensor | None, n, first
                        dim=-1)
 
 
+NARROW = 2  # the widest head narrow_linear computes by hand while compiling (parity's classes)
+
+
+def narrow_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """layer(x); while torch.compile traces (--compile), a head of at most NARROW outputs as a
+    product and a sum, which the compiler fuses: its backward's matrix products with an inner
+    size of 1 or 2 cost more than the step's own as library calls. The floats move by rounding."""
+    if not torch.compiler.is_compiling() or layer.out_features > NARROW:
+        return layer(x)
+    out = (x.unsqueeze(-2) * layer.weight).sum(dim=-1)
+    return out if layer.bias is None else out + layer.bias
+
+
 class PonderNet(nn.Module):
     def __init__(self, cfg, classes: int, input_shape: tuple):
         super().__init__()
@@ -627,7 +640,7 @@ class PonderNet(nn.Module):
         """Class logits (..., classes) and halting logits (...) from step n's readouts (..., readout)
         (n None: every step's, stacked); `previous`, the readouts one step earlier, and `earlier`,
         the class logits one step earlier (None before the first step; n None: from the stack)."""
-        logits = self.output_head(readout)
+        logits = narrow_linear(self.output_head, readout)
         halting_input = [readout]
         if self.confidence_input:
             # detached, as the turn below: the halting loss must not teach the class head to be
@@ -650,7 +663,7 @@ class PonderNet(nn.Module):
                 first = earlier is None
             halting_input.append(answer_features(logits, earlier, n, first).to(readout.dtype))
         halting_input = halting_input[0] if len(halting_input) == 1 else torch.cat(halting_input, dim=-1)
-        lambda_logits = self.halting_head(halting_input).squeeze(-1)
+        lambda_logits = narrow_linear(self.halting_head, halting_input).squeeze(-1)
         return logits, lambda_logits if extra is None else self.step.gate_halting(lambda_logits, extra)
 
     def _until_done(self, x: torch.Tensor, rule: Rule, predicts: bool):

@@ -95,3 +95,19 @@ def test_no_cpp_compiler_is_one_error_line_before_a_folder_is_claimed(ponder, er
     out = tmp_path / "run"
     error(ponder("train", *PARITY, "--epochs", "1", "--compile", "--out", out), 1, "--compile")
     assert not out.exists()
+
+
+def test_a_narrow_head_is_a_product_and_a_sum_only_while_compiling(monkeypatch):
+    from ponder_cli.model import narrow_linear
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 7, 16, requires_grad=True)
+    for layer in (torch.nn.Linear(16, 1), torch.nn.Linear(16, 2), torch.nn.Linear(16, 3)):
+        assert torch.equal(narrow_linear(layer, x), layer(x))  # eager: the layer itself, to the bit
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    for layer in (torch.nn.Linear(16, 1), torch.nn.Linear(16, 2)):
+        by_hand, expected = narrow_linear(layer, x), layer(x)
+        torch.testing.assert_close(by_hand, expected)
+        wanted = torch.autograd.grad(expected.square().sum(), (x, layer.weight, layer.bias))
+        for got, want in zip(torch.autograd.grad(by_hand.square().sum(), (x, layer.weight, layer.bias)), wanted):
+            torch.testing.assert_close(got, want)
