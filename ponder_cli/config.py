@@ -224,7 +224,7 @@ class TrainingSettings:
     # the floats move by rounding (inductor's fused kernels), so a setting of the run, as any other
     compile: bool = setting(False, default_text="off", hidden=True, help=(
         "Train with torch.compile (inductor): a minute or two of compilation first (a C++ compiler needed), then "
-        "faster parity batches on the CPU; the floats change by rounding (docs/performance.md)."))
+        "faster parity batches (one process on the CPU only); the floats change by rounding (docs/performance.md)."))
     refit_halting: bool = setting(False, default_text="off", help=(
         "With --init-from: refit that model's halting head alone, every other weight frozen, the head new "
         "(options given here override its settings: the halting ones, --epochs, ...; docs/halting.md)."))

@@ -134,7 +134,7 @@ class BatchStep:
     generator or the source's own. `shrink` (the CPU's default): the truncated forward drops the
     inputs that are done (the mask's loss and gradients, fewer steps computed; a host read a step).
     `--compile` (cfg.training.compile): the forward, loss and metrics (`_forward_loss`) through
-    torch.compile, truncation as the mask; on CUDA the capture records the compiled kernels.
+    torch.compile, truncation as the mask (one process on the CPU: api.training refuses the rest).
 
     `state`: WARMING_UP, CAPTURED or "eager: why". WARMUP_BATCHES eager batches on the graph's
     side stream build kernels, workspaces and optimizer state; the next is captured and replayed

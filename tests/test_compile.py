@@ -97,6 +97,16 @@ def test_no_cpp_compiler_is_one_error_line_before_a_folder_is_claimed(ponder, er
     assert not out.exists()
 
 
+def test_compile_off_the_cpu_is_one_error_line_before_a_folder_is_claimed(ponder, error, tmp_path, monkeypatch):
+    from ponder_cli.api import training
+
+    # as if a GPU were there: the refusal comes before anything runs on it
+    monkeypatch.setattr(training, "device_and_amp", lambda device, amp: (torch.device("cuda"), False))
+    out = tmp_path / "run"
+    error(ponder("train", *PARITY, "--epochs", "1", "--compile", "--out", out), 1, "--compile")
+    assert not out.exists()
+
+
 def test_a_narrow_head_is_a_product_and_a_sum_only_while_compiling(monkeypatch):
     from ponder_cli.model import narrow_linear
 

@@ -139,8 +139,13 @@ def train_run(given: dict, options: TrainOptions, log: Callable[[str], None] = l
                               f"by the {where.world_size} processes torchrun started (each takes an equal share)")
         dev, amp = device_and_amp(options.device, options.amp)
         dev = distributed.device_for(dev, where)
-        if cfg.training.compile:
-            require_compiler()  # before a folder is claimed
+        if cfg.training.compile:  # before a folder is claimed
+            if dev.type != "cpu" or where is not None:
+                # measured on one CPU process alone; on CUDA the captured graph already removes
+                # the per-operator overhead the compiler fuses away
+                raise PonderError(f"--compile trains in one process on the CPU (here: {dev.type}"
+                                  f"{f', {where.world_size} processes' if where else ''}); train without it")
+            require_compiler()
         for line in config_lines(cfg.to_dict(), plan.sources, shown=cfg.shown_fields()):
             log(line)
         folder = RunFolder(plan, device=str(dev), amp=amp, processes=where.world_size if where else 1,
