@@ -232,7 +232,7 @@ def peek_checkpoint(path: Path) -> Optional[dict]:
         raise PonderError(f"{path} is not a ponder_cli checkpoint") from None
     except Exception as exc:  # cut short (no zip end), a CRC that fails, a pickle torch never wrote
         raise PonderError(f"checkpoint {path} is cut short or damaged ({brief(exc)})") from None
-    if not isinstance(payload, dict) or payload.get("format") != "ponder_cli" or not isinstance(
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT or not isinstance(
             payload.get("config"), dict):
         raise PonderError(f"{path} is not a ponder_cli checkpoint")
     return payload

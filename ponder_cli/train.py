@@ -320,7 +320,7 @@ def require_compiler() -> None:
 
 def compiled(function: Callable) -> Callable:
     """`function` under torch.compile (inductor), one graph of fixed shapes: `fullgraph` makes a
-    graph break an error, so nothing in it can read the host (a capture stays safe on CUDA)."""
+    graph break an error, so nothing in it can read the host."""
     require_compiler()
     return torch.compile(function, fullgraph=True, dynamic=False)
 
