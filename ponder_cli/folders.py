@@ -202,19 +202,10 @@ _SAFE_GLOBALS = {("collections", "OrderedDict"): collections.OrderedDict, ("buil
                  ("builtins", "frozenset"): frozenset, ("builtins", "slice"): slice}
 
 
-class _Peeker(pickle.Unpickler):
-    """A checkpoint's data.pkl without torch: torch's globals become TENSOR, the storages are left
-    unread, any other global is refused, as weights_only refuses it: nothing is called."""
-
-    def find_class(self, module: str, name: str):
-        if (module, name) in _SAFE_GLOBALS:
-            return _SAFE_GLOBALS[module, name]
-        if module == "torch" or module.startswith("torch."):
-            return lambda *args, **kwargs: TENSOR
-        raise pickle.UnpicklingError(f"it contains pickled code ({module}.{name})")
-
-    def persistent_load(self, pid):
-        return TENSOR
+def _data_prefix(archive: zipfile.ZipFile) -> Optional[str]:
+    """The folder of torch.save's zip file that holds its data.pkl, None where there is none."""
+    return next((name[:-len("/data.pkl")] for name in archive.namelist()
+                 if name.endswith("/data.pkl") and name.count("/") == 1), None)
 
 
 def peek_checkpoint(path: Path) -> Optional[dict]:
@@ -226,10 +217,8 @@ def peek_checkpoint(path: Path) -> Optional[dict]:
             if f.read(4) != _ZIP_MAGIC:
                 return None
         with zipfile.ZipFile(path) as archive:
-            member = next(name for name in archive.namelist() if name.endswith("/data.pkl") and name.count("/") == 1)
-            payload = _Peeker(io.BytesIO(archive.read(member))).load()
-    except StopIteration:
-        raise PonderError(f"{path} is not a ponder_cli checkpoint") from None
+            prefix = _data_prefix(archive)
+            payload = None if prefix is None else _Reader(archive, prefix, lenient=True).load()
     except Exception as exc:  # cut short (no zip end), a CRC that fails, a pickle torch never wrote
         raise PonderError(f"checkpoint {path} is cut short or damaged ({brief(exc)})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT or not isinstance(
@@ -250,6 +239,7 @@ _KINDS = {"best_epoch": (int, "an integer"), "epochs_without_improvement": (int,
           "best_accuracy": ((int, float), "a number"), "history": (list, "a list"), "optimizer": (dict, "a dict"),
           "scheduler": (dict, "a dict"), "scaler": (dict, "a dict"), "rng": (dict, "a dict"),
           "stop_reason": (str, "a string"), "run": (dict, "a dict")}
+RESUMING = ("optimizer", "scheduler", "scaler", "rng")  # what a resume needs beside the weights
 
 
 @dataclass
@@ -333,7 +323,7 @@ class TrainingState:
         return cls(**values)
 
     def require_resumable(self, path: Union[Path, str]) -> None:
-        missing = [key for key in ("optimizer", "scheduler", "scaler", "rng") if getattr(self, key) is None]
+        missing = [key for key in RESUMING if getattr(self, key) is None]
         if missing:
             raise PonderError(f"checkpoint {path} cannot be resumed: it has no {', '.join(missing)} state "
                               "(only checkpoints written by `ponder train` can)")
@@ -397,32 +387,36 @@ class _Located(_Tensor):
 
 
 class _Reader(pickle.Unpickler):
-    """A data.pkl as torch.load(weights_only=True) reads what torch.save writes of tensors (a
-    storage type, torch._utils._rebuild_tensor_v2, OrderedDict) and plain values; any other global
-    (torch may accept or refuse it), a storage missing or of another size: _LeftToTorch. Nothing
-    is called."""
+    """A checkpoint's data.pkl without torch; nothing is called. As torch.load(weights_only=True)
+    reads what torch.save writes of tensors (a storage type, torch._utils._rebuild_tensor_v2,
+    OrderedDict) and plain values, its tensors _Located; any other global (torch may accept or
+    refuse it), a storage missing or of another size: _LeftToTorch. `lenient` (peek_checkpoint):
+    torch's globals become TENSOR, the storages left unread, any other global but _SAFE_GLOBALS
+    refused, as weights_only refuses it."""
 
-    def __init__(self, archive: zipfile.ZipFile, prefix: str):
+    def __init__(self, archive: zipfile.ZipFile, prefix: str, lenient: bool = False):
         super().__init__(io.BytesIO(archive.read(f"{prefix}/data.pkl")))
-        self.archive, self.prefix = archive, prefix
+        self.archive, self.prefix, self.lenient = archive, prefix, lenient
 
     @classmethod
     def payload(cls, archive: zipfile.ZipFile):
         """The archive's dict as torch.load gives it, its tensors _Located; None: not torch.save's zip file."""
-        names = archive.namelist()
-        prefix = next((name[:-len("/data.pkl")] for name in names if name.endswith("/data.pkl")
-                       and name.count("/") == 1), None)
+        names, prefix = archive.namelist(), _data_prefix(archive)
         if prefix is None or f"{prefix}/version" not in names or sys.byteorder != "little" or \
                 f"{prefix}/byteorder" not in names or archive.read(f"{prefix}/byteorder") != b"little":
             return None
         try:
             return cls(archive, prefix).load()
-        except _LeftToTorch:
-            return None
-        except Exception:  # a pickle torch never wrote: its words are torch's to say
+        except Exception:  # _LeftToTorch, or a pickle torch never wrote: its words are torch's to say
             return None
 
     def find_class(self, module: str, name: str):
+        if self.lenient:
+            if (module, name) in _SAFE_GLOBALS:
+                return _SAFE_GLOBALS[module, name]
+            if module == "torch" or module.startswith("torch."):
+                return lambda *args, **kwargs: TENSOR
+            raise pickle.UnpicklingError(f"it contains pickled code ({module}.{name})")
         if (module, name) == ("collections", "OrderedDict"):
             return collections.OrderedDict
         if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
@@ -432,6 +426,8 @@ class _Reader(pickle.Unpickler):
         raise _LeftToTorch
 
     def persistent_load(self, pid):
+        if self.lenient:
+            return TENSOR
         kind, storage, key, _location, numel = pid
         member = f"{self.prefix}/data/{key}"
         if kind != "storage" or storage not in _STORAGES or member not in self.archive.NameToInfo or \
@@ -457,19 +453,6 @@ def _finite(archive: zipfile.ZipFile, tensor) -> bool:
     return math.isfinite(sum(values))  # NaN and inf carry through a sum (an overflow only asks torch)
 
 
-def flat_config(config: dict) -> dict:
-    """A saved config by flat key (an older checkpoint's is by section: {"task": {"name": ...}}),
-    with the default of each setting it is older than."""
-    from .config import PonderConfig
-
-    flat = {key: PonderConfig.default(key) for key in PonderConfig.field_names()}
-    for key, value in config.items():
-        sectioned = key in ("task", "step", "method", "training") and isinstance(value, dict)
-        flat.update({key if name == "name" else name: item for name, item in value.items()} if sectioned
-                    else {key: value})
-    return flat
-
-
 @dataclass(frozen=True)
 class Summary:
     """How far a run got, from its checkpoint's dict (peek_checkpoint, or TrainingState.to_dict)."""
@@ -484,10 +467,19 @@ class Summary:
 
     @classmethod
     def of(cls, payload: dict) -> "Summary":
-        return cls(flat_config(payload["config"]), payload.get("epoch") or 0, payload.get("best_epoch") or 0,
+        from .config import PonderConfig
+
+        # by flat key (an older checkpoint's is by section: {"task": {"name": ...}}), with the
+        # default of each setting it is older than
+        config = {key: PonderConfig.default(key) for key in PonderConfig.field_names()}
+        for key, value in payload["config"].items():
+            sectioned = key in ("task", "step", "method", "training") and isinstance(value, dict)
+            config.update({key if name == "name" else name: item for name, item in value.items()} if sectioned
+                          else {key: value})
+        return cls(config, payload.get("epoch") or 0, payload.get("best_epoch") or 0,
                    payload.get("epochs_without_improvement") or 0, list(payload.get("history") or []),
                    payload.get("stop_reason"), payload.get("run") if isinstance(payload.get("run"), dict) else None,
-                   all(payload.get(key) is not None for key in ("optimizer", "scheduler", "scaler", "rng")))
+                   all(payload.get(key) is not None for key in RESUMING))
 
     @classmethod
     def read(cls, path: Path) -> "Summary":
