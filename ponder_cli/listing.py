@@ -199,8 +199,7 @@ def list_runs(folders: Sequence[Union[str, Path]] = (), *, where: Sequence[str] 
     rows = [{key: value for key, value in row.items()
              if key in RUN_KEYS or (key in differing and key in _applying(row.get("config"), row.get("not_applicable")))}
             for row in rows]
-    return runs_report(rows, [str(root) for root in roots], settings=differing,
-                       selection={"where": list(where), "sort": sort, "reverse": reverse})
+    return runs_report(rows, [str(root) for root in roots], differing, list(where), sort, reverse)
 
 
 def remove_runs(runs: Sequence[Union[str, Path]] = (), *, restore: bool = False, empty: bool = False,

@@ -263,24 +263,21 @@ LABEL_COLUMNS = [Column("name", "name", text=lambda row: row["name"] if row["nam
                  Column("note", "note", text=lambda row: row.get("note") or "-", wrap=True)]
 
 
-def runs_report(rows: list[dict], folders: list[str], settings: Optional[list[str]] = None,
-                selection: Optional[dict] = None) -> Report:
-    """runs: one bucket per run folder (listing.list_runs), oldest first unless sorted;
-    `settings`: those that differ between them, a column each (JSON and CSV: a key each);
-    `selection`: the --where conditions and --sort key that chose and ordered them."""
-    settings = settings or []
-    selection = selection or {"where": [], "sort": None, "reverse": False}
+def runs_report(rows: list[dict], folders: list[str], settings: list[str], conditions: list[str],
+                sort: Optional[str], reverse: bool) -> Report:
+    """runs: one bucket per run folder (listing.list_runs), chosen by the --where `conditions`,
+    ordered by --sort (oldest first without); `settings`: those that differ between them, a
+    column each (JSON and CSV: a key each)."""
     meta = _meta("runs", rows, [row["checkpoint"] for row in rows if row["checkpoint"]], folders=folders,
-                 runs=len(rows), settings=settings, **selection)
+                 runs=len(rows), settings=settings, where=conditions, sort=sort, reverse=reverse)
     here = folders == ["runs", "."]  # the default: runs/, then any other run folder here
     where = " and ".join(f"{folder}/" for folder in folders)
-    chosen = " · ".join([*(f"where {text}" for text in selection["where"]),
-                         *([f"sorted by {selection['sort']}{' (reversed)' if selection['reverse'] else ''}"]
-                           if selection["sort"] else [])])
+    chosen = " · ".join([*(f"where {text}" for text in conditions),
+                         *([f"sorted by {sort}{' (reversed)' if reverse else ''}"] if sort else [])])
     if rows:
         footer = ""
-    elif selection["where"]:
-        footer = f"no run under {where} meets {' and '.join(selection['where'])}"
+    elif conditions:
+        footer = f"no run under {where} meets {' and '.join(conditions)}"
     else:
         footer = f"no run under {where} yet" + (": `ponder train` writes one under runs/" if here else "")
     labels = [column for column in LABEL_COLUMNS if any(column.text(row) != "-" for row in rows)]
@@ -312,7 +309,6 @@ def size_text(size: Optional[int]) -> str:
         if size < 1000 or unit == "GB":
             return f"{size} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1000
-    return f"{size:.1f} TB"
 
 
 def trash_report(rows: list[dict], action: str, folders: list[str], elsewhere: Sequence[str] = (),
