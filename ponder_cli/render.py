@@ -109,20 +109,15 @@ def strict_json(value: Any) -> Any:
 LIST_SEPARATOR = ";"  # between a CSV list cell's items: never the CSV's own comma, so `cut -d,` reads every column
 
 
-def csv_cell(value: Any) -> Any:
-    """A value as one CSV cell holding no comma of ours: a list's items joined by `;`, a dict as
-    `key=value` pairs joined by spaces, None as an empty cell."""
-    if isinstance(value, (list, tuple)):
-        return LIST_SEPARATOR.join(_csv_item(item) for item in value)
-    return _csv_item(value) if value is None or isinstance(value, dict) else value
-
-
-def _csv_item(value: Any) -> str:
+def csv_cell(value: Any, inner: bool = False) -> Any:
+    """A value as one CSV cell holding no comma of ours: a list's items joined by `;` (a list
+    within one by spaces), a dict as `key=value` pairs joined by spaces, None as an empty cell;
+    `inner`: a value within a list or dict, always text."""
     if isinstance(value, dict):
-        return " ".join(f"{key}={_csv_item(item)}" for key, item in value.items())
+        return " ".join(f"{key}={csv_cell(item, True)}" for key, item in value.items())
     if isinstance(value, (list, tuple)):
-        return " ".join(map(_csv_item, value))
-    return "" if value is None else str(value)
+        return (" " if inner else LIST_SEPARATOR).join(csv_cell(item, True) for item in value)
+    return "" if value is None else str(value) if inner else value
 
 
 # A rich table with its default box and padding: one border and two spaces of padding around

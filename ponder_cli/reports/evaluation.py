@@ -256,42 +256,39 @@ def calibration_report(checkpoint: str, cfg, results: list, chosen: Optional[str
         footer = (f"chosen: {chosen} (fewest steps with bound ≥ {floor:.1%}): --halting {chosen}" if chosen else
                   f"chosen: none (no rule's bound reaches {floor:.1%} on {images} {words.inputs}): raise "
                   f"--tolerance, or calibrate on more: {more}")
-        return Report(meta=meta, buckets=buckets, title=f"Exit rules on the {data} set ({checkpoint})",
-                      columns=[Column("halting", "rule", "s"), Column("mean_steps", "steps", ".2f"),
-                               Column("accuracy", "accuracy", ".4f"), Column("gap", "gap", "+.4f"),
-                               Column("agreement", "agrees", ".4f"), Column("agreement_lower", "bound", ".4f"),
-                               Column("chosen", "verdict", "s", text=_verdict)],
-                      caption=f"{head}{draws}\n"
-                              f"accuracy at the last step: {buckets[0]['accuracy_last']:.4f} · gap: it minus accuracy\n"
-                              f"agrees: share whose class is the last step's · bound: its\n"
-                              f"one-sided 95% lower bound (Wilson) · ok: bound ≥ {floor:.1%}",
-                      footer=footer)
-    for bucket in buckets:
-        bucket["chosen"] = bucket["halting"] == chosen
-    families, level = len({bucket["family"] for bucket in buckets}), buckets[0]["level"]
-    picked = next((b for b in buckets if b["chosen"]), None)
-    meta = make_meta("calibrate", [checkpoint], [cfg.method.name], [cfg.step.name], repeats=1, **shared,
-                     criterion="risk", max_loss=max_loss, risk=risk, bound="clopper-pearson upper",
-                     test="fixed sequence", families=families, level=level, chosen=chosen,
-                     chosen_bound=picked["bound"] if picked else None,
-                     chosen_mean_steps=picked["mean_steps"] if picked else None)
-    split = (f"{families} families, each at risk {level:.4g} (--risk / {families})" if families > 1
-             else f"at risk {level:g}")
-    footer = (f"chosen: {chosen} (loss ≤ {picked['bound']:.4f} at {confidence_text(risk)}, "
-              f"{picked['mean_steps']:.2f} steps): --halting {chosen}" if picked else
-              f"chosen: none (no candidate's bound reaches {max_loss:g})")
-    return Report(meta=meta, buckets=buckets, title=f"Bounded-loss exit rules ({checkpoint})",
-                  columns=[Column("halting", "rule", "s"), Column("mean_steps", "steps", ".2f"),
-                           Column("accuracy", "accuracy", ".4f"), Column("losses", "differ", "d"),
-                           Column("loss", "loss", ".4f"), Column("bound", "bound", ".4f"),
-                           Column("chosen", "verdict", "s", text=_verdict)],
-                  caption=f"{head} · seed {seed}\n"
-                          f"loss: share whose class differs from the last step's ({images} {words.inputs})\n"
-                          f"bound: its exact upper {confidence_text(level)} bound (Clopper–Pearson)\n"
-                          f"tested family by family from the most steps, {split}:\n"
-                          f"a family stops at its first bound above --max-loss {max_loss:g}\n"
-                          f"chosen: the fewest mean steps of those that passed",
-                  footer=footer)
+        title = f"Exit rules on the {data} set ({checkpoint})"
+        own = [Column("gap", "gap", "+.4f"), Column("agreement", "agrees", ".4f"),
+               Column("agreement_lower", "bound", ".4f")]
+        caption = (f"{head}{draws}\n"
+                   f"accuracy at the last step: {buckets[0]['accuracy_last']:.4f} · gap: it minus accuracy\n"
+                   f"agrees: share whose class is the last step's · bound: its\n"
+                   f"one-sided 95% lower bound (Wilson) · ok: bound ≥ {floor:.1%}")
+    else:
+        for bucket in buckets:
+            bucket["chosen"] = bucket["halting"] == chosen
+        families, level = len({bucket["family"] for bucket in buckets}), buckets[0]["level"]
+        picked = next((b for b in buckets if b["chosen"]), None)
+        meta = make_meta("calibrate", [checkpoint], [cfg.method.name], [cfg.step.name], repeats=1, **shared,
+                         criterion="risk", max_loss=max_loss, risk=risk, bound="clopper-pearson upper",
+                         test="fixed sequence", families=families, level=level, chosen=chosen,
+                         chosen_bound=picked["bound"] if picked else None,
+                         chosen_mean_steps=picked["mean_steps"] if picked else None)
+        split = (f"{families} families, each at risk {level:.4g} (--risk / {families})" if families > 1
+                 else f"at risk {level:g}")
+        footer = (f"chosen: {chosen} (loss ≤ {picked['bound']:.4f} at {confidence_text(risk)}, "
+                  f"{picked['mean_steps']:.2f} steps): --halting {chosen}" if picked else
+                  f"chosen: none (no candidate's bound reaches {max_loss:g})")
+        title = f"Bounded-loss exit rules ({checkpoint})"
+        own = [Column("losses", "differ", "d"), Column("loss", "loss", ".4f"), Column("bound", "bound", ".4f")]
+        caption = (f"{head} · seed {seed}\n"
+                   f"loss: share whose class differs from the last step's ({images} {words.inputs})\n"
+                   f"bound: its exact upper {confidence_text(level)} bound (Clopper–Pearson)\n"
+                   f"tested family by family from the most steps, {split}:\n"
+                   f"a family stops at its first bound above --max-loss {max_loss:g}\n"
+                   f"chosen: the fewest mean steps of those that passed")
+    columns = [Column("halting", "rule", "s"), Column("mean_steps", "steps", ".2f"),
+               Column("accuracy", "accuracy", ".4f"), *own, Column("chosen", "verdict", "s", text=_verdict)]
+    return Report(meta=meta, buckets=buckets, title=title, columns=columns, caption=caption, footer=footer)
 
 
 # compare: checkpoints grouped into methods (those that differ only in the seed) ---------------------
