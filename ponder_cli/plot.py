@@ -110,10 +110,6 @@ def _finish(fig, plt, axes, legend_axes, title: str, path: Path | str) -> Path:
         ax.legend(fontsize=8)
     if title:
         fig.suptitle(title)
-    return _save(fig, plt, path)
-
-
-def _save(fig, plt, path: Path | str) -> Path:
     fig.tight_layout()
     path = Path(path)
     try:
@@ -201,7 +197,7 @@ def plot_strips(inputs: list[dict], path: Path | str, *, title: str = "") -> Pat
     axes[0][-1].legend(fontsize=6, loc="lower right")
     if title:
         fig.suptitle(title, fontsize=9)
-    return _save(fig, plt, path)
+    return _finish(fig, plt, (), (), "", path)  # its own legend and title, smaller
 
 
 def _short(name: str, width: int = 18) -> str:

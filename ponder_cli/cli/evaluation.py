@@ -115,15 +115,16 @@ def buckets_option(default: str):
         f"ranges LO-HI. [default: {default}]"))
 
 
-def _run(call, options: dict) -> None:
-    """Check --plot's destination before any work, then render `call(EvalOptions, log=, progress=)`."""
+def _run(call, options: dict, *args, **kwargs) -> None:
+    """Check --plot's destination before any work, then render
+    `call(*args, EvalOptions, **kwargs, log=, progress=)`."""
     from ..api import EvalOptions
     from ..plot import check_destination
 
     fmt, quiet, plot, protocol = (options.pop(key, None) for key in ("fmt", "quiet", "plot", "protocol"))
     plot = check_destination(plot) if plot is not None else None
-    report = call(EvalOptions(protocol=getattr(protocol, "value", protocol), **options), log=chatter(quiet),
-                  progress=bars(quiet))
+    report = call(*args, EvalOptions(protocol=getattr(protocol, "value", protocol), **options), **kwargs,
+                  log=chatter(quiet), progress=bars(quiet))
     render_and_plot(report, fmt, plot, quiet)
 
 
@@ -150,8 +151,7 @@ def eval_command(
     """Accuracy, ponder steps and loss on the test set (MNIST: rotated images; parity: fixed vectors)."""
     from ..api import evaluate_checkpoint
 
-    spelled = _buckets(angles, counts, buckets, rotation)
-    _run(lambda eval_options, **how: evaluate_checkpoint("eval", checkpoint, spelled, eval_options, **how), options)
+    _run(evaluate_checkpoint, options, "eval", checkpoint, _buckets(angles, counts, buckets, rotation))
 
 
 @app.command(cls=ListsCommand)
@@ -168,9 +168,7 @@ def extrapolate(
     """Accuracy and ponder steps beyond training: MNIST rotated within ±angle, parity's unseen non-zero counts."""
     from ..api import evaluate_checkpoint
 
-    spelled = _buckets(angles, counts, buckets)
-    _run(lambda eval_options, **how: evaluate_checkpoint("extrapolate", checkpoint, spelled, eval_options, **how),
-         options)
+    _run(evaluate_checkpoint, options, "extrapolate", checkpoint, _buckets(angles, counts, buckets))
 
 
 @app.command()
@@ -190,8 +188,7 @@ def sweep(
     least-squares slope of steps per 10°; parity: at each exact non-zero count, steps per count."""
     from ..api import sweep_checkpoint
 
-    _run(lambda eval_options, **how: sweep_checkpoint(checkpoint, start, stop, every, eval_options, **how),
-         {**options, "protocol": "fixed"})
+    _run(sweep_checkpoint, {**options, "protocol": "fixed"}, checkpoint, start, stop, every)
 
 
 @app.command(cls=ListsCommand)
@@ -266,9 +263,8 @@ def calibrate(
 
     if tolerance is not None and (risk is not None or max_loss is not None):
         raise BadValue("--tolerance and --max-loss with --risk choose a rule each their own way: give one")
-    _run(lambda eval_options, **how: calibrate_checkpoint(
-        checkpoint, _buckets(angles, counts, buckets), eval_options, tolerance=0.005 if tolerance is None else tolerance,
-        rules=rules, max_loss=max_loss, risk=risk, save=save, **how), {**options, "limit": limit})
+    _run(calibrate_checkpoint, {**options, "limit": limit}, checkpoint, _buckets(angles, counts, buckets),
+         tolerance=0.005 if tolerance is None else tolerance, rules=rules, max_loss=max_loss, risk=risk, save=save)
 
 
 # predict, info, models, runs ---------------------------------------------------------------------
