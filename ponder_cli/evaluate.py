@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Callable, Iterable, NamedTuple, Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 
@@ -131,10 +131,7 @@ def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfi
     # Every statistic derives from the per-input values, read from the device once, here.
     steps, correct = torch.cat(all_steps).cpu(), torch.cat(all_correct).cpu()  # (N,)
     n_correct = int(correct.sum())
-    controls = shuffled_null(torch.cat(per_step, dim=1).cpu(), steps, correct) if per_step else None
-    shares = {} if controls is None else dict(
-        shuffled_accuracy=controls.shuffled_accuracy, adapting_minus_shuffled=n_correct / count -
-        controls.shuffled_accuracy, premature_halts=controls.premature, late_halts=controls.late)
+    shuffled, shares = shuffled_null(torch.cat(per_step, dim=1).cpu(), steps, correct) if per_step else (None, {})
     return EvalResult(
         images=count, accuracy=n_correct / count, mean_steps=float(steps.mean()),
         std_steps=float(steps.std(correction=0)),
@@ -144,8 +141,7 @@ def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfi
                    else tuple(torch.bincount(steps.long() - 1, minlength=max_steps).tolist())),
         accuracy_at_step=tuple((correct_at_step / count).tolist()) if detail else None,
         **(dict(zip(LOSSES, (loss_totals / count).tolist())) if with_loss else {}), **shares,
-        samples=EvalSamples(bucket.difficulty.double(), steps, correct,
-                            controls.shuffled if controls is not None else None))
+        samples=EvalSamples(bucket.difficulty.double(), steps, correct, shuffled))
 
 
 # the controls beside the best fixed policy ---------------------------------------------------------
@@ -153,17 +149,13 @@ def evaluate_bucket(model: torch.nn.Module, bucket: EvalBucket, cfg: PonderConfi
 SHUFFLE_SEED = 0  # the permutations' generator: the same permutations of a bucket on every run
 
 
-class HaltingControls(NamedTuple):
-    shuffled: torch.Tensor  # (N,) float64: each input's correctness at the steps it is dealt, averaged
-    shuffled_accuracy: float
-    premature: float  # share wrong at the halting step, right at the last
-    late: float  # share wrong at the halting step, right at some step before it
-
-
-def shuffled_null(right: torch.Tensor, steps: torch.Tensor, correct: torch.Tensor) -> HaltingControls:
+def shuffled_null(right: torch.Tensor, steps: torch.Tensor, correct: torch.Tensor) -> tuple[torch.Tensor, dict]:
     """Whether halting adapts or only spends an average: the bucket's halting steps dealt out at
     random across its inputs (SHUFFLES seeded permutations), each answered at the step it is
-    dealt. right (steps, N), steps (N,) 1-based, correct (N,)."""
+    dealt. right (steps, N), steps (N,) 1-based, correct (N,). Each input's correctness at the
+    steps it is dealt, averaged ((N,) float64), and the bucket's figures: the shuffled accuracy,
+    adapting minus it, the premature halts (wrong at the halting step, right at the last) and the
+    late ones (wrong there, right at some step before it)."""
     count = right.shape[1]
     index = steps.long() - 1
     inputs = torch.arange(count)
@@ -175,9 +167,10 @@ def shuffled_null(right: torch.Tensor, steps: torch.Tensor, correct: torch.Tenso
     # right at some step before the halting one: the running "any" up to step n - 1
     seen = right.to(torch.uint8).cummax(dim=0).values.bool()  # right at step n or before
     before = torch.cat([torch.zeros_like(seen[:1]), seen[:-1]])[index, inputs]
-    wrong = ~correct
-    return HaltingControls(shuffled, float(shuffled.mean()), float((wrong & right[-1]).double().mean()),
-                           float((wrong & before).double().mean()))
+    wrong, accuracy = ~correct, float(shuffled.mean())
+    return shuffled, {"shuffled_accuracy": accuracy, "adapting_minus_shuffled": int(correct.sum()) / count - accuracy,
+                      "premature_halts": float((wrong & right[-1]).double().mean()),
+                      "late_halts": float((wrong & before).double().mean())}
 
 
 def uncertainty(samples: list[EvalSamples]) -> dict:

@@ -17,9 +17,10 @@ def test_equal_halting_steps_leave_nothing_to_shuffle():
     right = torch.rand(6, 500, generator=torch.Generator().manual_seed(1)) < 0.7
     steps = torch.full((500,), 4.0, dtype=torch.float64)
     correct = right[3]
-    controls = shuffled_null(right, steps, correct)
-    assert controls.shuffled_accuracy == float(correct.double().mean())
-    assert torch.equal(controls.shuffled, correct.double())
+    shuffled, controls = shuffled_null(right, steps, correct)
+    assert controls["shuffled_accuracy"] == float(correct.double().mean())
+    assert controls["adapting_minus_shuffled"] == 0.0
+    assert torch.equal(shuffled, correct.double())
 
 
 def test_premature_and_late_halts_on_a_hand_made_bucket():
@@ -29,11 +30,11 @@ def test_premature_and_late_halts_on_a_hand_made_bucket():
                           [True, False, True, True]])
     steps = torch.tensor([1.0, 3.0, 2.0, 1.0], dtype=torch.float64)
     correct = right[steps.long() - 1, torch.arange(4)]  # False, False, False, True
-    controls = shuffled_null(right, steps, correct)
+    _, controls = shuffled_null(right, steps, correct)
     # input 0: wrong at step 1, right at the last: premature (nothing before step 1: not late)
     # input 1: wrong at step 3 (the last), right at step 1: late
     # input 2: wrong at step 2, right at step 1 and at the last: both; input 3: right where it halted
-    assert (controls.premature, controls.late) == (2 / 4, 2 / 4)
+    assert (controls["premature_halts"], controls["late_halts"]) == (2 / 4, 2 / 4)
 
 
 def test_halting_that_adapts_beats_its_shuffled_null():
@@ -42,17 +43,18 @@ def test_halting_that_adapts_beats_its_shuffled_null():
     count = 4000
     steps = torch.tensor([1.0, 2.0], dtype=torch.float64).repeat(count // 2)
     right = torch.stack([steps == 1, steps == 2])
-    controls = shuffled_null(right, steps, torch.ones(count, dtype=torch.bool))
-    assert controls.shuffled_accuracy == pytest.approx(0.5, abs=0.01)
+    shuffled, controls = shuffled_null(right, steps, torch.ones(count, dtype=torch.bool))
+    assert controls["shuffled_accuracy"] == pytest.approx(0.5, abs=0.01)
+    assert controls["adapting_minus_shuffled"] == 1 - controls["shuffled_accuracy"]
     # the null's expectation over every permutation: the step shares times the per-step accuracies
     shares = torch.bincount(steps.long() - 1).double() / count
     expected = float((shares * right.double().mean(dim=1)).sum())  # 0.5 * 0.5 + 0.5 * 0.5
-    assert expected == 0.5 and controls.shuffled_accuracy == pytest.approx(expected, abs=0.01)
-    again = shuffled_null(right, steps, torch.ones(count, dtype=torch.bool))
-    assert torch.equal(again.shuffled, controls.shuffled)  # seeded: the same permutations every time
+    assert expected == 0.5 and controls["shuffled_accuracy"] == pytest.approx(expected, abs=0.01)
+    again, _ = shuffled_null(right, steps, torch.ones(count, dtype=torch.bool))
+    assert torch.equal(again, shuffled)  # seeded: the same permutations every time
     # its standard error, input by input: each difference is 1 - (share of SHUFFLES dealt its own)
-    samples = EvalSamples(torch.zeros(count), steps, torch.ones(count, dtype=torch.bool), controls.shuffled)
-    differences = 1 - controls.shuffled
+    samples = EvalSamples(torch.zeros(count), steps, torch.ones(count, dtype=torch.bool), shuffled)
+    differences = 1 - shuffled
     assert uncertainty([samples])["adapting_minus_shuffled_se"] == pytest.approx(
         float(differences.std()) / count ** 0.5, rel=1e-9)
     assert "adapting_minus_shuffled_se" not in uncertainty([dataclasses.replace(samples, shuffled=None)])
