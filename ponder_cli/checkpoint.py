@@ -25,9 +25,8 @@ from .model import build_model
 from .tasks import get_task
 
 class CheckpointNotSaved(PonderError):
-    """A checkpoint the file system would not take (full, read-only, over quota): `problem` names
-    the file and the cause; the message adds that the previous file is intact, where there is
-    one (training says instead which epoch its run has saved and how to resume)."""
+    """A checkpoint the file system would not take (full, read-only, over quota); `problem`
+    without the message's word on the previous file (training says how to resume instead)."""
 
     def __init__(self, path: Path, cause: str):
         self.problem = f"cannot save checkpoint {path}: {cause}"
@@ -35,13 +34,9 @@ class CheckpointNotSaved(PonderError):
 
 
 def save_checkpoint(state: TrainingState, *paths: Path) -> None:
-    """`state` to each of `paths` in turn, as one: an interrupt that the CLI receives meanwhile
-    waits until the last is written (uninterrupted). Each is a temp file in the same directory,
-    flushed and fsynced, then os.replace: never a torn file.
-
-    A full disk (or any other failure to write) is one CheckpointNotSaved naming the file and the
-    cause; the temp file is removed and the previous checkpoint at the path is left as it was.
-    """
+    """`state` to each of `paths`, as one (an interrupt waits until the last is written), each
+    through a temp file beside it, so never a torn file; a failure to write is one
+    CheckpointNotSaved, the previous checkpoint left as it was."""
     with uninterrupted():
         for path in map(Path, paths):
             tmp = None
@@ -138,21 +133,17 @@ def load_checkpoint(path: Path | str, map_location="cpu") -> TrainingState:
 
 
 def new_model(cfg: PonderConfig) -> torch.nn.Module:
-    """A freshly initialised model for a config: the task says how many classes it predicts
-    and what its inputs' shape is."""
+    """A freshly initialised model for a config, sized by its task."""
     task = get_task(cfg)
     return build_model(cfg, classes=task.classes, input_shape=task.input_shape)
 
 
 def load_model(path: Path | str, device, max_steps: int | None = None, *, every_method: bool = True
                ) -> tuple[torch.nn.Module, PonderConfig, TrainingState]:
-    """Rebuild the model from the config stored in the checkpoint itself. `max_steps` (an
-    evaluation's --max-steps, in the range training allows) runs it for that many steps instead of
-    those it trained with: the config's max_steps, checked as any config's (a piece whose steps
-    are bounded says so), sizes the model's loop, its halting (forced at the last step) and
-    everything drawn per step; no weight depends on it. A method that runs one step (plain)
-    refuses another, or, with `every_method` False (compare: several methods, one --max-steps),
-    keeps its one step. The config returned is the one run; state.config is the one trained."""
+    """The model rebuilt from the checkpoint's own config. `max_steps` (--max-steps) runs it for
+    that many steps instead of those it trained with (no weight depends on it); a method that runs
+    one step (plain) refuses another, or with `every_method` False (compare) keeps its one. The
+    config returned is the one run; state.config is the one trained."""
     state = load_checkpoint(path)
     cfg = state.config
     if max_steps is not None and (every_method or applies("max_steps", cfg.chosen())):

@@ -342,11 +342,9 @@ def checkpoint_file_problem(path: Path) -> Optional[str]:
 
 
 def read_state(path: Union[Path, str]) -> TrainingState:
-    """A checkpoint's state as checkpoint.load_checkpoint gives it (the same checks, errors and
-    warnings), read without torch where torch.load would have nothing to add: a zip file torch.save
-    wrote of tensors and plain values, every weight finite. Anything else (a legacy file, a
-    global torch may refuse, a weight to warn of) load_checkpoint reads, torch with it. Its
-    tensors are placeholders: what `info` reads, not the weights."""
+    """A checkpoint's state as checkpoint.load_checkpoint gives it, its tensors placeholders (what
+    `info` reads), without torch where torch.load would add nothing: a zip file of tensors and
+    plain values, every weight finite. Anything else load_checkpoint reads, torch with it."""
     path = Path(path)
     problem = checkpoint_file_problem(path)
     if problem is not None:
@@ -723,8 +721,7 @@ def check_unlocked(directory: Path) -> None:
 class RunLock:
     """`.ponder.lock` in a run folder, holding the PID of the run that writes there: made with
     O_EXCL under a flock of the folder (two processes never both take over one stale lock), a
-    dead process's taken over, a live one's refused naming its PID. `held_on`: the locks this
-    process holds by folder (a resume's lock is the run's)."""
+    dead process's taken over, a live one's refused. `held_on`: a resume's lock is the run's."""
 
     held_here: dict = {}  # resolved folder -> the RunLock this process holds on it
 

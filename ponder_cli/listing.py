@@ -325,10 +325,9 @@ def diff_runs(targets: Sequence[Union[str, Path]], *, log: Callable[[str], None]
 # info -------------------------------------------------------------------------------------------
 
 def run_info(target: Union[str, Path, None], *, log: Callable[[str], None] = lambda line: None) -> Report:
-    """`ponder info`: a checkpoint or a run folder (its last.pt, else its best.pt) described: its
-    configuration (and where each value came from, when the folder's config.json records this very
-    one), its record, the epochs trained, the best epoch's figures, and one bucket per epoch. Read
-    without torch (folders.read_state), but for a file or a saved halting rule torch must judge."""
+    """`ponder info`: a checkpoint or a run folder (its last.pt, else its best.pt) described, one
+    bucket per epoch; read without torch (folders.read_state) but for a file or a saved halting
+    rule torch must judge."""
     resolved = resolve_checkpoint(target, file=(LAST, BEST))
     log(f"using {resolved.path} ({resolved.why})")
     state = read_state(resolved.path)

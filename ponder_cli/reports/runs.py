@@ -313,9 +313,8 @@ def size_text(size: Optional[int]) -> str:
 
 def trash_report(rows: list[dict], action: str, folders: list[str], elsewhere: Sequence[str] = (),
                  declined: bool = False) -> Report:
-    """runs rm: one bucket per run moved to the trash, restored, or deleted from it (`action`;
-    deleted: each with its size, `elsewhere` the trashes below the folders emptied that still hold
-    runs, `declined` when the user said no)."""
+    """runs rm: one bucket per run `action` (removed, restored, deleted: with its size);
+    `elsewhere`: the trashes below the folders emptied that still hold runs."""
     meta = _meta("runs rm", action=action, runs=len(rows))
     if action == "deleted":
         meta["bytes"] = sum(row.get("bytes") or 0 for row in rows)
