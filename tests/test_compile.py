@@ -88,12 +88,13 @@ def test_a_compiled_run_saves_it_shows_it_and_resumes_with_it(compiled, ponder, 
     assert diff.exit_code == 0 and "compile" in diff.stdout, diff.output
 
 
-def test_no_cpp_compiler_is_one_error_line_before_a_folder_is_claimed(ponder, error, tmp_path, monkeypatch):
+def test_no_cpp_compiler_is_one_error_line_before_a_folder_is_claimed(ponder, error, tmp_path):
     from torch._inductor import config as inductor_config
 
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, "no-such-compiler-for-ponder"))
     out = tmp_path / "run"
-    error(ponder("train", *PARITY, "--epochs", "1", "--compile", "--out", out), 1, "--compile")
+    # inductor's own patch: monkeypatch's undo leaves the setting missing for the tests after it
+    with inductor_config.patch({"cpp.cxx": (None, "no-such-compiler-for-ponder")}):
+        error(ponder("train", *PARITY, "--epochs", "1", "--compile", "--out", out), 1, "--compile")
     assert not out.exists()
 
 
