@@ -24,14 +24,14 @@ from typing import Callable, Iterable, Optional, Sequence, Union
 
 from . import BadValue, PonderError, PonderWarning, __version__, brief, file_problem, name_length_problem
 from .checkpoint import load_checkpoint, new_model, save_checkpoint
-from .config import SECTIONS, PonderConfig, applies, bias_value, inapplicable, render_config, spelled
+from .config import SECTIONS, PonderConfig, applies, bias_value, inapplicable, render_config, spelled, start_options
 from .registry import FORMAT_VERSION
 from .folders import (BESIDE_CHECKPOINTS, BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE,
                       HALTING_FILE, LAST, METRICS_FILE, SAVED_BY, RESUMABLE_CHANGES, RUNS_DIR, Labels, Resolved, RunLock, Summary, some_of,
                       check_unlocked, enclosing_run, hidden_folder_of, inside_package, is_run_folder, package_dir,
                       package_problem, replace_atomically, resolve_checkpoint, run_files_in, run_of, run_record,
                       runs_under, same_path, same_run, saved_config, saved_halting, shipped_name)
-from .listing import run_named, start_options
+from .listing import run_named
 from .render import csv_cell, value_text as spelled_value
 from .reports import Report
 from .reports.runs import label_report

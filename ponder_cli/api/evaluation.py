@@ -14,7 +14,7 @@ import torch
 
 from .. import BadValue, PonderError
 from ..checkpoint import load_model, steps_problem
-from ..config import default_halting, seed_problems
+from ..config import default_halting, problems_of
 from .. import evaluate
 from ..evaluate import CONTROLS, LOSSES, choose_rule, risk_controlled_rule, rule_outcomes, spearman, uncertainty
 from ..model import get_method
@@ -49,7 +49,7 @@ class EvalOptions:
     views: bool = False  # each step's view of the input, for --plot
 
     def __post_init__(self) -> None:
-        problems = seed_problems(self.seed, "--seed") if self.seed is not None else []
+        problems = problems_of("seed", self.seed, "--seed") if self.seed is not None else []  # as training's
         if self.max_steps is not None and steps_problem(self.max_steps):
             problems.append(steps_problem(self.max_steps))
         try:
