@@ -36,6 +36,7 @@ from .render import csv_cell, value_text as spelled_value
 from .reports import Report
 from .reports.runs import label_report
 from .tasks import get_task
+from .tasks.mnist import split_seed
 from .train import HALTING_HEAD, EpochStats
 
 
@@ -133,7 +134,7 @@ class StartingWeights:
         saved = self.state.config
         if not (applies("split_seed", saved.chosen()) and applies("split_seed", chosen)):
             return {}
-        seed = saved.training.seed if saved.task.split_seed is None else saved.task.split_seed
+        seed = split_seed(saved)
         problems = []
         if given.get("split_seed", seed) != seed:
             problems.append(f"--split-seed {given['split_seed']} splits the digits anew (its held-out digits are "

@@ -3,6 +3,7 @@ one report each."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -108,18 +109,12 @@ class _Ticker:
         self.log(f"evaluating: {self.done} of {self.total} buckets, {elapsed:.0f} s"
                  + (f", about {left:.0f} s to go" if self.done < self.total else ", done"))
 
-    def __enter__(self) -> "_Ticker":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
-
 
 def _progress_bar(total: int, enabled: bool, log: Callable[[str], None]):
     """A tick per bucket: a bar on a terminal (`enabled`), else lines through `log`."""
     from tqdm import tqdm
     return tqdm(total=total, desc="evaluating", unit="bucket", file=sys.stderr, leave=False,
-                dynamic_ncols=True) if enabled else _Ticker(total, log)
+                dynamic_ncols=True) if enabled else contextlib.nullcontext(_Ticker(total, log))  # nothing to close
 
 
 def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int, amp: bool, *,
