@@ -177,23 +177,23 @@ class StartingWeights:
                        f"(step, hidden sizes, task) as that run had them (`ponder info {self.path}` shows them)")
 
 
-def refuse_starting(init, resume, cfg: Optional[PonderConfig] = None) -> None:
-    """What a run cannot start from (training and --print-config alike): --init-from with
-    --resume; and once the configuration is known, a refit with no model to refit."""
-    if init is not None and resume is not None:
-        raise BadValue("--init-from starts a new run from another's weights, --resume continues a run: give one")
-    if cfg is not None and resume is None and cfg.training.refit_halting and init is None:
-        raise BadValue("--refit-halting refits the halting head of a trained model: name the model with "
-                       "--init-from CHECKPOINT")
-
-
-def resolve_config(given: dict, resume: Optional[Path] = None, origins: Optional[dict] = None):
+def resolve_config(given: dict, resume: Optional[Path] = None, origins: Optional[dict] = None,
+                   init: Optional[StartingWeights] = None):
     """A run's configuration, where each value comes from, and when resuming the checkpoint
     continued and how its name resolved: a resumed run takes the checkpoint's config, options
-    that contradict it refused but RESUMABLE_CHANGES. `origins`: --config's file of each setting."""
+    that contradict it refused but RESUMABLE_CHANGES. `origins`: --config's file of each setting.
+    What a run cannot start from is refused (training and --print-config alike): --init-from with
+    --resume, a refit with no model to refit, weights that do not fit (`init`)."""
+    if init is not None and resume is not None:
+        raise BadValue("--init-from starts a new run from another's weights, --resume continues a run: give one")
     origins = origins or {}
     if resume is None:
         cfg = PonderConfig.of(origins=origins, **given)
+        if cfg.training.refit_halting and init is None:
+            raise BadValue("--refit-halting refits the halting head of a trained model: name the model with "
+                           "--init-from CHECKPOINT")
+        if init is not None:
+            init.check_fits(cfg)
         return cfg, cfg.sources(given, origins), None, None
     resumed = resolve_checkpoint(resume, file=LAST)
     state = load_checkpoint(resumed.path)
@@ -228,13 +228,9 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     if problem:
         raise PonderError(f"{problem}; name a folder outside it, or leave out --out for a fresh folder under "
                           f"{RUNS_DIR}/")
-    refuse_starting(init, resume)
-    cfg, sources, state, resumed = resolve_config(given, resume, origins)
+    cfg, sources, state, resumed = resolve_config(given, resume, origins, init)
     labels = labels or Labels()
-    refuse_starting(init, resume, cfg)
     if state is None:
-        if init is not None:
-            init.check_fits(cfg)
         started = dict(sources=sources, labels=labels, init=init, init_from=init.record if init else None)
         folder = out if out is not None else free_run_dir(cfg)
         refuse_hiding(folder, cfg, "--out" if out is not None else None)
