@@ -1092,16 +1092,16 @@ def empty_trash(rows: list[dict]) -> list[dict]:
     return done
 
 
-def replace_atomically(path: Path, write, binary_from: Optional[Path] = None) -> None:
-    """Write a text file (`write` gets the open file), or copy `binary_from`, under a temporary
-    name, then rename it into place: a reader never sees half a file."""
+def replace_atomically(path: Path, write, binary_from: Optional[Path] = None, *, binary: bool = False) -> None:
+    """Write a file (`write` gets it open, as text unless `binary`), or copy `binary_from`, under a
+    temporary name, then rename it into place: a reader never sees half a file."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         if binary_from is not None:
             with os.fdopen(fd, "wb") as f, open(binary_from, "rb") as source:
                 shutil.copyfileobj(source, f)
         else:
-            with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
+            with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
                 write(f)
         mask = os.umask(0)
         os.umask(mask)
