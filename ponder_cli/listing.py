@@ -369,11 +369,10 @@ def reproducing_command(cfg: PonderConfig, record: Optional[dict] = None) -> str
     for kind in ("task", "step", "method"):
         if PonderConfig.of(**given).value(kind) != cfg.value(kind):
             given[kind] = cfg.value(kind)
-    chosen = cfg.chosen()
+    chosen, applying = cfg.chosen(), cfg.applying()
     for _ in range(3):  # a setting given can change what another derives (parity's counts from --elems)
         fresh = PonderConfig.of(**given)
-        more = {key: cfg.value(key) for key in cfg.field_names()
-                if key not in given and applies(key, chosen, cfg.value) and cfg.value(key) != fresh.value(key)}
+        more = {key: cfg.value(key) for key in applying if key not in given and cfg.value(key) != fresh.value(key)}
         if not more:
             break
         given.update(more)
@@ -383,8 +382,7 @@ def reproducing_command(cfg: PonderConfig, record: Optional[dict] = None) -> str
             fresh = PonderConfig.of(**settings)
         except PonderError:
             return False
-        return all(fresh.value(key) == cfg.value(key) for key in cfg.field_names()
-                   if applies(key, chosen, cfg.value))
+        return all(fresh.value(key) == cfg.value(key) for key in applying)
     for key in [key for key in given if key not in chosen]:  # what another setting derives goes unsaid
         fewer = {k: v for k, v in given.items() if k != key}
         if same(fewer):

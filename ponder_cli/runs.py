@@ -447,12 +447,12 @@ class RunFolder:
             self.log(f"{carried}: the run's best epoch so far (epoch {plan.resume.best_epoch}), copied from "
                      f"{plan.resumed.path.parent}")
             self.copies.append(carried.name)
+        applying = plan.cfg.applying()
         write_run_config(out_dir, plan.cfg, plan.sources, self.run, started=datetime.now(timezone.utc).isoformat(),
                          resumed_from=str(plan.resumed.path) if plan.resumed else None,
                          resumed_after_epoch=plan.resume.epoch if plan.resume else None, device=self.device,
                          processes=self.processes, not_applicable=[name for name in plan.cfg.field_names()
-                                                                   if not applies(name, plan.cfg.chosen(),
-                                                                                  plan.cfg.value)])
+                                                                   if name not in applying])
         # environment.json: this session after the earlier ones of a run resumed in its own folder
         environment, current, earlier = out_dir / ENVIRONMENT_FILE, session(self.device, self.processes), []
         if plan.resume is not None and same_path(out_dir, plan.resumed.path.parent):
