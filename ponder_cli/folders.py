@@ -465,15 +465,10 @@ class Summary:
 
     @classmethod
     def of(cls, payload: dict) -> "Summary":
-        from .config import PonderConfig
+        from .config import PonderConfig, flat
 
-        # by flat key (an older checkpoint's is by section: {"task": {"name": ...}}), with the
-        # default of each setting it is older than
-        config = {key: PonderConfig.default(key) for key in PonderConfig.field_names()}
-        for key, value in payload["config"].items():
-            sectioned = key in ("task", "step", "method", "training") and isinstance(value, dict)
-            config.update({key if name == "name" else name: item for name, item in value.items()} if sectioned
-                          else {key: value})
+        # by flat key (an older checkpoint's is by section), with the default of each setting it is older than
+        config = {**{key: PonderConfig.default(key) for key in PonderConfig.field_names()}, **flat(payload["config"])}
         return cls(config, payload.get("epoch") or 0, payload.get("best_epoch") or 0,
                    payload.get("epochs_without_improvement") or 0, list(payload.get("history") or []),
                    payload.get("stop_reason"), payload.get("run") if isinstance(payload.get("run"), dict) else None,
