@@ -12,14 +12,13 @@ import os
 import pickle
 import re
 import shutil
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 
 from . import BadValue, PonderError, PonderWarning, brief, uninterrupted
-from .folders import DAMAGE_HINT, TrainingState, checkpoint_file_problem
+from .folders import DAMAGE_HINT, TrainingState, checkpoint_file_problem, replace_atomically
 from .config import MAX_STEPS, PonderConfig, applies
 from .model import build_model
 from .tasks import get_task
@@ -37,23 +36,17 @@ def save_checkpoint(state: TrainingState, *paths: Path) -> None:
     """`state` to each of `paths`, as one (an interrupt waits until the last is written), each
     through a temp file beside it, so never a torn file; a failure to write is one
     CheckpointNotSaved, the previous checkpoint left as it was."""
+    def write(f) -> None:
+        torch.save(state.to_dict(), f)
+        f.flush()
+        os.fsync(f.fileno())  # on the disk before it replaces the previous one
+
     with uninterrupted():
         for path in map(Path, paths):
-            tmp = None
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-                umask = os.umask(0)
-                os.umask(umask)
-                os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600 files; a checkpoint is an ordinary file
-                with os.fdopen(fd, "wb") as f:
-                    torch.save(state.to_dict(), f)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
+                replace_atomically(path, write, binary=True)
             except BaseException as exc:
-                if tmp is not None:
-                    Path(tmp).unlink(missing_ok=True)
                 chain = list(_chain(exc))
                 interrupt = next((seen for seen in chain if isinstance(seen, KeyboardInterrupt)), None)
                 if interrupt is not None and interrupt is not exc:

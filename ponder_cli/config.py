@@ -276,11 +276,6 @@ def problems_of(key: str, value, name: str = "") -> list[str]:
     return [f"{name} must be {rule[:got]} (got {value}){rule[got:]}"]
 
 
-def seed_problems(seed, what: str) -> list[str]:
-    """A seed option of another command (eval's --seed), checked as training's seed is."""
-    return problems_of("seed", seed, what)
-
-
 # Above 32 elements the defaults of smaller vectors are a dead end (docs/parity.md): what learnt 64
 # elements is batches of 2048, the learning rate held and no early stop on a noisy plateau. Parity
 # derives them from --elems unless given (ParityTask.resolve_options); --help shows them.
@@ -520,6 +515,22 @@ DOCUMENT_KEYS = ("format_version", "sources")  # what `--print-config -f json` w
 START_KEYS = {"init_from": str, "init_weights": str, "amp": bool}
 
 
+def start_options(record: Optional[dict]) -> dict:
+    """What of a run's record a rerun is given besides its settings (reproduce line, config.toml,
+    --config of its config.json): init_from and init_weights (its source's epoch and weights'
+    digest), amp when on."""
+    record, options = record or {}, {}
+    start = record.get("init_from")
+    if isinstance(start, dict):
+        options.update(init_from=str(start.get("checkpoint")),
+                       init_weights=f"{start.get('epoch')}:{start.get('weights')}")
+    elif start:  # an older record: the path as it was given
+        options["init_from"] = str(start)
+    if record.get("amp"):
+        options["amp"] = True
+    return options
+
+
 def read_config_file(path: Path) -> dict:
     """The settings a file gives, {key: value}: TOML (.toml) or JSON (anything else)."""
     path, toml = Path(path), Path(path).suffix.lower() == ".toml"
@@ -546,13 +557,7 @@ def read_config_file(path: Path) -> dict:
             applying = PonderConfig.from_dict(saved, saved=f"--config {path}").applying()
         except PonderError as exc:  # of its kind: a bad value stays one
             raise type(exc)(f"--config {path}: {exc}") from None
-        values, start = {key: value for key, value in saved.items() if key in applying}, data.get("init_from")
-        if isinstance(start, dict):
-            values.update(init_from=str(start.get("checkpoint")),
-                          init_weights=f"{start.get('epoch')}:{start.get('weights')}")
-        elif isinstance(start, str):
-            values["init_from"] = start
-        return {**values, **({"amp": True} if data.get("amp") is True else {})}
+        return {**{key: value for key, value in saved.items() if key in applying}, **start_options(data)}
     values = {}
     for table, items in data.items():
         if table in DOCUMENT_KEYS:  # --print-config -f json's own keys, not settings

@@ -465,15 +465,10 @@ class Summary:
 
     @classmethod
     def of(cls, payload: dict) -> "Summary":
-        from .config import PonderConfig
+        from .config import PonderConfig, flat
 
-        # by flat key (an older checkpoint's is by section: {"task": {"name": ...}}), with the
-        # default of each setting it is older than
-        config = {key: PonderConfig.default(key) for key in PonderConfig.field_names()}
-        for key, value in payload["config"].items():
-            sectioned = key in ("task", "step", "method", "training") and isinstance(value, dict)
-            config.update({key if name == "name" else name: item for name, item in value.items()} if sectioned
-                          else {key: value})
+        # by flat key (an older checkpoint's is by section), with the default of each setting it is older than
+        config = {**{key: PonderConfig.default(key) for key in PonderConfig.field_names()}, **flat(payload["config"])}
         return cls(config, payload.get("epoch") or 0, payload.get("best_epoch") or 0,
                    payload.get("epochs_without_improvement") or 0, list(payload.get("history") or []),
                    payload.get("stop_reason"), payload.get("run") if isinstance(payload.get("run"), dict) else None,
@@ -1092,16 +1087,16 @@ def empty_trash(rows: list[dict]) -> list[dict]:
     return done
 
 
-def replace_atomically(path: Path, write, binary_from: Optional[Path] = None) -> None:
-    """Write a text file (`write` gets the open file), or copy `binary_from`, under a temporary
-    name, then rename it into place: a reader never sees half a file."""
+def replace_atomically(path: Path, write, binary_from: Optional[Path] = None, *, binary: bool = False) -> None:
+    """Write a file (`write` gets it open, as text unless `binary`), or copy `binary_from`, under a
+    temporary name, then rename it into place: a reader never sees half a file."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         if binary_from is not None:
             with os.fdopen(fd, "wb") as f, open(binary_from, "rb") as source:
                 shutil.copyfileobj(source, f)
         else:
-            with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
+            with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
                 write(f)
         mask = os.umask(0)
         os.umask(mask)

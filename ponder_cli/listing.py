@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 from . import BadValue, PonderError, file_problem
-from .config import PonderConfig, applies
+from .config import PonderConfig, applies, start_options
 from .folders import (BEST, DEFAULT, LAST, LATEST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, Summary,
                       check_trashable, empty_trash, is_run_folder, lock_holder, peek_checkpoint, read_state,
                       resolve_checkpoint, restore_run, run_of, run_status, run_time, runs_under, saved_config,
@@ -369,11 +369,10 @@ def reproducing_command(cfg: PonderConfig, record: Optional[dict] = None) -> str
     for kind in ("task", "step", "method"):
         if PonderConfig.of(**given).value(kind) != cfg.value(kind):
             given[kind] = cfg.value(kind)
-    chosen = cfg.chosen()
+    chosen, applying = cfg.chosen(), cfg.applying()
     for _ in range(3):  # a setting given can change what another derives (parity's counts from --elems)
         fresh = PonderConfig.of(**given)
-        more = {key: cfg.value(key) for key in cfg.field_names()
-                if key not in given and applies(key, chosen, cfg.value) and cfg.value(key) != fresh.value(key)}
+        more = {key: cfg.value(key) for key in applying if key not in given and cfg.value(key) != fresh.value(key)}
         if not more:
             break
         given.update(more)
@@ -383,8 +382,7 @@ def reproducing_command(cfg: PonderConfig, record: Optional[dict] = None) -> str
             fresh = PonderConfig.of(**settings)
         except PonderError:
             return False
-        return all(fresh.value(key) == cfg.value(key) for key in cfg.field_names()
-                   if applies(key, chosen, cfg.value))
+        return all(fresh.value(key) == cfg.value(key) for key in applying)
     for key in [key for key in given if key not in chosen]:  # what another setting derives goes unsaid
         fewer = {k: v for k, v in given.items() if k != key}
         if same(fewer):
@@ -400,16 +398,3 @@ def reproducing_command(cfg: PonderConfig, record: Optional[dict] = None) -> str
               for word in (["--amp"] if key == "amp" else ["--" + key.replace("_", "-"), value])]
     return " ".join(shlex.quote(word) for word in words)
 
-
-def start_options(record: Optional[dict]) -> dict:
-    """What of a run's record a rerun is given besides its settings (reproduce line, config.toml):
-    init_from and init_weights (its source's epoch and weights' digest), amp when on."""
-    record, options = record or {}, {}
-    start = record.get("init_from")
-    if isinstance(start, dict):
-        options.update(init_from=str(start["checkpoint"]), init_weights=f"{start['epoch']}:{start['weights']}")
-    elif start:  # an older record: the path as it was given
-        options["init_from"] = str(start)
-    if record.get("amp"):
-        options["amp"] = True
-    return options

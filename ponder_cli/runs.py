@@ -24,18 +24,19 @@ from typing import Callable, Iterable, Optional, Sequence, Union
 
 from . import BadValue, PonderError, PonderWarning, __version__, brief, file_problem, name_length_problem
 from .checkpoint import load_checkpoint, new_model, save_checkpoint
-from .config import SECTIONS, PonderConfig, applies, bias_value, inapplicable, render_config, spelled
+from .config import SECTIONS, PonderConfig, applies, bias_value, inapplicable, render_config, spelled, start_options
 from .registry import FORMAT_VERSION
 from .folders import (BESIDE_CHECKPOINTS, BEST, CHECKPOINT_FILES, CONFIG_FILE, CONFIG_TOML, ENVIRONMENT_FILE,
                       HALTING_FILE, LAST, METRICS_FILE, SAVED_BY, RESUMABLE_CHANGES, RUNS_DIR, Labels, Resolved, RunLock, Summary, some_of,
                       check_unlocked, enclosing_run, hidden_folder_of, inside_package, is_run_folder, package_dir,
                       package_problem, replace_atomically, resolve_checkpoint, run_files_in, run_of, run_record,
                       runs_under, same_path, same_run, saved_config, saved_halting, shipped_name)
-from .listing import run_named, start_options
+from .listing import run_named
 from .render import csv_cell, value_text as spelled_value
 from .reports import Report
 from .reports.runs import label_report
 from .tasks import get_task
+from .tasks.mnist import split_seed
 from .train import HALTING_HEAD, EpochStats
 
 
@@ -133,7 +134,7 @@ class StartingWeights:
         saved = self.state.config
         if not (applies("split_seed", saved.chosen()) and applies("split_seed", chosen)):
             return {}
-        seed = saved.training.seed if saved.task.split_seed is None else saved.task.split_seed
+        seed = split_seed(saved)
         problems = []
         if given.get("split_seed", seed) != seed:
             problems.append(f"--split-seed {given['split_seed']} splits the digits anew (its held-out digits are "
@@ -176,23 +177,23 @@ class StartingWeights:
                        f"(step, hidden sizes, task) as that run had them (`ponder info {self.path}` shows them)")
 
 
-def refuse_starting(init, resume, cfg: Optional[PonderConfig] = None) -> None:
-    """What a run cannot start from (training and --print-config alike): --init-from with
-    --resume; and once the configuration is known, a refit with no model to refit."""
-    if init is not None and resume is not None:
-        raise BadValue("--init-from starts a new run from another's weights, --resume continues a run: give one")
-    if cfg is not None and resume is None and cfg.training.refit_halting and init is None:
-        raise BadValue("--refit-halting refits the halting head of a trained model: name the model with "
-                       "--init-from CHECKPOINT")
-
-
-def resolve_config(given: dict, resume: Optional[Path] = None, origins: Optional[dict] = None):
+def resolve_config(given: dict, resume: Optional[Path] = None, origins: Optional[dict] = None,
+                   init: Optional[StartingWeights] = None):
     """A run's configuration, where each value comes from, and when resuming the checkpoint
     continued and how its name resolved: a resumed run takes the checkpoint's config, options
-    that contradict it refused but RESUMABLE_CHANGES. `origins`: --config's file of each setting."""
+    that contradict it refused but RESUMABLE_CHANGES. `origins`: --config's file of each setting.
+    What a run cannot start from is refused (training and --print-config alike): --init-from with
+    --resume, a refit with no model to refit, weights that do not fit (`init`)."""
+    if init is not None and resume is not None:
+        raise BadValue("--init-from starts a new run from another's weights, --resume continues a run: give one")
     origins = origins or {}
     if resume is None:
         cfg = PonderConfig.of(origins=origins, **given)
+        if cfg.training.refit_halting and init is None:
+            raise BadValue("--refit-halting refits the halting head of a trained model: name the model with "
+                           "--init-from CHECKPOINT")
+        if init is not None:
+            init.check_fits(cfg)
         return cfg, cfg.sources(given, origins), None, None
     resumed = resolve_checkpoint(resume, file=LAST)
     state = load_checkpoint(resumed.path)
@@ -227,13 +228,9 @@ def plan_training(given: dict, *, resume: Optional[Path] = None, out: Optional[P
     if problem:
         raise PonderError(f"{problem}; name a folder outside it, or leave out --out for a fresh folder under "
                           f"{RUNS_DIR}/")
-    refuse_starting(init, resume)
-    cfg, sources, state, resumed = resolve_config(given, resume, origins)
+    cfg, sources, state, resumed = resolve_config(given, resume, origins, init)
     labels = labels or Labels()
-    refuse_starting(init, resume, cfg)
     if state is None:
-        if init is not None:
-            init.check_fits(cfg)
         started = dict(sources=sources, labels=labels, init=init, init_from=init.record if init else None)
         folder = out if out is not None else free_run_dir(cfg)
         refuse_hiding(folder, cfg, "--out" if out is not None else None)
@@ -450,12 +447,12 @@ class RunFolder:
             self.log(f"{carried}: the run's best epoch so far (epoch {plan.resume.best_epoch}), copied from "
                      f"{plan.resumed.path.parent}")
             self.copies.append(carried.name)
+        applying = plan.cfg.applying()
         write_run_config(out_dir, plan.cfg, plan.sources, self.run, started=datetime.now(timezone.utc).isoformat(),
                          resumed_from=str(plan.resumed.path) if plan.resumed else None,
                          resumed_after_epoch=plan.resume.epoch if plan.resume else None, device=self.device,
                          processes=self.processes, not_applicable=[name for name in plan.cfg.field_names()
-                                                                   if not applies(name, plan.cfg.chosen(),
-                                                                                  plan.cfg.value)])
+                                                                   if name not in applying])
         # environment.json: this session after the earlier ones of a run resumed in its own folder
         environment, current, earlier = out_dir / ENVIRONMENT_FILE, session(self.device, self.processes), []
         if plan.resume is not None and same_path(out_dir, plan.resumed.path.parent):

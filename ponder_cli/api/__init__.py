@@ -37,7 +37,6 @@ def device_name(dev) -> str:
 
 
 def on_device(report, dev):
-    """The report with the device it was computed on in its metadata."""
     report.meta["device"] = device_name(dev)
     return report
 

@@ -3,6 +3,7 @@ one report each."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -14,7 +15,7 @@ import torch
 
 from .. import BadValue, PonderError
 from ..checkpoint import load_model, steps_problem
-from ..config import default_halting, seed_problems
+from ..config import default_halting, problems_of
 from .. import evaluate
 from ..evaluate import CONTROLS, LOSSES, choose_rule, risk_controlled_rule, rule_outcomes, spearman, uncertainty
 from ..model import get_method
@@ -49,7 +50,7 @@ class EvalOptions:
     views: bool = False  # each step's view of the input, for --plot
 
     def __post_init__(self) -> None:
-        problems = seed_problems(self.seed, "--seed") if self.seed is not None else []
+        problems = problems_of("seed", self.seed, "--seed") if self.seed is not None else []  # as training's
         if self.max_steps is not None and steps_problem(self.max_steps):
             problems.append(steps_problem(self.max_steps))
         try:
@@ -108,18 +109,12 @@ class _Ticker:
         self.log(f"evaluating: {self.done} of {self.total} buckets, {elapsed:.0f} s"
                  + (f", about {left:.0f} s to go" if self.done < self.total else ", done"))
 
-    def __enter__(self) -> "_Ticker":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
-
 
 def _progress_bar(total: int, enabled: bool, log: Callable[[str], None]):
     """A tick per bucket: a bar on a terminal (`enabled`), else lines through `log`."""
     from tqdm import tqdm
     return tqdm(total=total, desc="evaluating", unit="bucket", file=sys.stderr, leave=False,
-                dynamic_ncols=True) if enabled else _Ticker(total, log)
+                dynamic_ncols=True) if enabled else contextlib.nullcontext(_Ticker(total, log))  # nothing to close
 
 
 def _bucket_dicts(model, cfg, test, specs: list, options: EvalOptions, seed: int, amp: bool, *,

@@ -20,7 +20,7 @@ from ..folders import Labels, resumed_lock
 from ..registry import DEFAULT_HALTING, TIME_LIMIT
 from ..render import config_lines, epoch_line
 from ..reports import Report, epoch_record, stopped_record, training_report
-from ..runs import RunFolder, StartingWeights, plan_training, refuse_starting, require_tensorboard, resolve_config
+from ..runs import RunFolder, StartingWeights, plan_training, require_tensorboard, resolve_config
 from ..model import amp_dtype
 from ..tasks import get_task
 from ..train import require_compiler, train
@@ -93,11 +93,7 @@ def training_config(given: dict, options: TrainOptions) -> tuple[PonderConfig, d
     far as it is known (its start, --amp), without training (`--print-config`): the resumed run's
     configuration with --resume."""
     settings, origins, init, options = _settings(given, options)
-    refuse_starting(init, options.resume)
-    cfg, sources, state, _ = resolve_config(settings, options.resume, origins)
-    refuse_starting(init, options.resume, cfg)
-    if init is not None:  # what training would refuse: weights that do not fit
-        init.check_fits(cfg)
+    cfg, sources, state, _ = resolve_config(settings, options.resume, origins, init)  # refused as training would
     start = init.record if init else (state.run or {}).get("init_from") if state else None
     return cfg, sources, {"init_from": start, "amp": bool(options.amp)}
 

@@ -105,8 +105,7 @@ def describe_model(cfg, view: TaskView) -> str:
 # each command group's report, and the uncertainty of figures: after the contract, which they import
 from .evaluation import (calibration_report, comparison_report, evaluation_report, group_by_configuration,  # noqa: E402, F401
                          least_squares, per_step_table, sweep_report)
-from .runs import (HISTORY_COLUMNS, PREDICT_COLUMNS, RUNS_COLUMNS, TRAIN_COLUMNS, diff_report,  # noqa: E402, F401
-                   epoch_record, info_report, prediction_report, runs_report, stopped_record,
-                   training_report, trash_report)
+from .runs import (diff_report, epoch_record, info_report, prediction_report, runs_report,  # noqa: E402, F401
+                   stopped_record, training_report, trash_report)
 from .uncertainty import (binomial_cdf, clopper_pearson_upper, combine_draws, mean_ci, standard_error,  # noqa: E402, F401
                           wilson_interval, wilson_lower)

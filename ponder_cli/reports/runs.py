@@ -234,11 +234,9 @@ def age(when: Optional[str], now: Optional[datetime] = None) -> str:
 def _meta(command: str, rows: Sequence[dict] = (), checkpoints: Sequence = (), **extra) -> dict:
     """The shared metadata of the commands on runs: task, method and step where every run listed
     shares one (else null), nothing of evaluation."""
-    def one(key):
-        values = {row[key] for row in rows}
-        return values.pop() if len(values) == 1 else None
-    return {"command": command, "task": one("task"), "checkpoints": list(checkpoints), "method": one("method"),
-            "step": one("step"), "protocol": None, "halting": None, "seed": None, "device": None, **extra}
+    tasks = {row["task"] for row in rows}
+    return make_meta(command, list(checkpoints), [row["method"] for row in rows], [row["step"] for row in rows],
+                     protocol=None, halting=None, seed=None, task=tasks.pop() if len(tasks) == 1 else None, **extra)
 
 
 # narrow enough for 80 columns with a parity run's 32-character name: the epochs go with the

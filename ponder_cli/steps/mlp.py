@@ -83,13 +83,13 @@ def dropout_mask(shape: tuple, p: float, like: torch.Tensor) -> torch.Tensor:
 class ImageEncoder(nn.Module):
     """Two conv/pool blocks and a linear layer, as in the reference CNN."""
 
-    def __init__(self, kernel_size: int, out_features: int, dropout: float, image_size: int = IMAGE_SIZE):
+    def __init__(self, kernel_size: int, out_features: int, dropout: float):
         super().__init__()
         k = kernel_size
         self.conv1 = nn.Conv2d(1, 10, kernel_size=k)
         self.conv2 = nn.Conv2d(10, 20, kernel_size=k)
         self.conv2_drop = nn.Dropout2d(dropout)
-        side = ((image_size - (k - 1)) // 2 - (k - 1)) // 2
+        side = ((IMAGE_SIZE - (k - 1)) // 2 - (k - 1)) // 2
         self.fc = nn.Linear(20 * side * side, out_features)
         # channels_last halves the CPU cost of these small convolutions (oneDNN) and suits
         # tensor cores on CUDA.

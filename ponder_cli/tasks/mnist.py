@@ -246,7 +246,6 @@ def evaluation_draws(count: int, max_steps: int, angle: float, seed: int, device
 
 def image_bucket(data: ImageSet, max_steps: int, angle: float, seed: int, protocol: str = "uniform",
                  lower: float = 0.0) -> EvalBucket:
-    """The images rotated under the protocol."""
     angles, coins = evaluation_draws(len(data), max_steps, angle, seed, data.images.device, protocol=protocol,
                                      lower=lower)
     return EvalBucket(
