@@ -48,6 +48,21 @@ def _write_mnist(root: Path, n_train: int = 700, n_test: int = 200, seed: int = 
 
 
 @pytest.fixture(scope="session")
+def tv():
+    """torchvision's transforms (T, TF), imported only by the tests that compare with them: over a
+    second to import, in every worker's collection otherwise."""
+    import torchvision.transforms as T
+    import torchvision.transforms.functional as TF
+    return T, TF
+
+
+@pytest.fixture(scope="session")
+def scipy_stats():
+    """scipy.stats, imported only by the tests that compare with it, as `tv`."""
+    return pytest.importorskip("scipy.stats")
+
+
+@pytest.fixture(scope="session")
 def write_idx():
     """write_idx(path, uint8 tensor): one IDX file of unsigned bytes."""
     return _write_idx

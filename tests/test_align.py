@@ -5,8 +5,6 @@ import math
 
 import pytest
 import torch
-import torchvision.transforms as T
-import torchvision.transforms.functional as TF
 
 from ponder_cli import PonderError, PonderWarning
 from ponder_cli.config import PonderConfig
@@ -21,11 +19,12 @@ SMALL = dict(step="align", hidden=16, hidden_cnn=16, max_steps=6)
 
 
 @pytest.mark.parametrize("degrees", [90.0, -90.0, 180.0])
-def test_warp_is_a_rotation_about_the_centre(degrees):
+def test_warp_is_a_rotation_about_the_centre(degrees, tv):
     """Quarter and half turns map pixel centres onto pixel centres: bilinear sampling is exact
     there, so the warp must equal torchvision's rotation (counter-clockwise positive)."""
     images = synthetic_digits(3, seed=1).images.unsqueeze(1).float()
     ours = rotate_bilinear(images, torch.full((3,), math.radians(degrees)))
+    T, TF = tv
     theirs = TF.rotate(images, degrees, interpolation=T.InterpolationMode.BILINEAR)
     assert torch.allclose(ours, theirs, atol=1e-3)
 

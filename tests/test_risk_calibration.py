@@ -4,7 +4,6 @@ rule that eval, extrapolate, sweep and info then read."""
 
 import dataclasses
 import json
-import math
 import shutil
 
 import pytest
@@ -15,14 +14,12 @@ from ponder_cli.evaluate import RuleOutcome, fixed_sequences, risk_controlled_ru
 from ponder_cli.reports import binomial_cdf, clopper_pearson_upper
 from ponder_cli.runs import HALTING_FILE
 
-scipy_stats = pytest.importorskip("scipy.stats")
-
 
 # the bound ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("k, n, risk", [(0, 100, 0.1), (3, 5000, 0.1), (15, 5000, 0.05), (0, 5000, 0.1 / 3),
                                         (2, 10, 0.05), (49, 50, 0.1), (400, 50000, 0.1), (2500, 5000, 0.1)])
-def test_the_clopper_pearson_bound_is_the_beta_quantile(k, n, risk):
+def test_the_clopper_pearson_bound_is_the_beta_quantile(k, n, risk, scipy_stats):
     assert clopper_pearson_upper(k, n, risk) == pytest.approx(scipy_stats.beta.ppf(1 - risk, k + 1, n - k), rel=1e-9)
     for p in (0.001, 0.003, 0.01, 0.5):
         assert binomial_cdf(k, n, p) == pytest.approx(scipy_stats.binom.cdf(k, n, p), rel=1e-9, abs=1e-300)
@@ -52,7 +49,7 @@ def test_each_family_is_tested_from_its_largest_parameter_down():
         "sample": ["sample"]}
 
 
-def test_fixed_sequence_stops_at_the_first_failure():
+def test_fixed_sequence_stops_at_the_first_failure(scipy_stats):
     # 1000 inputs, max loss 0.003, risk 0.1, one family: 0 losses give the bound 0.0023 (passes),
     # 1 loss 0.00389 (fails: scipy.stats.beta.ppf(0.9, 2, 999))
     outcomes = [outcome("quantile:0.5", 0, 1.5), outcome("quantile:0.9", 0, 4.0), outcome("quantile:0.8", 1, 3.0),

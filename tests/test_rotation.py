@@ -1,21 +1,21 @@
 import pytest
 import torch
-import torchvision.transforms as T
-import torchvision.transforms.functional as TF
 
 from ponder_cli.tasks.mnist import MNIST_MEAN, MNIST_STD, prepare_batch, rotate, uniform_angles
 from synthetic_data import synthetic_digits
 
 
 @pytest.mark.parametrize("angle", [0.0, 5.0, -12.25, 22.5, 45.0, -67.5, 90.0, 133.3, 180.0])
-def test_rotation_matches_torchvision_pixel_for_pixel(angle):
+def test_rotation_matches_torchvision_pixel_for_pixel(angle, tv):
+    T, TF = tv
     images = synthetic_digits(4, seed=1).images
     ours = rotate(images.unsqueeze(1).float(), torch.full((4,), angle)).to(torch.uint8)
     theirs = TF.rotate(images.unsqueeze(1), angle, interpolation=T.InterpolationMode.NEAREST, fill=0)
     assert torch.equal(ours, theirs)
 
 
-def test_per_image_angles_match_random_rotation():
+def test_per_image_angles_match_random_rotation(tv):
+    T, _ = tv
     images = synthetic_digits(16, seed=2).images
     transform = T.RandomRotation(degrees=45)
     angles, expected = [], []
@@ -44,7 +44,8 @@ def test_uniform_angles_range_and_seeding():
     assert a.min() >= -30 and a.max() <= 30 and a.min() < -29 and a.max() > 29
 
 
-def test_prepare_batch_normalises_like_to_tensor_normalize():
+def test_prepare_batch_normalises_like_to_tensor_normalize(tv):
+    T, _ = tv
     images = synthetic_digits(3, seed=4).images
     reference = T.Normalize((MNIST_MEAN,), (MNIST_STD,))(images.unsqueeze(1).float() / 255)
     assert torch.allclose(prepare_batch(images), reference, atol=1e-6)
