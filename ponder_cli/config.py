@@ -368,6 +368,12 @@ def flat(values: dict) -> dict:
     return found
 
 
+def with_defaults(values: dict) -> dict:
+    """A saved config by flat key (flat or by section), with the default of each setting it is
+    older than: every setting a value."""
+    return {**{key: PonderConfig.default(key) for key in PLACES}, **flat(values)}
+
+
 _warned: set = set()  # each warning about a saved run once per process
 _building = contextvars.ContextVar("building", default=False)  # build checks what it builds itself
 

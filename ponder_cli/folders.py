@@ -465,11 +465,9 @@ class Summary:
 
     @classmethod
     def of(cls, payload: dict) -> "Summary":
-        from .config import PonderConfig, flat
+        from .config import with_defaults
 
-        # by flat key (an older checkpoint's is by section), with the default of each setting it is older than
-        config = {**{key: PonderConfig.default(key) for key in PonderConfig.field_names()}, **flat(payload["config"])}
-        return cls(config, payload.get("epoch") or 0, payload.get("best_epoch") or 0,
+        return cls(with_defaults(payload["config"]), payload.get("epoch") or 0, payload.get("best_epoch") or 0,
                    payload.get("epochs_without_improvement") or 0, list(payload.get("history") or []),
                    payload.get("stop_reason"), payload.get("run") if isinstance(payload.get("run"), dict) else None,
                    all(payload.get(key) is not None for key in RESUMING))
@@ -557,11 +555,11 @@ RESUMABLE_CHANGES = ("epochs", "patience")
 def same_run(a: dict, b: dict) -> bool:
     """Two flat configs of one run: the same settings (an older one's missing: their defaults)
     but for how long to go on."""
-    from .config import PonderConfig
+    from .config import PLACES, with_defaults
 
     def kept(config: dict) -> dict:
-        return {key: config.get(key, PonderConfig.default(key)) for key in PonderConfig.field_names()
-                if key not in RESUMABLE_CHANGES}
+        return {key: value for key, value in with_defaults(config).items()
+                if key in PLACES and key not in RESUMABLE_CHANGES}
     return kept(a) == kept(b)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 from . import BadValue, PonderError, file_problem
-from .config import PonderConfig, applies, start_options
+from .config import PonderConfig, applies, start_options, with_defaults
 from .folders import (BEST, DEFAULT, LAST, LATEST, LOCK_FILE, RUNS_DIR, SHIPPED, Labels, Resolved, Summary,
                       check_trashable, empty_trash, is_run_folder, lock_holder, peek_checkpoint, read_state,
                       resolve_checkpoint, restore_run, run_of, run_status, run_time, runs_under, saved_config,
@@ -149,8 +149,7 @@ def _applying(config: Optional[dict], unread: Optional[list] = None) -> dict:
         return {key: value for key, value in config.items() if key not in unread}
     chosen = {kind: config.get(kind) for kind in ("task", "step", "method")}
     # every value, an older run's too (one saved before a setting existed holds its default)
-    recorded = {key: config.get(key, PonderConfig.default(key)) for key in PonderConfig.field_names()}
-    return {key: value for key, value in config.items() if applies(key, chosen, recorded.get)}
+    return {key: value for key, value in config.items() if applies(key, chosen, with_defaults(config).get)}
 
 
 def differing_settings(rows: list[dict], unread_differs: bool = False,

@@ -110,6 +110,10 @@ def _finish(fig, plt, axes, legend_axes, title: str, path: Path | str) -> Path:
         ax.legend(fontsize=8)
     if title:
         fig.suptitle(title)
+    return _save(fig, plt, path)
+
+
+def _save(fig, plt, path: Path | str) -> Path:
     fig.tight_layout()
     path = Path(path)
     try:
@@ -197,7 +201,7 @@ def plot_strips(inputs: list[dict], path: Path | str, *, title: str = "") -> Pat
     axes[0][-1].legend(fontsize=6, loc="lower right")
     if title:
         fig.suptitle(title, fontsize=9)
-    return _finish(fig, plt, (), (), "", path)  # its own legend and title, smaller
+    return _save(fig, plt, path)
 
 
 def _short(name: str, width: int = 18) -> str:

@@ -108,8 +108,7 @@ def test_spearman_by_hand():
     assert spearman(torch.tensor([1., 2, 3]), torch.tensor([5., 5, 5])) is None
 
 
-def test_spearman_equals_scipy():
-    scipy_stats = pytest.importorskip("scipy.stats")
+def test_spearman_equals_scipy(scipy_stats):
     g = torch.Generator().manual_seed(0)
     angles = (torch.rand(3000, generator=g) * 90).round()  # many ties, as |angle| buckets have
     steps = (angles / 30 + torch.rand(3000, generator=g) * 4).floor() + 1  # ties and a trend
