@@ -444,8 +444,8 @@ def test_shell_completion_is_switched_on_and_works_offline():
 @pytest.mark.parametrize("args, named", [  # the option, the value given, the range allowed
     (["eval", "--limit", "-1"], ["--limit", "0"]),
     (["eval", "--max-steps", "1000"], ["--max-steps", "1000", "100"]),
-    (["train", "--epochs", "0"], ["epochs", "0"]),
-    (["train", "--lambda-p", "2"], ["lambda-p", "2.0", "(0, 1]"]),
+    (["train", "--epochs", "0"], ["--epochs", "0"]),
+    (["train", "--lambda-p", "2"], ["--lambda-p", "2.0", "(0, 1]"]),
     (["train", "--device", "tpu"], ["'tpu'", "auto, cpu, cuda or cuda:N"]),
     (["eval", "--angles", "400"], ["--angles", "400", "180"]),
     (["eval", "--seed", "-1"], ["--seed", "-1", "2**63 - 1"]),

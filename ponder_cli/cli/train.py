@@ -14,7 +14,7 @@ import typer
 from ..cli_options import (DataDirOption, DeviceOption, QuietOption, TimeLimitOption, TrainCommand, checkpoint_forms,
                            complete_checkpoint, complete_checkpoints, complete_piece, path_option, piece_choice)
 from .. import BadValue
-from ..config import PLACES, TYPES, implied_by_pieces, problems_of
+from ..config import PLACES, TYPES, implied_by_pieces, problems_of, spelled
 from ..folders import Labels
 from ..registry import PIECES
 from ..render import TrainFormat, json_line, value_text
@@ -116,7 +116,7 @@ def train(
     # when the configuration is built; a value spelled as text for a number (--halting-bias prior)
     # is the config's to read.
     problems = [problem for key, value in given.items() if not (isinstance(value, str) and TYPES[key] is not str)
-                for problem in problems_of(key, value)]
+                for problem in problems_of(key, value, spelled(key, dashes="--"))]  # named as typed
     if problems:
         raise BadValue("; ".join(problems))
     from ..api import TrainOptions, train_run
