@@ -298,12 +298,10 @@ def render_report(report, fmt: OutputFormat | str, file: IO[str] | None = None, 
         if report.rows or not report.footer:  # a table of no rows says less than its footer alone
             render_table(report.rows, report.columns, title=report.title, caption=report.caption or None,
                          file=file, width=width)
-        if getattr(report, "controls", None) is not None:
-            title, rows, columns, caption = report.controls
-            render_table(rows, columns, title=title, caption=caption, file=file, width=width)
-        if report.detail is not None:
-            title, rows, columns = report.detail
-            render_table(rows, columns, title=title, file=file, width=width)
+        for extra in (report.controls, report.detail):  # tables of their own: title, rows, columns (, caption)
+            if extra is not None:
+                title, rows, columns, *caption = extra
+                render_table(rows, columns, title=title, caption=caption[0] if caption else None, file=file, width=width)
         if report.footer:
             file.write(spelling_for(file)(report.footer) + "\n")
 
