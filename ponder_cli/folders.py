@@ -494,12 +494,18 @@ SAVED_BY = "ponder calibrate --save"  # marks the file as calibrate's: any other
 def saved_halting(folder: Path) -> Optional[dict]:
     """The rule calibrate saved in `folder`, or None where there is none, or the file is not
     calibrate's."""
+    record = json_record(Path(folder) / HALTING_FILE)
+    ok = record is not None and record.get("saved_by") == SAVED_BY and isinstance(record.get("halting"), str)
+    return record if ok else None
+
+
+def json_record(path: Path) -> Optional[dict]:
+    """A JSON file's object, or None where there is none, it is not readable JSON or no object."""
     try:
-        record = json.loads((Path(folder) / HALTING_FILE).read_text(encoding="utf-8"))
+        record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    ok = isinstance(record, dict) and record.get("saved_by") == SAVED_BY and isinstance(record.get("halting"), str)
-    return record if ok else None
+    return record if isinstance(record, dict) else None
 
 def run_status(summary: Summary, path: Path) -> tuple[str, str]:
     """How the run went, as a word (finished, stopped early, time limit, at chance,
@@ -564,12 +570,7 @@ def same_run(a: dict, b: dict) -> bool:
 
 
 def saved_config(folder: Path) -> Optional[dict]:
-    """A run folder's config.json, or None where there is none or it is not readable JSON."""
-    try:
-        saved = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return saved if isinstance(saved, dict) else None
+    return json_record(folder / CONFIG_FILE)
 
 
 def run_of(summary: Optional[Summary], folder: Path) -> dict:
@@ -900,13 +901,9 @@ def trashes_under(roots: Iterable[Path]) -> dict[Path, list[Path]]:
 
 def trashed(entry: Path) -> Optional[dict]:
     """A trash entry's note (where its run was: "original"), when it is one (its run there too)."""
-    try:
-        note = json.loads((entry / TRASH_NOTE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    run = entry / ENTRY_RUN
+    note, run = json_record(entry / TRASH_NOTE), entry / ENTRY_RUN
     ours = not os.path.islink(entry) and not os.path.islink(run) and run.is_dir()  # a link is no entry of ours
-    return note if ours and isinstance(note, dict) and "original" in note else None
+    return note if ours and note is not None and "original" in note else None
 
 
 def trash_entries(trash: Path) -> list[Path]:

@@ -255,10 +255,8 @@ def _run_row(folder: Path, stamp: Optional[float], name: Optional[str] = None, p
     elif lock_holder(folder / LOCK_FILE) is not None:
         status = "running"
     record = run_of(summary, folder)
-    if summary is None:  # what its config.json says of it
-        config = record.get("config") if isinstance(record.get("config"), dict) else {}
-    else:
-        config = summary.config
+    config = summary.config if summary is not None else record.get("config")  # else what its config.json says
+    config = config if isinstance(config, dict) else {}
     labels, folder_name = Labels.of(record), name or folder.name or str(folder)
     row = {"run": str(folder), "name": labels.name or folder_name, "folder": folder_name, "given_name": labels.name,
            **{key: config.get(key) for key in ("task", "method", "step")}, "status": status, "epoch": None,

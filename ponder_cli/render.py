@@ -209,23 +209,18 @@ class _Console(Console):
 PIPE_WIDTH = 80  # the output contract's width for a table that is not shown on a terminal
 
 
-def table_console(file: IO[str] | None = None, width: int | None = None) -> Console:
-    """The one place that decides a table's width: `width`, else $COLUMNS, else the terminal's;
-    pipes and files get PIPE_WIDTH, the contract's. A COLUMNS that is no width (0, empty, text)
-    is unset: rich would print nothing."""
+def render_table(rows: list[dict], columns: list[Column], *, title: str | None = None,
+                 caption: str | None = None, file: IO[str] | None = None, width: int | None = None) -> None:
+    """A rich table that fits the terminal with every figure whole: headers and wrap columns wrap at
+    spaces; one that still does not fit is split into several, each repeating the first column."""
+    # the one place that decides a table's width: `width`, else $COLUMNS, else the terminal's;
+    # pipes and files get PIPE_WIDTH, the contract's; a COLUMNS that is no width (0, empty, text)
+    # is unset: rich would print nothing
     environ = {key: value for key, value in os.environ.items()
                if key != "COLUMNS" or (value.strip().isdigit() and int(value) > 0)}
     console = _Console(file=file or sys.stdout, width=width, _environ=environ)
     if width is None and not console.is_terminal and "COLUMNS" not in environ:
         console.width = PIPE_WIDTH
-    return console
-
-
-def render_table(rows: list[dict], columns: list[Column], *, title: str | None = None,
-                 caption: str | None = None, file: IO[str] | None = None, width: int | None = None) -> None:
-    """A rich table that fits the terminal with every figure whole: headers and wrap columns wrap at
-    spaces; one that still does not fit is split into several, each repeating the first column."""
-    console = table_console(file, width)
     width = console.width
     spell = spelling_for(console.file)  # before the widths are measured, so that the columns line up
     cells = [[spell(c.text(row) if c.text else cell_text(row.get(c.key), c.spec)) for c in columns] for row in rows]
@@ -298,12 +293,10 @@ def render_report(report, fmt: OutputFormat | str, file: IO[str] | None = None, 
         if report.rows or not report.footer:  # a table of no rows says less than its footer alone
             render_table(report.rows, report.columns, title=report.title, caption=report.caption or None,
                          file=file, width=width)
-        if getattr(report, "controls", None) is not None:
-            title, rows, columns, caption = report.controls
-            render_table(rows, columns, title=title, caption=caption, file=file, width=width)
-        if report.detail is not None:
-            title, rows, columns = report.detail
-            render_table(rows, columns, title=title, file=file, width=width)
+        for extra in (report.controls, report.detail):  # tables of their own: title, rows, columns (, caption)
+            if extra is not None:
+                title, rows, columns, *caption = extra
+                render_table(rows, columns, title=title, caption=caption[0] if caption else None, file=file, width=width)
         if report.footer:
             file.write(spelling_for(file)(report.footer) + "\n")
 

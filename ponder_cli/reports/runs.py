@@ -95,8 +95,7 @@ def prediction_report(checkpoint: str, cfg, buckets: list[dict], *, halting: str
     """predict: one bucket per input (its prediction, probability and halting step; with
     `steps`, each step's figures); `views` (per input: each step's view, nested lists) feed --plot."""
     meta = make_meta("predict", [checkpoint], [cfg.method.name], [cfg.step.name], protocol=None, halting=halting,
-                     seed=seed,
-                     task=view.name, **view.meta, **extra, inputs=len(buckets))
+                     seed=seed, task=view.name, **view.meta, **extra, inputs=len(buckets))
     sampled = halting == "sample"
     report = Report(meta=meta, buckets=buckets if steps else [{k: v for k, v in b.items() if k != "steps"}
                                                               for b in buckets],
