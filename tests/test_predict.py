@@ -269,6 +269,16 @@ def test_an_input_alone_is_told_that_a_checkpoint_comes_first(tmp_path, ponder, 
           f"`ponder predict reference {tmp_path / 'digit.png'}`", "`ponder models`")
 
 
+@pytest.mark.parametrize("given", ["align", "latest", "a run folder", "best.pt"])
+def test_a_checkpoint_alone_is_told_that_its_inputs_follow_it(tmp_path, ponder, error, given):
+    # a checkpoint without inputs is not taken for an input: the example keeps it first
+    if given == "a run folder":
+        given = tmp_path / "run"
+        given.mkdir()
+    line = error(ponder("predict", given), 2, "INPUT", f"`ponder predict {given} INPUT...`")
+    assert f"predict reference {given}" not in line
+
+
 def test_vectors_from_standard_input(tmp_path, error):
     """`-` reads parity vectors from standard input, as a file of them reads: the same predictions."""
     from typer.testing import CliRunner
