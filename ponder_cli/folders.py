@@ -664,6 +664,17 @@ def resolve_checkpoint(given: Union[str, Path, None], file: Union[str, tuple[str
     raise PonderError(f"checkpoint {path} {file_problem(path) or 'cannot be read'}; name {accepted_forms(file)}")
 
 
+
+def names_checkpoint(given: str) -> bool:
+    """Whether a CHECKPOINT argument names a checkpoint as resolve_checkpoint reads it (a file
+    torch may have written), not some other file; `latest` and a shipped name always do."""
+    try:
+        path = resolve_checkpoint(given).path
+    except PonderError:
+        return given == LATEST or given in SHIPPED  # even with no run under runs/ yet
+    return not_a_torch_file(path) is None
+
+
 def newest_run_checkpoint(root: Path = RUNS_DIR, name: str = BEST) -> Optional[Path]:
     """<run>/<name> of the run under `root` started last (the order `ponder runs` lists them in)
     among those that hold one, if any."""

@@ -5,6 +5,7 @@ pass, the align step's turn, the strip plot, and bad input as one error line nam
 import json
 import math
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -269,14 +270,22 @@ def test_an_input_alone_is_told_that_a_checkpoint_comes_first(tmp_path, ponder, 
           f"`ponder predict reference {tmp_path / 'digit.png'}`", "`ponder models`")
 
 
-@pytest.mark.parametrize("given", ["align", "latest", "a run folder", "best.pt"])
+@pytest.mark.parametrize("given", ["align", "latest", "a run folder", "a checkpoint file"])
 def test_a_checkpoint_alone_is_told_that_its_inputs_follow_it(tmp_path, ponder, error, given):
     # a checkpoint without inputs is not taken for an input: the example keeps it first
-    if given == "a run folder":
-        given = tmp_path / "run"
-        given.mkdir()
+    from ponder_cli.folders import shipped_path
+
+    if given in ("a run folder", "a checkpoint file"):
+        (tmp_path / "run").mkdir()
+        shutil.copyfile(shipped_path("parity16"), tmp_path / "run" / "best.pt")
+        given = tmp_path / "run" if given == "a run folder" else tmp_path / "run" / "best.pt"
     line = error(ponder("predict", given), 2, "INPUT", f"`ponder predict {given} INPUT...`")
     assert f"predict reference {given}" not in line
+
+
+def test_a_file_of_another_kind_alone_is_taken_for_an_input(tmp_path, ponder, error):
+    (tmp_path / "digit.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    error(ponder("predict", tmp_path / "digit.png"), 2, f"`ponder predict reference {tmp_path / 'digit.png'}`")
 
 
 def test_vectors_from_standard_input(tmp_path, error):

@@ -16,7 +16,7 @@ from .. import BadValue
 from ..cli_options import (AmpOption, DataDirOption, DeviceOption, DownloadOption, FormatOption, ListsCommand,
                            QuietOption, checkpoint_argument, checkpoint_forms, complete_checkpoint, complete_rule,
                            complete_run, complete_run_key, path_option)
-from ..folders import DEFAULT, LATEST, RUNS_DIR, SHIPPED
+from ..folders import DEFAULT, LATEST, RUNS_DIR, names_checkpoint
 from ..registry import EVAL_ANGLES, EXTRAPOLATION_ANGLES, PROTOCOLS, parse_exit_rule, parse_halting_rule, rule_choices
 from ..render import OutputFormat, value_text
 from .app import app, bars, chatter, render_and_plot
@@ -295,7 +295,7 @@ def predict(
 ) -> None:
     """A model on your own inputs: the prediction, its probability and the halting step per input."""
     if not inputs:  # one argument: a checkpoint without its inputs, or an input taken for the checkpoint
-        if checkpoint in SHIPPED or checkpoint == LATEST or checkpoint.endswith(".pt") or Path(checkpoint).is_dir():
+        if names_checkpoint(checkpoint):
             raise BadValue(f"predict takes a CHECKPOINT first, then the INPUT files: no input followed {checkpoint}; "
                            f"e.g. `ponder predict {checkpoint} INPUT...` (image files, .npy arrays or text files of "
                            f"vectors; - reads standard input)")
